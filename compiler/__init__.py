@@ -1,0 +1,13 @@
+"""qrc, the quantization recipe compiler: a small public API over the pipeline stages.
+
+Importing this package stays cheap: no torch, no onnxruntime (backends import them lazily).
+"""
+
+from compiler.diagnostics import Diagnostic, DiagnosticError, Severity
+from compiler.frontend import CheckResult, check_file, check_source, load_recipe
+from compiler.ir.printer import print_ir
+from compiler.ir.types import RecipeIR
+from compiler.source import Source
+
+__all__ = ["CheckResult", "Diagnostic", "DiagnosticError", "RecipeIR", "Severity", "Source", "check_file",
+           "check_source", "load_recipe", "print_ir"]

@@ -1,0 +1,99 @@
+"""`qrc`: the command line. Diagnostics go to stderr, results to stdout.
+
+Exit codes: 0 clean, 1 warnings only under `--strict`, 2 errors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from compiler.codes import BY_CODE, CODES
+from compiler.diagnostics import Diagnostic, render, summary
+from compiler.frontend import check_file
+from compiler.ir.printer import print_ir
+from compiler.overrides import KEYS
+
+app = typer.Typer(
+    name="qrc",
+    help="qrc, the quantization recipe compiler: check a recipe against its model, show the plan, compile.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+SetOption = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", metavar="KEY=VALUE",
+                 help=f"Override one recipe setting, e.g. memory.ram=2GiB (repeatable). Keys: {', '.join(KEYS)}."),
+]
+
+_STYLE = {"error": "bold red", "warning": "bold yellow"}
+
+
+def _stderr() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_diagnostics(diagnostics: tuple[Diagnostic, ...], limit: int = 20) -> None:
+    """Render diagnostics in source order (colour on a terminal), capped at `limit`."""
+    console = _stderr()
+    ordered = sorted(diagnostics, key=Diagnostic.sort_key)
+    for diagnostic in ordered[:limit]:
+        head, _, rest = render(diagnostic).partition("\n")
+        text = Text(head, style=_STYLE[diagnostic.severity.value])
+        if rest:
+            text.append("\n" + rest)
+        console.print(text, end="\n\n")
+    if len(ordered) > limit:
+        console.print(f"… and {len(ordered) - limit} more", end="\n\n")
+
+
+def exit_code(diagnostics: tuple[Diagnostic, ...], strict: bool) -> int:
+    if any(d.is_error for d in diagnostics):
+        return 2
+    return 1 if strict and diagnostics else 0
+
+
+@app.command()
+def check(
+    recipe: Annotated[Path, typer.Argument(help="The recipe file to check.", show_default=False)],
+    set_: SetOption = None,
+    dump_ir: Annotated[bool, typer.Option("--dump-ir", help="Print the elaborated recipe (every default "
+                                          "filled in) in its canonical form.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when there are warnings.")] = False,
+) -> None:
+    """Check a recipe: syntax, names, values and settings. Loads no model weights; runs nothing."""
+    result = check_file(recipe, tuple(set_ or ()))
+    print_diagnostics(result.diagnostics)
+    if dump_ir and result.ok:
+        typer.echo(print_ir(result.ir), nl=False)
+    status = "ok" if result.ok else "failed"
+    _stderr().print(f"{recipe}: {status} ({summary(result.diagnostics)})")
+    raise typer.Exit(exit_code(result.diagnostics, strict))
+
+
+@app.command()
+def explain(
+    code: Annotated[Optional[str], typer.Argument(help="A diagnostic code such as Q201; omit it to list "
+                                                   "every code.", show_default=False)] = None,
+) -> None:
+    """Explain a diagnostic code: what it means, why it matters, and an example that triggers it."""
+    if code is None:
+        for info in CODES:
+            typer.echo(f"{info.code}  {info.title}")
+        return
+    info = BY_CODE.get(code.strip().upper())
+    if info is None:
+        _stderr().print(f"[bold red]error[/]: no diagnostic code `{code}`; `qrc explain` lists them all")
+        raise typer.Exit(2)
+    example = "\n".join("    " + line for line in info.example.splitlines())
+    typer.echo(f"{info.code}: {info.title}\n\n{info.why}\n\nExample:\n{example}")
+
+
+def main() -> None:  # console script entry point
+    app()

@@ -1,0 +1,189 @@
+"""Every diagnostic code qrc emits: what it means, why it matters, an example. Used by `qrc explain`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CodeInfo:
+    code: str
+    title: str
+    why: str
+    example: str
+
+
+def _c(code: str, title: str, why: str, example: str) -> CodeInfo:
+    return CodeInfo(code, title, why, example)
+
+
+CODES: tuple[CodeInfo, ...] = (
+    # ---- Q1xx: syntax -----------------------------------------------------------------------------
+    _c("Q100", "the recipe file cannot be read",
+       "qrc needs the recipe text before anything else; the path is missing, a folder, or not readable.",
+       "qrc check recipes/does-not-exist.recipe"),
+    _c("Q101", "the recipe is not UTF-8 text",
+       "Recipes are UTF-8. A byte that is not UTF-8 usually means the path points at a binary file "
+       "(a model, an archive) instead of a recipe.",
+       "qrc check model.onnx"),
+    _c("Q102", "the recipe is empty",
+       "A file with only whitespace or comments describes nothing to compile.",
+       "# just a comment"),
+    _c("Q103", "unexpected character",
+       "A character that no part of the language uses (a control character, `@`, `;`, a smart quote).",
+       'recipe r { model "builtin:tiny-llama"; }'),
+    _c("Q104", "unexpected token",
+       "The parser found a word, number or symbol where something else was expected; the message lists "
+       "what would have been valid there.",
+       "calibrate { chunk }"),
+    _c("Q105", "unclosed `{` or `[`",
+       "The file ends while a block or list is still open. The diagnostic points at the bracket that was "
+       "never closed, which is usually far from where the file ends.",
+       "scheme w4 { weights int4 group 128"),
+    _c("Q106", "missing `->` in a quantize rule",
+       "A quantize rule maps selectors to a scheme with `->`; without it qrc cannot tell where the "
+       "selectors end.",
+       'quantize { "*" w4 }   # write: "*" -> w4'),
+    _c("Q107", "unknown or misplaced keyword",
+       "A word that is not a keyword of the language, or a keyword used in a block where it does not "
+       "belong (`chunk` outside `calibrate`). The help suggests the closest keyword or the right block.",
+       "calibrte { chunk 8 }"),
+    _c("Q108", "size without a valid unit",
+       "Memory budgets are sizes with a unit; a bare number is ambiguous (bytes? GiB?). Binary units "
+       "(KiB MiB GiB TiB) are powers of 1024, decimal ones (KB MB GB TB) powers of 1000.",
+       "memory { ram 4 }   # write: ram 4 GiB"),
+    _c("Q109", "unterminated string",
+       "A string must close with `\"` on the same line; otherwise everything after it would be swallowed.",
+       'model "builtin:tiny-llama'),
+    _c("Q110", "unmatched `}`",
+       "A closing brace with no block open: often a leftover from an edit, or the `{` it should match is "
+       "missing.",
+       "recipe r { } }"),
+    _c("Q111", "text after the end of the recipe",
+       "A recipe file holds exactly one `recipe NAME { … }`; text after its closing brace is not part of it.",
+       "recipe r { }\nquantize { }"),
+    _c("Q112", "the recipe file is too large",
+       "Recipes are small text files; a file of megabytes is almost certainly the wrong path.",
+       "qrc check weights.bin"),
+    # ---- Q2xx: meaning ----------------------------------------------------------------------------
+    _c("Q203", "undefined scheme",
+       "A rule or a mixed-precision choice names a scheme that is neither defined in the recipe, a preset "
+       "(W4A16, W8A16, W8A8) nor `none`. Without this check the layers would silently stay in float.",
+       'quantize { "*" -> w4 }   # no `scheme w4 { … }`'),
+    _c("Q204", "duplicate scheme name",
+       "Two schemes with one name (or a scheme named like a preset or `none`) make every rule that uses "
+       "the name ambiguous.",
+       "scheme w4 { weights int4 group 128 }\nscheme w4 { weights int4 group 64 }"),
+    _c("Q205", "unknown preset or base scheme",
+       "`scheme NAME = BASE { … }` refines BASE, which must be a preset (W4A16, W8A16, W8A8) or a scheme "
+       "defined earlier in the file.",
+       "scheme w4 = W4A8 { group 64 }"),
+    _c("Q206", "scheme quantizes no weights",
+       "Every scheme quantizes weights (activation-only quantization has no runtime kernels). Add a "
+       "`weights` line or refine a preset.",
+       "scheme a8 { activations int8 }"),
+    _c("Q207", "option does not apply to weights or activations",
+       "Weights take per_tensor, per_channel or group N; activations take per_tensor or per_token and "
+       "static/dynamic. A misplaced option would otherwise be ignored.",
+       "scheme s { weights int8 per_token }"),
+    _c("Q208", "block size MatMulNBits cannot take",
+       "onnxruntime's MatMulNBits kernel needs weight-only schemes with `group N`, N a power of two ≥ 16. "
+       "Other sizes fail when the emitted model is loaded, after the whole compile.",
+       'scheme w4 { weights int4 group 100 }\nemit "m.onnx" { format matmul_nbits }'),
+    _c("Q209", "percentile outside (0, 100]",
+       "Percentile calibration clips activations at the given percentile of |x|; values outside (0, 100] "
+       "have no meaning.",
+       "method percentile 999"),
+    _c("Q212", "group pattern without exactly one `{…}`",
+       "A group is written as one glob whose members differ only inside a single `{a,b,…}` alternation; "
+       "that is how qrc forms one group instance per block.",
+       'group "*.self_attn.q_proj"   # write: "*.self_attn.{q,k,v}_proj"'),
+    _c("Q213", "invalid regular expression",
+       "`re\"…\"` selectors use Python regex syntax and must fully match a layer name.",
+       'quantize { re"layers.(0|1" -> w4 }'),
+    _c("Q214", "invalid glob pattern",
+       "Globs know `*`, `?` and one level of `{a,b}`; an unbalanced or nested brace cannot match as meant.",
+       'quantize { "*.{q,k" -> w4 }'),
+    _c("Q215", "setting given twice",
+       "A setting, block or spec item given twice would make one of them silently win; qrc asks you to "
+       "keep one.",
+       "calibrate { chunk 8  chunk 16 }"),
+    _c("Q216", "required setting missing",
+       "Some settings have no sensible default: the model, a mixed-precision budget and choices, the "
+       "tokenizer of text data, a path.",
+       "recipe r { quantize { \"*\" -> W8A16 } }   # no model"),
+    _c("Q217", "count is not a positive whole number",
+       "Counts (chunk, samples, seqlen, workers, bins, group sizes) are whole numbers; fractions or zero "
+       "cannot be executed.",
+       "calibrate { chunk 0 }"),
+    _c("Q218", "verify bound outside the metric's range",
+       "cosine lies in [-1, 1], top1 in [0, 1], kld ≥ 0; an unreachable bound would fail (or pass) every "
+       "compile.",
+       "verify { metric cosine at_least 1.5 }"),
+    _c("Q219", "verify bound in the wrong direction",
+       "For cosine, sqnr and top1 higher is better (`at_least`); for kld lower is better (`at_most`).",
+       "verify { metric kld at_least 0.1 }"),
+    _c("Q220", "emit format not available on the backend",
+       "The ONNX backend emits `qdq` or `matmul_nbits`; the torch backend emits `safetensors`.",
+       'backend torch\nemit "m.onnx" { format qdq }'),
+    _c("Q221", "`mode multi_gpu` without `vram`",
+       "Placing layers on several GPUs needs the memory each device may use.",
+       "memory { mode multi_gpu }   # add: vram 2 x 80 GiB"),
+    _c("Q222", "option does not apply to this data source",
+       "synthetic data takes samples/seqlen/seed, npz takes samples (shapes come from the file), text "
+       "takes samples/seqlen/tokenizer.",
+       'data npz "calib.npz" { seqlen 128 }'),
+    _c("Q223", "mixed-precision choices unusable",
+       "The search needs at least two different quantized schemes to choose between; `none` is not a "
+       "choice (keep layers float with a `-> none` rule).",
+       "mixed_precision { choices [w4] budget 4 bits }"),
+    _c("Q224", "bit budget below the narrowest choice",
+       "The average weight bits cannot go below the narrowest scheme in `choices`, so no assignment can "
+       "meet the budget.",
+       "mixed_precision { choices [w4, w8] budget 3 bits }"),
+    _c("Q225", "4-bit activations",
+       "No runtime has kernels for 4-bit activation quantization; activations are int8 or uint8.",
+       "scheme s { weights int4 group 128  activations int4 }"),
+    _c("Q226", "gptq rounding on the ONNX backend",
+       "GPTQ needs the block-wise PyTorch executor (Hessians from layer inputs); the ONNX backend rounds "
+       "with rtn or mse.",
+       "scheme w4 { weights int4 group 128  rounding gptq }   # with backend onnx"),
+    _c("Q227", "op cannot pass calibration ranges through",
+       "`passthrough` lists distribution-preserving ops whose outputs inherit their input's range; other "
+       "ops change the distribution and must be observed.",
+       "passthrough [Softmax]"),
+    _c("Q228", "unknown layer type",
+       "`type X` selects layers by kind: Linear, MatMul, Gemm, Conv or Embedding.",
+       "quantize { type Dense -> w8 }"),
+    _c("Q230", "unknown `--set` key",
+       "`--set` replaces one setting of the recipe; the key names the block and the setting.",
+       "qrc check r.recipe --set memory.rma=2GiB"),
+    _c("Q231", "`--set` without `key=value`",
+       "Each `--set` takes one `key=value` pair.",
+       "qrc check r.recipe --set memory.ram"),
+    _c("Q232", "zero or negative memory budget",
+       "A budget of zero cannot fit anything; leave the setting out to have qrc detect free memory.",
+       "memory { ram 0 GiB }"),
+    _c("Q234", "`mode multi_gpu` on the ONNX backend",
+       "Multi-GPU placement is done by the torch backend; ONNX runs on one device.",
+       "backend onnx\nmemory { mode multi_gpu vram 2 x 80 GiB }"),
+    # ---- warnings ---------------------------------------------------------------------------------
+    _c("Q233", "emit path with an unexpected extension (warning)",
+       "Runtimes and tools look for `.onnx` files; another extension is allowed but probably a typo.",
+       'emit "out/model.onx"'),
+    _c("Q240", "scheme never used (warning)",
+       "A scheme no rule or choice names has no effect; often a rule names the wrong scheme.",
+       "scheme w8 { weights int8 }   # and no rule -> w8"),
+    _c("Q241", "no quantize rules (warning)",
+       "Without rules every layer stays in float and the compile produces a copy of the model.",
+       "recipe r { model \"builtin:tiny-llama\" }"),
+    _c("Q242", "chunk larger than the sample count (warning)",
+       "A chunk is a number of samples per forward pass; it is clamped to the sample count.",
+       "calibrate { data synthetic { samples 8 } chunk 16 }"),
+    _c("Q243", "bit budget allows the widest choice everywhere (warning)",
+       "With a budget at or above the widest choice the search has nothing to trade and assigns the "
+       "widest scheme to every layer.",
+       "mixed_precision { choices [w4, w8] budget 8 bits }"),
+)
+
+BY_CODE = {info.code: info for info in CODES}

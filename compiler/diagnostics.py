@@ -1,0 +1,112 @@
+"""One diagnostic type for every stage, and its rendering (`error[Q201]: …`, `--> file:line:col`, carets)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from compiler.source import Span
+
+MAX_SHOWN = 20  # diagnostics rendered before "… and N more"
+
+
+class Severity(enum.Enum):
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnostic:
+    """A located problem: stable code, what is wrong (message), what to do (help).
+
+    `label` is the short text printed after the carets; `span` is None only for problems that have
+    no text to point at (a file that cannot be read).
+    """
+
+    code: str
+    severity: Severity
+    message: str
+    span: Span | None = None
+    label: str = ""
+    help: str = ""
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity is Severity.ERROR
+
+    def sort_key(self) -> tuple:
+        where = (self.span.source.name, self.span.start) if self.span else ("", -1)
+        return (*where, self.code, self.message)
+
+
+def error(code: str, message: str, span: Span | None, label: str = "", help: str = "") -> Diagnostic:
+    return Diagnostic(code, Severity.ERROR, message, span, label, help)
+
+
+def warning(code: str, message: str, span: Span | None, label: str = "", help: str = "") -> Diagnostic:
+    return Diagnostic(code, Severity.WARNING, message, span, label, help)
+
+
+class DiagnosticError(Exception):
+    """Raised by the public API when a recipe, model or data file has errors; carries all of them."""
+
+    def __init__(self, diagnostics: Iterable[Diagnostic]):
+        self.diagnostics = tuple(diagnostics)
+        super().__init__(render_all(self.diagnostics))
+
+
+def has_errors(diagnostics: Iterable[Diagnostic]) -> bool:
+    return any(d.is_error for d in diagnostics)
+
+
+def render(diagnostic: Diagnostic) -> str:
+    """The canonical plain-text form (also what goldens hold)."""
+    head = f"{diagnostic.severity.value}[{diagnostic.code}]: {diagnostic.message}"
+    if diagnostic.span is None:
+        lines = [head]
+        if diagnostic.help:
+            lines.append(f"  = help: {diagnostic.help}")
+        return "\n".join(lines)
+    span = diagnostic.span
+    line_no, col = span.source.line_col(span.start)
+    text = span.source.line_text(line_no) if span.source.text else ""
+    gutter = " " * len(str(line_no))
+    carets = _carets(text, col, span)
+    lines = [
+        head,
+        f"{gutter}--> {span.source.name}:{line_no}:{col}",
+        f"{gutter} |",
+        f"{line_no} | {text}".rstrip(),
+        f"{gutter} | {carets} {diagnostic.label}".rstrip(),
+    ]
+    if diagnostic.help:
+        lines += [f"{gutter} |", f"{gutter} = help: {diagnostic.help}"]
+    return "\n".join(lines)
+
+
+def _carets(line_text: str, col: int, span: Span) -> str:
+    # Reuse the line's own whitespace before the span so tabs line up, and stop at the line's end.
+    prefix = "".join(ch if ch == "\t" else " " for ch in line_text[: col - 1])
+    width = min(max(span.end - span.start, 1), max(len(line_text) - (col - 1), 1))
+    return prefix + "^" * width
+
+
+def render_all(diagnostics: Iterable[Diagnostic], limit: int = MAX_SHOWN) -> str:
+    """Render in source order, errors and warnings together, capped at `limit`."""
+    ordered = sorted(diagnostics, key=Diagnostic.sort_key)
+    parts = [render(d) for d in ordered[:limit]]
+    if len(ordered) > limit:
+        parts.append(f"… and {len(ordered) - limit} more")
+    return "\n\n".join(parts)
+
+
+def summary(diagnostics: Iterable[Diagnostic]) -> str:
+    diagnostics = tuple(diagnostics)
+    errors = sum(d.is_error for d in diagnostics)
+    warnings = len(diagnostics) - errors
+    return f"{_plural(errors, 'error')}, {_plural(warnings, 'warning')}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"

@@ -1,0 +1,85 @@
+"""The front end as one call: read → parse → `--set` → elaborate → model-free checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from compiler.diagnostics import Diagnostic, DiagnosticError, error, has_errors
+from compiler.ir.checks import run_checks
+from compiler.ir.elaborate import elaborate
+from compiler.ir.types import RecipeIR
+from compiler.ir.values import Diagnostics
+from compiler.overrides import apply_overrides
+from compiler.source import Source
+from compiler.syntax import parse_recipe
+
+MAX_RECIPE_BYTES = 1 << 20  # recipes are small text files; anything larger is a wrong path
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What the front end found: the IR (None when the recipe could not be parsed) and all diagnostics."""
+
+    ir: RecipeIR | None
+    diagnostics: tuple[Diagnostic, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.ir is not None and not has_errors(self.diagnostics)
+
+
+def read_source(path: str | Path) -> Source | Diagnostic:
+    """Read a recipe file as UTF-8 text; unreadable, oversized or non-UTF-8 files are diagnostics."""
+    name = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return error("Q100", f"cannot read recipe `{name}`: {exc.strerror or exc}", None,
+                     help="check the path; recipes are `.recipe` text files (see `recipes/`)")
+    if len(data) > MAX_RECIPE_BYTES:
+        return error("Q112", f"`{name}` is {len(data) / 2**20:.1f} MiB, too large for a recipe", None,
+                     help=f"recipes are small text files (at most {MAX_RECIPE_BYTES // 1024} KiB); is this the right file?")
+    return decode_source(name, data)
+
+
+def decode_source(name: str, data: bytes) -> Source | Diagnostic:
+    try:
+        return Source(name, data.decode("utf-8-sig"))
+    except UnicodeDecodeError as exc:
+        source = Source(name, data.decode("utf-8", errors="replace"))
+        offset = len(data[: exc.start].decode("utf-8", errors="replace"))
+        return error("Q101", f"recipe is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+                     source.span(offset, offset + 1), "invalid byte",
+                     help="save the recipe as UTF-8; if this is not a recipe, check the path")
+
+
+def check_source(source: Source, overrides: tuple[str, ...] = ()) -> CheckResult:
+    """Parse, apply overrides, elaborate and run the model-free checks on recipe text."""
+    parsed = parse_recipe(source)
+    if isinstance(parsed, Diagnostic):
+        return CheckResult(None, (parsed,))
+    parsed, override_diags = apply_overrides(parsed, tuple(overrides))
+    diags = Diagnostics(list(override_diags))
+    ir = elaborate(parsed, diags)
+    run_checks(ir, diags)
+    return CheckResult(ir, tuple(diags.items))
+
+
+def check_file(path: str | Path, overrides: tuple[str, ...] = ()) -> CheckResult:
+    source = read_source(path)
+    if isinstance(source, Diagnostic):
+        return CheckResult(None, (source,))
+    return check_source(source, overrides)
+
+
+def load_recipe(recipe: str | Path | Source, overrides: tuple[str, ...] = ()) -> RecipeIR:
+    """The elaborated recipe, from a path or a Source.
+
+    Raises:
+        DiagnosticError: the recipe has errors (all of them are attached).
+    """
+    result = check_source(recipe, overrides) if isinstance(recipe, Source) else check_file(recipe, overrides)
+    if not result.ok:
+        raise DiagnosticError(result.diagnostics)
+    return result.ir

@@ -1,0 +1,249 @@
+"""Elaboration of the settings blocks: calibrate, mixed_precision, memory, verify, emit."""
+
+from __future__ import annotations
+
+from compiler.ir.types import (
+    Bound,
+    Calibration,
+    CalibrationMethod,
+    DataKind,
+    DataSource,
+    Emit,
+    EmitFormat,
+    Memory,
+    MemoryMode,
+    MixedPrecision,
+    ScoreMetric,
+    SensitivityMetric,
+    Verify,
+    VerifyMetric,
+)
+from compiler.ir.values import Diagnostics, did_you_mean, size_bytes, whole_number
+from compiler.source import Span
+from compiler.syntax import ast
+
+DEFAULT_SAMPLES = 128
+DEFAULT_SEQLEN = 128
+DEFAULT_CHUNK = 16
+DEFAULT_PERCENTILE = 99.999
+DEFAULT_CANDIDATES = (99.99, 99.999, 99.99999)
+DEFAULT_BINS = 2048
+PASSTHROUGH_OPS = ("Reshape", "Transpose", "MaxPool", "Split", "Slice", "Squeeze", "Unsqueeze", "Gather",
+                   "Flatten", "Identity", "Expand")
+# Default bound and the valid range of each verify metric.
+VERIFY_DEFAULTS = {
+    VerifyMetric.COSINE: (Bound.AT_LEAST, 0.99, (-1.0, 1.0)),
+    VerifyMetric.SQNR: (Bound.AT_LEAST, 20.0, (float("-inf"), float("inf"))),
+    VerifyMetric.TOP1: (Bound.AT_LEAST, 0.9, (0.0, 1.0)),
+    VerifyMetric.KLD: (Bound.AT_MOST, 0.05, (0.0, float("inf"))),
+}
+
+
+def settings_by_key(items, diags: Diagnostics) -> dict[str, object]:
+    """key → the item that set it; a key given twice is Q215 at the second one."""
+    found: dict[str, object] = {}
+    for item in items:
+        key = setting_key(item)
+        if key in found:
+            diags.error("Q215", f"`{key}` given twice", _key_span(item), "second one",
+                        help=f"keep one `{key}`; the first is at line {_key_span(found[key]).line}")
+            continue
+        found[key] = item
+    return found
+
+
+def setting_key(item) -> str:
+    """The key a block item sets (`at_least`/`at_most` both set the bound)."""
+    if isinstance(item, ast.DataDecl):
+        return "data"
+    if isinstance(item, ast.MethodDecl):
+        return "method"
+    return "bound" if item.key in ("at_least", "at_most") else item.key
+
+
+def _key_span(item) -> Span:
+    return item.key_span if isinstance(item, ast.Setting) else item.span
+
+
+def spans_of(found: dict[str, object]) -> tuple[tuple[str, Span], ...]:
+    return tuple((key, item.span) for key, item in found.items())
+
+
+def _count(found, key, what, default, diags, minimum=1):
+    if key not in found:
+        return default
+    value = whole_number(found[key].value, what, diags, minimum)
+    return default if value is None else value
+
+
+# ---- calibrate -----------------------------------------------------------------------------------
+
+def elaborate_calibration(block: ast.Block | None, diags: Diagnostics) -> Calibration:
+    found = settings_by_key(block.items if block else (), diags)
+    data = _data(found.get("data"), diags)
+    chunk = _count(found, "chunk", "`chunk`", min(DEFAULT_CHUNK, data.samples), diags)
+    if chunk > data.samples:
+        diags.warning("Q242", f"`chunk {chunk}` is larger than the {data.samples} calibration samples",
+                      found["chunk"].span, f"only {data.samples} samples",
+                      help=f"calibration runs one pass of {data.samples}; set `chunk` ≤ `samples`")
+        chunk = data.samples
+    method = found.get("method")
+    kind = CalibrationMethod(method.kind.value) if method else CalibrationMethod.MINMAX
+    percentile = _percentile(method.percentile, diags) if method and method.percentile else DEFAULT_PERCENTILE
+    lwp = settings_by_key(method.options if method else (), diags)
+    candidates = DEFAULT_CANDIDATES
+    if "candidates" in lwp:
+        candidates = tuple(p for p in (_percentile(n, diags) for n in lwp["candidates"].value) if p is not None)
+    metric = ScoreMetric(lwp["metric"].value.value) if "metric" in lwp else ScoreMetric.MAE
+    return Calibration(
+        spans=spans_of(found), data=data, chunk=chunk, method=kind, percentile=percentile or DEFAULT_PERCENTILE,
+        candidates=candidates, score_metric=metric, passthrough=_passthrough(found.get("passthrough"), diags),
+        workers=_count(found, "workers", "`workers`", 1, diags),
+        bins=_count(found, "bins", "`bins`", DEFAULT_BINS, diags, minimum=16),
+    )
+
+
+def _percentile(num: ast.Number, diags: Diagnostics) -> float | None:
+    if not 0 < num.value <= 100:
+        diags.error("Q209", f"percentile `{num.text}` is outside (0, 100]", num.span, "not a percentile",
+                    help="percentiles are in (0, 100]; typical: 99.99, 99.999")
+        return None
+    return num.value
+
+
+_DATA_OPTIONS = {
+    DataKind.SYNTHETIC: ("samples", "seqlen", "seed"),
+    DataKind.NPZ: ("samples",),
+    DataKind.TEXT: ("samples", "seqlen", "tokenizer"),
+}
+
+
+def _data(decl: ast.DataDecl | None, diags: Diagnostics) -> DataSource:
+    if decl is None:
+        return DataSource(spans=(), kind=DataKind.SYNTHETIC, path=None, samples=DEFAULT_SAMPLES,
+                          seqlen=DEFAULT_SEQLEN, seed=0, tokenizer=None)
+    kind = DataKind(decl.kind)
+    found = settings_by_key(decl.options, diags)
+    for key, item in found.items():
+        if key not in _DATA_OPTIONS[kind]:
+            diags.error("Q222", f"`{key}` does not apply to `data {kind.value}`", item.key_span,
+                        f"not an option of {kind.value} data",
+                        help="options here: " + ", ".join(f"`{k}`" for k in _DATA_OPTIONS[kind]))
+    tokenizer = found["tokenizer"].value.value if "tokenizer" in found else None
+    if kind is DataKind.TEXT and tokenizer is None:
+        diags.error("Q216", "`data text` needs a `tokenizer`", decl.span, "no tokenizer",
+                    help='add `{ tokenizer "tokenizer.json" }` (a tokenizers JSON file)')
+    path = decl.path.value if decl.path else None
+    if decl.path is not None and not path:
+        diags.error("Q216", f"`data {kind.value}` needs a file path", decl.path.span, "empty path")
+    return DataSource(
+        spans=((("data", decl.span),) + spans_of(found)), kind=kind, path=path,
+        samples=_count(found, "samples", "`samples`", DEFAULT_SAMPLES, diags),
+        seqlen=_count(found, "seqlen", "`seqlen`", DEFAULT_SEQLEN, diags),
+        seed=_count(found, "seed", "`seed`", 0, diags, minimum=0), tokenizer=tokenizer,
+    )
+
+
+def _passthrough(setting: ast.Setting | None, diags: Diagnostics) -> tuple[str, ...]:
+    if setting is None:
+        return ()
+    ops = []
+    for name in setting.value:
+        if name.value not in PASSTHROUGH_OPS:
+            diags.error("Q227", f"`{name.value}` is not a distribution-preserving op", name.span,
+                        "cannot pass ranges through", help=did_you_mean(name.value, PASSTHROUGH_OPS))
+        elif name.value not in ops:
+            ops.append(name.value)
+    return tuple(ops)
+
+
+# ---- mixed precision -----------------------------------------------------------------------------
+
+def elaborate_mixed_precision(block: ast.Block | None, diags: Diagnostics) -> MixedPrecision | None:
+    if block is None:
+        return None
+    found = settings_by_key(block.items, diags)
+    for key, example in (("choices", "choices [w4, w8]"), ("budget", "budget 4.5 bits")):
+        if key not in found:
+            diags.error("Q216", f"`mixed_precision` needs `{key}`", block.span, f"no `{key}`",
+                        help=f"add e.g. `{example}`")
+    budget = found["budget"].value if "budget" in found else None
+    if budget is not None and budget.value <= 0:
+        diags.error("Q217", f"budget must be a positive number of bits, not `{budget.text}`", budget.span,
+                    "not a bit budget")
+    return MixedPrecision(
+        spans=spans_of(found),
+        choices=tuple(n.value for n in found["choices"].value) if "choices" in found else (),
+        metric=SensitivityMetric(found["metric"].value.value) if "metric" in found else SensitivityMetric.KLD,
+        budget_bits=budget.value if budget is not None else 0.0,
+        samples=_count(found, "samples", "`samples`", 16, diags),
+    )
+
+
+# ---- memory --------------------------------------------------------------------------------------
+
+def elaborate_memory(block: ast.Block | None, diags: Diagnostics) -> Memory:
+    found = settings_by_key(block.items if block else (), diags)
+    mode = MemoryMode(found["mode"].value.value) if "mode" in found else MemoryMode.AUTO
+    ram = size_bytes(found["ram"].value, "ram", diags) if "ram" in found else None
+    vram: tuple[int, ...] = ()
+    if "vram" in found:
+        vram = _vram(found["vram"].value, diags)
+    disk = found["disk"].value.value if "disk" in found else None
+    if disk == "":
+        diags.error("Q216", "`disk` needs a folder path", found["disk"].value.span, "empty path",
+                    help='e.g. `disk "./.qrc-cache"`')
+        disk = None
+    if mode is MemoryMode.MULTI_GPU and not vram:
+        diags.error("Q221", "`mode multi_gpu` needs `vram`", found["mode"].span, "no GPU budget",
+                    help="say how much memory each GPU may use, e.g. `vram 2 x 80 GiB`")
+    return Memory(spans=spans_of(found), mode=mode, ram=ram, vram=vram, disk=disk)
+
+
+def _vram(value, diags: Diagnostics) -> tuple[int, ...]:
+    size = value.size if isinstance(value, ast.DeviceSize) else value
+    count = whole_number(value.count, "a device count", diags) if isinstance(value, ast.DeviceSize) else 1
+    per_device = size_bytes(size, "vram", diags)
+    if count is None or per_device is None:
+        return ()
+    return (per_device,) * count
+
+
+# ---- verify --------------------------------------------------------------------------------------
+
+def elaborate_verify(block: ast.Block | None, diags: Diagnostics) -> Verify | None:
+    if block is None:
+        return None
+    found = settings_by_key(block.items, diags)
+    metric = VerifyMetric(found["metric"].value.value) if "metric" in found else VerifyMetric.COSINE
+    default_bound, default_threshold, (lo, hi) = VERIFY_DEFAULTS[metric]
+    bound, threshold = default_bound, default_threshold
+    if "bound" in found:
+        setting = found["bound"]
+        given = Bound(setting.key)
+        if given is not default_bound:
+            better = "lower" if default_bound is Bound.AT_MOST else "higher"
+            diags.error("Q219", f"`{given.value}` does not fit `{metric.value}`: {better} is better",
+                        setting.key_span, "wrong direction",
+                        help=f"write `{default_bound.value} {setting.value.text}` for `{metric.value}`")
+        elif not lo <= setting.value.value <= hi:
+            diags.error("Q218", f"`{setting.value.text}` is outside the range of `{metric.value}` "
+                        f"[{lo:g}, {hi:g}]", setting.value.span, "unreachable bound",
+                        help=f"`{metric.value}` lies in [{lo:g}, {hi:g}]; default `{default_bound.value} "
+                        f"{default_threshold:g}`")
+        threshold = setting.value.value
+    return Verify(spans=spans_of(found), samples=_count(found, "samples", "`samples`", 8, diags),
+                  metric=metric, bound=bound, threshold=threshold)
+
+
+# ---- emit ----------------------------------------------------------------------------------------
+
+def elaborate_emit(decl: ast.EmitDecl | None, default_format: EmitFormat, diags: Diagnostics) -> Emit | None:
+    if decl is None:
+        return None
+    found = settings_by_key(decl.options, diags)
+    fmt = EmitFormat(found["format"].value.value) if "format" in found else default_format
+    if not decl.path.value:
+        diags.error("Q216", "`emit` needs an output path", decl.path.span, "empty path",
+                    help='e.g. `emit "out/model.onnx"`')
+    return Emit(spans=(("path", decl.path.span),) + spans_of(found), path=decl.path.value, format=fmt)

@@ -1,0 +1,166 @@
+"""Checks that need the whole recipe but no model. Each `check_*` adds diagnostics; CHECKS orders them."""
+
+from __future__ import annotations
+
+from compiler.ir.elaborate import undefined_scheme_help
+from compiler.ir.patterns import PatternError, alternations, check_regex, glob_to_regex
+from compiler.ir.schemes import NONE, PRESETS
+from compiler.ir.types import Backend, EmitFormat, MemoryMode, RecipeIR, Rounding, SelectorKind
+from compiler.ir.values import Diagnostics, did_you_mean
+from compiler.source import Span
+
+LAYER_TYPES = ("Linear", "MatMul", "Gemm", "Conv", "Embedding")
+_ONNX_FORMATS = (EmitFormat.QDQ, EmitFormat.MATMUL_NBITS)
+
+
+def _pattern_span(span: Span, prefix: int, offset: int) -> Span:
+    """The character of a pattern at `offset`, inside its quoted literal (`prefix` = 1 for "…", 3 for re"…")."""
+    start = span.start + prefix + offset
+    return span.source.span(start, min(start + 1, span.end))
+
+
+def check_selectors(ir: RecipeIR, diags: Diagnostics) -> None:
+    for rule in ir.rules:
+        for sel in rule.selectors:
+            if sel.kind is SelectorKind.TYPE and sel.pattern not in LAYER_TYPES:
+                diags.error("Q228", f"unknown layer type `{sel.pattern}`", sel.span, "not a layer type",
+                            help=did_you_mean(sel.pattern, LAYER_TYPES))
+            elif sel.kind is SelectorKind.GLOB:
+                _check_glob(sel.pattern, sel.span, diags)
+            elif sel.kind is SelectorKind.REGEX:
+                try:
+                    check_regex(sel.pattern)
+                except PatternError as exc:
+                    diags.error("Q213", f"invalid regex: {exc.message}", _pattern_span(sel.span, 3, exc.offset),
+                                "here", help="regexes use Python syntax and must match the whole layer name")
+
+
+def _check_glob(pattern: str, span: Span, diags: Diagnostics) -> bool:
+    try:
+        glob_to_regex(pattern)
+    except PatternError as exc:
+        where = _pattern_span(span, 1, exc.offset) if pattern else span
+        diags.error("Q214", f"invalid pattern: {exc.message}", where, "here",
+                    help="globs use `*` (any run, dots included), `?` (one character) and `{a,b}`")
+        return False
+    return True
+
+
+def check_groups(ir: RecipeIR, diags: Diagnostics) -> None:
+    for group in ir.groups:
+        if group.pattern is None or not _check_glob(group.pattern, group.span, diags):
+            continue
+        found = alternations(group.pattern)
+        if len(found) != 1 or len(found[0][2]) < 2:
+            diags.error("Q212", f'group pattern "{group.pattern}" needs exactly one `{{…}}` with the members',
+                        group.span, f"{len(found)} alternation(s)",
+                        help='the part that differs between members goes in braces: '
+                        '"*.self_attn.{q,k,v}_proj"; or write `group auto qkv`')
+
+
+def check_scheme_use(ir: RecipeIR, diags: Diagnostics) -> None:
+    used = {r.scheme for r in ir.rules}
+    if ir.mixed_precision:
+        used.update(ir.mixed_precision.choices)
+    used.update(s.base for s in ir.schemes if s.base)
+    for scheme in ir.schemes:
+        if scheme.span is not None and scheme.name not in used:
+            diags.warning("Q240", f"scheme `{scheme.name}` is never used", scheme.span, "unused",
+                          help="name it in a `quantize` rule or in `mixed_precision { choices [...] }`, "
+                          "or remove it")
+    if not ir.rules:
+        diags.warning("Q241", "the recipe quantizes nothing: there are no `quantize` rules", ir.span,
+                      "no rules", help='add `quantize { "*" -> SCHEME }`')
+
+
+def check_emit(ir: RecipeIR, diags: Diagnostics) -> None:
+    if ir.emit is None:
+        return
+    fmt, span = ir.emit.format, ir.emit.span_of("format") or ir.emit.span_of("path")
+    wants_onnx = fmt in _ONNX_FORMATS
+    if wants_onnx != (ir.backend is Backend.ONNX):
+        valid = "qdq, matmul_nbits" if ir.backend is Backend.ONNX else "safetensors"
+        diags.error("Q220", f"`format {fmt.value}` cannot be emitted by backend {ir.backend.value}", span,
+                    "wrong format for the backend", help=f"backend {ir.backend.value} emits: {valid}")
+        return
+    if fmt is EmitFormat.MATMUL_NBITS:
+        _check_matmul_nbits(ir, diags)
+    suffix = ".onnx" if wants_onnx else ".safetensors"
+    path = ir.emit.path
+    if path and wants_onnx and not path.endswith(suffix):
+        diags.warning("Q233", f'emit path "{path}" does not end in `{suffix}`', ir.emit.span_of("path"),
+                      "unexpected extension", help=f"runtimes look for `{suffix}` files")
+
+
+def _check_matmul_nbits(ir: RecipeIR, diags: Diagnostics) -> None:
+    for scheme in _used_schemes(ir):
+        weights = scheme.weights
+        if weights is None or scheme.activations is not None:
+            continue  # float layers stay float; activation-quantized ones are emitted as QDQ
+        size = weights.group_size
+        if size is None or size < 16 or size & (size - 1):
+            got = f"`group {size}`" if size else f"`{weights.granularity.value}`"
+            diags.error("Q208", f"scheme `{scheme.name}` uses {got}, which MatMulNBits cannot take",
+                        scheme.span or ir.emit.span_of("format"), "not a MatMulNBits block size",
+                        help="MatMulNBits needs `group N` with N a power of two ≥ 16 (32, 64, 128); "
+                        "or emit `format qdq`")
+
+
+def _used_schemes(ir: RecipeIR):
+    names = {r.scheme for r in ir.rules}
+    if ir.mixed_precision:
+        names.update(ir.mixed_precision.choices)
+    return [s for s in ir.schemes if s.name in names]
+
+
+def check_backend_features(ir: RecipeIR, diags: Diagnostics) -> None:
+    if ir.backend is Backend.ONNX:
+        for scheme in _used_schemes(ir):
+            if scheme.rounding is Rounding.GPTQ:
+                diags.error("Q226", f"scheme `{scheme.name}` uses `rounding gptq`, which needs backend torch",
+                            scheme.span or ir.span, "gptq on onnx",
+                            help="use `rounding mse` (or `rtn`) on onnx, or `backend torch`")
+        if ir.memory.mode is MemoryMode.MULTI_GPU:
+            diags.error("Q234", "`mode multi_gpu` needs backend torch", ir.memory.span_of("mode"),
+                        "onnx runs on one device", help="use `mode auto`, or `backend torch` for several GPUs")
+
+
+def check_mixed_precision(ir: RecipeIR, diags: Diagnostics) -> None:
+    mp = ir.mixed_precision
+    if mp is None or not mp.choices:
+        return
+    span = mp.span_of("choices")
+    known = {s.name: s for s in ir.schemes}
+    schemes = []
+    for name in dict.fromkeys(mp.choices):
+        if name == NONE.name:
+            diags.error("Q223", "`none` cannot be a mixed-precision choice", span, "none in choices",
+                        help="choices are quantized schemes; layers that stay float get `-> none` in `quantize`")
+        elif name not in known:
+            diags.error("Q203", f"no scheme named `{name}`", span, "undefined scheme",
+                        help=undefined_scheme_help(name, [*known, *PRESETS]))
+        else:
+            schemes.append(known[name])
+    if len(dict.fromkeys(mp.choices)) < 2:
+        diags.error("Q223", "mixed precision needs at least two different choices", span, "nothing to choose",
+                    help="e.g. `choices [w4, w8]`")
+    if len(schemes) < 2 or not mp.budget_bits:
+        return
+    bits = sorted(s.weights.qtype.bits for s in schemes)
+    if mp.budget_bits < bits[0]:
+        diags.error("Q224", f"budget {mp.budget_bits:g} bits is below the narrowest choice ({bits[0]} bits)",
+                    mp.span_of("budget"), "cannot be met", help=f"give a budget between {bits[0]} and {bits[-1]} bits")
+    elif mp.budget_bits >= bits[-1]:
+        diags.warning("Q243", f"budget {mp.budget_bits:g} bits allows the widest choice everywhere",
+                      mp.span_of("budget"), "nothing to trade",
+                      help=f"every layer will get {bits[-1]} bits; lower the budget to make the search choose")
+
+
+# Run in this order after elaboration.
+CHECKS = (check_selectors, check_groups, check_scheme_use, check_emit, check_backend_features,
+          check_mixed_precision)
+
+
+def run_checks(ir: RecipeIR, diags: Diagnostics) -> None:
+    for check in CHECKS:
+        check(ir, diags)

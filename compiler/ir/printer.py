@@ -1,0 +1,135 @@
+"""The canonical text form of a RecipeIR: a normalised recipe with every default written out.
+
+It parses back to the same IR (tests check the round trip), so `qrc check --dump-ir` shows exactly
+what the compiler will do in the language the user already reads. Comments note where a value came
+from; nothing in it depends on the machine, the time or absolute paths.
+"""
+
+from __future__ import annotations
+
+import json
+
+from compiler.ir.types import (
+    ActivationQuant,
+    CalibrationMethod,
+    DataKind,
+    Granularity,
+    RecipeIR,
+    Scheme,
+    Selector,
+    SelectorKind,
+    WeightQuant,
+)
+from compiler.ir.values import format_bytes, format_number
+
+
+def quote(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _regex_literal(pattern: str) -> str:
+    return 're"' + pattern.replace('"', '\\"') + '"'
+
+
+def _weights(w: WeightQuant) -> str:
+    gran = f"group {w.group_size}" if w.granularity is Granularity.GROUP else w.granularity.value
+    return f"weights {w.qtype.value} {gran} {'symmetric' if w.symmetric else 'asymmetric'}"
+
+
+def _activations(a: ActivationQuant | None) -> str:
+    if a is None:
+        return "activations none"
+    sym = "symmetric" if a.symmetric else "asymmetric"
+    return f"activations {a.qtype.value} {a.granularity.value} {sym} {a.mode.value}"
+
+
+def _scheme(s: Scheme) -> list[str]:
+    body = [_weights(s.weights), _activations(s.activations), f"rounding {s.rounding.value}"]
+    if s.span is None:  # a preset named directly by a rule: shown, not redefined
+        return [f"    # preset {s.name}: " + "; ".join(body)]
+    base = f" = {s.base}" if s.base else ""
+    return [f"    scheme {s.name}{base} {{", *(f"        {line}" for line in body), "    }"]
+
+
+def _selector(sel: Selector) -> str:
+    if sel.kind is SelectorKind.GLOB:
+        return quote(sel.pattern)
+    if sel.kind is SelectorKind.REGEX:
+        return _regex_literal(sel.pattern)
+    return f"type {sel.pattern}"
+
+
+def _data(ir: RecipeIR) -> str:
+    d = ir.calibration.data
+    opts = [f"samples {d.samples}"]
+    if d.kind in (DataKind.SYNTHETIC, DataKind.TEXT):
+        opts.append(f"seqlen {d.seqlen}")
+    if d.kind is DataKind.SYNTHETIC:
+        opts.append(f"seed {d.seed}")
+    if d.tokenizer is not None:
+        opts.append(f"tokenizer {quote(d.tokenizer)}")
+    path = f" {quote(d.path)}" if d.path is not None else ""
+    return f"data {d.kind.value}{path} {{ {'  '.join(opts)} }}"
+
+
+def _method(ir: RecipeIR) -> str:
+    c = ir.calibration
+    if c.method is CalibrationMethod.PERCENTILE:
+        return f"method percentile {format_number(c.percentile)}"
+    if c.method is CalibrationMethod.LAYERWISE_PERCENTILE:
+        cands = ", ".join(format_number(p) for p in c.candidates)
+        return f"method layerwise_percentile {{ candidates [{cands}]  metric {c.score_metric.value} }}"
+    return f"method {c.method.value}"
+
+
+def _calibrate(ir: RecipeIR) -> list[str]:
+    c = ir.calibration
+    return ["    calibrate {", f"        {_data(ir)}", f"        chunk {c.chunk}", f"        {_method(ir)}",
+            f"        passthrough [{', '.join(c.passthrough)}]", f"        workers {c.workers}",
+            f"        bins {c.bins}", "    }"]
+
+
+def _memory(ir: RecipeIR) -> list[str]:
+    m = ir.memory
+    lines = ["    memory {", f"        mode {m.mode.value}"]
+    lines.append(f"        ram {format_bytes(m.ram)}" if m.ram is not None else "        # ram: detected at plan time")
+    if m.vram:
+        count = f"{len(m.vram)} x " if len(m.vram) > 1 else ""
+        lines.append(f"        vram {count}{format_bytes(m.vram[0])}")
+    if m.disk is not None:
+        lines.append(f"        disk {quote(m.disk)}")
+    return lines + ["    }"]
+
+
+def _optional_blocks(ir: RecipeIR) -> list[str]:
+    lines = []
+    if ir.mixed_precision:
+        mp = ir.mixed_precision
+        lines += ["    mixed_precision {", f"        choices [{', '.join(mp.choices)}]",
+                  f"        metric {mp.metric.value}", f"        budget {format_number(mp.budget_bits)} bits",
+                  f"        samples {mp.samples}", "    }"]
+    if ir.verify:
+        v = ir.verify
+        lines += ["    verify {", f"        samples {v.samples}", f"        metric {v.metric.value}",
+                  f"        {v.bound.value} {format_number(v.threshold)}", "    }"]
+    if ir.emit:
+        lines.append(f"    emit {quote(ir.emit.path)} {{ format {ir.emit.format.value} }}")
+    return lines
+
+
+def print_ir(ir: RecipeIR) -> str:
+    """Canonical text of the IR (ends with a newline)."""
+    backend_note = "  # from the model" if ir.backend_from_model else ""
+    lines = [f"recipe {ir.name} {{", f"    model {quote(ir.model)}", f"    backend {ir.backend.value}{backend_note}"]
+    for scheme in ir.schemes:
+        lines += _scheme(scheme)
+    lines.append("    quantize {  # the last matching rule wins")
+    for rule in ir.rules:
+        sels = ", ".join(_selector(s) for s in rule.selectors)
+        lines.append(f"        {sels} -> {rule.scheme}  # rule {rule.index}, line {rule.span.line}")
+    lines.append("    }")
+    for group in ir.groups:
+        target = quote(group.pattern) if group.pattern is not None else "auto qkv"
+        lines.append(f"    group {target} policy {group.policy.value}")
+    lines += _calibrate(ir) + _memory(ir) + _optional_blocks(ir)
+    return "\n".join(lines) + "\n}\n"

@@ -1,0 +1,141 @@
+"""Schemes: the built-in presets and `none`, and elaboration of `scheme` declarations."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from compiler.ir.types import ActivationMode, ActivationQuant, Granularity, QType, Rounding, Scheme, WeightQuant
+from compiler.ir.values import Diagnostics, did_you_mean, whole_number
+from compiler.syntax import ast
+
+NONE = Scheme("none", None, None, Rounding.RTN)
+_W8 = WeightQuant(QType.INT8, Granularity.PER_CHANNEL, None, True)
+_A8 = ActivationQuant(QType.INT8, Granularity.PER_TENSOR, False, ActivationMode.STATIC)
+PRESETS = {
+    "W4A16": Scheme("W4A16", WeightQuant(QType.INT4, Granularity.GROUP, 128, True), None, Rounding.RTN),
+    "W8A16": Scheme("W8A16", _W8, None, Rounding.RTN),
+    "W8A8": Scheme("W8A8", _W8, _A8, Rounding.RTN),
+}
+# What a fresh `weights …` / `activations …` spec means before its items refine it.
+DEFAULT_WEIGHTS = _W8
+DEFAULT_ACTIVATIONS = _A8
+
+_WEIGHT_GRANULARITIES = {"per_tensor", "per_channel"}
+_ACTIVATION_GRANULARITIES = {"per_tensor", "per_token"}
+
+
+def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], diags: Diagnostics) -> Scheme | None:
+    """A `scheme` declaration → Scheme, refining its base (`= PRESET`) when it has one."""
+    base = _base(decl, known, diags)
+    if decl.base is not None and base is None:
+        return None
+    weights = base.weights if base else None
+    activations = base.activations if base else None
+    weight_items = decl.bare_items + tuple(i for s in decl.specs if s.role == "weights" for i in s.items)
+    if weight_items or any(s.role == "weights" for s in decl.specs):
+        weights = _weights(weight_items, weights or DEFAULT_WEIGHTS, diags)
+    for spec in (s for s in decl.specs if s.role == "activations"):
+        activations = None if spec.is_none else _activations(spec.items, activations or DEFAULT_ACTIVATIONS, diags)
+    _check_single(decl.specs, diags)
+    rounding = _rounding(decl.rounding, base.rounding if base else Rounding.RTN, diags)
+    if weights is None:
+        diags.error("Q206", f"scheme `{decl.name.value}` quantizes no weights", decl.name.span, "no `weights`",
+                    help="add e.g. `weights int8 per_channel symmetric`, or refine a preset: "
+                    f"`scheme {decl.name.value} = W8A16 {{ … }}`")
+        return None
+    base_name = decl.base.value if decl.base else None
+    return Scheme(decl.name.value, weights, activations, rounding, base_name, decl.name.span)
+
+
+def _base(decl: ast.SchemeDecl, known: dict[str, Scheme], diags: Diagnostics) -> Scheme | None:
+    if decl.base is None:
+        return None
+    name = decl.base.value
+    if name in PRESETS:
+        return PRESETS[name]
+    if name in known and name != NONE.name:
+        return known[name]
+    choices = [*PRESETS, *(k for k in known if k != NONE.name)]
+    diags.error("Q205", f"unknown preset or scheme `{name}`", decl.base.span, "nothing to refine",
+                help=f"{did_you_mean(name, choices)} (presets: W4A16, W8A16, W8A8; or a scheme defined above)")
+    return None
+
+
+def _check_single(specs: tuple[ast.QuantSpec, ...], diags: Diagnostics) -> None:
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.role in seen:
+            diags.error("Q215", f"`{spec.role}` given twice in one scheme", spec.span, "second one",
+                        help=f"write all items of `{spec.role}` on one line")
+        seen.add(spec.role)
+
+
+def _rounding(items: tuple[ast.Keyword, ...], default: Rounding, diags: Diagnostics) -> Rounding:
+    for extra in items[1:]:
+        diags.error("Q215", "`rounding` given twice in one scheme", extra.span, "second one")
+    return Rounding(items[0].value) if items else default
+
+
+def _set_once(seen: dict[str, ast.QSpecItem], item: ast.QSpecItem, slot: str, diags: Diagnostics) -> bool:
+    if slot in seen:
+        first = seen[slot]
+        diags.error("Q215", f"conflicting {slot}: `{_text(first)}` and `{_text(item)}`", item.span,
+                    "conflicts with an earlier item", help=f"keep one {slot} per spec")
+        return False
+    seen[slot] = item
+    return True
+
+
+def _text(item: ast.QSpecItem) -> str:
+    return item.span.text
+
+
+def _weights(items, base: WeightQuant, diags: Diagnostics) -> WeightQuant:
+    result, seen = base, {}
+    for item in items:
+        slot = "granularity" if item.field in ("granularity", "group") else item.field
+        if item.field == "mode" or (item.field == "granularity" and item.value.value not in _WEIGHT_GRANULARITIES):
+            diags.error("Q207", f"`{_text(item)}` does not apply to weights", item.span, "not a weight option",
+                        help="weights take a type, `per_tensor`, `per_channel` or `group N`, and "
+                        "`symmetric`/`asymmetric`")
+            continue
+        if not _set_once(seen, item, slot, diags):
+            continue
+        if item.field == "dtype":
+            result = replace(result, qtype=QType(item.value.value))
+        elif item.field == "symmetry":
+            result = replace(result, symmetric=item.value.value == "symmetric")
+        elif item.field == "granularity":
+            result = replace(result, granularity=Granularity(item.value.value), group_size=None)
+        else:
+            size = whole_number(item.value, "a group size", diags)
+            if size is not None:
+                result = replace(result, granularity=Granularity.GROUP, group_size=size)
+    return result
+
+
+def _activations(items, base: ActivationQuant, diags: Diagnostics) -> ActivationQuant:
+    result, seen = base, {}
+    for item in items:
+        if item.field == "group" or (item.field == "granularity" and item.value.value not in _ACTIVATION_GRANULARITIES):
+            diags.error("Q207", f"`{_text(item)}` does not apply to activations", item.span,
+                        "not an activation option",
+                        help="activations take `int8`/`uint8`, `per_tensor` or `per_token`, "
+                        "`symmetric`/`asymmetric` and `static`/`dynamic`")
+            continue
+        if not _set_once(seen, item, item.field, diags):
+            continue
+        if item.field == "dtype":
+            qtype = QType(item.value.value)
+            if qtype.bits == 4:
+                diags.error("Q225", f"activations cannot be `{qtype.value}`", item.span, "4-bit activations",
+                            help="runtimes have no 4-bit activation kernels; use `int8` or `uint8`")
+                continue
+            result = replace(result, qtype=qtype)
+        elif item.field == "symmetry":
+            result = replace(result, symmetric=item.value.value == "symmetric")
+        elif item.field == "granularity":
+            result = replace(result, granularity=Granularity(item.value.value))
+        else:
+            result = replace(result, mode=ActivationMode(item.value.value))
+    return result

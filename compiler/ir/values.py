@@ -1,0 +1,90 @@
+"""Checked conversions of AST values (numbers, sizes) into IR values; each problem is a diagnostic."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+from compiler.diagnostics import Diagnostic, error, warning
+from compiler.source import Span
+from compiler.syntax import ast
+
+UNIT_BYTES = {
+    "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+}
+
+
+@dataclass
+class Diagnostics:
+    """Collects diagnostics during elaboration (never raised one by one)."""
+
+    items: list[Diagnostic] = field(default_factory=list)
+
+    def error(self, code: str, message: str, span: Span | None, label: str = "", help: str = "") -> None:
+        self.items.append(error(code, message, span, label, help))
+
+    def warning(self, code: str, message: str, span: Span | None, label: str = "", help: str = "") -> None:
+        self.items.append(warning(code, message, span, label, help))
+
+
+def closest(word: str, choices, cutoff: float = 0.6) -> str | None:
+    """The choice `word` most likely meant (case-insensitive equality first), or None."""
+    choices = list(choices)
+    lowered = {c.lower(): c for c in choices}
+    if word.lower() in lowered:
+        return lowered[word.lower()]
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def did_you_mean(word: str, choices) -> str:
+    """Help text: "did you mean `x`?", or the list of valid choices when nothing is close."""
+    choices = list(choices)
+    match = closest(word, choices)
+    if match is not None:
+        return f"did you mean `{match}`?"
+    return "valid: " + ", ".join(f"`{c}`" for c in choices)
+
+
+def whole_number(num: ast.Number, what: str, diags: Diagnostics, minimum: int = 1) -> int | None:
+    """A count such as `chunk 16`: a whole number ≥ minimum."""
+    if not num.is_integer or num.value < minimum:
+        at_least = "a positive whole number" if minimum == 1 else f"a whole number ≥ {minimum}"
+        diags.error("Q217", f"{what} must be {at_least}, not `{num.text}`", num.span, f"expected {at_least}")
+        return None
+    return int(num.value)
+
+
+def size_bytes(size: ast.Size, what: str, diags: Diagnostics) -> int | None:
+    """`4 GiB` → 4294967296."""
+    unit = size.unit.value
+    if unit not in UNIT_BYTES:
+        diags.error("Q108", f"unknown unit `{unit}`", size.unit.span, "not a size unit",
+                    help=f"{did_you_mean(unit, UNIT_BYTES)} (binary: KiB MiB GiB TiB; decimal: KB MB GB TB)")
+        return None
+    if size.number.value <= 0:
+        diags.error("Q232", f"{what} must be larger than zero", size.span, "not a usable budget",
+                    help=f"give a positive size, e.g. `{what} 4 GiB`, or leave `{what}` out to detect it")
+        return None
+    return round(size.number.value * UNIT_BYTES[unit])
+
+
+def format_bytes(n: int) -> str:
+    """Exact recipe spelling of a byte count: the largest unit that divides it (`4 GiB`, `1.5 GiB`)."""
+    for unit in ("TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "KB"):
+        scale = UNIT_BYTES[unit]
+        if n % scale == 0:
+            return f"{n // scale} {unit}"
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        value = n / UNIT_BYTES[unit]
+        if value >= 1 and round(value * UNIT_BYTES[unit]) == n:
+            return f"{format_number(value)} {unit}"
+    return f"{format_number(n / 1024)} KiB"
+
+
+def format_number(value: float) -> str:
+    """Shortest text that reads back as the same float; whole numbers without `.0`."""
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(float(value))

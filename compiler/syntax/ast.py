@@ -1,0 +1,183 @@
+"""AST of a recipe: frozen nodes, each with the span of the text it came from.
+
+Simple `key value` settings share one node type (Setting); the blocks that hold them differ only
+in which keys they accept, which elaboration checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from compiler.source import Span
+
+
+@dataclass(frozen=True, slots=True)
+class Name:
+    value: str
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class String:
+    value: str  # escapes decoded
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Number:
+    text: str
+    value: float
+    span: Span
+
+    @property
+    def is_integer(self) -> bool:
+        return self.value == int(self.value) and not any(c in self.text for c in ".eE")
+
+
+@dataclass(frozen=True, slots=True)
+class Keyword:
+    """A keyword used as a value (`int4`, `auto`, `cosine`); `kind` is the grammar rule it came from."""
+
+    kind: str
+    value: str
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Size:
+    number: Number
+    unit: Name
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSize:
+    """`vram 2 x 80 GiB`: a device count and the size of each device."""
+
+    count: Number
+    size: Size
+    span: Span
+
+
+Value = Union[Name, String, Number, Keyword, Size, DeviceSize, tuple]
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """`key value`, e.g. `chunk 16`, `ram 4 GiB`, `choices [w4, w8a8]`."""
+
+    key: str
+    key_span: Span
+    value: Value
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class QSpecItem:
+    """One item of a weights/activations spec: field is dtype|granularity|group|symmetry|mode."""
+
+    field: str
+    value: Keyword | Number
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class QuantSpec:
+    """`weights …` or `activations …` (`none` → items empty and is_none)."""
+
+    role: str  # "weights" | "activations"
+    items: tuple[QSpecItem, ...]
+    is_none: bool
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class SchemeDecl:
+    name: Name
+    base: Name | None
+    bare_items: tuple[QSpecItem, ...]  # `{ group 64 }`: refine the weights
+    specs: tuple[QuantSpec, ...]
+    rounding: tuple[Keyword, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    kind: str  # "glob" | "regex" | "type"
+    pattern: str
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizeRule:
+    selectors: tuple[Selector, ...]
+    scheme: Name
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizeBlock:
+    rules: tuple[QuantizeRule, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDecl:
+    pattern: String | None  # None: `group auto qkv`
+    policy: Keyword | None
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class DataDecl:
+    kind: str  # "synthetic" | "npz" | "text"
+    path: String | None
+    options: tuple[Setting, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class MethodDecl:
+    kind: Keyword
+    percentile: Number | None
+    options: tuple[Setting, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """`calibrate { … }`, `memory { … }`, `verify { … }`, `mixed_precision { … }`."""
+
+    kind: str
+    items: tuple[Setting | DataDecl | MethodDecl, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class EmitDecl:
+    path: String
+    options: tuple[Setting, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDecl:
+    ref: String
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class BackendDecl:
+    kind: Keyword
+    span: Span
+
+
+RecipeItem = Union[ModelDecl, BackendDecl, SchemeDecl, QuantizeBlock, GroupDecl, Block, EmitDecl]
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    name: Name
+    items: tuple[RecipeItem, ...]
+    span: Span

@@ -1,0 +1,139 @@
+"""The `qrc` command line: exit codes, rendering, `--set`, `--dump-ir`, `explain`, bad files."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from compiler.cli import app
+from compiler.codes import CODES
+
+ROOT = Path(__file__).resolve().parents[1]
+W8A8 = ROOT / "recipes" / "tiny-llama-w8a8.recipe"
+runner = CliRunner()
+
+
+def qrc(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def write(tmp_path: Path, data: bytes | str, name: str = "r.recipe") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return path
+
+
+def test_clean_recipe_exits_0():
+    result = qrc("check", W8A8)
+    assert result.exit_code == 0, result.output
+    assert "ok (0 errors, 0 warnings)" in result.output
+
+
+def test_errors_exit_2_with_the_designed_rendering(tmp_path):
+    path = write(tmp_path, 'recipe r {\n    model "builtin:tiny-llama"\n    quantize {\n        "*" -> w4\n    }\n}\n')
+    result = qrc("check", path)
+    assert result.exit_code == 2
+    expected = (
+        "error[Q203]: no scheme named `w4`\n"
+        f" --> {path}:4:16\n"
+        "  |\n"
+        '4 |         "*" -> w4\n'
+        "  |                ^^ undefined scheme\n"
+        "  |\n"
+        "  = help: define it with `scheme w4 { … }`, or use one of: `none`, `W4A16`, `W8A16`, `W8A8`\n"
+    )
+    assert expected in result.output
+
+
+def test_warnings_exit_0_or_1_with_strict(tmp_path):
+    path = write(tmp_path, 'recipe r { model "builtin:tiny-llama" }')
+    assert qrc("check", path).exit_code == 0
+    strict = qrc("check", path, "--strict")
+    assert strict.exit_code == 1
+    assert "warning[Q241]" in strict.output
+
+
+@pytest.mark.parametrize("data, code", [
+    (b"", "Q102"),
+    (b"   \n\n  # nothing\n", "Q102"),
+    (b'recipe r { model "\xff\xfe" }', "Q101"),
+    (b"\x00\x01\x02 binary junk", "Q103"),
+    (b"recipe r { " * 20000, "Q107"),
+], ids=["empty", "comments-only", "not-utf8", "binary", "repeated-garbage"])
+def test_bad_files_get_a_diagnostic_never_a_traceback(tmp_path, data, code):
+    result = qrc("check", write(tmp_path, data))
+    assert result.exit_code == 2
+    assert f"error[{code}]" in result.output
+    assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit)  # a clean exit, not an escaped exception
+
+
+def test_megabytes_of_garbage(tmp_path):
+    import random
+    rng = random.Random(0)
+    data = bytes(rng.randrange(256) for _ in range(3 * 2**20))
+    result = qrc("check", write(tmp_path, data))
+    assert result.exit_code == 2 and "error[Q112]" in result.output
+
+
+def test_missing_file_is_q100(tmp_path):
+    result = qrc("check", tmp_path / "nope.recipe")
+    assert result.exit_code == 2 and "error[Q100]" in result.output
+
+
+def test_set_overrides_change_the_ir():
+    result = qrc("check", W8A8, "--dump-ir", "--set", "memory.ram=2GiB", "--set", "calibrate.chunk=4",
+                 "--set", "calibrate.method=percentile 99.9", "--set", "emit.path=out/x.onnx")
+    assert result.exit_code == 0, result.output
+    assert "ram 2 GiB" in result.output and "chunk 4" in result.output
+    assert "method percentile 99.9" in result.output and 'emit "out/x.onnx"' in result.output
+
+
+@pytest.mark.parametrize("override, code", [
+    ("memory.rma=2GiB", "Q230"),
+    ("memory.ram", "Q231"),
+    ("memory.ram=2GB2", "Q108"),
+    ("calibrate.chunk=0", "Q217"),
+    ("calibrate.chunk=eight", "Q104"),
+    ("memory.mode=fastest", "Q107"),
+])
+def test_bad_overrides_are_diagnostics(override, code):
+    result = qrc("check", W8A8, "--set", override)
+    assert result.exit_code == 2
+    assert f"error[{code}]" in result.output
+
+
+def test_unknown_override_lists_the_valid_keys():
+    result = qrc("check", W8A8, "--set", "memory.rma=2GiB")
+    assert "did you mean `memory.ram`?" in result.output
+    assert "calibrate.chunk" in result.output
+
+
+def test_dump_ir_fills_defaults():
+    result = qrc("check", W8A8, "--dump-ir")
+    assert "bins 2048" in result.output and "workers 1" in result.output
+    assert "# preset W8A8: weights int8 per_channel symmetric" in result.output
+
+
+@pytest.mark.parametrize("info", CODES, ids=[c.code for c in CODES])
+def test_explain_every_code(info):
+    result = qrc("explain", info.code)
+    assert result.exit_code == 0
+    assert result.output.startswith(f"{info.code}: {info.title}")
+    assert "Example:" in result.output
+
+
+def test_explain_lists_codes_and_rejects_unknown():
+    listing = qrc("explain")
+    assert len(re.findall(r"^Q\d{3}  ", listing.output, re.MULTILINE)) == len(CODES)
+    assert qrc("explain", "Q999").exit_code == 2
+
+
+def test_help_explains_commands():
+    result = qrc("--help")
+    assert result.exit_code == 0
+    assert "check" in result.output and "explain" in result.output
+    assert "--set" in qrc("check", "--help").output

@@ -1,0 +1,27 @@
+"""`import compiler` and `qrc check` stay light: no torch, no onnxruntime (checked in fresh processes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "onnxruntime", "transformers")
+
+
+def _heavy_modules_after(code: str) -> list[str]:
+    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
+    return out.stdout.split()
+
+
+def test_import_compiler_is_light():
+    assert _heavy_modules_after("import compiler") == []
+
+
+def test_qrc_check_is_light():
+    code = ("from typer.testing import CliRunner\nfrom compiler.cli import app\n"
+            "r = CliRunner().invoke(app, ['check', 'recipes/tiny-llama-w4a16.recipe', '--dump-ir'])\n"
+            "assert r.exit_code == 0, r.output")
+    assert _heavy_modules_after(code) == []

@@ -1,0 +1,69 @@
+"""Property: whatever is done to a valid recipe, the front end answers with diagnostics, never a crash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compiler import DiagnosticError, Source, check_source, load_recipe
+from compiler.diagnostics import render_all
+from compiler.syntax.grammar import parser
+
+RECIPES = [p.read_text(encoding="utf-8") for p in sorted((Path(__file__).parents[1] / "recipes").glob("*.recipe"))]
+
+
+def _tokens(text: str) -> list[str]:
+    """The recipe as tokens (with the whitespace between them folded into single spaces)."""
+    return [str(tok) for tok in parser().lex(text)]
+
+
+TOKENIZED = [_tokens(r) for r in RECIPES]
+
+
+@st.composite
+def mutated(draw) -> str:
+    tokens = list(draw(st.sampled_from(TOKENIZED)))
+    for _ in range(draw(st.integers(1, 4))):
+        i = draw(st.integers(0, len(tokens) - 1))
+        op = draw(st.sampled_from(["delete", "duplicate", "swap", "bytes", "token"]))
+        if op == "delete":
+            del tokens[i]
+        elif op == "duplicate":
+            tokens.insert(i, tokens[i])
+        elif op == "swap":
+            j = draw(st.integers(0, len(tokens) - 1))
+            tokens[i], tokens[j] = tokens[j], tokens[i]
+        elif op == "bytes":
+            tokens.insert(i, draw(st.binary(min_size=1, max_size=8)).decode("utf-8", errors="replace"))
+        else:
+            tokens.insert(i, draw(st.sampled_from(sorted({t for ts in TOKENIZED for t in ts}))))
+    return " ".join(tokens)
+
+
+def _front_end(text: str) -> None:
+    result = check_source(Source("mutant.recipe", text))
+    render_all(result.diagnostics)  # rendering must not fail either
+    try:
+        load_recipe(Source("mutant.recipe", text))
+    except DiagnosticError as exc:
+        assert exc.diagnostics and all(d.code.startswith("Q") for d in exc.diagnostics)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_mutated_recipes_only_raise_diagnostic_errors(text):
+    _front_end(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_arbitrary_text_only_raises_diagnostic_errors(text):
+    _front_end(text)
+
+
+def test_lexed_recipes_still_parse():
+    """The mutation base is sound: the unmutated token streams are valid recipes."""
+    for tokens in TOKENIZED:
+        assert check_source(Source("t.recipe", " ".join(tokens))).ok
