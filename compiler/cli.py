@@ -5,6 +5,7 @@ Exit codes: 0 clean, 1 warnings only under `--strict`, 2 errors.
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,9 +14,10 @@ from rich.console import Console
 from rich.text import Text
 
 from compiler.codes import BY_CODE, CODES
-from compiler.diagnostics import Diagnostic, render, summary
+from compiler.diagnostics import Diagnostic, Severity, render, summary
 from compiler.frontend import check_file
 from compiler.ir.printer import print_ir
+from compiler.ir.values import Diagnostics
 from compiler.overrides import KEYS
 
 app = typer.Typer(
@@ -66,15 +68,64 @@ def check(
     dump_ir: Annotated[bool, typer.Option("--dump-ir", help="Print the elaborated recipe (every default "
                                           "filled in) in its canonical form.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when there are warnings.")] = False,
+    no_model: Annotated[bool, typer.Option("--no-model", help="Skip the checks against the model (for a "
+                                           "recipe whose model is not on this machine).")] = False,
 ) -> None:
-    """Check a recipe: syntax, names, values and settings. Loads no model weights; runs nothing."""
-    result = check_file(recipe, tuple(set_ or ()))
+    """Check a recipe: syntax, names and values, then against the model (every layer gets a scheme by a
+    visible rule; patterns that match nothing and mixed Q/K/V groups are errors). Reads no weights."""
+    result = check_file(recipe, tuple(set_ or ()), with_model=not no_model)
     print_diagnostics(result.diagnostics)
     if dump_ir and result.ok:
         typer.echo(print_ir(result.ir), nl=False)
     status = "ok" if result.ok else "failed"
     _stderr().print(f"{recipe}: {status} ({summary(result.diagnostics)})")
     raise typer.Exit(exit_code(result.diagnostics, strict))
+
+
+class Format(str, Enum):
+    rich = "rich"
+    text = "text"
+    json = "json"
+
+
+@app.command()
+def inspect(
+    model: Annotated[str, typer.Argument(help="builtin:NAME[?k=v&…], an .onnx file or an HF-style folder.",
+                                         show_default=False)],
+    recipe: Annotated[Optional[Path], typer.Option("--recipe", "-r", help="Show each layer's scheme, winning "
+                                                   "rule and group under this recipe.")] = None,
+    set_: SetOption = None,
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="rich (a table), text (plain, stable) or json.")] = Format.rich,
+    as_json: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
+) -> None:
+    """List a model's layers (no weights are read); with --recipe, the scheme and rule of each."""
+    from compiler import inspect_table
+    from compiler.models import ModelError, index_model
+    from compiler.resolve import resolve
+
+    try:
+        index = index_model(model)
+    except ModelError as exc:
+        print_diagnostics((Diagnostic(exc.code, Severity.ERROR, exc.message, None, help=exc.help),))
+        raise typer.Exit(2) from None
+    assignment, diagnostics = None, ()
+    if recipe is not None:
+        checked = check_file(recipe, tuple(set_ or ()))
+        diagnostics = checked.diagnostics
+        if checked.ok:
+            diags = Diagnostics(list(diagnostics))
+            assignment = resolve(checked.ir, index, diags)
+            diagnostics = tuple(diags.items)
+        print_diagnostics(diagnostics)
+        if exit_code(diagnostics, strict=False) == 2:
+            raise typer.Exit(2)
+    fmt = Format.json if as_json else fmt
+    if fmt is Format.json:
+        typer.echo(inspect_table.to_json(index, assignment), nl=False)
+    elif fmt is Format.text:
+        typer.echo(inspect_table.to_text(index, assignment), nl=False)
+    else:
+        Console(highlight=False).print(inspect_table.to_rich(index, assignment))
 
 
 @app.command()

@@ -66,6 +66,14 @@ CODES: tuple[CodeInfo, ...] = (
        "Recipes are small text files; a file of megabytes is almost certainly the wrong path.",
        "qrc check weights.bin"),
     # ---- Q2xx: meaning ----------------------------------------------------------------------------
+    _c("Q201", "pattern matches no layer",
+       "A selector (or a group pattern) that matches nothing would silently leave the layers you meant "
+       "unquantized. The help lists the model's closest layer names; `qrc inspect MODEL` lists them all.",
+       'quantize { "*.mlp.gate" -> w4 }   # the layers are named *.mlp.gate_proj'),
+    _c("Q202", "rule never wins (warning)",
+       "Rules apply in order and the last match wins; a rule whose every layer is taken by later rules has "
+       "no effect, which usually means the rules are in the wrong order.",
+       'quantize { "*.self_attn.*" -> w8  "*" -> w4 }   # "*" comes last and takes everything'),
     _c("Q203", "undefined scheme",
        "A rule or a mixed-precision choice names a scheme that is neither defined in the recipe, a preset "
        "(W4A16, W8A16, W8A8) nor `none`. Without this check the layers would silently stay in float.",
@@ -94,6 +102,14 @@ CODES: tuple[CodeInfo, ...] = (
        "Percentile calibration clips activations at the given percentile of |x|; values outside (0, 100] "
        "have no meaning.",
        "method percentile 999"),
+    _c("Q210", "group instance would end with mixed schemes (policy error)",
+       "Fused attention kernels and exporters need Q, K and V of one block at one precision. With "
+       "`policy error` a mixed instance is an error instead of being promoted.",
+       'quantize { "*" -> w4  "*.v_proj" -> w8 }\ngroup "*.self_attn.{q,k,v}_proj" policy error'),
+    _c("Q211", "group members promoted to one scheme (warning)",
+       "With `policy promote` (the default) every member of a mixed instance takes the widest member's "
+       "scheme (more bits, then weight-only, then finer granularity); the warning lists what moved.",
+       'quantize { "*" -> w4  "*.v_proj" -> w8 }\ngroup "*.self_attn.{q,k,v}_proj"'),
     _c("Q212", "group pattern without exactly one `{…}`",
        "A group is written as one glob whose members differ only inside a single `{a,b,…}` alternation; "
        "that is how qrc forms one group instance per block.",
@@ -168,9 +184,40 @@ CODES: tuple[CodeInfo, ...] = (
        "Multi-GPU placement is done by the torch backend; ONNX runs on one device.",
        "backend onnx\nmemory { mode multi_gpu vram 2 x 80 GiB }"),
     # ---- warnings ---------------------------------------------------------------------------------
+    _c("Q235", "group size does not divide a layer's input features",
+       "Group-wise quantization splits each row into blocks of `group N` input features; a layer whose "
+       "input features are not a multiple of N cannot be split evenly.",
+       "scheme w4 = W4A16 { group 128 }   # on a layer with 344 input features"),
+    _c("Q236", "activation quantization on an Embedding",
+       "An Embedding's input is token ids, which are not quantized; only its weight table can be.",
+       'quantize { "*" -> W8A8 }   # "*" includes model.embed_tokens'),
+    _c("Q237", "MatMulNBits on a layer that is not a MatMul",
+       "onnxruntime's MatMulNBits replaces MatMul only; Conv and Embedding (Gather) layers cannot be emitted "
+       "with it.",
+       'quantize { "*" -> w4 }\nemit "m.onnx" { format matmul_nbits }   # "*" includes the embeddings'),
+    _c("Q250", "model cannot be found or read",
+       "The recipe's model is not a readable .onnx file, HF-style folder or built-in. Relative paths are "
+       "relative to the current folder.",
+       'model "models/missing.onnx"'),
+    _c("Q251", "unknown built-in model or parameter",
+       "Built-ins are tiny-llama, tiny-bert and tiny-cnn, sized with `?key=value&…` parameters (whole "
+       "numbers) that must describe a valid architecture.",
+       'model "builtin:tiny-llama?layerz=4"'),
+    _c("Q252", "model folder qrc cannot index",
+       "A folder needs safetensors weights, or a config.json of a family qrc knows (llama, mistral, qwen2, "
+       "bert) to be indexed from the config alone.",
+       'model "checkpoints/"   # no *.safetensors, unknown model_type'),
     _c("Q233", "emit path with an unexpected extension (warning)",
        "Runtimes and tools look for `.onnx` files; another extension is allowed but probably a typo.",
        'emit "out/model.onx"'),
+    _c("Q244", "group instances miss members (warning)",
+       "An instance lacks a member the pattern names (a model with no v_proj, or a misspelled member); the "
+       "members that exist are still aligned.",
+       'group "*.self_attn.{q,k,v,w}_proj"'),
+    _c("Q245", "`group auto qkv` found nothing (warning)",
+       "The model has no layers named like attention projections (q/k/v_proj, query/key/value, Wq/Wk/Wv), "
+       "so the group constrains nothing.",
+       "model \"builtin:tiny-cnn\"\ngroup auto qkv"),
     _c("Q240", "scheme never used (warning)",
        "A scheme no rule or choice names has no effect; often a rule names the wrong scheme.",
        "scheme w8 { weights int8 }   # and no rule -> w8"),

@@ -10,7 +10,9 @@ from compiler.ir.checks import run_checks
 from compiler.ir.elaborate import elaborate
 from compiler.ir.types import RecipeIR
 from compiler.ir.values import Diagnostics
+from compiler.models import ModelError, index_model
 from compiler.overrides import apply_overrides
+from compiler.resolve import Assignment, resolve
 from compiler.source import Source
 from compiler.syntax import parse_recipe
 
@@ -19,10 +21,12 @@ MAX_RECIPE_BYTES = 1 << 20  # recipes are small text files; anything larger is a
 
 @dataclass(frozen=True)
 class CheckResult:
-    """What the front end found: the IR (None when the recipe could not be parsed) and all diagnostics."""
+    """What the front end found: the IR (None when the recipe could not be parsed), the assignment of
+    schemes to the model's layers (None when the model was not checked), and all diagnostics."""
 
     ir: RecipeIR | None
     diagnostics: tuple[Diagnostic, ...]
+    assignment: Assignment | None = None
 
     @property
     def ok(self) -> bool:
@@ -54,8 +58,13 @@ def decode_source(name: str, data: bytes) -> Source | Diagnostic:
                      help="save the recipe as UTF-8; if this is not a recipe, check the path")
 
 
-def check_source(source: Source, overrides: tuple[str, ...] = ()) -> CheckResult:
-    """Parse, apply overrides, elaborate and run the model-free checks on recipe text."""
+def check_source(source: Source, overrides: tuple[str, ...] = (), with_model: bool = False) -> CheckResult:
+    """Parse, apply overrides, elaborate and run the model-free checks on recipe text; with `with_model`,
+    also index the model (no weights) and resolve every layer's scheme (model-dependent checks).
+
+    The model is checked only when the recipe itself has no errors, so that its problems are not
+    reported twice in two forms.
+    """
     parsed = parse_recipe(source)
     if isinstance(parsed, Diagnostic):
         return CheckResult(None, (parsed,))
@@ -63,18 +72,31 @@ def check_source(source: Source, overrides: tuple[str, ...] = ()) -> CheckResult
     diags = Diagnostics(list(override_diags))
     ir = elaborate(parsed, diags)
     run_checks(ir, diags)
-    return CheckResult(ir, tuple(diags.items))
+    assignment = None
+    if with_model and not has_errors(diags.items):
+        assignment = resolve_model(ir, diags)
+    return CheckResult(ir, tuple(diags.items), assignment)
 
 
-def check_file(path: str | Path, overrides: tuple[str, ...] = ()) -> CheckResult:
+def resolve_model(ir: RecipeIR, diags: Diagnostics) -> Assignment | None:
+    """Index the recipe's model and resolve the recipe against it; a model that cannot be read is a diagnostic."""
+    try:
+        index = index_model(ir.model)
+    except ModelError as exc:
+        diags.error(exc.code, exc.message, ir.model_span, "model", help=exc.help)
+        return None
+    return resolve(ir, index, diags)
+
+
+def check_file(path: str | Path, overrides: tuple[str, ...] = (), with_model: bool = False) -> CheckResult:
     source = read_source(path)
     if isinstance(source, Diagnostic):
         return CheckResult(None, (source,))
-    return check_source(source, overrides)
+    return check_source(source, overrides, with_model)
 
 
 def load_recipe(recipe: str | Path | Source, overrides: tuple[str, ...] = ()) -> RecipeIR:
-    """The elaborated recipe, from a path or a Source.
+    """The elaborated recipe, from a path or a Source (model-free checks only).
 
     Raises:
         DiagnosticError: the recipe has errors (all of them are attached).

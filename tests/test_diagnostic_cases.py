@@ -21,7 +21,13 @@ def _name(case: Case) -> str:
 
 
 def _diagnostics(case: Case):
-    return check_source(Source(_name(case), case.text)).diagnostics
+    # Paths in cases (models) are relative to the repository root, like the commands in the README.
+    return check_source(Source(_name(case), case.text), with_model=True).diagnostics
+
+
+@pytest.fixture(autouse=True)
+def _at_repository_root(monkeypatch):
+    monkeypatch.chdir(CASE_DIR.parents[2])
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

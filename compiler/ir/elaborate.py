@@ -45,6 +45,7 @@ def elaborate(recipe: ast.Recipe, diags: Diagnostics) -> RecipeIR:
     return RecipeIR(
         name=recipe.name.value,
         model=model_ref,
+        model_span=model.ref.span if model else None,
         backend=backend,
         backend_from_model=backend_decl is None,
         schemes=tuple(s for s in schemes.values() if s.span is not None) + used,
@@ -115,7 +116,7 @@ def _rules(recipe: ast.Recipe, schemes: dict[str, Scheme], diags: Diagnostics) -
                 diags.error("Q203", f"no scheme named `{name}`", rule.scheme.span, "undefined scheme",
                             help=undefined_scheme_help(name, [*schemes, *PRESETS]))
             selectors = tuple(Selector(SelectorKind(s.kind), s.pattern, s.span) for s in rule.selectors)
-            rules.append(Rule(len(rules) + 1, selectors, name, rule.span))
+            rules.append(Rule(len(rules) + 1, selectors, name, rule.span, rule.scheme.span))
     return tuple(rules)
 
 

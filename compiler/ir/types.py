@@ -155,6 +155,7 @@ class Rule:
     selectors: tuple[Selector, ...]
     scheme: str
     span: Span
+    scheme_span: Span
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +234,7 @@ class Emit(Located):
 class RecipeIR:
     name: str
     model: str
+    model_span: Span | None  # None when the recipe has no `model`
     backend: Backend
     backend_from_model: bool
     schemes: tuple[Scheme, ...]  # defined ones in order, then presets used directly

@@ -1,0 +1,80 @@
+"""Built-in models, generated in code (no downloads), deterministic, cached on disk.
+
+`builtin:NAME?key=value&…` — same parameters, byte-identical ONNX file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from compiler.models.errors import ModelError
+
+PREFIX = "builtin:"
+_MODULES = {"tiny-llama": "tiny_llama", "tiny-bert": "tiny_bert", "tiny-cnn": "tiny_cnn"}
+_SPECS = {"tiny-llama": "LlamaSpec", "tiny-bert": "BertSpec", "tiny-cnn": "CnnSpec"}
+NAMES = tuple(_MODULES)
+
+
+def module(name: str) -> ModuleType:
+    import importlib
+
+    return importlib.import_module(f"compiler.models.builtin.{_MODULES[name]}")
+
+
+def parse_ref(ref: str):
+    """`builtin:tiny-llama?layers=8` → ("tiny-llama", LlamaSpec(layers=8, …))."""
+    from compiler.ir.values import did_you_mean
+
+    body = ref[len(PREFIX):]
+    name, _, query = body.partition("?")
+    if name not in _MODULES:
+        raise ModelError("Q251", f"no built-in model `{name}`", f"{did_you_mean(name, NAMES)} (built-ins: {', '.join(NAMES)})")
+    spec_type = getattr(module(name), _SPECS[name])
+    fields = {f.name for f in dataclasses.fields(spec_type)}
+    values = {}
+    for pair in filter(None, query.split("&")):
+        key, _, value = pair.partition("=")
+        if key not in fields:
+            raise ModelError("Q251", f"`{name}` has no parameter `{key}`",
+                             f"{did_you_mean(key, sorted(fields))} (parameters: {', '.join(sorted(fields))})")
+        if not value.isdigit() or (int(value) < 1 and key != "seed"):
+            raise ModelError("Q251", f"`{key}={value}` must be a positive whole number", f"e.g. `{key}=8`")
+        values[key] = int(value)
+    spec = spec_type(**values)
+    if spec.problems():
+        raise ModelError("Q251", f"invalid `{name}` parameters: {'; '.join(spec.problems())}",
+                         "adjust the parameters in the `?key=value` part")
+    return name, spec
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("QRC_CACHE") or Path.home() / ".cache" / "qrc")
+
+
+def onnx_path(ref: str) -> Path:
+    """The cached ONNX file of a built-in, generated (atomically) on first use."""
+    name, spec = parse_ref(ref)
+    key = ",".join(f"{f.name}={getattr(spec, f.name)}" for f in dataclasses.fields(spec))
+    digest = hashlib.sha256(f"{name}|{key}|v1".encode()).hexdigest()[:16]
+    path = cache_dir() / "builtin" / f"{name}-{digest}.onnx"
+    if not path.exists():
+        write_onnx(module(name).build_onnx(spec), path)
+    return path
+
+
+def write_onnx(model, path: Path) -> None:
+    """Write atomically: a temp file in the same folder, then rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(model.SerializeToString(deterministic=True))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

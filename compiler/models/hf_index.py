@@ -1,0 +1,120 @@
+"""Index an HF-style folder: config.json plus safetensors headers only (no tensor data is read)."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+from compiler.models import families, names
+from compiler.models.errors import ModelError
+from compiler.models.index import DTYPE_BYTES, Layer, ModelIndex
+
+_ST_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8", "U8": "uint8",
+              "I32": "int32", "I64": "int64", "BOOL": "uint8", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+_MAX_HEADER = 100 << 20
+_CONFIG_NUMBERS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                   "intermediate_size", "vocab_size", "max_position_embeddings")
+
+
+def index_hf(folder: Path, ref: str) -> ModelIndex:
+    config = _config(folder, ref)
+    headers = _headers(folder, ref)
+    planned = families.layout(config) if config else None
+    if planned is None and not headers:
+        family = (config or {}).get("model_type", "unknown")
+        raise ModelError("Q252", f"`{ref}` has no safetensors weights and its family `{family}` is not known",
+                         f"qrc indexes from config.json alone for: {', '.join(families.DECODERS + families.ENCODERS)}")
+    dtype = _config_dtype(config)
+    layers = _from_layout(planned, headers, dtype) if planned else []
+    layers += _extra_layers(headers, {layer.weight for layer in layers})
+    if headers:
+        total = sum(math.prod(shape) * DTYPE_BYTES.get(dt, 4) for dt, shape in headers.values())
+    else:
+        total = sum(math.prod(t.shape) for t in planned) * DTYPE_BYTES.get(dtype, 4)
+    numbers = tuple((k, config[k]) for k in _CONFIG_NUMBERS if isinstance((config or {}).get(k), int))
+    family = (config or {}).get("model_type", "hf")
+    return ModelIndex(ref, "hf", family, tuple(layers), (), (), total, numbers)
+
+
+def _config(folder: Path, ref: str) -> dict | None:
+    path = folder / "config.json"
+    if not path.exists():
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelError("Q250", f"`{ref}/config.json` is not valid JSON ({exc})", "fix or replace config.json") from None
+    if not isinstance(config, dict):
+        raise ModelError("Q250", f"`{ref}/config.json` is not a JSON object", "fix or replace config.json")
+    return config
+
+
+def _config_dtype(config: dict | None) -> str:
+    name = str((config or {}).get("torch_dtype") or (config or {}).get("dtype") or "float32")
+    return name.removeprefix("torch.") if name.removeprefix("torch.") in DTYPE_BYTES else "float32"
+
+
+def _headers(folder: Path, ref: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name → (dtype, shape) from every *.safetensors header in the folder."""
+    found: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with path.open("rb") as handle:
+            head = handle.read(8)
+            size = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if not 0 < size <= _MAX_HEADER:
+                raise ModelError("Q250", f"`{path.name}` in `{ref}` is not a safetensors file",
+                                 "the header length is missing or implausible")
+            try:
+                header = json.loads(handle.read(size))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                raise ModelError("Q250", f"`{path.name}` in `{ref}` has a corrupt header", "re-save the file") from None
+        for name, info in header.items():
+            if name != "__metadata__" and isinstance(info, dict):
+                found[name] = (_ST_DTYPES.get(info.get("dtype"), "float32"), tuple(info.get("shape", ())))
+    return found
+
+
+def _from_layout(planned, headers, dtype: str) -> list[Layer]:
+    layers = []
+    for tensor in planned:
+        if tensor.kind is None:
+            continue
+        weight = _find(tensor.name, headers)
+        if headers and weight is None:
+            continue  # e.g. lm_head tied to the embeddings: not stored, not a layer of its own
+        w_dtype, shape = headers[weight] if weight else (dtype, tensor.shape)
+        layers.append(_layer(weight or tensor.name, tensor.kind, shape, w_dtype))
+    return layers
+
+
+def _find(name: str, headers) -> str | None:
+    if not headers:
+        return None
+    if name in headers:
+        return name
+    return next((k for k in headers if k.endswith("." + name)), None)  # `bert.` and similar prefixes
+
+
+def _extra_layers(headers, taken: set[str]) -> list[Layer]:
+    extra = []
+    for name in sorted(headers, key=names.natural_key):
+        dtype, shape = headers[name]
+        if name in taken or not name.endswith(".weight") or len(shape) not in (2, 3, 4, 5):
+            continue
+        kind = "Conv" if len(shape) > 2 else ("Embedding" if "embed" in name else "Linear")
+        extra.append(_layer(name, kind, shape, dtype))
+    return extra
+
+
+def _layer(weight: str, kind: str, shape: tuple[int, ...], dtype: str) -> Layer:
+    name = weight.removesuffix(".weight")
+    if kind == "Embedding":
+        in_f, out_f = shape[0], shape[1]
+    elif kind == "Conv":
+        in_f, out_f = math.prod(shape[1:]), shape[0]
+    else:
+        in_f, out_f = shape[1], shape[0]
+    op = {"Linear": "Linear", "Embedding": "Embedding"}.get(kind, f"Conv{len(shape) - 2}d")
+    return Layer(name, kind, op, weight, tuple(shape), dtype, in_f, out_f, names.block_of(name))

@@ -1,0 +1,72 @@
+"""ModelIndex: backend-neutral facts about a model, gathered without loading its weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Bytes per element of the dtypes that weights come in.
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "uint8": 1, "int32": 4,
+               "int64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class Layer:
+    """A weight-bearing operator, named by its dotted module path (`model.layers.0.self_attn.q_proj`).
+
+    `kind` is the family a recipe selects with `type` (Linear, Conv, Embedding); `op` is what the model
+    format calls it (MatMul, Gemm, Conv, Gather in ONNX; Linear, Conv2d, Embedding in torch).
+    Features are those of the matching torch module: Linear in/out, Conv in_channels·kernel/out_channels,
+    Embedding num_embeddings/embedding_dim.
+    """
+
+    name: str
+    kind: str
+    op: str
+    weight: str  # the weight tensor's name in the model file
+    shape: tuple[int, ...]  # as stored in the file
+    dtype: str
+    in_features: int
+    out_features: int
+    block: str | None  # `model.layers.3`, or None outside the repeated blocks
+
+    @property
+    def params(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def bytes(self) -> int:
+        return self.params * DTYPE_BYTES.get(self.dtype, 4)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """A graph input or output: dims are ints or symbolic names (`batch`, `sequence`)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelIndex:
+    ref: str  # what the recipe or the command line said
+    format: str  # "onnx" | "hf" | "torch"
+    family: str  # "llama", "bert", "cnn", "onnx", …
+    layers: tuple[Layer, ...]  # in model order
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    total_bytes: int  # all weights, layers or not
+    config: tuple[tuple[str, int | float | str], ...] = ()  # architecture numbers (hidden, layers, …)
+
+    @property
+    def blocks(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(layer.block for layer in self.layers if layer.block))
+
+    def layer(self, name: str) -> Layer:
+        return next(layer for layer in self.layers if layer.name == name)
+
+    def config_value(self, key: str, default=None):
+        return next((v for k, v in self.config if k == key), default)

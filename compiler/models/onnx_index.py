@@ -1,0 +1,92 @@
+"""Index an ONNX file without its weights: `load_external_data=False`, shapes from initializer headers."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from compiler.models import names
+from compiler.models.errors import ModelError
+from compiler.models.index import Layer, ModelIndex, TensorInfo
+
+_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64",
+           16: "bfloat16", 17: "float8_e4m3fn", 19: "float8_e5m2", 21: "uint4", 22: "int4"}
+_BITS = {"float32": 32, "uint8": 8, "int8": 8, "int32": 32, "int64": 64, "bool": 8, "float16": 16, "float64": 64,
+         "bfloat16": 16, "float8_e4m3fn": 8, "float8_e5m2": 8, "uint4": 4, "int4": 4}
+
+
+def index_onnx(path: Path, ref: str, family: str = "onnx") -> ModelIndex:
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError, OSError, … for a file that is not a model
+        raise ModelError("Q250", f"`{ref}` is not a readable ONNX model ({type(exc).__name__})",
+                         "check the path; qrc reads .onnx files (external data is kept external)") from None
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    layers = _unique(_layers(graph, inits))
+    total = sum(math.prod(t.dims) * _BITS.get(_dtype(t.data_type), 32) // 8 for t in inits.values())
+    inputs = tuple(_tensor_info(v) for v in graph.input if v.name not in inits)
+    outputs = tuple(_tensor_info(v) for v in graph.output)
+    return ModelIndex(ref, "onnx", family, tuple(layers), inputs, outputs, total)
+
+
+def _dtype(code: int) -> str:
+    return _DTYPES.get(code, f"onnx-type-{code}")
+
+
+def _layers(graph, inits) -> list[Layer]:
+    layers = []
+    for node in graph.node:
+        found = _weight_of(node, inits)
+        if found is None:
+            continue
+        kind, weight, in_f, out_f = found
+        name = names.from_weight_name(weight.name) or names.from_node_name(node.name) or weight.name
+        layers.append(Layer(name, kind, node.op_type, weight.name, tuple(weight.dims), _dtype(weight.data_type),
+                            in_f, out_f, names.block_of(name)))
+    return layers
+
+
+def _weight_of(node, inits):
+    """(kind, weight, in_features, out_features) for a weight-bearing node, else None."""
+    if node.op_type == "MatMul" and len(node.input) > 1 and _rank(inits.get(node.input[1])) == 2:
+        w = inits[node.input[1]]
+        return "Linear", w, w.dims[0], w.dims[1]
+    if node.op_type == "Gemm" and _rank(inits.get(node.input[1])) == 2:
+        w = inits[node.input[1]]
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return ("Linear", w, w.dims[1], w.dims[0]) if trans_b else ("Linear", w, w.dims[0], w.dims[1])
+    if node.op_type == "Conv" and _rank(inits.get(node.input[1])) >= 3:
+        w = inits[node.input[1]]
+        return "Conv", w, math.prod(w.dims[1:]), w.dims[0]
+    if node.op_type == "Gather" and _rank(inits.get(node.input[0])) == 2:
+        w = inits[node.input[0]]
+        return "Embedding", w, w.dims[0], w.dims[1]
+    return None
+
+
+def _rank(tensor) -> int:
+    return len(tensor.dims) if tensor is not None else -1
+
+
+def _unique(layers: list[Layer]) -> list[Layer]:
+    """Two nodes that normalise to one name (a shared weight) keep distinct names: `name`, `name.1`."""
+    seen: dict[str, int] = {}
+    out = []
+    for layer in layers:
+        count = seen.get(layer.name, 0)
+        seen[layer.name] = count + 1
+        if count:
+            from dataclasses import replace
+
+            layer = replace(layer, name=f"{layer.name}.{count}")
+        out.append(layer)
+    return out
+
+
+def _tensor_info(value) -> TensorInfo:
+    t = value.type.tensor_type
+    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim)
+    return TensorInfo(value.name, _dtype(t.elem_type), dims)

@@ -1,0 +1,32 @@
+"""Index a PyTorch module (meta-device modules work: only shapes and dtypes are read)."""
+
+from __future__ import annotations
+
+import math
+
+from compiler.models import names
+from compiler.models.index import Layer, ModelIndex
+
+
+def index_torch_module(module, ref: str, family: str = "torch") -> ModelIndex:
+    import torch
+
+    layers = []
+    for name, mod in module.named_modules():
+        weight = getattr(mod, "weight", None)
+        if not isinstance(weight, torch.Tensor):
+            continue
+        dtype = str(weight.dtype).removeprefix("torch.")
+        if isinstance(mod, torch.nn.Linear):
+            kind, in_f, out_f = "Linear", mod.in_features, mod.out_features
+        elif isinstance(mod, torch.nn.Embedding):
+            kind, in_f, out_f = "Embedding", mod.num_embeddings, mod.embedding_dim
+        elif isinstance(mod, torch.nn.modules.conv._ConvNd):
+            kind, in_f, out_f = "Conv", math.prod(weight.shape[1:]), mod.out_channels
+        else:
+            continue
+        layers.append(Layer(name, kind, type(mod).__name__, f"{name}.weight", tuple(weight.shape), dtype, in_f, out_f,
+                            names.block_of(name)))
+    unique = {id(p): p for p in module.parameters()}.values()
+    total = sum(p.numel() * p.element_size() for p in unique)
+    return ModelIndex(ref, "torch", family, tuple(layers), (), (), total)

@@ -1,0 +1,58 @@
+"""Rules applied to a model: the last matching rule wins; unmatched layers stay float (`none`).
+
+Groups are applied after the rules (compiler/resolve/groups.py); problems go to diagnostics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.ir.schemes import NONE
+from compiler.ir.types import RecipeIR, Rule, Scheme
+from compiler.ir.values import Diagnostics
+from compiler.models.index import Layer, ModelIndex
+from compiler.resolve.selectors import matcher
+
+
+@dataclass(frozen=True, slots=True)
+class LayerAssignment:
+    layer: Layer
+    scheme: Scheme
+    rule: Rule | None  # the winning rule; None when no rule matched (the layer stays float)
+    group: str | None = None  # the group instance, e.g. `model.layers.0.self_attn.{q,k,v}_proj`
+    promoted_from: str | None = None  # the scheme the rule gave, when a group promoted it
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """For every layer of the model, in model order: its scheme, the rule that chose it, its group."""
+
+    model: ModelIndex
+    layers: tuple[LayerAssignment, ...]
+
+    def of(self, name: str) -> LayerAssignment:
+        return next(a for a in self.layers if a.layer.name == name)
+
+
+def rule_matches(rule: Rule, layers: tuple[Layer, ...]) -> list[list[Layer]]:
+    """For each selector of the rule, the layers it matches."""
+    return [[layer for layer in layers if matcher(sel)(layer)] for sel in rule.selectors]
+
+
+def resolve(ir: RecipeIR, index: ModelIndex, diags: Diagnostics) -> Assignment:
+    """Assign a scheme to every layer, run the model-dependent checks, then apply the groups."""
+    from compiler.resolve import groups, model_checks
+
+    known = {s.name: s for s in ir.schemes}
+    winners: dict[str, Rule] = {}
+    for rule in ir.rules:
+        if rule.scheme != NONE.name and rule.scheme not in known:
+            continue  # undefined scheme: already reported (Q203)
+        for matched in rule_matches(rule, index.layers):
+            for layer in matched:
+                winners[layer.name] = rule
+    layers = tuple(LayerAssignment(layer, ir.scheme(winners[layer.name].scheme) if layer.name in winners else NONE,
+                                   winners.get(layer.name)) for layer in index.layers)
+    assignment = Assignment(index, layers)
+    model_checks.run(ir, assignment, diags)
+    return groups.apply_groups(ir, assignment, diags)

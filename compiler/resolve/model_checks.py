@@ -1,0 +1,114 @@
+"""Checks of a recipe against a model: patterns that match nothing, shadowed rules, schemes a layer cannot take."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections import defaultdict
+
+from compiler.ir.types import EmitFormat, Granularity, RecipeIR, SelectorKind
+from compiler.ir.values import Diagnostics
+from compiler.models.names import compress
+from compiler.resolve.assignment import Assignment, rule_matches
+
+
+def check_unmatched_selectors(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    layers = assignment.model.layers
+    for rule in ir.rules:
+        for selector, matched in zip(rule.selectors, rule_matches(rule, layers)):
+            if matched:
+                continue
+            if selector.kind is SelectorKind.TYPE:
+                kinds = sorted({layer.kind for layer in layers} | {layer.op for layer in layers})
+                hint = f"this model has: {', '.join(kinds)}"
+            else:
+                hint = "closest names: " + ", ".join(closest_names(selector.pattern, [x.name for x in layers]))
+            diags.error("Q201", f"pattern {_shown(selector)} matches no layer", selector.span,
+                        f"0 of {len(layers)} layers", help=hint)
+
+
+def _shown(selector) -> str:
+    return {SelectorKind.GLOB: f'"{selector.pattern}"', SelectorKind.REGEX: f're"{selector.pattern}"'}.get(
+        selector.kind, f"`type {selector.pattern}`")
+
+
+def closest_names(pattern: str, names: list[str], n: int = 3) -> list[str]:
+    """Layer names most like a pattern, one per name shape (`layers.0` and `layers.7` count once)."""
+    literal = re.sub(r"[*?{}\\^$()|+]", "", pattern)
+    scored = sorted(names, key=lambda name: -difflib.SequenceMatcher(None, literal, name).ratio())
+    picked, shapes = [], set()
+    for name in scored:
+        shape = re.sub(r"\d+", "N", name)
+        if shape not in shapes:
+            shapes.add(shape)
+            picked.append(name)
+        if len(picked) == n:
+            break
+    return picked
+
+
+def check_shadowed_rules(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    won = {a.rule.index for a in assignment.layers if a.rule is not None}
+    for rule in ir.rules:
+        matched = {layer.name for sel in rule_matches(rule, assignment.model.layers) for layer in sel}
+        if not matched or rule.index in won:
+            continue
+        later = sorted({a.rule.span.line for a in assignment.layers if a.layer.name in matched and a.rule})
+        diags.warning("Q202", f"rule {rule.index} never wins: later rules take all {len(matched)} layers it matches",
+                      rule.span, "shadowed", help=f"overridden by the rule(s) at line(s) {', '.join(map(str, later))}; "
+                      "remove this rule or move it after them (the last matching rule wins)")
+
+
+def check_scheme_fits_layers(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    problems: dict[tuple[int, str], list[str]] = defaultdict(list)
+    rules = {}
+    for a in assignment.layers:
+        if a.rule is None or a.scheme.is_none:
+            continue
+        rules[a.rule.index] = a.rule
+        for code in _misfits(ir, a):
+            problems[(a.rule.index, code)].append(a.layer.name)
+    for (index, code), names in sorted(problems.items()):
+        rule = rules[index]
+        scheme = ir.scheme(rule.scheme)
+        message, help_ = _misfit_text(code, scheme, names, assignment)
+        diags.error(code, message, rule.scheme_span, f"rule {index} gives `{scheme.name}`", help=help_)
+
+
+def _misfits(ir: RecipeIR, a) -> list[str]:
+    layer, w = a.layer, a.scheme.weights
+    found = []
+    if w.granularity is Granularity.GROUP:
+        length = layer.out_features if layer.kind == "Embedding" else layer.in_features
+        if length % w.group_size:
+            found.append("Q235")
+    if a.scheme.activations is not None and layer.kind == "Embedding":
+        found.append("Q236")
+    weight_only = a.scheme.activations is None
+    if ir.emit and ir.emit.format is EmitFormat.MATMUL_NBITS and weight_only and layer.kind != "Linear":
+        found.append("Q237")
+    return found
+
+
+def _misfit_text(code: str, scheme, names: list[str], assignment: Assignment) -> tuple[str, str]:
+    layers = [assignment.model.layer(n) for n in names]
+    listed = ", ".join(compress(names)[:4])
+    if code == "Q235":
+        sizes = sorted({x.out_features if x.kind == "Embedding" else x.in_features for x in layers})
+        return (f"`group {scheme.weights.group_size}` does not divide the input features of {len(names)} "
+                f"layer(s): {listed} (features: {', '.join(map(str, sizes))})",
+                "choose a group size that divides them (e.g. 32 or 64), or give these layers another scheme")
+    if code == "Q236":
+        return (f"`{scheme.name}` quantizes activations, but {listed}: Embedding layer(s) whose input is token ids",
+                "give embeddings a weight-only scheme (e.g. W8A16) or `none`")
+    kinds = ", ".join(sorted({x.kind for x in layers}))
+    return (f"MatMulNBits cannot take {listed} ({kinds}): it replaces MatMul only",
+            'add a rule giving these layers `none` or a QDQ scheme (with activations), or emit `format qdq`')
+
+
+CHECKS = (check_unmatched_selectors, check_shadowed_rules, check_scheme_fits_layers)
+
+
+def run(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    for check in CHECKS:
+        check(ir, assignment, diags)

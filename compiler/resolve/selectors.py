@@ -1,0 +1,24 @@
+"""Selectors as predicates over layers."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from functools import lru_cache
+
+from compiler.ir.patterns import glob_to_regex
+from compiler.ir.types import Selector, SelectorKind
+from compiler.models.index import Layer
+
+
+@lru_cache(maxsize=1024)
+def _compiled(kind: SelectorKind, pattern: str) -> re.Pattern:
+    return re.compile(glob_to_regex(pattern) if kind is SelectorKind.GLOB else pattern)
+
+
+def matcher(selector: Selector) -> Callable[[Layer], bool]:
+    """`type X` matches a layer's kind (Linear, Conv, Embedding) or its op (MatMul, Gemm, Gather, …)."""
+    if selector.kind is SelectorKind.TYPE:
+        return lambda layer: selector.pattern in (layer.kind, layer.op)
+    regex = _compiled(selector.kind, selector.pattern)
+    return lambda layer: regex.fullmatch(layer.name) is not None

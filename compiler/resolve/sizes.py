@@ -1,0 +1,30 @@
+"""Bytes of a layer's weight before and after a scheme (quantized values plus scales and zero points)."""
+
+from __future__ import annotations
+
+import math
+
+from compiler.ir.types import Granularity, Scheme
+from compiler.models.index import Layer
+
+SCALE_BYTES = 4  # float32 scales
+
+
+def scale_count(layer: Layer, scheme: Scheme) -> int:
+    w = scheme.weights
+    if w.granularity is Granularity.PER_TENSOR:
+        return 1
+    if w.granularity is Granularity.PER_CHANNEL:
+        return layer.out_features
+    # groups run along the input features (along the embedding dim for Embedding rows)
+    length, rows = (layer.out_features, layer.in_features) if layer.kind == "Embedding" else (layer.in_features, layer.out_features)
+    return rows * math.ceil(length / w.group_size)
+
+
+def quantized_bytes(layer: Layer, scheme: Scheme) -> int:
+    if scheme.is_none:
+        return layer.bytes
+    w = scheme.weights
+    scales = scale_count(layer, scheme)
+    zero_points = 0 if w.symmetric else math.ceil(scales * w.qtype.bits / 8)
+    return math.ceil(layer.params * w.qtype.bits / 8) + scales * SCALE_BYTES + zero_points
