@@ -79,7 +79,7 @@ def to_text(index: ModelIndex, assignment: Assignment | None) -> str:
 
 def _aligned(cells: list[tuple[str, ...]]) -> str:
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
 
 
 def to_json(index: ModelIndex, assignment: Assignment | None) -> str:

@@ -39,7 +39,7 @@ def scheme_rank(scheme: Scheme) -> tuple:
 
 def pattern_instances(pattern: str, names: list[str]) -> list[Instance]:
     (start, end, members), = alternations(pattern)
-    regex, pos = [], 0
+    regex = []
     for i, ch in enumerate(pattern):
         if i < start or i >= end:
             regex.append({"*": "(.*)", "?": "(.)"}.get(ch, re.escape(ch)))

@@ -15,7 +15,7 @@ from compiler.resolve.assignment import Assignment, rule_matches
 def check_unmatched_selectors(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
     layers = assignment.model.layers
     for rule in ir.rules:
-        for selector, matched in zip(rule.selectors, rule_matches(rule, layers)):
+        for selector, matched in zip(rule.selectors, rule_matches(rule, layers), strict=True):
             if matched:
                 continue
             if selector.kind is SelectorKind.TYPE:
