@@ -30,4 +30,5 @@ def parser() -> Lark:
         propagate_positions=True,
         maybe_placeholders=False,
         start=["start", *SETTING_STARTS],
+        cache=True,  # lark keys the cached tables by the grammar's hash: a changed grammar rebuilds
     )
