@@ -4,10 +4,10 @@ Importing this package stays cheap: no torch, no onnxruntime (backends import th
 """
 
 from compiler.diagnostics import Diagnostic, DiagnosticError, Severity
-from compiler.frontend import CheckResult, check_file, check_source, load_recipe
+from compiler.frontend import CheckResult, PlanResult, check_file, check_source, load_recipe, plan_file
 from compiler.ir.printer import print_ir
 from compiler.ir.types import RecipeIR
 from compiler.source import Source
 
-__all__ = ["CheckResult", "Diagnostic", "DiagnosticError", "RecipeIR", "Severity", "Source", "check_file",
-           "check_source", "load_recipe", "print_ir"]
+__all__ = ["CheckResult", "Diagnostic", "DiagnosticError", "PlanResult", "RecipeIR", "Severity", "Source",
+           "check_file", "check_source", "load_recipe", "plan_file", "print_ir"]

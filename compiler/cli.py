@@ -129,6 +129,33 @@ def inspect(
 
 
 @app.command()
+def plan(
+    recipe: Annotated[Path, typer.Argument(help="The recipe to plan.", show_default=False)],
+    set_: SetOption = None,
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="rich (for people), text (canonical, stable) or "
+                                        "json.")] = Format.rich,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when there are warnings.")] = False,
+) -> None:
+    """The dry run: check the recipe against its model, choose the memory mode, and print every step
+    in order with its estimated peak memory. Reads no weights; imports neither torch nor onnxruntime."""
+    from compiler.frontend import plan_file
+    from compiler.plan import render
+
+    result = plan_file(recipe, tuple(set_ or ()))
+    print_diagnostics(result.diagnostics)
+    if result.plan is not None and result.ok:
+        if fmt is Format.json:
+            typer.echo(render.to_json(result.plan), nl=False)
+        elif fmt is Format.text:
+            typer.echo(render.to_text(result.plan), nl=False)
+        else:
+            Console(highlight=False).print(render.to_rich(result.plan))
+    else:
+        _stderr().print(f"{recipe}: no plan ({summary(result.diagnostics)})")
+    raise typer.Exit(exit_code(result.diagnostics, strict))
+
+
+@app.command()
 def explain(
     code: Annotated[Optional[str], typer.Argument(help="A diagnostic code such as Q201; omit it to list "
                                                    "every code.", show_default=False)] = None,

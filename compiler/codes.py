@@ -183,6 +183,14 @@ CODES: tuple[CodeInfo, ...] = (
     _c("Q234", "`mode multi_gpu` on the ONNX backend",
        "Multi-GPU placement is done by the torch backend; ONNX runs on one device.",
        "backend onnx\nmemory { mode multi_gpu vram 2 x 80 GiB }"),
+    # ---- Q3xx: plan and memory ------------------------------------------------------------------
+    _c("Q301", "the plan does not fit the memory budget",
+       "qrc estimates the peak memory of every mode before any work starts. An explicit mode, or every "
+       "mode under `auto`, that exceeds the budget (`ram`, or 85% of free memory) is refused instead of "
+       "running out of memory an hour into calibration. The help names a way out that does fit: a "
+       "smaller `chunk`, `mode offload`, or a `disk` cache; or, when even one sample cannot fit, the "
+       "tensor that is too large.",
+       "memory { mode full  ram 1 GiB }   # on a model whose weights alone exceed 1 GiB"),
     # ---- warnings ---------------------------------------------------------------------------------
     _c("Q235", "group size does not divide a layer's input features",
        "Group-wise quantization splits each row into blocks of `group N` input features; a layer whose "

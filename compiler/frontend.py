@@ -12,6 +12,7 @@ from compiler.ir.types import RecipeIR
 from compiler.ir.values import Diagnostics
 from compiler.models import ModelError, index_model
 from compiler.overrides import apply_overrides
+from compiler.plan import Plan, build_plan
 from compiler.resolve import Assignment, resolve
 from compiler.source import Source
 from compiler.syntax import parse_recipe
@@ -93,6 +94,35 @@ def check_file(path: str | Path, overrides: tuple[str, ...] = (), with_model: bo
     if isinstance(source, Diagnostic):
         return CheckResult(None, (source,))
     return check_source(source, overrides, with_model)
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    check: CheckResult
+    plan: Plan | None
+    diagnostics: tuple[Diagnostic, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.plan is not None and not has_errors(self.diagnostics)
+
+
+def plan_file(path: str | Path, overrides: tuple[str, ...] = (), detected_free: int | None = None) -> PlanResult:
+    """Check a recipe against its model and lower it to a Plan (the dry run). Reads no weights.
+
+    Args:
+        detected_free: free host memory in bytes for recipes without `ram`; measured when None.
+    """
+    checked = check_file(path, overrides, with_model=True)
+    if not checked.ok or checked.assignment is None:
+        return PlanResult(checked, None, checked.diagnostics)
+    if detected_free is None:
+        import psutil
+
+        detected_free = psutil.virtual_memory().available
+    diags = Diagnostics(list(checked.diagnostics))
+    plan = build_plan(checked.ir, checked.assignment, detected_free, diags)
+    return PlanResult(checked, plan, tuple(diags.items))
 
 
 def load_recipe(recipe: str | Path | Source, overrides: tuple[str, ...] = ()) -> RecipeIR:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from compiler.ir.values import human_bytes
 from compiler.models.index import ModelIndex
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.sizes import quantized_bytes
@@ -28,13 +29,6 @@ class Total:
     params: int
     bytes_before: int
     bytes_after: int
-
-
-def human_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
 
 
 def rows(index: ModelIndex, assignment: Assignment | None) -> list[Row]:

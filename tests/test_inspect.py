@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from golden import assert_golden
 from typer.testing import CliRunner
 
 from compiler import check_file
 from compiler.cli import app
+from golden import assert_golden
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.recipe"))

@@ -83,6 +83,14 @@ def format_bytes(n: int) -> str:
     return f"{format_number(n / 1024)} KiB"
 
 
+def human_bytes(n: int) -> str:
+    """Fixed human form of a byte count (two decimals, binary units): `1.63 MiB`."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
 def format_number(value: float) -> str:
     """Shortest text that reads back as the same float; whole numbers without `.0`."""
     if value == int(value) and abs(value) < 1e15:

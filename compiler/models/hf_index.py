@@ -117,4 +117,4 @@ def _layer(weight: str, kind: str, shape: tuple[int, ...], dtype: str) -> Layer:
     else:
         in_f, out_f = shape[1], shape[0]
     op = {"Linear": "Linear", "Embedding": "Embedding"}.get(kind, f"Conv{len(shape) - 2}d")
-    return Layer(name, kind, op, weight, tuple(shape), dtype, in_f, out_f, names.block_of(name))
+    return Layer(name, kind, op, weight, f"{name}:input", tuple(shape), dtype, in_f, out_f, names.block_of(name))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compiler.models.graph import GraphSummary
+
 # Bytes per element of the dtypes that weights come in.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "uint8": 1, "int32": 4,
                "int64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -23,6 +25,7 @@ class Layer:
     kind: str
     op: str
     weight: str  # the weight tensor's name in the model file
+    input: str  # the activation the layer consumes (an ONNX value name; `NAME:input` where there is no graph)
     shape: tuple[int, ...]  # as stored in the file
     dtype: str
     in_features: int
@@ -60,6 +63,7 @@ class ModelIndex:
     outputs: tuple[TensorInfo, ...]
     total_bytes: int  # all weights, layers or not
     config: tuple[tuple[str, int | float | str], ...] = ()  # architecture numbers (hidden, layers, …)
+    graph: GraphSummary | None = None  # ONNX only: values, nodes and shapes for the memory model
 
     @property
     def blocks(self) -> tuple[str, ...]:

@@ -88,7 +88,10 @@ def _merge_alternatives(names: list[str]) -> list[str]:
     for name in names:
         head, _, last = name.rpartition(".")
         stem, sep, suffix = last.partition("_")
-        key = (head, sep + suffix) if sep else (head, "\0" + last)
+        if sep:
+            key = (head, sep + suffix)
+        else:  # `query`, `key`, `value` under one parent → `parent.{query,key,value}`; top-level names stay
+            key = (head, "") if head else (head, "\0" + last)
         if key not in groups:
             order.append(key)
         groups.setdefault(key, []).append(stem if sep else last)

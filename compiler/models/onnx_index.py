@@ -7,6 +7,7 @@ from pathlib import Path
 
 from compiler.models import names
 from compiler.models.errors import ModelError
+from compiler.models.graph import summarize
 from compiler.models.index import Layer, ModelIndex, TensorInfo
 
 _DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64",
@@ -29,7 +30,31 @@ def index_onnx(path: Path, ref: str, family: str = "onnx") -> ModelIndex:
     total = sum(math.prod(t.dims) * _BITS.get(_dtype(t.data_type), 32) // 8 for t in inits.values())
     inputs = tuple(_tensor_info(v) for v in graph.input if v.name not in inits)
     outputs = tuple(_tensor_info(v) for v in graph.output)
-    return ModelIndex(ref, "onnx", family, tuple(layers), inputs, outputs, total)
+    return ModelIndex(ref, "onnx", family, tuple(layers), inputs, outputs, total, graph=summarize(_without_weights(model), set(inits)))
+
+
+_SMALL = 4096  # elements: constants such as Reshape targets and axes, which shape inference reads
+
+
+def _without_weights(model):
+    """A copy without the bytes of large initializers (weights): cheap to shape-infer. Their dims stay,
+    as graph inputs, so inference still knows their shapes."""
+    import onnx
+
+    light = onnx.ModelProto()
+    light.CopyFrom(model)
+    kept = []
+    for tensor in light.graph.initializer:
+        if math.prod(tensor.dims) <= _SMALL and tensor.data_location != onnx.TensorProto.EXTERNAL:
+            kept.append(tensor)
+            continue
+        light.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    del light.graph.initializer[:]
+    light.graph.initializer.extend(kept)
+    return light
+
+
+
 
 
 def _dtype(code: int) -> str:
@@ -44,8 +69,9 @@ def _layers(graph, inits) -> list[Layer]:
             continue
         kind, weight, in_f, out_f = found
         name = names.from_weight_name(weight.name) or names.from_node_name(node.name) or weight.name
-        layers.append(Layer(name, kind, node.op_type, weight.name, tuple(weight.dims), _dtype(weight.data_type),
-                            in_f, out_f, names.block_of(name)))
+        activation = node.input[1] if kind == "Embedding" else node.input[0]
+        layers.append(Layer(name, kind, node.op_type, weight.name, activation, tuple(weight.dims),
+                            _dtype(weight.data_type), in_f, out_f, names.block_of(name)))
     return layers
 
 

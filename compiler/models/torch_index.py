@@ -25,8 +25,8 @@ def index_torch_module(module, ref: str, family: str = "torch") -> ModelIndex:
             kind, in_f, out_f = "Conv", math.prod(weight.shape[1:]), mod.out_channels
         else:
             continue
-        layers.append(Layer(name, kind, type(mod).__name__, f"{name}.weight", tuple(weight.shape), dtype, in_f, out_f,
-                            names.block_of(name)))
+        layers.append(Layer(name, kind, type(mod).__name__, f"{name}.weight", f"{name}:input", tuple(weight.shape),
+                            dtype, in_f, out_f, names.block_of(name)))
     unique = {id(p): p for p in module.parameters()}.values()
     total = sum(p.numel() * p.element_size() for p in unique)
     return ModelIndex(ref, "torch", family, tuple(layers), (), (), total)

@@ -1,0 +1,48 @@
+"""The planner: a recipe resolved against its model → an ordered Plan with memory estimates.
+
+No weights are read and neither torch nor onnxruntime is imported: a plan for a 7B model indexed
+from its config.json takes well under a second.
+"""
+
+from __future__ import annotations
+
+from compiler.ir.types import MemoryMode, RecipeIR
+from compiler.ir.values import Diagnostics
+from compiler.plan.estimates import all_estimates
+from compiler.plan.fit import report_q301
+from compiler.plan.lower import Context, lower
+from compiler.plan.modes import ram_budget, select_mode
+from compiler.plan.ops import Plan
+from compiler.plan.workload import workload
+from compiler.resolve.assignment import Assignment
+
+__all__ = ["Plan", "build_plan"]
+
+
+def build_plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: Diagnostics) -> Plan | None:
+    """Choose the memory mode and lower the recipe to ops. Returns None (with Q301) when nothing fits.
+
+    Args:
+        detected_free: free host memory in bytes, used (× 0.85) when the recipe gives no `ram`.
+    """
+    w = workload(ir, assignment)
+    ram, source = ram_budget(ir.memory, detected_free)
+    estimates, passes = all_estimates(w, w.chunk, ram, ir.memory.vram)
+    decision = select_mode(ir.memory.mode, estimates, ram, ir.memory.vram, source)
+    if decision.mode is None:
+        report_q301(ir, w, decision, diags)
+        return None
+    passes = passes if decision.mode is MemoryMode.LOW_MEMORY else 1  # only low_memory splits the observers
+    ctx = Context(ir, assignment, w, decision, estimates[decision.mode], passes)
+    notes = _notes(ir, w)
+    return Plan(ir.name, ir.source_name, ir.model, ir.backend.value, len(assignment.layers),
+                len(w.quantized_layers), decision, lower(ctx), notes)
+
+
+def _notes(ir: RecipeIR, w) -> tuple[str, ...]:
+    notes = []
+    if not w.calibrate:
+        notes.append("no calibration pass: every scheme is weight-only and data-free")
+    if w.index.graph is None and w.backend.value == "onnx":
+        notes.append("no graph shapes for this model: activation estimates are zero")
+    return tuple(notes)

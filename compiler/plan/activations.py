@@ -1,0 +1,81 @@
+"""Activation memory of one forward pass, by liveness over the graph: a value is resident from the
+node that produces it to its last consumer; observed tensors (the augmented graph's outputs) stay to
+the end and are copied out; the model's own outputs (logits, KV cache) and the nodes that only feed
+them are removed from the calibration graph, as ARCHITECTURE.md requires."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.models.graph import GraphSummary, Node
+
+PASSTHROUGH_DEFAULT: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationPeak:
+    bytes: int
+    largest: str  # the largest value resident at the peak
+    largest_bytes: int
+
+
+def needed_nodes(graph: GraphSummary, kept: set[str]) -> list[Node]:
+    """The nodes that contribute to `kept`, in execution order (everything else is pruned)."""
+    producers = graph.producers()
+    wanted, stack = set(), list(kept)
+    while stack:
+        name = stack.pop()
+        node = producers.get(name)
+        if node is None or node.name in wanted:
+            continue
+        wanted.add(node.name)
+        stack.extend(node.inputs)
+    return [n for n in graph.nodes if n.name in wanted]
+
+
+def peak(graph: GraphSummary, nodes: list[Node], kept: set[str], batch: int, seqlen: int) -> ActivationPeak:
+    """Peak resident activation bytes while running `nodes` with `kept` values held to the end."""
+    size = {}
+    for node in nodes:
+        for name in (*node.inputs, *node.outputs):
+            value = graph.value(name)
+            size[name] = value.bytes(batch, seqlen, graph.batch_symbol) if value else 0
+    last_use: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        for name in node.inputs:
+            last_use[name] = i
+    produced = {o for n in nodes for o in n.outputs}
+    # Values that come from outside these nodes (graph inputs, or a block's input in a segment) are
+    # resident from the start; weights have no entry in `graph.values` and count zero here.
+    live = {name: size[name] for node in nodes for name in node.inputs if name not in produced and size.get(name)}
+    best = ActivationPeak(sum(live.values()), "", 0)
+    for i, node in enumerate(nodes):
+        for out in node.outputs:
+            live[out] = size.get(out, 0)
+        total = sum(live.values())
+        if total > best.bytes:
+            name = max(live, key=live.get)
+            best = ActivationPeak(total, name, live[name])
+        for name in node.inputs:
+            if last_use.get(name) == i and name not in kept:
+                live.pop(name, None)
+    copies = sum(size.get(k, 0) for k in kept)  # outputs returned to Python are copied out of the runtime
+    return ActivationPeak(best.bytes + copies, best.largest, best.largest_bytes)
+
+
+def calibration_peak(graph: GraphSummary, observed: tuple[str, ...], batch: int, seqlen: int) -> ActivationPeak:
+    kept = set(observed)
+    return peak(graph, needed_nodes(graph, kept), kept, batch, seqlen)
+
+
+def propagate(graph: GraphSummary, tensors: tuple[str, ...], passthrough: tuple[str, ...]) -> dict[str, str]:
+    """tensor → the tensor whose range it inherits: walk up through passthrough producers (first input)
+    to the nearest tensor that is not a passthrough output (ALGORITHMS.md, selective propagation)."""
+    producers = graph.producers()
+    out = {}
+    for tensor in tensors:
+        source = tensor
+        while source in producers and producers[source].op in passthrough and producers[source].inputs:
+            source = producers[source].inputs[0]
+        out[tensor] = source
+    return out

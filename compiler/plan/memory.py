@@ -1,0 +1,214 @@
+"""The memory model: the estimated peak resident bytes of each memory mode, from the model index alone.
+
+Every constant is here and documented in the README ("Reading a plan"). Estimates are per phase
+(calibration, quantization, verification); a mode's peak is the largest phase. The backends check the
+estimates against measured peaks (the compile summary shows both).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from compiler.ir.types import Backend, CalibrationMethod, MemoryMode
+from compiler.models.names import block_of, from_node_name
+from compiler.plan.activations import calibration_peak, needed_nodes, peak
+from compiler.plan.ops import ModeEstimate
+from compiler.plan.workload import Workload
+
+MiB = 1 << 20
+RUNTIME = {Backend.ONNX: 150 * MiB, Backend.TORCH: 400 * MiB}  # interpreter + libraries, measured idle
+PROTO_COPIES = 2  # ONNX: the ModelProto held in Python + the session's own copy of the weights
+ACT_BYTES = 4  # activations are computed in float32 on CPU
+HIST_STATE = 2 * 8  # per bin: int64 counts, plus the scratch histogram of the chunk being merged
+MINMAX_STATE = 64  # per tensor: running min/max, counts of non-finite values
+CACHE_COPIES = {MemoryMode.FULL: 3, MemoryMode.LOW_MEMORY: 2, MemoryMode.OFFLOAD: 2, MemoryMode.MULTI_GPU: 2}
+VRAM_SLACK = 1.2  # Olive's factor over the computed GPU footprint
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    name: str
+    bytes: int
+    parts: tuple[tuple[str, int], ...]
+
+
+def observer_bytes(w: Workload) -> int:
+    per = MINMAX_STATE if w.method is CalibrationMethod.MINMAX else w.bins * HIST_STATE + MINMAX_STATE
+    return per * len(w.observed)
+
+
+# ---- ONNX ----------------------------------------------------------------------------------------
+
+def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1) -> Phase:
+    graph = w.index.graph
+    runtime = RUNTIME[Backend.ONNX]
+    if mode is MemoryMode.OFFLOAD:
+        seg_weights, seg_act = _largest_segment(w, chunk)
+        cache = _boundary_cache(w, chunk)
+        parts = (("runtime", runtime), ("weights of one block", PROTO_COPIES * seg_weights),
+                 ("block activations", seg_act), ("block-boundary cache", cache), ("observers", observer_bytes(w)))
+    else:
+        group = _observed_group(w, passes)
+        act = calibration_peak(graph, group, chunk, w.seqlen).bytes if graph and group else 0
+        parts = (("runtime", runtime), ("weights", PROTO_COPIES * w.weights_bytes),
+                 (f"activations of one chunk ({chunk} samples)", act), ("observers", observer_bytes(w)))
+    return Phase("calibrate", sum(b for _, b in parts), parts)
+
+
+def _observed_group(w: Workload, passes: int) -> tuple[str, ...]:
+    """The largest group when the observed tensors are split in order into `passes` passes."""
+    if not w.observed:
+        return ()
+    size = math.ceil(len(w.observed) / max(passes, 1))
+    groups = [w.observed[i:i + size] for i in range(0, len(w.observed), size)] or [()]
+    graph = w.index.graph
+    if not graph:
+        return groups[0]
+    return max(groups, key=lambda g: calibration_peak(graph, g, 1, w.seqlen).bytes)
+
+
+def segments(w: Workload) -> dict[str, list]:
+    """ONNX nodes by block (`model.layers.3`), with the nodes outside blocks in `(outside blocks)`."""
+    out: dict[str, list] = {}
+    for node in w.index.graph.nodes:
+        name = from_node_name(node.name) or ""
+        out.setdefault(block_of(name) or "(outside blocks)", []).append(node)
+    return out
+
+
+def _largest_segment(w: Workload, chunk: int) -> tuple[int, int]:
+    graph = w.index.graph
+    block_bytes = w.block_bytes()
+    if not graph:
+        return max(block_bytes.values(), default=0), 0
+    observed = set(w.observed)
+    worst_act = 0
+    for _name, nodes in segments(w).items():
+        produced = {o for n in nodes for o in n.outputs}
+        kept = (observed & produced) | {o for o in produced if _leaves_segment(o, nodes, graph)}
+        worst_act = max(worst_act, peak(graph, nodes, kept, chunk, w.seqlen).bytes)
+    return max(block_bytes.values(), default=0), worst_act
+
+
+def _leaves_segment(value: str, nodes, graph) -> bool:
+    inside = {n.name for n in nodes}
+    return any(value in n.inputs and n.name not in inside for n in graph.nodes) or value in graph.outputs
+
+
+def _boundary_cache(w: Workload, chunk: int) -> int:
+    """Block inputs and outputs of every sample in RAM, or of one chunk when they are cached on `disk`."""
+    per_sample = w.seqlen * w.hidden * ACT_BYTES
+    held = chunk if w.disk else w.samples
+    return 2 * held * per_sample
+
+
+def onnx_quantize(w: Workload, mode: MemoryMode) -> Phase:
+    runtime = RUNTIME[Backend.ONNX]
+    temps = 3 * w.largest_layer_bytes  # float32 scratch of the layer being rounded (clip search, errors)
+    if mode is MemoryMode.OFFLOAD:
+        parts = (("runtime", runtime), ("one weight at a time", w.largest_layer_bytes), ("scratch", temps))
+    else:
+        parts = (("runtime", runtime), ("float model", w.weights_bytes), ("quantized model", w.quantized_bytes),
+                 ("scratch", temps))
+    return Phase("quantize", sum(b for _, b in parts), parts)
+
+
+def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
+    """Float and emitted model side by side on one chunk; every model output of both is held."""
+    graph = w.index.graph
+    runtime = RUNTIME[Backend.ONNX]
+    if mode is MemoryMode.OFFLOAD:
+        block_weights, block_act = _largest_segment(w, chunk)
+        outputs = sum(graph.value(o).bytes(chunk, w.seqlen, graph.batch_symbol)
+                      for o in graph.outputs if graph.value(o)) if graph else 0
+        parts = (("runtime", runtime), ("float and quantized block", 2 * block_weights),
+                 ("block activations", block_act), ("outputs of one chunk, both models", 2 * outputs))
+    else:
+        act = 0
+        if graph:
+            kept = set(graph.outputs)
+            act = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen).bytes
+        parts = (("runtime", runtime), ("float session", w.weights_bytes), ("quantized session", w.quantized_bytes),
+                 ("activations of one chunk, both models", 2 * act))
+    return Phase("verify", sum(b for _, b in parts), parts)
+
+
+# ---- PyTorch -------------------------------------------------------------------------------------
+
+def block_working_set(w: Workload) -> int:
+    """Per-sample float32 working set of one block's forward (hidden states, attention scores, MLP)."""
+    cfg = w.index.config_value
+    h = cfg("hidden_size") or w.hidden
+    heads = cfg("num_attention_heads") or max(1, h // 64)
+    inter = cfg("intermediate_size") or 4 * h
+    s = w.seqlen
+    return ACT_BYTES * (4 * s * h + 2 * heads * s * s + 3 * s * inter)
+
+
+def hessian_bytes(w: Workload) -> int:
+    """GPTQ: one K_in × K_in float32 Hessian per distinct layer input of the block being quantized."""
+    if not w.gptq:
+        return 0
+    per_block: dict[str, set] = {}
+    for x in w.index.layers:
+        if x.block and x.kind == "Linear":
+            parent = x.name.rpartition(".")[0]
+            per_block.setdefault(x.block, set()).add((parent, x.in_features))
+    return max((sum(k * k * 4 for _, k in inputs) for inputs in per_block.values()), default=0)
+
+
+def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
+    cache_ps = w.seqlen * w.hidden * _dtype_bytes(w)
+    copies = CACHE_COPIES[mode]
+    held = chunk if (mode is MemoryMode.OFFLOAD and w.disk) else w.samples
+    cache = copies * held * cache_ps if w.calibrate else 0
+    work = chunk * block_working_set(w) if w.calibrate else 0
+    if mode is MemoryMode.OFFLOAD:
+        weights = 2 * max(w.block_bytes().values(), default=0)  # the block's float weights + quantized copy
+        label = "weights of one block"
+    elif mode is MemoryMode.MULTI_GPU:
+        weights, label = 0, "weights (on the GPUs)"
+    else:
+        weights, label = w.weights_bytes + max(w.block_bytes().values(), default=0), "weights"
+    parts = (("runtime", RUNTIME[Backend.TORCH]), (label, weights), (f"block caches ({copies} copies)", cache),
+             (f"block working set ({chunk} samples)", work if mode is not MemoryMode.MULTI_GPU else 0),
+             ("GPTQ Hessians", hessian_bytes(w) if mode is not MemoryMode.MULTI_GPU else 0))
+    return Phase("block-wise compile", sum(b for _, b in parts), parts)
+
+
+def torch_vram(w: Workload, chunk: int) -> int:
+    """Olive's formula for a resident model on GPUs, plus one chunk's working set."""
+    linear = sum(x.params for x in w.index.layers if x.kind == "Linear")
+    param = w.weights_bytes
+    full = (2 * param + 4 * linear + 0.2 * param) * VRAM_SLACK if w.kld_gradient else param * VRAM_SLACK
+    return int(full + chunk * block_working_set(w) + hessian_bytes(w))
+
+
+def _dtype_bytes(w: Workload) -> int:
+    dtypes = {x.dtype for x in w.index.layers}
+    return 2 if dtypes and dtypes <= {"float16", "bfloat16"} else 4
+
+
+# ---- per mode ------------------------------------------------------------------------------------
+
+def estimate(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1, gpus: tuple[int, ...] = ()) -> ModeEstimate:
+    """The peak of a mode: the largest of its phases."""
+    if w.backend is Backend.ONNX:
+        if mode is MemoryMode.MULTI_GPU:
+            return ModeEstimate(mode, 0, (), feasible=False, note="the ONNX backend runs on one device")
+        phases = [onnx_quantize(w, mode)]
+        if w.calibrate:
+            phases.append(onnx_calibration(w, mode, chunk, passes))
+        if w.verify_samples:
+            phases.append(onnx_verify(w, mode, min(chunk, w.verify_samples)))
+        vram = 0
+    else:
+        if mode is MemoryMode.MULTI_GPU and not gpus:
+            return ModeEstimate(mode, 0, (), feasible=False, note="no GPUs (`vram`) given")
+        phases = [torch_phase(w, mode, chunk)]
+        vram = torch_vram(w, chunk) if mode is MemoryMode.MULTI_GPU else 0
+    worst = max(phases, key=lambda p: p.bytes)
+    note = f"peak in {worst.name}" + (f", {passes} passes over the data" if passes > 1 else "")
+    return ModeEstimate(mode, worst.bytes, worst.parts, peak_vram=vram, note=note)
+

@@ -1,0 +1,89 @@
+"""A plan in its three forms: canonical text (goldens, logs), JSON, and a rich view for people."""
+
+from __future__ import annotations
+
+import json
+
+from compiler.ir.values import human_bytes
+from compiler.models.names import compress
+from compiler.plan.modes import describe
+from compiler.plan.ops import Plan, PlanOp
+
+
+def _bytes(n: int) -> str:
+    return f"{n} B ({human_bytes(n)})"
+
+
+def _layers(names: tuple[str, ...], limit: int = 4) -> str:
+    shown = compress(names)
+    more = f", … {len(shown) - limit} more" if len(shown) > limit else ""
+    return ", ".join(shown[:limit]) + more
+
+
+def header_lines(plan: Plan) -> list[str]:
+    d = plan.decision
+    chosen = next(e for e, ok in d.tried if ok)
+    source = "from the recipe" if d.ram_source == "recipe" else "85% of free memory, detected"
+    lines = [
+        f"plan {plan.recipe}  ({plan.source})",
+        f"model    {plan.model}  ({plan.layers} layers, {plan.quantized_layers} quantized)",
+        f"backend  {plan.backend}",
+        f"budget   ram {_bytes(d.ram_budget)}, {source}"
+        + (f"; vram {' + '.join(human_bytes(v) for v in d.vram_budget)}" if d.vram_budget else ""),
+        f"mode     {d.mode.value}: {d.reason}",
+        f"peak     {_bytes(plan.peak_bytes)} estimated",
+        "estimate " + " + ".join(f"{name} {human_bytes(b)}" for name, b in chosen.parts if b),
+    ]
+    return lines + [f"note     {n}" for n in plan.notes]
+
+
+def op_lines(index: int, op: PlanOp) -> list[str]:
+    repeat = f" ×{op.repeat}" if op.repeat > 1 else ""
+    lines = [f"{index:>2}. {op.kind.value}{repeat}  peak {_bytes(op.peak_bytes)}", f"      {op.summary}"]
+    params = "  ".join(f"{k}={v}" for k, v in op.params)
+    if params:
+        lines.append(f"      {params}")
+    if op.layers:
+        lines.append(f"      layers: {_layers(op.layers)}")
+    lines.append(f"      in: {', '.join(op.inputs)}  →  out: {', '.join(op.outputs)}")
+    return lines
+
+
+def to_text(plan: Plan) -> str:
+    lines = header_lines(plan) + ["", "ops"]
+    for i, op in enumerate(plan.ops, start=1):
+        lines += op_lines(i, op)
+    return "\n".join(lines) + "\n"
+
+
+def to_json(plan: Plan) -> str:
+    d = plan.decision
+    data = {
+        "recipe": plan.recipe, "source": plan.source, "model": plan.model, "backend": plan.backend,
+        "layers": plan.layers, "quantized_layers": plan.quantized_layers, "peak_bytes": plan.peak_bytes,
+        "memory": {"mode": d.mode.value, "requested": d.requested.value, "ram_budget": d.ram_budget,
+                   "ram_source": d.ram_source, "vram_budget": list(d.vram_budget), "reason": d.reason,
+                   "tried": [{"mode": e.mode.value, "peak_ram": e.peak_ram, "peak_vram": e.peak_vram,
+                              "feasible": e.feasible, "fits": ok, "parts": dict(e.parts)} for e, ok in d.tried]},
+        "ops": [{"op": op.kind.value, "repeat": op.repeat, "peak_bytes": op.peak_bytes, "summary": op.summary,
+                 "params": dict(op.params), "inputs": list(op.inputs), "outputs": list(op.outputs),
+                 "layers": compress(op.layers)} for op in plan.ops],
+        "notes": list(plan.notes),
+    }
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def to_rich(plan: Plan):
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    head = Text("\n".join(header_lines(plan)))
+    table = Table(title="ops, in execution order")
+    for col, justify in (("#", "right"), ("op", "left"), ("×", "right"), ("peak", "right"), ("what", "left")):
+        table.add_column(col, justify=justify, no_wrap=col in ("op", "peak"))
+    for i, op in enumerate(plan.ops, start=1):
+        what = op.summary + (f"\n[dim]{_layers(op.layers)}[/]" if op.layers else "")
+        table.add_row(str(i), op.kind.value, str(op.repeat), human_bytes(op.peak_bytes), what)
+    tried = Text("\n".join(describe(e, ok, plan.decision.ram_budget) for e, ok in plan.decision.tried))
+    return Group(head, Text(""), table, Text("modes considered:", style="bold"), tried)

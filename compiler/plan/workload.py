@@ -1,0 +1,79 @@
+"""What a compile will do, in the numbers the memory model needs: derived from the recipe and the
+resolved model, before any weight is read."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from compiler.ir.types import ActivationMode, Backend, CalibrationMethod, RecipeIR, Rounding, SensitivityMetric
+from compiler.models.index import ModelIndex
+from compiler.plan.activations import propagate
+from compiler.resolve.assignment import Assignment
+from compiler.resolve.sizes import quantized_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    backend: Backend
+    index: ModelIndex
+    weights_bytes: int
+    quantized_bytes: int
+    largest_layer_bytes: int
+    quantized_layers: tuple[str, ...]
+    needed: tuple[str, ...]  # activations whose ranges the emitted model needs (inputs of A-quantized layers)
+    observed: tuple[str, ...]  # what calibration observes after passthrough propagation
+    inherited: int  # needed tensors whose range comes from a passthrough ancestor instead
+    calibrate: bool  # any step needs a forward pass over calibration data
+    gptq: bool
+    samples: int
+    seqlen: int
+    chunk: int
+    bins: int
+    method: CalibrationMethod
+    mixed_precision: bool
+    kld_gradient: bool
+    verify_samples: int
+    disk: bool  # block data may be cached on disk (`memory { disk … }`)
+
+    @property
+    def blocks(self) -> tuple[str, ...]:
+        return self.index.blocks
+
+    def block_bytes(self) -> dict[str, int]:
+        sizes: Counter = Counter()
+        for layer in self.index.layers:
+            sizes[layer.block or "(outside blocks)"] += layer.bytes
+        return dict(sizes)
+
+    @property
+    def hidden(self) -> int:
+        """The width of the hidden state between blocks: the most common input width of block layers."""
+        widths = Counter(x.in_features for x in self.index.layers if x.block and x.kind == "Linear")
+        return widths.most_common(1)[0][0] if widths else max((x.in_features for x in self.index.layers), default=1)
+
+
+def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> Workload:
+    index = assignment.model
+    quantized = [a for a in assignment.layers if not a.scheme.is_none]
+    static = [a for a in quantized if a.scheme.activations and a.scheme.activations.mode is ActivationMode.STATIC]
+    needed = tuple(dict.fromkeys(a.layer.input for a in static))
+    sources = {t: t for t in needed}
+    if index.graph is not None and ir.calibration.passthrough:
+        sources = propagate(index.graph, needed, ir.calibration.passthrough)
+    observed = tuple(dict.fromkeys(sources.values()))
+    gptq = any(a.scheme.rounding is Rounding.GPTQ for a in quantized)
+    mp = ir.mixed_precision
+    cal = ir.calibration
+    return Workload(
+        backend=ir.backend, index=index, weights_bytes=index.total_bytes,
+        quantized_bytes=index.total_bytes - sum(a.layer.bytes - quantized_bytes(a.layer, a.scheme) for a in quantized),
+        largest_layer_bytes=max((x.bytes for x in index.layers), default=0),
+        quantized_layers=tuple(a.layer.name for a in quantized), needed=needed, observed=observed,
+        inherited=sum(source != tensor for tensor, source in sources.items()),
+        calibrate=bool(observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR),
+        gptq=gptq, samples=cal.data.samples, seqlen=cal.data.seqlen, chunk=chunk or cal.chunk, bins=cal.bins,
+        method=cal.method, mixed_precision=mp is not None,
+        kld_gradient=bool(mp and mp.metric is SensitivityMetric.KLD and ir.backend is Backend.TORCH),
+        verify_samples=ir.verify.samples if ir.verify else 0, disk=ir.memory.disk is not None,
+    )

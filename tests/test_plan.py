@@ -1,0 +1,160 @@
+"""The planner: goldens for every recipe, the plan verifier, mode selection tables, Q301 suggestions."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from compiler import plan_file
+from compiler.cli import app
+from compiler.diagnostics import render_all
+from compiler.ir.types import MemoryMode
+from compiler.plan.modes import select_mode
+from compiler.plan.ops import ModeEstimate, OpKind
+from compiler.plan.render import to_json, to_text
+from compiler.plan.verify import verify_plan
+from golden import assert_golden
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "recipes").glob("*.recipe"))
+GiB = 1 << 30
+FREE = 16 * GiB  # "detected" free memory for recipes without `ram`: fixed so that goldens are stable
+
+
+@pytest.fixture(autouse=True)
+def _at_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def _plan(path: str, *overrides: str):
+    result = plan_file(path, overrides, detected_free=FREE)
+    return result
+
+
+def _quantized(result) -> tuple[str, ...]:
+    return tuple(a.layer.name for a in result.check.assignment.layers if not a.scheme.is_none)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_plan_golden(path):
+    result = _plan(path.relative_to(ROOT).as_posix())
+    assert result.ok, render_all(result.diagnostics)
+    assert_golden(to_text(result.plan), f"plans/{path.stem}.plan.txt")
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+@pytest.mark.parametrize("overrides", [(), ("calibrate.chunk=1",), ("memory.mode=offload",)], ids=["as-is", "chunk1", "offload"])
+def test_plans_verify(path, overrides):
+    result = _plan(path.relative_to(ROOT).as_posix(), *overrides)
+    assert result.ok, render_all(result.diagnostics)
+    assert verify_plan(result.plan, _quantized(result)) == []
+
+
+def test_verifier_catches_broken_plans():
+    result = _plan("recipes/tiny-llama-w8a8.recipe")
+    plan = result.plan
+    emit_first = plan.__class__(**{**{f: getattr(plan, f) for f in plan.__dataclass_fields__},
+                                   "ops": tuple(op for op in plan.ops if op.kind is not OpKind.QUANTIZE_WEIGHTS)})
+    problems = verify_plan(emit_first, _quantized(result))
+    assert any("reads `qparams`" in p for p in problems) and any("emit before qparams" in p for p in problems)
+
+
+E = ModeEstimate
+
+
+def _estimates(full, low, off, multi_ram=0, multi_vram=0, multi=False):
+    return {MemoryMode.FULL: E(MemoryMode.FULL, full, ()), MemoryMode.LOW_MEMORY: E(MemoryMode.LOW_MEMORY, low, ()),
+            MemoryMode.OFFLOAD: E(MemoryMode.OFFLOAD, off, ()),
+            MemoryMode.MULTI_GPU: E(MemoryMode.MULTI_GPU, multi_ram, (), peak_vram=multi_vram, feasible=multi)}
+
+
+@pytest.mark.parametrize("requested, estimates, ram, vram, expected", [
+    (MemoryMode.AUTO, _estimates(10, 6, 3), 12, (), MemoryMode.FULL),
+    (MemoryMode.AUTO, _estimates(10, 6, 3), 8, (), MemoryMode.LOW_MEMORY),
+    (MemoryMode.AUTO, _estimates(10, 6, 3), 4, (), MemoryMode.OFFLOAD),
+    (MemoryMode.AUTO, _estimates(10, 6, 3), 2, (), None),
+    (MemoryMode.AUTO, _estimates(10, 6, 3, 2, 30, True), 8, (20, 20), MemoryMode.MULTI_GPU),
+    (MemoryMode.AUTO, _estimates(10, 6, 3, 2, 50, True), 8, (20, 20), MemoryMode.LOW_MEMORY),
+    (MemoryMode.AUTO, _estimates(10, 6, 3, 9, 30, True), 8, (20, 20), MemoryMode.LOW_MEMORY),
+    (MemoryMode.FULL, _estimates(10, 6, 3), 8, (), None),
+    (MemoryMode.OFFLOAD, _estimates(10, 6, 3), 4, (), MemoryMode.OFFLOAD),
+    (MemoryMode.MULTI_GPU, _estimates(10, 6, 3), 100, (), None),
+], ids=["full", "low", "offload", "none", "multi", "multi-vram", "multi-ram", "explicit-full", "explicit-offload",
+        "multi-infeasible"])
+def test_mode_selection(requested, estimates, ram, vram, expected):
+    decision = select_mode(requested, estimates, ram, vram)
+    assert decision.mode is expected
+    assert decision.reason  # the numbers that decided it are recorded
+
+
+@pytest.mark.parametrize("recipe, overrides", [
+    ("recipes/tiny-llama-w8a8.recipe", ("memory.ram=160MiB", "memory.mode=full")),
+    ("recipes/tiny-bert-lwp.recipe", ("memory.ram=158MiB",)),
+    ("recipes/llama-7b-w4a16-plan.recipe", ("memory.ram=8GiB",)),
+])
+def test_q301_suggested_chunk_fits_when_replanned(recipe, overrides):
+    result = _plan(recipe, *overrides)
+    q301 = [d for d in result.diagnostics if d.code == "Q301"]
+    assert q301 and result.plan is None
+    match = re.search(r"--set calibrate\.chunk=(\d+)", q301[0].help)
+    assert match, q301[0].help
+    replanned = _plan(recipe, *overrides, f"calibrate.chunk={match.group(1)}")
+    assert replanned.ok, render_all(replanned.diagnostics)
+
+
+def test_q301_names_the_tensor_when_nothing_fits():
+    result = _plan("recipes/tiny-llama-w8a8.recipe", "model=builtin:tiny-llama?vocab=32000&hidden=512&heads=8",
+                   "memory.ram=700MiB", "calibrate.data=synthetic { samples 64 seqlen 4096 }")
+    (q301,) = [d for d in result.diagnostics if d.code == "Q301"]
+    assert "the largest tensor is /model/layers" in q301.help and "per sample at seqlen 4096" in q301.help
+
+
+def test_low_memory_splits_the_observers_into_passes():
+    full = _plan("recipes/tiny-bert-lwp.recipe", "memory.mode=auto").plan
+    budget = full.decision.tried[0][0].peak_ram - 1
+    result = _plan("recipes/tiny-bert-lwp.recipe", "memory.mode=auto", f"memory.ram={budget / 2**20:.4f}MiB")
+    assert result.ok, render_all(result.diagnostics)
+    assert result.plan.decision.mode is MemoryMode.LOW_MEMORY
+    calibrate = next(op for op in result.plan.ops if op.kind is OpKind.CALIBRATE_CHUNK)
+    passes = int(dict(calibrate.params)["passes"])
+    assert passes > 1 and calibrate.repeat == passes * 4  # 64 samples in chunks of 16
+
+
+def test_seven_b_plan_chooses_offload_and_is_fast_and_light():
+    code = (
+        "import re, sys, time\n"
+        "t = time.perf_counter()\n"
+        "from compiler import plan_file\n"
+        "r = plan_file('recipes/llama-7b-w4a16-plan.recipe', detected_free=16 << 30)\n"
+        "elapsed = time.perf_counter() - t\n"
+        "hwm = int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
+        "heavy = [m for m in ('torch', 'onnxruntime') if m in sys.modules]\n"
+        "print(r.plan.decision.mode.value, f'{elapsed:.3f}', hwm, heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True,
+                         env={**os.environ, "PYTHONHASHSEED": "0"})
+    mode, elapsed, hwm_kib, heavy = out.stdout.split(maxsplit=3)
+    assert mode == "offload"
+    assert float(elapsed) < 1.0, f"{elapsed} s"
+    assert int(hwm_kib) < 300 * 1024
+    assert heavy.strip() == "[]"
+
+
+def test_json_form_and_cli():
+    result = _plan("recipes/tiny-llama-w4a16.recipe")
+    data = json.loads(to_json(result.plan))
+    assert data["memory"]["mode"] == "full" and data["ops"][0]["op"] == "load_model"
+    runner = CliRunner()
+    for fmt in ("rich", "text", "json"):
+        out = runner.invoke(app, ["plan", "recipes/tiny-llama-w4a16.recipe", "--format", fmt], env={"COLUMNS": "160"})
+        assert out.exit_code == 0, out.output
+        assert "calibrate_chunk" in out.output
+    bad = runner.invoke(app, ["plan", "recipes/tiny-llama-w4a16.recipe", "--set", "memory.ram=10MiB"])
+    assert bad.exit_code == 2 and "error[Q301]" in bad.output
