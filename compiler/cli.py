@@ -15,6 +15,7 @@ from rich.text import Text
 
 from compiler.codes import BY_CODE, CODES
 from compiler.diagnostics import Diagnostic, Severity, render, summary
+from compiler.diagnostics import summary as summary_line
 from compiler.frontend import check_file
 from compiler.ir.printer import print_ir
 from compiler.ir.values import Diagnostics
@@ -153,6 +154,31 @@ def plan(
     else:
         _stderr().print(f"{recipe}: no plan ({summary(result.diagnostics)})")
     raise typer.Exit(exit_code(result.diagnostics, strict))
+
+
+@app.command(name="compile")
+def compile_(
+    recipe: Annotated[Path, typer.Argument(help="The recipe to compile.", show_default=False)],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the model (default: "
+                                                  "the recipe's `emit` path).")] = None,
+    set_: SetOption = None,
+) -> None:
+    """Compile: check, plan, calibrate, quantize, emit (atomically) and verify. Prints progress per stage
+    and a summary with the measured peak memory beside the planned estimate."""
+    from compiler.compile_run import CompileFailed, compile_recipe, summary
+
+    console = _stderr()
+    try:
+        result, planned = compile_recipe(recipe, tuple(set_ or ()), output, console)
+    except CompileFailed as failed:
+        print_diagnostics(failed.diagnostics)
+        _stderr().print(f"{recipe}: compile failed ({summary_line(failed.diagnostics)})")
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        _stderr().print("interrupted: nothing was written to the destination")
+        raise typer.Exit(130) from None
+    print_diagnostics(planned.diagnostics + tuple(result.warnings))
+    Console(highlight=False).print(summary(result, planned))
 
 
 @app.command()

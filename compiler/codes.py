@@ -191,6 +191,56 @@ CODES: tuple[CodeInfo, ...] = (
        "smaller `chunk`, `mode offload`, or a `disk` cache; or, when even one sample cannot fit, the "
        "tensor that is too large.",
        "memory { mode full  ram 1 GiB }   # on a model whose weights alone exceed 1 GiB"),
+    # ---- Q4xx: backend and execution ---------------------------------------------------------------
+    _c("Q400", "backend not available",
+       "The recipe needs a backend that this version of qrc cannot execute yet (torch). Checking and "
+       "planning still work.",
+       "backend torch   # then: qrc compile"),
+    _c("Q401", "calibration data cannot be read",
+       "The npz file named in `data npz` is missing or is not a numpy archive.",
+       'data npz "calib.npz"   # no such file'),
+    _c("Q402", "calibration data lacks a model input",
+       "An npz file needs one array per model input, named like the input, samples on axis 0.",
+       "numpy.savez('calib.npz', input_ids=ids)   # the model also takes attention_mask"),
+    _c("Q403", "calibration data has the wrong dtype or shape",
+       "Each array must have the input's dtype and, after the samples axis, the input's fixed dimensions.",
+       "input_ids saved as float32 for an int64 input"),
+    _c("Q405", "tensor never finite: left unquantized (warning)",
+       "A tensor whose values were all -inf, inf or NaN during calibration has no range; it stays in float "
+       "instead of getting a NaN scale.",
+       "a layer whose input is an attention mask made of -inf"),
+    _c("Q406", "verification reuses calibration samples (warning)",
+       "An npz file with too few samples cannot hold out separate verification samples; the figures are "
+       "then optimistic.",
+       'data npz "calib.npz" { samples 128 }   # the file has exactly 128'),
+    _c("Q408", "data source not supported by the backend yet",
+       "The ONNX backend reads synthetic and npz data; text with a tokenizer comes with the MiniLM work.",
+       'data text "calib.txt" { tokenizer "tokenizer.json" }'),
+    _c("Q409", "calibration method not implemented in the backend yet",
+       "entropy and mse calibration are planned but not executed yet; minmax, percentile and "
+       "layerwise_percentile are.",
+       "method entropy"),
+    _c("Q410", "dynamic or per-token activations on the ONNX backend",
+       "The ONNX backend emits static per-tensor QuantizeLinear/DequantizeLinear pairs.",
+       "scheme s { weights int8  activations int8 dynamic }"),
+    _c("Q411", "offload not implemented in the ONNX backend yet",
+       "The plan needs block-by-block execution for this budget, which the ONNX backend cannot run yet.",
+       "memory { mode offload }"),
+    _c("Q412", "no output path",
+       "A compile writes a model: the recipe needs `emit \"PATH\"` or the command line `-o PATH`.",
+       "qrc compile r.recipe   # and no emit in r.recipe"),
+    _c("Q413", "output path is a folder",
+       "The ONNX backend writes one .onnx file (plus .onnx.data for large models).",
+       "qrc compile r.recipe -o out/"),
+    _c("Q414", "mixed-precision search not run yet (warning)",
+       "The plan shows the search, but this version does not execute it: layers keep the schemes their "
+       "rules give.",
+       "mixed_precision { choices [w4, w8] budget 5 bits }"),
+    # ---- Q5xx: verification ------------------------------------------------------------------------
+    _c("Q501", "verification failed",
+       "The emitted model was run beside the float one on held-out samples and missed the recipe's bound. "
+       "The model is left in place with a `.verify.json` report of the figures, so it can be inspected.",
+       "verify { metric cosine at_least 0.999 }"),
     # ---- warnings ---------------------------------------------------------------------------------
     _c("Q235", "group size does not divide a layer's input features",
        "Group-wise quantization splits each row into blocks of `group N` input features; a layer whose "

@@ -48,9 +48,13 @@ def _p(**params) -> tuple[tuple[str, str], ...]:
 
 def lower_load(ctx: Context) -> list[PlanOp]:
     w = ctx.workload
-    resident = 0 if ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU) else w.weights_bytes
+    onnx_lazy = w.backend is Backend.ONNX  # ONNX reads the graph only; weights stay in the data file
+    resident = 0 if onnx_lazy or ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU) else w.weights_bytes
     peak = memory.RUNTIME[w.backend] + resident
-    how = "lazily, one block at a time" if not resident else "whole"
+    if onnx_lazy:
+        how = "graph only: weights stay in the data file until a session or the quantizer reads them"
+    else:
+        how = "lazily, one block at a time" if not resident else "whole"
     form = f"built-in, {w.backend.value} form" if ctx.ir.model.startswith("builtin:") else w.index.format
     return [PlanOp(OpKind.LOAD_MODEL, f"open {ctx.ir.model} ({form}) {how}",
                    _p(model=ctx.ir.model, format=w.index.format, weights=w.weights_bytes), ("recipe",), ("model",), peak)]
@@ -168,8 +172,7 @@ def lower_emit(ctx: Context) -> list[PlanOp]:
     w, emit = ctx.workload, ctx.ir.emit
     fmt = emit.format.value if emit else ("qdq" if w.backend is Backend.ONNX else "safetensors")
     path = emit.path if emit else "(-o PATH)"
-    streamed = ctx.mode is MemoryMode.OFFLOAD
-    peak = memory.RUNTIME[w.backend] + (2 * w.largest_layer_bytes if streamed else 2 * w.quantized_bytes)
+    peak = memory.RUNTIME[w.backend] + 2 * w.quantized_bytes  # the model and its serialized copy
     inputs = ("model", "qparams") + (("ranges",) if w.observed else ())
     return [PlanOp(OpKind.EMIT, f"write {fmt} to {path} atomically (temp file + rename), "
                    f"{human_bytes(w.quantized_bytes)} of weights", _p(format=fmt, path=path, bytes=w.quantized_bytes),

@@ -18,7 +18,7 @@ from compiler.plan.workload import Workload
 
 MiB = 1 << 20
 RUNTIME = {Backend.ONNX: 150 * MiB, Backend.TORCH: 400 * MiB}  # interpreter + libraries, measured idle
-PROTO_COPIES = 2  # ONNX: the ModelProto held in Python + the session's own copy of the weights
+SESSION_COPIES = 1  # ONNX: weights live once, in the session (read from external data, prepacking off)
 ACT_BYTES = 4  # activations are computed in float32 on CPU
 HIST_STATE = 2 * 8  # per bin: int64 counts, plus the scratch histogram of the chunk being merged
 MINMAX_STATE = 64  # per tensor: running min/max, counts of non-finite values
@@ -46,12 +46,12 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
     if mode is MemoryMode.OFFLOAD:
         seg_weights, seg_act = _largest_segment(w, chunk)
         cache = _boundary_cache(w, chunk)
-        parts = (("runtime", runtime), ("weights of one block", PROTO_COPIES * seg_weights),
+        parts = (("runtime", runtime), ("weights of one block", SESSION_COPIES * seg_weights),
                  ("block activations", seg_act), ("block-boundary cache", cache), ("observers", observer_bytes(w)))
     else:
         group = _observed_group(w, passes)
         act = calibration_peak(graph, group, chunk, w.seqlen).bytes if graph and group else 0
-        parts = (("runtime", runtime), ("weights", PROTO_COPIES * w.weights_bytes),
+        parts = (("runtime", runtime), ("session weights", SESSION_COPIES * w.weights_bytes),
                  (f"activations of one chunk ({chunk} samples)", act), ("observers", observer_bytes(w)))
     return Phase("calibrate", sum(b for _, b in parts), parts)
 
@@ -104,13 +104,12 @@ def _boundary_cache(w: Workload, chunk: int) -> int:
 
 
 def onnx_quantize(w: Workload, mode: MemoryMode) -> Phase:
+    """Weights are read one at a time from external data; the quantized model grows in memory, and is
+    serialized once at emit (a second copy while it is written)."""
     runtime = RUNTIME[Backend.ONNX]
     temps = 3 * w.largest_layer_bytes  # float32 scratch of the layer being rounded (clip search, errors)
-    if mode is MemoryMode.OFFLOAD:
-        parts = (("runtime", runtime), ("one weight at a time", w.largest_layer_bytes), ("scratch", temps))
-    else:
-        parts = (("runtime", runtime), ("float model", w.weights_bytes), ("quantized model", w.quantized_bytes),
-                 ("scratch", temps))
+    parts = (("runtime", runtime), ("quantized model, and its serialized copy", 2 * w.quantized_bytes),
+             ("scratch", temps))
     return Phase("quantize", sum(b for _, b in parts), parts)
 
 

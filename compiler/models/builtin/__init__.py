@@ -60,7 +60,7 @@ def onnx_path(ref: str) -> Path:
     """The cached ONNX file of a built-in, generated (atomically) on first use."""
     name, spec = parse_ref(ref)
     key = ",".join(f"{f.name}={getattr(spec, f.name)}" for f in dataclasses.fields(spec))
-    digest = hashlib.sha256(f"{name}|{key}|v1".encode()).hexdigest()[:16]
+    digest = hashlib.sha256(f"{name}|{key}|v2".encode()).hexdigest()[:16]
     path = cache_dir() / "builtin" / f"{name}-{digest}.onnx"
     if not path.exists():
         write_onnx(module(name).build_onnx(spec), path)
@@ -68,13 +68,18 @@ def onnx_path(ref: str) -> Path:
 
 
 def write_onnx(model, path: Path) -> None:
-    """Write atomically: a temp file in the same folder, then rename."""
+    """Write atomically with the weights as external data (`<name>.onnx.data`): a compile then reads each
+    weight from disk only when it needs it. Staged in a temp folder; the data is renamed in first."""
+    import shutil
+
+    import onnx
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(model.SerializeToString(deterministic=True))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        onnx.save(model, staging / path.name, save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=path.name + ".data", size_threshold=1024)
+        os.replace(staging / (path.name + ".data"), path.parent / (path.name + ".data"))
+        os.replace(staging / path.name, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

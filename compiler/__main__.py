@@ -1,0 +1,5 @@
+"""`python -m compiler` is `qrc`."""
+
+from compiler.cli import main
+
+main()

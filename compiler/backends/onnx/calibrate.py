@@ -1,0 +1,80 @@
+"""Streaming calibration on onnxruntime: the session outputs only the observed tensors (the model's own
+outputs and the nodes that then feed nothing are removed), data comes in chunks, and after each chunk
+only observer state survives."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import onnx
+
+from compiler.backends.onnx.data import Batches
+from compiler.plan.activations import needed_nodes
+from compiler.quant.observers import make_observer
+
+
+def augmented_model(model: onnx.ModelProto, graph_summary, observed: tuple[str, ...]) -> onnx.ModelProto:
+    """A copy of `model` whose outputs are exactly the observed tensors that nodes produce."""
+    produced = {o for n in model.graph.node for o in n.output}
+    targets = [t for t in observed if t in produced]
+    keep = {n.name for n in needed_nodes(graph_summary, set(targets))}
+    aug = onnx.ModelProto()
+    aug.CopyFrom(model)
+    nodes = [n for n in aug.graph.node if n.name in keep]
+    del aug.graph.node[:]
+    aug.graph.node.extend(nodes)
+    del aug.graph.output[:]
+    aug.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in targets)
+    used = {i for n in nodes for i in n.input}
+    kept_inits = [t for t in aug.graph.initializer if t.name in used]
+    del aug.graph.initializer[:]
+    aug.graph.initializer.extend(kept_inits)
+    return aug
+
+
+def session_from_path(path: Path):
+    """An onnxruntime CPU session read from a file (weights from its external data, never via Python)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    # Prepacking makes a second, kernel-specific copy of every MatMul weight: memory we did not plan.
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def session(model: onnx.ModelProto, model_dir: Path):
+    """A session for a weight-free proto whose initializers point into `model_dir`: the proto is written
+    next to the data as a temporary file, which is removed as soon as the session exists."""
+    fd, tmp = tempfile.mkstemp(dir=model_dir, prefix=".qrc-session-", suffix=".onnx")
+    os.close(fd)
+    try:
+        Path(tmp).write_bytes(model.SerializeToString())
+        return session_from_path(Path(tmp))
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def calibrate(model: onnx.ModelProto, model_dir: Path, graph_summary, observed: tuple[str, ...], batches: Batches,
+              histogram: bool, bins: int, on_chunk: Callable[[], None] = lambda: None) -> dict[str, object]:
+    """Observers for every observed tensor, updated chunk by chunk."""
+    observers = {t: make_observer(histogram, bins) for t in observed}
+    from_inputs = [t for t in observed if t in {i.name for i in model.graph.input}]
+    aug = augmented_model(model, graph_summary, observed)
+    names = [o.name for o in aug.graph.output]
+    sess = session(aug, model_dir) if names else None
+    del aug  # the session holds its own copy
+    inputs = {i.name for i in sess.get_inputs()} if sess else set()
+    for feed in batches:
+        for name in from_inputs:
+            observers[name].update(feed[name])
+        if sess is not None:
+            outputs = sess.run(names, {k: v for k, v in feed.items() if k in inputs})
+            for name, value in zip(names, outputs, strict=True):
+                observers[name].update(value)
+            del outputs
+        on_chunk()
+    return observers

@@ -1,0 +1,132 @@
+"""Calibration and verification data as chunks of model inputs: synthetic (seeded, from the model's
+shapes) or npz (one array per input, samples on axis 0), checked against the model's inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from compiler.backends import BackendError
+from compiler.diagnostics import error
+from compiler.ir.types import DataKind, DataSource
+from compiler.models.index import ModelIndex, TensorInfo
+
+_NP = {"int64": np.int64, "int32": np.int32, "float32": np.float32, "float16": np.float16, "bool": np.bool_,
+       "uint8": np.uint8, "int8": np.int8, "float64": np.float64}
+VERIFY_SEED_OFFSET = 1_000_003  # held-out synthetic samples: a different seed stream
+
+
+@dataclass(frozen=True)
+class Batches:
+    """`samples` samples in chunks of `chunk`; iterate to get {input name: array} feeds."""
+
+    source: DataSource
+    index: ModelIndex
+    samples: int
+    chunk: int
+    start: int = 0  # first sample (npz verification takes the samples after calibration's)
+    seed_offset: int = 0
+    arrays: dict | None = None  # npz contents
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        for first in range(self.start, self.start + self.samples, self.chunk):
+            count = min(self.chunk, self.start + self.samples - first)
+            if self.arrays is not None:
+                yield {name: arr[first:first + count] for name, arr in self.arrays.items()}
+            else:
+                yield _synthetic_chunk(self.index, self.source, first, count, self.seed_offset)
+
+    def __len__(self) -> int:
+        return -(-self.samples // self.chunk)
+
+
+def calibration_batches(source: DataSource, index: ModelIndex, chunk: int) -> Batches:
+    if source.kind is DataKind.NPZ:
+        arrays = load_npz(source, index)
+        return Batches(source, index, min(source.samples, _count(arrays)), chunk, arrays=arrays)
+    if source.kind is DataKind.TEXT:
+        raise BackendError(error("Q408", "`data text` is not supported by the ONNX backend yet",
+                                 source.span_of("data"), "not yet", help="use `data npz` with tokenised inputs, or `synthetic`"))
+    return Batches(source, index, source.samples, chunk)
+
+
+def verify_batches(source: DataSource, index: ModelIndex, samples: int, chunk: int) -> tuple[Batches, bool]:
+    """Held-out samples; the flag is True when they had to overlap the calibration samples (npz too short)."""
+    if source.kind is DataKind.NPZ:
+        arrays = load_npz(source, index)
+        total = _count(arrays)
+        start = min(source.samples, max(0, total - samples))
+        return Batches(source, index, min(samples, total - start), chunk, start=start, arrays=arrays), start < source.samples
+    return Batches(source, index, samples, chunk, seed_offset=VERIFY_SEED_OFFSET), False
+
+
+def _count(arrays: dict[str, np.ndarray]) -> int:
+    return min(a.shape[0] for a in arrays.values())
+
+
+def _dims(info: TensorInfo, seqlen: int) -> list[int]:
+    dims = [d if isinstance(d, int) and d > 0 else seqlen for d in info.shape]
+    return [1] + dims[1:] if dims else [1]
+
+
+def _vocab(index: ModelIndex, input_name: str) -> int | None:
+    return next((x.in_features for x in index.layers if x.kind == "Embedding" and x.input == input_name), None)
+
+
+def _synthetic_chunk(index: ModelIndex, source: DataSource, first: int, count: int, offset: int) -> dict[str, np.ndarray]:
+    feeds: dict[str, list[np.ndarray]] = {t.name: [] for t in index.inputs}
+    for sample in range(first, first + count):
+        rng = np.random.RandomState([source.seed + offset, sample])
+        for info in index.inputs:
+            feeds[info.name].append(_synthetic_input(index, info, source.seqlen, rng))
+    return {name: np.concatenate(parts) for name, parts in feeds.items()}
+
+
+def _synthetic_input(index: ModelIndex, info: TensorInfo, seqlen: int, rng) -> np.ndarray:
+    shape, dtype = _dims(info, seqlen), _NP.get(info.dtype, np.float32)
+    if np.issubdtype(dtype, np.floating):
+        return rng.standard_normal(shape).astype(dtype)
+    name = info.name.lower()
+    if "mask" in name:
+        return np.ones(shape, dtype)
+    if "position" in name:
+        return np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
+    vocab = _vocab(index, info.name)
+    return rng.randint(0, vocab, shape).astype(dtype) if vocab else np.zeros(shape, dtype)
+
+
+def load_npz(source: DataSource, index: ModelIndex) -> dict[str, np.ndarray]:
+    span = source.span_of("data")
+    path = Path(source.path)
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+    except FileNotFoundError:
+        raise BackendError(error("Q401", f"calibration data `{source.path}` not found", span, "no such file",
+                                 help="paths are relative to the current folder")) from None
+    except Exception as exc:  # a corrupt or non-npz file: numpy raises several types
+        raise BackendError(error("Q401", f"`{source.path}` is not a readable .npz file ({type(exc).__name__})",
+                                 span, "unreadable", help="save it with numpy.savez(path, input_ids=..., ...)")) from None
+    for info in index.inputs:
+        _check_input(source, info, arrays, span, index)
+    return {info.name: arrays[info.name] for info in index.inputs}
+
+
+def _check_input(source: DataSource, info: TensorInfo, arrays: dict[str, np.ndarray], span, index: ModelIndex) -> None:
+    if info.name not in arrays:
+        raise BackendError(error("Q402", f"`{source.path}` has no array for model input `{info.name}`", span,
+                                 "missing input", help=f"arrays present: {', '.join(sorted(arrays)) or 'none'}; "
+                                 f"the model needs: {', '.join(t.name for t in index.inputs)}"))
+    arr, want = arrays[info.name], _NP.get(info.dtype)
+    if want is not None and arr.dtype != want:
+        raise BackendError(error("Q403", f"input `{info.name}` is {arr.dtype} in `{source.path}`; the model wants "
+                                 f"{info.dtype}", span, "wrong dtype", help=f"save it as {info.dtype}"))
+    if arr.ndim != len(info.shape) or any(isinstance(d, int) and d > 0 and i > 0 and arr.shape[i] != d
+                                          for i, d in enumerate(info.shape)):
+        shape = "[samples, " + ", ".join(str(d) for d in info.shape[1:]) + "]"
+        raise BackendError(error("Q403", f"input `{info.name}` has shape {list(arr.shape)} in `{source.path}`; the "
+                                 f"model wants {shape}", span, "wrong shape", help="samples go on axis 0"))
+

@@ -1,0 +1,189 @@
+"""Execute a plan on onnxruntime: calibrate → ranges → quantize and rewrite → emit → verify."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from compiler.backends import BackendError
+from compiler.backends.onnx import data, emit, rewrite
+from compiler.backends.onnx.calibrate import calibrate, session_from_path
+from compiler.backends.onnx.files import ModelFiles, load_remaining, open_model
+from compiler.backends.onnx.verify import Agreement, passes
+from compiler.backends.rss import RssSampler
+from compiler.diagnostics import Diagnostic, error, warning
+from compiler.ir.printer import print_ir
+from compiler.ir.types import ActivationMode, CalibrationMethod, EmitFormat, Granularity, MemoryMode, RecipeIR
+from compiler.models import builtin
+from compiler.plan.activations import propagate
+from compiler.plan.ops import Plan
+from compiler.plan.workload import Workload, workload
+from compiler.quant import qparams
+from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
+from compiler.resolve.assignment import Assignment
+
+Progress = Callable[[str, int], Callable[[], None]]  # (stage, total) → advance-by-one
+
+
+@dataclass
+class CompileResult:
+    output: Path
+    files: list[Path]
+    plan: Plan
+    peak_rss: int = 0
+    calibration_seconds: float = 0.0
+    total_seconds: float = 0.0
+    verify: dict[str, float] | None = None
+    verify_passed: bool | None = None
+    warnings: list[Diagnostic] = field(default_factory=list)
+    rss_samples: list[tuple[float, int, str]] = field(default_factory=list)
+
+
+def model_path(ref: str) -> Path:
+    return builtin.onnx_path(ref) if ref.startswith(builtin.PREFIX) else Path(ref)
+
+
+def check_supported(ir: RecipeIR, assignment: Assignment, plan: Plan) -> None:
+    """What this backend cannot do yet is refused before any work, at the recipe text that asks for it."""
+    if ir.calibration.method in (CalibrationMethod.ENTROPY, CalibrationMethod.MSE):
+        raise BackendError(error("Q409", f"`method {ir.calibration.method.value}` is not implemented in the ONNX "
+                                 "backend yet", ir.calibration.span_of("method"), "not yet",
+                                 help="use minmax, percentile or layerwise_percentile"))
+    for a in assignment.layers:
+        act = a.scheme.activations
+        if act and (act.mode is ActivationMode.DYNAMIC or act.granularity is Granularity.PER_TOKEN):
+            raise BackendError(error("Q410", f"scheme `{a.scheme.name}`: dynamic or per-token activations are not "
+                                     "supported by the ONNX backend", a.scheme.span or a.rule.span, "not supported",
+                                     help="use static per_tensor activations, or a weight-only scheme"))
+    if plan.decision.mode is MemoryMode.OFFLOAD:
+        raise BackendError(error("Q411", "`mode offload` is not implemented in the ONNX backend yet", ir.memory.span_of("mode")
+                                 or ir.memory.span_of("ram") or ir.span, "offload",
+                                 help=f"the plan needs offload for this budget; raise `ram` to at least "
+                                 f"{plan.decision.tried[0][0].peak_ram} B for full or low_memory"))
+
+
+def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress: Progress) -> CompileResult:
+    check_supported(ir, assignment, plan)
+    w = workload(ir, assignment)
+    source = model_path(ir.model)
+    result = CompileResult(output, [], plan)
+    if ir.mixed_precision is not None:
+        result.warnings.append(warning(
+            "Q414", "the mixed-precision search is not implemented yet: every layer keeps the scheme its rules give",
+            ir.mixed_precision.span_of("choices") or ir.span, "not searched",
+            help="the plan shows the search it will run; until then, assign schemes with `quantize` rules"))
+    start = time.perf_counter()
+    with RssSampler() as rss:
+        files = open_model(source)
+        try:
+            rss.phase = "calibrate"
+            activations = _activation_specs(ir, assignment, w, files, progress, result)
+            result.calibration_seconds = time.perf_counter() - start
+            rss.phase = "quantize"
+            jobs = {a.layer.weight: rewrite.WeightJob(a.layer, a.scheme) for a in assignment.layers if not a.scheme.is_none}
+            model = rewrite.rewrite(files.light, jobs, activations, _format(ir), files.array,
+                                    progress("quantize", len(jobs)))
+            rss.phase = "emit"
+            load_remaining(model, files.base_dir)
+            emit.stamp(model, ir.name, print_ir(ir))
+            result.files = emit.write_atomically(model, output, model.ByteSize() > emit.EXTERNAL_THRESHOLD)
+            del model
+            if ir.verify:
+                rss.phase = "verify"
+                _verify(ir, assignment, files.path, output, progress, result)
+        finally:
+            files.close()
+    result.peak_rss, result.rss_samples = rss.peak, rss.samples
+    result.total_seconds = time.perf_counter() - start
+    return result
+
+
+def _format(ir: RecipeIR):
+    return ir.emit.format if ir.emit else EmitFormat.QDQ
+
+
+def _activation_specs(ir, assignment, w: Workload, files: ModelFiles, progress, result) -> dict[str, tuple]:
+    """tensor → (scale, zero point, qtype, consumer nodes) for the inputs of activation-quantized layers."""
+    if not w.observed:
+        return {}
+    histogram = ir.calibration.method in HISTOGRAM_METHODS
+    passes_ = _passes(result.plan)
+    groups = np.array_split(np.array(w.observed, dtype=object), passes_)
+    batches = data.calibration_batches(ir.calibration.data, w.index, w.chunk)
+    advance = progress("calibrate", len(batches) * passes_)
+    observers = {}
+    for group in groups:
+        observers.update(calibrate(files.light, files.base_dir, w.index.graph, tuple(group), batches, histogram,
+                                   ir.calibration.bins, advance))
+    sources = propagate(w.index.graph, w.needed, ir.calibration.passthrough)
+    consumers = _consumers(assignment, files.light)
+    specs = {}
+    for a in assignment.layers:
+        act = a.scheme.activations
+        if a.scheme.is_none or act is None or a.layer.input in specs:
+            continue
+        observer = observers[sources[a.layer.input]]
+        bounds = tensor_range(observer, ir.calibration, act.qtype, act.symmetric)
+        if bounds is None:
+            result.warnings.append(warning("Q405", f"`{a.layer.input}` was never finite during calibration; "
+                                           "left unquantized", a.rule.span if a.rule else None, "no range",
+                                           help="check the calibration data; masks built from -inf look like this"))
+            continue
+        scale, zp = qparams.scale_zero_point(np.array(bounds[0]), np.array(bounds[1]), act.qtype, act.symmetric)
+        specs[a.layer.input] = (scale, zp, act.qtype, consumers[a.layer.input])
+    return specs
+
+
+def _passes(plan: Plan) -> int:
+    op = next((o for o in plan.ops if o.kind.value == "calibrate_chunk"), None)
+    return int(dict(op.params).get("passes", 1)) if op else 1
+
+
+def _consumers(assignment: Assignment, model) -> dict[str, set[str]]:
+    """For each activation to quantize, the nodes of the activation-quantized layers that read it."""
+    by_weight = {}
+    for node in model.graph.node:
+        for name in node.input:
+            by_weight.setdefault(name, []).append(node)
+    out: dict[str, set[str]] = {}
+    for a in assignment.layers:
+        if a.scheme.is_none or a.scheme.activations is None:
+            continue
+        for node in by_weight.get(a.layer.weight, []):
+            if a.layer.input in node.input:
+                out.setdefault(a.layer.input, set()).add(node.name)
+    return out
+
+
+def _verify(ir, assignment, source: Path, output: Path, progress, result: CompileResult) -> None:
+    v = ir.verify
+    batches, overlaps = data.verify_batches(ir.calibration.data, assignment.model, v.samples,
+                                            min(ir.calibration.chunk, v.samples))
+    if overlaps:
+        result.warnings.append(warning("Q406", "verification reuses calibration samples: the npz file is too short",
+                                       ir.calibration.data.span_of("data"), "not held out",
+                                       help=f"add at least {v.samples} samples beyond `samples` to the file"))
+    reference, candidate = session_from_path(source), session_from_path(output)
+    inputs = {i.name for i in reference.get_inputs()}
+    first = reference.get_outputs()[0].name
+    agreement, advance = Agreement(), progress("verify", len(batches))
+    for feed in batches:
+        feed = {k: x for k, x in feed.items() if k in inputs}
+        agreement.update(reference.run([first], feed)[0], candidate.run([first], feed)[0])
+        advance()
+    result.verify = agreement.figures()
+    value = agreement.value(v.metric)
+    result.verify_passed = passes(value, v.bound, v.threshold)
+    if not result.verify_passed:
+        report = output.with_name(output.name + ".verify.json")
+        report.write_text(json.dumps({"metric": v.metric.value, "bound": v.bound.value, "threshold": v.threshold,
+                                      "value": value, "figures": result.verify}, indent=2) + "\n")
+        raise BackendError(error("Q501", f"verification failed: {v.metric.value} = {value:.6g}, the recipe asks "
+                                 f"{v.bound.value} {v.threshold:g}", ir.verify.span_of("bound") or ir.verify.span_of("metric")
+                                 or ir.span, "not met", help=f"the emitted model is left at {output} with the figures "
+                                 f"in {report.name}; try a wider scheme for sensitive layers or `method percentile`"))

@@ -1,0 +1,159 @@
+"""The quantized graph: weights as DequantizeLinear (int8 per-tensor/per-channel, blocked int4/int8 at
+opset 21) or com.microsoft.MatMulNBits, and QuantizeLinear/DequantizeLinear pairs on the inputs of
+activation-quantized layers. Everything else in the graph is left as it was."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler.ir.types import EmitFormat, Granularity, QType, Scheme
+from compiler.models.index import Layer
+from compiler.quant import qparams
+from compiler.quant.weights import QuantizedWeight, pack_int4, quantize_weight
+
+_TYPES = {QType.INT8: TensorProto.INT8, QType.UINT8: TensorProto.UINT8, QType.INT4: TensorProto.INT4,
+          QType.UINT4: TensorProto.UINT4}
+MS_DOMAIN = "com.microsoft"
+
+
+@dataclass(frozen=True)
+class WeightJob:
+    layer: Layer
+    scheme: Scheme
+
+
+def weight_axes(node: onnx.NodeProto) -> tuple[int, int]:
+    """(output-channel axis, input axis) of a layer's weight as it is stored."""
+    if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
+        return 0, 1
+    if node.op_type in ("Conv", "Gather"):
+        return 0, 1
+    return 1, 0  # MatMul B: [K, N]
+
+
+def tensor(name: str, array: np.ndarray, qtype: QType | None = None) -> onnx.TensorProto:
+    if qtype is None or qtype.bits == 8:
+        return numpy_helper.from_array(np.array(array, order="C"), name)  # 0-d stays 0-d
+    raw = pack_int4(np.asarray(array).reshape(-1)).tobytes()
+    return helper.make_tensor(name, _TYPES[qtype], list(array.shape), vals=raw, raw=True)
+
+
+def uses_matmul_nbits(fmt: EmitFormat, node: onnx.NodeProto, scheme: Scheme) -> bool:
+    return (fmt is EmitFormat.MATMUL_NBITS and node.op_type == "MatMul" and scheme.activations is None
+            and scheme.weights.granularity is Granularity.GROUP)
+
+
+def dequantize_nodes(node: onnx.NodeProto, weight: str, qw: QuantizedWeight) -> tuple[list, list, str]:
+    """Initializers and the DequantizeLinear node that replace a float weight."""
+    out = f"{weight}_dequantized"
+    inits = [tensor(f"{weight}_quantized", qw.q, qw.qtype), tensor(f"{weight}_scale", qw.scale),
+             tensor(f"{weight}_zero_point", qw.zero_point.astype(qparams.NP_TYPES[qw.qtype]), qw.qtype)]
+    attrs = {}
+    if qw.axis is not None:
+        attrs["axis"] = qw.axis
+    if qw.block_size:
+        attrs["block_size"] = qw.block_size
+    dq = helper.make_node("DequantizeLinear", [i.name for i in inits], [out], name=f"{weight}_DequantizeLinear", **attrs)
+    return inits, [dq], out
+
+
+def matmul_nbits(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, symmetric: bool) -> tuple[list, onnx.NodeProto]:
+    """MatMulNBits: B uint8 [N, k_blocks, block·bits/8], scales [N, k_blocks], zero points packed (asymmetric)."""
+    bits, block = qw.qtype.bits, qw.block_size
+    offset = 8 if qw.qtype is QType.INT4 else (128 if qw.qtype is QType.INT8 else 0)  # to the unsigned domain
+    q = (qw.q.astype(np.int16) + offset).astype(np.uint8).T  # [N, K]
+    n, k = q.shape
+    blocks = q.reshape(n, k // block, block)
+    packed = pack_int4(blocks) if bits == 4 else blocks
+    scales = np.ascontiguousarray(qw.scale.T)  # [N, k_blocks]
+    inits = [numpy_helper.from_array(np.ascontiguousarray(packed), f"{weight}_Q{bits}"),
+             numpy_helper.from_array(scales, f"{weight}_scales")]
+    inputs = [node.input[0], inits[0].name, inits[1].name]
+    if not symmetric:
+        zp = (qw.zero_point.astype(np.int16) + offset).astype(np.uint8).T  # [N, k_blocks]
+        zp = pack_int4(zp) if bits == 4 else zp
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(zp), f"{weight}_zero_points"))
+        inputs.append(inits[-1].name)
+    new = helper.make_node("MatMulNBits", inputs, list(node.output), name=f"{node.name}_Q{bits}", domain=MS_DOMAIN,
+                           K=k, N=n, bits=bits, block_size=block, accuracy_level=0)
+    return inits, new
+
+
+def activation_nodes(tensor_name: str, scale: np.ndarray, zp: np.ndarray, qtype: QType) -> tuple[list, list, str]:
+    q, dq = f"{tensor_name}_QuantizeLinear", f"{tensor_name}_DequantizeLinear"
+    inits = [tensor(f"{tensor_name}_scale", scale.astype(np.float32)),
+             tensor(f"{tensor_name}_zero_point", zp.astype(qparams.NP_TYPES[qtype]))]
+    names = [i.name for i in inits]
+    nodes = [helper.make_node("QuantizeLinear", [tensor_name, *names], [f"{q}_output_0"], name=q),
+             helper.make_node("DequantizeLinear", [f"{q}_output_0", *names], [f"{dq}_output_0"], name=dq)]
+    return inits, nodes, f"{dq}_output_0"
+
+
+def rewrite(model: onnx.ModelProto, jobs: dict[str, WeightJob], activations: dict[str, tuple], fmt: EmitFormat,
+            load: Callable[[onnx.TensorProto], np.ndarray], on_weight: Callable[[], None] = lambda: None) -> onnx.ModelProto:
+    """Rewrite `model` in place and return it. `jobs`: weight name → layer and scheme; `activations`:
+    tensor → (scale, zero point, qtype, consumers) for the inputs of activation-quantized layers;
+    `load` reads one float weight (from external data), so weights are streamed one at a time."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    new_inits: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+    emitted_acts: dict[str, str] = {}
+    replaced: dict[str, str] = {}  # float weight → its dequantized value (a shared weight is quantized once)
+    for node in graph.node:
+        node = _quantize_inputs(node, activations, emitted_acts, new_inits, nodes)
+        weight = next((i for i in node.input if i in jobs), None)
+        if weight is None:
+            nodes.append(node)
+            continue
+        job = jobs[weight]
+        if weight not in replaced and not uses_matmul_nbits(fmt, node, job.scheme):
+            qw = _quantize(load(inits[weight]), node, job)
+            i_, n_, out = dequantize_nodes(node, weight, qw)
+            new_inits += i_
+            nodes += n_
+            replaced[weight] = out
+            on_weight()
+        if uses_matmul_nbits(fmt, node, job.scheme):
+            qw = _quantize(load(inits[weight]), node, job)
+            i_, new = matmul_nbits(node, weight, qw, job.scheme.weights.symmetric)
+            new_inits += i_
+            nodes.append(new)
+            on_weight()
+            continue
+        node.input[:] = [replaced.get(i, i) for i in node.input]
+        nodes.append(node)
+    used = {i for n in nodes for i in n.input}
+    kept = [t for t in graph.initializer if t.name in used] + new_inits
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    if fmt is EmitFormat.MATMUL_NBITS and not any(o.domain == MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return model
+
+
+def _quantize(w: np.ndarray, node: onnx.NodeProto, job: WeightJob) -> QuantizedWeight:
+    w = w.astype(np.float32)
+    channel, inp = weight_axes(node)
+    return quantize_weight(w, job.scheme.weights, job.scheme.rounding, channel, inp)
+
+
+def _quantize_inputs(node, activations, emitted, new_inits, nodes):
+    for i, name in enumerate(node.input):
+        spec = activations.get(name)
+        if spec is None or node.name not in spec[3]:
+            continue
+        if name not in emitted:
+            i_, n_, out = activation_nodes(name, spec[0], spec[1], spec[2])
+            new_inits += i_
+            nodes += n_
+            emitted[name] = out
+        node.input[i] = emitted[name]
+    return node

@@ -1,0 +1,70 @@
+"""Quality of the emitted model against the float one, on held-out samples, streamed chunk by chunk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler.ir.types import Bound, VerifyMetric
+
+
+@dataclass
+class Agreement:
+    """Running sums over chunks of the primary output (the model's first output)."""
+
+    cos_sum: float = 0.0
+    samples: int = 0
+    signal: float = 0.0
+    noise: float = 0.0
+    top1_same: int = 0
+    top1_total: int = 0
+    kld_sum: float = 0.0
+    positions: int = 0
+    nonfinite: int = field(default=0)
+
+    def update(self, reference: np.ndarray, candidate: np.ndarray) -> None:
+        """Add a chunk, one sample at a time in float32 (sums in float64): logits of a large vocabulary
+        would otherwise multiply into several full-chunk temporaries."""
+        for ref, cand in zip(reference, candidate, strict=True):
+            self._add_sample(np.asarray(ref, np.float32), np.asarray(cand, np.float32))
+
+    def _add_sample(self, ref: np.ndarray, cand: np.ndarray) -> None:
+        finite = np.isfinite(ref) & np.isfinite(cand)
+        self.nonfinite += int(cand.size - np.isfinite(cand).sum())
+        if not finite.all():
+            ref, cand = np.where(finite, ref, 0.0).astype(np.float32), np.where(finite, cand, 0.0).astype(np.float32)
+        dot = float(np.dot(ref.ravel(), cand.ravel()))
+        norms = float(np.linalg.norm(ref)) * float(np.linalg.norm(cand))
+        self.cos_sum += dot / max(norms, 1e-30)
+        self.samples += 1
+        self.signal += float(np.dot(ref.ravel(), ref.ravel()))
+        diff = ref - cand
+        self.noise += float(np.dot(diff.ravel(), diff.ravel()))
+        rows_r, rows_c = ref.reshape(-1, ref.shape[-1]), cand.reshape(-1, cand.shape[-1])
+        self.top1_same += int(np.sum(rows_r.argmax(-1) == rows_c.argmax(-1)))
+        self.top1_total += rows_r.shape[0]
+        p, q = _log_softmax(rows_r), _log_softmax(rows_c)
+        self.kld_sum += float(np.sum(np.exp(p) * (p - q), dtype=np.float64))
+        self.positions += rows_r.shape[0]
+
+    def value(self, metric: VerifyMetric) -> float:
+        if metric is VerifyMetric.COSINE:
+            return self.cos_sum / max(self.samples, 1)
+        if metric is VerifyMetric.SQNR:
+            return 10 * np.log10(self.signal / self.noise) if self.noise > 0 else float("inf")
+        if metric is VerifyMetric.TOP1:
+            return self.top1_same / max(self.top1_total, 1)
+        return self.kld_sum / max(self.positions, 1)
+
+    def figures(self) -> dict[str, float]:
+        return {m.value: float(self.value(m)) for m in VerifyMetric}
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def passes(value: float, bound: Bound, threshold: float) -> bool:
+    return value >= threshold if bound is Bound.AT_LEAST else value <= threshold

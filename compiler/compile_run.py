@@ -1,0 +1,106 @@
+"""`qrc compile`: plan, then execute on the backend with progress bars, then a closing summary."""
+
+from __future__ import annotations
+
+import signal
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from compiler.diagnostics import Diagnostic, error
+from compiler.frontend import PlanResult, plan_file
+from compiler.inspect_table import totals
+from compiler.ir.types import Backend
+from compiler.ir.values import human_bytes
+
+
+class CompileFailed(Exception):
+    def __init__(self, diagnostics: tuple[Diagnostic, ...]):
+        super().__init__(len(diagnostics))
+        self.diagnostics = diagnostics
+
+
+def output_path(result: PlanResult, override: Path | None) -> Path:
+    ir = result.check.ir
+    if override is not None:
+        return override
+    if ir.emit is None:
+        raise CompileFailed((error("Q412", f"recipe `{ir.name}` says nowhere to write the model", ir.span, "no `emit`",
+                                   help='add `emit "out/model.onnx"` or pass `-o PATH`'),))
+    return Path(ir.emit.path)
+
+
+@contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM unwinds like Ctrl-C, so temporary files are removed on the way out."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None, console: Console):
+    """Run a compile; returns (result, diagnostics). Raises CompileFailed with the diagnostics on errors."""
+    planned = plan_file(recipe, overrides)
+    if not planned.ok:
+        raise CompileFailed(planned.diagnostics)
+    ir = planned.check.ir
+    destination = output_path(planned, output)
+    if destination.exists() and destination.is_dir():
+        raise CompileFailed((error("Q413", f"output `{destination}` is a folder", ir.span, "not a file",
+                                   help="give a file path ending in .onnx"),))
+    if ir.backend is Backend.TORCH:
+        raise CompileFailed((error("Q400", "the torch backend is not available yet", ir.span, "backend torch",
+                                   help="use an ONNX model or `backend onnx`; `qrc plan` works for torch recipes"),))
+    from compiler.backends import BackendError
+    from compiler.backends.onnx.execute import execute
+
+    with _progress(console) as progress, _terminate_as_interrupt():
+        try:
+            result = execute(ir, planned.check.assignment, planned.plan, destination, progress)
+        except BackendError as exc:
+            raise CompileFailed(planned.diagnostics + (exc.diagnostic,)) from None
+    return result, planned
+
+
+@contextmanager
+def _progress(console: Console):
+    bars = Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=False)
+
+    def stage(name: str, total: int):
+        task = bars.add_task(name, total=total)
+        return lambda: bars.advance(task)
+
+    with bars:
+        yield stage
+
+
+def summary(result, planned: PlanResult) -> Table:
+    table = Table(title=f"compiled {planned.check.ir.name} → {result.output}", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for t in totals(planned.check.assignment):
+        table.add_row(f"scheme {t.scheme}", f"{t.layers} layers, {t.params:,} params, "
+                      f"{human_bytes(t.bytes_before)} → {human_bytes(t.bytes_after)}")
+    before = planned.check.assignment.model.total_bytes
+    after = sum(f.stat().st_size for f in result.files)
+    table.add_row("model size", f"{human_bytes(before)} of weights → {human_bytes(after)} on disk")
+    table.add_row("calibration", f"{result.calibration_seconds:.2f} s (total {result.total_seconds:.2f} s)")
+    planned_peak = planned.plan.peak_bytes
+    ratio = result.peak_rss / planned_peak if planned_peak else 0
+    table.add_row("peak RSS", f"{human_bytes(result.peak_rss)} measured vs {human_bytes(planned_peak)} planned "
+                  f"({ratio:.2f}×), mode {planned.plan.decision.mode.value}")
+    if result.verify is not None:
+        v = planned.check.ir.verify
+        figures = ", ".join(f"{k} {val:.4g}" for k, val in result.verify.items())
+        table.add_row("verify", f"{'passed' if result.verify_passed else 'FAILED'}: {v.metric.value} "
+                      f"{result.verify[v.metric.value]:.4g} ({v.bound.value} {v.threshold:g}); {figures}")
+    return table

@@ -1,0 +1,136 @@
+"""Streaming observers: O(bins) state per tensor, never the activations; non-finite values (masks use
+-inf) are counted and excluded; two observers of one tensor merge exactly.
+
+The histogram's range is a power of two [-2^e, 2^e] with an even bin count. Widening doubles it,
+merging adjacent bin pairs into the central half: the old edges are a superset of the new ones, so the
+result equals binning all the data at the final range, whatever the chunking or the merge order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DEFAULT_BINS = 2048
+
+
+@dataclass
+class MinMaxObserver:
+    min: float = math.inf
+    max: float = -math.inf
+    finite: int = 0
+    nonfinite: int = 0
+
+    def update(self, x: np.ndarray) -> None:
+        finite = _finite(x, self)
+        if finite.size:
+            self.min = min(self.min, float(finite.min()))
+            self.max = max(self.max, float(finite.max()))
+
+    def merge(self, other: MinMaxObserver) -> None:
+        self.min, self.max = min(self.min, other.min), max(self.max, other.max)
+        self.finite += other.finite
+        self.nonfinite += other.nonfinite
+
+    def range(self) -> tuple[float, float] | None:
+        return (self.min, self.max) if self.finite else None
+
+
+def _finite(x: np.ndarray, obs) -> np.ndarray:
+    flat = np.asarray(x, dtype=np.float32).reshape(-1)
+    mask = np.isfinite(flat)
+    kept = flat if mask.all() else flat[mask]
+    obs.finite += kept.size
+    obs.nonfinite += flat.size - kept.size
+    return kept
+
+
+@dataclass
+class HistogramObserver:
+    bins: int = DEFAULT_BINS
+    counts: np.ndarray | None = None
+    exponent: int = 0  # the range is [-2^exponent, 2^exponent]
+    minmax: MinMaxObserver = field(default_factory=MinMaxObserver)
+
+    def __post_init__(self) -> None:
+        if self.bins % 2 or self.bins < 16:
+            raise ValueError("bins must be even and at least 16")
+
+    @property
+    def threshold(self) -> float:
+        return math.ldexp(1.0, self.exponent)
+
+    @property
+    def finite(self) -> int:
+        return self.minmax.finite
+
+    @property
+    def nonfinite(self) -> int:
+        return self.minmax.nonfinite
+
+    def update(self, x: np.ndarray) -> None:
+        finite = _finite(x, self.minmax)
+        if not finite.size:
+            return
+        self.minmax.min = min(self.minmax.min, float(finite.min()))
+        self.minmax.max = max(self.minmax.max, float(finite.max()))
+        self._cover(max(abs(self.minmax.min), abs(self.minmax.max)))
+        th = self.threshold
+        counts, _ = np.histogram(finite, self.bins, range=(-th, th))
+        self.counts += counts
+
+    def _cover(self, absmax: float) -> None:
+        needed = math.frexp(absmax)[1] if absmax > 0 else -126  # 2^needed ≥ absmax
+        if self.counts is None:
+            self.counts, self.exponent = np.zeros(self.bins, np.int64), needed
+        while self.exponent < needed:
+            self._double()
+
+    def _double(self) -> None:
+        pairs = self.counts.reshape(-1, 2).sum(axis=1)  # bins/2 values covering the old range
+        quarter = self.bins // 4
+        grown = np.zeros(self.bins, np.int64)
+        grown[quarter:quarter + pairs.size] = pairs
+        self.counts, self.exponent = grown, self.exponent + 1
+
+    def merge(self, other: HistogramObserver) -> None:
+        if other.counts is None:
+            self.minmax.merge(other.minmax)
+            return
+        if self.counts is None:
+            self.counts, self.exponent = other.counts.copy(), other.exponent
+            self.minmax.merge(other.minmax)
+            return
+        theirs = HistogramObserver(self.bins, other.counts.copy(), other.exponent)
+        while theirs.exponent < self.exponent:
+            theirs._double()
+        while self.exponent < theirs.exponent:
+            self._double()
+        self.counts += theirs.counts
+        self.minmax.merge(other.minmax)
+
+    def edges(self) -> np.ndarray:
+        th = self.threshold
+        return np.linspace(-th, th, self.bins + 1)
+
+    def abs_histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """Counts of |x| over [0, 2^e] (bins/2 bins) and their edges: the symmetric halves folded."""
+        half = self.bins // 2
+        counts = self.counts[half:] + self.counts[:half][::-1]
+        return counts, np.linspace(0.0, self.threshold, half + 1)
+
+    def percentile_range(self, percentile: float) -> tuple[float, float] | None:
+        """Symmetric on |x| (ALGORITHMS.md): ±edge at the percentile, clamped to the observed min/max."""
+        if self.counts is None or not self.finite:
+            return None
+        counts, edges = self.abs_histogram()
+        cdf = np.cumsum(counts) / counts.sum()
+        index = int(np.searchsorted(cdf, percentile / 100.0))
+        th = float(edges[min(index + 1, len(edges) - 1)])
+        return max(-th, self.minmax.min), min(th, self.minmax.max)
+
+
+def make_observer(histogram: bool, bins: int = DEFAULT_BINS):
+    return HistogramObserver(bins) if histogram else MinMaxObserver()

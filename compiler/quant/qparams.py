@@ -1,0 +1,68 @@
+"""Scale and zero point, with onnxruntime's conventions (quant_utils.compute_scale_zp / quantize_nparray),
+and MLAS's for 4-bit blocks (MatMulNBits), so results compare side by side with onnxruntime's tools."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.ir.types import QType
+
+_RANGES = {QType.INT8: (-128, 127), QType.UINT8: (0, 255), QType.INT4: (-8, 7), QType.UINT4: (0, 15)}
+_SYMMETRIC_RANGES = {QType.INT8: (-127, 127)}  # onnxruntime narrows int8 only
+NP_TYPES = {QType.INT8: np.int8, QType.UINT8: np.uint8, QType.INT4: np.int8, QType.UINT4: np.uint8}
+
+
+def qrange(qtype: QType, symmetric: bool) -> tuple[int, int]:
+    return _SYMMETRIC_RANGES.get(qtype, _RANGES[qtype]) if symmetric else _RANGES[qtype]
+
+
+def scale_zero_point(rmin: np.ndarray, rmax: np.ndarray, qtype: QType, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """onnxruntime's compute_scale_zp, vectorised: 0 in range, float64 scale stored as float32,
+    symmetric zero point round((qmin+qmax)/2), a degenerate range gives scale 1 and zero point 0."""
+    qmin, qmax = qrange(qtype, symmetric)
+    rmin = np.minimum(np.asarray(rmin, np.float64), 0.0)
+    rmax = np.maximum(np.asarray(rmax, np.float64), 0.0)
+    if symmetric:
+        absmax = np.maximum(np.abs(rmin), np.abs(rmax))
+        rmin, rmax = -absmax, absmax
+    scale = (rmax - rmin) / float(qmax - qmin)
+    degenerate = scale < np.finfo(np.float32).tiny
+    safe = np.where(degenerate, 1.0, scale)
+    if symmetric:
+        zp = np.full(scale.shape, np.round((qmin + qmax) / 2.0))
+    else:
+        zp = np.round(qmin - rmin / safe)
+    zp = np.where(degenerate, 0, zp)
+    return safe.astype(np.float32), zp.astype(np.int32)
+
+
+def quantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, qtype: QType, symmetric: bool) -> np.ndarray:
+    """onnxruntime's quantize_nparray: float32 division, round half to even, clip to the full type range."""
+    lo, hi = _RANGES[qtype]
+    q = np.round(x.astype(np.float32) / scale) + zero_point
+    return np.clip(q, lo, hi).astype(NP_TYPES[qtype])
+
+
+def dequantize(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> np.ndarray:
+    return ((q.astype(np.float32) - zero_point) * scale).astype(np.float32)
+
+
+def mlas_int4(rmin: np.ndarray, rmax: np.ndarray, signed_max: np.ndarray, symmetric: bool):
+    """MLAS's 4-bit block parameters in the unsigned domain [0, 15]: symmetric blocks map the value of
+    largest magnitude to -8 (scale = that value / -8, zero point 8; the scale may be negative);
+    asymmetric ones use min/max with 0 included over 15 steps."""
+    if symmetric:
+        scale = (np.asarray(signed_max, np.float32) / np.float32(-8.0)).astype(np.float32)
+        return scale, np.full(scale.shape, 8, np.int32)
+    mn = np.minimum(np.asarray(rmin, np.float32), 0.0)
+    mx = np.maximum(np.asarray(rmax, np.float32), 0.0)
+    scale = ((mx - mn) / np.float32(15.0)).astype(np.float32)
+    safe = np.where(scale == 0, np.float32(1.0), scale)
+    zp = np.clip(np.round(-mn / safe), 0, 15).astype(np.int32)
+    return scale, zp
+
+
+def quantize_unsigned4(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> np.ndarray:
+    """MLAS rounding into [0, 15]: x · (1/scale) rounded, plus the zero point (a zero scale gives the zero point)."""
+    inverse = np.where(scale != 0, np.float32(1.0) / np.where(scale != 0, scale, 1), 0).astype(np.float32)
+    return np.clip(np.round(x.astype(np.float32) * inverse) + zero_point, 0, 15).astype(np.uint8)

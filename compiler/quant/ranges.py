@@ -1,0 +1,43 @@
+"""Activation ranges from observers: minmax, percentile, and layer-wise percentile scored from the
+histogram alone (Quark's newest default: Σ h_b·|c_b − x̂(c_b)| / Σ h_b over bin centres)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.ir.types import Calibration, CalibrationMethod, QType, ScoreMetric
+from compiler.quant import qparams
+from compiler.quant.observers import HistogramObserver, MinMaxObserver
+
+HISTOGRAM_METHODS = (CalibrationMethod.PERCENTILE, CalibrationMethod.ENTROPY, CalibrationMethod.MSE,
+                     CalibrationMethod.LAYERWISE_PERCENTILE)
+
+
+def tensor_range(observer, calibration: Calibration, qtype: QType, symmetric: bool) -> tuple[float, float] | None:
+    """The (rmin, rmax) to quantize a tensor with, or None when it never had a finite value."""
+    if isinstance(observer, MinMaxObserver):
+        return observer.range()
+    if calibration.method is CalibrationMethod.PERCENTILE:
+        return observer.percentile_range(calibration.percentile)
+    if calibration.method is CalibrationMethod.LAYERWISE_PERCENTILE:
+        return best_percentile(observer, calibration.candidates, calibration.score_metric, qtype, symmetric)[1]
+    raise NotImplementedError(calibration.method.value)
+
+
+def best_percentile(observer: HistogramObserver, candidates, metric: ScoreMetric, qtype: QType, symmetric: bool):
+    """(chosen percentile, its range): the candidate with the lowest expected error; ties → the first."""
+    if observer.counts is None or not observer.finite:
+        return None, None
+    edges = observer.edges()
+    centres = (edges[:-1] + edges[1:]) / 2
+    weights = observer.counts / observer.counts.sum()
+    best = (np.inf, None, None)
+    for p in candidates:
+        lo, hi = observer.percentile_range(p)
+        scale, zp = qparams.scale_zero_point(np.array(lo), np.array(hi), qtype, symmetric)
+        q = qparams.quantize(centres, scale, zp, qtype, symmetric)
+        err = np.abs(qparams.dequantize(q, scale, zp) - centres)
+        score = float(np.sum(weights * (err if metric is ScoreMetric.MAE else err * err)))
+        if score < best[0]:
+            best = (score, p, (lo, hi))
+    return best[1], best[2]

@@ -1,0 +1,117 @@
+"""Weight quantization for one tensor: per-tensor, per-channel or blocks along the input axis; rtn or an
+mse clipping search (a shrink factor per channel/block, vectorised over all of them at once)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.ir.types import Granularity, QType, Rounding, WeightQuant
+from compiler.quant import qparams
+
+MSE_GRID = tuple(np.round(np.linspace(1.0, 0.5, 11), 2))  # shrink factors of the range, 1.0 first
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """`q` has the layout of the original weight ([K, N] for an ONNX MatMul); `scale`/`zero_point` have
+    the layout of a DequantizeLinear with `axis` and `block_size` (None: per-tensor or per-channel)."""
+
+    q: np.ndarray
+    scale: np.ndarray
+    zero_point: np.ndarray
+    qtype: QType
+    axis: int | None  # None: per-tensor
+    block_size: int | None
+
+    def dequantize(self) -> np.ndarray:
+        scale, zp = self.scale, self.zero_point.astype(np.float32)
+        if self.block_size:
+            scale = np.repeat(scale, self.block_size, axis=self.axis)
+            zp = np.repeat(zp, self.block_size, axis=self.axis)
+        elif self.axis is not None:
+            shape = [1] * self.q.ndim
+            shape[self.axis] = -1
+            scale, zp = scale.reshape(shape), zp.reshape(shape)
+        return ((self.q.astype(np.float32) - zp) * scale).astype(np.float32)
+
+
+def quantize_weight(w: np.ndarray, spec: WeightQuant, rounding: Rounding, channel_axis: int, input_axis: int) -> QuantizedWeight:
+    """Quantize `w` (float32). `channel_axis` is the output-channel axis, `input_axis` the axis groups run along."""
+    w = np.asarray(w, np.float32)
+    rows, restore, axis, block = _blocked(w, spec, channel_axis, input_axis)  # [G, L]: one row per scale
+    scale, zp = _mse_params(rows, spec) if rounding is Rounding.MSE else _params(rows, spec, 1.0)
+    q = restore(_quantize(rows, scale[:, None], zp[:, None], spec))
+    scale = _param_layout(scale, w, spec, input_axis)
+    zp = _param_layout(zp, w, spec, input_axis).astype(np.int32)
+    if spec.qtype is QType.INT4:  # MLAS works in [0, 15]; the signed type is that minus 8
+        q, zp = (q.astype(np.int16) - 8).astype(np.int8), zp - 8
+    return QuantizedWeight(q, scale, zp, spec.qtype, axis, block)
+
+
+def _blocked(w: np.ndarray, spec: WeightQuant, channel_axis: int, input_axis: int):
+    """Rows to quantize independently, and a function that puts quantized rows back in w's layout."""
+    if spec.granularity is Granularity.PER_TENSOR:
+        return w.reshape(1, -1), (lambda q: q.reshape(w.shape)), None, None
+    moved = np.moveaxis(w, channel_axis, 0)  # [C, ...]
+    if spec.granularity is Granularity.PER_CHANNEL:
+        shape = moved.shape
+        return moved.reshape(shape[0], -1), (lambda q: np.moveaxis(q.reshape(shape), 0, channel_axis)), channel_axis, None
+    size = spec.group_size
+    inner = np.moveaxis(w, input_axis, -1)  # [..., K]
+    shape = inner.shape
+    rows = inner.reshape(-1, shape[-1] // size, size)  # [C, K/bs, bs]
+    flat = rows.reshape(-1, size)
+
+    def restore(q):
+        return np.moveaxis(q.reshape(shape), -1, input_axis)
+
+    return flat, restore, input_axis, size
+
+
+def _param_layout(values: np.ndarray, w: np.ndarray, spec: WeightQuant, input_axis: int) -> np.ndarray:
+    if spec.granularity is Granularity.PER_TENSOR:
+        return values.reshape(())
+    if spec.granularity is Granularity.PER_CHANNEL:
+        return values.reshape(-1)
+    inner_shape = list(np.moveaxis(w, input_axis, -1).shape)
+    inner_shape[-1] //= spec.group_size
+    return np.moveaxis(values.reshape(inner_shape), -1, input_axis)
+
+
+def _params(rows: np.ndarray, spec: WeightQuant, alpha: float):
+    mn, mx = rows.min(axis=1) * alpha, rows.max(axis=1) * alpha
+    if spec.qtype.bits == 4:
+        signed = np.take_along_axis(rows, np.abs(rows).argmax(axis=1)[:, None], axis=1)[:, 0] * np.float32(alpha)
+        return qparams.mlas_int4(mn, mx, signed, spec.symmetric)
+    return qparams.scale_zero_point(mn, mx, spec.qtype, spec.symmetric)
+
+
+def _quantize(rows: np.ndarray, scale: np.ndarray, zp: np.ndarray, spec: WeightQuant) -> np.ndarray:
+    if spec.qtype.bits == 4:
+        return qparams.quantize_unsigned4(rows, scale, zp)
+    return qparams.quantize(rows, scale, zp, spec.qtype, spec.symmetric)
+
+
+def _mse_params(rows: np.ndarray, spec: WeightQuant):
+    """The shrink factor with the lowest squared error, chosen per row; ties keep the wider range."""
+    best_err = np.full(rows.shape[0], np.inf)
+    best_scale = best_zp = None
+    for alpha in MSE_GRID:
+        scale, zp = _params(rows, spec, alpha)
+        q = _quantize(rows, scale[:, None], zp[:, None], spec)
+        err = np.square((q.astype(np.float32) - zp[:, None]) * scale[:, None] - rows).sum(axis=1)
+        better = err < best_err
+        best_err = np.where(better, err, best_err)
+        best_scale = scale if best_scale is None else np.where(better, scale, best_scale)
+        best_zp = zp if best_zp is None else np.where(better, zp, best_zp)
+    return best_scale.astype(np.float32), best_zp.astype(np.int32)
+
+
+def pack_int4(values: np.ndarray) -> np.ndarray:
+    """Two 4-bit values per byte, low nibble first, along the last axis (padded with 0 when odd)."""
+    v = values.astype(np.uint8) & 0x0F
+    if v.shape[-1] % 2:
+        v = np.concatenate([v, np.zeros(v.shape[:-1] + (1,), np.uint8)], axis=-1)
+    return (v[..., 0::2] | (v[..., 1::2] << 4)).astype(np.uint8)

@@ -1,0 +1,157 @@
+"""`qrc compile` on the ONNX backend: emitted models are valid, loadable, deterministic and golden."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from typer.testing import CliRunner
+
+from compiler import check_file
+from compiler.backends.onnx.dump import dump
+from compiler.cli import app
+from golden import assert_golden
+
+ROOT = Path(__file__).resolve().parents[1]
+ONNX_RECIPES = [p for p in sorted((ROOT / "recipes").glob("*.recipe"))
+                if check_file(p).ir.backend.value == "onnx" and not check_file(p).ir.model.startswith("tests/")]
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _at_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def compile_(recipe: str, out: Path, *sets: str):
+    args = ["compile", recipe, "-o", str(out)]
+    for s in sets:
+        args += ["--set", s]
+    return runner.invoke(app, args)
+
+
+@pytest.mark.parametrize("path", ONNX_RECIPES, ids=[p.stem for p in ONNX_RECIPES])
+def test_emitted_model_golden_valid_and_verified(path, tmp_path):
+    out = tmp_path / f"{path.stem}.onnx"
+    result = compile_(path.relative_to(ROOT).as_posix(), out)
+    assert result.exit_code == 0, result.output
+    assert "verify" in result.output and "passed" in result.output
+    onnx.checker.check_model(str(out), full_check=True)
+    assert_golden(dump(onnx.load(str(out))), f"models/{path.stem}.txt")
+
+
+def test_byte_identical_across_processes(tmp_path):
+    outputs = []
+    for seed in ("1", "4242"):
+        out = tmp_path / f"m{seed}.onnx"
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-m", "compiler", "compile", "recipes/tiny-llama-w4a16.recipe", "-o", str(out)],
+                       cwd=ROOT, env=env, check=True, capture_output=True)
+        outputs.append(out.read_bytes())
+    assert outputs[0] == outputs[1]
+
+
+def test_onnxruntime_and_reference_evaluator_agree(tmp_path):
+    import onnxruntime as ort
+    from onnx.reference import ReferenceEvaluator
+
+    out = tmp_path / "qdq.onnx"
+    result = compile_("recipes/tiny-llama-w4a16.recipe", out, "emit.format=qdq")  # int4 blocked DQ + int8 QDQ
+    assert result.exit_code == 0, result.output
+    ids = np.random.RandomState(3).randint(0, 512, (2, 10)).astype(np.int64)
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    # Unoptimised, onnxruntime runs the graph as written; optimised, it fuses Q/DQ into integer kernels
+    # (QLinearMatMul, MatMulNBits at int8 accuracy) that round differently, which `verify` measures.
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    got = ort.InferenceSession(str(out), options, providers=["CPUExecutionProvider"]).run(["logits"], feed)[0]
+    want = ReferenceEvaluator(str(out)).run(["logits"], feed)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_failed_verification_leaves_the_model_and_a_report(tmp_path):
+    out = tmp_path / "strict.onnx"
+    result = compile_("recipes/tiny-llama-w4a16.recipe", out, "verify.at_least=0.99999")
+    assert result.exit_code == 2 and "error[Q501]" in result.output
+    report = json.loads((tmp_path / "strict.onnx.verify.json").read_text())
+    assert out.exists() and report["value"] < 0.99999
+
+
+def _write_npz(path: Path, **arrays) -> None:
+    np.savez(path, **arrays)
+
+
+def test_npz_data_and_its_diagnostics(tmp_path):
+    ids = np.random.RandomState(0).randint(0, 512, (24, 32)).astype(np.int64)
+    good = tmp_path / "calib.npz"
+    _write_npz(good, input_ids=ids, attention_mask=np.ones_like(ids))
+    data = f'calibrate.data=npz "{good}" {{ samples 16 }}'
+    result = compile_("recipes/tiny-llama-w8a8.recipe", tmp_path / "npz.onnx", data)
+    assert result.exit_code == 0, result.output
+    cases = [
+        ({"input_ids": ids}, "Q402"),
+        ({"input_ids": ids.astype(np.float32), "attention_mask": np.ones_like(ids)}, "Q403"),
+    ]
+    for arrays, code in cases:
+        bad = tmp_path / f"{code}.npz"
+        _write_npz(bad, **arrays)
+        result = compile_("recipes/tiny-llama-w8a8.recipe", tmp_path / "bad.onnx", f'calibrate.data=npz "{bad}"')
+        assert result.exit_code == 2 and f"error[{code}]" in result.output, result.output
+        assert not (tmp_path / "bad.onnx").exists()
+    missing = compile_("recipes/tiny-llama-w8a8.recipe", tmp_path / "bad.onnx", 'calibrate.data=npz "nope.npz"')
+    assert "error[Q401]" in missing.output
+
+
+def _masked_model(path: Path) -> None:
+    """x → Where(x > 1, -inf, x) → MatMul(W): the layer's input holds -inf, like a masked score."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.RandomState(0).standard_normal((16, 8)).astype(np.float32), "fc.weight")
+    inf = numpy_helper.from_array(np.array(-np.inf, np.float32), "minus_inf")
+    one = numpy_helper.from_array(np.array(1.0, np.float32), "one")
+    nodes = [helper.make_node("Greater", ["x", "one"], ["big"], name="/mask/Greater"),
+             helper.make_node("Where", ["big", "minus_inf", "x"], ["masked"], name="/mask/Where"),
+             helper.make_node("MatMul", ["masked", "fc.weight"], ["y"], name="/fc/MatMul")]
+    graph = helper.make_graph(nodes, "masked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], [w, inf, one])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize("method", ["minmax", "percentile 99.9"])
+def test_minus_infinity_calibrates_without_nan(tmp_path, method):
+    model = tmp_path / "masked.onnx"
+    _masked_model(model)
+    recipe = tmp_path / "masked.recipe"
+    recipe.write_text(f'recipe m {{ model "{model}" quantize {{ "*" -> W8A8 }} calibrate {{ method {method} }} }}')
+    out = tmp_path / "q.onnx"
+    result = compile_(str(recipe), out)
+    assert result.exit_code == 0, result.output
+    scales = [onnx.numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer if t.name.endswith("_scale")]
+    assert scales and all(np.isfinite(s).all() and (s > 0).all() for s in scales)
+
+
+def test_interrupted_compile_leaves_no_file(tmp_path):
+    out = tmp_path / "big.onnx"
+    model = "model=builtin:tiny-llama?layers=4&hidden=256&heads=4&kv_heads=2&vocab=8000&intermediate=512"
+    args = [sys.executable, "-m", "compiler", "compile", "recipes/tiny-llama-w8a8.recipe", "-o", str(out),
+            "--set", model, "--set", "calibrate.data=synthetic { samples 512 seqlen 256 }"]
+    subprocess.run([sys.executable, "-m", "compiler", "inspect", model.split("=", 1)[1], "-f", "json"], cwd=ROOT,
+                   check=True, capture_output=True)  # build the model first, so the kill lands in calibration
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(3.0)
+        assert proc.poll() is None, "the compile finished before it could be interrupted"
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        assert not out.exists(), f"{sig.name} left {out}"
+        assert proc.returncode in (130, -9), (sig.name, proc.returncode)

@@ -1,0 +1,113 @@
+"""Numerics against onnxruntime's own functions, and the streaming observers' guarantees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler.ir.types import Granularity, QType, Rounding, WeightQuant
+from compiler.quant import qparams
+from compiler.quant.observers import HistogramObserver, MinMaxObserver
+from compiler.quant.weights import pack_int4, quantize_weight
+
+RNG = np.random.RandomState(7)
+
+
+@pytest.mark.parametrize("qtype, symmetric", [(QType.INT8, True), (QType.INT8, False), (QType.UINT8, False),
+                                               (QType.UINT8, True)])
+def test_per_channel_int8_matches_onnxruntime(qtype, symmetric):
+    from onnx import TensorProto
+    from onnxruntime.quantization.quant_utils import quantize_data
+
+    onnx_type = {QType.INT8: TensorProto.INT8, QType.UINT8: TensorProto.UINT8}[qtype]
+    w = (RNG.standard_normal((96, 24)) * RNG.uniform(0.1, 3, (1, 24))).astype(np.float32)
+    mine = quantize_weight(w, WeightQuant(qtype, Granularity.PER_CHANNEL, None, symmetric), Rounding.RTN, 1, 0)
+    for c in range(w.shape[1]):
+        zp, scale, q = quantize_data(w[:, c], onnx_type, symmetric)  # (zero point, scale, values)
+        assert mine.scale[c] == np.float32(scale) and mine.zero_point[c] == int(zp)
+        assert np.array_equal(mine.q[:, c], q)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_int4_blocks_match_onnxruntime_matmul_nbits_quantizer(symmetric):
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+    k, n, block = 256, 48, 32
+    w = (RNG.standard_normal((k, n)) * RNG.uniform(0.1, 3, (1, n))).astype(np.float32)
+    packed = np.zeros((n, k // block, block // 2), np.uint8)
+    zps = np.zeros((n, (k // block + 1) // 2), np.uint8)
+    scales = np.zeros((n, k // block), np.float32)
+    quantize_matmul_4bits(packed, w, scales, zps, block, n, k, symmetric)
+    mine = quantize_weight(w, WeightQuant(QType.UINT4, Granularity.GROUP, block, symmetric), Rounding.RTN, 1, 0)
+    assert np.array_equal(mine.scale.T, scales)
+    assert np.array_equal(pack_int4(mine.q.T.reshape(n, k // block, block)), packed)
+    if not symmetric:
+        assert np.array_equal(pack_int4(mine.zero_point.T), zps)
+
+
+def test_scale_zero_point_conventions():
+    scale, zp = qparams.scale_zero_point(np.array([0.0]), np.array([0.0]), QType.UINT8, False)
+    assert (scale[0], zp[0]) == (1.0, 0)  # degenerate range
+    scale, zp = qparams.scale_zero_point(np.array([0.5]), np.array([2.0]), QType.UINT8, False)
+    assert zp[0] == 0 and scale[0] == np.float32(2.0 / 255)  # 0 is always in the range
+    _, zp = qparams.scale_zero_point(np.array([-1.0]), np.array([3.0]), QType.UINT8, True)
+    assert zp[0] == 128
+
+
+def test_mse_clipping_never_worse_than_rtn():
+    w = RNG.standard_normal((128, 32)).astype(np.float32)
+    w[3, :] *= 12  # outliers make clipping worthwhile
+    spec = WeightQuant(QType.INT4, Granularity.GROUP, 32, True)
+    rtn = quantize_weight(w, spec, Rounding.RTN, 1, 0).dequantize()
+    mse = quantize_weight(w, spec, Rounding.MSE, 1, 0).dequantize()
+    rtn_err = ((rtn - w) ** 2).reshape(4, 32, 32).sum(axis=1)
+    mse_err = ((mse - w) ** 2).reshape(4, 32, 32).sum(axis=1)
+    assert np.all(mse_err <= rtn_err + 1e-6) and mse_err.sum() < rtn_err.sum()
+
+
+def _chunks():
+    data = [RNG.standard_normal(4000).astype(np.float32) * (1 + i) for i in range(6)]
+    data[2][17] = -np.inf
+    data[4][:5] = np.nan
+    return data
+
+
+def test_minmax_streaming_equals_batch_and_excludes_nonfinite():
+    chunks = _chunks()
+    stream = MinMaxObserver()
+    for c in chunks:
+        stream.update(c)
+    everything = np.concatenate(chunks)
+    finite = everything[np.isfinite(everything)]
+    assert stream.range() == (float(finite.min()), float(finite.max()))
+    assert stream.nonfinite == 6
+
+
+def test_histogram_streaming_merging_and_percentile():
+    chunks = _chunks()
+    stream = HistogramObserver(2048)
+    for c in chunks:
+        stream.update(c)
+    batch = HistogramObserver(2048)
+    batch.update(np.concatenate(chunks))
+    assert np.array_equal(stream.counts, batch.counts) and stream.exponent == batch.exponent
+    first, second = HistogramObserver(2048), HistogramObserver(2048)
+    for c in chunks[:3]:
+        first.update(c)
+    for c in chunks[3:]:
+        second.update(c)
+    second.merge(first)
+    assert np.array_equal(second.counts, stream.counts) and second.minmax == stream.minmax
+    finite = np.concatenate(chunks)
+    finite = np.abs(finite[np.isfinite(finite)])
+    bin_width = stream.threshold * 2 / stream.bins
+    for p in (99.0, 99.9, 99.99):
+        lo, hi = stream.percentile_range(p)
+        exact = np.percentile(finite, p, method="inverted_cdf")
+        assert abs(hi - exact) <= bin_width and lo == -hi or lo == stream.minmax.min
+
+
+def test_only_nonfinite_gives_no_range():
+    obs = HistogramObserver(64)
+    obs.update(np.full(10, -np.inf, np.float32))
+    assert obs.percentile_range(99.9) is None and obs.nonfinite == 10
