@@ -1,0 +1,170 @@
+"""qrc vs onnxruntime's own quantization tools, side by side on one model and the same samples.
+
+    python bench/compare_ort.py [--samples 8 32 128] [--model builtin:tiny-llama?...]
+
+Every method runs in its own process (wall time and peak RSS of that process, read from VmHWM);
+fidelity is measured afterwards in this process on the same 8 held-out samples for every output
+(logits cosine and top-1 agreement with the float model). Prints one markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_MODEL = "builtin:tiny-llama?layers=8&hidden=512&heads=8&kv_heads=2&vocab=32000&intermediate=1376"
+SEQLEN, CHUNK = 128, 8
+
+
+def child(code: str) -> tuple[float, int, str]:
+    """Run `code` in a fresh interpreter: (seconds, peak RSS bytes, its last stdout line)."""
+    wrapped = code + "\nimport re\nprint('HWM', re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", wrapped], cwd=ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if out.returncode != 0:
+        return seconds, 0, "crash: " + (out.stderr.strip().splitlines() or ["?"])[-1][:80]
+    hwm = int(re.search(r"HWM (\d+)", out.stdout).group(1)) * 1024
+    return seconds, hwm, ""
+
+
+def feeds_code(model: str, samples: int, seed_offset: int = 0) -> str:
+    return (f"from compiler.models import index_model\nfrom compiler.backends.onnx.data import Batches\n"
+            f"from compiler.ir.types import DataSource, DataKind\n"
+            f"index = index_model({model!r})\n"
+            f"src = DataSource(spans=(), kind=DataKind.SYNTHETIC, path=None, samples={samples}, seqlen={SEQLEN}, "
+            f"seed=0, tokenizer=None)\nbatches = Batches(src, index, {samples}, {CHUNK}, seed_offset={seed_offset})\n")
+
+
+def qrc_recipe(model: str, samples: int, scheme: str, method: str, fmt: str, out: Path, tmp: Path) -> Path:
+    schemes = {"w8a8": "scheme s = W8A8 { activations uint8 }", "w4_rtn": "scheme s = W4A16 { group 32 }",
+               "w4_mse": "scheme s = W4A16 { group 32  rounding mse }"}[scheme]
+    text = (f'recipe bench {{ model "{model}" {schemes}\n quantize {{ "*" -> s  "model.embed_tokens" -> none }}\n'
+            f" calibrate {{ data synthetic {{ samples {samples} seqlen {SEQLEN} seed 0 }} chunk {CHUNK} method {method} }}\n"
+            f' emit "{out}" {{ format {fmt} }} }}\n')
+    path = tmp / f"{scheme}-{method.split()[0]}-{samples}.recipe"
+    path.write_text(text)
+    return path
+
+
+def run_qrc(recipe: Path) -> tuple[float, int, str]:
+    return child(f"import sys\nsys.argv = ['qrc', 'compile', {str(recipe)!r}]\nfrom compiler.cli import main\n"
+                 "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code")
+
+
+def run_floor(model_path: Path, model: str, samples: int) -> tuple[float, int, str]:
+    return child(feeds_code(model, samples) + f"import onnxruntime as ort\ns = ort.InferenceSession({str(model_path)!r})\n"
+                 "for f in batches:\n    s.run(None, f)")
+
+
+def run_ort_static(model_path: Path, model: str, samples: int, method: str, out: Path, nodes: list[str]) -> tuple:
+    return child(feeds_code(model, samples) + f"""
+from onnxruntime.quantization import quantize_static, CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType
+class Reader(CalibrationDataReader):
+    def __init__(self): self.it = iter(batches)
+    def get_next(self): return next(self.it, None)
+quantize_static({str(model_path)!r}, {str(out)!r}, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, nodes_to_quantize={nodes!r},
+                calibrate_method=CalibrationMethod.{method}, use_external_data_format=False,
+                extra_options={{"ActivationSymmetric": False, "WeightSymmetric": True}})
+""")
+
+
+def run_ort_nbits(model_path: Path, out: Path, nodes: list[str]) -> tuple:
+    return child(f"""
+import onnx
+from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer, DefaultWeightOnlyQuantConfig
+model = onnx.load({str(model_path)!r})
+q = MatMulNBitsQuantizer(model, block_size=32, is_symmetric=True, nodes_to_exclude=[n.name for n in model.graph.node
+    if n.op_type == 'MatMul' and n.name not in {nodes!r}], algo_config=DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True))
+q.process()
+onnx.save(q.model.model, {str(out)!r})
+""")
+
+
+def fidelity(model: str, float_path: Path, quant_path: Path) -> tuple[float | None, float | None]:
+    try:
+        return _fidelity(model, float_path, quant_path)
+    except Exception as exc:  # the other tool's output may not load; the table says so
+        print(f"{quant_path.name}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+        return None, None
+
+
+def _fidelity(model: str, float_path: Path, quant_path: Path) -> tuple[float, float]:
+    import onnxruntime as ort
+
+    from compiler.backends.onnx.data import Batches
+    from compiler.backends.onnx.verify import Agreement
+    from compiler.ir.types import DataKind, DataSource, VerifyMetric
+    from compiler.models import index_model
+
+    index = index_model(model)
+    src = DataSource(spans=(), kind=DataKind.SYNTHETIC, path=None, samples=8, seqlen=SEQLEN, seed=0, tokenizer=None)
+    ref, cand = ort.InferenceSession(str(float_path)), ort.InferenceSession(str(quant_path))
+    agreement = Agreement()
+    for feed in Batches(src, index, 8, CHUNK, seed_offset=1_000_003):
+        agreement.update(ref.run(["logits"], feed)[0], cand.run(["logits"], feed)[0])
+    return agreement.value(VerifyMetric.COSINE), agreement.value(VerifyMetric.TOP1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, nargs="+", default=[8, 32, 128])
+    parser.add_argument("--model", default=BENCH_MODEL)
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON")
+    parser.add_argument("--parts", nargs="+", default=["w8a8", "int4"], choices=["w8a8", "int4"])
+    args = parser.parse_args()
+    from compiler.models import builtin, index_model
+
+    model_path = builtin.onnx_path(args.model)
+    index = index_model(args.model)
+    import onnx
+
+    light = onnx.load(str(model_path), load_external_data=False)
+    weights = {x.weight for x in index.layers if x.kind == "Linear"}
+    nodes = [n.name for n in light.graph.node if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in weights]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        for n in args.samples if "w8a8" in args.parts else []:
+            floor = run_floor(model_path, args.model, n)
+            rows.append(("floor: onnxruntime inference", "-", n, *floor, None, None))
+            for method in ("minmax", "percentile 99.999"):
+                out = tmp / f"qrc-{method.split()[0]}-{n}.onnx"
+                result = run_qrc(qrc_recipe(args.model, n, "w8a8", method, "qdq", out, tmp))
+                rows.append((f"qrc {method}", "W8A8", n, *result, *(fidelity(args.model, model_path, out) if not result[2] else (None, None))))
+            for method in ("MinMax", "Percentile"):
+                out = tmp / f"ort-{method}-{n}.onnx"
+                result = run_ort_static(model_path, args.model, n, method, out, nodes)
+                rows.append((f"onnxruntime quantize_static {method}", "W8A8", n, *result,
+                             *(fidelity(args.model, model_path, out) if not result[2] else (None, None))))
+        n = args.samples[0]
+        for scheme in ("w4_rtn", "w4_mse") if "int4" in args.parts else ():
+            out = tmp / f"qrc-{scheme}.onnx"
+            result = run_qrc(qrc_recipe(args.model, n, scheme, "minmax", "matmul_nbits", out, tmp))
+            rows.append((f"qrc matmul_nbits {scheme[3:]}", "int4 g32", "-", *result, *fidelity(args.model, model_path, out)))
+        out = tmp / "ort-nbits.onnx"
+        result = run_ort_nbits(model_path, out, nodes) if "int4" in args.parts else None
+        if result is not None:
+                rows.append(("onnxruntime MatMulNBitsQuantizer", "int4 g32", "-", *result,
+                         *(fidelity(args.model, model_path, out) if not result[2] else (None, None))))
+    print(f"model {args.model}, seqlen {SEQLEN}, chunk {CHUNK}; W8A8 = int8 per-channel symmetric weights, uint8 per-tensor asymmetric activations on every Linear but the embedding; fidelity on 8 held-out samples\n")
+    print("| method | scheme | N | wall s | peak RSS MiB | logits cosine | top-1 | note |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, scheme, n, sec, rss, note, cos, top1 in rows:
+        c = f"{cos:.4f}" if cos is not None else "-"
+        t = f"{top1:.3f}" if top1 is not None else "-"
+        print(f"| {name} | {scheme} | {n} | {sec:.1f} | {rss / 2**20:.0f} | {c} | {t} | {note} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
