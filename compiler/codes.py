@@ -213,13 +213,6 @@ CODES: tuple[CodeInfo, ...] = (
        "An npz file with too few samples cannot hold out separate verification samples; the figures are "
        "then optimistic.",
        'data npz "calib.npz" { samples 128 }   # the file has exactly 128'),
-    _c("Q408", "data source not supported by the backend yet",
-       "The ONNX backend reads synthetic and npz data; text with a tokenizer comes with the MiniLM work.",
-       'data text "calib.txt" { tokenizer "tokenizer.json" }'),
-    _c("Q409", "calibration method not implemented in the backend yet",
-       "entropy and mse calibration are planned but not executed yet; minmax, percentile and "
-       "layerwise_percentile are.",
-       "method entropy"),
     _c("Q410", "dynamic or per-token activations on the ONNX backend",
        "The ONNX backend emits static per-tensor QuantizeLinear/DequantizeLinear pairs.",
        "scheme s { weights int8  activations int8 dynamic }"),

@@ -33,6 +33,10 @@ def output_path(result: PlanResult, override: Path | None) -> Path:
     return Path(ir.emit.path)
 
 
+def _needs_export(planned: PlanResult) -> bool:
+    return planned.check.ir.backend is Backend.ONNX and planned.check.assignment.model.format == "hf"
+
+
 @contextmanager
 def _terminate_as_interrupt():
     """SIGTERM unwinds like Ctrl-C, so temporary files are removed on the way out."""
@@ -51,6 +55,19 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
     planned = plan_file(recipe, overrides)
     if not planned.ok:
         raise CompileFailed(planned.diagnostics)
+    if _needs_export(planned):  # export once, then plan again from the exported graph
+        from compiler.backends import BackendError
+        from compiler.backends.onnx.export import export_folder
+        from compiler.models import resolve_path
+
+        console.print("exporting the model folder to ONNX (once; cached) …")
+        try:
+            export_folder(resolve_path(planned.check.ir.model), planned.check.ir.model_span)
+        except BackendError as exc:
+            raise CompileFailed(planned.diagnostics + (exc.diagnostic,)) from None
+        planned = plan_file(recipe, overrides)
+        if not planned.ok:
+            raise CompileFailed(planned.diagnostics)
     ir = planned.check.ir
     destination = output_path(planned, output)
     if destination.exists() and destination.is_dir():

@@ -8,9 +8,9 @@ from pathlib import Path
 from compiler.diagnostics import Diagnostic, DiagnosticError, error, has_errors
 from compiler.ir.checks import run_checks
 from compiler.ir.elaborate import elaborate
-from compiler.ir.types import RecipeIR
+from compiler.ir.types import Backend, RecipeIR
 from compiler.ir.values import Diagnostics
-from compiler.models import ModelError, index_model
+from compiler.models import ModelError, index_model, resolve_path
 from compiler.overrides import apply_overrides
 from compiler.plan import Plan, build_plan
 from compiler.resolve import Assignment, resolve
@@ -86,7 +86,19 @@ def resolve_model(ir: RecipeIR, diags: Diagnostics) -> Assignment | None:
     except ModelError as exc:
         diags.error(exc.code, exc.message, ir.model_span, "model", help=exc.help)
         return None
+    if ir.backend is Backend.ONNX and index.format == "hf":
+        index = _exported_index(ir, index)
     return resolve(ir, index, diags)
+
+
+def _exported_index(ir: RecipeIR, folder_index):
+    """An HF folder compiled on ONNX: its cached export has the graph the planner needs (same layer
+    names); before the first compile exports it, plan from the folder."""
+    from compiler.models.exports import cached_export
+    from compiler.models.onnx_index import index_onnx
+
+    exported = cached_export(resolve_path(ir.model))
+    return index_onnx(exported, ir.model, family=folder_index.family) if exported else folder_index
 
 
 def check_file(path: str | Path, overrides: tuple[str, ...] = (), with_model: bool = False) -> CheckResult:

@@ -83,6 +83,7 @@ class VerifyMetric(enum.Enum):
     SQNR = "sqnr"
     TOP1 = "top1"
     KLD = "kld"
+    EMBEDDING_COSINE = "embedding_cosine"  # of the first output mean-pooled over the attention mask
 
 
 class Bound(enum.Enum):

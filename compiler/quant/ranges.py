@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from compiler.ir.types import Calibration, CalibrationMethod, QType, ScoreMetric
-from compiler.quant import qparams
+from compiler.quant import qparams, range_search
 from compiler.quant.observers import HistogramObserver, MinMaxObserver
 
 HISTOGRAM_METHODS = (CalibrationMethod.PERCENTILE, CalibrationMethod.ENTROPY, CalibrationMethod.MSE,
@@ -21,7 +21,9 @@ def tensor_range(observer, calibration: Calibration, qtype: QType, symmetric: bo
         return observer.percentile_range(calibration.percentile)
     if calibration.method is CalibrationMethod.LAYERWISE_PERCENTILE:
         return best_percentile(observer, calibration.candidates, calibration.score_metric, qtype, symmetric)[1]
-    raise NotImplementedError(calibration.method.value)
+    if calibration.method is CalibrationMethod.ENTROPY:
+        return range_search.entropy_range(observer)
+    return range_search.mse_range(observer, qtype, symmetric)
 
 
 def best_percentile(observer: HistogramObserver, candidates, metric: ScoreMetric, qtype: QType, symmetric: bool):

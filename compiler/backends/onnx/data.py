@@ -48,15 +48,15 @@ def calibration_batches(source: DataSource, index: ModelIndex, chunk: int) -> Ba
         arrays = load_npz(source, index)
         return Batches(source, index, min(source.samples, _count(arrays)), chunk, arrays=arrays)
     if source.kind is DataKind.TEXT:
-        raise BackendError(error("Q408", "`data text` is not supported by the ONNX backend yet",
-                                 source.span_of("data"), "not yet", help="use `data npz` with tokenised inputs, or `synthetic`"))
+        arrays = load_text(source, index)
+        return Batches(source, index, min(source.samples, _count(arrays)), chunk, arrays=arrays)
     return Batches(source, index, source.samples, chunk)
 
 
 def verify_batches(source: DataSource, index: ModelIndex, samples: int, chunk: int) -> tuple[Batches, bool]:
     """Held-out samples; the flag is True when they had to overlap the calibration samples (npz too short)."""
-    if source.kind is DataKind.NPZ:
-        arrays = load_npz(source, index)
+    if source.kind in (DataKind.NPZ, DataKind.TEXT):
+        arrays = load_npz(source, index) if source.kind is DataKind.NPZ else load_text(source, index)
         total = _count(arrays)
         start = min(source.samples, max(0, total - samples))
         return Batches(source, index, min(samples, total - start), chunk, start=start, arrays=arrays), start < source.samples
@@ -96,6 +96,44 @@ def _synthetic_input(index: ModelIndex, info: TensorInfo, seqlen: int, rng) -> n
         return np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
     vocab = _vocab(index, info.name)
     return rng.randint(0, vocab, shape).astype(dtype) if vocab else np.zeros(shape, dtype)
+
+
+def load_text(source: DataSource, index: ModelIndex) -> dict[str, np.ndarray]:
+    """Non-empty lines of a text file, tokenised with a tokenizers JSON file, padded/truncated to seqlen."""
+    from compiler.models import ModelError, resolve_path
+
+    span = source.span_of("data")
+    try:
+        text_path, tok_path = resolve_path(source.path), resolve_path(source.tokenizer)
+    except ModelError as exc:
+        raise BackendError(error("Q401", exc.message, span, "not found", help=exc.help)) from None
+    try:
+        lines = [line.strip() for line in text_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BackendError(error("Q401", f"cannot read text `{source.path}` ({type(exc).__name__})", span, "unreadable",
+                                 help="a UTF-8 text file, one sample per line")) from None
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(tok_path))
+    except ImportError:
+        raise BackendError(error("Q401", "`data text` needs the tokenizers package", span, "missing package",
+                                 help="pip install -e '.[hf]'")) from None
+    except Exception as exc:  # tokenizers raises its own exception type for unreadable files
+        raise BackendError(error("Q401", f"cannot load tokenizer `{source.tokenizer}` ({type(exc).__name__})", span,
+                                 "unreadable", help="a tokenizers JSON file (tokenizer.json)")) from None
+    tokenizer.enable_truncation(source.seqlen)
+    tokenizer.enable_padding(length=source.seqlen)
+    encoded = tokenizer.encode_batch(lines)
+    fields = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
+    arrays = {}
+    for info in index.inputs:
+        attr = fields.get(info.name)
+        if attr is None:
+            raise BackendError(error("Q402", f"text data cannot provide model input `{info.name}`", span, "missing input",
+                                     help="text gives input_ids, attention_mask and token_type_ids; use npz otherwise"))
+        arrays[info.name] = np.array([getattr(e, attr) for e in encoded], dtype=_NP.get(info.dtype, np.int64))
+    return arrays
 
 
 def load_npz(source: DataSource, index: ModelIndex) -> dict[str, np.ndarray]:

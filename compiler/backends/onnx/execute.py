@@ -18,8 +18,8 @@ from compiler.backends.onnx.verify import Agreement, passes
 from compiler.backends.rss import RssSampler
 from compiler.diagnostics import Diagnostic, error, warning
 from compiler.ir.printer import print_ir
-from compiler.ir.types import ActivationMode, CalibrationMethod, EmitFormat, Granularity, MemoryMode, RecipeIR
-from compiler.models import builtin
+from compiler.ir.types import ActivationMode, EmitFormat, Granularity, MemoryMode, RecipeIR
+from compiler.models import builtin, resolve_path
 from compiler.plan.activations import propagate
 from compiler.plan.ops import Plan
 from compiler.plan.workload import Workload, workload
@@ -45,15 +45,19 @@ class CompileResult:
 
 
 def model_path(ref: str) -> Path:
-    return builtin.onnx_path(ref) if ref.startswith(builtin.PREFIX) else Path(ref)
+    """The .onnx file to compile: a built-in's cached file, a folder's cached export, or the path."""
+    if ref.startswith(builtin.PREFIX):
+        return builtin.onnx_path(ref)
+    path = resolve_path(ref)
+    if path.is_dir():
+        from compiler.backends.onnx.export import export_folder
+
+        return export_folder(path)
+    return path
 
 
 def check_supported(ir: RecipeIR, assignment: Assignment, plan: Plan) -> None:
     """What this backend cannot do yet is refused before any work, at the recipe text that asks for it."""
-    if ir.calibration.method in (CalibrationMethod.ENTROPY, CalibrationMethod.MSE):
-        raise BackendError(error("Q409", f"`method {ir.calibration.method.value}` is not implemented in the ONNX "
-                                 "backend yet", ir.calibration.span_of("method"), "not yet",
-                                 help="use minmax, percentile or layerwise_percentile"))
     for a in assignment.layers:
         act = a.scheme.activations
         if act and (act.mode is ActivationMode.DYNAMIC or act.granularity is Granularity.PER_TOKEN):
@@ -119,7 +123,7 @@ def _activation_specs(ir, assignment, w: Workload, files: ModelFiles, progress, 
     observers = {}
     for group in groups:
         observers.update(calibrate(files.light, files.base_dir, w.index.graph, tuple(group), batches, histogram,
-                                   ir.calibration.bins, advance))
+                                   ir.calibration.bins, advance, ir.calibration.workers))
     sources = propagate(w.index.graph, w.needed, ir.calibration.passthrough)
     consumers = _consumers(assignment, files.light)
     specs = {}
@@ -174,7 +178,7 @@ def _verify(ir, assignment, source: Path, output: Path, progress, result: Compil
     agreement, advance = Agreement(), progress("verify", len(batches))
     for feed in batches:
         feed = {k: x for k, x in feed.items() if k in inputs}
-        agreement.update(reference.run([first], feed)[0], candidate.run([first], feed)[0])
+        agreement.update(reference.run([first], feed)[0], candidate.run([first], feed)[0], feed.get("attention_mask"))
         advance()
     result.verify = agreement.figures()
     value = agreement.value(v.metric)

@@ -21,13 +21,17 @@ class Agreement:
     top1_total: int = 0
     kld_sum: float = 0.0
     positions: int = 0
+    embedding_sum: float = 0.0
     nonfinite: int = field(default=0)
 
-    def update(self, reference: np.ndarray, candidate: np.ndarray) -> None:
+    def update(self, reference: np.ndarray, candidate: np.ndarray, mask: np.ndarray | None = None) -> None:
         """Add a chunk, one sample at a time in float32 (sums in float64): logits of a large vocabulary
-        would otherwise multiply into several full-chunk temporaries."""
-        for ref, cand in zip(reference, candidate, strict=True):
-            self._add_sample(np.asarray(ref, np.float32), np.asarray(cand, np.float32))
+        would otherwise multiply into several full-chunk temporaries. `mask` (the attention mask) makes
+        the pooled embedding of each sample cover its real tokens only."""
+        for i, (ref, cand) in enumerate(zip(reference, candidate, strict=True)):
+            ref, cand = np.asarray(ref, np.float32), np.asarray(cand, np.float32)
+            self._add_sample(ref, cand)
+            self.embedding_sum += _embedding_cosine(ref, cand, None if mask is None else mask[i])
 
     def _add_sample(self, ref: np.ndarray, cand: np.ndarray) -> None:
         finite = np.isfinite(ref) & np.isfinite(cand)
@@ -55,10 +59,24 @@ class Agreement:
             return 10 * np.log10(self.signal / self.noise) if self.noise > 0 else float("inf")
         if metric is VerifyMetric.TOP1:
             return self.top1_same / max(self.top1_total, 1)
+        if metric is VerifyMetric.EMBEDDING_COSINE:
+            return self.embedding_sum / max(self.samples, 1)
         return self.kld_sum / max(self.positions, 1)
 
     def figures(self) -> dict[str, float]:
         return {m.value: float(self.value(m)) for m in VerifyMetric}
+
+
+def _embedding_cosine(ref: np.ndarray, cand: np.ndarray, mask: np.ndarray | None) -> float:
+    """Cosine of the mean-pooled embeddings ([tokens, hidden] → [hidden]) over the real tokens."""
+    if ref.ndim < 2:
+        ref_e, cand_e = ref, cand
+    else:
+        weights = np.ones(ref.shape[0], np.float32) if mask is None else mask.reshape(-1)[: ref.shape[0]].astype(np.float32)
+        ref_e = (ref * weights[:, None]).sum(0) / max(weights.sum(), 1)
+        cand_e = (cand * weights[:, None]).sum(0) / max(weights.sum(), 1)
+    norms = float(np.linalg.norm(ref_e)) * float(np.linalg.norm(cand_e))
+    return float(np.dot(ref_e, cand_e)) / max(norms, 1e-30)
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,86 @@
+"""An HF-style folder compiled with `backend onnx` is exported to ONNX first (torch.onnx), once: the
+export is cached under $QRC_CACHE/exported/<content hash>/ and reused by later compiles."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from compiler.backends import BackendError
+from compiler.diagnostics import error
+from compiler.models.exports import cached_export, export_path
+
+_OUTPUTS = {"bert": ["last_hidden_state", "pooler_output"]}
+
+
+def export_folder(folder: Path, span=None) -> Path:
+    """The ONNX export of `folder`, made now if it is not cached."""
+    found = cached_export(folder)
+    if found is not None:
+        return found
+    target = export_path(folder)
+    staging = Path(tempfile.mkdtemp(prefix="qrc-export-"))
+    try:
+        _export(folder, staging / "model.onnx", span)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging / "model.onnx.data", target.parent / "model.onnx.data")
+        os.replace(staging / "model.onnx", target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _export(folder: Path, out: Path, span) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub: the folder has everything
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModel
+    except ImportError:
+        raise BackendError(error("Q400", "exporting an HF folder to ONNX needs transformers", span, "backend onnx",
+                                 help="pip install -e '.[hf]'")) from None
+    config = AutoConfig.from_pretrained(folder)
+    if config.model_type not in _OUTPUTS:
+        raise BackendError(error("Q400", f"exporting `{config.model_type}` folders to ONNX is not supported yet", span,
+                                 "backend onnx", help="export the model to .onnx yourself, or use the torch backend"))
+    model = AutoModel.from_pretrained(folder).eval()
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.m = inner
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            result = self.m(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            return result.last_hidden_state, result.pooler_output
+
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    example = tuple(torch.ones(1, 8, dtype=torch.long) for _ in names)
+    axes = {n: {0: "batch", 1: "sequence"} for n in names}
+    axes.update({"last_hidden_state": {0: "batch", 1: "sequence"}, "pooler_output": {0: "batch"}})
+    raw = out.with_name("raw.onnx")
+    with torch.no_grad():
+        torch.onnx.export(Wrapper(model), example, str(raw), input_names=names, output_names=_OUTPUTS["bert"],
+                          dynamic_axes=axes, opset_version=17, dynamo=False)
+    _finish(raw, out)
+
+
+def _finish(raw: Path, out: Path) -> None:
+    """Drop the wrapper's `m.` prefix (names then match the folder's), move to opset 21 (blocked int4),
+    and store the weights as external data."""
+    import onnx
+    from onnx import version_converter
+
+    model = onnx.load(str(raw))
+    rename = {t.name: t.name[2:] for t in model.graph.initializer if t.name.startswith("m.")}
+    for t in model.graph.initializer:
+        t.name = rename.get(t.name, t.name)
+    for node in model.graph.node:
+        node.name = "/" + node.name[3:] if node.name.startswith("/m/") else node.name
+        node.input[:] = [rename.get(i, i) for i in node.input]
+    model = version_converter.convert_version(model, 21)
+    model.ir_version = min(model.ir_version, 10)
+    onnx.save(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location="model.onnx.data",
+              size_threshold=1024)
+    raw.unlink()
