@@ -53,7 +53,7 @@ def _apply_one(recipe: ast.Recipe, text: str) -> ast.Recipe | Diagnostic:
     start = f"{block}_setting" if block else "recipe_setting"
     if key == "emit.path":  # parsed as a whole `emit "PATH"` item, whose path we take
         keyword, start = "emit", "recipe_setting"
-    if key in ("emit.path", "model") and not value.startswith('"'):
+    if key in ("emit.path", "model", "memory.disk") and not value.startswith('"'):
         value = quote(value)  # a path on the command line needs no quotes
     source = Source(f"--set {key}", f"{keyword} {value}")
     parsed = parse_setting(source, start)

@@ -13,6 +13,7 @@ class Value:
     name: str
     elem_bytes: int
     dims: tuple[int | str | None, ...] | None  # None: rank unknown; a str is symbolic, None unknown
+    elem_type: int = 1  # onnx.TensorProto data type
 
     def bytes(self, batch: int, seqlen: int, batch_symbol: str) -> int:
         """Bytes at a binding: the batch symbol → `batch`, every other symbolic or unknown dim → `seqlen`."""
@@ -81,7 +82,7 @@ def summarize(model, weights: set[str]) -> GraphSummary:
         dims = None
         if t.HasField("shape"):
             dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim)
-        values[info.name] = Value(info.name, _ELEM_BYTES.get(t.elem_type, 4), dims)
+        values[info.name] = Value(info.name, _ELEM_BYTES.get(t.elem_type, 4), dims, t.elem_type)
     nodes = tuple(Node(n.name, n.op_type, tuple(n.input), tuple(n.output)) for n in graph.node)
     inputs = tuple(i.name for i in graph.input if i.name not in weights)
     first = values.get(inputs[0]) if inputs else None

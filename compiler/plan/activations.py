@@ -68,6 +68,33 @@ def calibration_peak(graph: GraphSummary, observed: tuple[str, ...], batch: int,
     return peak(graph, needed_nodes(graph, kept), kept, batch, seqlen)
 
 
+def segment_runs(node_names: list[str]) -> list[tuple[str, list[int]]]:
+    """Offload's cut of a graph: runs of nodes in file order, one per block; a node outside every block
+    joins the block of the next node that has one, or the last block. (block, node indices) per run."""
+    from compiler.models.names import block_of, from_node_name
+
+    blocks = [block_of(from_node_name(name) or "") for name in node_names]
+    following = None
+    for i in range(len(blocks) - 1, -1, -1):
+        following = blocks[i] or following
+        blocks[i] = following
+    last = next((b for b in reversed(blocks) if b), "(graph)")
+    runs: list[tuple[str, list[int]]] = []
+    for i, block in enumerate(blocks):
+        block = block or last
+        if not runs or runs[-1][0] != block:
+            runs.append((block, []))
+        runs[-1][1].append(i)
+    return runs
+
+
+def segment_outputs(graph: GraphSummary, runs, index: int, wanted: set[str]) -> list[str]:
+    """What a segment must produce: values later segments read, and the wanted ones it makes."""
+    later = {i for _, idx in runs[index + 1:] for n in idx for i in graph.nodes[n].inputs}
+    produced = [o for n in runs[index][1] for o in graph.nodes[n].outputs]
+    return list(dict.fromkeys(o for o in produced if o in later or o in wanted))
+
+
 def propagate(graph: GraphSummary, tensors: tuple[str, ...], passthrough: tuple[str, ...]) -> dict[str, str]:
     """tensor → the tensor whose range it inherits: walk up through passthrough producers (first input)
     to the nearest tensor that is not a passthrough output (ALGORITHMS.md, selective propagation)."""

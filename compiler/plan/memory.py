@@ -11,8 +11,7 @@ import math
 from dataclasses import dataclass
 
 from compiler.ir.types import Backend, CalibrationMethod, MemoryMode
-from compiler.models.names import block_of, from_node_name
-from compiler.plan.activations import calibration_peak, needed_nodes, peak
+from compiler.plan.activations import calibration_peak, needed_nodes, peak, segment_outputs, segment_runs
 from compiler.plan.ops import ModeEstimate
 from compiler.plan.workload import Workload
 
@@ -24,6 +23,7 @@ HIST_STATE = 2 * 8  # per bin: int64 counts, plus the scratch histogram of the c
 MINMAX_STATE = 64  # per tensor: running min/max, counts of non-finite values
 CACHE_COPIES = {MemoryMode.FULL: 3, MemoryMode.LOW_MEMORY: 2, MemoryMode.OFFLOAD: 2, MemoryMode.MULTI_GPU: 2}
 VRAM_SLACK = 1.2  # Olive's factor over the computed GPU footprint
+SLICE_BYTES = 16 << 20  # the ONNX backend rounds large weights in slices of output channels of this size
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +46,8 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
     if mode is MemoryMode.OFFLOAD:
         seg_weights, seg_act = _largest_segment(w, chunk)
         cache = _boundary_cache(w, chunk)
-        parts = (("runtime", runtime), ("weights of one block", SESSION_COPIES * seg_weights),
-                 ("block activations", seg_act), ("block-boundary cache", cache), ("observers", observer_bytes(w)))
+        parts = (("runtime", runtime), ("weights of one segment", SESSION_COPIES * seg_weights),
+                 ("segment activations", seg_act), ("block-boundary cache", cache), ("observers", observer_bytes(w)))
     else:
         group = _observed_group(w, passes)
         act = calibration_peak(graph, group, chunk, w.seqlen).bytes if graph and group else 0
@@ -68,32 +68,41 @@ def _observed_group(w: Workload, passes: int) -> tuple[str, ...]:
     return max(groups, key=lambda g: calibration_peak(graph, g, 1, w.seqlen).bytes)
 
 
-def segments(w: Workload) -> dict[str, list]:
-    """ONNX nodes by block (`model.layers.3`), with the nodes outside blocks in `(outside blocks)`."""
-    out: dict[str, list] = {}
-    for node in w.index.graph.nodes:
-        name = from_node_name(node.name) or ""
-        out.setdefault(block_of(name) or "(outside blocks)", []).append(node)
-    return out
+def _segment_weights(w: Workload) -> int:
+    """Layers outside blocks join a neighbouring block's segment: the embeddings the first, the rest the
+    last (the backend's cut); the largest segment's weights."""
+    sizes = dict(w.block_bytes())
+    outside = sizes.pop("(outside blocks)", 0)
+    if not sizes:
+        return outside
+    blocks = list(sizes)
+    before = sum(x.bytes for x in w.index.layers if not x.block and _before_blocks(w, x))
+    sizes[blocks[0]] += before
+    sizes[blocks[-1]] += outside - before
+    return max(sizes.values())
 
 
-def _largest_segment(w: Workload, chunk: int) -> tuple[int, int]:
+def _before_blocks(w: Workload, layer) -> bool:
+    first = next((i for i, x in enumerate(w.index.layers) if x.block), len(w.index.layers))
+    return w.index.layers.index(layer) < first
+
+
+def _largest_segment(w: Workload, chunk: int, outputs: bool = False) -> tuple[int, int]:
+    """(weights, activations) of the largest offload segment, cut as the backend cuts: a segment runs
+    only the nodes for what later segments read, the observed tensors and, with `outputs`, the model's
+    own outputs (verification)."""
     graph = w.index.graph
-    block_bytes = w.block_bytes()
     if not graph:
-        return max(block_bytes.values(), default=0), 0
-    observed = set(w.observed)
-    worst_act = 0
-    for _name, nodes in segments(w).items():
-        produced = {o for n in nodes for o in n.outputs}
-        kept = (observed & produced) | {o for o in produced if _leaves_segment(o, nodes, graph)}
-        worst_act = max(worst_act, peak(graph, nodes, kept, chunk, w.seqlen).bytes)
-    return max(block_bytes.values(), default=0), worst_act
-
-
-def _leaves_segment(value: str, nodes, graph) -> bool:
-    inside = {n.name for n in nodes}
-    return any(value in n.inputs and n.name not in inside for n in graph.nodes) or value in graph.outputs
+        return _segment_weights(w), 0
+    runs = segment_runs([n.name for n in graph.nodes])
+    wanted = set(w.observed) | (set(graph.outputs) if outputs else set())
+    worst = 0
+    for index, (_, idx) in enumerate(runs):
+        kept = set(segment_outputs(graph, runs, index, wanted))
+        members = {graph.nodes[i].name for i in idx}
+        needed = [n for n in needed_nodes(graph, kept) if n.name in members] if kept else []
+        worst = max(worst, peak(graph, needed, kept, chunk, w.seqlen).bytes)
+    return _segment_weights(w), worst
 
 
 def _boundary_cache(w: Workload, chunk: int) -> int:
@@ -104,12 +113,12 @@ def _boundary_cache(w: Workload, chunk: int) -> int:
 
 
 def onnx_quantize(w: Workload, mode: MemoryMode) -> Phase:
-    """Weights are read one at a time from external data; the quantized model grows in memory, and is
-    serialized once at emit (a second copy while it is written)."""
+    """Weights are read one at a time from external data and rounded in slices; the quantized model grows
+    in memory (emit then holds it and its serialized copy: the plan's emit op)."""
     runtime = RUNTIME[Backend.ONNX]
-    temps = 3 * w.largest_layer_bytes  # float32 scratch of the layer being rounded (clip search, errors)
-    parts = (("runtime", runtime), ("quantized model, and its serialized copy", 2 * w.quantized_bytes),
-             ("scratch", temps))
+    temps = 3 * min(w.largest_layer_bytes, SLICE_BYTES) + w.largest_layer_bytes  # one float weight + scratch of a slice
+    parts = (("runtime", runtime), ("quantized weights so far", w.quantized_bytes),
+             ("weight being rounded, and scratch", temps))
     return Phase("quantize", sum(b for _, b in parts), parts)
 
 
@@ -117,12 +126,13 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     """Float and emitted model side by side on one chunk; every model output of both is held."""
     graph = w.index.graph
     runtime = RUNTIME[Backend.ONNX]
-    if mode is MemoryMode.OFFLOAD:
-        block_weights, block_act = _largest_segment(w, chunk)
-        outputs = sum(graph.value(o).bytes(chunk, w.seqlen, graph.batch_symbol)
+    if mode is MemoryMode.OFFLOAD:  # one segment session at a time, one sample at a time
+        block_weights, block_act = _largest_segment(w, 1, outputs=True)
+        outputs = sum(graph.value(o).bytes(1, w.seqlen, graph.batch_symbol)
                       for o in graph.outputs if graph.value(o)) if graph else 0
-        parts = (("runtime", runtime), ("float and quantized block", 2 * block_weights),
-                 ("block activations", block_act), ("outputs of one chunk, both models", 2 * outputs))
+        parts = (("runtime", runtime), ("weights of one segment", block_weights),
+                 ("its weights dequantized at run time (DequantizeLinear outputs)", block_weights),
+                 ("segment activations", block_act), ("outputs of one sample, both models", 2 * outputs))
     else:
         act = 0
         if graph:

@@ -41,6 +41,9 @@ def session_from_path(path: Path):
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    # Basic optimisations only: fusions would round differently in a whole graph and in a block of it,
+    # and every memory mode must observe the same values.
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     # Prepacking makes a second, kernel-specific copy of every MatMul weight: memory we did not plan.
     options.add_session_config_entry("session.disable_prepacking", "1")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -59,24 +62,35 @@ def session(model: onnx.ModelProto, model_dir: Path):
 
 
 def calibrate(model: onnx.ModelProto, model_dir: Path, graph_summary, observed: tuple[str, ...], batches: Batches,
-              histogram: bool, bins: int, on_chunk: Callable[[], None] = lambda: None, workers: int = 1) -> dict[str, object]:
+              histogram: bool, bins: int, on_chunk: Callable[[], None] = lambda: None, workers: int = 1,
+              checkpoint=None) -> dict[str, object]:
     """Observers for every observed tensor, updated chunk by chunk. With `workers` > 1 the tensors of a
     chunk are observed in parallel threads (numpy releases the GIL); each observer still sees its
-    chunks in order, so the result is the same bit for bit."""
+    chunks in order, so the result is the same bit for bit. With a `checkpoint`, observer state is saved
+    after every chunk and an interrupted run resumes after the last chunk it finished."""
     observers = {t: make_observer(histogram, bins) for t in observed}
+    resumed = checkpoint.load() if checkpoint else None
+    done = 0
+    if resumed is not None and set(resumed[1]) == set(observers):
+        done, observers = resumed
     from_inputs = [t for t in observed if t in {i.name for i in model.graph.input}]
     aug = augmented_model(model, graph_summary, observed)
     names = [o.name for o in aug.graph.output]
     sess = session(aug, model_dir) if names else None
     del aug  # the session holds its own copy
     inputs = {i.name for i in sess.get_inputs()} if sess else set()
-    for feed in batches:
+    for index, feed in enumerate(batches):
+        if index < done:  # already observed by the interrupted run
+            on_chunk()
+            continue
         for name in from_inputs:
             observers[name].update(feed[name])
         if sess is not None:
             outputs = sess.run(names, {k: v for k, v in feed.items() if k in inputs})
             _observe(observers, list(zip(names, outputs, strict=True)), workers)
             del outputs
+        if checkpoint is not None:
+            checkpoint.save(index + 1, observers)
         on_chunk()
     return observers
 

@@ -26,6 +26,12 @@ def stamp(model: onnx.ModelProto, recipe: str, canonical_ir: str) -> None:
     model.producer_name, model.producer_version = "qrc", ""
 
 
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
 def write_atomically(model: onnx.ModelProto, destination: Path, external: bool) -> list[Path]:
     """Write `model` (and its `.data` file when `external`) to `destination`; returns the files written."""
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -37,6 +43,9 @@ def write_atomically(model: onnx.ModelProto, destination: Path, external: bool) 
                       location=destination.name + ".data", size_threshold=1024)
         else:
             staged.write_bytes(model.SerializeToString(deterministic=True))
+        mode = 0o666 & ~_umask()  # like any file the user writes, whatever the temp files had
+        for path in staging.iterdir():
+            path.chmod(mode)
         written = []
         data = staging / (destination.name + ".data")
         if data.exists():  # the data first: the model file appears last, complete

@@ -9,12 +9,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from compiler.backends import BackendError
 from compiler.backends.onnx import data, emit, rewrite
 from compiler.backends.onnx.calibrate import calibrate, session_from_path
 from compiler.backends.onnx.files import ModelFiles, load_remaining, open_model
 from compiler.backends.onnx.verify import Agreement, passes
+from compiler.backends.release import release_memory
 from compiler.backends.rss import RssSampler
 from compiler.diagnostics import Diagnostic, error, warning
 from compiler.ir.printer import print_ir
@@ -64,11 +66,6 @@ def check_supported(ir: RecipeIR, assignment: Assignment, plan: Plan) -> None:
             raise BackendError(error("Q410", f"scheme `{a.scheme.name}`: dynamic or per-token activations are not "
                                      "supported by the ONNX backend", a.scheme.span or a.rule.span, "not supported",
                                      help="use static per_tensor activations, or a weight-only scheme"))
-    if plan.decision.mode is MemoryMode.OFFLOAD:
-        raise BackendError(error("Q411", "`mode offload` is not implemented in the ONNX backend yet", ir.memory.span_of("mode")
-                                 or ir.memory.span_of("ram") or ir.span, "offload",
-                                 help=f"the plan needs offload for this budget; raise `ram` to at least "
-                                 f"{plan.decision.tried[0][0].peak_ram} B for full or low_memory"))
 
 
 def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress: Progress) -> CompileResult:
@@ -88,6 +85,7 @@ def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, prog
             rss.phase = "calibrate"
             activations = _activation_specs(ir, assignment, w, files, progress, result)
             result.calibration_seconds = time.perf_counter() - start
+            release_memory()
             rss.phase = "quantize"
             jobs = {a.layer.weight: rewrite.WeightJob(a.layer, a.scheme) for a in assignment.layers if not a.scheme.is_none}
             model = rewrite.rewrite(files.light, jobs, activations, _format(ir), files.array,
@@ -95,11 +93,20 @@ def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, prog
             rss.phase = "emit"
             load_remaining(model, files.base_dir)
             emit.stamp(model, ir.name, print_ir(ir))
-            result.files = emit.write_atomically(model, output, model.ByteSize() > emit.EXTERNAL_THRESHOLD)
+            # offload keeps the weights out of the .onnx too, so verification can open it without loading them
+            external = plan.decision.mode is MemoryMode.OFFLOAD or model.ByteSize() > emit.EXTERNAL_THRESHOLD
+            result.files = emit.write_atomically(model, output, external)
+            # The rewrite changed `files.light` in place: put the weight-free float graph back, which
+            # also lets the quantized model (and its loaded weights) go before verification.
             del model
+            files.light = onnx.load(str(files.path), load_external_data=False)
+            release_memory()
             if ir.verify:
                 rss.phase = "verify"
-                _verify(ir, assignment, files.path, output, progress, result)
+                if plan.decision.mode is MemoryMode.OFFLOAD:
+                    _verify_offload(ir, assignment, files, output, progress, result)
+                else:
+                    _verify(ir, assignment, files.path, output, progress, result)
         finally:
             files.close()
     result.peak_rss, result.rss_samples = rss.peak, rss.samples
@@ -116,14 +123,21 @@ def _activation_specs(ir, assignment, w: Workload, files: ModelFiles, progress, 
     if not w.observed:
         return {}
     histogram = ir.calibration.method in HISTOGRAM_METHODS
-    passes_ = _passes(result.plan)
-    groups = np.array_split(np.array(w.observed, dtype=object), passes_)
     batches = data.calibration_batches(ir.calibration.data, w.index, w.chunk)
-    advance = progress("calibrate", len(batches) * passes_)
-    observers = {}
-    for group in groups:
-        observers.update(calibrate(files.light, files.base_dir, w.index.graph, tuple(group), batches, histogram,
-                                   ir.calibration.bins, advance, ir.calibration.workers))
+    if result.plan.decision.mode is MemoryMode.OFFLOAD:
+        observers = _calibrate_offload(ir, w, files, batches, histogram, progress)
+    else:
+        passes_ = _passes(result.plan)
+        groups = np.array_split(np.array(w.observed, dtype=object), passes_)
+        advance = progress("calibrate", len(batches) * passes_)
+        observers, checkpoints = {}, []
+        for number, group in enumerate(groups):
+            checkpoint = _checkpoint(ir, files, number, tuple(group))
+            checkpoints.append(checkpoint)
+            observers.update(calibrate(files.light, files.base_dir, w.index.graph, tuple(group), batches, histogram,
+                                       ir.calibration.bins, advance, ir.calibration.workers, checkpoint))
+        for checkpoint in filter(None, checkpoints):  # calibration is complete: nothing to resume
+            checkpoint.remove()
     sources = propagate(w.index.graph, w.needed, ir.calibration.passthrough)
     consumers = _consumers(assignment, files.light)
     specs = {}
@@ -141,6 +155,33 @@ def _activation_specs(ir, assignment, w: Workload, files: ModelFiles, progress, 
         scale, zp = qparams.scale_zero_point(np.array(bounds[0]), np.array(bounds[1]), act.qtype, act.symmetric)
         specs[a.layer.input] = (scale, zp, act.qtype, consumers[a.layer.input])
     return specs
+
+
+def _checkpoint(ir: RecipeIR, files: ModelFiles, number: int, group: tuple[str, ...]):
+    if not ir.memory.disk:
+        return None
+    from compiler.backends.onnx.checkpoint import Checkpoint
+
+    return Checkpoint.for_run(Path(ir.memory.disk), print_ir(ir), str(files.path), str(number), *group)
+
+
+def _disk(ir: RecipeIR) -> Path | None:
+    return Path(ir.memory.disk) if ir.memory.disk else None
+
+
+def _calibrate_offload(ir, w: Workload, files: ModelFiles, batches, histogram: bool, progress) -> dict:
+    """Block by block: only one block's weights in a session at a time; boundaries cached per chunk."""
+    from compiler.backends.onnx.segments import cut, run_segments
+    from compiler.quant.observers import make_observer
+
+    observers = {t: make_observer(histogram, ir.calibration.bins) for t in w.observed}
+    for name in (t for t in w.observed if t in w.index.graph.inputs):
+        for feed in batches:
+            observers[name].update(feed[name])
+    advance = progress("calibrate", len(cut(files.light)) * len(batches))
+    run_segments(files.light, files.base_dir, w.index.graph, batches, set(observers),
+                 lambda name, value: observers[name].update(value), _disk(ir), advance)
+    return observers
 
 
 def _passes(plan: Plan) -> int:
@@ -164,14 +205,19 @@ def _consumers(assignment: Assignment, model) -> dict[str, set[str]]:
     return out
 
 
-def _verify(ir, assignment, source: Path, output: Path, progress, result: CompileResult) -> None:
+def _verify_batches(ir, assignment, result: CompileResult, chunk: int | None = None):
     v = ir.verify
     batches, overlaps = data.verify_batches(ir.calibration.data, assignment.model, v.samples,
-                                            min(ir.calibration.chunk, v.samples))
+                                            chunk or min(ir.calibration.chunk, v.samples))
     if overlaps:
-        result.warnings.append(warning("Q406", "verification reuses calibration samples: the npz file is too short",
+        result.warnings.append(warning("Q406", "verification reuses calibration samples: the data file is too short",
                                        ir.calibration.data.span_of("data"), "not held out",
                                        help=f"add at least {v.samples} samples beyond `samples` to the file"))
+    return batches
+
+
+def _verify(ir, assignment, source: Path, output: Path, progress, result: CompileResult) -> None:
+    batches = _verify_batches(ir, assignment, result)
     reference, candidate = session_from_path(source), session_from_path(output)
     inputs = {i.name for i in reference.get_inputs()}
     first = reference.get_outputs()[0].name
@@ -180,6 +226,40 @@ def _verify(ir, assignment, source: Path, output: Path, progress, result: Compil
         feed = {k: x for k, x in feed.items() if k in inputs}
         agreement.update(reference.run([first], feed)[0], candidate.run([first], feed)[0], feed.get("attention_mask"))
         advance()
+    _judge(ir, output, agreement, result)
+
+
+def _verify_offload(ir, assignment, files: ModelFiles, output: Path, progress, result: CompileResult) -> None:
+    """Both models block by block: the float model's outputs are cached per chunk, then compared."""
+    from compiler.backends.onnx.segments import BoundaryCache, cut, run_segments
+    from compiler.models.graph import summarize
+
+    batches = _verify_batches(ir, assignment, result, chunk=1)  # offload: one sample's outputs at a time
+    first = files.light.graph.output[0].name
+    masks = [feed.get("attention_mask") for feed in batches]
+    emitted = open_model(output)
+    cache = BoundaryCache(_disk(ir))
+    try:
+        advance = progress("verify", (len(cut(files.light)) + len(cut(emitted.light))) * len(batches))
+        produced = iter(range(len(batches)))
+        run_segments(files.light, files.base_dir, assignment.model.graph, batches, {first},
+                     lambda _, value: cache.put(first, next(produced), value), _disk(ir), advance)
+        agreement, compared = Agreement(), iter(range(len(batches)))
+
+        def compare(_, value):
+            i = next(compared)
+            agreement.update(cache.get(first, i), value, masks[i])
+
+        summary = summarize(emitted.light, {t.name for t in emitted.light.graph.initializer})
+        run_segments(emitted.light, emitted.base_dir, summary, batches, {first}, compare, _disk(ir), advance)
+    finally:
+        cache.close()
+        emitted.close()
+    _judge(ir, output, agreement, result)
+
+
+def _judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None:
+    v = ir.verify
     result.verify = agreement.figures()
     value = agreement.value(v.metric)
     result.verify_passed = passes(value, v.bound, v.threshold)

@@ -139,10 +139,26 @@ def rewrite(model: onnx.ModelProto, jobs: dict[str, WeightJob], activations: dic
     return model
 
 
+SLICE_BYTES = 16 << 20  # a large weight is rounded in slices of output channels of at most this size
+
+
 def _quantize(w: np.ndarray, node: onnx.NodeProto, job: WeightJob) -> QuantizedWeight:
-    w = w.astype(np.float32)
+    """Per-channel and per-group scales are independent across output channels, so a large weight is
+    rounded slice by slice (the same bytes as in one piece, a fraction of the scratch memory)."""
+    w = w.astype(np.float32, copy=False)
     channel, inp = weight_axes(node)
-    return quantize_weight(w, job.scheme.weights, job.scheme.rounding, channel, inp)
+    spec = job.scheme.weights
+    slices = int(np.ceil(w.nbytes / SLICE_BYTES))
+    if spec.granularity is Granularity.PER_TENSOR or slices <= 1:
+        return quantize_weight(w, spec, job.scheme.rounding, channel, inp)
+    parts = [quantize_weight(part, spec, job.scheme.rounding, channel, inp)
+             for part in np.array_split(w, slices, axis=channel)]
+    scale_axis = channel if spec.granularity is Granularity.GROUP else 0
+    first = parts[0]
+    return QuantizedWeight(np.concatenate([p.q for p in parts], axis=channel),
+                           np.concatenate([p.scale for p in parts], axis=scale_axis),
+                           np.concatenate([p.zero_point for p in parts], axis=scale_axis), first.qtype, first.axis,
+                           first.block_size)
 
 
 def _quantize_inputs(node, activations, emitted, new_inits, nodes):

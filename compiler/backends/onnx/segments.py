@@ -1,0 +1,151 @@
+"""Offload: the graph cut into contiguous per-block segments, run one segment at a time so that only
+one block's weights are resident. Values crossing a segment boundary are cached per chunk (on disk
+when the recipe gives `disk`, in their own dtype) and deleted once the last segment that reads them
+has run."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from compiler.backends.onnx.calibrate import session
+from compiler.models.graph import GraphSummary
+from compiler.plan.activations import segment_runs
+
+
+@dataclass(frozen=True)
+class Segment:
+    name: str
+    nodes: tuple[onnx.NodeProto, ...]
+
+
+def cut(model: onnx.ModelProto) -> list[Segment]:
+    """Runs of nodes in file order, one per block. A node outside every block (embeddings, masks, a
+    weight's DequantizeLinear, the final norm) joins the block of the next node that has one, or the
+    last block: so a dequantized weight is produced in the segment that reads it."""
+    nodes = list(model.graph.node)
+    return [Segment(block, tuple(nodes[i] for i in idx)) for block, idx in segment_runs([n.name for n in nodes])]
+
+
+@dataclass
+class BoundaryCache:
+    """Values crossing segments, per chunk: numpy files under `folder`, or in memory without one."""
+
+    folder: Path | None
+    _memory: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    _files: dict[tuple[str, int], Path] = field(default_factory=dict)
+    _scratch: Path | None = None
+    _written: int = 0  # file names never repeat, even after drops
+
+    def __post_init__(self) -> None:
+        if self.folder is not None:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._scratch = Path(tempfile.mkdtemp(dir=self.folder, prefix="boundary-"))
+
+    def put(self, name: str, chunk: int, value: np.ndarray) -> None:
+        if self._scratch is None:
+            self._memory[(name, chunk)] = value
+            return
+        path = self._scratch / f"{self._written}.npy"
+        self._written += 1
+        np.save(path, value, allow_pickle=False)  # keeps the dtype: no float64 promotion on reload
+        self._files[(name, chunk)] = path
+
+    def get(self, name: str, chunk: int) -> np.ndarray:
+        if self._scratch is None:
+            return self._memory[(name, chunk)]
+        return np.load(self._files[(name, chunk)], allow_pickle=False)
+
+    def drop(self, name: str) -> None:
+        for key in [k for k in (*self._memory, *self._files) if k[0] == name]:
+            self._memory.pop(key, None)
+            path = self._files.pop(key, None)
+            if path is not None:
+                path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self._memory.clear()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def _subgraph(model: onnx.ModelProto, summary: GraphSummary, segment: Segment, outputs: list[str]) -> onnx.ModelProto:
+    segment = Segment(segment.name, _needed(segment.nodes, outputs))
+    produced = {o for n in segment.nodes for o in n.output}
+    weights = {t.name: t for t in model.graph.initializer}
+    needed = [i for n in segment.nodes for i in n.input if i and i not in produced]
+    inputs = list(dict.fromkeys(i for i in needed if i not in weights))
+    graph = helper.make_graph(list(segment.nodes), segment.name, [_info(summary, i) for i in inputs],
+                              [_info(summary, o) for o in outputs],
+                              [weights[i] for i in dict.fromkeys(needed) if i in weights])
+    sub = helper.make_model(graph, opset_imports=list(model.opset_import))
+    sub.ir_version = model.ir_version
+    return sub
+
+
+def _needed(nodes: tuple[onnx.NodeProto, ...], outputs: list[str]) -> tuple[onnx.NodeProto, ...]:
+    """The nodes of a segment that its requested outputs depend on."""
+    producer = {o: n for n in nodes for o in n.output}
+    keep, stack = set(), list(outputs)
+    while stack:
+        node = producer.get(stack.pop())
+        if node is not None and id(node) not in keep:
+            keep.add(id(node))
+            stack.extend(node.input)
+    return tuple(n for n in nodes if id(n) in keep)
+
+
+def _info(summary: GraphSummary, name: str) -> onnx.ValueInfoProto:
+    value = summary.value(name)
+    return helper.make_tensor_value_info(name, value.elem_type if value else onnx.TensorProto.FLOAT, None)
+
+
+def run_segments(model: onnx.ModelProto, model_dir: Path, summary: GraphSummary, batches: Iterable[dict],
+                 wanted: set[str], on_value: Callable[[str, np.ndarray], None], disk: Path | None,
+                 on_chunk: Callable[[], None] = lambda: None) -> None:
+    """Run the model segment by segment over all chunks, reporting every `wanted` value as it is produced.
+    Each wanted value is reported for chunk 0, 1, … in order, as in one whole-graph pass. `on_chunk` is
+    called once per segment and chunk."""
+    segments = cut(model)
+    consumers = _last_reader(segments)
+    graph_inputs = set(summary.inputs)
+    cache = BoundaryCache(disk)
+    try:
+        for index, segment in enumerate(segments):
+            produced = [o for n in segment.nodes for o in n.output]
+            crossing = [o for o in produced if consumers.get(o, -1) > index]
+            reported = [o for o in produced if o in wanted]
+            outputs = list(dict.fromkeys(crossing + reported))
+            if not outputs:
+                continue
+            sess = session(_subgraph(model, summary, segment, outputs), model_dir)
+            feeds_needed = [i.name for i in sess.get_inputs()]
+            for chunk, feed in enumerate(batches):
+                inputs = {n: feed[n] if n in graph_inputs else cache.get(n, chunk) for n in feeds_needed}
+                for name, value in zip(outputs, sess.run(outputs, inputs), strict=True):
+                    if name in wanted:
+                        on_value(name, value)
+                    if name in crossing:
+                        cache.put(name, chunk, value)
+                on_chunk()
+            del sess
+            for name in [n for n, last in consumers.items() if last == index]:
+                cache.drop(name)
+    finally:
+        cache.close()
+
+
+def _last_reader(segments: list[Segment]) -> dict[str, int]:
+    last: dict[str, int] = {}
+    for index, segment in enumerate(segments):
+        for node in segment.nodes:
+            for name in node.input:
+                last[name] = index
+    return last
