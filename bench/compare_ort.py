@@ -25,13 +25,16 @@ SEQLEN, CHUNK = 128, 8
 
 def child(code: str) -> tuple[float, int, str]:
     """Run `code` in a fresh interpreter: (seconds, peak RSS bytes, its last stdout line)."""
-    wrapped = code + "\nimport re\nprint('HWM', re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
+    # atexit also runs after an uncaught exception: a crash still reports the peak it reached
+    wrapped = ("import atexit, re\natexit.register(lambda: print('HWM', re.search(r'VmHWM:\\s+(\\d+)', "
+               "open('/proc/self/status').read()).group(1)))\n" + code)
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", wrapped], cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - start
+    found = re.search(r"HWM (\d+)", out.stdout)
+    hwm = int(found.group(1)) * 1024 if found else 0
     if out.returncode != 0:
-        return seconds, 0, "crash: " + (out.stderr.strip().splitlines() or ["?"])[-1][:80]
-    hwm = int(re.search(r"HWM (\d+)", out.stdout).group(1)) * 1024
+        return seconds, hwm, "crash: " + (out.stderr.strip().splitlines() or ["?"])[-1][:80]
     return seconds, hwm, ""
 
 
@@ -43,13 +46,15 @@ def feeds_code(model: str, samples: int, seed_offset: int = 0) -> str:
             f"seed=0, tokenizer=None)\nbatches = Batches(src, index, {samples}, {CHUNK}, seed_offset={seed_offset})\n")
 
 
-def qrc_recipe(model: str, samples: int, scheme: str, method: str, fmt: str, out: Path, tmp: Path) -> Path:
+def qrc_recipe(model: str, samples: int, scheme: str, method: str, fmt: str, out: Path, tmp: Path,
+               memory: str = "") -> Path:
     schemes = {"w8a8": "scheme s = W8A8 { activations uint8 }", "w4_rtn": "scheme s = W4A16 { group 32 }",
                "w4_mse": "scheme s = W4A16 { group 32  rounding mse }"}[scheme]
     text = (f'recipe bench {{ model "{model}" {schemes}\n quantize {{ "*" -> s  "model.embed_tokens" -> none }}\n'
             f" calibrate {{ data synthetic {{ samples {samples} seqlen {SEQLEN} seed 0 }} chunk {CHUNK} method {method} }}\n"
+            f" {memory}\n"
             f' emit "{out}" {{ format {fmt} }} }}\n')
-    path = tmp / f"{scheme}-{method.split()[0]}-{samples}.recipe"
+    path = tmp / f"{scheme}-{method.split()[0]}-{samples}-{len(memory)}.recipe"
     path.write_text(text)
     return path
 
@@ -57,6 +62,44 @@ def qrc_recipe(model: str, samples: int, scheme: str, method: str, fmt: str, out
 def run_qrc(recipe: Path) -> tuple[float, int, str]:
     return child(f"import sys\nsys.argv = ['qrc', 'compile', {str(recipe)!r}]\nfrom compiler.cli import main\n"
                  "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code")
+
+
+def planned_peak(recipe: Path) -> int:
+    from compiler import plan_file
+
+    result = plan_file(recipe, detected_free=16 << 30)
+    return result.plan.peak_bytes if result.plan else 0
+
+
+def extra_parts(args, model_path: Path, nodes: list[str], tmp: Path) -> list[tuple]:
+    """methods: every qrc method vs onnxruntime's at one N; modes: planned vs measured peak per memory mode;
+    scale: qrc's peak RSS from 8 to 512 samples."""
+    rows, n = [], 32
+    if "methods" in args.parts:
+        for method in ("minmax", "percentile 99.999", "entropy", "mse", "layerwise_percentile"):
+            out = tmp / f"m-{method.split()[0]}.onnx"
+            result = run_qrc(qrc_recipe(args.model, n, "w8a8", method, "qdq", out, tmp))
+            rows.append((f"qrc {method}", "W8A8", n, *result, *(fidelity(args.model, model_path, out) if not result[2] else (None, None))))
+        for method in ("MinMax", "Percentile", "Entropy", "Distribution"):
+            out = tmp / f"ort-{method}.onnx"
+            result = run_ort_static(model_path, args.model, n, method, out, nodes)
+            rows.append((f"onnxruntime quantize_static {method}", "W8A8", n, *result,
+                         *(fidelity(args.model, model_path, out) if not result[2] else (None, None))))
+    if "modes" in args.parts:
+        for mode in ("full", "low_memory", "offload"):
+            memory = f'memory {{ mode {mode}  disk "{tmp / "disk"}" }}'
+            out = tmp / f"mode-{mode}.onnx"
+            recipe = qrc_recipe(args.model, n, "w8a8", "percentile 99.999", "qdq", out, tmp, memory)
+            result = run_qrc(recipe)
+            note = f"planned {planned_peak(recipe) / 2**20:.0f} MiB"
+            rows.append((f"qrc mode {mode}", "W8A8", n, result[0], result[1], result[2] or note,
+                         *(fidelity(args.model, model_path, out) if not result[2] else (None, None))))
+    if "scale" in args.parts:
+        for samples in (8, 32, 128, 512):
+            out = tmp / f"scale-{samples}.onnx"
+            result = run_qrc(qrc_recipe(args.model, samples, "w8a8", "percentile 99.999", "qdq", out, tmp))
+            rows.append(("qrc percentile 99.999", "W8A8", samples, *result, None, None))
+    return rows
 
 
 def run_floor(model_path: Path, model: str, samples: int) -> tuple[float, int, str]:
@@ -119,7 +162,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--model", default=BENCH_MODEL)
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
-    parser.add_argument("--parts", nargs="+", default=["w8a8", "int4"], choices=["w8a8", "int4"])
+    parser.add_argument("--parts", nargs="+", default=["w8a8", "int4"], choices=["w8a8", "int4", "methods", "modes", "scale"])
     args = parser.parse_args()
     from compiler.models import builtin, index_model
 
@@ -155,6 +198,7 @@ def main() -> None:
         if result is not None:
                 rows.append(("onnxruntime MatMulNBitsQuantizer", "int4 g32", "-", *result,
                          *(fidelity(args.model, model_path, out) if not result[2] else (None, None))))
+        rows += extra_parts(args, model_path, nodes, tmp)
     print(f"model {args.model}, seqlen {SEQLEN}, chunk {CHUNK}; W8A8 = int8 per-channel symmetric weights, uint8 per-tensor asymmetric activations on every Linear but the embedding; fidelity on 8 held-out samples\n")
     print("| method | scheme | N | wall s | peak RSS MiB | logits cosine | top-1 | note |")
     print("|---|---|---|---|---|---|---|---|")
