@@ -171,16 +171,28 @@ def _disk(ir: RecipeIR) -> Path | None:
 
 def _calibrate_offload(ir, w: Workload, files: ModelFiles, batches, histogram: bool, progress) -> dict:
     """Block by block: only one block's weights in a session at a time; boundaries cached per chunk."""
-    from compiler.backends.onnx.segments import cut, run_segments
+    from compiler.backends.onnx.segments import Resume, cut, run_segments
     from compiler.quant.observers import make_observer
 
     observers = {t: make_observer(histogram, ir.calibration.bins) for t in w.observed}
-    for name in (t for t in w.observed if t in w.index.graph.inputs):
-        for feed in batches:
-            observers[name].update(feed[name])
+    checkpoint = _checkpoint(ir, files, -1, tuple(w.observed))
+    resume = None
+    if checkpoint is not None:
+        found = checkpoint.load()
+        done = 0
+        if found is not None and set(found[1]) == set(observers):
+            done, observers = found
+        resume = Resume(checkpoint.path.stem, lambda: done,
+                        lambda segments: checkpoint.save(segments, observers))
+    if not (resume and resume.done()):
+        for name in (t for t in w.observed if t in w.index.graph.inputs):
+            for feed in batches:
+                observers[name].update(feed[name])
     advance = progress("calibrate", len(cut(files.light)) * len(batches))
     run_segments(files.light, files.base_dir, w.index.graph, batches, set(observers),
-                 lambda name, value: observers[name].update(value), _disk(ir), advance)
+                 lambda name, value: observers[name].update(value), _disk(ir), advance, resume)
+    if checkpoint is not None:
+        checkpoint.remove()
     return observers
 
 

@@ -5,6 +5,8 @@ has run."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -36,43 +38,54 @@ def cut(model: onnx.ModelProto) -> list[Segment]:
 
 @dataclass
 class BoundaryCache:
-    """Values crossing segments, per chunk: numpy files under `folder`, or in memory without one."""
+    """Values crossing segments, per chunk: numpy files under `folder`, or in memory without one.
+
+    With a `key`, the files live in `folder/boundary-<key>/` under names derived from (value, chunk), so
+    a resumed run finds what the interrupted one wrote; `close(keep=True)` leaves them for it."""
 
     folder: Path | None
+    key: str | None = None
     _memory: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
-    _files: dict[tuple[str, int], Path] = field(default_factory=dict)
     _scratch: Path | None = None
-    _written: int = 0  # file names never repeat, even after drops
 
     def __post_init__(self) -> None:
-        if self.folder is not None:
-            self.folder.mkdir(parents=True, exist_ok=True)
+        if self.folder is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if self.key:
+            self._scratch = self.folder / f"boundary-{self.key}"
+            self._scratch.mkdir(exist_ok=True)
+        else:
             self._scratch = Path(tempfile.mkdtemp(dir=self.folder, prefix="boundary-"))
+
+    def _path(self, name: str, chunk: int) -> Path:
+        return self._scratch / f"{hashlib.sha1(name.encode()).hexdigest()[:16]}-{chunk}.npy"
 
     def put(self, name: str, chunk: int, value: np.ndarray) -> None:
         if self._scratch is None:
             self._memory[(name, chunk)] = value
             return
-        path = self._scratch / f"{self._written}.npy"
-        self._written += 1
-        np.save(path, value, allow_pickle=False)  # keeps the dtype: no float64 promotion on reload
-        self._files[(name, chunk)] = path
+        path = self._path(name, chunk)
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, value, allow_pickle=False)  # keeps the dtype: no float64 promotion on reload
+        os.replace(tmp, path)
 
     def get(self, name: str, chunk: int) -> np.ndarray:
         if self._scratch is None:
             return self._memory[(name, chunk)]
-        return np.load(self._files[(name, chunk)], allow_pickle=False)
+        return np.load(self._path(name, chunk), allow_pickle=False)
 
     def drop(self, name: str) -> None:
-        for key in [k for k in (*self._memory, *self._files) if k[0] == name]:
-            self._memory.pop(key, None)
-            path = self._files.pop(key, None)
-            if path is not None:
+        for key in [k for k in self._memory if k[0] == name]:
+            del self._memory[key]
+        if self._scratch is not None:
+            prefix = hashlib.sha1(name.encode()).hexdigest()[:16] + "-"
+            for path in self._scratch.glob(prefix + "*.npy"):
                 path.unlink(missing_ok=True)
 
-    def close(self) -> None:
+    def close(self, keep: bool = False) -> None:
         self._memory.clear()
-        if self._scratch is not None:
+        if self._scratch is not None and not keep:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
 
@@ -109,16 +122,22 @@ def _info(summary: GraphSummary, name: str) -> onnx.ValueInfoProto:
 
 def run_segments(model: onnx.ModelProto, model_dir: Path, summary: GraphSummary, batches: Iterable[dict],
                  wanted: set[str], on_value: Callable[[str, np.ndarray], None], disk: Path | None,
-                 on_chunk: Callable[[], None] = lambda: None) -> None:
+                 on_chunk: Callable[[], None] = lambda: None, resume: Resume | None = None) -> None:
     """Run the model segment by segment over all chunks, reporting every `wanted` value as it is produced.
     Each wanted value is reported for chunk 0, 1, … in order, as in one whole-graph pass. `on_chunk` is
     called once per segment and chunk."""
     segments = cut(model)
     consumers = _last_reader(segments)
     graph_inputs = set(summary.inputs)
-    cache = BoundaryCache(disk)
+    cache = BoundaryCache(disk, resume.key if resume else None)
+    start = resume.done() if resume else 0
+    finished = False
     try:
         for index, segment in enumerate(segments):
+            if index < start:  # finished by the interrupted run: its outputs are on disk
+                for _ in range(len(batches)):
+                    on_chunk()
+                continue
             produced = [o for n in segment.nodes for o in n.output]
             crossing = [o for o in produced if consumers.get(o, -1) > index]
             reported = [o for o in produced if o in wanted]
@@ -136,10 +155,22 @@ def run_segments(model: onnx.ModelProto, model_dir: Path, summary: GraphSummary,
                         cache.put(name, chunk, value)
                 on_chunk()
             del sess
+            if resume:  # record the segment before deleting what it consumed
+                resume.save(index + 1)
             for name in [n for n, last in consumers.items() if last == index]:
                 cache.drop(name)
+        finished = True
     finally:
-        cache.close()
+        cache.close(keep=resume is not None and not finished)
+
+
+@dataclass
+class Resume:
+    """Offload checkpoints: `save(n)` after segment n-1 completed (with the observers it updated)."""
+
+    key: str
+    done: Callable[[], int]
+    save: Callable[[int], None]
 
 
 def _last_reader(segments: list[Segment]) -> dict[str, int]:
