@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -68,18 +67,8 @@ def onnx_path(ref: str) -> Path:
 
 
 def write_onnx(model, path: Path) -> None:
-    """Write atomically with the weights as external data (`<name>.onnx.data`): a compile then reads each
-    weight from disk only when it needs it. Staged in a temp folder; the data is renamed in first."""
-    import shutil
+    """Cache a built-in atomically, weights as external data (`<name>.onnx.data`): a compile then reads
+    each weight from disk only when it needs it."""
+    from compiler.models.onnx_write import write_atomically
 
-    import onnx
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
-    try:
-        onnx.save(model, staging / path.name, save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=path.name + ".data", size_threshold=1024)
-        os.replace(staging / (path.name + ".data"), path.parent / (path.name + ".data"))
-        os.replace(staging / path.name, path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    write_atomically(model, path, external=True)

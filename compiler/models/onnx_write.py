@@ -1,0 +1,42 @@
+"""Writing an ONNX model atomically: staged under temporary names in the destination folder, data file
+renamed in first and the model last, so an error or a kill never leaves a partial file in place."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def write_atomically(model, destination: Path, external: bool) -> list[Path]:
+    """Write `model` (and `<name>.data` when `external`) to `destination`; returns the files written."""
+    import onnx
+
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.qrc-"))
+    try:
+        staged = staging / destination.name
+        if external:
+            onnx.save(model, staged, save_as_external_data=True, all_tensors_to_one_file=True,
+                      location=destination.name + ".data", size_threshold=1024)
+        else:
+            staged.write_bytes(model.SerializeToString(deterministic=True))
+        mode = 0o666 & ~_umask()  # like any file the user writes, whatever the temp files had
+        for path in staging.iterdir():
+            path.chmod(mode)
+        written = []
+        data = staging / (destination.name + ".data")
+        if data.exists():  # the data first: the model file appears last, complete
+            os.replace(data, destination.parent / data.name)
+            written.append(destination.parent / data.name)
+        os.replace(staged, destination)
+        return written + [destination]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
