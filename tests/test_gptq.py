@@ -1,0 +1,68 @@
+"""GPTQ numerics on small layers against direct dense computations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler.ir.types import Granularity, QType, Rounding, WeightQuant
+from compiler.quant.gptq import HessianObserver, gptq
+from compiler.quant.weights import quantize_weight
+
+
+def _layer(seed: int = 0):
+    rng = np.random.RandomState(seed)
+    mixing = rng.standard_normal((64, 64)) / 8
+    x = (rng.standard_normal((1024, 64)) @ (np.eye(64) + mixing)).astype(np.float32)  # correlated inputs
+    x[:, 5] *= 6  # an outlier channel, as real activations have
+    w = (rng.standard_normal((48, 64)) / 8).astype(np.float32)
+    return x, w
+
+
+def _output_error(x: np.ndarray, w: np.ndarray, wq: np.ndarray) -> float:
+    return float(np.sum((x @ w.T - x @ wq.T) ** 2))
+
+
+@pytest.mark.parametrize("spec", [WeightQuant(QType.INT8, Granularity.PER_CHANNEL, None, True),
+                                  WeightQuant(QType.INT4, Granularity.GROUP, 32, True),
+                                  WeightQuant(QType.UINT4, Granularity.GROUP, 16, False)],
+                         ids=["int8-channel", "int4-g32", "uint4-g16-asym"])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_error_is_at_most_rtn_on_the_calibration_inputs(spec, act_order):
+    x, w = _layer()
+    observer = HessianObserver(64)
+    for chunk in np.array_split(x, 8):
+        observer.update(chunk)
+    rtn = quantize_weight(w, spec, Rounding.RTN, channel_axis=0, input_axis=1).dequantize()
+    result = gptq(w, observer.hessian(), spec, act_order=act_order)
+    assert result.q.dtype == quantize_weight(w, spec, Rounding.RTN, 0, 1).q.dtype
+    assert _output_error(x, w, result.dequantize()) <= _output_error(x, w, rtn)
+
+
+def test_gptq_improves_int4_clearly():
+    x, w = _layer(1)
+    spec = WeightQuant(QType.INT4, Granularity.GROUP, 32, True)
+    observer = HessianObserver(64)
+    observer.update(x)
+    rtn = _output_error(x, w, quantize_weight(w, spec, Rounding.RTN, 0, 1).dequantize())
+    assert _output_error(x, w, gptq(w, observer.hessian(), spec).dequantize()) < 0.8 * rtn
+
+
+def test_hessian_streams_and_merges_exactly():
+    x, _ = _layer()
+    whole, first, second = HessianObserver(64), HessianObserver(64), HessianObserver(64)
+    whole.update(x)
+    first.update(x[:300])
+    second.update(x[300:])
+    first.merge(second)
+    np.testing.assert_allclose(first.hessian(), whole.hessian(), rtol=1e-6)
+    np.testing.assert_allclose(whole.hessian(), 2 * x.T.astype(np.float64) @ x / len(x), rtol=1e-5)
+
+
+def test_dead_inputs_are_zeroed():
+    x, w = _layer()
+    x[:, 7] = 0.0
+    observer = HessianObserver(64)
+    observer.update(x)
+    result = gptq(w, observer.hessian(), WeightQuant(QType.INT8, Granularity.PER_CHANNEL, None, True))
+    assert np.all(result.dequantize()[:, 7] == 0)
