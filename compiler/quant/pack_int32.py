@@ -1,0 +1,41 @@
+"""Dense int32 packing of sub-8-bit values, the layout of compressed-tensors' `pack-quantized` format
+(the torch backend's safetensors output): element i of a row takes bits [i·b, i·b + b) of the row's
+little-endian bit stream, values offset by 2^(b-1) into the unsigned range, no padding bits between
+elements, the last word zero-filled."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def pack_to_int32(values: np.ndarray, bits: int) -> np.ndarray:
+    """[rows, cols] signed values (int8, in [-2^(b-1), 2^(b-1))) → [rows, ceil(cols·b/32)] int32."""
+    if not 1 <= bits <= 8:
+        raise ValueError(f"bits must be in [1, 8], not {bits}")
+    v = np.asarray(values).astype(np.int64) + (1 << (bits - 1))
+    rows, cols = v.shape
+    words = math.ceil(cols * bits / 32)
+    start = np.arange(cols, dtype=np.int64) * bits
+    word, offset = start // 32, start % 32
+    out = np.zeros((rows, words + 1), np.uint64)
+    low = (v << offset[None, :]).astype(np.uint64) & np.uint64(0xFFFFFFFF)
+    np.add.at(out, (slice(None), word), low)
+    spill = offset + bits > 32  # elements that cross into the next word
+    if spill.any():
+        high = (v[:, spill] >> (32 - offset[spill])[None, :]).astype(np.uint64)
+        np.add.at(out, (slice(None), word[spill] + 1), high)
+    return out[:, :words].astype(np.uint32).view(np.int32)
+
+
+def unpack_from_int32(packed: np.ndarray, bits: int, cols: int) -> np.ndarray:
+    """The inverse: [rows, words] int32 → [rows, cols] int8 signed values."""
+    p = np.asarray(packed).view(np.uint32).astype(np.uint64)
+    p = np.concatenate([p, np.zeros((p.shape[0], 1), np.uint64)], axis=1)
+    start = np.arange(cols, dtype=np.int64) * bits
+    word, offset = start // 32, start % 32
+    stream = p[:, word] | (p[:, word + 1] << np.uint64(32))
+    mask = np.uint64((1 << bits) - 1)
+    values = (stream >> offset.astype(np.uint64)[None, :]) & mask
+    return (values.astype(np.int64) - (1 << (bits - 1))).astype(np.int8)
