@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from pathlib import Path
 
 from compiler.models.builtin import cache_dir
 
 
 def content_hash(folder: Path) -> str:
+    """A hash of the folder's config and weights. Computed once per state of the files (name, size,
+    mtime): a compile asks several times and the weights can be gigabytes."""
+    files = sorted(folder.glob("*.json")) + sorted(folder.glob("*.safetensors"))
+    return _hash(tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+
+
+@lru_cache(maxsize=16)
+def _hash(files: tuple[tuple[str, int, int], ...]) -> str:
     digest = hashlib.sha256(b"qrc-export-v1")
-    for path in sorted(folder.glob("*.json")) + sorted(folder.glob("*.safetensors")):
+    for name, _, _ in files:
+        path = Path(name)
         digest.update(path.name.encode())
         with path.open("rb") as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):

@@ -4,6 +4,7 @@ nodes in execution order, and which values are weights, graph inputs and graph o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 _ELEM_BYTES = {1: 4, 2: 1, 3: 1, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2, 17: 1, 19: 1}
 
@@ -36,7 +37,7 @@ class Node:
     outputs: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class GraphSummary:
     values: tuple[Value, ...]
     nodes: tuple[Node, ...]
@@ -45,20 +46,14 @@ class GraphSummary:
     batch_symbol: str
 
     def value(self, name: str) -> Value | None:
-        return self._by_name().get(name)
+        return self._by_name.get(name)
 
+    @cached_property
     def _by_name(self) -> dict[str, Value]:
-        cache = _VALUE_CACHE.get(id(self))
-        if cache is None or cache[0] is not self:
-            cache = (self, {v.name: v for v in self.values})
-            _VALUE_CACHE[id(self)] = cache
-        return cache[1]
+        return {v.name: v for v in self.values}
 
     def producers(self) -> dict[str, Node]:
         return {out: node for node in self.nodes for out in node.outputs}
-
-
-_VALUE_CACHE: dict[int, tuple[GraphSummary, dict[str, Value]]] = {}
 
 
 def summarize(model, weights: set[str]) -> GraphSummary:

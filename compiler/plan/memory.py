@@ -76,15 +76,12 @@ def _segment_weights(w: Workload) -> int:
     if not sizes:
         return outside
     blocks = list(sizes)
-    before = sum(x.bytes for x in w.index.layers if not x.block and _before_blocks(w, x))
+    layers = w.index.layers
+    first = next((i for i, x in enumerate(layers) if x.block), len(layers))
+    before = sum(x.bytes for x in layers[:first])
     sizes[blocks[0]] += before
     sizes[blocks[-1]] += outside - before
     return max(sizes.values())
-
-
-def _before_blocks(w: Workload, layer) -> bool:
-    first = next((i for i, x in enumerate(w.index.layers) if x.block), len(w.index.layers))
-    return w.index.layers.index(layer) < first
 
 
 def _largest_segment(w: Workload, chunk: int, outputs: bool = False) -> tuple[int, int]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from compiler.ir.types import Granularity, Rounding, WeightQuant
+from compiler.quant import qparams
 from compiler.quant.weights import QuantizedWeight, quantize_weight
 
 DAMPENING = 0.01
@@ -96,8 +97,6 @@ def _scale_zp(params: _Params, column: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _limits(params: _Params) -> tuple[int, int]:
-    from compiler.quant import qparams
-
     return qparams.qrange(params.spec.qtype, False)
 
 

@@ -15,6 +15,7 @@ from compiler.ir.types import Granularity, Group, GroupPolicy, RecipeIR, Scheme
 from compiler.ir.values import Diagnostics
 from compiler.models.names import compress
 from compiler.resolve.assignment import Assignment
+from compiler.resolve.model_checks import closest_names
 
 # `group auto qkv`: the member spellings it knows, and fused projections (one member: nothing to align).
 QKV_SPELLINGS = (("q_proj", "k_proj", "v_proj"), ("query", "key", "value"), ("Wq", "Wk", "Wv"), ("q", "k", "v"))
@@ -106,7 +107,7 @@ def _instances(group: Group, names: list[str], diags: Diagnostics) -> list[Insta
         instances = pattern_instances(group.pattern, names)
         if not instances:
             diags.error("Q201", f'group pattern "{group.pattern}" matches no layer', group.span,
-                        f"0 of {len(names)} layers", help="closest names: " + ", ".join(_closest(group.pattern, names)))
+                        f"0 of {len(names)} layers", help="closest names: " + ", ".join(closest_names(group.pattern, names)))
         return instances
     instances = auto_qkv_instances(names)
     if not instances and not has_fused_qkv(names):
@@ -114,12 +115,6 @@ def _instances(group: Group, names: list[str], diags: Diagnostics) -> list[Insta
                       help="it looks for q/k/v_proj, query/key/value and Wq/Wk/Wv; write the pattern yourself: "
                       'group "*.attn.{q,k,v}"')
     return instances
-
-
-def _closest(pattern: str, names: list[str]) -> list[str]:
-    from compiler.resolve.model_checks import closest_names
-
-    return closest_names(pattern, names)
 
 
 def _report_missing(group: Group, instances: list[Instance], diags: Diagnostics) -> None:
