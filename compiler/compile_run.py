@@ -70,14 +70,17 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
             raise CompileFailed(planned.diagnostics)
     ir = planned.check.ir
     destination = output_path(planned, output)
-    if destination.exists() and destination.is_dir():
-        raise CompileFailed((error("Q413", f"output `{destination}` is a folder", ir.span, "not a file",
-                                   help="give a file path ending in .onnx"),))
-    if ir.backend is Backend.TORCH:
-        raise CompileFailed((error("Q400", "the torch backend is not available yet", ir.span, "backend torch",
-                                   help="use an ONNX model or `backend onnx`; `qrc plan` works for torch recipes"),))
+    torch_backend = ir.backend is Backend.TORCH
+    if destination.exists() and destination.is_dir() != torch_backend:
+        what, want = ("a file", "a folder path (safetensors output)") if torch_backend else ("a folder", "a file path ending in .onnx")
+        raise CompileFailed((error("Q413", f"output `{destination}` is {what}", ir.span, "wrong kind of output",
+                                   help=f"give {want}"),))
     from compiler.backends import BackendError
-    from compiler.backends.onnx.execute import execute
+
+    if torch_backend:
+        from compiler.backends.torch.execute import execute
+    else:
+        from compiler.backends.onnx.execute import execute
 
     with _progress(console) as progress, _terminate_as_interrupt():
         try:

@@ -44,7 +44,7 @@ def _activations(a: ActivationQuant | None) -> str:
 
 
 def _scheme(s: Scheme) -> list[str]:
-    body = [_weights(s.weights), _activations(s.activations), f"rounding {s.rounding.value}"]
+    body = [_weights(s.weights), _activations(s.activations), f"rounding {s.rounding.value}" + (" act_order" if s.act_order else "")]
     if s.span is None:  # a preset named directly by a rule: shown, not redefined
         return [f"    # preset {s.name}: " + "; ".join(body)]
     base = f" = {s.base}" if s.base else ""

@@ -37,14 +37,16 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], diags: Diag
     for spec in (s for s in decl.specs if s.role == "activations"):
         activations = None if spec.is_none else _activations(spec.items, activations or DEFAULT_ACTIVATIONS, diags)
     _check_single(decl.specs, diags)
-    rounding = _rounding(decl.rounding, base.rounding if base else Rounding.RTN, diags)
+    kinds = tuple(k for k in decl.rounding if k.kind != "act_order")
+    rounding = _rounding(kinds, base.rounding if base else Rounding.RTN, diags)
+    act_order = _act_order(decl.rounding, rounding, base.act_order if base else False, diags)
     if weights is None:
         diags.error("Q206", f"scheme `{decl.name.value}` quantizes no weights", decl.name.span, "no `weights`",
                     help="add e.g. `weights int8 per_channel symmetric`, or refine a preset: "
                     f"`scheme {decl.name.value} = W8A16 {{ … }}`")
         return None
     base_name = decl.base.value if decl.base else None
-    return Scheme(decl.name.value, weights, activations, rounding, base_name, decl.name.span)
+    return Scheme(decl.name.value, weights, activations, rounding, base_name, decl.name.span, act_order)
 
 
 def _base(decl: ast.SchemeDecl, known: dict[str, Scheme], diags: Diagnostics) -> Scheme | None:
@@ -74,6 +76,14 @@ def _rounding(items: tuple[ast.Keyword, ...], default: Rounding, diags: Diagnost
     for extra in items[1:]:
         diags.error("Q215", "`rounding` given twice in one scheme", extra.span, "second one")
     return Rounding(items[0].value) if items else default
+
+
+def _act_order(items: tuple[ast.Keyword, ...], rounding: Rounding, inherited: bool, diags: Diagnostics) -> bool:
+    flag = next((k for k in items if k.kind == "act_order"), None)
+    if flag is not None and rounding is not Rounding.GPTQ:
+        diags.error("Q238", f"`act_order` applies to `rounding gptq`, not `{rounding.value}`", flag.span,
+                    "not gptq", help="write `rounding gptq act_order`, or drop `act_order`")
+    return rounding is Rounding.GPTQ and (inherited or flag is not None)
 
 
 def _set_once(seen: dict[str, ast.QSpecItem], item: ast.QSpecItem, slot: str, diags: Diagnostics) -> bool:

@@ -135,6 +135,7 @@ class Scheme:
     rounding: Rounding
     base: str | None = None  # the preset or scheme it refines
     span: Span | None = None  # None for presets and `none`
+    act_order: bool = False  # gptq: columns in order of decreasing Hessian diagonal
 
     @property
     def is_none(self) -> bool:

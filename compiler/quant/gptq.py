@@ -14,7 +14,7 @@ import numpy as np
 
 from compiler.ir.types import Granularity, Rounding, WeightQuant
 from compiler.quant import qparams
-from compiler.quant.weights import QuantizedWeight, quantize_weight
+from compiler.quant.weights import Convention, QuantizedWeight, quantize_weight
 
 DAMPENING = 0.01
 BLOCK = 128
@@ -45,7 +45,8 @@ class HessianObserver:
         return (self.sum / max(self.rows, 1)).astype(np.float32)
 
 
-def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool = False) -> QuantizedWeight:
+def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool = False,
+         convention: Convention = Convention.ORT, scale_dtype=np.float32) -> QuantizedWeight:
     """Quantize `w` laid out [out, in] (torch Linear) with GPTQ. Returns a QuantizedWeight in that layout
     (channel axis 0, groups along axis 1)."""
     w = np.array(w, np.float32)
@@ -57,7 +58,7 @@ def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool 
     w, h = w[:, order], h[np.ix_(order, order)]
     h += DAMPENING * np.mean(np.diag(h)) * np.eye(h.shape[0])
     hinv = np.linalg.cholesky(np.linalg.inv(h)).T  # upper factor of H⁻¹
-    params = _params(w, spec, order)  # scales from the whole (float) weight, as RTN would choose them
+    params = _params(w, spec, order, convention, scale_dtype)  # scales from the whole (float) weight, as RTN would choose them
     q = np.zeros_like(w)
     for start in range(0, w.shape[1], BLOCK):
         end = min(start + BLOCK, w.shape[1])
@@ -80,10 +81,10 @@ class _Params:
     spec: WeightQuant
 
 
-def _params(w: np.ndarray, spec: WeightQuant, order: np.ndarray) -> _Params:
+def _params(w: np.ndarray, spec: WeightQuant, order: np.ndarray, convention: Convention, scale_dtype) -> _Params:
     original = np.empty_like(w)
     original[:, order] = w
-    return _Params(quantize_weight(original, spec, Rounding.RTN, channel_axis=0, input_axis=1), spec)
+    return _Params(quantize_weight(original, spec, Rounding.RTN, 0, 1, convention, scale_dtype), spec)
 
 
 def _scale_zp(params: _Params, column: int) -> tuple[np.ndarray, np.ndarray]:

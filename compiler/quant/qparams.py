@@ -66,3 +66,42 @@ def quantize_unsigned4(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray)
     """MLAS rounding into [0, 15]: x · (1/scale) rounded, plus the zero point (a zero scale gives the zero point)."""
     inverse = np.where(scale != 0, np.float32(1.0) / np.where(scale != 0, scale, 1), 0).astype(np.float32)
     return np.clip(np.round(x.astype(np.float32) * inverse) + zero_point, 0, 15).astype(np.uint8)
+
+
+def torch_scale_zero_point(rmin: np.ndarray, rmax: np.ndarray, qtype: QType, symmetric: bool,
+                           scale_dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """compressed-tensors' calculate_qparams (the torch backend's convention, what vLLM and transformers
+    read): 0 in range; symmetric scale = absmax / (range / 2) with zero point 0 and the full signed range
+    (int4 [-8, 7], int8 [-128, 127]); asymmetric scale = (max - min) / range, zero point
+    clip(round(qmin - min / scale)). The scale is rounded to the dtype it is stored in, then used as
+    stored; an all-zero range gets the smallest normal scale (its values quantize to the zero point)."""
+    qmin, qmax = _RANGES[qtype]
+    rmin = np.minimum(np.asarray(rmin, np.float32), 0.0)
+    rmax = np.maximum(np.asarray(rmax, np.float32), 0.0)
+    if symmetric:
+        scale = np.maximum(np.abs(rmin), np.abs(rmax)) / np.float32((qmax - qmin) / 2)
+    else:
+        scale = (rmax - rmin) / np.float32(qmax - qmin)
+    scale = np.asarray(scale, np.float32)
+    scale = np.where(scale > 0, scale, np.finfo(np.float32).tiny)
+    scale = _round_to(scale, scale_dtype)
+    if symmetric:
+        return scale, np.zeros(scale.shape, np.int32)
+    zp = np.clip(np.round(qmin - rmin / scale), qmin, qmax)
+    return scale, zp.astype(np.int32)
+
+
+def _round_to(values: np.ndarray, dtype) -> np.ndarray:
+    """float32 values rounded to a storage dtype (float16 or bfloat16 via torch) and back, kept positive."""
+    if dtype in (np.float32, "float32"):
+        return values
+    import torch
+
+    stored = torch.from_numpy(values).to(getattr(torch, str(dtype))).float().numpy()
+    return np.where(stored > 0, stored, np.float32(torch.finfo(getattr(torch, str(dtype))).tiny)).astype(np.float32)
+
+
+def quantize_full_range(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, qtype: QType) -> np.ndarray:
+    """round(x / scale) + zero point, clipped to the type's full range, as signed/unsigned integers."""
+    lo, hi = _RANGES[qtype]
+    return np.clip(np.round(x.astype(np.float32) / scale) + zero_point, lo, hi).astype(NP_TYPES[qtype])

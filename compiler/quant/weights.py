@@ -3,6 +3,7 @@ mse clipping search (a shrink factor per channel/block, vectorised over all of t
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,6 +12,14 @@ from compiler.ir.types import Granularity, QType, Rounding, WeightQuant
 from compiler.quant import qparams
 
 MSE_GRID = tuple(np.round(np.linspace(1.0, 0.5, 11), 2))  # shrink factors of the range, 1.0 first
+
+
+class Convention(enum.Enum):
+    """Whose scale/zero-point rules: onnxruntime's and MLAS's (ONNX backend), or compressed-tensors'
+    (torch backend: positive scales, symmetric zero point 0, signed values in the full range)."""
+
+    ORT = "ort"
+    TORCH = "torch"
 
 
 @dataclass(frozen=True)
@@ -37,15 +46,18 @@ class QuantizedWeight:
         return ((self.q.astype(np.float32) - zp) * scale).astype(np.float32)
 
 
-def quantize_weight(w: np.ndarray, spec: WeightQuant, rounding: Rounding, channel_axis: int, input_axis: int) -> QuantizedWeight:
-    """Quantize `w` (float32). `channel_axis` is the output-channel axis, `input_axis` the axis groups run along."""
+def quantize_weight(w: np.ndarray, spec: WeightQuant, rounding: Rounding, channel_axis: int, input_axis: int,
+                    convention: Convention = Convention.ORT, scale_dtype=np.float32) -> QuantizedWeight:
+    """Quantize `w` (float32). `channel_axis` is the output-channel axis, `input_axis` the axis groups run
+    along; `scale_dtype` is what the scales are stored as (torch convention: the model's float dtype)."""
     w = np.asarray(w, np.float32)
     rows, restore, axis, block = _blocked(w, spec, channel_axis, input_axis)  # [G, L]: one row per scale
-    scale, zp = _mse_params(rows, spec) if rounding is Rounding.MSE else _params(rows, spec, 1.0)
-    q = restore(_quantize(rows, scale[:, None], zp[:, None], spec))
+    rules = _Rules(spec, convention, scale_dtype)
+    scale, zp = _mse_params(rows, rules) if rounding is Rounding.MSE else rules.params(rows, 1.0)
+    q = restore(rules.quantize(rows, scale[:, None], zp[:, None]))
     scale = _param_layout(scale, w, spec, input_axis)
     zp = _param_layout(zp, w, spec, input_axis).astype(np.int32)
-    if spec.qtype is QType.INT4:  # MLAS works in [0, 15]; the signed type is that minus 8
+    if spec.qtype is QType.INT4 and convention is Convention.ORT:  # MLAS works in [0, 15]; signed is that minus 8
         q, zp = (q.astype(np.int16) - 8).astype(np.int8), zp - 8
     return QuantizedWeight(q, scale, zp, spec.qtype, axis, block)
 
@@ -80,27 +92,39 @@ def _param_layout(values: np.ndarray, w: np.ndarray, spec: WeightQuant, input_ax
     return np.moveaxis(values.reshape(inner_shape), -1, input_axis)
 
 
-def _params(rows: np.ndarray, spec: WeightQuant, alpha: float):
-    mn, mx = rows.min(axis=1) * alpha, rows.max(axis=1) * alpha
-    if spec.qtype.bits == 4:
-        signed = np.take_along_axis(rows, np.abs(rows).argmax(axis=1)[:, None], axis=1)[:, 0] * np.float32(alpha)
-        return qparams.mlas_int4(mn, mx, signed, spec.symmetric)
-    return qparams.scale_zero_point(mn, mx, spec.qtype, spec.symmetric)
+@dataclass(frozen=True)
+class _Rules:
+    """Scale/zero-point choice and rounding of one scheme under one convention."""
+
+    spec: WeightQuant
+    convention: Convention
+    scale_dtype: object
+
+    def params(self, rows: np.ndarray, alpha: float):
+        spec = self.spec
+        mn, mx = rows.min(axis=1) * alpha, rows.max(axis=1) * alpha
+        if self.convention is Convention.TORCH:
+            return qparams.torch_scale_zero_point(mn, mx, spec.qtype, spec.symmetric, self.scale_dtype)
+        if spec.qtype.bits == 4:
+            signed = np.take_along_axis(rows, np.abs(rows).argmax(axis=1)[:, None], axis=1)[:, 0] * np.float32(alpha)
+            return qparams.mlas_int4(mn, mx, signed, spec.symmetric)
+        return qparams.scale_zero_point(mn, mx, spec.qtype, spec.symmetric)
+
+    def quantize(self, rows: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> np.ndarray:
+        if self.convention is Convention.TORCH:
+            return qparams.quantize_full_range(rows, scale, zp, self.spec.qtype)
+        if self.spec.qtype.bits == 4:
+            return qparams.quantize_unsigned4(rows, scale, zp)
+        return qparams.quantize(rows, scale, zp, self.spec.qtype, self.spec.symmetric)
 
 
-def _quantize(rows: np.ndarray, scale: np.ndarray, zp: np.ndarray, spec: WeightQuant) -> np.ndarray:
-    if spec.qtype.bits == 4:
-        return qparams.quantize_unsigned4(rows, scale, zp)
-    return qparams.quantize(rows, scale, zp, spec.qtype, spec.symmetric)
-
-
-def _mse_params(rows: np.ndarray, spec: WeightQuant):
+def _mse_params(rows: np.ndarray, rules: _Rules):
     """The shrink factor with the lowest squared error, chosen per row; ties keep the wider range."""
     best_err = np.full(rows.shape[0], np.inf)
     best_scale = best_zp = None
     for alpha in MSE_GRID:
-        scale, zp = _params(rows, spec, alpha)
-        q = _quantize(rows, scale[:, None], zp[:, None], spec)
+        scale, zp = rules.params(rows, alpha)
+        q = rules.quantize(rows, scale[:, None], zp[:, None])
         err = np.square((q.astype(np.float32) - zp[:, None]) * scale[:, None] - rows).sum(axis=1)
         better = err < best_err
         best_err = np.where(better, err, best_err)

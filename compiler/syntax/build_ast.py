@@ -17,7 +17,7 @@ _SETTING_KEYS = {
 _QSPEC_FIELDS = {"dtype": "dtype", "granularity": "granularity", "group_size": "group",
                  "symmetry": "symmetry", "act_mode": "mode"}
 _KEYWORD_RULES = {"backend_kind", "rounding_kind", "policy_kind", "score_metric", "sensitivity_metric",
-                  "memory_mode", "verify_metric", "bound_kind", "emit_format"}
+                  "memory_mode", "verify_metric", "bound_kind", "emit_format", "act_order"}
 
 
 def _unescape(body: str) -> str:
@@ -113,7 +113,7 @@ class AstBuilder(Transformer):
         body = rest[0] if rest else ()
         bare = tuple(c for c in body if isinstance(c, ast.QSpecItem))
         specs = tuple(c for c in body if isinstance(c, ast.QuantSpec))
-        rounding = tuple(c for c in body if isinstance(c, ast.Keyword))
+        rounding = tuple(k for c in body for k in (c if isinstance(c, tuple) else (c,)) if isinstance(k, ast.Keyword))
         return ast.SchemeDecl(name, base, bare, specs, rounding, self._span(meta))
 
     def scheme_body(self, meta, children):
@@ -129,7 +129,7 @@ class AstBuilder(Transformer):
         return ast.QuantSpec("activations", (), True, self._span(meta))
 
     def rounding_spec(self, meta, children):
-        return children[0]
+        return tuple(children)  # the rounding kind, then `act_order` when given
 
     def _qspec(self, rule, children, meta):
         value = children[0]

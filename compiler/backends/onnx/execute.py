@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +13,11 @@ from compiler.backends import BackendError
 from compiler.backends.onnx import data, emit, rewrite
 from compiler.backends.onnx.calibrate import calibrate, session_from_path
 from compiler.backends.onnx.files import ModelFiles, load_remaining, open_model
-from compiler.backends.onnx.verify import Agreement, passes
+from compiler.backends.onnx.verify import Agreement
 from compiler.backends.release import release_memory
+from compiler.backends.result import CompileResult, judge
 from compiler.backends.rss import RssSampler
-from compiler.diagnostics import Diagnostic, error, warning
+from compiler.diagnostics import error, warning
 from compiler.ir.printer import print_ir
 from compiler.ir.types import ActivationMode, EmitFormat, Granularity, MemoryMode, RecipeIR
 from compiler.models import builtin, resolve_path
@@ -30,20 +29,6 @@ from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
 from compiler.resolve.assignment import Assignment
 
 Progress = Callable[[str, int], Callable[[], None]]  # (stage, total) → advance-by-one
-
-
-@dataclass
-class CompileResult:
-    output: Path
-    files: list[Path]
-    plan: Plan
-    peak_rss: int = 0
-    calibration_seconds: float = 0.0
-    total_seconds: float = 0.0
-    verify: dict[str, float] | None = None
-    verify_passed: bool | None = None
-    warnings: list[Diagnostic] = field(default_factory=list)
-    rss_samples: list[tuple[float, int, str]] = field(default_factory=list)
 
 
 def model_path(ref: str) -> Path:
@@ -238,7 +223,7 @@ def _verify(ir, assignment, source: Path, output: Path, progress, result: Compil
         feed = {k: x for k, x in feed.items() if k in inputs}
         agreement.update(reference.run([first], feed)[0], candidate.run([first], feed)[0], feed.get("attention_mask"))
         advance()
-    _judge(ir, output, agreement, result)
+    judge(ir, output, agreement, result)
 
 
 def _verify_offload(ir, assignment, files: ModelFiles, output: Path, progress, result: CompileResult) -> None:
@@ -267,19 +252,4 @@ def _verify_offload(ir, assignment, files: ModelFiles, output: Path, progress, r
     finally:
         cache.close()
         emitted.close()
-    _judge(ir, output, agreement, result)
-
-
-def _judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None:
-    v = ir.verify
-    result.verify = agreement.figures()
-    value = agreement.value(v.metric)
-    result.verify_passed = passes(value, v.bound, v.threshold)
-    if not result.verify_passed:
-        report = output.with_name(output.name + ".verify.json")
-        report.write_text(json.dumps({"metric": v.metric.value, "bound": v.bound.value, "threshold": v.threshold,
-                                      "value": value, "figures": result.verify}, indent=2) + "\n")
-        raise BackendError(error("Q501", f"verification failed: {v.metric.value} = {value:.6g}, the recipe asks "
-                                 f"{v.bound.value} {v.threshold:g}", ir.verify.span_of("bound") or ir.verify.span_of("metric")
-                                 or ir.span, "not met", help=f"the emitted model is left at {output} with the figures "
-                                 f"in {report.name}; try a wider scheme for sensitive layers or `method percentile`"))
+    judge(ir, output, agreement, result)

@@ -215,6 +215,12 @@ class TinyCnn(nn.Module):
 _FORMS = {"tiny-llama": (TinyLlama, tiny_llama), "tiny-bert": (TinyBert, tiny_bert), "tiny-cnn": (TinyCnn, tiny_cnn)}
 
 
+def skeleton(ref: str) -> nn.Module:
+    """The PyTorch form of `builtin:…` without its weights loaded (under `parameters_on_meta`, no memory)."""
+    name, spec = parse_ref(ref)
+    return _FORMS[name][0](spec)
+
+
 def torch_model(ref: str) -> nn.Module:
     """The PyTorch form of `builtin:…`, with the weights of its ONNX form."""
     name, spec = parse_ref(ref)

@@ -1,0 +1,45 @@
+"""What a backend returns from a compile, and the verdict on its verification figures (shared by the
+ONNX and torch backends)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from compiler.backends import BackendError
+from compiler.backends.onnx.verify import Agreement, passes
+from compiler.diagnostics import Diagnostic, error
+from compiler.plan.ops import Plan
+
+
+@dataclass
+class CompileResult:
+    output: Path
+    files: list[Path]
+    plan: Plan
+    peak_rss: int = 0
+    calibration_seconds: float = 0.0
+    total_seconds: float = 0.0
+    verify: dict[str, float] | None = None
+    verify_passed: bool | None = None
+    warnings: list[Diagnostic] = field(default_factory=list)
+    rss_samples: list[tuple[float, int, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the run decided that the plan could not know
+
+
+def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None:
+    """Record the figures; below the recipe's bound, leave the model with a `.verify.json` report and
+    raise Q501."""
+    v = ir.verify
+    result.verify = agreement.figures()
+    value = agreement.value(v.metric)
+    result.verify_passed = passes(value, v.bound, v.threshold)
+    if not result.verify_passed:
+        report = output.with_name(output.name + ".verify.json")
+        report.write_text(json.dumps({"metric": v.metric.value, "bound": v.bound.value, "threshold": v.threshold,
+                                      "value": value, "figures": result.verify}, indent=2) + "\n")
+        raise BackendError(error("Q501", f"verification failed: {v.metric.value} = {value:.6g}, the recipe asks "
+                                 f"{v.bound.value} {v.threshold:g}", ir.verify.span_of("bound") or ir.verify.span_of("metric")
+                                 or ir.span, "not met", help=f"the emitted model is left at {output} with the figures "
+                                 f"in {report.name}; try a wider scheme for sensitive layers or `method percentile`"))

@@ -1,0 +1,82 @@
+"""Read tensors from safetensors files one at a time, with positioned reads (no long-lived mmap: pages of
+blocks already done do not stay in the process's resident set)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from compiler.backends import BackendError
+from compiler.diagnostics import error
+
+DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+          "BOOL": torch.bool}
+CODES = {v: k for k, v in DTYPES.items()}
+_MAX_HEADER = 100 << 20
+
+
+@dataclass(frozen=True)
+class Entry:
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # absolute offset in the file
+    end: int
+
+
+class Checkpoint:
+    """Every tensor of the *.safetensors files of a folder, by name."""
+
+    def __init__(self, folder: Path):
+        self.entries: dict[str, Entry] = {}
+        for path in sorted(Path(folder).glob("*.safetensors")):
+            self.entries.update(_read_header(path))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def read(self, name: str) -> torch.Tensor:
+        entry = self.entries[name]
+        size = entry.end - entry.start
+        buffer = bytearray(size)
+        with open(entry.file, "rb", buffering=0) as handle:
+            handle.seek(entry.start)
+            view, done = memoryview(buffer), 0
+            while done < size:
+                got = handle.readinto(view[done:])
+                if not got:
+                    raise BackendError(error("Q404", f"`{entry.file.name}` ends inside tensor `{name}`", None,
+                                             "truncated file", help="the checkpoint is incomplete; re-save it"))
+                done += got
+        dtype = DTYPES[entry.dtype]
+        if size == 0:
+            return torch.empty(entry.shape, dtype=dtype)
+        return torch.frombuffer(buffer, dtype=dtype).reshape(entry.shape)
+
+
+def _read_header(path: Path) -> dict[str, Entry]:
+    with path.open("rb") as handle:
+        head = handle.read(8)
+        size = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if not 0 < size <= _MAX_HEADER:
+            raise BackendError(error("Q404", f"`{path.name}` is not a safetensors file", None, "bad header",
+                                     help="the 8-byte header length is missing or implausible"))
+        header = json.loads(handle.read(size))
+    base = 8 + size
+    file_size = os.path.getsize(path)
+    entries = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = (base + int(o) for o in info["data_offsets"])
+        if end > file_size or info["dtype"] not in DTYPES:
+            raise BackendError(error("Q404", f"tensor `{name}` in `{path.name}` is truncated or of an unknown dtype",
+                                     None, "unreadable tensor", help="re-save the checkpoint"))
+        entries[name] = Entry(path, info["dtype"], tuple(info["shape"]), start, end)
+    return entries

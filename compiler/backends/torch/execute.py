@@ -1,0 +1,353 @@
+"""Execute a plan on PyTorch, block by block (ALGORITHMS.md, Block-wise execution):
+
+1. run the calibration (and verification) samples up to the first block and cache its inputs;
+2. per block: load its weights (offload: from the checkpoint), collect statistics with hooks, quantize,
+   write its tensors, run the quantized block to produce the next block's inputs, free it;
+3. what comes after the blocks runs on the cached last hidden states (its layers quantized the same way);
+4. every tensor left unquantized is copied from the checkpoint; the folder appears atomically.
+
+`full` keeps the model resident and runs it whole with hooks. Verification runs float and quantized
+streams side by side through the same blocks, so it never needs a second copy of the model."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from compiler.backends import BackendError
+from compiler.backends.onnx import data
+from compiler.backends.onnx.verify import Agreement
+from compiler.backends.release import release_memory
+from compiler.backends.result import CompileResult, judge
+from compiler.backends.rss import RssSampler
+from compiler.backends.torch import streams
+from compiler.backends.torch.compressed import TensorSpec, layer_specs, layer_tensors, quantization_config
+from compiler.backends.torch.devices import place
+from compiler.backends.torch.layers import Job, Statistics, apply_quantized, input_qparams, quantize_job
+from compiler.backends.torch.model import TorchModel, open_model
+from compiler.backends.torch.support import check_supported
+from compiler.backends.torch.writer import FolderWriter
+from compiler.diagnostics import warning
+from compiler.ir.printer import print_ir
+from compiler.ir.types import MemoryMode, RecipeIR
+from compiler.models.index import TensorInfo
+from compiler.plan.ops import Plan
+from compiler.resolve.assignment import Assignment
+
+_SKIPPED_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".onnx", ".onnx.data", ".h5",
+                  ".msgpack")
+
+
+def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress) -> CompileResult:
+    check_supported(ir, assignment)
+    result = CompileResult(output, [], plan)
+    start = time.perf_counter()
+    with RssSampler() as rss:
+        model = open_model(ir.model, assignment.model.blocks, ir.model_span)
+        run = _Run(ir, assignment, model, result, progress, rss)
+        try:
+            run.go(plan.decision.mode, start)
+        except BaseException:
+            run.writer.abort()
+            raise
+        finally:
+            run.close()
+    result.peak_rss, result.rss_samples = rss.peak, rss.samples
+    result.total_seconds = time.perf_counter() - start
+    return result
+
+
+class _Run:
+    def __init__(self, ir: RecipeIR, assignment: Assignment, model: TorchModel, result: CompileResult, progress, rss):
+        self.ir, self.assignment, self.model, self.result, self.progress, self.rss = ir, assignment, model, result, progress, rss
+        self.jobs = _jobs(model, assignment)
+        self.stats = None
+        self.writer = FolderWriter(result.output, _output_specs(model, self.jobs))
+        self.disk = Path(ir.memory.disk) if ir.memory.disk else None
+        if self.disk is not None:
+            self.disk.mkdir(parents=True, exist_ok=True)
+        self.index = dataclasses.replace(assignment.model, inputs=_inputs(assignment.model, model))
+        self.caches: list[streams.HiddenCache] = []
+        self.hooks: list = []
+
+    # ---- the whole run ----------------------------------------------------------------------------
+    def go(self, mode: MemoryMode, start: float) -> None:
+        devices = {}
+        if mode is MemoryMode.MULTI_GPU:
+            devices, note = place(self.model, self.ir.memory.vram)
+            self.result.notes.append(note)
+            if not devices:
+                mode = MemoryMode.LOW_MEMORY
+                self.result.warnings.append(warning("Q407", f"multi_gpu fell back to low_memory: {note}",
+                                                    self.ir.memory.span_of("mode"), "ran on the CPU",
+                                                    help="give `vram` for the GPUs present, or use `mode low_memory`"))
+        self.mode = mode
+        cal = self._stream("calibration", self._calibration_feeds()) if any(j.needs_data for j in self.jobs) else None
+        verify = self._verify_streams()
+        blockwise = mode is not MemoryMode.FULL and bool(self.model.blocks)
+        if blockwise:
+            self._blockwise(cal, verify, devices)
+        else:
+            self._whole(cal, verify)
+        self.result.calibration_seconds = time.perf_counter() - start
+        self.rss.phase = "emit"
+        self._copy_unquantized()
+        self._write_metadata()
+        self.result.files = self.writer.finish()
+        if verify is not None:
+            judge(self.ir, self.result.output, verify[2], self.result)
+
+    def close(self) -> None:
+        for cache in self.caches:
+            cache.close()
+        for hook in self.hooks:
+            hook.remove()
+        release_memory()
+
+    # ---- inputs -----------------------------------------------------------------------------------
+    def _stream(self, name: str, batches) -> streams.Stream:
+        cache = streams.HiddenCache(self.model.dtype, self.disk if self.mode is MemoryMode.OFFLOAD else None)
+        self.caches.append(cache)
+        return streams.Stream(name, [_torch_feed(f) for f in batches], cache)
+
+    def _calibration_feeds(self):
+        return data.calibration_batches(self.ir.calibration.data, self.index, self.ir.calibration.chunk)
+
+    def _verify_streams(self):
+        v = self.ir.verify
+        if v is None:
+            return None
+        batches, overlaps = data.verify_batches(self.ir.calibration.data, self.index, v.samples,
+                                                min(self.ir.calibration.chunk, v.samples))
+        if overlaps:
+            self.result.warnings.append(warning("Q406", "verification reuses calibration samples: the data file is too "
+                                                "short", self.ir.calibration.data.span_of("data"), "not held out",
+                                                help=f"add at least {v.samples} samples beyond `samples` to the file"))
+        batches = list(batches)
+        return self._stream("verify (float)", batches), self._stream("verify (quantized)", batches), Agreement()
+
+    def _call(self, feed: dict):
+        kwargs = dict(feed)
+        if self.model.accepts_use_cache:
+            kwargs["use_cache"] = False
+        with torch.no_grad():
+            out = self.model.module(**kwargs)
+        return out[0] if isinstance(out, (tuple, list)) or hasattr(out, "to_tuple") else out
+
+    def _new_forward(self):
+        if self.stats is not None:
+            self.stats.new_forward()
+
+    # ---- full: the model resident, run whole ------------------------------------------------------
+    def _whole(self, cal, verify) -> None:
+        self.rss.phase = "load"
+        self.model.materialize(list(self.model.keys))
+        reference = []
+        if verify is not None:
+            self.rss.phase = "verify"
+            reference = [self._call(f).float() for f in verify[0].feeds]
+        self.rss.phase = "calibrate"
+        with Statistics(self.model.module, self.jobs, self.ir.calibration) as stats:
+            self.stats = stats
+            if cal is not None:
+                advance = self.progress("calibrate", len(cal))
+                for feed in cal.feeds:
+                    stats.new_forward()
+                    self._call(feed)
+                    advance()
+            self.stats = None
+            self.rss.phase = "quantize"
+            self._quantize(self.jobs, stats)
+        if verify is not None:
+            self.rss.phase = "verify"
+            advance = self.progress("verify", len(verify[1]))
+            for feed, ref in zip(verify[1].feeds, reference, strict=True):
+                verify[2].update(ref.numpy(), self._call(feed).float().numpy(), _mask(feed))
+                advance()
+
+    # ---- block-wise: low_memory, offload, multi_gpu ------------------------------------------------
+    def _blockwise(self, cal, verify, devices: dict) -> None:
+        model, offload = self.model, self.mode is MemoryMode.OFFLOAD
+        outside = model.outside()
+        self.rss.phase = "load"
+        model.materialize(outside if offload or devices else list(model.keys))
+        head = [j for j in self.jobs if not _in_blocks(j, model)]
+        self.rss.phase = "calibrate"
+        container = model.block_modules()
+        with Statistics(model.module, head, self.ir.calibration) as stats:
+            self.stats = stats
+            for s in filter(None, (cal, verify and verify[0])):
+                streams.capture(model.module, container[0], s, self._call, self._new_forward)
+            self.stats = None
+        before = [j for j in head if _before_blocks(j, model)]
+        self._quantize(before, stats)
+        if verify is not None:
+            streams.capture(model.module, container[0], verify[1], self._call)
+        if offload:
+            model.release(outside)
+            release_memory()
+        advance = self.progress("blocks", len(model.blocks))
+        for number, name in enumerate(model.blocks):
+            self._block(number, name, cal, verify, devices.get(name, "cpu"), offload)
+            advance()
+        self._tail(cal, verify, [j for j in head if j not in before], offload)
+
+    def _block(self, number: int, name: str, cal, verify, device, offload: bool) -> None:
+        model = self.model
+        params = model.parameters_of(name)
+        if offload or device != "cpu":
+            model.materialize(params, device)
+        block = model.block_modules()[number]
+        jobs = [j for j in self.jobs if j.module.startswith(name + ".")]
+        with Statistics(model.module, jobs, self.ir.calibration) as stats:
+            if cal is not None:
+                streams.run_block(block, cal, device, None, stats.new_forward)
+        outputs = {}
+        if verify is not None:
+            outputs["float"] = self._next(block, verify[0], device)
+        hooks = self._quantize(jobs, stats)
+        if cal is not None:
+            outputs["cal"] = self._next(block, cal, device)
+        if verify is not None:
+            outputs["quant"] = self._next(block, verify[1], device)
+        for hook in hooks:
+            hook.remove()
+        for key, stream in (("cal", cal), ("float", verify and verify[0]), ("quant", verify and verify[1])):
+            if key in outputs:
+                stream.hidden.close()
+                stream.hidden = outputs[key]
+        if offload or device != "cpu":
+            model.release(params)
+        release_memory()
+
+    def _next(self, block, stream, device) -> streams.HiddenCache:
+        out = streams.HiddenCache(stream.hidden.dtype, self.disk if self.mode is MemoryMode.OFFLOAD else None)
+        self.caches.append(out)
+        with torch.no_grad():
+            streams.run_block(block, stream, device, out)
+        return out
+
+    def _tail(self, cal, verify, jobs: list[Job], offload: bool) -> None:
+        model = self.model
+        outside = model.outside()
+        if offload:
+            model.materialize(outside)
+        container = model.block_modules()
+        with Statistics(model.module, jobs, self.ir.calibration) as stats:
+            self.stats = stats
+            if cal is not None and any(j.needs_data for j in jobs):
+                streams.replay_tail(container, cal, self._call, stats.new_forward)
+            self.stats = None
+        reference = streams.replay_tail(container, verify[0], self._call) if verify is not None else None
+        hooks = self._quantize(jobs, stats)
+        if verify is not None:
+            self.rss.phase = "verify"
+            candidate = streams.replay_tail(container, verify[1], self._call)
+            for ref, cand, feed in zip(reference, candidate, verify[1].feeds, strict=True):
+                verify[2].update(ref.float().numpy(), cand.float().numpy(), _mask(feed))
+        for hook in hooks:
+            hook.remove()
+        if offload:
+            model.release(outside)
+
+    # ---- quantization and output -------------------------------------------------------------------
+    def _quantize(self, jobs: list[Job], stats: Statistics) -> list:
+        """Round each job's weight, write its tensors, and make its module compute like the emitted model."""
+        hooks = []
+        for job in jobs:
+            module = self.model.module.get_submodule(job.module)
+            q = quantize_job(job, module.weight, stats, self.model.dtype)
+            act = input_qparams(job, stats, self.ir.calibration, self.model.dtype)
+            if job.static_input and act is None:
+                self.result.warnings.append(warning(
+                    "Q405", f"the input of `{job.layer.name}` was never finite during calibration; its activations "
+                    "stay in float", job.scheme.span, "no range", help="check the calibration data"))
+            for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():
+                self.writer.put(name, tensor)
+            hook = apply_quantized(module, q, job, act)
+            if hook is not None:
+                hooks.append(hook)
+        self.hooks.extend(hooks)
+        return hooks
+
+    def _copy_unquantized(self) -> None:
+        replaced = {j.layer.weight for j in self.jobs}
+        for key in self.model.checkpoint.entries:
+            if key not in replaced:
+                self.writer.put(key, self.model.checkpoint.read(key))
+
+    def _write_metadata(self) -> None:
+        quantized = [(j.layer, j.scheme) for j in self.jobs]
+        done = {j.layer.name for j in self.jobs}
+        ignored = [a.layer.name for a in self.assignment.layers if a.layer.kind == "Linear" and a.layer.name not in done]
+        config = dict(self.model.config)
+        config["quantization_config"] = quantization_config(quantized, ignored)
+        self.writer.write_file("config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+        self.writer.write_file("qrc.recipe", print_ir(self.ir))
+        folder = self.model.folder
+        if folder is not None:
+            for path in sorted(folder.rglob("*")):
+                relative = path.relative_to(folder).as_posix()
+                if path.is_file() and relative != "config.json" and not relative.endswith(_SKIPPED_FILES):
+                    self.writer.copy_file(path, relative)
+
+
+def _jobs(model: TorchModel, assignment: Assignment) -> list[Job]:
+    by_key: dict[str, str] = {}
+    for param, key in model.keys.items():
+        by_key.setdefault(key, param)
+    jobs = []
+    for a in assignment.layers:
+        if a.scheme.is_none:
+            continue
+        param = by_key[a.layer.weight]
+        jobs.append(Job(param.removesuffix(".weight"), a.layer, a.scheme))
+    return jobs
+
+
+def _in_blocks(job: Job, model: TorchModel) -> bool:
+    return bool(model.container) and job.module.startswith(model.container + ".")
+
+
+def _before_blocks(job: Job, model: TorchModel) -> bool:
+    """Outside the blocks and before the first: it runs before the forward pass reaches the blocks."""
+    order = [name for name, _ in model.module.named_modules()]
+    first = order.index(model.blocks[0]) if model.blocks else len(order)
+    return order.index(job.module) < first
+
+
+def _output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
+    from compiler.backends.torch.checkpoint import DTYPES
+
+    replaced = {j.layer.weight: j for j in jobs}
+    specs = []
+    for key, entry in model.checkpoint.entries.items():
+        job = replaced.get(key)
+        if job is None:
+            specs.append(TensorSpec(key, DTYPES[entry.dtype], entry.shape))
+        else:
+            specs += layer_specs(job.layer, job.scheme, model.dtype)
+    return specs
+
+
+def _inputs(index, model: TorchModel) -> tuple[TensorInfo, ...]:
+    """The model's inputs: a built-in's come from its ONNX form; an HF folder takes ids and mask (and
+    token types when its config has them)."""
+    if index.inputs:
+        return index.inputs
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.get("type_vocab_size") else [])
+    return tuple(TensorInfo(n, "int64", ("batch", "sequence")) for n in names)
+
+
+def _torch_feed(feed: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in feed.items()}
+
+
+def _mask(feed: dict[str, torch.Tensor]):
+    mask = feed.get("attention_mask")
+    return None if mask is None else mask.numpy()

@@ -1,0 +1,168 @@
+"""What happens to each quantized Linear: statistics from forward hooks (a GPTQ Hessian and an activation
+observer per distinct input, so q/k/v share one and gate/up another), then rounding, then the module
+computes with its dequantized weight (and fake-quantized input) so later blocks see the quantized model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from compiler.ir.types import ActivationMode, Calibration, Granularity, Rounding, Scheme
+from compiler.models.index import Layer
+from compiler.quant import qparams
+from compiler.quant.gptq import gptq
+from compiler.quant.observers import make_observer
+from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
+from compiler.quant.weights import Convention, QuantizedWeight, quantize_weight
+
+
+@dataclass(frozen=True)
+class Job:
+    module: str  # the Linear's name in the torch module tree
+    layer: Layer  # its entry in the model index (names as in the checkpoint)
+    scheme: Scheme
+
+    @property
+    def gptq(self) -> bool:
+        return self.scheme.rounding is Rounding.GPTQ
+
+    @property
+    def static_input(self) -> bool:
+        act = self.scheme.activations
+        return act is not None and act.mode is ActivationMode.STATIC
+
+    @property
+    def needs_data(self) -> bool:
+        return self.gptq or self.static_input
+
+
+@dataclass
+class Hessian:
+    """Σ 2·xᵀx over finite input rows (float32, on the layer's device), and the row count."""
+
+    sum: torch.Tensor
+    rows: int = 0
+
+    def update(self, x: torch.Tensor) -> None:
+        rows = x.detach().reshape(-1, x.shape[-1]).float()
+        rows = rows[torch.isfinite(rows).all(dim=1)]
+        self.sum.addmm_(rows.T, rows, alpha=2.0)
+        self.rows += rows.shape[0]
+
+    def mean(self) -> np.ndarray:
+        return (self.sum / max(self.rows, 1)).cpu().numpy()
+
+
+@dataclass
+class Statistics:
+    """Forward pre-hooks on the Linears of `jobs` that need data. Layers reading the same tensor object
+    in one forward pass share one leader, whose Hessian and observer stand for all of them."""
+
+    root: nn.Module
+    jobs: list[Job]
+    calibration: Calibration
+    leader: dict[str, str] = field(default_factory=dict)
+    hessians: dict[str, Hessian] = field(default_factory=dict)
+    observers: dict[str, object] = field(default_factory=dict)
+    _seen: dict[int, tuple[torch.Tensor, str, set]] = field(default_factory=dict)
+    _handles: list = field(default_factory=list)
+
+    def __enter__(self) -> Statistics:
+        for job in self.jobs:
+            if job.needs_data:
+                module = self.root.get_submodule(job.module)
+                self._handles.append(module.register_forward_pre_hook(self._hook(job)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._seen.clear()
+
+    def new_forward(self) -> None:
+        """Call before each forward: inputs are matched by identity within one pass (holding them keeps
+        their memory from being reused by a later, different tensor)."""
+        self._seen.clear()
+
+    def _hook(self, job: Job):
+        def hook(module, args):
+            x = args[0]
+            _, leader, done = self._seen.setdefault(id(x), (x, job.module, set()))
+            self.leader[job.module] = leader
+            if job.gptq and "hessian" not in done:
+                done.add("hessian")
+                k = x.shape[-1]
+                h = self.hessians.setdefault(leader, Hessian(torch.zeros(k, k, dtype=torch.float32, device=x.device)))
+                h.update(x)
+            if job.static_input and "observer" not in done:
+                done.add("observer")
+                histogram = self.calibration.method in HISTOGRAM_METHODS
+                observer = self.observers.setdefault(leader, make_observer(histogram, self.calibration.bins))
+                observer.update(x.detach().float().cpu().numpy())
+        return hook
+
+    def hessian(self, job: Job) -> np.ndarray:
+        return self.hessians[self.leader[job.module]].mean()
+
+    def observer(self, job: Job):
+        return self.observers.get(self.leader.get(job.module, job.module))
+
+
+def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale_dtype: torch.dtype) -> QuantizedWeight:
+    """Round one Linear weight [out, in] with its scheme's rounding, in the torch convention."""
+    w = weight.detach().float().cpu().numpy()
+    spec = job.scheme.weights
+    np_dtype = str(scale_dtype).removeprefix("torch.")
+    if job.gptq:
+        return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype)
+    return quantize_weight(w, spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype)
+
+
+def input_qparams(job: Job, stats: Statistics | None, calibration: Calibration, scale_dtype: torch.dtype):
+    """(scale, zero point) of a static input, or None: dynamic, none, or never finite (left in float)."""
+    if not job.static_input or stats is None:
+        return None
+    observer = stats.observer(job)
+    act = job.scheme.activations
+    bounds = tensor_range(observer, calibration, act.qtype, act.symmetric) if observer is not None else None
+    if bounds is None:
+        return None
+    scale, zp = qparams.torch_scale_zero_point(np.array([bounds[0]]), np.array([bounds[1]]), act.qtype, act.symmetric,
+                                               str(scale_dtype).removeprefix("torch."))
+    return float(scale[0]), int(zp[0])
+
+
+def apply_quantized(module: nn.Linear, q: QuantizedWeight, job: Job, act: tuple[float, int] | None):
+    """The module now computes like the emitted model: dequantized weight, fake-quantized input.
+    Returns the hook handle of the input quantizer (None without one)."""
+    dequantized = torch.from_numpy(_dequantize(q, job)).to(module.weight.device, module.weight.dtype)
+    module._parameters["weight"] = nn.Parameter(dequantized, requires_grad=False)
+    scheme = job.scheme.activations
+    if scheme is None or (scheme.mode is ActivationMode.STATIC and act is None):
+        return None
+    lo, hi = qparams.qrange(scheme.qtype, False)
+    if scheme.mode is ActivationMode.STATIC:
+        scale, zp = act
+
+        def static(_, args):
+            x = args[0]
+            return (((torch.round(x / scale) + zp).clamp(lo, hi) - zp) * scale,) + tuple(args[1:])
+        return module.register_forward_pre_hook(static)
+
+    per_token = scheme.granularity is Granularity.PER_TOKEN
+
+    def dynamic(_, args):  # compressed-tensors' dynamic symmetric: absmax / (range / 2) per token or tensor
+        x = args[0]
+        absmax = x.abs().amax(dim=-1, keepdim=True) if per_token else x.abs().amax()
+        scale = (absmax / ((hi - lo) / 2)).clamp_min(torch.finfo(torch.float32).tiny)
+        return ((torch.round(x / scale)).clamp(lo, hi) * scale,) + tuple(args[1:])
+    return module.register_forward_pre_hook(dynamic)
+
+
+def _dequantize(q: QuantizedWeight, job: Job) -> np.ndarray:
+    """What compressed-tensors' decompressor computes from the stored tensors: (q - zp) · scale."""
+    return q.dequantize()

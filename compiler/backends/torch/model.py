@@ -1,0 +1,191 @@
+"""A model skeleton whose parameters live on the meta device, and the checkpoint its weights come from:
+weights are materialised one module (one block) at a time and dropped again after use."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from compiler.backends import BackendError
+from compiler.backends.torch.checkpoint import Checkpoint
+from compiler.diagnostics import error
+from compiler.models import builtin, resolve_path
+from compiler.source import Span
+
+
+@dataclass
+class TorchModel:
+    module: nn.Module
+    checkpoint: Checkpoint
+    keys: dict[str, str]  # parameter name in the module → tensor name in the checkpoint
+    container: str  # the ModuleList of blocks, e.g. `model.layers`
+    blocks: tuple[str, ...]  # `model.layers.0`, …
+    dtype: torch.dtype  # the checkpoint's float dtype (kept for scales and cached hidden states)
+    accepts_use_cache: bool
+    config: dict  # config.json of an HF folder; for built-ins, what describes them
+    folder: Path | None  # the HF folder (its other files are copied next to the output)
+
+    def block_modules(self) -> nn.ModuleList:
+        return self.module.get_submodule(self.container) if self.container else nn.ModuleList()
+
+    def outside(self) -> list[str]:
+        """Parameter names outside the blocks (embeddings, final norm, heads)."""
+        if not self.container:
+            return list(self.keys)
+        prefix = self.container + "."
+        return [name for name in self.keys if not name.startswith(prefix)]
+
+    def parameters_of(self, module_name: str) -> list[str]:
+        prefix = module_name + "."
+        return [name for name in self.keys if name.startswith(prefix)]
+
+    def materialize(self, names: list[str], device: torch.device | str = "cpu") -> None:
+        """Read these parameters from the checkpoint (float32 for computing on CPU, the checkpoint's dtype
+        on GPUs) and put them into the module."""
+        for name in names:
+            tensor = self.checkpoint.read(self.keys[name])
+            if tensor.is_floating_point():
+                tensor = tensor.to(torch.float32 if torch.device(device).type == "cpu" else self.dtype)
+            _set(self.module, name, nn.Parameter(tensor.to(device), requires_grad=False))
+
+    def release(self, names: list[str]) -> None:
+        """Back to meta: the memory of these parameters is freed."""
+        for name in names:
+            old = self.module.get_parameter(name)
+            _set(self.module, name, nn.Parameter(torch.empty(old.shape, dtype=old.dtype, device="meta"),
+                                                 requires_grad=False))
+
+    def is_resident(self, name: str) -> bool:
+        return not self.module.get_parameter(name).is_meta
+
+
+def _set(root: nn.Module, name: str, value: nn.Parameter) -> None:
+    owner, _, leaf = name.rpartition(".")
+    (root.get_submodule(owner) if owner else root)._parameters[leaf] = value
+
+
+@contextmanager
+def parameters_on_meta():
+    """Build modules with their parameters on the meta device and their buffers real (rotary
+    frequencies, position ids): nothing is allocated for weights, and no initialiser touches memory."""
+    original = nn.Module.register_parameter
+
+    def register(module, name, param):
+        original(module, name, param)
+        if param is not None:
+            module._parameters[name] = nn.Parameter(module._parameters[name].to("meta"), requires_grad=False)
+
+    nn.Module.register_parameter = register
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original
+
+
+def open_model(ref: str, blocks: tuple[str, ...], span: Span | None) -> TorchModel:
+    if ref.startswith(builtin.PREFIX):
+        module, folder_ckpt, config, folder = _builtin(ref), builtin_checkpoint(ref), {"qrc_builtin": ref}, None
+    else:
+        folder = resolve_path(ref)
+        module, config = _hf_skeleton(folder, span), json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        folder_ckpt = folder
+    checkpoint = Checkpoint(folder_ckpt)
+    keys = _checkpoint_keys(module, checkpoint, ref, span)
+    container = _container(module, blocks, ref, span)
+    floats = [checkpoint.entries[k].dtype for k in keys.values() if checkpoint.entries[k].dtype in ("F32", "F16", "BF16")]
+    dtype = {"F16": torch.float16, "BF16": torch.bfloat16}.get(max(set(floats), key=floats.count) if floats else "F32",
+                                                               torch.float32)
+    accepts = "use_cache" in inspect.signature(module.forward).parameters
+    return TorchModel(module.eval(), checkpoint, keys, container, blocks, dtype, accepts, config, folder)
+
+
+def _builtin(ref: str) -> nn.Module:
+    from compiler.models.builtin.torch_forms import skeleton
+
+    with parameters_on_meta():
+        return skeleton(ref)
+
+
+def builtin_checkpoint(ref: str) -> Path:
+    """The built-in's weights as a cached safetensors folder (written atomically on first use)."""
+    from safetensors.numpy import save_file
+
+    name, spec = builtin.parse_ref(ref)
+    key = ",".join(f"{f.name}={getattr(spec, f.name)}" for f in dataclasses.fields(spec))
+    digest = hashlib.sha256(f"{name}|{key}|torch-v1".encode()).hexdigest()[:16]
+    folder = builtin.cache_dir() / "builtin" / f"{name}-{digest}-torch"
+    if not (folder / "model.safetensors").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        temp = folder / "model.safetensors.tmp"
+        save_file(builtin.module(name).weights(spec), str(temp))
+        temp.replace(folder / "model.safetensors")
+    return folder
+
+
+def _hf_skeleton(folder: Path, span: Span | None) -> nn.Module:
+    try:
+        import transformers
+    except ImportError:
+        raise BackendError(error("Q400", "the torch backend needs transformers to open an HF-style folder", span,
+                                 "transformers missing", help="pip install -e '.[hf]'")) from None
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # transformers raises several types for unknown or broken configs
+        raise BackendError(error("Q404", f"transformers cannot read `{folder}/config.json` ({type(exc).__name__})",
+                                 span, "unreadable config", help="a config.json that transformers knows")) from None
+    architecture = (getattr(config, "architectures", None) or [""])[0]
+    cls = getattr(transformers, architecture, None) if architecture else None
+    with parameters_on_meta():
+        if cls is not None and hasattr(cls, "_from_config"):
+            return cls._from_config(config)
+        return transformers.AutoModel.from_config(config)
+
+
+def _checkpoint_keys(module: nn.Module, checkpoint: Checkpoint, ref: str, span: Span | None) -> dict[str, str]:
+    """Each parameter's tensor in the checkpoint: the same name, the name under a prefix (`bert.`), or,
+    for tied parameters (an LM head sharing the embedding table), the tensor of a twin."""
+    by_identity: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        by_identity.setdefault(id(param), []).append(name)
+    keys = {}
+    for names in by_identity.values():
+        found = next((k for k in map(lambda n: _lookup(n, checkpoint), names) if k), None)
+        if found is None:
+            raise BackendError(error("Q404", f"`{ref}` has no tensor for parameter `{names[0]}`", span,
+                                     "missing weight", help="the checkpoint does not match its config.json"))
+        for name in names:
+            keys[name] = found
+    return keys
+
+
+def _lookup(name: str, checkpoint: Checkpoint) -> str | None:
+    if name in checkpoint:
+        return name
+    suffix = "." + name
+    found = [k for k in checkpoint.entries if k.endswith(suffix)]
+    if len(found) == 1:
+        return found[0]
+    stripped = name.partition(".")[2]
+    return stripped if stripped in checkpoint else None
+
+
+def _container(module: nn.Module, blocks: tuple[str, ...], ref: str, span: Span | None) -> str:
+    if not blocks:
+        return ""  # no repeated blocks (a small CNN): the model runs whole
+    parents = {b.rpartition(".")[0] for b in blocks}
+    if len(parents) == 1:
+        parent = parents.pop()
+        found = dict(module.named_modules()).get(parent)
+        if isinstance(found, nn.ModuleList) and len(found) == len(blocks):
+            return parent
+    raise BackendError(error("Q404", f"`{ref}`: the repeated blocks ({', '.join(blocks[:2])}, …) are not one "
+                             "ModuleList of the torch model", span, "no block list",
+                             help="block-wise execution needs the blocks in one nn.ModuleList"))

@@ -1,0 +1,168 @@
+"""Block-wise execution: a stream is a set of samples whose hidden states between blocks are cached per
+chunk (in RAM, or on disk), with the per-sample-constant inputs of the blocks (position embeddings,
+masks, ids) stored once when every chunk has the same ones."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class HiddenCache:
+    """Hidden states per chunk, in the checkpoint's dtype; on disk (one file per chunk) when `folder`."""
+
+    def __init__(self, dtype: torch.dtype, folder: Path | None = None):
+        self.dtype = dtype
+        self._ram: dict[int, torch.Tensor] = {}
+        self._dir = Path(tempfile.mkdtemp(prefix="qrc-hidden-", dir=folder)) if folder is not None else None
+
+    def put(self, chunk: int, hidden: torch.Tensor) -> None:
+        value = hidden.detach().to("cpu", self.dtype)
+        if self._dir is None:
+            self._ram[chunk] = value
+        else:
+            torch.save(value.clone(), self._dir / f"{chunk}.pt")
+
+    def get(self, chunk: int) -> torch.Tensor:
+        if self._dir is None:
+            return self._ram[chunk]
+        return torch.load(self._dir / f"{chunk}.pt", weights_only=True)
+
+    def close(self) -> None:
+        self._ram.clear()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class _Reached(Exception):
+    def __init__(self, args, kwargs):
+        super().__init__("first block reached")
+        self.args, self.kwargs = args, kwargs
+
+
+@dataclass
+class Stream:
+    """Samples in chunks: their model inputs, the hidden states at the current block, the other inputs."""
+
+    name: str
+    feeds: list[dict]
+    hidden: HiddenCache
+    rest: list[tuple[tuple, dict]] = field(default_factory=list)  # per chunk; identical ones are one object
+    arity: int | None = None  # what the blocks return: 0 for a tensor, else the length of their tuple
+
+    def __len__(self) -> int:
+        return len(self.feeds)
+
+
+def capture(model_module: nn.Module, first_block: nn.Module, stream: Stream, call, before=None) -> None:
+    """Run the model on each chunk until the first block; keep its inputs, then stop the forward."""
+    handle = first_block.register_forward_pre_hook(_raise, with_kwargs=True)
+    try:
+        for i, feed in enumerate(stream.feeds):
+            if before:
+                before()
+            try:
+                call(feed)
+            except _Reached as reached:
+                hidden, rest = _split(reached.args, reached.kwargs)
+                stream.hidden.put(i, hidden)
+                stream.rest.append(_dedupe(rest, stream.rest))
+            else:
+                raise RuntimeError("the forward pass never reached the first block")
+    finally:
+        handle.remove()
+
+
+def _raise(module, args, kwargs):
+    raise _Reached(args, kwargs)
+
+
+def _split(args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple[tuple, dict]]:
+    if args:
+        return args[0], (tuple(args[1:]), dict(kwargs))
+    kwargs = dict(kwargs)
+    return kwargs.pop("hidden_states"), ((), kwargs)
+
+
+def _dedupe(rest: tuple[tuple, dict], earlier: list) -> tuple[tuple, dict]:
+    """The first earlier chunk's inputs when they are the same (stored once), else these."""
+    for other in earlier[:1]:
+        if _same(rest, other):
+            return other
+    return rest
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and bool(torch.equal(a, b)))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a is b or (type(a) is type(b) and isinstance(a, (int, float, str, bool, type(None))) and a == b)
+
+
+def _to(value, device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple):
+        return tuple(_to(v, device) for v in value)
+    if isinstance(value, list):
+        return [_to(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
+
+
+def run_block(block: nn.Module, stream: Stream, device, out: HiddenCache | None, before=None) -> None:
+    """The block on every chunk of the stream; its hidden outputs go to `out` (None: statistics only)."""
+    for i in range(len(stream)):
+        if before:
+            before()
+        args, kwargs = _to(stream.rest[i], device)
+        hidden = stream.hidden.get(i).to(device, torch.float32 if str(device) == "cpu" else stream.hidden.dtype)
+        result = block(hidden, *args, **kwargs)
+        if stream.arity is None:
+            stream.arity = len(result) if isinstance(result, (tuple, list)) else 0
+        if out is not None:
+            out.put(i, result[0] if stream.arity else result)
+
+
+class _Replay(nn.Module):
+    """Stands in for all the blocks: returns the cached output of the last block for the current chunk,
+    so the model's own forward runs what comes after the blocks (final norm, heads)."""
+
+    def __init__(self, hidden: torch.Tensor, arity: int, like: nn.Module):
+        super().__init__()
+        self.hidden, self.arity = hidden, arity
+        for attribute in ("attention_type", "layer_idx", "is_causal"):  # read by some models' loops
+            if hasattr(like, attribute):
+                setattr(self, attribute, getattr(like, attribute))
+
+    def forward(self, *args, **kwargs):
+        return (self.hidden,) + (None,) * (self.arity - 1) if self.arity else self.hidden
+
+
+def replay_tail(container: nn.ModuleList, stream: Stream, call, before=None) -> list:
+    """The model's outputs on each chunk, the blocks replaced by the stream's cached hidden states."""
+    original = dict(container._modules)
+    last = list(original.values())[-1]
+    outputs = []
+    try:
+        for i, feed in enumerate(stream.feeds):
+            if before:
+                before()
+            replay = _Replay(stream.hidden.get(i).float(), stream.arity or 0, last)
+            container._modules.clear()
+            container._modules["0"] = replay
+            outputs.append(call(feed))
+    finally:
+        container._modules.clear()
+        container._modules.update(original)
+    return outputs

@@ -1,0 +1,40 @@
+"""What the torch backend cannot do is refused before any work, at the recipe text that asks for it."""
+
+from __future__ import annotations
+
+from compiler.backends import BackendError
+from compiler.diagnostics import error
+from compiler.ir.types import ActivationMode, EmitFormat, Granularity, RecipeIR
+from compiler.resolve.assignment import Assignment
+
+
+def check_supported(ir: RecipeIR, assignment: Assignment) -> None:
+    if ir.emit is not None and ir.emit.format is not EmitFormat.SAFETENSORS:
+        raise BackendError(error("Q411", f"the torch backend writes safetensors, not {ir.emit.format.value}",
+                                 ir.emit.span_of("format") or ir.emit.span, "not supported",
+                                 help="use `emit \"FOLDER\" { format safetensors }`, or `backend onnx` for ONNX output"))
+    for a in assignment.layers:
+        if a.scheme.is_none:
+            continue
+        problem = _problem(a)
+        if problem:
+            raise BackendError(error("Q411", f"`{a.layer.name}` with scheme `{a.scheme.name}`: {problem}",
+                                     a.rule.span if a.rule else a.scheme.span, "not supported on torch",
+                                     help="give the layer `-> none` or another scheme, or use `backend onnx`"))
+
+
+def _problem(a) -> str | None:
+    w, act, layer = a.scheme.weights, a.scheme.activations, a.layer
+    if layer.kind != "Linear":
+        return f"the torch backend quantizes Linear layers (compressed-tensors); this is {layer.kind}"
+    if not w.qtype.signed:
+        return f"compressed-tensors stores signed integers; use {w.qtype.value.removeprefix('u')} (asymmetric) instead"
+    if w.group_size and layer.in_features % w.group_size:
+        return f"group {w.group_size} does not divide its {layer.in_features} input features"
+    if act is not None and not act.qtype.signed:
+        return "activations must be signed (int8)"
+    if act is not None and act.mode is ActivationMode.STATIC and act.granularity is Granularity.PER_TOKEN:
+        return "per-token activations are dynamic by nature; write `activations int8 per_token dynamic`"
+    if act is not None and act.mode is ActivationMode.DYNAMIC and not act.symmetric:
+        return "dynamic activations are symmetric in compressed-tensors"
+    return None

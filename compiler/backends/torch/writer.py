@@ -1,0 +1,109 @@
+"""Streaming safetensors output: the header of every shard is written first (all names, dtypes and
+shapes are known from the plan), then each tensor is written at its offset as soon as it exists, so a
+block's quantized weights leave memory right after the block. The folder appears atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from compiler.backends.torch.checkpoint import CODES
+from compiler.backends.torch.compressed import TensorSpec
+
+SHARD_BYTES = 2 << 30  # above this the weights are split into model-0000i-of-0000n.safetensors
+
+
+class FolderWriter:
+    def __init__(self, destination: Path, specs: list[TensorSpec], shard_bytes: int = SHARD_BYTES):
+        self.destination = destination
+        self.temp = destination.with_name(f".{destination.name}.qrc-tmp")
+        if self.temp.exists():
+            shutil.rmtree(self.temp)
+        self.temp.mkdir(parents=True)
+        shards = _shards(specs, shard_bytes)
+        names = (["model.safetensors"] if len(shards) == 1 else
+                 [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+        self.where: dict[str, tuple[int, int, TensorSpec]] = {}  # name → (file descriptor, offset, spec)
+        self.files, self.missing = [], {s.name for s in specs}
+        for name, shard in zip(names, shards, strict=True):
+            fd = os.open(self.temp / name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            self.files.append((name, fd, shard))
+            data_start, offsets = _write_header(fd, shard)
+            for spec, offset in zip(shard, offsets, strict=True):
+                self.where[spec.name] = (fd, data_start + offset, spec)
+        if len(shards) > 1:
+            weight_map = {s.name: name for name, _, shard in self.files for s in shard}
+            index = {"metadata": {"total_size": sum(s.nbytes for s in specs)}, "weight_map": dict(sorted(weight_map.items()))}
+            (self.temp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+    def put(self, name: str, tensor: torch.Tensor) -> None:
+        fd, offset, spec = self.where[name]
+        if tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
+            raise ValueError(f"{name}: {tensor.dtype}{list(tensor.shape)} written where the layout has "
+                             f"{spec.dtype}{list(spec.shape)}")
+        data = tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        os.pwrite(fd, data, offset)
+        self.missing.discard(name)
+
+    def write_file(self, relative: str, text: str) -> None:
+        path = self.temp / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+    def copy_file(self, source: Path, relative: str) -> None:
+        path = self.temp / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, path)
+
+    def finish(self) -> list[Path]:
+        if self.missing:
+            raise ValueError(f"{len(self.missing)} tensors were never written (e.g. {sorted(self.missing)[0]})")
+        for _, fd, _ in self.files:
+            os.fsync(fd)
+            os.close(fd)
+        self.files = []
+        old = self.destination.with_name(f".{self.destination.name}.qrc-old")
+        if self.destination.exists():
+            self.destination.replace(old)
+        self.temp.replace(self.destination)
+        if old.exists():
+            shutil.rmtree(old)
+        return sorted(p for p in self.destination.rglob("*") if p.is_file())
+
+    def abort(self) -> None:
+        for _, fd, _ in self.files:
+            os.close(fd)
+        self.files = []
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def _shards(specs: list[TensorSpec], limit: int) -> list[list[TensorSpec]]:
+    shards, current, size = [], [], 0
+    for spec in specs:
+        if current and size + spec.nbytes > limit:
+            shards.append(current)
+            current, size = [], 0
+        current.append(spec)
+        size += spec.nbytes
+    return shards + [current] if current or not shards else shards
+
+
+def _write_header(fd: int, shard: list[TensorSpec]) -> tuple[int, list[int]]:
+    """Header (keys sorted, data in the same order), padded with spaces to 8 bytes; the file is sized."""
+    ordered = sorted(shard, key=lambda s: s.name)
+    header, offsets, position = {"__metadata__": {"format": "pt"}}, {}, 0
+    for spec in ordered:
+        header[spec.name] = {"dtype": CODES[spec.dtype], "shape": list(spec.shape),
+                             "data_offsets": [position, position + spec.nbytes]}
+        offsets[spec.name] = position
+        position += spec.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    os.pwrite(fd, len(text).to_bytes(8, "little") + text, 0)
+    data_start = 8 + len(text)
+    os.ftruncate(fd, data_start + position)
+    return data_start, [offsets[s.name] for s in shard]
