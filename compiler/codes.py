@@ -192,10 +192,15 @@ CODES: tuple[CodeInfo, ...] = (
        "tensor that is too large.",
        "memory { mode full  ram 1 GiB }   # on a model whose weights alone exceed 1 GiB"),
     # ---- Q4xx: backend and execution ---------------------------------------------------------------
-    _c("Q400", "backend not available",
-       "The recipe needs a backend that this version of qrc cannot execute yet (torch). Checking and "
-       "planning still work.",
-       "backend torch   # then: qrc compile"),
+    _c("Q400", "backend dependency not installed",
+       "The torch backend opens HF-style folders with transformers, which is an optional dependency "
+       "(`pip install -e '.[hf]'`; the `models` extra brings it too). Checking and planning never need it.",
+       'model "path/to/hf-folder"  backend torch   # without transformers installed'),
+    _c("Q404", "model checkpoint cannot be read",
+       "The torch backend reads weights from the folder's safetensors files, one block at a time. A file "
+       "with a broken header, a truncated tensor, a parameter of the architecture that no file holds, or "
+       "blocks that are not one ModuleList stop the compile before any weight is quantized.",
+       "model.safetensors cut short by an interrupted download"),
     _c("Q401", "calibration data cannot be read",
        "The npz file named in `data npz` is missing or is not a numpy archive.",
        'data npz "calib.npz"   # no such file'),
@@ -213,14 +218,25 @@ CODES: tuple[CodeInfo, ...] = (
        "An npz file with too few samples cannot hold out separate verification samples; the figures are "
        "then optimistic.",
        'data npz "calib.npz" { samples 128 }   # the file has exactly 128'),
+    _c("Q407", "multi_gpu fell back to low_memory (warning)",
+       "multi_gpu places every block whole on one GPU. When no GPU is visible, or the recipe's `vram` "
+       "cannot hold the blocks without splitting one, the compile runs block by block on the CPU "
+       "(low_memory) instead, and says why.",
+       "memory { mode multi_gpu  vram [80 GiB, 80 GiB] }   # on a machine without GPUs"),
     _c("Q410", "dynamic or per-token activations on the ONNX backend",
        "The ONNX backend emits static per-tensor QuantizeLinear/DequantizeLinear pairs.",
        "scheme s { weights int8  activations int8 dynamic }"),
+    _c("Q411", "scheme or format the torch backend cannot emit",
+       "The torch backend writes compressed-tensors safetensors: Linear layers only, signed integer "
+       "types (asymmetric instead of unsigned), groups that divide the input features, dynamic "
+       "activations symmetric, per-token activations dynamic.",
+       "backend torch  …  \"model.embed_tokens\" -> W8A16   # an Embedding"),
     _c("Q412", "no output path",
        "A compile writes a model: the recipe needs `emit \"PATH\"` or the command line `-o PATH`.",
        "qrc compile r.recipe   # and no emit in r.recipe"),
-    _c("Q413", "output path is a folder",
-       "The ONNX backend writes one .onnx file (plus .onnx.data for large models).",
+    _c("Q413", "output path of the wrong kind",
+       "The ONNX backend writes one .onnx file (plus .onnx.data for large models); the torch backend "
+       "writes a folder. An existing path of the other kind is not overwritten.",
        "qrc compile r.recipe -o out/"),
     _c("Q414", "mixed-precision search not run yet (warning)",
        "The plan shows the search, but this version does not execute it: layers keep the schemes their "
@@ -243,6 +259,9 @@ CODES: tuple[CodeInfo, ...] = (
        "onnxruntime's MatMulNBits replaces MatMul only; Conv and Embedding (Gather) layers cannot be emitted "
        "with it.",
        'quantize { "*" -> w4 }\nemit "m.onnx" { format matmul_nbits }   # "*" includes the embeddings'),
+    _c("Q238", "act_order without gptq",
+       "`act_order` orders GPTQ's columns by decreasing Hessian diagonal; it means nothing for rtn or mse.",
+       "rounding mse act_order"),
     _c("Q250", "model cannot be found or read",
        "The recipe's model is not a readable .onnx file, HF-style folder or built-in. Relative paths are "
        "relative to the current folder.",

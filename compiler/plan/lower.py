@@ -108,8 +108,9 @@ def _blockwise(ctx: Context) -> list[PlanOp]:
     quantizes = w.backend is Backend.TORCH
     outputs = ("block_inputs",) + (("qparams",) if quantizes else (_range_buffer(ctx),))
     block_layers = tuple(name for name in w.quantized_layers if ctx.assignment.of(name).layer.block)
-    what = "compute float outputs, " + ("quantize the block (GPTQ with its Hessians)" if w.gptq else
-                                         "quantize the block") if quantizes else "observe its tensors"
+    ranges = f"input ranges ({ctx.ir.calibration.method.value}), " if quantizes and w.observed else ""
+    what = "compute float outputs, " + ranges + ("quantize the block (GPTQ with its Hessians)" if w.gptq else
+                                                  "quantize the block") if quantizes else "observe its tensors"
     run = PlanOp(OpKind.RUN_BLOCK, f"per block: load weights, {what}, outputs become the next block's inputs",
                  _p(blocks=len(w.blocks), chunk=w.chunk, gptq=w.gptq), ("model", "block_inputs"), outputs,
                  ctx.phase("calibrate"), repeat=max(1, len(w.blocks)),
@@ -119,7 +120,7 @@ def _blockwise(ctx: Context) -> list[PlanOp]:
 
 def lower_ranges(ctx: Context) -> list[PlanOp]:
     w, cal = ctx.workload, ctx.ir.calibration
-    if not w.observed:
+    if not w.observed or w.backend is Backend.TORCH:  # torch: each block's ranges are taken inside run_block
         return []
     ops = []
     if cal.method is not CalibrationMethod.MINMAX:
@@ -160,7 +161,9 @@ def lower_quantize(ctx: Context) -> list[PlanOp]:
     names = [n for n in w.quantized_layers if not (done_in_blocks and ctx.assignment.of(n).layer.block)]
     if not names:
         return []
-    inputs = ["model"] + (["ranges"] if w.observed else []) + (["precision"] if ctx.ir.mixed_precision else [])
+    onnx_ranges = w.observed and w.backend is Backend.ONNX  # torch: layers after the blocks observe their own inputs
+    inputs = (["model"] + (["ranges"] if onnx_ranges else []) + (["block_inputs"] if done_in_blocks else [])
+              + (["precision"] if ctx.ir.mixed_precision else []))
     roundings = sorted({ctx.assignment.of(n).scheme.rounding.value for n in names})
     summary = f"round {len(names)} weights ({', '.join(roundings)}), streamed: load → quantize → write → free"
     peak = ctx.phase("quantize") if w.backend is Backend.ONNX else ctx.phase("calibrate")
@@ -173,7 +176,7 @@ def lower_emit(ctx: Context) -> list[PlanOp]:
     fmt = emit.format.value if emit else ("qdq" if w.backend is Backend.ONNX else "safetensors")
     path = emit.path if emit else "(-o PATH)"
     peak = memory.RUNTIME[w.backend] + 2 * w.quantized_bytes  # the model and its serialized copy
-    inputs = ("model", "qparams") + (("ranges",) if w.observed else ())
+    inputs = ("model", "qparams") + (("ranges",) if w.observed and w.backend is Backend.ONNX else ())
     return [PlanOp(OpKind.EMIT, f"write {fmt} to {path} atomically (temp file + rename), "
                    f"{human_bytes(w.quantized_bytes)} of weights", _p(format=fmt, path=path, bytes=w.quantized_bytes),
                    inputs, ("emitted_model",), peak)]

@@ -152,16 +152,25 @@ def block_working_set(w: Workload) -> int:
     return ACT_BYTES * (4 * s * h + 2 * heads * s * s + 3 * s * inter)
 
 
-def hessian_bytes(w: Workload) -> int:
-    """GPTQ: one K_in × K_in float32 Hessian per distinct layer input of the block being quantized."""
+_SHARED_INPUT = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "query": "qkv", "key": "qkv", "value": "qkv",
+                 "wq": "qkv", "wk": "qkv", "wv": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up", "w1": "gate_up",
+                 "w3": "gate_up"}
+
+
+def hessian_bytes(w: Workload, all_blocks: bool = False) -> int:
+    """GPTQ: one K_in × K_in float32 Hessian per distinct layer input (q/k/v share one, gate/up one) of
+    the block being quantized, or of every block at once (`full` runs the whole model with hooks)."""
     if not w.gptq:
         return 0
-    per_block: dict[str, set] = {}
+    quantized = set(w.quantized_layers)
+    per_block: dict[str | None, dict] = {}
     for x in w.index.layers:
-        if x.block and x.kind == "Linear":
-            parent = x.name.rpartition(".")[0]
-            per_block.setdefault(x.block, set()).add((parent, x.in_features))
-    return max((sum(k * k * 4 for _, k in inputs) for inputs in per_block.values()), default=0)
+        if x.kind == "Linear" and x.name in quantized:
+            parent, _, leaf = x.name.rpartition(".")
+            key = (parent, x.in_features, _SHARED_INPUT.get(leaf.lower(), leaf))
+            per_block.setdefault(x.block, {})[key] = x.in_features
+    sizes = [sum(k * k * 4 for k in inputs.values()) for inputs in per_block.values()]
+    return sum(sizes) if all_blocks else max(sizes, default=0)
 
 
 def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
@@ -179,7 +188,7 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
         weights, label = w.weights_bytes + max(w.block_bytes().values(), default=0), "weights"
     parts = (("runtime", RUNTIME[Backend.TORCH]), (label, weights), (f"block caches ({copies} copies)", cache),
              (f"block working set ({chunk} samples)", work if mode is not MemoryMode.MULTI_GPU else 0),
-             ("GPTQ Hessians", hessian_bytes(w) if mode is not MemoryMode.MULTI_GPU else 0))
+             ("GPTQ Hessians", hessian_bytes(w, all_blocks=mode is MemoryMode.FULL) if mode is not MemoryMode.MULTI_GPU else 0))
     return Phase("block-wise compile", sum(b for _, b in parts), parts)
 
 

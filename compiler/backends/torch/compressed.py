@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from compiler.ir.types import ActivationMode, Granularity, Scheme
+from compiler.ir.types import ActivationMode, Granularity, Rounding, Scheme
 from compiler.models.index import Layer
 from compiler.quant.pack_int32 import pack_to_int32
 from compiler.quant.weights import QuantizedWeight
@@ -98,9 +98,10 @@ def layer_tensors(layer: Layer, scheme: Scheme, q: QuantizedWeight, input_qparam
     return tensors
 
 
-def _args(bits: int, symmetric: bool, granularity: Granularity, group: int | None, dynamic: bool = False) -> dict:
+def _args(bits: int, symmetric: bool, granularity: Granularity, group: int | None, dynamic: bool = False,
+          observer: str = "minmax") -> dict:
     args = {"num_bits": bits, "type": "int", "symmetric": symmetric, "strategy": _STRATEGY[granularity],
-            "dynamic": dynamic, "observer": None if dynamic else "minmax"}
+            "dynamic": dynamic, "observer": None if dynamic else observer}
     if granularity is Granularity.GROUP:
         args["group_size"] = group
     return args
@@ -115,7 +116,8 @@ def quantization_config(quantized: list[tuple[Layer, Scheme]], ignored: list[str
             w, a = scheme.weights, scheme.activations
             group = groups[scheme.name] = {
                 "targets": [], "format": weight_format(scheme),
-                "weights": _args(w.qtype.bits, w.symmetric, w.granularity, w.group_size),
+                "weights": _args(w.qtype.bits, w.symmetric, w.granularity, w.group_size,
+                                 observer="mse" if scheme.rounding is Rounding.MSE else "minmax"),
                 "input_activations": None if a is None else _args(a.qtype.bits, a.symmetric, a.granularity, None,
                                                                   a.mode is ActivationMode.DYNAMIC),
                 "output_activations": None}

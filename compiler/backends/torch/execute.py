@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compiler.backends import BackendError
 from compiler.backends.onnx import data
 from compiler.backends.onnx.verify import Agreement
 from compiler.backends.release import release_memory
@@ -46,6 +45,11 @@ _SKIPPED_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pt
 def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress) -> CompileResult:
     check_supported(ir, assignment)
     result = CompileResult(output, [], plan)
+    if ir.mixed_precision is not None:
+        result.warnings.append(warning(
+            "Q414", "the mixed-precision search is not implemented yet: every layer keeps the scheme its rules give",
+            ir.mixed_precision.span_of("choices") or ir.span, "not searched",
+            help="the plan shows the search it will run; until then, assign schemes with `quantize` rules"))
     start = time.perf_counter()
     with RssSampler() as rss:
         model = open_model(ir.model, assignment.model.blocks, ir.model_span)

@@ -45,7 +45,7 @@ class FolderWriter:
         if tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
             raise ValueError(f"{name}: {tensor.dtype}{list(tensor.shape)} written where the layout has "
                              f"{spec.dtype}{list(spec.shape)}")
-        data = tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
         os.pwrite(fd, data, offset)
         self.missing.discard(name)
 

