@@ -118,6 +118,8 @@ def summary(result, planned: PlanResult) -> Table:
     ratio = result.peak_rss / planned_peak if planned_peak else 0
     table.add_row("peak RSS", f"{human_bytes(result.peak_rss)} measured vs {human_bytes(planned_peak)} planned "
                   f"({ratio:.2f}×), mode {planned.plan.decision.mode.value}")
+    for note in result.notes:
+        table.add_row("placement", note)
     if result.verify is not None:
         v = planned.check.ir.verify
         figures = ", ".join(f"{k} {val:.4g}" for k, val in result.verify.items())

@@ -13,39 +13,19 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from typer.testing import CliRunner
+from compiling import ROOT, available, compile_
 
 from compiler import check_file
 from compiler.backends.onnx.dump import dump
-from compiler.cli import app
 from golden import assert_golden
 
-ROOT = Path(__file__).resolve().parents[1]
-def _available(model: str) -> bool:
-    from compiler.models import ModelError, resolve_path
-
-    try:
-        resolve_path(model)
-    except ModelError:
-        return False
-    return not model.startswith("tests/")  # config-only folders have no weights to compile
-
-
 ONNX_RECIPES = [p for p in sorted((ROOT / "recipes").glob("*.recipe"))
-                if check_file(p).ir.backend.value == "onnx" and _available(check_file(p).ir.model)]
-runner = CliRunner()
+                if check_file(p).ir.backend.value == "onnx" and available(check_file(p).ir.model)]
 
 
 @pytest.fixture(autouse=True)
 def _at_root(monkeypatch):
     monkeypatch.chdir(ROOT)
-
-
-def compile_(recipe: str, out: Path, *sets: str):
-    args = ["compile", recipe, "-o", str(out)]
-    for s in sets:
-        args += ["--set", s]
-    return runner.invoke(app, args)
 
 
 @pytest.mark.parametrize("path", ONNX_RECIPES, ids=[p.stem for p in ONNX_RECIPES])

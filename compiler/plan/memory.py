@@ -23,6 +23,7 @@ HIST_STATE = 2 * 8  # per bin: int64 counts, plus the scratch histogram of the c
 MINMAX_STATE = 64  # per tensor: running min/max, counts of non-finite values
 CACHE_COPIES = {MemoryMode.FULL: 3, MemoryMode.LOW_MEMORY: 2, MemoryMode.OFFLOAD: 2, MemoryMode.MULTI_GPU: 2}
 VRAM_SLACK = 1.2  # Olive's factor over the computed GPU footprint
+CUDA_HOST = 800 * MiB  # host memory of the CUDA context and kernel libraries (measured on an H100: +0.75 GiB RSS)
 SLICE_BYTES = 16 << 20  # the ONNX backend rounds large weights in slices of output channels of this size
 
 
@@ -180,16 +181,34 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     cache = copies * held * cache_ps if w.calibrate else 0
     work = chunk * block_working_set(w) if w.calibrate else 0
     if mode is MemoryMode.OFFLOAD:
-        weights = 2 * max(w.block_bytes().values(), default=0)  # the block's float weights + quantized copy
-        label = "weights of one block"
+        weights, label = _offload_weights(w), "weights of one block (or of what is outside the blocks)"
     elif mode is MemoryMode.MULTI_GPU:
         weights, label = 0, "weights (on the GPUs)"
     else:
         weights, label = w.weights_bytes + max(w.block_bytes().values(), default=0), "weights"
-    parts = (("runtime", RUNTIME[Backend.TORCH]), (label, weights), (f"block caches ({copies} copies)", cache),
+    runtime = RUNTIME[Backend.TORCH] + (CUDA_HOST if mode is MemoryMode.MULTI_GPU else 0)
+    parts = (("runtime" + (" with CUDA" if mode is MemoryMode.MULTI_GPU else ""), runtime), (label, weights),
+             (f"block caches ({copies} copies)", cache),
              (f"block working set ({chunk} samples)", work if mode is not MemoryMode.MULTI_GPU else 0),
              ("GPTQ Hessians", hessian_bytes(w, all_blocks=mode is MemoryMode.FULL) if mode is not MemoryMode.MULTI_GPU else 0))
     return Phase("block-wise compile", sum(b for _, b in parts), parts)
+
+
+def _offload_weights(w: Workload) -> int:
+    """Offload holds one block's float weights, or what runs outside the blocks: the embeddings while the
+    first block's inputs are cached, and everything outside when the model's tail must run (verification,
+    or a layer there that needs data); plus rounding scratch for one layer (its float copy, the rounded
+    values, the dequantized weight the block then computes with)."""
+    sizes = w.block_bytes()
+    outside = sizes.pop("(outside blocks)", 0)
+    layers = w.index.layers
+    first = next((i for i, x in enumerate(layers) if x.block), len(layers))
+    head = sum(x.bytes for x in layers[:first])
+    quantized = set(w.quantized_layers)
+    tail_needs_data = (w.gptq or bool(w.observed)) and any(x.block is None and x.name in quantized for x in layers[first:])
+    resident = outside if (w.verify_samples or tail_needs_data) else head if (w.calibrate or w.verify_samples) else 0
+    scratch = 3 * max((x.bytes for x in layers if x.name in quantized), default=0)
+    return max(max(sizes.values(), default=0), resident) + scratch
 
 
 def torch_vram(w: Workload, chunk: int) -> int:

@@ -46,33 +46,68 @@ class HessianObserver:
 
 
 def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool = False,
-         convention: Convention = Convention.ORT, scale_dtype=np.float32) -> QuantizedWeight:
+         convention: Convention = Convention.ORT, scale_dtype=np.float32, device: str = "cpu") -> QuantizedWeight:
     """Quantize `w` laid out [out, in] (torch Linear) with GPTQ. Returns a QuantizedWeight in that layout
-    (channel axis 0, groups along axis 1)."""
+    (channel axis 0, groups along axis 1). The column loop runs in float32 torch on `device` (a GPU
+    when the layer lives on one); the scales come from numpy, as RTN chooses them."""
+    import torch
+
     w = np.array(w, np.float32)
     h = np.array(hessian, np.float64)
     dead = np.diag(h) == 0
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
     order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(w.shape[1])
-    w, h = w[:, order], h[np.ix_(order, order)]
+    params = _params(w[:, order], spec, order, convention, scale_dtype)  # scales from the whole (float) weight
+    h = h[np.ix_(order, order)]
     h += DAMPENING * np.mean(np.diag(h)) * np.eye(h.shape[0])
-    hinv = np.linalg.cholesky(np.linalg.inv(h)).T  # upper factor of H⁻¹
-    params = _params(w, spec, order, convention, scale_dtype)  # scales from the whole (float) weight, as RTN would choose them
-    q = np.zeros_like(w)
-    for start in range(0, w.shape[1], BLOCK):
-        end = min(start + BLOCK, w.shape[1])
-        errors = np.zeros((w.shape[0], end - start), np.float32)
-        for i in range(start, end):
-            column = w[:, i]
-            q[:, i] = _fake_quantize(column, params, order[i])
-            err = (column - q[:, i]) / hinv[i, i]
-            w[:, i + 1:end] -= np.outer(err, hinv[i, i + 1:end]).astype(np.float32)
-            errors[:, i - start] = err
-        w[:, end:] -= (errors @ hinv[start:end, end:]).astype(np.float32)
+    hinv = _upper_inverse_factor(torch.from_numpy(h).to(device))
+    q = _columns(torch.from_numpy(w[:, order]).to(device), hinv, params, order, device)
     restored = np.empty_like(q)
     restored[:, order] = q
     return _requantize(restored, params)
+
+
+def _upper_inverse_factor(h):
+    """The upper Cholesky factor of H⁻¹ (H⁻¹ = L⁻ᵀL⁻¹ from H's own factor), in float32."""
+    import torch
+
+    lower = torch.linalg.cholesky(h.float())  # float32, as llm-compressor: the dampening keeps it definite
+    return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
+
+
+def _columns(w, hinv, params: _Params, order: np.ndarray, device: str) -> np.ndarray:
+    """Quantize column by column; each column's error is spread over the rest of its block of 128,
+    then the block's errors over the remaining columns."""
+    import torch
+
+    scale, zp = (torch.from_numpy(np.ascontiguousarray(a[:, order])).to(device) for a in _per_column(params, w.shape))
+    lo, hi = _limits(params)
+    q = torch.zeros_like(w)
+    for start in range(0, w.shape[1], BLOCK):
+        end = min(start + BLOCK, w.shape[1])
+        block = w[:, start:end].clone()  # a contiguous working copy of the block's columns
+        local = hinv[start:end, start:end]
+        errors = torch.zeros_like(block)
+        for j in range(end - start):
+            column = block[:, j]
+            s, z = scale[:, start + j], zp[:, start + j]
+            quantized = (torch.clamp(torch.round(column / s) + z, lo, hi) - z) * s
+            q[:, start + j] = quantized
+            err = (column - quantized) / local[j, j]
+            block[:, j + 1:] -= torch.outer(err, local[j, j + 1:])
+            errors[:, j] = err
+        w[:, end:] -= errors @ hinv[start:end, end:]
+    return q.cpu().numpy()
+
+
+def _per_column(params: _Params, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Scale and zero point of every weight element, [out, in], in the original column order
+    (a zero scale becomes 1: its column quantizes to the zero point either way)."""
+    columns = [_scale_zp(params, i) for i in range(shape[1])]
+    scale = np.stack([np.where(s != 0, s, 1.0) for s, _ in columns], axis=1).astype(np.float32)
+    zp = np.stack([z for _, z in columns], axis=1).astype(np.float32)
+    return scale, zp
 
 
 @dataclass(frozen=True)
@@ -82,6 +117,7 @@ class _Params:
 
 
 def _params(w: np.ndarray, spec: WeightQuant, order: np.ndarray, convention: Convention, scale_dtype) -> _Params:
+    """Scales of the weight in its original column order (`w` arrives permuted by `order`)."""
     original = np.empty_like(w)
     original[:, order] = w
     return _Params(quantize_weight(original, spec, Rounding.RTN, 0, 1, convention, scale_dtype), spec)
@@ -99,14 +135,6 @@ def _scale_zp(params: _Params, column: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _limits(params: _Params) -> tuple[int, int]:
     return qparams.qrange(params.spec.qtype, False)
-
-
-def _fake_quantize(column: np.ndarray, params: _Params, index: int) -> np.ndarray:
-    scale, zp = _scale_zp(params, index)
-    lo, hi = _limits(params)
-    safe = np.where(scale != 0, scale, 1.0)
-    q = np.clip(np.round(column / safe) + zp, lo, hi)
-    return ((q - zp) * scale).astype(np.float32)
 
 
 def _requantize(dequantized: np.ndarray, params: _Params) -> QuantizedWeight:

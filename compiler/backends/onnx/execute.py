@@ -15,7 +15,7 @@ from compiler.backends.onnx.calibrate import calibrate, session_from_path
 from compiler.backends.onnx.files import ModelFiles, load_remaining, open_model
 from compiler.backends.onnx.verify import Agreement
 from compiler.backends.release import release_memory
-from compiler.backends.result import CompileResult, judge
+from compiler.backends.result import CompileResult, judge, unsearched_mixed_precision
 from compiler.backends.rss import RssSampler
 from compiler.diagnostics import error, warning
 from compiler.ir.printer import print_ir
@@ -58,11 +58,7 @@ def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, prog
     w = workload(ir, assignment)
     source = model_path(ir.model)
     result = CompileResult(output, [], plan)
-    if ir.mixed_precision is not None:
-        result.warnings.append(warning(
-            "Q414", "the mixed-precision search is not implemented yet: every layer keeps the scheme its rules give",
-            ir.mixed_precision.span_of("choices") or ir.span, "not searched",
-            help="the plan shows the search it will run; until then, assign schemes with `quantize` rules"))
+    result.warnings.extend(unsearched_mixed_precision(ir))
     start = time.perf_counter()
     with RssSampler() as rss:
         files = open_model(source)

@@ -22,7 +22,7 @@ import torch
 from compiler.backends.onnx import data
 from compiler.backends.onnx.verify import Agreement
 from compiler.backends.release import release_memory
-from compiler.backends.result import CompileResult, judge
+from compiler.backends.result import CompileResult, judge, unsearched_mixed_precision
 from compiler.backends.rss import RssSampler
 from compiler.backends.torch import streams
 from compiler.backends.torch.compressed import TensorSpec, layer_specs, layer_tensors, quantization_config
@@ -45,11 +45,7 @@ _SKIPPED_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pt
 def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress) -> CompileResult:
     check_supported(ir, assignment)
     result = CompileResult(output, [], plan)
-    if ir.mixed_precision is not None:
-        result.warnings.append(warning(
-            "Q414", "the mixed-precision search is not implemented yet: every layer keeps the scheme its rules give",
-            ir.mixed_precision.span_of("choices") or ir.span, "not searched",
-            help="the plan shows the search it will run; until then, assign schemes with `quantize` rules"))
+    result.warnings.extend(unsearched_mixed_precision(ir))
     start = time.perf_counter()
     with RssSampler() as rss:
         model = open_model(ir.model, assignment.model.blocks, ir.model_span)
@@ -177,29 +173,35 @@ class _Run:
     # ---- block-wise: low_memory, offload, multi_gpu ------------------------------------------------
     def _blockwise(self, cal, verify, devices: dict) -> None:
         model, offload = self.model, self.mode is MemoryMode.OFFLOAD
-        outside = model.outside()
+        head_params = [p for p in model.outside() if _before_blocks(p.rpartition(".")[0], model)]
         self.rss.phase = "load"
-        model.materialize(outside if offload or devices else list(model.keys))
-        head = [j for j in self.jobs if not _in_blocks(j, model)]
+        if not (offload or devices):
+            model.materialize(list(model.keys))
+        elif cal is not None or verify is not None:  # only what runs before the first block
+            model.materialize(head_params)
+        outside_jobs = [j for j in self.jobs if not _in_blocks(j, model)]
+        before = [j for j in outside_jobs if _before_blocks(j.module, model)]
         self.rss.phase = "calibrate"
         container = model.block_modules()
-        with Statistics(model.module, head, self.ir.calibration) as stats:
+        with Statistics(model.module, before, self.ir.calibration) as stats:
             self.stats = stats
             for s in filter(None, (cal, verify and verify[0])):
                 streams.capture(model.module, container[0], s, self._call, self._new_forward)
             self.stats = None
-        before = [j for j in head if _before_blocks(j, model)]
-        self._quantize(before, stats)
+        if cal is None and verify is None:
+            self._quantize_streamed(before, None, offload)
+        else:
+            self._quantize(before, stats)
         if verify is not None:
             streams.capture(model.module, container[0], verify[1], self._call)
         if offload:
-            model.release(outside)
+            model.release([p for p in head_params if model.is_resident(p)])
             release_memory()
         advance = self.progress("blocks", len(model.blocks))
         for number, name in enumerate(model.blocks):
             self._block(number, name, cal, verify, devices.get(name, "cpu"), offload)
             advance()
-        self._tail(cal, verify, [j for j in head if j not in before], offload)
+        self._tail(cal, verify, [j for j in outside_jobs if j not in before], offload)
 
     def _block(self, number: int, name: str, cal, verify, device, offload: bool) -> None:
         model = self.model
@@ -237,10 +239,14 @@ class _Run:
         return out
 
     def _tail(self, cal, verify, jobs: list[Job], offload: bool) -> None:
+        """What comes after the blocks. Without verification, and with no layer there that needs data,
+        nothing runs: its layers are rounded one at a time."""
         model = self.model
-        outside = model.outside()
-        if offload:
-            model.materialize(outside)
+        if verify is None and not (cal is not None and any(j.needs_data for j in jobs)):
+            self._quantize_streamed(jobs, None, offload)
+            return
+        missing = [p for p in model.outside() if not model.is_resident(p)]
+        model.materialize(missing)
         container = model.block_modules()
         with Statistics(model.module, jobs, self.ir.calibration) as stats:
             self.stats = stats
@@ -257,9 +263,18 @@ class _Run:
         for hook in hooks:
             hook.remove()
         if offload:
-            model.release(outside)
+            model.release(missing)
 
     # ---- quantization and output -------------------------------------------------------------------
+    def _quantize_streamed(self, jobs: list[Job], stats: Statistics | None, offload: bool) -> None:
+        """Round layers whose weights may not be resident (offload): each read, rounded, written, dropped."""
+        for job in jobs:
+            params = [p for p in self.model.parameters_of(job.module) if not self.model.is_resident(p)]
+            self.model.materialize(params)
+            self._quantize([job], stats)
+            if offload:
+                self.model.release(self.model.parameters_of(job.module))
+
     def _quantize(self, jobs: list[Job], stats: Statistics) -> list:
         """Round each job's weight, write its tensors, and make its module compute like the emitted model."""
         hooks = []
@@ -318,11 +333,12 @@ def _in_blocks(job: Job, model: TorchModel) -> bool:
     return bool(model.container) and job.module.startswith(model.container + ".")
 
 
-def _before_blocks(job: Job, model: TorchModel) -> bool:
-    """Outside the blocks and before the first: it runs before the forward pass reaches the blocks."""
+def _before_blocks(module: str, model: TorchModel) -> bool:
+    """Outside the blocks and before the first in module order: it runs before the forward pass reaches
+    the blocks (embeddings)."""
     order = [name for name, _ in model.module.named_modules()]
     first = order.index(model.blocks[0]) if model.blocks else len(order)
-    return order.index(job.module) < first
+    return order.index(module) < first
 
 
 def _output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
