@@ -270,9 +270,22 @@ def test_truncated_checkpoint_is_a_diagnostic(tmp_path):
 
 
 def test_multi_gpu_without_gpus_falls_back_to_low_memory(tmp_path):
-    if torch.cuda.isavailable():
+    if torch.cuda.is_available():
         pytest.skip("GPUs present: the real multi_gpu path runs instead")
     out = tmp_path / "out"
     result = compile_("recipes/tiny-llama-torch-w4a16.recipe", out, "memory.mode=multi_gpu", "memory.vram=1 x 8 GiB")
     assert result.exit_code == 0, result.output
     assert "Q407" in result.output and "low_memory" in result.output
+
+
+def test_act_order_is_inherited_and_printed():
+    from compiler.frontend import check_source
+    from compiler.ir.printer import print_ir
+    from compiler.source import Source
+
+    text = ('recipe r {\n model "builtin:tiny-llama"\n backend torch\n scheme a = W4A16 { rounding gptq act_order }\n'
+            ' scheme b = a { group 64 }\n quantize { "model.layers.*" -> a  "lm_head" -> b }\n}\n')
+    ir = check_source(Source("r.recipe", text)).ir
+    assert [s.act_order for s in ir.schemes if s.name in ("a", "b")] == [True, True]
+    again = check_source(Source("again.recipe", print_ir(ir))).ir
+    assert [(s.name, s.rounding, s.act_order) for s in again.schemes] == [(s.name, s.rounding, s.act_order) for s in ir.schemes]

@@ -175,7 +175,10 @@ def lower_emit(ctx: Context) -> list[PlanOp]:
     w, emit = ctx.workload, ctx.ir.emit
     fmt = emit.format.value if emit else ("qdq" if w.backend is Backend.ONNX else "safetensors")
     path = emit.path if emit else "(-o PATH)"
-    peak = memory.RUNTIME[w.backend] + 2 * w.quantized_bytes  # the model and its serialized copy
+    if w.backend is Backend.TORCH:  # streamed: rounded tensors went out with their block; the rest is copied one by one
+        peak = memory.RUNTIME[w.backend] + w.largest_layer_bytes
+    else:
+        peak = memory.RUNTIME[w.backend] + 2 * w.quantized_bytes  # the model and its serialized copy
     inputs = ("model", "qparams") + (("ranges",) if w.observed and w.backend is Backend.ONNX else ())
     return [PlanOp(OpKind.EMIT, f"write {fmt} to {path} atomically (temp file + rename), "
                    f"{human_bytes(w.quantized_bytes)} of weights", _p(format=fmt, path=path, bytes=w.quantized_bytes),

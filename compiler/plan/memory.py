@@ -21,7 +21,7 @@ SESSION_COPIES = 1  # ONNX: weights live once, in the session (read from externa
 ACT_BYTES = 4  # activations are computed in float32 on CPU
 HIST_STATE = 2 * 8  # per bin: int64 counts, plus the scratch histogram of the chunk being merged
 MINMAX_STATE = 64  # per tensor: running min/max, counts of non-finite values
-CACHE_COPIES = {MemoryMode.FULL: 3, MemoryMode.LOW_MEMORY: 2, MemoryMode.OFFLOAD: 2, MemoryMode.MULTI_GPU: 2}
+CACHE_COPIES = {MemoryMode.FULL: 0, MemoryMode.LOW_MEMORY: 2, MemoryMode.OFFLOAD: 2, MemoryMode.MULTI_GPU: 2}
 VRAM_SLACK = 1.2  # Olive's factor over the computed GPU footprint
 CUDA_HOST = 800 * MiB  # host memory of the CUDA context and kernel libraries (measured on an H100: +0.75 GiB RSS)
 SLICE_BYTES = 16 << 20  # the ONNX backend rounds large weights in slices of output channels of this size
@@ -180,6 +180,9 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     held = chunk if (mode is MemoryMode.OFFLOAD and w.disk) else w.samples
     cache = copies * held * cache_ps if w.calibrate else 0
     work = chunk * block_working_set(w) if w.calibrate else 0
+    if mode is MemoryMode.FULL and w.calibrate:  # the whole model runs: its outputs (logits) and a copy
+        last = w.index.layers[-1].out_features if w.index.layers else w.hidden
+        work += 2 * chunk * w.seqlen * last * ACT_BYTES
     if mode is MemoryMode.OFFLOAD:
         weights, label = _offload_weights(w), "weights of one block (or of what is outside the blocks)"
     elif mode is MemoryMode.MULTI_GPU:
@@ -190,8 +193,19 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     parts = (("runtime" + (" with CUDA" if mode is MemoryMode.MULTI_GPU else ""), runtime), (label, weights),
              (f"block caches ({copies} copies)", cache),
              (f"block working set ({chunk} samples)", work if mode is not MemoryMode.MULTI_GPU else 0),
-             ("GPTQ Hessians", hessian_bytes(w, all_blocks=mode is MemoryMode.FULL) if mode is not MemoryMode.MULTI_GPU else 0))
+             ("GPTQ Hessians (+ scratch of one)", hessian_bytes(w, all_blocks=mode is MemoryMode.FULL)
+              + _gptq_scratch(w) if mode is not MemoryMode.MULTI_GPU else 0))
     return Phase("block-wise compile", sum(b for _, b in parts), parts)
+
+
+def _gptq_scratch(w: Workload) -> int:
+    """Rounding one layer with GPTQ holds its Hessian about three more times in float32 (its copy, the
+    Cholesky factor, the factor of the inverse)."""
+    if not w.gptq:
+        return 0
+    quantized = set(w.quantized_layers)
+    k = max((x.in_features for x in w.index.layers if x.name in quantized and x.kind == "Linear"), default=0)
+    return 3 * k * k * 4
 
 
 def _offload_weights(w: Workload) -> int:

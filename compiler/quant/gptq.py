@@ -53,15 +53,18 @@ def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool 
     import torch
 
     w = np.array(w, np.float32)
-    h = np.array(hessian, np.float64)
-    dead = np.diag(h) == 0
-    h[dead, dead] = 1.0
+    h = torch.tensor(np.asarray(hessian, np.float32), device=device)  # float32 throughout: K² × 4 per copy
+    diagonal = torch.diagonal(h).cpu().numpy()
+    dead = diagonal == 0
+    h.diagonal()[torch.from_numpy(dead).to(device)] = 1.0
     w[:, dead] = 0.0
-    order = np.argsort(-np.diag(h), kind="stable") if act_order else np.arange(w.shape[1])
+    order = np.argsort(-diagonal, kind="stable") if act_order else np.arange(w.shape[1])
     params = _params(w[:, order], spec, order, convention, scale_dtype)  # scales from the whole (float) weight
-    h = h[np.ix_(order, order)]
-    h += DAMPENING * np.mean(np.diag(h)) * np.eye(h.shape[0])
-    hinv = _upper_inverse_factor(torch.from_numpy(h).to(device))
+    if act_order:
+        index = torch.from_numpy(order).to(device)
+        h = h.index_select(0, index).index_select(1, index)
+    h.diagonal().add_(DAMPENING * float(torch.diagonal(h).mean()))
+    hinv = _upper_inverse_factor(h)
     q = _columns(torch.from_numpy(w[:, order]).to(device), hinv, params, order, device)
     restored = np.empty_like(q)
     restored[:, order] = q
@@ -72,7 +75,8 @@ def _upper_inverse_factor(h):
     """The upper Cholesky factor of H⁻¹ (H⁻¹ = L⁻ᵀL⁻¹ from H's own factor), in float32."""
     import torch
 
-    lower = torch.linalg.cholesky(h.float())  # float32, as llm-compressor: the dampening keeps it definite
+    lower = torch.linalg.cholesky(h)  # float32, as llm-compressor: the dampening keeps it definite
+    del h
     return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
 
 

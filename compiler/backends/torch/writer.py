@@ -45,8 +45,11 @@ class FolderWriter:
         if tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
             raise ValueError(f"{name}: {tensor.dtype}{list(tensor.shape)} written where the layout has "
                              f"{spec.dtype}{list(spec.shape)}")
-        data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
-        os.pwrite(fd, data, offset)
+        if tensor.numel():  # the tensor's own memory is written: no bytes copy of a large embedding
+            data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+            written = 0
+            while written < data.size:
+                written += os.pwrite(fd, data[written:], offset + written)
         self.missing.discard(name)
 
     def write_file(self, relative: str, text: str) -> None:
