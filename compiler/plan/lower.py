@@ -175,8 +175,8 @@ def lower_emit(ctx: Context) -> list[PlanOp]:
     w, emit = ctx.workload, ctx.ir.emit
     fmt = emit.format.value if emit else ("qdq" if w.backend is Backend.ONNX else "safetensors")
     path = emit.path if emit else "(-o PATH)"
-    if w.backend is Backend.TORCH:  # streamed: rounded tensors went out with their block; the rest is copied one by one
-        peak = memory.RUNTIME[w.backend] + w.largest_layer_bytes
+    if w.backend is Backend.TORCH:  # streamed: rounded tensors went out with their block; the rest is copied as bytes
+        peak = memory.RUNTIME[w.backend] + memory.COPY_SLICE
     else:
         peak = memory.RUNTIME[w.backend] + 2 * w.quantized_bytes  # the model and its serialized copy
     inputs = ("model", "qparams") + (("ranges",) if w.observed and w.backend is Backend.ONNX else ())

@@ -25,6 +25,7 @@ CACHE_COPIES = {MemoryMode.FULL: 0, MemoryMode.LOW_MEMORY: 2, MemoryMode.OFFLOAD
 VRAM_SLACK = 1.2  # Olive's factor over the computed GPU footprint
 CUDA_HOST = 800 * MiB  # host memory of the CUDA context and kernel libraries (measured on an H100: +0.75 GiB RSS)
 SLICE_BYTES = 16 << 20  # the ONNX backend rounds large weights in slices of output channels of this size
+COPY_SLICE = 16 << 20  # the torch backend copies unquantized tensors to its output in slices of this size
 
 
 @dataclass(frozen=True, slots=True)

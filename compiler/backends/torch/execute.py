@@ -296,9 +296,9 @@ class _Run:
 
     def _copy_unquantized(self) -> None:
         replaced = {j.layer.weight for j in self.jobs}
-        for key in self.model.checkpoint.entries:
+        for key, entry in self.model.checkpoint.entries.items():
             if key not in replaced:
-                self.writer.put(key, self.model.checkpoint.read(key))
+                self.writer.copy_raw(key, entry.file, entry.start, entry.end)
 
     def _write_metadata(self) -> None:
         quantized = [(j.layer, j.scheme) for j in self.jobs]

@@ -4,6 +4,7 @@ computes with its dequantized weight (and fake-quantized input) so later blocks 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -58,8 +59,8 @@ class Hessian:
 
 @dataclass
 class Statistics:
-    """Forward pre-hooks on the Linears of `jobs` that need data. Layers reading the same tensor object
-    in one forward pass share one leader, whose Hessian and observer stand for all of them."""
+    """Forward pre-hooks on the Linears of `jobs` that need data. Layers reading the same live tensor
+    object in one forward pass share one leader, whose Hessian and observer stand for all of them."""
 
     root: nn.Module
     jobs: list[Job]
@@ -67,7 +68,7 @@ class Statistics:
     leader: dict[str, str] = field(default_factory=dict)
     hessians: dict[str, Hessian] = field(default_factory=dict)
     observers: dict[str, object] = field(default_factory=dict)
-    _seen: dict[int, tuple[torch.Tensor, str, set]] = field(default_factory=dict)
+    _seen: dict[int, tuple[weakref.ref, str, set]] = field(default_factory=dict)
     _handles: list = field(default_factory=list)
 
     def __enter__(self) -> Statistics:
@@ -84,14 +85,17 @@ class Statistics:
         self._seen.clear()
 
     def new_forward(self) -> None:
-        """Call before each forward: inputs are matched by identity within one pass (holding them keeps
-        their memory from being reused by a later, different tensor)."""
+        """Call before each forward: inputs are matched by identity within one pass, through weak
+        references (holding the inputs would keep every layer's input of a whole-model pass alive)."""
         self._seen.clear()
 
     def _hook(self, job: Job):
         def hook(module, args):
             x = args[0]
-            _, leader, done = self._seen.setdefault(id(x), (x, job.module, set()))
+            entry = self._seen.get(id(x))
+            if entry is None or entry[0]() is not x:  # a new tensor (a dead one's id may be reused)
+                entry = self._seen[id(x)] = (weakref.ref(x), job.module, set())
+            _, leader, done = entry
             self.leader[job.module] = leader
             if job.gptq and "hessian" not in done:
                 done.add("hessian")

@@ -13,6 +13,7 @@ import torch
 
 from compiler.backends.torch.checkpoint import CODES
 from compiler.backends.torch.compressed import TensorSpec
+from compiler.plan.memory import COPY_SLICE  # the estimate and the copy share it
 
 SHARD_BYTES = 2 << 30  # above this the weights are split into model-0000i-of-0000n.safetensors
 
@@ -50,6 +51,25 @@ class FolderWriter:
             written = 0
             while written < data.size:
                 written += os.pwrite(fd, data[written:], offset + written)
+        self.missing.discard(name)
+
+    def copy_raw(self, name: str, source: Path, start: int, end: int) -> None:
+        """A tensor copied byte for byte from another safetensors file (same dtype and shape), in the
+        kernel where it can (copy_file_range): a large embedding never passes through Python."""
+        fd, offset, spec = self.where[name]
+        if end - start != spec.nbytes:
+            raise ValueError(f"{name}: {end - start} bytes copied where the layout has {spec.nbytes}")
+        with open(source, "rb", buffering=0) as handle:
+            done = 0
+            while done < end - start:
+                size = min(COPY_SLICE, end - start - done)
+                try:
+                    copied = os.copy_file_range(handle.fileno(), fd, size, start + done, offset + done)
+                except (AttributeError, OSError):  # not Linux, or across file systems that refuse it
+                    copied = os.pwrite(fd, os.pread(handle.fileno(), size, start + done), offset + done)
+                if copied <= 0:
+                    raise ValueError(f"{name}: the source ended early")
+                done += copied
         self.missing.discard(name)
 
     def write_file(self, relative: str, text: str) -> None:
