@@ -19,6 +19,8 @@ from compiler.quant.observers import make_observer
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
 from compiler.quant.weights import Convention, QuantizedWeight, quantize_weight
 
+ROW_SLICE_BYTES = 4 << 20  # rtn/mse round a weight this many bytes of rows at a time
+
 
 @dataclass(frozen=True)
 class Job:
@@ -122,8 +124,16 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
     spec = job.scheme.weights
     np_dtype = str(scale_dtype).removeprefix("torch.")
     if job.gptq:
-        return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype)
-    return quantize_weight(w, spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype)
+        return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype, str(weight.device))
+    if spec.granularity is Granularity.PER_TENSOR:
+        return quantize_weight(w, spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype)
+    # rows (output channels) are independent: round in slices, so the scratch is a slice's, not the layer's
+    step = max(1, ROW_SLICE_BYTES // max(1, w.shape[1] * 4))
+    parts = [quantize_weight(w[i:i + step], spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype)
+             for i in range(0, w.shape[0], step)]
+    first = parts[0]
+    return QuantizedWeight(np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts]),
+                           np.concatenate([p.zero_point for p in parts]), first.qtype, first.axis, first.block_size)
 
 
 def input_qparams(job: Job, stats: Statistics | None, calibration: Calibration, scale_dtype: torch.dtype):
