@@ -26,6 +26,7 @@ class Workload:
     inherited: int  # needed tensors whose range comes from a passthrough ancestor instead
     calibrate: bool  # any step needs a forward pass over calibration data
     gptq: bool
+    gptq_layers: tuple[str, ...]
     samples: int
     seqlen: int
     chunk: int
@@ -62,7 +63,8 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
     if index.graph is not None and ir.calibration.passthrough:
         sources = propagate(index.graph, needed, ir.calibration.passthrough)
     observed = tuple(dict.fromkeys(sources.values()))
-    gptq = any(a.scheme.rounding is Rounding.GPTQ for a in quantized)
+    gptq_layers = tuple(a.layer.name for a in quantized if a.scheme.rounding is Rounding.GPTQ)
+    gptq = bool(gptq_layers)
     mp = ir.mixed_precision
     cal = ir.calibration
     return Workload(
@@ -72,7 +74,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         quantized_layers=tuple(a.layer.name for a in quantized), needed=needed, observed=observed,
         inherited=sum(source != tensor for tensor, source in sources.items()),
         calibrate=bool(observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR),
-        gptq=gptq, samples=cal.data.samples, seqlen=cal.data.seqlen, chunk=chunk or cal.chunk, bins=cal.bins,
+        gptq=gptq, gptq_layers=gptq_layers, samples=cal.data.samples, seqlen=cal.data.seqlen, chunk=chunk or cal.chunk, bins=cal.bins,
         method=cal.method, mixed_precision=mp is not None,
         kld_gradient=bool(mp and mp.metric is SensitivityMetric.KLD and ir.backend is Backend.TORCH),
         verify_samples=ir.verify.samples if ir.verify else 0, disk=ir.memory.disk is not None,
