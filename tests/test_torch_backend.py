@@ -289,3 +289,25 @@ def test_act_order_is_inherited_and_printed():
     assert [s.act_order for s in ir.schemes if s.name in ("a", "b")] == [True, True]
     again = check_source(Source("again.recipe", print_ir(ir))).ir
     assert [(s.name, s.rounding, s.act_order) for s in again.schemes] == [(s.name, s.rounding, s.act_order) for s in ir.schemes]
+
+
+def test_interrupted_compile_leaves_nothing_behind(tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM, which qrc turns into the same) half-way through the blocks: no output folder,
+    no temporary folder, no cached hidden states on disk."""
+    from compiler.backends.torch import writer
+
+    calls = {"n": 0}
+    original = writer.FolderWriter.put
+
+    def put(self, name, tensor):
+        calls["n"] += 1
+        if calls["n"] == 10:
+            raise KeyboardInterrupt
+        return original(self, name, tensor)
+
+    monkeypatch.setattr(writer.FolderWriter, "put", put)
+    out, disk = tmp_path / "out", tmp_path / "cache"
+    result = compile_("recipes/tiny-llama-torch-gptq.recipe", out, f'memory.disk="{disk}"', "verify.samples=2")
+    assert result.exit_code != 0 and calls["n"] == 10
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+    assert not any(disk.rglob("*.pt"))
