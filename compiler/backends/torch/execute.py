@@ -186,14 +186,14 @@ class _Run:
         with Statistics(model.module, before, self.ir.calibration) as stats:
             self.stats = stats
             for s in filter(None, (cal, verify and verify[0])):
-                streams.capture(model.module, container[0], s, self._call, self._new_forward)
+                streams.capture(container[0], s, self._call, self._new_forward)
             self.stats = None
         if cal is None and verify is None:
             self._quantize_streamed(before, None, offload)
         else:
             self._quantize(before, stats)
         if verify is not None:
-            streams.capture(model.module, container[0], verify[1], self._call)
+            streams.capture(container[0], verify[1], self._call)
         if offload:
             model.release([p for p in head_params if model.is_resident(p)])
             release_memory()

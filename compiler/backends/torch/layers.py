@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from compiler.backends.torch.compressed import static_input
 from compiler.ir.types import ActivationMode, Calibration, Granularity, Rounding, Scheme
 from compiler.models.index import Layer
 from compiler.quant import qparams
@@ -34,8 +35,7 @@ class Job:
 
     @property
     def static_input(self) -> bool:
-        act = self.scheme.activations
-        return act is not None and act.mode is ActivationMode.STATIC
+        return static_input(self.scheme)
 
     @property
     def needs_data(self) -> bool:
@@ -153,7 +153,8 @@ def input_qparams(job: Job, stats: Statistics | None, calibration: Calibration, 
 def apply_quantized(module: nn.Linear, q: QuantizedWeight, job: Job, act: tuple[float, int] | None):
     """The module now computes like the emitted model: dequantized weight, fake-quantized input.
     Returns the hook handle of the input quantizer (None without one)."""
-    dequantized = torch.from_numpy(_dequantize(q, job)).to(module.weight.device, module.weight.dtype)
+    # what compressed-tensors' decompressor computes from the stored tensors: (q - zp) · scale
+    dequantized = torch.from_numpy(q.dequantize()).to(module.weight.device, module.weight.dtype)
     module._parameters["weight"] = nn.Parameter(dequantized, requires_grad=False)
     scheme = job.scheme.activations
     if scheme is None or (scheme.mode is ActivationMode.STATIC and act is None):
@@ -176,7 +177,3 @@ def apply_quantized(module: nn.Linear, q: QuantizedWeight, job: Job, act: tuple[
         return ((torch.round(x / scale)).clamp(lo, hi) * scale,) + tuple(args[1:])
     return module.register_forward_pre_hook(dynamic)
 
-
-def _dequantize(q: QuantizedWeight, job: Job) -> np.ndarray:
-    """What compressed-tensors' decompressor computes from the stored tensors: (q - zp) · scale."""
-    return q.dequantize()

@@ -59,7 +59,7 @@ class Stream:
         return len(self.feeds)
 
 
-def capture(model_module: nn.Module, first_block: nn.Module, stream: Stream, call, before=None) -> None:
+def capture(first_block: nn.Module, stream: Stream, call, before=None) -> None:
     """Run the model on each chunk until the first block; keep its inputs, then stop the forward."""
     handle = first_block.register_forward_pre_hook(_raise, with_kwargs=True)
     try:
