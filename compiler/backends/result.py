@@ -52,3 +52,16 @@ def unsearched_mixed_precision(ir) -> list[Diagnostic]:
     return [warning("Q414", "the mixed-precision search is not implemented yet: every layer keeps the scheme its rules give",
                     ir.mixed_precision.span_of("choices") or ir.span, "not searched",
                     help="the plan shows the search it will run; until then, assign schemes with `quantize` rules")]
+
+
+def held_out_batches(ir, index, result: CompileResult, chunk: int):
+    """Verification samples; Q406 when a data file is too short to hold them out from calibration."""
+    from compiler.backends.onnx import data
+
+    v = ir.verify
+    batches, overlaps = data.verify_batches(ir.calibration.data, index, v.samples, chunk)
+    if overlaps:
+        result.warnings.append(warning("Q406", "verification reuses calibration samples: the data file is too short",
+                                       ir.calibration.data.span_of("data"), "not held out",
+                                       help=f"add at least {v.samples} samples beyond `samples` to the file"))
+    return batches

@@ -15,7 +15,7 @@ from compiler.backends.onnx.calibrate import calibrate, session_from_path
 from compiler.backends.onnx.files import ModelFiles, load_remaining, open_model
 from compiler.backends.onnx.verify import Agreement
 from compiler.backends.release import release_memory
-from compiler.backends.result import CompileResult, judge, unsearched_mixed_precision
+from compiler.backends.result import CompileResult, held_out_batches, judge, unsearched_mixed_precision
 from compiler.backends.rss import RssSampler
 from compiler.diagnostics import error, warning
 from compiler.ir.printer import print_ir
@@ -199,14 +199,7 @@ def _consumers(assignment: Assignment, model) -> dict[str, set[str]]:
 
 
 def _verify_batches(ir, assignment, result: CompileResult, chunk: int | None = None):
-    v = ir.verify
-    batches, overlaps = data.verify_batches(ir.calibration.data, assignment.model, v.samples,
-                                            chunk or min(ir.calibration.chunk, v.samples))
-    if overlaps:
-        result.warnings.append(warning("Q406", "verification reuses calibration samples: the data file is too short",
-                                       ir.calibration.data.span_of("data"), "not held out",
-                                       help=f"add at least {v.samples} samples beyond `samples` to the file"))
-    return batches
+    return held_out_batches(ir, assignment.model, result, chunk or min(ir.calibration.chunk, ir.verify.samples))
 
 
 def _verify(ir, assignment, source: Path, output: Path, progress, result: CompileResult) -> None:

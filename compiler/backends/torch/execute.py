@@ -22,9 +22,10 @@ import torch
 from compiler.backends.onnx import data
 from compiler.backends.onnx.verify import Agreement
 from compiler.backends.release import release_memory
-from compiler.backends.result import CompileResult, judge, unsearched_mixed_precision
+from compiler.backends.result import CompileResult, held_out_batches, judge, unsearched_mixed_precision
 from compiler.backends.rss import RssSampler
 from compiler.backends.torch import streams
+from compiler.backends.torch.checkpoint import DTYPES
 from compiler.backends.torch.compressed import TensorSpec, layer_specs, layer_tensors, quantization_config
 from compiler.backends.torch.devices import place
 from compiler.backends.torch.layers import Job, Statistics, apply_quantized, input_qparams, quantize_job
@@ -122,13 +123,7 @@ class _Run:
         v = self.ir.verify
         if v is None:
             return None
-        batches, overlaps = data.verify_batches(self.ir.calibration.data, self.index, v.samples,
-                                                min(self.ir.calibration.chunk, v.samples))
-        if overlaps:
-            self.result.warnings.append(warning("Q406", "verification reuses calibration samples: the data file is too "
-                                                "short", self.ir.calibration.data.span_of("data"), "not held out",
-                                                help=f"add at least {v.samples} samples beyond `samples` to the file"))
-        batches = list(batches)
+        batches = list(held_out_batches(self.ir, self.index, self.result, min(self.ir.calibration.chunk, v.samples)))
         return self._stream("verify (float)", batches), self._stream("verify (quantized)", batches), Agreement()
 
     def _call(self, feed: dict):
@@ -336,14 +331,11 @@ def _in_blocks(job: Job, model: TorchModel) -> bool:
 def _before_blocks(module: str, model: TorchModel) -> bool:
     """Outside the blocks and before the first in module order: it runs before the forward pass reaches
     the blocks (embeddings)."""
-    order = [name for name, _ in model.module.named_modules()]
-    first = order.index(model.blocks[0]) if model.blocks else len(order)
-    return order.index(module) < first
+    order = model.module_order
+    return order[module] < order.get(model.blocks[0], len(order)) if model.blocks else True
 
 
 def _output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
-    from compiler.backends.torch.checkpoint import DTYPES
-
     replaced = {j.layer.weight: j for j in jobs}
     specs = []
     for key, entry in model.checkpoint.entries.items():

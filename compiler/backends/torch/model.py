@@ -3,13 +3,12 @@ weights are materialised one module (one block) at a time and dropped again afte
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import inspect
 import json
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -33,6 +32,11 @@ class TorchModel:
     accepts_use_cache: bool
     config: dict  # config.json of an HF folder; for built-ins, what describes them
     folder: Path | None  # the HF folder (its other files are copied next to the output)
+
+    @cached_property
+    def module_order(self) -> dict[str, int]:
+        """Each module's position in the model's own order (the order its forward pass meets them)."""
+        return {name: i for i, (name, _) in enumerate(self.module.named_modules())}
 
     def block_modules(self) -> nn.ModuleList:
         return self.module.get_submodule(self.container) if self.container else nn.ModuleList()
@@ -120,9 +124,7 @@ def builtin_checkpoint(ref: str) -> Path:
     from safetensors.numpy import save_file
 
     name, spec = builtin.parse_ref(ref)
-    key = ",".join(f"{f.name}={getattr(spec, f.name)}" for f in dataclasses.fields(spec))
-    digest = hashlib.sha256(f"{name}|{key}|torch-v1".encode()).hexdigest()[:16]
-    folder = builtin.cache_dir() / "builtin" / f"{name}-{digest}-torch"
+    folder = builtin.cache_dir() / "builtin" / f"{builtin.cached_name(ref, 'torch-v1')}-torch"
     if not (folder / "model.safetensors").exists():
         folder.mkdir(parents=True, exist_ok=True)
         temp = folder / "model.safetensors.tmp"

@@ -55,12 +55,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get("QRC_CACHE") or Path.home() / ".cache" / "qrc")
 
 
+def cached_name(ref: str, version: str) -> str:
+    """`NAME-DIGEST`: a built-in's cache entry, one per parameter set and format version."""
+    name, spec = parse_ref(ref)
+    key = ",".join(f"{f.name}={getattr(spec, f.name)}" for f in dataclasses.fields(spec))
+    return f"{name}-{hashlib.sha256(f'{name}|{key}|{version}'.encode()).hexdigest()[:16]}"
+
+
 def onnx_path(ref: str) -> Path:
     """The cached ONNX file of a built-in, generated (atomically) on first use."""
     name, spec = parse_ref(ref)
-    key = ",".join(f"{f.name}={getattr(spec, f.name)}" for f in dataclasses.fields(spec))
-    digest = hashlib.sha256(f"{name}|{key}|v2".encode()).hexdigest()[:16]
-    path = cache_dir() / "builtin" / f"{name}-{digest}.onnx"
+    path = cache_dir() / "builtin" / f"{cached_name(ref, 'v2')}.onnx"
     if not path.exists():
         write_onnx(module(name).build_onnx(spec), path)
     return path
