@@ -171,6 +171,11 @@ CODES: tuple[CodeInfo, ...] = (
     _c("Q228", "unknown layer type",
        "`type X` selects layers by kind: Linear, MatMul, Gemm, Conv or Embedding.",
        "quantize { type Dense -> w8 }"),
+    _c("Q229", "bit budget below the cheapest assignment",
+       "The budget counts storage bits per weight over the searched layers, scales and zero points "
+       "included (int4 in groups of 128 with float32 scales is 4.25 bits). A budget below every searched "
+       "layer at its cheapest choice cannot be met.",
+       "mixed_precision { choices [w4, w8] budget 4.1 bits }   # w4 = W4A16, group 128"),
     _c("Q230", "unknown `--set` key",
        "`--set` replaces one setting of the recipe; the key names the block and the setting.",
        "qrc check r.recipe --set memory.rma=2GiB"),
@@ -238,10 +243,6 @@ CODES: tuple[CodeInfo, ...] = (
        "The ONNX backend writes one .onnx file (plus .onnx.data for large models); the torch backend "
        "writes a folder. An existing path of the other kind is not overwritten.",
        "qrc compile r.recipe -o out/"),
-    _c("Q414", "mixed-precision search not run yet (warning)",
-       "The plan shows the search, but this version does not execute it: layers keep the schemes their "
-       "rules give.",
-       "mixed_precision { choices [w4, w8] budget 5 bits }"),
     # ---- Q5xx: verification ------------------------------------------------------------------------
     _c("Q501", "verification failed",
        "The emitted model was run beside the float one on held-out samples and missed the recipe's bound. "
@@ -285,6 +286,10 @@ CODES: tuple[CodeInfo, ...] = (
        "The model has no layers named like attention projections (q/k/v_proj, query/key/value, Wq/Wk/Wv), "
        "so the group constrains nothing.",
        "model \"builtin:tiny-cnn\"\ngroup auto qkv"),
+    _c("Q246", "mixed precision has nothing to search (warning)",
+       "Only layers whose winning rule gives one of the choices are searched; when no rule does, every "
+       "layer keeps its rule's scheme and the search does nothing.",
+       "quantize { \"*\" -> W8A8 }\nmixed_precision { choices [w4, w8] budget 5 bits }"),
     _c("Q240", "scheme never used (warning)",
        "A scheme no rule or choice names has no effect; often a rule names the wrong scheme.",
        "scheme w8 { weights int8 }   # and no rule -> w8"),
@@ -295,9 +300,9 @@ CODES: tuple[CodeInfo, ...] = (
        "A chunk is a number of samples per forward pass; it is clamped to the sample count.",
        "calibrate { data synthetic { samples 8 } chunk 16 }"),
     _c("Q243", "bit budget allows the widest choice everywhere (warning)",
-       "With a budget at or above the widest choice the search has nothing to trade and assigns the "
-       "widest scheme to every layer.",
-       "mixed_precision { choices [w4, w8] budget 8 bits }"),
+       "With a budget at or above every searched layer at its widest choice (storage bits, scales "
+       "included) the search has nothing to trade and assigns the widest scheme everywhere.",
+       "mixed_precision { choices [w4, w8] budget 9 bits }"),
 )
 
 BY_CODE = {info.code: info for info in CODES}

@@ -55,6 +55,8 @@ def _apply_one(recipe: ast.Recipe, text: str) -> ast.Recipe | Diagnostic:
         keyword, start = "emit", "recipe_setting"
     if key in ("emit.path", "model", "memory.disk") and not value.startswith('"'):
         value = quote(value)  # a path on the command line needs no quotes
+    if key == "mixed_precision.budget" and value.replace(".", "", 1).isdigit():
+        value += " bits"  # the only unit a budget has: a sweep can write `budget=4.5`
     source = Source(f"--set {key}", f"{keyword} {value}")
     parsed = parse_setting(source, start)
     if isinstance(parsed, Diagnostic):

@@ -9,8 +9,10 @@ from pathlib import Path
 
 from compiler.backends import BackendError
 from compiler.backends.onnx.verify import Agreement, passes
+from compiler.backends.sensitivity import SearchResult
 from compiler.diagnostics import Diagnostic, error, warning
 from compiler.plan.ops import Plan
+from compiler.resolve.assignment import Assignment
 
 
 @dataclass
@@ -26,6 +28,8 @@ class CompileResult:
     warnings: list[Diagnostic] = field(default_factory=list)
     rss_samples: list[tuple[float, int, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the run decided that the plan could not know
+    assignment: Assignment | None = None  # what was compiled: the plan's, or the mixed-precision search's
+    search: SearchResult | None = None
 
 
 def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None:
@@ -43,15 +47,6 @@ def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None
                                  f"{v.bound.value} {v.threshold:g}", ir.verify.span_of("bound") or ir.verify.span_of("metric")
                                  or ir.span, "not met", help=f"the emitted model is left at {output} with the figures "
                                  f"in {report.name}; try a wider scheme for sensitive layers or `method percentile`"))
-
-
-def unsearched_mixed_precision(ir) -> list[Diagnostic]:
-    """Q414 while the mixed-precision search is not implemented: the rules' schemes are used."""
-    if ir.mixed_precision is None:
-        return []
-    return [warning("Q414", "the mixed-precision search is not implemented yet: every layer keeps the scheme its rules give",
-                    ir.mixed_precision.span_of("choices") or ir.span, "not searched",
-                    help="the plan shows the search it will run; until then, assign schemes with `quantize` rules")]
 
 
 def held_out_batches(ir, index, result: CompileResult, chunk: int):

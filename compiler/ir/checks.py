@@ -147,13 +147,9 @@ def check_mixed_precision(ir: RecipeIR, diags: Diagnostics) -> None:
     if len(schemes) < 2 or not mp.budget_bits:
         return
     bits = sorted(s.weights.qtype.bits for s in schemes)
-    if mp.budget_bits < bits[0]:
+    if mp.budget_bits < bits[0]:  # storage bits (with scales) are checked against the model, Q229/Q243
         diags.error("Q224", f"budget {mp.budget_bits:g} bits is below the narrowest choice ({bits[0]} bits)",
                     mp.span_of("budget"), "cannot be met", help=f"give a budget between {bits[0]} and {bits[-1]} bits")
-    elif mp.budget_bits >= bits[-1]:
-        diags.warning("Q243", f"budget {mp.budget_bits:g} bits allows the widest choice everywhere",
-                      mp.span_of("budget"), "nothing to trade",
-                      help=f"every layer will get {bits[-1]} bits; lower the budget to make the search choose")
 
 
 # Run in this order after elaboration.

@@ -12,7 +12,11 @@ from compiler.models.builtin import cache_dir
 def content_hash(folder: Path) -> str:
     """A hash of the folder's config and weights. Computed once per state of the files (name, size,
     mtime): a compile asks several times and the weights can be gigabytes."""
-    files = sorted(folder.glob("*.json")) + sorted(folder.glob("*.safetensors"))
+    return files_hash(sorted(folder.glob("*.json")) + sorted(folder.glob("*.safetensors")))
+
+
+def files_hash(files: list[Path]) -> str:
+    """A hash of these files' names and bytes, computed once per state of the files (name, size, mtime)."""
     return _hash(tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
 
 

@@ -140,17 +140,27 @@ def lower_ranges(ctx: Context) -> list[PlanOp]:
 
 
 def lower_mixed_precision(ctx: Context) -> list[PlanOp]:
-    mp = ctx.ir.mixed_precision
-    if mp is None:
+    mp, search = ctx.ir.mixed_precision, ctx.workload.search
+    if mp is None or search is None:
         return []
     w = ctx.workload
-    units = len({ctx.assignment.of(n).group or n for n in w.quantized_layers})
-    data = "weights only" if mp.metric.value == "snr" else f"{mp.samples} samples"
-    score = PlanOp(OpKind.SCORE_SENSITIVITY, f"score {units} units by {mp.metric.value} ({data}) for {', '.join(mp.choices)}",
-                   _p(metric=mp.metric.value, units=units, samples=mp.samples), ("model", "calibration_data"),
-                   ("sensitivity",), ctx.estimate.peak_ram)
-    assign = PlanOp(OpKind.ASSIGN_PRECISION, f"promote the most sensitive units until the average is ≤ {mp.budget_bits:g} "
-                    "bits; Q/K/V groups move as one unit", _p(budget_bits=mp.budget_bits, choices=",".join(mp.choices)),
+    chunk = min(w.chunk, search.samples)
+    chunks = math.ceil(search.samples / chunk)
+    cost = {"snr": f"weights only: each searched weight rounded {search.choices} ways",
+            "mse": f"{chunks} forward pass(es) of {chunk} samples for XᵀX",
+            "kld": (f"{chunks} × (2 forward + 1 backward) passes of {chunk} samples (first-order estimate)"
+                    if w.backend is Backend.TORCH else
+                    f"{chunks} × {1 + search.units * search.choices} forward passes of {chunk} samples "
+                    "(each unit under each choice, measured)")}[search.metric]
+    where = ctx.ir.memory.disk or "$QRC_CACHE"
+    score = PlanOp(OpKind.SCORE_SENSITIVITY, f"score {search.units} units ({search.params:,} params) by {search.metric} "
+                   f"for {', '.join(mp.choices)}: {cost}; cached by content hash under {where}/sensitivity",
+                   _p(metric=search.metric, units=search.units, samples=search.samples, params=search.params),
+                   ("model",) if search.metric == "snr" else ("model", "calibration_data"), ("sensitivity",),
+                   memory.score_phase(w, chunk).bytes)
+    assign = PlanOp(OpKind.ASSIGN_PRECISION, f"greedy: the most loss saved per extra bit first, never above "
+                    f"{mp.budget_bits:g} bits per weight (scales included); a group is one unit, so it never ends "
+                    "mixed", _p(budget_bits=mp.budget_bits, choices=",".join(mp.choices)),
                     ("sensitivity",), ("precision",), memory.RUNTIME[w.backend])
     return [score, assign]
 

@@ -237,6 +237,37 @@ def torch_vram(w: Workload, chunk: int) -> int:
     return int(full + chunk * block_working_set(w) + hessian_bytes(w))
 
 
+def score_phase(w: Workload, chunk: int) -> Phase:
+    """The mixed-precision search's scoring (compiler/backends/sensitivity.py). snr reads one weight at a
+    time; mse runs the float model once with every searched layer's XᵀX (float64) held; kld holds every
+    searched weight in float32 under each choice, and on torch their gradients and the backward pass's
+    saved activations (one block's working set per block)."""
+    search = w.search
+    runtime = RUNTIME[w.backend]
+    rounding = 3 * 4 * search.largest_params  # one float32 weight, its rounded copy, the error
+    if search.metric == "snr":
+        parts = (("runtime", runtime), ("one weight rounded under each choice", rounding))
+        return Phase("score", sum(b for _, b in parts), parts)
+    resident = w.weights_bytes if w.backend is Backend.ONNX else w.weights_bytes * 4 // _dtype_bytes(w)
+    graph = w.index.graph
+    if w.backend is Backend.ONNX and graph:
+        kept = set(graph.outputs)
+        act = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen).bytes
+    else:
+        act = chunk * block_working_set(w) * (1 + (len(w.blocks) if search.metric == "kld" else 0))
+    last = w.index.layers[-1].out_features if w.index.layers else w.hidden
+    logits = 3 * chunk * w.seqlen * last * ACT_BYTES  # float and candidate outputs, and a log-softmax
+    parts = [("runtime", runtime), ("float model" + (" (float32)" if w.backend is Backend.TORCH else ""), resident),
+             ("activations of one chunk" + (" saved for the backward pass" if search.metric == "kld" and
+                                             w.backend is Backend.TORCH else ""), act)]
+    if search.metric == "mse":
+        parts += [("XᵀX of every searched layer's input (float64)", search.gram_bytes), ("rounding scratch", rounding)]
+    else:
+        copies = search.choices + (1 if w.backend is Backend.TORCH else 0)  # each choice's weights (+ gradients)
+        parts += [(f"searched weights × {copies} (float32)", copies * 4 * search.params), ("model outputs", logits)]
+    return Phase("score", sum(b for _, b in parts), tuple(parts))
+
+
 def _dtype_bytes(w: Workload) -> int:
     dtypes = {x.dtype for x in w.index.layers}
     return 2 if dtypes and dtypes <= {"float16", "bfloat16"} else 4
@@ -260,6 +291,8 @@ def estimate(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1, gpus: t
             return ModeEstimate(mode, 0, (), feasible=False, note="no GPUs (`vram`) given")
         phases = [torch_phase(w, mode, chunk)]
         vram = torch_vram(w, chunk) if mode is MemoryMode.MULTI_GPU else 0
+    if w.search is not None:
+        phases.append(score_phase(w, min(chunk, w.search.samples)))
     worst = max(phases, key=lambda p: p.bytes)
     note = f"peak in {worst.name}" + (f", {passes} passes over the data" if passes > 1 else "")
     return ModeEstimate(mode, worst.bytes, worst.parts, peak_vram=vram, note=note)

@@ -10,6 +10,7 @@ from compiler.ir.types import ActivationMode, Backend, CalibrationMethod, Recipe
 from compiler.models.index import ModelIndex
 from compiler.plan.activations import propagate
 from compiler.resolve.assignment import Assignment
+from compiler.resolve.mixed import choices_of, search_units
 from compiler.resolve.sizes import quantized_bytes
 
 
@@ -34,6 +35,7 @@ class Workload:
     method: CalibrationMethod
     mixed_precision: bool
     kld_gradient: bool
+    search: Search | None  # the mixed-precision search, when there are units to search
     verify_samples: int
     disk: bool  # block data may be cached on disk (`memory { disk … }`)
 
@@ -52,6 +54,30 @@ class Workload:
         """The width of the hidden state between blocks: the most common input width of block layers."""
         widths = Counter(x.in_features for x in self.index.layers if x.block and x.kind == "Linear")
         return widths.most_common(1)[0][0] if widths else max((x.in_features for x in self.index.layers), default=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Search:
+    """What the mixed-precision search scores: its size drives the score op's cost and memory."""
+
+    metric: str
+    units: int
+    choices: int
+    samples: int
+    params: int  # of the searched layers
+    largest_params: int
+    gram_bytes: int  # mse: one float64 XᵀX per searched layer
+
+
+def _search(ir: RecipeIR, assignment: Assignment) -> Search | None:
+    units = search_units(ir, assignment)
+    if not units:
+        return None
+    layers = [assignment.model.layer(n) for u in units for n in u.members]
+    mp = ir.mixed_precision
+    return Search(mp.metric.value, len(units), len(choices_of(ir)), min(mp.samples, ir.calibration.data.samples),
+                  sum(x.params for x in layers), max(x.params for x in layers),
+                  sum(8 * x.in_features ** 2 for x in layers))
 
 
 def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> Workload:
@@ -77,5 +103,6 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         gptq=gptq, gptq_layers=gptq_layers, samples=cal.data.samples, seqlen=cal.data.seqlen, chunk=chunk or cal.chunk, bins=cal.bins,
         method=cal.method, mixed_precision=mp is not None,
         kld_gradient=bool(mp and mp.metric is SensitivityMetric.KLD and ir.backend is Backend.TORCH),
+        search=_search(ir, assignment),
         verify_samples=ir.verify.samples if ir.verify else 0, disk=ir.memory.disk is not None,
     )

@@ -5,7 +5,8 @@ Groups are applied after the rules (compiler/resolve/groups.py); problems go to 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from compiler.ir.schemes import NONE
 from compiler.ir.types import RecipeIR, Rule, Scheme
@@ -39,9 +40,12 @@ def rule_matches(rule: Rule, layers: tuple[Layer, ...]) -> list[list[Layer]]:
     return [[layer for layer in layers if matcher(sel)(layer)] for sel in rule.selectors]
 
 
-def resolve(ir: RecipeIR, index: ModelIndex, diags: Diagnostics) -> Assignment:
-    """Assign a scheme to every layer, run the model-dependent checks, then apply the groups."""
-    from compiler.resolve import groups, model_checks
+def resolve(ir: RecipeIR, index: ModelIndex, diags: Diagnostics, precision: Mapping[str, str] | None = None) -> Assignment:
+    """Assign a scheme to every layer, run the model-dependent checks, then apply the groups.
+
+    `precision` (layer → scheme name) is what a mixed-precision search chose; it replaces the rules'
+    schemes before the groups, whose members it always moves together."""
+    from compiler.resolve import groups, mixed, model_checks
 
     known = {s.name: s for s in ir.schemes}
     winners: dict[str, Rule] = {}
@@ -53,6 +57,12 @@ def resolve(ir: RecipeIR, index: ModelIndex, diags: Diagnostics) -> Assignment:
                 winners[layer.name] = rule
     layers = tuple(LayerAssignment(layer, ir.scheme(winners[layer.name].scheme) if layer.name in winners else NONE,
                                    winners.get(layer.name)) for layer in index.layers)
+    if precision:
+        layers = tuple(replace(a, scheme=ir.scheme(precision[a.layer.name])) if a.layer.name in precision else a
+                       for a in layers)
     assignment = Assignment(index, layers)
     model_checks.run(ir, assignment, diags)
-    return groups.apply_groups(ir, assignment, diags)
+    grouped = groups.apply_groups(ir, assignment, diags)
+    if precision is None:
+        mixed.check_budget(ir, grouped, diags)
+    return grouped

@@ -13,10 +13,12 @@ from compiler.backends import BackendError
 from compiler.backends.onnx import data, emit, rewrite
 from compiler.backends.onnx.calibrate import calibrate, session_from_path
 from compiler.backends.onnx.files import ModelFiles, load_remaining, open_model
+from compiler.backends.onnx.sensitivity import OnnxScorer
 from compiler.backends.onnx.verify import Agreement
 from compiler.backends.release import release_memory
-from compiler.backends.result import CompileResult, held_out_batches, judge, unsearched_mixed_precision
+from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.rss import RssSampler
+from compiler.backends.sensitivity import each_choice, search
 from compiler.diagnostics import error, warning
 from compiler.ir.printer import print_ir
 from compiler.ir.types import ActivationMode, EmitFormat, Granularity, MemoryMode, RecipeIR
@@ -54,15 +56,20 @@ def check_supported(ir: RecipeIR, assignment: Assignment, plan: Plan) -> None:
 
 
 def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress: Progress) -> CompileResult:
-    check_supported(ir, assignment, plan)
-    w = workload(ir, assignment)
+    for candidate in each_choice(ir, assignment):
+        check_supported(ir, candidate, plan)
     source = model_path(ir.model)
-    result = CompileResult(output, [], plan)
-    result.warnings.extend(unsearched_mixed_precision(ir))
+    result = CompileResult(output, [], plan, assignment=assignment)
     start = time.perf_counter()
     with RssSampler() as rss:
         files = open_model(source)
         try:
+            if ir.mixed_precision is not None:
+                rss.phase = "score"
+                scorer = OnnxScorer(ir, assignment.model, files, source)
+                assignment, result.search = search(ir, assignment, scorer, "onnx", progress)
+                result.assignment = assignment
+            w = workload(ir, assignment)
             rss.phase = "calibrate"
             activations = _activation_specs(ir, assignment, w, files, progress, result)
             result.calibration_seconds = time.perf_counter() - start

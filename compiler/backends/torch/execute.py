@@ -22,14 +22,16 @@ import torch
 from compiler.backends.onnx import data
 from compiler.backends.onnx.verify import Agreement
 from compiler.backends.release import release_memory
-from compiler.backends.result import CompileResult, held_out_batches, judge, unsearched_mixed_precision
+from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.rss import RssSampler
+from compiler.backends.sensitivity import each_choice, search
 from compiler.backends.torch import streams
 from compiler.backends.torch.checkpoint import DTYPES
 from compiler.backends.torch.compressed import TensorSpec, layer_specs, layer_tensors, quantization_config
 from compiler.backends.torch.devices import place
 from compiler.backends.torch.layers import Job, Statistics, apply_quantized, input_qparams, quantize_job
 from compiler.backends.torch.model import TorchModel, open_model
+from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.support import check_supported
 from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import warning
@@ -44,12 +46,19 @@ _SKIPPED_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pt
 
 
 def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress) -> CompileResult:
-    check_supported(ir, assignment)
-    result = CompileResult(output, [], plan)
-    result.warnings.extend(unsearched_mixed_precision(ir))
+    for candidate in each_choice(ir, assignment):
+        check_supported(ir, candidate)
+    result = CompileResult(output, [], plan, assignment=assignment)
     start = time.perf_counter()
     with RssSampler() as rss:
         model = open_model(ir.model, assignment.model.blocks, ir.model_span)
+        if ir.mixed_precision is not None:
+            rss.phase = "score"
+            index = dataclasses.replace(assignment.model, inputs=_inputs(assignment.model, model))
+            scorer = TorchScorer(ir, index, model, _torch_feed)
+            assignment, result.search = search(ir, assignment, scorer, "torch", progress)
+            result.assignment = assignment
+            release_memory()
         run = _Run(ir, assignment, model, result, progress, rss)
         try:
             run.go(plan.decision.mode, start)
@@ -127,12 +136,8 @@ class _Run:
         return self._stream("verify (float)", batches), self._stream("verify (quantized)", batches), Agreement()
 
     def _call(self, feed: dict):
-        kwargs = dict(feed)
-        if self.model.accepts_use_cache:
-            kwargs["use_cache"] = False
         with torch.no_grad():
-            out = self.model.module(**kwargs)
-        return out[0] if isinstance(out, (tuple, list)) or hasattr(out, "to_tuple") else out
+            return self.model.forward(feed)
 
     def _new_forward(self):
         if self.stats is not None:
@@ -312,16 +317,7 @@ class _Run:
 
 
 def _jobs(model: TorchModel, assignment: Assignment) -> list[Job]:
-    by_key: dict[str, str] = {}
-    for param, key in model.keys.items():
-        by_key.setdefault(key, param)
-    jobs = []
-    for a in assignment.layers:
-        if a.scheme.is_none:
-            continue
-        param = by_key[a.layer.weight]
-        jobs.append(Job(param.removesuffix(".weight"), a.layer, a.scheme))
-    return jobs
+    return [Job(model.module_of[a.layer.weight], a.layer, a.scheme) for a in assignment.layers if not a.scheme.is_none]
 
 
 def _in_blocks(job: Job, model: TorchModel) -> bool:

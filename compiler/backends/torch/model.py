@@ -71,6 +71,23 @@ class TorchModel:
     def is_resident(self, name: str) -> bool:
         return not self.module.get_parameter(name).is_meta
 
+    @cached_property
+    def module_of(self) -> dict[str, str]:
+        """Checkpoint tensor name → the module holding it (the first, for a tensor tied to several)."""
+        out: dict[str, str] = {}
+        for param, key in self.keys.items():
+            out.setdefault(key, param.rpartition(".")[0])
+        return out
+
+    def forward(self, feed: dict) -> torch.Tensor:
+        """The model's first output for one chunk (logits, or hidden states of an encoder); gradients are
+        recorded only where the caller enables them."""
+        kwargs = dict(feed)
+        if self.accepts_use_cache:
+            kwargs["use_cache"] = False
+        out = self.module(**kwargs)
+        return out[0] if isinstance(out, (tuple, list)) or hasattr(out, "to_tuple") else out
+
 
 def _set(root: nn.Module, name: str, value: nn.Parameter) -> None:
     owner, _, leaf = name.rpartition(".")

@@ -1,0 +1,212 @@
+"""The mixed-precision search at compile time, shared by both backends: score every unit under every
+choice (a backend's Scorer supplies weights, input Gram matrices and the kld scores), cache the scores on
+disk by content hash, choose under the budget, and resolve the recipe again with the choices, before
+the groups (ALGORITHMS.md, Mixed precision).
+
+Scores are losses, lower is better, one per unit and choice:
+- snr: Σ over members of ‖W − Q(W)‖² / ‖W‖² (no data);
+- mse: Σ over members of ‖X(W − Q(W))ᵀ‖² / ‖XWᵀ‖² on the calibration samples, from XᵀX;
+- kld: the KL divergence of the model's output from float, measured or estimated by the backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from compiler.ir.types import RecipeIR, Rounding, Scheme
+from compiler.ir.values import Diagnostics
+from compiler.models.exports import files_hash
+from compiler.models.index import Layer, ModelIndex
+from compiler.quant.weights import Convention, quantize_weight
+from compiler.resolve import mixed
+from compiler.resolve.assignment import Assignment, resolve
+
+CACHE_VERSION = "qrc-sensitivity-v1"
+
+
+class Scorer(Protocol):
+    convention: Convention
+    index: ModelIndex
+
+    def digest(self) -> str:
+        """A content hash of the model's files."""
+
+    def weight(self, layer: Layer) -> np.ndarray:
+        """The float weight as [out, in] float32."""
+
+    def grams(self, layers: Sequence[Layer], progress) -> dict[str, np.ndarray]:
+        """Layer name → Σ xᵀx of its input over the scoring samples ([in, in], float64)."""
+
+    def kld(self, units: Sequence[mixed.Unit], schemes: Sequence[Scheme], progress) -> dict[str, list[float]]:
+        """Unit → its KL score under each scheme."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnitResult:
+    unit: str
+    members: tuple[str, ...]
+    params: int
+    losses: tuple[float, ...]  # per choice
+    chosen: str
+    bits: float  # storage bits per weight under the chosen scheme
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    metric: str
+    choices: tuple[str, ...]
+    budget_bits: float
+    average_bits: float
+    from_cache: bool
+    cache_file: str
+    units: tuple[UnitResult, ...]
+
+
+def fake_quantize(w: np.ndarray, scheme: Scheme, convention: Convention) -> np.ndarray:
+    """The weight as the scheme rounds it, back in float ([out, in]). GPTQ is scored as rtn: the search
+    ranks layers, and rtn's error bounds what GPTQ leaves."""
+    rounding = Rounding.MSE if scheme.rounding is Rounding.MSE else Rounding.RTN
+    return quantize_weight(w, scheme.weights, rounding, 0, 1, convention).dequantize()
+
+
+def scoring_batches(ir: RecipeIR, index: ModelIndex):
+    """The first `samples` calibration samples, in calibration chunks."""
+    from compiler.backends.onnx import data
+
+    batches = data.calibration_batches(ir.calibration.data, index, ir.calibration.chunk)
+    return dataclasses.replace(batches, samples=min(batches.samples, ir.mixed_precision.samples))
+
+
+def snr_losses(units, schemes, scorer: Scorer, advance) -> dict[str, list[float]]:
+    out = {}
+    for unit in units:
+        totals = [0.0] * len(schemes)
+        for name in unit.members:
+            w = scorer.weight(scorer.index.layer(name))
+            energy = max(float(np.vdot(w, w)), 1e-30)
+            for k, scheme in enumerate(schemes):
+                err = w - fake_quantize(w, scheme, scorer.convention)
+                totals[k] += float(np.vdot(err, err)) / energy
+        out[unit.name] = totals
+        advance()
+    return out
+
+
+def mse_losses(units, schemes, scorer: Scorer, grams: Mapping[str, np.ndarray], advance) -> dict[str, list[float]]:
+    out = {}
+    for unit in units:
+        totals = [0.0] * len(schemes)
+        for name in unit.members:
+            w = scorer.weight(scorer.index.layer(name)).astype(np.float64)
+            gram = grams[name]
+            signal = max(float(np.sum((w @ gram) * w)), 1e-30)
+            for k, scheme in enumerate(schemes):
+                err = w - fake_quantize(w.astype(np.float32), scheme, scorer.convention)
+                totals[k] += float(np.sum((err @ gram) * err)) / signal
+        out[unit.name] = totals
+        advance()
+    return out
+
+
+def cache_key(ir: RecipeIR, units: Sequence[mixed.Unit], digest: str, backend: str) -> str:
+    """What the scores depend on: the model's content, the scoring settings, data and choices, the units;
+    not the budget, so a sweep over budgets scores once."""
+    mp, cal = ir.mixed_precision, ir.calibration
+    identity = {
+        "version": CACHE_VERSION, "backend": backend, "model": digest, "metric": mp.metric.value,
+        "samples": mp.samples, "data": _data_identity(cal.data) if mp.metric.value != "snr" else "",
+        "chunk": cal.chunk, "choices": [_scheme_identity(ir.scheme(c)) for c in mixed.choices_of(ir)],
+        "units": [[u.name, *u.members] for u in units],
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _data_identity(data) -> str:
+    content = files_hash([Path(data.path)]) if data.path and Path(data.path).is_file() else ""
+    return repr((data.kind.value, data.path, content, data.samples, data.seqlen, data.seed, data.tokenizer))
+
+
+def _scheme_identity(scheme: Scheme) -> str:
+    w = scheme.weights
+    return f"{w.qtype.value} {w.granularity.value} {w.group_size} {w.symmetric} {scheme.rounding.value}"
+
+
+def cache_root(ir: RecipeIR) -> Path:
+    from compiler.models.builtin import cache_dir
+
+    return (Path(ir.memory.disk) if ir.memory.disk else cache_dir()) / "sensitivity"
+
+
+def _load(path: Path, units: Sequence[mixed.Unit], count: int) -> dict[str, list[float]] | None:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(found, dict) or any(len(found.get(u.name) or ()) != count for u in units):
+        return None
+    return {u.name: [float(x) for x in found[u.name]] for u in units}
+
+
+def _save(path: Path, losses: Mapping[str, Sequence[float]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".scores-", suffix=".json")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(losses, handle, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def score(ir: RecipeIR, units, scorer: Scorer, backend: str, progress) -> tuple[dict[str, list[float]], bool, Path]:
+    """Each unit's losses, from the cache when this model, data and setting were scored before."""
+    schemes = [ir.scheme(c) for c in mixed.choices_of(ir)]
+    path = cache_root(ir) / f"{cache_key(ir, units, scorer.digest(), backend)}.json"
+    cached = _load(path, units, len(schemes))
+    if cached is not None:
+        return cached, True, path
+    metric = ir.mixed_precision.metric.value
+    if metric == "kld":
+        losses = scorer.kld(units, schemes, progress)
+    else:
+        grams = None
+        if metric == "mse":
+            grams = scorer.grams([scorer.index.layer(n) for u in units for n in u.members], progress)
+        advance = progress(f"score {metric}", len(units))
+        losses = snr_losses(units, schemes, scorer, advance) if grams is None else mse_losses(
+            units, schemes, scorer, grams, advance)
+    _save(path, losses)
+    return losses, False, path
+
+
+def each_choice(ir: RecipeIR, assignment: Assignment) -> list[Assignment]:
+    """The assignment, and with every searched layer at each choice: what a backend must be able to
+    compile, checked before any scoring."""
+    units = mixed.search_units(ir, assignment)
+    if not units:
+        return [assignment]
+    return [assignment] + [resolve(ir, assignment.model, Diagnostics(), {n: choice for u in units for n in u.members})
+                           for choice in mixed.choices_of(ir)]
+
+
+def search(ir: RecipeIR, assignment: Assignment, scorer: Scorer, backend: str, progress) -> tuple[Assignment, SearchResult | None]:
+    """The assignment with the searched units' choices applied (groups move as one), and what was chosen."""
+    units = mixed.search_units(ir, assignment)
+    if not units:
+        return assignment, None
+    choices = mixed.choices_of(ir)
+    losses, from_cache, path = score(ir, units, scorer, backend, progress)
+    chosen = mixed.choose(units, losses, ir.mixed_precision.budget_bits)
+    precision = {name: choices[chosen[u.name]] for u in units for name in u.members}
+    searched = resolve(ir, assignment.model, Diagnostics(), precision)  # diagnostics: reported when planning
+    rows = tuple(UnitResult(u.name, u.members, u.params, tuple(losses[u.name]), choices[chosen[u.name]],
+                            u.bits[chosen[u.name]] / u.params) for u in units)
+    return searched, SearchResult(ir.mixed_precision.metric.value, choices, ir.mixed_precision.budget_bits,
+                                  mixed.average_bits(units, chosen), from_cache, str(path), rows)

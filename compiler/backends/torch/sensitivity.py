@@ -1,0 +1,107 @@
+"""Scores for the mixed-precision search on PyTorch (compiler/backends/sensitivity.py says what they mean).
+
+kld is the first-order estimate of Olive's `kld_gradient`: every searched weight at its unit's cheapest
+choice, gradients of KL(float ‖ quantized) over the scoring samples, then a unit's loss under a choice
+is Σ g ⊙ (Q_choice(W) − Q_cheapest(W)) over its members: one forward and backward pass per chunk,
+whatever the number of units. mse and kld hold the float model resident while scoring; its parameters
+go back to the meta device afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from compiler.backends.sensitivity import fake_quantize, scoring_batches
+from compiler.ir.types import RecipeIR, Scheme
+from compiler.models.exports import files_hash
+from compiler.models.index import Layer, ModelIndex
+from compiler.quant.weights import Convention
+from compiler.resolve.mixed import Unit, cheapest
+
+
+class TorchScorer:
+    convention = Convention.TORCH
+
+    def __init__(self, ir: RecipeIR, index: ModelIndex, model, feed):
+        """`index` has the model's inputs (to make data); `feed` turns a numpy chunk into torch tensors."""
+        self.index, self.model = index, model
+        self.feeds = [feed(f) for f in scoring_batches(ir, index)]
+
+    def digest(self) -> str:
+        return files_hash(sorted({e.file for e in self.model.checkpoint.entries.values()}))
+
+    def weight(self, layer: Layer) -> np.ndarray:
+        w = self.model.checkpoint.read(layer.weight).float().numpy()
+        return w.reshape(w.shape[0], -1)
+
+    def _resident(self):
+        """The float model in memory for scoring; a function that puts it back the way it was."""
+        missing = [p for p in self.model.keys if not self.model.is_resident(p)]
+        self.model.materialize(missing)
+        return lambda: self.model.release(missing)
+
+    def _module(self, layer: Layer) -> torch.nn.Module:
+        return self.model.module.get_submodule(self.model.module_of[layer.weight])
+
+    # ---- mse: Σ xᵀx of each layer's input ------------------------------------------------------------
+    def grams(self, layers: Sequence[Layer], progress) -> dict[str, np.ndarray]:
+        restore = self._resident()
+        sums = {layer.name: torch.zeros(layer.in_features, layer.in_features, dtype=torch.float64) for layer in layers}
+
+        def hook_for(name):
+            def hook(module, args):
+                rows = args[0].detach().reshape(-1, args[0].shape[-1]).double()
+                rows = rows[torch.isfinite(rows).all(dim=1)]
+                sums[name].addmm_(rows.T, rows)
+            return hook
+
+        hooks = [self._module(layer).register_forward_pre_hook(hook_for(layer.name)) for layer in layers]
+        try:
+            advance = progress("score data", len(self.feeds))
+            for feed in self.feeds:
+                with torch.no_grad():
+                    self.model.forward(feed)
+                advance()
+        finally:
+            for hook in hooks:
+                hook.remove()
+            restore()
+        return {name: total.numpy() for name, total in sums.items()}
+
+    # ---- kld: first-order estimate ------------------------------------------------------------------
+    def kld(self, units: Sequence[Unit], schemes: Sequence[Scheme], progress) -> dict[str, list[float]]:
+        restore = self._resident()
+        layers = {n: self.index.layer(n) for u in units for n in u.members}
+        params = {n: self._module(layer).weight for n, layer in layers.items()}
+        floats = {n: p.data for n, p in params.items()}
+        fakes = {n: [torch.from_numpy(fake_quantize(floats[n].numpy(), s, self.convention)).reshape(floats[n].shape)
+                     for s in schemes] for n in layers}
+        low = {n: fakes[n][cheapest(u)] for u in units for n in u.members}
+        for p in params.values():
+            p.requires_grad_(True)
+            p.grad = None
+        try:
+            advance = progress("score kld", len(self.feeds))
+            for feed in self.feeds:
+                for n, p in params.items():
+                    p.data = floats[n]
+                with torch.no_grad():
+                    teacher = torch.log_softmax(self.model.forward(feed).float(), dim=-1)
+                for n, p in params.items():
+                    p.data = low[n]
+                student = torch.log_softmax(self.model.forward(feed).float(), dim=-1)
+                per_position = (teacher.exp() * (teacher - student)).sum(-1)
+                (per_position.mean() / len(self.feeds)).backward()
+                advance()
+            grads = {n: p.grad.detach().clone() for n, p in params.items()}
+        finally:
+            for n, p in params.items():
+                p.data = floats[n]
+                p.grad = None
+                p.requires_grad_(False)
+            restore()
+        return {u.name: [float(sum((grads[n] * (fakes[n][k] - low[n])).sum() for n in u.members))
+                         for k in range(len(schemes))] for u in units}
