@@ -123,6 +123,17 @@ def test_deterministic_and_a_budget_sweep_reuses_the_scores(tmp_path):
     assert len(list((tmp_path / "cache" / "sensitivity").glob("*.json"))) == 2
 
 
+def test_a_damaged_score_cache_is_scored_again(tmp_path):
+    cache = f"memory.disk={tmp_path / 'cache'}"
+    assert compile_(MIXED, tmp_path / "a.onnx", cache).exit_code == 0
+    scores, = (tmp_path / "cache" / "sensitivity").glob("*.json")
+    scores.write_text('{"model.layers.0.self_attn.{q,k,v}_proj": ["x"]')
+    again = compile_(MIXED, tmp_path / "b.onnx", cache)
+    assert again.exit_code == 0, again.output
+    assert "scores from the cache" not in _flat(again.output)
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+
+
 @pytest.mark.parametrize("backend", ["onnx", "torch"])
 @pytest.mark.parametrize("metric", ["snr", "mse", "kld"])
 def test_every_metric_runs_on_both_backends(backend, metric, tmp_path):

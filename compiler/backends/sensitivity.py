@@ -148,21 +148,26 @@ def cache_root(ir: RecipeIR) -> Path:
 
 
 def _load(path: Path, units: Sequence[mixed.Unit], count: int) -> dict[str, list[float]] | None:
+    """The cached scores, or None when missing or not what this search needs (then it scores again)."""
     try:
         found = json.loads(path.read_text())
-    except (OSError, ValueError):
+        losses = {u.name: [float(x) for x in found[u.name]] for u in units}
+    except (OSError, ValueError, TypeError, KeyError):
         return None
-    if not isinstance(found, dict) or any(len(found.get(u.name) or ()) != count for u in units):
-        return None
-    return {u.name: [float(x) for x in found[u.name]] for u in units}
+    return losses if all(len(v) == count and np.isfinite(v).all() for v in losses.values()) else None
 
 
-def _save(path: Path, losses: Mapping[str, Sequence[float]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".scores-", suffix=".json")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(losses, handle, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+def _save(path: Path, losses: Mapping[str, Sequence[float]]) -> bool:
+    """Write the scores atomically; a cache that cannot be written only costs the next compile time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".scores-", suffix=".json")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(losses, handle, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        return False
+    return True
 
 
 def score(ir: RecipeIR, units, scorer: Scorer, backend: str, progress) -> tuple[dict[str, list[float]], bool, Path]:
