@@ -35,7 +35,29 @@ SetOption = Annotated[
                  help=f"Override one recipe setting, e.g. memory.ram=2GiB (repeatable). Keys: {', '.join(KEYS)}."),
 ]
 
+ReportOption = Annotated[
+    Optional[Path],
+    typer.Option("--report", metavar="PATH", help="Also write a report a reviewer can open: PATH ending in .html "
+                 "(tables and inline SVG charts, no scripts) or .md. Written whole or not at all."),
+]
+
 _STYLE = {"error": "bold red", "warning": "bold yellow"}
+
+
+def _check_report_path(path: Path | None) -> None:
+    """A report path qrc cannot write is refused before any work (exit 2)."""
+    from compiler.diagnostics import error
+    from compiler.report.render import FORMATS
+
+    problem = None
+    if path is not None and path.suffix.lower() not in FORMATS:
+        problem = error("Q239", f"report `{path}` must end in .html or .md", None, "unknown report format",
+                        help="e.g. `--report out/report.html`")
+    elif path is not None and path.is_dir():
+        problem = error("Q239", f"report `{path}` is a folder", None, "not a file", help="give a file path")
+    if problem is not None:
+        print_diagnostics((problem,))
+        raise typer.Exit(2)
 
 
 def _stderr() -> Console:
@@ -136,14 +158,22 @@ def plan(
     fmt: Annotated[Format, typer.Option("--format", "-f", help="rich (for people), text (canonical, stable) or "
                                         "json.")] = Format.rich,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when there are warnings.")] = False,
+    report: ReportOption = None,
 ) -> None:
     """The dry run: check the recipe against its model, choose the memory mode, and print every step
     in order with its estimated peak memory. Reads no weights; imports neither torch nor onnxruntime."""
     from compiler.frontend import plan_file
     from compiler.plan import render
 
+    _check_report_path(report)
     result = plan_file(recipe, tuple(set_ or ()))
     print_diagnostics(result.diagnostics)
+    if result.plan is not None and result.ok and report is not None:
+        from compiler.report import content
+        from compiler.report import render as report_render
+
+        report_render.write(content.build(result), report)
+        _stderr().print(f"report: {report}")
     if result.plan is not None and result.ok:
         if fmt is Format.json:
             typer.echo(render.to_json(result.plan), nl=False)
@@ -162,11 +192,13 @@ def compile_(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Where to write the model (default: "
                                                   "the recipe's `emit` path).")] = None,
     set_: SetOption = None,
+    report: ReportOption = None,
 ) -> None:
     """Compile: check, plan, calibrate, quantize, emit (atomically) and verify. Prints progress per stage
     and a summary with the measured peak memory beside the planned estimate."""
     from compiler.compile_run import CompileFailed, compile_recipe, summary
 
+    _check_report_path(report)
     console = _stderr()
     try:
         result, planned = compile_recipe(recipe, tuple(set_ or ()), output, console)
@@ -179,6 +211,12 @@ def compile_(
         raise typer.Exit(130) from None
     print_diagnostics(planned.diagnostics + tuple(result.warnings))
     Console(highlight=False).print(summary(result, planned))
+    if report is not None:
+        from compiler.report import content
+        from compiler.report import render as report_render
+
+        report_render.write(content.build(planned, result), report)
+        _stderr().print(f"report: {report}")
 
 
 @app.command()

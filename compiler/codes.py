@@ -290,6 +290,10 @@ CODES: tuple[CodeInfo, ...] = (
        "Only layers whose winning rule gives one of the choices are searched; when no rule does, every "
        "layer keeps its rule's scheme and the search does nothing.",
        "quantize { \"*\" -> W8A8 }\nmixed_precision { choices [w4, w8] budget 5 bits }"),
+    _c("Q239", "report path qrc cannot write",
+       "`--report` writes HTML (a path ending in .html) or Markdown (.md); another extension or a folder "
+       "is refused before any work, so a long compile never ends without its report.",
+       "qrc compile r.recipe --report out/report.pdf"),
     _c("Q240", "scheme never used (warning)",
        "A scheme no rule or choice names has no effect; often a rule names the wrong scheme.",
        "scheme w8 { weights int8 }   # and no rule -> w8"),

@@ -25,3 +25,11 @@ def test_qrc_check_is_light():
             "r = CliRunner().invoke(app, ['check', 'recipes/tiny-llama-w4a16.recipe', '--dump-ir'])\n"
             "assert r.exit_code == 0, r.output")
     assert _heavy_modules_after(code) == []
+
+
+def test_qrc_plan_with_a_report_is_light(tmp_path):
+    code = ("from typer.testing import CliRunner\nfrom compiler.cli import app\n"
+            f"r = CliRunner().invoke(app, ['plan', 'recipes/tiny-llama-mixed.recipe', '--report', {str(tmp_path / 'p.html')!r}])\n"
+            "assert r.exit_code == 0, r.output")
+    assert _heavy_modules_after(code) == []
+    assert (tmp_path / "p.html").read_text().startswith("<!DOCTYPE html>")

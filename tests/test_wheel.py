@@ -1,4 +1,5 @@
-"""The grammar ships inside the wheel: build it, unpack it, parse a recipe from the installed copy."""
+"""The grammar and the report templates ship inside the wheel: build it, unpack it, parse a recipe from
+the installed copy."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ def test_wheel_carries_the_grammar_and_parses_from_it(tmp_path):
     wheel = next(dist.glob("qrc-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
         assert "compiler/grammar/recipe.lark" in archive.namelist()
+        assert {"compiler/report/templates/report.md.j2", "compiler/report/templates/report.html.j2"} <= set(archive.namelist())
         archive.extractall(tmp_path / "site")
     probe = (
         "import compiler, sys\n"

@@ -30,6 +30,8 @@ class CompileResult:
     notes: list[str] = field(default_factory=list)  # what the run decided that the plan could not know
     assignment: Assignment | None = None  # what was compiled: the plan's, or the mixed-precision search's
     search: SearchResult | None = None
+    weight_sqnr: dict[str, float] = field(default_factory=dict)  # layer → weight SQNR in dB
+    input_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # layer → its input's quantized range
 
 
 def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None:

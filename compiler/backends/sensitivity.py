@@ -70,6 +70,8 @@ class SearchResult:
     from_cache: bool
     cache_file: str
     units: tuple[UnitResult, ...]
+    predicted_loss: float  # Σ of the chosen choices' losses
+    curve: tuple[tuple[float, float], ...]  # (average bits, predicted loss) along the greedy path, no budget
 
 
 def fake_quantize(w: np.ndarray, scheme: Scheme, convention: Convention) -> np.ndarray:
@@ -157,7 +159,7 @@ def _load(path: Path, units: Sequence[mixed.Unit], count: int) -> dict[str, list
     return losses if all(len(v) == count and np.isfinite(v).all() for v in losses.values()) else None
 
 
-def _save(path: Path, losses: Mapping[str, Sequence[float]]) -> bool:
+def _save(path: Path, losses: Mapping[str, Sequence[float]]) -> None:
     """Write the scores atomically; a cache that cannot be written only costs the next compile time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,8 +168,7 @@ def _save(path: Path, losses: Mapping[str, Sequence[float]]) -> bool:
             json.dump(losses, handle, indent=1, sort_keys=True)
         os.replace(tmp, path)
     except OSError:
-        return False
-    return True
+        pass
 
 
 def score(ir: RecipeIR, units, scorer: Scorer, backend: str, progress) -> tuple[dict[str, list[float]], bool, Path]:
@@ -213,5 +214,7 @@ def search(ir: RecipeIR, assignment: Assignment, scorer: Scorer, backend: str, p
     searched = resolve(ir, assignment.model, Diagnostics(), precision)  # diagnostics: reported when planning
     rows = tuple(UnitResult(u.name, u.members, u.params, tuple(losses[u.name]), choices[chosen[u.name]],
                             u.bits[chosen[u.name]] / u.params) for u in units)
+    predicted = sum(losses[u.name][chosen[u.name]] for u in units)
     return searched, SearchResult(ir.mixed_precision.metric.value, choices, ir.mixed_precision.budget_bits,
-                                  mixed.average_bits(units, chosen), from_cache, str(path), rows)
+                                  mixed.average_bits(units, chosen), from_cache, str(path), rows, predicted,
+                                  tuple(mixed.frontier(units, losses)))

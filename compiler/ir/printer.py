@@ -15,6 +15,7 @@ from compiler.ir.types import (
     DataKind,
     Granularity,
     RecipeIR,
+    Rule,
     Scheme,
     Selector,
     SelectorKind,
@@ -57,6 +58,11 @@ def _selector(sel: Selector) -> str:
     if sel.kind is SelectorKind.REGEX:
         return _regex_literal(sel.pattern)
     return f"type {sel.pattern}"
+
+
+def rule_text(rule: Rule) -> str:
+    """A quantize rule as the recipe writes it: `"model.layers.*" -> w4`."""
+    return f"{', '.join(_selector(s) for s in rule.selectors)} -> {rule.scheme}"
 
 
 def _data(ir: RecipeIR) -> str:
@@ -125,8 +131,7 @@ def print_ir(ir: RecipeIR) -> str:
         lines += _scheme(scheme)
     lines.append("    quantize {  # the last matching rule wins")
     for rule in ir.rules:
-        sels = ", ".join(_selector(s) for s in rule.selectors)
-        lines.append(f"        {sels} -> {rule.scheme}  # rule {rule.index}, line {rule.span.line}")
+        lines.append(f"        {rule_text(rule)}  # rule {rule.index}, line {rule.span.line}")
     lines.append("    }")
     for group in ir.groups:
         target = quote(group.pattern) if group.pattern is not None else "auto qkv"

@@ -46,6 +46,31 @@ class QuantizedWeight:
         return ((self.q.astype(np.float32) - zp) * scale).astype(np.float32)
 
 
+def sqnr_db(w: np.ndarray, qw: QuantizedWeight, channel_axis: int, slice_bytes: int = 16 << 20) -> float:
+    """Signal to quantization noise of a weight, 10·log10(‖W‖² / ‖W − Q(W)‖²) in dB, computed a slice
+    of output channels at a time so the scratch is a slice's (inf when the rounding is exact)."""
+    channels = w.shape[channel_axis]
+    step = max(1, slice_bytes // max(1, w.nbytes // max(channels, 1)))
+    signal = noise = 0.0
+    for first in range(0, channels, step):
+        rows = np.arange(first, min(first + step, channels))
+        part = QuantizedWeight(*(_channels(a, rows, w.ndim, channels, channel_axis) for a in (qw.q, qw.scale, qw.zero_point)),
+                               qw.qtype, qw.axis, qw.block_size)
+        original = _channels(np.asarray(w, np.float32), rows, w.ndim, channels, channel_axis).astype(np.float64)
+        signal += float(np.sum(original * original))
+        noise += float(np.sum((original - part.dequantize()) ** 2))
+    if noise == 0:
+        return float("inf")
+    return 10 * float(np.log10(max(signal, 1e-300) / noise))
+
+
+def _channels(a: np.ndarray, rows: np.ndarray, ndim: int, channels: int, channel_axis: int) -> np.ndarray:
+    """These output channels of a weight-shaped array or a per-channel vector (a scalar stays)."""
+    if a.ndim == ndim:
+        return np.take(a, rows, axis=channel_axis)
+    return a[rows] if a.ndim == 1 and a.shape[0] == channels else a
+
+
 def quantize_weight(w: np.ndarray, spec: WeightQuant, rounding: Rounding, channel_axis: int, input_axis: int,
                     convention: Convention = Convention.ORT, scale_dtype=np.float32) -> QuantizedWeight:
     """Quantize `w` (float32). `channel_axis` is the output-channel axis, `input_axis` the axis groups run

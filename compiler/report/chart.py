@@ -39,12 +39,14 @@ def _label(value: float) -> str:
 
 
 def line_chart(series: Sequence[Series], x_label: str, y_label: str, title: str = "",
-               y_format=_label) -> str:
-    """An SVG document: one polyline (or a row of dots) per series, with axes, ticks and a legend."""
+               y_format=_label, y_floor: float | None = None) -> str:
+    """An SVG document: one polyline (or a row of dots) per series, with axes, ticks and a legend.
+    `y_floor` starts the y axis there (0 for memory) instead of at the smallest value."""
     xs = [x for s in series for x, _ in s.points] or [0.0, 1.0]
     ys = [y for s in series for _, y in s.points] or [0.0, 1.0]
     x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
+    y0, y1 = min(ys) if y_floor is None else min(y_floor, min(ys)), max(ys)
+    y1 += (y1 - y0) * 0.05  # headroom: the highest line stays inside the frame, under a tick
     if x1 == x0:
         x0, x1 = x0 - 1, x1 + 1
     if y1 == y0:

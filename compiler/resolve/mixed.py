@@ -95,25 +95,42 @@ def _loss(chosen: Mapping[str, int], losses: Mapping[str, Sequence[float]]) -> f
 
 def _greedy(units: Sequence[Unit], losses: Mapping[str, Sequence[float]], limit: int, start: dict[str, int]) -> dict[str, int]:
     """From `start`, repeatedly take the move with the largest loss decrease per extra bit that still
-    fits, until none does. Ties go to the earlier unit."""
+    fits, until none does."""
     chosen = dict(start)
     total = sum(u.bits[chosen[u.name]] for u in units)
-    while True:
-        best, best_key = None, None
-        for order, unit in enumerate(units):
-            now, loss = chosen[unit.name], losses[unit.name]
-            for k, bits in enumerate(unit.bits):
-                extra, gain = bits - unit.bits[now], loss[now] - loss[k]
-                if k == now or gain <= 0 or total + extra > limit:
-                    continue
-                key = (math.inf if extra <= 0 else gain / extra, -order, -k)
-                if best_key is None or key > best_key:
-                    best, best_key = (unit, k), key
-        if best is None:
-            return chosen
-        unit, k = best
+    while (move := _best_move(units, losses, chosen, limit - total)) is not None:
+        unit, k = move
         total += unit.bits[k] - unit.bits[chosen[unit.name]]
         chosen[unit.name] = k
+    return chosen
+
+
+def _best_move(units: Sequence[Unit], losses: Mapping[str, Sequence[float]], chosen: Mapping[str, int],
+               room: float) -> tuple[Unit, int] | None:
+    """The move that saves the most loss per extra bit within `room` extra bits; ties go to the earlier
+    unit, then the narrower choice."""
+    best, best_key = None, None
+    for order, unit in enumerate(units):
+        now, loss = chosen[unit.name], losses[unit.name]
+        for k, bits in enumerate(unit.bits):
+            extra, gain = bits - unit.bits[now], loss[now] - loss[k]
+            if k == now or gain <= 0 or extra > room:
+                continue
+            key = (math.inf if extra <= 0 else gain / extra, -order, -k)
+            if best_key is None or key > best_key:
+                best, best_key = (unit, k), key
+    return best
+
+
+def frontier(units: Sequence[Unit], losses: Mapping[str, Sequence[float]]) -> list[tuple[float, float]]:
+    """Predicted quality against size: (average bits, total loss) after each greedy move, from every unit
+    at its cheapest choice until no move saves loss, with no budget. What the scores say a budget buys."""
+    chosen = {u.name: cheapest(u) for u in units}
+    points = [(average_bits(units, chosen), _loss(chosen, losses))]
+    while (move := _best_move(units, losses, chosen, math.inf)) is not None:
+        chosen[move[0].name] = move[1]
+        points.append((average_bits(units, chosen), _loss(chosen, losses)))
+    return points
 
 
 def check_budget(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:

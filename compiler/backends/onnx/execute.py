@@ -76,8 +76,10 @@ def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, prog
             release_memory()
             rss.phase = "quantize"
             jobs = {a.layer.weight: rewrite.WeightJob(a.layer, a.scheme) for a in assignment.layers if not a.scheme.is_none}
+            sqnr: dict[str, float] = {}
             model = rewrite.rewrite(files.light, jobs, activations, _format(ir), files.array,
-                                    progress("quantize", len(jobs)))
+                                    progress("quantize", len(jobs)), sqnr)
+            result.weight_sqnr = {a.layer.name: sqnr[a.layer.weight] for a in assignment.layers if a.layer.weight in sqnr}
             rss.phase = "emit"
             load_remaining(model, files.base_dir)
             emit.stamp(model, ir.name, print_ir(ir))
@@ -128,7 +130,7 @@ def _activation_specs(ir, assignment, w: Workload, files: ModelFiles, progress, 
             checkpoint.remove()
     sources = propagate(w.index.graph, w.needed, ir.calibration.passthrough)
     consumers = _consumers(assignment, files.light)
-    specs = {}
+    specs, ranges = {}, {}
     for a in assignment.layers:
         act = a.scheme.activations
         if a.scheme.is_none or act is None or a.layer.input in specs:
@@ -142,6 +144,9 @@ def _activation_specs(ir, assignment, w: Workload, files: ModelFiles, progress, 
             continue
         scale, zp = qparams.scale_zero_point(np.array(bounds[0]), np.array(bounds[1]), act.qtype, act.symmetric)
         specs[a.layer.input] = (scale, zp, act.qtype, consumers[a.layer.input])
+        ranges[a.layer.input] = (float(bounds[0]), float(bounds[1]))
+    result.input_ranges = {a.layer.name: ranges[a.layer.input] for a in assignment.layers
+                           if a.scheme.activations is not None and a.layer.input in ranges}
     return specs
 
 

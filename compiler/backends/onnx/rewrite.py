@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from compiler.ir.types import EmitFormat, Granularity, QType, Scheme
 from compiler.models.index import Layer
 from compiler.quant import qparams
-from compiler.quant.weights import QuantizedWeight, pack_int4, quantize_weight
+from compiler.quant.weights import QuantizedWeight, pack_int4, quantize_weight, sqnr_db
 
 _TYPES = {QType.INT8: TensorProto.INT8, QType.UINT8: TensorProto.UINT8, QType.INT4: TensorProto.INT4,
           QType.UINT4: TensorProto.UINT4}
@@ -95,10 +95,12 @@ def activation_nodes(tensor_name: str, scale: np.ndarray, zp: np.ndarray, qtype:
 
 
 def rewrite(model: onnx.ModelProto, jobs: dict[str, WeightJob], activations: dict[str, tuple], fmt: EmitFormat,
-            load: Callable[[onnx.TensorProto], np.ndarray], on_weight: Callable[[], None] = lambda: None) -> onnx.ModelProto:
+            load: Callable[[onnx.TensorProto], np.ndarray], on_weight: Callable[[], None] = lambda: None,
+            sqnr: dict[str, float] | None = None) -> onnx.ModelProto:
     """Rewrite `model` in place and return it. `jobs`: weight name → layer and scheme; `activations`:
     tensor → (scale, zero point, qtype, consumers) for the inputs of activation-quantized layers;
-    `load` reads one float weight (from external data), so weights are streamed one at a time."""
+    `load` reads one float weight (from external data), so weights are streamed one at a time.
+    `sqnr`, when given, receives each weight's signal to quantization noise in dB."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     new_inits: list[onnx.TensorProto] = []
@@ -113,14 +115,14 @@ def rewrite(model: onnx.ModelProto, jobs: dict[str, WeightJob], activations: dic
             continue
         job = jobs[weight]
         if weight not in replaced and not uses_matmul_nbits(fmt, node, job.scheme):
-            qw = _quantize(load(inits[weight]), node, job)
+            qw = _quantize_recorded(load(inits[weight]), node, job, sqnr)
             i_, n_, out = dequantize_nodes(node, weight, qw)
             new_inits += i_
             nodes += n_
             replaced[weight] = out
             on_weight()
         if uses_matmul_nbits(fmt, node, job.scheme):
-            qw = _quantize(load(inits[weight]), node, job)
+            qw = _quantize_recorded(load(inits[weight]), node, job, sqnr)
             i_, new = matmul_nbits(node, weight, qw, job.scheme.weights.symmetric)
             new_inits += i_
             nodes.append(new)
@@ -137,6 +139,13 @@ def rewrite(model: onnx.ModelProto, jobs: dict[str, WeightJob], activations: dic
     if fmt is EmitFormat.MATMUL_NBITS and not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return model
+
+
+def _quantize_recorded(w: np.ndarray, node: onnx.NodeProto, job: WeightJob, sqnr: dict | None) -> QuantizedWeight:
+    qw = _quantize(w, node, job)
+    if sqnr is not None:
+        sqnr[job.layer.weight] = sqnr_db(w, qw, weight_axes(node)[0])
+    return qw
 
 
 SLICE_BYTES = 16 << 20  # a large weight is rounded in slices of output channels of at most this size

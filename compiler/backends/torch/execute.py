@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from compiler.ir.printer import print_ir
 from compiler.ir.types import MemoryMode, RecipeIR
 from compiler.models.index import TensorInfo
 from compiler.plan.ops import Plan
+from compiler.quant import qparams
 from compiler.resolve.assignment import Assignment
 
 _SKIPPED_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".onnx", ".onnx.data", ".h5",
@@ -288,11 +290,23 @@ class _Run:
                     "stay in float", job.scheme.span, "no range", help="check the calibration data"))
             for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():
                 self.writer.put(name, tensor)
+            original = module.weight
             hook = apply_quantized(module, q, job, act)
+            self._record(job, original, module.weight, act)
             if hook is not None:
                 hooks.append(hook)
         self.hooks.extend(hooks)
         return hooks
+
+    def _record(self, job: Job, original: torch.Tensor, dequantized: torch.Tensor, act) -> None:
+        """The report's figures: weight SQNR, and the range a static input is quantized to."""
+        signal = float(original.double().pow(2).sum())
+        noise = float((original.double() - dequantized.double()).pow(2).sum())
+        self.result.weight_sqnr[job.layer.name] = 10 * math.log10(max(signal, 1e-300) / noise) if noise else math.inf
+        if act is not None:
+            scale, zp = act
+            lo, hi = qparams.qrange(job.scheme.activations.qtype, False)
+            self.result.input_ranges[job.layer.name] = ((lo - zp) * scale, (hi - zp) * scale)
 
     def _copy_unquantized(self) -> None:
         replaced = {j.layer.weight for j in self.jobs}

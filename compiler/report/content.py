@@ -1,0 +1,238 @@
+"""What a report says, as plain values: built from the plan (and, after a compile, the run's results),
+then rendered by a template. No dates and no absolute paths, so a report of the same work reads the same."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from compiler.ir.printer import print_ir, rule_text
+from compiler.ir.types import ActivationMode, Backend
+from compiler.ir.values import human_bytes
+from compiler.models.names import compress
+from compiler.plan.activations import propagate
+from compiler.plan.ops import OpKind, Plan
+from compiler.report.chart import Series, line_chart
+from compiler.resolve.assignment import Assignment
+
+MiB = 1 << 20
+# which plan ops run in each phase the RSS sampler names (the planned line of the timeline)
+PHASE_OPS = {
+    "start": (OpKind.LOAD_MODEL,), "load": (OpKind.LOAD_MODEL,), "score": (OpKind.SCORE_SENSITIVITY,),
+    "calibrate": (OpKind.CALIBRATE_CHUNK, OpKind.CACHE_BLOCK_INPUTS, OpKind.RUN_BLOCK, OpKind.SEARCH_PERCENTILE,
+                  OpKind.PROPAGATE_RANGES, OpKind.QUANTIZE_WEIGHTS),
+    "quantize": (OpKind.QUANTIZE_WEIGHTS,), "emit": (OpKind.EMIT,), "verify": (OpKind.VERIFY,),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    cells: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    header: tuple[str, ...]
+    rows: tuple[Row, ...]
+    align: tuple[str, ...]  # "l" or "r" per column
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    title: str
+    measured: bool  # a compile (False: a plan only)
+    facts: tuple[tuple[str, str], ...]  # recipe, hash, model, backend, mode and why, …
+    estimate: Table  # the planned peak's parts
+    ops: Table
+    layers: Table
+    memory: tuple[tuple[str, str], ...]  # planned vs measured peak, samples
+    timeline_svg: str  # "" for a plan
+    timeline_samples: int
+    verify: tuple[tuple[str, str], ...]
+    search: tuple[tuple[str, str], ...]  # what the mixed-precision search did ("" when none)
+    search_units: Table | None
+    search_curve: Table | None
+    search_svg: str
+    warnings: tuple[str, ...]
+
+
+def _table(header: tuple[str, ...], rows, align: str) -> Table:
+    return Table(header, tuple(Row(tuple(r)) for r in rows), tuple(align))
+
+
+def recipe_hash(ir) -> str:
+    return hashlib.sha256(print_ir(ir).encode()).hexdigest()
+
+
+def shown_path(path: Path | str) -> str:
+    """A path as the report shows it: relative to the working folder, or only its name."""
+    path = Path(path)
+    if not path.is_absolute():
+        return path.as_posix()
+    try:
+        return path.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return path.name
+
+
+def build(planned, result=None) -> Report:
+    """`planned`: the PlanResult of the recipe; `result`: the CompileResult of the run, if there was one."""
+    ir, plan = planned.check.ir, planned.plan
+    assignment = (result.assignment if result is not None and result.assignment else None) or planned.check.assignment
+    facts = [("recipe", f"{ir.name} ({shown_path(plan.source)})"), ("recipe sha256", recipe_hash(ir)),
+             ("model", ir.model), ("backend", ir.backend.value),
+             ("memory mode", f"{plan.decision.mode.value}: {plan.decision.reason}"),
+             ("RAM budget", f"{human_bytes(plan.decision.ram_budget)} ({plan.decision.ram_source})"),
+             ("layers", f"{plan.layers} ({plan.quantized_layers} quantized)")]
+    if result is not None:
+        facts.append(("output", shown_path(result.output)))
+    chosen = next(e for e, _ in plan.decision.tried if e.mode is plan.decision.mode) if plan.decision.tried else None
+    estimate = _table(("part", "bytes"), [(label, human_bytes(b)) for label, b in (chosen.parts if chosen else ())], "lr")
+    ops = _table(("#", "op", "×", "planned peak", "what"),
+                 [(str(i), op.kind.value, str(op.repeat), human_bytes(op.peak_bytes), op.summary)
+                  for i, op in enumerate(plan.ops, start=1)], "rlrrl")
+    warnings = tuple(f"{d.severity.value}[{d.code}]: {d.message}" for d in planned.diagnostics) + tuple(
+        f"{d.severity.value}[{d.code}]: {d.message}" for d in (result.warnings if result is not None else ()))
+    return Report(
+        title=f"qrc {'compile' if result is not None else 'plan'} report: {ir.name}",
+        measured=result is not None, facts=tuple(facts), estimate=estimate, ops=ops,
+        layers=_layers(ir, assignment, result), memory=_memory(plan, result),
+        timeline_svg=_timeline(plan, result) if result is not None else "",
+        timeline_samples=len(result.rss_samples) if result is not None else 0,
+        verify=_verify(ir, result), search=_search(result), search_units=_search_units(result),
+        search_curve=_search_curve(result), search_svg=_search_svg(result), warnings=warnings)
+
+
+def _range_sources(ir, assignment: Assignment) -> dict[str, str]:
+    """Each activation-quantized layer's input: observed, inherited from a passthrough producer, or dynamic."""
+    static = [a for a in assignment.layers if not a.scheme.is_none and a.scheme.activations is not None
+              and a.scheme.activations.mode is ActivationMode.STATIC]
+    needed = tuple(dict.fromkeys(a.layer.input for a in static))
+    graph = assignment.model.graph
+    sources = propagate(graph, needed, ir.calibration.passthrough) if graph is not None and ir.calibration.passthrough \
+        else {t: t for t in needed}
+    out = {}
+    for a in assignment.layers:
+        act = a.scheme.activations if not a.scheme.is_none else None
+        if act is None:
+            continue
+        if act.mode is ActivationMode.DYNAMIC:
+            out[a.layer.name] = "dynamic"
+        elif ir.backend is Backend.ONNX and sources.get(a.layer.input, a.layer.input) != a.layer.input:
+            out[a.layer.name] = f"inherited from {sources[a.layer.input]}"
+        else:
+            out[a.layer.name] = "observed"
+    return out
+
+
+def _number(value: float, digits: int = 4) -> str:
+    return "∞" if math.isinf(value) else f"{value:.{digits}g}"
+
+
+def _layers(ir, assignment: Assignment, result) -> Table:
+    sources = _range_sources(ir, assignment)
+    rows = []
+    for a in assignment.layers:
+        rule = f"{rule_text(a.rule)} (line {a.rule.span.line})" if a.rule else "-"
+        scheme = a.scheme.name + (f" (from {a.promoted_from})" if a.promoted_from else "")
+        sqnr = ranges = "-"
+        if result is not None:
+            if a.layer.name in result.weight_sqnr:
+                sqnr = _number(result.weight_sqnr[a.layer.name], 3)
+            if a.layer.name in result.input_ranges:
+                lo, hi = result.input_ranges[a.layer.name]
+                ranges = f"[{_number(lo)}, {_number(hi)}]"
+        row = (a.layer.name, a.layer.op, "x".join(map(str, a.layer.shape)), scheme, rule, a.group or "-",
+               sources.get(a.layer.name, "-"))
+        rows.append(row + ((sqnr, ranges) if result is not None else ()))
+    header = ("layer", "op", "shape", "scheme", "rule", "group", "range source")
+    if result is None:  # a plan: nothing measured yet
+        return _table(header, rows, "lllllll")
+    return _table(header + ("weight SQNR dB", "activation range"), rows, "lllllllrl")
+
+
+def _memory(plan: Plan, result) -> tuple[tuple[str, str], ...]:
+    out = [("planned peak", human_bytes(plan.peak_bytes))]
+    if result is not None:
+        ratio = result.peak_rss / plan.peak_bytes if plan.peak_bytes else 0
+        out += [("measured peak RSS", f"{human_bytes(result.peak_rss)} ({ratio:.2f}× planned)"),
+                ("RSS samples", f"{len(result.rss_samples)}, one every 20 ms"),
+                ("time", f"{result.total_seconds:.2f} s, calibration {result.calibration_seconds:.2f} s")]
+    return tuple(out)
+
+
+def planned_for_phase(plan: Plan, phase: str) -> int:
+    kinds = PHASE_OPS.get(phase, ())
+    return max((op.peak_bytes for op in plan.ops if op.kind in kinds), default=plan.peak_bytes)
+
+
+def _timeline(plan: Plan, result) -> str:
+    samples = result.rss_samples
+    measured = Series("measured RSS", tuple((t, rss / MiB) for t, rss, _ in samples))
+    steps, last = [], None
+    for t, _, phase in samples:
+        if phase != last:
+            steps.append((t, planned_for_phase(plan, phase) / MiB))
+            last = phase
+    if samples:
+        steps.append((samples[-1][0], steps[-1][1]))
+    planned = Series("planned, this phase", tuple(steps), step=True)
+    return line_chart([measured, planned], "seconds since the compile started", "MiB", "memory timeline", y_floor=0)
+
+
+def _verify(ir, result) -> tuple[tuple[str, str], ...]:
+    if result is None or result.verify is None:
+        return ()
+    v = ir.verify
+    verdict = "passed" if result.verify_passed else "FAILED"
+    return ((f"{v.metric.value} ({v.bound.value} {v.threshold:g})", f"{result.verify[v.metric.value]:.6g}: {verdict}"),
+            *((name, f"{value:.6g}") for name, value in result.verify.items()))
+
+
+def _search(result) -> tuple[tuple[str, str], ...]:
+    s = result.search if result is not None else None
+    if s is None:
+        return ()
+    layers = {c: [m for u in s.units if u.chosen == c for m in u.members] for c in s.choices}
+    return (("metric", s.metric), ("units", str(len(s.units))),
+            ("average bits per weight", f"{s.average_bits:.3f} (budget {s.budget_bits:g}, scales included)"),
+            ("predicted loss", f"{s.predicted_loss:.6g} ({s.metric}, Σ over units)"),
+            ("scores", "from the cache" if s.from_cache else "computed, then cached"),
+            *((f"→ {c}", f"{len(names)} layers: {', '.join(compress(names))}") for c, names in layers.items() if names))
+
+
+def _search_units(result) -> Table | None:
+    s = result.search if result is not None else None
+    if s is None:
+        return None
+    rows = [(u.unit, f"{u.params:,}", *(f"{x:.6g}" for x in u.losses), u.chosen, f"{u.bits:.3f}") for u in s.units]
+    return _table(("unit", "params", *(f"loss as {c}" for c in s.choices), "chosen", "bits"), rows,
+                  "lr" + "r" * len(s.choices) + "lr")
+
+
+def _curve_points(s) -> list[tuple[float, float]]:
+    """At most 16 points of the greedy path, always its ends."""
+    points = list(s.curve)
+    if len(points) <= 16:
+        return points
+    step = (len(points) - 1) / 15
+    return [points[round(i * step)] for i in range(16)]
+
+
+def _search_curve(result) -> Table | None:
+    s = result.search if result is not None else None
+    if s is None:
+        return None
+    return _table(("bits per weight", f"predicted loss ({s.metric})"),
+                  [(f"{b:.3f}", f"{loss:.6g}") for b, loss in _curve_points(s)], "rr")
+
+
+def _search_svg(result) -> str:
+    s = result.search if result is not None else None
+    if s is None:
+        return ""
+    return line_chart([Series("greedy path (scores)", tuple(s.curve)),
+                       Series("chosen", ((s.average_bits, s.predicted_loss),), markers_only=True)],
+                      "bits per weight (scales included)", f"predicted loss ({s.metric})", "quality against bits")

@@ -1,0 +1,41 @@
+"""Render a report with jinja2 (undefined names are errors; HTML is autoescaped, and only the SVG that
+qrc drew itself is inserted as markup) and write it atomically."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from compiler.report.content import Report
+
+FORMATS = {".md": "report.md.j2", ".html": "report.html.j2", ".htm": "report.html.j2"}
+
+
+def _md_cell(value) -> str:
+    """A Markdown table cell: pipes escaped, one line."""
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def render(report: Report, suffix: str) -> str:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+                             undefined=jinja2.StrictUndefined, autoescape=jinja2.select_autoescape(("html", "html.j2", "htm.j2")),
+                             keep_trailing_newline=True, trim_blocks=False)
+    env.filters["md_cell"] = _md_cell
+    return env.get_template(FORMATS[suffix.lower()]).render(r=report)
+
+
+def write(report: Report, path: Path) -> None:
+    """The report file appears whole or not at all."""
+    text = render(report, path.suffix)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

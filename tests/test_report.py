@@ -1,0 +1,110 @@
+"""`--report`: the Markdown report of a compile and of a plan (goldens: no dates, no absolute paths), the
+HTML report opened in headless Chromium (no console messages, one SVG point per RSS sample, a
+screenshot), and report paths refused before any work."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+
+import pytest
+from compiling import ROOT, runner
+
+from compiler.cli import app
+from golden import assert_golden
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# A report of the same work reads the same, but for what was measured: memory and time.
+MEASURED = [(re.compile(r"(\*\*(measured peak RSS|RSS samples|time)\*\*: ).*"), r"\1<measured>"),
+            (re.compile(r"\(\d+ samples\)"), "(<measured> samples)")]
+
+
+@pytest.fixture(autouse=True)
+def _at_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def _measured_masked(text: str) -> str:
+    for pattern, replacement in MEASURED:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def test_compile_report_markdown_golden(tmp_path):
+    report = tmp_path / "report.md"
+    result = runner.invoke(app, ["compile", "recipes/tiny-llama-w8a8.recipe", "-o", str(tmp_path / "m.onnx"),
+                                 "--set", "memory.ram=4GiB", "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    text = report.read_text()
+    assert str(tmp_path) not in text and str(ROOT) not in text
+    assert "observed" in text and "weight SQNR dB" in text and "passed" in text
+    assert_golden(_measured_masked(text), "reports/tiny-llama-w8a8.compile.md")
+
+
+def test_plan_report_markdown_golden(tmp_path):
+    report = tmp_path / "plan.md"
+    result = runner.invoke(app, ["plan", "recipes/tiny-llama-mixed.recipe", "--set", "memory.ram=4GiB",
+                                 "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    text = report.read_text()
+    assert "Nothing was run" in text and "measured peak" not in text and "Verification" not in text
+    assert_golden(text, "reports/tiny-llama-mixed.plan.md")
+
+
+@pytest.mark.parametrize("bad", ["report.pdf", "reports"])
+def test_report_path_refused_before_any_work(bad, tmp_path):
+    (tmp_path / "reports").mkdir()
+    out = tmp_path / "m.onnx"
+    result = runner.invoke(app, ["compile", "recipes/tiny-llama-w8a8.recipe", "-o", str(out),
+                                 "--report", str(tmp_path / bad)])
+    assert result.exit_code == 2
+    assert "Q239" in result.output and "Traceback" not in result.output
+    assert not out.exists()
+
+
+class _Dom(HTMLParser):
+    """The SVG series and figure captions of the rendered page."""
+
+    def __init__(self):
+        super().__init__()
+        self.series: dict[str, tuple[int, str]] = {}
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("class") == "series":
+            self.series[a["data-name"]] = (int(a["data-points"]), a.get("points", ""))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def _chromium(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                           "--v=0", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"),
+                    reason="Chromium is not installed (CI installs Debian's chromium)")
+def test_html_report_renders_in_headless_chromium(tmp_path):
+    assert CHROMIUM is not None, "CI must install Chromium (see .ci/run)"
+    report = tmp_path / "report.html"
+    result = runner.invoke(app, ["compile", "recipes/tiny-llama-mixed.recipe", "-o", str(tmp_path / "m.onnx"),
+                                 "--set", f"memory.disk={tmp_path / 'cache'}", "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    dom = _chromium("--dump-dom", report.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert ":CONSOLE" not in dom.stderr, [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    page = _Dom()
+    page.feed(dom.stdout)
+    samples = int(re.search(r"Measured RSS \((\d+) samples\)", "".join(page.text)).group(1))
+    count, points = page.series["measured RSS"]
+    assert samples > 1 and count == samples == len(points.split())
+    assert "greedy path (scores)" in page.series and "chosen" in page.series
+    shot = tmp_path / "report.png"
+    taken = _chromium(f"--screenshot={shot}", "--window-size=1280,2400", report.as_uri())
+    assert taken.returncode == 0 and ":CONSOLE" not in taken.stderr
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
