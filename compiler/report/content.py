@@ -18,7 +18,8 @@ from compiler.report.chart import Series, line_chart
 from compiler.resolve.assignment import Assignment
 
 MiB = 1 << 20
-# which plan ops run in each phase the RSS sampler names (the planned line of the timeline)
+# which plan ops run in each phase the RSS sampler names (the planned line of the timeline); torch rounds
+# inside its block-wise "calibrate" phase, so quantize_weights counts there too
 PHASE_OPS = {
     "start": (OpKind.LOAD_MODEL,), "load": (OpKind.LOAD_MODEL,), "score": (OpKind.SCORE_SENSITIVITY,),
     "calibrate": (OpKind.CALIBRATE_CHUNK, OpKind.CACHE_BLOCK_INPUTS, OpKind.RUN_BLOCK, OpKind.SEARCH_PERCENTILE,

@@ -30,7 +30,14 @@ from compiler.backends.torch import streams
 from compiler.backends.torch.checkpoint import DTYPES
 from compiler.backends.torch.compressed import TensorSpec, layer_specs, layer_tensors, quantization_config
 from compiler.backends.torch.devices import place
-from compiler.backends.torch.layers import Job, Statistics, apply_quantized, input_qparams, quantize_job
+from compiler.backends.torch.layers import (
+    ROW_SLICE_BYTES,
+    Job,
+    Statistics,
+    apply_quantized,
+    input_qparams,
+    quantize_job,
+)
 from compiler.backends.torch.model import TorchModel, open_model
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.support import check_supported
@@ -300,8 +307,12 @@ class _Run:
 
     def _record(self, job: Job, original: torch.Tensor, dequantized: torch.Tensor, act) -> None:
         """The report's figures: weight SQNR, and the range a static input is quantized to."""
-        signal = float(original.double().pow(2).sum())
-        noise = float((original.double() - dequantized.double()).pow(2).sum())
+        signal = noise = 0.0
+        step = max(1, ROW_SLICE_BYTES // max(1, original.shape[-1] * 8))  # float64 rows: scratch stays a slice's
+        for first in range(0, original.shape[0], step):
+            rows = original[first:first + step].double()
+            signal += float(rows.pow(2).sum())
+            noise += float((rows - dequantized[first:first + step].double()).pow(2).sum())
         self.result.weight_sqnr[job.layer.name] = 10 * math.log10(max(signal, 1e-300) / noise) if noise else math.inf
         if act is not None:
             scale, zp = act
