@@ -44,6 +44,13 @@ ReportOption = Annotated[
 _STYLE = {"error": "bold red", "warning": "bold yellow"}
 
 
+def _write_report(path: Path, planned, result=None) -> None:
+    from compiler.report import content, render
+
+    render.write(content.build(planned, result), path)
+    _stderr().print(f"report: {path}")
+
+
 def _check_report_path(path: Path | None) -> None:
     """A report path qrc cannot write is refused before any work (exit 2)."""
     from compiler.diagnostics import error
@@ -169,11 +176,7 @@ def plan(
     result = plan_file(recipe, tuple(set_ or ()))
     print_diagnostics(result.diagnostics)
     if result.plan is not None and result.ok and report is not None:
-        from compiler.report import content
-        from compiler.report import render as report_render
-
-        report_render.write(content.build(result), report)
-        _stderr().print(f"report: {report}")
+        _write_report(report, result)
     if result.plan is not None and result.ok:
         if fmt is Format.json:
             typer.echo(render.to_json(result.plan), nl=False)
@@ -204,6 +207,8 @@ def compile_(
         result, planned = compile_recipe(recipe, tuple(set_ or ()), output, console)
     except CompileFailed as failed:
         print_diagnostics(failed.diagnostics)
+        if report is not None and failed.result is not None:  # the model was written: show how it fell short
+            _write_report(report, failed.planned, failed.result)
         _stderr().print(f"{recipe}: compile failed ({summary_line(failed.diagnostics)})")
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
@@ -212,11 +217,7 @@ def compile_(
     print_diagnostics(planned.diagnostics + tuple(result.warnings))
     Console(highlight=False).print(summary(result, planned))
     if report is not None:
-        from compiler.report import content
-        from compiler.report import render as report_render
-
-        report_render.write(content.build(planned, result), report)
-        _stderr().print(f"report: {report}")
+        _write_report(report, planned, result)
 
 
 @app.command()

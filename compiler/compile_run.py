@@ -19,9 +19,10 @@ from compiler.models.names import compress
 
 
 class CompileFailed(Exception):
-    def __init__(self, diagnostics: tuple[Diagnostic, ...]):
+    def __init__(self, diagnostics: tuple[Diagnostic, ...], result=None, planned: PlanResult | None = None):
         super().__init__(len(diagnostics))
         self.diagnostics = diagnostics
+        self.result, self.planned = result, planned  # set when a model was written but failed verification
 
 
 def output_path(result: PlanResult, override: Path | None) -> Path:
@@ -87,7 +88,7 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
         try:
             result = execute(ir, planned.check.assignment, planned.plan, destination, progress)
         except BackendError as exc:
-            raise CompileFailed(planned.diagnostics + (exc.diagnostic,)) from None
+            raise CompileFailed(planned.diagnostics + (exc.diagnostic,), exc.result, planned) from None
     return result, planned
 
 

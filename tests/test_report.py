@@ -54,6 +54,15 @@ def test_plan_report_markdown_golden(tmp_path):
     assert_golden(text, "reports/tiny-llama-mixed.plan.md")
 
 
+def test_failed_verification_still_reports_how_it_fell_short(tmp_path):
+    report = tmp_path / "report.md"
+    result = runner.invoke(app, ["compile", "recipes/tiny-llama-w8a8.recipe", "-o", str(tmp_path / "m.onnx"),
+                                 "--set", "verify.at_least=0.9999", "--report", str(report)])
+    assert result.exit_code == 2 and "Q501" in result.output
+    text = report.read_text()
+    assert "top1 (at_least 0.9999)" in text and "FAILED" in text and "measured peak RSS" in text
+
+
 @pytest.mark.parametrize("bad", ["report.pdf", "reports"])
 def test_report_path_refused_before_any_work(bad, tmp_path):
     (tmp_path / "reports").mkdir()

@@ -8,6 +8,7 @@ from compiler.diagnostics import Diagnostic
 class BackendError(Exception):
     """A problem found while executing (bad data file, unwritable output, failed verification)."""
 
-    def __init__(self, diagnostic: Diagnostic):
+    def __init__(self, diagnostic: Diagnostic, result=None):
         super().__init__(diagnostic.message)
         self.diagnostic = diagnostic
+        self.result = result  # the CompileResult when the model was written (verification failed): for the report

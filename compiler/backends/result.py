@@ -48,7 +48,7 @@ def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None
         raise BackendError(error("Q501", f"verification failed: {v.metric.value} = {value:.6g}, the recipe asks "
                                  f"{v.bound.value} {v.threshold:g}", ir.verify.span_of("bound") or ir.verify.span_of("metric")
                                  or ir.span, "not met", help=f"the emitted model is left at {output} with the figures "
-                                 f"in {report.name}; try a wider scheme for sensitive layers or `method percentile`"))
+                                 f"in {report.name}; try a wider scheme for sensitive layers or `method percentile`"), result)
 
 
 def held_out_batches(ir, index, result: CompileResult, chunk: int):

@@ -159,6 +159,15 @@ _SHARED_INPUT = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "query": "qk
                  "w3": "gate_up"}
 
 
+def _input_key(x) -> tuple:
+    """Layers reading the same tensor share a key: the graph value on ONNX; on torch (no graph), the
+    parent module and the known siblings (q/k/v, gate/up)."""
+    if not x.input.endswith(":input"):
+        return (x.input,)
+    parent, _, leaf = x.name.rpartition(".")
+    return (parent, x.in_features, _SHARED_INPUT.get(leaf.lower(), leaf))
+
+
 def hessian_bytes(w: Workload, all_blocks: bool = False) -> int:
     """GPTQ: one K_in × K_in float32 Hessian per distinct layer input (q/k/v share one, gate/up one) of
     the block being quantized, or of every block at once (`full` runs the whole model with hooks)."""
@@ -168,9 +177,7 @@ def hessian_bytes(w: Workload, all_blocks: bool = False) -> int:
     per_block: dict[str | None, dict] = {}
     for x in w.index.layers:
         if x.kind == "Linear" and x.name in quantized:
-            parent, _, leaf = x.name.rpartition(".")
-            key = (parent, x.in_features, _SHARED_INPUT.get(leaf.lower(), leaf))
-            per_block.setdefault(x.block, {})[key] = x.in_features
+            per_block.setdefault(x.block, {})[_input_key(x)] = x.in_features
     sizes = [sum(k * k * 4 for k in inputs.values()) for inputs in per_block.values()]
     return sum(sizes) if all_blocks else max(sizes, default=0)
 
@@ -261,7 +268,9 @@ def score_phase(w: Workload, chunk: int) -> Phase:
              ("activations of one chunk" + (" saved for the backward pass" if search.metric == "kld" and
                                              w.backend is Backend.TORCH else ""), act)]
     if search.metric == "mse":
-        parts += [("XᵀX of every searched layer's input (float64)", search.gram_bytes), ("rounding scratch", rounding)]
+        layers = [w.index.layer(n) for n in search.layers]
+        grams = sum(8 * k * k for k in {_input_key(x): x.in_features for x in layers}.values())
+        parts += [("XᵀX of each distinct searched input (float64)", grams), ("rounding scratch", rounding)]
     else:
         copies = search.choices + (1 if w.backend is Backend.TORCH else 0)  # each choice's weights (+ gradients)
         parts += [(f"searched weights × {copies} (float32)", copies * 4 * search.params), ("model outputs", logits)]

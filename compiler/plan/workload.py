@@ -66,7 +66,7 @@ class Search:
     samples: int
     params: int  # of the searched layers
     largest_params: int
-    gram_bytes: int  # mse: one float64 XᵀX per searched layer
+    layers: tuple[str, ...]
 
 
 def _search(ir: RecipeIR, assignment: Assignment) -> Search | None:
@@ -76,8 +76,7 @@ def _search(ir: RecipeIR, assignment: Assignment) -> Search | None:
     layers = [assignment.model.layer(n) for u in units for n in u.members]
     mp = ir.mixed_precision
     return Search(mp.metric.value, len(units), len(choices_of(ir)), min(mp.samples, ir.calibration.data.samples),
-                  sum(x.params for x in layers), max(x.params for x in layers),
-                  sum(8 * x.in_features ** 2 for x in layers))
+                  sum(x.params for x in layers), max(x.params for x in layers), tuple(x.name for x in layers))
 
 
 def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> Workload:

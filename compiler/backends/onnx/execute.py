@@ -60,8 +60,18 @@ def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, prog
         check_supported(ir, candidate, plan)
     source = model_path(ir.model)
     result = CompileResult(output, [], plan, assignment=assignment)
-    start = time.perf_counter()
-    with RssSampler() as rss:
+    start, rss = time.perf_counter(), RssSampler()
+    try:
+        _compile(ir, assignment, plan, output, progress, result, rss, source, start)
+    finally:  # also when verification fails: the report shows what was measured
+        result.peak_rss, result.rss_samples = rss.peak, rss.samples
+        result.total_seconds = time.perf_counter() - start
+    return result
+
+
+def _compile(ir, assignment, plan: Plan, output: Path, progress, result: CompileResult, rss: RssSampler, source: Path,
+         start: float) -> None:
+    with rss:
         files = open_model(source)
         try:
             if ir.mixed_precision is not None:
@@ -99,9 +109,6 @@ def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, prog
                     _verify(ir, assignment, files.path, output, progress, result)
         finally:
             files.close()
-    result.peak_rss, result.rss_samples = rss.peak, rss.samples
-    result.total_seconds = time.perf_counter() - start
-    return result
 
 
 def _format(ir: RecipeIR):

@@ -58,8 +58,18 @@ def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, prog
     for candidate in each_choice(ir, assignment):
         check_supported(ir, candidate)
     result = CompileResult(output, [], plan, assignment=assignment)
-    start = time.perf_counter()
-    with RssSampler() as rss:
+    start, rss = time.perf_counter(), RssSampler()
+    try:
+        _execute(ir, assignment, plan, progress, result, rss, start)
+    finally:  # also when verification fails: the report shows what was measured
+        result.peak_rss, result.rss_samples = rss.peak, rss.samples
+        result.total_seconds = time.perf_counter() - start
+    return result
+
+
+def _execute(ir: RecipeIR, assignment: Assignment, plan: Plan, progress, result: CompileResult, rss: RssSampler,
+             start: float) -> None:
+    with rss:
         model = open_model(ir.model, assignment.model.blocks, ir.model_span)
         if ir.mixed_precision is not None:
             rss.phase = "score"
@@ -76,9 +86,6 @@ def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, prog
             raise
         finally:
             run.close()
-    result.peak_rss, result.rss_samples = rss.peak, rss.samples
-    result.total_seconds = time.perf_counter() - start
-    return result
 
 
 class _Run:

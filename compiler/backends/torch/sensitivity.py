@@ -9,6 +9,7 @@ go back to the meta device afterwards.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -48,20 +49,33 @@ class TorchScorer:
 
     # ---- mse: Σ xᵀx of each layer's input ------------------------------------------------------------
     def grams(self, layers: Sequence[Layer], progress) -> dict[str, np.ndarray]:
+        """One sum per distinct input tensor: layers fed the same tensor in a forward pass (q/k/v,
+        gate/up) share it, recognised by weak reference as the calibration hooks do."""
         restore = self._resident()
-        sums = {layer.name: torch.zeros(layer.in_features, layer.in_features, dtype=torch.float64) for layer in layers}
+        sums: dict[str, torch.Tensor] = {}
+        leader: dict[str, str] = {}
+        seen: dict[int, tuple[weakref.ref, str]] = {}
 
         def hook_for(name):
             def hook(module, args):
-                rows = args[0].detach().reshape(-1, args[0].shape[-1]).double()
+                x = args[0]
+                found = seen.get(id(x))
+                if found is not None and found[0]() is x:
+                    leader[name] = found[1]
+                    return
+                seen[id(x)] = (weakref.ref(x), name)
+                leader[name] = name
+                rows = x.detach().reshape(-1, x.shape[-1]).double()
                 rows = rows[torch.isfinite(rows).all(dim=1)]
-                sums[name].addmm_(rows.T, rows)
+                total = sums.setdefault(name, torch.zeros(rows.shape[1], rows.shape[1], dtype=torch.float64))
+                total.addmm_(rows.T, rows)
             return hook
 
         hooks = [self._module(layer).register_forward_pre_hook(hook_for(layer.name)) for layer in layers]
         try:
             advance = progress("score data", len(self.feeds))
             for feed in self.feeds:
+                seen.clear()
                 with torch.no_grad():
                     self.model.forward(feed)
                 advance()
@@ -69,7 +83,7 @@ class TorchScorer:
             for hook in hooks:
                 hook.remove()
             restore()
-        return {name: total.numpy() for name, total in sums.items()}
+        return {layer.name: sums[leader[layer.name]].numpy() for layer in layers}
 
     # ---- kld: first-order estimate ------------------------------------------------------------------
     def kld(self, units: Sequence[Unit], schemes: Sequence[Scheme], progress) -> dict[str, list[float]]:
