@@ -7,6 +7,7 @@ from; nothing in it depends on the machine, the time or absolute paths.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from compiler.ir.types import (
@@ -58,6 +59,11 @@ def _selector(sel: Selector) -> str:
     if sel.kind is SelectorKind.REGEX:
         return _regex_literal(sel.pattern)
     return f"type {sel.pattern}"
+
+
+def recipe_hash(canonical_ir: str) -> str:
+    """The sha256 of a recipe's canonical form: what the emitted model and the report record."""
+    return hashlib.sha256(canonical_ir.encode()).hexdigest()
 
 
 def rule_text(rule: Rule) -> str:

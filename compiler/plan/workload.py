@@ -24,7 +24,8 @@ class Workload:
     quantized_layers: tuple[str, ...]
     needed: tuple[str, ...]  # activations whose ranges the emitted model needs (inputs of A-quantized layers)
     observed: tuple[str, ...]  # what calibration observes after passthrough propagation
-    inherited: int  # needed tensors whose range comes from a passthrough ancestor instead
+    sources: tuple[tuple[str, str], ...]  # (needed tensor, the tensor its range comes from): itself, or a
+    # passthrough ancestor's output (ALGORITHMS.md, selective propagation)
     calibrate: bool  # any step needs a forward pass over calibration data
     gptq: bool
     gptq_layers: tuple[str, ...]
@@ -38,6 +39,15 @@ class Workload:
     search: Search | None  # the mixed-precision search, when there are units to search
     verify_samples: int
     disk: bool  # block data may be cached on disk (`memory { disk … }`)
+
+    @property
+    def source_of(self) -> dict[str, str]:
+        return dict(self.sources)
+
+    @property
+    def inherited(self) -> int:
+        """Needed tensors whose range comes from a passthrough ancestor instead of being observed."""
+        return sum(source != tensor for tensor, source in self.sources)
 
     @property
     def blocks(self) -> tuple[str, ...]:
@@ -97,7 +107,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         quantized_bytes=index.total_bytes - sum(a.layer.bytes - quantized_bytes(a.layer, a.scheme) for a in quantized),
         largest_layer_bytes=max((x.bytes for x in index.layers), default=0),
         quantized_layers=tuple(a.layer.name for a in quantized), needed=needed, observed=observed,
-        inherited=sum(source != tensor for tensor, source in sources.items()),
+        sources=tuple(sources.items()),
         calibrate=bool(observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR),
         gptq=gptq, gptq_layers=gptq_layers, samples=cal.data.samples, seqlen=cal.data.seqlen, chunk=chunk or cal.chunk, bins=cal.bins,
         method=cal.method, mixed_precision=mp is not None,

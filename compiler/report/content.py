@@ -3,17 +3,16 @@ then rendered by a template. No dates and no absolute paths, so a report of the 
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from compiler.ir.printer import print_ir, rule_text
+from compiler.ir.printer import print_ir, recipe_hash, rule_text
 from compiler.ir.types import ActivationMode, Backend
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
-from compiler.plan.activations import propagate
 from compiler.plan.ops import OpKind, Plan
+from compiler.plan.workload import workload
 from compiler.report.chart import Series, line_chart
 from compiler.resolve.assignment import Assignment
 
@@ -63,10 +62,6 @@ def _table(header: tuple[str, ...], rows, align: str) -> Table:
     return Table(header, tuple(Row(tuple(r)) for r in rows), tuple(align))
 
 
-def recipe_hash(ir) -> str:
-    return hashlib.sha256(print_ir(ir).encode()).hexdigest()
-
-
 def shown_path(path: Path | str) -> str:
     """A path as the report shows it: relative to the working folder, or only its name."""
     path = Path(path)
@@ -82,7 +77,7 @@ def build(planned, result=None) -> Report:
     """`planned`: the PlanResult of the recipe; `result`: the CompileResult of the run, if there was one."""
     ir, plan = planned.check.ir, planned.plan
     assignment = (result.assignment if result is not None and result.assignment else None) or planned.check.assignment
-    facts = [("recipe", f"{ir.name} ({shown_path(plan.source)})"), ("recipe sha256", recipe_hash(ir)),
+    facts = [("recipe", f"{ir.name} ({shown_path(plan.source)})"), ("recipe sha256", recipe_hash(print_ir(ir))),
              ("model", ir.model), ("backend", ir.backend.value),
              ("memory mode", f"{plan.decision.mode.value}: {plan.decision.reason}"),
              ("RAM budget", f"{human_bytes(plan.decision.ram_budget)} ({plan.decision.ram_source})"),
@@ -108,12 +103,7 @@ def build(planned, result=None) -> Report:
 
 def _range_sources(ir, assignment: Assignment) -> dict[str, str]:
     """Each activation-quantized layer's input: observed, inherited from a passthrough producer, or dynamic."""
-    static = [a for a in assignment.layers if not a.scheme.is_none and a.scheme.activations is not None
-              and a.scheme.activations.mode is ActivationMode.STATIC]
-    needed = tuple(dict.fromkeys(a.layer.input for a in static))
-    graph = assignment.model.graph
-    sources = propagate(graph, needed, ir.calibration.passthrough) if graph is not None and ir.calibration.passthrough \
-        else {t: t for t in needed}
+    sources = workload(ir, assignment).source_of
     out = {}
     for a in assignment.layers:
         act = a.scheme.activations if not a.scheme.is_none else None

@@ -3,19 +3,14 @@ leaves a partial file at the destination."""
 
 from __future__ import annotations
 
-import hashlib
-
 import onnx
 
+from compiler.ir.printer import recipe_hash
 from compiler.models.onnx_write import write_atomically
 
 __all__ = ["EXTERNAL_THRESHOLD", "recipe_hash", "stamp", "write_atomically"]
 
 EXTERNAL_THRESHOLD = 1 << 30  # weights above this go to `<model>.data` (protobuf stops at 2 GiB)
-
-
-def recipe_hash(canonical_ir: str) -> str:
-    return hashlib.sha256(canonical_ir.encode()).hexdigest()
 
 
 def stamp(model: onnx.ModelProto, recipe: str, canonical_ir: str) -> None:

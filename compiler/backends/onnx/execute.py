@@ -23,7 +23,6 @@ from compiler.diagnostics import error, warning
 from compiler.ir.printer import print_ir
 from compiler.ir.types import ActivationMode, EmitFormat, Granularity, MemoryMode, RecipeIR
 from compiler.models import builtin, resolve_path
-from compiler.plan.activations import propagate
 from compiler.plan.ops import Plan
 from compiler.plan.workload import Workload, workload
 from compiler.quant import qparams
@@ -135,7 +134,7 @@ def _activation_specs(ir, assignment, w: Workload, files: ModelFiles, progress, 
                                        ir.calibration.bins, advance, ir.calibration.workers, checkpoint))
         for checkpoint in filter(None, checkpoints):  # calibration is complete: nothing to resume
             checkpoint.remove()
-    sources = propagate(w.index.graph, w.needed, ir.calibration.passthrough)
+    sources = w.source_of
     consumers = _consumers(assignment, files.light)
     specs, ranges = {}, {}
     for a in assignment.layers:
