@@ -109,7 +109,7 @@ def summary(result, planned: PlanResult) -> Table:
     table = Table(title=f"compiled {planned.check.ir.name} → {result.output}", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
-    for t in totals(result.assignment or planned.check.assignment):
+    for t in totals(result.assignment):
         table.add_row(f"scheme {t.scheme}", f"{t.layers} layers, {t.params:,} params, "
                       f"{human_bytes(t.bytes_before)} → {human_bytes(t.bytes_after)}")
     before = planned.check.assignment.model.total_bytes
@@ -126,10 +126,8 @@ def summary(result, planned: PlanResult) -> Table:
         s = result.search
         table.add_row("mixed precision", f"{len(s.units)} units by {s.metric}: {s.average_bits:.3f} bits per weight "
                       f"(budget {s.budget_bits:g}){'; scores from the cache' if s.from_cache else ''}")
-        for choice in s.choices:
-            layers = [m for u in s.units if u.chosen == choice for m in u.members]
-            if layers:
-                table.add_row(f"  → {choice}", f"{len(layers)} layers: {', '.join(compress(layers))}")
+        for choice, layers in s.layers_by_choice().items():
+            table.add_row(f"  → {choice}", f"{len(layers)} layers: {', '.join(compress(layers))}")
     if result.verify is not None:
         v = planned.check.ir.verify
         figures = ", ".join(f"{k} {val:.4g}" for k, val in result.verify.items())

@@ -28,7 +28,7 @@ class CompileResult:
     warnings: list[Diagnostic] = field(default_factory=list)
     rss_samples: list[tuple[float, int, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the run decided that the plan could not know
-    assignment: Assignment | None = None  # what was compiled: the plan's, or the mixed-precision search's
+    assignment: Assignment | None = None  # what was compiled (both backends set it): the plan's, or the search's
     search: SearchResult | None = None
     weight_sqnr: dict[str, float] = field(default_factory=dict)  # layer → weight SQNR in dB
     input_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # layer → its input's quantized range

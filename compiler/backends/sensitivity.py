@@ -73,6 +73,11 @@ class SearchResult:
     predicted_loss: float  # Σ of the chosen choices' losses
     curve: tuple[tuple[float, float], ...]  # (average bits, predicted loss) along the greedy path, no budget
 
+    def layers_by_choice(self) -> dict[str, list[str]]:
+        """Each choice that some unit got → the layers that got it."""
+        out = {c: [m for u in self.units if u.chosen == c for m in u.members] for c in self.choices}
+        return {c: layers for c, layers in out.items() if layers}
+
 
 def fake_quantize(w: np.ndarray, scheme: Scheme, convention: Convention) -> np.ndarray:
     """The weight as the scheme rounds it, back in float ([out, in]). GPTQ is scored as rtn: the search
@@ -89,35 +94,33 @@ def scoring_batches(ir: RecipeIR, index: ModelIndex):
     return dataclasses.replace(batches, samples=min(batches.samples, ir.mixed_precision.samples))
 
 
-def snr_losses(units, schemes, scorer: Scorer, advance) -> dict[str, list[float]]:
+def _relative_losses(units, schemes, scorer: Scorer, layer_loss, advance) -> dict[str, list[float]]:
+    """Σ over each unit's members of `layer_loss(name, w, Q(w))` under each scheme (float32 arrays)."""
     out = {}
     for unit in units:
         totals = [0.0] * len(schemes)
         for name in unit.members:
             w = scorer.weight(scorer.index.layer(name))
-            energy = max(float(np.vdot(w, w)), 1e-30)
             for k, scheme in enumerate(schemes):
-                err = w - fake_quantize(w, scheme, scorer.convention)
-                totals[k] += float(np.vdot(err, err)) / energy
+                totals[k] += layer_loss(name, w, fake_quantize(w, scheme, scorer.convention))
         out[unit.name] = totals
         advance()
     return out
+
+
+def snr_losses(units, schemes, scorer: Scorer, advance) -> dict[str, list[float]]:
+    def noise_to_signal(_, w: np.ndarray, rounded: np.ndarray) -> float:
+        error = w - rounded
+        return float(np.vdot(error, error)) / max(float(np.vdot(w, w)), 1e-30)
+    return _relative_losses(units, schemes, scorer, noise_to_signal, advance)
 
 
 def mse_losses(units, schemes, scorer: Scorer, grams: Mapping[str, np.ndarray], advance) -> dict[str, list[float]]:
-    out = {}
-    for unit in units:
-        totals = [0.0] * len(schemes)
-        for name in unit.members:
-            w = scorer.weight(scorer.index.layer(name)).astype(np.float64)
-            gram = grams[name]
-            signal = max(float(np.sum((w @ gram) * w)), 1e-30)
-            for k, scheme in enumerate(schemes):
-                err = w - fake_quantize(w.astype(np.float32), scheme, scorer.convention)
-                totals[k] += float(np.sum((err @ gram) * err)) / signal
-        out[unit.name] = totals
-        advance()
-    return out
+    def output_error(name: str, w: np.ndarray, rounded: np.ndarray) -> float:
+        w = w.astype(np.float64)
+        error, gram = w - rounded, grams[name]
+        return float(np.sum((error @ gram) * error)) / max(float(np.sum((w @ gram) * w)), 1e-30)
+    return _relative_losses(units, schemes, scorer, output_error, advance)
 
 
 def cache_key(ir: RecipeIR, units: Sequence[mixed.Unit], digest: str, backend: str) -> str:

@@ -76,7 +76,7 @@ def shown_path(path: Path | str) -> str:
 def build(planned, result=None) -> Report:
     """`planned`: the PlanResult of the recipe; `result`: the CompileResult of the run, if there was one."""
     ir, plan = planned.check.ir, planned.plan
-    assignment = (result.assignment if result is not None and result.assignment else None) or planned.check.assignment
+    assignment = result.assignment if result is not None else planned.check.assignment
     facts = [("recipe", f"{ir.name} ({shown_path(plan.source)})"), ("recipe sha256", recipe_hash(print_ir(ir))),
              ("model", ir.model), ("backend", ir.backend.value),
              ("memory mode", f"{plan.decision.mode.value}: {plan.decision.reason}"),
@@ -186,12 +186,11 @@ def _search(result) -> tuple[tuple[str, str], ...]:
     s = result.search if result is not None else None
     if s is None:
         return ()
-    layers = {c: [m for u in s.units if u.chosen == c for m in u.members] for c in s.choices}
     return (("metric", s.metric), ("units", str(len(s.units))),
             ("average bits per weight", f"{s.average_bits:.3f} (budget {s.budget_bits:g}, scales included)"),
             ("predicted loss", f"{s.predicted_loss:.6g} ({s.metric}, Σ over units)"),
             ("scores", "from the cache" if s.from_cache else "computed, then cached"),
-            *((f"→ {c}", f"{len(names)} layers: {', '.join(compress(names))}") for c, names in layers.items() if names))
+            *((f"→ {c}", f"{len(names)} layers: {', '.join(compress(names))}") for c, names in s.layers_by_choice().items()))
 
 
 def _search_units(result) -> Table | None:

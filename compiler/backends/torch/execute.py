@@ -71,14 +71,14 @@ def _execute(ir: RecipeIR, assignment: Assignment, plan: Plan, progress, result:
              start: float) -> None:
     with rss:
         model = open_model(ir.model, assignment.model.blocks, ir.model_span)
+        index = dataclasses.replace(assignment.model, inputs=_inputs(assignment.model, model))  # what data is made for
         if ir.mixed_precision is not None:
             rss.phase = "score"
-            index = dataclasses.replace(assignment.model, inputs=_inputs(assignment.model, model))
             scorer = TorchScorer(ir, index, model, _torch_feed)
             assignment, result.search = search(ir, assignment, scorer, "torch", progress)
             result.assignment = assignment
             release_memory()
-        run = _Run(ir, assignment, model, result, progress, rss)
+        run = _Run(ir, assignment, index, model, result, progress, rss)
         try:
             run.go(plan.decision.mode, start)
         except BaseException:
@@ -89,15 +89,16 @@ def _execute(ir: RecipeIR, assignment: Assignment, plan: Plan, progress, result:
 
 
 class _Run:
-    def __init__(self, ir: RecipeIR, assignment: Assignment, model: TorchModel, result: CompileResult, progress, rss):
-        self.ir, self.assignment, self.model, self.result, self.progress, self.rss = ir, assignment, model, result, progress, rss
+    def __init__(self, ir: RecipeIR, assignment: Assignment, index, model: TorchModel, result: CompileResult, progress,
+                 rss):
+        self.ir, self.assignment, self.index, self.model = ir, assignment, index, model
+        self.result, self.progress, self.rss = result, progress, rss
         self.jobs = _jobs(model, assignment)
         self.stats = None
         self.writer = FolderWriter(result.output, _output_specs(model, self.jobs))
         self.disk = Path(ir.memory.disk) if ir.memory.disk else None
         if self.disk is not None:
             self.disk.mkdir(parents=True, exist_ok=True)
-        self.index = dataclasses.replace(assignment.model, inputs=_inputs(assignment.model, model))
         self.caches: list[streams.HiddenCache] = []
         self.hooks: list = []
 
