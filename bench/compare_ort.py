@@ -39,7 +39,7 @@ def child(code: str) -> tuple[float, int, str]:
 
 
 def feeds_code(model: str, samples: int, seed_offset: int = 0) -> str:
-    return (f"from compiler.models import index_model\nfrom compiler.backends.onnx.data import Batches\n"
+    return (f"from compiler.models import index_model\nfrom compiler.data import Batches\n"
             f"from compiler.ir.types import DataSource, DataKind\n"
             f"index = index_model({model!r})\n"
             f"src = DataSource(spans=(), kind=DataKind.SYNTHETIC, path=None, samples={samples}, seqlen={SEQLEN}, "
@@ -143,8 +143,8 @@ def fidelity(model: str, float_path: Path, quant_path: Path) -> tuple[float | No
 def _fidelity(model: str, float_path: Path, quant_path: Path) -> tuple[float, float]:
     import onnxruntime as ort
 
-    from compiler.backends.onnx.data import Batches
-    from compiler.backends.onnx.verify import Agreement
+    from compiler.backends.agreement import Agreement
+    from compiler.data import Batches
     from compiler.ir.types import DataKind, DataSource, VerifyMetric
     from compiler.models import index_model
 

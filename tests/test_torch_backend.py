@@ -13,8 +13,8 @@ import torch
 from compiling import ROOT, available, compile_, runner
 
 from compiler import check_file
-from compiler.backends.torch.checkpoint import Checkpoint
 from compiler.backends.torch.dump import dump
+from compiler.backends.torch.shards import Shards
 from compiler.cli import app
 from compiler.ir.types import Granularity, QType, Rounding, WeightQuant
 from compiler.quant.pack_int32 import unpack_from_int32
@@ -61,7 +61,7 @@ def test_calibrated_blockwise_modes_agree(tmp_path):
     recipe = "recipes/tiny-llama-torch-gptq.recipe"
     for mode in ("low_memory", "offload"):
         assert compile_(recipe, tmp_path / mode, f"memory.mode={mode}", "verify.samples=2").exit_code == 0
-    a, b = (Checkpoint(tmp_path / m) for m in ("low_memory", "offload"))
+    a, b = (Shards(tmp_path / m) for m in ("low_memory", "offload"))
     assert a.entries.keys() == b.entries.keys()
     for name in a.entries:
         assert torch.equal(a.read(name), b.read(name)), name
@@ -83,7 +83,7 @@ def _decompressed(folder: Path, skeleton: torch.nn.Module) -> torch.nn.Module:
     return skeleton
 
 
-def _ours(checkpoint: Checkpoint, layer: str, scheme: dict) -> torch.Tensor:
+def _ours(checkpoint: Shards, layer: str, scheme: dict) -> torch.Tensor:
     """Our dequantization of the stored tensors, written out: (q - zp) · scale, per group or channel."""
     w = scheme["weights"]
     scale = checkpoint.read(f"{layer}.weight_scale").float().numpy()
@@ -111,7 +111,7 @@ def test_compressed_tensors_decompressor_gives_our_weights(recipe, tmp_path):
     float_model = torch_model("builtin:tiny-llama")
     loaded = _decompressed(out, torch_model("builtin:tiny-llama"))
     config = json.loads((out / "config.json").read_text())["quantization_config"]
-    checkpoint = Checkpoint(out)
+    checkpoint = Shards(out)
     for scheme in config["config_groups"].values():
         for layer in scheme["targets"]:
             theirs = loaded.get_submodule(layer).weight.detach()
@@ -134,7 +134,7 @@ def test_rtn_output_is_the_direct_formula(tmp_path):
     scale = np.abs(groups).max(axis=2, keepdims=True) / np.float32(7.5)
     expected = (np.clip(np.round(groups / scale), -8, 7) * scale).reshape(w.shape)
     config = json.loads((out / "config.json").read_text())["quantization_config"]
-    ours = _ours(Checkpoint(out), "model.layers.1.self_attn.q_proj", config["config_groups"]["attn"])
+    ours = _ours(Shards(out), "model.layers.1.self_attn.q_proj", config["config_groups"]["attn"])
     np.testing.assert_allclose(ours.numpy(), expected, rtol=0, atol=1e-7)
 
 
@@ -218,7 +218,7 @@ def test_minilm_w8a8_loads_in_transformers_with_compressed_tensors(tmp_path):
     assert result.exit_code == 0, result.output
     config = transformers.CompressedTensorsConfig(run_compressed=False)
     model = transformers.AutoModel.from_pretrained(str(out), quantization_config=config, local_files_only=True)
-    checkpoint = Checkpoint(out)
+    checkpoint = Shards(out)
     layer = "encoder.layer.0.attention.self.query"
     ours = _ours(checkpoint, layer, {"weights": {"num_bits": 8}})
     assert torch.equal(model.get_submodule(layer).weight.detach().float(), ours)

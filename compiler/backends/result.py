@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compiler.backends import BackendError
-from compiler.backends.onnx.verify import Agreement, passes
+from compiler.backends.agreement import Agreement, passes
 from compiler.backends.sensitivity import SearchResult
 from compiler.diagnostics import Diagnostic, error, warning
 from compiler.plan.ops import Plan
@@ -53,7 +53,7 @@ def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None
 
 def held_out_batches(ir, index, result: CompileResult, chunk: int):
     """Verification samples; Q406 when a data file is too short to hold them out from calibration."""
-    from compiler.backends.onnx import data
+    from compiler import data
 
     v = ir.verify
     batches, overlaps = data.verify_batches(ir.calibration.data, index, v.samples, chunk)

@@ -88,7 +88,7 @@ def fake_quantize(w: np.ndarray, scheme: Scheme, convention: Convention) -> np.n
 
 def scoring_batches(ir: RecipeIR, index: ModelIndex):
     """The first `samples` calibration samples, in calibration chunks."""
-    from compiler.backends.onnx import data
+    from compiler import data
 
     batches = data.calibration_batches(ir.calibration.data, index, ir.calibration.chunk)
     return dataclasses.replace(batches, samples=min(batches.samples, ir.mixed_precision.samples))

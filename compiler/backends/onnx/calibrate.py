@@ -11,7 +11,7 @@ from pathlib import Path
 
 import onnx
 
-from compiler.backends.onnx.data import Batches
+from compiler.data import Batches
 from compiler.plan.activations import needed_nodes
 from compiler.quant.observers import make_observer
 

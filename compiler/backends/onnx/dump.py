@@ -10,12 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-TINY = 8  # elements: tensors this small are written out in full
-
-
-def fmt(x: float) -> str:
-    """The one float format of the goldens."""
-    return f"{float(x):.6g}"
+from compiler.canonical import TINY, fmt
 
 
 def dump(model: onnx.ModelProto, base_dir: str | None = None) -> str:

@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from compiler import data
 from compiler.backends import BackendError
-from compiler.backends.onnx import data, emit, rewrite
+from compiler.backends.agreement import Agreement
+from compiler.backends.onnx import emit, rewrite
 from compiler.backends.onnx.calibrate import calibrate, session_from_path
 from compiler.backends.onnx.files import ModelFiles, load_remaining, open_model
 from compiler.backends.onnx.sensitivity import OnnxScorer
-from compiler.backends.onnx.verify import Agreement
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.rss import RssSampler
@@ -159,9 +160,9 @@ def _activation_specs(ir, assignment, w: Workload, files: ModelFiles, progress, 
 def _checkpoint(ir: RecipeIR, files: ModelFiles, number: int, group: tuple[str, ...]):
     if not ir.memory.disk:
         return None
-    from compiler.backends.onnx.checkpoint import Checkpoint
+    from compiler.backends.onnx.resume import ResumeState
 
-    return Checkpoint.for_run(Path(ir.memory.disk), print_ir(ir), str(files.path), str(number), *group)
+    return ResumeState.for_run(Path(ir.memory.disk), print_ir(ir), str(files.path), str(number), *group)
 
 
 def _disk(ir: RecipeIR) -> Path | None:

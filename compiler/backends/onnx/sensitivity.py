@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from compiler.backends.agreement import Agreement
 from compiler.backends.onnx.calibrate import augmented_model, session
 from compiler.backends.onnx.files import ModelFiles
 from compiler.backends.onnx.rewrite import weight_axes
-from compiler.backends.onnx.verify import Agreement
 from compiler.backends.sensitivity import fake_quantize, scoring_batches
 from compiler.ir.types import RecipeIR, Scheme, VerifyMetric
 from compiler.models.exports import files_hash

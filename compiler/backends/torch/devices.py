@@ -19,7 +19,7 @@ def place(model: TorchModel, vram: tuple[int, ...]) -> tuple[dict[str, str], str
     budgets = {i: int(b / VRAM_SLACK) for i, b in enumerate(vram[:count])}
     if not budgets:
         return {}, "the recipe gives no `vram` budgets"
-    sizes = {b: sum(model.checkpoint.entries[model.keys[p]].end - model.checkpoint.entries[model.keys[p]].start
+    sizes = {b: sum(model.shards.entries[model.keys[p]].end - model.shards.entries[model.keys[p]].start
                     for p in model.parameters_of(b)) for b in model.blocks}
     proposal = _accelerate(model, budgets) or _greedy(sizes, budgets)
     placement = coalesce(proposal, sizes, budgets)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.backends.onnx.dump import TINY, fmt
-from compiler.backends.torch.checkpoint import Checkpoint
+from compiler.backends.torch.shards import Shards
+from compiler.canonical import TINY, fmt
 
 
 def dump(folder: Path, approximate: tuple[str, ...] = ()) -> str:
@@ -21,7 +21,7 @@ def dump(folder: Path, approximate: tuple[str, ...] = ()) -> str:
     lines = ["files"] + [f"  {f}" for f in files]
     lines += ["quantization_config"] + ["  " + line for line in
                                         json.dumps(config.get("quantization_config"), indent=1, sort_keys=True).splitlines()]
-    checkpoint = Checkpoint(folder)
+    checkpoint = Shards(folder)
     lines.append("tensors")
     for name in sorted(checkpoint.entries):
         loose = any(name.startswith(layer + ".") for layer in approximate)
@@ -29,7 +29,7 @@ def dump(folder: Path, approximate: tuple[str, ...] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _tensor(name: str, checkpoint: Checkpoint, loose: bool) -> str:
+def _tensor(name: str, checkpoint: Shards, loose: bool) -> str:
     entry = checkpoint.entries[name]
     arr = checkpoint.read(name).float().numpy() if entry.dtype in ("BF16",) else checkpoint.read(name).numpy()
     head = f"{name}: {entry.dtype}[{', '.join(map(str, entry.shape))}]"

@@ -20,14 +20,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from compiler.backends.onnx import data
-from compiler.backends.onnx.verify import Agreement
+from compiler import data
+from compiler.backends.agreement import Agreement
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.rss import RssSampler
 from compiler.backends.sensitivity import each_choice, search
 from compiler.backends.torch import streams
-from compiler.backends.torch.checkpoint import DTYPES
 from compiler.backends.torch.compressed import TensorSpec, layer_specs, layer_tensors, quantization_config
 from compiler.backends.torch.devices import place
 from compiler.backends.torch.layers import (
@@ -40,6 +39,7 @@ from compiler.backends.torch.layers import (
 )
 from compiler.backends.torch.model import TorchModel, open_model
 from compiler.backends.torch.sensitivity import TorchScorer
+from compiler.backends.torch.shards import DTYPES
 from compiler.backends.torch.support import check_supported
 from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import warning
@@ -329,7 +329,7 @@ class _Run:
 
     def _copy_unquantized(self) -> None:
         replaced = {j.layer.weight for j in self.jobs}
-        for key, entry in self.model.checkpoint.entries.items():
+        for key, entry in self.model.shards.entries.items():
             if key not in replaced:
                 self.writer.copy_raw(key, entry.file, entry.start, entry.end)
 
@@ -367,7 +367,7 @@ def _before_blocks(module: str, model: TorchModel) -> bool:
 def _output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
     replaced = {j.layer.weight: j for j in jobs}
     specs = []
-    for key, entry in model.checkpoint.entries.items():
+    for key, entry in model.shards.entries.items():
         job = replaced.get(key)
         if job is None:
             specs.append(TensorSpec(key, DTYPES[entry.dtype], entry.shape))

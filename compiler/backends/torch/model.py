@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from compiler.backends import BackendError
-from compiler.backends.torch.checkpoint import Checkpoint
+from compiler.backends.torch.shards import Shards
 from compiler.diagnostics import error
 from compiler.models import builtin, resolve_path
 from compiler.source import Span
@@ -24,7 +24,7 @@ from compiler.source import Span
 @dataclass
 class TorchModel:
     module: nn.Module
-    checkpoint: Checkpoint
+    shards: Shards  # the safetensors files the weights come from
     keys: dict[str, str]  # parameter name in the module → tensor name in the checkpoint
     container: str  # the ModuleList of blocks, e.g. `model.layers`
     blocks: tuple[str, ...]  # `model.layers.0`, …
@@ -56,7 +56,7 @@ class TorchModel:
         """Read these parameters from the checkpoint (float32 for computing on CPU, the checkpoint's dtype
         on GPUs) and put them into the module."""
         for name in names:
-            tensor = self.checkpoint.read(self.keys[name])
+            tensor = self.shards.read(self.keys[name])
             if tensor.is_floating_point():
                 tensor = tensor.to(torch.float32 if torch.device(device).type == "cpu" else self.dtype)
             _set(self.module, name, nn.Parameter(tensor.to(device), requires_grad=False))
@@ -73,7 +73,7 @@ class TorchModel:
 
     @cached_property
     def module_of(self) -> dict[str, str]:
-        """Checkpoint tensor name → the module holding it (the first, for a tensor tied to several)."""
+        """Shards tensor name → the module holding it (the first, for a tensor tied to several)."""
         out: dict[str, str] = {}
         for param, key in self.keys.items():
             out.setdefault(key, param.rpartition(".")[0])
@@ -119,7 +119,7 @@ def open_model(ref: str, blocks: tuple[str, ...], span: Span | None) -> TorchMod
         folder = resolve_path(ref)
         module, config = _hf_skeleton(folder, span), json.loads((folder / "config.json").read_text(encoding="utf-8"))
         folder_ckpt = folder
-    checkpoint = Checkpoint(folder_ckpt)
+    checkpoint = Shards(folder_ckpt)
     keys = _checkpoint_keys(module, checkpoint, ref, span)
     container = _container(module, blocks, ref, span)
     floats = [checkpoint.entries[k].dtype for k in keys.values() if checkpoint.entries[k].dtype in ("F32", "F16", "BF16")]
@@ -170,7 +170,7 @@ def _hf_skeleton(folder: Path, span: Span | None) -> nn.Module:
         return transformers.AutoModel.from_config(config)
 
 
-def _checkpoint_keys(module: nn.Module, checkpoint: Checkpoint, ref: str, span: Span | None) -> dict[str, str]:
+def _checkpoint_keys(module: nn.Module, checkpoint: Shards, ref: str, span: Span | None) -> dict[str, str]:
     """Each parameter's tensor in the checkpoint: the same name, the name under a prefix (`bert.`), or,
     for tied parameters (an LM head sharing the embedding table), the tensor of a twin."""
     by_identity: dict[int, list[str]] = {}
@@ -187,7 +187,7 @@ def _checkpoint_keys(module: nn.Module, checkpoint: Checkpoint, ref: str, span: 
     return keys
 
 
-def _lookup(name: str, checkpoint: Checkpoint) -> str | None:
+def _lookup(name: str, checkpoint: Shards) -> str | None:
     if name in checkpoint:
         return name
     suffix = "." + name

@@ -32,10 +32,10 @@ class TorchScorer:
         self.feeds = [feed(f) for f in scoring_batches(ir, index)]
 
     def digest(self) -> str:
-        return files_hash(sorted({e.file for e in self.model.checkpoint.entries.values()}))
+        return files_hash(sorted({e.file for e in self.model.shards.entries.values()}))
 
     def weight(self, layer: Layer) -> np.ndarray:
-        w = self.model.checkpoint.read(layer.weight).float().numpy()
+        w = self.model.shards.read(layer.weight).float().numpy()
         return w.reshape(w.shape[0], -1)
 
     def _resident(self):

@@ -12,13 +12,13 @@ from pathlib import Path
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class ResumeState:
     path: Path
 
     @staticmethod
-    def for_run(disk: Path, *identity: str) -> Checkpoint:
+    def for_run(disk: Path, *identity: str) -> ResumeState:
         key = hashlib.sha256("\x00".join(identity).encode()).hexdigest()[:24]
-        return Checkpoint(disk / "checkpoints" / f"calibration-{key}.pkl")
+        return ResumeState(disk / "checkpoints" / f"calibration-{key}.pkl")
 
     def load(self) -> tuple[int, dict] | None:
         """(chunks done, observers) from an earlier, interrupted run, or None."""

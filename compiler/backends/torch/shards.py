@@ -30,7 +30,7 @@ class Entry:
     end: int
 
 
-class Checkpoint:
+class Shards:
     """Every tensor of the *.safetensors files of a folder, by name."""
 
     def __init__(self, folder: Path):
