@@ -10,10 +10,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from compiler.backends.registry import spec_for
+from compiler.backends.spec import OutputKind
 from compiler.diagnostics import Diagnostic, error
 from compiler.frontend import PlanResult, plan_file
 from compiler.inspect_table import totals
-from compiler.ir.types import Backend
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
 
@@ -35,10 +36,6 @@ def output_path(result: PlanResult, override: Path | None) -> Path:
     return Path(ir.emit.path)
 
 
-def _needs_export(planned: PlanResult) -> bool:
-    return planned.check.ir.backend is Backend.ONNX and planned.check.assignment.model.format == "hf"
-
-
 @contextmanager
 def _terminate_as_interrupt():
     """SIGTERM unwinds like Ctrl-C, so temporary files are removed on the way out."""
@@ -53,37 +50,23 @@ def _terminate_as_interrupt():
 
 
 def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None, console: Console):
-    """Run a compile; returns (result, diagnostics). Raises CompileFailed with the diagnostics on errors."""
+    """Run a compile; returns (result, planned). Raises CompileFailed with the diagnostics on errors.
+
+    The plan is the program: the recipe's backend (from the registry) runs its ops in order."""
     planned = plan_file(recipe, overrides)
     if not planned.ok:
         raise CompileFailed(planned.diagnostics)
-    if _needs_export(planned):  # export once, then plan again from the exported graph
-        from compiler.backends import BackendError
-        from compiler.backends.onnx.export import export_folder
-        from compiler.models import resolve_path
-
-        console.print("exporting the model folder to ONNX (once; cached) …")
-        try:
-            export_folder(resolve_path(planned.check.ir.model), planned.check.ir.model_span)
-        except BackendError as exc:
-            raise CompileFailed(planned.diagnostics + (exc.diagnostic,)) from None
-        planned = plan_file(recipe, overrides)
-        if not planned.ok:
-            raise CompileFailed(planned.diagnostics)
     ir = planned.check.ir
+    spec = spec_for(ir.backend)
     destination = output_path(planned, output)
-    torch_backend = ir.backend is Backend.TORCH
-    if destination.exists() and destination.is_dir() != torch_backend:
-        what, want = ("a file", "a folder path (safetensors output)") if torch_backend else ("a folder", "a file path ending in .onnx")
+    wants_folder = spec.output is OutputKind.FOLDER
+    if destination.exists() and destination.is_dir() != wants_folder:
+        what = "a folder" if destination.is_dir() else "a file"
         raise CompileFailed((error("Q413", f"output `{destination}` is {what}", ir.span, "wrong kind of output",
-                                   help=f"give {want}"),))
+                                   help=f"give {spec.output_help}"),))
     from compiler.backends import BackendError
 
-    if torch_backend:
-        from compiler.backends.torch.execute import execute
-    else:
-        from compiler.backends.onnx.execute import execute
-
+    execute = spec.load_executor()
     with _progress(console) as progress, _terminate_as_interrupt():
         try:
             result = execute(ir, planned.check.assignment, planned.plan, destination, progress)
@@ -124,7 +107,7 @@ def summary(result, planned: PlanResult) -> Table:
         table.add_row("placement", note)
     if result.search is not None:
         s = result.search
-        table.add_row("mixed precision", f"{len(s.units)} units by {s.metric}: {s.average_bits:.3f} bits per weight "
+        table.add_row("mixed precision", f"{len(s.units)} units by {s.metric.value}: {s.average_bits:.3f} bits per weight "
                       f"(budget {s.budget_bits:g}){'; scores from the cache' if s.from_cache else ''}")
         for choice, layers in s.layers_by_choice().items():
             table.add_row(f"  → {choice}", f"{len(layers)} layers: {', '.join(compress(layers))}")

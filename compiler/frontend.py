@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from compiler.backends.registry import spec_for
 from compiler.diagnostics import Diagnostic, DiagnosticError, error, has_errors
 from compiler.ir.checks import run_checks
 from compiler.ir.elaborate import elaborate
-from compiler.ir.types import Backend, RecipeIR
+from compiler.ir.types import RecipeIR
 from compiler.ir.values import Diagnostics
-from compiler.models import ModelError, index_model, resolve_path
+from compiler.models import ModelError, index_model
 from compiler.overrides import apply_overrides
 from compiler.plan import Plan, build_plan
 from compiler.resolve import Assignment, resolve
@@ -80,25 +81,17 @@ def check_source(source: Source, overrides: tuple[str, ...] = (), with_model: bo
 
 
 def resolve_model(ir: RecipeIR, diags: Diagnostics) -> Assignment | None:
-    """Index the recipe's model and resolve the recipe against it; a model that cannot be read is a diagnostic."""
+    """Index the recipe's model (metadata only: no weight bytes) and resolve the recipe against it, then
+    ask the recipe's backend what it cannot compile; a model that cannot be read is a diagnostic."""
     try:
         index = index_model(ir.model)
     except ModelError as exc:
         diags.error(exc.code, exc.message, ir.model_span, "model", help=exc.help)
         return None
-    if ir.backend is Backend.ONNX and index.format == "hf":
-        index = _exported_index(ir, index)
-    return resolve(ir, index, diags)
-
-
-def _exported_index(ir: RecipeIR, folder_index):
-    """An HF folder compiled on ONNX: its cached export has the graph the planner needs (same layer
-    names); before the first compile exports it, plan from the folder."""
-    from compiler.models.exports import cached_export
-    from compiler.models.onnx_index import index_onnx
-
-    exported = cached_export(resolve_path(ir.model))
-    return index_onnx(exported, ir.model, family=folder_index.family) if exported else folder_index
+    assignment = resolve(ir, index, diags)
+    if assignment is not None and not has_errors(diags.items):
+        spec_for(ir.backend).check(ir, assignment, diags)
+    return assignment
 
 
 def check_file(path: str | Path, overrides: tuple[str, ...] = (), with_model: bool = False) -> CheckResult:
@@ -133,7 +126,7 @@ def plan_file(path: str | Path, overrides: tuple[str, ...] = (), detected_free: 
 
         detected_free = psutil.virtual_memory().available
     diags = Diagnostics(list(checked.diagnostics))
-    plan = build_plan(checked.ir, checked.assignment, detected_free, diags)
+    plan = build_plan(checked.ir, checked.assignment, detected_free, diags, spec_for(checked.ir.backend).costs)
     return PlanResult(checked, plan, tuple(diags.items))
 
 

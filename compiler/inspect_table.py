@@ -33,13 +33,13 @@ class Total:
 
 def rows(index: ModelIndex, assignment: Assignment | None) -> list[Row]:
     if assignment is None:
-        return [Row(x.name, f"{x.kind}/{x.op}", "x".join(map(str, x.shape)), x.params, "", "", "") for x in index.layers]
+        return [Row(x.name, f"{x.kind.value}/{x.op}", "x".join(map(str, x.shape)), x.params, "", "", "") for x in index.layers]
     out = []
     for a in assignment.layers:
         x = a.layer
         scheme = a.scheme.name + (f" (from {a.promoted_from})" if a.promoted_from else "")
         rule = f"{a.rule.span.source.name}:{a.rule.span.line}" if a.rule else "-"
-        out.append(Row(x.name, f"{x.kind}/{x.op}", "x".join(map(str, x.shape)), x.params, scheme, rule, a.group or "-"))
+        out.append(Row(x.name, f"{x.kind.value}/{x.op}", "x".join(map(str, x.shape)), x.params, scheme, rule, a.group or "-"))
     return out
 
 
@@ -78,7 +78,7 @@ def _aligned(cells: list[tuple[str, ...]]) -> str:
 
 def to_json(index: ModelIndex, assignment: Assignment | None) -> str:
     data = {
-        "model": index.ref, "format": index.format, "family": index.family, "total_bytes": index.total_bytes,
+        "model": index.ref, "format": index.format.value, "family": index.family, "total_bytes": index.total_bytes,
         "inputs": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in index.inputs],
         "outputs": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in index.outputs],
         "layers": [{k: getattr(r, k) for k in Row.__slots__} for r in rows(index, assignment)],

@@ -28,3 +28,21 @@ def compile_(recipe: str, out: Path, *sets: str):
     for s in sets:
         args += ["--set", s]
     return runner.invoke(app, args)
+
+
+def compile_program(recipe: str, out: Path, *sets: str):
+    """Compile through the API: (CompileResult, PlanResult), to compare what ran with the plan."""
+    from rich.console import Console
+
+    from compiler.compile_run import compile_recipe
+
+    return compile_recipe(Path(recipe), tuple(sets), out, Console(quiet=True))
+
+
+def assert_ran_the_plan(result, planned) -> None:
+    """The plan is the program: every op ran, once, in order, and each RSS sample names the op running."""
+    ops = list(planned.plan.ops)
+    assert [op.kind.value for op in result.executed] == [op.kind.value for op in ops]
+    assert all(ran is op for ran, op in zip(result.executed, ops, strict=True))
+    running = {id(op) for _, _, op in result.rss_samples if op is not None}
+    assert running <= {id(op) for op in ops} and running, "the RSS samples name ops of the plan"

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from compiling import ROOT, available, compile_
+from compiling import ROOT, assert_ran_the_plan, available, compile_, compile_program
 
 from compiler import check_file
 from compiler.backends.onnx.dump import dump
@@ -31,9 +31,9 @@ def _at_root(monkeypatch):
 @pytest.mark.parametrize("path", ONNX_RECIPES, ids=[p.stem for p in ONNX_RECIPES])
 def test_emitted_model_golden_valid_and_verified(path, tmp_path):
     out = tmp_path / f"{path.stem}.onnx"
-    result = compile_(path.relative_to(ROOT).as_posix(), out)
-    assert result.exit_code == 0, result.output
-    assert "verify" in result.output and "passed" in result.output
+    result, planned = compile_program(path.relative_to(ROOT).as_posix(), out)
+    assert result.verify_passed
+    assert_ran_the_plan(result, planned)
     onnx.checker.check_model(str(out), full_check=True)
     assert_golden(dump(onnx.load(str(out))), f"models/{path.stem}.txt")
 

@@ -145,7 +145,7 @@ def test_every_metric_runs_on_both_backends(backend, metric, tmp_path):
         recipe, out = MIXED, tmp_path / "m.onnx"
     result, _ = _compile(recipe, out, *sets)
     search = result.search
-    assert search.metric == metric and search.average_bits <= search.budget_bits
+    assert search.metric.value == metric and search.average_bits <= search.budget_bits
     assert len({u.chosen for u in search.units}) == 2
     assert all(np.isfinite(u.losses).all() for u in search.units)
     if metric != "kld" or backend == "onnx":  # losses: lower is better, so the widest choice never loses

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from compiler.models import ModelError, index_model
+from compiler.models.index import LayerKind
 from compiler.models.names import compress, from_node_name, from_weight_name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,7 +197,7 @@ def test_real_minilm_indexes_from_its_folder():
     from compiler.resolve.groups import auto_qkv_instances
 
     index = index_model(str(_minilm_folder()))
-    linear = [x for x in index.layers if x.kind == "Linear"]
+    linear = [x for x in index.layers if x.kind is LayerKind.LINEAR]
     assert len(linear) == 37  # 6 blocks × (q, k, v, attention output, intermediate, output) + pooler
     assert linear[-1].name == "pooler.dense"
     instances = auto_qkv_instances([x.name for x in index.layers])

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from compiling import ROOT, available, compile_, runner
+from compiling import ROOT, assert_ran_the_plan, available, compile_, compile_program, runner
 
 from compiler import check_file
 from compiler.backends.torch.dump import dump
@@ -40,9 +40,9 @@ def _gptq_layers(path: Path) -> tuple[str, ...]:
 @pytest.mark.parametrize("path", TORCH_RECIPES, ids=[p.stem for p in TORCH_RECIPES])
 def test_emitted_folder_golden_and_verified(path, tmp_path):
     out = tmp_path / path.stem
-    result = compile_(path.relative_to(ROOT).as_posix(), out)
-    assert result.exit_code == 0, result.output
-    assert "verify" in result.output and "passed" in result.output
+    result, planned = compile_program(path.relative_to(ROOT).as_posix(), out)
+    assert result.verify_passed
+    assert_ran_the_plan(result, planned)
     assert_golden(dump(out, _gptq_layers(path)), f"models/{path.stem}.txt")
 
 

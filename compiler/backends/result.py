@@ -11,12 +11,14 @@ from compiler.backends import BackendError
 from compiler.backends.agreement import Agreement, passes
 from compiler.backends.sensitivity import SearchResult
 from compiler.diagnostics import Diagnostic, error, warning
-from compiler.plan.ops import Plan
+from compiler.plan.ops import Plan, PlanOp
 from compiler.resolve.assignment import Assignment
 
 
 @dataclass
 class CompileResult:
+    """What a backend returns from a compile (also when verification failed: the report shows it)."""
+
     output: Path
     files: list[Path]
     plan: Plan
@@ -26,7 +28,8 @@ class CompileResult:
     verify: dict[str, float] | None = None
     verify_passed: bool | None = None
     warnings: list[Diagnostic] = field(default_factory=list)
-    rss_samples: list[tuple[float, int, str]] = field(default_factory=list)
+    rss_samples: list[tuple[float, int, PlanOp | None]] = field(default_factory=list)  # (s, bytes, op running)
+    executed: list[PlanOp] = field(default_factory=list)  # the plan's ops, each once its handler returned
     notes: list[str] = field(default_factory=list)  # what the run decided that the plan could not know
     assignment: Assignment | None = None  # what was compiled (both backends set it): the plan's, or the search's
     search: SearchResult | None = None

@@ -6,12 +6,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from compiler.plan.ops import PlanOp
+
 
 @dataclass
 class RssSampler:
+    """Samples RSS every `interval` seconds, each tagged with the plan op running then."""
+
     interval: float = 0.02
-    samples: list[tuple[float, int, str]] = field(default_factory=list)  # (seconds, rss bytes, phase)
-    phase: str = "start"
+    samples: list[tuple[float, int, PlanOp | None]] = field(default_factory=list)  # (seconds, rss bytes, op)
+    phase: PlanOp | None = None  # the plan op running (None before the first)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _start: float = 0.0
@@ -43,5 +47,3 @@ class RssSampler:
     def peak(self) -> int:
         return max((rss for _, rss, _ in self.samples), default=0)
 
-    def peak_in(self, phase: str) -> int:
-        return max((rss for _, rss, p in self.samples if p == phase), default=0)

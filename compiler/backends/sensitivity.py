@@ -23,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from compiler.ir.types import RecipeIR, Rounding, Scheme
+from compiler.ir.types import RecipeIR, Rounding, Scheme, SensitivityMetric
 from compiler.ir.values import Diagnostics
 from compiler.models.exports import files_hash
 from compiler.models.index import Layer, ModelIndex
@@ -63,7 +63,7 @@ class UnitResult:
 
 @dataclass(frozen=True, slots=True)
 class SearchResult:
-    metric: str
+    metric: SensitivityMetric
     choices: tuple[str, ...]
     budget_bits: float
     average_bits: float
@@ -129,7 +129,7 @@ def cache_key(ir: RecipeIR, units: Sequence[mixed.Unit], digest: str, backend: s
     mp, cal = ir.mixed_precision, ir.calibration
     identity = {
         "version": CACHE_VERSION, "backend": backend, "model": digest, "metric": mp.metric.value,
-        "samples": mp.samples, "data": _data_identity(cal.data) if mp.metric.value != "snr" else "",
+        "samples": mp.samples, "data": _data_identity(cal.data) if mp.metric is not SensitivityMetric.SNR else "",
         "chunk": cal.chunk, "choices": [_scheme_identity(ir.scheme(c)) for c in mixed.choices_of(ir)],
         "units": [[u.name, *u.members] for u in units],
     }
@@ -181,43 +181,51 @@ def score(ir: RecipeIR, units, scorer: Scorer, backend: str, progress) -> tuple[
     cached = _load(path, units, len(schemes))
     if cached is not None:
         return cached, True, path
-    metric = ir.mixed_precision.metric.value
-    if metric == "kld":
+    metric = ir.mixed_precision.metric
+    if metric is SensitivityMetric.KLD:
         losses = scorer.kld(units, schemes, progress)
     else:
         grams = None
-        if metric == "mse":
+        if metric is SensitivityMetric.MSE:
             grams = scorer.grams([scorer.index.layer(n) for u in units for n in u.members], progress)
-        advance = progress(f"score {metric}", len(units))
+        advance = progress(f"score {metric.value}", len(units))
         losses = snr_losses(units, schemes, scorer, advance) if grams is None else mse_losses(
             units, schemes, scorer, grams, advance)
     _save(path, losses)
     return losses, False, path
 
 
-def each_choice(ir: RecipeIR, assignment: Assignment) -> list[Assignment]:
-    """The assignment, and with every searched layer at each choice: what a backend must be able to
-    compile, checked before any scoring."""
-    units = mixed.search_units(ir, assignment)
-    if not units:
-        return [assignment]
-    return [assignment] + [resolve(ir, assignment.model, Diagnostics(), {n: choice for u in units for n in u.members})
-                           for choice in mixed.choices_of(ir)]
+@dataclass(frozen=True, slots=True)
+class Scores:
+    """What `score_sensitivity` produces: every unit's loss under every choice, and where they came from."""
+
+    units: tuple[mixed.Unit, ...]
+    losses: Mapping[str, Sequence[float]]
+    from_cache: bool
+    cache_file: Path
 
 
-def search(ir: RecipeIR, assignment: Assignment, scorer: Scorer, backend: str, progress) -> tuple[Assignment, SearchResult | None]:
-    """The assignment with the searched units' choices applied (groups move as one), and what was chosen."""
-    units = mixed.search_units(ir, assignment)
+def score_units(ir: RecipeIR, assignment: Assignment, scorer: Scorer, progress) -> Scores | None:
+    """The plan's `score_sensitivity` op: the searched units' losses (None when nothing is searched)."""
+    units = tuple(mixed.search_units(ir, assignment))
     if not units:
+        return None
+    losses, from_cache, path = score(ir, units, scorer, ir.backend.value, progress)
+    return Scores(units, losses, from_cache, path)
+
+
+def assign(ir: RecipeIR, assignment: Assignment, scores: Scores | None) -> tuple[Assignment, SearchResult | None]:
+    """The plan's `assign_precision` op: the assignment with the searched units' choices applied (groups
+    move as one), and what was chosen."""
+    if scores is None:
         return assignment, None
-    choices = mixed.choices_of(ir)
-    losses, from_cache, path = score(ir, units, scorer, backend, progress)
+    units, losses, choices = scores.units, scores.losses, mixed.choices_of(ir)
     chosen = mixed.choose(units, losses, ir.mixed_precision.budget_bits)
     precision = {name: choices[chosen[u.name]] for u in units for name in u.members}
     searched = resolve(ir, assignment.model, Diagnostics(), precision)  # diagnostics: reported when planning
     rows = tuple(UnitResult(u.name, u.members, u.params, tuple(losses[u.name]), choices[chosen[u.name]],
                             u.bits[chosen[u.name]] / u.params) for u in units)
     predicted = sum(losses[u.name][chosen[u.name]] for u in units)
-    return searched, SearchResult(ir.mixed_precision.metric.value, choices, ir.mixed_precision.budget_bits,
-                                  mixed.average_bits(units, chosen), from_cache, str(path), rows, predicted,
-                                  tuple(mixed.frontier(units, losses)))
+    return searched, SearchResult(ir.mixed_precision.metric, choices, ir.mixed_precision.budget_bits,
+                                  mixed.average_bits(units, chosen), scores.from_cache, str(scores.cache_file), rows,
+                                  predicted, tuple(mixed.frontier(units, losses)))

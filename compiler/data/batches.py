@@ -12,7 +12,7 @@ import numpy as np
 from compiler.backends import BackendError
 from compiler.diagnostics import error
 from compiler.ir.types import DataKind, DataSource
-from compiler.models.index import ModelIndex, TensorInfo
+from compiler.models.index import LayerKind, ModelIndex, TensorInfo
 
 _NP = {"int64": np.int64, "int32": np.int32, "float32": np.float32, "float16": np.float16, "bool": np.bool_,
        "uint8": np.uint8, "int8": np.int8, "float64": np.float64}
@@ -73,7 +73,7 @@ def _dims(info: TensorInfo, seqlen: int) -> list[int]:
 
 
 def _vocab(index: ModelIndex, input_name: str) -> int | None:
-    return next((x.in_features for x in index.layers if x.kind == "Embedding" and x.input == input_name), None)
+    return next((x.in_features for x in index.layers if x.kind is LayerKind.EMBEDDING and x.input == input_name), None)
 
 
 def _synthetic_chunk(index: ModelIndex, source: DataSource, first: int, count: int, offset: int) -> dict[str, np.ndarray]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compiler.models.index import LayerKind
+
 DECODERS = ("llama", "mistral", "qwen2")
 ENCODERS = ("bert",)
 
@@ -14,7 +16,7 @@ class Tensor:
 
     name: str
     shape: tuple[int, ...]
-    kind: str | None = None  # Linear | Embedding for layer weights; None for norms and biases
+    kind: LayerKind | None = None  # Linear | Embedding for layer weights; None for norms and biases
 
 
 def layout(config: dict) -> list[Tensor] | None:
@@ -31,33 +33,33 @@ def _decoder(c: dict, family: str) -> list[Tensor]:
     heads = c["num_attention_heads"]
     kv_heads = c.get("num_key_value_heads") or heads
     hd = c.get("head_dim") or h // heads
-    out = [Tensor("model.embed_tokens.weight", (vocab, h), "Embedding")]
+    out = [Tensor("model.embed_tokens.weight", (vocab, h), LayerKind.EMBEDDING)]
     for i in range(n):
         p = f"model.layers.{i}"
         out.append(Tensor(f"{p}.input_layernorm.weight", (h,)))
         for name, rows in (("q_proj", heads * hd), ("k_proj", kv_heads * hd), ("v_proj", kv_heads * hd)):
-            out.append(Tensor(f"{p}.self_attn.{name}.weight", (rows, h), "Linear"))
+            out.append(Tensor(f"{p}.self_attn.{name}.weight", (rows, h), LayerKind.LINEAR))
             if family == "qwen2":
                 out.append(Tensor(f"{p}.self_attn.{name}.bias", (rows,)))
-        out.append(Tensor(f"{p}.self_attn.o_proj.weight", (h, heads * hd), "Linear"))
+        out.append(Tensor(f"{p}.self_attn.o_proj.weight", (h, heads * hd), LayerKind.LINEAR))
         out.append(Tensor(f"{p}.post_attention_layernorm.weight", (h,)))
-        out += [Tensor(f"{p}.mlp.gate_proj.weight", (inter, h), "Linear"),
-                Tensor(f"{p}.mlp.up_proj.weight", (inter, h), "Linear"),
-                Tensor(f"{p}.mlp.down_proj.weight", (h, inter), "Linear")]
+        out += [Tensor(f"{p}.mlp.gate_proj.weight", (inter, h), LayerKind.LINEAR),
+                Tensor(f"{p}.mlp.up_proj.weight", (inter, h), LayerKind.LINEAR),
+                Tensor(f"{p}.mlp.down_proj.weight", (h, inter), LayerKind.LINEAR)]
     out.append(Tensor("model.norm.weight", (h,)))
-    out.append(Tensor("lm_head.weight", (vocab, h), "Linear"))
+    out.append(Tensor("lm_head.weight", (vocab, h), LayerKind.LINEAR))
     return out
 
 
 def _bert(c: dict) -> list[Tensor]:
     h, n, inter = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"]
-    out = [Tensor("embeddings.word_embeddings.weight", (c["vocab_size"], h), "Embedding"),
-           Tensor("embeddings.position_embeddings.weight", (c.get("max_position_embeddings", 512), h), "Embedding"),
-           Tensor("embeddings.token_type_embeddings.weight", (c.get("type_vocab_size", 2), h), "Embedding"),
+    out = [Tensor("embeddings.word_embeddings.weight", (c["vocab_size"], h), LayerKind.EMBEDDING),
+           Tensor("embeddings.position_embeddings.weight", (c.get("max_position_embeddings", 512), h), LayerKind.EMBEDDING),
+           Tensor("embeddings.token_type_embeddings.weight", (c.get("type_vocab_size", 2), h), LayerKind.EMBEDDING),
            Tensor("embeddings.LayerNorm.weight", (h,)), Tensor("embeddings.LayerNorm.bias", (h,))]
 
     def dense(name: str, rows: int, cols: int) -> list[Tensor]:
-        return [Tensor(f"{name}.weight", (rows, cols), "Linear"), Tensor(f"{name}.bias", (rows,))]
+        return [Tensor(f"{name}.weight", (rows, cols), LayerKind.LINEAR), Tensor(f"{name}.bias", (rows,))]
 
     def norm(name: str) -> list[Tensor]:
         return [Tensor(f"{name}.weight", (h,)), Tensor(f"{name}.bias", (h,))]

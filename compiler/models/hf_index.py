@@ -9,7 +9,7 @@ from pathlib import Path
 
 from compiler.models import families, names
 from compiler.models.errors import ModelError
-from compiler.models.index import DTYPE_BYTES, Layer, ModelIndex
+from compiler.models.index import DTYPE_BYTES, Layer, LayerKind, ModelFormat, ModelIndex
 
 _ST_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8", "U8": "uint8",
               "I32": "int32", "I64": "int64", "BOOL": "uint8", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
@@ -35,7 +35,7 @@ def index_hf(folder: Path, ref: str) -> ModelIndex:
         total = sum(math.prod(t.shape) for t in planned) * DTYPE_BYTES.get(dtype, 4)
     numbers = tuple((k, config[k]) for k in _CONFIG_NUMBERS if isinstance((config or {}).get(k), int))
     family = (config or {}).get("model_type", "hf")
-    return ModelIndex(ref, "hf", family, tuple(layers), (), (), total, numbers)
+    return ModelIndex(ref, ModelFormat.HF, family, tuple(layers), (), (), total, numbers)
 
 
 def _config(folder: Path, ref: str) -> dict | None:
@@ -103,18 +103,18 @@ def _extra_layers(headers, taken: set[str]) -> list[Layer]:
         dtype, shape = headers[name]
         if name in taken or not name.endswith(".weight") or len(shape) not in (2, 3, 4, 5):
             continue
-        kind = "Conv" if len(shape) > 2 else ("Embedding" if "embed" in name else "Linear")
+        kind = LayerKind.CONV if len(shape) > 2 else (LayerKind.EMBEDDING if "embed" in name else LayerKind.LINEAR)
         extra.append(_layer(name, kind, shape, dtype))
     return extra
 
 
 def _layer(weight: str, kind: str, shape: tuple[int, ...], dtype: str) -> Layer:
     name = weight.removesuffix(".weight")
-    if kind == "Embedding":
+    if kind is LayerKind.EMBEDDING:
         in_f, out_f = shape[0], shape[1]
-    elif kind == "Conv":
+    elif kind is LayerKind.CONV:
         in_f, out_f = math.prod(shape[1:]), shape[0]
     else:
         in_f, out_f = shape[1], shape[0]
-    op = {"Linear": "Linear", "Embedding": "Embedding"}.get(kind, f"Conv{len(shape) - 2}d")
+    op = kind.value if kind is not LayerKind.CONV else f"Conv{len(shape) - 2}d"
     return Layer(name, kind, op, weight, f"{name}:input", tuple(shape), dtype, in_f, out_f, names.block_of(name))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from compiler.models.graph import GraphSummary
@@ -9,6 +10,22 @@ from compiler.models.graph import GraphSummary
 # Bytes per element of the dtypes that weights come in.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "uint8": 1, "int32": 4,
                "int64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+class LayerKind(enum.Enum):
+    """The families a recipe selects with `type` (the value is the name written in recipes)."""
+
+    LINEAR = "Linear"
+    CONV = "Conv"
+    EMBEDDING = "Embedding"
+
+
+class ModelFormat(enum.Enum):
+    """Where a model's facts were read from."""
+
+    ONNX = "onnx"  # an .onnx file (built-ins are indexed from their ONNX form)
+    HF = "hf"  # an HF-style folder: config.json and *.safetensors
+    TORCH = "torch"  # a PyTorch module in memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +39,7 @@ class Layer:
     """
 
     name: str
-    kind: str
+    kind: LayerKind
     op: str
     weight: str  # the weight tensor's name in the model file
     input: str  # the activation the layer consumes (an ONNX value name; `NAME:input` where there is no graph)
@@ -56,7 +73,7 @@ class TensorInfo:
 @dataclass(frozen=True, slots=True)
 class ModelIndex:
     ref: str  # what the recipe or the command line said
-    format: str  # "onnx" | "hf" | "torch"
+    format: ModelFormat
     family: str  # "llama", "bert", "cnn", "onnx", …
     layers: tuple[Layer, ...]  # in model order
     inputs: tuple[TensorInfo, ...]

@@ -8,7 +8,7 @@ from pathlib import Path
 from compiler.models import names
 from compiler.models.errors import ModelError
 from compiler.models.graph import summarize
-from compiler.models.index import Layer, ModelIndex, TensorInfo
+from compiler.models.index import Layer, LayerKind, ModelFormat, ModelIndex, TensorInfo
 
 _DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64",
            16: "bfloat16", 17: "float8_e4m3fn", 19: "float8_e5m2", 21: "uint4", 22: "int4"}
@@ -30,7 +30,7 @@ def index_onnx(path: Path, ref: str, family: str = "onnx") -> ModelIndex:
     total = sum(math.prod(t.dims) * _BITS.get(_dtype(t.data_type), 32) // 8 for t in inits.values())
     inputs = tuple(_tensor_info(v) for v in graph.input if v.name not in inits)
     outputs = tuple(_tensor_info(v) for v in graph.output)
-    return ModelIndex(ref, "onnx", family, tuple(layers), inputs, outputs, total, graph=summarize(_without_weights(model), set(inits)))
+    return ModelIndex(ref, ModelFormat.ONNX, family, tuple(layers), inputs, outputs, total, graph=summarize(_without_weights(model), set(inits)))
 
 
 _SMALL = 4096  # elements: constants such as Reshape targets and axes, which shape inference reads
@@ -69,7 +69,7 @@ def _layers(graph, inits) -> list[Layer]:
             continue
         kind, weight, in_f, out_f = found
         name = names.from_weight_name(weight.name) or names.from_node_name(node.name) or weight.name
-        activation = node.input[1] if kind == "Embedding" else node.input[0]
+        activation = node.input[1] if kind is LayerKind.EMBEDDING else node.input[0]
         layers.append(Layer(name, kind, node.op_type, weight.name, activation, tuple(weight.dims),
                             _dtype(weight.data_type), in_f, out_f, names.block_of(name)))
     return layers
@@ -79,17 +79,17 @@ def _weight_of(node, inits):
     """(kind, weight, in_features, out_features) for a weight-bearing node, else None."""
     if node.op_type == "MatMul" and len(node.input) > 1 and _rank(inits.get(node.input[1])) == 2:
         w = inits[node.input[1]]
-        return "Linear", w, w.dims[0], w.dims[1]
+        return LayerKind.LINEAR, w, w.dims[0], w.dims[1]
     if node.op_type == "Gemm" and _rank(inits.get(node.input[1])) == 2:
         w = inits[node.input[1]]
         trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return ("Linear", w, w.dims[1], w.dims[0]) if trans_b else ("Linear", w, w.dims[0], w.dims[1])
+        return (LayerKind.LINEAR, w, w.dims[1], w.dims[0]) if trans_b else (LayerKind.LINEAR, w, w.dims[0], w.dims[1])
     if node.op_type == "Conv" and _rank(inits.get(node.input[1])) >= 3:
         w = inits[node.input[1]]
-        return "Conv", w, math.prod(w.dims[1:]), w.dims[0]
+        return LayerKind.CONV, w, math.prod(w.dims[1:]), w.dims[0]
     if node.op_type == "Gather" and _rank(inits.get(node.input[0])) == 2:
         w = inits[node.input[0]]
-        return "Embedding", w, w.dims[0], w.dims[1]
+        return LayerKind.EMBEDDING, w, w.dims[0], w.dims[1]
     return None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from compiler.models import names
-from compiler.models.index import Layer, ModelIndex
+from compiler.models.index import Layer, LayerKind, ModelFormat, ModelIndex
 
 
 def index_torch_module(module, ref: str, family: str = "torch") -> ModelIndex:
@@ -18,15 +18,15 @@ def index_torch_module(module, ref: str, family: str = "torch") -> ModelIndex:
             continue
         dtype = str(weight.dtype).removeprefix("torch.")
         if isinstance(mod, torch.nn.Linear):
-            kind, in_f, out_f = "Linear", mod.in_features, mod.out_features
+            kind, in_f, out_f = LayerKind.LINEAR, mod.in_features, mod.out_features
         elif isinstance(mod, torch.nn.Embedding):
-            kind, in_f, out_f = "Embedding", mod.num_embeddings, mod.embedding_dim
+            kind, in_f, out_f = LayerKind.EMBEDDING, mod.num_embeddings, mod.embedding_dim
         elif isinstance(mod, torch.nn.modules.conv._ConvNd):
-            kind, in_f, out_f = "Conv", math.prod(weight.shape[1:]), mod.out_channels
+            kind, in_f, out_f = LayerKind.CONV, math.prod(weight.shape[1:]), mod.out_channels
         else:
             continue
         layers.append(Layer(name, kind, type(mod).__name__, f"{name}.weight", f"{name}:input", tuple(weight.shape),
                             dtype, in_f, out_f, names.block_of(name)))
     unique = {id(p): p for p in module.parameters()}.values()
     total = sum(p.numel() * p.element_size() for p in unique)
-    return ModelIndex(ref, "torch", family, tuple(layers), (), (), total)
+    return ModelIndex(ref, ModelFormat.TORCH, family, tuple(layers), (), (), total)

@@ -13,36 +13,40 @@ from compiler.plan.fit import report_q301
 from compiler.plan.lower import Context, lower
 from compiler.plan.modes import ram_budget, select_mode
 from compiler.plan.ops import Plan
-from compiler.plan.workload import workload
+from compiler.plan.target import CostModel
+from compiler.plan.workload import Workload, workload
 from compiler.resolve.assignment import Assignment
 
 __all__ = ["Plan", "build_plan"]
 
 
-def build_plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: Diagnostics) -> Plan | None:
+def build_plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: Diagnostics,
+               costs: CostModel) -> Plan | None:
     """Choose the memory mode and lower the recipe to ops. Returns None (with Q301) when nothing fits.
 
     Args:
         detected_free: free host memory in bytes, used (× 0.85) when the recipe gives no `ram`.
+        costs: the cost model of the recipe's backend (its spec's; see compiler.backends.registry).
     """
     w = workload(ir, assignment)
     ram, source = ram_budget(ir.memory, detected_free)
-    estimates, passes = all_estimates(w, w.chunk, ram, ir.memory.vram)
+    estimates, passes = all_estimates(w, w.chunk, ram, ir.memory.vram, costs)
     decision = select_mode(ir.memory.mode, estimates, ram, ir.memory.vram, source)
     if decision.mode is None:
-        report_q301(ir, w, decision, diags)
+        report_q301(ir, w, decision, diags, costs)
         return None
     passes = passes if decision.mode is MemoryMode.LOW_MEMORY else 1  # only low_memory splits the observers
-    ctx = Context(ir, assignment, w, decision, estimates[decision.mode], passes)
-    notes = _notes(ir, w)
-    return Plan(ir.name, ir.source_name, ir.model, ir.backend.value, len(assignment.layers),
+    ctx = Context(ir, assignment, w, decision, estimates[decision.mode], passes, costs)
+    notes = _notes(w, costs)
+    return Plan(ir.name, ir.source_name, ir.model, ir.backend, len(assignment.layers),
                 len(w.quantized_layers), decision, lower(ctx), notes)
 
 
-def _notes(ir: RecipeIR, w) -> tuple[str, ...]:
+def _notes(w: Workload, costs: CostModel) -> tuple[str, ...]:
     notes = []
     if not w.calibrate:
         notes.append("no calibration pass: every scheme is weight-only and data-free")
-    if w.index.graph is None and w.backend.value == "onnx":
-        notes.append("no graph shapes for this model: activation estimates are zero")
+    if w.index.graph is None and costs.reads_graph_only:
+        notes.append("no graph shapes for this model: activation estimates are from its config (one block's "
+                     "working set per sample)")
     return tuple(notes)

@@ -1,4 +1,6 @@
-"""Lowering: recipe + resolved model → Plan. Each pass is a small function; PASSES orders them."""
+"""Lowering: recipe + resolved model → the Plan a backend executes, op by op. Each pass is a small function;
+PASSES orders them as they run. What differs between backends is asked of the backend's cost model
+(compiler.plan.target.CostModel), never decided here by naming a backend."""
 
 from __future__ import annotations
 
@@ -6,89 +8,192 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from compiler.ir.types import Backend, CalibrationMethod, MemoryMode, RecipeIR
+from compiler.ir.types import (
+    ActivationMode,
+    CalibrationMethod,
+    MemoryMode,
+    RecipeIR,
+    Rounding,
+    Scheme,
+    SensitivityMetric,
+)
 from compiler.ir.values import human_bytes
+from compiler.models.index import ModelFormat
 from compiler.plan import memory
-from compiler.plan.ops import ModeDecision, ModeEstimate, OpKind, PlanOp
+from compiler.plan.ops import (
+    AssignPrecision,
+    CacheBlockInputs,
+    CacheLocation,
+    CalibrateChunk,
+    CaptureReference,
+    Emit,
+    ExportOnnx,
+    LoadModel,
+    ModeDecision,
+    ModeEstimate,
+    PlanOp,
+    PropagateRanges,
+    QuantizeWeights,
+    RunBlock,
+    ScoreSensitivity,
+    SearchPercentile,
+    SelectMemoryMode,
+    Verify,
+)
+from compiler.plan.target import CostModel, PhaseName
 from compiler.plan.workload import Workload
 from compiler.resolve.assignment import Assignment
+from compiler.resolve.mixed import choices_of
 
 INITIAL_BUFFERS = ("recipe", "calibration_data", "verify_data")
 
 
 @dataclass(frozen=True)
 class Context:
+    """Everything a lowering pass reads."""
+
     ir: RecipeIR
     assignment: Assignment
     workload: Workload
     decision: ModeDecision
     estimate: ModeEstimate
     passes: int  # low_memory passes over the data
+    costs: CostModel
 
     @property
     def mode(self) -> MemoryMode:
+        assert self.decision.mode is not None
         return self.decision.mode
 
     @property
     def chunks(self) -> int:
         return math.ceil(self.workload.samples / self.workload.chunk)
 
-    def phase(self, name: str) -> int:
-        w, mode, chunk = self.workload, self.mode, self.workload.chunk
-        if w.backend is Backend.TORCH:
-            return memory.torch_phase(w, mode, chunk).bytes
-        return {"calibrate": lambda: memory.onnx_calibration(w, mode, chunk, self.passes).bytes,
-                "quantize": lambda: memory.onnx_quantize(w, mode).bytes,
-                "verify": lambda: memory.onnx_verify(w, mode, min(chunk, w.verify_samples)).bytes}[name]()
+    def phase(self, name: PhaseName) -> int:
+        return self.costs.phase(self.workload, self.mode, self.workload.chunk, self.passes, name)
+
+    @property
+    def blockwise(self) -> bool:
+        """The run goes block by block (cached block inputs), not through the whole model at once."""
+        w = self.workload
+        if self.costs.rounds_in_blocks:
+            return self.mode is not MemoryMode.FULL and bool(w.blocks)
+        return self.mode is MemoryMode.OFFLOAD
+
+    @property
+    def needs_data(self) -> bool:
+        """Some layer rounds with data (GPTQ) or has static input ranges, under any searched choice."""
+        w, ir = self.workload, self.ir
+        if w.gptq or w.observed:
+            return True
+        if ir.mixed_precision is None or w.search is None:
+            return False
+        return any(_needs_data(ir.scheme(c)) for c in choices_of(ir))
+
+    @property
+    def streams(self) -> bool:
+        """torch: samples run through the model (calibration or verification)."""
+        return self.needs_data or self.ir.verify is not None
 
 
-def _p(**params) -> tuple[tuple[str, str], ...]:
-    return tuple((k, str(v)) for k, v in params.items())
+def _needs_data(scheme: Scheme) -> bool:
+    """GPTQ rounds with its layer's inputs; static activations need their ranges."""
+    act = scheme.activations
+    return scheme.rounding is Rounding.GPTQ or (act is not None and act.mode is ActivationMode.STATIC)
+
+
+def lower_export(ctx: Context) -> list[PlanOp]:
+    if not ctx.costs.reads_graph_only or ctx.workload.index.format is not ModelFormat.HF:
+        return []
+    return [ExportOnnx(summary=f"export the folder {ctx.ir.model} to ONNX with torch.onnx (once: cached by the "
+                       "folder's file names, sizes and mtimes); later ops read the exported graph, layer names unchanged",
+                       inputs=("recipe",), outputs=("onnx_model",), peak_bytes=ctx.phase(PhaseName.EXPORT),
+                       folder=ctx.ir.model, exporter="torch.onnx")]
 
 
 def lower_load(ctx: Context) -> list[PlanOp]:
     w = ctx.workload
-    onnx_lazy = w.backend is Backend.ONNX  # ONNX reads the graph only; weights stay in the data file
-    resident = 0 if onnx_lazy or ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU) else w.weights_bytes
-    peak = memory.RUNTIME[w.backend] + resident
-    if onnx_lazy:
+    lazy_graph = ctx.costs.reads_graph_only  # weights stay in the data file
+    resident = 0 if lazy_graph or ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU) else w.weights_bytes
+    if lazy_graph:
         how = "graph only: weights stay in the data file until a session or the quantizer reads them"
     else:
         how = "lazily, one block at a time" if not resident else "whole"
-    form = f"built-in, {w.backend.value} form" if ctx.ir.model.startswith("builtin:") else w.index.format
-    return [PlanOp(OpKind.LOAD_MODEL, f"open {ctx.ir.model} ({form}) {how}",
-                   _p(model=ctx.ir.model, format=w.index.format, weights=w.weights_bytes), ("recipe",), ("model",), peak)]
+    form = f"built-in, {w.backend.value} form" if ctx.ir.model.startswith("builtin:") else w.index.format.value
+    inputs = ("onnx_model",) if lower_export(ctx) else ("recipe",)
+    return [LoadModel(summary=f"open {ctx.ir.model} ({form}) {how}", inputs=inputs, outputs=("model",),
+                      peak_bytes=ctx.costs.runtime + resident, model=ctx.ir.model, format=w.index.format,
+                      weights=w.weights_bytes)]
 
 
 def lower_mode(ctx: Context) -> list[PlanOp]:
     d = ctx.decision
-    return [PlanOp(OpKind.SELECT_MEMORY_MODE, d.reason,
-                   _p(mode=d.mode.value, requested=d.requested.value, estimate=ctx.estimate.peak_ram,
-                      ram_budget=d.ram_budget), ("model",), ("memory_mode",), memory.RUNTIME[ctx.workload.backend])]
+    return [SelectMemoryMode(summary=d.reason, inputs=("model",), outputs=("memory_mode",),
+                             peak_bytes=ctx.costs.runtime, mode=ctx.mode, requested=d.requested,
+                             estimate=ctx.estimate.peak_ram, ram_budget=d.ram_budget)]
+
+
+def lower_mixed_precision(ctx: Context) -> list[PlanOp]:
+    """Scoring runs first: the schemes it chooses decide what the later ops calibrate and round."""
+    mp, search = ctx.ir.mixed_precision, ctx.workload.search
+    if mp is None or search is None:
+        return []
+    w = ctx.workload
+    chunk = min(w.chunk, search.samples)
+    chunks = math.ceil(search.samples / chunk)
+    cost = {SensitivityMetric.SNR: f"weights only: each searched weight rounded {search.choices} ways",
+            SensitivityMetric.MSE: f"{chunks} forward pass(es) of {chunk} samples for XᵀX",
+            SensitivityMetric.KLD: (f"{chunks} × (2 forward + 1 backward) passes of {chunk} samples (first-order estimate)"
+                                    if ctx.costs.kld_by_gradient else
+                                    f"{chunks} × {1 + search.units * search.choices} forward passes of {chunk} samples "
+                                    "(each unit under each choice, measured)")}[search.metric]
+    where = ctx.ir.memory.disk or "$QRC_CACHE"
+    score = ScoreSensitivity(
+        summary=f"score {search.units} units ({search.params:,} params) by {search.metric.value} for "
+        f"{', '.join(mp.choices)}: {cost}; cached by content hash under {where}/sensitivity",
+        inputs=("model",) if search.metric is SensitivityMetric.SNR else ("model", "calibration_data"),
+        outputs=("sensitivity",), peak_bytes=ctx.phase(PhaseName.SCORE),
+        metric=search.metric, units=search.units, samples=search.samples, params_searched=search.params)
+    assign = AssignPrecision(summary=f"greedy: the most loss saved per extra bit first, never above {mp.budget_bits:g} "
+                             "bits per weight (scales included); a group is one unit, so it never ends mixed",
+                             inputs=("sensitivity",), outputs=("precision",), peak_bytes=ctx.costs.runtime,
+                             budget_bits=mp.budget_bits, choices=tuple(mp.choices))
+    return [score, assign]
 
 
 def _range_buffer(ctx: Context) -> str:
     return "ranges" if ctx.ir.calibration.method is CalibrationMethod.MINMAX else "histograms"
 
 
+def _after_search(ctx: Context) -> tuple[str, ...]:
+    return ("precision",) if ctx.ir.mixed_precision is not None and ctx.workload.search is not None else ()
+
+
 def lower_calibration(ctx: Context) -> list[PlanOp]:
+    if ctx.costs.rounds_in_blocks:
+        return _torch_streams(ctx)
     w = ctx.workload
-    if not w.calibrate:
-        return []
-    if w.backend is Backend.TORCH:
-        return _blockwise(ctx)
-    if not w.observed:
+    if not w.calibrate or not ctx.needs_data:
         return []  # e.g. weight-only mixed precision: its forward passes belong to score_sensitivity
-    if ctx.mode is MemoryMode.OFFLOAD:
+    if ctx.blockwise:
         return _blockwise(ctx)
-    observed = _observed_layers(ctx)
-    outputs = (_range_buffer(ctx),)
-    summary = (f"forward {w.chunk} samples × {w.seqlen} tokens; update observers of {len(w.observed)} tensors; "
-               "keep nothing else (the model's own outputs are dropped from the graph)")
-    params = _p(chunk=w.chunk, samples=w.samples, seqlen=w.seqlen, passes=ctx.passes,
-                method=ctx.ir.calibration.method.value, observed=len(w.observed))
-    return [PlanOp(OpKind.CALIBRATE_CHUNK, summary, params, ("model", "calibration_data", "memory_mode"), outputs,
-                   ctx.phase("calibrate"), repeat=ctx.chunks * ctx.passes, layers=observed)]
+    return [_calibrate_chunks(ctx, _observed_layers(ctx), (_range_buffer(ctx),))]
+
+
+def _calibrate_chunks(ctx: Context, layers: tuple[str, ...], outputs: tuple[str, ...]) -> CalibrateChunk:
+    w = ctx.workload
+    if ctx.costs.rounds_in_blocks:
+        summary = (f"forward {w.chunk} samples × {w.seqlen} tokens through the whole model, hooks gathering the "
+                   "statistics its layers round with (input ranges" + (", GPTQ Hessians" if w.gptq else "") + ")")
+    else:
+        tensors = (f"{len(w.observed)} tensors" if w.index.graph is not None else
+                   f"the inputs of {len(w.needed)} layers (tensor names from the exported graph)")
+        summary = (f"forward {w.chunk} samples × {w.seqlen} tokens; update observers of {tensors}; "
+                   "keep nothing else (the model's own outputs are dropped from the graph)")
+    return CalibrateChunk(summary=summary, inputs=("model", "calibration_data", "memory_mode") + _after_search(ctx),
+                          outputs=outputs, peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=ctx.chunks * ctx.passes,
+                          layers=layers, chunk=w.chunk, samples=w.samples, seqlen=w.seqlen, passes=ctx.passes,
+                          method=ctx.ir.calibration.method, observed=len(w.observed))
 
 
 def _observed_layers(ctx: Context) -> tuple[str, ...]:
@@ -96,127 +201,166 @@ def _observed_layers(ctx: Context) -> tuple[str, ...]:
     return tuple(a.layer.name for a in ctx.assignment.layers if a.layer.input in wanted)
 
 
+def _block_layers(ctx: Context) -> tuple[str, ...]:
+    return tuple(n for n in ctx.workload.quantized_layers if ctx.assignment.of(n).layer.block)
+
+
+def _head_layers(ctx: Context) -> tuple[str, ...]:
+    """Quantized layers outside the blocks that run before the first block (embeddings)."""
+    layers = ctx.workload.index.layers
+    first = next((i for i, x in enumerate(layers) if x.block), len(layers))
+    head = {x.name for x in layers[:first]}
+    return tuple(n for n in ctx.workload.quantized_layers if n in head)
+
+
+def _torch_streams(ctx: Context) -> list[PlanOp]:
+    """torch: the calibration stream (when a layer needs data) and the verification streams run through the
+    model; block by block, or whole in full mode (hooks on every layer)."""
+    if not ctx.streams:
+        return []
+    ops: list[PlanOp] = []
+    if not ctx.blockwise:
+        if ctx.ir.verify is not None:
+            ops.append(CaptureReference(
+                summary=f"run the float model on {ctx.ir.verify.samples} held-out samples and keep its outputs "
+                "(the model is then rounded in place)", inputs=("model", "verify_data"), outputs=("reference",),
+                peak_bytes=ctx.phase(PhaseName.VERIFY), samples=ctx.ir.verify.samples))
+        if ctx.needs_data:
+            ops.append(_calibrate_chunks(ctx, ctx.workload.quantized_layers, ("statistics",)))
+        return ops
+    return _blockwise(ctx)
+
+
 def _blockwise(ctx: Context) -> list[PlanOp]:
-    w = ctx.workload
-    where = "on disk" if w.disk and ctx.mode is MemoryMode.OFFLOAD else "in RAM"
-    cache = PlanOp(OpKind.CACHE_BLOCK_INPUTS,
-                   f"run the model up to the first block; cache its inputs {where} (per sample: hidden states only; "
-                   "per-sample-constant inputs once)",
-                   _p(samples=w.samples, seqlen=w.seqlen, per_sample=w.seqlen * w.hidden * 4, where=where),
-                   ("model", "calibration_data", "memory_mode"), ("block_inputs",),
-                   ctx.phase("calibrate"))
-    quantizes = w.backend is Backend.TORCH
-    outputs = ("block_inputs",) + (("qparams",) if quantizes else (_range_buffer(ctx),))
-    block_layers = tuple(name for name in w.quantized_layers if ctx.assignment.of(name).layer.block)
-    ranges = f"input ranges ({ctx.ir.calibration.method.value}), " if quantizes and w.observed else ""
-    what = "compute float outputs, " + ranges + ("quantize the block (GPTQ with its Hessians)" if w.gptq else
-                                                  "quantize the block") if quantizes else "observe its tensors"
-    run = PlanOp(OpKind.RUN_BLOCK, f"per block: load weights, {what}, outputs become the next block's inputs",
-                 _p(blocks=len(w.blocks), chunk=w.chunk, gptq=w.gptq), ("model", "block_inputs"), outputs,
-                 ctx.phase("calibrate"), repeat=max(1, len(w.blocks)),
-                 layers=block_layers if quantizes else _observed_layers(ctx))
+    w, rounds = ctx.workload, ctx.costs.rounds_in_blocks
+    where = CacheLocation.DISK if w.disk and ctx.mode is MemoryMode.OFFLOAD else CacheLocation.RAM
+    streams = []
+    if ctx.needs_data:
+        streams.append("calibration")
+    if rounds and ctx.ir.verify is not None:
+        streams.append("verification (float and quantized)")
+    head = _head_layers(ctx) if rounds else ()
+    rounding_head = f"; round {len(head)} layers before the blocks first" if head else ""
+    cache = CacheBlockInputs(
+        summary=f"run the model up to the first block; cache its inputs {where.value} (per sample: hidden states only; "
+        "per-sample-constant inputs once)" + (f"; streams: {', '.join(streams)}" if rounds else "") + rounding_head,
+        inputs=("model", "calibration_data", "memory_mode") + _after_search(ctx),
+        outputs=("block_inputs",) + (("qparams",) if head else ()), peak_bytes=ctx.phase(PhaseName.CALIBRATE),
+        layers=head, samples=w.samples, seqlen=w.seqlen, per_sample=w.seqlen * w.hidden * 4, where=where)
+    outputs = ("block_inputs",) + (("qparams",) if rounds else (_range_buffer(ctx),))
+    ranges = f"input ranges ({ctx.ir.calibration.method.value}), " if rounds and w.observed else ""
+    if rounds:
+        what = "compute float outputs, " + ranges + ("quantize the block (GPTQ with its Hessians)" if w.gptq else
+                                                      "quantize the block")
+    else:
+        what = "observe its tensors"
+    run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
+                   inputs=("model", "block_inputs"), outputs=outputs, peak_bytes=ctx.phase(PhaseName.CALIBRATE),
+                   repeat=max(1, len(w.blocks)), layers=_block_layers(ctx) if rounds else _observed_layers(ctx),
+                   blocks=len(w.blocks), chunk=w.chunk, gptq=w.gptq)
     return [cache, run]
 
 
 def lower_ranges(ctx: Context) -> list[PlanOp]:
     w, cal = ctx.workload, ctx.ir.calibration
-    if not w.observed or w.backend is Backend.TORCH:  # torch: each block's ranges are taken inside run_block
+    if not w.observed or ctx.costs.rounds_in_blocks:  # there each block's ranges are taken where it is rounded
         return []
-    ops = []
+    ops: list[PlanOp] = []
     if cal.method is not CalibrationMethod.MINMAX:
         detail = {CalibrationMethod.PERCENTILE: f"percentile {cal.percentile:g}",
                   CalibrationMethod.LAYERWISE_PERCENTILE: "candidates " + ", ".join(f"{c:g}" for c in cal.candidates)
                   + f" scored by {cal.score_metric.value}"}.get(cal.method, cal.method.value)
-        ops.append(PlanOp(OpKind.SEARCH_PERCENTILE, f"ranges from {cal.bins}-bin histograms ({detail})",
-                          _p(method=cal.method.value, bins=cal.bins, tensors=len(w.observed)), ("histograms",),
-                          ("ranges",), memory.RUNTIME[w.backend] + memory.observer_bytes(w)))
+        ops.append(SearchPercentile(summary=f"ranges from {cal.bins}-bin histograms ({detail})", inputs=("histograms",),
+                                    outputs=("ranges",), peak_bytes=ctx.costs.runtime + memory.observer_bytes(w),
+                                    method=cal.method, bins=cal.bins, tensors=len(w.observed)))
     if cal.passthrough:
-        ops.append(PlanOp(OpKind.PROPAGATE_RANGES,
-                          f"outputs of {', '.join(cal.passthrough)} inherit their producer's range "
-                          f"({w.inherited} of {len(w.needed)} needed tensors not observed)",
-                          _p(inherited=w.inherited, needed=len(w.needed), observed=len(w.observed)),
-                          ("ranges",), ("ranges",), memory.RUNTIME[w.backend]))
+        which = (f"({w.inherited} of {len(w.needed)} needed tensors not observed)" if w.index.graph is not None else
+                 "(which ones the exported graph shows)")
+        ops.append(PropagateRanges(summary=f"outputs of {', '.join(cal.passthrough)} inherit their producer's range "
+                                   + which,
+                                   inputs=("ranges",), outputs=("ranges",), peak_bytes=ctx.costs.runtime,
+                                   inherited=w.inherited, needed=len(w.needed), observed=len(w.observed)))
     return ops
 
 
-def lower_mixed_precision(ctx: Context) -> list[PlanOp]:
-    mp, search = ctx.ir.mixed_precision, ctx.workload.search
-    if mp is None or search is None:
-        return []
-    w = ctx.workload
-    chunk = min(w.chunk, search.samples)
-    chunks = math.ceil(search.samples / chunk)
-    cost = {"snr": f"weights only: each searched weight rounded {search.choices} ways",
-            "mse": f"{chunks} forward pass(es) of {chunk} samples for XᵀX",
-            "kld": (f"{chunks} × (2 forward + 1 backward) passes of {chunk} samples (first-order estimate)"
-                    if w.backend is Backend.TORCH else
-                    f"{chunks} × {1 + search.units * search.choices} forward passes of {chunk} samples "
-                    "(each unit under each choice, measured)")}[search.metric]
-    where = ctx.ir.memory.disk or "$QRC_CACHE"
-    score = PlanOp(OpKind.SCORE_SENSITIVITY, f"score {search.units} units ({search.params:,} params) by {search.metric} "
-                   f"for {', '.join(mp.choices)}: {cost}; cached by content hash under {where}/sensitivity",
-                   _p(metric=search.metric, units=search.units, samples=search.samples, params=search.params),
-                   ("model",) if search.metric == "snr" else ("model", "calibration_data"), ("sensitivity",),
-                   memory.score_phase(w, chunk).bytes)
-    assign = PlanOp(OpKind.ASSIGN_PRECISION, f"greedy: the most loss saved per extra bit first, never above "
-                    f"{mp.budget_bits:g} bits per weight (scales included); a group is one unit, so it never ends "
-                    "mixed", _p(budget_bits=mp.budget_bits, choices=",".join(mp.choices)),
-                    ("sensitivity",), ("precision",), memory.RUNTIME[w.backend])
-    return [score, assign]
+def _rounded_elsewhere(ctx: Context) -> set[str]:
+    """Layers an earlier op rounds: in blocks (and before them) on a backend that rounds there."""
+    if not ctx.costs.rounds_in_blocks or not ctx.streams:
+        return set()
+    if not ctx.blockwise:
+        return set()
+    return set(_block_layers(ctx)) | set(_head_layers(ctx))
 
 
 def lower_quantize(ctx: Context) -> list[PlanOp]:
     w = ctx.workload
-    done_in_blocks = w.backend is Backend.TORCH and w.calibrate
-    names = [n for n in w.quantized_layers if not (done_in_blocks and ctx.assignment.of(n).layer.block)]
+    done = _rounded_elsewhere(ctx)
+    names = [n for n in w.quantized_layers if n not in done]
     if not names:
         return []
-    onnx_ranges = w.observed and w.backend is Backend.ONNX  # torch: layers after the blocks observe their own inputs
-    inputs = (["model"] + (["ranges"] if onnx_ranges else []) + (["block_inputs"] if done_in_blocks else [])
-              + (["precision"] if ctx.ir.mixed_precision else []))
-    roundings = sorted({ctx.assignment.of(n).scheme.rounding.value for n in names})
-    summary = f"round {len(names)} weights ({', '.join(roundings)}), streamed: load → quantize → write → free"
-    peak = ctx.phase("quantize") if w.backend is Backend.ONNX else ctx.phase("calibrate")
-    return [PlanOp(OpKind.QUANTIZE_WEIGHTS, summary, _p(layers=len(names), rounding=",".join(roundings)),
-                   tuple(inputs), ("qparams",), peak, repeat=len(names), layers=tuple(names))]
+    inputs = ["model"]
+    if w.observed and not ctx.costs.rounds_in_blocks:
+        inputs.append("ranges")
+    tail_runs = ctx.costs.rounds_in_blocks and ctx.streams and ctx.blockwise and (
+        ctx.ir.verify is not None or any(_needs_data(ctx.assignment.of(n).scheme) for n in names))
+    whole = ctx.costs.rounds_in_blocks and ctx.streams and not ctx.blockwise
+    if tail_runs:
+        inputs.append("block_inputs")
+    elif whole and ctx.needs_data:
+        inputs.append("statistics")
+    inputs += _after_search(ctx)
+    roundings = tuple(sorted({ctx.assignment.of(n).scheme.rounding for n in names}, key=lambda r: r.value))
+    streamed = "streamed: load → quantize → write → free"
+    if whole:
+        streamed = "in the resident model, each computing like the emitted one from then on"
+    if tail_runs:
+        streamed = "the model's tail runs on the last block's outputs (its layers' statistics), then " + streamed
+    summary = f"round {len(names)} weights ({', '.join(r.value for r in roundings)}), {streamed}"
+    peak = ctx.phase(PhaseName.QUANTIZE)
+    return [QuantizeWeights(summary=summary, inputs=tuple(inputs), outputs=("qparams",), peak_bytes=peak,
+                            repeat=len(names), layers=tuple(names), count=len(names), rounding=roundings)]
 
 
 def lower_emit(ctx: Context) -> list[PlanOp]:
     w, emit = ctx.workload, ctx.ir.emit
-    fmt = emit.format.value if emit else ("qdq" if w.backend is Backend.ONNX else "safetensors")
+    fmt = emit.format if emit else ctx.costs.default_format
     path = emit.path if emit else "(-o PATH)"
-    if w.backend is Backend.TORCH:  # streamed: rounded tensors went out with their block; the rest is copied as bytes
-        peak = memory.RUNTIME[w.backend] + memory.COPY_SLICE
-    else:
-        peak = memory.RUNTIME[w.backend] + 2 * w.quantized_bytes  # the model and its serialized copy
-    inputs = ("model", "qparams") + (("ranges",) if w.observed and w.backend is Backend.ONNX else ())
-    return [PlanOp(OpKind.EMIT, f"write {fmt} to {path} atomically (temp file + rename), "
-                   f"{human_bytes(w.quantized_bytes)} of weights", _p(format=fmt, path=path, bytes=w.quantized_bytes),
-                   inputs, ("emitted_model",), peak)]
+    inputs = ("model", "qparams") + (("ranges",) if w.observed and not ctx.costs.rounds_in_blocks else ())
+    return [Emit(summary=f"write {fmt.value} to {path} atomically (temp file + rename), "
+                 f"{human_bytes(w.quantized_bytes)} of weights", inputs=inputs, outputs=("emitted_model",),
+                 peak_bytes=ctx.phase(PhaseName.EMIT), format=fmt, path=path, bytes=w.quantized_bytes)]
 
 
 def lower_verify(ctx: Context) -> list[PlanOp]:
     v = ctx.ir.verify
     if v is None:
         return []
-    w = ctx.workload
-    peak = ctx.phase("verify") if w.backend is Backend.ONNX else ctx.phase("calibrate")
-    return [PlanOp(OpKind.VERIFY, f"run float and emitted model on {v.samples} held-out samples; "
-                   f"fail (Q501) unless {v.metric.value} {v.bound.value} {v.threshold:g}",
-                   _p(samples=v.samples, metric=v.metric.value, bound=f"{v.bound.value} {v.threshold:g}"),
-                   ("model", "emitted_model", "verify_data"), ("verify_report",), peak)]
+    if ctx.costs.rounds_in_blocks and ctx.blockwise:
+        summary = (f"compare the float and quantized streams of {v.samples} held-out samples (carried through every "
+                   f"block beside the calibration stream) at the model's output; fail (Q501) unless "
+                   f"{v.metric.value} {v.bound.value} {v.threshold:g}")
+        inputs: tuple[str, ...] = ("block_inputs", "emitted_model", "verify_data")
+    elif ctx.costs.rounds_in_blocks:
+        summary = (f"run the quantized model on {v.samples} held-out samples against the float outputs kept before "
+                   f"rounding; fail (Q501) unless {v.metric.value} {v.bound.value} {v.threshold:g}")
+        inputs = ("model", "reference", "emitted_model", "verify_data")
+    else:
+        summary = (f"run float and emitted model on {v.samples} held-out samples; "
+                   f"fail (Q501) unless {v.metric.value} {v.bound.value} {v.threshold:g}")
+        inputs = ("model", "emitted_model", "verify_data")
+    return [Verify(summary=summary, inputs=inputs, outputs=("verify_report",), peak_bytes=ctx.phase(PhaseName.VERIFY),
+                   samples=v.samples, metric=v.metric, bound=v.bound, threshold=v.threshold)]
 
 
 PASSES: tuple[Callable[[Context], list[PlanOp]], ...] = (
-    lower_load, lower_mode, lower_calibration, lower_ranges, lower_mixed_precision, lower_quantize, lower_emit,
-    lower_verify,
+    lower_export, lower_load, lower_mode, lower_mixed_precision, lower_calibration, lower_ranges, lower_quantize,
+    lower_emit, lower_verify,
 )
 
 
 def lower(ctx: Context) -> tuple[PlanOp, ...]:
+    """Every pass in order: the plan's ops in execution order."""
     ops: list[PlanOp] = []
     for lowering in PASSES:
         ops.extend(lowering(ctx))
     return tuple(ops)
-
-

@@ -1,45 +1,214 @@
-"""Plan IR: frozen ops in execution order, each with its parameters, buffers and estimated peak bytes."""
+"""Plan IR: the program a backend executes. One frozen dataclass per op kind, with typed fields; a plan is
+its ops in execution order, and executing a plan is running each op's handler in that order
+(compiler/backends/program.py). Each op also carries what the listing shows: a summary, the buffers it
+reads and writes, and the estimated peak resident bytes of the whole process while it runs."""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
-from compiler.ir.types import MemoryMode
+from compiler.ir.types import (
+    Backend,
+    Bound,
+    CalibrationMethod,
+    EmitFormat,
+    MemoryMode,
+    Rounding,
+    SensitivityMetric,
+    VerifyMetric,
+)
+from compiler.models.index import ModelFormat
 
 
 class OpKind(enum.Enum):
+    """The name of each op type, as the plan listing, the JSON form and the report show it."""
+
+    EXPORT_ONNX = "export_onnx"
     LOAD_MODEL = "load_model"
     SELECT_MEMORY_MODE = "select_memory_mode"
+    SCORE_SENSITIVITY = "score_sensitivity"
+    ASSIGN_PRECISION = "assign_precision"
+    CAPTURE_REFERENCE = "capture_reference"
     CALIBRATE_CHUNK = "calibrate_chunk"
     CACHE_BLOCK_INPUTS = "cache_block_inputs"
     RUN_BLOCK = "run_block"
     SEARCH_PERCENTILE = "search_percentile"
     PROPAGATE_RANGES = "propagate_ranges"
-    SCORE_SENSITIVITY = "score_sensitivity"
-    ASSIGN_PRECISION = "assign_precision"
     QUANTIZE_WEIGHTS = "quantize_weights"
     EMIT = "emit"
     VERIFY = "verify"
 
 
-@dataclass(frozen=True, slots=True)
+class CacheLocation(enum.Enum):
+    """Where block inputs are cached between blocks."""
+
+    RAM = "in RAM"
+    DISK = "on disk"
+
+
+def _shown(name: str) -> dict:
+    """Field metadata: the name the listing shows for a field whose attribute name is taken."""
+    return {"shown": name}
+
+
+def _text(value) -> str:
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, tuple):
+        return ",".join(_text(v) for v in value)
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlanOp:
-    """One step. `repeat` > 1 is the compact form of identical steps (`calibrate_chunk × 8`).
+    """What every op has. `repeat` > 1 is the compact form of identical steps (`calibrate_chunk × 8`): the
+    op's handler runs them all. `inputs`/`outputs` name buffers (model, calibration_data, observers,
+    ranges, qparams, …) so a verifier can check that everything is produced before it is used."""
 
-    `inputs`/`outputs` name buffers (model, calibration_data, observers, ranges, qparams, …) so a verifier
-    can check that everything is produced before it is used. `peak_bytes` is the estimated resident
-    memory of the whole process while the op runs.
-    """
-
-    kind: OpKind
+    kind: ClassVar[OpKind]
     summary: str
-    params: tuple[tuple[str, str], ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     peak_bytes: int
     repeat: int = 1
     layers: tuple[str, ...] = ()
+
+    @property
+    def params(self) -> tuple[tuple[str, str], ...]:
+        """The op's own typed fields as text, in declaration order (the listing's parameter line)."""
+        common = {f.name for f in fields(PlanOp)}
+        return tuple((f.metadata.get("shown", f.name), _text(getattr(self, f.name)))
+                     for f in fields(self) if f.name not in common)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExportOnnx(PlanOp):
+    """An HF-style folder compiled on ONNX is exported first (cached by the folder's file metadata)."""
+
+    kind: ClassVar[OpKind] = OpKind.EXPORT_ONNX
+    folder: str
+    exporter: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadModel(PlanOp):
+    kind: ClassVar[OpKind] = OpKind.LOAD_MODEL
+    model: str
+    format: ModelFormat
+    weights: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SelectMemoryMode(PlanOp):
+    kind: ClassVar[OpKind] = OpKind.SELECT_MEMORY_MODE
+    mode: MemoryMode
+    requested: MemoryMode
+    estimate: int
+    ram_budget: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScoreSensitivity(PlanOp):
+    kind: ClassVar[OpKind] = OpKind.SCORE_SENSITIVITY
+    metric: SensitivityMetric
+    units: int
+    samples: int
+    params_searched: int = field(metadata=_shown("params"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AssignPrecision(PlanOp):
+    kind: ClassVar[OpKind] = OpKind.ASSIGN_PRECISION
+    budget_bits: float
+    choices: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaptureReference(PlanOp):
+    """The float model's outputs on the held-out samples, kept for verification (a backend that rounds the
+    resident model in place needs them before it rounds)."""
+
+    kind: ClassVar[OpKind] = OpKind.CAPTURE_REFERENCE
+    samples: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrateChunk(PlanOp):
+    """Forward passes of the whole model over the calibration samples, `chunk` at a time, `passes` times
+    (low_memory splits the observed tensors into groups, one pass each)."""
+
+    kind: ClassVar[OpKind] = OpKind.CALIBRATE_CHUNK
+    chunk: int
+    samples: int
+    seqlen: int
+    passes: int
+    method: CalibrationMethod
+    observed: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheBlockInputs(PlanOp):
+    kind: ClassVar[OpKind] = OpKind.CACHE_BLOCK_INPUTS
+    samples: int
+    seqlen: int
+    per_sample: int
+    where: CacheLocation
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunBlock(PlanOp):
+    kind: ClassVar[OpKind] = OpKind.RUN_BLOCK
+    blocks: int
+    chunk: int
+    gptq: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchPercentile(PlanOp):
+    kind: ClassVar[OpKind] = OpKind.SEARCH_PERCENTILE
+    method: CalibrationMethod
+    bins: int
+    tensors: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PropagateRanges(PlanOp):
+    kind: ClassVar[OpKind] = OpKind.PROPAGATE_RANGES
+    inherited: int
+    needed: int
+    observed: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuantizeWeights(PlanOp):
+    kind: ClassVar[OpKind] = OpKind.QUANTIZE_WEIGHTS
+    count: int = field(metadata=_shown("layers"))
+    rounding: tuple[Rounding, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Emit(PlanOp):
+    kind: ClassVar[OpKind] = OpKind.EMIT
+    format: EmitFormat
+    path: str
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verify(PlanOp):
+    kind: ClassVar[OpKind] = OpKind.VERIFY
+    samples: int
+    metric: VerifyMetric
+    bound: Bound
+    threshold: float
+
+    @property
+    def params(self) -> tuple[tuple[str, str], ...]:
+        """`bound=at_least 0.7`: the bound reads as the recipe writes it."""
+        return (("samples", str(self.samples)), ("metric", self.metric.value),
+                ("bound", f"{self.bound.value} {self.threshold:g}"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +225,8 @@ class ModeEstimate:
 
 @dataclass(frozen=True, slots=True)
 class ModeDecision:
+    """The memory mode the planner chose, and every candidate it tried with its estimate."""
+
     mode: MemoryMode | None  # None: nothing fits (Q301)
     requested: MemoryMode
     ram_budget: int
@@ -67,10 +238,12 @@ class ModeDecision:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
+    """The program: ops in execution order, with the memory decision they were lowered for."""
+
     recipe: str
     source: str
     model: str
-    backend: str
+    backend: Backend
     layers: int
     quantized_layers: int
     decision: ModeDecision
@@ -80,3 +253,13 @@ class Plan:
     @property
     def peak_bytes(self) -> int:
         return max((op.peak_bytes for op in self.ops), default=0)
+
+    @property
+    def mode(self) -> MemoryMode:
+        """The chosen memory mode (a Plan exists only when one fits)."""
+        assert self.decision.mode is not None
+        return self.decision.mode
+
+    def first(self, op_type: type) -> PlanOp | None:
+        """The first op of this type, if the plan has one."""
+        return next((op for op in self.ops if isinstance(op, op_type)), None)

@@ -27,7 +27,7 @@ def header_lines(plan: Plan) -> list[str]:
     lines = [
         f"plan {plan.recipe}  ({plan.source})",
         f"model    {plan.model}  ({plan.layers} layers, {plan.quantized_layers} quantized)",
-        f"backend  {plan.backend}",
+        f"backend  {plan.backend.value}",
         f"budget   ram {_bytes(d.ram_budget)}, {source}"
         + (f"; vram {' + '.join(human_bytes(v) for v in d.vram_budget)}" if d.vram_budget else ""),
         f"mode     {d.mode.value}: {d.reason}",
@@ -59,7 +59,7 @@ def to_text(plan: Plan) -> str:
 def to_json(plan: Plan) -> str:
     d = plan.decision
     data = {
-        "recipe": plan.recipe, "source": plan.source, "model": plan.model, "backend": plan.backend,
+        "recipe": plan.recipe, "source": plan.source, "model": plan.model, "backend": plan.backend.value,
         "layers": plan.layers, "quantized_layers": plan.quantized_layers, "peak_bytes": plan.peak_bytes,
         "memory": {"mode": d.mode.value, "requested": d.requested.value, "ram_budget": d.ram_budget,
                    "ram_source": d.ram_source, "vram_budget": list(d.vram_budget), "reason": d.reason,

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from compiler.ir.types import ActivationMode, Backend, CalibrationMethod, RecipeIR, Rounding, SensitivityMetric
-from compiler.models.index import ModelIndex
+from compiler.models.index import LayerKind, ModelIndex
 from compiler.plan.activations import propagate
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.mixed import choices_of, search_units
@@ -62,7 +62,7 @@ class Workload:
     @property
     def hidden(self) -> int:
         """The width of the hidden state between blocks: the most common input width of block layers."""
-        widths = Counter(x.in_features for x in self.index.layers if x.block and x.kind == "Linear")
+        widths = Counter(x.in_features for x in self.index.layers if x.block and x.kind is LayerKind.LINEAR)
         return widths.most_common(1)[0][0] if widths else max((x.in_features for x in self.index.layers), default=1)
 
 
@@ -70,7 +70,7 @@ class Workload:
 class Search:
     """What the mixed-precision search scores: its size drives the score op's cost and memory."""
 
-    metric: str
+    metric: SensitivityMetric
     units: int
     choices: int
     samples: int
@@ -85,7 +85,7 @@ def _search(ir: RecipeIR, assignment: Assignment) -> Search | None:
         return None
     layers = [assignment.model.layer(n) for u in units for n in u.members]
     mp = ir.mixed_precision
-    return Search(mp.metric.value, len(units), len(choices_of(ir)), min(mp.samples, ir.calibration.data.samples),
+    return Search(mp.metric, len(units), len(choices_of(ir)), min(mp.samples, ir.calibration.data.samples),
                   sum(x.params for x in layers), max(x.params for x in layers), tuple(x.name for x in layers))
 
 

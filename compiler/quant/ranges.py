@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from compiler.exhaustive import assert_never
 from compiler.ir.types import Calibration, CalibrationMethod, QType, ScoreMetric
 from compiler.quant import qparams, range_search
 from compiler.quant.observers import HistogramObserver, MinMaxObserver
@@ -17,13 +18,19 @@ def tensor_range(observer, calibration: Calibration, qtype: QType, symmetric: bo
     """The (rmin, rmax) to quantize a tensor with, or None when it never had a finite value."""
     if isinstance(observer, MinMaxObserver):
         return observer.range()
-    if calibration.method is CalibrationMethod.PERCENTILE:
-        return observer.percentile_range(calibration.percentile)
-    if calibration.method is CalibrationMethod.LAYERWISE_PERCENTILE:
-        return best_percentile(observer, calibration.candidates, calibration.score_metric, qtype, symmetric)[1]
-    if calibration.method is CalibrationMethod.ENTROPY:
-        return range_search.entropy_range(observer)
-    return range_search.mse_range(observer, qtype, symmetric)
+    match calibration.method:
+        case CalibrationMethod.PERCENTILE:
+            return observer.percentile_range(calibration.percentile)
+        case CalibrationMethod.LAYERWISE_PERCENTILE:
+            return best_percentile(observer, calibration.candidates, calibration.score_metric, qtype, symmetric)[1]
+        case CalibrationMethod.ENTROPY:
+            return range_search.entropy_range(observer)
+        case CalibrationMethod.MSE:
+            return range_search.mse_range(observer, qtype, symmetric)
+        case CalibrationMethod.MINMAX:  # a histogram observer asked for minmax: its exact running range
+            return observer.range()
+        case _:
+            assert_never(calibration.method)
 
 
 def best_percentile(observer: HistogramObserver, candidates, metric: ScoreMetric, qtype: QType, symmetric: bool):

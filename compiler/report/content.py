@@ -11,22 +11,12 @@ from compiler.ir.printer import print_ir, recipe_hash, rule_text
 from compiler.ir.types import ActivationMode, Backend
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
-from compiler.plan.ops import OpKind, Plan
+from compiler.plan.ops import Plan, PlanOp
 from compiler.plan.workload import workload
 from compiler.report.chart import Series, line_chart
 from compiler.resolve.assignment import Assignment
 
 MiB = 1 << 20
-# which plan ops run in each phase the RSS sampler names (the planned line of the timeline); torch rounds
-# inside its block-wise "calibrate" phase, so quantize_weights counts there too
-PHASE_OPS = {
-    "start": (OpKind.LOAD_MODEL,), "load": (OpKind.LOAD_MODEL,), "score": (OpKind.SCORE_SENSITIVITY,),
-    "calibrate": (OpKind.CALIBRATE_CHUNK, OpKind.CACHE_BLOCK_INPUTS, OpKind.RUN_BLOCK, OpKind.SEARCH_PERCENTILE,
-                  OpKind.PROPAGATE_RANGES, OpKind.QUANTIZE_WEIGHTS),
-    "quantize": (OpKind.QUANTIZE_WEIGHTS,), "emit": (OpKind.EMIT,), "verify": (OpKind.VERIFY,),
-}
-
-
 @dataclass(frozen=True, slots=True)
 class Row:
     cells: tuple[str, ...]
@@ -154,22 +144,22 @@ def _memory(plan: Plan, result) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def planned_for_phase(plan: Plan, phase: str) -> int:
-    kinds = PHASE_OPS.get(phase, ())
-    return max((op.peak_bytes for op in plan.ops if op.kind in kinds), default=plan.peak_bytes)
+def planned_for(plan: Plan, op: PlanOp | None) -> int:
+    """The planned peak while `op` ran (each RSS sample names the op running; before the first, the plan's)."""
+    return plan.peak_bytes if op is None else op.peak_bytes
 
 
 def _timeline(plan: Plan, result) -> str:
     samples = result.rss_samples
     measured = Series("measured RSS", tuple((t, rss / MiB) for t, rss, _ in samples))
-    steps, last = [], None
-    for t, _, phase in samples:
-        if phase != last:
-            steps.append((t, planned_for_phase(plan, phase) / MiB))
-            last = phase
+    steps, last = [], object()
+    for t, _, op in samples:
+        if op is not last:
+            steps.append((t, planned_for(plan, op) / MiB))
+            last = op
     if samples:
         steps.append((samples[-1][0], steps[-1][1]))
-    planned = Series("planned, this phase", tuple(steps), step=True)
+    planned = Series("planned, this op", tuple(steps), step=True)
     return line_chart([measured, planned], "seconds since the compile started", "MiB", "memory timeline", y_floor=0)
 
 
@@ -186,9 +176,9 @@ def _search(result) -> tuple[tuple[str, str], ...]:
     s = result.search if result is not None else None
     if s is None:
         return ()
-    return (("metric", s.metric), ("units", str(len(s.units))),
+    return (("metric", s.metric.value), ("units", str(len(s.units))),
             ("average bits per weight", f"{s.average_bits:.3f} (budget {s.budget_bits:g}, scales included)"),
-            ("predicted loss", f"{s.predicted_loss:.6g} ({s.metric}, Σ over units)"),
+            ("predicted loss", f"{s.predicted_loss:.6g} ({s.metric.value}, Σ over units)"),
             ("scores", "from the cache" if s.from_cache else "computed, then cached"),
             *((f"→ {c}", f"{len(names)} layers: {', '.join(compress(names))}") for c, names in s.layers_by_choice().items()))
 
@@ -215,7 +205,7 @@ def _search_curve(result) -> Table | None:
     s = result.search if result is not None else None
     if s is None:
         return None
-    return _table(("bits per weight", f"predicted loss ({s.metric})"),
+    return _table(("bits per weight", f"predicted loss ({s.metric.value})"),
                   [(f"{b:.3f}", f"{loss:.6g}") for b, loss in _curve_points(s)], "rr")
 
 
@@ -225,4 +215,4 @@ def _search_svg(result) -> str:
         return ""
     return line_chart([Series("greedy path (scores)", tuple(s.curve)),
                        Series("chosen", ((s.average_bits, s.predicted_loss),), markers_only=True)],
-                      "bits per weight (scales included)", f"predicted loss ({s.metric})", "quality against bits")
+                      "bits per weight (scales included)", f"predicted loss ({s.metric.value})", "quality against bits")

@@ -8,6 +8,7 @@ from collections import defaultdict
 
 from compiler.ir.types import EmitFormat, Granularity, RecipeIR, SelectorKind
 from compiler.ir.values import Diagnostics
+from compiler.models.index import LayerKind
 from compiler.models.names import compress
 from compiler.resolve.assignment import Assignment, rule_matches
 
@@ -19,7 +20,7 @@ def check_unmatched_selectors(ir: RecipeIR, assignment: Assignment, diags: Diagn
             if matched:
                 continue
             if selector.kind is SelectorKind.TYPE:
-                kinds = sorted({layer.kind for layer in layers} | {layer.op for layer in layers})
+                kinds = sorted({layer.kind.value for layer in layers} | {layer.op for layer in layers})
                 hint = f"this model has: {', '.join(kinds)}"
             else:
                 hint = "closest names: " + ", ".join(closest_names(selector.pattern, [x.name for x in layers]))
@@ -79,13 +80,13 @@ def _misfits(ir: RecipeIR, a) -> list[str]:
     layer, w = a.layer, a.scheme.weights
     found = []
     if w.granularity is Granularity.GROUP:
-        length = layer.out_features if layer.kind == "Embedding" else layer.in_features
+        length = layer.out_features if layer.kind is LayerKind.EMBEDDING else layer.in_features
         if length % w.group_size:
             found.append("Q235")
-    if a.scheme.activations is not None and layer.kind == "Embedding":
+    if a.scheme.activations is not None and layer.kind is LayerKind.EMBEDDING:
         found.append("Q236")
     weight_only = a.scheme.activations is None
-    if ir.emit and ir.emit.format is EmitFormat.MATMUL_NBITS and weight_only and layer.kind != "Linear":
+    if ir.emit and ir.emit.format is EmitFormat.MATMUL_NBITS and weight_only and layer.kind is not LayerKind.LINEAR:
         found.append("Q237")
     return found
 
@@ -94,14 +95,14 @@ def _misfit_text(code: str, scheme, names: list[str], assignment: Assignment) ->
     layers = [assignment.model.layer(n) for n in names]
     listed = ", ".join(compress(names)[:4])
     if code == "Q235":
-        sizes = sorted({x.out_features if x.kind == "Embedding" else x.in_features for x in layers})
+        sizes = sorted({x.out_features if x.kind is LayerKind.EMBEDDING else x.in_features for x in layers})
         return (f"`group {scheme.weights.group_size}` does not divide the input features of {len(names)} "
                 f"layer(s): {listed} (features: {', '.join(map(str, sizes))})",
                 "choose a group size that divides them (e.g. 32 or 64), or give these layers another scheme")
     if code == "Q236":
         return (f"`{scheme.name}` quantizes activations, but {listed}: Embedding layer(s) whose input is token ids",
                 "give embeddings a weight-only scheme (e.g. W8A16) or `none`")
-    kinds = ", ".join(sorted({x.kind for x in layers}))
+    kinds = ", ".join(sorted({x.kind.value for x in layers}))
     return (f"MatMulNBits cannot take {listed} ({kinds}): it replaces MatMul only",
             'add a rule giving these layers `none` or a QDQ scheme (with activations), or emit `format qdq`')
 

@@ -19,6 +19,6 @@ def _compiled(kind: SelectorKind, pattern: str) -> re.Pattern:
 def matcher(selector: Selector) -> Callable[[Layer], bool]:
     """`type X` matches a layer's kind (Linear, Conv, Embedding) or its op (MatMul, Gemm, Gather, …)."""
     if selector.kind is SelectorKind.TYPE:
-        return lambda layer: selector.pattern in (layer.kind, layer.op)
+        return lambda layer: selector.pattern in (layer.kind.value, layer.op)
     regex = _compiled(selector.kind, selector.pattern)
     return lambda layer: regex.fullmatch(layer.name) is not None

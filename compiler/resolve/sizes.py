@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from compiler.ir.types import Granularity, Scheme
-from compiler.models.index import Layer
+from compiler.models.index import Layer, LayerKind
 
 SCALE_BYTES = 4  # float32 scales
 
@@ -17,7 +17,7 @@ def scale_count(layer: Layer, scheme: Scheme) -> int:
     if w.granularity is Granularity.PER_CHANNEL:
         return layer.out_features
     # groups run along the input features (along the embedding dim for Embedding rows)
-    length, rows = (layer.out_features, layer.in_features) if layer.kind == "Embedding" else (layer.in_features, layer.out_features)
+    length, rows = (layer.out_features, layer.in_features) if layer.kind is LayerKind.EMBEDDING else (layer.in_features, layer.out_features)
     return rows * math.ceil(length / w.group_size)
 
 

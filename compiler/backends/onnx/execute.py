@@ -1,4 +1,5 @@
-"""Execute a plan on onnxruntime: calibrate → ranges → quantize and rewrite → emit → verify."""
+"""Execute a plan on onnxruntime: one handler per plan op (export → load → score/assign → calibrate →
+ranges → quantize and rewrite → emit → verify), run in the plan's order by compiler.backends.program."""
 
 from __future__ import annotations
 
@@ -10,195 +11,270 @@ import numpy as np
 import onnx
 
 from compiler import data
-from compiler.backends import BackendError
 from compiler.backends.agreement import Agreement
 from compiler.backends.onnx import emit, rewrite
 from compiler.backends.onnx.calibrate import calibrate, session_from_path
 from compiler.backends.onnx.files import ModelFiles, load_remaining, open_model
 from compiler.backends.onnx.sensitivity import OnnxScorer
+from compiler.backends.program import run_program
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.rss import RssSampler
-from compiler.backends.sensitivity import each_choice, search
-from compiler.diagnostics import error, warning
+from compiler.backends.sensitivity import assign, score_units
+from compiler.diagnostics import warning
 from compiler.ir.printer import print_ir
-from compiler.ir.types import ActivationMode, EmitFormat, Granularity, MemoryMode, RecipeIR
+from compiler.ir.types import EmitFormat, MemoryMode, RecipeIR
+from compiler.ir.values import Diagnostics
 from compiler.models import builtin, resolve_path
+from compiler.plan import ops
 from compiler.plan.ops import Plan
 from compiler.plan.workload import Workload, workload
 from compiler.quant import qparams
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
-from compiler.resolve.assignment import Assignment
+from compiler.resolve.assignment import Assignment, resolve
 
 Progress = Callable[[str, int], Callable[[], None]]  # (stage, total) → advance-by-one
 
 
 def model_path(ref: str) -> Path:
-    """The .onnx file to compile: a built-in's cached file, a folder's cached export, or the path."""
+    """The .onnx file of a built-in (its cached file) or of a path; folders come from the export op."""
     if ref.startswith(builtin.PREFIX):
         return builtin.onnx_path(ref)
-    path = resolve_path(ref)
-    if path.is_dir():
-        from compiler.backends.onnx.export import export_folder
-
-        return export_folder(path)
-    return path
-
-
-def check_supported(ir: RecipeIR, assignment: Assignment, plan: Plan) -> None:
-    """What this backend cannot do yet is refused before any work, at the recipe text that asks for it."""
-    for a in assignment.layers:
-        act = a.scheme.activations
-        if act and (act.mode is ActivationMode.DYNAMIC or act.granularity is Granularity.PER_TOKEN):
-            raise BackendError(error("Q410", f"scheme `{a.scheme.name}`: dynamic or per-token activations are not "
-                                     "supported by the ONNX backend", a.scheme.span or a.rule.span, "not supported",
-                                     help="use static per_tensor activations, or a weight-only scheme"))
+    return resolve_path(ref)
 
 
 def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress: Progress) -> CompileResult:
-    for candidate in each_choice(ir, assignment):
-        check_supported(ir, candidate, plan)
-    source = model_path(ir.model)
+    """Run `plan` op by op; the result holds what was measured, also when verification fails."""
     result = CompileResult(output, [], plan, assignment=assignment)
     start, rss = time.perf_counter(), RssSampler()
+    run = _OnnxRun(ir, assignment, plan, output, progress, result, start)
     try:
-        _compile(ir, assignment, plan, output, progress, result, rss, source, start)
+        with rss:
+            try:
+                run_program(plan, run.handlers(), rss, result.executed)
+            finally:
+                run.close()
     finally:  # also when verification fails: the report shows what was measured
         result.peak_rss, result.rss_samples = rss.peak, rss.samples
         result.total_seconds = time.perf_counter() - start
     return result
 
 
-def _compile(ir, assignment, plan: Plan, output: Path, progress, result: CompileResult, rss: RssSampler, source: Path,
-         start: float) -> None:
-    with rss:
-        files = open_model(source)
-        try:
-            if ir.mixed_precision is not None:
-                rss.phase = "score"
-                scorer = OnnxScorer(ir, assignment.model, files, source)
-                assignment, result.search = search(ir, assignment, scorer, "onnx", progress)
-                result.assignment = assignment
-            w = workload(ir, assignment)
-            rss.phase = "calibrate"
-            activations = _activation_specs(ir, assignment, w, files, progress, result)
-            result.calibration_seconds = time.perf_counter() - start
-            release_memory()
-            rss.phase = "quantize"
-            jobs = {a.layer.weight: rewrite.WeightJob(a.layer, a.scheme) for a in assignment.layers if not a.scheme.is_none}
-            sqnr: dict[str, float] = {}
-            model = rewrite.rewrite(files.light, jobs, activations, _format(ir), files.array,
-                                    progress("quantize", len(jobs)), sqnr)
-            result.weight_sqnr = {a.layer.name: sqnr[a.layer.weight] for a in assignment.layers if a.layer.weight in sqnr}
-            rss.phase = "emit"
-            load_remaining(model, files.base_dir)
-            emit.stamp(model, ir.name, print_ir(ir))
-            # offload keeps the weights out of the .onnx too, so verification can open it without loading them
-            external = plan.decision.mode is MemoryMode.OFFLOAD or model.ByteSize() > emit.EXTERNAL_THRESHOLD
-            result.files = emit.write_atomically(model, output, external)
-            # The rewrite changed `files.light` in place: put the weight-free float graph back, which
-            # also lets the quantized model (and its loaded weights) go before verification.
-            del model
-            files.light = onnx.load(str(files.path), load_external_data=False)
-            release_memory()
-            if ir.verify:
-                rss.phase = "verify"
-                if plan.decision.mode is MemoryMode.OFFLOAD:
-                    _verify_offload(ir, assignment, files, output, progress, result)
-                else:
-                    _verify(ir, assignment, files.path, output, progress, result)
-        finally:
-            files.close()
+class _OnnxRun:
+    """The state the ops share: the model files, the assignment (the search may change it), observers and
+    the activation ranges."""
+
+    def __init__(self, ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress: Progress,
+                 result: CompileResult, start: float):
+        self.ir, self.assignment, self.plan, self.output = ir, assignment, plan, output
+        self.progress, self.result, self.start = progress, result, start
+        self.source: Path | None = None
+        self.files: ModelFiles | None = None
+        self.mode = plan.mode
+        self.scores = None
+        self.observers: dict = {}
+        self.bounds: dict[str, tuple[float, float]] = {}  # layer input → its quantized range
+        self.offload_resume = None
+
+    def handlers(self) -> dict[type, Callable]:
+        return {ops.ExportOnnx: self.export, ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode,
+                ops.ScoreSensitivity: self.score, ops.AssignPrecision: self.assign,
+                ops.CalibrateChunk: self.calibrate, ops.CacheBlockInputs: self.cache_block_inputs,
+                ops.RunBlock: self.run_blocks, ops.SearchPercentile: self.search_ranges,
+                ops.PropagateRanges: self.propagate_ranges, ops.QuantizeWeights: self.quantize, ops.Emit: self.emit,
+                ops.Verify: self.verify}
+
+    def close(self) -> None:
+        if self.files is not None:
+            self.files.close()
+
+    @property
+    def workload(self) -> Workload:
+        return workload(self.ir, self.assignment)
+
+    # ---- model ------------------------------------------------------------------------------------
+    def export(self, op: ops.ExportOnnx) -> None:
+        """The folder's ONNX export (made now, or taken from the cache); the recipe is resolved again against
+        its graph, whose layer names are the folder's."""
+        from compiler.backends.onnx.export import export_folder
+        from compiler.models.onnx_index import index_onnx
+
+        advance = self.progress("export", 1)
+        self.source = export_folder(resolve_path(op.folder), self.ir.model_span)
+        advance()
+        index = index_onnx(self.source, self.ir.model, family=self.assignment.model.family)
+        self.assignment = resolve(self.ir, index, Diagnostics())  # checked when planning; same names, same schemes
+        self.result.assignment = self.assignment
+
+    def load(self, op: ops.LoadModel) -> None:
+        if self.source is None:
+            self.source = model_path(op.model)
+        self.files = open_model(self.source)
+
+    def select_mode(self, op: ops.SelectMemoryMode) -> None:
+        self.mode = op.mode
+
+    # ---- mixed precision ----------------------------------------------------------------------------
+    def score(self, op: ops.ScoreSensitivity) -> None:
+        scorer = OnnxScorer(self.ir, self.assignment.model, self.files, self.source)
+        self.scores = score_units(self.ir, self.assignment, scorer, self.progress)
+
+    def assign(self, op: ops.AssignPrecision) -> None:
+        self.assignment, self.result.search = assign(self.ir, self.assignment, self.scores)
+        self.result.assignment = self.assignment
+
+    # ---- calibration --------------------------------------------------------------------------------
+    def _batches(self, w: Workload):
+        return data.calibration_batches(self.ir.calibration.data, w.index, w.chunk)
+
+    def calibrate(self, op: ops.CalibrateChunk) -> None:
+        """Every chunk, `op.passes` times: low_memory splits the observed tensors into groups."""
+        w, files = self.workload, self.files
+        histogram = self.ir.calibration.method in HISTOGRAM_METHODS
+        batches = self._batches(w)
+        groups = np.array_split(np.array(w.observed, dtype=object), op.passes)
+        advance = self.progress("calibrate", len(batches) * op.passes)
+        states = []
+        for number, group in enumerate(groups):
+            state = self._resume_state(number, tuple(group))
+            states.append(state)
+            self.observers.update(calibrate(files.light, files.base_dir, w.index.graph, tuple(group), batches,
+                                            histogram, self.ir.calibration.bins, advance, self.ir.calibration.workers,
+                                            state))
+        for state in filter(None, states):  # calibration is complete: nothing to resume
+            state.remove()
+        self._ranges_if_ready(op)
+
+    def cache_block_inputs(self, op: ops.CacheBlockInputs) -> None:
+        """offload: observers (resumed where an interrupted run left them) and the graph inputs' own ranges;
+        the block boundaries are cached per chunk as run_block produces them."""
+        from compiler.quant.observers import make_observer
+
+        w = self.workload
+        histogram = self.ir.calibration.method in HISTOGRAM_METHODS
+        self.observers = {t: make_observer(histogram, self.ir.calibration.bins) for t in w.observed}
+        state = self._resume_state(-1, tuple(w.observed))
+        resume = None
+        if state is not None:
+            found = state.load()
+            done = 0
+            if found is not None and set(found[1]) == set(self.observers):
+                done, self.observers = found
+            from compiler.backends.onnx.segments import Resume
+
+            resume = Resume(state.path.stem, lambda: done, lambda segments: state.save(segments, self.observers))
+        self.offload_resume = (state, resume)
+        if not (resume and resume.done()):
+            for name in (t for t in w.observed if t in w.index.graph.inputs):
+                for feed in self._batches(w):
+                    self.observers[name].update(feed[name])
+
+    def run_blocks(self, op: ops.RunBlock) -> None:
+        """offload: one segment's weights in a session at a time, boundaries cached per chunk."""
+        from compiler.backends.onnx.segments import cut, run_segments
+
+        w, files = self.workload, self.files
+        state, resume = self.offload_resume
+        batches = self._batches(w)
+        advance = self.progress("calibrate", len(cut(files.light)) * len(batches))
+        run_segments(files.light, files.base_dir, w.index.graph, batches, set(self.observers),
+                     lambda name, value: self.observers[name].update(value), _disk(self.ir), advance, resume)
+        if state is not None:
+            state.remove()
+        self._ranges_if_ready(op)
+
+    def _resume_state(self, number: int, group: tuple[str, ...]):
+        if not self.ir.memory.disk:
+            return None
+        from compiler.backends.onnx.resume import ResumeState
+
+        return ResumeState.for_run(Path(self.ir.memory.disk), print_ir(self.ir), str(self.files.path), str(number),
+                                   *group)
+
+    # ---- ranges -------------------------------------------------------------------------------------
+    def _ranges_if_ready(self, op: ops.PlanOp) -> None:
+        """minmax: the observers' ranges are final, so the op that observes produces them (the plan says so)."""
+        if "ranges" in op.outputs:
+            self._ranges(inherited=False)
+
+    def search_ranges(self, op: ops.SearchPercentile) -> None:
+        self._ranges(inherited=False)
+
+    def propagate_ranges(self, op: ops.PropagateRanges) -> None:
+        self._ranges(inherited=True)
+
+    def _ranges(self, inherited: bool) -> None:
+        """The quantized range of each static input: observed ones from their own observer, inherited ones
+        (outputs of passthrough ops) from their producer's."""
+        sources = self.workload.source_of
+        for a in self.assignment.layers:
+            act, tensor = a.scheme.activations, a.layer.input
+            if a.scheme.is_none or act is None or tensor in self.bounds or (sources[tensor] != tensor) != inherited:
+                continue
+            bounds = tensor_range(self.observers[sources[tensor]], self.ir.calibration, act.qtype, act.symmetric)
+            if bounds is None:
+                self.result.warnings.append(warning(
+                    "Q405", f"`{tensor}` was never finite during calibration; left unquantized",
+                    a.rule.span if a.rule else None, "no range",
+                    help="check the calibration data; masks built from -inf look like this"))
+                continue
+            self.bounds[tensor] = (float(bounds[0]), float(bounds[1]))
+
+    # ---- weights and output -------------------------------------------------------------------------
+    def quantize(self, op: ops.QuantizeWeights) -> None:
+        self.result.calibration_seconds = time.perf_counter() - self.start
+        release_memory()
+        activations = self._activation_specs()
+        jobs = {a.layer.weight: rewrite.WeightJob(a.layer, a.scheme) for a in self.assignment.layers
+                if not a.scheme.is_none}
+        sqnr: dict[str, float] = {}
+        self.model = rewrite.rewrite(self.files.light, jobs, activations, _format(self.ir), self.files.array,
+                                     self.progress("quantize", len(jobs)), sqnr)
+        self.result.weight_sqnr = {a.layer.name: sqnr[a.layer.weight] for a in self.assignment.layers
+                                   if a.layer.weight in sqnr}
+
+    def _activation_specs(self) -> dict[str, tuple]:
+        """tensor → (scale, zero point, qtype, consumer nodes) for the inputs of activation-quantized layers."""
+        consumers = _consumers(self.assignment, self.files.light)
+        specs = {}
+        for a in self.assignment.layers:
+            act, tensor = a.scheme.activations, a.layer.input
+            if a.scheme.is_none or act is None or tensor in specs or tensor not in self.bounds:
+                continue
+            lo, hi = self.bounds[tensor]
+            scale, zp = qparams.scale_zero_point(np.array(lo), np.array(hi), act.qtype, act.symmetric)
+            specs[tensor] = (scale, zp, act.qtype, consumers[tensor])
+        self.result.input_ranges = {a.layer.name: self.bounds[a.layer.input] for a in self.assignment.layers
+                                    if a.scheme.activations is not None and a.layer.input in self.bounds}
+        return specs
+
+    def emit(self, op: ops.Emit) -> None:
+        model = self.model
+        load_remaining(model, self.files.base_dir)
+        emit.stamp(model, self.ir.name, print_ir(self.ir))
+        # offload keeps the weights out of the .onnx too, so verification can open it without loading them
+        external = self.mode is MemoryMode.OFFLOAD or model.ByteSize() > emit.EXTERNAL_THRESHOLD
+        self.result.files = emit.write_atomically(model, self.output, external)
+        # The rewrite changed `files.light` in place: put the weight-free float graph back, which also lets
+        # the quantized model (and its loaded weights) go before verification.
+        del model
+        self.model = None
+        self.files.light = onnx.load(str(self.files.path), load_external_data=False)
+        release_memory()
+
+    def verify(self, op: ops.Verify) -> None:
+        if self.mode is MemoryMode.OFFLOAD:
+            _verify_offload(self.ir, self.assignment, self.files, self.output, self.progress, self.result)
+        else:
+            _verify(self.ir, self.assignment, self.files.path, self.output, self.progress, self.result)
 
 
 def _format(ir: RecipeIR):
     return ir.emit.format if ir.emit else EmitFormat.QDQ
 
 
-def _activation_specs(ir, assignment, w: Workload, files: ModelFiles, progress, result) -> dict[str, tuple]:
-    """tensor → (scale, zero point, qtype, consumer nodes) for the inputs of activation-quantized layers."""
-    if not w.observed:
-        return {}
-    histogram = ir.calibration.method in HISTOGRAM_METHODS
-    batches = data.calibration_batches(ir.calibration.data, w.index, w.chunk)
-    if result.plan.decision.mode is MemoryMode.OFFLOAD:
-        observers = _calibrate_offload(ir, w, files, batches, histogram, progress)
-    else:
-        passes_ = _passes(result.plan)
-        groups = np.array_split(np.array(w.observed, dtype=object), passes_)
-        advance = progress("calibrate", len(batches) * passes_)
-        observers, checkpoints = {}, []
-        for number, group in enumerate(groups):
-            checkpoint = _checkpoint(ir, files, number, tuple(group))
-            checkpoints.append(checkpoint)
-            observers.update(calibrate(files.light, files.base_dir, w.index.graph, tuple(group), batches, histogram,
-                                       ir.calibration.bins, advance, ir.calibration.workers, checkpoint))
-        for checkpoint in filter(None, checkpoints):  # calibration is complete: nothing to resume
-            checkpoint.remove()
-    sources = w.source_of
-    consumers = _consumers(assignment, files.light)
-    specs, ranges = {}, {}
-    for a in assignment.layers:
-        act = a.scheme.activations
-        if a.scheme.is_none or act is None or a.layer.input in specs:
-            continue
-        observer = observers[sources[a.layer.input]]
-        bounds = tensor_range(observer, ir.calibration, act.qtype, act.symmetric)
-        if bounds is None:
-            result.warnings.append(warning("Q405", f"`{a.layer.input}` was never finite during calibration; "
-                                           "left unquantized", a.rule.span if a.rule else None, "no range",
-                                           help="check the calibration data; masks built from -inf look like this"))
-            continue
-        scale, zp = qparams.scale_zero_point(np.array(bounds[0]), np.array(bounds[1]), act.qtype, act.symmetric)
-        specs[a.layer.input] = (scale, zp, act.qtype, consumers[a.layer.input])
-        ranges[a.layer.input] = (float(bounds[0]), float(bounds[1]))
-    result.input_ranges = {a.layer.name: ranges[a.layer.input] for a in assignment.layers
-                           if a.scheme.activations is not None and a.layer.input in ranges}
-    return specs
-
-
-def _checkpoint(ir: RecipeIR, files: ModelFiles, number: int, group: tuple[str, ...]):
-    if not ir.memory.disk:
-        return None
-    from compiler.backends.onnx.resume import ResumeState
-
-    return ResumeState.for_run(Path(ir.memory.disk), print_ir(ir), str(files.path), str(number), *group)
-
-
 def _disk(ir: RecipeIR) -> Path | None:
     return Path(ir.memory.disk) if ir.memory.disk else None
-
-
-def _calibrate_offload(ir, w: Workload, files: ModelFiles, batches, histogram: bool, progress) -> dict:
-    """Block by block: only one block's weights in a session at a time; boundaries cached per chunk."""
-    from compiler.backends.onnx.segments import Resume, cut, run_segments
-    from compiler.quant.observers import make_observer
-
-    observers = {t: make_observer(histogram, ir.calibration.bins) for t in w.observed}
-    checkpoint = _checkpoint(ir, files, -1, tuple(w.observed))
-    resume = None
-    if checkpoint is not None:
-        found = checkpoint.load()
-        done = 0
-        if found is not None and set(found[1]) == set(observers):
-            done, observers = found
-        resume = Resume(checkpoint.path.stem, lambda: done,
-                        lambda segments: checkpoint.save(segments, observers))
-    if not (resume and resume.done()):
-        for name in (t for t in w.observed if t in w.index.graph.inputs):
-            for feed in batches:
-                observers[name].update(feed[name])
-    advance = progress("calibrate", len(cut(files.light)) * len(batches))
-    run_segments(files.light, files.base_dir, w.index.graph, batches, set(observers),
-                 lambda name, value: observers[name].update(value), _disk(ir), advance, resume)
-    if checkpoint is not None:
-        checkpoint.remove()
-    return observers
-
-
-def _passes(plan: Plan) -> int:
-    op = next((o for o in plan.ops if o.kind.value == "calibrate_chunk"), None)
-    return int(dict(op.params).get("passes", 1)) if op else 1
 
 
 def _consumers(assignment: Assignment, model) -> dict[str, set[str]]:

@@ -4,8 +4,8 @@ then coalesce and check it with the pure function of compiler.plan.placement."""
 
 from __future__ import annotations
 
+from compiler.backends.torch.cost import VRAM_SLACK
 from compiler.backends.torch.model import TorchModel
-from compiler.plan.memory import VRAM_SLACK
 from compiler.plan.placement import coalesce
 
 

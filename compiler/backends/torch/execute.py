@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +23,11 @@ import torch
 
 from compiler import data
 from compiler.backends.agreement import Agreement
+from compiler.backends.program import run_program
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.rss import RssSampler
-from compiler.backends.sensitivity import each_choice, search
+from compiler.backends.sensitivity import assign, score_units
 from compiler.backends.torch import streams
 from compiler.backends.torch.compressed import TensorSpec, layer_specs, layer_tensors, quantization_config
 from compiler.backends.torch.devices import place
@@ -40,12 +42,12 @@ from compiler.backends.torch.layers import (
 from compiler.backends.torch.model import TorchModel, open_model
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.shards import DTYPES
-from compiler.backends.torch.support import check_supported
 from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import warning
 from compiler.ir.printer import print_ir
 from compiler.ir.types import MemoryMode, RecipeIR
-from compiler.models.index import TensorInfo
+from compiler.models.index import LayerKind, TensorInfo
+from compiler.plan import ops
 from compiler.plan.ops import Plan
 from compiler.quant import qparams
 from compiler.resolve.assignment import Assignment
@@ -55,79 +57,58 @@ _SKIPPED_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pt
 
 
 def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress) -> CompileResult:
-    for candidate in each_choice(ir, assignment):
-        check_supported(ir, candidate)
+    """Run `plan` op by op; the result holds what was measured, also when verification fails."""
     result = CompileResult(output, [], plan, assignment=assignment)
     start, rss = time.perf_counter(), RssSampler()
+    run = _Run(ir, assignment, plan, result, progress, start)
     try:
-        _execute(ir, assignment, plan, progress, result, rss, start)
+        with rss:
+            try:
+                run_program(plan, run.handlers(), rss, result.executed)
+            except BaseException:
+                run.abort()
+                raise
+            finally:
+                run.close()
     finally:  # also when verification fails: the report shows what was measured
         result.peak_rss, result.rss_samples = rss.peak, rss.samples
         result.total_seconds = time.perf_counter() - start
     return result
 
 
-def _execute(ir: RecipeIR, assignment: Assignment, plan: Plan, progress, result: CompileResult, rss: RssSampler,
-             start: float) -> None:
-    with rss:
-        model = open_model(ir.model, assignment.model.blocks, ir.model_span)
-        index = dataclasses.replace(assignment.model, inputs=_inputs(assignment.model, model))  # what data is made for
-        if ir.mixed_precision is not None:
-            rss.phase = "score"
-            scorer = TorchScorer(ir, index, model, _torch_feed)
-            assignment, result.search = search(ir, assignment, scorer, "torch", progress)
-            result.assignment = assignment
-            release_memory()
-        run = _Run(ir, assignment, index, model, result, progress, rss)
-        try:
-            run.go(plan.decision.mode, start)
-        except BaseException:
-            run.writer.abort()
-            raise
-        finally:
-            run.close()
-
-
 class _Run:
-    def __init__(self, ir: RecipeIR, assignment: Assignment, index, model: TorchModel, result: CompileResult, progress,
-                 rss):
-        self.ir, self.assignment, self.index, self.model = ir, assignment, index, model
-        self.result, self.progress, self.rss = result, progress, rss
-        self.jobs = _jobs(model, assignment)
-        self.stats = None
-        self.writer = FolderWriter(result.output, _output_specs(model, self.jobs))
+    """The state the ops share: the model skeleton, the assignment (the search may change it), the jobs and
+    the output writer (made once the assignment is final), and the sample streams."""
+
+    def __init__(self, ir: RecipeIR, assignment: Assignment, plan: Plan, result: CompileResult, progress,
+                 start: float):
+        self.ir, self.assignment, self.plan = ir, assignment, plan
+        self.result, self.progress, self.start = result, progress, start
+        self.mode = plan.mode
+        self.model: TorchModel | None = None
+        self.index = None
+        self.scores = None
+        self.devices: dict = {}
+        self.jobs: list[Job] = []
+        self.writer: FolderWriter | None = None
+        self.stats: Statistics | None = None
+        self.cal = self.verify_streams = None
+        self.reference: list = []
+        self.tail_done = False
         self.disk = Path(ir.memory.disk) if ir.memory.disk else None
-        if self.disk is not None:
-            self.disk.mkdir(parents=True, exist_ok=True)
         self.caches: list[streams.HiddenCache] = []
         self.hooks: list = []
 
-    # ---- the whole run ----------------------------------------------------------------------------
-    def go(self, mode: MemoryMode, start: float) -> None:
-        devices = {}
-        if mode is MemoryMode.MULTI_GPU:
-            devices, note = place(self.model, self.ir.memory.vram)
-            self.result.notes.append(note)
-            if not devices:
-                mode = MemoryMode.LOW_MEMORY
-                self.result.warnings.append(warning("Q407", f"multi_gpu fell back to low_memory: {note}",
-                                                    self.ir.memory.span_of("mode"), "ran on the CPU",
-                                                    help="give `vram` for the GPUs present, or use `mode low_memory`"))
-        self.mode = mode
-        cal = self._stream("calibration", self._calibration_feeds()) if any(j.needs_data for j in self.jobs) else None
-        verify = self._verify_streams()
-        blockwise = mode is not MemoryMode.FULL and bool(self.model.blocks)
-        if blockwise:
-            self._blockwise(cal, verify, devices)
-        else:
-            self._whole(cal, verify)
-        self.result.calibration_seconds = time.perf_counter() - start
-        self.rss.phase = "emit"
-        self._copy_unquantized()
-        self._write_metadata()
-        self.result.files = self.writer.finish()
-        if verify is not None:
-            judge(self.ir, self.result.output, verify[2], self.result)
+    def handlers(self) -> dict[type, Callable]:
+        return {ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode, ops.ScoreSensitivity: self.score,
+                ops.AssignPrecision: self.assign, ops.CaptureReference: self.capture_reference,
+                ops.CalibrateChunk: self.calibrate_whole, ops.CacheBlockInputs: self.cache_block_inputs,
+                ops.RunBlock: self.run_blocks, ops.QuantizeWeights: self.quantize, ops.Emit: self.emit,
+                ops.Verify: self.verify}
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
 
     def close(self) -> None:
         for cache in self.caches:
@@ -136,9 +117,79 @@ class _Run:
             hook.remove()
         release_memory()
 
+    # ---- model, memory mode, search ---------------------------------------------------------------
+    def load(self, op: ops.LoadModel) -> None:
+        """The skeleton on the meta device; every weight read now when the mode keeps the model resident."""
+        self.model = open_model(op.model, self.assignment.model.blocks, self.ir.model_span)
+        self.index = dataclasses.replace(self.assignment.model, inputs=_inputs(self.assignment.model, self.model))
+        if self.mode in (MemoryMode.FULL, MemoryMode.LOW_MEMORY):
+            self.model.materialize(list(self.model.keys))
+
+    def select_mode(self, op: ops.SelectMemoryMode) -> None:
+        """multi_gpu places blocks on the GPUs present, or falls back to low_memory (warned)."""
+        self.mode = op.mode
+        if op.mode is not MemoryMode.MULTI_GPU:
+            return
+        self.devices, note = place(self.model, self.ir.memory.vram)
+        self.result.notes.append(note)
+        if not self.devices:
+            self.mode = MemoryMode.LOW_MEMORY
+            self.model.materialize(list(self.model.keys))
+            self.result.warnings.append(warning("Q407", f"multi_gpu fell back to low_memory: {note}",
+                                                self.ir.memory.span_of("mode"), "ran on the CPU",
+                                                help="give `vram` for the GPUs present, or use `mode low_memory`"))
+
+    def score(self, op: ops.ScoreSensitivity) -> None:
+        scorer = TorchScorer(self.ir, self.index, self.model, _torch_feed)
+        self.scores = score_units(self.ir, self.assignment, scorer, self.progress)
+        release_memory()
+
+    def assign(self, op: ops.AssignPrecision) -> None:
+        self.assignment, self.result.search = assign(self.ir, self.assignment, self.scores)
+        self.result.assignment = self.assignment
+
+    def _ready(self) -> None:
+        """Jobs, writer and streams, once: after the search (if any) fixed the assignment."""
+        if self.writer is not None:
+            return
+        self.jobs = _jobs(self.model, self.assignment)
+        self.writer = FolderWriter(self.result.output, _output_specs(self.model, self.jobs))
+        if self.disk is not None:
+            self.disk.mkdir(parents=True, exist_ok=True)
+        if any(j.needs_data for j in self.jobs):
+            self.cal = self._stream("calibration", self._calibration_feeds())
+        self.verify_streams = self._verify_streams()
+
+    def _jobs_named(self, names: tuple[str, ...]) -> list[Job]:
+        wanted = set(names)
+        return [j for j in self.jobs if j.layer.name in wanted]
+
+    # ---- full: the model resident, run whole ------------------------------------------------------
+    def _materialize_all(self) -> None:
+        missing = [p for p in self.model.keys if not self.model.is_resident(p)]
+        if missing:
+            self.model.materialize(missing)
+
+    def capture_reference(self, op: ops.CaptureReference) -> None:
+        self._ready()
+        self._materialize_all()
+        self.reference = [self._call(f).float() for f in self.verify_streams[0].feeds]
+
+    def calibrate_whole(self, op: ops.CalibrateChunk) -> None:
+        """Every chunk through the whole model, hooks gathering each layer's statistics."""
+        self._ready()
+        self._materialize_all()
+        with Statistics(self.model.module, self.jobs, self.ir.calibration) as stats:
+            advance = self.progress("calibrate", len(self.cal))
+            for feed in self.cal.feeds:
+                stats.new_forward()
+                self._call(feed)
+                advance()
+        self.stats = stats
+
     # ---- inputs -----------------------------------------------------------------------------------
     def _stream(self, name: str, batches) -> streams.Stream:
-        cache = streams.HiddenCache(self.model.dtype, self.disk if self.mode is MemoryMode.OFFLOAD else None)
+        cache = streams.HiddenCache(self.model.dtype, self.disk if self.offload else None)
         self.caches.append(cache)
         return streams.Stream(name, [_torch_feed(f) for f in batches], cache)
 
@@ -160,65 +211,42 @@ class _Run:
         if self.stats is not None:
             self.stats.new_forward()
 
-    # ---- full: the model resident, run whole ------------------------------------------------------
-    def _whole(self, cal, verify) -> None:
-        self.rss.phase = "load"
-        self.model.materialize(list(self.model.keys))
-        reference = []
-        if verify is not None:
-            self.rss.phase = "verify"
-            reference = [self._call(f).float() for f in verify[0].feeds]
-        self.rss.phase = "calibrate"
-        with Statistics(self.model.module, self.jobs, self.ir.calibration) as stats:
-            self.stats = stats
-            if cal is not None:
-                advance = self.progress("calibrate", len(cal))
-                for feed in cal.feeds:
-                    stats.new_forward()
-                    self._call(feed)
-                    advance()
-            self.stats = None
-            self.rss.phase = "quantize"
-            self._quantize(self.jobs, stats)
-        if verify is not None:
-            self.rss.phase = "verify"
-            advance = self.progress("verify", len(verify[1]))
-            for feed, ref in zip(verify[1].feeds, reference, strict=True):
-                verify[2].update(ref.numpy(), self._call(feed).float().numpy(), _mask(feed))
-                advance()
-
     # ---- block-wise: low_memory, offload, multi_gpu ------------------------------------------------
-    def _blockwise(self, cal, verify, devices: dict) -> None:
-        model, offload = self.model, self.mode is MemoryMode.OFFLOAD
-        head_params = [p for p in model.outside() if _before_blocks(p.rpartition(".")[0], model)]
-        self.rss.phase = "load"
-        if not (offload or devices):
-            model.materialize(list(model.keys))
-        elif cal is not None or verify is not None:  # only what runs before the first block
-            model.materialize(head_params)
-        outside_jobs = [j for j in self.jobs if not _in_blocks(j, model)]
-        before = [j for j in outside_jobs if _before_blocks(j.module, model)]
-        self.rss.phase = "calibrate"
+    @property
+    def offload(self) -> bool:
+        return self.mode is MemoryMode.OFFLOAD
+
+    def _head_params(self) -> list[str]:
+        return [p for p in self.model.outside() if _before_blocks(p.rpartition(".")[0], self.model)]
+
+    def cache_block_inputs(self, op: ops.CacheBlockInputs) -> None:
+        """Run every stream up to the first block and cache its inputs; round the layers before the blocks
+        (the op's layers) first, so the quantized verification stream starts from them."""
+        self._ready()
+        model, verify = self.model, self.verify_streams
+        head_params = self._head_params()
+        if self.offload or self.devices:  # only what runs before the first block
+            model.materialize([p for p in head_params if not model.is_resident(p)])
+        before = self._jobs_named(op.layers)
         container = model.block_modules()
         with Statistics(model.module, before, self.ir.calibration) as stats:
             self.stats = stats
-            for s in filter(None, (cal, verify and verify[0])):
+            for s in filter(None, (self.cal, verify and verify[0])):
                 streams.capture(container[0], s, self._call, self._new_forward)
             self.stats = None
-        if cal is None and verify is None:
-            self._quantize_streamed(before, None, offload)
-        else:
-            self._quantize(before, stats)
+        self._quantize(before, stats)
         if verify is not None:
             streams.capture(container[0], verify[1], self._call)
-        if offload:
+        if self.offload:
             model.release([p for p in head_params if model.is_resident(p)])
             release_memory()
-        advance = self.progress("blocks", len(model.blocks))
-        for number, name in enumerate(model.blocks):
-            self._block(number, name, cal, verify, devices.get(name, "cpu"), offload)
+
+    def run_blocks(self, op: ops.RunBlock) -> None:
+        """Per block: its weights, statistics from the calibration stream, rounding, then every stream on."""
+        advance = self.progress("blocks", len(self.model.blocks))
+        for number, name in enumerate(self.model.blocks):
+            self._block(number, name, self.cal, self.verify_streams, self.devices.get(name, "cpu"), self.offload)
             advance()
-        self._tail(cal, verify, [j for j in outside_jobs if j not in before], offload)
 
     def _block(self, number: int, name: str, cal, verify, device, offload: bool) -> None:
         model = self.model
@@ -256,12 +284,14 @@ class _Run:
         return out
 
     def _tail(self, cal, verify, jobs: list[Job], offload: bool) -> None:
-        """What comes after the blocks. Without verification, and with no layer there that needs data,
-        nothing runs: its layers are rounded one at a time."""
+        """What comes after the blocks runs on the streams' last hidden states: statistics for its layers,
+        rounding, and the verification comparison at the model's output. Without verification, and with no
+        layer there that needs data, nothing runs: its layers are rounded one at a time."""
         model = self.model
         if verify is None and not (cal is not None and any(j.needs_data for j in jobs)):
             self._quantize_streamed(jobs, None, offload)
             return
+        self.tail_done = True
         missing = [p for p in model.outside() if not model.is_resident(p)]
         model.materialize(missing)
         container = model.block_modules()
@@ -273,7 +303,6 @@ class _Run:
         reference = streams.replay_tail(container, verify[0], self._call) if verify is not None else None
         hooks = self._quantize(jobs, stats)
         if verify is not None:
-            self.rss.phase = "verify"
             candidate = streams.replay_tail(container, verify[1], self._call)
             for ref, cand, feed in zip(reference, candidate, verify[1].feeds, strict=True):
                 verify[2].update(ref.float().numpy(), cand.float().numpy(), _mask(feed))
@@ -281,6 +310,41 @@ class _Run:
             hook.remove()
         if offload:
             model.release(missing)
+
+    # ---- the ops after calibration ------------------------------------------------------------------
+    def quantize(self, op: ops.QuantizeWeights) -> None:
+        """The op's layers: after the blocks through the model's tail (block-wise with streams), with the
+        whole-model statistics (full), or streamed one at a time (no data needed, nothing to verify)."""
+        self._ready()
+        jobs = self._jobs_named(op.layers)
+        if "block_inputs" in op.inputs:
+            self._tail(self.cal, self.verify_streams, jobs, self.offload)
+        elif self.stats is not None or self.reference:
+            self._materialize_all()
+            self._quantize(jobs, self.stats)
+        else:
+            self._quantize_streamed(jobs, None, self.offload)
+
+    def emit(self, op: ops.Emit) -> None:
+        """Every tensor not rounded is copied as bytes; config and recipe written; the folder appears."""
+        self._ready()
+        self.result.calibration_seconds = time.perf_counter() - self.start
+        self._copy_unquantized()
+        self._write_metadata()
+        self.result.files = self.writer.finish()
+
+    def verify(self, op: ops.Verify) -> None:
+        """Compare at the model's output: the quantized model against the kept float outputs (full), or the
+        two streams through the tail (block-wise), unless rounding the tail already did."""
+        float_stream, quantized, agreement = self.verify_streams
+        if self.reference:
+            advance = self.progress("verify", len(quantized))
+            for feed, ref in zip(quantized.feeds, self.reference, strict=True):
+                agreement.update(ref.numpy(), self._call(feed).float().numpy(), _mask(feed))
+                advance()
+        elif not self.tail_done:
+            self._tail(None, self.verify_streams, [], self.offload)
+        judge(self.ir, self.result.output, agreement, self.result)
 
     # ---- quantization and output -------------------------------------------------------------------
     def _quantize_streamed(self, jobs: list[Job], stats: Statistics | None, offload: bool) -> None:
@@ -336,7 +400,7 @@ class _Run:
     def _write_metadata(self) -> None:
         quantized = [(j.layer, j.scheme) for j in self.jobs]
         done = {j.layer.name for j in self.jobs}
-        ignored = [a.layer.name for a in self.assignment.layers if a.layer.kind == "Linear" and a.layer.name not in done]
+        ignored = [a.layer.name for a in self.assignment.layers if a.layer.kind is LayerKind.LINEAR and a.layer.name not in done]
         config = dict(self.model.config)
         config["quantization_config"] = quantization_config(quantized, ignored)
         self.writer.write_file("config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -1,32 +1,36 @@
-"""What the torch backend cannot do is refused before any work, at the recipe text that asks for it."""
+"""What the torch backend cannot do, found by `qrc check` at the recipe text that asks for it (every
+searched choice included), so `compile` never starts work it would refuse."""
 
 from __future__ import annotations
 
-from compiler.backends import BackendError
-from compiler.diagnostics import error
 from compiler.ir.types import ActivationMode, EmitFormat, Granularity, RecipeIR
+from compiler.ir.values import Diagnostics
+from compiler.models.index import LayerKind
 from compiler.resolve.assignment import Assignment
+from compiler.resolve.choices import each_choice
 
 
-def check_supported(ir: RecipeIR, assignment: Assignment) -> None:
+def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q411 for the output format and for each layer × scheme compressed-tensors cannot store."""
     if ir.emit is not None and ir.emit.format is not EmitFormat.SAFETENSORS:
-        raise BackendError(error("Q411", f"the torch backend writes safetensors, not {ir.emit.format.value}",
-                                 ir.emit.span_of("format") or ir.emit.span, "not supported",
-                                 help="use `emit \"FOLDER\" { format safetensors }`, or `backend onnx` for ONNX output"))
-    for a in assignment.layers:
-        if a.scheme.is_none:
-            continue
-        problem = _problem(a)
-        if problem:
-            raise BackendError(error("Q411", f"`{a.layer.name}` with scheme `{a.scheme.name}`: {problem}",
-                                     a.rule.span if a.rule else a.scheme.span, "not supported on torch",
-                                     help="give the layer `-> none` or another scheme, or use `backend onnx`"))
+        diags.error("Q411", f"the torch backend writes safetensors, not {ir.emit.format.value}",
+                    ir.emit.span_of("format") or ir.emit.span, "not supported",
+                    help="use `emit \"FOLDER\" { format safetensors }`, or `backend onnx` for ONNX output")
+    seen: set[tuple[str, str]] = set()
+    for candidate in each_choice(ir, assignment):
+        for a in candidate.layers:
+            problem = None if a.scheme.is_none else _problem(a)
+            if problem and (a.layer.name, a.scheme.name) not in seen:
+                seen.add((a.layer.name, a.scheme.name))
+                diags.error("Q411", f"`{a.layer.name}` with scheme `{a.scheme.name}`: {problem}",
+                            a.rule.span if a.rule else a.scheme.span, "not supported on torch",
+                            help="give the layer `-> none` or another scheme, or use `backend onnx`")
 
 
 def _problem(a) -> str | None:
     w, act, layer = a.scheme.weights, a.scheme.activations, a.layer
-    if layer.kind != "Linear":
-        return f"the torch backend quantizes Linear layers (compressed-tensors); this is {layer.kind}"
+    if layer.kind is not LayerKind.LINEAR:
+        return f"the torch backend quantizes Linear layers (compressed-tensors); this is {layer.kind.value}"
     if not w.qtype.signed:
         return f"compressed-tensors stores signed integers; use {w.qtype.value.removeprefix('u')} (asymmetric) instead"
     if w.group_size and layer.in_features % w.group_size:

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 
 from compiler.backends.torch.compressed import TensorSpec
+from compiler.backends.torch.cost import COPY_SLICE  # the estimate and the copy share it
 from compiler.backends.torch.shards import CODES
-from compiler.plan.memory import COPY_SLICE  # the estimate and the copy share it
 
 SHARD_BYTES = 2 << 30  # above this the weights are split into model-0000i-of-0000n.safetensors
 

@@ -1,0 +1,194 @@
+"""The ONNX backend's memory model: what each phase of its execution holds (the planner asks it through
+the backend's spec; constants documented in the README, "Reading a plan")."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from compiler.ir.types import Backend, EmitFormat, MemoryMode
+from compiler.plan.activations import calibration_peak, needed_nodes, peak, segment_outputs, segment_runs
+from compiler.plan.memory import (
+    ACT_BYTES,
+    MiB,
+    Phase,
+    block_working_set,
+    dtype_bytes,
+    mode_estimate,
+    observer_bytes,
+    score_phase,
+)
+from compiler.plan.ops import ModeEstimate
+from compiler.plan.target import PhaseName
+from compiler.plan.workload import Workload
+
+RUNTIME = 128 * MiB  # interpreter, libraries, session set-up (measured)
+SESSION_COPIES = 1  # weights live once, in the session (read from external data, prepacking off)
+EXPORT_RUNTIME = 400 * MiB  # torch and transformers imported for an export (as the torch backend's runtime)
+SLICE_BYTES = 16 << 20  # large weights are rounded in slices of output channels of this size
+
+
+# ---- ONNX ----------------------------------------------------------------------------------------
+
+def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1) -> Phase:
+    graph = w.index.graph
+    runtime = RUNTIME
+    if mode is MemoryMode.OFFLOAD:
+        seg_weights, seg_act = _largest_segment(w, chunk)
+        cache = _boundary_cache(w, chunk)
+        parts = (("runtime", runtime), ("weights of one segment", SESSION_COPIES * seg_weights),
+                 ("segment activations", seg_act), ("block-boundary cache", cache), ("observers", observer_bytes(w)))
+    else:
+        group = _observed_group(w, passes)
+        act = calibration_peak(graph, group, chunk, w.seqlen).bytes if graph and group else _no_graph(w, chunk)
+        parts = (("runtime", runtime), ("session weights", SESSION_COPIES * w.weights_bytes),
+                 (f"activations of one chunk ({chunk} samples)", act), ("observers", observer_bytes(w)))
+    return Phase("calibrate", sum(b for _, b in parts), parts)
+
+
+def _no_graph(w: Workload, chunk: int) -> int:
+    """Without graph shapes (an HF folder before its export): one block's working set per sample, from the
+    config, as the torch backend counts it."""
+    return chunk * block_working_set(w) if w.index.graph is None else 0
+
+
+def _observed_group(w: Workload, passes: int) -> tuple[str, ...]:
+    """The largest group when the observed tensors are split in order into `passes` passes."""
+    if not w.observed:
+        return ()
+    size = math.ceil(len(w.observed) / max(passes, 1))
+    groups = [w.observed[i:i + size] for i in range(0, len(w.observed), size)] or [()]
+    graph = w.index.graph
+    if not graph:
+        return groups[0]
+    return max(groups, key=lambda g: calibration_peak(graph, g, 1, w.seqlen).bytes)
+
+
+def _segment_weights(w: Workload) -> int:
+    """Layers outside blocks join a neighbouring block's segment: the embeddings the first, the rest the
+    last (the backend's cut); the largest segment's weights."""
+    sizes = dict(w.block_bytes())
+    outside = sizes.pop("(outside blocks)", 0)
+    if not sizes:
+        return outside
+    blocks = list(sizes)
+    layers = w.index.layers
+    first = next((i for i, x in enumerate(layers) if x.block), len(layers))
+    before = sum(x.bytes for x in layers[:first])
+    sizes[blocks[0]] += before
+    sizes[blocks[-1]] += outside - before
+    return max(sizes.values())
+
+
+def _largest_segment(w: Workload, chunk: int, outputs: bool = False) -> tuple[int, int]:
+    """(weights, activations) of the largest offload segment, cut as the backend cuts: a segment runs
+    only the nodes for what later segments read, the observed tensors and, with `outputs`, the model's
+    own outputs (verification)."""
+    graph = w.index.graph
+    if not graph:
+        return _segment_weights(w), 0
+    runs = segment_runs([n.name for n in graph.nodes])
+    wanted = set(w.observed) | (set(graph.outputs) if outputs else set())
+    worst = 0
+    for index, (_, idx) in enumerate(runs):
+        kept = set(segment_outputs(graph, runs, index, wanted))
+        members = {graph.nodes[i].name for i in idx}
+        needed = [n for n in needed_nodes(graph, kept) if n.name in members] if kept else []
+        worst = max(worst, peak(graph, needed, kept, chunk, w.seqlen).bytes)
+    return _segment_weights(w), worst
+
+
+def _boundary_cache(w: Workload, chunk: int) -> int:
+    """Block inputs and outputs of every sample in RAM, or of one chunk when they are cached on `disk`."""
+    per_sample = w.seqlen * w.hidden * ACT_BYTES
+    held = chunk if w.disk else w.samples
+    return 2 * held * per_sample
+
+
+def onnx_quantize(w: Workload, mode: MemoryMode) -> Phase:
+    """Weights are read one at a time from external data and rounded in slices; the quantized model grows
+    in memory (emit then holds it and its serialized copy: the plan's emit op)."""
+    runtime = RUNTIME
+    temps = 3 * min(w.largest_layer_bytes, SLICE_BYTES) + w.largest_layer_bytes  # one float weight + scratch of a slice
+    parts = (("runtime", runtime), ("quantized weights so far", w.quantized_bytes),
+             ("weight being rounded, and scratch", temps))
+    return Phase("quantize", sum(b for _, b in parts), parts)
+
+
+def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
+    """Float and emitted model side by side on one chunk; every model output of both is held."""
+    graph = w.index.graph
+    runtime = RUNTIME
+    if mode is MemoryMode.OFFLOAD:  # one segment session at a time, one sample at a time
+        block_weights, block_act = _largest_segment(w, 1, outputs=True)
+        outputs = sum(graph.value(o).bytes(1, w.seqlen, graph.batch_symbol)
+                      for o in graph.outputs if graph.value(o)) if graph else 0
+        parts = (("runtime", runtime), ("weights of one segment", block_weights),
+                 ("its weights dequantized at run time (DequantizeLinear outputs)", block_weights),
+                 ("segment activations", block_act), ("outputs of one sample, both models", 2 * outputs))
+    else:
+        act = _no_graph(w, chunk)
+        if graph:
+            kept = set(graph.outputs)
+            act = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen).bytes
+        parts = (("runtime", runtime), ("float session", w.weights_bytes), ("quantized session", w.quantized_bytes),
+                 ("activations of one chunk, both models", 2 * act))
+    return Phase("verify", sum(b for _, b in parts), parts)
+
+
+def export_peak(w: Workload) -> int:
+    """torch.onnx exporting an HF folder: torch and transformers, the model in float32, the exported proto."""
+    return EXPORT_RUNTIME + 2 * w.weights_bytes * 4 // dtype_bytes(w)
+
+
+def onnx_emit(w: Workload) -> Phase:
+    """The quantized model and its serialized copy."""
+    parts = (("runtime", RUNTIME), ("quantized model and its serialized copy", 2 * w.quantized_bytes))
+    return Phase("emit", sum(b for _, b in parts), parts)
+
+
+@dataclass(frozen=True)
+class OnnxCosts:
+    """The ONNX backend as the planner sees it (compiler.plan.target.CostModel)."""
+
+    backend: Backend = Backend.ONNX
+    runtime: int = RUNTIME
+    default_format: EmitFormat = EmitFormat.QDQ
+    reads_graph_only: bool = True
+    rounds_in_blocks: bool = False
+    splits_observers: bool = True
+    kld_by_gradient: bool = False
+
+    def estimate(self, w: Workload, mode: MemoryMode, chunk: int, passes: int = 1,
+                 gpus: tuple[int, ...] = ()) -> ModeEstimate:
+        """Quantization always; calibration and verification when the recipe has them; the search's scoring."""
+        if mode is MemoryMode.MULTI_GPU:
+            return ModeEstimate(mode, 0, (), feasible=False, note="the ONNX backend runs on one device")
+        phases = [onnx_quantize(w, mode)]
+        if w.calibrate:
+            phases.append(onnx_calibration(w, mode, chunk, passes))
+        if w.verify_samples:
+            phases.append(onnx_verify(w, mode, min(chunk, w.verify_samples)))
+        if w.search is not None:
+            phases.append(score_phase(w, min(chunk, w.search.samples), RUNTIME, False, False))
+        return mode_estimate(mode, phases, passes)
+
+    def phase(self, w: Workload, mode: MemoryMode, chunk: int, passes: int, phase: PhaseName) -> int:
+        """One phase's peak."""
+        match phase:
+            case PhaseName.EXPORT:
+                return export_peak(w)
+            case PhaseName.SCORE:
+                return score_phase(w, min(chunk, w.search.samples), RUNTIME, False, False).bytes
+            case PhaseName.CALIBRATE:
+                return onnx_calibration(w, mode, chunk, passes).bytes
+            case PhaseName.QUANTIZE:
+                return onnx_quantize(w, mode).bytes
+            case PhaseName.EMIT:
+                return onnx_emit(w).bytes
+            case PhaseName.VERIFY:
+                return onnx_verify(w, mode, min(chunk, w.verify_samples)).bytes
+        raise AssertionError(phase)
+
+
+COSTS = OnnxCosts()

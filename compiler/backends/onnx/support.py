@@ -1,0 +1,24 @@
+"""What the ONNX backend cannot do, found by `qrc check` at the recipe text that asks for it (every
+searched choice included), so `compile` never starts work it would refuse."""
+
+from __future__ import annotations
+
+from compiler.ir.types import ActivationMode, Granularity, RecipeIR
+from compiler.ir.values import Diagnostics
+from compiler.resolve.assignment import Assignment
+from compiler.resolve.choices import each_choice
+
+
+def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q410 for each scheme with dynamic or per-token activations (QDQ holds static per-tensor ranges)."""
+    seen: set[str] = set()
+    for candidate in each_choice(ir, assignment):
+        for a in candidate.layers:
+            act = a.scheme.activations
+            if a.scheme.is_none or act is None or a.scheme.name in seen:
+                continue
+            if act.mode is ActivationMode.DYNAMIC or act.granularity is Granularity.PER_TOKEN:
+                seen.add(a.scheme.name)
+                diags.error("Q410", f"scheme `{a.scheme.name}`: dynamic or per-token activations are not supported "
+                            "by the ONNX backend", a.scheme.span or a.rule.span, "not supported",
+                            help="use static per_tensor activations, or a weight-only scheme")

@@ -1,0 +1,40 @@
+"""A backend as the rest of qrc sees it, without importing it: what it can compile (checked by `qrc
+check`), its cost model (asked by the planner), its formats and output kind, and the lazy path to its
+executor (imported by `qrc compile` only). Specs import neither torch nor onnxruntime."""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from compiler.ir.types import Backend, EmitFormat, RecipeIR
+from compiler.ir.values import Diagnostics
+from compiler.plan.target import CostModel
+from compiler.resolve.assignment import Assignment
+
+
+class OutputKind(enum.Enum):
+    """What a backend writes at the destination."""
+
+    FILE = "a file"
+    FOLDER = "a folder"
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One backend's light description (see the module docstring)."""
+
+    backend: Backend
+    formats: tuple[EmitFormat, ...]
+    output: OutputKind
+    output_help: str  # what to give as the output path
+    costs: CostModel
+    check: Callable[[RecipeIR, Assignment, Diagnostics], None]  # capability checks against the resolved model
+    executor: str  # "module:function" of `execute(ir, assignment, plan, output, progress) -> CompileResult`
+
+    def load_executor(self) -> Callable:
+        """Import the backend (torch or onnxruntime) and return its execute function."""
+        module, _, name = self.executor.partition(":")
+        return getattr(importlib.import_module(module), name)

@@ -1,0 +1,126 @@
+"""The torch backend's memory model: what its block-wise execution holds (the planner asks it through the
+backend's spec; constants documented in the README, "Reading a plan"). No torch import: planning stays light."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.ir.types import Backend, EmitFormat, MemoryMode
+from compiler.models.index import LayerKind
+from compiler.plan.memory import (
+    ACT_BYTES,
+    MiB,
+    Phase,
+    block_working_set,
+    dtype_bytes,
+    hessian_bytes,
+    mode_estimate,
+    score_phase,
+)
+from compiler.plan.ops import ModeEstimate
+from compiler.plan.target import PhaseName
+from compiler.plan.workload import Workload
+
+RUNTIME = 400 * MiB  # interpreter, torch and its libraries
+CACHE_COPIES = {MemoryMode.FULL: 0, MemoryMode.LOW_MEMORY: 2, MemoryMode.OFFLOAD: 2, MemoryMode.MULTI_GPU: 2}
+VRAM_SLACK = 1.2  # Olive's factor over the computed GPU footprint
+CUDA_HOST = 800 * MiB  # host memory of the CUDA context and kernel libraries (measured on an H100: +0.75 GiB RSS)
+COPY_SLICE = 16 << 20  # unquantized tensors are copied to the output in slices of this size
+
+
+def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
+    cache_ps = w.seqlen * w.hidden * dtype_bytes(w)
+    copies = CACHE_COPIES[mode]
+    held = chunk if (mode is MemoryMode.OFFLOAD and w.disk) else w.samples
+    cache = copies * held * cache_ps if w.calibrate else 0
+    work = chunk * block_working_set(w) if w.calibrate else 0
+    if mode is MemoryMode.FULL and w.calibrate:  # the whole model runs: its outputs (logits) and a copy
+        last = w.index.layers[-1].out_features if w.index.layers else w.hidden
+        work += 2 * chunk * w.seqlen * last * ACT_BYTES
+    if mode is MemoryMode.OFFLOAD:
+        weights, label = _offload_weights(w), "weights of one block (or of what is outside the blocks)"
+    elif mode is MemoryMode.MULTI_GPU:
+        weights, label = 0, "weights (on the GPUs)"
+    else:
+        weights, label = w.weights_bytes + max(w.block_bytes().values(), default=0), "weights"
+    runtime = RUNTIME + (CUDA_HOST if mode is MemoryMode.MULTI_GPU else 0)
+    parts = (("runtime" + (" with CUDA" if mode is MemoryMode.MULTI_GPU else ""), runtime), (label, weights),
+             (f"block caches ({copies} copies)", cache),
+             (f"block working set ({chunk} samples)", work if mode is not MemoryMode.MULTI_GPU else 0),
+             ("GPTQ Hessians (+ scratch of one)", hessian_bytes(w, all_blocks=mode is MemoryMode.FULL)
+              + _gptq_scratch(w) if mode is not MemoryMode.MULTI_GPU else 0))
+    return Phase("block-wise compile", sum(b for _, b in parts), parts)
+
+
+def _gptq_scratch(w: Workload) -> int:
+    """Rounding one layer with GPTQ holds its Hessian about six more times in float32 (its mean, the
+    copy on the device, the Cholesky factor, its inverse, the factor of the inverse, a permutation) and
+    its weight about eight times (float copies, permuted copy, per-column scales and zero points, the
+    rounded and dequantized results). Measured: bench/torch_modes.py."""
+    if not w.gptq:
+        return 0
+    quantized = [x for x in w.index.layers if x.name in set(w.gptq_layers) and x.kind is LayerKind.LINEAR]
+    k = max((x.in_features for x in quantized), default=0)
+    weight = max((x.params * 4 for x in quantized), default=0)
+    return 6 * k * k * 4 + 8 * weight
+
+
+def _offload_weights(w: Workload) -> int:
+    """Offload holds one block's float weights, or what runs outside the blocks: the embeddings while the
+    first block's inputs are cached, and everything outside when the model's tail must run (verification,
+    or a layer there that needs data); plus rounding scratch for one layer (its float copy, the rounded
+    values, the dequantized weight the block then computes with)."""
+    sizes = w.block_bytes()
+    outside = sizes.pop("(outside blocks)", 0)
+    layers = w.index.layers
+    first = next((i for i, x in enumerate(layers) if x.block), len(layers))
+    head = sum(x.bytes for x in layers[:first])
+    quantized = set(w.quantized_layers)
+    tail_needs_data = (w.gptq or bool(w.observed)) and any(x.block is None and x.name in quantized for x in layers[first:])
+    resident = outside if (w.verify_samples or tail_needs_data) else head if (w.calibrate or w.verify_samples) else 0
+    scratch = 3 * max((x.bytes for x in layers if x.name in quantized), default=0)
+    return max(max(sizes.values(), default=0), resident) + scratch
+
+
+def torch_vram(w: Workload, chunk: int) -> int:
+    """Olive's formula for a resident model on GPUs, plus one chunk's working set."""
+    linear = sum(x.params for x in w.index.layers if x.kind is LayerKind.LINEAR)
+    param = w.weights_bytes
+    full = (2 * param + 4 * linear + 0.2 * param) * VRAM_SLACK if w.kld_gradient else param * VRAM_SLACK
+    return int(full + chunk * block_working_set(w) + hessian_bytes(w))
+
+
+@dataclass(frozen=True)
+class TorchCosts:
+    """The torch backend as the planner sees it (compiler.plan.target.CostModel)."""
+
+    backend: Backend = Backend.TORCH
+    runtime: int = RUNTIME
+    default_format: EmitFormat = EmitFormat.SAFETENSORS
+    reads_graph_only: bool = False
+    rounds_in_blocks: bool = True
+    splits_observers: bool = False
+    kld_by_gradient: bool = True
+
+    def estimate(self, w: Workload, mode: MemoryMode, chunk: int, passes: int = 1,
+                 gpus: tuple[int, ...] = ()) -> ModeEstimate:
+        """One block-wise phase (or the whole model in full); the search's scoring."""
+        if mode is MemoryMode.MULTI_GPU and not gpus:
+            return ModeEstimate(mode, 0, (), feasible=False, note="no GPUs (`vram`) given")
+        phases = [torch_phase(w, mode, chunk)]
+        if w.search is not None:
+            phases.append(score_phase(w, min(chunk, w.search.samples), RUNTIME, True, True))
+        return mode_estimate(mode, phases, passes, torch_vram(w, chunk) if mode is MemoryMode.MULTI_GPU else 0)
+
+    def phase(self, w: Workload, mode: MemoryMode, chunk: int, passes: int, phase: PhaseName) -> int:
+        """Calibration, rounding and verification share the block-wise phase; emission streams."""
+        if phase is PhaseName.SCORE:
+            return score_phase(w, min(chunk, w.search.samples), RUNTIME, True, True).bytes
+        if phase is PhaseName.EXPORT:  # the torch backend reads folders as they are
+            return RUNTIME
+        if phase is PhaseName.EMIT:  # rounded tensors went out with their block; the rest is copied as bytes
+            return RUNTIME + COPY_SLICE
+        return torch_phase(w, mode, chunk).bytes
+
+
+COSTS = TorchCosts()

@@ -1,0 +1,44 @@
+"""What the planner asks of the backend it plans for: its cost model and how it executes. Each backend
+answers in its own light spec module (compiler/backends/*/spec.py), which the front end passes in; the
+planner never imports a backend, so the layers keep one direction."""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol
+
+from compiler.ir.types import Backend, EmitFormat, MemoryMode
+from compiler.plan.ops import ModeEstimate
+from compiler.plan.workload import Workload
+
+
+class PhaseName(enum.Enum):
+    """The phases a cost model estimates separately (a mode's peak is the largest)."""
+
+    EXPORT = "export"
+    SCORE = "score"
+    CALIBRATE = "calibrate"
+    QUANTIZE = "quantize"
+    EMIT = "emit"
+    VERIFY = "verify"
+
+
+class CostModel(Protocol):
+    """A backend's memory model and the execution facts the lowering depends on."""
+
+    backend: Backend
+    runtime: int  # interpreter, libraries and session set-up, resident throughout
+    default_format: EmitFormat
+    reads_graph_only: bool  # opening the model reads no weights (ONNX: they stay in the data file)
+    rounds_in_blocks: bool  # block-wise runs round each block's layers inside run_block, with their input ranges
+    splits_observers: bool  # low_memory splits the observed tensors over several passes over the data
+    kld_by_gradient: bool  # kld scores are a first-order estimate (one backward), not measured per unit
+
+    def estimate(self, w: Workload, mode: MemoryMode, chunk: int, passes: int = 1,
+                 gpus: tuple[int, ...] = ()) -> ModeEstimate:
+        """The peak of a mode: the largest of its phases."""
+        ...
+
+    def phase(self, w: Workload, mode: MemoryMode, chunk: int, passes: int, phase: PhaseName) -> int:
+        """The estimated peak resident bytes of one phase."""
+        ...
