@@ -86,6 +86,7 @@ def print_diagnostics(diagnostics: tuple[Diagnostic, ...], limit: int = 20) -> N
 
 
 def exit_code(diagnostics: tuple[Diagnostic, ...], strict: bool) -> int:
+    """2 when there are errors (or warnings with --strict), else 0."""
     if any(d.is_error for d in diagnostics):
         return 2
     return 1 if strict and diagnostics else 0
@@ -113,6 +114,7 @@ def check(
 
 
 class Format(str, Enum):
+    """Output formats of the commands that print tables."""
     rich = "rich"
     text = "text"
     json = "json"
@@ -138,7 +140,7 @@ def inspect(
     except ModelError as exc:
         print_diagnostics((Diagnostic(exc.code, Severity.ERROR, exc.message, None, help=exc.help),))
         raise typer.Exit(2) from None
-    assignment, diagnostics = None, ()
+    assignment, diagnostics = None, tuple[Diagnostic, ...]()
     if recipe is not None:
         checked = check_file(recipe, tuple(set_ or ()))
         diagnostics = checked.diagnostics
@@ -239,4 +241,5 @@ def explain(
 
 
 def main() -> None:  # console script entry point
+    """Run the `qrc` command line."""
     app()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class CodeInfo:
+    """A diagnostic code's meaning, why it matters, and an example (`qrc explain CODE`)."""
     code: str
     title: str
     why: str

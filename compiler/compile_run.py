@@ -20,6 +20,7 @@ from compiler.models.names import compress
 
 
 class CompileFailed(Exception):
+    """A compile stopped with diagnostics (the result is kept when a model was written but failed verification)."""
     def __init__(self, diagnostics: tuple[Diagnostic, ...], result=None, planned: PlanResult | None = None):
         super().__init__(len(diagnostics))
         self.diagnostics = diagnostics
@@ -27,6 +28,7 @@ class CompileFailed(Exception):
 
 
 def output_path(result: PlanResult, override: Path | None) -> Path:
+    """Where the model goes: `-o PATH`, else the recipe's emit path (Q412 when neither)."""
     ir = result.check.ir
     if override is not None:
         return override
@@ -89,6 +91,7 @@ def _progress(console: Console):
 
 
 def summary(result, planned: PlanResult) -> Table:
+    """The closing summary table of a compile."""
     table = Table(title=f"compiled {planned.check.ir.name} → {result.output}", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")

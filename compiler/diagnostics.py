@@ -12,6 +12,7 @@ MAX_SHOWN = 20  # diagnostics rendered before "… and N more"
 
 
 class Severity(enum.Enum):
+    """How bad a diagnostic is."""
     ERROR = "error"
     WARNING = "warning"
 
@@ -33,18 +34,22 @@ class Diagnostic:
 
     @property
     def is_error(self) -> bool:
+        """Whether it is an error."""
         return self.severity is Severity.ERROR
 
     def sort_key(self) -> tuple:
+        """Source order: file, position, code."""
         where = (self.span.source.name, self.span.start) if self.span else ("", -1)
         return (*where, self.code, self.message)
 
 
 def error(code: str, message: str, span: Span | None, label: str = "", help: str = "") -> Diagnostic:
+    """An error diagnostic."""
     return Diagnostic(code, Severity.ERROR, message, span, label, help)
 
 
 def warning(code: str, message: str, span: Span | None, label: str = "", help: str = "") -> Diagnostic:
+    """A warning diagnostic."""
     return Diagnostic(code, Severity.WARNING, message, span, label, help)
 
 
@@ -57,6 +62,7 @@ class DiagnosticError(Exception):
 
 
 def has_errors(diagnostics: Iterable[Diagnostic]) -> bool:
+    """Whether any of them is an error."""
     return any(d.is_error for d in diagnostics)
 
 
@@ -102,6 +108,7 @@ def render_all(diagnostics: Iterable[Diagnostic], limit: int = MAX_SHOWN) -> str
 
 
 def summary(diagnostics: Iterable[Diagnostic]) -> str:
+    """`N errors, M warnings`."""
     diagnostics = tuple(diagnostics)
     errors = sum(d.is_error for d in diagnostics)
     warnings = len(diagnostics) - errors

@@ -32,6 +32,7 @@ class CheckResult:
 
     @property
     def ok(self) -> bool:
+        """The recipe parsed and has no errors."""
         return self.ir is not None and not has_errors(self.diagnostics)
 
 
@@ -50,6 +51,7 @@ def read_source(path: str | Path) -> Source | Diagnostic:
 
 
 def decode_source(name: str, data: bytes) -> Source | Diagnostic:
+    """UTF-8 text (a BOM is dropped), or Q101 at the first invalid byte."""
     try:
         return Source(name, data.decode("utf-8-sig"))
     except UnicodeDecodeError as exc:
@@ -95,6 +97,7 @@ def resolve_model(ir: RecipeIR, diags: Diagnostics) -> Assignment | None:
 
 
 def check_file(path: str | Path, overrides: tuple[str, ...] = (), with_model: bool = False) -> CheckResult:
+    """`check_source` on a file's text."""
     source = read_source(path)
     if isinstance(source, Diagnostic):
         return CheckResult(None, (source,))
@@ -103,12 +106,14 @@ def check_file(path: str | Path, overrides: tuple[str, ...] = (), with_model: bo
 
 @dataclass(frozen=True)
 class PlanResult:
+    """A plan (None when the recipe or model had errors or nothing fits), with all diagnostics."""
     check: CheckResult
     plan: Plan | None
     diagnostics: tuple[Diagnostic, ...]
 
     @property
     def ok(self) -> bool:
+        """A plan exists and there are no errors."""
         return self.plan is not None and not has_errors(self.diagnostics)
 
 

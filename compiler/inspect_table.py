@@ -13,6 +13,7 @@ from compiler.resolve.sizes import quantized_bytes
 
 @dataclass(frozen=True, slots=True)
 class Row:
+    """One row of `qrc inspect`: a layer, its op and shape, and what the recipe gives it."""
     name: str
     op: str
     shape: str
@@ -24,6 +25,7 @@ class Row:
 
 @dataclass(frozen=True, slots=True)
 class Total:
+    """Layers, parameters and bytes before/after of one scheme."""
     scheme: str
     layers: int
     params: int
@@ -32,6 +34,7 @@ class Total:
 
 
 def rows(index: ModelIndex, assignment: Assignment | None) -> list[Row]:
+    """One row per layer (scheme, rule and group when a recipe was resolved)."""
     if assignment is None:
         return [Row(x.name, f"{x.kind.value}/{x.op}", "x".join(map(str, x.shape)), x.params, "", "", "") for x in index.layers]
     out = []
@@ -44,6 +47,7 @@ def rows(index: ModelIndex, assignment: Assignment | None) -> list[Row]:
 
 
 def totals(assignment: Assignment) -> list[Total]:
+    """Totals per scheme, in order of first appearance."""
     acc: dict[str, list[int]] = {}
     for a in assignment.layers:
         t = acc.setdefault(a.scheme.name, [0, 0, 0, 0])
@@ -58,13 +62,13 @@ def to_text(index: ModelIndex, assignment: Assignment | None) -> str:
     """A plain, aligned table: the canonical form used by goldens."""
     table = rows(index, assignment)
     header = ("layer", "op", "shape", "params") + (("scheme", "rule", "group") if assignment else ())
-    cells = [header] + [(r.name, r.op, r.shape, str(r.params)) + ((r.scheme, r.rule, r.group) if assignment else ())
+    cells: list[tuple[str, ...]] = [header] + [(r.name, r.op, r.shape, str(r.params)) + ((r.scheme, r.rule, r.group) if assignment else ())
                         for r in table]
     lines = [_aligned(cells)]
     lines.append(f"\n{index.ref}: {len(index.layers)} layers, {sum(x.params for x in index.layers)} layer params, "
                  f"weights {human_bytes(index.total_bytes)} ({index.total_bytes} bytes)")
     if assignment:
-        summary = [("scheme", "layers", "params", "before", "after")]
+        summary: list[tuple[str, ...]] = [("scheme", "layers", "params", "before", "after")]
         for t in totals(assignment):
             summary.append((t.scheme, str(t.layers), str(t.params), human_bytes(t.bytes_before), human_bytes(t.bytes_after)))
         lines.append("\n" + _aligned(summary))
@@ -77,6 +81,7 @@ def _aligned(cells: list[tuple[str, ...]]) -> str:
 
 
 def to_json(index: ModelIndex, assignment: Assignment | None) -> str:
+    """The index (and assignment) as JSON."""
     data = {
         "model": index.ref, "format": index.format.value, "family": index.family, "total_bytes": index.total_bytes,
         "inputs": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in index.inputs],
@@ -89,6 +94,7 @@ def to_json(index: ModelIndex, assignment: Assignment | None) -> str:
 
 
 def to_rich(index: ModelIndex, assignment: Assignment | None):
+    """The index (and assignment) as a rich table."""
     from rich.console import Group
     from rich.table import Table
 

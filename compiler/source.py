@@ -15,6 +15,7 @@ class Source:
 
     @cached_property
     def line_starts(self) -> tuple[int, ...]:
+        """Offsets where each line starts."""
         starts = [0]
         starts.extend(i + 1 for i, ch in enumerate(self.text) if ch == "\n")
         return tuple(starts)
@@ -32,14 +33,17 @@ class Source:
         return lo + 1, offset - self.line_starts[lo] + 1
 
     def line_text(self, line: int) -> str:
+        """The text of line `line` (1-based)."""
         start = self.line_starts[line - 1]
         end = self.text.find("\n", start)
         return self.text[start : end if end >= 0 else len(self.text)].rstrip("\r")
 
     def span(self, start: int, end: int) -> Span:
+        """A span of this source."""
         return Span(self, start, max(start, end))
 
     def whole(self) -> Span:
+        """A span covering the whole text."""
         return Span(self, 0, len(self.text))
 
 
@@ -53,17 +57,21 @@ class Span:
 
     @property
     def line(self) -> int:
+        """1-based line of the start."""
         return self.source.line_col(self.start)[0]
 
     @property
     def column(self) -> int:
+        """1-based column of the start."""
         return self.source.line_col(self.start)[1]
 
     @property
     def text(self) -> str:
+        """The spanned text."""
         return self.source.text[self.start : self.end]
 
     def location(self) -> str:
+        """`file:line:column`."""
         return f"{self.source.name}:{self.line}:{self.column}"
 
     def to(self, other: Span) -> Span:

@@ -27,6 +27,16 @@ def test_qrc_check_is_light():
     assert _heavy_modules_after(code) == []
 
 
+def test_both_backends_specs_are_light():
+    """check and plan of a torch recipe load the torch backend's spec, cost model and checks: no torch."""
+    code = ("from compiler import plan_file\n"
+            "r = plan_file('recipes/tiny-llama-torch-gptq.recipe', detected_free=1 << 34)\n"
+            "assert r.ok, r.diagnostics\n"
+            "from compiler.backends.registry import spec_for\nfrom compiler.ir.types import Backend\n"
+            "[spec_for(b) for b in Backend]")
+    assert _heavy_modules_after(code) == []
+
+
 def test_qrc_plan_with_a_report_is_light(tmp_path):
     code = ("from typer.testing import CliRunner\nfrom compiler.cli import app\n"
             f"r = CliRunner().invoke(app, ['plan', 'recipes/tiny-llama-mixed.recipe', '--report', {str(tmp_path / 'p.html')!r}])\n"

@@ -53,6 +53,7 @@ class Agreement:
         self.positions += rows_r.shape[0]
 
     def value(self, metric: VerifyMetric) -> float:
+        """The figure of `metric` over the samples so far."""
         if metric is VerifyMetric.COSINE:
             return self.cos_sum / max(self.samples, 1)
         if metric is VerifyMetric.SQNR:
@@ -64,6 +65,7 @@ class Agreement:
         return self.kld_sum / max(self.positions, 1)
 
     def figures(self) -> dict[str, float]:
+        """Every metric's figure (the compile summary and `.verify.json` show them all)."""
         return {m.value: float(self.value(m)) for m in VerifyMetric}
 
 
@@ -85,4 +87,5 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def passes(value: float, bound: Bound, threshold: float) -> bool:
+    """Whether `value` meets the recipe's bound."""
     return value >= threshold if bound is Bound.AT_LEAST else value <= threshold

@@ -8,6 +8,7 @@ import gc
 
 
 def release_memory() -> None:
+    """Collect garbage and give freed heap pages back to the OS (glibc's malloc_trim)."""
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)

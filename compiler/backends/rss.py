@@ -45,5 +45,6 @@ class RssSampler:
 
     @property
     def peak(self) -> int:
+        """The largest RSS sampled."""
         return max((rss for _, rss, _ in self.samples), default=0)
 

@@ -35,6 +35,7 @@ CACHE_VERSION = "qrc-sensitivity-v1"
 
 
 class Scorer(Protocol):
+    """What a backend supplies to the search (see each method)."""
     convention: Convention
     index: ModelIndex
 
@@ -53,6 +54,7 @@ class Scorer(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class UnitResult:
+    """One searched unit: its members, size, loss under each choice, and what was chosen."""
     unit: str
     members: tuple[str, ...]
     params: int
@@ -63,6 +65,7 @@ class UnitResult:
 
 @dataclass(frozen=True, slots=True)
 class SearchResult:
+    """What the mixed-precision search did: the choice per unit, the bits reached, the greedy curve."""
     metric: SensitivityMetric
     choices: tuple[str, ...]
     budget_bits: float
@@ -109,6 +112,7 @@ def _relative_losses(units, schemes, scorer: Scorer, layer_loss, advance) -> dic
 
 
 def snr_losses(units, schemes, scorer: Scorer, advance) -> dict[str, list[float]]:
+    """snr losses: Σ ‖W − Q(W)‖² / ‖W‖² over each unit's members, per scheme."""
     def noise_to_signal(_, w: np.ndarray, rounded: np.ndarray) -> float:
         error = w - rounded
         return float(np.vdot(error, error)) / max(float(np.vdot(w, w)), 1e-30)
@@ -116,6 +120,7 @@ def snr_losses(units, schemes, scorer: Scorer, advance) -> dict[str, list[float]
 
 
 def mse_losses(units, schemes, scorer: Scorer, grams: Mapping[str, np.ndarray], advance) -> dict[str, list[float]]:
+    """mse losses: Σ ‖X(W − Q(W))ᵀ‖² / ‖XWᵀ‖² from each member's XᵀX, per scheme."""
     def output_error(name: str, w: np.ndarray, rounded: np.ndarray) -> float:
         w = w.astype(np.float64)
         error, gram = w - rounded, grams[name]
@@ -147,6 +152,7 @@ def _scheme_identity(scheme: Scheme) -> str:
 
 
 def cache_root(ir: RecipeIR) -> Path:
+    """Where scores are cached: `memory { disk }` or $QRC_CACHE, under sensitivity/."""
     from compiler.models.builtin import cache_dir
 
     return (Path(ir.memory.disk) if ir.memory.disk else cache_dir()) / "sensitivity"

@@ -44,6 +44,7 @@ class Batches:
 
 
 def calibration_batches(source: DataSource, index: ModelIndex, chunk: int) -> Batches:
+    """The calibration samples of `source` for `index`'s inputs, in chunks."""
     if source.kind is DataKind.NPZ:
         arrays = load_npz(source, index)
         return Batches(source, index, min(source.samples, _count(arrays)), chunk, arrays=arrays)
@@ -126,7 +127,7 @@ def load_text(source: DataSource, index: ModelIndex) -> dict[str, np.ndarray]:
     tokenizer.enable_padding(length=source.seqlen)
     encoded = tokenizer.encode_batch(lines)
     fields = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
-    arrays = {}
+    arrays: dict[str, np.ndarray] = {}
     for info in index.inputs:
         attr = fields.get(info.name)
         if attr is None:
@@ -137,6 +138,7 @@ def load_text(source: DataSource, index: ModelIndex) -> dict[str, np.ndarray]:
 
 
 def load_npz(source: DataSource, index: ModelIndex) -> dict[str, np.ndarray]:
+    """An npz file's arrays for the model's inputs, checked against their names, dtypes and shapes."""
     span = source.span_of("data")
     path = Path(source.path)
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from compiler.ir.types import (
     Bound,
     Calibration,
@@ -40,9 +42,9 @@ VERIFY_DEFAULTS = {
 }
 
 
-def settings_by_key(items, diags: Diagnostics) -> dict[str, object]:
+def settings_by_key(items, diags: Diagnostics) -> dict[str, Any]:
     """key → the item that set it; a key given twice is Q215 at the second one."""
-    found: dict[str, object] = {}
+    found: dict[str, Any] = {}
     for item in items:
         key = setting_key(item)
         if key in found:
@@ -66,7 +68,8 @@ def _key_span(item) -> Span:
     return item.key_span if isinstance(item, ast.Setting) else item.span
 
 
-def spans_of(found: dict[str, object]) -> tuple[tuple[str, Span], ...]:
+def spans_of(found: dict[str, Any]) -> tuple[tuple[str, Span], ...]:
+    """Each found setting's span, by key."""
     return tuple((key, item.span) for key, item in found.items())
 
 
@@ -80,6 +83,7 @@ def _count(found, key, what, default, diags, minimum=1):
 # ---- calibrate -----------------------------------------------------------------------------------
 
 def elaborate_calibration(block: ast.Block | None, diags: Diagnostics) -> Calibration:
+    """The `calibrate` block with every default written out."""
     found = settings_by_key(block.items if block else (), diags)
     data = _data(found.get("data"), diags)
     chunk = _count(found, "chunk", "`chunk`", min(DEFAULT_CHUNK, data.samples), diags)
@@ -92,7 +96,7 @@ def elaborate_calibration(block: ast.Block | None, diags: Diagnostics) -> Calibr
     kind = CalibrationMethod(method.kind.value) if method else CalibrationMethod.MINMAX
     percentile = _percentile(method.percentile, diags) if method and method.percentile else DEFAULT_PERCENTILE
     lwp = settings_by_key(method.options if method else (), diags)
-    candidates = DEFAULT_CANDIDATES
+    candidates: tuple[float, ...] = DEFAULT_CANDIDATES
     if "candidates" in lwp:
         candidates = tuple(p for p in (_percentile(n, diags) for n in lwp["candidates"].value) if p is not None)
     metric = ScoreMetric(lwp["metric"].value.value) if "metric" in lwp else ScoreMetric.MAE
@@ -149,7 +153,7 @@ def _passthrough(setting: ast.Setting | None, diags: Diagnostics) -> tuple[str, 
     if setting is None:
         return ()
     ops = []
-    for name in setting.value:
+    for name in setting.value:  # type: ignore[union-attr]  # a list setting: its value is a tuple of names
         if name.value not in PASSTHROUGH_OPS:
             diags.error("Q227", f"`{name.value}` is not a distribution-preserving op", name.span,
                         "cannot pass ranges through", help=did_you_mean(name.value, PASSTHROUGH_OPS))
@@ -161,6 +165,7 @@ def _passthrough(setting: ast.Setting | None, diags: Diagnostics) -> tuple[str, 
 # ---- mixed precision -----------------------------------------------------------------------------
 
 def elaborate_mixed_precision(block: ast.Block | None, diags: Diagnostics) -> MixedPrecision | None:
+    """The `mixed_precision` block, or None without one."""
     if block is None:
         return None
     found = settings_by_key(block.items, diags)
@@ -184,6 +189,7 @@ def elaborate_mixed_precision(block: ast.Block | None, diags: Diagnostics) -> Mi
 # ---- memory --------------------------------------------------------------------------------------
 
 def elaborate_memory(block: ast.Block | None, diags: Diagnostics) -> Memory:
+    """The `memory` block with every default written out."""
     found = settings_by_key(block.items if block else (), diags)
     mode = MemoryMode(found["mode"].value.value) if "mode" in found else MemoryMode.AUTO
     ram = size_bytes(found["ram"].value, "ram", diags) if "ram" in found else None
@@ -213,6 +219,7 @@ def _vram(value, diags: Diagnostics) -> tuple[int, ...]:
 # ---- verify --------------------------------------------------------------------------------------
 
 def elaborate_verify(block: ast.Block | None, diags: Diagnostics) -> Verify | None:
+    """The `verify` block, or None without one."""
     if block is None:
         return None
     found = settings_by_key(block.items, diags)
@@ -240,6 +247,7 @@ def elaborate_verify(block: ast.Block | None, diags: Diagnostics) -> Verify | No
 # ---- emit ----------------------------------------------------------------------------------------
 
 def elaborate_emit(decl: ast.EmitDecl | None, default_format: EmitFormat, diags: Diagnostics) -> Emit | None:
+    """The `emit` declaration, its format defaulting to the backend's."""
     if decl is None:
         return None
     found = settings_by_key(decl.options, diags)

@@ -20,6 +20,7 @@ def _pattern_span(span: Span, prefix: int, offset: int) -> Span:
 
 
 def check_selectors(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Patterns and regexes that cannot match anything, whatever the model."""
     for rule in ir.rules:
         for sel in rule.selectors:
             if sel.kind is SelectorKind.TYPE and sel.pattern not in LAYER_TYPES:
@@ -47,6 +48,7 @@ def _check_glob(pattern: str, span: Span, diags: Diagnostics) -> bool:
 
 
 def check_groups(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Group declarations that are malformed."""
     for group in ir.groups:
         if group.pattern is None or not _check_glob(group.pattern, group.span, diags):
             continue
@@ -59,6 +61,7 @@ def check_groups(ir: RecipeIR, diags: Diagnostics) -> None:
 
 
 def check_scheme_use(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Schemes declared and never used."""
     used = {r.scheme for r in ir.rules}
     if ir.mixed_precision:
         used.update(ir.mixed_precision.choices)
@@ -74,6 +77,7 @@ def check_scheme_use(ir: RecipeIR, diags: Diagnostics) -> None:
 
 
 def check_emit(ir: RecipeIR, diags: Diagnostics) -> None:
+    """The emit format against the backend and the path."""
     if ir.emit is None:
         return
     fmt, span = ir.emit.format, ir.emit.span_of("format") or ir.emit.span_of("path")
@@ -114,6 +118,7 @@ def _used_schemes(ir: RecipeIR):
 
 
 def check_backend_features(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Settings the recipe's backend does not have."""
     if ir.backend is Backend.ONNX:
         for scheme in _used_schemes(ir):
             if scheme.rounding is Rounding.GPTQ:
@@ -126,6 +131,7 @@ def check_backend_features(ir: RecipeIR, diags: Diagnostics) -> None:
 
 
 def check_mixed_precision(ir: RecipeIR, diags: Diagnostics) -> None:
+    """The mixed-precision block: choices, budget and metric."""
     mp = ir.mixed_precision
     if mp is None or not mp.choices:
         return
@@ -158,5 +164,6 @@ CHECKS = (check_selectors, check_groups, check_scheme_use, check_emit, check_bac
 
 
 def run_checks(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Every model-free check, in order."""
     for check in CHECKS:
         check(ir, diags)

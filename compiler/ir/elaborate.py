@@ -6,6 +6,8 @@ what was valid, so that the model-free checks (compiler/ir/checks.py) can still 
 
 from __future__ import annotations
 
+from typing import Any
+
 from compiler.ir import blocks
 from compiler.ir.schemes import NONE, PRESETS, elaborate_scheme
 from compiler.ir.types import (
@@ -68,8 +70,8 @@ def backend_for_model(model: str) -> Backend:
     return Backend.TORCH
 
 
-def _singles(recipe: ast.Recipe, diags: Diagnostics) -> dict[str, object]:
-    found: dict[str, object] = {}
+def _singles(recipe: ast.Recipe, diags: Diagnostics) -> dict[str, Any]:
+    found: dict[str, Any] = {}
     for item in recipe.items:
         key = _SINGLE_ITEMS.get(type(item))
         if key is None:
@@ -126,12 +128,13 @@ def _used_presets(rules, mixed_precision: ast.Block | None, schemes: dict[str, S
     if mixed_precision is not None:
         for item in mixed_precision.items:
             if isinstance(item, ast.Setting) and item.key == "choices":
-                names.extend(n.value for n in item.value)
+                names.extend(n.value for n in item.value)  # type: ignore[union-attr]  # `choices [a, b]`
     used = dict.fromkeys(n for n in names if n in PRESETS and n not in schemes)
     return tuple(PRESETS[n] for n in used)
 
 
 def undefined_scheme_help(name: str, known: list[str]) -> str:
+    """The help line for an undefined scheme: the closest name, or what exists."""
     match = closest(name, known)
     if match is not None:
         return f"did you mean `{match}`?"

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class PatternError(Exception):
+    """A pattern qrc cannot use, with the reason."""
     offset: int  # into the pattern text
     message: str
 
@@ -49,6 +50,7 @@ def alternations(pattern: str) -> list[tuple[int, int, list[str]]]:
 
 
 def check_regex(pattern: str) -> None:
+    """Raise PatternError when `pattern` is not a valid regex."""
     try:
         re.compile(pattern)
     except re.error as exc:

@@ -26,6 +26,7 @@ from compiler.ir.values import format_bytes, format_number
 
 
 def quote(text: str) -> str:
+    """A recipe string literal for `text`."""
     return json.dumps(text, ensure_ascii=False)
 
 

@@ -101,7 +101,7 @@ def _text(item: ast.QSpecItem) -> str:
 
 
 def _weights(items, base: WeightQuant, diags: Diagnostics) -> WeightQuant:
-    result, seen = base, {}
+    result, seen = base, dict[str, ast.QSpecItem]()
     for item in items:
         slot = "granularity" if item.field in ("granularity", "group") else item.field
         if item.field == "mode" or (item.field == "granularity" and item.value.value not in _WEIGHT_GRANULARITIES):
@@ -125,7 +125,7 @@ def _weights(items, base: WeightQuant, diags: Diagnostics) -> WeightQuant:
 
 
 def _activations(items, base: ActivationQuant, diags: Diagnostics) -> ActivationQuant:
-    result, seen = base, {}
+    result, seen = base, dict[str, ast.QSpecItem]()
     for item in items:
         if item.field == "group" or (item.field == "granularity" and item.value.value not in _ACTIVATION_GRANULARITIES):
             diags.error("Q207", f"`{_text(item)}` does not apply to activations", item.span,

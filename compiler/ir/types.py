@@ -9,11 +9,13 @@ from compiler.source import Span
 
 
 class Backend(enum.Enum):
+    """Which backend compiles the recipe."""
     ONNX = "onnx"
     TORCH = "torch"
 
 
 class QType(enum.Enum):
+    """Integer types of weights and activations."""
     INT8 = "int8"
     UINT8 = "uint8"
     INT4 = "int4"
@@ -21,14 +23,17 @@ class QType(enum.Enum):
 
     @property
     def bits(self) -> int:
+        """Bits per value."""
         return 4 if self in (QType.INT4, QType.UINT4) else 8
 
     @property
     def signed(self) -> bool:
+        """Whether the type is signed."""
         return self in (QType.INT8, QType.INT4)
 
 
 class Granularity(enum.Enum):
+    """How many scales a tensor gets: one, one per channel, per group of inputs, per token."""
     PER_TENSOR = "per_tensor"
     PER_CHANNEL = "per_channel"
     PER_TOKEN = "per_token"
@@ -36,22 +41,26 @@ class Granularity(enum.Enum):
 
 
 class Rounding(enum.Enum):
+    """How weights are rounded."""
     RTN = "rtn"
     MSE = "mse"
     GPTQ = "gptq"
 
 
 class ActivationMode(enum.Enum):
+    """Activation scales fixed by calibration (static) or computed at run time (dynamic)."""
     STATIC = "static"
     DYNAMIC = "dynamic"
 
 
 class GroupPolicy(enum.Enum):
+    """What a group does when its members' schemes differ."""
     PROMOTE = "promote"
     ERROR = "error"
 
 
 class CalibrationMethod(enum.Enum):
+    """How calibration turns observations into ranges."""
     MINMAX = "minmax"
     PERCENTILE = "percentile"
     ENTROPY = "entropy"
@@ -60,17 +69,20 @@ class CalibrationMethod(enum.Enum):
 
 
 class ScoreMetric(enum.Enum):
+    """How layer-wise percentile scores a candidate range."""
     MAE = "mae"
     MSE = "mse"
 
 
 class SensitivityMetric(enum.Enum):
+    """How the mixed-precision search scores a choice."""
     KLD = "kld"
     MSE = "mse"
     SNR = "snr"
 
 
 class MemoryMode(enum.Enum):
+    """How the run holds the model: whole, block by block, blocks from disk, or over GPUs."""
     AUTO = "auto"
     FULL = "full"
     LOW_MEMORY = "low_memory"
@@ -79,6 +91,7 @@ class MemoryMode(enum.Enum):
 
 
 class VerifyMetric(enum.Enum):
+    """What verification measures at the model's output."""
     COSINE = "cosine"
     SQNR = "sqnr"
     TOP1 = "top1"
@@ -87,23 +100,27 @@ class VerifyMetric(enum.Enum):
 
 
 class Bound(enum.Enum):
+    """Which side of the threshold passes."""
     AT_LEAST = "at_least"
     AT_MOST = "at_most"
 
 
 class EmitFormat(enum.Enum):
+    """What the emitted model looks like."""
     QDQ = "qdq"
     MATMUL_NBITS = "matmul_nbits"
     SAFETENSORS = "safetensors"
 
 
 class DataKind(enum.Enum):
+    """Where calibration samples come from."""
     SYNTHETIC = "synthetic"
     NPZ = "npz"
     TEXT = "text"
 
 
 class SelectorKind(enum.Enum):
+    """How a rule selects layers: glob, regex, or layer type."""
     GLOB = "glob"
     REGEX = "regex"
     TYPE = "type"
@@ -111,6 +128,7 @@ class SelectorKind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class WeightQuant:
+    """How a scheme quantizes weights."""
     qtype: QType
     granularity: Granularity  # PER_TENSOR | PER_CHANNEL | GROUP
     group_size: int | None
@@ -119,6 +137,7 @@ class WeightQuant:
 
 @dataclass(frozen=True, slots=True)
 class ActivationQuant:
+    """How a scheme quantizes a layer's inputs."""
     qtype: QType
     granularity: Granularity  # PER_TENSOR | PER_TOKEN
     symmetric: bool
@@ -139,11 +158,13 @@ class Scheme:
 
     @property
     def is_none(self) -> bool:
+        """The scheme leaves the layer in float."""
         return self.weights is None
 
 
 @dataclass(frozen=True, slots=True)
 class Selector:
+    """One selector of a rule, with its source span."""
     kind: SelectorKind
     pattern: str
     span: Span
@@ -176,11 +197,13 @@ class Located:
     spans: tuple[tuple[str, Span], ...]
 
     def span_of(self, key: str) -> Span | None:
+        """The span of the setting written as `key`, if it was written."""
         return next((span for k, span in self.spans if k == key), None)
 
 
 @dataclass(frozen=True, slots=True)
 class DataSource(Located):
+    """The `data` of calibration (and verification) samples."""
     kind: DataKind
     path: str | None
     samples: int
@@ -191,6 +214,7 @@ class DataSource(Located):
 
 @dataclass(frozen=True, slots=True)
 class Calibration(Located):
+    """The `calibrate` block."""
     data: DataSource
     chunk: int
     method: CalibrationMethod
@@ -204,6 +228,7 @@ class Calibration(Located):
 
 @dataclass(frozen=True, slots=True)
 class MixedPrecision(Located):
+    """The `mixed_precision` block."""
     choices: tuple[str, ...]
     metric: SensitivityMetric
     budget_bits: float
@@ -212,6 +237,7 @@ class MixedPrecision(Located):
 
 @dataclass(frozen=True, slots=True)
 class Memory(Located):
+    """The `memory` block: budgets, mode, disk."""
     mode: MemoryMode
     ram: int | None  # bytes; None: detect free memory at plan time
     vram: tuple[int, ...]  # bytes per device
@@ -220,6 +246,7 @@ class Memory(Located):
 
 @dataclass(frozen=True, slots=True)
 class Verify(Located):
+    """The `verify` block."""
     samples: int
     metric: VerifyMetric
     bound: Bound
@@ -228,12 +255,14 @@ class Verify(Located):
 
 @dataclass(frozen=True, slots=True)
 class Emit(Located):
+    """The `emit` declaration."""
     path: str
     format: EmitFormat
 
 
 @dataclass(frozen=True, slots=True)
 class RecipeIR:
+    """A recipe as the compiler understands it: every default written out, presets expanded."""
     name: str
     model: str
     model_span: Span | None  # None when the recipe has no `model`
@@ -251,6 +280,7 @@ class RecipeIR:
     span: Span
 
     def scheme(self, name: str) -> Scheme:
+        """The scheme named `name` (declared or a preset)."""
         from compiler.ir.schemes import NONE
 
         if name == NONE.name:

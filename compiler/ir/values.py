@@ -22,9 +22,11 @@ class Diagnostics:
     items: list[Diagnostic] = field(default_factory=list)
 
     def error(self, code: str, message: str, span: Span | None, label: str = "", help: str = "") -> None:
+        """Add an error."""
         self.items.append(error(code, message, span, label, help))
 
     def warning(self, code: str, message: str, span: Span | None, label: str = "", help: str = "") -> None:
+        """Add a warning."""
         self.items.append(warning(code, message, span, label, help))
 
 

@@ -55,9 +55,11 @@ def _header(path: Path) -> bytes:
 
 
 def export_path(folder: Path) -> Path:
+    """Where the export of `folder` is (or will be) cached."""
     return cache_dir() / "exported" / metadata_key(folder) / "model.onnx"
 
 
 def cached_export(folder: Path) -> Path | None:
+    """The cached export of `folder`, if one exists."""
     path = export_path(folder)
     return path if path.exists() else None

@@ -20,6 +20,7 @@ class Tensor:
 
 
 def layout(config: dict) -> list[Tensor] | None:
+    """The parameter layout a config describes (llama, mistral, qwen2, bert), or None for other families."""
     family = config.get("model_type")
     if family in DECODERS:
         return _decoder(config, family)

@@ -11,6 +11,7 @@ _ELEM_BYTES = {1: 4, 2: 1, 3: 1, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13
 
 @dataclass(frozen=True, slots=True)
 class Value:
+    """A value of the graph: dtype, dims (ints or symbols), producer."""
     name: str
     elem_bytes: int
     dims: tuple[int | str | None, ...] | None  # None: rank unknown; a str is symbolic, None unknown
@@ -26,11 +27,13 @@ class Value:
         return n
 
     def scales_with_batch(self, batch_symbol: str) -> bool:
+        """Whether its first dim is the batch."""
         return self.dims is not None and batch_symbol in self.dims
 
 
 @dataclass(frozen=True, slots=True)
 class Node:
+    """A node: its op, inputs and outputs."""
     name: str
     op: str
     inputs: tuple[str, ...]
@@ -39,6 +42,7 @@ class Node:
 
 @dataclass(frozen=True)
 class GraphSummary:
+    """What the memory model needs of an ONNX graph: values with shapes, and nodes in order."""
     values: tuple[Value, ...]
     nodes: tuple[Node, ...]
     inputs: tuple[str, ...]
@@ -46,6 +50,7 @@ class GraphSummary:
     batch_symbol: str
 
     def value(self, name: str) -> Value | None:
+        """The value named `name`, if the graph has it."""
         return self._by_name.get(name)
 
     @cached_property
@@ -53,6 +58,7 @@ class GraphSummary:
         return {v.name: v for v in self.values}
 
     def producers(self) -> dict[str, Node]:
+        """Each value's producing node."""
         return {out: node for node in self.nodes for out in node.outputs}
 
 

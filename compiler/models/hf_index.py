@@ -19,6 +19,7 @@ _CONFIG_NUMBERS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "n
 
 
 def index_hf(folder: Path, ref: str) -> ModelIndex:
+    """Index an HF-style folder from config.json and the safetensors headers (no weights read)."""
     config = _config(folder, ref)
     headers = _headers(folder, ref)
     planned = families.layout(config) if config else None
@@ -108,7 +109,7 @@ def _extra_layers(headers, taken: set[str]) -> list[Layer]:
     return extra
 
 
-def _layer(weight: str, kind: str, shape: tuple[int, ...], dtype: str) -> Layer:
+def _layer(weight: str, kind: LayerKind, shape: tuple[int, ...], dtype: str) -> Layer:
     name = weight.removesuffix(".weight")
     if kind is LayerKind.EMBEDDING:
         in_f, out_f = shape[0], shape[1]

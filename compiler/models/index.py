@@ -51,6 +51,7 @@ class Layer:
 
     @property
     def params(self) -> int:
+        """Number of weight elements."""
         n = 1
         for d in self.shape:
             n *= d
@@ -58,6 +59,7 @@ class Layer:
 
     @property
     def bytes(self) -> int:
+        """Bytes of the weight as stored."""
         return self.params * DTYPE_BYTES.get(self.dtype, 4)
 
 
@@ -72,6 +74,7 @@ class TensorInfo:
 
 @dataclass(frozen=True, slots=True)
 class ModelIndex:
+    """Backend-neutral facts about a model: its layers, inputs, outputs and sizes."""
     ref: str  # what the recipe or the command line said
     format: ModelFormat
     family: str  # "llama", "bert", "cnn", "onnx", …
@@ -84,10 +87,13 @@ class ModelIndex:
 
     @property
     def blocks(self) -> tuple[str, ...]:
+        """The repeated blocks, in order."""
         return tuple(dict.fromkeys(layer.block for layer in self.layers if layer.block))
 
     def layer(self, name: str) -> Layer:
+        """The layer named `name`."""
         return next(layer for layer in self.layers if layer.name == name)
 
     def config_value(self, key: str, default=None):
+        """An architecture number from the config, or `default`."""
         return next((v for k, v in self.config if k == key), default)

@@ -28,6 +28,7 @@ def from_weight_name(weight: str) -> str | None:
 
 
 def block_of(name: str) -> str | None:
+    """The block a module belongs to (`model.layers.3`), or None."""
     match = _BLOCK.match(name + ".")
     return match.group(1) if match else None
 
@@ -61,7 +62,7 @@ def _fill(shape: str, values: list[tuple[int, ...]]) -> list[str]:
     heads: dict[tuple[int, ...], list[int]] = {}
     for v in values:
         heads.setdefault(v[:-1], []).append(v[-1])
-    out = []
+    out: list[str] = []
     for head, tails in heads.items():
         text = shape
         for n in head:
@@ -95,7 +96,7 @@ def _merge_alternatives(names: list[str]) -> list[str]:
         if key not in groups:
             order.append(key)
         groups.setdefault(key, []).append(stem if sep else last)
-    out = []
+    out: list[str] = []
     for head, suffix in order:
         stems = groups[(head, suffix)]
         prefix = f"{head}." if head else ""

@@ -17,6 +17,7 @@ _BITS = {"float32": 32, "uint8": 8, "int8": 8, "int32": 32, "int64": 64, "bool":
 
 
 def index_onnx(path: Path, ref: str, family: str = "onnx") -> ModelIndex:
+    """Index an .onnx file: layers from its weight-bearing nodes, inputs, outputs, graph shapes (no weights read)."""
     import onnx
 
     try:

@@ -9,6 +9,7 @@ from compiler.models.index import Layer, LayerKind, ModelFormat, ModelIndex
 
 
 def index_torch_module(module, ref: str, family: str = "torch") -> ModelIndex:
+    """Index a PyTorch module in memory."""
     import torch
 
     layers = []

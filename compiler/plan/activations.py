@@ -14,6 +14,7 @@ PASSTHROUGH_DEFAULT: tuple[str, ...] = ()
 
 @dataclass(frozen=True, slots=True)
 class ActivationPeak:
+    """The activation peak of a set of nodes, and the largest tensor in it."""
     bytes: int
     largest: str  # the largest value resident at the peak
     largest_bytes: int
@@ -64,6 +65,7 @@ def peak(graph: GraphSummary, nodes: list[Node], kept: set[str], batch: int, seq
 
 
 def calibration_peak(graph: GraphSummary, observed: tuple[str, ...], batch: int, seqlen: int) -> ActivationPeak:
+    """The peak of a calibration run that outputs `observed` (the graph pruned to what they need)."""
     kept = set(observed)
     return peak(graph, needed_nodes(graph, kept), kept, batch, seqlen)
 

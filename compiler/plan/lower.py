@@ -62,14 +62,17 @@ class Context:
 
     @property
     def mode(self) -> MemoryMode:
+        """The chosen memory mode."""
         assert self.decision.mode is not None
         return self.decision.mode
 
     @property
     def chunks(self) -> int:
+        """Chunks over the calibration samples."""
         return math.ceil(self.workload.samples / self.workload.chunk)
 
     def phase(self, name: PhaseName) -> int:
+        """The cost model's peak for one phase under the chosen mode."""
         return self.costs.phase(self.workload, self.mode, self.workload.chunk, self.passes, name)
 
     @property
@@ -103,6 +106,7 @@ def _needs_data(scheme: Scheme) -> bool:
 
 
 def lower_export(ctx: Context) -> list[PlanOp]:
+    """`export_onnx`: an HF folder compiled by a backend that reads ONNX graphs."""
     if not ctx.costs.reads_graph_only or ctx.workload.index.format is not ModelFormat.HF:
         return []
     return [ExportOnnx(summary=f"export the folder {ctx.ir.model} to ONNX with torch.onnx (once: cached by the "
@@ -112,6 +116,7 @@ def lower_export(ctx: Context) -> list[PlanOp]:
 
 
 def lower_load(ctx: Context) -> list[PlanOp]:
+    """`load_model`: how the model is opened."""
     w = ctx.workload
     lazy_graph = ctx.costs.reads_graph_only  # weights stay in the data file
     resident = 0 if lazy_graph or ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU) else w.weights_bytes
@@ -127,6 +132,7 @@ def lower_load(ctx: Context) -> list[PlanOp]:
 
 
 def lower_mode(ctx: Context) -> list[PlanOp]:
+    """`select_memory_mode`: the decision, with its numbers."""
     d = ctx.decision
     return [SelectMemoryMode(summary=d.reason, inputs=("model",), outputs=("memory_mode",),
                              peak_bytes=ctx.costs.runtime, mode=ctx.mode, requested=d.requested,
@@ -170,6 +176,7 @@ def _after_search(ctx: Context) -> tuple[str, ...]:
 
 
 def lower_calibration(ctx: Context) -> list[PlanOp]:
+    """The forward passes that gather statistics: whole-model chunks, or cached block inputs and blocks."""
     if ctx.costs.rounds_in_blocks:
         return _torch_streams(ctx)
     w = ctx.workload
@@ -262,6 +269,7 @@ def _blockwise(ctx: Context) -> list[PlanOp]:
 
 
 def lower_ranges(ctx: Context) -> list[PlanOp]:
+    """`search_percentile` and `propagate_ranges`: observations become ranges."""
     w, cal = ctx.workload, ctx.ir.calibration
     if not w.observed or ctx.costs.rounds_in_blocks:  # there each block's ranges are taken where it is rounded
         return []
@@ -293,6 +301,7 @@ def _rounded_elsewhere(ctx: Context) -> set[str]:
 
 
 def lower_quantize(ctx: Context) -> list[PlanOp]:
+    """`quantize_weights`: the layers no earlier op rounded."""
     w = ctx.workload
     done = _rounded_elsewhere(ctx)
     names = [n for n in w.quantized_layers if n not in done]
@@ -322,6 +331,7 @@ def lower_quantize(ctx: Context) -> list[PlanOp]:
 
 
 def lower_emit(ctx: Context) -> list[PlanOp]:
+    """`emit`: where and in which format."""
     w, emit = ctx.workload, ctx.ir.emit
     fmt = emit.format if emit else ctx.costs.default_format
     path = emit.path if emit else "(-o PATH)"
@@ -332,6 +342,7 @@ def lower_emit(ctx: Context) -> list[PlanOp]:
 
 
 def lower_verify(ctx: Context) -> list[PlanOp]:
+    """`verify`: how the emitted model is compared with float."""
     v = ctx.ir.verify
     if v is None:
         return []

@@ -25,12 +25,14 @@ MINMAX_STATE = 64  # per tensor: running min/max, counts of non-finite values
 
 @dataclass(frozen=True, slots=True)
 class Phase:
+    """One phase's estimated peak and its parts."""
     name: str
     bytes: int
     parts: tuple[tuple[str, int], ...]
 
 
 def observer_bytes(w: Workload) -> int:
+    """Bytes of every observer's state."""
     per = MINMAX_STATE if w.method is CalibrationMethod.MINMAX else w.bins * HIST_STATE + MINMAX_STATE
     return per * len(w.observed)
 
@@ -84,8 +86,8 @@ def score_phase(w: Workload, chunk: int, runtime: int, float32_model: bool, grad
     search = w.search
     rounding = 3 * 4 * search.largest_params  # one float32 weight, its rounded copy, the error
     if search.metric is SensitivityMetric.SNR:
-        parts = (("runtime", runtime), ("one weight rounded under each choice", rounding))
-        return Phase("score", sum(b for _, b in parts), parts)
+        weights_only = (("runtime", runtime), ("one weight rounded under each choice", rounding))
+        return Phase("score", sum(b for _, b in weights_only), weights_only)
     resident = w.weights_bytes * 4 // dtype_bytes(w) if float32_model else w.weights_bytes
     graph = w.index.graph
     backward = search.metric is SensitivityMetric.KLD and gradients
@@ -96,7 +98,7 @@ def score_phase(w: Workload, chunk: int, runtime: int, float32_model: bool, grad
         act = chunk * block_working_set(w) * (1 + (len(w.blocks) if backward else 0))
     last = w.index.layers[-1].out_features if w.index.layers else w.hidden
     logits = 3 * chunk * w.seqlen * last * ACT_BYTES  # float and candidate outputs, and a log-softmax
-    parts = [("runtime", runtime), ("float model" + (" (float32)" if float32_model else ""), resident),
+    parts: list[tuple[str, int]] = [("runtime", runtime), ("float model" + (" (float32)" if float32_model else ""), resident),
              ("activations of one chunk" + (" saved for the backward pass" if backward else ""), act)]
     if search.metric is SensitivityMetric.MSE:
         layers = [w.index.layer(n) for n in search.layers]
@@ -116,6 +118,7 @@ def mode_estimate(mode: MemoryMode, phases: list[Phase], passes: int = 1, vram: 
 
 
 def dtype_bytes(w: Workload) -> int:
+    """Bytes per element of the model's float weights (2 when all are fp16/bf16)."""
     dtypes = {x.dtype for x in w.index.layers}
     return 2 if dtypes and dtypes <= {"float16", "bfloat16"} else 4
 

@@ -11,12 +11,14 @@ DETECTED_FRACTION = 0.85  # of free memory, when the recipe gives no `ram`
 
 
 def ram_budget(memory: Memory, detected_free: int) -> tuple[int, str]:
+    """The RAM budget and where it came from (the recipe, or detected free memory)."""
     if memory.ram is not None:
         return memory.ram, "recipe"
     return int(detected_free * DETECTED_FRACTION), "detected"
 
 
 def fits(estimate: ModeEstimate, ram: int, vram: tuple[int, ...]) -> bool:
+    """Whether an estimate fits the budgets."""
     if not estimate.feasible or estimate.peak_ram > ram:
         return False
     return estimate.mode is not MemoryMode.MULTI_GPU or estimate.peak_vram <= sum(vram)
@@ -38,6 +40,7 @@ def select_mode(requested: MemoryMode, estimates: dict[MemoryMode, ModeEstimate]
 
 
 def describe(estimate: ModeEstimate, ok: bool, ram: int) -> str:
+    """One line about a candidate mode: its peak against the budget."""
     if not estimate.feasible:
         return f"{estimate.mode.value}: not applicable ({estimate.note})"
     sign = "≤" if estimate.peak_ram <= ram else ">"

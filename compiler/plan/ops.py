@@ -94,6 +94,7 @@ class ExportOnnx(PlanOp):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadModel(PlanOp):
+    """Open the model (graph only, lazily, or whole)."""
     kind: ClassVar[OpKind] = OpKind.LOAD_MODEL
     model: str
     format: ModelFormat
@@ -102,6 +103,7 @@ class LoadModel(PlanOp):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SelectMemoryMode(PlanOp):
+    """The memory mode chosen, with the estimate it was chosen by."""
     kind: ClassVar[OpKind] = OpKind.SELECT_MEMORY_MODE
     mode: MemoryMode
     requested: MemoryMode
@@ -111,6 +113,7 @@ class SelectMemoryMode(PlanOp):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScoreSensitivity(PlanOp):
+    """Score every searched unit under every choice (mixed precision)."""
     kind: ClassVar[OpKind] = OpKind.SCORE_SENSITIVITY
     metric: SensitivityMetric
     units: int
@@ -120,6 +123,7 @@ class ScoreSensitivity(PlanOp):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AssignPrecision(PlanOp):
+    """Choose each unit's scheme under the bit budget."""
     kind: ClassVar[OpKind] = OpKind.ASSIGN_PRECISION
     budget_bits: float
     choices: tuple[str, ...]
@@ -150,6 +154,7 @@ class CalibrateChunk(PlanOp):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CacheBlockInputs(PlanOp):
+    """Run the samples up to the first block and cache its inputs."""
     kind: ClassVar[OpKind] = OpKind.CACHE_BLOCK_INPUTS
     samples: int
     seqlen: int
@@ -159,6 +164,7 @@ class CacheBlockInputs(PlanOp):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunBlock(PlanOp):
+    """Run every block on the cached inputs, block by block."""
     kind: ClassVar[OpKind] = OpKind.RUN_BLOCK
     blocks: int
     chunk: int
@@ -167,6 +173,7 @@ class RunBlock(PlanOp):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchPercentile(PlanOp):
+    """Ranges from histograms (percentile, entropy, mse, layer-wise percentile)."""
     kind: ClassVar[OpKind] = OpKind.SEARCH_PERCENTILE
     method: CalibrationMethod
     bins: int
@@ -175,6 +182,7 @@ class SearchPercentile(PlanOp):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PropagateRanges(PlanOp):
+    """Outputs of passthrough ops take their producer's range."""
     kind: ClassVar[OpKind] = OpKind.PROPAGATE_RANGES
     inherited: int
     needed: int
@@ -183,6 +191,7 @@ class PropagateRanges(PlanOp):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QuantizeWeights(PlanOp):
+    """Round the weights of the op's layers."""
     kind: ClassVar[OpKind] = OpKind.QUANTIZE_WEIGHTS
     count: int = field(metadata=_shown("layers"))
     rounding: tuple[Rounding, ...]
@@ -190,6 +199,7 @@ class QuantizeWeights(PlanOp):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Emit(PlanOp):
+    """Write the quantized model."""
     kind: ClassVar[OpKind] = OpKind.EMIT
     format: EmitFormat
     path: str
@@ -198,6 +208,7 @@ class Emit(PlanOp):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Verify(PlanOp):
+    """Compare the emitted model with float on held-out samples."""
     kind: ClassVar[OpKind] = OpKind.VERIFY
     samples: int
     metric: VerifyMetric
@@ -252,6 +263,7 @@ class Plan:
 
     @property
     def peak_bytes(self) -> int:
+        """The plan's peak: the largest op's."""
         return max((op.peak_bytes for op in self.ops), default=0)
 
     @property

@@ -8,19 +8,22 @@ multi_gpu is refused and the run falls back to low_memory, with the reason."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 _BLOCK = re.compile(r"^(.*?\b(?:layers|layer|h|blocks)\.\d+)(?:\.|$)")
 
 
 @dataclass(frozen=True)
 class Placement:
+    """Blocks placed on devices, or why not."""
     device_map: dict[str, str | int]  # module → device after coalescing
     ok: bool
     reason: str
 
 
-def coalesce(device_map: dict[str, str | int], sizes: dict[str, int], budgets: dict[str | int, int]) -> Placement:
+def coalesce(device_map: Mapping[str, str | int], sizes: Mapping[str, int], budgets: Mapping[Any, int]) -> Placement:
     """Coalesce blocks onto single devices and check the result.
 
     Args:

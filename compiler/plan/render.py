@@ -21,6 +21,7 @@ def _layers(names: tuple[str, ...], limit: int = 4) -> str:
 
 
 def header_lines(plan: Plan) -> list[str]:
+    """The plan's header: model, backend, budget, mode, peak and its parts."""
     d = plan.decision
     chosen = next(e for e, ok in d.tried if ok)
     source = "from the recipe" if d.ram_source == "recipe" else "85% of free memory, detected"
@@ -38,6 +39,7 @@ def header_lines(plan: Plan) -> list[str]:
 
 
 def op_lines(index: int, op: PlanOp) -> list[str]:
+    """The lines of one op in the listing."""
     repeat = f" ×{op.repeat}" if op.repeat > 1 else ""
     lines = [f"{index:>2}. {op.kind.value}{repeat}  peak {_bytes(op.peak_bytes)}", f"      {op.summary}"]
     params = "  ".join(f"{k}={v}" for k, v in op.params)
@@ -50,6 +52,7 @@ def op_lines(index: int, op: PlanOp) -> list[str]:
 
 
 def to_text(plan: Plan) -> str:
+    """The canonical text of a plan (goldens, logs)."""
     lines = header_lines(plan) + ["", "ops"]
     for i, op in enumerate(plan.ops, start=1):
         lines += op_lines(i, op)
@@ -57,6 +60,7 @@ def to_text(plan: Plan) -> str:
 
 
 def to_json(plan: Plan) -> str:
+    """The plan as JSON."""
     d = plan.decision
     data = {
         "recipe": plan.recipe, "source": plan.source, "model": plan.model, "backend": plan.backend.value,
@@ -74,13 +78,16 @@ def to_json(plan: Plan) -> str:
 
 
 def to_rich(plan: Plan):
-    from rich.console import Group
+    """The plan as rich renderables (`qrc plan`)."""
+    from rich.console import Group, JustifyMethod
     from rich.table import Table
     from rich.text import Text
 
     head = Text("\n".join(header_lines(plan)))
     table = Table(title="ops, in execution order")
-    for col, justify in (("#", "right"), ("op", "left"), ("×", "right"), ("peak", "right"), ("what", "left")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (("#", "right"), ("op", "left"), ("×", "right"), ("peak", "right"),
+                                                     ("what", "left"))
+    for col, justify in columns:
         table.add_column(col, justify=justify, no_wrap=col in ("op", "peak"))
     for i, op in enumerate(plan.ops, start=1):
         what = op.summary + (f"\n[dim]{_layers(op.layers)}[/]" if op.layers else "")

@@ -26,13 +26,40 @@ class PhaseName(enum.Enum):
 class CostModel(Protocol):
     """A backend's memory model and the execution facts the lowering depends on."""
 
-    backend: Backend
-    runtime: int  # interpreter, libraries and session set-up, resident throughout
-    default_format: EmitFormat
-    reads_graph_only: bool  # opening the model reads no weights (ONNX: they stay in the data file)
-    rounds_in_blocks: bool  # block-wise runs round each block's layers inside run_block, with their input ranges
-    splits_observers: bool  # low_memory splits the observed tensors over several passes over the data
-    kld_by_gradient: bool  # kld scores are a first-order estimate (one backward), not measured per unit
+    @property
+    def backend(self) -> Backend:
+        """The backend this cost model describes."""
+        ...
+
+    @property
+    def runtime(self) -> int:
+        """Interpreter, libraries and session set-up, resident throughout."""
+        ...
+
+    @property
+    def default_format(self) -> EmitFormat:
+        """The format it emits when the recipe names none."""
+        ...
+
+    @property
+    def reads_graph_only(self) -> bool:
+        """Opening the model reads no weights (ONNX: they stay in the data file)."""
+        ...
+
+    @property
+    def rounds_in_blocks(self) -> bool:
+        """Block-wise runs round each block's layers inside run_block, with their input ranges."""
+        ...
+
+    @property
+    def splits_observers(self) -> bool:
+        """low_memory splits the observed tensors over several passes over the data."""
+        ...
+
+    @property
+    def kld_by_gradient(self) -> bool:
+        """kld scores are a first-order estimate (one backward), not measured per unit."""
+        ...
 
     def estimate(self, w: Workload, mode: MemoryMode, chunk: int, passes: int = 1,
                  gpus: tuple[int, ...] = ()) -> ModeEstimate:

@@ -16,6 +16,7 @@ from compiler.resolve.sizes import quantized_bytes
 
 @dataclass(frozen=True, slots=True)
 class Workload:
+    """What the run must hold and do, in numbers: what the memory model and the lowering read."""
     backend: Backend
     index: ModelIndex
     weights_bytes: int
@@ -35,13 +36,13 @@ class Workload:
     bins: int
     method: CalibrationMethod
     mixed_precision: bool
-    kld_gradient: bool
     search: Search | None  # the mixed-precision search, when there are units to search
     verify_samples: int
     disk: bool  # block data may be cached on disk (`memory { disk … }`)
 
     @property
     def source_of(self) -> dict[str, str]:
+        """Each needed tensor's observed source (itself, or a passthrough producer)."""
         return dict(self.sources)
 
     @property
@@ -51,9 +52,11 @@ class Workload:
 
     @property
     def blocks(self) -> tuple[str, ...]:
+        """The repeated blocks, in order."""
         return self.index.blocks
 
     def block_bytes(self) -> dict[str, int]:
+        """Weight bytes per block (and of what is outside them)."""
         sizes: Counter = Counter()
         for layer in self.index.layers:
             sizes[layer.block or "(outside blocks)"] += layer.bytes
@@ -90,6 +93,7 @@ def _search(ir: RecipeIR, assignment: Assignment) -> Search | None:
 
 
 def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> Workload:
+    """The workload of a recipe resolved against its model."""
     index = assignment.model
     quantized = [a for a in assignment.layers if not a.scheme.is_none]
     static = [a for a in quantized if a.scheme.activations and a.scheme.activations.mode is ActivationMode.STATIC]
@@ -111,7 +115,6 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         calibrate=bool(observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR),
         gptq=gptq, gptq_layers=gptq_layers, samples=cal.data.samples, seqlen=cal.data.seqlen, chunk=chunk or cal.chunk, bins=cal.bins,
         method=cal.method, mixed_precision=mp is not None,
-        kld_gradient=bool(mp and mp.metric is SensitivityMetric.KLD and ir.backend is Backend.TORCH),
         search=_search(ir, assignment),
         verify_samples=ir.verify.samples if ir.verify else 0, disk=ir.memory.disk is not None,
     )

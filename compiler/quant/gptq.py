@@ -32,16 +32,19 @@ class HessianObserver:
         self.sum = np.zeros((self.features, self.features), np.float64)
 
     def update(self, x: np.ndarray) -> None:
+        """Add a batch of inputs to the running XᵀX."""
         rows = np.asarray(x, np.float64).reshape(-1, self.features)
         rows = rows[np.isfinite(rows).all(axis=1)]
         self.sum += 2.0 * rows.T @ rows
         self.rows += rows.shape[0]
 
     def merge(self, other: HessianObserver) -> None:
+        """Add another observer's sums (exactly mergeable)."""
         self.sum += other.sum
         self.rows += other.rows
 
     def hessian(self) -> np.ndarray:
+        """The mean XᵀX, float32."""
         return (self.sum / max(self.rows, 1)).astype(np.float32)
 
 

@@ -18,23 +18,27 @@ DEFAULT_BINS = 2048
 
 @dataclass
 class MinMaxObserver:
+    """Running min and max of the finite values, and a count of the others."""
     min: float = math.inf
     max: float = -math.inf
     finite: int = 0
     nonfinite: int = 0
 
     def update(self, x: np.ndarray) -> None:
+        """Add a batch."""
         finite = _finite(x, self)
         if finite.size:
             self.min = min(self.min, float(finite.min()))
             self.max = max(self.max, float(finite.max()))
 
     def merge(self, other: MinMaxObserver) -> None:
+        """Add another observer's state (exactly mergeable)."""
         self.min, self.max = min(self.min, other.min), max(self.max, other.max)
         self.finite += other.finite
         self.nonfinite += other.nonfinite
 
     def range(self) -> tuple[float, float] | None:
+        """(min, max), or None when nothing finite was seen."""
         return (self.min, self.max) if self.finite else None
 
 
@@ -49,6 +53,7 @@ def _finite(x: np.ndarray, obs) -> np.ndarray:
 
 @dataclass
 class HistogramObserver:
+    """A histogram of |x| over a power-of-two range that widens by merging bin pairs (exactly mergeable)."""
     bins: int = DEFAULT_BINS
     counts: np.ndarray | None = None
     exponent: int = 0  # the range is [-2^exponent, 2^exponent]
@@ -60,17 +65,21 @@ class HistogramObserver:
 
     @property
     def threshold(self) -> float:
+        """The histogram's upper edge."""
         return math.ldexp(1.0, self.exponent)
 
     @property
     def finite(self) -> int:
+        """Finite values seen."""
         return self.minmax.finite
 
     @property
     def nonfinite(self) -> int:
+        """Non-finite values seen (excluded from the histogram)."""
         return self.minmax.nonfinite
 
     def update(self, x: np.ndarray) -> None:
+        """Add a batch, widening the range first when needed."""
         finite = _finite(x, self.minmax)
         if not finite.size:
             return
@@ -96,6 +105,7 @@ class HistogramObserver:
         self.counts, self.exponent = grown, self.exponent + 1
 
     def merge(self, other: HistogramObserver) -> None:
+        """Add another observer's counts (same bins after widening)."""
         if other.counts is None:
             self.minmax.merge(other.minmax)
             return
@@ -112,6 +122,7 @@ class HistogramObserver:
         self.minmax.merge(other.minmax)
 
     def edges(self) -> np.ndarray:
+        """The bin edges."""
         th = self.threshold
         return np.linspace(-th, th, self.bins + 1)
 
@@ -133,4 +144,5 @@ class HistogramObserver:
 
 
 def make_observer(histogram: bool, bins: int = DEFAULT_BINS):
+    """A histogram observer for histogram methods, else a min/max one."""
     return HistogramObserver(bins) if histogram else MinMaxObserver()

@@ -24,11 +24,11 @@ def pack_to_int32(values: np.ndarray, bits: int) -> np.ndarray:
     word, offset = start // 32, start % 32
     out = np.zeros((rows, words + 1), np.uint64)
     low = (v << offset[None, :]).astype(np.uint64) & np.uint64(0xFFFFFFFF)
-    np.add.at(out, (slice(None), word), low)
+    np.add.at(out, (slice(None), word), low)  # type: ignore[arg-type]  # numpy's stubs reject a tuple index
     spill = offset + bits > 32  # elements that cross into the next word
     if spill.any():
         high = (v[:, spill] >> (32 - offset[spill])[None, :]).astype(np.uint64)
-        np.add.at(out, (slice(None), word[spill] + 1), high)
+        np.add.at(out, (slice(None), word[spill] + 1), high)  # type: ignore[arg-type]
     return out[:, :words].astype(np.uint32).view(np.int32)
 
 

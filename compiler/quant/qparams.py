@@ -13,6 +13,7 @@ NP_TYPES = {QType.INT8: np.int8, QType.UINT8: np.uint8, QType.INT4: np.int8, QTy
 
 
 def qrange(qtype: QType, symmetric: bool) -> tuple[int, int]:
+    """The integer range of a type (narrowed for symmetric int8, as onnxruntime does)."""
     return _SYMMETRIC_RANGES.get(qtype, _RANGES[qtype]) if symmetric else _RANGES[qtype]
 
 
@@ -44,6 +45,7 @@ def quantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, qtype: QT
 
 
 def dequantize(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> np.ndarray:
+    """(q − zero point) × scale, float32."""
     return ((q.astype(np.float32) - zero_point) * scale).astype(np.float32)
 
 

@@ -20,6 +20,7 @@ ROWS_PER_BLOCK = 128  # thresholds evaluated together: bounds the temporaries to
 
 
 def entropy_range(observer: HistogramObserver, quantized_bins: int = QUANTIZED_BINS) -> tuple[float, float] | None:
+    """The range minimising the KL divergence between the histogram and its quantized form (TensorRT's entropy method)."""
     if observer.counts is None or not observer.finite:
         return None
     hist = observer.counts.astype(np.float64)

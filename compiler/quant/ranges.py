@@ -40,7 +40,7 @@ def best_percentile(observer: HistogramObserver, candidates, metric: ScoreMetric
     edges = observer.edges()
     centres = (edges[:-1] + edges[1:]) / 2
     weights = observer.counts / observer.counts.sum()
-    best = (np.inf, None, None)
+    best: tuple[float, float | None, tuple[float, float] | None] = (np.inf, None, None)
     for p in candidates:
         lo, hi = observer.percentile_range(p)
         scale, zp = qparams.scale_zero_point(np.array(lo), np.array(hi), qtype, symmetric)

@@ -35,6 +35,7 @@ class QuantizedWeight:
     block_size: int | None
 
     def dequantize(self) -> np.ndarray:
+        """The weight back in float (as the runtime computes with it)."""
         scale, zp = self.scale, self.zero_point.astype(np.float32)
         if self.block_size:
             scale = np.repeat(scale, self.block_size, axis=self.axis)
@@ -54,8 +55,8 @@ def sqnr_db(w: np.ndarray, qw: QuantizedWeight, channel_axis: int, slice_bytes: 
     signal = noise = 0.0
     for first in range(0, channels, step):
         rows = np.arange(first, min(first + step, channels))
-        part = QuantizedWeight(*(_channels(a, rows, w.ndim, channels, channel_axis) for a in (qw.q, qw.scale, qw.zero_point)),
-                               qw.qtype, qw.axis, qw.block_size)
+        q, scale, zero_point = (_channels(a, rows, w.ndim, channels, channel_axis) for a in (qw.q, qw.scale, qw.zero_point))
+        part = QuantizedWeight(q, scale, zero_point, qw.qtype, qw.axis, qw.block_size)
         original = _channels(np.asarray(w, np.float32), rows, w.ndim, channels, channel_axis).astype(np.float64)
         signal += float(np.sum(original * original))
         noise += float(np.sum((original - part.dequantize()) ** 2))

@@ -15,6 +15,7 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#1
 
 @dataclass(frozen=True, slots=True)
 class Series:
+    """One line of a chart: points, and whether it is drawn as steps."""
     name: str
     points: tuple[tuple[float, float], ...]
     markers_only: bool = False  # single measurements (uniform baselines) are dots, not a line

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compiler.ir.printer import print_ir, recipe_hash, rule_text
-from compiler.ir.types import ActivationMode, Backend
+from compiler.ir.types import ActivationMode
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
-from compiler.plan.ops import Plan, PlanOp
+from compiler.plan.ops import Plan, PlanOp, PropagateRanges
 from compiler.plan.workload import workload
 from compiler.report.chart import Series, line_chart
 from compiler.resolve.assignment import Assignment
@@ -19,11 +19,13 @@ from compiler.resolve.assignment import Assignment
 MiB = 1 << 20
 @dataclass(frozen=True, slots=True)
 class Row:
+    """One row of a report table."""
     cells: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Table:
+    """A report table."""
     header: tuple[str, ...]
     rows: tuple[Row, ...]
     align: tuple[str, ...]  # "l" or "r" per column
@@ -31,6 +33,7 @@ class Table:
 
 @dataclass(frozen=True, slots=True)
 class Report:
+    """What a report says, as plain values (rendered by a template)."""
     title: str
     measured: bool  # a compile (False: a plan only)
     facts: tuple[tuple[str, str], ...]  # recipe, hash, model, backend, mode and why, …
@@ -84,16 +87,17 @@ def build(planned, result=None) -> Report:
     return Report(
         title=f"qrc {'compile' if result is not None else 'plan'} report: {ir.name}",
         measured=result is not None, facts=tuple(facts), estimate=estimate, ops=ops,
-        layers=_layers(ir, assignment, result), memory=_memory(plan, result),
+        layers=_layers(ir, assignment, result, plan), memory=_memory(plan, result),
         timeline_svg=_timeline(plan, result) if result is not None else "",
         timeline_samples=len(result.rss_samples) if result is not None else 0,
         verify=_verify(ir, result), search=_search(result), search_units=_search_units(result),
         search_curve=_search_curve(result), search_svg=_search_svg(result), warnings=warnings)
 
 
-def _range_sources(ir, assignment: Assignment) -> dict[str, str]:
+def _range_sources(ir, assignment: Assignment, plan: Plan) -> dict[str, str]:
     """Each activation-quantized layer's input: observed, inherited from a passthrough producer, or dynamic."""
     sources = workload(ir, assignment).source_of
+    propagated = plan.first(PropagateRanges) is not None  # the plan lets passthrough outputs inherit ranges
     out = {}
     for a in assignment.layers:
         act = a.scheme.activations if not a.scheme.is_none else None
@@ -101,7 +105,7 @@ def _range_sources(ir, assignment: Assignment) -> dict[str, str]:
             continue
         if act.mode is ActivationMode.DYNAMIC:
             out[a.layer.name] = "dynamic"
-        elif ir.backend is Backend.ONNX and sources.get(a.layer.input, a.layer.input) != a.layer.input:
+        elif propagated and sources.get(a.layer.input, a.layer.input) != a.layer.input:
             out[a.layer.name] = f"inherited from {sources[a.layer.input]}"
         else:
             out[a.layer.name] = "observed"
@@ -112,8 +116,8 @@ def _number(value: float, digits: int = 4) -> str:
     return "∞" if math.isinf(value) else f"{value:.{digits}g}"
 
 
-def _layers(ir, assignment: Assignment, result) -> Table:
-    sources = _range_sources(ir, assignment)
+def _layers(ir, assignment: Assignment, result, plan: Plan) -> Table:
+    sources = _range_sources(ir, assignment, plan)
     rows = []
     for a in assignment.layers:
         rule = f"{rule_text(a.rule)} (line {a.rule.span.line})" if a.rule else "-"

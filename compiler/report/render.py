@@ -18,6 +18,7 @@ def _md_cell(value) -> str:
 
 
 def render(report: Report, suffix: str) -> str:
+    """The report as HTML or Markdown, by suffix."""
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),

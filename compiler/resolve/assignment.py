@@ -17,6 +17,7 @@ from compiler.resolve.selectors import matcher
 
 @dataclass(frozen=True, slots=True)
 class LayerAssignment:
+    """One layer's scheme, the rule that gave it, and its group."""
     layer: Layer
     scheme: Scheme
     rule: Rule | None  # the winning rule; None when no rule matched (the layer stays float)
@@ -32,6 +33,7 @@ class Assignment:
     layers: tuple[LayerAssignment, ...]
 
     def of(self, name: str) -> LayerAssignment:
+        """The assignment of the layer named `name`."""
         return next(a for a in self.layers if a.layer.name == name)
 
 

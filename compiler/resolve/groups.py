@@ -24,6 +24,7 @@ FUSED_QKV = ("qkv_proj", "query_key_value", "c_attn", "Wqkv", "qkv")
 
 @dataclass(frozen=True, slots=True)
 class Instance:
+    """One instance of a group: the layers that must share a scheme."""
     name: str  # `model.layers.0.self_attn.{q,k,v}_proj`
     members: tuple[str, ...]  # layer names present, in member order
     missing: tuple[str, ...]  # member alternatives with no layer
@@ -39,6 +40,7 @@ def scheme_rank(scheme: Scheme) -> tuple:
 
 
 def pattern_instances(pattern: str, names: list[str]) -> list[Instance]:
+    """The instances of a `{a,b}` pattern group over the layer names."""
     (start, end, members), = alternations(pattern)
     regex = []
     for i, ch in enumerate(pattern):
@@ -69,6 +71,7 @@ def _instance(name: str, members, got: dict[str, str]) -> Instance:
 
 
 def auto_qkv_instances(names: list[str]) -> list[Instance]:
+    """Q/K/V instances found by name (`group auto qkv`)."""
     by_parent: dict[tuple[str, int], dict[str, str]] = defaultdict(dict)
     for name in names:
         parent, _, last = name.rpartition(".")
@@ -87,10 +90,12 @@ def auto_qkv_instances(names: list[str]) -> list[Instance]:
 
 
 def has_fused_qkv(names: list[str]) -> bool:
+    """Whether the model has a fused QKV projection instead of separate ones."""
     return any(name.rpartition(".")[2] in FUSED_QKV for name in names)
 
 
 def apply_groups(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> Assignment:
+    """Give each group instance one scheme (by its policy); Q210/Q211 where it cannot."""
     by_name = {a.layer.name: a for a in assignment.layers}
     names = list(by_name)
     for group in ir.groups:

@@ -21,6 +21,7 @@ from compiler.resolve.sizes import quantized_bytes
 
 @dataclass(frozen=True, slots=True)
 class Unit:
+    """A unit of the search: a group instance or a lone layer, with its bits under each choice."""
     name: str  # the group instance's name, or the layer's
     members: tuple[str, ...]  # layer names, in model order
     params: int
@@ -28,6 +29,7 @@ class Unit:
 
 
 def choices_of(ir: RecipeIR) -> tuple[str, ...]:
+    """The search's choices, cheapest first as written."""
     return tuple(dict.fromkeys(ir.mixed_precision.choices)) if ir.mixed_precision else ()
 
 
@@ -50,15 +52,18 @@ def search_units(ir: RecipeIR, assignment: Assignment) -> tuple[Unit, ...]:
 
 
 def average_bits(units: Sequence[Unit], chosen: Mapping[str, int]) -> float:
+    """Storage bits per weight of the whole searched set under `chosen`."""
     params = sum(u.params for u in units)
     return sum(u.bits[chosen[u.name]] for u in units) / params if params else 0.0
 
 
 def cheapest(unit: Unit) -> int:
+    """The index of the unit's cheapest choice."""
     return min(range(len(unit.bits)), key=lambda k: (unit.bits[k], k))
 
 
 def widest(unit: Unit) -> int:
+    """The index of the unit's widest choice."""
     return max(range(len(unit.bits)), key=lambda k: (unit.bits[k], -k))
 
 
@@ -140,10 +145,10 @@ def check_budget(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> No
     if mp is None or len(choices_of(ir)) < 2 or not mp.budget_bits:
         return
     units = search_units(ir, assignment)
-    span = mp.span_of("budget") or mp.span
+    span = mp.span_of("budget") or mp.span_of("choices") or ir.span
     if not units:
         diags.warning("Q246", "mixed precision has no layer to search: no rule gives one of its choices",
-                      mp.span_of("choices") or mp.span, "nothing searched",
+                      mp.span_of("choices") or ir.span, "nothing searched",
                       help=f"send the layers to search to one of {', '.join(choices_of(ir))} in `quantize`")
         return
     low = average_bits(units, {u.name: cheapest(u) for u in units})

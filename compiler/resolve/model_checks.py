@@ -14,6 +14,7 @@ from compiler.resolve.assignment import Assignment, rule_matches
 
 
 def check_unmatched_selectors(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q201: selectors that match no layer of the model."""
     layers = assignment.model.layers
     for rule in ir.rules:
         for selector, matched in zip(rule.selectors, rule_matches(rule, layers), strict=True):
@@ -49,6 +50,7 @@ def closest_names(pattern: str, names: list[str], n: int = 3) -> list[str]:
 
 
 def check_shadowed_rules(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q202: rules that never win for any layer."""
     won = {a.rule.index for a in assignment.layers if a.rule is not None}
     for rule in ir.rules:
         matched = {layer.name for sel in rule_matches(rule, assignment.model.layers) for layer in sel}
@@ -61,6 +63,7 @@ def check_shadowed_rules(ir: RecipeIR, assignment: Assignment, diags: Diagnostic
 
 
 def check_scheme_fits_layers(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Schemes a layer cannot take (group sizes, activations on embeddings, MatMulNBits on non-Linear)."""
     problems: dict[tuple[int, str], list[str]] = defaultdict(list)
     rules = {}
     for a in assignment.layers:
@@ -111,5 +114,6 @@ CHECKS = (check_unmatched_selectors, check_shadowed_rules, check_scheme_fits_lay
 
 
 def run(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Every check against the model, in order."""
     for check in CHECKS:
         check(ir, assignment, diags)

@@ -11,6 +11,7 @@ SCALE_BYTES = 4  # float32 scales
 
 
 def scale_count(layer: Layer, scheme: Scheme) -> int:
+    """Number of scales the scheme gives the layer."""
     w = scheme.weights
     if w.granularity is Granularity.PER_TENSOR:
         return 1
@@ -22,6 +23,7 @@ def scale_count(layer: Layer, scheme: Scheme) -> int:
 
 
 def quantized_bytes(layer: Layer, scheme: Scheme) -> int:
+    """Bytes of the layer's weight after quantization (values, scales, zero points)."""
     if scheme.is_none:
         return layer.bytes
     w = scheme.weights

@@ -14,24 +14,28 @@ from compiler.source import Span
 
 @dataclass(frozen=True, slots=True)
 class Name:
+    """An identifier."""
     value: str
     span: Span
 
 
 @dataclass(frozen=True, slots=True)
 class String:
+    """A string literal (its value unquoted)."""
     value: str  # escapes decoded
     span: Span
 
 
 @dataclass(frozen=True, slots=True)
 class Number:
+    """A number literal."""
     text: str
     value: float
     span: Span
 
     @property
     def is_integer(self) -> bool:
+        """Written without a fraction or exponent."""
         return self.value == int(self.value) and not any(c in self.text for c in ".eE")
 
 
@@ -46,6 +50,7 @@ class Keyword:
 
 @dataclass(frozen=True, slots=True)
 class Size:
+    """A size with a unit (`4 GiB`)."""
     number: Number
     unit: Name
     span: Span
@@ -94,6 +99,7 @@ class QuantSpec:
 
 @dataclass(frozen=True, slots=True)
 class SchemeDecl:
+    """`scheme NAME = BASE { … }`."""
     name: Name
     base: Name | None
     bare_items: tuple[QSpecItem, ...]  # `{ group 64 }`: refine the weights
@@ -104,6 +110,7 @@ class SchemeDecl:
 
 @dataclass(frozen=True, slots=True)
 class Selector:
+    """One selector of a rule: glob, regex or type."""
     kind: str  # "glob" | "regex" | "type"
     pattern: str
     span: Span
@@ -111,6 +118,7 @@ class Selector:
 
 @dataclass(frozen=True, slots=True)
 class QuantizeRule:
+    """`SELECTOR… -> SCHEME`."""
     selectors: tuple[Selector, ...]
     scheme: Name
     span: Span
@@ -118,12 +126,14 @@ class QuantizeRule:
 
 @dataclass(frozen=True, slots=True)
 class QuantizeBlock:
+    """The `quantize { … }` block."""
     rules: tuple[QuantizeRule, ...]
     span: Span
 
 
 @dataclass(frozen=True, slots=True)
 class GroupDecl:
+    """`group PATTERN [policy P]` or `group auto qkv`."""
     pattern: String | None  # None: `group auto qkv`
     policy: Keyword | None
     span: Span
@@ -131,6 +141,7 @@ class GroupDecl:
 
 @dataclass(frozen=True, slots=True)
 class DataDecl:
+    """`data KIND [PATH] { … }`."""
     kind: str  # "synthetic" | "npz" | "text"
     path: String | None
     options: tuple[Setting, ...]
@@ -139,6 +150,7 @@ class DataDecl:
 
 @dataclass(frozen=True, slots=True)
 class MethodDecl:
+    """`method KIND [PERCENTILE] { … }`."""
     kind: Keyword
     percentile: Number | None
     options: tuple[Setting, ...]
@@ -156,6 +168,7 @@ class Block:
 
 @dataclass(frozen=True, slots=True)
 class EmitDecl:
+    """`emit PATH { … }`."""
     path: String
     options: tuple[Setting, ...]
     span: Span
@@ -163,12 +176,14 @@ class EmitDecl:
 
 @dataclass(frozen=True, slots=True)
 class ModelDecl:
+    """`model REF`."""
     ref: String
     span: Span
 
 
 @dataclass(frozen=True, slots=True)
 class BackendDecl:
+    """`backend NAME`."""
     kind: Keyword
     span: Span
 
@@ -178,6 +193,7 @@ RecipeItem = Union[ModelDecl, BackendDecl, SchemeDecl, QuantizeBlock, GroupDecl,
 
 @dataclass(frozen=True, slots=True)
 class Recipe:
+    """A whole recipe as parsed."""
     name: Name
     items: tuple[RecipeItem, ...]
     span: Span

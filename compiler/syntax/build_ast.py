@@ -33,6 +33,37 @@ def _unescape(body: str) -> str:
     return "".join(out)
 
 
+def block_rule(kind: str):
+    """A transformer callback for a `NAME { … }` block rule (calibrate, memory, …)."""
+    def build(self, meta, children):
+        return ast.Block(kind, tuple(children), self._span(meta))
+
+    return build
+
+
+def data_rule(kind: str):
+    """A transformer callback for a `data KIND …` rule."""
+    def build(self, meta, children):
+        path = children[0] if children and isinstance(children[0], ast.String) else None
+        options = children[-1] if children and isinstance(children[-1], tuple) else ()
+        return ast.DataDecl(kind, path, options, self._span(meta))
+
+    return build
+
+
+def method_rule(kind: str):
+    """A transformer callback for a `method KIND …` rule."""
+    def build(self, meta, children):
+        span = self._span(meta)
+        keyword_start = self.source.text.index(kind, span.start)
+        keyword = ast.Keyword("method", kind, self.source.span(keyword_start, keyword_start + len(kind)))
+        percentile = children[0] if children and isinstance(children[0], ast.Number) else None
+        options = children[-1] if children and isinstance(children[-1], tuple) else ()
+        return ast.MethodDecl(keyword, percentile, options, span)
+
+    return build
+
+
 @v_args(meta=True)
 class AstBuilder(Transformer):
     """Builds AST nodes with spans into `source`."""
@@ -86,7 +117,7 @@ class AstBuilder(Transformer):
         key = _SETTING_KEYS.get(rule, rule[: -len("_opt")])
         key_span = self.source.span(span.start, span.start + len(key))
         if rule in ("passthrough_opt", "candidates_opt", "choices_opt"):
-            value = tuple(c for c in children if c is not None)
+            value: ast.Value = tuple(c for c in children if c is not None)
         elif rule == "vram_devices_opt":
             value = ast.DeviceSize(children[0], children[1], span)
         else:
@@ -185,48 +216,23 @@ class AstBuilder(Transformer):
         return children[0]
 
     # ---- blocks ------------------------------------------------------------------------------
-    def _block(kind):  # noqa: N805 - a small factory for the block rules below
-        def build(self, meta, children):
-            return ast.Block(kind, tuple(children), self._span(meta))
+    calibrate_block = block_rule("calibrate")
+    mixed_precision_block = block_rule("mixed_precision")
+    memory_block = block_rule("memory")
+    verify_block = block_rule("verify")
 
-        return build
-
-    calibrate_block = _block("calibrate")
-    mixed_precision_block = _block("mixed_precision")
-    memory_block = _block("memory")
-    verify_block = _block("verify")
-
-    def _data(kind):  # noqa: N805
-        def build(self, meta, children):
-            path = children[0] if children and isinstance(children[0], ast.String) else None
-            options = children[-1] if children and isinstance(children[-1], tuple) else ()
-            return ast.DataDecl(kind, path, options, self._span(meta))
-
-        return build
-
-    synthetic_data = _data("synthetic")
-    npz_data = _data("npz")
-    text_data = _data("text")
+    synthetic_data = data_rule("synthetic")
+    npz_data = data_rule("npz")
+    text_data = data_rule("text")
 
     def data_options(self, meta, children):
         return tuple(children)
 
-    def _method(kind):  # noqa: N805
-        def build(self, meta, children):
-            span = self._span(meta)
-            keyword_start = self.source.text.index(kind, span.start)
-            keyword = ast.Keyword("method", kind, self.source.span(keyword_start, keyword_start + len(kind)))
-            percentile = children[0] if children and isinstance(children[0], ast.Number) else None
-            options = children[-1] if children and isinstance(children[-1], tuple) else ()
-            return ast.MethodDecl(keyword, percentile, options, span)
-
-        return build
-
-    minmax_method = _method("minmax")
-    percentile_method = _method("percentile")
-    entropy_method = _method("entropy")
-    mse_method = _method("mse")
-    layerwise_method = _method("layerwise_percentile")
+    minmax_method = method_rule("minmax")
+    percentile_method = method_rule("percentile")
+    entropy_method = method_rule("entropy")
+    mse_method = method_rule("mse")
+    layerwise_method = method_rule("layerwise_percentile")
 
     def layerwise_options(self, meta, children):
         return tuple(children)

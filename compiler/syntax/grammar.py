@@ -23,6 +23,7 @@ def grammar_path() -> Path:
 
 @cache
 def parser() -> Lark:
+    """The recipe parser (built once)."""
     return Lark(
         grammar_path().read_text(encoding="utf-8"),
         parser="lalr",

@@ -124,6 +124,7 @@ def _keyword_of(terminal: str) -> str | None:
 
 
 def describe_expected(expected: set[str], previous: Token | None) -> str:
+    """What the parser expected, in words."""
     words, others = [], []
     for terminal in expected:
         keyword = _keyword_of(terminal)

@@ -31,8 +31,10 @@ SLICE_BYTES = 16 << 20  # large weights are rounded in slices of output channels
 # ---- ONNX ----------------------------------------------------------------------------------------
 
 def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1) -> Phase:
+    """The calibration phase: one session with the observed tensors as outputs, or one segment at a time (offload)."""
     graph = w.index.graph
     runtime = RUNTIME
+    parts: tuple[tuple[str, int], ...]
     if mode is MemoryMode.OFFLOAD:
         seg_weights, seg_act = _largest_segment(w, chunk)
         cache = _boundary_cache(w, chunk)
@@ -119,6 +121,7 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     """Float and emitted model side by side on one chunk; every model output of both is held."""
     graph = w.index.graph
     runtime = RUNTIME
+    parts: tuple[tuple[str, int], ...]
     if mode is MemoryMode.OFFLOAD:  # one segment session at a time, one sample at a time
         block_weights, block_act = _largest_segment(w, 1, outputs=True)
         outputs = sum(graph.value(o).bytes(1, w.seqlen, graph.batch_symbol)

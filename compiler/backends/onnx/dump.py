@@ -14,6 +14,7 @@ from compiler.canonical import TINY, fmt
 
 
 def dump(model: onnx.ModelProto, base_dir: str | None = None) -> str:
+    """The canonical text of `model` (goldens): stable order, tensors by hash or summary."""
     g = model.graph
     lines = [f"ir_version {model.ir_version}",
              "opsets " + ", ".join(f"{o.domain or 'ai.onnx'}:{o.version}" for o in sorted(model.opset_import, key=lambda o: o.domain)),

@@ -20,7 +20,7 @@ from compiler.backends.program import run_program
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.rss import RssSampler
-from compiler.backends.sensitivity import assign, score_units
+from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.diagnostics import warning
 from compiler.ir.printer import print_ir
 from compiler.ir.types import EmitFormat, MemoryMode, RecipeIR
@@ -71,10 +71,10 @@ class _OnnxRun:
         self.source: Path | None = None
         self.files: ModelFiles | None = None
         self.mode = plan.mode
-        self.scores = None
+        self.scores: Scores | None = None
         self.observers: dict = {}
         self.bounds: dict[str, tuple[float, float]] = {}  # layer input → its quantized range
-        self.offload_resume = None
+        self.offload_resume: tuple | None = None
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.ExportOnnx: self.export, ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode,
@@ -279,7 +279,7 @@ def _disk(ir: RecipeIR) -> Path | None:
 
 def _consumers(assignment: Assignment, model) -> dict[str, set[str]]:
     """For each activation to quantize, the nodes of the activation-quantized layers that read it."""
-    by_weight = {}
+    by_weight: dict[str, list] = {}
     for node in model.graph.node:
         for name in node.input:
             by_weight.setdefault(name, []).append(node)

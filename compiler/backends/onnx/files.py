@@ -18,12 +18,14 @@ INLINE_LIMIT = 1024  # bytes: tensors larger than this live in the data file
 
 @dataclass
 class ModelFiles:
+    """The model being compiled: its path and its weight-free graph."""
     path: Path  # the .onnx file whose initializers are external
     light: onnx.ModelProto  # the graph with initializer headers only
     _scratch: Path | None = None
 
     @property
     def base_dir(self) -> Path:
+        """The folder the external data is read from."""
         return self.path.parent
 
     def array(self, tensor: onnx.TensorProto) -> np.ndarray:
@@ -31,11 +33,13 @@ class ModelFiles:
         return numpy_helper.to_array(tensor, base_dir=str(self.base_dir))
 
     def close(self) -> None:
+        """Remove the scratch copy made for a model whose weights were inside the .onnx."""
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 def open_model(source: Path) -> ModelFiles:
+    """Open `source` graph-only; a model with inline weights is first split into model + data in a scratch folder."""
     light = onnx.load(str(source), load_external_data=False)
     if not any(_inline_size(t) > INLINE_LIMIT for t in light.graph.initializer):
         return ModelFiles(source, light)

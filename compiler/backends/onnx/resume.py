@@ -13,10 +13,12 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class ResumeState:
+    """Data-only resume state of an interrupted calibration (observers after the last finished segment)."""
     path: Path
 
     @staticmethod
     def for_run(disk: Path, *identity: str) -> ResumeState:
+        """The state file of the run that `identity` (recipe, model, group) names, under `disk`."""
         key = hashlib.sha256("\x00".join(identity).encode()).hexdigest()[:24]
         return ResumeState(disk / "checkpoints" / f"calibration-{key}.pkl")
 
@@ -30,6 +32,7 @@ class ResumeState:
         return done, observers
 
     def save(self, done: int, observers: dict) -> None:
+        """Write the observers after `done` segments atomically."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".checkpoint-")
         with os.fdopen(fd, "wb") as handle:
@@ -37,4 +40,5 @@ class ResumeState:
         os.replace(tmp, self.path)
 
     def remove(self) -> None:
+        """Delete the state: the calibration it resumes has finished."""
         self.path.unlink(missing_ok=True)

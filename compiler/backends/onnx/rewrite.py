@@ -23,6 +23,7 @@ MS_DOMAIN = "com.microsoft"
 
 @dataclass(frozen=True)
 class WeightJob:
+    """A weight to quantize: its layer and the scheme it gets."""
     layer: Layer
     scheme: Scheme
 
@@ -37,6 +38,7 @@ def weight_axes(node: onnx.NodeProto) -> tuple[int, int]:
 
 
 def tensor(name: str, array: np.ndarray, qtype: QType | None = None) -> onnx.TensorProto:
+    """An initializer from an array, in the scheme's integer type when `qtype` is given."""
     if qtype is None or qtype.bits == 8:
         return numpy_helper.from_array(np.array(array, order="C"), name)  # 0-d stays 0-d
     raw = pack_int4(np.asarray(array).reshape(-1)).tobytes()
@@ -44,6 +46,7 @@ def tensor(name: str, array: np.ndarray, qtype: QType | None = None) -> onnx.Ten
 
 
 def uses_matmul_nbits(fmt: EmitFormat, node: onnx.NodeProto, scheme: Scheme) -> bool:
+    """Whether this node's weight is emitted as a MatMulNBits (weight-only groups on MatMul with that format)."""
     return (fmt is EmitFormat.MATMUL_NBITS and node.op_type == "MatMul" and scheme.activations is None
             and scheme.weights.granularity is Granularity.GROUP)
 
@@ -53,12 +56,12 @@ def dequantize_nodes(node: onnx.NodeProto, weight: str, qw: QuantizedWeight) -> 
     out = f"{weight}_dequantized"
     inits = [tensor(f"{weight}_quantized", qw.q, qw.qtype), tensor(f"{weight}_scale", qw.scale),
              tensor(f"{weight}_zero_point", qw.zero_point.astype(qparams.NP_TYPES[qw.qtype]), qw.qtype)]
-    attrs = {}
+    attrs: dict[str, int] = {}
     if qw.axis is not None:
         attrs["axis"] = qw.axis
     if qw.block_size:
         attrs["block_size"] = qw.block_size
-    dq = helper.make_node("DequantizeLinear", [i.name for i in inits], [out], name=f"{weight}_DequantizeLinear", **attrs)
+    dq = helper.make_node("DequantizeLinear", [i.name for i in inits], [out], name=f"{weight}_DequantizeLinear", **attrs)  # type: ignore[arg-type]  # onnx stubs type **kwargs as doc_string
     return inits, [dq], out
 
 
@@ -85,6 +88,7 @@ def matmul_nbits(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, symmetr
 
 
 def activation_nodes(tensor_name: str, scale: np.ndarray, zp: np.ndarray, qtype: QType) -> tuple[list, list, str]:
+    """QuantizeLinear/DequantizeLinear on an activation: (initializers, nodes, the dequantized tensor's name)."""
     q, dq = f"{tensor_name}_QuantizeLinear", f"{tensor_name}_DequantizeLinear"
     inits = [tensor(f"{tensor_name}_scale", scale.astype(np.float32)),
              tensor(f"{tensor_name}_zero_point", zp.astype(qparams.NP_TYPES[qtype]))]

@@ -9,7 +9,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,12 +18,14 @@ import onnx
 from onnx import helper
 
 from compiler.backends.onnx.calibrate import session
+from compiler.data import Batches
 from compiler.models.graph import GraphSummary
 from compiler.plan.activations import segment_runs
 
 
 @dataclass(frozen=True)
 class Segment:
+    """The nodes of one block (a run of the graph) and the values it reads from and passes to other segments."""
     name: str
     nodes: tuple[onnx.NodeProto, ...]
 
@@ -62,6 +64,7 @@ class BoundaryCache:
         return self._scratch / f"{hashlib.sha1(name.encode()).hexdigest()[:16]}-{chunk}.npy"
 
     def put(self, name: str, chunk: int, value: np.ndarray) -> None:
+        """Keep one chunk of a boundary value (in memory, or on disk when a folder is given)."""
         if self._scratch is None:
             self._memory[(name, chunk)] = value
             return
@@ -71,11 +74,13 @@ class BoundaryCache:
         os.replace(tmp, path)
 
     def get(self, name: str, chunk: int) -> np.ndarray:
+        """One chunk of a boundary value."""
         if self._scratch is None:
             return self._memory[(name, chunk)]
         return np.load(self._path(name, chunk), allow_pickle=False)
 
     def drop(self, name: str) -> None:
+        """Forget a boundary value no later segment reads."""
         for key in [k for k in self._memory if k[0] == name]:
             del self._memory[key]
         if self._scratch is not None:
@@ -84,6 +89,7 @@ class BoundaryCache:
                 path.unlink(missing_ok=True)
 
     def close(self, keep: bool = False) -> None:
+        """Remove the cache's files (or keep them for a resumed run)."""
         self._memory.clear()
         if self._scratch is not None and not keep:
             shutil.rmtree(self._scratch, ignore_errors=True)
@@ -120,7 +126,7 @@ def _info(summary: GraphSummary, name: str) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, value.elem_type if value else onnx.TensorProto.FLOAT, None)
 
 
-def run_segments(model: onnx.ModelProto, model_dir: Path, summary: GraphSummary, batches: Iterable[dict],
+def run_segments(model: onnx.ModelProto, model_dir: Path, summary: GraphSummary, batches: Sequence[dict] | Batches,
                  wanted: set[str], on_value: Callable[[str, np.ndarray], None], disk: Path | None,
                  on_chunk: Callable[[], None] = lambda: None, resume: Resume | None = None) -> None:
     """Run the model segment by segment over all chunks, reporting every `wanted` value as it is produced.

@@ -27,19 +27,21 @@ from compiler.resolve.mixed import Unit
 
 
 class OnnxScorer:
+    """What the mixed-precision search reads from an ONNX model: weights, input Gram matrices, measured KL."""
     convention = Convention.ORT
 
     def __init__(self, ir: RecipeIR, index: ModelIndex, files: ModelFiles, source: Path):
         self.index, self.files, self.source = index, files, source
         self.batches = scoring_batches(ir, index)
         self.inits = {t.name: t for t in files.light.graph.initializer}
-        self.axes = {}
+        self.axes: dict[str, tuple[int, int]] = {}
         for node in files.light.graph.node:
             for name in node.input:
                 if name in self.inits:
                     self.axes.setdefault(name, weight_axes(node))
 
     def digest(self) -> str:
+        """A content hash of the model's files (the score cache key)."""
         paths = [self.source]
         if self.files.path == self.source:  # weights outside the .onnx: hash their files too
             locations = {e.value for t in self.files.light.graph.initializer for e in t.external_data if e.key == "location"}
@@ -48,6 +50,7 @@ class OnnxScorer:
 
     # ---- weights as [out, in] ---------------------------------------------------------------------
     def weight(self, layer: Layer) -> np.ndarray:
+        """The float weight of `layer` as [out, in] float32."""
         return self._to_rows(layer, self.files.array(self.inits[layer.weight]).astype(np.float32))
 
     def _to_rows(self, layer: Layer, stored: np.ndarray) -> np.ndarray:
@@ -64,7 +67,7 @@ class OnnxScorer:
     def grams(self, layers: Sequence[Layer], progress) -> dict[str, np.ndarray]:
         """Layers whose input rows are not their weight's input features (Conv, Gather) get the identity:
         their score is the weight error alone."""
-        by_input = {}
+        by_input: dict[str, int] = {}
         for layer in layers:
             if layer.op in ("MatMul", "Gemm"):
                 by_input.setdefault(layer.input, layer.in_features)
@@ -89,6 +92,7 @@ class OnnxScorer:
 
     # ---- kld: measured per unit ---------------------------------------------------------------------
     def kld(self, units: Sequence[Unit], schemes: Sequence[Scheme], progress) -> dict[str, list[float]]:
+        """Each unit's KL divergence from float under each scheme, measured: one more run per unit × scheme and chunk."""
         members = [self.index.layer(n) for u in units for n in u.members]
         searched = list(dict.fromkeys(layer.weight for layer in members))
         first = self.files.light.graph.output[0].name
@@ -114,7 +118,8 @@ class OnnxScorer:
 def _weights_as_inputs(model: onnx.ModelProto, weights: list[str]) -> onnx.ModelProto:
     """The searched weights stop being initializers and become inputs, so each run can feed its own."""
     wanted = set(weights)
-    kept, moved = [], []
+    kept: list = []
+    moved: list = []
     for tensor in model.graph.initializer:
         (moved if tensor.name in wanted else kept).append(tensor)
     del model.graph.initializer[:]

@@ -29,20 +29,24 @@ _STRATEGY = {Granularity.PER_TENSOR: "tensor", Granularity.PER_CHANNEL: "channel
 
 @dataclass(frozen=True)
 class TensorSpec:
+    """A tensor of the output: name, dtype and shape, known before any is written."""
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
 
     @property
     def nbytes(self) -> int:
+        """Its size in bytes."""
         return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
 
 
 def weight_format(scheme: Scheme) -> str:
+    """The compressed-tensors format name of a scheme's weights."""
     return PACKED if scheme.weights.qtype.bits < 8 else INT
 
 
 def static_input(scheme: Scheme) -> bool:
+    """Whether the scheme quantizes its inputs with a static (calibrated) scale."""
     act = scheme.activations
     return act is not None and act.mode is ActivationMode.STATIC
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.ir.types import Backend, EmitFormat, MemoryMode
+from compiler.ir.types import Backend, EmitFormat, MemoryMode, SensitivityMetric
 from compiler.models.index import LayerKind
 from compiler.plan.memory import (
     ACT_BYTES,
@@ -29,6 +29,7 @@ COPY_SLICE = 16 << 20  # unquantized tensors are copied to the output in slices 
 
 
 def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
+    """The block-wise phase: weights held, block caches, one block's working set, GPTQ Hessians and scratch."""
     cache_ps = w.seqlen * w.hidden * dtype_bytes(w)
     copies = CACHE_COPIES[mode]
     held = chunk if (mode is MemoryMode.OFFLOAD and w.disk) else w.samples
@@ -86,7 +87,7 @@ def torch_vram(w: Workload, chunk: int) -> int:
     """Olive's formula for a resident model on GPUs, plus one chunk's working set."""
     linear = sum(x.params for x in w.index.layers if x.kind is LayerKind.LINEAR)
     param = w.weights_bytes
-    full = (2 * param + 4 * linear + 0.2 * param) * VRAM_SLACK if w.kld_gradient else param * VRAM_SLACK
+    full = (2 * param + 4 * linear + 0.2 * param) * VRAM_SLACK if w.search is not None and w.search.metric is SensitivityMetric.KLD else param * VRAM_SLACK
     return int(full + chunk * block_working_set(w) + hessian_bytes(w))
 
 

@@ -45,8 +45,9 @@ def _accelerate(model: TorchModel, budgets: dict[int, int]) -> dict[str, int | s
         return None
     blocks = model.block_modules()
     no_split = [type(blocks[0]).__name__] if len(blocks) else []
-    full = infer_auto_device_map(model.module, max_memory={**budgets, "cpu": 0}, no_split_module_classes=no_split)
-    proposal = {}
+    memory: dict = {**budgets, "cpu": 0}  # GPU ids and "cpu", as accelerate takes them
+    full = infer_auto_device_map(model.module, max_memory=memory, no_split_module_classes=no_split)
+    proposal: dict[str, str | int] = {}
     for block in model.blocks:  # the device of each block (or of its first piece, when accelerate split it)
         found = [d for name, d in full.items() if name == block or name.startswith(block + ".")
                  or block.startswith(name + ".") or name == ""]

@@ -16,6 +16,7 @@ from compiler.canonical import TINY, fmt
 
 
 def dump(folder: Path, approximate: tuple[str, ...] = ()) -> str:
+    """The canonical text of an emitted folder (goldens); `approximate` layers are summarised, not hashed."""
     files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     lines = ["files"] + [f"  {f}" for f in files]

@@ -27,7 +27,7 @@ from compiler.backends.program import run_program
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.rss import RssSampler
-from compiler.backends.sensitivity import assign, score_units
+from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.backends.torch import streams
 from compiler.backends.torch.compressed import TensorSpec, layer_specs, layer_tensors, quantization_config
 from compiler.backends.torch.devices import place
@@ -46,7 +46,7 @@ from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import warning
 from compiler.ir.printer import print_ir
 from compiler.ir.types import MemoryMode, RecipeIR
-from compiler.models.index import LayerKind, TensorInfo
+from compiler.models.index import LayerKind, ModelIndex, TensorInfo
 from compiler.plan import ops
 from compiler.plan.ops import Plan
 from compiler.quant import qparams
@@ -86,13 +86,14 @@ class _Run:
         self.result, self.progress, self.start = result, progress, start
         self.mode = plan.mode
         self.model: TorchModel | None = None
-        self.index = None
-        self.scores = None
+        self.index: ModelIndex | None = None
+        self.scores: Scores | None = None
         self.devices: dict = {}
         self.jobs: list[Job] = []
         self.writer: FolderWriter | None = None
         self.stats: Statistics | None = None
-        self.cal = self.verify_streams = None
+        self.cal: streams.Stream | None = None
+        self.verify_streams: tuple[streams.Stream, streams.Stream, Agreement] | None = None
         self.reference: list = []
         self.tail_done = False
         self.disk = Path(ir.memory.disk) if ir.memory.disk else None
@@ -361,6 +362,7 @@ class _Run:
         hooks = []
         for job in jobs:
             module = self.model.module.get_submodule(job.module)
+            assert isinstance(module, torch.nn.Linear)  # Linear layers only (Q411)
             q = quantize_job(job, module.weight, stats, self.model.dtype)
             act = input_qparams(job, stats, self.ir.calibration, self.model.dtype)
             if job.static_input and act is None:

@@ -25,20 +25,24 @@ ROW_SLICE_BYTES = 4 << 20  # rtn/mse round a weight this many bytes of rows at a
 
 @dataclass(frozen=True)
 class Job:
+    """A layer to round: its module, index entry and scheme."""
     module: str  # the Linear's name in the torch module tree
     layer: Layer  # its entry in the model index (names as in the checkpoint)
     scheme: Scheme
 
     @property
     def gptq(self) -> bool:
+        """Rounded with GPTQ."""
         return self.scheme.rounding is Rounding.GPTQ
 
     @property
     def static_input(self) -> bool:
+        """Its inputs are quantized with a calibrated scale."""
         return static_input(self.scheme)
 
     @property
     def needs_data(self) -> bool:
+        """It needs calibration data (GPTQ or static inputs)."""
         return self.gptq or self.static_input
 
 
@@ -50,12 +54,14 @@ class Hessian:
     rows: int = 0
 
     def update(self, x: torch.Tensor) -> None:
+        """Add a batch of inputs to the running XᵀX."""
         rows = x.detach().reshape(-1, x.shape[-1]).float()
         rows = rows[torch.isfinite(rows).all(dim=1)]
         self.sum.addmm_(rows.T, rows, alpha=2.0)
         self.rows += rows.shape[0]
 
     def mean(self) -> np.ndarray:
+        """XᵀX divided by the number of rows seen."""
         return (self.sum / max(self.rows, 1)).cpu().numpy()
 
 
@@ -112,9 +118,11 @@ class Statistics:
         return hook
 
     def hessian(self, job: Job) -> np.ndarray:
+        """The Hessian estimate of `job`'s input (shared by layers reading the same tensor)."""
         return self.hessians[self.leader[job.module]].mean()
 
     def observer(self, job: Job):
+        """The input observer of `job` (shared by layers reading the same tensor)."""
         return self.observers.get(self.leader.get(job.module, job.module))
 
 

@@ -23,6 +23,7 @@ from compiler.source import Span
 
 @dataclass
 class TorchModel:
+    """A model skeleton on the meta device and where each parameter's tensor is in the checkpoint."""
     module: nn.Module
     shards: Shards  # the safetensors files the weights come from
     keys: dict[str, str]  # parameter name in the module → tensor name in the checkpoint
@@ -39,7 +40,10 @@ class TorchModel:
         return {name: i for i, (name, _) in enumerate(self.module.named_modules())}
 
     def block_modules(self) -> nn.ModuleList:
-        return self.module.get_submodule(self.container) if self.container else nn.ModuleList()
+        """The ModuleList of blocks (empty when the model has none)."""
+        found = self.module.get_submodule(self.container) if self.container else nn.ModuleList()
+        assert isinstance(found, nn.ModuleList)
+        return found
 
     def outside(self) -> list[str]:
         """Parameter names outside the blocks (embeddings, final norm, heads)."""
@@ -49,6 +53,7 @@ class TorchModel:
         return [name for name in self.keys if not name.startswith(prefix)]
 
     def parameters_of(self, module_name: str) -> list[str]:
+        """The parameter names of a module and its children."""
         prefix = module_name + "."
         return [name for name in self.keys if name.startswith(prefix)]
 
@@ -69,6 +74,7 @@ class TorchModel:
                                                  requires_grad=False))
 
     def is_resident(self, name: str) -> bool:
+        """Whether a parameter holds real data (not the meta device)."""
         return not self.module.get_parameter(name).is_meta
 
     @cached_property
@@ -113,6 +119,7 @@ def parameters_on_meta():
 
 
 def open_model(ref: str, blocks: tuple[str, ...], span: Span | None) -> TorchModel:
+    """The skeleton of a built-in or an HF folder, its parameters mapped to the safetensors tensors."""
     if ref.startswith(builtin.PREFIX):
         module, folder_ckpt, config, folder = _builtin(ref), builtin_checkpoint(ref), {"qrc_builtin": ref}, None
     else:

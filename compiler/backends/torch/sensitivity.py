@@ -24,6 +24,7 @@ from compiler.resolve.mixed import Unit, cheapest
 
 
 class TorchScorer:
+    """What the mixed-precision search reads from a torch model: weights, input Gram matrices, estimated KL."""
     convention = Convention.TORCH
 
     def __init__(self, ir: RecipeIR, index: ModelIndex, model, feed):
@@ -32,9 +33,11 @@ class TorchScorer:
         self.feeds = [feed(f) for f in scoring_batches(ir, index)]
 
     def digest(self) -> str:
+        """A content hash of the checkpoint's files (the score cache key)."""
         return files_hash(sorted({e.file for e in self.model.shards.entries.values()}))
 
     def weight(self, layer: Layer) -> np.ndarray:
+        """The float weight of `layer` as [out, in] float32."""
         w = self.model.shards.read(layer.weight).float().numpy()
         return w.reshape(w.shape[0], -1)
 
@@ -44,8 +47,10 @@ class TorchScorer:
         self.model.materialize(missing)
         return lambda: self.model.release(missing)
 
-    def _module(self, layer: Layer) -> torch.nn.Module:
-        return self.model.module.get_submodule(self.model.module_of[layer.weight])
+    def _module(self, layer: Layer) -> torch.nn.Linear:
+        module = self.model.module.get_submodule(self.model.module_of[layer.weight])
+        assert isinstance(module, torch.nn.Linear)  # the torch backend quantizes Linear layers only (Q411)
+        return module
 
     # ---- mse: Σ xᵀx of each layer's input ------------------------------------------------------------
     def grams(self, layers: Sequence[Layer], progress) -> dict[str, np.ndarray]:
@@ -87,6 +92,7 @@ class TorchScorer:
 
     # ---- kld: first-order estimate ------------------------------------------------------------------
     def kld(self, units: Sequence[Unit], schemes: Sequence[Scheme], progress) -> dict[str, list[float]]:
+        """Each unit's first-order KL estimate under each scheme (Olive's kld_gradient)."""
         restore = self._resident()
         layers = {n: self.index.layer(n) for u in units for n in u.members}
         params = {n: self._module(layer).weight for n, layer in layers.items()}

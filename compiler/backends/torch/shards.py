@@ -23,6 +23,7 @@ _MAX_HEADER = 100 << 20
 
 @dataclass(frozen=True)
 class Entry:
+    """Where one tensor is: file, dtype code, shape and absolute byte range."""
     file: Path
     dtype: str
     shape: tuple[int, ...]
@@ -42,6 +43,7 @@ class Shards:
         return name in self.entries
 
     def read(self, name: str) -> torch.Tensor:
+        """One tensor, read with a positioned read."""
         entry = self.entries[name]
         size = entry.end - entry.start
         buffer = bytearray(size)

@@ -22,6 +22,7 @@ class HiddenCache:
         self._dir = Path(tempfile.mkdtemp(prefix="qrc-hidden-", dir=folder)) if folder is not None else None
 
     def put(self, chunk: int, hidden: torch.Tensor) -> None:
+        """Keep one chunk's hidden states."""
         value = hidden.detach().to("cpu", self.dtype)
         if self._dir is None:
             self._ram[chunk] = value
@@ -29,11 +30,13 @@ class HiddenCache:
             torch.save(value.clone(), self._dir / f"{chunk}.pt")
 
     def get(self, chunk: int) -> torch.Tensor:
+        """One chunk's hidden states."""
         if self._dir is None:
             return self._ram[chunk]
         return torch.load(self._dir / f"{chunk}.pt", weights_only=True)
 
     def close(self) -> None:
+        """Remove the chunks (and their files)."""
         self._ram.clear()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)

@@ -14,7 +14,7 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
     """Q411 for the output format and for each layer × scheme compressed-tensors cannot store."""
     if ir.emit is not None and ir.emit.format is not EmitFormat.SAFETENSORS:
         diags.error("Q411", f"the torch backend writes safetensors, not {ir.emit.format.value}",
-                    ir.emit.span_of("format") or ir.emit.span, "not supported",
+                    ir.emit.span_of("format") or ir.emit.span_of("path"), "not supported",
                     help="use `emit \"FOLDER\" { format safetensors }`, or `backend onnx` for ONNX output")
     seen: set[tuple[str, str]] = set()
     for candidate in each_choice(ir, assignment):

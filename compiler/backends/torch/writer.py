@@ -19,6 +19,7 @@ SHARD_BYTES = 2 << 30  # above this the weights are split into model-0000i-of-00
 
 
 class FolderWriter:
+    """Writes the output folder: sharded safetensors laid out from the specs, then renamed into place."""
     def __init__(self, destination: Path, specs: list[TensorSpec], shard_bytes: int = SHARD_BYTES):
         self.destination = destination
         self.temp = destination.with_name(f".{destination.name}.qrc-tmp")
@@ -42,6 +43,7 @@ class FolderWriter:
             (self.temp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
+        """Write one tensor at its place in its shard."""
         fd, offset, spec = self.where[name]
         if tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
             raise ValueError(f"{name}: {tensor.dtype}{list(tensor.shape)} written where the layout has "
@@ -50,7 +52,7 @@ class FolderWriter:
             data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
             written = 0
             while written < data.size:
-                written += os.pwrite(fd, data[written:], offset + written)
+                written += os.pwrite(fd, data[written:].data, offset + written)
         self.missing.discard(name)
 
     def copy_raw(self, name: str, source: Path, start: int, end: int) -> None:
@@ -73,16 +75,19 @@ class FolderWriter:
         self.missing.discard(name)
 
     def write_file(self, relative: str, text: str) -> None:
+        """Write a text file of the folder (config.json, qrc.recipe)."""
         path = self.temp / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
 
     def copy_file(self, source: Path, relative: str) -> None:
+        """Copy another file of the source folder (tokenizer, generation config)."""
         path = self.temp / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, path)
 
     def finish(self) -> list[Path]:
+        """Check every tensor was written, then move the folder into place; its files."""
         if self.missing:
             raise ValueError(f"{len(self.missing)} tensors were never written (e.g. {sorted(self.missing)[0]})")
         for _, fd, _ in self.files:
@@ -98,6 +103,7 @@ class FolderWriter:
         return sorted(p for p in self.destination.rglob("*") if p.is_file())
 
     def abort(self) -> None:
+        """Remove the temporary folder: nothing appears at the destination."""
         for _, fd, _ in self.files:
             os.close(fd)
         self.files = []
@@ -105,7 +111,9 @@ class FolderWriter:
 
 
 def _shards(specs: list[TensorSpec], limit: int) -> list[list[TensorSpec]]:
-    shards, current, size = [], [], 0
+    shards: list[list[TensorSpec]] = []
+    current: list[TensorSpec] = []
+    size = 0
     for spec in specs:
         if current and size + spec.nbytes > limit:
             shards.append(current)
@@ -118,7 +126,9 @@ def _shards(specs: list[TensorSpec], limit: int) -> list[list[TensorSpec]]:
 def _write_header(fd: int, shard: list[TensorSpec]) -> tuple[int, list[int]]:
     """Header (keys sorted, data in the same order), padded with spaces to 8 bytes; the file is sized."""
     ordered = sorted(shard, key=lambda s: s.name)
-    header, offsets, position = {"__metadata__": {"format": "pt"}}, {}, 0
+    header: dict[str, dict] = {"__metadata__": {"format": "pt"}}
+    offsets: dict[str, int] = {}
+    position = 0
     for spec in ordered:
         header[spec.name] = {"dtype": CODES[spec.dtype], "shape": list(spec.shape),
                              "data_offsets": [position, position + spec.nbytes]}

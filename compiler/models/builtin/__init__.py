@@ -20,6 +20,7 @@ NAMES = tuple(_MODULES)
 
 
 def module(name: str) -> ModuleType:
+    """The module that builds the built-in `name`."""
     import importlib
 
     return importlib.import_module(f"compiler.models.builtin.{_MODULES[name]}")
@@ -52,6 +53,7 @@ def parse_ref(ref: str):
 
 
 def cache_dir() -> Path:
+    """The cache folder: $QRC_CACHE, else ~/.cache/qrc."""
     return Path(os.environ.get("QRC_CACHE") or Path.home() / ".cache" / "qrc")
 
 

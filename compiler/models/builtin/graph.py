@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -20,14 +22,23 @@ class GraphBuilder:
         self._names: set[str] = set()
 
     def weight(self, name: str, array: np.ndarray) -> str:
+        """Add an initializer; its name."""
         self.initializers.append(numpy_helper.from_array(np.array(array, order="C"), name))  # 0-d stays 0-d
         return name
 
     def const(self, value, dtype=np.float32) -> str:
+        """Add a scalar or small constant initializer; its name."""
         self._consts += 1
         return self.weight(f"const_{self._consts}", np.asarray(value, dtype=dtype))
 
+    @overload
+    def op(self, op_type: str, inputs: list[str], scope: str, outputs: Literal[1] = 1, **attrs) -> str: ...
+
+    @overload
+    def op(self, op_type: str, inputs: list[str], scope: str, outputs: int, **attrs) -> list[str]: ...
+
     def op(self, op_type: str, inputs: list[str], scope: str, outputs: int = 1, **attrs) -> str | list[str]:
+        """One node named like the exporter names it; its output (or outputs, when more than one)."""
         name = f"{scope}/{op_type}"
         k = 1
         while name in self._names:  # `…/MatMul`, `…/MatMul_1`, like the exporter
@@ -55,6 +66,7 @@ class GraphBuilder:
         return y
 
     def model(self, name: str, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+        """The ONNX model of the nodes and initializers built so far."""
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="qrc")
         model.ir_version = IR_VERSION
@@ -62,6 +74,7 @@ class GraphBuilder:
 
 
 def tensor(name: str, elem_type: int, shape: list) -> onnx.ValueInfoProto:
+    """A graph input or output."""
     return helper.make_tensor_value_info(name, elem_type, shape)
 
 
@@ -69,4 +82,5 @@ FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
 
 
 def normal(rng: np.random.RandomState, shape, std: float) -> np.ndarray:
+    """Seeded normal weights of a standard deviation, float32."""
     return (rng.standard_normal(shape) * std).astype(np.float32)

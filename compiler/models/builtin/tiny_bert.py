@@ -17,6 +17,7 @@ LN_EPS = 1e-12
 
 @dataclass(frozen=True)
 class BertSpec:
+    """The sizes of a tiny BERT (`builtin:tiny-bert?layers=…`)."""
     layers: int = 2
     hidden: int = 128
     heads: int = 4
@@ -26,6 +27,7 @@ class BertSpec:
     seed: int = 0
 
     def problems(self) -> list[str]:
+        """What is wrong with these sizes, as sentences."""
         return [f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})"] if self.hidden % self.heads else []
 
 
@@ -40,6 +42,7 @@ def _layer_norm(w, rng, name: str, size: int) -> None:
 
 
 def weights(spec: BertSpec) -> dict[str, np.ndarray]:
+    """The seeded weights, by tensor name."""
     rng = np.random.RandomState(spec.seed)
     h = spec.hidden
     w = {"embeddings.word_embeddings.weight": normal(rng, (spec.vocab, h), 1.0),
@@ -60,6 +63,7 @@ def weights(spec: BertSpec) -> dict[str, np.ndarray]:
 
 
 def build_onnx(spec: BertSpec):
+    """The ONNX form (as torch.onnx exports BERT)."""
     g, w = GraphBuilder(), weights(spec)
     e = "/embeddings"
     seq = g.op("Gather", [g.op("Shape", ["input_ids"], e), g.const(1, np.int64)], e)

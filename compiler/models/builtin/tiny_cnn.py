@@ -11,6 +11,7 @@ from compiler.models.builtin.graph import FLOAT, GraphBuilder, normal, tensor
 
 @dataclass(frozen=True)
 class CnnSpec:
+    """The sizes of a tiny CNN (`builtin:tiny-cnn`)."""
     channels: int = 16
     image: int = 32
     hidden: int = 128
@@ -18,14 +19,17 @@ class CnnSpec:
     seed: int = 0
 
     def problems(self) -> list[str]:
+        """What is wrong with these sizes, as sentences."""
         return [f"image ({self.image}) must be a multiple of 4"] if self.image % 4 else []
 
     @property
     def flat(self) -> int:
+        """Features entering the classifier."""
         return 2 * self.channels * (self.image // 4) ** 2
 
 
 def weights(spec: CnnSpec) -> dict[str, np.ndarray]:
+    """The seeded weights, by tensor name."""
     rng = np.random.RandomState(spec.seed)
     c = spec.channels
     return {
@@ -38,6 +42,7 @@ def weights(spec: CnnSpec) -> dict[str, np.ndarray]:
 
 
 def build_onnx(spec: CnnSpec):
+    """The ONNX form."""
     g, w = GraphBuilder(), weights(spec)
     x = "pixel_values"
     for name in ("conv1", "conv2"):

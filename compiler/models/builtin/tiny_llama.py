@@ -15,6 +15,7 @@ ROPE_THETA = 10000.0
 
 @dataclass(frozen=True)
 class LlamaSpec:
+    """The sizes of a tiny Llama (`builtin:tiny-llama?layers=…&hidden=…`)."""
     layers: int = 2
     hidden: int = 128
     heads: int = 4
@@ -25,9 +26,11 @@ class LlamaSpec:
 
     @property
     def head_dim(self) -> int:
+        """Width of one attention head."""
         return self.hidden // self.heads
 
     def problems(self) -> list[str]:
+        """What is wrong with these sizes, as sentences."""
         out = []
         if self.hidden % self.heads:
             out.append(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
@@ -58,6 +61,7 @@ def weights(spec: LlamaSpec) -> dict[str, np.ndarray]:
 
 
 def build_onnx(spec: LlamaSpec):
+    """The ONNX form (as torch.onnx exports a Llama decoder without cache)."""
     g, w = GraphBuilder(), weights(spec)
     embed = g.weight("model.embed_tokens.weight", w["model.embed_tokens.weight"])
     h = g.op("Gather", [embed, "input_ids"], "/model/embed_tokens")

@@ -92,6 +92,7 @@ class TinyLlama(nn.Module):
         self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
 
     def forward(self, input_ids, attention_mask):
+        """Logits of the tiny Llama."""
         t = input_ids.shape[1]
         pos = torch.arange(t, dtype=torch.float32)
         inv_freq = 1.0 / tiny_llama.ROPE_THETA ** (np.arange(0, self.spec.head_dim, 2, dtype=np.float64) / self.spec.head_dim)
@@ -187,6 +188,7 @@ class TinyBert(nn.Module):
         self.pooler = _Pooler(spec.hidden)
 
     def forward(self, input_ids, attention_mask):
+        """Token embeddings of the tiny BERT (last hidden state)."""
         e = self.embeddings
         pos = torch.arange(input_ids.shape[1])
         x = e.word_embeddings(input_ids) + e.position_embeddings(pos) + e.token_type_embeddings.weight[0]
@@ -198,6 +200,7 @@ class TinyBert(nn.Module):
 
 
 class TinyCnn(nn.Module):
+    """The PyTorch form of the tiny CNN."""
     def __init__(self, spec: tiny_cnn.CnnSpec):
         super().__init__()
         self.conv1 = nn.Conv2d(3, spec.channels, 3, padding=1)
@@ -206,6 +209,7 @@ class TinyCnn(nn.Module):
         self.fc2 = nn.Linear(spec.hidden, spec.classes)
 
     def forward(self, pixel_values):
+        """Class logits."""
         x = F.max_pool2d(F.relu(self.conv1(pixel_values)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         x = x.permute(0, 2, 3, 1).flatten(1)
