@@ -52,7 +52,7 @@ def checkpoint(layers: int, hidden: int) -> Path:
     for name, shape in shapes.items():
         values = np.ones(shape, np.float32) if len(shape) == 1 else (rng.standard_normal(shape, np.float32) * 0.02)
         writer.put(name, torch.from_numpy(values))
-    writer.write_file("config.json", config.to_json_string())
+    writer.metadata("config.json", config.to_json_string())
     writer.finish()
     return folder
 

@@ -61,3 +61,30 @@ def test_every_example_plan_has_a_handler_for_each_op(recipe):
         handlers = torch_execute._Run(planned.check.ir, planned.check.assignment, planned.plan, None, None,
                                       0.0).handlers()
     assert missing_handlers(planned.plan, handlers) == []
+
+
+@pytest.mark.parametrize(("recipe", "sets"), [("recipes/tiny-llama-w8a8.recipe", ()),
+                                              ("recipes/tiny-llama-w4a16.recipe", ()),
+                                              ("recipes/tiny-llama-w4a16.recipe", ("emit.format=qdq",)),
+                                              ("recipes/tiny-bert-lwp.recipe", ())],
+                         ids=["w8a8-qdq", "w4a16-matmul_nbits", "w4a16-qdq", "bert-qdq"])
+def test_onnx_emitter_specs_are_what_it_writes(recipe, sets, tmp_path):
+    """The emitter knows every tensor it writes (name, dtype, shape) before writing any."""
+    import onnx
+
+    from compiler.backends.onnx.emitters import emitter_for
+    from compiler.backends.onnx.execute import model_path
+    from compiler.backends.onnx.files import open_model
+    from compiler.backends.onnx.rewrite import WeightJob
+
+    out = tmp_path / "m.onnx"
+    result, planned = compile_program(recipe, out, *sets)
+    jobs = {a.layer.weight: WeightJob(a.layer, a.scheme) for a in result.assignment.layers if not a.scheme.is_none}
+    files = open_model(model_path(planned.check.ir.model))
+    specs = emitter_for(planned.check.ir.emit.format, files, jobs, out, False).specs()
+    files.close()
+    names = {onnx.TensorProto.FLOAT: "float32"}
+    written = {t.name: (names.get(t.data_type, onnx.TensorProto.DataType.Name(t.data_type).lower()), tuple(t.dims))
+               for t in onnx.load(str(out), load_external_data=False).graph.initializer}
+    assert specs and all(written.get(s.name) == (s.dtype, s.shape) for s in specs), \
+        [(s, written.get(s.name)) for s in specs if written.get(s.name) != (s.dtype, s.shape)][:3]

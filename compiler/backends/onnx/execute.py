@@ -12,9 +12,10 @@ import onnx
 
 from compiler import data
 from compiler.backends.agreement import Agreement
-from compiler.backends.onnx import emit, rewrite
+from compiler.backends.onnx import rewrite
 from compiler.backends.onnx.calibrate import calibrate, session_from_path
-from compiler.backends.onnx.files import ModelFiles, load_remaining, open_model
+from compiler.backends.onnx.emitters import ActivationQParams, QdqEmitter, emitter_for
+from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.sensitivity import OnnxScorer
 from compiler.backends.program import run_program
 from compiler.backends.release import release_memory
@@ -22,7 +23,7 @@ from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.rss import RssSampler
 from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.diagnostics import warning
-from compiler.ir.printer import print_ir
+from compiler.ir.printer import print_ir, provenance
 from compiler.ir.types import EmitFormat, MemoryMode, RecipeIR
 from compiler.ir.values import Diagnostics
 from compiler.models import builtin, resolve_path
@@ -31,6 +32,7 @@ from compiler.plan.ops import Plan
 from compiler.plan.workload import Workload, workload
 from compiler.quant import qparams
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
+from compiler.quant.weights import sqnr_db
 from compiler.resolve.assignment import Assignment, resolve
 
 Progress = Callable[[str, int], Callable[[], None]]  # (stage, total) → advance-by-one
@@ -75,6 +77,7 @@ class _OnnxRun:
         self.observers: dict = {}
         self.bounds: dict[str, tuple[float, float]] = {}  # layer input → its quantized range
         self.offload_resume: tuple | None = None
+        self.emitter: QdqEmitter | None = None
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.ExportOnnx: self.export, ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode,
@@ -222,43 +225,56 @@ class _OnnxRun:
 
     # ---- weights and output -------------------------------------------------------------------------
     def quantize(self, op: ops.QuantizeWeights) -> None:
+        """Each weight read from the data file, rounded, handed to the emitter and dropped; then the static
+        inputs' scales and zero points."""
         self.result.calibration_seconds = time.perf_counter() - self.start
         release_memory()
-        activations = self._activation_specs()
         jobs = {a.layer.weight: rewrite.WeightJob(a.layer, a.scheme) for a in self.assignment.layers
                 if not a.scheme.is_none}
+        # offload keeps the weights out of the .onnx too, so verification can open it without loading them
+        self.emitter = emitter_for(_format(self.ir), self.files, jobs, self.output, self.mode is MemoryMode.OFFLOAD)
+        inits = {t.name: t for t in self.files.light.graph.initializer}
+        advance = self.progress("quantize", len(jobs))
         sqnr: dict[str, float] = {}
-        self.model = rewrite.rewrite(self.files.light, jobs, activations, _format(self.ir), self.files.array,
-                                     self.progress("quantize", len(jobs)), sqnr)
+        for node, weight in self.emitter.weight_nodes():
+            w = self.files.array(inits[weight])
+            qw = rewrite.quantize_for(w, node, jobs[weight])
+            sqnr[weight] = sqnr_db(w, qw, rewrite.weight_axes(node)[0])
+            self.emitter.put(weight, qw)
+            del w
+            advance()
+        for tensor, qparams_ in self._activation_specs().items():
+            self.emitter.put(tensor, qparams_)
         self.result.weight_sqnr = {a.layer.name: sqnr[a.layer.weight] for a in self.assignment.layers
                                    if a.layer.weight in sqnr}
 
-    def _activation_specs(self) -> dict[str, tuple]:
-        """tensor → (scale, zero point, qtype, consumer nodes) for the inputs of activation-quantized layers."""
+    def _activation_specs(self) -> dict[str, ActivationQParams]:
+        """The scale, zero point and consumer nodes of each activation-quantized layer's input."""
         consumers = _consumers(self.assignment, self.files.light)
-        specs = {}
+        specs: dict[str, ActivationQParams] = {}
         for a in self.assignment.layers:
             act, tensor = a.scheme.activations, a.layer.input
             if a.scheme.is_none or act is None or tensor in specs or tensor not in self.bounds:
                 continue
             lo, hi = self.bounds[tensor]
             scale, zp = qparams.scale_zero_point(np.array(lo), np.array(hi), act.qtype, act.symmetric)
-            specs[tensor] = (scale, zp, act.qtype, consumers[tensor])
+            specs[tensor] = ActivationQParams(scale, zp, act.qtype, frozenset(consumers[tensor]))
         self.result.input_ranges = {a.layer.name: self.bounds[a.layer.input] for a in self.assignment.layers
                                     if a.scheme.activations is not None and a.layer.input in self.bounds}
         return specs
 
     def emit(self, op: ops.Emit) -> None:
-        model = self.model
-        load_remaining(model, self.files.base_dir)
-        emit.stamp(model, self.ir.name, print_ir(self.ir))
-        # offload keeps the weights out of the .onnx too, so verification can open it without loading them
-        external = self.mode is MemoryMode.OFFLOAD or model.ByteSize() > emit.EXTERNAL_THRESHOLD
-        self.result.files = emit.write_atomically(model, self.output, external)
+        """Float initializers kept as they are, provenance stamped, the file written atomically."""
+        emitter = self.emitter
+        for tensor in self.files.light.graph.initializer:
+            if tensor.name not in emitter.jobs:
+                emitter.copy_raw(tensor.name)
+        for key, value in provenance(self.ir.name, print_ir(self.ir)):
+            emitter.metadata(key, value)
+        self.result.files = emitter.finish()
         # The rewrite changed `files.light` in place: put the weight-free float graph back, which also lets
         # the quantized model (and its loaded weights) go before verification.
-        del model
-        self.model = None
+        self.emitter = None
         self.files.light = onnx.load(str(self.files.path), load_external_data=False)
         release_memory()
 

@@ -4,7 +4,6 @@ activation-quantized layers. Everything else in the graph is left as it was."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from compiler.ir.types import EmitFormat, Granularity, QType, Scheme
 from compiler.models.index import Layer
 from compiler.quant import qparams
-from compiler.quant.weights import QuantizedWeight, pack_int4, quantize_weight, sqnr_db
+from compiler.quant.weights import QuantizedWeight, pack_int4, quantize_weight
 
 _TYPES = {QType.INT8: TensorProto.INT8, QType.UINT8: TensorProto.UINT8, QType.INT4: TensorProto.INT4,
           QType.UINT4: TensorProto.UINT4}
@@ -98,15 +97,12 @@ def activation_nodes(tensor_name: str, scale: np.ndarray, zp: np.ndarray, qtype:
     return inits, nodes, f"{dq}_output_0"
 
 
-def rewrite(model: onnx.ModelProto, jobs: dict[str, WeightJob], activations: dict[str, tuple], fmt: EmitFormat,
-            load: Callable[[onnx.TensorProto], np.ndarray], on_weight: Callable[[], None] = lambda: None,
-            sqnr: dict[str, float] | None = None) -> onnx.ModelProto:
-    """Rewrite `model` in place and return it. `jobs`: weight name → layer and scheme; `activations`:
-    tensor → (scale, zero point, qtype, consumers) for the inputs of activation-quantized layers;
-    `load` reads one float weight (from external data), so weights are streamed one at a time.
-    `sqnr`, when given, receives each weight's signal to quantization noise in dB."""
+def rewrite(model: onnx.ModelProto, jobs: dict[str, WeightJob], weights: dict[str, QuantizedWeight],
+            activations: dict[str, tuple], fmt: EmitFormat, kept: set[str]) -> onnx.ModelProto:
+    """Rewrite `model` in place and return it. `jobs`: weight name → layer and scheme; `weights`: weight
+    name → its rounded form; `activations`: tensor → (scale, zero point, qtype, consumers) for the inputs
+    of activation-quantized layers; `kept`: the float initializers that stay (still external)."""
     graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
     new_inits: list[onnx.TensorProto] = []
     nodes: list[onnx.NodeProto] = []
     emitted_acts: dict[str, str] = {}
@@ -117,39 +113,36 @@ def rewrite(model: onnx.ModelProto, jobs: dict[str, WeightJob], activations: dic
         if weight is None:
             nodes.append(node)
             continue
-        job = jobs[weight]
-        if weight not in replaced and not uses_matmul_nbits(fmt, node, job.scheme):
-            qw = _quantize_recorded(load(inits[weight]), node, job, sqnr)
+        job, qw = jobs[weight], weights[weight]
+        if uses_matmul_nbits(fmt, node, job.scheme):
+            i_, new = matmul_nbits(node, weight, qw, job.scheme.weights.symmetric)
+            new_inits += i_
+            nodes.append(new)
+            continue
+        if weight not in replaced:
             i_, n_, out = dequantize_nodes(node, weight, qw)
             new_inits += i_
             nodes += n_
             replaced[weight] = out
-            on_weight()
-        if uses_matmul_nbits(fmt, node, job.scheme):
-            qw = _quantize_recorded(load(inits[weight]), node, job, sqnr)
-            i_, new = matmul_nbits(node, weight, qw, job.scheme.weights.symmetric)
-            new_inits += i_
-            nodes.append(new)
-            on_weight()
-            continue
         node.input[:] = [replaced.get(i, i) for i in node.input]
         nodes.append(node)
     used = {i for n in nodes for i in n.input}
-    kept = [t for t in graph.initializer if t.name in used] + new_inits
+    dropped = [t.name for t in graph.initializer if t.name in used and t.name not in kept and t.name not in jobs]
+    if dropped:
+        raise AssertionError(f"float initializer {dropped[0]} is neither kept nor quantized")
+    remaining = [t for t in graph.initializer if t.name in used] + new_inits
     del graph.node[:]
     graph.node.extend(nodes)
     del graph.initializer[:]
-    graph.initializer.extend(kept)
+    graph.initializer.extend(remaining)
     if fmt is EmitFormat.MATMUL_NBITS and not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return model
 
 
-def _quantize_recorded(w: np.ndarray, node: onnx.NodeProto, job: WeightJob, sqnr: dict | None) -> QuantizedWeight:
-    qw = _quantize(w, node, job)
-    if sqnr is not None:
-        sqnr[job.layer.weight] = sqnr_db(w, qw, weight_axes(node)[0])
-    return qw
+def quantize_for(w: np.ndarray, node: onnx.NodeProto, job: WeightJob) -> QuantizedWeight:
+    """Round a weight for the node that reads it (its axes decide channels and groups)."""
+    return _quantize(w, node, job)
 
 
 SLICE_BYTES = 16 << 20  # a large weight is rounded in slices of output channels of at most this size

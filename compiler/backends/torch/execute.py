@@ -405,8 +405,8 @@ class _Run:
         ignored = [a.layer.name for a in self.assignment.layers if a.layer.kind is LayerKind.LINEAR and a.layer.name not in done]
         config = dict(self.model.config)
         config["quantization_config"] = quantization_config(quantized, ignored)
-        self.writer.write_file("config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
-        self.writer.write_file("qrc.recipe", print_ir(self.ir))
+        self.writer.metadata("config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+        self.writer.metadata("qrc.recipe", print_ir(self.ir))
         folder = self.model.folder
         if folder is not None:
             for path in sorted(folder.rglob("*")):

@@ -19,7 +19,9 @@ SHARD_BYTES = 2 << 30  # above this the weights are split into model-0000i-of-00
 
 
 class FolderWriter:
-    """Writes the output folder: sharded safetensors laid out from the specs, then renamed into place."""
+    """The compressed-tensors emitter (compiler.backends.emitter.Emitter): sharded safetensors laid out from
+    the specs, each tensor written at its offset when it exists, the folder renamed into place."""
+
     def __init__(self, destination: Path, specs: list[TensorSpec], shard_bytes: int = SHARD_BYTES):
         self.destination = destination
         self.temp = destination.with_name(f".{destination.name}.qrc-tmp")
@@ -41,6 +43,10 @@ class FolderWriter:
             weight_map = {s.name: name for name, _, shard in self.files for s in shard}
             index = {"metadata": {"total_size": sum(s.nbytes for s in specs)}, "weight_map": dict(sorted(weight_map.items()))}
             (self.temp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+    def specs(self) -> list[TensorSpec]:
+        """Every tensor of the folder, in shard order."""
+        return [spec for _, _, shard in self.files for spec in shard]
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         """Write one tensor at its place in its shard."""
@@ -74,7 +80,7 @@ class FolderWriter:
                 done += copied
         self.missing.discard(name)
 
-    def write_file(self, relative: str, text: str) -> None:
+    def metadata(self, relative: str, text: str) -> None:
         """Write a text file of the folder (config.json, qrc.recipe)."""
         path = self.temp / relative
         path.parent.mkdir(parents=True, exist_ok=True)

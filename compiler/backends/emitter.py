@@ -1,0 +1,54 @@
+"""The emitter seam: what an output format implements, so that a new format is a new emitter and not a
+change to the executors. The executor runs the plan's ops and hands each emitter what they produced; the
+emitter alone knows the layout on disk.
+
+- `specs()`: every tensor it will write (name, dtype, shape), known before the first is written;
+- `put(name, value)`: a quantized tensor (a rounded weight, or an activation's scale and zero point);
+- `copy_raw(name, …)`: a tensor that stays as it was, copied without passing through a float copy;
+- `metadata(key, value)`: provenance and configuration (the recipe, its hash, config.json);
+- `finish()`: everything into place atomically, returning the files written; `abort()`: nothing left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """A tensor an emitter writes: its name, dtype (as the format names it) and shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class Emitter(Protocol):
+    """An output format (see the module docstring)."""
+
+    def specs(self) -> Sequence[Any]:
+        """Every tensor it will write, before the first is written."""
+        ...
+
+    def put(self, name: str, value: Any) -> None:
+        """A quantized tensor, by name."""
+        ...
+
+    def copy_raw(self, name: str, *source: Any) -> None:
+        """A tensor kept as it was."""
+        ...
+
+    def metadata(self, key: str, value: str) -> None:
+        """Provenance or configuration."""
+        ...
+
+    def finish(self) -> list[Path]:
+        """Write everything into place atomically; the files written."""
+        ...
+
+    def abort(self) -> None:
+        """Leave nothing at the destination."""
+        ...

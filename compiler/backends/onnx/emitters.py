@@ -1,0 +1,131 @@
+"""The ONNX emitters (compiler.backends.emitter.Emitter): QDQ, and MatMulNBits (QDQ for what MatMulNBits
+cannot take). The quantize op puts each rounded weight and each activation's scale and zero point; at
+`finish` the graph is rewritten (compiler/backends/onnx/rewrite.py), the kept float initializers are read
+back from external data, and the file is written atomically."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from compiler.backends.emitter import Spec
+from compiler.backends.onnx.files import ModelFiles, load_remaining
+from compiler.backends.onnx.rewrite import WeightJob, rewrite, uses_matmul_nbits, weight_axes
+from compiler.ir.types import EmitFormat, Granularity, QType
+from compiler.models.onnx_write import write_atomically
+from compiler.quant.weights import QuantizedWeight
+
+EXTERNAL_THRESHOLD = 1 << 30  # weights above this go to `<model>.data` (protobuf stops at 2 GiB)
+
+
+@dataclass(frozen=True)
+class ActivationQParams:
+    """A static input's quantization: scale, zero point, type, and the nodes (of quantized layers) reading it."""
+
+    scale: np.ndarray
+    zero_point: np.ndarray
+    qtype: QType
+    consumers: frozenset[str]
+
+
+class QdqEmitter:
+    """Weights as DequantizeLinear of integer initializers, static inputs as QuantizeLinear/DequantizeLinear."""
+
+    format = EmitFormat.QDQ
+
+    def __init__(self, files: ModelFiles, jobs: dict[str, WeightJob], output: Path, external: bool):
+        self.files, self.jobs, self.output, self.external = files, jobs, output, external
+        self.weights: dict[str, QuantizedWeight] = {}
+        self.activations: dict[str, ActivationQParams] = {}
+        self.kept: set[str] = set()
+        self.props: list[tuple[str, str]] = []
+
+    def weight_nodes(self) -> list[tuple[onnx.NodeProto, str]]:
+        """(first node reading it, weight name) for every weight to quantize, in graph order."""
+        seen: dict[str, onnx.NodeProto] = {}
+        for node in self.files.light.graph.node:
+            for name in node.input:
+                if name in self.jobs and name not in seen:
+                    seen[name] = node
+        return [(node, name) for name, node in seen.items()]
+
+    def specs(self) -> list[Spec]:
+        """The integer weights and their scales and zero points, from each layer's shape and scheme."""
+        inits = {t.name: tuple(t.dims) for t in self.files.light.graph.initializer}
+        out: list[Spec] = []
+        for node, weight in self.weight_nodes():
+            out += self._weight_specs(node, weight, inits[weight], self.jobs[weight])
+        return out
+
+    def _weight_specs(self, node: onnx.NodeProto, weight: str, shape: tuple[int, ...], job: WeightJob) -> list[Spec]:
+        spec = job.scheme.weights
+        channel, inputs = weight_axes(node)
+        if spec.granularity is Granularity.PER_TENSOR:
+            scales: tuple[int, ...] = ()
+        elif spec.granularity is Granularity.GROUP:
+            scales = tuple(math.ceil(d / spec.group_size) if i == inputs else d for i, d in enumerate(shape))
+        else:
+            scales = (shape[channel],)
+        return [Spec(f"{weight}_quantized", spec.qtype.value, shape), Spec(f"{weight}_scale", "float32", scales),
+                Spec(f"{weight}_zero_point", spec.qtype.value, scales)]
+
+    def put(self, name: str, value: QuantizedWeight | ActivationQParams) -> None:
+        """A rounded weight (by weight name) or a static input's quantization (by tensor name)."""
+        if isinstance(value, QuantizedWeight):
+            self.weights[name] = value
+        else:
+            self.activations[name] = value
+
+    def copy_raw(self, name: str, *source) -> None:
+        """Keep a float initializer as it is (read back from the external data at `finish`)."""
+        self.kept.add(name)
+
+    def metadata(self, key: str, value: str) -> None:
+        """A metadata property of the model (provenance: no dates, paths or versions)."""
+        self.props.append((key, value))
+
+    def finish(self) -> list[Path]:
+        """Rewrite the graph, load the kept initializers, stamp, write atomically; the files written."""
+        missing = [w for w in self.jobs if w not in self.weights]
+        if missing:
+            raise AssertionError(f"emit before {len(missing)} weights were put, e.g. {missing[0]}")
+        activations = {t: (a.scale, a.zero_point, a.qtype, set(a.consumers)) for t, a in self.activations.items()}
+        model = rewrite(self.files.light, self.jobs, self.weights, activations, self.format, self.kept)
+        load_remaining(model, self.files.base_dir)
+        del model.metadata_props[:]
+        for key, value in self.props:
+            model.metadata_props.add(key=key, value=value)
+        model.producer_name, model.producer_version = "qrc", ""
+        external = self.external or model.ByteSize() > EXTERNAL_THRESHOLD
+        return write_atomically(model, self.output, external)
+
+    def abort(self) -> None:
+        """Nothing to remove: nothing is written before `finish`, which writes atomically."""
+
+
+class MatMulNBitsEmitter(QdqEmitter):
+    """Weight-only groups on MatMul as com.microsoft.MatMulNBits; everything else as QDQ."""
+
+    format = EmitFormat.MATMUL_NBITS
+
+    def _weight_specs(self, node: onnx.NodeProto, weight: str, shape: tuple[int, ...], job: WeightJob) -> list[Spec]:
+        if not uses_matmul_nbits(self.format, node, job.scheme):
+            return super()._weight_specs(node, weight, shape, job)
+        spec = job.scheme.weights
+        k, n = shape
+        bits, blocks = spec.qtype.bits, k // spec.group_size
+        out = [Spec(f"{weight}_Q{bits}", "uint8", (n, blocks, spec.group_size * bits // 8)),
+               Spec(f"{weight}_scales", "float32", (n, blocks))]
+        if not spec.symmetric:
+            out.append(Spec(f"{weight}_zero_points", "uint8", (n, math.ceil(blocks * bits / 8))))
+        return out
+
+
+def emitter_for(fmt: EmitFormat, files: ModelFiles, jobs: dict[str, WeightJob], output: Path,
+                external: bool) -> QdqEmitter:
+    """The emitter of an ONNX format."""
+    return {EmitFormat.QDQ: QdqEmitter, EmitFormat.MATMUL_NBITS: MatMulNBitsEmitter}[fmt](files, jobs, output, external)
