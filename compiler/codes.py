@@ -237,6 +237,10 @@ CODES: tuple[CodeInfo, ...] = (
        "types (asymmetric instead of unsigned), groups that divide the input features, dynamic "
        "activations symmetric, per-token activations dynamic.",
        "backend torch  …  \"model.embed_tokens\" -> W8A16   # an Embedding"),
+    _c("Q415", "model folder the ONNX backend cannot export",
+       "An HF-style folder compiled with `backend onnx` is first exported to ONNX; the exporter knows BERT-family "
+       "folders only so far. `qrc check` refuses other families before any work.",
+       'model "path/to/llama-folder"  backend onnx'),
     _c("Q412", "no output path",
        "A compile writes a model: the recipe needs `emit \"PATH\"` or the command line `-o PATH`.",
        "qrc compile r.recipe   # and no emit in r.recipe"),

@@ -41,9 +41,9 @@ def _export(folder: Path, out: Path, span) -> None:
         raise BackendError(error("Q400", "exporting an HF folder to ONNX needs transformers", span, "backend onnx",
                                  help="pip install -e '.[hf]'")) from None
     config = AutoConfig.from_pretrained(folder)
-    if config.model_type not in _OUTPUTS:
-        raise BackendError(error("Q400", f"exporting `{config.model_type}` folders to ONNX is not supported yet", span,
-                                 "backend onnx", help="export the model to .onnx yourself, or use the torch backend"))
+    if config.model_type not in _OUTPUTS:  # qrc check refuses these first (support.EXPORTABLE_FAMILIES)
+        raise BackendError(error("Q415", f"the ONNX backend cannot export `{config.model_type}` folders to ONNX yet",
+                                 span, "not exportable", help="use `backend torch` for this folder"))
     model = AutoModel.from_pretrained(folder).eval()
 
     class Wrapper(torch.nn.Module):

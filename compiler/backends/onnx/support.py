@@ -5,12 +5,22 @@ from __future__ import annotations
 
 from compiler.ir.types import ActivationMode, Granularity, RecipeIR
 from compiler.ir.values import Diagnostics
+from compiler.models.index import ModelFormat
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice
 
 
+EXPORTABLE_FAMILIES = ("bert",)  # HF folders the export op can turn into ONNX (compiler/backends/onnx/export.py)
+
+
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
-    """Q410 for each scheme with dynamic or per-token activations (QDQ holds static per-tensor ranges)."""
+    """Q415 for an HF folder the exporter cannot export; Q410 for each scheme with dynamic or per-token
+    activations (QDQ holds static per-tensor ranges)."""
+    index = assignment.model
+    if index.format is ModelFormat.HF and index.family not in EXPORTABLE_FAMILIES:
+        diags.error("Q415", f"the ONNX backend cannot export `{index.family}` folders to ONNX yet", ir.model_span,
+                    "not exportable", help="use `backend torch` for this folder, or give an .onnx file exported "
+                    f"yourself (exported here: {', '.join(EXPORTABLE_FAMILIES)})")
     seen: set[str] = set()
     for candidate in each_choice(ir, assignment):
         for a in candidate.layers:
