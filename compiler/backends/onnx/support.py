@@ -9,7 +9,6 @@ from compiler.models.index import ModelFormat
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice
 
-
 EXPORTABLE_FAMILIES = ("bert",)  # HF folders the export op can turn into ONNX (compiler/backends/onnx/export.py)
 
 
