@@ -268,6 +268,12 @@ CODES: tuple[CodeInfo, ...] = (
     _c("Q238", "act_order without gptq",
        "`act_order` orders GPTQ's columns by decreasing Hessian diagonal; it means nothing for rtn or mse.",
        "rounding mse act_order"),
+    _c("Q253", "an input synthetic data cannot fill",
+       "`data synthetic` draws token ids from the model's vocabulary (the embedding an input indexes, or the "
+       "config's vocab_size), sets masks to ones and positions counting up. An integer input qrc cannot "
+       "place in a range is refused instead of being fed zeros, which would calibrate on one constant "
+       "sequence and make verification meaningless.",
+       'model "folder-with-pixel-values-and-ids"  calibrate { data synthetic { samples 8 } }'),
     _c("Q250", "model cannot be found or read",
        "The recipe's model is not a readable .onnx file, HF-style folder or built-in. Relative paths are "
        "relative to the current folder.",

@@ -6,14 +6,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compiler.backends.registry import spec_for
+from compiler.data.batches import unsynthesisable
 from compiler.diagnostics import Diagnostic, DiagnosticError, error, has_errors
 from compiler.ir.checks import run_checks
 from compiler.ir.elaborate import elaborate
-from compiler.ir.types import RecipeIR
+from compiler.ir.types import DataKind, RecipeIR
 from compiler.ir.values import Diagnostics
 from compiler.models import ModelError, index_model
 from compiler.overrides import apply_overrides
 from compiler.plan import Plan, build_plan
+from compiler.plan.workload import workload
 from compiler.resolve import Assignment, resolve
 from compiler.source import Source
 from compiler.syntax import parse_recipe
@@ -93,7 +95,20 @@ def resolve_model(ir: RecipeIR, diags: Diagnostics) -> Assignment | None:
     assignment = resolve(ir, index, diags)
     if assignment is not None and not has_errors(diags.items):
         spec_for(ir.backend).check(ir, assignment, diags)
+        _check_synthetic_data(ir, assignment, diags)
     return assignment
+
+
+def _check_synthetic_data(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q253: synthetic samples are used, and an integer input of the model has no range qrc can draw from
+    (it is never fed zeros instead: that calibrates on one constant sequence and verifies nothing)."""
+    data = ir.calibration.data
+    if data.kind is not DataKind.SYNTHETIC or not (ir.verify or workload(ir, assignment).calibrate):
+        return
+    for name in unsynthesisable(assignment.model):
+        diags.error("Q253", f"synthetic data cannot fill the model's integer input `{name}`",
+                    data.span_of("data") or ir.calibration.span_of("data") or ir.span, "no values to draw",
+                    help=f"give real samples: `data npz \"FILE\"` with an array `{name}`, or `data text` with a tokenizer")
 
 
 def check_file(path: str | Path, overrides: tuple[str, ...] = (), with_model: bool = False) -> CheckResult:

@@ -73,8 +73,28 @@ def _dims(info: TensorInfo, seqlen: int) -> list[int]:
     return [1] + dims[1:] if dims else [1]
 
 
-def _vocab(index: ModelIndex, input_name: str) -> int | None:
-    return next((x.in_features for x in index.layers if x.kind is LayerKind.EMBEDDING and x.input == input_name), None)
+def token_range(index: ModelIndex, info: TensorInfo) -> int | None:
+    """How many distinct values an integer input takes in synthetic data (ids are drawn below it), or None
+    when qrc cannot tell (then `data synthetic` is refused for this model: Q253). Masks are ones and
+    positions count up (their range is not drawn from), token types are one segment (0)."""
+    name = info.name.lower()
+    if "mask" in name or "position" in name:
+        return 1
+    fed = [x for x in index.layers if x.kind is LayerKind.EMBEDDING and x.input == info.name]
+    if fed:  # an ONNX graph: the Gather this input indexes
+        return fed[0].in_features
+    if "token_type" in name:
+        return 1
+    vocab = index.config_value("vocab_size")
+    if isinstance(vocab, int) and vocab > 0 and name in ("input_ids", "ids", "tokens"):
+        return vocab
+    return None
+
+
+def unsynthesisable(index: ModelIndex) -> list[str]:
+    """The integer inputs of `index` that synthetic data cannot fill honestly (never zeros instead)."""
+    return [t.name for t in index.inputs if not np.issubdtype(_NP.get(t.dtype, np.float32), np.floating)
+            and token_range(index, t) is None]
 
 
 def _synthetic_chunk(index: ModelIndex, source: DataSource, first: int, count: int, offset: int) -> dict[str, np.ndarray]:
@@ -95,8 +115,12 @@ def _synthetic_input(index: ModelIndex, info: TensorInfo, seqlen: int, rng) -> n
         return np.ones(shape, dtype)
     if "position" in name:
         return np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
-    vocab = _vocab(index, info.name)
-    return rng.randint(0, vocab, shape).astype(dtype) if vocab else np.zeros(shape, dtype)
+    vocab = token_range(index, info)
+    if vocab is None:  # refused at check time (Q253); never fed as zeros
+        raise ValueError(f"no synthetic values for input `{info.name}`")
+    if vocab == 1:
+        return np.zeros(shape, dtype)  # token types: one segment, as a tokenizer gives for one sentence
+    return rng.randint(0, vocab, shape).astype(dtype)
 
 
 def load_text(source: DataSource, index: ModelIndex) -> dict[str, np.ndarray]:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from compiler.models import families, names
 from compiler.models.errors import ModelError
-from compiler.models.index import DTYPE_BYTES, Layer, LayerKind, ModelFormat, ModelIndex
+from compiler.models.index import DTYPE_BYTES, Layer, LayerKind, ModelFormat, ModelIndex, TensorInfo
 
 _ST_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8", "U8": "uint8",
               "I32": "int32", "I64": "int64", "BOOL": "uint8", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 _MAX_HEADER = 100 << 20
 _CONFIG_NUMBERS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                   "intermediate_size", "vocab_size", "max_position_embeddings")
+                   "intermediate_size", "vocab_size", "max_position_embeddings", "type_vocab_size")
 
 
 def index_hf(folder: Path, ref: str) -> ModelIndex:
@@ -36,7 +36,14 @@ def index_hf(folder: Path, ref: str) -> ModelIndex:
         total = sum(math.prod(t.shape) for t in planned) * DTYPE_BYTES.get(dtype, 4)
     numbers = tuple((k, config[k]) for k in _CONFIG_NUMBERS if isinstance((config or {}).get(k), int))
     family = (config or {}).get("model_type", "hf")
-    return ModelIndex(ref, ModelFormat.HF, family, tuple(layers), (), (), total, numbers)
+    return ModelIndex(ref, ModelFormat.HF, family, tuple(layers), _inputs(config or {}), (), total, numbers)
+
+
+def _inputs(config: dict) -> tuple[TensorInfo, ...]:
+    """What the folder's model takes, as transformers calls it: token ids and their attention mask, and
+    token types where the config has them (BERT-style)."""
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if config.get("type_vocab_size") else [])
+    return tuple(TensorInfo(n, "int64", ("batch", "sequence")) for n in names)
 
 
 def _config(folder: Path, ref: str) -> dict | None:

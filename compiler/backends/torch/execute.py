@@ -11,7 +11,6 @@ streams side by side through the same blocks, so it never needs a second copy of
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -46,7 +45,7 @@ from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import warning
 from compiler.ir.printer import print_ir
 from compiler.ir.types import MemoryMode, RecipeIR
-from compiler.models.index import LayerKind, ModelIndex, TensorInfo
+from compiler.models.index import LayerKind, ModelIndex
 from compiler.plan import ops
 from compiler.plan.ops import Plan
 from compiler.quant import qparams
@@ -122,7 +121,7 @@ class _Run:
     def load(self, op: ops.LoadModel) -> None:
         """The skeleton on the meta device; every weight read now when the mode keeps the model resident."""
         self.model = open_model(op.model, self.assignment.model.blocks, self.ir.model_span)
-        self.index = dataclasses.replace(self.assignment.model, inputs=_inputs(self.assignment.model, self.model))
+        self.index = self.assignment.model
         if self.mode in (MemoryMode.FULL, MemoryMode.LOW_MEMORY):
             self.model.materialize(list(self.model.keys))
 
@@ -440,15 +439,6 @@ def _output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
         else:
             specs += layer_specs(job.layer, job.scheme, model.dtype)
     return specs
-
-
-def _inputs(index, model: TorchModel) -> tuple[TensorInfo, ...]:
-    """The model's inputs: a built-in's come from its ONNX form; an HF folder takes ids and mask (and
-    token types when its config has them)."""
-    if index.inputs:
-        return index.inputs
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if model.config.get("type_vocab_size") else [])
-    return tuple(TensorInfo(n, "int64", ("batch", "sequence")) for n in names)
 
 
 def _torch_feed(feed: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,101 @@
+"""Synthetic data is honest: token ids come from the model's vocabulary for every index input, and qrc's
+own verification figures agree with an independent measurement in transformers on the same samples."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from compiling import compile_program
+
+from compiler.data import verify_batches
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+RECIPE = """recipe honest {{
+    model "{model}"
+    backend torch
+    scheme w4 = W4A16 {{ group 32 }}
+    quantize {{ type Linear -> w4 }}
+    calibrate {{ data synthetic {{ samples 8  seqlen 32 }}  chunk 4 }}
+    memory {{ mode {mode} }}
+    verify {{ samples 8  metric cosine  at_least 0.5 }}
+    emit "{out}"
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    """A tiny random Llama as transformers builds and saves it (no download)."""
+    folder = tmp_path_factory.mktemp("llama") / "model"
+    config = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(folder)
+    return folder
+
+
+def _recipe(tmp_path, folder, mode="low_memory"):
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(RECIPE.format(model=folder, mode=mode, out=tmp_path / "out"))
+    return recipe
+
+
+def test_synthetic_ids_span_the_vocabulary(llama_folder, tmp_path):
+    from compiler import check_file
+
+    checked = check_file(_recipe(tmp_path, llama_folder), with_model=True)
+    assert checked.ok, checked.diagnostics
+    batches, _ = verify_batches(checked.ir.calibration.data, checked.assignment.model, 8, 4)
+    ids = np.concatenate([feed["input_ids"] for feed in batches])
+    masks = np.concatenate([feed["attention_mask"] for feed in batches])
+    assert ids.min() >= 0 and ids.max() < 300 and len(np.unique(ids)) > 100  # not one constant sequence
+    assert (masks == 1).all()
+
+
+@pytest.mark.parametrize("mode", ["low_memory", "full"])
+def test_verify_figures_agree_with_transformers(llama_folder, tmp_path, mode):
+    """qrc's cosine equals the one transformers measures on the float folder and the emitted folder,
+    fed the same held-out samples."""
+    result, planned = compile_program(str(_recipe(tmp_path, llama_folder, mode)), tmp_path / "out")
+    ours = result.verify["cosine"]
+    batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 8, 4)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(llama_folder)).eval()
+    quantized = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "out"), quantization_config=transformers.CompressedTensorsConfig(run_compressed=False)).eval()
+    cosines = []
+    with torch.no_grad():
+        for feed in batches:
+            feed = {k: torch.from_numpy(v) for k, v in feed.items()}
+            ref, cand = reference(**feed).logits.float(), quantized(**feed).logits.float()
+            for r, c in zip(ref, cand, strict=True):
+                cosines.append(float(torch.nn.functional.cosine_similarity(r.reshape(-1), c.reshape(-1), dim=0)))
+    independent = float(np.mean(cosines))
+    assert independent < 0.9999  # int4 changes the logits: a figure of 1.0 would mean nothing was measured
+    assert abs(ours - independent) < 2e-3, (ours, independent)
+
+
+def test_an_integer_input_without_a_range_is_refused_at_check(tmp_path):
+    """An int64 input that indexes no embedding and is not a mask, a position or token ids: Q253, never zeros."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from typer.testing import CliRunner
+
+    from compiler.cli import app
+
+    w = numpy_helper.from_array(np.random.RandomState(0).standard_normal((8, 8)).astype(np.float32), "fc.weight")
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["bucket"], ["bucket_f"], to=TensorProto.FLOAT, name="/cast/Cast"),
+         helper.make_node("MatMul", ["bucket_f", "fc.weight"], ["y"], name="/fc/MatMul")],
+        "g", [helper.make_tensor_value_info("bucket", TensorProto.INT64, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])], [w])
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n    model "{model}"\n    quantize {{ type Linear -> W8A8 }}\n'
+                      '    calibrate { data synthetic { samples 4 } }\n}\n')
+    result = CliRunner().invoke(app, ["check", str(recipe)])
+    assert result.exit_code == 2 and "Q253" in result.output and "`bucket`" in result.output, result.output
+    assert "Traceback" not in result.output
