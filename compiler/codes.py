@@ -283,8 +283,9 @@ CODES: tuple[CodeInfo, ...] = (
        "numbers) that must describe a valid architecture.",
        'model "builtin:tiny-llama?layerz=4"'),
     _c("Q252", "model folder qrc cannot index",
-       "A folder needs safetensors weights, or a config.json of a family qrc knows (llama, mistral, qwen2, "
-       "bert) to be indexed from the config alone.",
+       "A folder needs safetensors weights, or a config.json of a family qrc knows (llama, mistral, granite, "
+       "qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, mixtral, qwen3_moe, deepseek_v3, bert) to be indexed "
+       "from the config alone.",
        'model "checkpoints/"   # no *.safetensors, unknown model_type'),
     _c("Q233", "emit path with an unexpected extension (warning)",
        "Runtimes and tools look for `.onnx` files; another extension is allowed but probably a typo.",

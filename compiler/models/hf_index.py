@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 from compiler.models import families, names
@@ -29,7 +30,7 @@ def index_hf(folder: Path, ref: str) -> ModelIndex:
                          f"qrc indexes from config.json alone for: {', '.join(families.DECODERS + families.ENCODERS)}")
     dtype = _config_dtype(config)
     layers = _from_layout(planned, headers, dtype) if planned else []
-    layers += _extra_layers(headers, {layer.weight for layer in layers})
+    layers += _extra_layers(headers, {layer.weight for layer in layers}, (config or {}).get("model_type", ""))
     if headers:
         total = sum(math.prod(shape) * DTYPE_BYTES.get(dt, 4) for dt, shape in headers.values())
     else:
@@ -105,14 +106,29 @@ def _find(name: str, headers) -> str | None:
     return next((k for k in headers if k.endswith("." + name)), None)  # `bert.` and similar prefixes
 
 
-def _extra_layers(headers, taken: set[str]) -> list[Layer]:
+# Families whose projections are transformers' Conv1D: a Linear whose weight is stored [in, out].
+CONV1D_FAMILIES = ("gpt2", "openai-gpt", "imagegpt", "decision_transformer")
+_CONV1D_LEAVES = ("c_attn", "q_attn", "c_proj", "c_fc")
+
+
+def _model_order(name: str) -> tuple:
+    """Headers list tensors alphabetically (`lm_head` before `model.layers`); layers are in the order the
+    forward pass meets them: embeddings, then the blocks, then what follows (final norm, LM head)."""
+    stage = 0 if "embed" in name or name.split(".")[-2:-1] in (["wte"], ["wpe"]) else (1 if names.block_of(name) else 2)
+    return (stage, names.natural_key(name))
+
+
+def _extra_layers(headers, taken: set[str], family: str = "") -> list[Layer]:
     extra = []
-    for name in sorted(headers, key=names.natural_key):
+    for name in sorted(headers, key=_model_order):
         dtype, shape = headers[name]
         if name in taken or not name.endswith(".weight") or len(shape) not in (2, 3, 4, 5):
             continue
         kind = LayerKind.CONV if len(shape) > 2 else (LayerKind.EMBEDDING if "embed" in name else LayerKind.LINEAR)
-        extra.append(_layer(name, kind, shape, dtype))
+        layer = _layer(name, kind, shape, dtype)
+        if family in CONV1D_FAMILIES and len(shape) == 2 and name.removesuffix(".weight").rpartition(".")[2] in _CONV1D_LEAVES:
+            layer = replace(layer, op="Conv1D", in_features=shape[0], out_features=shape[1])
+        extra.append(layer)
     return extra
 
 

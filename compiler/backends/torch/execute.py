@@ -349,12 +349,15 @@ class _Run:
     # ---- quantization and output -------------------------------------------------------------------
     def _quantize_streamed(self, jobs: list[Job], stats: Statistics | None, offload: bool) -> None:
         """Round layers whose weights may not be resident (offload): each read, rounded, written, dropped."""
-        for job in jobs:
+        for number, job in enumerate(jobs):
             params = [p for p in self.model.parameters_of(job.module) if not self.model.is_resident(p)]
             self.model.materialize(params)
             self._quantize([job], stats)
             if offload:
                 self.model.release(self.model.parameters_of(job.module))
+                last_of_block = number + 1 == len(jobs) or jobs[number + 1].layer.block != job.layer.block
+                if last_of_block:  # glibc keeps freed pages otherwise; trimming per layer costs more than it saves
+                    release_memory()
 
     def _quantize(self, jobs: list[Job], stats: Statistics) -> list:
         """Round each job's weight, write its tensors, and make its module compute like the emitted model."""

@@ -61,10 +61,24 @@ class TorchModel:
         """Read these parameters from the checkpoint (float32 for computing on CPU, the checkpoint's dtype
         on GPUs) and put them into the module."""
         for name in names:
+            twin = self._resident_twin(name, device)
+            if twin is not None:  # a tied parameter (an LM head sharing the embedding): one tensor, not two
+                _set(self.module, name, twin)
+                continue
             tensor = self.shards.read(self.keys[name])
             if tensor.is_floating_point():
                 tensor = tensor.to(torch.float32 if torch.device(device).type == "cpu" else self.dtype)
             _set(self.module, name, nn.Parameter(tensor.to(device), requires_grad=False))
+
+    def _resident_twin(self, name: str, device) -> nn.Parameter | None:
+        """A resident parameter read from the same checkpoint tensor on the same device, if any."""
+        key = self.keys[name]
+        for other, other_key in self.keys.items():
+            if other != name and other_key == key and self.is_resident(other):
+                param = self.module.get_parameter(other)
+                if param.device == torch.device(device):
+                    return param
+        return None
 
     def release(self, names: list[str]) -> None:
         """Back to meta: the memory of these parameters is freed."""
@@ -183,15 +197,30 @@ def _checkpoint_keys(module: nn.Module, checkpoint: Shards, ref: str, span: Span
     by_identity: dict[int, list[str]] = {}
     for name, param in module.named_parameters(remove_duplicate=False):
         by_identity.setdefault(id(param), []).append(name)
+    tied = _tied(module)
     keys = {}
     for names in by_identity.values():
         found = next((k for k in map(lambda n: _lookup(n, checkpoint), names) if k), None)
+        if found is None:  # tied by transformers (tie_word_embeddings): the checkpoint stores the source only
+            found = next((k for k in (_lookup(tied[n], checkpoint) for n in names if n in tied) if k), None)
         if found is None:
             raise BackendError(error("Q404", f"`{ref}` has no tensor for parameter `{names[0]}`", span,
                                      "missing weight", help="the checkpoint does not match its config.json"))
         for name in names:
             keys[name] = found
     return keys
+
+
+def _tied(module: nn.Module) -> dict[str, str]:
+    """transformers' active ties, target → source (`lm_head.weight` → `model.embed_tokens.weight` when the
+    config ties word embeddings). The meta-device build gives each tied parameter its own object, so
+    identity alone cannot find them."""
+    tied = getattr(module, "all_tied_weights_keys", None)
+    if tied is None:  # transformers before 5: the class's keys, when the config ties embeddings
+        config = getattr(module, "config", None)
+        keys = getattr(module, "_tied_weights_keys", None)
+        tied = keys if isinstance(keys, dict) and getattr(config, "tie_word_embeddings", False) else {}
+    return dict(tied) if isinstance(tied, dict) else {}
 
 
 def _lookup(name: str, checkpoint: Shards) -> str | None:

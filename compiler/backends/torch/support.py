@@ -16,6 +16,12 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
         diags.error("Q411", f"the torch backend writes safetensors, not {ir.emit.format.value}",
                     ir.emit.span_of("format") or ir.emit.span_of("path"), "not supported",
                     help="use `emit \"FOLDER\" { format safetensors }`, or `backend onnx` for ONNX output")
+    experts = [x.name for x in assignment.model.layers if ".experts." in x.name or ".block_sparse_moe." in x.name]
+    if experts:
+        diags.error("Q411", f"`{ir.model}` is a mixture-of-experts model ({experts[0]}, …): the torch backend does "
+                    "not compile MoE experts yet (transformers fuses them into 3-D parameters)", ir.model_span,
+                    "MoE not supported yet", help="`qrc inspect` lists its layers; compile a dense model for now")
+        return
     seen: set[tuple[str, str]] = set()
     for candidate in each_choice(ir, assignment):
         for a in candidate.layers:
@@ -29,6 +35,8 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
 
 def _problem(a) -> str | None:
     w, act, layer = a.scheme.weights, a.scheme.activations, a.layer
+    if layer.op == "Conv1D":
+        return "transformers' Conv1D (GPT-2 style) stores its weight transposed, [in, out]; qrc does not quantize it yet"
     if layer.kind is not LayerKind.LINEAR:
         return f"the torch backend quantizes Linear layers (compressed-tensors); this is {layer.kind.value}"
     if not w.qtype.signed:
