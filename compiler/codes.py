@@ -274,6 +274,10 @@ CODES: tuple[CodeInfo, ...] = (
        "place in a range is refused instead of being fed zeros, which would calibrate on one constant "
        "sequence and make verification meaningless.",
        'model "folder-with-pixel-values-and-ids"  calibrate { data synthetic { samples 8 } }'),
+    _c("Q247", "a rule quantizes MoE routers (warning)",
+       "A router (`mlp.gate`) turns each token's hidden state into the scores that pick its experts; rounding it "
+       "changes which experts run. llm-compressor, AutoRound and vLLM's recipes keep routers in float.",
+       'quantize { type Linear -> W4A16 }   # on a Mixtral or Qwen3-MoE folder'),
     _c("Q250", "model cannot be found or read",
        "The recipe's model is not a readable .onnx file, HF-style folder or built-in. Relative paths are "
        "relative to the current folder.",

@@ -63,3 +63,76 @@ def test_gpt2_conv1d_is_refused_at_check(zoo, tmp_path):
     result = CliRunner().invoke(app, ["check", _recipe(tmp_path, zoo("gpt2"), "w4a16")])
     assert result.exit_code == 2 and "Q411" in result.output and "Conv1D" in result.output, result.output
     assert "Traceback" not in result.output
+
+
+MOE = """recipe moe {{
+    model "{model}"
+    backend torch
+    scheme w4 = W4A16 {{ group 32 }}
+    quantize {{
+        type Linear -> w4
+        re".*\\.(mlp|block_sparse_moe)\\.gate" -> none
+    }}
+    memory {{ mode offload }}
+    emit "{out}"
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    """Tiny Mixtral (per-expert w1/w2/w3 names) and Qwen3-MoE folders as transformers saves them."""
+    root = tmp_path_factory.mktemp("moe")
+    sizes = dict(vocab_size=320, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=128)
+    models = {"mixtral": (transformers.MixtralConfig(**sizes, num_local_experts=4, num_experts_per_tok=2),
+                          transformers.MixtralForCausalLM),
+              "qwen3_moe": (transformers.Qwen3MoeConfig(**sizes, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                                        moe_intermediate_size=32), transformers.Qwen3MoeForCausalLM)}
+    for name, (config, cls) in models.items():
+        torch.manual_seed(0)
+        cls(config).save_pretrained(root / name)
+    return root
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_moe_data_free_compiles_file_to_file_with_every_expert_quantized(moe, family, tmp_path):
+    """Data-free W4A16 of an MoE folder runs file to file: every expert projection is in the output as packed
+    int4 under the checkpoint's own names (what vLLM reads), equal to compressed-tensors' decompression."""
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    from safetensors import safe_open
+
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(MOE.format(model=moe / family, out=tmp_path / "out"))
+    result, planned = compile_program(str(recipe), tmp_path / "out")
+    assert_ran_the_plan(result, planned)
+    assert "no model definition is built" in planned.plan.ops[0].summary
+    source = safe_open(str(moe / family / "model.safetensors"), "pt")
+    output = safe_open(str(tmp_path / "out" / "model.safetensors"), "pt")
+    experts = [k.removesuffix(".weight") for k in source.keys() if ".experts." in k and k.endswith(".weight")]
+    assert experts and all(f"{e}.weight_packed" in output.keys() for e in experts)
+    routers = [k for k in source.keys() if k.endswith(".gate.weight")]
+    assert routers and all(r in output.keys() for r in routers)  # kept in float
+    for expert in experts:  # unpacked with compressed-tensors' own unpacker: close to the float weight
+        shape = output.get_tensor(f"{expert}.weight_shape").tolist()
+        q = unpack_from_int32(output.get_tensor(f"{expert}.weight_packed"), 4, torch.Size(shape)).float()
+        scale = output.get_tensor(f"{expert}.weight_scale").float()
+        dequantized = q * scale.repeat_interleave(q.shape[1] // scale.shape[1], dim=1)
+        original = source.get_tensor(f"{expert}.weight").float()
+        assert torch.nn.functional.cosine_similarity(dequantized.flatten(), original.flatten(), dim=0) > 0.98
+
+
+def test_moe_that_must_run_is_refused_at_check(moe, tmp_path):
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(MOE.format(model=moe / "mixtral", out=tmp_path / "out").replace(
+        "    emit", "    verify { samples 2  metric cosine  at_least 0.5 }\n    emit"))
+    result = CliRunner().invoke(app, ["check", str(recipe)])
+    assert result.exit_code == 2 and "Q411" in result.output and "mixture-of-experts" in result.output, result.output
+
+
+def test_quantized_routers_are_warned(moe, tmp_path):
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(MOE.format(model=moe / "qwen3_moe", out=tmp_path / "out").replace(
+        '        re".*\\.(mlp|block_sparse_moe)\\.gate" -> none\n', ""))
+    result = CliRunner().invoke(app, ["check", str(recipe)])
+    assert result.exit_code == 0 and "Q247" in result.output, result.output

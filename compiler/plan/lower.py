@@ -122,6 +122,9 @@ def lower_load(ctx: Context) -> list[PlanOp]:
     resident = 0 if lazy_graph or ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU) else w.weights_bytes
     if lazy_graph:
         how = "graph only: weights stay in the data file until a session or the quantizer reads them"
+    elif not (ctx.streams or ctx.workload.search):
+        how = ("its safetensors files only: no model definition is built, since nothing runs the model "
+               "(data-free rounding, nothing to verify); tensor by tensor, file to file")
     else:
         how = "lazily, one block at a time" if not resident else "whole"
     form = f"built-in, {w.backend.value} form" if ctx.ir.model.startswith("builtin:") else w.index.format.value
@@ -317,6 +320,7 @@ def lower_quantize(ctx: Context) -> list[PlanOp]:
         inputs.append("block_inputs")
     elif whole and ctx.needs_data:
         inputs.append("statistics")
+    file_to_file = ctx.costs.rounds_in_blocks and not (ctx.streams or w.search)
     inputs += _after_search(ctx)
     roundings = tuple(sorted({ctx.assignment.of(n).scheme.rounding for n in names}, key=lambda r: r.value))
     streamed = "streamed: load → quantize → write → free"
@@ -324,6 +328,8 @@ def lower_quantize(ctx: Context) -> list[PlanOp]:
         streamed = "in the resident model, each computing like the emitted one from then on"
     if tail_runs:
         streamed = "the model's tail runs on the last block's outputs (its layers' statistics), then " + streamed
+    if file_to_file:
+        streamed = "file to file: read → quantize → write → free, one tensor at a time"
     summary = f"round {len(names)} weights ({', '.join(r.value for r in roundings)}), {streamed}"
     peak = ctx.phase(PhaseName.QUANTIZE)
     return [QuantizeWeights(summary=summary, inputs=tuple(inputs), outputs=("qparams",), peak_bytes=peak,

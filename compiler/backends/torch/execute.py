@@ -38,7 +38,7 @@ from compiler.backends.torch.layers import (
     input_qparams,
     quantize_job,
 )
-from compiler.backends.torch.model import TorchModel, open_model
+from compiler.backends.torch.model import TorchModel, open_files, open_model
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.shards import DTYPES
 from compiler.backends.torch.writer import FolderWriter
@@ -118,8 +118,21 @@ class _Run:
         release_memory()
 
     # ---- model, memory mode, search ---------------------------------------------------------------
+    @property
+    def file_to_file(self) -> bool:
+        """No op of the plan runs the model: rounding goes tensor by tensor from the files, and no model
+        definition is built (so an architecture transformers cannot build here still compiles)."""
+        runs = (ops.CaptureReference, ops.CalibrateChunk, ops.CacheBlockInputs, ops.RunBlock, ops.ScoreSensitivity,
+                ops.Verify)
+        return not any(isinstance(op, runs) for op in self.plan.ops)
+
     def load(self, op: ops.LoadModel) -> None:
-        """The skeleton on the meta device; every weight read now when the mode keeps the model resident."""
+        """The skeleton on the meta device (every weight read now when the mode keeps the model resident),
+        or, when nothing runs the model, the checkpoint's files alone."""
+        if self.file_to_file:
+            self.model = open_files(op.model)
+            self.index = self.assignment.model
+            return
         self.model = open_model(op.model, self.assignment.model.blocks, self.ir.model_span)
         self.index = self.assignment.model
         if self.mode in (MemoryMode.FULL, MemoryMode.LOW_MEMORY):
@@ -317,7 +330,9 @@ class _Run:
         whole-model statistics (full), or streamed one at a time (no data needed, nothing to verify)."""
         self._ready()
         jobs = self._jobs_named(op.layers)
-        if "block_inputs" in op.inputs:
+        if self.file_to_file:
+            self._quantize_files(jobs)
+        elif "block_inputs" in op.inputs:
             self._tail(self.cal, self.verify_streams, jobs, self.offload)
         elif self.stats is not None or self.reference:
             self._materialize_all()
@@ -358,6 +373,20 @@ class _Run:
                 last_of_block = number + 1 == len(jobs) or jobs[number + 1].layer.block != job.layer.block
                 if last_of_block:  # glibc keeps freed pages otherwise; trimming per layer costs more than it saves
                     release_memory()
+
+    def _quantize_files(self, jobs: list[Job]) -> None:
+        """Data-free rounding file to file: each weight read, rounded, written and dropped; nothing runs."""
+        advance = self.progress("quantize", len(jobs))
+        for number, job in enumerate(jobs):
+            weight = self.model.shards.read(job.layer.weight).float()
+            q = quantize_job(job, weight, None, self.model.dtype)
+            for name, tensor in layer_tensors(job.layer, job.scheme, q, None, self.model.dtype).items():
+                self.writer.put(name, tensor)
+            self._record(job, weight, torch.from_numpy(q.dequantize()), None)
+            del weight, q
+            if number + 1 == len(jobs) or jobs[number + 1].layer.block != job.layer.block:
+                release_memory()
+            advance()
 
     def _quantize(self, jobs: list[Job], stats: Statistics) -> list:
         """Round each job's weight, write its tensors, and make its module compute like the emitted model."""

@@ -132,6 +132,27 @@ def parameters_on_meta():
         nn.Module.register_parameter = original
 
 
+def open_files(ref: str) -> TorchModel:
+    """The checkpoint alone, without a model definition: for data-free rounding that never runs the model
+    (file to file, tensor by tensor), so even an architecture transformers cannot build here compiles.
+    Each tensor is its own parameter name; the module is an empty stand-in."""
+    if ref.startswith(builtin.PREFIX):
+        folder_ckpt, config, folder = builtin_checkpoint(ref), {"qrc_builtin": ref}, None
+    else:
+        folder = resolve_path(ref)
+        folder_ckpt, config = folder, json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    shards = Shards(folder_ckpt)
+    keys = {name: name for name in shards.entries}
+    return TorchModel(nn.Module(), shards, keys, "", (), _float_dtype(shards, keys), False, config, folder)
+
+
+def _float_dtype(shards: Shards, keys: dict[str, str]) -> torch.dtype:
+    """The checkpoint's float dtype: the most common among its float tensors."""
+    floats = [shards.entries[k].dtype for k in keys.values() if shards.entries[k].dtype in ("F32", "F16", "BF16")]
+    return {"F16": torch.float16, "BF16": torch.bfloat16}.get(max(set(floats), key=floats.count) if floats else "F32",
+                                                              torch.float32)
+
+
 def open_model(ref: str, blocks: tuple[str, ...], span: Span | None) -> TorchModel:
     """The skeleton of a built-in or an HF folder, its parameters mapped to the safetensors tensors."""
     if ref.startswith(builtin.PREFIX):
@@ -143,9 +164,7 @@ def open_model(ref: str, blocks: tuple[str, ...], span: Span | None) -> TorchMod
     checkpoint = Shards(folder_ckpt)
     keys = _checkpoint_keys(module, checkpoint, ref, span)
     container = _container(module, blocks, ref, span)
-    floats = [checkpoint.entries[k].dtype for k in keys.values() if checkpoint.entries[k].dtype in ("F32", "F16", "BF16")]
-    dtype = {"F16": torch.float16, "BF16": torch.bfloat16}.get(max(set(floats), key=floats.count) if floats else "F32",
-                                                               torch.float32)
+    dtype = _float_dtype(checkpoint, keys)
     accepts = "use_cache" in inspect.signature(module.forward).parameters
     return TorchModel(module.eval(), checkpoint, keys, container, blocks, dtype, accepts, config, folder)
 
