@@ -229,6 +229,12 @@ CODES: tuple[CodeInfo, ...] = (
        "cannot hold the blocks without splitting one, the compile runs block by block on the CPU "
        "(low_memory) instead, and says why.",
        "memory { mode multi_gpu  vram [80 GiB, 80 GiB] }   # on a machine without GPUs"),
+    _c("Q408", "resume state ignored (warning)",
+       "With `disk`, calibration saves its observers after each segment so a killed compile resumes. The state "
+       "is data only (integer histograms and JSON, format-versioned) and validated when read; a file that is "
+       "not such a state, damaged, or from another version is ignored and replaced: nothing from the cache "
+       "folder is ever executed.",
+       'memory { disk "cache" }   # with a foreign file at cache/checkpoints/calibration-….npz'),
     _c("Q410", "dynamic or per-token activations on the ONNX backend",
        "The ONNX backend emits static per-tensor QuantizeLinear/DequantizeLinear pairs.",
        "scheme s { weights int8  activations int8 dynamic }"),

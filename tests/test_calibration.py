@@ -164,16 +164,16 @@ def test_resume_after_kill_gives_identical_bytes(tmp_path, mode):
     resumed = tmp_path / "resumed.onnx"
     proc = subprocess.Popen(base + ["-o", str(resumed)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 60
-    while not any(disk.glob("checkpoints/calibration-*.pkl")) and time.time() < deadline:
+    while not any(disk.glob("checkpoints/calibration-*.npz")) and time.time() < deadline:
         time.sleep(0.05)
     time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not resumed.exists() and any(disk.glob("checkpoints/calibration-*.pkl"))
+    assert not resumed.exists() and any(disk.glob("checkpoints/calibration-*.npz"))
     subprocess.run(base + ["-o", str(resumed)], cwd=ROOT, check=True, capture_output=True,
                    env={**os.environ, "PYTHONHASHSEED": "7"})
     assert _files(resumed) == _files(reference)
-    assert not any(disk.glob("checkpoints/calibration-*.pkl"))  # a finished run leaves no checkpoint
+    assert not any(disk.glob("checkpoints/calibration-*.npz"))  # a finished run leaves no checkpoint
     assert not any(disk.glob("boundary-*/*.npy"))  # nor block caches
 
 
@@ -201,3 +201,39 @@ def test_minilm_sentence_embeddings_stay_close():
     value = float(line.split("embedding_cosine")[1].split()[0])
     assert value >= 0.99
     out.unlink()
+
+
+class _Payload:
+    """Unpickling this object would create a file: the marker that code from a cache folder ran."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_planted_resume_state_is_never_executed(tmp_path):
+    """A pickle planted where the resume state lives is refused (the state is data only) and nothing runs."""
+    import pickle
+
+    from compiler.backends.onnx.resume import ResumeState
+    from compiler.quant.observers import HistogramObserver, MinMaxObserver
+
+    marker = tmp_path / "pwned"
+    state = ResumeState.for_run(tmp_path / "disk", "recipe", "model", "0")
+    state.path.parent.mkdir(parents=True)
+    np.savez(state.path, meta=np.array([_Payload(marker)], dtype=object))
+    assert state.load() is None and not marker.exists()
+    state.path.write_bytes(pickle.dumps((3, {"x": _Payload(marker)})))
+    assert state.load() is None and not marker.exists()
+    # a genuine state round-trips exactly
+    histogram = HistogramObserver(bins=64)
+    histogram.update(np.linspace(-3, 5, 1000, dtype=np.float32))
+    minmax = MinMaxObserver()
+    minmax.update(np.array([1.0, -2.0, np.inf], np.float32))
+    state.save(2, {"a": histogram, "b": minmax})
+    done, observers = state.load()
+    assert done == 2 and np.array_equal(observers["a"].counts, histogram.counts)
+    assert observers["a"].exponent == histogram.exponent and observers["b"].range() == minmax.range()
+    assert observers["b"].nonfinite == 1

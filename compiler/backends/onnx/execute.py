@@ -191,8 +191,14 @@ class _OnnxRun:
             return None
         from compiler.backends.onnx.resume import ResumeState
 
-        return ResumeState.for_run(Path(self.ir.memory.disk), print_ir(self.ir), str(self.files.path), str(number),
-                                   *group)
+        state = ResumeState.for_run(Path(self.ir.memory.disk), print_ir(self.ir), str(self.files.path), str(number),
+                                    *group)
+        if state.exists() and state.load() is None:  # foreign, damaged or older: never trusted, never executed
+            self.result.warnings.append(warning(
+                "Q408", f"resume state `{state.path}` is not valid calibration state; starting over",
+                self.ir.memory.span_of("disk"), "ignored", help="nothing in it was used; it is replaced as the run goes"))
+            state.remove()
+        return state
 
     # ---- ranges -------------------------------------------------------------------------------------
     def _ranges_if_ready(self, op: ops.PlanOp) -> None:

@@ -1,44 +1,109 @@
-"""Resumable calibration: with `disk` set, observer state is saved after every chunk (atomically), so a
-compile that was killed continues where it stopped and gives the same bytes as one that was not."""
+"""Resumable calibration: with `disk` set, observer state is saved after every segment (atomically), so a
+compile that was killed continues where it stopped and gives the same bytes as one that was not.
+
+The state is data only: an .npz of integer histograms and a JSON description (format version, segments
+done, each observer's numbers), read with `allow_pickle=False` and validated. Nothing from the cache folder
+is ever executed; a foreign, damaged or other-version file means starting over."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import os
-import pickle
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+
+from compiler.quant.observers import HistogramObserver, MinMaxObserver
+
+FORMAT = "qrc-resume-v2"
 
 
 @dataclass(frozen=True)
 class ResumeState:
     """Data-only resume state of an interrupted calibration (observers after the last finished segment)."""
+
     path: Path
 
     @staticmethod
     def for_run(disk: Path, *identity: str) -> ResumeState:
         """The state file of the run that `identity` (recipe, model, group) names, under `disk`."""
         key = hashlib.sha256("\x00".join(identity).encode()).hexdigest()[:24]
-        return ResumeState(disk / "checkpoints" / f"calibration-{key}.pkl")
+        return ResumeState(disk / "checkpoints" / f"calibration-{key}.npz")
 
     def load(self) -> tuple[int, dict] | None:
-        """(chunks done, observers) from an earlier, interrupted run, or None."""
+        """(segments done, observers) from an earlier, interrupted run; None when there is none or it is not
+        a valid state of this format (then the run starts over)."""
         try:
-            with self.path.open("rb") as handle:
-                done, observers = pickle.load(handle)
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+            with np.load(self.path, allow_pickle=False) as archive:
+                meta = json.loads(str(archive["meta"]))
+                if meta.get("format") != FORMAT:
+                    return None
+                observers = {o["name"]: _observer(o, archive) for o in meta["observers"]}
+                done = meta["done"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, json.JSONDecodeError, EOFError):
+            return None
+        if not isinstance(done, int) or done < 0:
             return None
         return done, observers
 
     def save(self, done: int, observers: dict) -> None:
         """Write the observers after `done` segments atomically."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".checkpoint-")
+        arrays: dict[str, np.ndarray] = {}
+        described = []
+        for i, (name, observer) in enumerate(observers.items()):
+            described.append({"name": name, **_describe(observer, i, arrays)})
+        arrays["meta"] = np.array(json.dumps({"format": FORMAT, "done": done, "observers": described}))
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".resume-", suffix=".npz")
         with os.fdopen(fd, "wb") as handle:
-            pickle.dump((done, observers), handle, protocol=pickle.HIGHEST_PROTOCOL)
+            np.savez(handle, **arrays)
         os.replace(tmp, self.path)
 
     def remove(self) -> None:
         """Delete the state: the calibration it resumes has finished."""
         self.path.unlink(missing_ok=True)
+
+    def exists(self) -> bool:
+        """Whether a state file is there (valid or not)."""
+        return self.path.exists()
+
+
+def _minmax(o: MinMaxObserver) -> dict:
+    return {"min": o.min if math.isfinite(o.min) else None, "max": o.max if math.isfinite(o.max) else None,
+            "finite": o.finite, "nonfinite": o.nonfinite}
+
+
+def _describe(observer, index: int, arrays: dict[str, np.ndarray]) -> dict:
+    if isinstance(observer, MinMaxObserver):
+        return {"kind": "minmax", **_minmax(observer)}
+    if observer.counts is not None:
+        arrays[f"counts_{index}"] = observer.counts
+    return {"kind": "histogram", "bins": observer.bins, "exponent": observer.exponent, "index": index,
+            "has_counts": observer.counts is not None, "minmax": _minmax(observer.minmax)}
+
+
+def _restore_minmax(d: dict) -> MinMaxObserver:
+    o = MinMaxObserver()
+    o.min = math.inf if d["min"] is None else float(d["min"])
+    o.max = -math.inf if d["max"] is None else float(d["max"])
+    o.finite, o.nonfinite = int(d["finite"]), int(d["nonfinite"])
+    return o
+
+
+def _observer(d: dict, archive) -> MinMaxObserver | HistogramObserver:
+    if d["kind"] == "minmax":
+        return _restore_minmax(d)
+    if d["kind"] != "histogram":
+        raise ValueError(f"unknown observer kind {d['kind']!r}")
+    o = HistogramObserver(bins=int(d["bins"]))
+    o.exponent, o.minmax = int(d["exponent"]), _restore_minmax(d["minmax"])
+    if d["has_counts"]:
+        counts = archive[f"counts_{int(d['index'])}"]
+        if counts.dtype != np.int64 or counts.shape != (o.bins,) or (counts < 0).any():
+            raise ValueError("damaged histogram")
+        o.counts = counts
+    return o
