@@ -67,3 +67,17 @@ def test_lexed_recipes_still_parse():
     """The mutation base is sound: the unmutated token streams are valid recipes."""
     for tokens in TOKENIZED:
         assert check_source(Source("t.recipe", " ".join(tokens))).ok
+
+
+def test_glob_with_many_stars_matches_fast():
+    """A run of stars is one star: `**********x` once took over a minute (exponential backtracking)."""
+    import time
+
+    from compiler.ir.types import SelectorKind
+    from compiler.resolve.selectors import _compiled
+
+    name = "model.layers.12.self_attn.q_proj" * 3
+    start = time.perf_counter()
+    for pattern in ("**********x", "*a*a*a*a*a*a*a*a*a*a*b", "*" * 500 + "?"):
+        _compiled(SelectorKind.GLOB, pattern).fullmatch(name)
+    assert time.perf_counter() - start < 1.0

@@ -33,7 +33,8 @@ def glob_to_regex(pattern: str) -> str:
         elif ch == "," and open_at >= 0:
             out.append("|")
         elif ch == "*":
-            out.append(".*")
+            if not out or out[-1] != ".*":  # a run of stars is one: `.*.*.*` backtracks exponentially
+                out.append(".*")
         elif ch == "?":
             out.append(".")
         else:

@@ -60,7 +60,7 @@ class ResumeState:
         arrays["meta"] = np.array(json.dumps({"format": FORMAT, "done": done, "observers": described}))
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".resume-", suffix=".npz")
         with os.fdopen(fd, "wb") as handle:
-            np.savez(handle, **arrays)
+            np.savez(handle, allow_pickle=False, **arrays)
         os.replace(tmp, self.path)
 
     def remove(self) -> None:
