@@ -42,14 +42,39 @@ def read_source(path: str | Path) -> Source | Diagnostic:
     """Read a recipe file as UTF-8 text; unreadable, oversized or non-UTF-8 files are diagnostics."""
     name = str(path)
     try:
-        data = Path(path).read_bytes()
+        data = _read_bounded(Path(path))
     except OSError as exc:
         return error("Q100", f"cannot read recipe `{name}`: {exc.strerror or exc}", None,
                      help="check the path; recipes are `.recipe` text files (see `recipes/`)")
+    if data is None:
+        return error("Q100", f"`{name}` is not a regular file", None,
+                     help="give the path of a `.recipe` text file (not a folder, FIFO or device)")
     if len(data) > MAX_RECIPE_BYTES:
         return error("Q112", f"`{name}` is {len(data) / 2**20:.1f} MiB, too large for a recipe", None,
                      help=f"recipes are small text files (at most {MAX_RECIPE_BYTES // 1024} KiB); is this the right file?")
     return decode_source(name, data)
+
+
+def _read_bounded(path: Path) -> bytes | None:
+    """At most MAX_RECIPE_BYTES + 1 bytes of a regular file (None for FIFOs, devices, folders): a recipe
+    path that is `/dev/zero` or a pipe must not read forever or block."""
+    import os
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks, size = [], 0
+        while size <= MAX_RECIPE_BYTES:
+            chunk = os.read(fd, MAX_RECIPE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def decode_source(name: str, data: bytes) -> Source | Diagnostic:

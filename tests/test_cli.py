@@ -137,3 +137,24 @@ def test_help_explains_commands():
     assert result.exit_code == 0
     assert "check" in result.output and "explain" in result.output
     assert "--set" in qrc("check", "--help").output
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder", "huge-number"])
+def test_special_recipe_paths_and_huge_numbers_are_diagnostics(kind, tmp_path):
+    """A FIFO or /dev/zero as the recipe never blocks or reads forever; a 5,000-digit number is a located
+    diagnostic, not a traceback."""
+    import os
+
+    if kind == "fifo":
+        path = tmp_path / "r.recipe"
+        os.mkfifo(path)
+    elif kind == "device":
+        path = Path("/dev/zero")
+    elif kind == "folder":
+        path = tmp_path
+    else:
+        path = tmp_path / "r.recipe"
+        path.write_text('recipe r {\n  model "builtin:tiny-llama"\n  calibrate { chunk ' + "9" * 5000 + " }\n}\n")
+    result = runner.invoke(app, ["check", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert ("Q217" if kind == "huge-number" else "Q100") in result.output, result.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field
 
 from compiler.diagnostics import Diagnostic, error, warning
@@ -53,7 +54,8 @@ def whole_number(num: ast.Number, what: str, diags: Diagnostics, minimum: int = 
     """A count such as `chunk 16`: a whole number ≥ minimum."""
     if not num.is_integer or num.value < minimum:
         at_least = "a positive whole number" if minimum == 1 else f"a whole number ≥ {minimum}"
-        diags.error("Q217", f"{what} must be {at_least}, not `{num.text}`", num.span, f"expected {at_least}")
+        text = num.text if len(num.text) <= 24 else num.text[:20] + "…"
+        diags.error("Q217", f"{what} must be {at_least}, not `{text}`", num.span, f"expected {at_least}")
         return None
     return int(num.value)
 
@@ -64,6 +66,10 @@ def size_bytes(size: ast.Size, what: str, diags: Diagnostics) -> int | None:
     if unit not in UNIT_BYTES:
         diags.error("Q108", f"unknown unit `{unit}`", size.unit.span, "not a size unit",
                     help=f"{did_you_mean(unit, UNIT_BYTES)} (binary: KiB MiB GiB TiB; decimal: KB MB GB TB)")
+        return None
+    if not math.isfinite(size.number.value):
+        diags.error("Q232", f"{what} `{size.number.text[:20]}…` is too large", size.span, "not a usable budget",
+                    help=f"give a size such as `{what} 4 GiB`")
         return None
     if size.number.value <= 0:
         diags.error("Q232", f"{what} must be larger than zero", size.span, "not a usable budget",

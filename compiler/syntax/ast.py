@@ -6,6 +6,7 @@ in which keys they accept, which elaboration checks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Union
 
@@ -36,7 +37,7 @@ class Number:
     @property
     def is_integer(self) -> bool:
         """Written without a fraction or exponent."""
-        return self.value == int(self.value) and not any(c in self.text for c in ".eE")
+        return math.isfinite(self.value) and self.value == int(self.value) and not any(c in self.text for c in ".eE")
 
 
 @dataclass(frozen=True, slots=True)
