@@ -247,6 +247,11 @@ CODES: tuple[CodeInfo, ...] = (
        "An HF-style folder compiled with `backend onnx` is first exported to ONNX; the exporter knows BERT-family "
        "folders only so far. `qrc check` refuses other families before any work.",
        'model "path/to/llama-folder"  backend onnx'),
+    _c("Q416", "output path would replace an input",
+       "The output path is the model file, lies inside the model's folder, contains the model, or is a symbolic "
+       "link. Writing there could destroy the float model (or what the link points to), so qrc refuses before "
+       "any work, for the recipe's `emit` path at `qrc check` and for `-o` at `qrc compile`.",
+       'model "m.onnx"   emit "m.onnx"'),
     _c("Q412", "no output path",
        "A compile writes a model: the recipe needs `emit \"PATH\"` or the command line `-o PATH`.",
        "qrc compile r.recipe   # and no emit in r.recipe"),

@@ -17,6 +17,7 @@ from compiler.frontend import PlanResult, plan_file
 from compiler.inspect_table import totals
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
+from compiler.outputs import output_conflict
 
 
 class CompileFailed(Exception):
@@ -61,6 +62,10 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
     ir = planned.check.ir
     spec = spec_for(ir.backend)
     destination = output_path(planned, output)
+    conflict = output_conflict(destination, ir.model)
+    if conflict:  # `-o` is checked here; the recipe's emit path was checked with the recipe
+        raise CompileFailed((error("Q416", conflict, ir.span, "would replace an input",
+                                   help="write the quantized model to a new path outside the model's folder"),))
     wants_folder = spec.output is OutputKind.FOLDER
     if destination.exists() and destination.is_dir() != wants_folder:
         what = "a folder" if destination.is_dir() else "a file"

@@ -13,6 +13,7 @@ from compiler.ir.elaborate import elaborate
 from compiler.ir.types import DataKind, RecipeIR
 from compiler.ir.values import Diagnostics
 from compiler.models import ModelError, index_model
+from compiler.outputs import output_conflict
 from compiler.overrides import apply_overrides
 from compiler.plan import Plan, build_plan
 from compiler.plan.workload import workload
@@ -121,7 +122,18 @@ def resolve_model(ir: RecipeIR, diags: Diagnostics) -> Assignment | None:
     if assignment is not None and not has_errors(diags.items):
         spec_for(ir.backend).check(ir, assignment, diags)
         _check_synthetic_data(ir, assignment, diags)
+        _check_output(ir, diags)
     return assignment
+
+
+def _check_output(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Q416: the emit path would replace the model (or is a symlink)."""
+    if ir.emit is None:
+        return
+    problem = output_conflict(Path(ir.emit.path), ir.model)
+    if problem:
+        diags.error("Q416", f"{problem}", ir.emit.span_of("path") or ir.span, "would replace an input",
+                    help="write the quantized model to a new path outside the model's folder")
 
 
 def _check_synthetic_data(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:

@@ -158,3 +158,33 @@ def test_special_recipe_paths_and_huge_numbers_are_diagnostics(kind, tmp_path):
     result = runner.invoke(app, ["check", str(path)])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert ("Q217" if kind == "huge-number" else "Q100") in result.output, result.output
+
+
+def test_outputs_never_replace_inputs(tmp_path):
+    """The emit path (at check) or `-o` (at compile) equal to the model, inside its folder, or a symlink: Q416,
+    and the model's bytes are untouched."""
+    import shutil
+
+    from compiler.models import builtin
+
+    source = builtin.onnx_path("builtin:tiny-llama")
+    model = tmp_path / "m.onnx"
+    shutil.copy(source, model)
+    for data in source.parent.glob(source.name + ".data"):
+        shutil.copy(data, tmp_path / (model.name + ".data"))
+    before = model.read_bytes()
+
+    def recipe(emit: str) -> str:
+        path = tmp_path / "r.recipe"
+        path.write_text(f'recipe r {{\n    model "{model}"\n    quantize {{ type Linear -> W4A16 }}\n'
+                        f'    emit "{emit}"\n}}\n')
+        return str(path)
+
+    link = tmp_path / "link.onnx"
+    link.symlink_to(tmp_path / "elsewhere.onnx")
+    for emit in (model, link):
+        result = runner.invoke(app, ["check", recipe(str(emit))])
+        assert result.exit_code == 2 and "Q416" in result.output, result.output
+    result = runner.invoke(app, ["compile", recipe(str(tmp_path / "out.onnx")), "-o", str(model)])
+    assert result.exit_code == 2 and "Q416" in result.output and "Traceback" not in result.output, result.output
+    assert model.read_bytes() == before and not (tmp_path / "elsewhere.onnx").exists()
