@@ -45,13 +45,20 @@ class Batches:
 
 def calibration_batches(source: DataSource, index: ModelIndex, chunk: int) -> Batches:
     """The calibration samples of `source` for `index`'s inputs, in chunks."""
-    if source.kind is DataKind.NPZ:
-        arrays = load_npz(source, index)
-        return Batches(source, index, min(source.samples, _count(arrays)), chunk, arrays=arrays)
-    if source.kind is DataKind.TEXT:
-        arrays = load_text(source, index)
+    if source.kind in (DataKind.NPZ, DataKind.TEXT):
+        arrays = load_npz(source, index) if source.kind is DataKind.NPZ else load_text(source, index)
         return Batches(source, index, min(source.samples, _count(arrays)), chunk, arrays=arrays)
     return Batches(source, index, source.samples, chunk)
+
+
+def _usable(source: DataSource, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Q401 when the file gives no sample (an empty text file, blank lines, an npz with 0 samples or
+    0-length sequences): calibrating on nothing would leave every range undefined."""
+    if not arrays or _count(arrays) == 0 or any(a.ndim > 1 and 0 in a.shape[1:] for a in arrays.values()):
+        raise BackendError(error("Q401", f"`{source.path}` has no usable sample", source.span_of("data"),
+                                 "no samples", help="give at least one non-empty sample (a line of text, or an "
+                                 "npz row with a non-empty sequence)"))
+    return arrays
 
 
 def verify_batches(source: DataSource, index: ModelIndex, samples: int, chunk: int) -> tuple[Batches, bool]:
@@ -158,7 +165,7 @@ def load_text(source: DataSource, index: ModelIndex) -> dict[str, np.ndarray]:
             raise BackendError(error("Q402", f"text data cannot provide model input `{info.name}`", span, "missing input",
                                      help="text gives input_ids, attention_mask and token_type_ids; use npz otherwise"))
         arrays[info.name] = np.array([getattr(e, attr) for e in encoded], dtype=_NP.get(info.dtype, np.int64))
-    return arrays
+    return _usable(source, arrays)
 
 
 def load_npz(source: DataSource, index: ModelIndex) -> dict[str, np.ndarray]:
@@ -176,7 +183,22 @@ def load_npz(source: DataSource, index: ModelIndex) -> dict[str, np.ndarray]:
                                  span, "unreadable", help="save it with numpy.savez(path, input_ids=..., ...)")) from None
     for info in index.inputs:
         _check_input(source, info, arrays, span, index)
-    return {info.name: arrays[info.name] for info in index.inputs}
+    _check_lengths(source, index, arrays, span)
+    return _usable(source, {info.name: arrays[info.name] for info in index.inputs})
+
+
+def _check_lengths(source: DataSource, index: ModelIndex, arrays: dict[str, np.ndarray], span) -> None:
+    """Inputs that share a symbolic dimension (`sequence`) must agree on it, sample count included."""
+    seen: dict[str, tuple[str, int]] = {}
+    for info in index.inputs:
+        for axis, dim in enumerate(info.shape):
+            if isinstance(dim, str) and axis < arrays[info.name].ndim:
+                size = arrays[info.name].shape[axis]
+                first = seen.setdefault(dim, (info.name, size))
+                if axis > 0 and first[1] != size:
+                    raise BackendError(error("Q403", f"`{info.name}` has {dim} {size} in `{source.path}` but "
+                                             f"`{first[0]}` has {first[1]}", span, "lengths differ",
+                                             help="pad or truncate every input of a sample to one length"))
 
 
 def _check_input(source: DataSource, info: TensorInfo, arrays: dict[str, np.ndarray], span, index: ModelIndex) -> None:
@@ -193,4 +215,9 @@ def _check_input(source: DataSource, info: TensorInfo, arrays: dict[str, np.ndar
         shape = "[samples, " + ", ".join(str(d) for d in info.shape[1:]) + "]"
         raise BackendError(error("Q403", f"input `{info.name}` has shape {list(arr.shape)} in `{source.path}`; the "
                                  f"model wants {shape}", span, "wrong shape", help="samples go on axis 0"))
+    limit = token_range(index, info) if np.issubdtype(arr.dtype, np.integer) else None
+    if limit and limit > 1 and arr.size and (arr.min() < 0 or arr.max() >= limit):
+        raise BackendError(error("Q403", f"input `{info.name}` in `{source.path}` has values from {arr.min()} to "
+                                 f"{arr.max()}; the model's vocabulary is 0 … {limit - 1}", span, "ids out of range",
+                                 help="tokenise with the model's own tokenizer"))
 

@@ -23,7 +23,7 @@ def index_hf(folder: Path, ref: str) -> ModelIndex:
     """Index an HF-style folder from config.json and the safetensors headers (no weights read)."""
     config = _config(folder, ref)
     headers = _headers(folder, ref)
-    planned = families.layout(config) if config else None
+    planned = _layout(config, ref) if config else None
     if planned is None and not headers:
         family = (config or {}).get("model_type", "unknown")
         raise ModelError("Q252", f"`{ref}` has no safetensors weights and its family `{family}` is not known",
@@ -45,6 +45,31 @@ def _inputs(config: dict) -> tuple[TensorInfo, ...]:
     token types where the config has them (BERT-style)."""
     names = ["input_ids", "attention_mask"] + (["token_type_ids"] if config.get("type_vocab_size") else [])
     return tuple(TensorInfo(n, "int64", ("batch", "sequence")) for n in names)
+
+
+_LIMITS = {"num_hidden_layers": 4096, "hidden_size": 1 << 20, "intermediate_size": 1 << 22, "vocab_size": 1 << 24,
+           "num_attention_heads": 1 << 14, "num_key_value_heads": 1 << 14, "head_dim": 1 << 14,
+           "num_local_experts": 4096, "num_experts": 4096, "n_routed_experts": 4096, "moe_intermediate_size": 1 << 22}
+
+
+def _layout(config: dict, ref: str):
+    """The family's layout from config.json, after its numbers are checked: a missing or implausible one is a
+    diagnostic (Q250), never a KeyError or a layout of 10⁸ blocks built in memory."""
+    if config.get("model_type") not in families.DECODERS + families.ENCODERS:
+        return None
+    for key, limit in _LIMITS.items():
+        value = config.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= limit):
+            raise ModelError("Q250", f"`{ref}/config.json` has `{key}: {str(value)[:40]}`, not a size qrc can plan "
+                             f"(a whole number from 1 to {limit:,})", "fix config.json")
+    try:
+        return families.layout(config)
+    except KeyError as exc:
+        raise ModelError("Q250", f"`{ref}/config.json` of a `{config.get('model_type')}` model has no `{exc.args[0]}`",
+                         "add it to config.json (transformers writes it with save_pretrained)") from None
+    except (TypeError, ValueError) as exc:
+        raise ModelError("Q250", f"`{ref}/config.json` cannot be read as a `{config.get('model_type')}` config ({exc})",
+                         "fix config.json") from None
 
 
 def _config(folder: Path, ref: str) -> dict | None:
@@ -79,9 +104,16 @@ def _headers(folder: Path, ref: str) -> dict[str, tuple[str, tuple[int, ...]]]:
                 header = json.loads(handle.read(size))
             except (UnicodeDecodeError, json.JSONDecodeError):
                 raise ModelError("Q250", f"`{path.name}` in `{ref}` has a corrupt header", "re-save the file") from None
+        if not isinstance(header, dict):
+            raise ModelError("Q250", f"`{path.name}` in `{ref}` has a header that is not a JSON object", "re-save the file")
         for name, info in header.items():
             if name != "__metadata__" and isinstance(info, dict):
-                found[name] = (_ST_DTYPES.get(info.get("dtype"), "float32"), tuple(info.get("shape", ())))
+                shape = info.get("shape", ())
+                if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                          for d in shape):
+                    raise ModelError("Q250", f"`{path.name}` in `{ref}`: tensor `{name[:80]}` has shape "
+                                     f"{str(shape)[:40]}", "re-save the file: shapes are lists of whole numbers")
+                found[name] = (_ST_DTYPES.get(info.get("dtype"), "float32"), tuple(shape))
     return found
 
 
