@@ -235,6 +235,11 @@ CODES: tuple[CodeInfo, ...] = (
        "not such a state, damaged, or from another version is ignored and replaced: nothing from the cache "
        "folder is ever executed.",
        'memory { disk "cache" }   # with a foreign file at cache/checkpoints/calibration-….npz'),
+    _c("Q409", "non-finite weights",
+       "A weight with NaN or infinite values has no finite range: its scale would be NaN or infinite and the "
+       "emitted model would compute garbage. The compile stops before anything is written; give the layer "
+       "`-> none` to keep it as it is, or repair the checkpoint.",
+       'quantize { type Linear -> W8A8 }   # a checkpoint where fc1.weight holds a NaN'),
     _c("Q410", "dynamic or per-token activations on the ONNX backend",
        "The ONNX backend emits static per-tensor QuantizeLinear/DequantizeLinear pairs.",
        "scheme s { weights int8  activations int8 dynamic }"),

@@ -76,3 +76,41 @@ def test_broken_calibration_data_is_a_diagnostic(case, tmp_path):
     result = runner.invoke(app, ["compile", str(recipe)])
     assert result.exit_code == 2 and code in result.output and "Traceback" not in result.output, result.output
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_nonfinite_onnx_weight_is_refused_and_nothing_written(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.RandomState(0).standard_normal((16, 16)).astype(np.float32)
+    w[3, 5] = np.nan
+    w[7, 1] = np.inf
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "fc1.weight"], ["y"], name="/fc1/MatMul")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
+                              [numpy_helper.from_array(w, "fc1.weight")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(tmp_path / "m.onnx"))
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n    model "{tmp_path / "m.onnx"}"\n    quantize {{ type Linear -> W8A16 }}\n'
+                      f'    emit "{tmp_path / "out.onnx"}"\n}}\n')
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 2 and "Q409" in result.output and "2 non-finite" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out.onnx").exists()
+
+
+def test_nonfinite_torch_weight_is_refused_and_nothing_written(tmp_path):
+    pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+    from zoo import build
+
+    folder = build("llama", tmp_path / "llama")
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.1.mlp.up_proj.weight"][0, 0] = float("nan")
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n    model "{folder}"\n    backend torch\n    scheme w4 = W4A16 {{ group 32 }}\n    quantize {{ type Linear -> w4 }}\n'
+                      f'    memory {{ mode offload }}\n    emit "{tmp_path / "out"}"\n}}\n')
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 2 and "Q409" in result.output and "up_proj" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+    assert not list(tmp_path.glob(".out*"))  # no temporary folder left either

@@ -54,6 +54,18 @@ def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None
                                  f"in {report.name}; try a wider scheme for sensitive layers or `method percentile`"), result)
 
 
+def refuse_nonfinite(ir, layer, values) -> None:
+    """Q409: a weight with NaN or infinite values would give a NaN or infinite scale; the compile stops
+    before anything is written."""
+    import numpy as np
+
+    bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+    if bad:
+        raise BackendError(error("Q409", f"`{layer.name}` has {bad:,} non-finite weights (NaN or ±inf)", ir.model_span,
+                                 "non-finite weights", help=f"repair the checkpoint, or give `{layer.name}` `-> none` "
+                                 "to keep it as it is"))
+
+
 def held_out_batches(ir, index, result: CompileResult, chunk: int):
     """Verification samples; Q406 when a data file is too short to hold them out from calibration."""
     from compiler import data

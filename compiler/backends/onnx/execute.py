@@ -19,7 +19,7 @@ from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.sensitivity import OnnxScorer
 from compiler.backends.program import run_program
 from compiler.backends.release import release_memory
-from compiler.backends.result import CompileResult, held_out_batches, judge
+from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
 from compiler.backends.rss import RssSampler
 from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.diagnostics import warning
@@ -244,6 +244,7 @@ class _OnnxRun:
         sqnr: dict[str, float] = {}
         for node, weight in self.emitter.weight_nodes():
             w = self.files.array(inits[weight])
+            refuse_nonfinite(self.ir, jobs[weight].layer, w)
             qw = rewrite.quantize_for(w, node, jobs[weight])
             sqnr[weight] = sqnr_db(w, qw, rewrite.weight_axes(node)[0])
             self.emitter.put(weight, qw)

@@ -24,7 +24,7 @@ from compiler import data
 from compiler.backends.agreement import Agreement
 from compiler.backends.program import run_program
 from compiler.backends.release import release_memory
-from compiler.backends.result import CompileResult, held_out_batches, judge
+from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
 from compiler.backends.rss import RssSampler
 from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.backends.torch import streams
@@ -379,6 +379,7 @@ class _Run:
         advance = self.progress("quantize", len(jobs))
         for number, job in enumerate(jobs):
             weight = self.model.shards.read(job.layer.weight).float()
+            refuse_nonfinite(self.ir, job.layer, weight.numpy())
             q = quantize_job(job, weight, None, self.model.dtype)
             for name, tensor in layer_tensors(job.layer, job.scheme, q, None, self.model.dtype).items():
                 self.writer.put(name, tensor)
@@ -394,6 +395,7 @@ class _Run:
         for job in jobs:
             module = self.model.module.get_submodule(job.module)
             assert isinstance(module, torch.nn.Linear)  # Linear layers only (Q411)
+            refuse_nonfinite(self.ir, job.layer, module.weight.detach().float().cpu().numpy())
             q = quantize_job(job, module.weight, stats, self.model.dtype)
             act = input_qparams(job, stats, self.ir.calibration, self.model.dtype)
             if job.static_input and act is None:
