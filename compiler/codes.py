@@ -257,6 +257,11 @@ CODES: tuple[CodeInfo, ...] = (
        "link. Writing there could destroy the float model (or what the link points to), so qrc refuses before "
        "any work, for the recipe's `emit` path at `qrc check` and for `-o` at `qrc compile`.",
        'model "m.onnx"   emit "m.onnx"'),
+    _c("Q417", "the output cannot be written",
+       "The destination's folder is read-only, is not a folder, or has less free space than the plan says the "
+       "output takes; or writing failed while the compile ran (disk full). qrc checks before any work, and a "
+       "failed write leaves nothing at the destination.",
+       'qrc compile r.recipe -o /read-only/out.onnx'),
     _c("Q412", "no output path",
        "A compile writes a model: the recipe needs `emit \"PATH\"` or the command line `-o PATH`.",
        "qrc compile r.recipe   # and no emit in r.recipe"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +20,7 @@ from compiler.inspect_table import totals
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
 from compiler.outputs import output_conflict
+from compiler.plan.ops import Emit
 
 
 class CompileFailed(Exception):
@@ -71,6 +74,11 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
         what = "a folder" if destination.is_dir() else "a file"
         raise CompileFailed((error("Q413", f"output `{destination}` is {what}", ir.span, "wrong kind of output",
                                    help=f"give {spec.output_help}"),))
+    needed = _output_bytes(planned)
+    problem = _unwritable(destination, needed)
+    if problem:
+        raise CompileFailed((error("Q417", problem, ir.span, "cannot write the output",
+                                   help=f"write to a folder you can write with {human_bytes(needed)} free (`-o PATH`)"),))
     from compiler.backends import BackendError
 
     execute = spec.load_executor()
@@ -79,7 +87,34 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
             result = execute(ir, planned.check.assignment, planned.plan, destination, progress)
         except BackendError as exc:
             raise CompileFailed(planned.diagnostics + (exc.diagnostic,), exc.result, planned) from None
+        except OSError as exc:  # disk full, a folder made read-only meanwhile: the backends left no partial output
+            where = exc.filename or destination
+            raise CompileFailed(planned.diagnostics + (error(
+                "Q417", f"cannot write `{where}`: {exc.strerror or exc}", ir.span, "write failed",
+                help=f"the output needs about {human_bytes(needed)} (plus the disk caches of offload); free space "
+                     "or choose another folder; nothing was left at the destination"),), None, planned) from None
     return result, planned
+
+
+def _output_bytes(planned: PlanResult) -> int:
+    """What the plan says the emitted model takes."""
+    emit = planned.plan.first(Emit)
+    return emit.bytes if isinstance(emit, Emit) else 0
+
+
+def _unwritable(destination: Path, needed: int) -> str | None:
+    """Why the destination's folder cannot take the output (read-only, not a folder, too little space)."""
+    folder = destination.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"`{folder}` is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write to `{folder}` (permission denied)"
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        return f"`{folder}` has {human_bytes(free)} free; the output needs about {human_bytes(needed)}"
+    return None
 
 
 @contextmanager

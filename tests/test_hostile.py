@@ -114,3 +114,41 @@ def test_nonfinite_torch_weight_is_refused_and_nothing_written(tmp_path):
     assert result.exit_code == 2 and "Q409" in result.output and "up_proj" in result.output, result.output
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
     assert not list(tmp_path.glob(".out*"))  # no temporary folder left either
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs (or a read-only one), where the machine lets the tests mount (root here and in CI)."""
+    import subprocess
+
+    mounted = []
+
+    def mount(options: str):
+        folder = tmp_path / f"mnt{len(mounted)}"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+        if done.returncode != 0:
+            pytest.skip("this machine does not let the tests mount a small filesystem")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+def test_too_little_space_or_read_only_output_is_refused_before_work(small_disk, tmp_path):
+    for folder, phrase in ((small_disk("size=256k"), "free"), (small_disk("size=1m,ro"), "permission denied")):
+        result = runner.invoke(app, ["compile", "recipes/tiny-llama-w4a16.recipe", "-o", str(folder / "m.onnx")])
+        assert result.exit_code == 2 and "Q417" in result.output and phrase in result.output, result.output
+        assert "Traceback" not in result.output and not any(folder.iterdir())
+
+
+def test_disk_full_while_caching_blocks_is_a_diagnostic(small_disk, tmp_path):
+    """offload caches block boundaries on `disk`; a full disk there stops the compile with Q417, cleanly."""
+    disk = small_disk("size=256k")
+    out = tmp_path / "m.onnx"
+    result = runner.invoke(app, ["compile", "recipes/tiny-llama-w8a8.recipe", "-o", str(out), "--set",
+                                 "memory.mode=offload", "--set", f'memory.disk="{disk}"'])
+    assert result.exit_code == 2 and "Q417" in result.output and "Traceback" not in result.output, result.output
+    assert not out.exists()
