@@ -117,3 +117,19 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
     taken = _chromium(f"--screenshot={shot}", "--window-size=1280,2400", report.as_uri())
     assert taken.returncode == 0 and ":CONSOLE" not in taken.stderr
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+def test_markdown_cells_carry_no_markup_and_reports_are_world_readable(tmp_path):
+    """A hostile layer name cannot inject HTML into a Markdown viewer; the report file gets the same mode
+    as the models qrc writes (0644 under the usual umask), not mkstemp's 0600."""
+    import os
+
+    from compiler.report.render import _md_cell
+
+    assert _md_cell('<img src=x onerror="alert(1)">|x\ny') == '&lt;img src=x onerror="alert(1)">\\|x y'
+    report = tmp_path / "plan.md"
+    result = runner.invoke(app, ["plan", "recipes/tiny-llama-w4a16.recipe", "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    umask = os.umask(0)
+    os.umask(umask)
+    assert report.stat().st_mode & 0o777 == 0o666 & ~umask

@@ -13,8 +13,10 @@ FORMATS = {".md": "report.md.j2", ".html": "report.html.j2", ".htm": "report.htm
 
 
 def _md_cell(value) -> str:
-    """A Markdown table cell: pipes escaped, one line."""
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    """A Markdown table cell: one line, pipes escaped, and no markup of its own: `<` and `&` become entities
+    (no HTML tag or entity can start), so a hostile layer name cannot inject HTML into a Markdown viewer."""
+    text = str(value).replace("&", "&amp;").replace("<", "&lt;")
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def render(report: Report, suffix: str) -> str:
@@ -36,6 +38,9 @@ def write(report: Report, path: Path) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # like any file the user writes (mkstemp makes it 0600)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
