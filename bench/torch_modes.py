@@ -54,6 +54,7 @@ def checkpoint(layers: int, hidden: int) -> Path:
         writer.put(name, torch.from_numpy(values))
     writer.metadata("config.json", config.to_json_string())
     writer.finish()
+    writer.commit()
     return folder
 
 

@@ -152,3 +152,44 @@ def test_disk_full_while_caching_blocks_is_a_diagnostic(small_disk, tmp_path):
                                  "memory.mode=offload", "--set", f'memory.disk="{disk}"'])
     assert result.exit_code == 2 and "Q417" in result.output and "Traceback" not in result.output, result.output
     assert not out.exists()
+
+
+def _interrupted_during_verification(recipe, out, monkeypatch, target, name, *sets):
+    """Run a compile whose verification is interrupted (as Ctrl-C would) once the model is staged."""
+    from compiling import compile_program
+
+    original = getattr(target, name)
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(target, name, interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        compile_program(recipe, out, *sets)
+    monkeypatch.setattr(target, name, original)
+
+
+def test_interrupt_during_verification_leaves_nothing_at_the_destination(tmp_path, monkeypatch):
+    """The model is staged beside the destination and moved into place only once verification has measured
+    it: the CLI's "nothing was written to the destination" is then true."""
+    from compiler.backends.onnx import execute as onnx_execute
+    from compiler.backends.torch import execute as torch_execute
+
+    out = tmp_path / "m.onnx"
+    _interrupted_during_verification("recipes/tiny-llama-w8a8.recipe", out, monkeypatch, onnx_execute, "_verify")
+    assert not out.exists() and not list(tmp_path.iterdir())
+    folder = tmp_path / "torch-out"
+    # full mode: the quantized model runs on the held-out samples after emit, inside the verify op
+    _interrupted_during_verification("recipes/tiny-llama-torch-w8a8.recipe", folder, monkeypatch, torch_execute,
+                                     "_mask", "memory.mode=full")
+    assert not folder.exists() and not list(tmp_path.iterdir())
+
+
+def test_verify_json_of_a_failed_compile_does_not_survive_a_passing_one(tmp_path):
+    out = tmp_path / "m.onnx"
+    failed = runner.invoke(app, ["compile", "recipes/tiny-llama-w8a8.recipe", "-o", str(out), "--set",
+                                 "verify.at_least=0.99999"])
+    assert failed.exit_code == 2 and "Q501" in failed.output and (tmp_path / "m.onnx.verify.json").exists()
+    passed = runner.invoke(app, ["compile", "recipes/tiny-llama-w8a8.recipe", "-o", str(out)])
+    assert passed.exit_code == 0, passed.output
+    assert out.exists() and not (tmp_path / "m.onnx.verify.json").exists()

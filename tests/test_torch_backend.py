@@ -202,7 +202,8 @@ def test_sharded_output_has_an_index_and_loads(tmp_path):
                           shard_bytes=400)
     for name in reversed(tensors):  # any order: each tensor has its place in the file already
         writer.put(name, tensors[name])
-    files = writer.finish()
+    writer.finish()
+    files = writer.commit()
     index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
     assert len({f.name for f in files if f.suffix == ".safetensors"}) == 5
     for name, tensor in tensors.items():

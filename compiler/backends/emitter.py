@@ -6,7 +6,9 @@ emitter alone knows the layout on disk.
 - `put(name, value)`: a quantized tensor (a rounded weight, or an activation's scale and zero point);
 - `copy_raw(name, …)`: a tensor that stays as it was, copied without passing through a float copy;
 - `metadata(key, value)`: provenance and configuration (the recipe, its hash, config.json);
-- `finish()`: everything into place atomically, returning the files written; `abort()`: nothing left.
+- `finish()`: everything written and staged beside the destination (verification reads it there);
+- `commit()`: the staged output into place atomically, returning its files; `abort()`: nothing left.
+  So an interrupted or failed run never leaves a model at the destination that was not verified.
 """
 
 from __future__ import annotations
@@ -46,7 +48,11 @@ class Emitter(Protocol):
         ...
 
     def finish(self) -> list[Path]:
-        """Write everything into place atomically; the files written."""
+        """Write everything, staged beside the destination; the staged files."""
+        ...
+
+    def commit(self) -> list[Path]:
+        """Move the staged output into place atomically; the files at the destination."""
         ...
 
     def abort(self) -> None:

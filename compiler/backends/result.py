@@ -44,8 +44,10 @@ def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None
     result.verify = agreement.figures()
     value = agreement.value(v.metric)
     result.verify_passed = passes(value, v.bound, v.threshold)
-    if not result.verify_passed:
-        report = output.with_name(output.name + ".verify.json")
+    report = output.with_name(output.name + ".verify.json")
+    if result.verify_passed:
+        report.unlink(missing_ok=True)  # the figures of an earlier, failed compile no longer describe this model
+    else:
         report.write_text(json.dumps({"metric": v.metric.value, "bound": v.bound.value, "threshold": v.threshold,
                                       "value": value, "figures": result.verify}, indent=2) + "\n")
         raise BackendError(error("Q501", f"verification failed: {v.metric.value} = {value:.6g}, the recipe asks "

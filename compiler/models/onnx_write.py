@@ -17,6 +17,15 @@ def _umask() -> int:
 
 def write_atomically(model, destination: Path, external: bool) -> list[Path]:
     """Write `model` (and `<name>.data` when `external`) to `destination`; returns the files written."""
+    staging = stage(model, destination, external)
+    try:
+        return commit(staging, destination)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def stage(model, destination: Path, external: bool) -> Path:
+    """Write `model` complete into a hidden folder beside `destination` (which is not touched); the folder."""
     import onnx
 
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -31,12 +40,20 @@ def write_atomically(model, destination: Path, external: bool) -> list[Path]:
         mode = 0o666 & ~_umask()  # like any file the user writes, whatever the temp files had
         for path in staging.iterdir():
             path.chmod(mode)
-        written = []
-        data = staging / (destination.name + ".data")
-        if data.exists():  # the data first: the model file appears last, complete
-            os.replace(data, destination.parent / data.name)
-            written.append(destination.parent / data.name)
-        os.replace(staged, destination)
-        return written + [destination]
-    finally:
+    except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging
+
+
+def commit(staging: Path, destination: Path) -> list[Path]:
+    """Move a staged model into place: the data file first, the model last, so the model file appears
+    complete; the files at the destination."""
+    written = []
+    data = staging / (destination.name + ".data")
+    if data.exists():
+        os.replace(data, destination.parent / data.name)
+        written.append(destination.parent / data.name)
+    os.replace(staging / destination.name, destination)
+    shutil.rmtree(staging, ignore_errors=True)
+    return written + [destination]

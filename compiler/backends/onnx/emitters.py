@@ -6,6 +6,7 @@ back from external data, and the file is written atomically."""
 from __future__ import annotations
 
 import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from compiler.backends.emitter import Spec
 from compiler.backends.onnx.files import ModelFiles, load_remaining
 from compiler.backends.onnx.rewrite import WeightJob, rewrite, uses_matmul_nbits, weight_axes
 from compiler.ir.types import EmitFormat, Granularity, QType
-from compiler.models.onnx_write import write_atomically
+from compiler.models.onnx_write import commit, stage
 from compiler.quant.weights import QuantizedWeight
 
 EXTERNAL_THRESHOLD = 1 << 30  # weights above this go to `<model>.data` (protobuf stops at 2 GiB)
@@ -43,6 +44,7 @@ class QdqEmitter:
         self.activations: dict[str, ActivationQParams] = {}
         self.kept: set[str] = set()
         self.props: list[tuple[str, str]] = []
+        self.staging: Path | None = None
 
     def weight_nodes(self) -> list[tuple[onnx.NodeProto, str]]:
         """(first node reading it, weight name) for every weight to quantize, in graph order."""
@@ -101,10 +103,21 @@ class QdqEmitter:
             model.metadata_props.add(key=key, value=value)
         model.producer_name, model.producer_version = "qrc", ""
         external = self.external or model.ByteSize() > EXTERNAL_THRESHOLD
-        return write_atomically(model, self.output, external)
+        self.staging = stage(model, self.output, external)
+        self.weights.clear()  # written: the rounded values need not stay in memory while the model is verified
+        self.activations.clear()
+        return sorted(self.staging.iterdir())
+
+    def commit(self) -> list[Path]:
+        """The staged model into place (data first, model last); the files at the destination."""
+        staging, self.staging = self.staging, None
+        return commit(staging, self.output)
 
     def abort(self) -> None:
-        """Nothing to remove: nothing is written before `finish`, which writes atomically."""
+        """Remove the staged model, if any: nothing appears at the destination."""
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None
 
 
 class MatMulNBitsEmitter(QdqEmitter):

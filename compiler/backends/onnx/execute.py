@@ -88,6 +88,9 @@ class _OnnxRun:
                 ops.Verify: self.verify}
 
     def close(self) -> None:
+        """Remove what the run staged and did not commit, and the model's scratch copy."""
+        if self.emitter is not None:
+            self.emitter.abort()
         if self.files is not None:
             self.files.close()
 
@@ -278,18 +281,24 @@ class _OnnxRun:
                 emitter.copy_raw(tensor.name)
         for key, value in provenance(self.ir.name, print_ir(self.ir)):
             emitter.metadata(key, value)
-        self.result.files = emitter.finish()
+        self.result.files = emitter.finish()  # staged beside the destination until verified
+        if self.plan.first(ops.Verify) is None:
+            self.result.files = emitter.commit()
         # The rewrite changed `files.light` in place: put the weight-free float graph back, which also lets
         # the quantized model (and its loaded weights) go before verification.
-        self.emitter = None
         self.files.light = onnx.load(str(self.files.path), load_external_data=False)
         release_memory()
 
     def verify(self, op: ops.Verify) -> None:
+        """Measured on the staged model; then it goes into place (a failed verification leaves it there,
+        beside its figures), so an interrupt before this point leaves nothing at the destination."""
+        staged = self.emitter.staging / self.output.name
         if self.mode is MemoryMode.OFFLOAD:
-            _verify_offload(self.ir, self.assignment, self.files, self.output, self.progress, self.result)
+            agreement = _verify_offload(self.ir, self.assignment, self.files, staged, self.progress, self.result)
         else:
-            _verify(self.ir, self.assignment, self.files.path, self.output, self.progress, self.result)
+            agreement = _verify(self.ir, self.assignment, self.files.path, staged, self.progress, self.result)
+        self.result.files = self.emitter.commit()
+        judge(self.ir, self.output, agreement, self.result)
 
 
 def _format(ir: RecipeIR):
@@ -320,7 +329,7 @@ def _verify_batches(ir, assignment, result: CompileResult, chunk: int | None = N
     return held_out_batches(ir, assignment.model, result, chunk or min(ir.calibration.chunk, ir.verify.samples))
 
 
-def _verify(ir, assignment, source: Path, output: Path, progress, result: CompileResult) -> None:
+def _verify(ir, assignment, source: Path, output: Path, progress, result: CompileResult) -> Agreement:
     batches = _verify_batches(ir, assignment, result)
     reference, candidate = session_from_path(source), session_from_path(output)
     inputs = {i.name for i in reference.get_inputs()}
@@ -330,10 +339,10 @@ def _verify(ir, assignment, source: Path, output: Path, progress, result: Compil
         feed = {k: x for k, x in feed.items() if k in inputs}
         agreement.update(reference.run([first], feed)[0], candidate.run([first], feed)[0], feed.get("attention_mask"))
         advance()
-    judge(ir, output, agreement, result)
+    return agreement
 
 
-def _verify_offload(ir, assignment, files: ModelFiles, output: Path, progress, result: CompileResult) -> None:
+def _verify_offload(ir, assignment, files: ModelFiles, output: Path, progress, result: CompileResult) -> Agreement:
     """Both models block by block: the float model's outputs are cached per chunk, then compared."""
     from compiler.backends.onnx.segments import BoundaryCache, cut, run_segments
     from compiler.models.graph import summarize
@@ -359,4 +368,4 @@ def _verify_offload(ir, assignment, files: ModelFiles, output: Path, progress, r
     finally:
         cache.close()
         emitted.close()
-    judge(ir, output, agreement, result)
+    return agreement

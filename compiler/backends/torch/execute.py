@@ -347,6 +347,8 @@ class _Run:
         self._copy_unquantized()
         self._write_metadata()
         self.result.files = self.writer.finish()
+        if self.plan.first(ops.Verify) is None:  # nothing to verify first: into place now
+            self.result.files = self.writer.commit()
 
     def verify(self, op: ops.Verify) -> None:
         """Compare at the model's output: the quantized model against the kept float outputs (full), or the
@@ -359,6 +361,8 @@ class _Run:
                 advance()
         elif not self.tail_done:
             self._tail(None, self.verify_streams, [], self.offload)
+        # measured: the model goes into place (a failed verification leaves it there, beside its figures)
+        self.result.files = self.writer.commit()
         judge(self.ir, self.result.output, agreement, self.result)
 
     # ---- quantization and output -------------------------------------------------------------------

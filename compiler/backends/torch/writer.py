@@ -93,13 +93,18 @@ class FolderWriter:
         shutil.copyfile(source, path)
 
     def finish(self) -> list[Path]:
-        """Check every tensor was written, then move the folder into place; its files."""
+        """Check every tensor was written and flush the files; the folder stays staged (its files returned)
+        until `commit`, so verification can run before anything appears at the destination."""
         if self.missing:
             raise ValueError(f"{len(self.missing)} tensors were never written (e.g. {sorted(self.missing)[0]})")
         for _, fd, _ in self.files:
             os.fsync(fd)
             os.close(fd)
         self.files = []
+        return sorted(p for p in self.temp.rglob("*") if p.is_file())
+
+    def commit(self) -> list[Path]:
+        """Move the staged folder into place (replacing an earlier output); the files at the destination."""
         old = self.destination.with_name(f".{self.destination.name}.qrc-old")
         if self.destination.exists():
             self.destination.replace(old)
