@@ -193,3 +193,47 @@ def test_verify_json_of_a_failed_compile_does_not_survive_a_passing_one(tmp_path
     passed = runner.invoke(app, ["compile", "recipes/tiny-llama-w8a8.recipe", "-o", str(out)])
     assert passed.exit_code == 0, passed.output
     assert out.exists() and not (tmp_path / "m.onnx.verify.json").exists()
+
+
+def _onnx_case(folder, case: str):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((16, 16), np.float32), "fc.weight")
+    nodes = {"cycle": [helper.make_node("MatMul", ["h", "fc.weight"], ["y"], name="/fc/MatMul"),
+                       helper.make_node("Relu", ["y"], ["h"], name="/act/Relu")],
+             "dangling-input": [helper.make_node("MatMul", ["nothere", "fc.weight"], ["y"], name="/fc/MatMul")],
+             "custom-domain": [helper.make_node("MyOp", ["x", "fc.weight"], ["y"], name="/fc/MatMul", domain="x.y")]}
+    matmul = [helper.make_node("MatMul", ["x", "fc.weight"], ["y"], name="/fc/MatMul")]
+    inits = [weight, numpy_helper.from_array(np.ones((16, 16), np.float32), "fc.weight")] \
+        if case == "duplicate-initializer" else [weight]
+    graph = helper.make_graph(nodes.get(case, matmul), "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = folder / "m.onnx"
+    if case.startswith("external"):  # the weight's bytes are said to live in a data file
+        location = {"external-missing": "gone.data", "external-escaping": "../outside.data",
+                    "external-truncated": "m.onnx.data"}[case]
+        (folder.parent / "outside.data").write_bytes(b"\0" * 1024)
+        (folder / "m.onnx.data").write_bytes(b"\0" * 10)
+        stored = model.graph.initializer[0]
+        stored.ClearField("raw_data")
+        stored.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", location), ("offset", "0"), ("length", "1024")):
+            stored.external_data.add(key=key, value=value)
+    onnx.save(model, str(path))
+    return path
+
+
+ONNX_CASES = ["cycle", "dangling-input", "custom-domain", "duplicate-initializer", "external-missing",
+              "external-escaping", "external-truncated"]
+
+
+@pytest.mark.parametrize("case", ONNX_CASES)
+def test_broken_onnx_model_is_refused_at_check(case, tmp_path):
+    model = _onnx_case(tmp_path, case)
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n    model "{model}"\n    quantize {{ type Linear -> W8A16 }}\n'
+                      f'    emit "{tmp_path / "out.onnx"}"\n}}\n')
+    result = runner.invoke(app, ["check", str(recipe)])
+    assert result.exit_code == 2 and "Q250" in result.output and "Traceback" not in result.output, result.output

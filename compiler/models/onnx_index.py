@@ -25,6 +25,7 @@ def index_onnx(path: Path, ref: str, family: str = "onnx") -> ModelIndex:
     except Exception as exc:  # onnx raises DecodeError, OSError, … for a file that is not a model
         raise ModelError("Q250", f"`{ref}` is not a readable ONNX model ({type(exc).__name__})",
                          "check the path; qrc reads .onnx files (external data is kept external)") from None
+    _validate(model, path, ref)
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     layers = _unique(_layers(graph, inits))
@@ -32,6 +33,34 @@ def index_onnx(path: Path, ref: str, family: str = "onnx") -> ModelIndex:
     inputs = tuple(_tensor_info(v) for v in graph.input if v.name not in inits)
     outputs = tuple(_tensor_info(v) for v in graph.output)
     return ModelIndex(ref, ModelFormat.ONNX, family, tuple(layers), inputs, outputs, total, graph=summarize(_without_weights(model), set(inits)))
+
+
+def _validate(model, path: Path, ref: str) -> None:
+    """onnx's own checker (graph order, dangling inputs, duplicate names, opsets, external data confined to
+    the model's folder), then every external tensor's bytes exist: what onnxruntime would otherwise reject
+    with a traceback halfway through a compile. Reads the graph and file sizes only."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path))
+    except Exception as exc:  # ValidationError, and the checker's own errors on unreadable files
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError("Q250", f"`{ref}` is not a valid ONNX model: {first[:200]}",
+                         "re-export the model; onnx.checker.check_model reports the same") from None
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            _check_external(tensor, path, ref)
+
+
+def _check_external(tensor, path: Path, ref: str) -> None:
+    info = {e.key: e.value for e in tensor.external_data}
+    data = path.parent / info.get("location", "")
+    end = int(info.get("offset", 0) or 0) + int(info.get("length", 0) or 0)
+    size = data.stat().st_size if data.is_file() else -1
+    if size < end:
+        raise ModelError("Q250", f"`{ref}`: the external data of `{tensor.name}` ends at byte {end:,} of "
+                         f"`{info.get('location')}`, which has {max(size, 0):,} bytes", "the data file is truncated: "
+                         "copy it again next to the model")
 
 
 _SMALL = 4096  # elements: constants such as Reshape targets and axes, which shape inference reads
