@@ -29,6 +29,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"qrc {version('qrc')}")
+        except PackageNotFoundError:  # run from a source tree that was not installed
+            typer.echo("qrc (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print qrc's version and exit.")] = False) -> None:
+    """qrc, the quantization recipe compiler: check a recipe against its model, show the plan, compile."""
+
 SetOption = Annotated[
     Optional[list[str]],
     typer.Option("--set", metavar="KEY=VALUE",

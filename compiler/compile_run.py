@@ -136,7 +136,7 @@ def summary(result, planned: PlanResult) -> Table:
     table.add_column("what", style="bold")
     table.add_column("value")
     for t in totals(result.assignment):
-        table.add_row(f"scheme {t.scheme}", f"{t.layers} layers, {t.params:,} params, "
+        table.add_row(f"scheme {t.scheme}", f"{t.layers} layer{'s' if t.layers != 1 else ''}, {t.params:,} params, "
                       f"{human_bytes(t.bytes_before)} → {human_bytes(t.bytes_after)}")
     before = planned.check.assignment.model.total_bytes
     after = sum(f.stat().st_size for f in result.files)

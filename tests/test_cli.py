@@ -188,3 +188,19 @@ def test_outputs_never_replace_inputs(tmp_path):
     result = runner.invoke(app, ["compile", recipe(str(tmp_path / "out.onnx")), "-o", str(model)])
     assert result.exit_code == 2 and "Q416" in result.output and "Traceback" not in result.output, result.output
     assert model.read_bytes() == before and not (tmp_path / "elsewhere.onnx").exists()
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.startswith("qrc ")
+
+
+@pytest.mark.parametrize(("sizes", "advice"), [("hidden=176&intermediate=688", "`group 16` divides them"),
+                                                ("hidden=128&intermediate=344", "no power-of-two group")])
+def test_group_help_names_a_group_that_divides(sizes, advice, tmp_path):
+    """Q235's help names a group that divides the features (688: 16, not the 32 or 64 it used to suggest)."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama?{sizes}"\n    scheme s = W4A16 {{ group 32 }}\n'
+                      '    quantize { type Linear -> s }\n}\n')
+    result = runner.invoke(app, ["check", str(recipe)])
+    assert result.exit_code == 2 and "Q235" in result.output and advice in result.output, result.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections import defaultdict
 
@@ -94,14 +95,28 @@ def _misfits(ir: RecipeIR, a) -> list[str]:
     return found
 
 
+def _group_help(sizes: list[int], current: int) -> str:
+    """Group sizes that divide every one of `sizes` (powers of two from 16, as kernels want), or the advice
+    to give these layers another scheme when none does."""
+    common = math.gcd(*sizes)
+    fitting = [g for g in (256, 128, 64, 32, 16) if common % g == 0 and g != current]
+    if len(fitting) > 1:
+        others = ", ".join(f"`group {g}`" for g in fitting[1:3])
+        return f"`group {fitting[0]}` divides them (so do {others}), or give these layers another scheme"
+    if fitting:
+        return f"`group {fitting[0]}` divides them, or give these layers another scheme"
+    return (f"no power-of-two group of 16 or more divides {', '.join(map(str, sizes))}: give these layers a "
+            "per-channel scheme or `-> none`")
+
+
 def _misfit_text(code: str, scheme, names: list[str], assignment: Assignment) -> tuple[str, str]:
     layers = [assignment.model.layer(n) for n in names]
     listed = ", ".join(compress(names)[:4])
     if code == "Q235":
         sizes = sorted({x.out_features if x.kind is LayerKind.EMBEDDING else x.in_features for x in layers})
         return (f"`group {scheme.weights.group_size}` does not divide the input features of {len(names)} "
-                f"layer(s): {listed} (features: {', '.join(map(str, sizes))})",
-                "choose a group size that divides them (e.g. 32 or 64), or give these layers another scheme")
+                f"layer{'s' if len(names) != 1 else ''}: {listed} (features: {', '.join(map(str, sizes))})",
+                _group_help(sizes, scheme.weights.group_size))
     if code == "Q236":
         return (f"`{scheme.name}` quantizes activations, but {listed}: Embedding layer(s) whose input is token ids",
                 "give embeddings a weight-only scheme (e.g. W8A16) or `none`")
