@@ -198,6 +198,11 @@ CODES: tuple[CodeInfo, ...] = (
        "tensor that is too large.",
        "memory { mode full  ram 1 GiB }   # on a model whose weights alone exceed 1 GiB"),
     # ---- Q4xx: backend and execution ---------------------------------------------------------------
+    _c("Q302", "the run went above its ram budget",
+       "With `ram` in the recipe, qrc samples its own resident memory while it compiles and stops (writing "
+       "nothing) the moment it is above the budget, instead of overrunning it. The plan's estimate is within "
+       "±25% of what runs; a model that measures above it needs more `ram`, a smaller `chunk`, or offload.",
+       'memory { ram 600 MiB }   # a compile whose real peak is 700 MiB'),
     _c("Q400", "backend dependency not installed",
        "The torch backend opens HF-style folders with transformers, which is an optional dependency "
        "(`pip install -e '.[hf]'`; the `models` extra brings it too). Checking and planning never need it.",

@@ -170,8 +170,8 @@ def test_outputs_never_replace_inputs(tmp_path):
     source = builtin.onnx_path("builtin:tiny-llama")
     model = tmp_path / "m.onnx"
     shutil.copy(source, model)
-    for data in source.parent.glob(source.name + ".data"):
-        shutil.copy(data, tmp_path / (model.name + ".data"))
+    for data in source.parent.glob(source.name + ".data"):  # the model names its data file: keep the name
+        shutil.copy(data, tmp_path / data.name)
     before = model.read_bytes()
 
     def recipe(emit: str) -> str:

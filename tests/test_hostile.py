@@ -237,3 +237,51 @@ def test_broken_onnx_model_is_refused_at_check(case, tmp_path):
                       f'    emit "{tmp_path / "out.onnx"}"\n}}\n')
     result = runner.invoke(app, ["check", str(recipe)])
     assert result.exit_code == 2 and "Q250" in result.output and "Traceback" not in result.output, result.output
+
+
+@pytest.mark.parametrize("recipe", ["recipes/tiny-llama-w8a8.recipe", "recipes/tiny-llama-torch-w8a8.recipe"])
+def test_a_run_above_its_ram_budget_stops(recipe, tmp_path, monkeypatch):
+    """With `ram` in the recipe, a run whose measured memory goes above it stops with Q302 (here the sampler
+    is told the process holds 64 GiB) and writes nothing."""
+    from compiler.backends.rss import RssSampler
+
+    monkeypatch.setattr(RssSampler, "resident", lambda self: 64 << 30)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["compile", recipe, "-o", str(out), "--set", "memory.ram=8GiB"])
+    assert result.exit_code == 2 and "Q302" in result.output and "Traceback" not in result.output, result.output
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_pickle_only_folder_is_refused_at_check(tmp_path):
+    """A folder whose weights are only a torch pickle (pytorch_model.bin) is Q252 at check: loading a
+    pickle runs code, and the ONNX export used to fail with UnpicklingError after planning."""
+    folder = tmp_path / "bert"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1,
+                                                    "num_attention_heads": 2, "intermediate_size": 64,
+                                                    "vocab_size": 100}))
+    (folder / "pytorch_model.bin").write_bytes(b"not really a pickle")
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n    model "{folder}"\n    backend onnx\n    quantize {{ type Linear -> W8A16 }}\n'
+                      f'    emit "{tmp_path / "out.onnx"}"\n}}\n')
+    result = runner.invoke(app, ["check", str(recipe)])
+    assert result.exit_code == 2 and "Q252" in result.output and "safetensors" in result.output, result.output
+
+
+def test_text_data_reads_a_huge_line_in_bounded_memory(tmp_path):
+    """A one-line 64 MiB text file: only what seqlen tokens can use is kept (it once reached 16 GB)."""
+    import tracemalloc
+
+    from compiler.data.batches import _text_lines
+
+    path = tmp_path / "huge.txt"
+    with path.open("w") as handle:
+        for _ in range(64):
+            handle.write("word " * (1 << 18))
+        handle.write("\nsecond line\n\nthird\n")
+    tracemalloc.start()
+    lines = _text_lines(path, 2, 128 * 64)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(lines) == 2 and len(lines[0]) <= 128 * 64 and lines[1] == "second line"
+    assert peak < 8 << 20

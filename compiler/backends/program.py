@@ -25,4 +25,23 @@ def run_program(plan: Plan, handlers: Mapping[type, Handler], rss: RssSampler, e
     for op in plan.ops:
         rss.phase = op
         handlers[type(op)](op)
+        rss.check()
         executed.append(op)
+
+
+def guarded(progress, rss: RssSampler):
+    """The progress callbacks, each step also checking the RAM budget (so a long op stops promptly)."""
+    def stage(name: str, total: int):
+        advance = progress(name, total)
+
+        def step() -> None:
+            advance()
+            rss.check()
+        return step
+    return stage
+
+
+def sampler_for(plan: Plan) -> RssSampler:
+    """An RSS sampler whose limit is the recipe's `ram` (a detected budget is advice, not a limit)."""
+    d = plan.decision
+    return RssSampler(limit=d.ram_budget if d.ram_source == "recipe" else None)

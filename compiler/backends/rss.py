@@ -11,9 +11,12 @@ from compiler.plan.ops import PlanOp
 
 @dataclass
 class RssSampler:
-    """Samples RSS every `interval` seconds, each tagged with the plan op running then."""
+    """Samples RSS every `interval` seconds, each tagged with the plan op running then. With a `limit` (the
+    recipe's `ram`), the first sample above it is kept, and `check()` stops the run there (Q302)."""
 
     interval: float = 0.02
+    limit: int | None = None
+    over: tuple[int, PlanOp | None] | None = None  # (rss, op) of the first sample above `limit`
     samples: list[tuple[float, int, PlanOp | None]] = field(default_factory=list)  # (seconds, rss bytes, op)
     phase: PlanOp | None = None  # the plan op running (None before the first)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -41,7 +44,29 @@ class RssSampler:
             self._sample()
 
     def _sample(self) -> None:
-        self.samples.append((time.perf_counter() - self._start, self._process.memory_info().rss, self.phase))
+        rss = self.resident()
+        self.samples.append((time.perf_counter() - self._start, rss, self.phase))
+        if self.limit is not None and rss > self.limit and self.over is None:
+            self.over = (rss, self.phase)
+
+    def resident(self) -> int:
+        """This process's resident set size now."""
+        return self._process.memory_info().rss
+
+    def check(self) -> None:
+        """Raise Q302 once a sample went above the budget: the run stops instead of overrunning it."""
+        if self.over is None:
+            return
+        from compiler.backends import BackendError
+        from compiler.diagnostics import error
+        from compiler.ir.values import human_bytes
+
+        rss, op = self.over
+        where = f" during `{op.kind.value}`" if op is not None else ""
+        raise BackendError(error("Q302", f"the compile used {human_bytes(rss)}{where}, above the recipe's `ram` "
+                                 f"{human_bytes(self.limit or 0)}; it stopped there", None, "over budget",
+                                 help="raise `ram`, or use a smaller `chunk` or `mode offload` (qrc plan shows "
+                                      "what each needs); nothing was written to the destination"))
 
     @property
     def peak(self) -> int:

@@ -46,7 +46,7 @@ class Batches:
 def calibration_batches(source: DataSource, index: ModelIndex, chunk: int) -> Batches:
     """The calibration samples of `source` for `index`'s inputs, in chunks."""
     if source.kind in (DataKind.NPZ, DataKind.TEXT):
-        arrays = load_npz(source, index) if source.kind is DataKind.NPZ else load_text(source, index)
+        arrays = load_npz(source, index) if source.kind is DataKind.NPZ else load_text(source, index, source.samples)
         return Batches(source, index, min(source.samples, _count(arrays)), chunk, arrays=arrays)
     return Batches(source, index, source.samples, chunk)
 
@@ -64,7 +64,8 @@ def _usable(source: DataSource, arrays: dict[str, np.ndarray]) -> dict[str, np.n
 def verify_batches(source: DataSource, index: ModelIndex, samples: int, chunk: int) -> tuple[Batches, bool]:
     """Held-out samples; the flag is True when they had to overlap the calibration samples (npz too short)."""
     if source.kind in (DataKind.NPZ, DataKind.TEXT):
-        arrays = load_npz(source, index) if source.kind is DataKind.NPZ else load_text(source, index)
+        arrays = (load_npz(source, index) if source.kind is DataKind.NPZ
+                  else load_text(source, index, source.samples + samples))
         total = _count(arrays)
         start = min(source.samples, max(0, total - samples))
         return Batches(source, index, min(samples, total - start), chunk, start=start, arrays=arrays), start < source.samples
@@ -130,8 +131,10 @@ def _synthetic_input(index: ModelIndex, info: TensorInfo, seqlen: int, rng) -> n
     return rng.randint(0, vocab, shape).astype(dtype)
 
 
-def load_text(source: DataSource, index: ModelIndex) -> dict[str, np.ndarray]:
-    """Non-empty lines of a text file, tokenised with a tokenizers JSON file, padded/truncated to seqlen."""
+def load_text(source: DataSource, index: ModelIndex, needed: int | None = None) -> dict[str, np.ndarray]:
+    """The first `needed` non-empty lines of a text file (all when None), tokenised with a tokenizers JSON
+    file, padded/truncated to seqlen. The file is read line by line and each line only up to what seqlen
+    tokens can use, so a huge file or a 100 MiB line costs no more memory than the samples."""
     from compiler.models import ModelError, resolve_path
 
     span = source.span_of("data")
@@ -140,7 +143,7 @@ def load_text(source: DataSource, index: ModelIndex) -> dict[str, np.ndarray]:
     except ModelError as exc:
         raise BackendError(error("Q401", exc.message, span, "not found", help=exc.help)) from None
     try:
-        lines = [line.strip() for line in text_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = _text_lines(text_path, needed, source.seqlen * _CHARS_PER_TOKEN)
     except (OSError, UnicodeDecodeError) as exc:
         raise BackendError(error("Q401", f"cannot read text `{source.path}` ({type(exc).__name__})", span, "unreadable",
                                  help="a UTF-8 text file, one sample per line")) from None
@@ -166,6 +169,25 @@ def load_text(source: DataSource, index: ModelIndex) -> dict[str, np.ndarray]:
                                      help="text gives input_ids, attention_mask and token_type_ids; use npz otherwise"))
         arrays[info.name] = np.array([getattr(e, attr) for e in encoded], dtype=_NP.get(info.dtype, np.int64))
     return _usable(source, arrays)
+
+
+_CHARS_PER_TOKEN = 64  # a token is at most this many characters: the rest of a long line is never tokenised
+
+
+def _text_lines(path: Path, needed: int | None, max_chars: int) -> list[str]:
+    """Non-empty, stripped lines, each cut at `max_chars`, at most `needed` of them; read in bounded pieces."""
+    lines: list[str] = []
+    with path.open(encoding="utf-8") as handle:
+        while needed is None or len(lines) < needed:
+            line = handle.readline(max_chars)
+            if not line:
+                break
+            if not line.endswith("\n"):  # cut: skip the rest of this line without keeping it
+                while (rest := handle.readline(1 << 16)) and not rest.endswith("\n"):
+                    pass
+            if line.strip():
+                lines.append(line.strip())
+    return lines
 
 
 def load_npz(source: DataSource, index: ModelIndex) -> dict[str, np.ndarray]:

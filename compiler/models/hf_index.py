@@ -23,6 +23,11 @@ def index_hf(folder: Path, ref: str) -> ModelIndex:
     """Index an HF-style folder from config.json and the safetensors headers (no weights read)."""
     config = _config(folder, ref)
     headers = _headers(folder, ref)
+    pickled = sorted(p.name for pattern in ("*.bin", "*.pt", "*.pth") for p in folder.glob(pattern))
+    if pickled and not headers:  # torch pickles run code when loaded: qrc reads safetensors only
+        raise ModelError("Q252", f"`{ref}` has its weights as {', '.join(pickled[:2])} (a torch pickle), not safetensors",
+                         "convert them once: transformers' `save_pretrained(..., safe_serialization=True)` writes "
+                         "model.safetensors")
     planned = _layout(config, ref) if config else None
     if planned is None and not headers:
         family = (config or {}).get("model_type", "unknown")

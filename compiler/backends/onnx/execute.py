@@ -17,10 +17,9 @@ from compiler.backends.onnx.calibrate import calibrate, session_from_path
 from compiler.backends.onnx.emitters import ActivationQParams, QdqEmitter, emitter_for
 from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.sensitivity import OnnxScorer
-from compiler.backends.program import run_program
+from compiler.backends.program import guarded, run_program, sampler_for
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
-from compiler.backends.rss import RssSampler
 from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.diagnostics import warning
 from compiler.ir.printer import print_ir, provenance
@@ -48,7 +47,8 @@ def model_path(ref: str) -> Path:
 def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress: Progress) -> CompileResult:
     """Run `plan` op by op; the result holds what was measured, also when verification fails."""
     result = CompileResult(output, [], plan, assignment=assignment)
-    start, rss = time.perf_counter(), RssSampler()
+    start, rss = time.perf_counter(), sampler_for(plan)
+    progress = guarded(progress, rss)
     run = _OnnxRun(ir, assignment, plan, output, progress, result, start)
     try:
         with rss:

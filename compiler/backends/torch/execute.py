@@ -22,10 +22,9 @@ import torch
 
 from compiler import data
 from compiler.backends.agreement import Agreement
-from compiler.backends.program import run_program
+from compiler.backends.program import guarded, run_program, sampler_for
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
-from compiler.backends.rss import RssSampler
 from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.backends.torch import streams
 from compiler.backends.torch.compressed import TensorSpec, layer_specs, layer_tensors, quantization_config
@@ -58,7 +57,8 @@ _SKIPPED_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pt
 def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress) -> CompileResult:
     """Run `plan` op by op; the result holds what was measured, also when verification fails."""
     result = CompileResult(output, [], plan, assignment=assignment)
-    start, rss = time.perf_counter(), RssSampler()
+    start, rss = time.perf_counter(), sampler_for(plan)
+    progress = guarded(progress, rss)
     run = _Run(ir, assignment, plan, result, progress, start)
     try:
         with rss:
