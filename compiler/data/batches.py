@@ -131,6 +131,50 @@ def _synthetic_input(index: ModelIndex, info: TensorInfo, seqlen: int, rng) -> n
     return rng.randint(0, vocab, shape).astype(dtype)
 
 
+def resolve_tokenizer(source: DataSource, model_ref: str) -> Path | None:
+    """The tokenizer file of `data text`: the path as written (relative to the current folder), else the same
+    relative path inside the model's folder (`tokenizer "tokenizer.json"` beside an HF folder's weights);
+    None when neither exists."""
+    from compiler.models import ModelError, resolve_path
+
+    if source.tokenizer is None:
+        return None
+    try:
+        path = resolve_path(source.tokenizer)
+    except ModelError:
+        return None
+    if path.is_file():
+        return path
+    try:
+        model = resolve_path(model_ref) if not model_ref.startswith("builtin:") else None
+    except ModelError:
+        model = None
+    if model is not None and model.is_dir() and not path.is_absolute() and (model / path).is_file():
+        return model / path
+    return None
+
+
+def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str]]:
+    """(message, help) for each file the data source names that is not there (checked by `qrc check`)."""
+    from compiler.models import ModelError, resolve_path
+
+    if source.kind is DataKind.SYNTHETIC:
+        return []
+    problems = []
+    try:
+        data = resolve_path(source.path or "")
+        found = data.is_file()
+    except ModelError:
+        found = False
+    if not found:
+        problems.append((f"calibration data `{source.path}` not found",
+                         "paths are relative to the folder qrc runs in; `package:NAME/path` names a file in a package"))
+    if source.kind is DataKind.TEXT and resolve_tokenizer(source, model_ref) is None:
+        problems.append((f"tokenizer `{source.tokenizer}` not found (looked in the current folder and the model's)",
+                         "give the path of a tokenizers JSON file, e.g. the model folder's tokenizer.json"))
+    return problems
+
+
 def load_text(source: DataSource, index: ModelIndex, needed: int | None = None) -> dict[str, np.ndarray]:
     """The first `needed` non-empty lines of a text file (all when None), tokenised with a tokenizers JSON
     file, padded/truncated to seqlen. The file is read line by line and each line only up to what seqlen
@@ -139,9 +183,12 @@ def load_text(source: DataSource, index: ModelIndex, needed: int | None = None) 
 
     span = source.span_of("data")
     try:
-        text_path, tok_path = resolve_path(source.path), resolve_path(source.tokenizer)
+        text_path, tok_path = resolve_path(source.path), resolve_tokenizer(source, index.ref)
     except ModelError as exc:
         raise BackendError(error("Q401", exc.message, span, "not found", help=exc.help)) from None
+    if tok_path is None:
+        raise BackendError(error("Q401", f"tokenizer `{source.tokenizer}` not found", span, "not found",
+                                 help="give the path of a tokenizers JSON file, e.g. the model folder's tokenizer.json"))
     try:
         lines = _text_lines(text_path, needed, source.seqlen * _CHARS_PER_TOKEN)
     except (OSError, UnicodeDecodeError) as exc:
@@ -155,8 +202,9 @@ def load_text(source: DataSource, index: ModelIndex, needed: int | None = None) 
         raise BackendError(error("Q401", "`data text` needs the tokenizers package", span, "missing package",
                                  help="pip install -e '.[hf]'")) from None
     except Exception as exc:  # tokenizers raises its own exception type for unreadable files
-        raise BackendError(error("Q401", f"cannot load tokenizer `{source.tokenizer}` ({type(exc).__name__})", span,
-                                 "unreadable", help="a tokenizers JSON file (tokenizer.json)")) from None
+        raise BackendError(error("Q401", f"cannot load tokenizer `{source.tokenizer}` ({type(exc).__name__}: "
+                                 f"{str(exc)[:80]})", span, "unreadable",
+                                 help="a tokenizers JSON file (tokenizer.json), as `tokenizers.Tokenizer.from_file` reads")) from None
     tokenizer.enable_truncation(source.seqlen)
     tokenizer.enable_padding(length=source.seqlen)
     encoded = tokenizer.encode_batch(lines)
