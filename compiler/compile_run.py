@@ -20,7 +20,9 @@ from compiler.inspect_table import totals
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
 from compiler.outputs import output_conflict
-from compiler.plan.ops import Emit
+from compiler.plan.ops import Emit, OpKind
+
+_CALIBRATION_OPS = (OpKind.CALIBRATE_CHUNK, OpKind.CACHE_BLOCK_INPUTS, OpKind.RUN_BLOCK, OpKind.SCORE_SENSITIVITY)
 
 
 class CompileFailed(Exception):
@@ -141,7 +143,9 @@ def summary(result, planned: PlanResult) -> Table:
     before = planned.check.assignment.model.total_bytes
     after = sum(f.stat().st_size for f in result.files)
     table.add_row("model size", f"{human_bytes(before)} of weights → {human_bytes(after)} on disk")
-    table.add_row("calibration", f"{result.calibration_seconds:.2f} s (total {result.total_seconds:.2f} s)")
+    calibrates = any(op.kind in _CALIBRATION_OPS for op in planned.plan.ops)
+    table.add_row("calibration" if calibrates else "time", f"{result.calibration_seconds:.2f} s (total "
+                  f"{result.total_seconds:.2f} s)" if calibrates else f"{result.total_seconds:.2f} s (no calibration pass)")
     planned_peak = planned.plan.peak_bytes
     ratio = result.peak_rss / planned_peak if planned_peak else 0
     table.add_row("peak RSS", f"{human_bytes(result.peak_rss)} measured vs {human_bytes(planned_peak)} planned "
@@ -156,7 +160,8 @@ def summary(result, planned: PlanResult) -> Table:
             table.add_row(f"  → {choice}", f"{len(layers)} layers: {', '.join(compress(layers))}")
     if result.verify is not None:
         v = planned.check.ir.verify
-        figures = ", ".join(f"{k} {val:.4g}" for k, val in result.verify.items())
+        figures = ", ".join(f"{k} {val:.4g}" for k, val in result.verify.items()  # pooled embeddings mean
+                            if k != "embedding_cosine" or v.metric.value == k)  # nothing for decoder logits
         table.add_row("verify", f"{'passed' if result.verify_passed else 'FAILED'}: {v.metric.value} "
                       f"{result.verify[v.metric.value]:.4g} ({v.bound.value} {v.threshold:g}); {figures}")
     return table

@@ -3,9 +3,11 @@ export is cached under $QRC_CACHE/exported/<content hash>/ and reused by later c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 from compiler.backends import BackendError
@@ -23,13 +25,35 @@ def export_folder(folder: Path, span=None) -> Path:
     target = export_path(folder)
     staging = Path(tempfile.mkdtemp(prefix="qrc-export-"))
     try:
-        _export(folder, staging / "model.onnx", span)
+        with _quiet():
+            _export(folder, staging / "model.onnx", span)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging / "model.onnx.data", target.parent / "model.onnx.data")
         os.replace(staging / "model.onnx", target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The export runs under qrc's progress bars: transformers' own bar and the tracer's warnings (about
+    indexing patterns BERT does not use) would print into them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            from transformers.utils import logging as hf_logging
+        except ImportError:
+            yield
+            return
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+        try:
+            yield
+        finally:
+            hf_logging.set_verbosity(verbosity)
+            hf_logging.enable_progress_bar()
 
 
 def _export(folder: Path, out: Path, span) -> None:

@@ -336,7 +336,7 @@ class _Run:
             self._tail(self.cal, self.verify_streams, jobs, self.offload)
         elif self.stats is not None or self.reference:
             self._materialize_all()
-            self._quantize(jobs, self.stats)
+            self._quantize(jobs, self.stats, self.progress("quantize", len(jobs)))  # GPTQ here takes minutes
         else:
             self._quantize_streamed(jobs, None, self.offload)
 
@@ -393,7 +393,7 @@ class _Run:
                 release_memory()
             advance()
 
-    def _quantize(self, jobs: list[Job], stats: Statistics) -> list:
+    def _quantize(self, jobs: list[Job], stats: Statistics | None, advance=None) -> list:
         """Round each job's weight, write its tensors, and make its module compute like the emitted model."""
         hooks = []
         for job in jobs:
@@ -413,6 +413,8 @@ class _Run:
             self._record(job, original, module.weight, act)
             if hook is not None:
                 hooks.append(hook)
+            if advance is not None:
+                advance()
         self.hooks.extend(hooks)
         return hooks
 
