@@ -20,9 +20,8 @@ from compiler.inspect_table import totals
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
 from compiler.outputs import output_conflict
-from compiler.plan.ops import Emit, OpKind
-
-_CALIBRATION_OPS = (OpKind.CALIBRATE_CHUNK, OpKind.CACHE_BLOCK_INPUTS, OpKind.RUN_BLOCK, OpKind.SCORE_SENSITIVITY)
+from compiler.plan.ops import Emit
+from compiler.plan.workload import workload
 
 
 class CompileFailed(Exception):
@@ -143,7 +142,7 @@ def summary(result, planned: PlanResult) -> Table:
     before = planned.check.assignment.model.total_bytes
     after = sum(f.stat().st_size for f in result.files)
     table.add_row("model size", f"{human_bytes(before)} of weights → {human_bytes(after)} on disk")
-    calibrates = any(op.kind in _CALIBRATION_OPS for op in planned.plan.ops)
+    calibrates = workload(planned.check.ir, planned.check.assignment).calibrate
     table.add_row("calibration" if calibrates else "time", f"{result.calibration_seconds:.2f} s (total "
                   f"{result.total_seconds:.2f} s)" if calibrates else f"{result.total_seconds:.2f} s (no calibration pass)")
     planned_peak = planned.plan.peak_bytes

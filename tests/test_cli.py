@@ -226,3 +226,15 @@ def test_data_paths_are_checked_at_check_and_the_tokenizer_found_in_the_model_fo
     for data, tokenizer in (("recipes/data/minilm-calibration.txt", "nope.json"), ("no/such.txt", "tokenizer.json")):
         result = check(data, tokenizer)
         assert result.exit_code == 2 and "Q401" in result.output and "not found" in result.output, result.output
+
+
+def test_summary_says_only_what_applies(tmp_path):
+    """A decoder's summary shows no embedding cosine (pooled embeddings mean nothing for logits), and a
+    compile without a calibration pass shows no calibration time."""
+    result = runner.invoke(app, ["compile", "recipes/tiny-llama-w4a16.recipe", "-o", str(tmp_path / "m.onnx")])
+    assert result.exit_code == 0, result.output
+    assert "embedding_cosine" not in result.output
+    weight_only = runner.invoke(app, ["compile", "recipes/tiny-llama-torch-w4a16.recipe", "-o", str(tmp_path / "w")])
+    assert weight_only.exit_code == 0, weight_only.output
+    assert "no calibration pass" in weight_only.output and "calibration " not in weight_only.output.replace(
+        "no calibration pass", "")
