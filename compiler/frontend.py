@@ -132,8 +132,9 @@ def _check_data_paths(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) 
     if not (ir.verify or workload(ir, assignment).calibrate):
         return
     data = ir.calibration.data
-    for message, help_line in path_problems(data, ir.model):
-        diags.error("Q401", message, data.span_of("data") or ir.calibration.span_of("data") or ir.span, "not found",
+    for code, message, help_line in path_problems(data, ir.model):
+        diags.error(code, message, data.span_of("data") or ir.calibration.span_of("data") or ir.span,
+                    "no tokenizer" if code == "Q216" else "not found",
                     help=help_line)
 
 

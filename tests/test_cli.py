@@ -223,6 +223,11 @@ def test_data_paths_are_checked_at_check_and_the_tokenizer_found_in_the_model_fo
         return runner.invoke(app, ["check", str(recipe)])
 
     assert check("recipes/data/minilm-calibration.txt", "tokenizer.json").exit_code == 0
+    without = tmp_path / "default.recipe"  # no `tokenizer`: the model folder's own tokenizer.json
+    without.write_text(f'recipe r {{\n    model "{model}"\n    backend torch\n    quantize {{ type Linear -> W8A16 }}\n'
+                       '    calibrate { data text "recipes/data/minilm-calibration.txt" { samples 8 } }\n'
+                       '    emit "out/x"\n}\n')
+    assert runner.invoke(app, ["check", str(without)]).exit_code == 0
     for data, tokenizer in (("recipes/data/minilm-calibration.txt", "nope.json"), ("no/such.txt", "tokenizer.json")):
         result = check(data, tokenizer)
         assert result.exit_code == 2 and "Q401" in result.output and "not found" in result.output, result.output

@@ -133,29 +133,40 @@ def _synthetic_input(index: ModelIndex, info: TensorInfo, seqlen: int, rng) -> n
 
 def resolve_tokenizer(source: DataSource, model_ref: str) -> Path | None:
     """The tokenizer file of `data text`: the path as written (relative to the current folder), else the same
-    relative path inside the model's folder (`tokenizer "tokenizer.json"` beside an HF folder's weights);
-    None when neither exists."""
+    relative path inside the model's folder; with no `tokenizer`, the model folder's own tokenizer.json.
+    None when there is none."""
     from compiler.models import ModelError, resolve_path
 
+    model_dir = _model_folder(model_ref)
     if source.tokenizer is None:
-        return None
+        default = model_dir / "tokenizer.json" if model_dir is not None else None
+        return default if default is not None and default.is_file() else None
     try:
         path = resolve_path(source.tokenizer)
     except ModelError:
         return None
     if path.is_file():
         return path
-    try:
-        model = resolve_path(model_ref) if not model_ref.startswith("builtin:") else None
-    except ModelError:
-        model = None
-    if model is not None and model.is_dir() and not path.is_absolute() and (model / path).is_file():
-        return model / path
+    if model_dir is not None and not path.is_absolute() and (model_dir / path).is_file():
+        return model_dir / path
     return None
 
 
-def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str]]:
-    """(message, help) for each file the data source names that is not there (checked by `qrc check`)."""
+def _model_folder(model_ref: str) -> Path | None:
+    """The model's folder (an HF-style folder), or None for built-ins and files."""
+    from compiler.models import ModelError, resolve_path
+
+    if model_ref.startswith("builtin:"):
+        return None
+    try:
+        path = resolve_path(model_ref)
+    except ModelError:
+        return None
+    return path if path.is_dir() else None
+
+
+def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, str]]:
+    """(code, message, help) for each file the data source needs that is not there (checked by `qrc check`)."""
     from compiler.models import ModelError, resolve_path
 
     if source.kind is DataKind.SYNTHETIC:
@@ -167,11 +178,16 @@ def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str]]:
     except ModelError:
         found = False
     if not found:
-        problems.append((f"calibration data `{source.path}` not found",
+        problems.append(("Q401", f"calibration data `{source.path}` not found",
                          "paths are relative to the folder qrc runs in; `package:NAME/path` names a file in a package"))
     if source.kind is DataKind.TEXT and resolve_tokenizer(source, model_ref) is None:
-        problems.append((f"tokenizer `{source.tokenizer}` not found (looked in the current folder and the model's)",
-                         "give the path of a tokenizers JSON file, e.g. the model folder's tokenizer.json"))
+        if source.tokenizer is None:
+            problems.append(("Q216", "`data text` needs a `tokenizer`: the model has no folder with a tokenizer.json",
+                             'add `{ tokenizer "tokenizer.json" }` (a tokenizers JSON file)'))
+        else:
+            problems.append(("Q401", f"tokenizer `{source.tokenizer}` not found (looked in the current folder and the "
+                             "model's)", "give the path of a tokenizers JSON file, e.g. the model folder's "
+                             "tokenizer.json"))
     return problems
 
 

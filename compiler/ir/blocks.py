@@ -134,10 +134,7 @@ def _data(decl: ast.DataDecl | None, diags: Diagnostics) -> DataSource:
             diags.error("Q222", f"`{key}` does not apply to `data {kind.value}`", item.key_span,
                         f"not an option of {kind.value} data",
                         help="options here: " + ", ".join(f"`{k}`" for k in _DATA_OPTIONS[kind]))
-    tokenizer = found["tokenizer"].value.value if "tokenizer" in found else None
-    if kind is DataKind.TEXT and tokenizer is None:
-        diags.error("Q216", "`data text` needs a `tokenizer`", decl.span, "no tokenizer",
-                    help='add `{ tokenizer "tokenizer.json" }` (a tokenizers JSON file)')
+    tokenizer = found["tokenizer"].value.value if "tokenizer" in found else None  # None: the model folder's
     path = decl.path.value if decl.path else None
     if decl.path is not None and not path:
         diags.error("Q216", f"`data {kind.value}` needs a file path", decl.path.span, "empty path")
