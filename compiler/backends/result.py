@@ -35,6 +35,7 @@ class CompileResult:
     search: SearchResult | None = None
     weight_sqnr: dict[str, float] = field(default_factory=dict)  # layer → weight SQNR in dB
     input_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # layer → its input's quantized range
+    layer_errors: dict[str, float] = field(default_factory=dict)  # when verification failed: error each layer adds
 
 
 def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None:
@@ -52,8 +53,17 @@ def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None
                                       "value": value, "figures": result.verify}, indent=2) + "\n")
         raise BackendError(error("Q501", f"verification failed: {v.metric.value} = {value:.6g}, the recipe asks "
                                  f"{v.bound.value} {v.threshold:g}", ir.verify.span_of("bound") or ir.verify.span_of("metric")
-                                 or ir.span, "not met", help=f"the emitted model is left at {output} with the figures "
-                                 f"in {report.name}; try a wider scheme for sensitive layers or `method percentile`"), result)
+                                 or ir.span, "not met", help=_q501_help(output, report, result)), result)
+
+
+def _q501_help(output: Path, report: Path, result: CompileResult) -> str:
+    """Where the model and figures are, and the layers that lose the most, when they were measured."""
+    where = f"the emitted model is left at {output} with the figures in {report.name}"
+    worst = [(name, err) for name, err in result.layer_errors.items() if err > 0][:3]
+    if not worst:
+        return where + "; try a wider scheme for sensitive layers"
+    named = ", ".join(f"`{name}` (adds {err:.3g} relative error)" for name, err in worst)
+    return f"{where}; the layers that lose the most: {named}: give them a wider scheme, e.g. `\"{worst[0][0]}\" -> W8A16`"
 
 
 def refuse_nonfinite(ir, layer, values) -> None:

@@ -3,6 +3,7 @@ ranges → quantize and rewrite → emit → verify), run in the plan's order by
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 import onnx
 
 from compiler import data
-from compiler.backends.agreement import Agreement
+from compiler.backends.agreement import Agreement, passes
 from compiler.backends.onnx import rewrite
 from compiler.backends.onnx.calibrate import calibrate, session_from_path
 from compiler.backends.onnx.emitters import ActivationQParams, QdqEmitter, emitter_for
@@ -297,6 +298,13 @@ class _OnnxRun:
             agreement = _verify_offload(self.ir, self.assignment, self.files, staged, self.progress, self.result)
         else:
             agreement = _verify(self.ir, self.assignment, self.files.path, staged, self.progress, self.result)
+        v = self.ir.verify
+        if self.mode is not MemoryMode.OFFLOAD and not passes(agreement.value(v.metric), v.bound, v.threshold):
+            from compiler.backends.onnx.attribution import layer_errors
+
+            samples = _verify_batches(self.ir, self.assignment, self.result, chunk=1)
+            samples = dataclasses.replace(samples, samples=min(samples.samples, 4))
+            self.result.layer_errors = layer_errors(self.assignment, self.files, staged, samples)
         self.result.files = self.emitter.commit()
         judge(self.ir, self.output, agreement, self.result)
 
