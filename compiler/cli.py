@@ -71,6 +71,7 @@ def _write_report(path: Path, planned, result=None) -> None:
 def _check_report_path(path: Path | None) -> None:
     """A report path qrc cannot write is refused before any work (exit 2)."""
     from compiler.diagnostics import error
+    from compiler.outputs import unwritable
     from compiler.report.render import FORMATS
 
     problem = None
@@ -79,21 +80,12 @@ def _check_report_path(path: Path | None) -> None:
                         help="e.g. `--report out/report.html`")
     elif path is not None and path.is_dir():
         problem = error("Q239", f"report `{path}` is a folder", None, "not a file", help="give a file path")
-    elif path is not None and not _writable_folder(path.parent):
+    elif path is not None and unwritable(path):
         problem = error("Q239", f"report `{path}`: its folder cannot be written", None, "not writable",
                         help="give a path in a folder you can write")
     if problem is not None:
         print_diagnostics((problem,))
         raise typer.Exit(2)
-
-
-def _writable_folder(folder: Path) -> bool:
-    """The folder, or the nearest of its ancestors that exists (it will be created), can be written."""
-    import os
-
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
 
 
 def _stderr() -> Console:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +17,7 @@ from compiler.frontend import PlanResult, plan_file
 from compiler.inspect_table import totals
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
-from compiler.outputs import output_conflict
+from compiler.outputs import output_conflict, unwritable
 from compiler.plan.ops import Emit
 from compiler.plan.workload import workload
 
@@ -76,7 +74,7 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
         raise CompileFailed((error("Q413", f"output `{destination}` is {what}", ir.span, "wrong kind of output",
                                    help=f"give {spec.output_help}"),))
     needed = _output_bytes(planned)
-    problem = _unwritable(destination, needed)
+    problem = unwritable(destination, needed)
     if problem:
         raise CompileFailed((error("Q417", problem, ir.span, "cannot write the output",
                                    help=f"write to a folder you can write with {human_bytes(needed)} free (`-o PATH`)"),))
@@ -101,21 +99,6 @@ def _output_bytes(planned: PlanResult) -> int:
     """What the plan says the emitted model takes."""
     emit = planned.plan.first(Emit)
     return emit.bytes if isinstance(emit, Emit) else 0
-
-
-def _unwritable(destination: Path, needed: int) -> str | None:
-    """Why the destination's folder cannot take the output (read-only, not a folder, too little space)."""
-    folder = destination.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        return f"`{folder}` is not a folder"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"cannot write to `{folder}` (permission denied)"
-    free = shutil.disk_usage(folder).free
-    if free < needed:
-        return f"`{folder}` has {human_bytes(free)} free; the output needs about {human_bytes(needed)}"
-    return None
 
 
 @contextmanager

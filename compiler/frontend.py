@@ -121,21 +121,26 @@ def resolve_model(ir: RecipeIR, diags: Diagnostics) -> Assignment | None:
     assignment = resolve(ir, index, diags)
     if assignment is not None and not has_errors(diags.items):
         spec_for(ir.backend).check(ir, assignment, diags)
-        _check_synthetic_data(ir, assignment, diags)
-        _check_data_paths(ir, assignment, diags)
+        _check_data(ir, assignment, diags)
         _check_output(ir, diags)
     return assignment
 
 
-def _check_data_paths(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
-    """Q401 at check time for a data file or tokenizer that is not there (it used to surface at compile)."""
+def _check_data(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """What the samples need, at check time, when a stage uses samples: every integer input fillable by
+    synthetic data (Q253: never zeros instead, which would calibrate on one constant sequence and verify
+    nothing), or the data file and tokenizer there (Q401/Q216: they used to surface at compile)."""
     if not (ir.verify or workload(ir, assignment).calibrate):
         return
     data = ir.calibration.data
+    span = data.span_of("data") or ir.calibration.span_of("data") or ir.span
+    if data.kind is DataKind.SYNTHETIC:
+        for name in unsynthesisable(assignment.model):
+            diags.error("Q253", f"synthetic data cannot fill the model's integer input `{name}`", span,
+                        "no values to draw", help=f"give real samples: `data npz \"FILE\"` with an array `{name}`, "
+                        "or `data text` with a tokenizer")
     for code, message, help_line in path_problems(data, ir.model):
-        diags.error(code, message, data.span_of("data") or ir.calibration.span_of("data") or ir.span,
-                    "no tokenizer" if code == "Q216" else "not found",
-                    help=help_line)
+        diags.error(code, message, span, "no tokenizer" if code == "Q216" else "not found", help=help_line)
 
 
 def _check_output(ir: RecipeIR, diags: Diagnostics) -> None:
@@ -146,18 +151,6 @@ def _check_output(ir: RecipeIR, diags: Diagnostics) -> None:
     if problem:
         diags.error("Q416", f"{problem}", ir.emit.span_of("path") or ir.span, "would replace an input",
                     help="write the quantized model to a new path outside the model's folder")
-
-
-def _check_synthetic_data(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
-    """Q253: synthetic samples are used, and an integer input of the model has no range qrc can draw from
-    (it is never fed zeros instead: that calibrates on one constant sequence and verifies nothing)."""
-    data = ir.calibration.data
-    if data.kind is not DataKind.SYNTHETIC or not (ir.verify or workload(ir, assignment).calibrate):
-        return
-    for name in unsynthesisable(assignment.model):
-        diags.error("Q253", f"synthetic data cannot fill the model's integer input `{name}`",
-                    data.span_of("data") or ir.calibration.span_of("data") or ir.span, "no values to draw",
-                    help=f"give real samples: `data npz \"FILE\"` with an array `{name}`, or `data text` with a tokenizer")
 
 
 def check_file(path: str | Path, overrides: tuple[str, ...] = (), with_model: bool = False) -> CheckResult:

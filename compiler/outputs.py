@@ -3,22 +3,38 @@ external data), or a symlink, is refused before any work (Q416)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
-from compiler.models import ModelError, builtin, resolve_path
+from compiler.ir.values import human_bytes
+from compiler.models import local_path
 
 
 def _model_paths(ref: str) -> list[Path]:
     """The files and folders a model reference reads (none for built-ins, which live in qrc's cache)."""
-    if ref.startswith(builtin.PREFIX):
-        return []
-    try:
-        path = resolve_path(ref)
-    except ModelError:
+    path = local_path(ref)
+    if path is None:
         return []
     if path.is_file():
         return [path] + sorted(path.parent.glob(path.name + ".data")) + sorted(path.parent.glob(path.stem + ".onnx_data"))
     return [path]
+
+
+def unwritable(destination: Path, needed: int = 0) -> str | None:
+    """Why `destination`'s folder (or the nearest ancestor that exists: the rest is created) cannot take a
+    file of `needed` bytes: not a folder, not writable, or too little free space. None when it can."""
+    folder = destination.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"`{folder}` is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write to `{folder}` (permission denied)"
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        return f"`{folder}` has {human_bytes(free)} free; the output needs about {human_bytes(needed)}"
+    return None
 
 
 def output_conflict(output: Path, model_ref: str) -> str | None:

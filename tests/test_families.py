@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from zoo import configs
 
 from compiler.models import index_model
 from compiler.models.families import DECODERS
@@ -13,38 +14,9 @@ from compiler.models.families import DECODERS
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-SIZES = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=128)
-
-
-def _tiny(family: str):
-    t = transformers
-    head = dict(head_dim=16)
-    return {
-        "llama": (t.LlamaConfig(**SIZES), t.LlamaForCausalLM),
-        "mistral": (t.MistralConfig(**SIZES, **head), t.MistralForCausalLM),
-        "granite": (t.GraniteConfig(**SIZES), t.GraniteForCausalLM),
-        "qwen2": (t.Qwen2Config(**SIZES), t.Qwen2ForCausalLM),
-        "qwen3": (t.Qwen3Config(**SIZES, **head), t.Qwen3ForCausalLM),
-        "olmo2": (t.Olmo2Config(**SIZES), t.Olmo2ForCausalLM),
-        "gemma2": (t.Gemma2Config(**SIZES, **head), t.Gemma2ForCausalLM),
-        "gemma3_text": (t.Gemma3TextConfig(**SIZES, **head), t.Gemma3ForCausalLM),
-        "phi3": (t.Phi3Config(**SIZES, pad_token_id=0), t.Phi3ForCausalLM),
-        "mixtral": (t.MixtralConfig(**SIZES, num_local_experts=4, num_experts_per_tok=2), t.MixtralForCausalLM),
-        "qwen3_moe": (t.Qwen3MoeConfig(**SIZES, **head, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
-                      t.Qwen3MoeForCausalLM),
-        "deepseek_v3": (t.DeepseekV3Config(vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                                           n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
-                                           first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
-                                           qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_group=2,
-                                           topk_group=1, max_position_embeddings=128), t.DeepseekV3ForCausalLM),
-    }[family]
-
-
 @pytest.mark.parametrize("family", DECODERS)
 def test_config_alone_gives_the_saved_layout(family, tmp_path):
-    config, cls = _tiny(family)
+    config, cls = configs(transformers)[family]
     torch.manual_seed(0)
     cls(config).save_pretrained(tmp_path / "saved")
     (tmp_path / "config-only").mkdir()

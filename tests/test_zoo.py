@@ -83,15 +83,8 @@ MOE = """recipe moe {{
 def moe(tmp_path_factory):
     """Tiny Mixtral (per-expert w1/w2/w3 names) and Qwen3-MoE folders as transformers saves them."""
     root = tmp_path_factory.mktemp("moe")
-    sizes = dict(vocab_size=320, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=128)
-    models = {"mixtral": (transformers.MixtralConfig(**sizes, num_local_experts=4, num_experts_per_tok=2),
-                          transformers.MixtralForCausalLM),
-              "qwen3_moe": (transformers.Qwen3MoeConfig(**sizes, head_dim=16, num_experts=4, num_experts_per_tok=2,
-                                                        moe_intermediate_size=32), transformers.Qwen3MoeForCausalLM)}
-    for name, (config, cls) in models.items():
-        torch.manual_seed(0)
-        cls(config).save_pretrained(root / name)
+    for name in ("mixtral", "qwen3_moe"):
+        build(name, root / name)
     return root
 
 

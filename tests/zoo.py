@@ -9,8 +9,8 @@ SIZES = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_l
              num_key_value_heads=2, max_position_embeddings=128)
 
 
-def _configs(t) -> dict:
-    """family → (config, model class); dense decoders and an encoder."""
+def configs(t) -> dict:
+    """family → (config, model class): dense decoders (tied and untied), GPT-2, MoE and MLA decoders."""
     head = dict(head_dim=16)
     return {
         "llama": (t.LlamaConfig(**SIZES, tie_word_embeddings=False), t.LlamaForCausalLM),
@@ -26,9 +26,19 @@ def _configs(t) -> dict:
         "phi3": (t.Phi3Config(**SIZES, pad_token_id=0), t.Phi3ForCausalLM),
         "gpt2": (t.GPT2Config(vocab_size=320, n_embd=64, n_layer=2, n_head=4, n_positions=128,
                               bos_token_id=0, eos_token_id=0), t.GPT2LMHeadModel),
+        "mixtral": (t.MixtralConfig(**SIZES, num_local_experts=4, num_experts_per_tok=2), t.MixtralForCausalLM),
+        "qwen3_moe": (t.Qwen3MoeConfig(**SIZES, **head, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+                      t.Qwen3MoeForCausalLM),
+        "deepseek_v3": (t.DeepseekV3Config(vocab_size=320, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                           n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                                           first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                                           qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_group=2,
+                                           topk_group=1, max_position_embeddings=128), t.DeepseekV3ForCausalLM),
     }
 
 
+# the dense families the zoo test compiles end to end (and GPT-2, refused)
 FAMILIES = ("llama", "llama-tied", "qwen2", "qwen3", "qwen3-tied", "mistral", "granite", "olmo2", "gemma2",
             "gemma3_text", "phi3", "gpt2")
 
@@ -38,7 +48,7 @@ def build(family: str, folder: Path) -> Path:
     import torch
     import transformers
 
-    config, cls = _configs(transformers)[family]
+    config, cls = configs(transformers)[family]
     torch.manual_seed(0)
     cls(config).eval().save_pretrained(folder)
     return folder

@@ -3,12 +3,49 @@ an op without a handler is a planner/backend mismatch, reported before any work 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Protocol
 
+from compiler.backends.result import CompileResult
 from compiler.backends.rss import RssSampler
 from compiler.plan.ops import Plan, PlanOp
+from compiler.resolve.assignment import Assignment
 
 Handler = Callable[[PlanOp], None]
+
+
+class Run(Protocol):
+    """A backend's state for one compile: its op handlers, and `close` (which also removes what the run
+    staged and did not commit)."""
+
+    def handlers(self) -> Mapping[type, Handler]:
+        """One handler per op type of the plans this backend runs."""
+        ...
+
+    def close(self) -> None:
+        """Free what the run holds; leave nothing uncommitted at the destination."""
+        ...
+
+
+def execute_plan(plan: Plan, assignment: Assignment, output: Path, progress,
+                 make_run: Callable[[Callable, CompileResult, float], Run]) -> CompileResult:
+    """Run `plan` op by op with the run `make_run(progress, result, start)` builds, under an RSS sampler that
+    enforces the recipe's `ram`; the result holds what was measured, also when verification fails."""
+    result = CompileResult(output, [], plan, assignment=assignment)
+    start, rss = time.perf_counter(), sampler_for(plan)
+    run = make_run(guarded(progress, rss), result, start)
+    try:
+        with rss:
+            try:
+                run_program(plan, run.handlers(), rss, result.executed)
+            finally:
+                run.close()
+    finally:  # also when verification fails: the report shows what was measured
+        result.peak_rss, result.rss_samples = rss.peak, rss.samples
+        result.total_seconds = time.perf_counter() - start
+    return result
 
 
 def missing_handlers(plan: Plan, handlers: Mapping[type, Handler]) -> list[str]:

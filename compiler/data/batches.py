@@ -154,15 +154,10 @@ def resolve_tokenizer(source: DataSource, model_ref: str) -> Path | None:
 
 def _model_folder(model_ref: str) -> Path | None:
     """The model's folder (an HF-style folder), or None for built-ins and files."""
-    from compiler.models import ModelError, resolve_path
+    from compiler.models import local_path
 
-    if model_ref.startswith("builtin:"):
-        return None
-    try:
-        path = resolve_path(model_ref)
-    except ModelError:
-        return None
-    return path if path.is_dir() else None
+    path = local_path(model_ref)
+    return path if path is not None and path.is_dir() else None
 
 
 def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, str]]:

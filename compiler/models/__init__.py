@@ -29,6 +29,17 @@ def resolve_path(ref: str) -> Path:
     return Path(spec.submodule_search_locations[0]) / rest
 
 
+def local_path(ref: str) -> Path | None:
+    """The file or folder a model reference names on disk; None for built-ins (they live in qrc's cache)
+    and for a package that is not installed."""
+    if ref.startswith(builtin.PREFIX):
+        return None
+    try:
+        return resolve_path(ref)
+    except ModelError:
+        return None
+
+
 def index_model(ref: str) -> ModelIndex:
     """Index a model reference: `builtin:NAME[?k=v…]`, a path to an .onnx file, or an HF-style folder.
 

@@ -9,10 +9,11 @@ import tempfile
 from pathlib import Path
 
 
-def _umask() -> int:
+def file_mode() -> int:
+    """The mode a file the user writes gets under the current umask (temporary files start at 0600)."""
     current = os.umask(0)
     os.umask(current)
-    return current
+    return 0o666 & ~current
 
 
 def write_atomically(model, destination: Path, external: bool) -> list[Path]:
@@ -37,7 +38,7 @@ def stage(model, destination: Path, external: bool) -> Path:
                       location=destination.name + ".data", size_threshold=1024)
         else:
             staged.write_bytes(model.SerializeToString(deterministic=True))
-        mode = 0o666 & ~_umask()  # like any file the user writes, whatever the temp files had
+        mode = file_mode()  # like any file the user writes, whatever the temp files had
         for path in staging.iterdir():
             path.chmod(mode)
     except BaseException:

@@ -94,6 +94,12 @@ class Context:
         return any(_needs_data(ir.scheme(c)) for c in choices_of(ir))
 
     @property
+    def runs_model(self) -> bool:
+        """Some op runs the model (samples through it, or the search); otherwise the torch backend rounds
+        file to file without building it."""
+        return self.streams or self.workload.search is not None
+
+    @property
     def streams(self) -> bool:
         """torch: samples run through the model (calibration or verification)."""
         return self.needs_data or self.ir.verify is not None
@@ -122,7 +128,7 @@ def lower_load(ctx: Context) -> list[PlanOp]:
     resident = 0 if lazy_graph or ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU) else w.weights_bytes
     if lazy_graph:
         how = "graph only: weights stay in the data file until a session or the quantizer reads them"
-    elif not (ctx.streams or ctx.workload.search):
+    elif not ctx.runs_model:
         how = ("its safetensors files only: no model definition is built, since nothing runs the model "
                "(data-free rounding, nothing to verify); tensor by tensor, file to file")
     else:
@@ -296,11 +302,9 @@ def lower_ranges(ctx: Context) -> list[PlanOp]:
 
 def _rounded_elsewhere(ctx: Context) -> set[str]:
     """Layers an earlier op rounds: in blocks (and before them) on a backend that rounds there."""
-    if not ctx.costs.rounds_in_blocks or not ctx.streams:
-        return set()
-    if not ctx.blockwise:
-        return set()
-    return set(_block_layers(ctx)) | set(_head_layers(ctx))
+    if ctx.costs.rounds_in_blocks and ctx.streams and ctx.blockwise:
+        return set(_block_layers(ctx)) | set(_head_layers(ctx))
+    return set()
 
 
 def lower_quantize(ctx: Context) -> list[PlanOp]:
@@ -320,17 +324,18 @@ def lower_quantize(ctx: Context) -> list[PlanOp]:
         inputs.append("block_inputs")
     elif whole and ctx.needs_data:
         inputs.append("statistics")
-    file_to_file = ctx.costs.rounds_in_blocks and not (ctx.streams or w.search)
     inputs += _after_search(ctx)
     roundings = tuple(sorted({ctx.assignment.of(n).scheme.rounding for n in names}, key=lambda r: r.value))
-    streamed = "streamed: load → quantize → write → free"
-    if whole:
-        streamed = "in the resident model, each computing like the emitted one from then on"
-    if tail_runs:
-        streamed = "the model's tail runs on the last block's outputs (its layers' statistics), then " + streamed
-    if file_to_file:
-        streamed = "file to file: read → quantize → write → free, one tensor at a time"
-    summary = f"round {len(names)} weights ({', '.join(r.value for r in roundings)}), {streamed}"
+    if ctx.costs.rounds_in_blocks and not ctx.runs_model:
+        how = "file to file: read → quantize → write → free, one tensor at a time"
+    elif whole:
+        how = "in the resident model, each computing like the emitted one from then on"
+    elif tail_runs:
+        how = ("the model's tail runs on the last block's outputs (its layers' statistics), then streamed: "
+               "load → quantize → write → free")
+    else:
+        how = "streamed: load → quantize → write → free"
+    summary = f"round {len(names)} weights ({', '.join(r.value for r in roundings)}), {how}"
     peak = ctx.phase(PhaseName.QUANTIZE)
     return [QuantizeWeights(summary=summary, inputs=tuple(inputs), outputs=("qparams",), peak_bytes=peak,
                             repeat=len(names), layers=tuple(names), count=len(names), rounding=roundings)]

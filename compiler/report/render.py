@@ -7,6 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from compiler.models.onnx_write import file_mode
 from compiler.report.content import Report
 
 FORMATS = {".md": "report.md.j2", ".html": "report.html.j2", ".htm": "report.html.j2"}
@@ -38,9 +39,7 @@ def write(report: Report, path: Path) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # like any file the user writes (mkstemp makes it 0600)
+        os.chmod(tmp, file_mode())  # like any file the user writes (mkstemp makes it 0600)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

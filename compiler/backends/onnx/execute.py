@@ -18,7 +18,7 @@ from compiler.backends.onnx.calibrate import calibrate, session_from_path
 from compiler.backends.onnx.emitters import ActivationQParams, QdqEmitter, emitter_for
 from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.sensitivity import OnnxScorer
-from compiler.backends.program import guarded, run_program, sampler_for
+from compiler.backends.program import execute_plan
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
 from compiler.backends.sensitivity import Scores, assign, score_units
@@ -46,21 +46,10 @@ def model_path(ref: str) -> Path:
 
 
 def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress: Progress) -> CompileResult:
-    """Run `plan` op by op; the result holds what was measured, also when verification fails."""
-    result = CompileResult(output, [], plan, assignment=assignment)
-    start, rss = time.perf_counter(), sampler_for(plan)
-    progress = guarded(progress, rss)
-    run = _OnnxRun(ir, assignment, plan, output, progress, result, start)
-    try:
-        with rss:
-            try:
-                run_program(plan, run.handlers(), rss, result.executed)
-            finally:
-                run.close()
-    finally:  # also when verification fails: the report shows what was measured
-        result.peak_rss, result.rss_samples = rss.peak, rss.samples
-        result.total_seconds = time.perf_counter() - start
-    return result
+    """Run `plan` op by op on onnxruntime (compiler.backends.program.execute_plan)."""
+    return execute_plan(plan, assignment, output, progress,
+                        lambda guarded_progress, result, start: _OnnxRun(ir, assignment, plan, output,
+                                                                          guarded_progress, result, start))
 
 
 class _OnnxRun:

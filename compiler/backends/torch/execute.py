@@ -22,7 +22,7 @@ import torch
 
 from compiler import data
 from compiler.backends.agreement import Agreement
-from compiler.backends.program import guarded, run_program, sampler_for
+from compiler.backends.program import execute_plan
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
 from compiler.backends.sensitivity import Scores, assign, score_units
@@ -48,6 +48,7 @@ from compiler.models.index import LayerKind, ModelIndex
 from compiler.plan import ops
 from compiler.plan.ops import Plan
 from compiler.quant import qparams
+from compiler.quant.weights import QuantizedWeight
 from compiler.resolve.assignment import Assignment
 
 _SKIPPED_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".onnx", ".onnx.data", ".h5",
@@ -55,24 +56,10 @@ _SKIPPED_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pt
 
 
 def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress) -> CompileResult:
-    """Run `plan` op by op; the result holds what was measured, also when verification fails."""
-    result = CompileResult(output, [], plan, assignment=assignment)
-    start, rss = time.perf_counter(), sampler_for(plan)
-    progress = guarded(progress, rss)
-    run = _Run(ir, assignment, plan, result, progress, start)
-    try:
-        with rss:
-            try:
-                run_program(plan, run.handlers(), rss, result.executed)
-            except BaseException:
-                run.abort()
-                raise
-            finally:
-                run.close()
-    finally:  # also when verification fails: the report shows what was measured
-        result.peak_rss, result.rss_samples = rss.peak, rss.samples
-        result.total_seconds = time.perf_counter() - start
-    return result
+    """Run `plan` op by op on PyTorch (compiler.backends.program.execute_plan)."""
+    return execute_plan(plan, assignment, output, progress,
+                        lambda guarded_progress, result, start: _Run(ir, assignment, plan, result, guarded_progress,
+                                                                     start))
 
 
 class _Run:
@@ -106,11 +93,10 @@ class _Run:
                 ops.RunBlock: self.run_blocks, ops.QuantizeWeights: self.quantize, ops.Emit: self.emit,
                 ops.Verify: self.verify}
 
-    def abort(self) -> None:
-        if self.writer is not None:
-            self.writer.abort()
-
     def close(self) -> None:
+        """Remove the caches and hooks, and the staged output unless it was committed."""
+        if self.writer is not None:
+            self.writer.abort()  # after a commit there is nothing left to remove
         for cache in self.caches:
             cache.close()
         for hook in self.hooks:
@@ -374,23 +360,17 @@ class _Run:
             self._quantize([job], stats)
             if offload:
                 self.model.release(self.model.parameters_of(job.module))
-                last_of_block = number + 1 == len(jobs) or jobs[number + 1].layer.block != job.layer.block
-                if last_of_block:  # glibc keeps freed pages otherwise; trimming per layer costs more than it saves
-                    release_memory()
+                _trim_after_block(jobs, number)
 
     def _quantize_files(self, jobs: list[Job]) -> None:
         """Data-free rounding file to file: each weight read, rounded, written and dropped; nothing runs."""
         advance = self.progress("quantize", len(jobs))
         for number, job in enumerate(jobs):
             weight = self.model.shards.read(job.layer.weight).float()
-            refuse_nonfinite(self.ir, job.layer, weight.numpy())
-            q = quantize_job(job, weight, None, self.model.dtype)
-            for name, tensor in layer_tensors(job.layer, job.scheme, q, None, self.model.dtype).items():
-                self.writer.put(name, tensor)
+            q = self._round(job, weight, None, None)
             self._record(job, weight, torch.from_numpy(q.dequantize()), None)
             del weight, q
-            if number + 1 == len(jobs) or jobs[number + 1].layer.block != job.layer.block:
-                release_memory()
+            _trim_after_block(jobs, number)
             advance()
 
     def _quantize(self, jobs: list[Job], stats: Statistics | None, advance=None) -> list:
@@ -399,15 +379,12 @@ class _Run:
         for job in jobs:
             module = self.model.module.get_submodule(job.module)
             assert isinstance(module, torch.nn.Linear)  # Linear layers only (Q411)
-            refuse_nonfinite(self.ir, job.layer, module.weight.detach().float().cpu().numpy())
-            q = quantize_job(job, module.weight, stats, self.model.dtype)
             act = input_qparams(job, stats, self.ir.calibration, self.model.dtype)
             if job.static_input and act is None:
                 self.result.warnings.append(warning(
                     "Q405", f"the input of `{job.layer.name}` was never finite during calibration; its activations "
                     "stay in float", job.scheme.span, "no range", help="check the calibration data"))
-            for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():
-                self.writer.put(name, tensor)
+            q = self._round(job, module.weight, stats, act)
             original = module.weight
             hook = apply_quantized(module, q, job, act)
             self._record(job, original, module.weight, act)
@@ -417,6 +394,14 @@ class _Run:
                 advance()
         self.hooks.extend(hooks)
         return hooks
+
+    def _round(self, job: Job, weight: torch.Tensor, stats: Statistics | None, act) -> QuantizedWeight:
+        """Round one weight (refusing non-finite ones, Q409) and write its compressed tensors."""
+        refuse_nonfinite(self.ir, job.layer, weight.detach().float().cpu().numpy())
+        q = quantize_job(job, weight, stats, self.model.dtype)
+        for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():
+            self.writer.put(name, tensor)
+        return q
 
     def _record(self, job: Job, original: torch.Tensor, dequantized: torch.Tensor, act) -> None:
         """The report's figures: weight SQNR, and the range a static input is quantized to."""
@@ -452,6 +437,13 @@ class _Run:
                 relative = path.relative_to(folder).as_posix()
                 if path.is_file() and relative != "config.json" and not relative.endswith(_SKIPPED_FILES):
                     self.writer.copy_file(path, relative)
+
+
+def _trim_after_block(jobs: list[Job], number: int) -> None:
+    """After the last job of a block, give freed memory back (glibc keeps freed pages otherwise; trimming
+    after every layer costs more than it saves)."""
+    if number + 1 == len(jobs) or jobs[number + 1].layer.block != jobs[number].layer.block:
+        release_memory()
 
 
 def _jobs(model: TorchModel, assignment: Assignment) -> list[Job]:
