@@ -304,6 +304,11 @@ CODES: tuple[CodeInfo, ...] = (
        "A router (`mlp.gate`) turns each token's hidden state into the scores that pick its experts; rounding it "
        "changes which experts run. llm-compressor, AutoRound and vLLM's recipes keep routers in float.",
        'quantize { type Linear -> W4A16 }   # on a Mixtral or Qwen3-MoE folder'),
+    _c("Q248", "an MoE expert saw no calibration token (warning)",
+       "With `calibrate { experts routed }` an expert the router never chose has no statistics: its weights "
+       "are rounded with rtn and a static input borrows the widest range of its sibling experts, instead of a "
+       "Hessian or a scale made of nothing. `experts all` (the default) sends every token through every expert.",
+       "a 64-expert block calibrated on 8 short samples"),
     _c("Q250", "model cannot be found or read",
        "The recipe's model is not a readable .onnx file, HF-style folder or built-in. Relative paths are "
        "relative to the current folder.",

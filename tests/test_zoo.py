@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from compiling import assert_ran_the_plan, compile_program
 from typer.testing import CliRunner
-from zoo import FAMILIES, build
+from zoo import FAMILIES, MOE, VLM, build
 
 from compiler.cli import app
+from compiler.data import verify_batches
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -65,7 +66,7 @@ def test_gpt2_conv1d_is_refused_at_check(zoo, tmp_path):
     assert "Traceback" not in result.output
 
 
-MOE = """recipe moe {{
+DATA_FREE_MOE = """recipe moe {{
     model "{model}"
     backend torch
     scheme w4 = W4A16 {{ group 32 }}
@@ -81,9 +82,9 @@ MOE = """recipe moe {{
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
-    """Tiny Mixtral (per-expert w1/w2/w3 names) and Qwen3-MoE folders as transformers saves them."""
+    """Tiny Mixtral (per-expert w1/w2/w3 names), Qwen3-MoE and DeepSeek-V3 folders as transformers saves them."""
     root = tmp_path_factory.mktemp("moe")
-    for name in ("mixtral", "qwen3_moe"):
+    for name in MOE:
         build(name, root / name)
     return root
 
@@ -96,7 +97,7 @@ def test_moe_data_free_compiles_file_to_file_with_every_expert_quantized(moe, fa
     from safetensors import safe_open
 
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(MOE.format(model=moe / family, out=tmp_path / "out"))
+    recipe.write_text(DATA_FREE_MOE.format(model=moe / family, out=tmp_path / "out"))
     result, planned = compile_program(str(recipe), tmp_path / "out")
     assert_ran_the_plan(result, planned)
     assert "no model definition is built" in planned.plan.ops[0].summary
@@ -115,17 +116,182 @@ def test_moe_data_free_compiles_file_to_file_with_every_expert_quantized(moe, fa
         assert torch.nn.functional.cosine_similarity(dequantized.flatten(), original.flatten(), dim=0) > 0.98
 
 
-def test_moe_that_must_run_is_refused_at_check(moe, tmp_path):
-    recipe = tmp_path / "r.recipe"
-    recipe.write_text(MOE.format(model=moe / "mixtral", out=tmp_path / "out").replace(
-        "    emit", "    verify { samples 2  metric cosine  at_least 0.5 }\n    emit"))
-    result = CliRunner().invoke(app, ["check", str(recipe)])
-    assert result.exit_code == 2 and "Q411" in result.output and "mixture-of-experts" in result.output, result.output
-
-
 def test_quantized_routers_are_warned(moe, tmp_path):
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(MOE.format(model=moe / "qwen3_moe", out=tmp_path / "out").replace(
+    recipe.write_text(DATA_FREE_MOE.format(model=moe / "qwen3_moe", out=tmp_path / "out").replace(
         '        re".*\\.(mlp|block_sparse_moe)\\.gate" -> none\n', ""))
     result = CliRunner().invoke(app, ["check", str(recipe)])
     assert result.exit_code == 0 and "Q247" in result.output, result.output
+
+
+RUN = """recipe run {{
+    model "{model}"
+    backend torch
+    scheme s = {scheme}
+    quantize {{
+        type Linear -> s
+{ignore}    }}
+    calibrate {{ data synthetic {{ samples 8  seqlen 32 }}  chunk 4 }}
+    memory {{ mode {mode} }}
+    verify {{ samples 8  metric cosine  at_least 0.5 }}
+    emit "{out}"
+}}
+"""
+ROUTERS = '        re".*\\.(mlp|block_sparse_moe)\\.gate" -> none\n'
+# data-driven on purpose: GPTQ's Hessians and static input ranges must reach every expert
+RUNS = {"w4a16-gptq": ("W4A16 { group 16  rounding gptq }", "offload"),
+        "w8a8-static": ("W8A8 { activations int8 per_tensor static }", "low_memory")}
+
+
+def _run(tmp_path, folder, run: str, ignore: str = ""):
+    scheme, mode = RUNS[run]
+    path = tmp_path / "r.recipe"
+    path.write_text(RUN.format(model=folder, scheme=scheme, ignore=ignore, mode=mode, out=tmp_path / "out"))
+    result, planned = compile_program(str(path), tmp_path / "out")
+    assert result.verify_passed, result.verify
+    assert_ran_the_plan(result, planned)
+    return result, planned
+
+
+def _independent_cosine(planned, float_folder, out_folder, auto) -> float:
+    """The cosine transformers measures between the float folder and the emitted one, on qrc's own
+    held-out samples (compressed-tensors dequantizes the weights)."""
+    batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 8, 4)
+    reference = auto.from_pretrained(str(float_folder)).eval()
+    quantized = auto.from_pretrained(
+        str(out_folder), quantization_config=transformers.CompressedTensorsConfig(run_compressed=False)).eval()
+    cosines = []
+    with torch.no_grad():
+        for feed in batches:
+            feed = {k: torch.from_numpy(v) for k, v in feed.items()}
+            for r, c in zip(reference(**feed).logits.float(), quantized(**feed).logits.float(), strict=True):
+                cosines.append(float(torch.nn.functional.cosine_similarity(r.reshape(-1), c.reshape(-1), dim=0)))
+    ids = torch.randint(0, 300, (1, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert quantized.generate(input_ids=ids, max_new_tokens=3, do_sample=False).shape == (1, 9)
+    return sum(cosines) / len(cosines)
+
+
+def _output_keys(folder):
+    from safetensors import safe_open
+
+    return set(safe_open(str(folder / "model.safetensors"), "pt").keys())
+
+
+@pytest.mark.parametrize("run", list(RUNS))
+@pytest.mark.parametrize("family", MOE)
+def test_moe_calibrates_every_expert_and_agrees_with_transformers(moe, family, run, tmp_path):
+    """An MoE model runs block by block with its experts split per expert: calibration reaches every expert
+    (no Q248), every expert projection is in the output, quantized, under the checkpoint's names, and qrc's
+    cosine equals the one transformers measures on the emitted folder."""
+    result, planned = _run(tmp_path, moe / family, run, ROUTERS)
+    assert not [w for w in result.warnings if w.code == "Q248"]
+    source, output = _output_keys(moe / family), _output_keys(tmp_path / "out")
+    experts = [k.removesuffix(".weight") for k in source if ".experts." in k and k.endswith(".weight")]
+    stored = "weight_packed" if run.startswith("w4") else "weight_scale"
+    assert experts and all(f"{e}.{stored}" in output for e in experts)
+    if run.startswith("w8"):
+        # transformers 5.23 cannot dequantize int8 (int-quantized) experts into its fused 3-D parameters
+        # (its converter finds no tensors to concatenate); vLLM reads them per expert
+        assert all(f"{e}.input_scale" in output for e in experts)
+        return
+    independent = _independent_cosine(planned, moe / family, tmp_path / "out", transformers.AutoModelForCausalLM)
+    assert independent < 0.9999 and abs(result.verify["cosine"] - independent) < 2e-3, (result.verify, independent)
+
+
+def test_an_expert_no_token_reached_is_warned_and_rounded_data_free(moe, tmp_path):
+    """`experts routed` with one two-token sample: most experts see nothing; one Q248 names them, they are
+    rounded with rtn, and no scale is NaN."""
+    from safetensors import safe_open
+
+    path = tmp_path / "r.recipe"
+    path.write_text(RUN.format(model=moe / "qwen3_moe", scheme=RUNS["w8a8-static"][0], ignore=ROUTERS,
+                               mode="offload", out=tmp_path / "out")
+                    .replace("samples 8  seqlen 32 }  chunk 4", "samples 1  seqlen 2 }  chunk 1  experts routed")
+                    .replace("verify { samples 8", "verify { samples 1"))
+    result, _ = compile_program(str(path), tmp_path / "out")
+    warned = [w for w in result.warnings if w.code == "Q248"]
+    assert len(warned) == 1 and "expert layers" in warned[0].message, result.warnings
+    output = safe_open(str(tmp_path / "out" / "model.safetensors"), "pt")
+    scales = [output.get_tensor(k) for k in output.keys() if k.endswith("_scale")]
+    assert scales and all(torch.isfinite(s).all() and (s > 0).all() for s in scales)
+
+
+@pytest.fixture(scope="module")
+def vlms(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vlm")
+    for name in VLM:
+        build(name, root / name)
+    return root
+
+
+@pytest.mark.parametrize("family", VLM)
+def test_vlm_quantizes_the_language_model_and_loads_as_image_text_to_text(vlms, family, tmp_path):
+    """`type Linear` quantizes the language model's Linears; the vision tower and projector stay float
+    (byte for byte); the output loads with AutoModelForImageTextToText, generates, and transformers measures
+    the cosine qrc reported."""
+    from compiler import check_file
+
+    result, planned = _run(tmp_path, vlms / family, "w4a16-gptq")
+    index = planned.check.assignment.model
+    towers = [x for x in index.layers if x.named_only]
+    assert towers and not [a for a in planned.check.assignment.layers if a.layer.named_only and not a.scheme.is_none]
+    source = safe_open_all(vlms / family)
+    output = safe_open_all(tmp_path / "out")
+    for layer in towers:
+        assert torch.equal(source.get_tensor(layer.weight), output.get_tensor(layer.weight)), layer.name
+    language = [a.layer for a in planned.check.assignment.layers if not a.scheme.is_none]
+    assert language and all(f"{x.name}.weight_packed" in output.keys() for x in language)
+    independent = _independent_cosine(planned, vlms / family, tmp_path / "out",
+                                      transformers.AutoModelForImageTextToText)
+    assert independent < 0.9999 and abs(result.verify["cosine"] - independent) < 2e-3, (result.verify, independent)
+    # a name rule selects the tower (data-free rounding: calibration feeds the language model only)
+    tower_rule = tmp_path / "tower.recipe"
+    tower_rule.write_text((tmp_path / "r.recipe").read_text().replace(
+        "type Linear -> s\n", f'type Linear -> s\n        re"{towers[-1].name}" -> W8A16\n'))
+    checked = check_file(tower_rule, with_model=True)
+    assert checked.ok and any(a.layer.named_only and not a.scheme.is_none for a in checked.assignment.layers)
+
+
+def safe_open_all(folder):
+    from safetensors import safe_open
+
+    return safe_open(str(folder / "model.safetensors"), "pt")
+
+
+def test_a_router_the_running_model_cannot_round_is_refused_before_work(moe, tmp_path):
+    """transformers 5's routers are not nn.Linear modules: quantizing one on a run that calibrates is Q411
+    at the start of compile, with nothing written."""
+    path = tmp_path / "r.recipe"
+    path.write_text(RUN.format(model=moe / "qwen3_moe", scheme=RUNS["w4a16-gptq"][0], ignore="", mode="offload",
+                               out=tmp_path / "out"))
+    result = CliRunner().invoke(app, ["compile", str(path)])
+    assert result.exit_code == 2 and "Q411" in result.output and "not an nn.Linear" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+def test_a_tied_head_is_one_tensor_selectable_by_name(zoo, tmp_path):
+    """A tied LM head is a layer of the index (`lm_head`, reading the embedding's tensor) that `type Linear`
+    leaves tied and float; a rule naming it quantizes it, and the output unties it: the embedding stays
+    byte for byte, the head has quantized tensors of its own, and transformers loads both."""
+    import json
+
+    folder = zoo("llama-tied")
+    _, planned = _run(tmp_path, folder, "w4a16-gptq")
+    head = next(a for a in planned.check.assignment.layers if a.layer.name == "lm_head")
+    assert head.layer.named_only and head.scheme.is_none and head.layer.weight == "model.embed_tokens.weight"
+    named = tmp_path / "named"
+    named.mkdir()
+    text = (tmp_path / "r.recipe").read_text().replace("type Linear -> s\n", 'type Linear -> s\n        "lm_head" -> s\n')
+    (named / "r.recipe").write_text(text.replace(str(tmp_path / "out"), str(named / "out")))
+    result, _ = compile_program(str(named / "r.recipe"), named / "out")
+    assert result.verify_passed
+    assert json.loads((named / "out" / "config.json").read_text())["tie_word_embeddings"] is False
+    assert "lm_head.weight_packed" in _output_keys(named / "out")
+    quantized = transformers.AutoModelForCausalLM.from_pretrained(
+        str(named / "out"), quantization_config=transformers.CompressedTensorsConfig(run_compressed=False)).eval()
+    original = transformers.AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+    assert torch.equal(quantized.model.embed_tokens.weight, original.model.embed_tokens.weight)
+    assert quantized.lm_head.weight.data_ptr() != quantized.model.embed_tokens.weight.data_ptr()
+    error = (quantized.lm_head.weight - original.model.embed_tokens.weight).abs()
+    assert 0 < float(error.max()) < 0.05

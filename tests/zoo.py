@@ -10,8 +10,10 @@ SIZES = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_l
 
 
 def configs(t) -> dict:
-    """family → (config, model class): dense decoders (tied and untied), GPT-2, MoE and MLA decoders."""
+    """family → (config, model class): dense decoders (tied and untied), GPT-2, MoE and MLA decoders, VLMs."""
     head = dict(head_dim=16)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+                  patch_size=8)
     return {
         "llama": (t.LlamaConfig(**SIZES, tie_word_embeddings=False), t.LlamaForCausalLM),
         "llama-tied": (t.LlamaConfig(**SIZES, tie_word_embeddings=True), t.LlamaForCausalLM),
@@ -26,6 +28,8 @@ def configs(t) -> dict:
         "phi3": (t.Phi3Config(**SIZES, pad_token_id=0), t.Phi3ForCausalLM),
         "gpt2": (t.GPT2Config(vocab_size=320, n_embd=64, n_layer=2, n_head=4, n_positions=128,
                               bos_token_id=0, eos_token_id=0), t.GPT2LMHeadModel),
+        "opt": (t.OPTConfig(vocab_size=320, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                            max_position_embeddings=128, word_embed_proj_dim=64), t.OPTForCausalLM),
         "mixtral": (t.MixtralConfig(**SIZES, num_local_experts=4, num_experts_per_tok=2), t.MixtralForCausalLM),
         "qwen3_moe": (t.Qwen3MoeConfig(**SIZES, **head, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
                       t.Qwen3MoeForCausalLM),
@@ -35,12 +39,25 @@ def configs(t) -> dict:
                                            first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
                                            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_group=2,
                                            topk_group=1, max_position_embeddings=128), t.DeepseekV3ForCausalLM),
+        # VLMs: a vision tower and projector in front of a language model; ids ≥ 300 stand for images
+        "llava": (t.LlavaConfig(text_config=t.LlamaConfig(**SIZES).to_dict(), image_token_index=300,
+                                vision_config=t.CLIPVisionConfig(**vision).to_dict()), t.LlavaForConditionalGeneration),
+        "qwen2_vl": (t.Qwen2VLConfig(text_config=dict(**SIZES, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+                                     vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, patch_size=4,
+                                                        spatial_merge_size=2, temporal_patch_size=2),
+                                     image_token_id=300, video_token_id=301, vision_start_token_id=302),
+                     t.Qwen2VLForConditionalGeneration),
+        "gemma3": (t.Gemma3Config(text_config=dict(**SIZES, **head), mm_tokens_per_image=4, image_token_index=300,
+                                  vision_config=t.SiglipVisionConfig(**vision).to_dict()),
+                   t.Gemma3ForConditionalGeneration),
     }
 
 
 # the dense families the zoo test compiles end to end (and GPT-2, refused)
 FAMILIES = ("llama", "llama-tied", "qwen2", "qwen3", "qwen3-tied", "mistral", "granite", "olmo2", "gemma2",
-            "gemma3_text", "phi3", "gpt2")
+            "gemma3_text", "phi3", "opt", "gpt2")
+MOE = ("mixtral", "qwen3_moe", "deepseek_v3")  # per-expert checkpoints, fused 3-D experts in transformers 5
+VLM = ("llava", "qwen2_vl", "gemma3")
 
 
 def build(family: str, folder: Path) -> Path:

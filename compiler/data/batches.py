@@ -95,7 +95,7 @@ def token_range(index: ModelIndex, info: TensorInfo) -> int | None:
         return 1
     vocab = index.config_value("vocab_size")
     if isinstance(vocab, int) and vocab > 0 and name in ("input_ids", "ids", "tokens"):
-        return vocab
+        return min(vocab, index.config_value("text_tokens", vocab))  # a VLM's image tokens need their pixels
     return None
 
 

@@ -12,6 +12,7 @@ from compiler.ir.types import (
     DataSource,
     Emit,
     EmitFormat,
+    ExpertRouting,
     Memory,
     MemoryMode,
     MixedPrecision,
@@ -105,6 +106,7 @@ def elaborate_calibration(block: ast.Block | None, diags: Diagnostics) -> Calibr
         candidates=candidates, score_metric=metric, passthrough=_passthrough(found.get("passthrough"), diags),
         workers=_count(found, "workers", "`workers`", 1, diags),
         bins=_count(found, "bins", "`bins`", DEFAULT_BINS, diags, minimum=16),
+        experts=ExpertRouting(found["experts"].value.value) if "experts" in found else ExpertRouting.ALL,
     )
 
 

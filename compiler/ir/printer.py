@@ -105,7 +105,7 @@ def _calibrate(ir: RecipeIR) -> list[str]:
     c = ir.calibration
     return ["    calibrate {", f"        {_data(ir)}", f"        chunk {c.chunk}", f"        {_method(ir)}",
             f"        passthrough [{', '.join(c.passthrough)}]", f"        workers {c.workers}",
-            f"        bins {c.bins}", "    }"]
+            f"        bins {c.bins}", f"        experts {c.experts.value}", "    }"]
 
 
 def _memory(ir: RecipeIR) -> list[str]:

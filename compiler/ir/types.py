@@ -68,6 +68,12 @@ class CalibrationMethod(enum.Enum):
     LAYERWISE_PERCENTILE = "layerwise_percentile"
 
 
+class ExpertRouting(enum.Enum):
+    """Which experts of an MoE block see each calibration token (the block's output always follows the router)."""
+    ALL = "all"  # every token through every expert, for statistics: no expert is left without data
+    ROUTED = "routed"  # only the tokens the router sends (an expert that saw none falls back to data-free rounding)
+
+
 class ScoreMetric(enum.Enum):
     """How layer-wise percentile scores a candidate range."""
     MAE = "mae"
@@ -224,6 +230,7 @@ class Calibration(Located):
     passthrough: tuple[str, ...]
     workers: int
     bins: int
+    experts: ExpertRouting = ExpertRouting.ALL
 
 
 @dataclass(frozen=True, slots=True)

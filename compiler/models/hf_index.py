@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from dataclasses import replace
 from pathlib import Path
@@ -40,9 +41,58 @@ def index_hf(folder: Path, ref: str) -> ModelIndex:
         total = sum(math.prod(shape) * DTYPE_BYTES.get(dt, 4) for dt, shape in headers.values())
     else:
         total = sum(math.prod(t.shape) for t in planned) * DTYPE_BYTES.get(dtype, 4)
-    numbers = tuple((k, config[k]) for k in _CONFIG_NUMBERS if isinstance((config or {}).get(k), int))
+    if isinstance((config or {}).get("vision_config"), dict):
+        layers = [_as_tower(layer) for layer in layers]
+    layers += _tied_head(config or {}, layers, headers)
+    numbers = _numbers(config or {})
     family = (config or {}).get("model_type", "hf")
     return ModelIndex(ref, ModelFormat.HF, family, tuple(layers), _inputs(config or {}), (), total, numbers)
+
+
+# Module names of a VLM's vision side (checkpoint and transformers names): its layers are `named_only`.
+_TOWER_PARTS = ("vision_tower", "visual", "vision_model", "vision_encoder", "multi_modal_projector", "mm_projector",
+                "vision_embed_tokens", "image_newline", "vision_projection")
+# Token ids that stand for images or video: synthetic ids stay below the first (no image without its pixels).
+_MEDIA_TOKENS = ("image_token_id", "image_token_index", "video_token_id", "vision_start_token_id",
+                 "vision_end_token_id", "boi_token_index", "eoi_token_index", "vision_token_id")
+
+
+def _as_tower(layer: Layer) -> Layer:
+    if not set(layer.name.split(".")) & set(_TOWER_PARTS):
+        return layer
+    return replace(layer, block=None, named_only=True)  # the blocks block-wise execution walks are the language model's
+
+
+def _tied_head(config: dict, layers: list[Layer], headers) -> list[Layer]:
+    """An LM head tied to the input embedding has no tensor of its own; it is still a layer, named as the
+    checkpoint would name it (`lm_head`, `language_model.lm_head`), whose weight is the embedding's tensor.
+    `named_only`: it stays tied and float unless a rule names it."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    if not (config.get("tie_word_embeddings") or text.get("tie_word_embeddings")) or not headers:
+        return []
+    embedding = next((x for x in layers if x.kind is LayerKind.EMBEDDING and not x.named_only
+                      and x.name.rpartition(".")[2] in ("embed_tokens", "wte", "word_embeddings")), None)
+    if embedding is None:
+        return []
+    base = re.search(r"(?:^|\.)(?:model|transformer)\.", embedding.name)  # the base model under a head model
+    head = (embedding.name[:base.start() + (base.group(0).startswith("."))] if base else "") + "lm_head"
+    if head + ".weight" in headers or any(x.name == head for x in layers):
+        return []
+    vocab, hidden = embedding.shape[0], embedding.shape[1]
+    return [Layer(head, LayerKind.LINEAR, "Linear", embedding.weight, f"{head}:input", (vocab, hidden), embedding.dtype,
+                  hidden, vocab, None, named_only=True)]
+
+
+def _numbers(config: dict) -> tuple[tuple[str, int], ...]:
+    """The architecture numbers (a VLM's are its text model's), and for a VLM the first media token id as
+    `text_tokens`: token ids synthetic data may draw lie below it."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    merged = {**config, **text}
+    numbers = [(k, merged[k]) for k in _CONFIG_NUMBERS if isinstance(merged.get(k), int)]
+    media = [v for k in _MEDIA_TOKENS for v in (config.get(k), text.get(k)) if isinstance(v, int) and v > 0]
+    if media:
+        numbers.append(("text_tokens", min(media)))
+    return tuple(numbers)
 
 
 def _inputs(config: dict) -> tuple[TensorInfo, ...]:

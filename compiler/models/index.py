@@ -34,6 +34,10 @@ class Layer:
 
     `kind` is the family a recipe selects with `type` (Linear, Conv, Embedding); `op` is what the model
     format calls it (MatMul, Gemm, Conv, Gather in ONNX; Linear, Conv2d, Embedding in torch).
+
+    `named_only` layers are left alone by `type` rules and quantized only where a rule names them: a VLM's
+    vision tower and projector (calibration feeds the language model), and an LM head tied to the input
+    embedding (its `weight` is the embedding's tensor; quantizing it unties it in the output).
     Features are those of the matching torch module: Linear in/out, Conv in_channels·kernel/out_channels,
     Embedding num_embeddings/embedding_dim.
     """
@@ -48,6 +52,7 @@ class Layer:
     in_features: int
     out_features: int
     block: str | None  # `model.layers.3`, or None outside the repeated blocks
+    named_only: bool = False  # selected by name rules only: a VLM's vision tower or projector, a tied head
 
     @property
     def params(self) -> int:

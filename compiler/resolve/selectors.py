@@ -17,8 +17,10 @@ def _compiled(kind: SelectorKind, pattern: str) -> re.Pattern:
 
 
 def matcher(selector: Selector) -> Callable[[Layer], bool]:
-    """`type X` matches a layer's kind (Linear, Conv, Embedding) or its op (MatMul, Gemm, Gather, …)."""
+    """`type X` matches a layer's kind (Linear, Conv, Embedding) or its op (MatMul, Gemm, Gather, …), except
+    `named_only` layers (a VLM's vision tower and projector, a tied LM head): those are selected by name, so
+    `type Linear` means the language model's own Linears, as llm-compressor's VLM recipes ignore the tower."""
     if selector.kind is SelectorKind.TYPE:
-        return lambda layer: selector.pattern in (layer.kind.value, layer.op)
+        return lambda layer: not layer.named_only and selector.pattern in (layer.kind.value, layer.op)
     regex = _compiled(selector.kind, selector.pattern)
     return lambda layer: regex.fullmatch(layer.name) is not None

@@ -17,7 +17,7 @@ _SETTING_KEYS = {
 _QSPEC_FIELDS = {"dtype": "dtype", "granularity": "granularity", "group_size": "group",
                  "symmetry": "symmetry", "act_mode": "mode"}
 _KEYWORD_RULES = {"backend_kind", "rounding_kind", "policy_kind", "score_metric", "sensitivity_metric",
-                  "memory_mode", "verify_metric", "bound_kind", "emit_format", "act_order"}
+                  "memory_mode", "verify_metric", "bound_kind", "emit_format", "act_order", "expert_routing"}
 
 
 def _unescape(body: str) -> str:

@@ -15,12 +15,14 @@ import json
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from compiler import data
+from compiler.backends import BackendError
 from compiler.backends.agreement import Agreement
 from compiler.backends.program import execute_plan
 from compiler.backends.release import release_memory
@@ -41,9 +43,10 @@ from compiler.backends.torch.model import TorchModel, open_files, open_model
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.shards import DTYPES
 from compiler.backends.torch.writer import FolderWriter
-from compiler.diagnostics import warning
+from compiler.diagnostics import error, warning
 from compiler.ir.printer import print_ir
-from compiler.ir.types import MemoryMode, RecipeIR
+from compiler.ir.types import MemoryMode, RecipeIR, Rounding
+from compiler.models import names
 from compiler.models.index import LayerKind, ModelIndex
 from compiler.plan import ops
 from compiler.plan.ops import Plan
@@ -85,6 +88,7 @@ class _Run:
         self.disk = Path(ir.memory.disk) if ir.memory.disk else None
         self.caches: list[streams.HiddenCache] = []
         self.hooks: list = []
+        self.unseen: list[Job] = []  # layers no calibration token reached (MoE experts, `experts routed`)
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode, ops.ScoreSensitivity: self.score,
@@ -152,6 +156,8 @@ class _Run:
         if self.writer is not None:
             return
         self.jobs = _jobs(self.model, self.assignment)
+        if not self.file_to_file:
+            _refuse_non_linear(self.model, self.jobs, self.ir)
         self.writer = FolderWriter(self.result.output, _output_specs(self.model, self.jobs))
         if self.disk is not None:
             self.disk.mkdir(parents=True, exist_ok=True)
@@ -330,6 +336,7 @@ class _Run:
         """Every tensor not rounded is copied as bytes; config and recipe written; the folder appears."""
         self._ready()
         self.result.calibration_seconds = time.perf_counter() - self.start
+        self._warn_unseen()
         self._copy_unquantized()
         self._write_metadata()
         self.result.files = self.writer.finish()
@@ -379,7 +386,11 @@ class _Run:
         for job in jobs:
             module = self.model.module.get_submodule(job.module)
             assert isinstance(module, torch.nn.Linear)  # Linear layers only (Q411)
-            act = input_qparams(job, stats, self.ir.calibration, self.model.dtype)
+            unseen = job.needs_data and stats is not None and not stats.saw(job)
+            if unseen:
+                job = self._data_free(job)
+            act = input_qparams(job, stats, self.ir.calibration, self.model.dtype) if not unseen else \
+                _sibling_range(job, stats, self.ir.calibration, self.model.dtype)
             if job.static_input and act is None:
                 self.result.warnings.append(warning(
                     "Q405", f"the input of `{job.layer.name}` was never finite during calibration; its activations "
@@ -394,6 +405,25 @@ class _Run:
                 advance()
         self.hooks.extend(hooks)
         return hooks
+
+    def _data_free(self, job: Job) -> Job:
+        """A layer no calibration token reached (an MoE expert its router never chose, with `experts
+        routed`): its weights rounded data-free (rtn); a static input borrows the widest range its sibling
+        experts saw. Never a Hessian or a scale made of nothing. Warned once for all of them (Q248)."""
+        self.unseen.append(job)
+        return replace(job, scheme=replace(job.scheme, rounding=Rounding.RTN)) if job.gptq else job
+
+    def _warn_unseen(self) -> None:
+        if not self.unseen:
+            return
+        layers = ", ".join(names.compress([j.layer.name for j in self.unseen])[:3])
+        static = any(j.static_input for j in self.unseen)
+        self.result.warnings.append(warning(
+            "Q248", f"no calibration token reached {len(self.unseen)} expert layers ({layers}): their weights are "
+            "rounded with rtn" + (", their inputs use the widest range of their sibling experts" if static else ""),
+            self.ir.calibration.span_of("experts") or self.unseen[0].scheme.span, "no data",
+            help="`calibrate { experts all }` (the default) sends every token through every expert for "
+            "statistics; or calibrate with more samples"))
 
     def _round(self, job: Job, weight: torch.Tensor, stats: Statistics | None, act) -> QuantizedWeight:
         """Round one weight (refusing non-finite ones, Q409) and write its compressed tensors."""
@@ -418,7 +448,7 @@ class _Run:
             self.result.input_ranges[job.layer.name] = ((lo - zp) * scale, (hi - zp) * scale)
 
     def _copy_unquantized(self) -> None:
-        replaced = {j.layer.weight for j in self.jobs}
+        replaced = {j.layer.weight for j in self.jobs if not _tied(j)}
         for key, entry in self.model.shards.entries.items():
             if key not in replaced:
                 self.writer.copy_raw(key, entry.file, entry.start, entry.end)
@@ -429,6 +459,8 @@ class _Run:
         ignored = [a.layer.name for a in self.assignment.layers if a.layer.kind is LayerKind.LINEAR and a.layer.name not in done]
         config = dict(self.model.config)
         config["quantization_config"] = quantization_config(quantized, ignored)
+        if any(_tied(j) for j in self.jobs):  # the head now has tensors of its own: untied in the output
+            config = _untied(config)
         self.writer.metadata("config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
         self.writer.metadata("qrc.recipe", print_ir(self.ir))
         folder = self.model.folder
@@ -439,6 +471,17 @@ class _Run:
                     self.writer.copy_file(path, relative)
 
 
+def _sibling_range(job: Job, stats: Statistics, calibration, dtype) -> tuple[float, int] | None:
+    """The widest static input range among the same projection of the other experts of `job`'s block
+    (`…experts.3.w1` → `…experts.*.w1`): they read the same hidden states, routed differently."""
+    head, _, tail = job.module.rpartition(".experts.")
+    leaf = tail.partition(".")[2]
+    found = [input_qparams(j, stats, calibration, dtype) for j in stats.jobs
+             if j is not job and stats.saw(j) and j.module.startswith(head + ".experts.") and j.module.endswith("." + leaf)]
+    found = [f for f in found if f is not None]
+    return max(found, key=lambda sz: sz[0]) if found else None
+
+
 def _trim_after_block(jobs: list[Job], number: int) -> None:
     """After the last job of a block, give freed memory back (glibc keeps freed pages otherwise; trimming
     after every layer costs more than it saves)."""
@@ -447,7 +490,26 @@ def _trim_after_block(jobs: list[Job], number: int) -> None:
 
 
 def _jobs(model: TorchModel, assignment: Assignment) -> list[Job]:
-    return [Job(model.module_of[a.layer.weight], a.layer, a.scheme) for a in assignment.layers if not a.scheme.is_none]
+    return [Job(model.module_computing(a.layer.weight), a.layer, a.scheme) for a in assignment.layers
+            if not a.scheme.is_none]
+
+
+def _refuse_non_linear(model: TorchModel, jobs: list[Job], ir: RecipeIR) -> None:
+    """Q411 before any work for a layer whose module is not an nn.Linear once the model runs (transformers
+    5's MoE routers keep their weight in a router module of their own)."""
+    for job in jobs:
+        module = model.module.get_submodule(job.module)
+        if not isinstance(module, torch.nn.Linear):
+            raise BackendError(error(
+                "Q411", f"`{job.layer.name}` is computed by a `{type(module).__name__}`, not an nn.Linear: the torch "
+                "backend rounds Linear layers when it runs the model", job.scheme.span, "not a Linear here",
+                help=f'give it `-> none` (e.g. `"{job.layer.name}" -> none`; MoE routers stay float in serving), or '
+                "round it data-free without `verify` (file to file)"))
+
+
+def _tied(job: Job) -> bool:
+    """A head tied to the embedding: it reads another layer's tensor, which the output keeps as it is."""
+    return job.layer.weight != job.layer.name + ".weight"
 
 
 def _in_blocks(job: Job, model: TorchModel) -> bool:
@@ -462,7 +524,7 @@ def _before_blocks(module: str, model: TorchModel) -> bool:
 
 
 def _output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
-    replaced = {j.layer.weight: j for j in jobs}
+    replaced = {j.layer.weight: j for j in jobs if not _tied(j)}
     specs = []
     for key, entry in model.shards.entries.items():
         job = replaced.get(key)
@@ -470,7 +532,18 @@ def _output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
             specs.append(TensorSpec(key, DTYPES[entry.dtype], entry.shape))
         else:
             specs += layer_specs(job.layer, job.scheme, model.dtype)
+    for job in jobs:
+        if _tied(job):
+            specs += layer_specs(job.layer, job.scheme, model.dtype)
     return specs
+
+
+def _untied(config: dict) -> dict:
+    """config.json with `tie_word_embeddings` false (a VLM's text config too)."""
+    config = {**config, "tie_word_embeddings": False}
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"] = {**config["text_config"], "tie_word_embeddings": False}
+    return config
 
 
 def _torch_feed(feed: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

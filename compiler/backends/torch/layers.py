@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from compiler.backends.torch.compressed import static_input
-from compiler.ir.types import ActivationMode, Calibration, Granularity, Rounding, Scheme
+from compiler.backends.torch.experts import set_routing
+from compiler.ir.types import ActivationMode, Calibration, ExpertRouting, Granularity, Rounding, Scheme
 from compiler.models.index import Layer
 from compiler.quant import qparams
 from compiler.quant.gptq import gptq
@@ -84,13 +85,21 @@ class Statistics:
             if job.needs_data:
                 module = self.root.get_submodule(job.module)
                 self._handles.append(module.register_forward_pre_hook(self._hook(job)))
+        if self._handles:  # MoE experts: every token through every expert, for statistics (`experts all`)
+            set_routing(self.root, self.calibration.experts)
         return self
 
     def __exit__(self, *exc) -> None:
+        set_routing(self.root, ExpertRouting.ROUTED)
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
         self._seen.clear()
+
+    def saw(self, job: Job) -> bool:
+        """Whether any calibration input reached `job`'s layer (an MoE expert the router never chose with
+        `experts routed` sees none)."""
+        return job.module in self.leader
 
     def new_forward(self) -> None:
         """Call before each forward: inputs are matched by identity within one pass, through weak

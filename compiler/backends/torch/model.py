@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from compiler.backends import BackendError
+from compiler.backends.torch import checkpoint_names
 from compiler.backends.torch.shards import Shards
 from compiler.diagnostics import error
 from compiler.models import builtin, resolve_path
@@ -99,6 +100,14 @@ class TorchModel:
             out.setdefault(key, param.rpartition(".")[0])
         return out
 
+    def module_computing(self, weight: str) -> str:
+        """The module that computes with checkpoint tensor `weight`: the Linear reading it (an LM head tied
+        to the embedding reads the embedding's tensor), else the first module holding it."""
+        modules = dict(self.module.named_modules())
+        holders = [p.rpartition(".")[0] for p, k in self.keys.items() if k == weight]
+        linears = [m for m in holders if isinstance(modules.get(m), nn.Linear)]
+        return (linears or holders)[0]
+
     def forward(self, feed: dict) -> torch.Tensor:
         """The model's first output for one chunk (logits, or hidden states of an encoder); gradients are
         recorded only where the caller enables them."""
@@ -154,19 +163,24 @@ def _float_dtype(shards: Shards, keys: dict[str, str]) -> torch.dtype:
 
 
 def open_model(ref: str, blocks: tuple[str, ...], span: Span | None) -> TorchModel:
-    """The skeleton of a built-in or an HF folder, its parameters mapped to the safetensors tensors."""
+    """The skeleton of a built-in or an HF folder, its parameters mapped to the safetensors tensors.
+    `blocks` are the index's (checkpoint) block names; the model's are its module paths."""
+    renamed: dict[str, str] = {}
     if ref.startswith(builtin.PREFIX):
         module, folder_ckpt, config, folder = _builtin(ref), builtin_checkpoint(ref), {"qrc_builtin": ref}, None
+        checkpoint = Shards(folder_ckpt)
     else:
         folder = resolve_path(ref)
         module, config = _hf_skeleton(folder, span), json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        folder_ckpt = folder
-    checkpoint = Shards(folder_ckpt)
-    keys = _checkpoint_keys(module, checkpoint, ref, span)
-    container = _container(module, blocks, ref, span)
+        checkpoint = Shards(folder)
+        renamed = checkpoint_names.module_names(module, list(checkpoint.entries),
+                                                checkpoint_names.adapt(module, ref, span))
+    keys = _checkpoint_keys(module, checkpoint, renamed, ref, span)
+    module_blocks = tuple(checkpoint_names.module_block(b, keys) for b in blocks)
+    container = _container(module, module_blocks, ref, span)
     dtype = _float_dtype(checkpoint, keys)
     accepts = "use_cache" in inspect.signature(module.forward).parameters
-    return TorchModel(module.eval(), checkpoint, keys, container, blocks, dtype, accepts, config, folder)
+    return TorchModel(module.eval(), checkpoint, keys, container, module_blocks, dtype, accepts, config, folder)
 
 
 def _builtin(ref: str) -> nn.Module:
@@ -210,18 +224,23 @@ def _hf_skeleton(folder: Path, span: Span | None) -> nn.Module:
         return transformers.AutoModel.from_config(config)
 
 
-def _checkpoint_keys(module: nn.Module, checkpoint: Shards, ref: str, span: Span | None) -> dict[str, str]:
-    """Each parameter's tensor in the checkpoint: the same name, the name under a prefix (`bert.`), or,
-    for tied parameters (an LM head sharing the embedding table), the tensor of a twin."""
+def _checkpoint_keys(module: nn.Module, checkpoint: Shards, renamed: dict[str, str], ref: str,
+                     span: Span | None) -> dict[str, str]:
+    """Each parameter's tensor in the checkpoint: the tensor transformers' renamings give this name, the
+    same name, the name under a prefix (`bert.`), or, for tied parameters (an LM head sharing the embedding
+    table), the tensor of a twin."""
     by_identity: dict[int, list[str]] = {}
     for name, param in module.named_parameters(remove_duplicate=False):
         by_identity.setdefault(id(param), []).append(name)
     tied = _tied(module)
+
+    def lookup(name: str) -> str | None:
+        return renamed.get(name) or _lookup(name, checkpoint)
     keys = {}
     for names in by_identity.values():
-        found = next((k for k in map(lambda n: _lookup(n, checkpoint), names) if k), None)
+        found = next((k for k in map(lookup, names) if k), None)
         if found is None:  # tied by transformers (tie_word_embeddings): the checkpoint stores the source only
-            found = next((k for k in (_lookup(tied[n], checkpoint) for n in names if n in tied) if k), None)
+            found = next((k for k in (lookup(tied[n]) for n in names if n in tied) if k), None)
         if found is None:
             raise BackendError(error("Q404", f"`{ref}` has no tensor for parameter `{names[0]}`", span,
                                      "missing weight", help="the checkpoint does not match its config.json"))

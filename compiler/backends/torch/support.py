@@ -6,7 +6,6 @@ from __future__ import annotations
 from compiler.ir.types import ActivationMode, EmitFormat, Granularity, RecipeIR
 from compiler.ir.values import Diagnostics
 from compiler.models.index import LayerKind
-from compiler.plan.workload import workload
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice
 
@@ -17,13 +16,6 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
         diags.error("Q411", f"the torch backend writes safetensors, not {ir.emit.format.value}",
                     ir.emit.span_of("format") or ir.emit.span_of("path"), "not supported",
                     help="use `emit \"FOLDER\" { format safetensors }`, or `backend onnx` for ONNX output")
-    experts = [x.name for x in assignment.model.layers if ".experts." in x.name or ".block_sparse_moe." in x.name]
-    if experts and _runs_the_model(ir, assignment):
-        diags.error("Q411", f"`{ir.model}` is a mixture-of-experts model ({experts[0]}, …): the torch backend does "
-                    "not run MoE models yet (transformers fuses their experts into 3-D parameters), so it cannot "
-                    "calibrate or verify one", ir.model_span, "MoE not run yet",
-                    help="data-free rounding without `verify` compiles it file to file (e.g. W4A16 with rtn)")
-        return
     _warn_routers(ir, assignment, diags)
     seen: set[tuple[str, str]] = set()
     for candidate in each_choice(ir, assignment):
@@ -34,11 +26,6 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
                 diags.error("Q411", f"`{a.layer.name}` with scheme `{a.scheme.name}`: {problem}",
                             a.rule.span if a.rule else a.scheme.span, "not supported on torch",
                             help="give the layer `-> none` or another scheme, or use `backend onnx`")
-
-
-def _runs_the_model(ir: RecipeIR, assignment: Assignment) -> bool:
-    """Calibration, verification or a mixed-precision search run the model; data-free rounding does not."""
-    return ir.verify is not None or ir.mixed_precision is not None or workload(ir, assignment).calibrate
 
 
 def _warn_routers(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
