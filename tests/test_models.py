@@ -132,7 +132,8 @@ def test_hf_folder_reads_safetensors_headers(tmp_path):
     index = index_model(str(folder))
     assert [x.name for x in index.layers][:3] == ["model.embed_tokens", "model.layers.0.self_attn.q_proj",
                                                    "model.layers.0.self_attn.k_proj"]
-    assert "lm_head" not in [x.name for x in index.layers]  # tied: not stored
+    head = index.layer("lm_head")  # tied: not stored, a layer reading the embedding's tensor, named-only
+    assert head.weight == "model.embed_tokens.weight" and head.named_only and head.kind is LayerKind.LINEAR
     assert {x.dtype for x in index.layers} == {"float16"}
     assert index.total_bytes == sum(v.nbytes for v in tensors.values())
 

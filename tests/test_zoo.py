@@ -15,7 +15,8 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 DENSE = [f for f in FAMILIES if f != "gpt2"]
-SCHEMES = {"w4a16": ("scheme s = W4A16 { group 32 }", "offload"), "w8a8": ("scheme s = W8A8", "low_memory")}
+SCHEMES = {"w4a16": "scheme s = W4A16 { group 32 }", "w8a8": "scheme s = W8A8"}
+MODES = ("low_memory", "offload")
 RECIPE = """recipe zoo {{
     model "{model}"
     backend torch
@@ -35,22 +36,31 @@ def zoo(tmp_path_factory):
     return lambda family: build(family, root / family) if not (root / family).exists() else root / family
 
 
-def _recipe(tmp_path, folder, scheme: str) -> str:
-    text, mode = SCHEMES[scheme]
+def _recipe(tmp_path, folder, scheme: str, mode: str = "offload") -> str:
     path = tmp_path / "r.recipe"
-    path.write_text(RECIPE.format(model=folder, scheme=text, mode=mode, disk=tmp_path / "disk", out=tmp_path / "out"))
+    path.write_text(RECIPE.format(model=folder, scheme=SCHEMES[scheme], mode=mode, disk=tmp_path / "disk",
+                                  out=tmp_path / "out"))
     return str(path)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 @pytest.mark.parametrize("family", DENSE)
-def test_family_compiles_verifies_and_loads(zoo, family, scheme, tmp_path):
+def test_family_compiles_verifies_and_loads(zoo, family, scheme, mode, tmp_path):
+    """Each family in each scheme and block-wise mode: verified, loaded by transformers (its weights are the
+    ones qrc rounded: the SQNR qrc reports for a layer is the one the loaded weights give), and generating."""
     folder = zoo(family)
-    result, planned = compile_program(_recipe(tmp_path, folder, scheme), tmp_path / "out")
+    result, planned = compile_program(_recipe(tmp_path, folder, scheme, mode), tmp_path / "out")
     assert result.verify_passed, result.verify
     assert_ran_the_plan(result, planned)
     config = transformers.CompressedTensorsConfig(run_compressed=False)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), quantization_config=config).eval()
+    original = dict(transformers.AutoModelForCausalLM.from_pretrained(str(folder)).named_parameters())
+    loaded = dict(model.named_parameters())
+    for layer in [a.layer for a in planned.check.assignment.layers if not a.scheme.is_none][:3]:
+        w, q = original[layer.weight].double(), loaded[layer.weight].double()
+        sqnr = 10 * float(torch.log10(w.pow(2).sum() / (w - q).pow(2).sum()).detach())
+        assert abs(sqnr - result.weight_sqnr[layer.name]) < 0.05, (layer.name, sqnr, result.weight_sqnr[layer.name])
     ids = torch.randint(0, 320, (1, 6), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         generated = model.generate(ids, max_new_tokens=3, do_sample=False)

@@ -68,7 +68,7 @@ def _tied_head(config: dict, layers: list[Layer], headers) -> list[Layer]:
     checkpoint would name it (`lm_head`, `language_model.lm_head`), whose weight is the embedding's tensor.
     `named_only`: it stays tied and float unless a rule names it."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    if not (config.get("tie_word_embeddings") or text.get("tie_word_embeddings")) or not headers:
+    if not (config.get("tie_word_embeddings") or text.get("tie_word_embeddings")):
         return []
     embedding = next((x for x in layers if x.kind is LayerKind.EMBEDDING and not x.named_only
                       and x.name.rpartition(".")[2] in ("embed_tokens", "wte", "word_embeddings")), None)

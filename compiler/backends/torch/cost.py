@@ -53,6 +53,25 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     return Phase("block-wise compile", sum(b for _, b in parts), parts)
 
 
+def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
+    """Block-wise verification at the model's output: the block-wise phase, plus the float logits of every
+    held-out sample when the tail has layers to round between the float and quantized passes (else one
+    chunk's), one chunk of quantized logits, and the agreement's scratch for one sample (about seven
+    sample-sized float32 arrays: the two logits, their difference, two log-softmaxes, a mask, a product)."""
+    base = torch_phase(w, mode, chunk)
+    layers = w.index.layers
+    vocab = layers[-1].out_features if layers else w.hidden
+    per_sample = w.seqlen * vocab * 4  # logits are compared in float32
+    verify_chunk = min(chunk, w.verify_samples)
+    quantized = set(w.quantized_layers)
+    first = next((i for i, x in enumerate(layers) if x.block), len(layers))
+    tail_rounds = any(x.block is None and x.name in quantized for x in layers[first:])
+    held = w.verify_samples if tail_rounds else verify_chunk
+    parts = base.parts + ((f"verification logits ({held} float + {verify_chunk} quantized samples, scratch)",
+                           (held + verify_chunk + 7) * per_sample),)
+    return Phase("verification at the output", sum(b for _, b in parts), parts)
+
+
 def _gptq_scratch(w: Workload) -> int:
     """Rounding one layer with GPTQ holds its Hessian about six more times in float32 (its mean, the
     copy on the device, the Cholesky factor, its inverse, the factor of the inverse, a permutation) and
@@ -109,6 +128,8 @@ class TorchCosts:
         if mode is MemoryMode.MULTI_GPU and not gpus:
             return ModeEstimate(mode, 0, (), feasible=False, note="no GPUs (`vram`) given")
         phases = [torch_phase(w, mode, chunk)]
+        if w.verify_samples and mode is not MemoryMode.FULL:
+            phases.append(verify_tail_phase(w, mode, chunk))
         if w.search is not None:
             phases.append(score_phase(w, min(chunk, w.search.samples), RUNTIME, True, True))
         return mode_estimate(mode, phases, passes, torch_vram(w, chunk) if mode is MemoryMode.MULTI_GPU else 0)
@@ -121,6 +142,8 @@ class TorchCosts:
             return RUNTIME
         if phase is PhaseName.EMIT:  # rounded tensors went out with their block; the rest is copied as bytes
             return RUNTIME + COPY_SLICE
+        if phase in (PhaseName.VERIFY, PhaseName.QUANTIZE) and w.verify_samples and mode is not MemoryMode.FULL:
+            return verify_tail_phase(w, mode, chunk).bytes  # the tail runs the held-out samples to the logits
         return torch_phase(w, mode, chunk).bytes
 
 

@@ -303,14 +303,22 @@ class _Run:
         with Statistics(model.module, jobs, self.ir.calibration) as stats:
             self.stats = stats
             if cal is not None and any(j.needs_data for j in jobs):
-                streams.replay_tail(container, cal, self._call, stats.new_forward)
+                for _ in streams.replay_tail(container, cal, self._call, stats.new_forward, lazy=True):
+                    pass  # the hooks gathered what they need; the logits are dropped chunk by chunk
             self.stats = None
-        reference = streams.replay_tail(container, verify[0], self._call) if verify is not None else None
+        if verify is not None and not jobs:  # nothing to round here: float and quantized logits chunk by chunk
+            for ref, cand, feed in zip(streams.replay_tail(container, verify[0], self._call, lazy=True),
+                                       streams.replay_tail(container, verify[1], self._call, lazy=True),
+                                       verify[1].feeds, strict=True):
+                verify[2].update(ref.float().numpy(), cand.float().numpy(), _mask(feed))
+        # the float logits are kept while the tail's layers are rounded; the quantized ones come one at a time
+        reference = streams.replay_tail(container, verify[0], self._call) if verify is not None and jobs else None
         hooks = self._quantize(jobs, stats)
-        if verify is not None:
-            candidate = streams.replay_tail(container, verify[1], self._call)
+        if reference is not None:
+            candidate = streams.replay_tail(container, verify[1], self._call, lazy=True)
             for ref, cand, feed in zip(reference, candidate, verify[1].feeds, strict=True):
                 verify[2].update(ref.float().numpy(), cand.float().numpy(), _mask(feed))
+            del reference
         for hook in hooks:
             hook.remove()
         if offload:

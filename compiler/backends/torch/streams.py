@@ -152,11 +152,16 @@ class _Replay(nn.Module):
         return (self.hidden,) + (None,) * (self.arity - 1) if self.arity else self.hidden
 
 
-def replay_tail(container: nn.ModuleList, stream: Stream, call, before=None) -> list:
-    """The model's outputs on each chunk, the blocks replaced by the stream's cached hidden states."""
+def replay_tail(container: nn.ModuleList, stream: Stream, call, before=None, lazy: bool = False):
+    """The model's outputs on each chunk, the blocks replaced by the stream's cached hidden states: a list,
+    or (`lazy`) one chunk's outputs at a time, so only one chunk of logits is alive."""
+    outputs = _replayed(container, stream, call, before)
+    return outputs if lazy else list(outputs)
+
+
+def _replayed(container: nn.ModuleList, stream: Stream, call, before):
     original = dict(container._modules)
     last = list(original.values())[-1]
-    outputs = []
     try:
         for i, feed in enumerate(stream.feeds):
             if before:
@@ -164,8 +169,10 @@ def replay_tail(container: nn.ModuleList, stream: Stream, call, before=None) -> 
             replay = _Replay(stream.hidden.get(i).float(), stream.arity or 0, last)
             container._modules.clear()
             container._modules["0"] = replay
-            outputs.append(call(feed))
+            out = call(feed)
+            container._modules.clear()  # the caller may run other streams through the blocks between chunks
+            container._modules.update(original)
+            yield out
     finally:
         container._modules.clear()
         container._modules.update(original)
-    return outputs
