@@ -143,6 +143,17 @@ def kl_divergence(float_folder: Path, output: Path, held_out: Path) -> float:
     return total / arrays["input_ids"].shape[0]
 
 
+def packed_experts(output: Path) -> int:
+    """How many expert projections the output stores as packed int4 (compressed-tensors `weight_packed`)."""
+    from safetensors import safe_open
+
+    count = 0
+    for path in output.glob("*.safetensors"):
+        with safe_open(str(path), "np") as handle:
+            count += sum(1 for k in handle.keys() if ".experts." in k and k.endswith(".weight_packed"))
+    return count
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=8)
@@ -155,27 +166,28 @@ def main() -> None:
     mib = 2**20
     print(f"checkpoint {folder} ({size / mib:,.0f} MiB float32, {args.blocks} blocks × {args.experts} experts, "
           f"hidden {args.hidden}); GPTQ W4A16 g128, {SAMPLES} samples × {SEQLEN} tokens; KL on {HELD_OUT} held out\n")
-    print("| tool | wall s | peak RSS (VmHWM) | tool's own figures | KL (transformers) |")
-    print("|---|---:|---:|---|---:|")
+    print("| tool | wall s | peak RSS (VmHWM) | tool's own figures | int4 experts | KL (transformers) |")
+    print("|---|---:|---:|---|---:|---:|")
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         every, calibration, held_out = token_data(folder, tmp)
         r = run([sys.executable, "-c", QRC_CHILD, str(recipe(folder, every, tmp))])
         if "error" in r:
-            print(f"| qrc offload | {r['seconds']:.1f} | failed: {r['error']} | | |")
+            print(f"| qrc offload | {r['seconds']:.1f} | failed: {r['error']} | | | |")
         else:
             own = (f"plan {r['planned'] / mib:,.0f} MiB (VmHWM/plan {r['hwm'] / r['planned']:.2f}×), "
                    f"sampled {r['sampled'] / mib:,.0f} MiB, verify KL {r['kld']:.4g}")
             print(f"| qrc offload | {r['seconds']:.1f} | {r['hwm'] / mib:,.0f} MiB | {own} "
-                  f"| {kl_divergence(folder, tmp / 'qrc-out', held_out):.4g} |", flush=True)
+                  f"| {packed_experts(tmp / 'qrc-out')} | {kl_divergence(folder, tmp / 'qrc-out', held_out):.4g} |",
+                  flush=True)
         if args.llmcompressor:
             r = run([args.llmcompressor, "-c", LLMC_CHILD, str(folder), str(calibration), str(tmp / "llmc-out"),
                      str(SEQLEN), str(SAMPLES)])
             if "error" in r:
-                print(f"| llm-compressor oneshot | {r['seconds']:.1f} | failed: {r['error']} | | |")
+                print(f"| llm-compressor oneshot | {r['seconds']:.1f} | failed: {r['error']} | | | |")
             else:
                 print(f"| llm-compressor oneshot | {r['seconds']:.1f} | {r['hwm'] / mib:,.0f} MiB | | "
-                      f"{kl_divergence(folder, tmp / 'llmc-out', held_out):.4g} |")
+                      f"{packed_experts(tmp / 'llmc-out')} | {kl_divergence(folder, tmp / 'llmc-out', held_out):.4g} |")
 
 
 if __name__ == "__main__":
