@@ -30,6 +30,8 @@ def configs(t) -> dict:
                               bos_token_id=0, eos_token_id=0), t.GPT2LMHeadModel),
         "opt": (t.OPTConfig(vocab_size=320, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
                             max_position_embeddings=128, word_embed_proj_dim=64), t.OPTForCausalLM),
+        "bert": (t.BertConfig(vocab_size=320, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              intermediate_size=128, max_position_embeddings=128), t.BertModel),
         "mixtral": (t.MixtralConfig(**SIZES, num_local_experts=4, num_experts_per_tok=2), t.MixtralForCausalLM),
         "qwen3_moe": (t.Qwen3MoeConfig(**SIZES, **head, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
                       t.Qwen3MoeForCausalLM),
