@@ -329,9 +329,9 @@ CODES: tuple[CodeInfo, ...] = (
        "An instance lacks a member the pattern names (a model with no v_proj, or a misspelled member); the "
        "members that exist are still aligned.",
        'group "*.self_attn.{q,k,v,w}_proj"'),
-    _c("Q245", "`group auto qkv` found nothing (warning)",
-       "The model has no layers named like attention projections (q/k/v_proj, query/key/value, Wq/Wk/Wv), "
-       "so the group constrains nothing.",
+    _c("Q245", "`group auto` found nothing (warning)",
+       "The model has no layers named like the projections the group aligns (qkv: q/k/v_proj, query/key/value, "
+       "Wq/Wk/Wv; gate_up: gate_proj/up_proj, w1/w3), and none fused already, so the group constrains nothing.",
        "model \"builtin:tiny-cnn\"\ngroup auto qkv"),
     _c("Q246", "mixed precision has nothing to search (warning)",
        "Only layers whose winning rule gives one of the choices are searched; when no rule does, every "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from compiler import Source, check_source
 from compiler.ir.schemes import NONE, PRESETS
 from compiler.models.names import compress
-from compiler.resolve.groups import auto_qkv_instances, pattern_instances, scheme_rank
+from compiler.resolve.groups import auto_gate_up_instances, auto_qkv_instances, pattern_instances, scheme_rank
 
 
 def _resolve(body: str):
@@ -49,6 +49,15 @@ def test_auto_qkv_spellings():
     found = {i.name: i.members for i in auto_qkv_instances(names)}
     assert found == {"enc.0.{Wq,Wk,Wv}": ("enc.0.Wq", "enc.0.Wk", "enc.0.Wv"),
                      "bert.l.0.{query,key,value}": ("bert.l.0.query", "bert.l.0.key", "bert.l.0.value")}
+
+
+def test_auto_gate_up_finds_each_mlp_and_each_expert():
+    names = ["m.layers.0.mlp.gate_proj", "m.layers.0.mlp.up_proj", "m.layers.0.mlp.down_proj",
+             "m.layers.1.moe.experts.0.w1", "m.layers.1.moe.experts.0.w3", "m.layers.1.moe.experts.0.w2",
+             "m.layers.1.moe.experts.1.w1", "m.layers.1.moe.gate", "m.layers.2.mlp.gate_up_proj", "x.w1"]
+    found = {i.name: i.members for i in auto_gate_up_instances(names)}
+    assert found == {"m.layers.0.mlp.{gate_proj,up_proj}": ("m.layers.0.mlp.gate_proj", "m.layers.0.mlp.up_proj"),
+                     "m.layers.1.moe.experts.0.{w1,w3}": ("m.layers.1.moe.experts.0.w1", "m.layers.1.moe.experts.0.w3")}
 
 
 def test_scheme_rank_order():

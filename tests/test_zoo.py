@@ -333,3 +333,19 @@ def test_a_tied_head_is_one_tensor_selectable_by_name(zoo, tmp_path):
     assert quantized.lm_head.weight.data_ptr() != quantized.model.embed_tokens.weight.data_ptr()
     error = (quantized.lm_head.weight - original.model.embed_tokens.weight).abs()
     assert 0 < float(error.max()) < 0.05
+
+
+def test_group_auto_gives_each_experts_gate_and_up_one_scheme(moe, tmp_path):
+    """`group auto` aligns q/k/v and every MLP's and expert's gate/up pair (Mixtral's w1/w3): a rule that
+    widens one expert's w3 promotes its w1 (Q211), and leaves the other experts alone."""
+    from compiler import check_file
+
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(DATA_FREE_MOE.format(model=moe / "mixtral", out=tmp_path / "out").replace(
+        "    }\n    memory", '        re".*experts\\.1\\.w3" -> W8A16\n    }\n    group auto\n    memory'))
+    checked = check_file(recipe, with_model=True)
+    assert checked.ok, checked.diagnostics
+    schemes = {a.layer.name: a.scheme.name for a in checked.assignment.layers}
+    assert schemes["model.layers.0.block_sparse_moe.experts.1.w1"] == "W8A16"
+    assert schemes["model.layers.0.block_sparse_moe.experts.0.w1"] == "w4"
+    assert any(d.code == "Q211" for d in checked.diagnostics)

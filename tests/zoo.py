@@ -49,6 +49,11 @@ def configs(t) -> dict:
                                                         spatial_merge_size=2, temporal_patch_size=2),
                                      image_token_id=300, video_token_id=301, vision_start_token_id=302),
                      t.Qwen2VLForConditionalGeneration),
+        "qwen2_5_vl": (t.Qwen2_5_VLConfig(
+            text_config=dict(**SIZES, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
+                               spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, fullatt_block_indexes=[0]),
+            image_token_id=300, video_token_id=301, vision_start_token_id=302), t.Qwen2_5_VLForConditionalGeneration),
         "gemma3": (t.Gemma3Config(text_config=dict(**SIZES, **head), mm_tokens_per_image=4, image_token_index=300,
                                   vision_config=t.SiglipVisionConfig(**vision).to_dict()),
                    t.Gemma3ForConditionalGeneration),
@@ -59,7 +64,7 @@ def configs(t) -> dict:
 FAMILIES = ("llama", "llama-tied", "qwen2", "qwen3", "qwen3-tied", "mistral", "granite", "olmo2", "gemma2",
             "gemma3_text", "phi3", "opt", "gpt2")
 MOE = ("mixtral", "qwen3_moe", "deepseek_v3")  # per-expert checkpoints, fused 3-D experts in transformers 5
-VLM = ("llava", "qwen2_vl", "gemma3")
+VLM = ("llava", "qwen2_vl", "qwen2_5_vl", "gemma3")
 
 
 def build(family: str, folder: Path) -> Path:

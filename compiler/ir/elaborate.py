@@ -11,6 +11,7 @@ from typing import Any
 from compiler.ir import blocks
 from compiler.ir.schemes import NONE, PRESETS, elaborate_scheme
 from compiler.ir.types import (
+    AutoGroup,
     Backend,
     EmitFormat,
     Group,
@@ -143,4 +144,5 @@ def undefined_scheme_help(name: str, known: list[str]) -> str:
 
 def _group(decl: ast.GroupDecl) -> Group:
     policy = GroupPolicy(decl.policy.value) if decl.policy else GroupPolicy.PROMOTE
-    return Group(decl.pattern.value if decl.pattern else None, policy, decl.span)
+    auto = AutoGroup(decl.auto or "qkv") if decl.pattern is None else None
+    return Group(decl.pattern.value if decl.pattern else None, policy, decl.span, auto)

@@ -12,6 +12,7 @@ import json
 
 from compiler.ir.types import (
     ActivationQuant,
+    AutoGroup,
     CalibrationMethod,
     DataKind,
     Granularity,
@@ -147,7 +148,8 @@ def print_ir(ir: RecipeIR) -> str:
         lines.append(f"        {rule_text(rule)}  # rule {rule.index}, line {rule.span.line}")
     lines.append("    }")
     for group in ir.groups:
-        target = quote(group.pattern) if group.pattern is not None else "auto qkv"
+        auto = "auto" if group.auto is AutoGroup.ALL else f"auto {group.auto.value if group.auto else 'qkv'}"
+        target = quote(group.pattern) if group.pattern is not None else auto
         lines.append(f"    group {target} policy {group.policy.value}")
     lines += _calibrate(ir) + _memory(ir) + _optional_blocks(ir)
     return "\n".join(lines) + "\n}\n"

@@ -187,13 +187,21 @@ class Rule:
     scheme_span: Span
 
 
+class AutoGroup(enum.Enum):
+    """What `group auto …` finds by name: layers fused kernels compute together."""
+    QKV = "qkv"  # q/k/v of one attention block
+    GATE_UP = "gate_up"  # gate/up of one MLP or one MoE expert
+    ALL = "all"  # both (`group auto`)
+
+
 @dataclass(frozen=True, slots=True)
 class Group:
-    """`group "glob with one {…}"` (pattern set) or `group auto qkv` (pattern None)."""
+    """`group "glob with one {…}"` (pattern set) or `group auto [qkv|gate_up]` (pattern None, `auto` set)."""
 
     pattern: str | None
     policy: GroupPolicy
     span: Span
+    auto: AutoGroup | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from compiler.ir.patterns import alternations
-from compiler.ir.types import Granularity, Group, GroupPolicy, RecipeIR, Scheme
+from compiler.ir.types import AutoGroup, Granularity, Group, GroupPolicy, RecipeIR, Scheme
 from compiler.ir.values import Diagnostics
 from compiler.models.names import compress
 from compiler.resolve.assignment import Assignment
@@ -20,6 +20,10 @@ from compiler.resolve.model_checks import closest_names
 # `group auto qkv`: the member spellings it knows, and fused projections (one member: nothing to align).
 QKV_SPELLINGS = (("q_proj", "k_proj", "v_proj"), ("query", "key", "value"), ("Wq", "Wk", "Wv"), ("q", "k", "v"))
 FUSED_QKV = ("qkv_proj", "query_key_value", "c_attn", "Wqkv", "qkv")
+# `group auto gate_up`: an MLP's (or one MoE expert's) gate and up projections, which serving stacks fuse
+# into one GEMM (vLLM's merged column-parallel layer); fused already: one member.
+GATE_UP_SPELLINGS = (("gate_proj", "up_proj"), ("w1", "w3"), ("wi_0", "wi_1"))
+FUSED_GATE_UP = ("gate_up_proj", "w13", "fc1_gate_up")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,18 +76,29 @@ def _instance(name: str, members, got: dict[str, str]) -> Instance:
 
 def auto_qkv_instances(names: list[str]) -> list[Instance]:
     """Q/K/V instances found by name (`group auto qkv`)."""
+    return _sibling_instances(names, QKV_SPELLINGS, weak=(len(QKV_SPELLINGS) - 1,))
+
+
+def auto_gate_up_instances(names: list[str]) -> list[Instance]:
+    """Gate/up instances found by name (`group auto gate_up`): one per MLP and one per MoE expert."""
+    return _sibling_instances(names, GATE_UP_SPELLINGS, weak=tuple(range(len(GATE_UP_SPELLINGS))))
+
+
+def _sibling_instances(names: list[str], spellings, weak: tuple[int, ...]) -> list[Instance]:
+    """Layers under one parent whose last names are members of one spelling. A spelling in `weak`
+    (short names such as `q` or `w1`) needs two members present to count."""
     by_parent: dict[tuple[str, int], dict[str, str]] = defaultdict(dict)
     for name in names:
         parent, _, last = name.rpartition(".")
-        for index, spelling in enumerate(QKV_SPELLINGS):
+        for index, spelling in enumerate(spellings):
             if last in spelling:
                 by_parent[(parent, index)][last] = name
                 break
     out = []
     for (parent, index), got in by_parent.items():
-        spelling = QKV_SPELLINGS[index]
-        if len(got) < 2 and index == len(QKV_SPELLINGS) - 1:
-            continue  # a lone `q`/`k`/`v` is too weak a signal to call an attention block
+        spelling = spellings[index]
+        if len(got) < 2 and index in weak:
+            continue  # a lone `q` or `w1` is too weak a signal
         prefix = f"{parent}." if parent else ""
         out.append(_instance(f"{prefix}{{{','.join(spelling)}}}", spelling, got))
     return out
@@ -92,6 +107,11 @@ def auto_qkv_instances(names: list[str]) -> list[Instance]:
 def has_fused_qkv(names: list[str]) -> bool:
     """Whether the model has a fused QKV projection instead of separate ones."""
     return any(name.rpartition(".")[2] in FUSED_QKV for name in names)
+
+
+def has_fused_gate_up(names: list[str]) -> bool:
+    """Whether the model has fused gate/up projections instead of separate ones."""
+    return any(name.rpartition(".")[2] in FUSED_GATE_UP for name in names)
 
 
 def apply_groups(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> Assignment:
@@ -114,12 +134,28 @@ def _instances(group: Group, names: list[str], diags: Diagnostics) -> list[Insta
             diags.error("Q201", f'group pattern "{group.pattern}" matches no layer', group.span,
                         f"0 of {len(names)} layers", help="closest names: " + ", ".join(closest_names(group.pattern, names)))
         return instances
-    instances = auto_qkv_instances(names)
-    if not instances and not has_fused_qkv(names):
-        diags.warning("Q245", "`group auto qkv` found no attention projections", group.span, "no q/k/v layers",
-                      help="it looks for q/k/v_proj, query/key/value and Wq/Wk/Wv; write the pattern yourself: "
-                      'group "*.attn.{q,k,v}"')
+    instances = []
+    if group.auto in (AutoGroup.QKV, AutoGroup.ALL, None):
+        instances += auto_qkv_instances(names)
+    if group.auto in (AutoGroup.GATE_UP, AutoGroup.ALL):
+        instances += auto_gate_up_instances(names)
+    kind = group.auto or AutoGroup.QKV
+    fused = {AutoGroup.QKV: has_fused_qkv(names), AutoGroup.GATE_UP: has_fused_gate_up(names),
+             AutoGroup.ALL: has_fused_qkv(names) or has_fused_gate_up(names)}[kind]
+    if not instances and not fused:
+        written, what, label, looks = _AUTO_WORDS[kind]
+        diags.warning("Q245", f"`group {written}` found no {what}", group.span, label,
+                      help=f"it looks for {looks}; write the pattern yourself: " + 'group "*.attn.{q,k,v}"')
     return instances
+
+
+# `group auto …` as written, what it looks for, the label and the spellings it knows (Q245)
+_AUTO_WORDS = {
+    AutoGroup.QKV: ("auto qkv", "attention projections", "no q/k/v layers", "q/k/v_proj, query/key/value and Wq/Wk/Wv"),
+    AutoGroup.GATE_UP: ("auto gate_up", "gate/up projections", "no gate/up layers", "gate_proj/up_proj, w1/w3 and wi_0/wi_1"),
+    AutoGroup.ALL: ("auto", "attention or gate/up projections", "nothing to align",
+                    "q/k/v_proj, query/key/value, Wq/Wk/Wv, gate_proj/up_proj, w1/w3 and wi_0/wi_1"),
+}
 
 
 def _report_missing(group: Group, instances: list[Instance], diags: Diagnostics) -> None:

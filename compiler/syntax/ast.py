@@ -134,10 +134,11 @@ class QuantizeBlock:
 
 @dataclass(frozen=True, slots=True)
 class GroupDecl:
-    """`group PATTERN [policy P]` or `group auto qkv`."""
-    pattern: String | None  # None: `group auto qkv`
+    """`group PATTERN [policy P]` or `group auto [qkv|gate_up]`."""
+    pattern: String | None  # None: `group auto …`
     policy: Keyword | None
     span: Span
+    auto: str | None = None  # `qkv`, `gate_up` or `all` (plain `group auto`) when pattern is None
 
 
 @dataclass(frozen=True, slots=True)

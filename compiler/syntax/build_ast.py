@@ -210,7 +210,13 @@ class AstBuilder(Transformer):
         return ast.GroupDecl(children[0], policy, self._span(meta))
 
     def group_auto_qkv(self, meta, children):
-        return ast.GroupDecl(None, children[0] if children else None, self._span(meta))
+        return ast.GroupDecl(None, children[0] if children else None, self._span(meta), "qkv")
+
+    def group_auto_gate_up(self, meta, children):
+        return ast.GroupDecl(None, children[0] if children else None, self._span(meta), "gate_up")
+
+    def group_auto_all(self, meta, children):
+        return ast.GroupDecl(None, children[0] if children else None, self._span(meta), "all")
 
     def group_policy(self, meta, children):
         return children[0]
