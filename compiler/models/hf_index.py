@@ -145,10 +145,17 @@ def _config_dtype(config: dict | None) -> str:
     return name.removeprefix("torch.") if name.removeprefix("torch.") in DTYPE_BYTES else "float32"
 
 
+_ST_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4,
+             "I64": 8, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
 def _headers(folder: Path, ref: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """name → (dtype, shape) from every *.safetensors header in the folder."""
+    """name → (dtype, shape) from every *.safetensors header in the folder, each checked against its file:
+    known dtypes, byte ranges that match the shape, lie inside the file and do not overlap."""
     found: dict[str, tuple[str, tuple[int, ...]]] = {}
     for path in sorted(folder.glob("*.safetensors")):
+        if not path.is_file():
+            raise ModelError("Q250", f"`{path.name}` in `{ref}` is not a file", "a .safetensors path must be a file")
         with path.open("rb") as handle:
             head = handle.read(8)
             size = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
@@ -161,15 +168,46 @@ def _headers(folder: Path, ref: str) -> dict[str, tuple[str, tuple[int, ...]]]:
                 raise ModelError("Q250", f"`{path.name}` in `{ref}` has a corrupt header", "re-save the file") from None
         if not isinstance(header, dict):
             raise ModelError("Q250", f"`{path.name}` in `{ref}` has a header that is not a JSON object", "re-save the file")
+        payload = path.stat().st_size - 8 - size
+        ranges = []
         for name, info in header.items():
             if name != "__metadata__" and isinstance(info, dict):
-                shape = info.get("shape", ())
-                if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                          for d in shape):
-                    raise ModelError("Q250", f"`{path.name}` in `{ref}`: tensor `{name[:80]}` has shape "
-                                     f"{str(shape)[:40]}", "re-save the file: shapes are lists of whole numbers")
-                found[name] = (_ST_DTYPES.get(info.get("dtype"), "float32"), tuple(shape))
+                shape, start, end = _tensor_entry(path.name, ref, name, info, payload)
+                ranges.append((start, end, name))
+                found[name] = (_ST_DTYPES.get(info.get("dtype"), "float32"), shape)
+        _refuse_overlaps(path.name, ref, ranges)
     return found
+
+
+def _tensor_entry(file: str, ref: str, name: str, info: dict, payload: int) -> tuple[tuple[int, ...], int, int]:
+    """One header entry's shape and byte range, or Q250 naming what is wrong with it."""
+    where = f"`{file}` in `{ref}`: tensor `{name[:80]}`"
+    shape = info.get("shape", ())
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ModelError("Q250", f"{where} has shape {str(shape)[:40]}",
+                         "re-save the file: shapes are lists of whole numbers")
+    width = _ST_BYTES.get(info.get("dtype"))
+    if width is None:
+        raise ModelError("Q250", f"{where} has dtype `{str(info.get('dtype'))[:20]}`, which safetensors does not define",
+                         "re-save the file")
+    offsets = info.get("data_offsets")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= payload):
+        raise ModelError("Q250", f"{where} has data offsets {str(offsets)[:40]} outside the file's {payload:,} bytes",
+                         "the file is truncated or its header is wrong: re-save or re-download it")
+    if offsets[1] - offsets[0] != math.prod(shape) * width:
+        raise ModelError("Q250", f"{where}: {offsets[1] - offsets[0]:,} bytes for a {info.get('dtype')} tensor of "
+                         f"shape {shape} ({math.prod(shape) * width:,} bytes)", "re-save the file")
+    return tuple(shape), offsets[0], offsets[1]
+
+
+def _refuse_overlaps(file: str, ref: str, ranges: list[tuple[int, int, str]]) -> None:
+    """Two tensors sharing bytes would be read as each other's data."""
+    ranges.sort()
+    for (_, end, name), (start, _, other) in zip(ranges, ranges[1:], strict=False):
+        if start < end:
+            raise ModelError("Q250", f"`{file}` in `{ref}`: tensors `{name[:60]}` and `{other[:60]}` overlap in the "
+                             "file", "re-save the file")
 
 
 def _from_layout(planned, headers, dtype: str) -> list[Layer]:

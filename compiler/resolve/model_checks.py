@@ -80,8 +80,13 @@ def check_scheme_fits_layers(ir: RecipeIR, assignment: Assignment, diags: Diagno
         diags.error(code, message, rule.scheme_span, f"rule {index} gives `{scheme.name}`", help=help_)
 
 
+_FLOAT_WEIGHTS = ("float32", "float16", "bfloat16", "float64")
+
+
 def _misfits(ir: RecipeIR, a) -> list[str]:
     layer, w = a.layer, a.scheme.weights
+    if layer.dtype not in _FLOAT_WEIGHTS or layer.params == 0:
+        return ["Q249"]  # nothing else about it matters
     found = []
     if w.granularity is Granularity.GROUP:
         length = layer.out_features if layer.kind is LayerKind.EMBEDDING else layer.in_features
@@ -117,6 +122,10 @@ def _misfit_text(code: str, scheme, names: list[str], assignment: Assignment) ->
         return (f"`group {scheme.weights.group_size}` does not divide the input features of {len(names)} "
                 f"layer{'s' if len(names) != 1 else ''}: {listed} (features: {', '.join(map(str, sizes))})",
                 _group_help(sizes, scheme.weights.group_size))
+    if code == "Q249":
+        kinds = ", ".join(sorted({f"{x.dtype} {'x'.join(map(str, x.shape))}" for x in layers}))
+        return (f"{listed}: weights qrc cannot round ({kinds}): already quantized, or empty",
+                "qrc rounds float weights with elements; give these layers `-> none`")
     if code == "Q236":
         return (f"`{scheme.name}` quantizes activations, but {listed}: Embedding layer(s) whose input is token ids",
                 "give embeddings a weight-only scheme (e.g. W8A16) or `none`")
