@@ -10,11 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 
 class HiddenCache:
-    """Hidden states per chunk, in the checkpoint's dtype; on disk (one file per chunk) when `folder`."""
+    """Hidden states per chunk, in the checkpoint's dtype; on disk (one safetensors file per chunk, in a fresh
+    folder of its own: nothing already there is read, and nothing read can run code) when `folder`."""
 
     def __init__(self, dtype: torch.dtype, folder: Path | None = None):
         self.dtype = dtype
@@ -27,13 +29,13 @@ class HiddenCache:
         if self._dir is None:
             self._ram[chunk] = value
         else:
-            torch.save(value.clone(), self._dir / f"{chunk}.pt")
+            save_file({"hidden": value.contiguous()}, str(self._dir / f"{chunk}.safetensors"))  # data only
 
     def get(self, chunk: int) -> torch.Tensor:
         """One chunk's hidden states."""
         if self._dir is None:
             return self._ram[chunk]
-        return torch.load(self._dir / f"{chunk}.pt", weights_only=True)
+        return load_file(str(self._dir / f"{chunk}.safetensors"))["hidden"]
 
     def close(self) -> None:
         """Remove the chunks (and their files)."""
