@@ -132,7 +132,7 @@ def kl_divergence(float_folder: Path, output: Path, held_out: Path) -> float:
     arrays = np.load(held_out)
     reference = transformers.AutoModelForCausalLM.from_pretrained(str(float_folder)).eval()
     quantized = transformers.AutoModelForCausalLM.from_pretrained(
-        str(output), quantization_config=transformers.CompressedTensorsConfig(run_compressed=False)).eval()
+        str(output), quantization_config=transformers.CompressedTensorsConfig(dequantize=True)).eval()
     total = 0.0
     with torch.no_grad():
         for row in range(arrays["input_ids"].shape[0]):

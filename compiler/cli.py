@@ -5,6 +5,7 @@ Exit codes: 0 clean, 1 warnings only under `--strict`, 2 errors.
 
 from __future__ import annotations
 
+import inspect as _inspect_module
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -143,8 +144,9 @@ class Format(str, Enum):
 
 @app.command()
 def inspect(
-    model: Annotated[str, typer.Argument(help="builtin:NAME[?k=v&…], an .onnx file or an HF-style folder.",
-                                         show_default=False)],
+    model: Annotated[Optional[str], typer.Argument(
+        help="builtin:NAME[?k=v&…], an .onnx file or an HF-style folder (default: the model --recipe names).",
+        show_default=False)] = None,
     recipe: Annotated[Optional[Path], typer.Option("--recipe", "-r", help="Show each layer's scheme, winning "
                                                    "rule and group under this recipe.")] = None,
     set_: SetOption = None,
@@ -156,14 +158,21 @@ def inspect(
     from compiler.models import ModelError, index_model
     from compiler.resolve import resolve
 
+    checked = check_file(recipe, tuple(set_ or ())) if recipe is not None else None
+    if model is None and (checked is None or checked.ir is None):
+        if checked is not None:
+            print_diagnostics(checked.diagnostics)
+        else:
+            print_diagnostics((Diagnostic("Q250", Severity.ERROR, "no model to inspect", None,
+                                          help="qrc inspect MODEL, or qrc inspect --recipe RECIPE (its model)"),))
+        raise typer.Exit(2)
     try:
-        index = index_model(model)
+        index = index_model(model if model is not None else checked.ir.model)
     except ModelError as exc:
         print_diagnostics((Diagnostic(exc.code, Severity.ERROR, exc.message, None, help=exc.help),))
         raise typer.Exit(2) from None
     assignment, diagnostics = None, tuple[Diagnostic, ...]()
-    if recipe is not None:
-        checked = check_file(recipe, tuple(set_ or ()))
+    if checked is not None:
         diagnostics = checked.diagnostics
         if checked.ok:
             diags = Diagnostics(list(diagnostics))
@@ -259,6 +268,18 @@ def explain(
         raise typer.Exit(2)
     example = "\n".join("    " + line for line in info.example.splitlines())
     typer.echo(f"{info.code}: {info.title}\n\n{info.why}\n\nExample:\n{example}")
+
+
+def _flowing_help() -> None:
+    """Command helps are docstrings; their line breaks are the source's, not the reader's: rejoin each
+    paragraph so the listing and `--help` wrap at the terminal's width."""
+    for command in app.registered_commands:
+        doc = _inspect_module.getdoc(command.callback) if command.callback else None
+        if doc and command.help is None:
+            command.help = "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
+
+
+_flowing_help()
 
 
 def main() -> None:  # console script entry point

@@ -243,3 +243,19 @@ def test_summary_says_only_what_applies(tmp_path):
     assert weight_only.exit_code == 0, weight_only.output
     assert "no calibration pass" in weight_only.output and "calibration " not in weight_only.output.replace(
         "no calibration pass", "")
+
+
+def test_inspect_takes_the_model_from_the_recipe():
+    """`qrc inspect --recipe R` needs no model argument: the recipe names it."""
+    result = runner.invoke(app, ["inspect", "--recipe", "recipes/tiny-llama-w8a8.recipe", "--format", "text"])
+    assert result.exit_code == 0 and "model.layers.0.self_attn.q_proj" in result.output and "W8A8" in result.output
+    nothing = runner.invoke(app, ["inspect"])
+    assert nothing.exit_code == 2 and "no model to inspect" in nothing.output
+
+
+def test_help_texts_flow_at_the_terminal_width():
+    """Docstring line breaks do not show up as hard breaks in the command list."""
+    result = runner.invoke(app, ["--help"], terminal_width=200, env={"COLUMNS": "200"})
+    assert "print every step in order with its estimated peak memory" in " ".join(result.output.split())
+    line = next(x for x in result.output.splitlines() if " plan " in x)
+    assert "in order" in line, result.output

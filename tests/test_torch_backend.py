@@ -217,7 +217,7 @@ def test_minilm_w8a8_loads_in_transformers_with_compressed_tensors(tmp_path):
     out = tmp_path / "out"
     result = compile_("recipes/minilm-torch-w8a8.recipe", out, "verify.samples=8")
     assert result.exit_code == 0, result.output
-    config = transformers.CompressedTensorsConfig(run_compressed=False)
+    config = transformers.CompressedTensorsConfig(dequantize=True)
     model = transformers.AutoModel.from_pretrained(str(out), quantization_config=config, local_files_only=True)
     checkpoint = Shards(out)
     layer = "encoder.layer.0.attention.self.query"

@@ -53,7 +53,7 @@ def test_family_compiles_verifies_and_loads(zoo, family, scheme, mode, tmp_path)
     result, planned = compile_program(_recipe(tmp_path, folder, scheme, mode), tmp_path / "out")
     assert result.verify_passed, result.verify
     assert_ran_the_plan(result, planned)
-    config = transformers.CompressedTensorsConfig(run_compressed=False)
+    config = transformers.CompressedTensorsConfig(dequantize=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), quantization_config=config).eval()
     original = dict(transformers.AutoModelForCausalLM.from_pretrained(str(folder)).named_parameters())
     loaded = dict(model.named_parameters())
@@ -82,7 +82,7 @@ def test_bert_encoder_compiles_and_loads(zoo, scheme, mode, tmp_path):
     batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 4, 4)
     reference = transformers.AutoModel.from_pretrained(str(folder)).eval()
     quantized = transformers.AutoModel.from_pretrained(
-        str(tmp_path / "out"), quantization_config=transformers.CompressedTensorsConfig(run_compressed=False)).eval()
+        str(tmp_path / "out"), quantization_config=transformers.CompressedTensorsConfig(dequantize=True)).eval()
     cosines = []
     with torch.no_grad():
         for feed in batches:
@@ -192,7 +192,7 @@ def _independent_cosine(planned, float_folder, out_folder, auto) -> float:
     batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 8, 4)
     reference = auto.from_pretrained(str(float_folder)).eval()
     quantized = auto.from_pretrained(
-        str(out_folder), quantization_config=transformers.CompressedTensorsConfig(run_compressed=False)).eval()
+        str(out_folder), quantization_config=transformers.CompressedTensorsConfig(dequantize=True)).eval()
     cosines = []
     with torch.no_grad():
         for feed in batches:
@@ -327,7 +327,7 @@ def test_a_tied_head_is_one_tensor_selectable_by_name(zoo, tmp_path):
     assert json.loads((named / "out" / "config.json").read_text())["tie_word_embeddings"] is False
     assert "lm_head.weight_packed" in _output_keys(named / "out")
     quantized = transformers.AutoModelForCausalLM.from_pretrained(
-        str(named / "out"), quantization_config=transformers.CompressedTensorsConfig(run_compressed=False)).eval()
+        str(named / "out"), quantization_config=transformers.CompressedTensorsConfig(dequantize=True)).eval()
     original = transformers.AutoModelForCausalLM.from_pretrained(str(folder)).eval()
     assert torch.equal(quantized.model.embed_tokens.weight, original.model.embed_tokens.weight)
     assert quantized.lm_head.weight.data_ptr() != quantized.model.embed_tokens.weight.data_ptr()
