@@ -61,6 +61,23 @@ def test_failed_verification_still_reports_how_it_fell_short(tmp_path):
     assert result.exit_code == 2 and "Q501" in result.output
     text = report.read_text()
     assert "top1 (at_least 0.9999)" in text and "FAILED" in text and "measured peak RSS" in text
+    # the layers that cost the most, measured on the held-out samples, so the reader knows what to widen
+    costliest = text.split("adds the most error")[1].split("## ")[0]
+    assert costliest.count("| model.layers.") >= 3, costliest
+
+
+def test_report_spells_out_schemes_and_recipe_and_marks_layers_the_search_moved(tmp_path):
+    """A reader of `w4` sees its definition; the recipe as compiled is in the report; layers the mixed-precision
+    search gave another scheme than their rule say so."""
+    report = tmp_path / "report.md"
+    result = runner.invoke(app, ["compile", "recipes/tiny-llama-mixed.recipe", "-o", str(tmp_path / "m.onnx"),
+                                 "--set", "memory.ram=4GiB", "--report", str(report)])
+    assert result.exit_code in (0, 2), result.output
+    text = report.read_text()
+    assert "| w4 | weights int4 group 64 symmetric | activations none | rounding rtn |" in text
+    assert "## Recipe" in text and "mixed_precision {" in text and "choices [w4, w8]" in text
+    moved = re.findall(r"\| (\S+) \| [^|]+ \| [^|]+ \| w8 \(search: from w4\) \|", text)
+    assert moved, text
 
 
 @pytest.mark.parametrize("bad", ["report.pdf", "reports"])

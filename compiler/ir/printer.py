@@ -47,8 +47,13 @@ def _activations(a: ActivationQuant | None) -> str:
     return f"activations {a.qtype.value} {a.granularity.value} {sym} {a.mode.value}"
 
 
+def scheme_parts(s: Scheme) -> tuple[str, str, str]:
+    """A scheme's weights, activations and rounding, as the recipe language writes them."""
+    return _weights(s.weights), _activations(s.activations), f"rounding {s.rounding.value}" + (" act_order" if s.act_order else "")
+
+
 def _scheme(s: Scheme) -> list[str]:
-    body = [_weights(s.weights), _activations(s.activations), f"rounding {s.rounding.value}" + (" act_order" if s.act_order else "")]
+    body = list(scheme_parts(s))
     if s.span is None:  # a preset named directly by a rule: shown, not redefined
         return [f"    # preset {s.name}: " + "; ".join(body)]
     base = f" = {s.base}" if s.base else ""

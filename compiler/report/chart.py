@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
-WIDTH, HEIGHT = 640, 360
+WIDTH, HEIGHT = 960, 420
 LEFT, RIGHT, TOP, BOTTOM = 72, 160, 24, 48
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from compiler.ir.printer import print_ir, recipe_hash, rule_text
+from compiler.ir.printer import print_ir, recipe_hash, rule_text, scheme_parts
 from compiler.ir.types import ActivationMode
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
@@ -44,6 +44,9 @@ class Report:
     timeline_svg: str  # "" for a plan
     timeline_samples: int
     verify: tuple[tuple[str, str], ...]
+    costliest: Table | None  # when verification failed: the layers that add the most error
+    schemes: Table  # every scheme the layers got, spelled out
+    recipe_text: str  # the recipe as compiled, every default written out
     search: tuple[tuple[str, str], ...]  # what the mixed-precision search did ("" when none)
     search_units: Table | None
     search_curve: Table | None
@@ -87,10 +90,11 @@ def build(planned, result=None) -> Report:
     return Report(
         title=f"qrc {'compile' if result is not None else 'plan'} report: {ir.name}",
         measured=result is not None, facts=tuple(facts), estimate=estimate, ops=ops,
-        layers=_layers(ir, assignment, result, plan), memory=_memory(plan, result),
+        layers=_layers(ir, assignment, result, plan, planned.check.assignment), memory=_memory(plan, result),
         timeline_svg=_timeline(plan, result) if result is not None else "",
         timeline_samples=len(result.rss_samples) if result is not None else 0,
-        verify=_verify(ir, result), search=_search(result), search_units=_search_units(result),
+        verify=_verify(ir, result), costliest=_costliest(result), schemes=_schemes(assignment),
+        recipe_text=print_ir(ir), search=_search(result), search_units=_search_units(result),
         search_curve=_search_curve(result), search_svg=_search_svg(result), warnings=warnings)
 
 
@@ -116,12 +120,33 @@ def _number(value: float, digits: int = 4) -> str:
     return "∞" if math.isinf(value) else f"{value:.{digits}g}"
 
 
-def _layers(ir, assignment: Assignment, result, plan: Plan) -> Table:
+def _schemes(assignment: Assignment) -> Table:
+    """Each scheme in use (a reader of `w4` sees group 128 and GPTQ), with how many layers have it."""
+    used: dict[str, list] = {}
+    for a in assignment.layers:
+        if not a.scheme.is_none:
+            used.setdefault(a.scheme.name, [a.scheme, 0])[1] += 1
+    rows = [(name, *scheme_parts(scheme), str(count)) for name, (scheme, count) in used.items()]
+    return _table(("scheme", "weights", "activations", "rounding", "layers"), rows, "llllr")
+
+
+def _costliest(result, shown: int = 10) -> Table | None:
+    """The layers whose quantization adds the most error (measured when verification failed)."""
+    if result is None or not result.layer_errors:
+        return None
+    rows = [(name, f"{added:.4g}") for name, added in list(result.layer_errors.items())[:shown]]
+    return _table(("layer", "relative error it adds"), rows, "lr")
+
+
+def _layers(ir, assignment: Assignment, result, plan: Plan, before: Assignment) -> Table:
+    """One row per layer; a layer the mixed-precision search moved says from which scheme."""
     sources = _range_sources(ir, assignment, plan)
+    ruled = {a.layer.name: a.scheme.name for a in before.layers} if result is not None and result.search else {}
     rows = []
     for a in assignment.layers:
         rule = f"{rule_text(a.rule)} (line {a.rule.span.line})" if a.rule else "-"
-        scheme = a.scheme.name + (f" (from {a.promoted_from})" if a.promoted_from else "")
+        scheme = a.scheme.name + (f" (from {a.promoted_from})" if a.promoted_from else "") + \
+            (f" (search: from {ruled[a.layer.name]})" if ruled.get(a.layer.name, a.scheme.name) != a.scheme.name else "")
         sqnr = ranges = "-"
         if result is not None:
             if a.layer.name in result.weight_sqnr:

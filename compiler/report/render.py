@@ -4,6 +4,7 @@ qrc drew itself is inserted as markup) and write it atomically."""
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -20,6 +21,14 @@ def _md_cell(value) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _md_fenced(text: str) -> str:
+    """A Markdown code block whose fence is longer than any run of backticks in `text` (a recipe's strings
+    cannot close it)."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text.rstrip(chr(10))}\n{fence}\n"
+
+
 def render(report: Report, suffix: str) -> str:
     """The report as HTML or Markdown, by suffix."""
     import jinja2
@@ -28,6 +37,7 @@ def render(report: Report, suffix: str) -> str:
                              undefined=jinja2.StrictUndefined, autoescape=jinja2.select_autoescape(("html", "html.j2", "htm.j2")),
                              keep_trailing_newline=True, trim_blocks=False)
     env.filters["md_cell"] = _md_cell
+    env.filters["md_fenced"] = _md_fenced
     return env.get_template(FORMATS[suffix.lower()]).render(r=report)
 
 
