@@ -309,3 +309,25 @@ def test_interrupted_compile_leaves_nothing_behind(tmp_path, monkeypatch):
     assert result.exit_code != 0 and calls["n"] == 10
     assert not out.exists() and not list(tmp_path.glob(".out*"))
     assert not any(disk.rglob("*.pt"))
+
+
+@pytest.mark.parametrize("mode", ["offload", "full"])
+def test_failed_verification_names_the_layers_that_lose_the_most(mode, tmp_path):
+    """On torch too, a failed verification measures each quantized layer's own output error on the held-out
+    samples: Q501's help names the worst, and a layer kept at 8 bits is not among the first."""
+    from zoo import build
+
+    folder = build("llama", tmp_path / "llama")
+    recipe = _write_recipe(tmp_path, f'recipe r {{\n model "{folder}"\n backend torch\n scheme s = W4A16 {{ group 32 }}\n'
+                           ' quantize {\n  type Linear -> s\n  "model.layers.1.mlp.down_proj" -> W8A16\n }\n'
+                           ' calibrate { data synthetic { samples 8  seqlen 32 }  chunk 4 }\n'
+                           f' memory {{ mode {mode} }}\n verify {{ samples 4  metric cosine  at_least 0.9999 }}\n'
+                           f' emit "{tmp_path / "out"}"\n}}\n')
+    result = runner.invoke(app, ["compile", recipe, "--report", str(tmp_path / "r.md")])
+    assert result.exit_code == 2 and "Q501" in result.output and "lose the most" in result.output, result.output
+    help_line = " ".join(result.output.split())
+    assert "model.layers.1.mlp.down_proj` (adds" not in help_line
+    report = (tmp_path / "r.md").read_text()
+    table = report.split("adds the most error")[1].split("## ")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| model.")]
+    assert len(rows) >= 3 and not rows[0].startswith("| model.layers.1.mlp.down_proj")

@@ -15,6 +15,7 @@ import json
 import math
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,12 +24,13 @@ import torch
 
 from compiler import data
 from compiler.backends import BackendError
-from compiler.backends.agreement import Agreement
+from compiler.backends.agreement import Agreement, passes
 from compiler.backends.program import execute_plan
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
 from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.backends.torch import streams
+from compiler.backends.torch.attribution import LayerCosts
 from compiler.backends.torch.compressed import TensorSpec, layer_specs, layer_tensors, quantization_config
 from compiler.backends.torch.devices import place
 from compiler.backends.torch.layers import (
@@ -89,6 +91,8 @@ class _Run:
         self.caches: list[streams.HiddenCache] = []
         self.hooks: list = []
         self.unseen: list[Job] = []  # layers no calibration token reached (MoE experts, `experts routed`)
+        self.costs = LayerCosts(self._float_weight)  # each layer's own error on the held-out samples
+        self.weights_of: dict[str, str] = {}
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode, ops.ScoreSensitivity: self.score,
@@ -156,6 +160,7 @@ class _Run:
         if self.writer is not None:
             return
         self.jobs = _jobs(self.model, self.assignment)
+        self.weights_of = {j.layer.name: j.layer.weight for j in self.jobs}
         if not self.file_to_file:
             _refuse_non_linear(self.model, self.jobs, self.ir)
         self.writer = FolderWriter(self.result.output, _output_specs(self.model, self.jobs))
@@ -270,7 +275,8 @@ class _Run:
         if cal is not None:
             outputs["cal"] = self._next(block, cal, device)
         if verify is not None:
-            outputs["quant"] = self._next(block, verify[1], device)
+            with self._costs_of(jobs):
+                outputs["quant"] = self._next(block, verify[1], device)
         for hook in hooks:
             hook.remove()
         for key, stream in (("cal", cal), ("float", verify and verify[0]), ("quant", verify and verify[1])):
@@ -315,9 +321,10 @@ class _Run:
         reference = streams.replay_tail(container, verify[0], self._call) if verify is not None and jobs else None
         hooks = self._quantize(jobs, stats)
         if reference is not None:
-            candidate = streams.replay_tail(container, verify[1], self._call, lazy=True)
-            for ref, cand, feed in zip(reference, candidate, verify[1].feeds, strict=True):
-                verify[2].update(ref.float().numpy(), cand.float().numpy(), _mask(feed))
+            with self._costs_of(jobs):
+                candidate = streams.replay_tail(container, verify[1], self._call, lazy=True)
+                for ref, cand, feed in zip(reference, candidate, verify[1].feeds, strict=True):
+                    verify[2].update(ref.float().numpy(), cand.float().numpy(), _mask(feed))
             del reference
         for hook in hooks:
             hook.remove()
@@ -357,11 +364,15 @@ class _Run:
         float_stream, quantized, agreement = self.verify_streams
         if self.reference:
             advance = self.progress("verify", len(quantized))
-            for feed, ref in zip(quantized.feeds, self.reference, strict=True):
-                agreement.update(ref.numpy(), self._call(feed).float().numpy(), _mask(feed))
-                advance()
+            with self._costs_of(self.jobs):
+                for feed, ref in zip(quantized.feeds, self.reference, strict=True):
+                    agreement.update(ref.numpy(), self._call(feed).float().numpy(), _mask(feed))
+                    advance()
         elif not self.tail_done:
             self._tail(None, self.verify_streams, [], self.offload)
+        v = self.ir.verify
+        if not passes(agreement.value(v.metric), v.bound, v.threshold):  # Q501's help names the worst layers
+            self.result.layer_errors = self.costs.added()
         # measured: the model goes into place (a failed verification leaves it there, beside its figures)
         self.result.files = self.writer.commit()
         judge(self.ir, self.result.output, agreement, self.result)
@@ -413,6 +424,18 @@ class _Run:
                 advance()
         self.hooks.extend(hooks)
         return hooks
+
+    @contextmanager
+    def _costs_of(self, jobs: list[Job]):
+        """While the quantized verification stream runs: each of these layers' own output error."""
+        self.costs.watch({j.layer.name: self.model.module.get_submodule(j.module) for j in jobs})
+        try:
+            yield
+        finally:
+            self.costs.stop()
+
+    def _float_weight(self, layer: str) -> torch.Tensor:
+        return self.model.shards.read(self.weights_of[layer])
 
     def _data_free(self, job: Job) -> Job:
         """A layer no calibration token reached (an MoE expert its router never chose, with `experts
