@@ -259,3 +259,23 @@ def test_help_texts_flow_at_the_terminal_width():
     assert "print every step in order with its estimated peak memory" in " ".join(result.output.split())
     line = next(x for x in result.output.splitlines() if " plan " in x)
     assert "in order" in line, result.output
+
+
+def test_long_work_shows_progress_and_exporters_stay_quiet(tmp_path, monkeypatch):
+    """GPTQ in torch `full` mode shows a quantize progress bar (no still screen), the summary says "1 layer",
+    and a first ONNX export (empty cache) prints none of the exporter's progress bars or tracer warnings."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text('recipe r {\n    model "builtin:tiny-llama"\n    backend torch\n'
+                      '    scheme g = W4A16 { group 64  rounding gptq }\n    quantize { "lm_head" -> g }\n'
+                      '    calibrate { data synthetic { samples 4  seqlen 16 }  chunk 2 }\n'
+                      f'    memory {{ mode full }}\n    emit "{tmp_path / "out"}"\n}}\n')
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 0, result.output
+    assert "quantize" in result.output and "1/1" in result.output
+    assert "1 layer," in result.output and "1 layers" not in result.output
+    monkeypatch.setenv("QRC_CACHE", str(tmp_path / "cache"))  # the MiniLM folder is exported afresh
+    exported = runner.invoke(app, ["compile", "recipes/minilm-w8a8.recipe", "-o", str(tmp_path / "m.onnx"),
+                                   "--set", "calibrate.data=synthetic", "--set", "verify.samples=4"])
+    assert exported.exit_code in (0, 2), exported.output
+    for noise in ("TracerWarning", "incorrect results", "Loading weights", "it/s]"):
+        assert noise not in exported.output, exported.output
