@@ -275,6 +275,12 @@ CODES: tuple[CodeInfo, ...] = (
        "writes a folder. An existing path of the other kind is not overwritten.",
        "qrc compile r.recipe -o out/"),
     # ---- Q5xx: verification ------------------------------------------------------------------------
+    _c("Q418", "GPTQ raised its dampening, or fell back to rtn (warning)",
+       "GPTQ inverts each layer's Hessian (2·XᵀX of its inputs) after adding 1% of its mean diagonal. When the "
+       "Cholesky factorisation still fails (inputs that are constant or collinear over the calibration data), "
+       "the dampening is raised tenfold, up to 10×, and a layer no dampening helps is rounded with rtn; each "
+       "is listed instead of stopping the run or writing NaNs.",
+       "calibrate { data synthetic { samples 1  seqlen 2 } }   # two tokens: H of rank 2"),
     _c("Q501", "verification failed",
        "The emitted model was run beside the float one on held-out samples and missed the recipe's bound. "
        "The model is left in place with a `.verify.json` report of the figures, so it can be inspected.",

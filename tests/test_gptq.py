@@ -66,3 +66,47 @@ def test_dead_inputs_are_zeroed():
     observer.update(x)
     result = gptq(w, observer.hessian(), WeightQuant(QType.INT8, Granularity.PER_CHANNEL, None, True))
     assert np.all(result.dequantize()[:, 7] == 0)
+
+
+def _indefinite(negative: float) -> np.ndarray:
+    """A symmetric 64×64 matrix with mean diagonal 1 and one eigenvalue of -`negative`."""
+    rng = np.random.RandomState(3)
+    basis, _ = np.linalg.qr(rng.standard_normal((64, 64)))
+    values = np.full(64, 1.0)
+    values[0] = -negative
+    values *= 64 / values.sum()  # the trace (mean diagonal 1) stays positive
+    return (basis * values) @ basis.T
+
+
+def test_the_inverse_factor_is_computed_in_place_with_the_textbook_result():
+    """H⁻¹'s upper Cholesky factor from the in-place path equals the dense formula on the dampened H."""
+    import torch
+
+    from compiler.quant.gptq import DAMPENING, _upper_inverse_factor
+
+    x, _ = _layer()
+    observer = HessianObserver(64)
+    observer.update(x)
+    h = observer.hessian()
+    dampened = h.astype(np.float64) + DAMPENING * np.mean(np.diag(h)) * np.eye(64)
+    expected = np.linalg.cholesky(np.linalg.inv(dampened)).T
+    upper, used = _upper_inverse_factor([torch.from_numpy(h.copy())])
+    assert used == DAMPENING
+    np.testing.assert_allclose(upper.numpy(), expected, rtol=2e-3, atol=2e-5)
+
+
+def test_dampening_is_raised_until_the_factorisation_works():
+    """An indefinite H (a small negative eigenvalue): dampening goes 0.01 → 0.1 and the caller is told."""
+    w = (np.random.RandomState(4).standard_normal((16, 64)) / 8).astype(np.float32)
+    used: list[float] = []
+    result = gptq(w, _indefinite(0.05).astype(np.float32), WeightQuant(QType.INT4, Granularity.GROUP, 32, True),
+                  dampened=used.append)
+    assert used == [pytest.approx(0.1)] and np.isfinite(result.dequantize()).all()
+
+
+def test_a_hessian_no_dampening_fixes_is_reported_not_rounded_into_nans():
+    from compiler.quant.gptq import SingularHessian
+
+    w = (np.random.RandomState(4).standard_normal((16, 64)) / 8).astype(np.float32)
+    with pytest.raises(SingularHessian):
+        gptq(w, _indefinite(50.0).astype(np.float32), WeightQuant(QType.INT4, Granularity.GROUP, 32, True))

@@ -331,3 +331,29 @@ def test_failed_verification_names_the_layers_that_lose_the_most(mode, tmp_path)
     table = report.split("adds the most error")[1].split("## ")[0]
     rows = [line for line in table.splitlines() if line.startswith("| model.")]
     assert len(rows) >= 3 and not rows[0].startswith("| model.layers.1.mlp.down_proj")
+
+
+def test_gptq_dampening_raised_or_rtn_fallback_is_warned_once(tmp_path, monkeypatch):
+    """Where GPTQ had to raise its dampening, or no dampening made H definite, the compile goes on and one
+    Q418 lists those layers (the second rounded with rtn), instead of stopping or writing NaNs."""
+    from compiler.backends.torch import layers
+    from compiler.quant.gptq import SingularHessian
+
+    real = layers.gptq
+
+    def flaky(w, hessian, spec, act_order, convention, dtype, device, dampened):
+        if w.shape == (128, 128):  # q_proj and o_proj of the tiny Llama: H "needed" more dampening
+            dampened(0.1)
+        if w.shape == (256, 128):  # gate/up: as if singular
+            raise SingularHessian("test")
+        return real(w, hessian, spec, act_order, convention, dtype, device, dampened)
+
+    monkeypatch.setattr(layers, "gptq", flaky)
+    recipe = _write_recipe(tmp_path, 'recipe r {\n model "builtin:tiny-llama"\n backend torch\n'
+                           ' scheme g = W4A16 { group 64  rounding gptq }\n quantize { "model.layers.*" -> g }\n'
+                           ' calibrate { data synthetic { samples 4  seqlen 16 }  chunk 2 }\n'
+                           f' memory {{ mode low_memory }}\n emit "{tmp_path / "out"}"\n}}\n')
+    result = runner.invoke(app, ["compile", recipe])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert text.count("Q418") == 1 and "dampening 0.1" in text and "rtn (no dampening made H definite)" in text

@@ -8,6 +8,7 @@ the remaining columns. Scales come from the same conventions as RTN (per channel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,8 +17,13 @@ from compiler.ir.types import Granularity, Rounding, WeightQuant
 from compiler.quant import qparams
 from compiler.quant.weights import Convention, QuantizedWeight, quantize_weight
 
-DAMPENING = 0.01
+DAMPENING = 0.01  # of the mean Hessian diagonal, added to the diagonal (llm-compressor's default)
+MAX_DAMPENING = 10.0  # raised tenfold while the Cholesky factorisation fails, up to this
 BLOCK = 128
+
+
+class SingularHessian(ValueError):
+    """H stays indefinite even at MAX_DAMPENING (inputs that are NaN-free but degenerate): round with rtn."""
 
 
 @dataclass
@@ -49,15 +55,22 @@ class HessianObserver:
 
 
 def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool = False,
-         convention: Convention = Convention.ORT, scale_dtype=np.float32, device: str = "cpu") -> QuantizedWeight:
+         convention: Convention = Convention.ORT, scale_dtype=np.float32, device: str = "cpu",
+         dampened: Callable[[float], None] | None = None) -> QuantizedWeight:
     """Quantize `w` laid out [out, in] (torch Linear) with GPTQ. Returns a QuantizedWeight in that layout
     (channel axis 0, groups along axis 1). The column loop runs in float32 torch on `device` (a GPU
-    when the layer lives on one); the scales come from numpy, as RTN chooses them."""
+    when the layer lives on one); the scales come from numpy, as RTN chooses them.
+
+    `hessian` is consumed: on the CPU its float32 array is factorised in place, so at most two K×K
+    matrices exist at once (the caller's array counts as one). When the factorisation fails, dampening is
+    raised tenfold (up to MAX_DAMPENING) and `dampened` is told the fraction that worked; SingularHessian
+    when none does."""
     import torch
 
     w = np.array(w, np.float32)
-    h = torch.tensor(np.asarray(hessian, np.float32), device=device)  # float32 throughout: K² × 4 per copy
-    diagonal = torch.diagonal(h).cpu().numpy()
+    h = _as_tensor(hessian, device)
+    del hessian  # this frame's reference: `h` shares the caller's array on the CPU
+    diagonal = torch.diagonal(h).cpu().numpy().copy()
     dead = diagonal == 0
     h.diagonal()[torch.from_numpy(dead).to(device)] = 1.0
     w[:, dead] = 0.0
@@ -66,21 +79,53 @@ def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool 
     if act_order:
         index = torch.from_numpy(order).to(device)
         h = h.index_select(0, index).index_select(1, index)
-    h.diagonal().add_(DAMPENING * float(torch.diagonal(h).mean()))
-    hinv = _upper_inverse_factor(h)
+    owner = [h]
+    del h
+    hinv, used = _upper_inverse_factor(owner)
+    if used != DAMPENING and dampened is not None:
+        dampened(used)
     q = _columns(torch.from_numpy(w[:, order]).to(device), hinv, params, order, device)
     restored = np.empty_like(q)
     restored[:, order] = q
     return _requantize(restored, params)
 
 
-def _upper_inverse_factor(h):
-    """The upper Cholesky factor of H⁻¹ (H⁻¹ = L⁻ᵀL⁻¹ from H's own factor), in float32."""
+def _as_tensor(hessian: np.ndarray, device: str):
+    """The Hessian as a float32 tensor: the caller's array itself on the CPU (no copy)."""
     import torch
 
-    lower = torch.linalg.cholesky(h)  # float32, as llm-compressor: the dampening keeps it definite
+    array = np.asarray(hessian, np.float32)
+    if device == "cpu" and array.flags.writeable and array.flags.c_contiguous:
+        return torch.from_numpy(array)
+    return torch.tensor(array, device=device)
+
+
+def _upper_inverse_factor(owner: list) -> tuple:
+    """The upper Cholesky factor of H⁻¹ (H⁻¹ = L⁻ᵀL⁻¹ from H's own factor), in float32, and the dampening
+    that made H definite. `owner` holds the only reference to H, so each step frees the previous matrix:
+    two K×K matrices at most."""
+    import torch
+
+    h = owner.pop()
+    mean = float(torch.diagonal(h).mean())
+    used = DAMPENING
+    h.diagonal().add_(used * mean)
+    lower, info = torch.linalg.cholesky_ex(h)
+    while int(info) != 0 and used < MAX_DAMPENING:
+        del lower
+        h.diagonal().add_(9 * used * mean)  # from `used` to ten times it
+        used *= 10
+        lower, info = torch.linalg.cholesky_ex(h)
     del h
-    return torch.linalg.cholesky(torch.cholesky_inverse(lower), upper=True)
+    if int(info) != 0:
+        raise SingularHessian(f"the Hessian stays indefinite at dampening {used:g}")
+    inverse = torch.cholesky_inverse(lower)
+    del lower
+    upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
+    del inverse
+    if int(info) != 0:
+        raise SingularHessian("the inverse Hessian is not definite")
+    return upper, used
 
 
 def _columns(w, hinv, params: _Params, order: np.ndarray, device: str) -> np.ndarray:

@@ -73,16 +73,16 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
 
 
 def _gptq_scratch(w: Workload) -> int:
-    """Rounding one layer with GPTQ holds its Hessian about six more times in float32 (its mean, the
-    copy on the device, the Cholesky factor, its inverse, the factor of the inverse, a permutation) and
-    its weight about eight times (float copies, permuted copy, per-column scales and zero points, the
-    rounded and dequantized results). Measured: bench/torch_modes.py."""
+    """Rounding one layer with GPTQ holds its Hessian twice more in float32 (its mean, factorised in
+    place: each step of H → L → H⁻¹ → U frees the one before) and its weight about eight times (float
+    copies, permuted copy, per-column scales and zero points, the rounded and dequantized results).
+    Measured: bench/torch_modes.py."""
     if not w.gptq:
         return 0
     quantized = [x for x in w.index.layers if x.name in set(w.gptq_layers) and x.kind is LayerKind.LINEAR]
     k = max((x.in_features for x in quantized), default=0)
     weight = max((x.params * 4 for x in quantized), default=0)
-    return 6 * k * k * 4 + 8 * weight
+    return 2 * k * k * 4 + 8 * weight
 
 
 def _offload_weights(w: Workload) -> int:

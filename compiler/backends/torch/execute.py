@@ -53,6 +53,7 @@ from compiler.models.index import LayerKind, ModelIndex
 from compiler.plan import ops
 from compiler.plan.ops import Plan
 from compiler.quant import qparams
+from compiler.quant.gptq import SingularHessian
 from compiler.quant.weights import QuantizedWeight
 from compiler.resolve.assignment import Assignment
 
@@ -93,6 +94,7 @@ class _Run:
         self.unseen: list[Job] = []  # layers no calibration token reached (MoE experts, `experts routed`)
         self.costs = LayerCosts(self._float_weight)  # each layer's own error on the held-out samples
         self.weights_of: dict[str, str] = {}
+        self.dampened: dict[str, float] = {}  # GPTQ layers whose Hessian needed more dampening (inf: rtn)
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode, ops.ScoreSensitivity: self.score,
@@ -352,6 +354,7 @@ class _Run:
         self._ready()
         self.result.calibration_seconds = time.perf_counter() - self.start
         self._warn_unseen()
+        self._warn_dampened()
         self._copy_unquantized()
         self._write_metadata()
         self.result.files = self.writer.finish()
@@ -415,6 +418,8 @@ class _Run:
                     "Q405", f"the input of `{job.layer.name}` was never finite during calibration; its activations "
                     "stay in float", job.scheme.span, "no range", help="check the calibration data"))
             q = self._round(job, module.weight, stats, act)
+            if stats is not None:
+                stats.release(job)
             original = module.weight
             hook = apply_quantized(module, q, job, act)
             self._record(job, original, module.weight, act)
@@ -444,6 +449,20 @@ class _Run:
         self.unseen.append(job)
         return replace(job, scheme=replace(job.scheme, rounding=Rounding.RTN)) if job.gptq else job
 
+    def _warn_dampened(self) -> None:
+        if not self.dampened:
+            return
+        by_value: dict[float, list[str]] = {}
+        for layer, used in self.dampened.items():
+            by_value.setdefault(used, []).append(layer)
+        parts = [f"{', '.join(names.compress(layers)[:2])}: " + ("rtn (no dampening made H definite)"
+                 if math.isinf(used) else f"dampening {used:g}") for used, layers in sorted(by_value.items())]
+        self.result.warnings.append(warning(
+            "Q418", f"GPTQ raised its dampening for {len(self.dampened)} layers ({'; '.join(parts)})",
+            self.ir.span, "Hessian not definite",
+            help="their inputs were (nearly) degenerate during calibration: more or more varied calibration samples "
+            "give them a well-conditioned Hessian"))
+
     def _warn_unseen(self) -> None:
         if not self.unseen:
             return
@@ -457,9 +476,16 @@ class _Run:
             "statistics; or calibrate with more samples"))
 
     def _round(self, job: Job, weight: torch.Tensor, stats: Statistics | None, act) -> QuantizedWeight:
-        """Round one weight (refusing non-finite ones, Q409) and write its compressed tensors."""
+        """Round one weight (refusing non-finite ones, Q409) and write its compressed tensors. GPTQ raises its
+        dampening where H is not definite, and rounds with rtn where no dampening helps (Q418, once)."""
         refuse_nonfinite(self.ir, job.layer, weight.detach().float().cpu().numpy())
-        q = quantize_job(job, weight, stats, self.model.dtype)
+        try:
+            q = quantize_job(job, weight, stats, self.model.dtype,
+                             lambda used: self.dampened.setdefault(job.layer.name, used))
+        except SingularHessian:
+            self.dampened[job.layer.name] = math.inf
+            q = quantize_job(replace(job, scheme=replace(job.scheme, rounding=Rounding.RTN)), weight, None,
+                             self.model.dtype)
         for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():
             self.writer.put(name, tensor)
         return q

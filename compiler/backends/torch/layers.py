@@ -5,6 +5,7 @@ computes with its dequantized weight (and fake-quantized input) so later blocks 
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,6 +80,8 @@ class Statistics:
     observers: dict[str, object] = field(default_factory=dict)
     _seen: dict[int, tuple[weakref.ref, str, set]] = field(default_factory=dict)
     _handles: list = field(default_factory=list)
+    _remaining: Counter = field(default_factory=Counter)  # leader → layers sharing its Hessian not yet rounded
+    _counted: bool = False
 
     def __enter__(self) -> Statistics:
         for job in self.jobs:
@@ -130,18 +133,36 @@ class Statistics:
         """The Hessian estimate of `job`'s input (shared by layers reading the same tensor)."""
         return self.hessians[self.leader[job.module]].mean()
 
+    def release(self, job: Job) -> None:
+        """`job` is rounded: free its Hessian once every layer sharing it (q/k/v share one) is, so the
+        Hessians alive are those of the layers still to round."""
+        if not self._counted:
+            self._remaining.update(self.leader.get(j.module) for j in self.jobs if j.gptq)
+            self._counted = True
+        leader = self.leader.get(job.module)
+        if leader is None or leader not in self._remaining:
+            return
+        self._remaining[leader] -= 1
+        if self._remaining[leader] <= 0:
+            self.hessians.pop(leader, None)
+            del self._remaining[leader]
+
     def observer(self, job: Job):
         """The input observer of `job` (shared by layers reading the same tensor)."""
         return self.observers.get(self.leader.get(job.module, job.module))
 
 
-def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale_dtype: torch.dtype) -> QuantizedWeight:
-    """Round one Linear weight [out, in] with its scheme's rounding, in the torch convention."""
+def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale_dtype: torch.dtype,
+                 dampened=None) -> QuantizedWeight:
+    """Round one Linear weight [out, in] with its scheme's rounding, in the torch convention. GPTQ tells
+    `dampened` the dampening it had to raise to; a Hessian no dampening makes definite (SingularHessian)
+    propagates to the caller, which rounds with rtn."""
     w = weight.detach().float().cpu().numpy()
     spec = job.scheme.weights
     np_dtype = str(scale_dtype).removeprefix("torch.")
     if job.gptq:
-        return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype, str(weight.device))
+        return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype, str(weight.device),
+                    dampened)
     if spec.granularity is Granularity.PER_TENSOR:
         return quantize_weight(w, spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype)
     # rows (output channels) are independent: round in slices, so the scratch is a slice's, not the layer's
