@@ -305,18 +305,21 @@ def test_text_data_reads_a_huge_line_in_bounded_memory(tmp_path):
     assert peak < 8 << 20
 
 
-def test_failed_verification_names_the_layers_that_lose_the_most(tmp_path):
-    """Q501's help names the layers that add the most error, measured on held-out samples: a layer given a
-    much coarser scheme than the rest is named first."""
+@pytest.mark.parametrize("mode", ["low_memory", "offload"])
+def test_failed_verification_names_the_layers_that_lose_the_most(mode, tmp_path):
+    """Q501's help names the layers that add the most error, measured on held-out samples (in offload segment
+    by segment): a layer given a much coarser scheme than the rest is named first."""
     recipe = tmp_path / "r.recipe"
     recipe.write_text('recipe r {\n    model "builtin:tiny-llama"\n    scheme coarse = W4A16 { group 128 }\n'
                       '    quantize {\n        type Linear -> W8A16\n        "model.layers.0.mlp.gate_proj" -> coarse\n    }\n'
+                      f'    memory {{ mode {mode}  disk "{tmp_path / "disk"}" }}\n'
                       '    verify { samples 8  metric cosine  at_least 0.99999 }\n'
                       f'    emit "{tmp_path / "m.onnx"}"\n}}\n')
     result = runner.invoke(app, ["compile", str(recipe)])
     assert result.exit_code == 2 and "Q501" in result.output, result.output
     named = result.output.split("the layers that lose the most:")[1]
     assert named.lstrip().startswith("`model.layers.0.mlp.gate_proj`"), result.output
+    assert not list((tmp_path / "disk").rglob("*.npy"))  # the layer tensors cached for it are gone
 
 
 @pytest.mark.parametrize("content", ["", "\n\n   \n"])

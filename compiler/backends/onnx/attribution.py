@@ -33,6 +33,54 @@ def layer_errors(assignment: Assignment, files: ModelFiles, staged: Path, batche
         group = tuple(names[first:first + TENSORS_PER_PASS])
         runs = [(session(augmented_model(model, graph, group), folder), group) for model, folder, graph in graphs]
         _accumulate(runs, batches, signal, noise)
+    return _added(tensors, signal, noise)
+
+
+def layer_errors_offload(assignment: Assignment, files: ModelFiles, emitted, batches, disk: Path) -> dict[str, float]:
+    """The same figures in offload, segment by segment: the float model's layer tensors go to a cache on
+    `disk` as its segments produce them, then the emitted model's are compared with them one at a time, so
+    no whole model and no more than one tensor per segment is in memory."""
+    from compiler.backends.onnx.segments import BoundaryCache, run_segments
+
+    tensors = _layer_tensors(assignment, files.light)
+    produced = [{o for node in model.graph.node for o in node.output} | {i.name for i in model.graph.input}
+                for model in (files.light, emitted.light)]
+    wanted = {t for pair in tensors.values() for t in pair if all(t in p for p in produced)}
+    emitted_summary = summarize(emitted.light, {t.name for t in emitted.light.graph.initializer})
+    cache = BoundaryCache(disk)
+    signal: dict[str, float] = {}
+    noise: dict[str, float] = {}
+    stored: dict[str, int] = {}
+    compared: dict[str, int] = {}
+
+    def keep(name: str, value) -> None:
+        cache.put(name, stored.setdefault(name, 0), value)
+        stored[name] += 1
+
+    def compare(name: str, value) -> None:
+        chunk = compared.setdefault(name, 0)
+        compared[name] += 1
+        _add(name, cache.get(name, chunk), value, signal, noise)
+        if compared[name] == stored.get(name):
+            cache.drop(name)  # every sample of this tensor compared: its files go
+
+    try:
+        run_segments(files.light, files.base_dir, assignment.model.graph, batches, wanted, keep, disk)
+        run_segments(emitted.light, emitted.base_dir, emitted_summary, batches, wanted, compare, disk)
+    finally:
+        cache.close()
+    return _added(tensors, signal, noise)
+
+
+def _add(name: str, ref, cand, signal: dict[str, float], noise: dict[str, float]) -> None:
+    ref, cand = np.asarray(ref, np.float64), np.asarray(cand, np.float64)
+    finite = np.isfinite(ref) & np.isfinite(cand)
+    signal[name] = signal.get(name, 0.0) + float(np.sum(np.where(finite, ref, 0.0) ** 2))
+    noise[name] = noise.get(name, 0.0) + float(np.sum(np.where(finite, ref - cand, 0.0) ** 2))
+
+
+def _added(tensors: dict[str, tuple[str, str]], signal: dict[str, float], noise: dict[str, float]) -> dict[str, float]:
+    """Layer → its output's relative error minus its input's; largest first."""
     relative = {n: noise[n] / max(signal[n], 1e-30) for n in signal}
     added = {layer: relative.get(out, 0.0) - relative.get(inp, 0.0) for layer, (inp, out) in tensors.items()
              if out in relative}
@@ -47,10 +95,7 @@ def _accumulate(runs, batches, signal: dict[str, float], noise: dict[str, float]
             values.append(dict(zip(available, sess.run(available, {k: v for k, v in feed.items() if k in inputs}),
                                    strict=True)))
         for name in set(values[0]) & set(values[1]):
-            ref, cand = np.asarray(values[0][name], np.float64), np.asarray(values[1][name], np.float64)
-            finite = np.isfinite(ref) & np.isfinite(cand)
-            signal[name] = signal.get(name, 0.0) + float(np.sum(np.where(finite, ref, 0.0) ** 2))
-            noise[name] = noise.get(name, 0.0) + float(np.sum(np.where(finite, ref - cand, 0.0) ** 2))
+            _add(name, values[0][name], values[1][name], signal, noise)
 
 
 def _layer_tensors(assignment: Assignment, model: onnx.ModelProto) -> dict[str, tuple[str, str]]:

@@ -4,6 +4,7 @@ ranges → quantize and rewrite → emit → verify), run in the plan's order by
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -288,12 +289,20 @@ class _OnnxRun:
         else:
             agreement = _verify(self.ir, self.assignment, self.files.path, staged, self.progress, self.result)
         v = self.ir.verify
-        if self.mode is not MemoryMode.OFFLOAD and not passes(agreement.value(v.metric), v.bound, v.threshold):
-            from compiler.backends.onnx.attribution import layer_errors
+        if not passes(agreement.value(v.metric), v.bound, v.threshold):  # which layers lose the most
+            from compiler.backends.onnx.attribution import layer_errors, layer_errors_offload
 
             samples = _verify_batches(self.ir, self.assignment, self.result, chunk=1)
             samples = dataclasses.replace(samples, samples=min(samples.samples, 4))
-            self.result.layer_errors = layer_errors(self.assignment, self.files, staged, samples)
+            if self.mode is MemoryMode.OFFLOAD:  # segment by segment, the layer tensors cached on disk
+                emitted = open_model(staged)
+                try:
+                    self.result.layer_errors = layer_errors_offload(
+                        self.assignment, self.files, emitted, samples, _disk(self.ir) or Path(tempfile.gettempdir()))
+                finally:
+                    emitted.close()
+            else:
+                self.result.layer_errors = layer_errors(self.assignment, self.files, staged, samples)
         self.result.files = self.emitter.commit()
         judge(self.ir, self.output, agreement, self.result)
 
