@@ -350,3 +350,14 @@ def test_a_large_npz_is_read_only_as_far_as_the_samples_need(tmp_path):
     assert batches.arrays["input_ids"].shape == (4, 16) and (batches.arrays["input_ids"] == ids[:4]).all()
     held_out, overlapped = verify_batches(checked.ir.calibration.data, checked.assignment.model, 2, 2)
     assert not overlapped and (next(iter(held_out))["input_ids"] == ids[4:6]).all()
+
+
+def test_an_npz_without_an_input_the_model_needs_is_refused_at_check(tmp_path):
+    """An npz lacking `attention_mask` is Q402 at `qrc check` (from the zip's directory), not in an offload run."""
+    _npz(tmp_path / "d.npz", input_ids=[[1, 2, 3, 4]] * 4)
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8 }}\n'
+                      f'    calibrate {{ data npz "{tmp_path / "d.npz"}" {{ samples 4 }} }}\n'
+                      '    memory { mode offload }\n}\n')
+    result = runner.invoke(app, ["check", str(recipe)])
+    assert result.exit_code == 2 and "Q402" in result.output and "`attention_mask`" in result.output, result.output

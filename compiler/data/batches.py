@@ -192,6 +192,22 @@ def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, st
     return problems
 
 
+def npz_problems(source: DataSource, index: ModelIndex) -> list[tuple[str, str, str]]:
+    """(code, message, help) for model inputs an npz file has no array for: read from the zip's directory
+    at check time (no array data), so a missing `attention_mask` is not found minutes into a compile."""
+    if source.kind is not DataKind.NPZ or not source.path:
+        return []
+    try:
+        with zipfile.ZipFile(source.path) as archive:
+            present = {m.removesuffix(".npy") for m in archive.namelist() if m.endswith(".npy")}
+    except (OSError, zipfile.BadZipFile):
+        return []  # missing or unreadable: reported with its own message
+    missing = [t.name for t in index.inputs if t.name not in present]
+    return [("Q402", f"`{source.path}` has no array for model input `{name}`",
+             f"arrays present: {', '.join(sorted(present)) or 'none'}; the model needs: "
+             f"{', '.join(t.name for t in index.inputs)}") for name in missing]
+
+
 def _has_text(path: Path) -> bool:
     """Whether a text file has a non-blank line (read in bounded pieces until one is found)."""
     try:
