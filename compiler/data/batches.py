@@ -48,10 +48,14 @@ class Batches:
 def calibration_batches(source: DataSource, index: ModelIndex, chunk: int) -> Batches:
     """The calibration samples of `source` for `index`'s inputs, in chunks."""
     if source.kind in (DataKind.NPZ, DataKind.TEXT):
-        arrays = (load_npz(source, index, source.samples) if source.kind is DataKind.NPZ
-                  else load_text(source, index, source.samples))
+        arrays = _file_arrays(source, index, source.samples)
         return Batches(source, index, min(source.samples, _count(arrays)), chunk, arrays=arrays)
     return Batches(source, index, source.samples, chunk)
+
+
+def _file_arrays(source: DataSource, index: ModelIndex, rows: int) -> dict[str, np.ndarray]:
+    """The first `rows` samples of an npz or text source."""
+    return load_npz(source, index, rows) if source.kind is DataKind.NPZ else load_text(source, index, rows)
 
 
 def _usable(source: DataSource, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -67,8 +71,7 @@ def _usable(source: DataSource, arrays: dict[str, np.ndarray]) -> dict[str, np.n
 def verify_batches(source: DataSource, index: ModelIndex, samples: int, chunk: int) -> tuple[Batches, bool]:
     """Held-out samples; the flag is True when they had to overlap the calibration samples (npz too short)."""
     if source.kind in (DataKind.NPZ, DataKind.TEXT):
-        arrays = (load_npz(source, index, source.samples + samples) if source.kind is DataKind.NPZ
-                  else load_text(source, index, source.samples + samples))
+        arrays = _file_arrays(source, index, source.samples + samples)
         total = _count(arrays)
         start = min(source.samples, max(0, total - samples))
         return Batches(source, index, min(samples, total - start), chunk, start=start, arrays=arrays), start < source.samples
@@ -199,7 +202,7 @@ def npz_problems(source: DataSource, index: ModelIndex) -> list[tuple[str, str, 
         return []
     try:
         with zipfile.ZipFile(source.path) as archive:
-            present = {m.removesuffix(".npy") for m in archive.namelist() if m.endswith(".npy")}
+            present = set(_arrays_in(archive))
     except (OSError, zipfile.BadZipFile):
         return []  # missing or unreadable: reported with its own message
     missing = [t.name for t in index.inputs if t.name not in present]
@@ -286,11 +289,9 @@ def sequence_length(source: DataSource) -> int:
         return source.seqlen
     try:
         with zipfile.ZipFile(source.path) as archive:
-            for name in archive.namelist():
-                with archive.open(name) as member:
-                    major, _ = np.lib.format.read_magic(member)
-                    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-                    shape = read(member)[0]  # (shape, fortran order, dtype)
+            for member in _arrays_in(archive).values():
+                with archive.open(member) as handle:
+                    shape = _npy_header(handle)[0]
                 if len(shape) >= 2:
                     return int(shape[1])
     except (OSError, ValueError, zipfile.BadZipFile, KeyError):
@@ -305,8 +306,7 @@ def load_npz(source: DataSource, index: ModelIndex, rows: int | None = None) -> 
     path = Path(source.path)
     try:
         with zipfile.ZipFile(path) as archive:
-            arrays = {member.removesuffix(".npy"): _read_rows(archive, member, rows)
-                      for member in archive.namelist() if member.endswith(".npy")}
+            arrays = {name: _read_rows(archive, member, rows) for name, member in _arrays_in(archive).items()}
     except FileNotFoundError:
         raise BackendError(error("Q401", f"calibration data `{source.path}` not found", span, "no such file",
                                  help="paths are relative to the current folder")) from None
@@ -319,13 +319,23 @@ def load_npz(source: DataSource, index: ModelIndex, rows: int | None = None) -> 
     return _usable(source, {info.name: arrays[info.name] for info in index.inputs})
 
 
+def _arrays_in(archive: zipfile.ZipFile) -> dict[str, str]:
+    """An npz's array names → their members (`input_ids` → `input_ids.npy`)."""
+    return {m.removesuffix(".npy"): m for m in archive.namelist() if m.endswith(".npy")}
+
+
+def _npy_header(handle) -> tuple:
+    """(shape, fortran order, dtype) of an .npy stream, read from its header only."""
+    major, _ = np.lib.format.read_magic(handle)
+    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    return read(handle)
+
+
 def _read_rows(archive: zipfile.ZipFile, member: str, rows: int | None) -> np.ndarray:
     """The first `rows` rows of one .npy member, read from its header and then only the bytes those rows
     take (C order); a Fortran-order array is read whole. Object arrays are refused (they would unpickle)."""
     with archive.open(member) as handle:
-        major, _ = np.lib.format.read_magic(handle)
-        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = read(handle)
+        shape, fortran, dtype = _npy_header(handle)
         if dtype.hasobject:
             raise ValueError(f"{member} holds Python objects")
         if fortran or not shape:
