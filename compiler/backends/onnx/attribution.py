@@ -21,12 +21,10 @@ TENSORS_PER_PASS = 16  # layer tensors held at once: a pass over the samples per
 def layer_errors(assignment: Assignment, files: ModelFiles, staged: Path, batches) -> dict[str, float]:
     """Layer name → the relative error (‖ŷ − y‖² / ‖y‖²) it adds, on `batches`; largest first."""
     tensors = _layer_tensors(assignment, files.light)
-    names = sorted({t for pair in tensors.values() for t in pair})
     quantized = onnx.load(str(staged), load_external_data=False)
     graphs = ((files.light, files.base_dir, assignment.model.graph),
               (quantized, staged.parent, summarize(quantized, {t.name for t in quantized.graph.initializer})))
-    produced = [{o for node in model.graph.node for o in node.output} for model, _, _ in graphs]
-    names = [n for n in names if all(n in p for p in produced)]
+    names = _in_both(tensors, (files.light, quantized), with_inputs=False)
     signal: dict[str, float] = {}
     noise: dict[str, float] = {}
     for first in range(0, len(names), TENSORS_PER_PASS):
@@ -43,9 +41,7 @@ def layer_errors_offload(assignment: Assignment, files: ModelFiles, emitted, bat
     from compiler.backends.onnx.segments import BoundaryCache, run_segments
 
     tensors = _layer_tensors(assignment, files.light)
-    produced = [{o for node in model.graph.node for o in node.output} | {i.name for i in model.graph.input}
-                for model in (files.light, emitted.light)]
-    wanted = {t for pair in tensors.values() for t in pair if all(t in p for p in produced)}
+    wanted = set(_in_both(tensors, (files.light, emitted.light), with_inputs=True))
     emitted_summary = summarize(emitted.light, {t.name for t in emitted.light.graph.initializer})
     cache = BoundaryCache(disk)
     signal: dict[str, float] = {}
@@ -70,6 +66,15 @@ def layer_errors_offload(assignment: Assignment, files: ModelFiles, emitted, bat
     finally:
         cache.close()
     return _added(tensors, signal, noise)
+
+
+def _in_both(tensors: dict[str, tuple[str, str]], models, with_inputs: bool) -> list[str]:
+    """The layer tensors both graphs produce (and, `with_inputs`, take as graph inputs), sorted."""
+    def values(model) -> set[str]:
+        produced = {o for node in model.graph.node for o in node.output}
+        return produced | {i.name for i in model.graph.input} if with_inputs else produced
+    found = [values(model) for model in models]
+    return sorted({t for pair in tensors.values() for t in pair if all(t in f for f in found)})
 
 
 def _add(name: str, ref, cand, signal: dict[str, float], noise: dict[str, float]) -> None:

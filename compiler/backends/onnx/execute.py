@@ -280,6 +280,22 @@ class _OnnxRun:
         self.files.light = onnx.load(str(self.files.path), load_external_data=False)
         release_memory()
 
+    def _layer_errors(self, staged: Path) -> dict[str, float]:
+        """Each quantized layer's added error on a few held-out samples (offload: segment by segment, the
+        layer tensors cached on disk)."""
+        from compiler.backends.onnx.attribution import layer_errors, layer_errors_offload
+
+        samples = _verify_batches(self.ir, self.assignment, self.result, chunk=1)
+        samples = dataclasses.replace(samples, samples=min(samples.samples, 4))
+        if self.mode is not MemoryMode.OFFLOAD:
+            return layer_errors(self.assignment, self.files, staged, samples)
+        emitted = open_model(staged)
+        try:
+            return layer_errors_offload(self.assignment, self.files, emitted, samples,
+                                        _disk(self.ir) or Path(tempfile.gettempdir()))
+        finally:
+            emitted.close()
+
     def verify(self, op: ops.Verify) -> None:
         """Measured on the staged model; then it goes into place (a failed verification leaves it there,
         beside its figures), so an interrupt before this point leaves nothing at the destination."""
@@ -290,19 +306,7 @@ class _OnnxRun:
             agreement = _verify(self.ir, self.assignment, self.files.path, staged, self.progress, self.result)
         v = self.ir.verify
         if not passes(agreement.value(v.metric), v.bound, v.threshold):  # which layers lose the most
-            from compiler.backends.onnx.attribution import layer_errors, layer_errors_offload
-
-            samples = _verify_batches(self.ir, self.assignment, self.result, chunk=1)
-            samples = dataclasses.replace(samples, samples=min(samples.samples, 4))
-            if self.mode is MemoryMode.OFFLOAD:  # segment by segment, the layer tensors cached on disk
-                emitted = open_model(staged)
-                try:
-                    self.result.layer_errors = layer_errors_offload(
-                        self.assignment, self.files, emitted, samples, _disk(self.ir) or Path(tempfile.gettempdir()))
-                finally:
-                    emitted.close()
-            else:
-                self.result.layer_errors = layer_errors(self.assignment, self.files, staged, samples)
+            self.result.layer_errors = self._layer_errors(staged)
         self.result.files = self.emitter.commit()
         judge(self.ir, self.output, agreement, self.result)
 

@@ -19,18 +19,19 @@ from torch.nn import functional
 class LayerCosts:
     """Hooks on a block's quantized Linears for one stream pass; sums per layer name."""
 
-    def __init__(self, float_weight: Callable[[str], torch.Tensor]):
-        self.float_weight = float_weight  # layer name → its float weight [out, in]
+    def __init__(self, read: Callable[[str], torch.Tensor]):
+        self.read = read  # checkpoint tensor name → the tensor (the float weight, [out, in])
         self.noise: dict[str, float] = {}
         self.signal: dict[str, float] = {}
         self._handles: list = []
         self._inputs: dict[str, torch.Tensor] = {}
 
-    def watch(self, modules: dict[str, nn.Module]) -> None:
-        """Hook these (layer name → module): the raw input before any input quantizer, then the output."""
-        for name, module in modules.items():
+    def watch(self, layers: dict[str, tuple[nn.Module, str]]) -> None:
+        """Hook these (layer name → its module and checkpoint weight): the raw input before any input
+        quantizer, then the output."""
+        for name, (module, weight) in layers.items():
             self._handles.append(module.register_forward_pre_hook(self._keep_input(name), prepend=True))
-            self._handles.append(module.register_forward_hook(self._compare(name)))
+            self._handles.append(module.register_forward_hook(self._compare(name, weight)))
 
     def stop(self) -> None:
         """Remove the hooks."""
@@ -44,10 +45,10 @@ class LayerCosts:
             self._inputs[name] = args[0]
         return hook
 
-    def _compare(self, name: str):
+    def _compare(self, name: str, weight_key: str):
         def hook(module, _, output):
             x = self._inputs.pop(name)
-            weight = self.float_weight(name).to(x.device, x.dtype)
+            weight = self.read(weight_key).to(x.device, x.dtype)
             reference = functional.linear(x, weight, module.bias).float()
             del weight
             self.noise[name] = self.noise.get(name, 0.0) + float((output.float() - reference).pow(2).sum())

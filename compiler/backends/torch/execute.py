@@ -11,19 +11,16 @@ streams side by side through the same blocks, so it never needs a second copy of
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from compiler import data
-from compiler.backends import BackendError
 from compiler.backends.agreement import Agreement, passes
 from compiler.backends.program import execute_plan
 from compiler.backends.release import release_memory
@@ -31,34 +28,32 @@ from compiler.backends.result import CompileResult, held_out_batches, judge, ref
 from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.backends.torch import streams
 from compiler.backends.torch.attribution import LayerCosts
-from compiler.backends.torch.compressed import TensorSpec, layer_specs, layer_tensors, quantization_config
+from compiler.backends.torch.compressed import layer_tensors
 from compiler.backends.torch.devices import place
+from compiler.backends.torch.fallbacks import dampened_warning, sibling_range, unseen_warning
 from compiler.backends.torch.layers import (
     ROW_SLICE_BYTES,
     Job,
     Statistics,
     apply_quantized,
     input_qparams,
+    jobs_of,
     quantize_job,
+    refuse_non_linear,
 )
 from compiler.backends.torch.model import TorchModel, open_files, open_model
+from compiler.backends.torch.output_layout import copy_unquantized, output_specs, write_metadata
 from compiler.backends.torch.sensitivity import TorchScorer
-from compiler.backends.torch.shards import DTYPES
 from compiler.backends.torch.writer import FolderWriter
-from compiler.diagnostics import error, warning
-from compiler.ir.printer import print_ir
-from compiler.ir.types import MemoryMode, RecipeIR, Rounding
-from compiler.models import names
-from compiler.models.index import LayerKind, ModelIndex
+from compiler.diagnostics import warning
+from compiler.ir.types import MemoryMode, RecipeIR
+from compiler.models.index import ModelIndex
 from compiler.plan import ops
 from compiler.plan.ops import Plan
 from compiler.quant import qparams
 from compiler.quant.gptq import SingularHessian
 from compiler.quant.weights import QuantizedWeight
 from compiler.resolve.assignment import Assignment
-
-_SKIPPED_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".onnx", ".onnx.data", ".h5",
-                  ".msgpack")
 
 
 def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress) -> CompileResult:
@@ -92,8 +87,7 @@ class _Run:
         self.caches: list[streams.HiddenCache] = []
         self.hooks: list = []
         self.unseen: list[Job] = []  # layers no calibration token reached (MoE experts, `experts routed`)
-        self.costs = LayerCosts(self._float_weight)  # each layer's own error on the held-out samples
-        self.weights_of: dict[str, str] = {}
+        self.costs: LayerCosts | None = None  # each layer's own error on the held-out samples
         self.dampened: dict[str, float] = {}  # GPTQ layers whose Hessian needed more dampening (inf: rtn)
 
     def handlers(self) -> dict[type, Callable]:
@@ -161,11 +155,11 @@ class _Run:
         """Jobs, writer and streams, once: after the search (if any) fixed the assignment."""
         if self.writer is not None:
             return
-        self.jobs = _jobs(self.model, self.assignment)
-        self.weights_of = {j.layer.name: j.layer.weight for j in self.jobs}
+        self.jobs = jobs_of(self.model, self.assignment)
+        self.costs = LayerCosts(self.model.shards.read)
         if not self.file_to_file:
-            _refuse_non_linear(self.model, self.jobs, self.ir)
-        self.writer = FolderWriter(self.result.output, _output_specs(self.model, self.jobs))
+            refuse_non_linear(self.model, self.jobs, self.ir)
+        self.writer = FolderWriter(self.result.output, output_specs(self.model, self.jobs))
         if self.disk is not None:
             self.disk.mkdir(parents=True, exist_ok=True)
         if any(j.needs_data for j in self.jobs):
@@ -353,10 +347,12 @@ class _Run:
         """Every tensor not rounded is copied as bytes; config and recipe written; the folder appears."""
         self._ready()
         self.result.calibration_seconds = time.perf_counter() - self.start
-        self._warn_unseen()
-        self._warn_dampened()
-        self._copy_unquantized()
-        self._write_metadata()
+        if self.unseen:
+            self.result.warnings.append(unseen_warning(self.ir, self.unseen))
+        if self.dampened:
+            self.result.warnings.append(dampened_warning(self.ir, self.dampened))
+        copy_unquantized(self.writer, self.model, self.jobs)
+        write_metadata(self.writer, self.model, self.jobs, self.assignment, self.ir)
         self.result.files = self.writer.finish()
         if self.plan.first(ops.Verify) is None:  # nothing to verify first: into place now
             self.result.files = self.writer.commit()
@@ -409,10 +405,11 @@ class _Run:
             module = self.model.module.get_submodule(job.module)
             assert isinstance(module, torch.nn.Linear)  # Linear layers only (Q411)
             unseen = job.needs_data and stats is not None and not stats.saw(job)
-            if unseen:
-                job = self._data_free(job)
+            if unseen:  # an MoE expert no token reached: rtn, its siblings' input range (fallbacks.py)
+                self.unseen.append(job)
+                job = job.with_rtn() if job.gptq else job
             act = input_qparams(job, stats, self.ir.calibration, self.model.dtype) if not unseen else \
-                _sibling_range(job, stats, self.ir.calibration, self.model.dtype)
+                sibling_range(job, stats, self.ir.calibration, self.model.dtype)
             if job.static_input and act is None:
                 self.result.warnings.append(warning(
                     "Q405", f"the input of `{job.layer.name}` was never finite during calibration; its activations "
@@ -433,47 +430,11 @@ class _Run:
     @contextmanager
     def _costs_of(self, jobs: list[Job]):
         """While the quantized verification stream runs: each of these layers' own output error."""
-        self.costs.watch({j.layer.name: self.model.module.get_submodule(j.module) for j in jobs})
+        self.costs.watch({j.layer.name: (self.model.module.get_submodule(j.module), j.layer.weight) for j in jobs})
         try:
             yield
         finally:
             self.costs.stop()
-
-    def _float_weight(self, layer: str) -> torch.Tensor:
-        return self.model.shards.read(self.weights_of[layer])
-
-    def _data_free(self, job: Job) -> Job:
-        """A layer no calibration token reached (an MoE expert its router never chose, with `experts
-        routed`): its weights rounded data-free (rtn); a static input borrows the widest range its sibling
-        experts saw. Never a Hessian or a scale made of nothing. Warned once for all of them (Q248)."""
-        self.unseen.append(job)
-        return replace(job, scheme=replace(job.scheme, rounding=Rounding.RTN)) if job.gptq else job
-
-    def _warn_dampened(self) -> None:
-        if not self.dampened:
-            return
-        by_value: dict[float, list[str]] = {}
-        for layer, used in self.dampened.items():
-            by_value.setdefault(used, []).append(layer)
-        parts = [f"{', '.join(names.compress(layers)[:2])}: " + ("rtn (no dampening made H definite)"
-                 if math.isinf(used) else f"dampening {used:g}") for used, layers in sorted(by_value.items())]
-        self.result.warnings.append(warning(
-            "Q418", f"GPTQ raised its dampening for {len(self.dampened)} layers ({'; '.join(parts)})",
-            self.ir.span, "Hessian not definite",
-            help="their inputs were (nearly) degenerate during calibration: more or more varied calibration samples "
-            "give them a well-conditioned Hessian"))
-
-    def _warn_unseen(self) -> None:
-        if not self.unseen:
-            return
-        layers = ", ".join(names.compress([j.layer.name for j in self.unseen])[:3])
-        static = any(j.static_input for j in self.unseen)
-        self.result.warnings.append(warning(
-            "Q248", f"no calibration token reached {len(self.unseen)} expert layers ({layers}): their weights are "
-            "rounded with rtn" + (", their inputs use the widest range of their sibling experts" if static else ""),
-            self.ir.calibration.span_of("experts") or self.unseen[0].scheme.span, "no data",
-            help="`calibrate { experts all }` (the default) sends every token through every expert for "
-            "statistics; or calibrate with more samples"))
 
     def _round(self, job: Job, weight: torch.Tensor, stats: Statistics | None, act) -> QuantizedWeight:
         """Round one weight (refusing non-finite ones, Q409) and write its compressed tensors. GPTQ raises its
@@ -484,8 +445,7 @@ class _Run:
                              lambda used: self.dampened.setdefault(job.layer.name, used))
         except SingularHessian:
             self.dampened[job.layer.name] = math.inf
-            q = quantize_job(replace(job, scheme=replace(job.scheme, rounding=Rounding.RTN)), weight, None,
-                             self.model.dtype)
+            q = quantize_job(job.with_rtn(), weight, None, self.model.dtype)
         for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():
             self.writer.put(name, tensor)
         return q
@@ -504,41 +464,6 @@ class _Run:
             lo, hi = qparams.qrange(job.scheme.activations.qtype, False)
             self.result.input_ranges[job.layer.name] = ((lo - zp) * scale, (hi - zp) * scale)
 
-    def _copy_unquantized(self) -> None:
-        replaced = {j.layer.weight for j in self.jobs if not _tied(j)}
-        for key, entry in self.model.shards.entries.items():
-            if key not in replaced:
-                self.writer.copy_raw(key, entry.file, entry.start, entry.end)
-
-    def _write_metadata(self) -> None:
-        quantized = [(j.layer, j.scheme) for j in self.jobs]
-        done = {j.layer.name for j in self.jobs}
-        ignored = [a.layer.name for a in self.assignment.layers if a.layer.kind is LayerKind.LINEAR and a.layer.name not in done]
-        config = dict(self.model.config)
-        config["quantization_config"] = quantization_config(quantized, ignored)
-        if any(_tied(j) for j in self.jobs):  # the head now has tensors of its own: untied in the output
-            config = _untied(config)
-        self.writer.metadata("config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
-        self.writer.metadata("qrc.recipe", print_ir(self.ir))
-        folder = self.model.folder
-        if folder is not None:
-            for path in sorted(folder.rglob("*")):
-                relative = path.relative_to(folder).as_posix()
-                if path.is_file() and relative != "config.json" and not relative.endswith(_SKIPPED_FILES):
-                    self.writer.copy_file(path, relative)
-
-
-def _sibling_range(job: Job, stats: Statistics, calibration, dtype) -> tuple[float, int] | None:
-    """The widest static input range among the same projection of the other experts of `job`'s block
-    (`…experts.3.w1` → `…experts.*.w1`): they read the same hidden states, routed differently."""
-    head, _, tail = job.module.rpartition(".experts.")
-    leaf = tail.partition(".")[2]
-    found = [input_qparams(j, stats, calibration, dtype) for j in stats.jobs
-             if j is not job and stats.saw(j) and j.module.startswith(head + ".experts.") and j.module.endswith("." + leaf)]
-    found = [f for f in found if f is not None]
-    return max(found, key=lambda sz: sz[0]) if found else None
-
-
 def _trim_after_block(jobs: list[Job], number: int) -> None:
     """After the last job of a block, give freed memory back (glibc keeps freed pages otherwise; trimming
     after every layer costs more than it saves)."""
@@ -546,61 +471,11 @@ def _trim_after_block(jobs: list[Job], number: int) -> None:
         release_memory()
 
 
-def _jobs(model: TorchModel, assignment: Assignment) -> list[Job]:
-    return [Job(model.module_computing(a.layer.weight), a.layer, a.scheme) for a in assignment.layers
-            if not a.scheme.is_none]
-
-
-def _refuse_non_linear(model: TorchModel, jobs: list[Job], ir: RecipeIR) -> None:
-    """Q411 before any work for a layer whose module is not an nn.Linear once the model runs (transformers
-    5's MoE routers keep their weight in a router module of their own)."""
-    for job in jobs:
-        module = model.module.get_submodule(job.module)
-        if not isinstance(module, torch.nn.Linear):
-            raise BackendError(error(
-                "Q411", f"`{job.layer.name}` is computed by a `{type(module).__name__}`, not an nn.Linear: the torch "
-                "backend rounds Linear layers when it runs the model", job.scheme.span, "not a Linear here",
-                help=f'give it `-> none` (e.g. `"{job.layer.name}" -> none`; MoE routers stay float in serving), or '
-                "round it data-free without `verify` (file to file)"))
-
-
-def _tied(job: Job) -> bool:
-    """A head tied to the embedding: it reads another layer's tensor, which the output keeps as it is."""
-    return job.layer.weight != job.layer.name + ".weight"
-
-
-def _in_blocks(job: Job, model: TorchModel) -> bool:
-    return bool(model.container) and job.module.startswith(model.container + ".")
-
-
 def _before_blocks(module: str, model: TorchModel) -> bool:
     """Outside the blocks and before the first in module order: it runs before the forward pass reaches
     the blocks (embeddings)."""
     order = model.module_order
     return order[module] < order.get(model.blocks[0], len(order)) if model.blocks else True
-
-
-def _output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
-    replaced = {j.layer.weight: j for j in jobs if not _tied(j)}
-    specs = []
-    for key, entry in model.shards.entries.items():
-        job = replaced.get(key)
-        if job is None:
-            specs.append(TensorSpec(key, DTYPES[entry.dtype], entry.shape))
-        else:
-            specs += layer_specs(job.layer, job.scheme, model.dtype)
-    for job in jobs:
-        if _tied(job):
-            specs += layer_specs(job.layer, job.scheme, model.dtype)
-    return specs
-
-
-def _untied(config: dict) -> dict:
-    """config.json with `tie_word_embeddings` false (a VLM's text config too)."""
-    config = {**config, "tie_word_embeddings": False}
-    if isinstance(config.get("text_config"), dict):
-        config["text_config"] = {**config["text_config"], "tie_word_embeddings": False}
-    return config
 
 
 def _torch_feed(feed: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

@@ -6,21 +6,25 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 from torch import nn
 
+from compiler.backends import BackendError
 from compiler.backends.torch.compressed import static_input
 from compiler.backends.torch.experts import set_routing
-from compiler.ir.types import ActivationMode, Calibration, ExpertRouting, Granularity, Rounding, Scheme
+from compiler.backends.torch.model import TorchModel
+from compiler.diagnostics import error
+from compiler.ir.types import ActivationMode, Calibration, ExpertRouting, Granularity, RecipeIR, Rounding, Scheme
 from compiler.models.index import Layer
 from compiler.quant import qparams
 from compiler.quant.gptq import gptq
 from compiler.quant.observers import make_observer
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
 from compiler.quant.weights import Convention, QuantizedWeight, quantize_weight
+from compiler.resolve.assignment import Assignment
 
 ROW_SLICE_BYTES = 4 << 20  # rtn/mse round a weight this many bytes of rows at a time
 
@@ -46,6 +50,10 @@ class Job:
     def needs_data(self) -> bool:
         """It needs calibration data (GPTQ or static inputs)."""
         return self.gptq or self.static_input
+
+    def with_rtn(self) -> Job:
+        """The same layer and scheme, rounded with rtn (what is left when GPTQ has no usable Hessian)."""
+        return replace(self, scheme=replace(self.scheme, rounding=Rounding.RTN))
 
 
 @dataclass
@@ -215,3 +223,21 @@ def apply_quantized(module: nn.Linear, q: QuantizedWeight, job: Job, act: tuple[
         return ((torch.round(x / scale)).clamp(lo, hi) * scale,) + tuple(args[1:])
     return module.register_forward_pre_hook(dynamic)
 
+
+def jobs_of(model: TorchModel, assignment: Assignment) -> list[Job]:
+    """A job for each layer the assignment quantizes, on the module that computes it."""
+    return [Job(model.module_computing(a.layer.weight), a.layer, a.scheme) for a in assignment.layers
+            if not a.scheme.is_none]
+
+
+def refuse_non_linear(model: TorchModel, jobs: list[Job], ir: RecipeIR) -> None:
+    """Q411 before any work for a layer whose module is not an nn.Linear once the model runs (transformers
+    5's MoE routers keep their weight in a router module of their own)."""
+    for job in jobs:
+        module = model.module.get_submodule(job.module)
+        if not isinstance(module, torch.nn.Linear):
+            raise BackendError(error(
+                "Q411", f"`{job.layer.name}` is computed by a `{type(module).__name__}`, not an nn.Linear: the torch "
+                "backend rounds Linear layers when it runs the model", job.scheme.span, "not a Linear here",
+                help=f'give it `-> none` (e.g. `"{job.layer.name}" -> none`; MoE routers stay float in serving), or '
+                "round it data-free without `verify` (file to file)"))

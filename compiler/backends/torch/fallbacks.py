@@ -1,0 +1,49 @@
+"""What a run does where data-driven rounding has nothing to work with, and how it says so: an MoE expert
+no calibration token reached (rtn, the widest input range of its sibling experts; Q248), and a GPTQ
+Hessian that needed more dampening or none helped (rtn; Q418). Each is warned once for all layers."""
+
+from __future__ import annotations
+
+import math
+
+from compiler.backends.torch.layers import Job, Statistics, input_qparams
+from compiler.diagnostics import Diagnostic, warning
+from compiler.ir.types import RecipeIR
+from compiler.models import names
+
+
+def sibling_range(job: Job, stats: Statistics, calibration, dtype) -> tuple[float, int] | None:
+    """The widest static input range among the same projection of the other experts of `job`'s block
+    (`…experts.3.w1` → `…experts.*.w1`): they read the same hidden states, routed differently."""
+    head, _, tail = job.module.rpartition(".experts.")
+    leaf = tail.partition(".")[2]
+    found = [input_qparams(j, stats, calibration, dtype) for j in stats.jobs
+             if j is not job and stats.saw(j) and j.module.startswith(head + ".experts.") and j.module.endswith("." + leaf)]
+    found = [f for f in found if f is not None]
+    return max(found, key=lambda sz: sz[0]) if found else None
+
+
+def unseen_warning(ir: RecipeIR, unseen: list[Job]) -> Diagnostic:
+    """Q248 for the expert layers no calibration token reached."""
+    layers = ", ".join(names.compress([j.layer.name for j in unseen])[:3])
+    static = any(j.static_input for j in unseen)
+    return warning(
+        "Q248", f"no calibration token reached {len(unseen)} expert layers ({layers}): their weights are "
+        "rounded with rtn" + (", their inputs use the widest range of their sibling experts" if static else ""),
+        ir.calibration.span_of("experts") or unseen[0].scheme.span, "no data",
+        help="`calibrate { experts all }` (the default) sends every token through every expert for "
+        "statistics; or calibrate with more samples")
+
+
+def dampened_warning(ir: RecipeIR, dampened: dict[str, float]) -> Diagnostic:
+    """Q418 for the GPTQ layers whose Hessian needed more dampening (∞: none helped, rounded with rtn)."""
+    by_value: dict[float, list[str]] = {}
+    for layer, used in dampened.items():
+        by_value.setdefault(used, []).append(layer)
+    parts = [f"{', '.join(names.compress(layers)[:2])}: " + ("rtn (no dampening made H definite)"
+             if math.isinf(used) else f"dampening {used:g}") for used, layers in sorted(by_value.items())]
+    return warning(
+        "Q418", f"GPTQ raised its dampening for {len(dampened)} layers ({'; '.join(parts)})",
+        ir.span, "Hessian not definite",
+        help="their inputs were (nearly) degenerate during calibration: more or more varied calibration samples "
+        "give them a well-conditioned Hessian")

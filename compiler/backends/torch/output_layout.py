@@ -1,0 +1,78 @@
+"""What the torch backend's output folder holds: each checkpoint tensor as it was, or the compressed-tensors
+tensors of the layer that replaces it; config.json with its `quantization_config`; the recipe; the model
+folder's other files. A head tied to the embedding that a rule quantizes gets tensors of its own (untied)."""
+
+from __future__ import annotations
+
+import json
+
+from compiler.backends.torch.compressed import TensorSpec, layer_specs, quantization_config
+from compiler.backends.torch.layers import Job
+from compiler.backends.torch.model import TorchModel
+from compiler.backends.torch.shards import DTYPES
+from compiler.backends.torch.writer import FolderWriter
+from compiler.ir.printer import print_ir
+from compiler.ir.types import RecipeIR
+from compiler.models.index import LayerKind
+from compiler.resolve.assignment import Assignment
+
+# the model folder's files that are weights (written from the rounded tensors, not copied)
+SKIPPED_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".onnx", ".onnx.data", ".h5",
+                 ".msgpack")
+
+
+def is_tied(job: Job) -> bool:
+    """A head tied to the embedding: it reads another layer's tensor, which the output keeps as it is."""
+    return job.layer.weight != job.layer.name + ".weight"
+
+
+def output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
+    """Every tensor of the output, known before any weight is read (the writer lays the files out first)."""
+    replaced = {j.layer.weight: j for j in jobs if not is_tied(j)}
+    specs = []
+    for key, entry in model.shards.entries.items():
+        job = replaced.get(key)
+        if job is None:
+            specs.append(TensorSpec(key, DTYPES[entry.dtype], entry.shape))
+        else:
+            specs += layer_specs(job.layer, job.scheme, model.dtype)
+    for job in jobs:
+        if is_tied(job):
+            specs += layer_specs(job.layer, job.scheme, model.dtype)
+    return specs
+
+
+def copy_unquantized(writer: FolderWriter, model: TorchModel, jobs: list[Job]) -> None:
+    """Every checkpoint tensor no layer replaced, copied as bytes."""
+    replaced = {j.layer.weight for j in jobs if not is_tied(j)}
+    for key, entry in model.shards.entries.items():
+        if key not in replaced:
+            writer.copy_raw(key, entry.file, entry.start, entry.end)
+
+
+def write_metadata(writer: FolderWriter, model: TorchModel, jobs: list[Job], assignment: Assignment,
+                   ir: RecipeIR) -> None:
+    """config.json (with the quantization config, untied where a tied head was quantized), the recipe, and
+    the model folder's other files (tokenizer, generation config, …)."""
+    done = {j.layer.name for j in jobs}
+    ignored = [a.layer.name for a in assignment.layers if a.layer.kind is LayerKind.LINEAR and a.layer.name not in done]
+    config = dict(model.config)
+    config["quantization_config"] = quantization_config([(j.layer, j.scheme) for j in jobs], ignored)
+    if any(is_tied(j) for j in jobs):  # the head now has tensors of its own
+        config = _untied(config)
+    writer.metadata("config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    writer.metadata("qrc.recipe", print_ir(ir))
+    folder = model.folder
+    if folder is not None:
+        for path in sorted(folder.rglob("*")):
+            relative = path.relative_to(folder).as_posix()
+            if path.is_file() and relative != "config.json" and not relative.endswith(SKIPPED_FILES):
+                writer.copy_file(path, relative)
+
+
+def _untied(config: dict) -> dict:
+    """config.json with `tie_word_embeddings` false (a VLM's text config too)."""
+    config = {**config, "tie_word_embeddings": False}
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"] = {**config["text_config"], "tie_word_embeddings": False}
+    return config
