@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from compiling import compile_program
+from zoo import transformers_cosines
 
 from compiler.data import verify_batches
 
@@ -62,16 +63,7 @@ def test_verify_figures_agree_with_transformers(llama_folder, tmp_path, mode):
     result, planned = compile_program(str(_recipe(tmp_path, llama_folder, mode)), tmp_path / "out")
     ours = result.verify["cosine"]
     batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 8, 4)
-    reference = transformers.AutoModelForCausalLM.from_pretrained(str(llama_folder)).eval()
-    quantized = transformers.AutoModelForCausalLM.from_pretrained(
-        str(tmp_path / "out"), quantization_config=transformers.CompressedTensorsConfig(dequantize=True)).eval()
-    cosines = []
-    with torch.no_grad():
-        for feed in batches:
-            feed = {k: torch.from_numpy(v) for k, v in feed.items()}
-            ref, cand = reference(**feed).logits.float(), quantized(**feed).logits.float()
-            for r, c in zip(ref, cand, strict=True):
-                cosines.append(float(torch.nn.functional.cosine_similarity(r.reshape(-1), c.reshape(-1), dim=0)))
+    cosines, _ = transformers_cosines(llama_folder, tmp_path / "out", transformers.AutoModelForCausalLM, batches)
     independent = float(np.mean(cosines))
     assert independent < 0.9999  # int4 changes the logits: a figure of 1.0 would mean nothing was measured
     assert abs(ours - independent) < 2e-3, (ours, independent)

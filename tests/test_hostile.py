@@ -91,6 +91,15 @@ def test_broken_calibration_data_is_a_diagnostic(case, tmp_path):
     assert not (tmp_path / "out.onnx").exists()
 
 
+def _refused_without_output(tmp_path, body: str, out, code: str, marker: str) -> None:
+    """Compile `recipe r { body emit out }`: exit 2 with `code` and `marker`, no traceback, nothing at `out`."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n{body}    emit "{out}"\n}}\n')
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 2 and code in result.output and marker in result.output, result.output
+    assert "Traceback" not in result.output and not out.exists()
+
+
 def test_nonfinite_onnx_weight_is_refused_and_nothing_written(tmp_path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -103,12 +112,8 @@ def test_nonfinite_onnx_weight_is_refused_and_nothing_written(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
                               [numpy_helper.from_array(w, "fc1.weight")])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(tmp_path / "m.onnx"))
-    recipe = tmp_path / "r.recipe"
-    recipe.write_text(f'recipe r {{\n    model "{tmp_path / "m.onnx"}"\n    quantize {{ type Linear -> W8A16 }}\n'
-                      f'    emit "{tmp_path / "out.onnx"}"\n}}\n')
-    result = runner.invoke(app, ["compile", str(recipe)])
-    assert result.exit_code == 2 and "Q409" in result.output and "2 non-finite" in result.output, result.output
-    assert "Traceback" not in result.output and not (tmp_path / "out.onnx").exists()
+    _refused_without_output(tmp_path, f'    model "{tmp_path / "m.onnx"}"\n    quantize {{ type Linear -> W8A16 }}\n',
+                            tmp_path / "out.onnx", "Q409", "2 non-finite")
 
 
 def test_nonfinite_torch_weight_is_refused_and_nothing_written(tmp_path):
@@ -120,12 +125,9 @@ def test_nonfinite_torch_weight_is_refused_and_nothing_written(tmp_path):
     tensors = load_file(folder / "model.safetensors")
     tensors["model.layers.1.mlp.up_proj.weight"][0, 0] = float("nan")
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    recipe = tmp_path / "r.recipe"
-    recipe.write_text(f'recipe r {{\n    model "{folder}"\n    backend torch\n    scheme w4 = W4A16 {{ group 32 }}\n    quantize {{ type Linear -> w4 }}\n'
-                      f'    memory {{ mode offload }}\n    emit "{tmp_path / "out"}"\n}}\n')
-    result = runner.invoke(app, ["compile", str(recipe)])
-    assert result.exit_code == 2 and "Q409" in result.output and "up_proj" in result.output, result.output
-    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+    _refused_without_output(tmp_path, f'    model "{folder}"\n    backend torch\n    scheme w4 = W4A16 {{ group 32 }}\n'
+                            '    quantize { type Linear -> w4 }\n    memory { mode offload }\n', tmp_path / "out",
+                            "Q409", "up_proj")
     assert not list(tmp_path.glob(".out*"))  # no temporary folder left either
 
 

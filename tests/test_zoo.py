@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from compiling import assert_ran_the_plan, compile_program
 from typer.testing import CliRunner
-from zoo import FAMILIES, MOE, VLM, build
+from zoo import FAMILIES, MOE, VLM, build, build_all, transformers_cosines
 
 from compiler.cli import app
 from compiler.data import verify_batches
@@ -74,21 +74,11 @@ def test_family_compiles_verifies_and_loads(zoo, family, scheme, mode, tmp_path)
 def test_bert_encoder_compiles_and_loads(zoo, scheme, mode, tmp_path):
     """A BERT encoder (token types, no LM head): verified on its hidden states, loaded with AutoModel; for
     weight-only W4A16 transformers measures the cosine qrc reported."""
-    from compiler.data import verify_batches
-
     folder = zoo("bert")
     result, planned = compile_program(_recipe(tmp_path, folder, scheme, mode), tmp_path / "out")
     assert result.verify_passed, result.verify
     batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 4, 4)
-    reference = transformers.AutoModel.from_pretrained(str(folder)).eval()
-    quantized = transformers.AutoModel.from_pretrained(
-        str(tmp_path / "out"), quantization_config=transformers.CompressedTensorsConfig(dequantize=True)).eval()
-    cosines = []
-    with torch.no_grad():
-        for feed in batches:
-            feed = {k: torch.from_numpy(v) for k, v in feed.items()}
-            for r, c in zip(reference(**feed)[0], quantized(**feed)[0], strict=True):
-                cosines.append(float(torch.nn.functional.cosine_similarity(r.reshape(-1), c.reshape(-1), dim=0)))
+    cosines, _ = transformers_cosines(folder, tmp_path / "out", transformers.AutoModel, batches)
     if scheme == "w4a16":
         assert abs(result.verify["cosine"] - sum(cosines) / len(cosines)) < 2e-3, (result.verify, cosines)
 
@@ -117,10 +107,7 @@ DATA_FREE_MOE = """recipe moe {{
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
     """Tiny Mixtral (per-expert w1/w2/w3 names), Qwen3-MoE and DeepSeek-V3 folders as transformers saves them."""
-    root = tmp_path_factory.mktemp("moe")
-    for name in MOE:
-        build(name, root / name)
-    return root
+    return build_all(tmp_path_factory.mktemp("moe"), MOE)
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
@@ -190,15 +177,7 @@ def _independent_cosine(planned, float_folder, out_folder, auto) -> float:
     """The cosine transformers measures between the float folder and the emitted one, on qrc's own
     held-out samples (compressed-tensors dequantizes the weights)."""
     batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 8, 4)
-    reference = auto.from_pretrained(str(float_folder)).eval()
-    quantized = auto.from_pretrained(
-        str(out_folder), quantization_config=transformers.CompressedTensorsConfig(dequantize=True)).eval()
-    cosines = []
-    with torch.no_grad():
-        for feed in batches:
-            feed = {k: torch.from_numpy(v) for k, v in feed.items()}
-            for r, c in zip(reference(**feed).logits.float(), quantized(**feed).logits.float(), strict=True):
-                cosines.append(float(torch.nn.functional.cosine_similarity(r.reshape(-1), c.reshape(-1), dim=0)))
+    cosines, quantized = transformers_cosines(float_folder, out_folder, auto, batches)
     ids = torch.randint(0, 300, (1, 6), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert quantized.generate(input_ids=ids, max_new_tokens=3, do_sample=False).shape == (1, 9)
@@ -253,10 +232,7 @@ def test_an_expert_no_token_reached_is_warned_and_rounded_data_free(moe, tmp_pat
 
 @pytest.fixture(scope="module")
 def vlms(tmp_path_factory):
-    root = tmp_path_factory.mktemp("vlm")
-    for name in VLM:
-        build(name, root / name)
-    return root
+    return build_all(tmp_path_factory.mktemp("vlm"), VLM)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -76,3 +76,30 @@ def build(family: str, folder: Path) -> Path:
     torch.manual_seed(0)
     cls(config).eval().save_pretrained(folder)
     return folder
+
+
+def build_all(root: Path, families) -> Path:
+    """Each of `families` saved under `root/<family>`; returns `root`."""
+    for family in families:
+        build(family, root / family)
+    return root
+
+
+def transformers_cosines(float_folder: Path, out_folder: Path, auto, batches):
+    """Per-sample cosine of the first output (logits, or hidden states) between the float folder and the
+    emitted one, both loaded by transformers (compressed-tensors dequantizes the weights), on `batches`:
+    the independent measurement qrc's own verify figure is checked against. Returns the cosines and the
+    loaded quantized model."""
+    import torch
+    import transformers
+
+    reference = auto.from_pretrained(str(float_folder)).eval()
+    quantized = auto.from_pretrained(
+        str(out_folder), quantization_config=transformers.CompressedTensorsConfig(dequantize=True)).eval()
+    cosines = []
+    with torch.no_grad():
+        for feed in batches:
+            feed = {k: torch.from_numpy(v) for k, v in feed.items()}
+            for r, c in zip(reference(**feed)[0].float(), quantized(**feed)[0].float(), strict=True):
+                cosines.append(float(torch.nn.functional.cosine_similarity(r.reshape(-1), c.reshape(-1), dim=0)))
+    return cosines, quantized
