@@ -144,5 +144,4 @@ def undefined_scheme_help(name: str, known: list[str]) -> str:
 
 def _group(decl: ast.GroupDecl) -> Group:
     policy = GroupPolicy(decl.policy.value) if decl.policy else GroupPolicy.PROMOTE
-    auto = AutoGroup(decl.auto or "qkv") if decl.pattern is None else None
-    return Group(decl.pattern.value if decl.pattern else None, policy, decl.span, auto)
+    return Group(decl.pattern.value if decl.pattern else None, policy, decl.span, AutoGroup(decl.auto or "qkv"))

@@ -153,7 +153,7 @@ def print_ir(ir: RecipeIR) -> str:
         lines.append(f"        {rule_text(rule)}  # rule {rule.index}, line {rule.span.line}")
     lines.append("    }")
     for group in ir.groups:
-        auto = "auto" if group.auto is AutoGroup.ALL else f"auto {group.auto.value if group.auto else 'qkv'}"
+        auto = "auto" if group.auto is AutoGroup.ALL else f"auto {group.auto.value}"
         target = quote(group.pattern) if group.pattern is not None else auto
         lines.append(f"    group {target} policy {group.policy.value}")
     lines += _calibrate(ir) + _memory(ir) + _optional_blocks(ir)

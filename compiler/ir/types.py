@@ -201,7 +201,7 @@ class Group:
     pattern: str | None
     policy: GroupPolicy
     span: Span
-    auto: AutoGroup | None = None
+    auto: AutoGroup = AutoGroup.QKV  # what a pattern-less group finds
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,11 +63,17 @@ def _as_tower(layer: Layer) -> Layer:
     return replace(layer, block=None, named_only=True)  # the blocks block-wise execution walks are the language model's
 
 
+def _text_config(config: dict) -> dict:
+    """A VLM's `text_config` (its language model's numbers), or {}."""
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else {}
+
+
 def _tied_head(config: dict, layers: list[Layer], headers) -> list[Layer]:
     """An LM head tied to the input embedding has no tensor of its own; it is still a layer, named as the
     checkpoint would name it (`lm_head`, `language_model.lm_head`), whose weight is the embedding's tensor.
     `named_only`: it stays tied and float unless a rule names it."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    text = _text_config(config)
     if not (config.get("tie_word_embeddings") or text.get("tie_word_embeddings")):
         return []
     embedding = next((x for x in layers if x.kind is LayerKind.EMBEDDING and not x.named_only
@@ -86,7 +92,7 @@ def _tied_head(config: dict, layers: list[Layer], headers) -> list[Layer]:
 def _numbers(config: dict) -> tuple[tuple[str, int], ...]:
     """The architecture numbers (a VLM's are its text model's), and for a VLM the first media token id as
     `text_tokens`: token ids synthetic data may draw lie below it."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    text = _text_config(config)
     merged = {**config, **text}
     numbers = [(k, merged[k]) for k in _CONFIG_NUMBERS if isinstance(merged.get(k), int)]
     media = [v for k in _MEDIA_TOKENS for v in (config.get(k), text.get(k)) if isinstance(v, int) and v > 0]

@@ -134,21 +134,21 @@ def _instances(group: Group, names: list[str], diags: Diagnostics) -> list[Insta
             diags.error("Q201", f'group pattern "{group.pattern}" matches no layer', group.span,
                         f"0 of {len(names)} layers", help="closest names: " + ", ".join(closest_names(group.pattern, names)))
         return instances
-    instances = []
-    if group.auto in (AutoGroup.QKV, AutoGroup.ALL, None):
-        instances += auto_qkv_instances(names)
-    if group.auto in (AutoGroup.GATE_UP, AutoGroup.ALL):
-        instances += auto_gate_up_instances(names)
-    kind = group.auto or AutoGroup.QKV
-    fused = {AutoGroup.QKV: has_fused_qkv(names), AutoGroup.GATE_UP: has_fused_gate_up(names),
-             AutoGroup.ALL: has_fused_qkv(names) or has_fused_gate_up(names)}[kind]
-    if not instances and not fused:
-        written, what, label, looks = _AUTO_WORDS[kind]
+    finders = _AUTO_FINDERS[group.auto]
+    instances = [i for find, _ in finders for i in find(names)]
+    if not instances and not any(fused(names) for _, fused in finders):
+        written, what, label, looks = _AUTO_WORDS[group.auto]
         diags.warning("Q245", f"`group {written}` found no {what}", group.span, label,
                       help=f"it looks for {looks}; write the pattern yourself: " + 'group "*.attn.{q,k,v}"')
     return instances
 
 
+# what `group auto …` finds, and how it tells the projections are fused already (nothing to align)
+_AUTO_FINDERS = {
+    AutoGroup.QKV: ((auto_qkv_instances, has_fused_qkv),),
+    AutoGroup.GATE_UP: ((auto_gate_up_instances, has_fused_gate_up),),
+    AutoGroup.ALL: ((auto_qkv_instances, has_fused_qkv), (auto_gate_up_instances, has_fused_gate_up)),
+}
 # `group auto …` as written, what it looks for, the label and the spellings it knows (Q245)
 _AUTO_WORDS = {
     AutoGroup.QKV: ("auto qkv", "attention projections", "no q/k/v layers", "q/k/v_proj, query/key/value and Wq/Wk/Wv"),

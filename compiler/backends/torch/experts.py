@@ -50,7 +50,7 @@ def expert_names(converters) -> ExpertNames | None:
         elif any(t.endswith("experts.down_proj") for t in targets) and len(leaves) == 1 and \
                 steps == [("MergeModulelist", 0)]:
             down = leaves[0]
-    if gate_up is None or down is None or None in gate_up or down is None:
+    if gate_up is None or down is None or None in gate_up:
         return None
     return ExpertNames(gate_up[0], gate_up[1], down)
 

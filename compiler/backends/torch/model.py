@@ -71,11 +71,18 @@ class TorchModel:
                 tensor = tensor.to(torch.float32 if torch.device(device).type == "cpu" else self.dtype)
             _set(self.module, name, nn.Parameter(tensor.to(device), requires_grad=False))
 
+    @cached_property
+    def params_reading(self) -> dict[str, list[str]]:
+        """Checkpoint tensor name → the parameters read from it (several for a tied tensor), in module order."""
+        out: dict[str, list[str]] = {}
+        for param, key in self.keys.items():
+            out.setdefault(key, []).append(param)
+        return out
+
     def _resident_twin(self, name: str, device) -> nn.Parameter | None:
         """A resident parameter read from the same checkpoint tensor on the same device, if any."""
-        key = self.keys[name]
-        for other, other_key in self.keys.items():
-            if other != name and other_key == key and self.is_resident(other):
+        for other in self.params_reading[self.keys[name]]:
+            if other != name and self.is_resident(other):
                 param = self.module.get_parameter(other)
                 if param.device == torch.device(device):
                     return param
@@ -92,20 +99,12 @@ class TorchModel:
         """Whether a parameter holds real data (not the meta device)."""
         return not self.module.get_parameter(name).is_meta
 
-    @cached_property
-    def module_of(self) -> dict[str, str]:
-        """Shards tensor name → the module holding it (the first, for a tensor tied to several)."""
-        out: dict[str, str] = {}
-        for param, key in self.keys.items():
-            out.setdefault(key, param.rpartition(".")[0])
-        return out
 
     def module_computing(self, weight: str) -> str:
         """The module that computes with checkpoint tensor `weight`: the Linear reading it (an LM head tied
         to the embedding reads the embedding's tensor), else the first module holding it."""
-        modules = dict(self.module.named_modules())
-        holders = [p.rpartition(".")[0] for p, k in self.keys.items() if k == weight]
-        linears = [m for m in holders if isinstance(modules.get(m), nn.Linear)]
+        holders = [p.rpartition(".")[0] for p in self.params_reading[weight]]
+        linears = [m for m in holders if isinstance(self.module.get_submodule(m), nn.Linear)]
         return (linears or holders)[0]
 
     def forward(self, feed: dict) -> torch.Tensor:

@@ -48,7 +48,7 @@ class TorchScorer:
         return lambda: self.model.release(missing)
 
     def _module(self, layer: Layer) -> torch.nn.Linear:
-        module = self.model.module.get_submodule(self.model.module_of[layer.weight])
+        module = self.model.module.get_submodule(self.model.module_computing(layer.weight))
         assert isinstance(module, torch.nn.Linear)  # the torch backend quantizes Linear layers only (Q411)
         return module
 
