@@ -3,6 +3,7 @@ shapes) or npz (one array per input, samples on axis 0), checked against the mod
 
 from __future__ import annotations
 
+import functools
 import math
 import zipfile
 from collections.abc import Iterator
@@ -288,15 +289,25 @@ def sequence_length(source: DataSource) -> int:
     if source.kind is not DataKind.NPZ or not source.path:
         return source.seqlen
     try:
-        with zipfile.ZipFile(source.path) as archive:
+        found = _npz_sequence(source.path, Path(source.path).stat().st_mtime_ns)
+    except OSError:
+        found = None  # `qrc check` reports a missing file (Q401); the estimate keeps the recipe's seqlen
+    return source.seqlen if found is None else found
+
+
+@functools.lru_cache(maxsize=16)
+def _npz_sequence(path: str, mtime_ns: int) -> int | None:
+    """An npz's second axis, once per file version (check, plan and report each ask for it)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
             for member in _arrays_in(archive).values():
                 with archive.open(member) as handle:
                     shape = _npy_header(handle)[0]
                 if len(shape) >= 2:
                     return int(shape[1])
     except (OSError, ValueError, zipfile.BadZipFile, KeyError):
-        pass  # `qrc check` reports an unreadable file (Q401); the estimate keeps the recipe's seqlen
-    return source.seqlen
+        pass  # `qrc check` reports an unreadable file (Q401)
+    return None
 
 
 def load_npz(source: DataSource, index: ModelIndex, rows: int | None = None) -> dict[str, np.ndarray]:

@@ -63,10 +63,7 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     vocab = layers[-1].out_features if layers else w.hidden
     per_sample = w.seqlen * vocab * 4  # logits are compared in float32
     verify_chunk = min(chunk, w.verify_samples)
-    quantized = set(w.quantized_layers)
-    first = next((i for i, x in enumerate(layers) if x.block), len(layers))
-    tail_rounds = any(x.block is None and x.name in quantized for x in layers[first:])
-    held = w.verify_samples if tail_rounds else verify_chunk
+    held = w.verify_samples if _tail_rounds(w) else verify_chunk
     parts = base.parts + ((f"verification logits ({held} float + {verify_chunk} quantized samples, scratch)",
                            (held + verify_chunk + 7) * per_sample),)
     return Phase("verification at the output", sum(b for _, b in parts), parts)
@@ -96,10 +93,17 @@ def _offload_weights(w: Workload) -> int:
     first = next((i for i, x in enumerate(layers) if x.block), len(layers))
     head = sum(x.bytes for x in layers[:first])
     quantized = set(w.quantized_layers)
-    tail_needs_data = (w.gptq or bool(w.observed)) and any(x.block is None and x.name in quantized for x in layers[first:])
+    tail_needs_data = (w.gptq or bool(w.observed)) and _tail_rounds(w)
     resident = outside if (w.verify_samples or tail_needs_data) else head if (w.calibrate or w.verify_samples) else 0
     scratch = 3 * max((x.bytes for x in layers if x.name in quantized), default=0)
     return max(max(sizes.values(), default=0), resident) + scratch
+
+
+def _tail_rounds(w: Workload) -> bool:
+    """Whether layers after the blocks (a final projection, the LM head) are quantized."""
+    layers, quantized = w.index.layers, set(w.quantized_layers)
+    first = next((i for i, x in enumerate(layers) if x.block), len(layers))
+    return any(x.block is None and x.name in quantized for x in layers[first:])
 
 
 def torch_vram(w: Workload, chunk: int) -> int:

@@ -104,7 +104,7 @@ class TorchModel:
         """The module that computes with checkpoint tensor `weight`: the Linear reading it (an LM head tied
         to the embedding reads the embedding's tensor), else the first module holding it."""
         holders = [p.rpartition(".")[0] for p in self.params_reading[weight]]
-        linears = [m for m in holders if isinstance(self.module.get_submodule(m), nn.Linear)]
+        linears = [m for m in holders if isinstance(_submodule(self.module, m), nn.Linear)]
         return (linears or holders)[0]
 
     def forward(self, feed: dict) -> torch.Tensor:
@@ -115,6 +115,14 @@ class TorchModel:
             kwargs["use_cache"] = False
         out = self.module(**kwargs)
         return out[0] if isinstance(out, (tuple, list)) or hasattr(out, "to_tuple") else out
+
+
+def _submodule(root: nn.Module, name: str) -> nn.Module | None:
+    """`root`'s submodule `name`, or None (a file-to-file run's stand-in module has none)."""
+    try:
+        return root.get_submodule(name)
+    except AttributeError:
+        return None
 
 
 def _set(root: nn.Module, name: str, value: nn.Parameter) -> None:
