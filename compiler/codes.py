@@ -306,6 +306,11 @@ CODES: tuple[CodeInfo, ...] = (
        "place in a range is refused instead of being fed zeros, which would calibrate on one constant "
        "sequence and make verification meaningless.",
        'model "folder-with-pixel-values-and-ids"  calibrate { data synthetic { samples 8 } }'),
+    _c("Q254", "accuracy_level outside 0–4, or without MatMulNBits",
+       "`emit { accuracy_level N }` sets the type MatMulNBits computes its activations in: 0 unset, 1 fp32, "
+       "2 fp16, 3 bf16, 4 int8 (default: onnxruntime's fast CPU path, what onnxruntime-genai's builder writes). "
+       "Other formats have no such setting; the value is ignored there with a warning.",
+       'emit "out/model.onnx" { format qdq accuracy_level 4 }'),
     _c("Q247", "a rule quantizes MoE routers (warning)",
        "A router (`mlp.gate`) turns each token's hidden state into the scores that pick its experts; rounding it "
        "changes which experts run. llm-compressor, AutoRound and vLLM's recipes keep routers in float.",

@@ -135,10 +135,9 @@ def _check_data(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> Non
     data = ir.calibration.data
     span = data.span_of("data") or ir.calibration.span_of("data") or ir.span
     if data.kind is DataKind.SYNTHETIC:
-        for name in unsynthesisable(assignment.model):
-            diags.error("Q253", f"synthetic data cannot fill the model's integer input `{name}`", span,
-                        "no values to draw", help=f"give real samples: `data npz \"FILE\"` with an array `{name}`, "
-                        "or `data text` with a tokenizer")
+        for why in unsynthesisable(assignment.model):
+            diags.error("Q253", why, span, "no values to draw", help="give real samples: `data npz \"FILE\"` with "
+                        "an array for every model input, or `data text` with a tokenizer")
     for code, message, help_line in path_problems(data, ir.model):
         diags.error(code, message, span, "no tokenizer" if code == "Q216" else "not found", help=help_line)
     for code, message, help_line in npz_problems(data, assignment.model):

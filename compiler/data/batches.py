@@ -16,6 +16,7 @@ from compiler.backends import BackendError
 from compiler.diagnostics import error
 from compiler.ir.types import DataKind, DataSource
 from compiler.models.index import LayerKind, ModelIndex, TensorInfo
+from compiler.models.inputs import Binding, InputRole, role_of, shape_at, unbindable
 
 _NP = {"int64": np.int64, "int32": np.int32, "float32": np.float32, "float16": np.float16, "bool": np.bool_,
        "uint8": np.uint8, "int8": np.int8, "float64": np.float64}
@@ -83,17 +84,12 @@ def _count(arrays: dict[str, np.ndarray]) -> int:
     return min(a.shape[0] for a in arrays.values())
 
 
-def _dims(info: TensorInfo, seqlen: int) -> list[int]:
-    dims = [d if isinstance(d, int) and d > 0 else seqlen for d in info.shape]
-    return [1] + dims[1:] if dims else [1]
-
-
 def token_range(index: ModelIndex, info: TensorInfo) -> int | None:
     """How many distinct values an integer input takes in synthetic data (ids are drawn below it), or None
     when qrc cannot tell (then `data synthetic` is refused for this model: Q253). Masks are ones and
     positions count up (their range is not drawn from), token types are one segment (0)."""
     name = info.name.lower()
-    if "mask" in name or "position" in name:
+    if role_of(info) in (InputRole.MASK, InputRole.POSITIONS):
         return 1
     fed = [x for x in index.layers if x.kind is LayerKind.EMBEDDING and x.input == info.name]
     if fed:  # an ONNX graph: the Gather this input indexes
@@ -107,9 +103,11 @@ def token_range(index: ModelIndex, info: TensorInfo) -> int | None:
 
 
 def unsynthesisable(index: ModelIndex) -> list[str]:
-    """The integer inputs of `index` that synthetic data cannot fill honestly (never zeros instead)."""
-    return [t.name for t in index.inputs if not np.issubdtype(_NP.get(t.dtype, np.float32), np.floating)
-            and token_range(index, t) is None]
+    """Why synthetic data cannot fill some input of `index` honestly (never zeros instead): an integer
+    input with no known range, or a shape qrc cannot bind (a cache whose head size the model hides)."""
+    ranges = [f"synthetic data cannot fill the model's integer input `{t.name}`" for t in index.inputs
+              if not np.issubdtype(_NP.get(t.dtype, np.float32), np.floating) and token_range(index, t) is None]
+    return ranges + [f"synthetic data cannot shape the model's inputs: {why}" for why in unbindable(index)]
 
 
 def _synthetic_chunk(index: ModelIndex, source: DataSource, first: int, count: int, offset: int) -> dict[str, np.ndarray]:
@@ -122,14 +120,21 @@ def _synthetic_chunk(index: ModelIndex, source: DataSource, first: int, count: i
 
 
 def _synthetic_input(index: ModelIndex, info: TensorInfo, seqlen: int, rng) -> np.ndarray:
-    shape, dtype = _dims(info, seqlen), _NP.get(info.dtype, np.float32)
+    """One sample of input `info`: a decoder's cache is empty (past 0), so its mask covers the new tokens
+    and its positions start at 0, as in a generation's first step."""
+    binding = Binding(1, seqlen, past=0)
+    shape, dtype = shape_at(index, info, binding), _NP.get(info.dtype, np.float32)
+    if isinstance(shape, str):  # refused at check time (Q253)
+        raise ValueError(shape)
+    role = role_of(info)
+    if role is InputRole.PAST:
+        return np.zeros(shape, dtype)  # no element: the past axis is 0
     if np.issubdtype(dtype, np.floating):
         return rng.standard_normal(shape).astype(dtype)
-    name = info.name.lower()
-    if "mask" in name:
+    if role is InputRole.MASK:
         return np.ones(shape, dtype)
-    if "position" in name:
-        return np.broadcast_to(np.arange(shape[-1], dtype=dtype), shape).copy()
+    if role is InputRole.POSITIONS:
+        return np.broadcast_to(np.arange(binding.past, binding.past + shape[-1], dtype=dtype), shape).copy()
     vocab = token_range(index, info)
     if vocab is None:  # refused at check time (Q253); never fed as zeros
         raise ValueError(f"no synthetic values for input `{info.name}`")
@@ -257,11 +262,29 @@ def load_text(source: DataSource, index: ModelIndex, needed: int | None = None) 
     arrays: dict[str, np.ndarray] = {}
     for info in index.inputs:
         attr = fields.get(info.name)
-        if attr is None:
+        if attr is not None:
+            arrays[info.name] = np.array([getattr(e, attr) for e in encoded], dtype=_NP.get(info.dtype, np.int64))
+            continue
+        implied = _implied_by_text(index, info, len(encoded), source.seqlen)
+        if implied is None:
             raise BackendError(error("Q402", f"text data cannot provide model input `{info.name}`", span, "missing input",
-                                     help="text gives input_ids, attention_mask and token_type_ids; use npz otherwise"))
-        arrays[info.name] = np.array([getattr(e, attr) for e in encoded], dtype=_NP.get(info.dtype, np.int64))
+                                     help="text gives input_ids, attention_mask, token_type_ids, positions and an "
+                                     "empty key/value cache; use npz otherwise"))
+        arrays[info.name] = implied
     return _usable(source, arrays)
+
+
+def _implied_by_text(index: ModelIndex, info: TensorInfo, rows: int, seqlen: int) -> np.ndarray | None:
+    """What tokenised text implies for a decoder's other inputs: positions counting from 0 and an empty
+    cache (a prompt's first step); None for an input text says nothing about."""
+    role, binding = role_of(info), Binding(1, seqlen, past=0)
+    shape = shape_at(index, info, binding)
+    if isinstance(shape, str) or role not in (InputRole.PAST, InputRole.POSITIONS) or len(shape) != 2 and role is InputRole.POSITIONS:
+        return None
+    dtype = _NP.get(info.dtype, np.float32)
+    if role is InputRole.PAST:
+        return np.zeros((rows, *shape[1:]), dtype)
+    return np.broadcast_to(np.arange(seqlen, dtype=dtype), (rows, seqlen)).copy()
 
 
 _CHARS_PER_TOKEN = 64  # a token is at most this many characters: the rest of a long line is never tokenised

@@ -273,6 +273,7 @@ class Emit(Located):
     """The `emit` declaration."""
     path: str
     format: EmitFormat
+    accuracy_level: int = 4  # MatMulNBits: int8 compute of the activations, onnxruntime's fast CPU path
 
 
 @dataclass(frozen=True, slots=True)

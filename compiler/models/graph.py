@@ -3,8 +3,12 @@ nodes in execution order, and which values are weights, graph inputs and graph o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
+from types import SimpleNamespace
+
+from compiler.models.axes import Axis, axes_of
 
 _ELEM_BYTES = {1: 4, 2: 1, 3: 1, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2, 17: 1, 19: 1}
 
@@ -17,18 +21,15 @@ class Value:
     dims: tuple[int | str | None, ...] | None  # None: rank unknown; a str is symbolic, None unknown
     elem_type: int = 1  # onnx.TensorProto data type
 
-    def bytes(self, batch: int, seqlen: int, batch_symbol: str) -> int:
-        """Bytes at a binding: the batch symbol → `batch`, every other symbolic or unknown dim → `seqlen`."""
+    def bytes(self, sizes: Mapping[str, int], default: int) -> int:
+        """Bytes at a binding: a symbol in `sizes` takes its size there, any other symbolic or unknown dim
+        `default` (the sequence length: what shape inference leaves unnamed is mostly a sequence)."""
         if self.dims is None:
             return 0
         n = self.elem_bytes
         for d in self.dims:
-            n *= batch if d == batch_symbol else (d if isinstance(d, int) else seqlen)
+            n *= d if isinstance(d, int) else sizes.get(d or "", default)
         return n
-
-    def scales_with_batch(self, batch_symbol: str) -> bool:
-        """Whether its first dim is the batch."""
-        return self.dims is not None and batch_symbol in self.dims
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,17 @@ class GraphSummary:
     nodes: tuple[Node, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    batch_symbol: str
+    symbols: tuple[tuple[str, Axis | int], ...] = field(default=())  # the inputs' symbolic dims by meaning
+
+    @property
+    def batch_symbol(self) -> str:
+        """The symbol of the batch axis (`batch` when the inputs name none)."""
+        return next((s for s, meaning in self.symbols if meaning is Axis.BATCH), "batch")
+
+    def sizes(self, batch: int, seqlen: int, past: int = 0) -> dict[str, int]:
+        """Every known symbol's size for `batch` samples of `seqlen` new tokens after `past` cached ones."""
+        by_axis = {Axis.BATCH: batch, Axis.SEQUENCE: seqlen, Axis.PAST: past, Axis.TOTAL: past + seqlen}
+        return {s: (m if isinstance(m, int) else by_axis.get(m, seqlen)) for s, m in self.symbols}
 
     def value(self, name: str) -> Value | None:
         """The value named `name`, if the graph has it."""
@@ -62,10 +73,11 @@ class GraphSummary:
         return {out: node for node in self.nodes for out in node.outputs}
 
 
-def summarize(model, weights: set[str]) -> GraphSummary:
+def summarize(model, weights: set[str], fixed: Mapping[Axis, int] | None = None) -> GraphSummary:
     """Shape-infer a weight-free ModelProto copy and keep what the memory model needs.
 
-    `weights` are the initializer names (in the light copy some are graph inputs, kept only for shapes).
+    `weights` are the initializer names (in the light copy some are graph inputs, kept only for shapes);
+    `fixed` gives axes the model's config knows (key/value heads, head size) where the graph is symbolic.
     """
     import onnx
 
@@ -86,6 +98,19 @@ def summarize(model, weights: set[str]) -> GraphSummary:
         values[info.name] = Value(info.name, _ELEM_BYTES.get(t.elem_type, 4), dims, t.elem_type)
     nodes = tuple(Node(n.name, n.op_type, tuple(n.input), tuple(n.output)) for n in graph.node)
     inputs = tuple(i.name for i in graph.input if i.name not in weights)
-    first = values.get(inputs[0]) if inputs else None
-    batch = first.dims[0] if first and first.dims and isinstance(first.dims[0], str) else "batch"
-    return GraphSummary(tuple(values.values()), nodes, inputs, tuple(o.name for o in graph.output), batch)
+    symbols = _symbols([values[i] for i in inputs if i in values], fixed or {})
+    return GraphSummary(tuple(values.values()), nodes, inputs, tuple(o.name for o in graph.output), symbols)
+
+
+_FLOAT_TYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64"}
+
+
+def _symbols(inputs: list[Value], fixed: Mapping[Axis, int]) -> tuple[tuple[str, Axis | int], ...]:
+    """Each symbolic dim of the graph inputs → what it counts (the first input naming it decides)."""
+    found: dict[str, Axis | int] = {}
+    for value in inputs:
+        info = SimpleNamespace(name=value.name, dtype=_FLOAT_TYPES.get(value.elem_type, "int"), shape=value.dims or ())
+        for dim, meaning in zip(value.dims or (), axes_of(info), strict=True):
+            if isinstance(dim, str):
+                found.setdefault(dim, fixed.get(meaning, meaning))
+    return tuple(found.items())

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from compiler.models import names
+from compiler.models.axes import Axis
 from compiler.models.errors import ModelError
 from compiler.models.graph import summarize
 from compiler.models.index import Layer, LayerKind, ModelFormat, ModelIndex, TensorInfo
@@ -32,7 +33,42 @@ def index_onnx(path: Path, ref: str, family: str = "onnx") -> ModelIndex:
     total = sum(math.prod(t.dims) * _BITS.get(_dtype(t.data_type), 32) // 8 for t in inits.values())
     inputs = tuple(_tensor_info(v) for v in graph.input if v.name not in inits)
     outputs = tuple(_tensor_info(v) for v in graph.output)
-    return ModelIndex(ref, ModelFormat.ONNX, family, tuple(layers), inputs, outputs, total, graph=summarize(_without_weights(model), set(inits)))
+    config = side_config(path.parent)
+    fixed = {axis: v for axis, key in ((Axis.HEADS, "num_key_value_heads"), (Axis.HEAD_DIM, "head_dim"))
+             if isinstance(v := dict(config).get(key), int)}
+    return ModelIndex(ref, ModelFormat.ONNX, family, tuple(layers), inputs, outputs, total, config,
+                      graph=summarize(_without_weights(model), set(inits), fixed))
+
+
+def side_config(folder: Path) -> tuple[tuple[str, int], ...]:
+    """The architecture numbers exporters write next to the model: onnxruntime-genai's `genai_config.json`
+    (the builder), else transformers' `config.json` (optimum, and qrc's own exports). A decoder's cache
+    shape needs them where the graph leaves the head size symbolic."""
+    genai = _json(folder / "genai_config.json").get("model", {})
+    decoder = genai.get("decoder", {}) if isinstance(genai, dict) else {}
+    numbers: dict[str, object] = {}
+    if isinstance(decoder, dict) and decoder:
+        numbers = {"head_dim": decoder.get("head_size"), "hidden_size": decoder.get("hidden_size"),
+                   "num_attention_heads": decoder.get("num_attention_heads"),
+                   "num_key_value_heads": decoder.get("num_key_value_heads"),
+                   "num_hidden_layers": decoder.get("num_hidden_layers"), "vocab_size": genai.get("vocab_size")}
+    else:
+        hf = _json(folder / "config.json")
+        hf = {**hf, **hf.get("text_config", {})} if isinstance(hf.get("text_config"), dict) else hf
+        numbers = {k: hf.get(k) for k in ("head_dim", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                                          "num_hidden_layers", "vocab_size")}
+    return tuple((k, v) for k, v in numbers.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0)
+
+
+def _json(path: Path) -> dict:
+    """A JSON object file, or {} when it is absent or not an object (the side file is optional)."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _validate(model, path: Path, ref: str) -> None:
@@ -42,7 +78,7 @@ def _validate(model, path: Path, ref: str) -> None:
     import onnx
 
     try:
-        onnx.checker.check_model(str(path))
+        _check_graph(model, path)
     except Exception as exc:  # ValidationError, and the checker's own errors on unreadable files
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError("Q250", f"`{ref}` is not a valid ONNX model: {first[:200]}",
@@ -52,9 +88,33 @@ def _validate(model, path: Path, ref: str) -> None:
             _check_external(tensor, path, ref)
 
 
+# Operators onnxruntime registers in the standard ONNX domain although ONNX has no such operator: the
+# model builders of onnxruntime-genai and optimum write them there. onnx's checker knows no schema for
+# them; they are checked as what they are, onnxruntime's.
+ORT_OPS_IN_ONNX_DOMAIN = frozenset({"SimplifiedLayerNormalization"})
+
+
+def _check_graph(model, path: Path) -> None:
+    import onnx
+
+    if not any(n.op_type in ORT_OPS_IN_ONNX_DOMAIN and n.domain in ("", "ai.onnx") for n in model.graph.node):
+        onnx.checker.check_model(str(path))
+        return
+    light = _without_weights(model)  # external data is checked by _check_external, in the model's folder
+    for node in light.graph.node:
+        if node.op_type in ORT_OPS_IN_ONNX_DOMAIN and node.domain in ("", "ai.onnx"):
+            node.domain = "com.microsoft"
+    if not any(o.domain == "com.microsoft" for o in light.opset_import):
+        light.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    onnx.checker.check_model(light)
+
+
 def _check_external(tensor, path: Path, ref: str) -> None:
     info = {e.key: e.value for e in tensor.external_data}
     data = path.parent / info.get("location", "")
+    if not data.resolve().is_relative_to(path.parent.resolve()):
+        raise ModelError("Q250", f"`{ref}`: the external data of `{tensor.name}` is outside the model's folder "
+                         f"(`{info.get('location')}`)", "keep the data file next to the model")
     end = int(info.get("offset", 0) or 0) + int(info.get("length", 0) or 0)
     size = data.stat().st_size if data.is_file() else -1
     if size < end:

@@ -37,10 +37,11 @@ def needed_nodes(graph: GraphSummary, kept: set[str]) -> list[Node]:
 def peak(graph: GraphSummary, nodes: list[Node], kept: set[str], batch: int, seqlen: int) -> ActivationPeak:
     """Peak resident activation bytes while running `nodes` with `kept` values held to the end."""
     size = {}
+    sizes = graph.sizes(batch, seqlen)
     for node in nodes:
         for name in (*node.inputs, *node.outputs):
             value = graph.value(name)
-            size[name] = value.bytes(batch, seqlen, graph.batch_symbol) if value else 0
+            size[name] = value.bytes(sizes, seqlen) if value else 0
     last_use: dict[str, int] = {}
     for i, node in enumerate(nodes):
         for name in node.inputs:

@@ -74,7 +74,9 @@ def _culprit(w: Workload, costs: CostModel) -> str:
     if graph and w.observed and "activations" in part:
         peak = calibration_peak(graph, w.observed, 1, w.seqlen)
         value = graph.value(peak.largest)
-        dims = [d if isinstance(d, int) else ("batch" if d == graph.batch_symbol else w.seqlen) for d in value.dims or ()]
+        sizes = graph.sizes(1, w.seqlen)
+        dims = [d if isinstance(d, int) else ("batch" if d == graph.batch_symbol else sizes.get(d or "", w.seqlen))
+                for d in value.dims or ()]
         text += (f"; the largest tensor is {peak.largest} [{', '.join(map(str, dims))}], "
                  f"{human_bytes(peak.largest_bytes)} per sample at seqlen {w.seqlen}")
     return text

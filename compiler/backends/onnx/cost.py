@@ -126,7 +126,7 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     parts: tuple[tuple[str, int], ...]
     if mode is MemoryMode.OFFLOAD:  # one segment session at a time, one sample at a time
         block_weights, block_act = _largest_segment(w, 1, outputs=True)
-        outputs = sum(graph.value(o).bytes(1, w.seqlen, graph.batch_symbol)
+        outputs = sum(graph.value(o).bytes(graph.sizes(1, w.seqlen), w.seqlen)
                       for o in graph.outputs if graph.value(o)) if graph else 0
         parts = (("runtime", runtime), ("weights of one segment", block_weights),
                  ("its weights dequantized at run time (DequantizeLinear outputs)", block_weights),

@@ -38,8 +38,10 @@ class QdqEmitter:
 
     format = EmitFormat.QDQ
 
-    def __init__(self, files: ModelFiles, jobs: dict[str, WeightJob], output: Path, external: bool):
+    def __init__(self, files: ModelFiles, jobs: dict[str, WeightJob], output: Path, external: bool,
+                 accuracy_level: int = 4):
         self.files, self.jobs, self.output, self.external = files, jobs, output, external
+        self.accuracy_level = accuracy_level
         self.weights: dict[str, QuantizedWeight] = {}
         self.activations: dict[str, ActivationQParams] = {}
         self.kept: set[str] = set()
@@ -72,7 +74,7 @@ class QdqEmitter:
             scales = tuple(math.ceil(d / spec.group_size) if i == inputs else d for i, d in enumerate(shape))
         else:
             scales = (shape[channel],)
-        return [Spec(f"{weight}_quantized", spec.qtype.value, shape), Spec(f"{weight}_scale", "float32", scales),
+        return [Spec(f"{weight}_quantized", spec.qtype.value, shape), Spec(f"{weight}_scale", _scale_dtype(job), scales),
                 Spec(f"{weight}_zero_point", spec.qtype.value, scales)]
 
     def put(self, name: str, value: QuantizedWeight | ActivationQParams) -> None:
@@ -96,7 +98,8 @@ class QdqEmitter:
         if missing:
             raise AssertionError(f"emit before {len(missing)} weights were put, e.g. {missing[0]}")
         activations = {t: (a.scale, a.zero_point, a.qtype, set(a.consumers)) for t, a in self.activations.items()}
-        model = rewrite(self.files.light, self.jobs, self.weights, activations, self.format, self.kept)
+        model = rewrite(self.files.light, self.jobs, self.weights, activations, self.format, self.kept,
+                        self.accuracy_level)
         load_remaining(model, self.files.base_dir)
         del model.metadata_props[:]
         for key, value in self.props:
@@ -120,6 +123,11 @@ class QdqEmitter:
             self.staging = None
 
 
+def _scale_dtype(job: WeightJob) -> str:
+    """Scales are in the weight's float type (fp16 and bf16 graphs keep theirs)."""
+    return job.layer.dtype if job.layer.dtype in ("float16", "bfloat16") else "float32"
+
+
 class MatMulNBitsEmitter(QdqEmitter):
     """Weight-only groups on MatMul as com.microsoft.MatMulNBits; everything else as QDQ."""
 
@@ -132,13 +140,14 @@ class MatMulNBitsEmitter(QdqEmitter):
         k, n = shape
         bits, blocks = spec.qtype.bits, k // spec.group_size
         out = [Spec(f"{weight}_Q{bits}", "uint8", (n, blocks, spec.group_size * bits // 8)),
-               Spec(f"{weight}_scales", "float32", (n, blocks))]
+               Spec(f"{weight}_scales", _scale_dtype(job), (n, blocks))]
         if not spec.symmetric:
             out.append(Spec(f"{weight}_zero_points", "uint8", (n, math.ceil(blocks * bits / 8))))
         return out
 
 
 def emitter_for(fmt: EmitFormat, files: ModelFiles, jobs: dict[str, WeightJob], output: Path,
-                external: bool) -> QdqEmitter:
+                external: bool, accuracy_level: int = 4) -> QdqEmitter:
     """The emitter of an ONNX format."""
-    return {EmitFormat.QDQ: QdqEmitter, EmitFormat.MATMUL_NBITS: MatMulNBitsEmitter}[fmt](files, jobs, output, external)
+    kind = {EmitFormat.QDQ: QdqEmitter, EmitFormat.MATMUL_NBITS: MatMulNBitsEmitter}[fmt]
+    return kind(files, jobs, output, external, accuracy_level)

@@ -232,7 +232,8 @@ class _OnnxRun:
         jobs = {a.layer.weight: rewrite.WeightJob(a.layer, a.scheme) for a in self.assignment.layers
                 if not a.scheme.is_none}
         # offload keeps the weights out of the .onnx too, so verification can open it without loading them
-        self.emitter = emitter_for(_format(self.ir), self.files, jobs, self.output, self.mode is MemoryMode.OFFLOAD)
+        self.emitter = emitter_for(_format(self.ir), self.files, jobs, self.output, self.mode is MemoryMode.OFFLOAD,
+                                   self.ir.emit.accuracy_level if self.ir.emit else 4)
         inits = {t.name: t for t in self.files.light.graph.initializer}
         advance = self.progress("quantize", len(jobs))
         sqnr: dict[str, float] = {}

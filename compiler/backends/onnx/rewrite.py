@@ -27,6 +27,18 @@ class WeightJob:
     scheme: Scheme
 
 
+def float_type(dtype: str):
+    """The numpy type of an ONNX float type name: scales and zero points are written in the type of the
+    tensor they rescale (fp16 and bf16 graphs: ONNX requires DequantizeLinear's scale to match its output)."""
+    if dtype == "float16":
+        return np.float16
+    if dtype == "bfloat16":
+        import ml_dtypes  # onnx's own dependency for bf16 arrays
+
+        return ml_dtypes.bfloat16
+    return np.float32
+
+
 def weight_axes(node: onnx.NodeProto) -> tuple[int, int]:
     """(output-channel axis, input axis) of a layer's weight as it is stored."""
     if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
@@ -50,10 +62,11 @@ def uses_matmul_nbits(fmt: EmitFormat, node: onnx.NodeProto, scheme: Scheme) -> 
             and scheme.weights.granularity is Granularity.GROUP)
 
 
-def dequantize_nodes(node: onnx.NodeProto, weight: str, qw: QuantizedWeight) -> tuple[list, list, str]:
-    """Initializers and the DequantizeLinear node that replace a float weight."""
+def dequantize_nodes(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, scale_type=np.float32) -> tuple[list, list, str]:
+    """Initializers and the DequantizeLinear node that replace a float weight (scales in `scale_type`, the
+    weight's own float type)."""
     out = f"{weight}_dequantized"
-    inits = [tensor(f"{weight}_quantized", qw.q, qw.qtype), tensor(f"{weight}_scale", qw.scale),
+    inits = [tensor(f"{weight}_quantized", qw.q, qw.qtype), tensor(f"{weight}_scale", qw.scale.astype(scale_type)),
              tensor(f"{weight}_zero_point", qw.zero_point.astype(qparams.NP_TYPES[qw.qtype]), qw.qtype)]
     attrs: dict[str, int] = {}
     if qw.axis is not None:
@@ -64,15 +77,17 @@ def dequantize_nodes(node: onnx.NodeProto, weight: str, qw: QuantizedWeight) -> 
     return inits, [dq], out
 
 
-def matmul_nbits(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, symmetric: bool) -> tuple[list, onnx.NodeProto]:
-    """MatMulNBits: B uint8 [N, k_blocks, block·bits/8], scales [N, k_blocks], zero points packed (asymmetric)."""
+def matmul_nbits(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, symmetric: bool, scale_type=np.float32,
+                 accuracy_level: int = 0) -> tuple[list, onnx.NodeProto]:
+    """MatMulNBits: B uint8 [N, k_blocks, block·bits/8], scales [N, k_blocks] in the input's float type,
+    zero points packed (asymmetric)."""
     bits, block = qw.qtype.bits, qw.block_size
     offset = 8 if qw.qtype is QType.INT4 else (128 if qw.qtype is QType.INT8 else 0)  # to the unsigned domain
     q = (qw.q.astype(np.int16) + offset).astype(np.uint8).T  # [N, K]
     n, k = q.shape
     blocks = q.reshape(n, k // block, block)
     packed = pack_int4(blocks) if bits == 4 else blocks
-    scales = np.ascontiguousarray(qw.scale.T)  # [N, k_blocks]
+    scales = np.ascontiguousarray(qw.scale.T.astype(scale_type))  # [N, k_blocks]
     inits = [numpy_helper.from_array(np.ascontiguousarray(packed), f"{weight}_Q{bits}"),
              numpy_helper.from_array(scales, f"{weight}_scales")]
     inputs = [node.input[0], inits[0].name, inits[1].name]
@@ -82,14 +97,16 @@ def matmul_nbits(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, symmetr
         inits.append(numpy_helper.from_array(np.ascontiguousarray(zp), f"{weight}_zero_points"))
         inputs.append(inits[-1].name)
     new = helper.make_node("MatMulNBits", inputs, list(node.output), name=f"{node.name}_Q{bits}", domain=MS_DOMAIN,
-                           K=k, N=n, bits=bits, block_size=block, accuracy_level=0)
+                           K=k, N=n, bits=bits, block_size=block, accuracy_level=accuracy_level)
     return inits, new
 
 
-def activation_nodes(tensor_name: str, scale: np.ndarray, zp: np.ndarray, qtype: QType) -> tuple[list, list, str]:
-    """QuantizeLinear/DequantizeLinear on an activation: (initializers, nodes, the dequantized tensor's name)."""
+def activation_nodes(tensor_name: str, scale: np.ndarray, zp: np.ndarray, qtype: QType,
+                     scale_type=np.float32) -> tuple[list, list, str]:
+    """QuantizeLinear/DequantizeLinear on an activation: (initializers, nodes, the dequantized tensor's name);
+    the scale in `scale_type`, the activation's float type."""
     q, dq = f"{tensor_name}_QuantizeLinear", f"{tensor_name}_DequantizeLinear"
-    inits = [tensor(f"{tensor_name}_scale", scale.astype(np.float32)),
+    inits = [tensor(f"{tensor_name}_scale", scale.astype(scale_type)),
              tensor(f"{tensor_name}_zero_point", zp.astype(qparams.NP_TYPES[qtype]))]
     names = [i.name for i in inits]
     nodes = [helper.make_node("QuantizeLinear", [tensor_name, *names], [f"{q}_output_0"], name=q),
@@ -98,29 +115,31 @@ def activation_nodes(tensor_name: str, scale: np.ndarray, zp: np.ndarray, qtype:
 
 
 def rewrite(model: onnx.ModelProto, jobs: dict[str, WeightJob], weights: dict[str, QuantizedWeight],
-            activations: dict[str, tuple], fmt: EmitFormat, kept: set[str]) -> onnx.ModelProto:
+            activations: dict[str, tuple], fmt: EmitFormat, kept: set[str], accuracy_level: int = 0) -> onnx.ModelProto:
     """Rewrite `model` in place and return it. `jobs`: weight name → layer and scheme; `weights`: weight
     name → its rounded form; `activations`: tensor → (scale, zero point, qtype, consumers) for the inputs
-    of activation-quantized layers; `kept`: the float initializers that stay (still external)."""
+    of activation-quantized layers; `kept`: the float initializers that stay (still external);
+    `accuracy_level`: MatMulNBits' compute type for its activations (0 float, 4 int8)."""
     graph = model.graph
     new_inits: list[onnx.TensorProto] = []
     nodes: list[onnx.NodeProto] = []
     emitted_acts: dict[str, str] = {}
     replaced: dict[str, str] = {}  # float weight → its dequantized value (a shared weight is quantized once)
     for node in graph.node:
-        node = _quantize_inputs(node, activations, emitted_acts, new_inits, nodes)
         weight = next((i for i in node.input if i in jobs), None)
+        scale_type = float_type(jobs[weight].layer.dtype) if weight else np.float32
+        node = _quantize_inputs(node, activations, emitted_acts, new_inits, nodes, scale_type)
         if weight is None:
             nodes.append(node)
             continue
         job, qw = jobs[weight], weights[weight]
         if uses_matmul_nbits(fmt, node, job.scheme):
-            i_, new = matmul_nbits(node, weight, qw, job.scheme.weights.symmetric)
+            i_, new = matmul_nbits(node, weight, qw, job.scheme.weights.symmetric, scale_type, accuracy_level)
             new_inits += i_
             nodes.append(new)
             continue
         if weight not in replaced:
-            i_, n_, out = dequantize_nodes(node, weight, qw)
+            i_, n_, out = dequantize_nodes(node, weight, qw, scale_type)
             new_inits += i_
             nodes += n_
             replaced[weight] = out
@@ -167,13 +186,13 @@ def _quantize(w: np.ndarray, node: onnx.NodeProto, job: WeightJob) -> QuantizedW
                            first.block_size)
 
 
-def _quantize_inputs(node, activations, emitted, new_inits, nodes):
+def _quantize_inputs(node, activations, emitted, new_inits, nodes, scale_type):
     for i, name in enumerate(node.input):
         spec = activations.get(name)
         if spec is None or node.name not in spec[3]:
             continue
         if name not in emitted:
-            i_, n_, out = activation_nodes(name, spec[0], spec[1], spec[2])
+            i_, n_, out = activation_nodes(name, spec[0], spec[1], spec[2], scale_type)
             new_inits += i_
             nodes += n_
             emitted[name] = out
