@@ -25,8 +25,9 @@ def write_atomically(model, destination: Path, external: bool) -> list[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def stage(model, destination: Path, external: bool) -> Path:
-    """Write `model` complete into a hidden folder beside `destination` (which is not touched); the folder."""
+def stage(model, destination: Path, external: bool, side: dict[str, bytes] | None = None) -> Path:
+    """Write `model` complete into a hidden folder beside `destination` (which is not touched), and the
+    `side` files (name → bytes) that go beside it; the folder."""
     import onnx
 
     destination.parent.mkdir(parents=True, exist_ok=True)
@@ -38,6 +39,8 @@ def stage(model, destination: Path, external: bool) -> Path:
                       location=destination.name + ".data", size_threshold=1024)
         else:
             staged.write_bytes(model.SerializeToString(deterministic=True))
+        for name, data in (side or {}).items():
+            (staging / name).write_bytes(data)
         mode = file_mode()  # like any file the user writes, whatever the temp files had
         for path in staging.iterdir():
             path.chmod(mode)
@@ -52,9 +55,11 @@ def commit(staging: Path, destination: Path) -> list[Path]:
     complete; the files at the destination."""
     written = []
     data = staging / (destination.name + ".data")
-    if data.exists():
-        os.replace(data, destination.parent / data.name)
-        written.append(destination.parent / data.name)
+    first = [data] if data.exists() else []
+    first += sorted(p for p in staging.iterdir() if p.name not in (destination.name, data.name))
+    for path in first:  # the data and the side files, then the model
+        os.replace(path, destination.parent / path.name)
+        written.append(destination.parent / path.name)
     os.replace(staging / destination.name, destination)
     shutil.rmtree(staging, ignore_errors=True)
     return written + [destination]

@@ -42,6 +42,7 @@ class QdqEmitter:
                  accuracy_level: int = 4):
         self.files, self.jobs, self.output, self.external = files, jobs, output, external
         self.accuracy_level = accuracy_level
+        self.side: dict[str, bytes] = {}  # files written beside the model (genai.py)
         self.weights: dict[str, QuantizedWeight] = {}
         self.activations: dict[str, ActivationQParams] = {}
         self.kept: set[str] = set()
@@ -106,7 +107,7 @@ class QdqEmitter:
             model.metadata_props.add(key=key, value=value)
         model.producer_name, model.producer_version = "qrc", ""
         external = self.external or model.ByteSize() > EXTERNAL_THRESHOLD
-        self.staging = stage(model, self.output, external)
+        self.staging = stage(model, self.output, external, self.side)
         self.weights.clear()  # written: the rounded values need not stay in memory while the model is verified
         self.activations.clear()
         return sorted(self.staging.iterdir())

@@ -18,6 +18,7 @@ from compiler.backends.onnx import rewrite
 from compiler.backends.onnx.calibrate import calibrate, session_from_path
 from compiler.backends.onnx.emitters import ActivationQParams, QdqEmitter, emitter_for
 from compiler.backends.onnx.files import ModelFiles, open_model
+from compiler.backends.onnx.genai import side_files
 from compiler.backends.onnx.sensitivity import OnnxScorer
 from compiler.backends.program import execute_plan
 from compiler.backends.release import release_memory
@@ -234,6 +235,7 @@ class _OnnxRun:
         # offload keeps the weights out of the .onnx too, so verification can open it without loading them
         self.emitter = emitter_for(_format(self.ir), self.files, jobs, self.output, self.mode is MemoryMode.OFFLOAD,
                                    self.ir.emit.accuracy_level if self.ir.emit else 4)
+        self.emitter.side = side_files(self.source, self.output.name, self.assignment.model)
         inits = {t.name: t for t in self.files.light.graph.initializer}
         advance = self.progress("quantize", len(jobs))
         sqnr: dict[str, float] = {}

@@ -1,5 +1,6 @@
-"""An HF-style folder compiled with `backend onnx` is exported to ONNX first (torch.onnx), once: the
-export is cached under $QRC_CACHE/exported/<content hash>/ and reused by later compiles."""
+"""An HF-style folder compiled with `backend onnx` is exported to ONNX first (torch.onnx; decoders with
+the dynamo exporter and a key/value cache, export_decoder.py), once: the export is cached under
+$QRC_CACHE/exported/<content hash>/ and reused by later compiles."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import warnings
 from pathlib import Path
 
 from compiler.backends import BackendError
+from compiler.backends.onnx.export_decoder import DECODER_FAMILIES, export_decoder
+from compiler.backends.onnx.genai import TOKENIZER_FILES
 from compiler.diagnostics import error
 from compiler.models.exports import cached_export, export_path
 
@@ -28,6 +31,9 @@ def export_folder(folder: Path, span=None) -> Path:
         with _quiet():
             _export(folder, staging / "model.onnx", span)
         target.parent.mkdir(parents=True, exist_ok=True)
+        for name in ("config.json", *TOKENIZER_FILES):  # what genai_config.json and the cache shapes read
+            if (folder / name).is_file():
+                shutil.copyfile(folder / name, target.parent / name)
         os.replace(staging / "model.onnx.data", target.parent / "model.onnx.data")
         os.replace(staging / "model.onnx", target)
     finally:
@@ -65,6 +71,11 @@ def _export(folder: Path, out: Path, span) -> None:
         raise BackendError(error("Q400", "exporting an HF folder to ONNX needs transformers", span, "backend onnx",
                                  help="pip install -e '.[hf]'")) from None
     config = AutoConfig.from_pretrained(folder)
+    if config.model_type in DECODER_FAMILIES:
+        raw = out.with_name("raw.onnx")
+        export_decoder(folder, raw)
+        _finish(raw, out)
+        return
     if config.model_type not in _OUTPUTS:  # qrc check refuses these first (support.EXPORTABLE_FAMILIES)
         raise BackendError(error("Q415", f"the ONNX backend cannot export `{config.model_type}` folders to ONNX yet",
                                  span, "not exportable", help="use `backend torch` for this folder"))

@@ -3,13 +3,16 @@ searched choice included), so `compile` never starts work it would refuse."""
 
 from __future__ import annotations
 
+from compiler.backends.onnx.export_decoder import DECODER_FAMILIES
 from compiler.ir.types import ActivationMode, Granularity, RecipeIR
 from compiler.ir.values import Diagnostics
 from compiler.models.index import ModelFormat
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice
 
-EXPORTABLE_FAMILIES = ("bert",)  # HF folders the export op can turn into ONNX (compiler/backends/onnx/export.py)
+# HF folders the export op can turn into ONNX (compiler/backends/onnx/export.py and export_decoder.py,
+# which imports torch only when it exports)
+EXPORTABLE_FAMILIES = ("bert", *DECODER_FAMILIES)
 
 
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:

@@ -1,0 +1,180 @@
+"""int4 on an exported decoder: qrc (rtn, mse) vs onnxruntime's MatMulNBitsQuantizer (RTN) vs
+onnxruntime-genai's model builder int4, side by side in one run.
+
+    python bench/onnx_decoder.py [--layers 4 --hidden 512 --vocab 8192]
+
+A random-weight Qwen2 decoder (transformers config, no download) is exported by the builder in fp32:
+that graph (fused GroupQueryAttention) is the float reference and the input of qrc and of onnxruntime's
+quantizer; the builder's own int4 export is the third anchor. Each tool runs in its own process (wall
+time, peak RSS from VmHWM). Fidelity: logits vs the float graph on 8 held-out samples of 128 tokens,
+empty cache (cosine, top-1 agreement, KL of the softmax). Decode: greedy generation of 64 tokens in
+onnxruntime-genai after an 8-token prompt, ms per token (median of 3). Block size 32 everywhere,
+MatMulNBits accuracy_level 4 (the builder's CPU default, qrc's default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_ort import child  # noqa: E402
+
+BLOCK = 32
+
+
+def decoder_folder(tmp: Path, layers: int, hidden: int, vocab: int) -> Path:
+    """A random Qwen2 folder with a word-level tokenizer (the builder loads one)."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models
+
+    folder = tmp / "qwen2"
+    config = transformers.Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+                                      num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
+                                      max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(config).eval().save_pretrained(folder)
+    Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0")).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                              "bos_token": "t1", "eos_token": "t2", "pad_token": "t0"}))
+    return folder
+
+
+def builder(folder: Path, out: Path, precision: str) -> tuple[float, int, str]:
+    """The builder in a child process: (seconds, peak RSS, error)."""
+    extra = f", '--extra_options', 'int4_block_size={BLOCK}'" if precision == "int4" else ""
+    return child(f"import sys, runpy\nsys.argv = ['builder', '-i', {str(folder)!r}, '-o', {str(out)!r}, '-p', "
+                 f"{precision!r}, '-e', 'cpu', '-c', {str(out.parent / 'cache')!r}{extra}]\n"
+                 "runpy.run_module('onnxruntime_genai.models.builder', run_name='__main__')")
+
+
+def qrc(model: Path, out: Path, rounding: str, tmp: Path) -> tuple[float, int, str]:
+    recipe = tmp / f"{rounding}.recipe"
+    recipe.write_text(f'recipe bench {{ model "{model}"  backend onnx\n'
+                      f"  scheme s = W4A16 {{ group {BLOCK}  rounding {rounding} }}\n"
+                      '  quantize { type Linear -> s  "model.embed_tokens" -> none }\n'
+                      f'  emit "{out}" {{ format matmul_nbits  accuracy_level 4 }} }}\n')
+    return child(f"import sys\nsys.argv = ['qrc', 'compile', {str(recipe)!r}]\nfrom compiler.cli import main\n"
+                 "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code")
+
+
+def ort_rtn(model: Path, out: Path) -> tuple[float, int, str]:
+    return child(f"""
+import onnx
+from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer, DefaultWeightOnlyQuantConfig
+model = onnx.load({str(model)!r})
+config = DefaultWeightOnlyQuantConfig(block_size={BLOCK}, is_symmetric=True, accuracy_level=4)
+q = MatMulNBitsQuantizer(model, block_size={BLOCK}, is_symmetric=True, accuracy_level=4, algo_config=config)
+q.process()
+q.model.save_model_to_file({str(out)!r}, use_external_data_format=True)
+""")
+
+
+def genai_folder(model: Path, float_folder: Path) -> Path:
+    """A folder onnxruntime-genai loads: the model, and the float export's genai_config (file renamed)."""
+    folder = model.parent
+    if not (folder / "genai_config.json").exists():
+        config = json.loads((float_folder / "genai_config.json").read_text())
+        config["model"]["decoder"]["filename"] = model.name
+        (folder / "genai_config.json").write_text(json.dumps(config))
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(float_folder / name, folder / name)
+    return folder
+
+
+def fidelity(float_model: Path, model: Path, vocab: int) -> tuple[float, float, float]:
+    import onnxruntime as ort
+
+    ref, cand = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (float_model, model))
+    rng = np.random.RandomState(1_000_003)
+    cosines, agree, kls = [], [], []
+    for _ in range(8):
+        ids = rng.randint(0, vocab, (1, 128)).astype(np.int64)
+        a, b = (s.run(["logits"], _feed(s, ids))[0][0].astype(np.float64) for s in (ref, cand))
+        cosines.append(float(np.mean((a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1))))
+        agree.append(float(np.mean(a.argmax(-1) == b.argmax(-1))))
+        la, lb = _log_softmax(a), _log_softmax(b)
+        kls.append(float(np.mean((np.exp(la) * (la - lb)).sum(-1))))
+    return float(np.mean(cosines)), float(np.mean(agree)), float(np.mean(kls))
+
+
+def _feed(session, ids: np.ndarray) -> dict:
+    config = json.loads((Path(session._model_path).parent / "genai_config.json").read_text())["model"]["decoder"]
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    for info in session.get_inputs():
+        if info.name.startswith("past_key_values"):
+            feed[info.name] = np.zeros((1, config["num_key_value_heads"], 0, config["head_size"]), np.float32)
+    return feed
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def decode_ms(folder: Path) -> float:
+    import time
+
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    times = []
+    for _ in range(3):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=72, min_length=72, do_sample=False)
+        generator = og.Generator(model, params)
+        generator.append_tokens(np.arange(3, 11, dtype=np.int32)[None])
+        start, steps = time.perf_counter(), 0
+        while not generator.is_done():
+            generator.generate_next_token()
+            steps += 1
+        times.append((time.perf_counter() - start) / steps * 1000)
+    return float(np.median(times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--vocab", type=int, default=8192)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="qrc-bench-decoder-"))
+    folder = decoder_folder(tmp, args.layers, args.hidden, args.vocab)
+    seconds, peak, err = builder(folder, tmp / "fp32", "fp32")
+    assert not err, err
+    float_model = tmp / "fp32" / "model.onnx"
+    rows = []
+    runs = {"onnxruntime-genai builder int4": (lambda out: builder(folder, out.parent, "int4"), "b4/model.onnx"),
+            "onnxruntime MatMulNBitsQuantizer (RTN)": (lambda out: ort_rtn(float_model, out), "ort/model.onnx"),
+            "qrc rtn": (lambda out: qrc(float_model, out, "rtn", tmp), "qrc-rtn/model.onnx"),
+            "qrc mse": (lambda out: qrc(float_model, out, "mse", tmp), "qrc-mse/model.onnx")}
+    for name, (run, where) in runs.items():
+        out = tmp / where
+        out.parent.mkdir(parents=True, exist_ok=True)
+        seconds, peak, err = run(out)
+        if err:
+            rows.append(f"| {name} | {err} | | | | | |")
+            continue
+        folder_g = genai_folder(out, float_model.parent)
+        cosine, top1, kl = fidelity(float_model, out, args.vocab)
+        rows.append(f"| {name} | {seconds:.1f} | {peak / 2**20:,.0f} | {cosine:.4f} | {top1:.4f} | {kl:.5f} | "
+                    f"{decode_ms(folder_g):.2f} |")
+    float_ms = decode_ms(float_model.parent)
+    print(f"random Qwen2, {args.layers} layers, hidden {args.hidden}, vocab {args.vocab}; float fp32 decode "
+          f"{float_ms:.2f} ms/token\n")
+    print("| int4, block 32 | wall s | peak RSS MiB | logits cosine | top-1 | KL | decode ms/token |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("\n".join(rows))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""A dense HF decoder folder exported with torch.onnx's dynamo exporter (torch.export + onnxscript), the
+exporter PyTorch maintains, with a key/value cache: the graph takes what optimum and onnxruntime-genai
+graphs take (`input_ids`, `attention_mask`, `position_ids`, `past_key_values.N.key/value`) and returns
+`logits` and `present.N.key/value`, so the quantized model decodes with a cache in any runtime.
+
+transformers' own modules run inside the export (its cache class included): qrc only flattens the cache
+to tensors at the graph boundary, which the exporter needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Families whose tiny random models export and match transformers' logits with an empty and a filled
+# cache (tests/test_onnx_decoders.py). MoE and MLA decoders and VLMs are refused at `check` (Q415).
+DECODER_FAMILIES = ("llama", "mistral", "granite", "qwen2", "qwen3", "olmo2", "gemma2", "gemma3_text", "phi3")
+EXAMPLE = dict(batch=2, sequence=5, past=3)  # the traced shapes; all three axes are exported as dynamic
+
+
+def cache_names(layers: int, prefix: str) -> list[str]:
+    """`prefix.N.key`, `prefix.N.value` for every layer, in the order the graph takes them."""
+    return [f"{prefix}.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+
+
+def export_decoder(folder: Path, raw: Path, dtype: str = "float32") -> None:
+    """Export the decoder in `folder` to `raw` (opset 21, weights as external data beside it), its
+    weights and activations in `dtype` (float32, float16 or bfloat16)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+    config = model.config.get_text_config()
+    layers = config.num_hidden_layers
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    wrapper = _flattened(model, layers)
+    b, s, p = EXAMPLE["batch"], EXAMPLE["sequence"], EXAMPLE["past"]
+    example = (torch.randint(0, config.vocab_size, (b, s)), torch.ones(b, p + s, dtype=torch.long),
+               torch.arange(p, p + s).expand(b, s).contiguous(),
+               # distinct tensors: the tracer treats one object passed twice as one input
+               [torch.randn(b, kv_heads, p, head_dim, dtype=model.dtype) for _ in range(2 * layers)])
+    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
+    past, total = torch.export.Dim("past_sequence_length"), torch.export.Dim("total_sequence_length")
+    shapes = {"input_ids": {0: batch, 1: sequence}, "attention_mask": {0: batch, 1: total},
+              "position_ids": {0: batch, 1: sequence}, "past": [{0: batch, 2: past}] * (2 * layers)}
+    names = ["input_ids", "attention_mask", "position_ids", *cache_names(layers, "past_key_values")]
+    outputs = ["logits", *cache_names(layers, "present")]
+    with torch.no_grad():
+        program = torch.onnx.export(wrapper, example, dynamic_shapes=shapes, dynamo=True, input_names=names,
+                                    output_names=outputs, opset_version=21, verbose=False)
+    program.save(str(raw), external_data=True)
+
+
+def _flattened(model, layers: int):
+    """`model` with its cache as a flat list of tensors in and out (the graph's inputs and outputs)."""
+    import torch
+    from transformers import DynamicCache
+
+    class CacheFlattened(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model  # `m.` is dropped from the weight names after export (export._finish)
+
+        def forward(self, input_ids, attention_mask, position_ids, past):
+            cache = DynamicCache(config=model.config)
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            out = self.m(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True)
+            present = [t for layer in out.past_key_values.layers[:layers] for t in (layer.keys, layer.values)]
+            return (out.logits, *present)
+
+    return CacheFlattened()

@@ -1,0 +1,97 @@
+"""The files onnxruntime-genai reads beside a decoder: `genai_config.json` (which graph inputs are the ids,
+the mask and the cache, the model's numbers, search defaults) and the tokenizer. A model from
+onnxruntime-genai's builder carries its own, which is kept true (its `filename` becomes the emitted
+model's); a decoder exported elsewhere (optimum, torch.onnx, qrc's own export) gets one written from
+its config.json and its graph's input names, so `og.Model(folder)` loads qrc's output either way."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from compiler.models.inputs import InputRole, has_cache, role_of
+
+# what onnxruntime-genai needs or reads beside the model, copied when the source folder has them
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "vocab.json", "merges.txt", "tokenizer.model")
+# transformers model types onnxruntime-genai runs as decoders (its `model.type`)
+GENAI_TYPES = ("llama", "mistral", "granite", "qwen2", "qwen3", "olmo", "gemma2", "gemma3_text", "phi3")
+
+
+def side_files(source: Path, output_name: str, index) -> dict[str, bytes]:
+    """File name → bytes to write beside the emitted model (empty when the model is not a decoder that
+    onnxruntime-genai can run)."""
+    folder = source.parent
+    config = _genai_config(folder, output_name, index)
+    if config is None:
+        return {}
+    files = {"genai_config.json": (json.dumps(config, indent=4) + "\n").encode()}
+    files.update({name: (folder / name).read_bytes() for name in TOKENIZER_FILES if (folder / name).is_file()})
+    return files
+
+
+def _genai_config(folder: Path, output_name: str, index) -> dict | None:
+    carried = _read(folder / "genai_config.json")
+    if isinstance(carried.get("model", {}).get("decoder"), dict):
+        carried["model"]["decoder"]["filename"] = output_name
+        return carried
+    return _written(_read(folder / "config.json"), output_name, index)
+
+
+def _written(hf: dict, output_name: str, index) -> dict | None:
+    """A genai_config.json for a decoder with a cache whose config.json names a type genai runs."""
+    if hf.get("model_type") not in GENAI_TYPES or not has_cache(index):
+        return None
+    heads = hf.get("num_attention_heads")
+    numbers = {"head_size": hf.get("head_dim") or hf["hidden_size"] // heads, "hidden_size": hf.get("hidden_size"),
+               "num_attention_heads": heads, "num_hidden_layers": hf.get("num_hidden_layers"),
+               "num_key_value_heads": hf.get("num_key_value_heads") or heads}
+    decoder = {"session_options": {"log_id": "onnxruntime-genai", "provider_options": []}, "filename": output_name,
+               **numbers, "inputs": _inputs(index), "outputs": _outputs(index)}
+    context = hf.get("max_position_embeddings", 2048)
+    model = {"bos_token_id": _token(hf, "bos_token_id"), "context_length": context, "decoder": decoder,
+             "eos_token_id": _token(hf, "eos_token_id"), "pad_token_id": hf.get("pad_token_id") or 0,
+             "type": hf["model_type"].removesuffix("_text"), "vocab_size": hf.get("vocab_size")}
+    return {"model": model, "search": {"do_sample": False, "max_length": context, "num_beams": 1,
+                                       "past_present_share_buffer": False}}
+
+
+def _token(hf: dict, key: str):
+    """A special token id (a list for several end tokens); 0 where the config has none (genai needs one)."""
+    value = hf.get(key)
+    return value if isinstance(value, (int, list)) else 0
+
+
+def _inputs(index) -> dict[str, str]:
+    fields = {InputRole.TOKENS: "input_ids", InputRole.MASK: "attention_mask", InputRole.POSITIONS: "position_ids"}
+    found: dict[str, str] = {}
+    for info in index.inputs:
+        field = fields.get(role_of(info))
+        if field:
+            found.setdefault(field, info.name)
+    found.update(_cache_patterns([i.name for i in index.inputs], "past_key_names", "past_value_names"))
+    return found
+
+
+def _outputs(index) -> dict[str, str]:
+    names = [o.name for o in index.outputs]
+    return {"logits": names[0], **_cache_patterns(names, "present_key_names", "present_value_names")}
+
+
+def _cache_patterns(names: list[str], key_field: str, value_field: str) -> dict[str, str]:
+    """`past_key_values.0.key` … → `past_key_values.%d.key` (genai's printf pattern for layer N)."""
+    out = {}
+    for kind, field in (("key", key_field), ("value", value_field)):
+        first = next((n for n in names if re.search(rf"\.0\.{kind}$", n)), None)
+        if first:
+            out[field] = first[: -len(f".0.{kind}")] + f".%d.{kind}"
+    return out
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
