@@ -204,8 +204,9 @@ CODES: tuple[CodeInfo, ...] = (
        "±25% of what runs; a model that measures above it needs more `ram`, a smaller `chunk`, or offload.",
        'memory { ram 600 MiB }   # a compile whose real peak is 700 MiB'),
     _c("Q400", "backend dependency not installed",
-       "The torch backend opens HF-style folders with transformers, which is an optional dependency "
-       "(`pip install -e '.[hf]'`; the `models` extra brings it too). Checking and planning never need it.",
+       "The torch backend opens HF-style folders with transformers, and the ONNX backend exports them with "
+       "torch.onnx (decoders through its dynamo exporter, which needs onnxscript): optional dependencies "
+       "(`pip install -e '.[hf]'`). Checking and planning never need them.",
        'model "path/to/hf-folder"  backend torch   # without transformers installed'),
     _c("Q404", "model checkpoint cannot be read",
        "The torch backend reads weights from the folder's safetensors files, one block at a time. A file "

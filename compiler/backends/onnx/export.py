@@ -72,6 +72,11 @@ def _export(folder: Path, out: Path, span) -> None:
                                  help="pip install -e '.[hf]'")) from None
     config = AutoConfig.from_pretrained(folder)
     if config.model_type in DECODER_FAMILIES:
+        try:
+            import onnxscript  # noqa: F401  (torch.onnx's dynamo exporter writes the graph with it)
+        except ImportError:
+            raise BackendError(error("Q400", "exporting a decoder folder to ONNX needs onnxscript (torch.onnx's "
+                                     "dynamo exporter)", span, "backend onnx", help="pip install -e '.[hf]'")) from None
         raw = out.with_name("raw.onnx")
         export_decoder(folder, raw)
         _finish(raw, out)
