@@ -280,3 +280,15 @@ def test_decoder_plan_binds_batch_sequence_and_an_empty_past(exported, tmp_path)
     sizes = graph.sizes(4, 24)
     assert sizes["past_sequence_length"] == 0 and sizes["total_sequence_length"] == 24 and sizes["batch_size"] == 4
     assert sizes["kv_cache_dim"] == 16
+
+
+def test_builder_layers_have_the_checkpoint_names(exported, tmp_path):
+    """The builder names weights after their node (`lm_head.MatMul.weight`); the layers keep the
+    checkpoint's names, so a recipe written for the HF folder selects the same layers in its graph."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(RECIPE.format(model=exported("llama", "builder-fp32"), scheme="W8A8", fmt="qdq",
+                                    out=tmp_path / "o.onnx").replace("type Linear -> W8A8",
+                                                                     'type Linear -> W8A8  "lm_head" -> none  '
+                                                                     '"model.layers.*.mlp.down_proj" -> W8A16'))
+    result = runner.invoke(app, ["check", str(recipe)])
+    assert result.exit_code == 0, result.output

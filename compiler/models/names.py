@@ -21,10 +21,12 @@ def from_node_name(node_name: str) -> str | None:
 
 
 def from_weight_name(weight: str) -> str | None:
-    """`model.layers.0.self_attn.q_proj.weight` → `model.layers.0.self_attn.q_proj` (None for `onnx::…`)."""
+    """`model.layers.0.self_attn.q_proj.weight` → `model.layers.0.self_attn.q_proj` (None for `onnx::…`);
+    onnxruntime-genai's builder names weights after their node (`model.layers.0.attn.q_proj.MatMul.weight`,
+    `lm_head.MatMul.weight`): the op suffix goes too, so one recipe serves the builder's graph."""
     if weight.startswith("onnx::") or "::" in weight or not weight.endswith(".weight"):
         return None
-    return weight[: -len(".weight")]
+    return weight[: -len(".weight")].removesuffix(".MatMul")
 
 
 def block_of(name: str) -> str | None:
