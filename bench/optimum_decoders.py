@@ -20,16 +20,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-RECIPE = """recipe optimum {{
-    model "{model}"
-    backend onnx
-    scheme w4 = W4A16 {{ group 32 }}
-    quantize {{ type Linear -> {scheme} }}
-    calibrate {{ data synthetic {{ samples 8  seqlen 24 }}  chunk 4 }}
-    verify {{ samples 4  metric cosine  at_least 0.9 }}
-    emit "{out}" {{ format {fmt} }}
-}}
-"""
 
 
 def main() -> None:
@@ -53,7 +43,7 @@ def main() -> None:
         for scheme, (name, fmt) in decoders.SCHEMES.items():
             out = tmp / f"{family}-{scheme}" / "model.onnx"
             recipe = tmp / f"{family}-{scheme}.recipe"
-            recipe.write_text(RECIPE.format(model=exported / "model.onnx", scheme=name, fmt=fmt, out=out))
+            recipe.write_text(decoders.RECIPE.format(model=exported / "model.onnx", scheme=name, fmt=fmt, out=out))
             done = subprocess.run([sys.executable, "-m", "compiler", "compile", str(recipe)], capture_output=True, text=True)
             if done.returncode:
                 print(f"| optimum {family} | {scheme} | exit {done.returncode} | | |")

@@ -279,7 +279,9 @@ def _implied_by_text(index: ModelIndex, info: TensorInfo, rows: int, seqlen: int
     cache (a prompt's first step); None for an input text says nothing about."""
     role, binding = role_of(info), Binding(1, seqlen, past=0)
     shape = shape_at(index, info, binding)
-    if isinstance(shape, str) or role not in (InputRole.PAST, InputRole.POSITIONS) or len(shape) != 2 and role is InputRole.POSITIONS:
+    if isinstance(shape, str) or role is InputRole.POSITIONS and len(shape) != 2:
+        return None
+    if role not in (InputRole.PAST, InputRole.POSITIONS):
         return None
     dtype = _NP.get(info.dtype, np.float32)
     if role is InputRole.PAST:

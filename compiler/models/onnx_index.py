@@ -44,7 +44,7 @@ def side_config(folder: Path) -> tuple[tuple[str, int], ...]:
     """The architecture numbers exporters write next to the model: onnxruntime-genai's `genai_config.json`
     (the builder), else transformers' `config.json` (optimum, and qrc's own exports). A decoder's cache
     shape needs them where the graph leaves the head size symbolic."""
-    genai = _json(folder / "genai_config.json").get("model", {})
+    genai = json_object(folder / "genai_config.json").get("model", {})
     decoder = genai.get("decoder", {}) if isinstance(genai, dict) else {}
     numbers: dict[str, object] = {}
     if isinstance(decoder, dict) and decoder:
@@ -53,14 +53,14 @@ def side_config(folder: Path) -> tuple[tuple[str, int], ...]:
                    "num_key_value_heads": decoder.get("num_key_value_heads"),
                    "num_hidden_layers": decoder.get("num_hidden_layers"), "vocab_size": genai.get("vocab_size")}
     else:
-        hf = _json(folder / "config.json")
+        hf = json_object(folder / "config.json")
         hf = {**hf, **hf.get("text_config", {})} if isinstance(hf.get("text_config"), dict) else hf
         numbers = {k: hf.get(k) for k in ("head_dim", "hidden_size", "num_attention_heads", "num_key_value_heads",
                                           "num_hidden_layers", "vocab_size")}
     return tuple((k, v) for k, v in numbers.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0)
 
 
-def _json(path: Path) -> dict:
+def json_object(path: Path) -> dict:
     """A JSON object file, or {} when it is absent or not an object (the side file is optional)."""
     import json
 

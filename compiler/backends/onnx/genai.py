@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from compiler.models.inputs import InputRole, has_cache, role_of
+from compiler.models.onnx_index import json_object
 
 # what onnxruntime-genai needs or reads beside the model, copied when the source folder has them
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
@@ -32,11 +33,11 @@ def side_files(source: Path, output_name: str, index) -> dict[str, bytes]:
 
 
 def _genai_config(folder: Path, output_name: str, index) -> dict | None:
-    carried = _read(folder / "genai_config.json")
+    carried = json_object(folder / "genai_config.json")
     if isinstance(carried.get("model", {}).get("decoder"), dict):
         carried["model"]["decoder"]["filename"] = output_name
         return carried
-    return _written(_read(folder / "config.json"), output_name, index)
+    return _written(json_object(folder / "config.json"), output_name, index)
 
 
 def _written(hf: dict, output_name: str, index) -> dict | None:
@@ -87,11 +88,3 @@ def _cache_patterns(names: list[str], key_field: str, value_field: str) -> dict[
         if first:
             out[field] = first[: -len(f".0.{kind}")] + f".%d.{kind}"
     return out
-
-
-def _read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
