@@ -1,5 +1,5 @@
-"""int4 on an exported decoder: qrc (rtn, mse) vs onnxruntime's MatMulNBitsQuantizer (RTN) vs
-onnxruntime-genai's model builder int4, side by side in one run.
+"""int4 on an exported decoder: qrc (rtn, mse, gptq) vs onnxruntime's MatMulNBitsQuantizer (RTN and its
+GPTQ) vs onnxruntime-genai's model builder int4, side by side in one run.
 
     python bench/onnx_decoder.py [--layers 4 --hidden 512 --vocab 8192]
 
@@ -9,7 +9,9 @@ quantizer; the builder's own int4 export is the third anchor. Each tool runs in 
 time, peak RSS from VmHWM). Fidelity: logits vs the float graph on 8 held-out samples of 128 tokens,
 empty cache (cosine, top-1 agreement, KL of the softmax). Decode: greedy generation of 256 tokens in
 onnxruntime-genai after an 8-token prompt, ms per token (median of 5). Block size 32 everywhere,
-MatMulNBits accuracy_level 4 (the builder's CPU default, qrc's default).
+MatMulNBits accuracy_level 4 (the builder's CPU default, qrc's default). GPTQ calibrates on random token
+ids, 128 tokens per sample: 32 samples for both tools (dampening 0.01, no act-order, symmetric), and qrc
+again with 128 samples to show its peak stays flat in the sample count.
 """
 
 from __future__ import annotations
@@ -56,11 +58,12 @@ def builder(folder: Path, out: Path, precision: str) -> tuple[float, int, str]:
                  "runpy.run_module('onnxruntime_genai.models.builder', run_name='__main__')")
 
 
-def qrc(model: Path, out: Path, rounding: str, tmp: Path) -> tuple[float, int, str]:
-    recipe = tmp / f"{rounding}.recipe"
+def qrc(model: Path, out: Path, rounding: str, tmp: Path, samples: int = 32) -> tuple[float, int, str]:
+    recipe = tmp / f"{rounding}-{samples}.recipe"
     recipe.write_text(f'recipe bench {{ model "{model}"  backend onnx\n'
                       f"  scheme s = W4A16 {{ group {BLOCK}  rounding {rounding} }}\n"
                       '  quantize { type Linear -> s  "model.embed_tokens" -> none }\n'
+                      f"  calibrate {{ data synthetic {{ samples {samples}  seqlen 128 }}  chunk 8 }}\n"
                       f'  emit "{out}" {{ format matmul_nbits  accuracy_level 4 }} }}\n')
     return child(f"import sys\nsys.argv = ['qrc', 'compile', {str(recipe)!r}]\nfrom compiler.cli import main\n"
                  "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code")
@@ -73,6 +76,40 @@ from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 model = onnx.load({str(model)!r})
 config = DefaultWeightOnlyQuantConfig(block_size={BLOCK}, is_symmetric=True, accuracy_level=4)
 q = MatMulNBitsQuantizer(model, block_size={BLOCK}, is_symmetric=True, accuracy_level=4, algo_config=config)
+q.process()
+q.model.save_model_to_file({str(out)!r}, use_external_data_format=True)
+""")
+
+
+def ort_gptq(model: Path, out: Path, vocab: int) -> tuple[float, int, str]:
+    """onnxruntime's GPTQ (its bundled neural-compressor code) with 32 random-id samples of 128 tokens."""
+    return child(f"""
+import json, numpy as np, onnx
+from onnxruntime.quantization import CalibrationDataReader
+from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer, GPTQWeightOnlyQuantConfig
+decoder = json.load(open({str(model.parent / "genai_config.json")!r}))["model"]["decoder"]
+model = onnx.load({str(model)!r})
+past = [i.name for i in model.graph.input if i.name.startswith("past_key_values")]
+
+class Reader(CalibrationDataReader):
+    def __init__(self):
+        rng = np.random.RandomState(7)
+        self.feeds = []
+        for _ in range(32):
+            ids = rng.randint(0, {vocab}, (1, 128)).astype(np.int64)
+            feed = {{"input_ids": ids, "attention_mask": np.ones_like(ids)}}
+            feed.update({{p: np.zeros((1, decoder["num_key_value_heads"], 0, decoder["head_size"]), np.float32)
+                         for p in past}})
+            self.feeds.append(feed)
+        self.at = iter(self.feeds)
+    def get_next(self):
+        return next(self.at, None)
+    def __deepcopy__(self, memo):
+        return Reader()
+
+config = GPTQWeightOnlyQuantConfig(calibration_data_reader=Reader(), percdamp=0.01, block_size=128, actorder=False)
+q = MatMulNBitsQuantizer(model, block_size={BLOCK}, is_symmetric=True, accuracy_level=4, algo_config=config,
+                         nodes_to_exclude=[])
 q.process()
 q.model.save_model_to_file({str(out)!r}, use_external_data_format=True)
 """)
@@ -171,8 +208,12 @@ def main() -> None:
     rows = []
     runs = {"onnxruntime-genai builder int4": (lambda out: builder(folder, out.parent, "int4"), "b4/model.onnx"),
             "onnxruntime MatMulNBitsQuantizer (RTN)": (lambda out: ort_rtn(float_model, out), "ort/model.onnx"),
+            "onnxruntime MatMulNBitsQuantizer (GPTQ, 32 samples)": (lambda out: ort_gptq(float_model, out, args.vocab),
+                                                                    "ort-gptq/model.onnx"),
             "qrc rtn": (lambda out: qrc(float_model, out, "rtn", tmp), "qrc-rtn/model.onnx"),
-            "qrc mse": (lambda out: qrc(float_model, out, "mse", tmp), "qrc-mse/model.onnx")}
+            "qrc mse": (lambda out: qrc(float_model, out, "mse", tmp), "qrc-mse/model.onnx"),
+            "qrc gptq (32 samples)": (lambda out: qrc(float_model, out, "gptq", tmp), "qrc-gptq/model.onnx"),
+            "qrc gptq (128 samples)": (lambda out: qrc(float_model, out, "gptq", tmp, 128), "qrc-gptq128/model.onnx")}
     for name, (run, where) in runs.items():
         out = tmp / where
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -161,10 +161,11 @@ CODES: tuple[CodeInfo, ...] = (
     _c("Q225", "4-bit activations",
        "No runtime has kernels for 4-bit activation quantization; activations are int8 or uint8.",
        "scheme s { weights int4 group 128  activations int4 }"),
-    _c("Q226", "gptq rounding on the ONNX backend",
-       "GPTQ needs the block-wise PyTorch executor (Hessians from layer inputs); the ONNX backend rounds "
-       "with rtn or mse.",
-       "scheme w4 { weights int4 group 128  rounding gptq }   # with backend onnx"),
+    _c("Q226", "gptq rounding on a layer that is not a MatMul or Gemm",
+       "GPTQ rounds a weight against the Hessian of the activations it multiplies; an embedding (Gather) "
+       "multiplies nothing and a Conv's input is not a row of features, so on the ONNX backend GPTQ takes "
+       "MatMul and Gemm weights only.",
+       'quantize { "*" -> w4gptq }   # with backend onnx: the embedding (Gather) is matched too'),
     _c("Q227", "op cannot pass calibration ranges through",
        "`passthrough` lists distribution-preserving ops whose outputs inherit their input's range; other "
        "ops change the distribution and must be observed.",

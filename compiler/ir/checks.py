@@ -5,7 +5,7 @@ from __future__ import annotations
 from compiler.ir.elaborate import undefined_scheme_help
 from compiler.ir.patterns import PatternError, alternations, check_regex, glob_to_regex
 from compiler.ir.schemes import NONE, PRESETS
-from compiler.ir.types import Backend, EmitFormat, MemoryMode, RecipeIR, Rounding, SelectorKind
+from compiler.ir.types import Backend, EmitFormat, MemoryMode, RecipeIR, SelectorKind
 from compiler.ir.values import Diagnostics, did_you_mean
 from compiler.source import Span
 
@@ -120,11 +120,6 @@ def _used_schemes(ir: RecipeIR):
 def check_backend_features(ir: RecipeIR, diags: Diagnostics) -> None:
     """Settings the recipe's backend does not have."""
     if ir.backend is Backend.ONNX:
-        for scheme in _used_schemes(ir):
-            if scheme.rounding is Rounding.GPTQ:
-                diags.error("Q226", f"scheme `{scheme.name}` uses `rounding gptq`, which needs backend torch",
-                            scheme.span or ir.span, "gptq on onnx",
-                            help="use `rounding mse` (or `rtn`) on onnx, or `backend torch`")
         if ir.memory.mode is MemoryMode.MULTI_GPU:
             diags.error("Q234", "`mode multi_gpu` needs backend torch", ir.memory.span_of("mode"),
                         "onnx runs on one device", help="use `mode auto`, or `backend torch` for several GPUs")

@@ -204,7 +204,8 @@ def _calibrate_chunks(ctx: Context, layers: tuple[str, ...], outputs: tuple[str,
     else:
         tensors = (f"{len(w.observed)} tensors" if w.index.graph is not None else
                    f"the inputs of {len(w.needed)} layers (tensor names from the exported graph)")
-        summary = (f"forward {w.chunk} samples × {w.seqlen} tokens; update observers of {tensors}; "
+        hessians = f" and GPTQ Hessians of {len(w.hessian_inputs)} layer inputs" if w.hessian_inputs else ""
+        summary = (f"forward {w.chunk} samples × {w.seqlen} tokens; update observers of {tensors}{hessians}; "
                    "keep nothing else (the model's own outputs are dropped from the graph)")
     return CalibrateChunk(summary=summary, inputs=("model", "calibration_data", "memory_mode") + _after_search(ctx),
                           outputs=outputs, peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=ctx.chunks * ctx.passes,
@@ -269,7 +270,8 @@ def _blockwise(ctx: Context) -> list[PlanOp]:
         what = "compute float outputs, " + ranges + ("quantize the block (GPTQ with its Hessians)" if w.gptq else
                                                       "quantize the block")
     else:
-        what = "observe its tensors"
+        what = "observe its tensors" + (" (GPTQ: round its layers once every chunk has passed, free their "
+                                        "Hessians)" if w.hessian_inputs else "")
     run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
                    inputs=("model", "block_inputs"), outputs=outputs, peak_bytes=ctx.phase(PhaseName.CALIBRATE),
                    repeat=max(1, len(w.blocks)), layers=_block_layers(ctx) if rounds else _observed_layers(ctx),

@@ -77,6 +77,20 @@ def hessian_bytes(w: Workload, all_blocks: bool = False) -> int:
     return sum(sizes) if all_blocks else max(sizes, default=0)
 
 
+def gptq_scratch(w: Workload) -> int:
+    """Rounding one layer with GPTQ holds its Hessian twice more in float32 (its mean, factorised in
+    place: each step of H → L → H⁻¹ → U frees the one before) and its weight about eight times (float
+    copies, permuted copy, per-column scales and zero points, the rounded and dequantized results).
+    Measured: bench/torch_modes.py."""
+    if not w.gptq:
+        return 0
+    quantized = [x for x in w.index.layers if x.name in set(w.gptq_layers) and x.kind is LayerKind.LINEAR]
+    k = max((x.in_features for x in quantized), default=0)
+    weight = max((x.params * 4 for x in quantized), default=0)
+    return 2 * k * k * 4 + 8 * weight
+
+
+
 def score_phase(w: Workload, chunk: int, runtime: int, float32_model: bool, gradients: bool) -> Phase:
     """The mixed-precision search's scoring (compiler/backends/sensitivity.py). snr reads one weight at a
     time; mse runs the float model once with every searched layer's XᵀX (float64) held; kld holds every

@@ -31,6 +31,7 @@ class Workload:
     calibrate: bool  # any step needs a forward pass over calibration data
     gptq: bool
     gptq_layers: tuple[str, ...]
+    hessian_inputs: tuple[tuple[str, int], ...]  # (input tensor, features) of GPTQ's linear layers, once each
     samples: int
     seqlen: int
     chunk: int
@@ -45,6 +46,11 @@ class Workload:
     def source_of(self) -> dict[str, str]:
         """Each needed tensor's observed source (itself, or a passthrough producer)."""
         return dict(self.sources)
+
+    @property
+    def fetched(self) -> tuple[str, ...]:
+        """What the ONNX calibration reads out of the graph: the observed tensors and the GPTQ inputs."""
+        return tuple(dict.fromkeys((*self.observed, *(t for t, _ in self.hessian_inputs))))
 
     @property
     def inherited(self) -> int:
@@ -104,6 +110,8 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         sources = propagate(index.graph, needed, ir.calibration.passthrough)
     observed = tuple(dict.fromkeys(sources.values()))
     gptq_layers = tuple(a.layer.name for a in quantized if a.scheme.rounding is Rounding.GPTQ)
+    hessian_inputs = tuple(dict.fromkeys((a.layer.input, a.layer.in_features) for a in quantized
+                                         if a.scheme.rounding is Rounding.GPTQ and a.layer.kind is LayerKind.LINEAR))
     gptq = bool(gptq_layers)
     mp = ir.mixed_precision
     cal = ir.calibration
@@ -114,7 +122,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         quantized_layers=tuple(a.layer.name for a in quantized), needed=needed, observed=observed,
         sources=tuple(sources.items()),
         calibrate=bool(observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR),
-        gptq=gptq, gptq_layers=gptq_layers, samples=cal.data.samples, seqlen=sequence_length(cal.data), chunk=chunk or cal.chunk, bins=cal.bins,
+        gptq=gptq, gptq_layers=gptq_layers, hessian_inputs=hessian_inputs, samples=cal.data.samples, seqlen=sequence_length(cal.data), chunk=chunk or cal.chunk, bins=cal.bins,
         method=cal.method, mixed_precision=mp is not None,
         search=_search(ir, assignment),
         verify_samples=ir.verify.samples if ir.verify else 0, disk=ir.memory.disk is not None,

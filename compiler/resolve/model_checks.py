@@ -7,7 +7,7 @@ import math
 import re
 from collections import defaultdict
 
-from compiler.ir.types import EmitFormat, Granularity, RecipeIR, SelectorKind
+from compiler.ir.types import Backend, EmitFormat, Granularity, RecipeIR, Rounding, SelectorKind
 from compiler.ir.values import Diagnostics
 from compiler.models.index import LayerKind
 from compiler.models.names import compress
@@ -94,6 +94,8 @@ def _misfits(ir: RecipeIR, a) -> list[str]:
             found.append("Q235")
     if a.scheme.activations is not None and layer.kind is LayerKind.EMBEDDING:
         found.append("Q236")
+    if a.scheme.rounding is Rounding.GPTQ and ir.backend is Backend.ONNX and layer.kind is not LayerKind.LINEAR:
+        found.append("Q226")
     weight_only = a.scheme.activations is None
     if ir.emit and ir.emit.format is EmitFormat.MATMUL_NBITS and weight_only and layer.kind is not LayerKind.LINEAR:
         found.append("Q237")
@@ -126,6 +128,10 @@ def _misfit_text(code: str, scheme, names: list[str], assignment: Assignment) ->
         kinds = ", ".join(sorted({f"{x.dtype} {'x'.join(map(str, x.shape))}" for x in layers}))
         return (f"{listed}: weights qrc cannot round ({kinds}): already quantized, or empty",
                 "qrc rounds float weights with elements; give these layers `-> none`")
+    if code == "Q226":
+        kinds = ", ".join(sorted({x.kind.value for x in layers}))
+        return (f"`rounding gptq` rounds MatMul and Gemm weights, not {listed} ({kinds})",
+                "add a rule giving these layers a scheme with `rounding rtn` or `mse` (e.g. `type Embedding -> W8A16`)")
     if code == "Q236":
         return (f"`{scheme.name}` quantizes activations, but {listed}: Embedding layer(s) whose input is token ids",
                 "give embeddings a weight-only scheme (e.g. W8A16) or `none`")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import onnx
 
+from compiler.backends.onnx.hessians import PREFIX, hessian_observers
 from compiler.data import Batches
 from compiler.plan.activations import needed_nodes
 from compiler.quant.observers import make_observer
@@ -63,18 +64,22 @@ def session(model: onnx.ModelProto, model_dir: Path):
 
 def calibrate(model: onnx.ModelProto, model_dir: Path, graph_summary, observed: tuple[str, ...], batches: Batches,
               histogram: bool, bins: int, on_chunk: Callable[[], None] = lambda: None, workers: int = 1,
-              checkpoint=None) -> dict[str, object]:
-    """Observers for every observed tensor, updated chunk by chunk. With `workers` > 1 the tensors of a
-    chunk are observed in parallel threads (numpy releases the GIL); each observer still sees its
-    chunks in order, so the result is the same bit for bit. With a `checkpoint`, observer state is saved
-    after every chunk and an interrupted run resumes after the last chunk it finished."""
-    observers = {t: make_observer(histogram, bins) for t in observed}
+              checkpoint=None, hessians: dict[str, int] | None = None) -> dict[str, object]:
+    """Observers for every observed tensor, and a Hessian observer for every tensor in `hessians` (→ its
+    feature count; keyed compiler.backends.onnx.hessians.PREFIX + name), updated chunk by chunk. With
+    `workers` > 1 the tensors of a chunk are observed in parallel threads (numpy releases the GIL); each
+    observer still sees its chunks in order, so the result is the same bit for bit. With a `checkpoint`,
+    observer state is saved after every chunk and an interrupted run resumes after the last chunk it
+    finished."""
+    observers: dict[str, object] = {t: make_observer(histogram, bins) for t in observed}
+    observers.update(hessian_observers(hessians or {}))
     resumed = checkpoint.load() if checkpoint else None
     done = 0
     if resumed is not None and set(resumed[1]) == set(observers):
         done, observers = resumed
-    from_inputs = [t for t in observed if t in {i.name for i in model.graph.input}]
-    aug = augmented_model(model, graph_summary, observed)
+    fetched = tuple(dict.fromkeys((*observed, *(hessians or {}))))
+    from_inputs = [t for t in fetched if t in {i.name for i in model.graph.input}]
+    aug = augmented_model(model, graph_summary, fetched)
     names = [o.name for o in aug.graph.output]
     sess = session(aug, model_dir) if names else None
     del aug  # the session holds its own copy
@@ -83,8 +88,8 @@ def calibrate(model: onnx.ModelProto, model_dir: Path, graph_summary, observed: 
         if index < done:  # already observed by the interrupted run
             on_chunk()
             continue
-        for name in from_inputs:
-            observers[name].update(feed[name])
+        if from_inputs:
+            _observe(observers, [(name, feed[name]) for name in from_inputs], 1)
         if sess is not None:
             outputs = sess.run(names, {k: v for k, v in feed.items() if k in inputs})
             _observe(observers, list(zip(names, outputs, strict=True)), workers)
@@ -95,12 +100,19 @@ def calibrate(model: onnx.ModelProto, model_dir: Path, graph_summary, observed: 
     return observers
 
 
+def observe(observers: dict, name: str, value) -> None:
+    """Update every observer of tensor `name`: its range observer and its Hessian, where it has them."""
+    for key in (name, PREFIX + name):
+        if key in observers:
+            observers[key].update(value)
+
+
 def _observe(observers: dict, pairs: list, workers: int) -> None:
     if workers <= 1 or len(pairs) <= 1:
         for name, value in pairs:
-            observers[name].update(value)
+            observe(observers, name, value)
         return
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(lambda pair: observers[pair[0]].update(pair[1]), pairs))
+        list(pool.map(lambda pair: observe(observers, pair[0], pair[1]), pairs))

@@ -14,6 +14,8 @@ from compiler.plan.memory import (
     Phase,
     block_working_set,
     dtype_bytes,
+    gptq_scratch,
+    hessian_bytes,
     mode_estimate,
     observer_bytes,
     score_phase,
@@ -28,6 +30,9 @@ SESSION_COPIES = 1  # weights live once, in the session (read from external data
 # all-MiniLM-L6-v2 (87 MB of weights): a 1.13 GiB peak, of which the model and its exported proto are ~0.17 GiB
 EXPORT_RUNTIME = 900 * MiB
 SLICE_BYTES = 16 << 20  # large weights are rounded in slices of output channels of this size
+# GPTQ's column loop runs in torch (compiler/quant/gptq.py): importing it raised max RSS from 47 to 241 MiB
+TORCH_LIBRARIES = 200 * MiB
+HESSIAN_SUM = 8  # bytes per Hessian element: sums are float64 (compiler/quant/gptq.py HessianObserver)
 
 
 # ---- ONNX ----------------------------------------------------------------------------------------
@@ -35,19 +40,51 @@ SLICE_BYTES = 16 << 20  # large weights are rounded in slices of output channels
 def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1) -> Phase:
     """The calibration phase: one session with the observed tensors as outputs, or one segment at a time (offload)."""
     graph = w.index.graph
-    runtime = RUNTIME
+    runtime = _runtime(w)
     parts: tuple[tuple[str, int], ...]
     if mode is MemoryMode.OFFLOAD:
         seg_weights, seg_act = _largest_segment(w, chunk)
         cache = _boundary_cache(w, chunk)
         parts = (("runtime", runtime), ("weights of one segment", SESSION_COPIES * seg_weights),
                  ("segment activations", seg_act), ("block-boundary cache", cache), ("observers", observer_bytes(w)))
+        if w.hessian_inputs:  # a segment's GPTQ layers are rounded as soon as it has seen every chunk
+            parts += (("GPTQ Hessians of one segment (float64 sums), update scratch",
+                       _segment_hessians(w) + _hessian_update(w, chunk)),
+                      ("rounding one GPTQ layer", gptq_scratch(w)), ("GPTQ weights rounded so far", w.quantized_bytes))
     else:
         group = _observed_group(w, passes)
         act = calibration_peak(graph, group, chunk, w.seqlen).bytes if graph and group else _no_graph(w, chunk)
         parts = (("runtime", runtime), ("session weights", SESSION_COPIES * w.weights_bytes),
                  (f"activations of one chunk ({chunk} samples)", act), ("observers", observer_bytes(w)))
+        if w.hessian_inputs:
+            parts += (("GPTQ Hessians (float64 sums), update scratch", _hessians(w, group) + _hessian_update(w, chunk)),)
     return Phase("calibrate", sum(b for _, b in parts), parts)
+
+
+def _runtime(w: Workload) -> int:
+    return RUNTIME + (TORCH_LIBRARIES if w.hessian_inputs else 0)
+
+
+def _hessians(w: Workload, tensors: tuple[str, ...] | None = None) -> int:
+    """The float64 Hessian sums of GPTQ inputs (of `tensors`, or all)."""
+    return sum(HESSIAN_SUM * k * k for t, k in w.hessian_inputs if tensors is None or t in tensors)
+
+
+def _hessian_update(w: Workload, chunk: int) -> int:
+    """Updating the widest Hessian with a chunk: its rows in float64, the finite ones, and XᵀX."""
+    k = max((k for _, k in w.hessian_inputs), default=0)
+    return 2 * chunk * w.seqlen * k * HESSIAN_SUM + HESSIAN_SUM * k * k
+
+
+def _segment_hessians(w: Workload) -> int:
+    """The Hessians of the GPTQ inputs one offload segment produces (the largest segment's)."""
+    graph = w.index.graph
+    if not graph:
+        return hessian_bytes(w) * HESSIAN_SUM // 4
+    runs = segment_runs([n.name for n in graph.nodes])
+    wanted = {t for t, _ in w.hessian_inputs}
+    per_run = [tuple(o for i in idx for o in graph.nodes[i].outputs if o in wanted) for _, idx in runs]
+    return max((_hessians(w, produced) for produced in per_run), default=0)
 
 
 def _no_graph(w: Workload, chunk: int) -> int:
@@ -58,10 +95,11 @@ def _no_graph(w: Workload, chunk: int) -> int:
 
 def _observed_group(w: Workload, passes: int) -> tuple[str, ...]:
     """The largest group when the observed tensors are split in order into `passes` passes."""
-    if not w.observed:
+    if not w.fetched:
         return ()
-    size = math.ceil(len(w.observed) / max(passes, 1))
-    groups = [w.observed[i:i + size] for i in range(0, len(w.observed), size)] or [()]
+    fetched = w.fetched
+    size = math.ceil(len(fetched) / max(passes, 1))
+    groups = [fetched[i:i + size] for i in range(0, len(fetched), size)] or [()]
     graph = w.index.graph
     if not graph:
         return groups[0]
@@ -92,7 +130,7 @@ def _largest_segment(w: Workload, chunk: int, outputs: bool = False) -> tuple[in
     if not graph:
         return _segment_weights(w), 0
     runs = segment_runs([n.name for n in graph.nodes])
-    wanted = set(w.observed) | (set(graph.outputs) if outputs else set())
+    wanted = set(w.fetched) | (set(graph.outputs) if outputs else set())
     worst = 0
     for index, (_, idx) in enumerate(runs):
         kept = set(segment_outputs(graph, runs, index, wanted))
@@ -112,17 +150,19 @@ def _boundary_cache(w: Workload, chunk: int) -> int:
 def onnx_quantize(w: Workload, mode: MemoryMode) -> Phase:
     """Weights are read one at a time from external data and rounded in slices; the quantized model grows
     in memory (emit then holds it and its serialized copy: the plan's emit op)."""
-    runtime = RUNTIME
     temps = 3 * min(w.largest_layer_bytes, SLICE_BYTES) + w.largest_layer_bytes  # one float weight + scratch of a slice
-    parts = (("runtime", runtime), ("quantized weights so far", w.quantized_bytes),
-             ("weight being rounded, and scratch", temps))
+    parts: tuple[tuple[str, int], ...] = (("runtime", _runtime(w)), ("quantized weights so far", w.quantized_bytes),
+                                          ("weight being rounded, and scratch", temps))
+    if w.hessian_inputs and mode is not MemoryMode.OFFLOAD:  # offload rounded them during calibration
+        parts += (("GPTQ Hessians not yet used (float32 copy of one), rounding scratch",
+                   _hessians(w) + gptq_scratch(w)),)
     return Phase("quantize", sum(b for _, b in parts), parts)
 
 
 def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     """Float and emitted model side by side on one chunk; every model output of both is held."""
     graph = w.index.graph
-    runtime = RUNTIME
+    runtime = _runtime(w)
     parts: tuple[tuple[str, int], ...]
     if mode is MemoryMode.OFFLOAD:  # one segment session at a time, one sample at a time
         block_weights, block_act = _largest_segment(w, 1, outputs=True)
@@ -148,7 +188,7 @@ def export_peak(w: Workload) -> int:
 
 def onnx_emit(w: Workload) -> Phase:
     """The quantized model and its serialized copy."""
-    parts = (("runtime", RUNTIME), ("quantized model and its serialized copy", 2 * w.quantized_bytes))
+    parts = (("runtime", _runtime(w)), ("quantized model and its serialized copy", 2 * w.quantized_bytes))
     return Phase("emit", sum(b for _, b in parts), parts)
 
 

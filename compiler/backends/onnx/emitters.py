@@ -15,7 +15,7 @@ import onnx
 
 from compiler.backends.emitter import Spec
 from compiler.backends.onnx.files import ModelFiles, load_remaining
-from compiler.backends.onnx.rewrite import WeightJob, rewrite, uses_matmul_nbits, weight_axes
+from compiler.backends.onnx.rewrite import WeightJob, rewrite, uses_matmul_nbits, weight_axes, weight_nodes
 from compiler.ir.types import EmitFormat, Granularity, QType
 from compiler.models.onnx_write import commit, stage
 from compiler.quant.weights import QuantizedWeight
@@ -51,12 +51,7 @@ class QdqEmitter:
 
     def weight_nodes(self) -> list[tuple[onnx.NodeProto, str]]:
         """(first node reading it, weight name) for every weight to quantize, in graph order."""
-        seen: dict[str, onnx.NodeProto] = {}
-        for node in self.files.light.graph.node:
-            for name in node.input:
-                if name in self.jobs and name not in seen:
-                    seen[name] = node
-        return [(node, name) for name, node in seen.items()]
+        return weight_nodes(self.files.light, self.jobs)
 
     def specs(self) -> list[Spec]:
         """The integer weights and their scales and zero points, from each layer's shape and scheme."""

@@ -14,11 +14,13 @@ import onnx
 
 from compiler import data
 from compiler.backends.agreement import Agreement, passes
+from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.onnx import rewrite
-from compiler.backends.onnx.calibrate import calibrate, session_from_path
+from compiler.backends.onnx.calibrate import calibrate, observe, session_from_path
 from compiler.backends.onnx.emitters import ActivationQParams, QdqEmitter, emitter_for
 from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.genai import side_files
+from compiler.backends.onnx.hessians import GptqRounder, hessian_observers, uses_gptq
 from compiler.backends.onnx.sensitivity import OnnxScorer
 from compiler.backends.program import execute_plan
 from compiler.backends.release import release_memory
@@ -26,7 +28,7 @@ from compiler.backends.result import CompileResult, held_out_batches, judge, ref
 from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.diagnostics import warning
 from compiler.ir.printer import print_ir, provenance
-from compiler.ir.types import EmitFormat, MemoryMode, RecipeIR
+from compiler.ir.types import EmitFormat, MemoryMode, RecipeIR, Rounding
 from compiler.ir.values import Diagnostics
 from compiler.models import builtin, resolve_path
 from compiler.plan import ops
@@ -34,7 +36,7 @@ from compiler.plan.ops import Plan
 from compiler.plan.workload import Workload, workload
 from compiler.quant import qparams
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
-from compiler.quant.weights import sqnr_db
+from compiler.quant.weights import QuantizedWeight, sqnr_db
 from compiler.resolve.assignment import Assignment, resolve
 
 Progress = Callable[[str, int], Callable[[], None]]  # (stage, total) → advance-by-one
@@ -70,6 +72,8 @@ class _OnnxRun:
         self.bounds: dict[str, tuple[float, float]] = {}  # layer input → its quantized range
         self.offload_resume: tuple | None = None
         self.emitter: QdqEmitter | None = None
+        self.rounder: GptqRounder | None = None  # GPTQ: Hessians held until their layers are rounded
+        self.rounded: dict[str, QuantizedWeight] = {}  # offload: GPTQ weights rounded as their segment finished
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.ExportOnnx: self.export, ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode,
@@ -89,6 +93,11 @@ class _OnnxRun:
     @property
     def workload(self) -> Workload:
         return workload(self.ir, self.assignment)
+
+    def jobs(self) -> dict[str, rewrite.WeightJob]:
+        """Every weight to quantize (by initializer name), with its layer and scheme."""
+        return {a.layer.weight: rewrite.WeightJob(a.layer, a.scheme) for a in self.assignment.layers
+                if not a.scheme.is_none}
 
     # ---- model ------------------------------------------------------------------------------------
     def export(self, op: ops.ExportOnnx) -> None:
@@ -130,15 +139,19 @@ class _OnnxRun:
         w, files = self.workload, self.files
         histogram = self.ir.calibration.method in HISTOGRAM_METHODS
         batches = self._batches(w)
-        groups = np.array_split(np.array(w.observed, dtype=object), op.passes)
+        hessians = dict(w.hessian_inputs)
+        groups = np.array_split(np.array(w.fetched, dtype=object), op.passes)
         advance = self.progress("calibrate", len(batches) * op.passes)
         states = []
         for number, group in enumerate(groups):
+            observed = tuple(t for t in group if t in set(w.observed))
+            gathered = {t: hessians[t] for t in group if t in hessians}
             state = self._resume_state(number, tuple(group))
             states.append(state)
-            self.observers.update(calibrate(files.light, files.base_dir, w.index.graph, tuple(group), batches,
+            self.observers.update(calibrate(files.light, files.base_dir, w.index.graph, observed, batches,
                                             histogram, self.ir.calibration.bins, advance, self.ir.calibration.workers,
-                                            state))
+                                            state, gathered))
+        self.rounder = GptqRounder(self.jobs(), self.observers)
         for state in filter(None, states):  # calibration is complete: nothing to resume
             state.remove()
         self._ranges_if_ready(op)
@@ -151,7 +164,10 @@ class _OnnxRun:
         w = self.workload
         histogram = self.ir.calibration.method in HISTOGRAM_METHODS
         self.observers = {t: make_observer(histogram, self.ir.calibration.bins) for t in w.observed}
-        state = self._resume_state(-1, tuple(w.observed))
+        self.observers.update(hessian_observers(dict(w.hessian_inputs)))
+        # GPTQ layers are rounded as their segment finishes, and those weights are not part of the resume
+        # state: an offload GPTQ run starts over when interrupted
+        state = None if w.gptq else self._resume_state(-1, tuple(w.observed))
         resume = None
         if state is not None:
             found = state.load()
@@ -163,9 +179,9 @@ class _OnnxRun:
             resume = Resume(state.path.stem, lambda: done, lambda segments: state.save(segments, self.observers))
         self.offload_resume = (state, resume)
         if not (resume and resume.done()):
-            for name in (t for t in w.observed if t in w.index.graph.inputs):
+            for name in (t for t in w.fetched if t in w.index.graph.inputs):
                 for feed in self._batches(w):
-                    self.observers[name].update(feed[name])
+                    observe(self.observers, name, feed[name])
 
     def run_blocks(self, op: ops.RunBlock) -> None:
         """offload: one segment's weights in a session at a time, boundaries cached per chunk."""
@@ -175,11 +191,37 @@ class _OnnxRun:
         state, resume = self.offload_resume
         batches = self._batches(w)
         advance = self.progress("calibrate", len(cut(files.light)) * len(batches))
-        run_segments(files.light, files.base_dir, w.index.graph, batches, set(self.observers),
-                     lambda name, value: self.observers[name].update(value), _disk(self.ir), advance, resume)
+        self.rounder = GptqRounder(self.jobs(), self.observers)
+        run_segments(files.light, files.base_dir, w.index.graph, batches, set(w.fetched),
+                     lambda name, value: observe(self.observers, name, value), _disk(self.ir), advance, resume,
+                     self._round_segment)
         if state is not None:
             state.remove()
         self._ranges_if_ready(op)
+
+    def _round_segment(self, reported: list[str]) -> None:
+        """offload: the GPTQ layers whose input a finished segment produced are rounded now, so only one
+        segment's Hessians are ever held; the rounded weights wait for the quantize op."""
+        done = set(reported)
+        jobs = self.rounder.jobs
+        finished = {name for name, job in jobs.items() if uses_gptq(job) and job.layer.input in done}
+        if not finished:
+            return
+        inits = {t.name: t for t in self.files.light.graph.initializer if t.name in finished}
+        for node, weight in rewrite.weight_nodes(self.files.light, finished):
+            self.rounded[weight] = self._round(node, inits[weight], jobs[weight])
+        release_memory()
+
+    def _round(self, node: onnx.NodeProto, init: onnx.TensorProto, job: rewrite.WeightJob) -> QuantizedWeight:
+        """One weight read from the data file and rounded (GPTQ with its Hessian where the scheme says so;
+        rtn where no dampening makes that definite); non-finite weights refused (Q409)."""
+        weight = init.name
+        w = self.files.array(init)
+        refuse_nonfinite(self.ir, job.layer, w)
+        if uses_gptq(job) and self.rounder is not None and self.rounder.ready(job.layer.input):
+            rtn = rewrite.WeightJob(job.layer, dataclasses.replace(job.scheme, rounding=Rounding.RTN))
+            return self.rounder.round(weight, w, node, lambda: rewrite.quantize_for(w, node, rtn))
+        return rewrite.quantize_for(w, node, job)
 
     def _resume_state(self, number: int, group: tuple[str, ...]):
         if not self.ir.memory.disk:
@@ -230,8 +272,7 @@ class _OnnxRun:
         inputs' scales and zero points."""
         self.result.calibration_seconds = time.perf_counter() - self.start
         release_memory()
-        jobs = {a.layer.weight: rewrite.WeightJob(a.layer, a.scheme) for a in self.assignment.layers
-                if not a.scheme.is_none}
+        jobs = self.jobs()
         # offload keeps the weights out of the .onnx too, so verification can open it without loading them
         self.emitter = emitter_for(_format(self.ir), self.files, jobs, self.output, self.mode is MemoryMode.OFFLOAD,
                                    self.ir.emit.accuracy_level if self.ir.emit else 4)
@@ -240,13 +281,14 @@ class _OnnxRun:
         advance = self.progress("quantize", len(jobs))
         sqnr: dict[str, float] = {}
         for node, weight in self.emitter.weight_nodes():
+            qw = self.rounded.pop(weight) if weight in self.rounded else self._round(node, inits[weight], jobs[weight])
             w = self.files.array(inits[weight])
-            refuse_nonfinite(self.ir, jobs[weight].layer, w)
-            qw = rewrite.quantize_for(w, node, jobs[weight])
             sqnr[weight] = sqnr_db(w, qw, rewrite.weight_axes(node)[0])
             self.emitter.put(weight, qw)
-            del w
+            del w, qw
             advance()
+        if self.rounder is not None and self.rounder.dampened:
+            self.result.warnings.append(dampened_warning(self.ir, self.rounder.dampened))
         for tensor, qparams_ in self._activation_specs().items():
             self.emitter.put(tensor, qparams_)
         self.result.weight_sqnr = {a.layer.name: sqnr[a.layer.weight] for a in self.assignment.layers

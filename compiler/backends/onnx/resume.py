@@ -1,8 +1,9 @@
 """Resumable calibration: with `disk` set, observer state is saved after every segment (atomically), so a
 compile that was killed continues where it stopped and gives the same bytes as one that was not.
 
-The state is data only: an .npz of integer histograms and a JSON description (format version, segments
-done, each observer's numbers), read with `allow_pickle=False` and validated. Nothing from the cache folder
+The state is data only: an .npz of integer histograms and GPTQ's float64 Hessian sums, and a JSON
+description (format version, segments done, each observer's numbers), read with `allow_pickle=False` and
+validated. Nothing from the cache folder
 is ever executed; a foreign, damaged or other-version file means starting over."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from compiler.quant.gptq import HessianObserver
 from compiler.quant.observers import HistogramObserver, MinMaxObserver
 
 FORMAT = "qrc-resume-v2"
@@ -78,12 +80,25 @@ def _minmax(o: MinMaxObserver) -> dict:
 
 
 def _describe(observer, index: int, arrays: dict[str, np.ndarray]) -> dict:
+    if isinstance(observer, HessianObserver):
+        arrays[f"hessian_{index}"] = observer.sum
+        return {"kind": "hessian", "features": observer.features, "rows": observer.rows, "index": index}
     if isinstance(observer, MinMaxObserver):
         return {"kind": "minmax", **_minmax(observer)}
     if observer.counts is not None:
         arrays[f"counts_{index}"] = observer.counts
     return {"kind": "histogram", "bins": observer.bins, "exponent": observer.exponent, "index": index,
             "has_counts": observer.counts is not None, "minmax": _minmax(observer.minmax)}
+
+
+def _restore_hessian(d: dict, archive) -> HessianObserver:
+    o = HessianObserver(int(d["features"]))
+    total = archive[f"hessian_{int(d['index'])}"]
+    rows = d["rows"]
+    if total.dtype != np.float64 or total.shape != o.sum.shape or not isinstance(rows, int) or rows < 0:
+        raise ValueError("damaged Hessian")
+    o.sum, o.rows = total, rows
+    return o
 
 
 def _restore_minmax(d: dict) -> MinMaxObserver:
@@ -94,9 +109,11 @@ def _restore_minmax(d: dict) -> MinMaxObserver:
     return o
 
 
-def _observer(d: dict, archive) -> MinMaxObserver | HistogramObserver:
+def _observer(d: dict, archive) -> MinMaxObserver | HistogramObserver | HessianObserver:
     if d["kind"] == "minmax":
         return _restore_minmax(d)
+    if d["kind"] == "hessian":
+        return _restore_hessian(d, archive)
     if d["kind"] != "histogram":
         raise ValueError(f"unknown observer kind {d['kind']!r}")
     o = HistogramObserver(bins=int(d["bins"]))

@@ -48,6 +48,16 @@ def weight_axes(node: onnx.NodeProto) -> tuple[int, int]:
     return 1, 0  # MatMul B: [K, N]
 
 
+def weight_nodes(model: onnx.ModelProto, weights) -> list[tuple[onnx.NodeProto, str]]:
+    """(first node reading it, name) for each of `weights` (a collection of initializer names), in graph order."""
+    seen: dict[str, onnx.NodeProto] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            if name in weights and name not in seen:
+                seen[name] = node
+    return [(node, name) for name, node in seen.items()]
+
+
 def tensor(name: str, array: np.ndarray, qtype: QType | None = None) -> onnx.TensorProto:
     """An initializer from an array, in the scheme's integer type when `qtype` is given."""
     if qtype is None or qtype.bits == 8:

@@ -128,10 +128,12 @@ def _info(summary: GraphSummary, name: str) -> onnx.ValueInfoProto:
 
 def run_segments(model: onnx.ModelProto, model_dir: Path, summary: GraphSummary, batches: Sequence[dict] | Batches,
                  wanted: set[str], on_value: Callable[[str, np.ndarray], None], disk: Path | None,
-                 on_chunk: Callable[[], None] = lambda: None, resume: Resume | None = None) -> None:
+                 on_chunk: Callable[[], None] = lambda: None, resume: Resume | None = None,
+                 on_segment: Callable[[list[str]], None] = lambda reported: None) -> None:
     """Run the model segment by segment over all chunks, reporting every `wanted` value as it is produced.
     Each wanted value is reported for chunk 0, 1, … in order, as in one whole-graph pass. `on_chunk` is
-    called once per segment and chunk."""
+    called once per segment and chunk; `on_segment`, with the wanted names a segment produced, once it has
+    run every chunk (their statistics are then complete)."""
     segments = cut(model)
     consumers = _last_reader(segments)
     graph_inputs = set(summary.inputs)
@@ -161,6 +163,7 @@ def run_segments(model: onnx.ModelProto, model_dir: Path, summary: GraphSummary,
                         cache.put(name, chunk, value)
                 on_chunk()
             del sess
+            on_segment(reported)
             if resume:  # record the segment before deleting what it consumed
                 resume.save(index + 1)
             for name in [n for n, last in consumers.items() if last == index]:

@@ -13,6 +13,7 @@ from compiler.plan.memory import (
     Phase,
     block_working_set,
     dtype_bytes,
+    gptq_scratch,
     hessian_bytes,
     mode_estimate,
     score_phase,
@@ -49,7 +50,7 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
              (f"block caches ({copies} copies)", cache),
              (f"block working set ({chunk} samples)", work if mode is not MemoryMode.MULTI_GPU else 0),
              ("GPTQ Hessians (+ scratch of one)", hessian_bytes(w, all_blocks=mode is MemoryMode.FULL)
-              + _gptq_scratch(w) if mode is not MemoryMode.MULTI_GPU else 0))
+              + gptq_scratch(w) if mode is not MemoryMode.MULTI_GPU else 0))
     return Phase("block-wise compile", sum(b for _, b in parts), parts)
 
 
@@ -67,19 +68,6 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     parts = base.parts + ((f"verification logits ({held} float + {verify_chunk} quantized samples, scratch)",
                            (held + verify_chunk + 7) * per_sample),)
     return Phase("verification at the output", sum(b for _, b in parts), parts)
-
-
-def _gptq_scratch(w: Workload) -> int:
-    """Rounding one layer with GPTQ holds its Hessian twice more in float32 (its mean, factorised in
-    place: each step of H → L → H⁻¹ → U frees the one before) and its weight about eight times (float
-    copies, permuted copy, per-column scales and zero points, the rounded and dequantized results).
-    Measured: bench/torch_modes.py."""
-    if not w.gptq:
-        return 0
-    quantized = [x for x in w.index.layers if x.name in set(w.gptq_layers) and x.kind is LayerKind.LINEAR]
-    k = max((x.in_features for x in quantized), default=0)
-    weight = max((x.params * 4 for x in quantized), default=0)
-    return 2 * k * k * 4 + 8 * weight
 
 
 def _offload_weights(w: Workload) -> int:

@@ -22,6 +22,7 @@ import torch
 
 from compiler import data
 from compiler.backends.agreement import Agreement, passes
+from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.program import execute_plan
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
@@ -30,7 +31,7 @@ from compiler.backends.torch import streams
 from compiler.backends.torch.attribution import LayerCosts
 from compiler.backends.torch.compressed import layer_tensors
 from compiler.backends.torch.devices import place
-from compiler.backends.torch.fallbacks import dampened_warning, sibling_range, unseen_warning
+from compiler.backends.torch.fallbacks import sibling_range, unseen_warning
 from compiler.backends.torch.layers import (
     ROW_SLICE_BYTES,
     Job,

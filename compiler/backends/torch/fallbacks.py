@@ -1,10 +1,8 @@
 """What a run does where data-driven rounding has nothing to work with, and how it says so: an MoE expert
-no calibration token reached (rtn, the widest input range of its sibling experts; Q248), and a GPTQ
-Hessian that needed more dampening or none helped (rtn; Q418). Each is warned once for all layers."""
+no calibration token reached (rtn, the widest input range of its sibling experts; Q248). GPTQ's Q418 is
+shared with the ONNX backend (compiler/backends/gptq_warning.py)."""
 
 from __future__ import annotations
-
-import math
 
 from compiler.backends.torch.layers import Job, Statistics, input_qparams
 from compiler.diagnostics import Diagnostic, warning
@@ -33,17 +31,3 @@ def unseen_warning(ir: RecipeIR, unseen: list[Job]) -> Diagnostic:
         ir.calibration.span_of("experts") or unseen[0].scheme.span, "no data",
         help="`calibrate { experts all }` (the default) sends every token through every expert for "
         "statistics; or calibrate with more samples")
-
-
-def dampened_warning(ir: RecipeIR, dampened: dict[str, float]) -> Diagnostic:
-    """Q418 for the GPTQ layers whose Hessian needed more dampening (∞: none helped, rounded with rtn)."""
-    by_value: dict[float, list[str]] = {}
-    for layer, used in dampened.items():
-        by_value.setdefault(used, []).append(layer)
-    parts = [f"{', '.join(names.compress(layers)[:2])}: " + ("rtn (no dampening made H definite)"
-             if math.isinf(used) else f"dampening {used:g}") for used, layers in sorted(by_value.items())]
-    return warning(
-        "Q418", f"GPTQ raised its dampening for {len(dampened)} layers ({'; '.join(parts)})",
-        ir.span, "Hessian not definite",
-        help="their inputs were (nearly) degenerate during calibration: more or more varied calibration samples "
-        "give them a well-conditioned Hessian")
