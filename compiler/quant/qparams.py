@@ -67,7 +67,11 @@ def mlas_int4(rmin: np.ndarray, rmax: np.ndarray, signed_max: np.ndarray, symmet
 def quantize_unsigned4(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> np.ndarray:
     """MLAS rounding into [0, 15]: x · (1/scale) rounded, plus the zero point (a zero scale gives the zero point)."""
     inverse = np.where(scale != 0, np.float32(1.0) / np.where(scale != 0, scale, 1), 0).astype(np.float32)
-    return np.clip(np.round(x.astype(np.float32) * inverse) + zero_point, 0, 15).astype(np.uint8)
+    y = np.asarray(x, np.float32) * inverse  # one scratch array, rounded and shifted in place
+    np.round(y, out=y)
+    y += zero_point
+    np.clip(y, 0, 15, out=y)
+    return y.astype(np.uint8)
 
 
 def torch_scale_zero_point(rmin: np.ndarray, rmax: np.ndarray, qtype: QType, symmetric: bool,
