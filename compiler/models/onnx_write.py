@@ -25,16 +25,25 @@ def write_atomically(model, destination: Path, external: bool) -> list[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def stage(model, destination: Path, external: bool, side: dict[str, bytes] | None = None) -> Path:
+def new_staging(destination: Path) -> Path:
+    """A hidden folder beside `destination` where its files are written before they move into place."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.qrc-"))
+
+
+def stage(model, destination: Path, external: bool, side: dict[str, bytes] | None = None,
+          staging: Path | None = None) -> Path:
     """Write `model` complete into a hidden folder beside `destination` (which is not touched), and the
-    `side` files (name → bytes) that go beside it; the folder."""
+    `side` files (name → bytes) that go beside it; the folder. With `staging`, the folder exists and its
+    data file already holds every large initializer (DataFile): only the proto is written."""
     import onnx
 
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.qrc-"))
+    staging = staging or new_staging(destination)
     try:
         staged = staging / destination.name
-        if external:
+        if (staging / (destination.name + ".data")).exists():
+            staged.write_bytes(model.SerializeToString(deterministic=True))
+        elif external:
             onnx.save(model, staged, save_as_external_data=True, all_tensors_to_one_file=True,
                       location=destination.name + ".data", size_threshold=1024)
         else:
@@ -48,6 +57,75 @@ def stage(model, destination: Path, external: bool, side: dict[str, bytes] | Non
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return staging
+
+
+class DataFile:
+    """A staged model's `<name>.data`, written as the compile goes: each large initializer's bytes are
+    appended as soon as it exists (the proto keeps only where they are), and the float initializers kept as
+    they were are copied from the source's data file in pieces. onnx's own external-data saving needs every
+    tensor in memory at once; a model beyond 2 GB under a small `ram` budget cannot afford that."""
+
+    INLINE = 1024  # bytes: smaller tensors stay in the proto
+    ALIGN = 4096  # large tensors start on a page boundary (onnxruntime can map them)
+    PIECE = 16 << 20  # bytes copied at a time
+
+    def __init__(self, staging: Path, destination: Path):
+        self.location = destination.name + ".data"
+        self.path = staging / self.location
+        self.handle = open(self.path, "wb")  # noqa: SIM115  # closed by close(), after the last tensor
+        self.offset = 0
+
+    def put(self, tensor):
+        """`tensor` (with raw_data) with its bytes moved to the data file; a small one is returned as it is."""
+        if tensor.ByteSize() <= self.INLINE:  # as compiler/backends/onnx/files.py tells inline from external
+            return tensor
+        data = tensor.raw_data
+        start = self._start(len(data))
+        self.handle.write(data)
+        self._point(tensor, start, len(data))
+        tensor.ClearField("raw_data")
+        return tensor
+
+    def copy(self, tensor, base_dir: Path) -> None:
+        """Copy an external `tensor`'s bytes from its data file under `base_dir` into this file, and point
+        it here."""
+        from onnx.external_data_helper import ExternalDataInfo
+
+        info = ExternalDataInfo(tensor)
+        source = base_dir / info.location
+        length = info.length if info.length is not None else source.stat().st_size - (info.offset or 0)
+        start = self._start(length)
+        with open(source, "rb") as handle:
+            handle.seek(info.offset or 0)
+            left = length
+            while left:
+                piece = handle.read(min(self.PIECE, left))
+                if not piece:
+                    raise OSError(f"{source} ends before tensor {tensor.name}")
+                self.handle.write(piece)
+                left -= len(piece)
+        self._point(tensor, start, length)
+
+    def close(self) -> None:
+        """Flush and close the file (the proto that points into it is written next)."""
+        self.handle.close()
+
+    def _start(self, length: int) -> int:
+        align = self.ALIGN if length >= self.ALIGN else 64
+        start = -(-self.offset // align) * align
+        if start > self.offset:
+            self.handle.write(b"\0" * (start - self.offset))
+        self.offset = start + length
+        return start
+
+    def _point(self, tensor, start: int, length: int) -> None:
+        from onnx import TensorProto
+
+        # written by hand: onnx's set_external_data insists on a raw_data field, which a copied tensor lacks
+        del tensor.external_data[:]
+        for key, value in (("location", self.location), ("offset", str(start)), ("length", str(length))):
+            tensor.external_data.add(key=key, value=value)
+        tensor.data_location = TensorProto.EXTERNAL
 
 
 def commit(staging: Path, destination: Path) -> list[Path]:

@@ -34,10 +34,12 @@ def needed_nodes(graph: GraphSummary, kept: set[str]) -> list[Node]:
     return [n for n in graph.nodes if n.name in wanted]
 
 
-def peak(graph: GraphSummary, nodes: list[Node], kept: set[str], batch: int, seqlen: int) -> ActivationPeak:
-    """Peak resident activation bytes while running `nodes` with `kept` values held to the end."""
+def peak(graph: GraphSummary, nodes: list[Node], kept: set[str], batch: int, seqlen: int,
+         past: int = 0) -> ActivationPeak:
+    """Peak resident activation bytes while running `nodes` with `kept` values held to the end, for `batch`
+    samples of `seqlen` new tokens after `past` cached ones."""
     size = {}
-    sizes = graph.sizes(batch, seqlen)
+    sizes = graph.sizes(batch, seqlen, past)
     for node in nodes:
         for name in (*node.inputs, *node.outputs):
             value = graph.value(name)
@@ -65,10 +67,10 @@ def peak(graph: GraphSummary, nodes: list[Node], kept: set[str], batch: int, seq
     return ActivationPeak(best.bytes + copies, best.largest, best.largest_bytes)
 
 
-def calibration_peak(graph: GraphSummary, observed: tuple[str, ...], batch: int, seqlen: int) -> ActivationPeak:
+def calibration_peak(graph: GraphSummary, observed: tuple[str, ...], batch: int, seqlen: int, past: int = 0) -> ActivationPeak:
     """The peak of a calibration run that outputs `observed` (the graph pruned to what they need)."""
     kept = set(observed)
-    return peak(graph, needed_nodes(graph, kept), kept, batch, seqlen)
+    return peak(graph, needed_nodes(graph, kept), kept, batch, seqlen, past)
 
 
 def segment_runs(node_names: list[str]) -> list[tuple[str, list[int]]]:
@@ -94,7 +96,7 @@ def segment_runs(node_names: list[str]) -> list[tuple[str, list[int]]]:
 def segment_outputs(graph: GraphSummary, runs, index: int, wanted: set[str]) -> list[str]:
     """What a segment must produce: values later segments read, and the wanted ones it makes."""
     later = {i for _, idx in runs[index + 1:] for n in idx for i in graph.nodes[n].inputs}
-    produced = [o for n in runs[index][1] for o in graph.nodes[n].outputs]
+    produced = [o for n in runs[index][1] for o in graph.nodes[n].outputs if o]  # '': an absent optional output
     return list(dict.fromkeys(o for o in produced if o in later or o in wanted))
 
 

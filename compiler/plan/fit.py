@@ -72,9 +72,9 @@ def _culprit(w: Workload, costs: CostModel) -> str:
     text = f"even `mode offload` with `chunk 1` needs {human_bytes(smallest.peak_ram)}, most of it {part} ({human_bytes(size)})"
     graph = w.index.graph
     if graph and w.observed and "activations" in part:
-        peak = calibration_peak(graph, w.observed, 1, w.seqlen)
+        peak = calibration_peak(graph, w.observed, 1, w.seqlen, w.past)
         value = graph.value(peak.largest)
-        sizes = graph.sizes(1, w.seqlen)
+        sizes = graph.sizes(1, w.seqlen, w.past)
         dims = [d if isinstance(d, int) else ("batch" if d == graph.batch_symbol else sizes.get(d or "", w.seqlen))
                 for d in value.dims or ()]
         text += (f"; the largest tensor is {peak.largest} [{', '.join(map(str, dims))}], "

@@ -107,7 +107,7 @@ def score_phase(w: Workload, chunk: int, runtime: int, float32_model: bool, grad
     backward = search.metric is SensitivityMetric.KLD and gradients
     if graph and not float32_model:
         kept = set(graph.outputs)
-        act = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen).bytes
+        act = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen, w.past).bytes
     else:
         act = chunk * block_working_set(w) * (1 + (len(w.blocks) if backward else 0))
     last = w.index.layers[-1].out_features if w.index.layers else w.hidden

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from compiler.data.batches import sequence_length
+from compiler.data.batches import cache_length, sequence_length
 from compiler.ir.types import ActivationMode, Backend, CalibrationMethod, RecipeIR, Rounding, SensitivityMetric
 from compiler.models.index import LayerKind, ModelIndex
 from compiler.plan.activations import propagate
@@ -34,6 +34,7 @@ class Workload:
     hessian_inputs: tuple[tuple[str, int], ...]  # (input tensor, features) of GPTQ's linear layers, once each
     samples: int
     seqlen: int
+    past: int  # tokens already in a decoder's cache per sample (an npz's past axis; else 0)
     chunk: int
     bins: int
     method: CalibrationMethod
@@ -122,7 +123,8 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         quantized_layers=tuple(a.layer.name for a in quantized), needed=needed, observed=observed,
         sources=tuple(sources.items()),
         calibrate=bool(observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR),
-        gptq=gptq, gptq_layers=gptq_layers, hessian_inputs=hessian_inputs, samples=cal.data.samples, seqlen=sequence_length(cal.data), chunk=chunk or cal.chunk, bins=cal.bins,
+        gptq=gptq, gptq_layers=gptq_layers, hessian_inputs=hessian_inputs, samples=cal.data.samples, seqlen=sequence_length(cal.data),
+        past=cache_length(cal.data), chunk=chunk or cal.chunk, bins=cal.bins,
         method=cal.method, mixed_precision=mp is not None,
         search=_search(ir, assignment),
         verify_samples=ir.verify.samples if ir.verify else 0, disk=ir.memory.disk is not None,

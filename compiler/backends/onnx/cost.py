@@ -32,6 +32,8 @@ EXPORT_RUNTIME = 900 * MiB
 SLICE_BYTES = 16 << 20  # large weights are rounded in slices of output channels of this size
 # GPTQ's column loop runs in torch (compiler/quant/gptq.py): importing it raised max RSS from 47 to 241 MiB
 TORCH_LIBRARIES = 200 * MiB
+EXTERNAL_THRESHOLD = 1 << 30  # an output above this keeps its weights in `<model>.data` (protobuf stops at 2 GiB)
+COPY_PIECE = 16 * MiB  # kept float initializers are copied file to file in pieces of this size
 HESSIAN_SUM = 8  # bytes per Hessian element: sums are float64 (compiler/quant/gptq.py HessianObserver)
 
 
@@ -50,10 +52,10 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
         if w.hessian_inputs:  # a segment's GPTQ layers are rounded as soon as it has seen every chunk
             parts += (("GPTQ Hessians of one segment (float64 sums), update scratch",
                        _segment_hessians(w) + _hessian_update(w, chunk)),
-                      ("rounding one GPTQ layer", gptq_scratch(w)), ("GPTQ weights rounded so far", w.quantized_bytes))
+                      ("rounding one GPTQ layer (written to the output's data file at once)", gptq_scratch(w)))
     else:
         group = _observed_group(w, passes)
-        act = calibration_peak(graph, group, chunk, w.seqlen).bytes if graph and group else _no_graph(w, chunk)
+        act = calibration_peak(graph, group, chunk, w.seqlen, w.past).bytes if graph and group else _no_graph(w, chunk)
         parts = (("runtime", runtime), ("session weights", SESSION_COPIES * w.weights_bytes),
                  (f"activations of one chunk ({chunk} samples)", act), ("observers", observer_bytes(w)))
         if w.hessian_inputs:
@@ -103,7 +105,7 @@ def _observed_group(w: Workload, passes: int) -> tuple[str, ...]:
     graph = w.index.graph
     if not graph:
         return groups[0]
-    return max(groups, key=lambda g: calibration_peak(graph, g, 1, w.seqlen).bytes)
+    return max(groups, key=lambda g: calibration_peak(graph, g, 1, w.seqlen, w.past).bytes)
 
 
 def _segment_weights(w: Workload) -> int:
@@ -136,7 +138,7 @@ def _largest_segment(w: Workload, chunk: int, outputs: bool = False) -> tuple[in
         kept = set(segment_outputs(graph, runs, index, wanted))
         members = {graph.nodes[i].name for i in idx}
         needed = [n for n in needed_nodes(graph, kept) if n.name in members] if kept else []
-        worst = max(worst, peak(graph, needed, kept, chunk, w.seqlen).bytes)
+        worst = max(worst, peak(graph, needed, kept, chunk, w.seqlen, w.past).bytes)
     return _segment_weights(w), worst
 
 
@@ -147,12 +149,20 @@ def _boundary_cache(w: Workload, chunk: int) -> int:
     return 2 * held * per_sample
 
 
+def streams_output(w: Workload, mode: MemoryMode) -> bool:
+    """Whether the output keeps its weights in external data, written as they are rounded (offload, or an
+    output beyond EXTERNAL_THRESHOLD); otherwise the quantized model is assembled in memory."""
+    return mode is MemoryMode.OFFLOAD or w.quantized_bytes > EXTERNAL_THRESHOLD
+
+
 def onnx_quantize(w: Workload, mode: MemoryMode) -> Phase:
-    """Weights are read one at a time from external data and rounded in slices; the quantized model grows
-    in memory (emit then holds it and its serialized copy: the plan's emit op)."""
+    """Weights are read one at a time from external data and rounded in slices; their quantized form grows
+    in memory (emit then holds the model and its serialized copy: the plan's emit op), or goes straight to
+    the output's data file when the output streams."""
     temps = 3 * min(w.largest_layer_bytes, SLICE_BYTES) + w.largest_layer_bytes  # one float weight + scratch of a slice
-    parts: tuple[tuple[str, int], ...] = (("runtime", _runtime(w)), ("quantized weights so far", w.quantized_bytes),
-                                          ("weight being rounded, and scratch", temps))
+    held = ("quantized weights so far", w.quantized_bytes) if not streams_output(w, mode) else \
+        ("quantized weights: written to the data file as they come", 0)
+    parts: tuple[tuple[str, int], ...] = (("runtime", _runtime(w)), held, ("weight being rounded, and scratch", temps))
     if w.hessian_inputs and mode is not MemoryMode.OFFLOAD:  # offload rounded them during calibration
         parts += (("GPTQ Hessians not yet used (float32 copy of one), rounding scratch",
                    _hessians(w) + gptq_scratch(w)),)
@@ -166,7 +176,7 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     parts: tuple[tuple[str, int], ...]
     if mode is MemoryMode.OFFLOAD:  # one segment session at a time, one sample at a time
         block_weights, block_act = _largest_segment(w, 1, outputs=True)
-        outputs = sum(graph.value(o).bytes(graph.sizes(1, w.seqlen), w.seqlen)
+        outputs = sum(graph.value(o).bytes(graph.sizes(1, w.seqlen, w.past), w.seqlen)
                       for o in graph.outputs if graph.value(o)) if graph else 0
         parts = (("runtime", runtime), ("weights of one segment", block_weights),
                  ("its weights dequantized at run time (DequantizeLinear outputs)", block_weights),
@@ -175,7 +185,7 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
         act = _no_graph(w, chunk)
         if graph:
             kept = set(graph.outputs)
-            act = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen).bytes
+            act = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen, w.past).bytes
         parts = (("runtime", runtime), ("float session", w.weights_bytes), ("quantized session", w.quantized_bytes),
                  ("activations of one chunk, both models", 2 * act))
     return Phase("verify", sum(b for _, b in parts), parts)
@@ -186,9 +196,13 @@ def export_peak(w: Workload) -> int:
     return EXPORT_RUNTIME + 2 * w.weights_bytes * 4 // dtype_bytes(w)
 
 
-def onnx_emit(w: Workload) -> Phase:
-    """The quantized model and its serialized copy."""
-    parts = (("runtime", _runtime(w)), ("quantized model and its serialized copy", 2 * w.quantized_bytes))
+def onnx_emit(w: Workload, mode: MemoryMode) -> Phase:
+    """The quantized model and its serialized copy; or, when the output streams, the kept float
+    initializers copied into its data file a piece at a time."""
+    if streams_output(w, mode):
+        parts = (("runtime", _runtime(w)), ("float initializers copied a piece at a time", COPY_PIECE))
+    else:
+        parts = (("runtime", _runtime(w)), ("quantized model and its serialized copy", 2 * w.quantized_bytes))
     return Phase("emit", sum(b for _, b in parts), parts)
 
 
@@ -230,7 +244,7 @@ class OnnxCosts:
             case PhaseName.QUANTIZE:
                 return onnx_quantize(w, mode).bytes
             case PhaseName.EMIT:
-                return onnx_emit(w).bytes
+                return onnx_emit(w, mode).bytes
             case PhaseName.VERIFY:
                 return onnx_verify(w, mode, min(chunk, w.verify_samples)).bytes
         raise AssertionError(phase)

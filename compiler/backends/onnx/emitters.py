@@ -1,7 +1,9 @@
 """The ONNX emitters (compiler.backends.emitter.Emitter): QDQ, and MatMulNBits (QDQ for what MatMulNBits
-cannot take). The quantize op puts each rounded weight and each activation's scale and zero point; at
-`finish` the graph is rewritten (compiler/backends/onnx/rewrite.py), the kept float initializers are read
-back from external data, and the file is written atomically."""
+cannot take). The quantize op puts each rounded weight, which becomes its initializers and nodes at once
+(with external data, its bytes go straight to the staged data file), and each activation's scale and zero
+point; at `finish` the graph is rewritten (compiler/backends/onnx/rewrite.py), the kept float initializers
+are read back (or, with external data, copied file to file), and the model is staged to be moved into
+place atomically."""
 
 from __future__ import annotations
 
@@ -14,13 +16,20 @@ import numpy as np
 import onnx
 
 from compiler.backends.emitter import Spec
+from compiler.backends.onnx.cost import EXTERNAL_THRESHOLD
 from compiler.backends.onnx.files import ModelFiles, load_remaining
-from compiler.backends.onnx.rewrite import WeightJob, rewrite, uses_matmul_nbits, weight_axes, weight_nodes
+from compiler.backends.onnx.rewrite import (
+    Replacement,
+    WeightJob,
+    replacement,
+    rewrite,
+    uses_matmul_nbits,
+    weight_axes,
+    weight_nodes,
+)
 from compiler.ir.types import EmitFormat, Granularity, QType
-from compiler.models.onnx_write import commit, stage
+from compiler.models.onnx_write import DataFile, commit, new_staging, stage
 from compiler.quant.weights import QuantizedWeight
-
-EXTERNAL_THRESHOLD = 1 << 30  # weights above this go to `<model>.data` (protobuf stops at 2 GiB)
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,9 @@ class QdqEmitter:
         self.files, self.jobs, self.output, self.external = files, jobs, output, external
         self.accuracy_level = accuracy_level
         self.side: dict[str, bytes] = {}  # files written beside the model (genai.py)
-        self.weights: dict[str, QuantizedWeight] = {}
+        self.replacements: dict[str, Replacement] = {}
+        self.readers = {name: node for node, name in self.weight_nodes()}
+        self.data: DataFile | None = None  # external: the staged data file, filled as weights come
         self.activations: dict[str, ActivationQParams] = {}
         self.kept: set[str] = set()
         self.props: list[tuple[str, str]] = []
@@ -76,9 +87,18 @@ class QdqEmitter:
     def put(self, name: str, value: QuantizedWeight | ActivationQParams) -> None:
         """A rounded weight (by weight name) or a static input's quantization (by tensor name)."""
         if isinstance(value, QuantizedWeight):
-            self.weights[name] = value
+            swap = replacement(self.readers[name], name, value, self.jobs[name], self.format, self.accuracy_level)
+            if self.external:
+                swap = Replacement(tuple(self._data().put(t) for t in swap.initializers), swap.nodes, swap.output)
+            self.replacements[name] = swap
         else:
             self.activations[name] = value
+
+    def _data(self) -> DataFile:
+        if self.data is None:
+            self.staging = new_staging(self.output)
+            self.data = DataFile(self.staging, self.output)
+        return self.data
 
     def copy_raw(self, name: str, *source) -> None:
         """Keep a float initializer as it is (read back from the external data at `finish`)."""
@@ -90,20 +110,26 @@ class QdqEmitter:
 
     def finish(self) -> list[Path]:
         """Rewrite the graph, load the kept initializers, stamp, write atomically; the files written."""
-        missing = [w for w in self.jobs if w not in self.weights]
+        missing = [w for w in self.jobs if w not in self.replacements]
         if missing:
             raise AssertionError(f"emit before {len(missing)} weights were put, e.g. {missing[0]}")
         activations = {t: (a.scale, a.zero_point, a.qtype, set(a.consumers)) for t, a in self.activations.items()}
-        model = rewrite(self.files.light, self.jobs, self.weights, activations, self.format, self.kept,
-                        self.accuracy_level)
-        load_remaining(model, self.files.base_dir)
+        model = rewrite(self.files.light, self.jobs, self.replacements, activations, self.kept, self.format)
+        if self.external:
+            data = self._data()
+            for tensor in model.graph.initializer:
+                if tensor.name in self.kept and tensor.data_location == onnx.TensorProto.EXTERNAL:
+                    data.copy(tensor, self.files.base_dir)
+            data.close()
+        else:
+            load_remaining(model, self.files.base_dir)
         del model.metadata_props[:]
         for key, value in self.props:
             model.metadata_props.add(key=key, value=value)
         model.producer_name, model.producer_version = "qrc", ""
         external = self.external or model.ByteSize() > EXTERNAL_THRESHOLD
-        self.staging = stage(model, self.output, external, self.side)
-        self.weights.clear()  # written: the rounded values need not stay in memory while the model is verified
+        self.staging = stage(model, self.output, external, self.side, self.staging)
+        self.replacements.clear()  # written: the rounded values need not stay in memory while the model is verified
         self.activations.clear()
         return sorted(self.staging.iterdir())
 
@@ -114,6 +140,8 @@ class QdqEmitter:
 
     def abort(self) -> None:
         """Remove the staged model, if any: nothing appears at the destination."""
+        if self.data is not None:
+            self.data.handle.close()
         if self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
             self.staging = None

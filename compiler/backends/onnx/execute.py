@@ -13,10 +13,12 @@ import numpy as np
 import onnx
 
 from compiler import data
+from compiler.backends import BackendError
 from compiler.backends.agreement import Agreement, passes
 from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.onnx import rewrite
 from compiler.backends.onnx.calibrate import calibrate, observe, session_from_path
+from compiler.backends.onnx.cost import streams_output
 from compiler.backends.onnx.emitters import ActivationQParams, QdqEmitter, emitter_for
 from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.genai import side_files
@@ -26,7 +28,7 @@ from compiler.backends.program import execute_plan
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
 from compiler.backends.sensitivity import Scores, assign, score_units
-from compiler.diagnostics import warning
+from compiler.diagnostics import error, warning
 from compiler.ir.printer import print_ir, provenance
 from compiler.ir.types import EmitFormat, MemoryMode, RecipeIR, Rounding
 from compiler.ir.values import Diagnostics
@@ -50,10 +52,22 @@ def model_path(ref: str) -> Path:
 
 
 def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress: Progress) -> CompileResult:
-    """Run `plan` op by op on onnxruntime (compiler.backends.program.execute_plan)."""
-    return execute_plan(plan, assignment, output, progress,
-                        lambda guarded_progress, result, start: _OnnxRun(ir, assignment, plan, output,
-                                                                          guarded_progress, result, start))
+    """Run `plan` op by op on onnxruntime (compiler.backends.program.execute_plan). An error onnxruntime raises
+    while running the model on the data (a shape one of its kernels refuses) is Q419 with its message:
+    the run left nothing at the destination."""
+    try:
+        return execute_plan(plan, assignment, output, progress,
+                            lambda guarded_progress, result, start: _OnnxRun(ir, assignment, plan, output,
+                                                                              guarded_progress, result, start))
+    except Exception as exc:
+        if not type(exc).__module__.startswith("onnxruntime"):
+            raise
+        reason = str(exc).split("Status Message:")[-1].strip().splitlines()[0][:300]
+        raise BackendError(error(
+            "Q419", f"onnxruntime could not run the model on the calibration or verification data: {reason}",
+            ir.calibration.data.span_of("data") or ir.calibration.span_of("data") or ir.span, "refused by onnxruntime",
+            help="give data of the shapes the model runs (`qrc explain Q419`); `chunk 1` runs one sample at a "
+            "time")) from None
 
 
 class _OnnxRun:
@@ -73,7 +87,7 @@ class _OnnxRun:
         self.offload_resume: tuple | None = None
         self.emitter: QdqEmitter | None = None
         self.rounder: GptqRounder | None = None  # GPTQ: Hessians held until their layers are rounded
-        self.rounded: dict[str, QuantizedWeight] = {}  # offload: GPTQ weights rounded as their segment finished
+        self.sqnr: dict[str, float] = {}  # weight → its SQNR in dB, as each is rounded
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.ExportOnnx: self.export, ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode,
@@ -201,7 +215,7 @@ class _OnnxRun:
 
     def _round_segment(self, reported: list[str]) -> None:
         """offload: the GPTQ layers whose input a finished segment produced are rounded now, so only one
-        segment's Hessians are ever held; the rounded weights wait for the quantize op."""
+        segment's Hessians are ever held; the emitter writes them to the output's data file at once."""
         done = set(reported)
         jobs = self.rounder.jobs
         finished = {name for name, job in jobs.items() if uses_gptq(job) and job.layer.input in done}
@@ -209,15 +223,32 @@ class _OnnxRun:
             return
         inits = {t.name: t for t in self.files.light.graph.initializer if t.name in finished}
         for node, weight in rewrite.weight_nodes(self.files.light, finished):
-            self.rounded[weight] = self._round(node, inits[weight], jobs[weight])
+            self._put(node, inits[weight], jobs[weight])
         release_memory()
 
-    def _round(self, node: onnx.NodeProto, init: onnx.TensorProto, job: rewrite.WeightJob) -> QuantizedWeight:
-        """One weight read from the data file and rounded (GPTQ with its Hessian where the scheme says so;
-        rtn where no dampening makes that definite); non-finite weights refused (Q409)."""
-        weight = init.name
+    def _emitter(self) -> QdqEmitter:
+        """The emitter, made when the first weight is rounded. offload keeps the weights out of the .onnx
+        too, so verification can open it without loading them; a large output streams its weights to the
+        data file as they are rounded."""
+        if self.emitter is None:
+            self.emitter = emitter_for(_format(self.ir), self.files, self.jobs(), self.output,
+                                       streams_output(self.workload, self.mode),
+                                       self.ir.emit.accuracy_level if self.ir.emit else 4)
+            self.emitter.side = side_files(self.source, self.output.name, self.assignment.model)
+        return self.emitter
+
+    def _put(self, node: onnx.NodeProto, init: onnx.TensorProto, job: rewrite.WeightJob) -> None:
+        """Read one weight from the data file (refusing non-finite ones, Q409), round it, record its SQNR and
+        hand it to the emitter; nothing of it stays here."""
         w = self.files.array(init)
         refuse_nonfinite(self.ir, job.layer, w)
+        qw = self._round(node, init.name, w, job)
+        self.sqnr[init.name] = sqnr_db(w, qw, rewrite.weight_axes(node)[0])
+        self._emitter().put(init.name, qw)
+
+    def _round(self, node: onnx.NodeProto, weight: str, w: np.ndarray, job: rewrite.WeightJob) -> QuantizedWeight:
+        """One weight rounded: GPTQ with its Hessian where the scheme says so (rtn where no dampening makes
+        that definite), else the scheme's rounding."""
         if uses_gptq(job) and self.rounder is not None and self.rounder.ready(job.layer.input):
             rtn = rewrite.WeightJob(job.layer, dataclasses.replace(job.scheme, rounding=Rounding.RTN))
             return self.rounder.round(weight, w, node, lambda: rewrite.quantize_for(w, node, rtn))
@@ -272,25 +303,18 @@ class _OnnxRun:
         inputs' scales and zero points."""
         self.result.calibration_seconds = time.perf_counter() - self.start
         release_memory()
-        jobs = self.jobs()
-        # offload keeps the weights out of the .onnx too, so verification can open it without loading them
-        self.emitter = emitter_for(_format(self.ir), self.files, jobs, self.output, self.mode is MemoryMode.OFFLOAD,
-                                   self.ir.emit.accuracy_level if self.ir.emit else 4)
-        self.emitter.side = side_files(self.source, self.output.name, self.assignment.model)
+        jobs, emitter = self.jobs(), self._emitter()
         inits = {t.name: t for t in self.files.light.graph.initializer}
         advance = self.progress("quantize", len(jobs))
-        sqnr: dict[str, float] = {}
-        for node, weight in self.emitter.weight_nodes():
-            qw = self.rounded.pop(weight) if weight in self.rounded else self._round(node, inits[weight], jobs[weight])
-            w = self.files.array(inits[weight])
-            sqnr[weight] = sqnr_db(w, qw, rewrite.weight_axes(node)[0])
-            self.emitter.put(weight, qw)
-            del w, qw
+        for node, weight in emitter.weight_nodes():
+            if weight not in self.sqnr:  # offload rounded GPTQ layers as their segments finished
+                self._put(node, inits[weight], jobs[weight])
             advance()
+        sqnr = self.sqnr
         if self.rounder is not None and self.rounder.dampened:
             self.result.warnings.append(dampened_warning(self.ir, self.rounder.dampened))
         for tensor, qparams_ in self._activation_specs().items():
-            self.emitter.put(tensor, qparams_)
+            emitter.put(tensor, qparams_)
         self.result.weight_sqnr = {a.layer.name: sqnr[a.layer.weight] for a in self.assignment.layers
                                    if a.layer.weight in sqnr}
 

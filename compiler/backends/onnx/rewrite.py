@@ -124,12 +124,35 @@ def activation_nodes(tensor_name: str, scale: np.ndarray, zp: np.ndarray, qtype:
     return inits, nodes, f"{dq}_output_0"
 
 
-def rewrite(model: onnx.ModelProto, jobs: dict[str, WeightJob], weights: dict[str, QuantizedWeight],
-            activations: dict[str, tuple], fmt: EmitFormat, kept: set[str], accuracy_level: int = 0) -> onnx.ModelProto:
-    """Rewrite `model` in place and return it. `jobs`: weight name → layer and scheme; `weights`: weight
-    name → its rounded form; `activations`: tensor → (scale, zero point, qtype, consumers) for the inputs
-    of activation-quantized layers; `kept`: the float initializers that stay (still external);
-    `accuracy_level`: MatMulNBits' compute type for its activations (0 float, 4 int8)."""
+@dataclass(frozen=True)
+class Replacement:
+    """What replaces one float weight: its new initializers and nodes. `output` is the dequantized weight
+    every reader of the float weight reads instead (QDQ); None when `nodes` replace the node that read it
+    (MatMulNBits)."""
+
+    initializers: tuple[onnx.TensorProto, ...]
+    nodes: tuple[onnx.NodeProto, ...]
+    output: str | None
+
+
+def replacement(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, job: WeightJob, fmt: EmitFormat,
+                accuracy_level: int = 0) -> Replacement:
+    """The initializers and nodes of one rounded weight, for the (first) node that reads it; scales in the
+    weight's own float type. Made as soon as the weight is rounded, so the rounded arrays need not wait
+    for the rewrite (the emitter may move the initializers' bytes to the data file at once)."""
+    scale_type = float_type(job.layer.dtype)
+    if uses_matmul_nbits(fmt, node, job.scheme):
+        inits, new = matmul_nbits(node, weight, qw, job.scheme.weights.symmetric, scale_type, accuracy_level)
+        return Replacement(tuple(inits), (new,), None)
+    inits, nodes, out = dequantize_nodes(node, weight, qw, scale_type)
+    return Replacement(tuple(inits), tuple(nodes), out)
+
+
+def rewrite(model: onnx.ModelProto, jobs: dict[str, WeightJob], replacements: dict[str, Replacement],
+            activations: dict[str, tuple], kept: set[str], fmt: EmitFormat) -> onnx.ModelProto:
+    """Rewrite `model` in place and return it. `jobs`: weight name → layer and scheme; `replacements`:
+    weight name → what replaces it (`replacement`); `activations`: tensor → (scale, zero point, qtype,
+    consumers) for the inputs of activation-quantized layers; `kept`: the float initializers that stay."""
     graph = model.graph
     new_inits: list[onnx.TensorProto] = []
     nodes: list[onnx.NodeProto] = []
@@ -142,17 +165,18 @@ def rewrite(model: onnx.ModelProto, jobs: dict[str, WeightJob], weights: dict[st
         if weight is None:
             nodes.append(node)
             continue
-        job, qw = jobs[weight], weights[weight]
-        if uses_matmul_nbits(fmt, node, job.scheme):
-            i_, new = matmul_nbits(node, weight, qw, job.scheme.weights.symmetric, scale_type, accuracy_level)
-            new_inits += i_
-            nodes.append(new)
+        swap = replacements[weight]
+        if swap.output is None:
+            if weight in replaced:
+                raise AssertionError(f"MatMulNBits weight {weight} is read by more than one node")
+            replaced[weight] = ""
+            new_inits += swap.initializers
+            nodes += swap.nodes
             continue
         if weight not in replaced:
-            i_, n_, out = dequantize_nodes(node, weight, qw, scale_type)
-            new_inits += i_
-            nodes += n_
-            replaced[weight] = out
+            new_inits += swap.initializers
+            nodes += swap.nodes
+            replaced[weight] = swap.output
         node.input[:] = [replaced.get(i, i) for i in node.input]
         nodes.append(node)
     used = {i for n in nodes for i in n.input}

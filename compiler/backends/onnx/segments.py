@@ -146,7 +146,7 @@ def run_segments(model: onnx.ModelProto, model_dir: Path, summary: GraphSummary,
                 for _ in range(len(batches)):
                     on_chunk()
                 continue
-            produced = [o for n in segment.nodes for o in n.output]
+            produced = [o for n in segment.nodes for o in n.output if o]  # '' marks an absent optional output
             crossing = [o for o in produced if consumers.get(o, -1) > index]
             reported = [o for o in produced if o in wanted]
             outputs = list(dict.fromkeys(crossing + reported))
