@@ -51,6 +51,20 @@ def main() -> None:
             whole, cached = decoders._logits_with_cache(out, ids)
             print(f"| optimum {family} | {scheme} | exit 0 | {decoders._cosine(whole, reference):.4f} | "
                   f"{decoders._cosine(cached, reference[:, -4:]):.4f} |")
+    plan_at_bench_size(args.optimum_cli, tmp)
+
+
+def plan_at_bench_size(optimum_cli: str, tmp: Path) -> None:
+    """The plan of an optimum (unfused attention) decoder of bench size against the compile's VmHWM: the
+    random Qwen2 of bench/onnx_decoder.py, W8A8 with 32 × 128-token samples, chunk 8, verify 8."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from onnx_decoder import decoder_folder, plan_vs_measured
+
+    folder = decoder_folder(tmp / "bench", 4, 512, 8192)
+    exported = tmp / "optimum-bench"
+    subprocess.run([optimum_cli, "export", "onnx", "--model", str(folder), "--task", "text-generation-with-past",
+                    str(exported)], check=True, capture_output=True)
+    print(f"\noptimum Qwen2 (4 layers, hidden 512, vocab 8192): {plan_vs_measured(exported / 'model.onnx', tmp)}")
 
 
 if __name__ == "__main__":

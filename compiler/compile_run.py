@@ -128,10 +128,11 @@ def summary(result, planned: PlanResult) -> Table:
     calibrates = workload(planned.check.ir, planned.check.assignment).calibrate
     table.add_row("calibration" if calibrates else "time", f"{result.calibration_seconds:.2f} s (total "
                   f"{result.total_seconds:.2f} s)" if calibrates else f"{result.total_seconds:.2f} s (no calibration pass)")
-    planned_peak = planned.plan.peak_bytes
+    planned_peak = result.planned_peak
     ratio = result.peak_rss / planned_peak if planned_peak else 0
+    cached = "; export from the cache" if "export_onnx" in result.skipped else ""
     table.add_row("peak RSS", f"{human_bytes(result.peak_rss)} measured vs {human_bytes(planned_peak)} planned "
-                  f"({ratio:.2f}×), mode {planned.plan.decision.mode.value}")
+                  f"({ratio:.2f}×), mode {planned.plan.decision.mode.value}{cached}")
     for note in result.notes:
         table.add_row("placement", note)
     if result.search is not None:

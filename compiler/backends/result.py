@@ -36,6 +36,13 @@ class CompileResult:
     weight_sqnr: dict[str, float] = field(default_factory=dict)  # layer → weight SQNR in dB
     input_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # layer → its input's quantized range
     layer_errors: dict[str, float] = field(default_factory=dict)  # when verification failed: error each layer adds
+    skipped: frozenset[str] = frozenset()  # op kinds that ran without their work (an export taken from the cache)
+
+    @property
+    def planned_peak(self) -> int:
+        """The plan's peak over the ops that did their work: what the measured peak is held against (an
+        export found in the cache costs nothing, so its estimate does not count)."""
+        return max((op.peak_bytes for op in self.plan.ops if op.kind.value not in self.skipped), default=0)
 
 
 def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None:

@@ -7,7 +7,16 @@ from collections import Counter
 from dataclasses import dataclass
 
 from compiler.data.batches import cache_length, sequence_length
-from compiler.ir.types import ActivationMode, Backend, CalibrationMethod, RecipeIR, Rounding, SensitivityMetric
+from compiler.ir.types import (
+    ActivationMode,
+    Backend,
+    CalibrationMethod,
+    EmitFormat,
+    Granularity,
+    RecipeIR,
+    Rounding,
+    SensitivityMetric,
+)
 from compiler.models.index import LayerKind, ModelIndex
 from compiler.plan.activations import propagate
 from compiler.resolve.assignment import Assignment
@@ -22,6 +31,7 @@ class Workload:
     index: ModelIndex
     weights_bytes: int
     quantized_bytes: int
+    dequantized_bytes: int  # ONNX: float weights onnxruntime rebuilds from DequantizeLinear when it runs the output
     largest_layer_bytes: int
     quantized_layers: tuple[str, ...]
     needed: tuple[str, ...]  # activations whose ranges the emitted model needs (inputs of A-quantized layers)
@@ -100,6 +110,17 @@ def _search(ir: RecipeIR, assignment: Assignment) -> Search | None:
                   sum(x.params for x in layers), max(x.params for x in layers), tuple(x.name for x in layers))
 
 
+def _dequantized_bytes(ir: RecipeIR, quantized: list) -> int:
+    """ONNX: the float weights of QDQ layers, which onnxruntime holds dequantized while it runs the emitted
+    model (MatMulNBits computes from the packed weights)."""
+    if ir.backend is not Backend.ONNX:
+        return 0
+    nbits = ir.emit is not None and ir.emit.format is EmitFormat.MATMUL_NBITS
+    return sum(a.layer.bytes for a in quantized if not (
+        nbits and a.layer.op == "MatMul" and a.scheme.activations is None
+        and a.scheme.weights.granularity is Granularity.GROUP))
+
+
 def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> Workload:
     """The workload of a recipe resolved against its model."""
     index = assignment.model
@@ -119,6 +140,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
     return Workload(
         backend=ir.backend, index=index, weights_bytes=index.total_bytes,
         quantized_bytes=index.total_bytes - sum(a.layer.bytes - quantized_bytes(a.layer, a.scheme) for a in quantized),
+        dequantized_bytes=_dequantized_bytes(ir, quantized),
         largest_layer_bytes=max((x.bytes for x in index.layers), default=0),
         quantized_layers=tuple(a.layer.name for a in quantized), needed=needed, observed=observed,
         sources=tuple(sources.items()),

@@ -187,6 +187,7 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
             kept = set(graph.outputs)
             act = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen, w.past).bytes
         parts = (("runtime", runtime), ("float session", w.weights_bytes), ("quantized session", w.quantized_bytes),
+                 ("its QDQ weights dequantized (DequantizeLinear outputs)", w.dequantized_bytes),
                  ("activations of one chunk, both models", 2 * act))
     return Phase("verify", sum(b for _, b in parts), parts)
 

@@ -118,10 +118,14 @@ class _OnnxRun:
         """The folder's ONNX export (made now, or taken from the cache); the recipe is resolved again against
         its graph, whose layer names are the folder's."""
         from compiler.backends.onnx.export import export_folder
+        from compiler.models.exports import cached_export
         from compiler.models.onnx_index import index_onnx
 
         advance = self.progress("export", 1)
-        self.source = export_folder(resolve_path(op.folder), self.ir.model_span)
+        folder = resolve_path(op.folder)
+        if cached_export(folder) is not None:
+            self.result.skipped |= {op.kind.value}
+        self.source = export_folder(folder, self.ir.model_span)
         advance()
         index = index_onnx(self.source, self.ir.model, family=self.assignment.model.family)
         self.assignment = resolve(self.ir, index, Diagnostics())  # checked when planning; same names, same schemes
