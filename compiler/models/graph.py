@@ -3,6 +3,7 @@ nodes in execution order, and which values are weights, graph inputs and graph o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -30,6 +31,26 @@ class Value:
         for d in self.dims:
             n *= d if isinstance(d, int) else sizes.get(d or "", default)
         return n
+
+    def resolved(self, sizes: Mapping[str, int]) -> tuple[int, ...]:
+        """The dims as numbers (every dim bound: see `bound`)."""
+        return tuple(d if isinstance(d, int) else sizes[d or ""] for d in self.dims or ())
+
+    def bound(self, sizes: Mapping[str, int]) -> bool:
+        """Whether every dim is a number or a symbol `sizes` binds (nothing left to guess)."""
+        return self.dims is not None and all(isinstance(d, int) or (d and d in sizes) for d in self.dims)
+
+
+# Ops whose output has as many elements as their first input (reshapes, permutations, unary maps), the
+# ones with at most as many (slices), those that broadcast their inputs, and Concat (the sum): what sizes
+# a value whose dims shape inference could not name (a Reshape to a computed shape: `unk__20`).
+_SAME_COUNT = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Cast", "Neg",
+                         "Sqrt", "Exp", "Log", "Sigmoid", "Tanh", "Relu", "Erf", "Softmax", "Abs", "Reciprocal",
+                         "Cos", "Sin", "Gelu", "FastGelu", "Dropout", "LayerNormalization",
+                         "SimplifiedLayerNormalization", "RotaryEmbedding", "IsNaN", "Not", "Softplus"})
+_AT_MOST_FIRST = frozenset({"Slice", "Split"})
+_BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Equal", "Less", "Greater",
+                        "LessOrEqual", "GreaterOrEqual", "And", "Or"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +89,126 @@ class GraphSummary:
     def _by_name(self) -> dict[str, Value]:
         return {v.name: v for v in self.values}
 
+    def value_bytes(self, sizes: Mapping[str, int], default: int) -> dict[str, int]:
+        """Every value's bytes at a binding. Where shape inference left a dim unnamed, the value's shape comes
+        from its producer's inputs where the op tells (elementwise ops, MatMul, Expand), or its element count
+        does (a Reshape keeps it; one unknown dim is then solved, and the symbol learned for every value that
+        shares it); only what stays unknown counts as `default` (Value.bytes). Reading the four unnamed dims
+        of an attention reshape as the sequence length made a 1 MiB tensor 1 GiB."""
+        key = (tuple(sorted(sizes.items())), default)
+        cached = self._bytes_cache.get(key)
+        if cached is not None:
+            return cached
+        known = dict(sizes)
+        shapes = {v.name: v.resolved(known) for v in self.values if v.bound(known)}
+        counts = {name: math.prod(shape) for name, shape in shapes.items()}
+        for node in self.nodes:
+            given = [shapes.get(i) for i in node.inputs]
+            for name in node.outputs:
+                value = self._by_name.get(name)
+                if value is None:
+                    continue
+                shape = value.resolved(known) if value.bound(known) else \
+                    _merged(value, known, _propagated_shape(node, given))
+                count = math.prod(shape) if shape is not None else \
+                    _propagated(node, [counts[i] for i in node.inputs if i in counts])
+                if shape is None and count is not None:
+                    shape = _solved(value, known, count)
+                if shape is not None:
+                    shapes[name] = shape
+                    known.update(_learned(value, shape, known))
+                if count is not None:
+                    counts[name] = count
+        out = {v.name: counts[v.name] * v.elem_bytes if v.name in counts else v.bytes(known, default)
+               for v in self.values}
+        self._bytes_cache[key] = out
+        return out
+
+    @cached_property
+    def _bytes_cache(self) -> dict:
+        return {}
+
     def producers(self) -> dict[str, Node]:
         """Each value's producing node."""
         return {out: node for node in self.nodes for out in node.outputs}
+
+
+_SAME_SHAPE = _SAME_COUNT - {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"}
+
+
+def _propagated_shape(node: Node, given: list[tuple[int, ...] | None]) -> tuple[int | None, ...] | None:
+    """The output shape of `node` from its inputs' shapes (None where unknown), where the op tells."""
+    first = given[0] if given else None
+    if node.op in _SAME_SHAPE:
+        return first
+    if node.op in _BROADCAST:
+        known = [g for g in given if g is not None]
+        if not known:
+            return None
+        rank = max(len(g) for g in known)
+        padded = [(1,) * (rank - len(g)) + g for g in known]
+        return tuple(max(column) for column in zip(*padded, strict=True))
+    if node.op == "Expand" and first is not None:
+        # broadcast to a computed shape: a dim it expands from 1 that inference left unnamed is taken as 1, so
+        # GQA's repeated key/value heads count heads/kv_heads times too little (one block's, not 128× too much)
+        return first
+    if node.op == "MatMul" and first is not None and len(first) >= 2:
+        other = given[1] if len(given) > 1 else None
+        if other is None or len(other) < 2:  # a weight: the output keeps A's leading dims and rows
+            return (*first[:-1], None)
+        lead = max(first[:-2], other[:-2], key=len)
+        return (*lead, first[-2], other[-1])
+    return None
+
+
+def _merged(value: Value, sizes: Mapping[str, int], propagated: tuple[int | None, ...] | None) -> tuple[int, ...] | None:
+    """`value`'s shape: its own numbers and bound symbols, the propagated dims where it has none; None when
+    a dim stays unknown."""
+    if value.dims is None or propagated is None or len(propagated) != len(value.dims):
+        return None
+    shape = []
+    for own, guess in zip(value.dims, propagated, strict=True):
+        if isinstance(own, int):
+            shape.append(own)
+        elif own and own in sizes:
+            shape.append(sizes[own])
+        elif guess is not None:
+            shape.append(guess)
+        else:
+            return None
+    return tuple(shape)
+
+
+def _solved(value: Value, sizes: Mapping[str, int], count: int) -> tuple[int, ...] | None:
+    """`value`'s shape when exactly one of its dims is unknown and its element count is known."""
+    if value.dims is None:
+        return None
+    unknown = [i for i, d in enumerate(value.dims) if not isinstance(d, int) and not (d and d in sizes)]
+    if len(unknown) != 1:
+        return None
+    rest = math.prod(d if isinstance(d, int) else sizes[d or ""] for i, d in enumerate(value.dims) if i != unknown[0])
+    if rest <= 0 or count % rest:
+        return None
+    return tuple(count // rest if i == unknown[0] else (d if isinstance(d, int) else sizes[d or ""])
+                 for i, d in enumerate(value.dims))
+
+
+def _learned(value: Value, shape: tuple[int, ...], sizes: Mapping[str, int]) -> dict[str, int]:
+    """The sizes of `value`'s symbols that `sizes` did not bind, now that its shape is known."""
+    return {d: n for d, n in zip(value.dims or (), shape, strict=True) if isinstance(d, str) and d and d not in sizes}
+
+
+def _propagated(node: Node, counts: list[int]) -> int | None:
+    """The element count of `node`'s output from its inputs' counts (those known), where the op tells."""
+    if not counts:
+        return None
+    if node.op in _SAME_COUNT or node.op in _AT_MOST_FIRST:
+        return counts[0]
+    if node.op in _BROADCAST:
+        return max(counts)
+    if node.op == "Concat":
+        return sum(counts)
+    return None
 
 
 def summarize(model, weights: set[str], fixed: Mapping[Axis, int] | None = None) -> GraphSummary:
@@ -81,10 +219,13 @@ def summarize(model, weights: set[str], fixed: Mapping[Axis, int] | None = None)
     """
     import onnx
 
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # a graph the shape inference cannot handle still gets a (shapeless) summary
-        inferred = model
+    inferred = model  # a graph the shape inference cannot handle still gets a (shapeless) summary
+    for data_prop in (True, False):  # data_prop computes Reshape targets from Shape/Gather/Concat chains
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=data_prop)
+            break
+        except Exception:  # noqa: S112  # retried without data propagation, then shapeless
+            continue
     graph = inferred.graph
     weights = weights | {t.name for t in graph.initializer}
     values = {}

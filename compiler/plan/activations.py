@@ -39,11 +39,10 @@ def peak(graph: GraphSummary, nodes: list[Node], kept: set[str], batch: int, seq
     """Peak resident activation bytes while running `nodes` with `kept` values held to the end, for `batch`
     samples of `seqlen` new tokens after `past` cached ones."""
     size = {}
-    sizes = graph.sizes(batch, seqlen, past)
+    known = graph.value_bytes(graph.sizes(batch, seqlen, past), seqlen)
     for node in nodes:
         for name in (*node.inputs, *node.outputs):
-            value = graph.value(name)
-            size[name] = value.bytes(sizes, seqlen) if value else 0
+            size[name] = known.get(name, 0)
     last_use: dict[str, int] = {}
     for i, node in enumerate(nodes):
         for name in node.inputs:
