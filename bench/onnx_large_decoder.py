@@ -6,8 +6,9 @@ onnxruntime-genai's model builder (external data), compiled by qrc in `offload` 
 Each compile runs in its own process: the plan's peak beside the measured VmHWM, the output's files (the
 .onnx must stay small, its weights in external data), and fidelity measured outside qrc — the emitted
 model and the float export run in onnxruntime on 2 held-out samples of 128 tokens (empty cache), logits
-compared (cosine, top-1). Rows: W4A16 rtn (MatMulNBits), W4A16 gptq (16 × 128 tokens) and W8A8 (QDQ,
-16 × 128 tokens, static inputs).
+compared (cosine, top-1). Rows: W4A16 rtn (MatMulNBits), W4A16 gptq (48 × 128 tokens, more than the
+widest input has features: Q255) and W8A8 (QDQ,
+48 × 128 tokens, static inputs).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def recipe(model: Path, scheme: str, fmt: str, out: Path, tmp: Path) -> Path:
     path = tmp / f"{out.parent.name}.recipe"
     path.write_text(f'recipe large {{ model "{model}"  backend onnx\n  scheme s = {scheme}\n'
                     '  quantize { type Linear -> s  "lm_head" -> none }\n'
-                    "  calibrate { data synthetic { samples 16  seqlen 128 }  chunk 4 }\n"
+                    "  calibrate { data synthetic { samples 48  seqlen 128 }  chunk 2 }\n"
                     f'  memory {{ mode offload  ram 2 GiB  disk "{tmp / "cache"}" }}\n'
                     "  verify { samples 4  metric cosine  at_least 0.5 }\n"  # random weights: flat, fragile logits
                     f'  emit "{out}" {{ format {fmt} }} }}\n')
