@@ -306,8 +306,11 @@ CODES: tuple[CodeInfo, ...] = (
        "onnxruntime's MatMulNBits replaces MatMul only; Conv and Embedding (Gather) layers cannot be emitted "
        "with it.",
        'quantize { "*" -> w4 }\nemit "m.onnx" { format matmul_nbits }   # "*" includes the embeddings'),
-    _c("Q238", "act_order without gptq",
-       "`act_order` orders GPTQ's columns by decreasing Hessian diagonal; it means nothing for rtn or mse.",
+    _c("Q238", "a GPTQ option without gptq, or with one it excludes",
+       "`act_order` orders GPTQ's columns by decreasing Hessian diagonal; `static_groups` / `updated_groups` "
+       "say where a group's scale comes from (the float weight, or the columns as the loop reaches the "
+       "group). They mean nothing for rtn or mse, and `updated_groups` cannot go with `act_order`: groups "
+       "visited out of order need a group index the formats do not carry.",
        "rounding mse act_order"),
     _c("Q253", "an input synthetic data cannot fill",
        "`data synthetic` draws token ids from the model's vocabulary (the embedding an input indexes, or the "

@@ -110,3 +110,22 @@ def test_a_hessian_no_dampening_fixes_is_reported_not_rounded_into_nans():
     w = (np.random.RandomState(4).standard_normal((16, 64)) / 8).astype(np.float32)
     with pytest.raises(SingularHessian):
         gptq(w, _indefinite(50.0).astype(np.float32), WeightQuant(QType.INT4, Granularity.GROUP, 32, True))
+
+
+@pytest.mark.parametrize("spec", [WeightQuant(QType.INT4, Granularity.GROUP, 16, True),
+                                  WeightQuant(QType.UINT4, Granularity.GROUP, 32, False)], ids=["int4-g16", "uint4-g32-asym"])
+def test_updated_group_scales_come_from_the_updated_columns(spec):
+    """The reference GPTQ's group scales (`updated_groups`, the default): the first group's scales equal static ones
+    (nothing has been rounded before it), later groups' differ, the integers dequantize with the scales
+    written, and the output error stays below rtn's."""
+    x, w = _layer(2)
+    observer = HessianObserver(64)
+    observer.update(x)
+    static = gptq(w, observer.hessian(), spec, static_groups=True)
+    updated = gptq(w, observer.hessian(), spec)
+    np.testing.assert_array_equal(updated.scale[:, 0], static.scale[:, 0])
+    assert not np.array_equal(updated.scale[:, 1:], static.scale[:, 1:])
+    lo, hi = (-8, 7) if spec.qtype is QType.INT4 else (0, 15)
+    assert updated.q.min() >= lo and updated.q.max() <= hi
+    rtn = quantize_weight(w, spec, Rounding.RTN, 0, 1).dequantize()
+    assert _output_error(x, w, updated.dequantize()) < _output_error(x, w, rtn)

@@ -17,6 +17,7 @@ from compiler.ir.types import (
     DataKind,
     Granularity,
     RecipeIR,
+    Rounding,
     Rule,
     Scheme,
     Selector,
@@ -49,7 +50,9 @@ def _activations(a: ActivationQuant | None) -> str:
 
 def scheme_parts(s: Scheme) -> tuple[str, str, str]:
     """A scheme's weights, activations and rounding, as the recipe language writes them."""
-    return _weights(s.weights), _activations(s.activations), f"rounding {s.rounding.value}" + (" act_order" if s.act_order else "")
+    static = s.rounding is Rounding.GPTQ and s.static_groups and not s.act_order
+    options = (" act_order" if s.act_order else "") + (" static_groups" if static else "")
+    return _weights(s.weights), _activations(s.activations), f"rounding {s.rounding.value}{options}"
 
 
 def _scheme(s: Scheme) -> list[str]:

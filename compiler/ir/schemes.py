@@ -37,16 +37,18 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], diags: Diag
     for spec in (s for s in decl.specs if s.role == "activations"):
         activations = None if spec.is_none else _activations(spec.items, activations or DEFAULT_ACTIVATIONS, diags)
     _check_single(decl.specs, diags)
-    kinds = tuple(k for k in decl.rounding if k.kind != "act_order")
+    kinds = tuple(k for k in decl.rounding if k.kind not in ("act_order", "group_scales"))
     rounding = _rounding(kinds, base.rounding if base else Rounding.RTN, diags)
     act_order = _act_order(decl.rounding, rounding, base.act_order if base else False, diags)
+    static_groups = _static_groups(decl.rounding, rounding, act_order, base.static_groups if base else False, diags)
     if weights is None:
         diags.error("Q206", f"scheme `{decl.name.value}` quantizes no weights", decl.name.span, "no `weights`",
                     help="add e.g. `weights int8 per_channel symmetric`, or refine a preset: "
                     f"`scheme {decl.name.value} = W8A16 {{ … }}`")
         return None
     base_name = decl.base.value if decl.base else None
-    return Scheme(decl.name.value, weights, activations, rounding, base_name, decl.name.span, act_order)
+    return Scheme(decl.name.value, weights, activations, rounding, base_name, decl.name.span, act_order,
+                  static_groups)
 
 
 def _base(decl: ast.SchemeDecl, known: dict[str, Scheme], diags: Diagnostics) -> Scheme | None:
@@ -84,6 +86,25 @@ def _act_order(items: tuple[ast.Keyword, ...], rounding: Rounding, inherited: bo
         diags.error("Q238", f"`act_order` applies to `rounding gptq`, not `{rounding.value}`", flag.span,
                     "not gptq", help="write `rounding gptq act_order`, or drop `act_order`")
     return rounding is Rounding.GPTQ and (inherited or flag is not None)
+
+
+def _static_groups(items: tuple[ast.Keyword, ...], rounding: Rounding, act_order: bool, inherited: bool,
+                   diags: Diagnostics) -> bool:
+    """`updated_groups` (the default: measured better on a decoder, bench/gptq_group_scales.py) or
+    `static_groups`: where GPTQ takes each group's scale from. `act_order` takes them from the float weight."""
+    flag = next((k for k in items if k.kind == "group_scales"), None)
+    if flag is None:
+        return inherited or act_order
+    if rounding is not Rounding.GPTQ:
+        diags.error("Q238", f"`{flag.value}` applies to `rounding gptq`, not `{rounding.value}`", flag.span,
+                    "not gptq", help=f"write `rounding gptq {flag.value}`, or drop `{flag.value}`")
+        return True
+    if flag.value == "updated_groups" and act_order:
+        diags.error("Q238", "`updated_groups` with `act_order`: groups visited out of order need a group index "
+                    "(g_idx) that qrc's formats do not write", flag.span, "conflicts with act_order",
+                    help="drop one of them; `act_order` takes its group scales from the float weight")
+        return True
+    return flag.value == "static_groups"
 
 
 def _set_once(seen: dict[str, ast.QSpecItem], item: ast.QSpecItem, slot: str, diags: Diagnostics) -> bool:

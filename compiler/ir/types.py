@@ -161,6 +161,8 @@ class Scheme:
     base: str | None = None  # the preset or scheme it refines
     span: Span | None = None  # None for presets and `none`
     act_order: bool = False  # gptq: columns in order of decreasing Hessian diagonal
+    static_groups: bool = False  # gptq: group scales from the float weight (False: as the loop reaches each group;
+    # act_order implies True)
 
     @property
     def is_none(self) -> bool:

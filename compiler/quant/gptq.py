@@ -9,7 +9,7 @@ the remaining columns. Scales come from the same conventions as RTN (per channel
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -56,7 +56,7 @@ class HessianObserver:
 
 def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool = False,
          convention: Convention = Convention.ORT, scale_dtype=np.float32, device: str = "cpu",
-         dampened: Callable[[float], None] | None = None) -> QuantizedWeight:
+         dampened: Callable[[float], None] | None = None, static_groups: bool = False) -> QuantizedWeight:
     """Quantize `w` laid out [out, in] (torch Linear) with GPTQ. Returns a QuantizedWeight in that layout
     (channel axis 0, groups along axis 1). The column loop runs in float32 torch on `device` (a GPU
     when the layer lives on one); the scales come from numpy, as RTN chooses them.
@@ -64,7 +64,12 @@ def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool 
     `hessian` is consumed: on the CPU its float32 array is factorised in place, so at most two K×K
     matrices exist at once (the caller's array counts as one). When the factorisation fails, dampening is
     raised tenfold (up to MAX_DAMPENING) and `dampened` is told the fraction that worked; SingularHessian
-    when none does."""
+    when none does.
+
+    Group scales (groups only, without act-order) are taken when the loop reaches a group's first column,
+    from the columns as the earlier errors left them (the reference GPTQ); with `static_groups` (and with
+    act-order) every group's scale comes from the float weight before any column is rounded (AutoGPTQ's
+    `static_groups`)."""
     import torch
 
     w = np.array(w, np.float32)
@@ -84,7 +89,9 @@ def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool 
     hinv, used = _upper_inverse_factor(owner)
     if used != DAMPENING and dampened is not None:
         dampened(used)
-    q = _columns(torch.from_numpy(w[:, order]).to(device), hinv, params, order, device)
+    updated = not static_groups and not act_order and spec.granularity is Granularity.GROUP
+    q = _columns(torch.from_numpy(w[:, order]).to(device), hinv, params, order, device,
+                 _Regroup(convention, scale_dtype) if updated else None)
     restored = np.empty_like(q)
     restored[:, order] = q
     return _requantize(restored, params)
@@ -128,20 +135,33 @@ def _upper_inverse_factor(owner: list) -> tuple:
     return upper, used
 
 
-def _columns(w, hinv, params: _Params, order: np.ndarray, device: str) -> np.ndarray:
+@dataclass(frozen=True)
+class _Regroup:
+    """Scales recomputed per group as the loop reaches it (the reference GPTQ): the convention they follow."""
+
+    convention: Convention
+    scale_dtype: object
+
+
+def _columns(w, hinv, params: _Params, order: np.ndarray, device: str, regroup: _Regroup | None = None) -> np.ndarray:
     """Quantize column by column; each column's error is spread over the rest of its block of 128,
-    then the block's errors over the remaining columns."""
+    then the block's errors over the remaining columns. With `regroup`, each group's scale and zero point
+    are recomputed from its columns as they stand when the loop reaches the group's first column."""
     import torch
 
     scale, zp = (torch.from_numpy(np.ascontiguousarray(a[:, order])).to(device) for a in _per_column(params, w.shape))
     lo, hi = _limits(params)
     q = torch.zeros_like(w)
+    size = params.spec.group_size or 0
     for start in range(0, w.shape[1], BLOCK):
         end = min(start + BLOCK, w.shape[1])
         block = w[:, start:end].clone()  # a contiguous working copy of the block's columns
         local = hinv[start:end, start:end]
         errors = torch.zeros_like(block)
         for j in range(end - start):
+            if regroup is not None and (start + j) % size == 0:
+                _recompute_group(params, regroup, (start + j) // size, _group_columns(block, w, start, j, size),
+                                 scale, zp)
             column = block[:, j]
             s, z = scale[:, start + j], zp[:, start + j]
             quantized = (torch.clamp(torch.round(column / s) + z, lo, hi) - z) * s
@@ -151,6 +171,32 @@ def _columns(w, hinv, params: _Params, order: np.ndarray, device: str) -> np.nda
             errors[:, j] = err
         w[:, end:] -= errors @ hinv[start:end, end:]
     return q.cpu().numpy()
+
+
+def _group_columns(block, w, start: int, j: int, size: int) -> np.ndarray:
+    """The columns of the group starting at column start + j as they stand now: those in the current block
+    carry the block's updates so far, those after it the updates of the finished blocks."""
+    import torch
+
+    inside = block[:, j:j + size]
+    beyond = w[:, start + block.shape[1]:start + j + size] if j + size > block.shape[1] else inside[:, :0]
+    return torch.cat([inside, beyond], dim=1).cpu().numpy()
+
+
+def _recompute_group(params: _Params, regroup: _Regroup, group: int, columns: np.ndarray, scale, zp) -> None:
+    """Group `group`'s scale and zero point from `columns`, written into the reference (for the final
+    integers) and into the per-column tensors the loop rounds with."""
+    import torch
+
+    spec = replace(params.spec, group_size=columns.shape[1])
+    fresh = quantize_weight(columns, spec, Rounding.RTN, 0, 1, regroup.convention, regroup.scale_dtype)
+    ref = params.reference
+    ref.scale[:, group] = fresh.scale[:, 0]
+    ref.zero_point[:, group] = fresh.zero_point[:, 0]
+    first = group * params.spec.group_size
+    s = np.where(fresh.scale[:, 0] != 0, fresh.scale[:, 0], 1.0).astype(np.float32)
+    scale[:, first:first + columns.shape[1]] = torch.from_numpy(s)[:, None].to(scale.device)
+    zp[:, first:first + columns.shape[1]] = torch.from_numpy(fresh.zero_point[:, 0].astype(np.float32))[:, None].to(zp.device)
 
 
 def _per_column(params: _Params, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:

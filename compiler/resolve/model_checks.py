@@ -154,8 +154,10 @@ def check_gptq_rows(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
         return
     widest = max(x.in_features for x in starved)
     seqlen = max(1, sequence_length(ir.calibration.data))
-    diags.warning("Q255", f"GPTQ rounds {len(starved)} layers with up to {widest} inputs from {tokens} calibration "
-                  f"tokens: their Hessians are rank-deficient (e.g. {', '.join(compress([x.name for x in starved])[:2])})",
+    layers = f"{len(starved)} layers with up to" if len(starved) > 1 else "1 layer with"
+    diags.warning("Q255", f"GPTQ rounds {layers} {widest} inputs from {tokens} calibration tokens: "
+                  f"{'their Hessians are' if len(starved) > 1 else 'its Hessian is'} rank-deficient "
+                  f"({', '.join(compress([x.name for x in starved])[:2])})",
                   ir.calibration.data.span_of("data") or ir.calibration.span_of("data") or ir.span, "too few tokens",
                   help=f"calibrate with at least {-(-2 * widest // seqlen)} samples of {seqlen} tokens (twice the "
                   "widest input), or round these layers with rtn or mse")

@@ -17,7 +17,8 @@ _SETTING_KEYS = {
 _QSPEC_FIELDS = {"dtype": "dtype", "granularity": "granularity", "group_size": "group",
                  "symmetry": "symmetry", "act_mode": "mode"}
 _KEYWORD_RULES = {"backend_kind", "rounding_kind", "policy_kind", "score_metric", "sensitivity_metric",
-                  "memory_mode", "verify_metric", "bound_kind", "emit_format", "act_order", "expert_routing"}
+                  "memory_mode", "verify_metric", "bound_kind", "emit_format", "act_order", "group_scales",
+                  "expert_routing"}
 
 
 def _unescape(body: str) -> str:
@@ -160,7 +161,7 @@ class AstBuilder(Transformer):
         return ast.QuantSpec("activations", (), True, self._span(meta))
 
     def rounding_spec(self, meta, children):
-        return tuple(children)  # the rounding kind, then `act_order` when given
+        return tuple(children)  # the rounding kind, then its options (`act_order`, `static_groups`…) when given
 
     def _qspec(self, rule, children, meta):
         value = children[0]

@@ -178,8 +178,10 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
         block_weights, block_act = _largest_segment(w, 1, outputs=True)
         outputs = sum(graph.value(o).bytes(graph.sizes(1, w.seqlen, w.past), w.seqlen)
                       for o in graph.outputs if graph.value(o)) if graph else 0
+        # the segment's QDQ weights run dequantized; MatMulNBits computes from its packed ones
+        dequantized = block_weights * w.dequantized_bytes // max(w.weights_bytes, 1)
         parts = (("runtime", runtime), ("weights of one segment", block_weights),
-                 ("its weights dequantized at run time (DequantizeLinear outputs)", block_weights),
+                 ("its QDQ weights dequantized at run time (DequantizeLinear outputs)", dequantized),
                  ("segment activations", block_act), ("outputs of one sample, both models", 2 * outputs))
     else:
         act = _no_graph(w, chunk)

@@ -68,7 +68,7 @@ class GptqRounder:
         rows = w if channel == 0 else w.T
         try:
             qw = gptq(rows, hessian, job.scheme.weights, job.scheme.act_order,
-                      dampened=lambda used: self._dampened(job.layer.name, used))
+                      dampened=lambda used: self._dampened(job.layer.name, used), static_groups=job.scheme.static_groups)
         except SingularHessian:
             self.dampened[job.layer.name] = math.inf
             return fallback()

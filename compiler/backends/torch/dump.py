@@ -1,7 +1,8 @@
 """Canonical text of an emitted safetensors folder, for goldens: the files, config.json's
 quantization_config, and every tensor (integer tensors by hash, float tensors by summary, tiny ones in
 full). `approximate` layers (GPTQ: its Cholesky factor and float32 sums vary in the last bits with the
-BLAS build and thread count) show their integer tensors by shape and value range only."""
+BLAS build and thread count) show their integer tensors by shape only and their float ones (group scales,
+which GPTQ takes as its column loop reaches each group) to three digits."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def _tensor(name: str, checkpoint: Shards, loose: bool) -> str:
         return head + " = [" + ", ".join(fmt(v) if arr.dtype.kind == "f" else str(int(v)) for v in arr.ravel()) + "]"
     if arr.dtype.kind == "f":
         a = arr.astype(np.float64)
+        if loose:  # GPTQ's group scales come from its column loop: three digits are what every machine agrees on
+            return head + f" min={a.min():.3g} max={a.max():.3g} mean={a.mean():.3g}"
         return head + f" min={fmt(a.min())} max={fmt(a.max())} mean={fmt(a.mean())}"
     if loose:
         return head + " (gptq: values not golden)"
