@@ -98,6 +98,8 @@ def _numbers(config: dict) -> tuple[tuple[str, int], ...]:
     media = [v for k in _MEDIA_TOKENS for v in (config.get(k), text.get(k)) if isinstance(v, int) and v > 0]
     if media:
         numbers.append(("text_tokens", min(media)))
+    if "eager" in (merged.get("attn_implementation"), merged.get("_attn_implementation")):
+        numbers.append(("eager_attention", 1))  # the attention scores are held (compiler/plan/memory.py)
     return tuple(numbers)
 
 

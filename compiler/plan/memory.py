@@ -39,14 +39,23 @@ def observer_bytes(w: Workload) -> int:
 
 # ---- shared by the backends' cost models -------------------------------------------------------------------------------------
 
-def block_working_set(w: Workload) -> int:
-    """Per-sample float32 working set of one block's forward (hidden states, attention scores, MLP)."""
+HIDDEN_COPIES = 9  # hidden-sized tensors a block's forward holds per token (residual, norm, q/k/v, rotated q/k,
+# attention output, o_proj output): measured with SDPA, bench/block_working_set.py
+
+
+def block_working_set(w: Workload, scores: bool | None = None) -> int:
+    """Per-sample float32 working set of one block's forward (hidden states, MLP, and the attention scores
+    where they are held). `scores` None: as transformers runs the model, with SDPA (its default, and
+    what the torch backend runs) unless the config asks for eager attention; SDPA never holds the
+    scores. The ONNX backend's exported graphs compute them (True)."""
     cfg = w.index.config_value
     h = cfg("hidden_size") or w.hidden
     heads = cfg("num_attention_heads") or max(1, h // 64)
     inter = cfg("intermediate_size") or 4 * h
     s = w.seqlen
-    return ACT_BYTES * (4 * s * h + 2 * heads * s * s + 3 * s * inter)
+    if scores is None:
+        scores = bool(cfg("eager_attention"))
+    return ACT_BYTES * (HIDDEN_COPIES * s * h + (2 * heads * s * s if scores else 0) + 3 * s * inter)
 
 
 _SHARED_INPUT = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "query": "qkv", "key": "qkv", "value": "qkv",
@@ -77,18 +86,22 @@ def hessian_bytes(w: Workload, all_blocks: bool = False) -> int:
     return sum(sizes) if all_blocks else max(sizes, default=0)
 
 
+def gptq_scratch_bytes(k: int, weight: int) -> int:
+    """GPTQ's scratch while it rounds one layer of `k` inputs and `weight` float32 bytes, beyond the weight and
+    its Hessian: one more K×K matrix (H is factorised in place: each step of H → L → H⁻¹ → U frees the one
+    before) and about five copies of the weight (its working copy, the rounded columns, the scales of the
+    float weight, the final integers' float scratch). Measured 4.4–4.9 copies: bench/gptq_memory.py."""
+    return k * k * 4 + 5 * weight
+
+
 def gptq_scratch(w: Workload) -> int:
-    """Rounding one layer with GPTQ holds its Hessian twice more in float32 (its mean, factorised in
-    place: each step of H → L → H⁻¹ → U frees the one before) and its weight about eight times (float
-    copies, permuted copy, per-column scales and zero points, the rounded and dequantized results).
-    Measured: bench/torch_modes.py."""
+    """The scratch of rounding the plan's widest and largest GPTQ layers (gptq_scratch_bytes)."""
     if not w.gptq:
         return 0
     quantized = [x for x in w.index.layers if x.name in set(w.gptq_layers) and x.kind is LayerKind.LINEAR]
     k = max((x.in_features for x in quantized), default=0)
     weight = max((x.params * 4 for x in quantized), default=0)
-    return 2 * k * k * 4 + 8 * weight
-
+    return gptq_scratch_bytes(k, weight)
 
 
 def score_phase(w: Workload, chunk: int, runtime: int, float32_model: bool, gradients: bool) -> Phase:

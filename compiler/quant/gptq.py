@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -79,8 +80,8 @@ def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool 
     dead = diagonal == 0
     h.diagonal()[torch.from_numpy(dead).to(device)] = 1.0
     w[:, dead] = 0.0
-    order = np.argsort(-diagonal, kind="stable") if act_order else np.arange(w.shape[1])
-    params = _params(w[:, order], spec, order, convention, scale_dtype)  # scales from the whole (float) weight
+    order = np.argsort(-diagonal, kind="stable") if act_order else None
+    params = _Params(quantize_weight(w, spec, Rounding.RTN, 0, 1, convention, scale_dtype), spec)  # from the float weight
     if act_order:
         index = torch.from_numpy(order).to(device)
         h = h.index_select(0, index).index_select(1, index)
@@ -90,11 +91,16 @@ def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool 
     if used != DAMPENING and dampened is not None:
         dampened(used)
     updated = not static_groups and not act_order and spec.granularity is Granularity.GROUP
-    q = _columns(torch.from_numpy(w[:, order]).to(device), hinv, params, order, device,
+    columns = w if order is None else w[:, order]
+    del w  # without act-order the loop updates this frame's own copy in place
+    q = _columns(torch.from_numpy(columns).to(device), hinv, params, order, device,
                  _Regroup(convention, scale_dtype) if updated else None)
-    restored = np.empty_like(q)
-    restored[:, order] = q
-    return _requantize(restored, params)
+    del columns
+    if order is not None:
+        restored = np.empty_like(q)
+        restored[:, order] = q
+        q = restored
+    return _requantize(q, params)
 
 
 def _as_tensor(hessian: np.ndarray, device: str):
@@ -143,13 +149,15 @@ class _Regroup:
     scale_dtype: object
 
 
-def _columns(w, hinv, params: _Params, order: np.ndarray, device: str, regroup: _Regroup | None = None) -> np.ndarray:
+def _columns(w, hinv, params: _Params, order: np.ndarray | None, device: str,
+             regroup: _Regroup | None = None) -> np.ndarray:
     """Quantize column by column; each column's error is spread over the rest of its block of 128,
     then the block's errors over the remaining columns. With `regroup`, each group's scale and zero point
-    are recomputed from its columns as they stand when the loop reaches the group's first column."""
+    are recomputed from its columns as they stand when the loop reaches the group's first column. Scales
+    are looked up per (channel, group), never expanded to the weight's shape."""
     import torch
 
-    scale, zp = (torch.from_numpy(np.ascontiguousarray(a[:, order])).to(device) for a in _per_column(params, w.shape))
+    table = _ScaleTable.of(params, device)
     lo, hi = _limits(params)
     q = torch.zeros_like(w)
     size = params.spec.group_size or 0
@@ -160,10 +168,9 @@ def _columns(w, hinv, params: _Params, order: np.ndarray, device: str, regroup: 
         errors = torch.zeros_like(block)
         for j in range(end - start):
             if regroup is not None and (start + j) % size == 0:
-                _recompute_group(params, regroup, (start + j) // size, _group_columns(block, w, start, j, size),
-                                 scale, zp)
+                _recompute_group(params, regroup, (start + j) // size, _group_columns(block, w, start, j, size), table)
             column = block[:, j]
-            s, z = scale[:, start + j], zp[:, start + j]
+            s, z = table.at(start + j if order is None else int(order[start + j]))
             quantized = (torch.clamp(torch.round(column / s) + z, lo, hi) - z) * s
             q[:, start + j] = quantized
             err = (column - quantized) / local[j, j]
@@ -171,6 +178,33 @@ def _columns(w, hinv, params: _Params, order: np.ndarray, device: str, regroup: 
             errors[:, j] = err
         w[:, end:] -= errors @ hinv[start:end, end:]
     return q.cpu().numpy()
+
+
+@dataclass
+class _ScaleTable:
+    """Scales and zero points per (channel, group) as float32 tensors (a zero scale becomes 1: its column
+    quantizes to the zero point either way); `at(column)` gives one original column's."""
+
+    scale: Any  # torch.Tensor [out, groups] (per channel: [out, 1]; per tensor: [out, 1] filled)
+    zero_point: Any
+    group_size: int | None
+
+    @staticmethod
+    def of(params: _Params, device: str) -> _ScaleTable:
+        import torch
+
+        ref, spec = params.reference, params.spec
+        rows = ref.q.shape[0]
+        scale = np.asarray(ref.scale, np.float32).reshape(rows, -1) if np.ndim(ref.scale) else np.full((rows, 1), ref.scale, np.float32)
+        zp = np.asarray(ref.zero_point, np.float32).reshape(rows, -1) if np.ndim(ref.zero_point) else \
+            np.full((rows, 1), float(ref.zero_point), np.float32)
+        scale = np.where(scale != 0, scale, 1.0).astype(np.float32)
+        group = spec.group_size if spec.granularity is Granularity.GROUP else None
+        return _ScaleTable(torch.from_numpy(scale).to(device), torch.from_numpy(zp).to(device), group)
+
+    def at(self, column: int):
+        g = column // self.group_size if self.group_size else 0
+        return self.scale[:, g], self.zero_point[:, g]
 
 
 def _group_columns(block, w, start: int, j: int, size: int) -> np.ndarray:
@@ -183,9 +217,9 @@ def _group_columns(block, w, start: int, j: int, size: int) -> np.ndarray:
     return torch.cat([inside, beyond], dim=1).cpu().numpy()
 
 
-def _recompute_group(params: _Params, regroup: _Regroup, group: int, columns: np.ndarray, scale, zp) -> None:
+def _recompute_group(params: _Params, regroup: _Regroup, group: int, columns: np.ndarray, table: _ScaleTable) -> None:
     """Group `group`'s scale and zero point from `columns`, written into the reference (for the final
-    integers) and into the per-column tensors the loop rounds with."""
+    integers) and into the table the loop rounds with."""
     import torch
 
     spec = replace(params.spec, group_size=columns.shape[1])
@@ -193,19 +227,9 @@ def _recompute_group(params: _Params, regroup: _Regroup, group: int, columns: np
     ref = params.reference
     ref.scale[:, group] = fresh.scale[:, 0]
     ref.zero_point[:, group] = fresh.zero_point[:, 0]
-    first = group * params.spec.group_size
     s = np.where(fresh.scale[:, 0] != 0, fresh.scale[:, 0], 1.0).astype(np.float32)
-    scale[:, first:first + columns.shape[1]] = torch.from_numpy(s)[:, None].to(scale.device)
-    zp[:, first:first + columns.shape[1]] = torch.from_numpy(fresh.zero_point[:, 0].astype(np.float32))[:, None].to(zp.device)
-
-
-def _per_column(params: _Params, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Scale and zero point of every weight element, [out, in], in the original column order
-    (a zero scale becomes 1: its column quantizes to the zero point either way)."""
-    columns = [_scale_zp(params, i) for i in range(shape[1])]
-    scale = np.stack([np.where(s != 0, s, 1.0) for s, _ in columns], axis=1).astype(np.float32)
-    zp = np.stack([z for _, z in columns], axis=1).astype(np.float32)
-    return scale, zp
+    table.scale[:, group] = torch.from_numpy(s).to(table.scale.device)
+    table.zero_point[:, group] = torch.from_numpy(fresh.zero_point[:, 0].astype(np.float32)).to(table.zero_point.device)
 
 
 @dataclass(frozen=True)
@@ -214,32 +238,23 @@ class _Params:
     spec: WeightQuant
 
 
-def _params(w: np.ndarray, spec: WeightQuant, order: np.ndarray, convention: Convention, scale_dtype) -> _Params:
-    """Scales of the weight in its original column order (`w` arrives permuted by `order`)."""
-    original = np.empty_like(w)
-    original[:, order] = w
-    return _Params(quantize_weight(original, spec, Rounding.RTN, 0, 1, convention, scale_dtype), spec)
-
-
-def _scale_zp(params: _Params, column: int) -> tuple[np.ndarray, np.ndarray]:
-    ref = params.reference
-    if params.spec.granularity is Granularity.GROUP:
-        g = column // params.spec.group_size
-        return ref.scale[:, g], ref.zero_point[:, g].astype(np.float32)
-    if params.spec.granularity is Granularity.PER_CHANNEL:
-        return ref.scale, ref.zero_point.astype(np.float32)
-    return np.full(ref.q.shape[0], ref.scale), np.full(ref.q.shape[0], float(ref.zero_point))
-
-
 def _limits(params: _Params) -> tuple[int, int]:
     return qparams.qrange(params.spec.qtype, False)
 
 
 def _requantize(dequantized: np.ndarray, params: _Params) -> QuantizedWeight:
-    """The integer values of the GPTQ-rounded weight, with the scales it was rounded to."""
+    """The integer values of the GPTQ-rounded weight, with the scales it was rounded to (one float32 scratch
+    of the weight's size: values divided by their group's scale, rounded and shifted in place)."""
     ref = params.reference
     lo, hi = _limits(params)
-    columns = [np.clip(np.round(dequantized[:, i] / np.where(s != 0, s, 1.0)) + z, lo, hi)
-               for i, (s, z) in ((i, _scale_zp(params, i)) for i in range(dequantized.shape[1]))]
-    q = np.stack(columns, axis=1).astype(ref.q.dtype)
+    rows = dequantized.shape[0]
+    scale = np.asarray(ref.scale, np.float32).reshape(rows, -1) if np.ndim(ref.scale) else np.full((rows, 1), ref.scale, np.float32)
+    zp = np.asarray(ref.zero_point, np.float32).reshape(rows, -1) if np.ndim(ref.zero_point) else \
+        np.full((rows, 1), float(ref.zero_point), np.float32)
+    groups = scale.shape[1]
+    values = dequantized.reshape(rows, groups, -1) / np.where(scale != 0, scale, 1.0)[:, :, None]
+    np.round(values, out=values)
+    values += zp[:, :, None]
+    np.clip(values, lo, hi, out=values)
+    q = values.reshape(dequantized.shape).astype(ref.q.dtype)
     return QuantizedWeight(q, ref.scale, ref.zero_point, ref.qtype, ref.axis, ref.block_size)

@@ -92,7 +92,7 @@ def _segment_hessians(w: Workload) -> int:
 def _no_graph(w: Workload, chunk: int) -> int:
     """Without graph shapes (an HF folder before its export): one block's working set per sample, from the
     config, as the torch backend counts it."""
-    return chunk * block_working_set(w) if w.index.graph is None else 0
+    return chunk * block_working_set(w, scores=True) if w.index.graph is None else 0
 
 
 def _observed_group(w: Workload, passes: int) -> tuple[str, ...]:

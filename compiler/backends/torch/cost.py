@@ -81,10 +81,18 @@ def _offload_weights(w: Workload) -> int:
     first = next((i for i, x in enumerate(layers) if x.block), len(layers))
     head = sum(x.bytes for x in layers[:first])
     quantized = set(w.quantized_layers)
-    tail_needs_data = (w.gptq or bool(w.observed)) and _tail_rounds(w)
+    tail_needs_data = _tail_needs_data(w)
     resident = outside if (w.verify_samples or tail_needs_data) else head if (w.calibrate or w.verify_samples) else 0
     scratch = 3 * max((x.bytes for x in layers if x.name in quantized), default=0)
     return max(max(sizes.values(), default=0), resident) + scratch
+
+
+def _tail_needs_data(w: Workload) -> bool:
+    """Whether a layer after the blocks rounds with data (GPTQ, or a static input range): only then does the
+    tail run on the calibration stream (an rtn LM head is rounded from its weight alone)."""
+    layers, gptq, needed = w.index.layers, set(w.gptq_layers), set(w.needed)
+    first = next((i for i, x in enumerate(layers) if x.block), len(layers))
+    return any(x.block is None and (x.name in gptq or x.input in needed) for x in layers[first:])
 
 
 def _tail_rounds(w: Workload) -> bool:
