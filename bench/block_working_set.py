@@ -36,8 +36,12 @@ with torch.no_grad():
 
 
 def planned(batch: int, seqlen: int, hidden: int, inter: int, heads: int, scores: bool) -> int:
-    """The plan's formula (float32): hidden states, the MLP, and the scores where they are held."""
-    return 4 * batch * (4 * seqlen * hidden + (2 * heads * seqlen * seqlen if scores else 0) + 3 * seqlen * inter)
+    """The plan's formula (compiler/plan/memory.py, float32): hidden states, the MLP, and the scores where
+    they are held."""
+    from compiler.plan.memory import ACT_BYTES, HIDDEN_COPIES
+
+    return ACT_BYTES * batch * (HIDDEN_COPIES * seqlen * hidden + (2 * heads * seqlen * seqlen if scores else 0)
+                                + 3 * seqlen * inter)
 
 
 def main() -> None:
