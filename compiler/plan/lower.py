@@ -125,7 +125,8 @@ def lower_load(ctx: Context) -> list[PlanOp]:
     """`load_model`: how the model is opened."""
     w = ctx.workload
     lazy_graph = ctx.costs.reads_graph_only  # weights stay in the data file
-    resident = 0 if lazy_graph or ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU) else w.weights_bytes
+    streamed = lazy_graph or not ctx.runs_model or ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU)
+    resident = 0 if streamed else w.weights_bytes
     if lazy_graph:
         how = "graph only: weights stay in the data file until a session or the quantizer reads them"
     elif not ctx.runs_model:
