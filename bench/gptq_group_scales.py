@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_ort import child  # noqa: E402
+from compare_ort import run_qrc  # noqa: E402
 from onnx_decoder import builder, decoder_folder, fidelity  # noqa: E402
 
 VARIANTS = ("static_groups", "updated_groups")
@@ -34,8 +34,7 @@ def qrc(model: Path, out: Path, group: int, variant: str, tmp: Path) -> str:
                       '  quantize { type Linear -> s  "model.embed_tokens" -> none }\n'
                       "  calibrate { data synthetic { samples 32  seqlen 128 }  chunk 8 }\n"
                       f'  emit "{out}" {{ format matmul_nbits }} }}\n')
-    _, _, err = child(f"import sys\nsys.argv = ['qrc', 'compile', {str(recipe)!r}]\nfrom compiler.cli import main\n"
-                      "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code")
+    _, _, err = run_qrc(recipe)
     return err
 
 

@@ -26,24 +26,30 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_ort import child, planned_peak  # noqa: E402
+from compare_ort import child, planned_peak, run_qrc  # noqa: E402
 
 BLOCK = 32
 
 
 def decoder_folder(tmp: Path, layers: int, hidden: int, vocab: int) -> Path:
     """A random Qwen2 folder with a word-level tokenizer (the builder loads one)."""
-    import torch
     import transformers
-    from tokenizers import Tokenizer, models
 
-    folder = tmp / "qwen2"
     config = transformers.Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
                                       num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
                                       max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                                       tie_word_embeddings=False)
+    return random_decoder(tmp / "qwen2", transformers.Qwen2ForCausalLM, config, vocab)
+
+
+def random_decoder(folder: Path, model_class, config, vocab: int) -> Path:
+    """`model_class(config)` with seeded random weights saved to `folder`, and a word-level tokenizer over
+    the vocabulary (ids 1 and 2 are bos and eos)."""
+    import torch
+    from tokenizers import Tokenizer, models
+
     torch.manual_seed(0)
-    transformers.Qwen2ForCausalLM(config).eval().save_pretrained(folder)
+    model_class(config).eval().save_pretrained(folder)
     Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0")).save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
                                                               "bos_token": "t1", "eos_token": "t2", "pad_token": "t0"}))
@@ -65,8 +71,7 @@ def qrc(model: Path, out: Path, rounding: str, tmp: Path, samples: int = 32) -> 
                       '  quantize { type Linear -> s  "model.embed_tokens" -> none }\n'
                       f"  calibrate {{ data synthetic {{ samples {samples}  seqlen 128 }}  chunk 8 }}\n"
                       f'  emit "{out}" {{ format matmul_nbits  accuracy_level 4 }} }}\n')
-    return child(f"import sys\nsys.argv = ['qrc', 'compile', {str(recipe)!r}]\nfrom compiler.cli import main\n"
-                 "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code")
+    return run_qrc(recipe)
 
 
 def ort_rtn(model: Path, out: Path) -> tuple[float, int, str]:
@@ -124,8 +129,7 @@ def plan_vs_measured(model: Path, tmp: Path) -> str:
                       "  verify { samples 8  metric cosine  at_least 0.9 }\n"
                       f'  emit "{tmp / "w8a8" / "model.onnx"}" {{ format qdq }} }}\n')
     planned = planned_peak(recipe)
-    _, peak, err = child(f"import sys\nsys.argv = ['qrc', 'compile', {str(recipe)!r}]\nfrom compiler.cli import main\n"
-                         "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code")
+    _, peak, err = run_qrc(recipe)
     if err:
         return f"W8A8 plan vs measured: {err}"
     return (f"W8A8 (32 × 128 tokens, chunk 8, verify 8): planned {planned / 2**20:,.0f} MiB, measured VmHWM "

@@ -14,7 +14,6 @@ widest input has features: Q255) and W8A8 (QDQ,
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -23,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_ort import child, planned_peak  # noqa: E402
-from onnx_decoder import _feed, builder  # noqa: E402
+from compare_ort import planned_peak, run_qrc  # noqa: E402
+from onnx_decoder import _feed, builder, random_decoder  # noqa: E402
 
 SCHEMES = {"w4a16 rtn": ("W4A16 { group 32 }", "matmul_nbits"),
            "w4a16 gptq": ("W4A16 { group 32  rounding gptq }", "matmul_nbits"),
@@ -33,21 +32,13 @@ SCHEMES = {"w4a16 rtn": ("W4A16 { group 32 }", "matmul_nbits"),
 
 def llama_folder(tmp: Path, layers: int, hidden: int, intermediate: int, vocab: int) -> Path:
     """A random Llama folder (float32 safetensors) with a word-level tokenizer (the builder loads one)."""
-    import torch
     import transformers
-    from tokenizers import Tokenizer, models
 
-    folder = tmp / "llama"
     config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
                                       num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4,
                                       max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                                       tie_word_embeddings=False, torch_dtype="float32")
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).eval().save_pretrained(folder)
-    Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0")).save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                                              "bos_token": "t1", "eos_token": "t2", "pad_token": "t0"}))
-    return folder
+    return random_decoder(tmp / "llama", transformers.LlamaForCausalLM, config, vocab)
 
 
 def recipe(model: Path, scheme: str, fmt: str, out: Path, tmp: Path) -> Path:
@@ -110,9 +101,7 @@ def main() -> None:
         out.parent.mkdir()
         path = recipe(float_model, scheme, fmt, out, tmp)
         planned = planned_peak(path)
-        seconds, peak, err = child(f"import sys\nsys.argv = ['qrc', 'compile', {str(path)!r}]\n"
-                                   "from compiler.cli import main\ntry:\n    main()\nexcept SystemExit as e:\n"
-                                   "    assert not e.code, e.code")
+        seconds, peak, err = run_qrc(path)
         if err:
             print(f"| {name} | {err} | {planned / 2**20:,.0f} | {peak / 2**20:,.0f} | | | | |", flush=True)
             continue

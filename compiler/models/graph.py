@@ -34,11 +34,18 @@ class Value:
 
     def resolved(self, sizes: Mapping[str, int]) -> tuple[int, ...]:
         """The dims as numbers (every dim bound: see `bound`)."""
-        return tuple(d if isinstance(d, int) else sizes[d or ""] for d in self.dims or ())
+        return tuple(_size(d, sizes) or 0 for d in self.dims or ())
 
     def bound(self, sizes: Mapping[str, int]) -> bool:
         """Whether every dim is a number or a symbol `sizes` binds (nothing left to guess)."""
-        return self.dims is not None and all(isinstance(d, int) or (d and d in sizes) for d in self.dims)
+        return self.dims is not None and all(_size(d, sizes) is not None for d in self.dims)
+
+
+def _size(dim: int | str | None, sizes: Mapping[str, int]) -> int | None:
+    """A dim's size: a number, a symbol `sizes` binds, else None (unknown)."""
+    if isinstance(dim, int):
+        return dim
+    return sizes.get(dim) if dim else None
 
 
 # Ops whose output has as many elements as their first input (reshapes, permutations, unary maps), the
@@ -48,6 +55,7 @@ _SAME_COUNT = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatte
                          "Sqrt", "Exp", "Log", "Sigmoid", "Tanh", "Relu", "Erf", "Softmax", "Abs", "Reciprocal",
                          "Cos", "Sin", "Gelu", "FastGelu", "Dropout", "LayerNormalization",
                          "SimplifiedLayerNormalization", "RotaryEmbedding", "IsNaN", "Not", "Softplus"})
+_SAME_SHAPE = _SAME_COUNT - {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"}
 _AT_MOST_FIRST = frozenset({"Slice", "Split"})
 _BROADCAST = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Where", "Max", "Min", "Equal", "Less", "Greater",
                         "LessOrEqual", "GreaterOrEqual", "And", "Or"})
@@ -133,9 +141,6 @@ class GraphSummary:
         return {out: node for node in self.nodes for out in node.outputs}
 
 
-_SAME_SHAPE = _SAME_COUNT - {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"}
-
-
 def _propagated_shape(node: Node, given: list[tuple[int, ...] | None]) -> tuple[int | None, ...] | None:
     """The output shape of `node` from its inputs' shapes (None where unknown), where the op tells."""
     first = given[0] if given else None
@@ -166,31 +171,20 @@ def _merged(value: Value, sizes: Mapping[str, int], propagated: tuple[int | None
     a dim stays unknown."""
     if value.dims is None or propagated is None or len(propagated) != len(value.dims):
         return None
-    shape = []
-    for own, guess in zip(value.dims, propagated, strict=True):
-        if isinstance(own, int):
-            shape.append(own)
-        elif own and own in sizes:
-            shape.append(sizes[own])
-        elif guess is not None:
-            shape.append(guess)
-        else:
-            return None
-    return tuple(shape)
+    shape = [_size(own, sizes) for own in value.dims]
+    merged = [n if n is not None else guess for n, guess in zip(shape, propagated, strict=True)]
+    return None if None in merged else tuple(n for n in merged if n is not None)
 
 
 def _solved(value: Value, sizes: Mapping[str, int], count: int) -> tuple[int, ...] | None:
     """`value`'s shape when exactly one of its dims is unknown and its element count is known."""
-    if value.dims is None:
+    known = [_size(d, sizes) for d in value.dims or ()]
+    if known.count(None) != 1:
         return None
-    unknown = [i for i, d in enumerate(value.dims) if not isinstance(d, int) and not (d and d in sizes)]
-    if len(unknown) != 1:
-        return None
-    rest = math.prod(d if isinstance(d, int) else sizes[d or ""] for i, d in enumerate(value.dims) if i != unknown[0])
+    rest = math.prod(n for n in known if n is not None)
     if rest <= 0 or count % rest:
         return None
-    return tuple(count // rest if i == unknown[0] else (d if isinstance(d, int) else sizes[d or ""])
-                 for i, d in enumerate(value.dims))
+    return tuple(count // rest if n is None else n for n in known)
 
 
 def _learned(value: Value, shape: tuple[int, ...], sizes: Mapping[str, int]) -> dict[str, int]:

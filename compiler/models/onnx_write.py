@@ -8,6 +8,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+INLINE_LIMIT = 1024  # bytes: tensors larger than this live in the data file
+COPY_PIECE = 16 << 20  # bytes of a tensor copied file to file at a time
+
 
 def file_mode() -> int:
     """The mode a file the user writes gets under the current umask (temporary files start at 0600)."""
@@ -38,10 +41,11 @@ def stage(model, destination: Path, external: bool, side: dict[str, bytes] | Non
     data file already holds every large initializer (DataFile): only the proto is written."""
     import onnx
 
+    prestaged = staging is not None
     staging = staging or new_staging(destination)
     try:
         staged = staging / destination.name
-        if (staging / (destination.name + ".data")).exists():
+        if prestaged:
             staged.write_bytes(model.SerializeToString(deterministic=True))
         elif external:
             onnx.save(model, staged, save_as_external_data=True, all_tensors_to_one_file=True,
@@ -65,9 +69,7 @@ class DataFile:
     they were are copied from the source's data file in pieces. onnx's own external-data saving needs every
     tensor in memory at once; a model beyond 2 GB under a small `ram` budget cannot afford that."""
 
-    INLINE = 1024  # bytes: smaller tensors stay in the proto
     ALIGN = 4096  # large tensors start on a page boundary (onnxruntime can map them)
-    PIECE = 16 << 20  # bytes copied at a time
 
     def __init__(self, staging: Path, destination: Path):
         self.location = destination.name + ".data"
@@ -77,7 +79,7 @@ class DataFile:
 
     def put(self, tensor):
         """`tensor` (with raw_data) with its bytes moved to the data file; a small one is returned as it is."""
-        if tensor.ByteSize() <= self.INLINE:  # as compiler/backends/onnx/files.py tells inline from external
+        if tensor.ByteSize() <= INLINE_LIMIT:  # as compiler/backends/onnx/files.py tells inline from external
             return tensor
         data = tensor.raw_data
         start = self._start(len(data))
@@ -99,7 +101,7 @@ class DataFile:
             handle.seek(info.offset or 0)
             left = length
             while left:
-                piece = handle.read(min(self.PIECE, left))
+                piece = handle.read(min(COPY_PIECE, left))
                 if not piece:
                     raise OSError(f"{source} ends before tensor {tensor.name}")
                 self.handle.write(piece)

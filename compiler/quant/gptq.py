@@ -193,13 +193,8 @@ class _ScaleTable:
     def of(params: _Params, device: str) -> _ScaleTable:
         import torch
 
-        ref, spec = params.reference, params.spec
-        rows = ref.q.shape[0]
-        scale = np.asarray(ref.scale, np.float32).reshape(rows, -1) if np.ndim(ref.scale) else np.full((rows, 1), ref.scale, np.float32)
-        zp = np.asarray(ref.zero_point, np.float32).reshape(rows, -1) if np.ndim(ref.zero_point) else \
-            np.full((rows, 1), float(ref.zero_point), np.float32)
-        scale = np.where(scale != 0, scale, 1.0).astype(np.float32)
-        group = spec.group_size if spec.granularity is Granularity.GROUP else None
+        scale, zp = _per_group(params)
+        group = params.spec.group_size if params.spec.granularity is Granularity.GROUP else None
         return _ScaleTable(torch.from_numpy(scale).to(device), torch.from_numpy(zp).to(device), group)
 
     def at(self, column: int):
@@ -242,17 +237,27 @@ def _limits(params: _Params) -> tuple[int, int]:
     return qparams.qrange(params.spec.qtype, False)
 
 
+def _per_group(params: _Params) -> tuple[np.ndarray, np.ndarray]:
+    """Scales and zero points as float32 [out, groups] (per channel and per tensor: one group), a zero scale
+    as 1 (its columns quantize to the zero point either way)."""
+    rows = params.reference.q.shape[0]
+
+    def table(values) -> np.ndarray:
+        values = np.array(values, np.float32)  # a copy: the loop may rewrite a group's entries
+        return np.full((rows, 1), values) if values.ndim == 0 else values.reshape(rows, -1)
+
+    scale = table(params.reference.scale)
+    return np.where(scale != 0, scale, 1.0).astype(np.float32), table(params.reference.zero_point)
+
+
 def _requantize(dequantized: np.ndarray, params: _Params) -> QuantizedWeight:
     """The integer values of the GPTQ-rounded weight, with the scales it was rounded to (one float32 scratch
     of the weight's size: values divided by their group's scale, rounded and shifted in place)."""
     ref = params.reference
     lo, hi = _limits(params)
-    rows = dequantized.shape[0]
-    scale = np.asarray(ref.scale, np.float32).reshape(rows, -1) if np.ndim(ref.scale) else np.full((rows, 1), ref.scale, np.float32)
-    zp = np.asarray(ref.zero_point, np.float32).reshape(rows, -1) if np.ndim(ref.zero_point) else \
-        np.full((rows, 1), float(ref.zero_point), np.float32)
-    groups = scale.shape[1]
-    values = dequantized.reshape(rows, groups, -1) / np.where(scale != 0, scale, 1.0)[:, :, None]
+    scale, zp = _per_group(params)
+    rows, groups = scale.shape
+    values = dequantized.reshape(rows, groups, -1) / scale[:, :, None]
     np.round(values, out=values)
     values += zp[:, :, None]
     np.clip(values, lo, hi, out=values)

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from compiler.ir.types import Backend, EmitFormat, MemoryMode
+from compiler.models.onnx_write import COPY_PIECE
 from compiler.plan.activations import calibration_peak, needed_nodes, peak, segment_outputs, segment_runs
 from compiler.plan.memory import (
     ACT_BYTES,
@@ -33,7 +34,6 @@ SLICE_BYTES = 16 << 20  # large weights are rounded in slices of output channels
 # GPTQ's column loop runs in torch (compiler/quant/gptq.py): importing it raised max RSS from 47 to 241 MiB
 TORCH_LIBRARIES = 200 * MiB
 EXTERNAL_THRESHOLD = 1 << 30  # an output above this keeps its weights in `<model>.data` (protobuf stops at 2 GiB)
-COPY_PIECE = 16 * MiB  # kept float initializers are copied file to file in pieces of this size
 HESSIAN_SUM = 8  # bytes per Hessian element: sums are float64 (compiler/quant/gptq.py HessianObserver)
 
 

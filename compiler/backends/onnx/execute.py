@@ -161,8 +161,9 @@ class _OnnxRun:
         groups = np.array_split(np.array(w.fetched, dtype=object), op.passes)
         advance = self.progress("calibrate", len(batches) * op.passes)
         states = []
+        ranged = set(w.observed)
         for number, group in enumerate(groups):
-            observed = tuple(t for t in group if t in set(w.observed))
+            observed = tuple(t for t in group if t in ranged)
             gathered = {t: hessians[t] for t in group if t in hessians}
             state = self._resume_state(number, tuple(group))
             states.append(state)
@@ -314,13 +315,12 @@ class _OnnxRun:
             if weight not in self.sqnr:  # offload rounded GPTQ layers as their segments finished
                 self._put(node, inits[weight], jobs[weight])
             advance()
-        sqnr = self.sqnr
         if self.rounder is not None and self.rounder.dampened:
             self.result.warnings.append(dampened_warning(self.ir, self.rounder.dampened))
         for tensor, qparams_ in self._activation_specs().items():
             emitter.put(tensor, qparams_)
-        self.result.weight_sqnr = {a.layer.name: sqnr[a.layer.weight] for a in self.assignment.layers
-                                   if a.layer.weight in sqnr}
+        self.result.weight_sqnr = {a.layer.name: self.sqnr[a.layer.weight] for a in self.assignment.layers
+                                   if a.layer.weight in self.sqnr}
 
     def _activation_specs(self) -> dict[str, ActivationQParams]:
         """The scale, zero point and consumer nodes of each activation-quantized layer's input."""

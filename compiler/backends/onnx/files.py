@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-INLINE_LIMIT = 1024  # bytes: tensors larger than this live in the data file
+from compiler.models.onnx_write import INLINE_LIMIT
 
 
 @dataclass

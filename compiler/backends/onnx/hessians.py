@@ -35,11 +35,6 @@ def hessian_observers(inputs: dict[str, int]) -> dict[str, HessianObserver]:
     return {PREFIX + tensor: HessianObserver(features) for tensor, features in inputs.items()}
 
 
-def tensor_of(key: str) -> str | None:
-    """The tensor a Hessian observer key belongs to (None: a range observer's key)."""
-    return key[len(PREFIX):] if key.startswith(PREFIX) else None
-
-
 class GptqRounder:
     """Rounds GPTQ layers from the Hessians in `observers`, removing each Hessian once every layer reading its
     tensor is rounded. `dampened` collects the layers whose Hessian needed more dampening (∞: rtn)."""
@@ -73,7 +68,6 @@ class GptqRounder:
             self.dampened[job.layer.name] = math.inf
             return fallback()
         return qw if channel == 0 else transposed(qw)
-
 
     def _dampened(self, layer: str, used: float) -> None:
         self.dampened[layer] = used
