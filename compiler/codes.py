@@ -290,6 +290,15 @@ CODES: tuple[CodeInfo, ...] = (
        "the dampening is raised tenfold, up to 10×, and a layer no dampening helps is rounded with rtn; each "
        "is listed instead of stopping the run or writing NaNs.",
        "calibrate { data synthetic { samples 1  seqlen 2 } }   # two tokens: H of rank 2"),
+    _c("Q420", "the quantization_config qrc would write fails compressed-tensors' schema",
+       "transformers and vLLM parse config.json's quantization_config with compressed-tensors' pydantic models; "
+       "qrc checks its config with them before any work, so a config they would reject never becomes a folder. "
+       "It signals a qrc bug.",
+       "a scheme whose arguments compressed-tensors cannot express"),
+    _c("Q421", "compressed-tensors is not installed: the config was not schema-checked (warning)",
+       "Without the package qrc still writes the folder, but cannot prove that its quantization_config parses "
+       "where it is served. The `hf` extra installs it.",
+       "pip install qrc  (without [hf]), then qrc compile a torch recipe"),
     _c("Q501", "verification failed",
        "The emitted model was run beside the float one on held-out samples and missed the recipe's bound. "
        "The model is left in place with a `.verify.json` report of the figures, so it can be inspected.",
@@ -355,6 +364,17 @@ CODES: tuple[CodeInfo, ...] = (
        "qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, mixtral, qwen3_moe, deepseek_v3, bert) to be indexed "
        "from the config alone.",
        'model "checkpoints/"   # no *.safetensors, unknown model_type'),
+    _c("Q256", "a floating format with a setting it cannot take",
+       "FP8, NVFP4 and MX formats are symmetric and rounded as compressed-tensors defines them (rtn). NVFP4 "
+       "scales blocks of 16 and MX blocks of 32 (the format fixes the group); fp8 weights are per tensor, per "
+       "channel or in `block RxC` tiles; fp8 activations are symmetric, static per tensor or dynamic (per token "
+       "or per group); integer and floating types do not mix within a scheme.",
+       "scheme s { weights mxfp4 asymmetric }"),
+    _c("Q257", "a floating format on the ONNX backend",
+       "onnxruntime's CPU build has no float8 matrix multiply and no FP4 type: a float8 QDQ graph would run "
+       "dequantized, in float. The formats are written by the torch backend as compressed-tensors folders, "
+       "which vLLM and transformers load.",
+       'recipe r { model "model.onnx"  quantize { type Linear -> FP8_DYNAMIC } }'),
     _c("Q233", "emit path with an unexpected extension (warning)",
        "Runtimes and tools look for `.onnx` files; another extension is allowed but probably a typo.",
        'emit "out/model.onx"'),

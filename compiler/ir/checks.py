@@ -123,6 +123,20 @@ def check_backend_features(ir: RecipeIR, diags: Diagnostics) -> None:
         if ir.memory.mode is MemoryMode.MULTI_GPU:
             diags.error("Q234", "`mode multi_gpu` needs backend torch", ir.memory.span_of("mode"),
                         "onnx runs on one device", help="use `mode auto`, or `backend torch` for several GPUs")
+        _refuse_float_formats(ir, diags)
+
+
+def _refuse_float_formats(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Q257: floating formats on the ONNX backend. onnxruntime's CPU build has no float8 MatMul (its QDQ
+    would run dequantized, in float) and no FP4 type; the formats are written for the runtimes that serve
+    them from compressed-tensors folders (vLLM, transformers)."""
+    for scheme in _used_schemes(ir):
+        types = {t for t in (scheme.weights.qtype, scheme.activations and scheme.activations.qtype) if t and t.is_float}
+        if types:
+            diags.error("Q257", f"scheme `{scheme.name}` uses {', '.join(sorted(t.value for t in types))}, which the "
+                        "ONNX backend does not write", scheme.span or ir.span, "floating format on onnx",
+                        help="use `backend torch` (a compressed-tensors folder for vLLM and transformers), or an "
+                        "integer scheme (W8A8, W4A16) for onnxruntime")
 
 
 def check_mixed_precision(ir: RecipeIR, diags: Diagnostics) -> None:

@@ -36,8 +36,16 @@ def _regex_literal(pattern: str) -> str:
     return 're"' + pattern.replace('"', '\\"') + '"'
 
 
+def _granularity(granularity: Granularity, group_size: int | None, block: tuple[int, int] | None = None) -> str:
+    if granularity is Granularity.GROUP:
+        return f"group {group_size}"
+    if granularity is Granularity.BLOCK:
+        return f"block {block[0]}x{block[1]}"
+    return granularity.value
+
+
 def _weights(w: WeightQuant) -> str:
-    gran = f"group {w.group_size}" if w.granularity is Granularity.GROUP else w.granularity.value
+    gran = _granularity(w.granularity, w.group_size, w.block)
     return f"weights {w.qtype.value} {gran} {'symmetric' if w.symmetric else 'asymmetric'}"
 
 
@@ -45,7 +53,7 @@ def _activations(a: ActivationQuant | None) -> str:
     if a is None:
         return "activations none"
     sym = "symmetric" if a.symmetric else "asymmetric"
-    return f"activations {a.qtype.value} {a.granularity.value} {sym} {a.mode.value}"
+    return f"activations {a.qtype.value} {_granularity(a.granularity, a.group_size)} {sym} {a.mode.value}"
 
 
 def scheme_parts(s: Scheme) -> tuple[str, str, str]:

@@ -11,10 +11,23 @@ from compiler.syntax import ast
 NONE = Scheme("none", None, None, Rounding.RTN)
 _W8 = WeightQuant(QType.INT8, Granularity.PER_CHANNEL, None, True)
 _A8 = ActivationQuant(QType.INT8, Granularity.PER_TENSOR, False, ActivationMode.STATIC)
+_FP8_TOKEN = ActivationQuant(QType.FP8, Granularity.PER_TOKEN, True, ActivationMode.DYNAMIC)
+# Named as the field names them (compressed-tensors' and llm-compressor's presets): the FP8 family (static
+# per-tensor; per-channel weights with dynamic per-token inputs; DeepSeek-style 128x128 blocks with dynamic
+# inputs in groups of 128), and the 4-bit floating formats' weight-only forms.
 PRESETS = {
     "W4A16": Scheme("W4A16", WeightQuant(QType.INT4, Granularity.GROUP, 128, True), None, Rounding.RTN),
     "W8A16": Scheme("W8A16", _W8, None, Rounding.RTN),
     "W8A8": Scheme("W8A8", _W8, _A8, Rounding.RTN),
+    "FP8": Scheme("FP8", WeightQuant(QType.FP8, Granularity.PER_TENSOR, None, True),
+                  ActivationQuant(QType.FP8, Granularity.PER_TENSOR, True, ActivationMode.STATIC), Rounding.RTN),
+    "FP8_DYNAMIC": Scheme("FP8_DYNAMIC", WeightQuant(QType.FP8, Granularity.PER_CHANNEL, None, True), _FP8_TOKEN,
+                          Rounding.RTN),
+    "FP8_BLOCK": Scheme("FP8_BLOCK", WeightQuant(QType.FP8, Granularity.BLOCK, None, True, (128, 128)),
+                        ActivationQuant(QType.FP8, Granularity.GROUP, True, ActivationMode.DYNAMIC, 128), Rounding.RTN),
+    "NVFP4A16": Scheme("NVFP4A16", WeightQuant(QType.NVFP4, Granularity.GROUP, 16, True), None, Rounding.RTN),
+    "MXFP4A16": Scheme("MXFP4A16", WeightQuant(QType.MXFP4, Granularity.GROUP, 32, True), None, Rounding.RTN),
+    "MXFP8A16": Scheme("MXFP8A16", WeightQuant(QType.MXFP8, Granularity.GROUP, 32, True), None, Rounding.RTN),
 }
 # What a fresh `weights …` / `activations …` spec means before its items refine it.
 DEFAULT_WEIGHTS = _W8
@@ -41,6 +54,8 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], diags: Diag
     rounding = _rounding(kinds, base.rounding if base else Rounding.RTN, diags)
     act_order = _act_order(decl.rounding, rounding, base.act_order if base else False, diags)
     static_groups = _static_groups(decl.rounding, rounding, act_order, base.static_groups if base else False, diags)
+    if weights is not None:
+        _check_floats(decl, weights, activations, rounding, diags)
     if weights is None:
         diags.error("Q206", f"scheme `{decl.name.value}` quantizes no weights", decl.name.span, "no `weights`",
                     help="add e.g. `weights int8 per_channel symmetric`, or refine a preset: "
@@ -61,7 +76,7 @@ def _base(decl: ast.SchemeDecl, known: dict[str, Scheme], diags: Diagnostics) ->
         return known[name]
     choices = [*PRESETS, *(k for k in known if k != NONE.name)]
     diags.error("Q205", f"unknown preset or scheme `{name}`", decl.base.span, "nothing to refine",
-                help=f"{did_you_mean(name, choices)} (presets: W4A16, W8A16, W8A8; or a scheme defined above)")
+                help=f"{did_you_mean(name, choices)} (presets: {', '.join(PRESETS)}; or a scheme defined above)")
     return None
 
 
@@ -124,49 +139,105 @@ def _text(item: ast.QSpecItem) -> str:
 def _weights(items, base: WeightQuant, diags: Diagnostics) -> WeightQuant:
     result, seen = base, dict[str, ast.QSpecItem]()
     for item in items:
-        slot = "granularity" if item.field in ("granularity", "group") else item.field
+        slot = "granularity" if item.field in ("granularity", "group", "block") else item.field
         if item.field == "mode" or (item.field == "granularity" and item.value.value not in _WEIGHT_GRANULARITIES):
             diags.error("Q207", f"`{_text(item)}` does not apply to weights", item.span, "not a weight option",
-                        help="weights take a type, `per_tensor`, `per_channel` or `group N`, and "
+                        help="weights take a type, `per_tensor`, `per_channel`, `group N` or `block RxC`, and "
                         "`symmetric`/`asymmetric`")
             continue
         if not _set_once(seen, item, slot, diags):
             continue
         if item.field == "dtype":
-            result = replace(result, qtype=QType(item.value.value))
+            qtype = QType(item.value.value)
+            result = replace(result, qtype=qtype)
+            if qtype.fixed_group and "granularity" not in seen:  # the format's own block size
+                result = replace(result, granularity=Granularity.GROUP, group_size=qtype.fixed_group, block=None)
         elif item.field == "symmetry":
             result = replace(result, symmetric=item.value.value == "symmetric")
         elif item.field == "granularity":
-            result = replace(result, granularity=Granularity(item.value.value), group_size=None)
+            result = replace(result, granularity=Granularity(item.value.value), group_size=None, block=None)
+        elif item.field == "block":
+            rows, cols = (int(n) for n in item.value.value.split("x"))
+            result = replace(result, granularity=Granularity.BLOCK, group_size=None, block=(rows, cols))
         else:
             size = whole_number(item.value, "a group size", diags)
             if size is not None:
-                result = replace(result, granularity=Granularity.GROUP, group_size=size)
+                result = replace(result, granularity=Granularity.GROUP, group_size=size, block=None)
+    if result.qtype.is_float and "symmetry" not in seen:  # floating formats are symmetric
+        result = replace(result, symmetric=True)
+    if not result.qtype.is_float and base.qtype.is_float and "granularity" not in seen:
+        result = replace(result, granularity=Granularity.PER_CHANNEL, group_size=None, block=None)
     return result
 
 
 def _activations(items, base: ActivationQuant, diags: Diagnostics) -> ActivationQuant:
     result, seen = base, dict[str, ast.QSpecItem]()
     for item in items:
-        if item.field == "group" or (item.field == "granularity" and item.value.value not in _ACTIVATION_GRANULARITIES):
+        if item.field == "block" or (item.field == "granularity" and item.value.value not in _ACTIVATION_GRANULARITIES):
             diags.error("Q207", f"`{_text(item)}` does not apply to activations", item.span,
                         "not an activation option",
-                        help="activations take `int8`/`uint8`, `per_tensor` or `per_token`, "
-                        "`symmetric`/`asymmetric` and `static`/`dynamic`")
+                        help="activations take `int8`/`uint8`/`fp8`, `per_tensor`, `per_token` or `group N` (fp8 "
+                        "dynamic), `symmetric`/`asymmetric` and `static`/`dynamic`")
             continue
-        if not _set_once(seen, item, item.field, diags):
+        slot = "granularity" if item.field == "group" else item.field
+        if not _set_once(seen, item, slot, diags):
             continue
         if item.field == "dtype":
             qtype = QType(item.value.value)
             if qtype.bits == 4:
                 diags.error("Q225", f"activations cannot be `{qtype.value}`", item.span, "4-bit activations",
-                            help="runtimes have no 4-bit activation kernels; use `int8` or `uint8`")
+                            help="qrc quantizes activations to `int8`, `uint8` or `fp8`; for 4-bit weights use a "
+                            "weight-only scheme (W4A16, NVFP4A16, MXFP4A16)")
                 continue
             result = replace(result, qtype=qtype)
         elif item.field == "symmetry":
             result = replace(result, symmetric=item.value.value == "symmetric")
         elif item.field == "granularity":
-            result = replace(result, granularity=Granularity(item.value.value))
+            result = replace(result, granularity=Granularity(item.value.value), group_size=None)
+        elif item.field == "group":
+            size = whole_number(item.value, "a group size", diags)
+            if size is not None:
+                result = replace(result, granularity=Granularity.GROUP, group_size=size)
         else:
             result = replace(result, mode=ActivationMode(item.value.value))
+    if result.qtype.is_float and "symmetry" not in seen:
+        result = replace(result, symmetric=True)
     return result
+
+
+def _check_floats(decl: ast.SchemeDecl, w: WeightQuant, a: ActivationQuant | None, rounding: Rounding,
+                  diags: Diagnostics) -> None:
+    """Q256 where a floating format meets a setting it cannot take (or a setting only they take meets an
+    integer type)."""
+    problem = _float_problem(w, a, rounding)
+    if problem is not None:
+        diags.error("Q256", f"scheme `{decl.name.value}`: {problem[0]}", decl.name.span, "cannot be stored",
+                    help=problem[1])
+
+
+def _float_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Rounding) -> tuple[str, str] | None:
+    fmt = w.qtype
+    if w.granularity is Granularity.BLOCK and fmt is not QType.FP8:
+        return f"`block` tiles are for fp8 weights, not {fmt.value}", "use `group N` for integer weights"
+    if fmt.is_float and not w.symmetric:
+        return f"{fmt.value} weights are symmetric", "drop `asymmetric`"
+    if fmt.fixed_group and (w.granularity is not Granularity.GROUP or w.group_size != fmt.fixed_group):
+        return (f"{fmt.value} scales blocks of {fmt.fixed_group} weights", f"drop the granularity: {fmt.value} "
+                f"means `group {fmt.fixed_group}`")
+    if fmt is QType.FP8 and w.granularity is Granularity.GROUP:
+        return "fp8 weights take `per_tensor`, `per_channel` or `block RxC`", "e.g. `weights fp8 block 128x128`"
+    if fmt.is_float and rounding is not Rounding.RTN:
+        return (f"{fmt.value} weights are rounded with rtn (compressed-tensors' rounding), not {rounding.value}",
+                "write `rounding rtn`, or use an integer type for gptq/mse")
+    if a is None:
+        return None
+    if a.granularity is Granularity.GROUP and not (a.qtype is QType.FP8 and a.mode is ActivationMode.DYNAMIC):
+        return "activations in groups are fp8 and dynamic", "write `activations fp8 group 128 dynamic`"
+    if a.qtype is QType.FP8 and not a.symmetric:
+        return "fp8 activations are symmetric", "drop `asymmetric`"
+    if a.qtype is QType.FP8 and a.mode is ActivationMode.STATIC and a.granularity is not Granularity.PER_TENSOR:
+        return "static fp8 activations have one scale per tensor", "write `per_tensor static` or `per_token dynamic`"
+    if a.qtype.is_float != fmt.is_float:
+        return (f"{a.qtype.value} activations with {fmt.value} weights: no runtime kernel mixes integer and floating "
+                "formats this way", "use fp8 with fp8 (FP8, FP8_DYNAMIC) or integers with integers (W8A8)")
+    return None

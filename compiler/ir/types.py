@@ -15,21 +15,42 @@ class Backend(enum.Enum):
 
 
 class QType(enum.Enum):
-    """Integer types of weights and activations."""
+    """Types of weights and activations: integers, and the floating formats deployments use (FP8 e4m3;
+    NVFP4: e2m1 in blocks of 16 with FP8 scales and a global scale; MXFP4/MXFP8: e2m1/e4m3 in blocks of 32
+    with power-of-two (e8m0) scales)."""
     INT8 = "int8"
     UINT8 = "uint8"
     INT4 = "int4"
     UINT4 = "uint4"
+    FP8 = "fp8"
+    NVFP4 = "nvfp4"
+    MXFP4 = "mxfp4"
+    MXFP8 = "mxfp8"
 
     @property
     def bits(self) -> int:
         """Bits per value."""
-        return 4 if self in (QType.INT4, QType.UINT4) else 8
+        return 4 if self in (QType.INT4, QType.UINT4, QType.NVFP4, QType.MXFP4) else 8
 
     @property
     def signed(self) -> bool:
         """Whether the type is signed."""
-        return self in (QType.INT8, QType.INT4)
+        return self not in (QType.UINT8, QType.UINT4)
+
+    @property
+    def is_float(self) -> bool:
+        """A floating format (symmetric by construction, rounded by compressed-tensors' rules)."""
+        return self in (QType.FP8, QType.NVFP4, QType.MXFP4, QType.MXFP8)
+
+    @property
+    def fixed_group(self) -> int | None:
+        """The block size a microscaling format defines (NVFP4 16, MX 32); None for the others."""
+        return {QType.NVFP4: 16, QType.MXFP4: 32, QType.MXFP8: 32}.get(self)
+
+    @property
+    def scale_bytes(self) -> int | None:
+        """Bytes of one block scale where the format fixes its type (FP8 or e8m0: 1)."""
+        return 1 if self.fixed_group else None
 
 
 class Granularity(enum.Enum):
@@ -38,6 +59,7 @@ class Granularity(enum.Enum):
     PER_CHANNEL = "per_channel"
     PER_TOKEN = "per_token"
     GROUP = "group"
+    BLOCK = "block"  # weights: 2-D tiles [rows x columns] (FP8_BLOCK's 128x128)
 
 
 class Rounding(enum.Enum):
@@ -136,18 +158,20 @@ class SelectorKind(enum.Enum):
 class WeightQuant:
     """How a scheme quantizes weights."""
     qtype: QType
-    granularity: Granularity  # PER_TENSOR | PER_CHANNEL | GROUP
+    granularity: Granularity  # PER_TENSOR | PER_CHANNEL | GROUP | BLOCK
     group_size: int | None
     symmetric: bool
+    block: tuple[int, int] | None = None  # BLOCK: [output rows, input columns] per scale
 
 
 @dataclass(frozen=True, slots=True)
 class ActivationQuant:
     """How a scheme quantizes a layer's inputs."""
     qtype: QType
-    granularity: Granularity  # PER_TENSOR | PER_TOKEN
+    granularity: Granularity  # PER_TENSOR | PER_TOKEN | GROUP (dynamic float formats)
     symmetric: bool
     mode: ActivationMode
+    group_size: int | None = None  # GROUP: columns per dynamic scale
 
 
 @dataclass(frozen=True, slots=True)

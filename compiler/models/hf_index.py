@@ -12,9 +12,8 @@ from pathlib import Path
 from compiler.models import families, names
 from compiler.models.errors import ModelError
 from compiler.models.index import DTYPE_BYTES, Layer, LayerKind, ModelFormat, ModelIndex, TensorInfo
+from compiler.models.safetensors_dtypes import SAFETENSORS_DTYPES
 
-_ST_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8", "U8": "uint8",
-              "I32": "int32", "I64": "int64", "BOOL": "uint8", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 _MAX_HEADER = 100 << 20
 _CONFIG_NUMBERS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                    "intermediate_size", "vocab_size", "max_position_embeddings", "type_vocab_size")
@@ -153,9 +152,6 @@ def _config_dtype(config: dict | None) -> str:
     return name.removeprefix("torch.") if name.removeprefix("torch.") in DTYPE_BYTES else "float32"
 
 
-_ST_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "U16": 2, "I32": 4, "U32": 4,
-             "I64": 8, "U64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-
 
 def _headers(folder: Path, ref: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name → (dtype, shape) from every *.safetensors header in the folder, each checked against its file:
@@ -182,7 +178,8 @@ def _headers(folder: Path, ref: str) -> dict[str, tuple[str, tuple[int, ...]]]:
             if name != "__metadata__" and isinstance(info, dict):
                 shape, start, end = _tensor_entry(path.name, ref, name, info, payload)
                 ranges.append((start, end, name))
-                found[name] = (_ST_DTYPES.get(info.get("dtype"), "float32"), shape)
+                dtype = SAFETENSORS_DTYPES[info["dtype"]]
+                found[name] = (dtype.torch_name or dtype.code.lower(), shape)
         _refuse_overlaps(path.name, ref, ranges)
     return found
 
@@ -194,8 +191,8 @@ def _tensor_entry(file: str, ref: str, name: str, info: dict, payload: int) -> t
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise ModelError("Q250", f"{where} has shape {str(shape)[:40]}",
                          "re-save the file: shapes are lists of whole numbers")
-    width = _ST_BYTES.get(info.get("dtype"))
-    if width is None:
+    dtype = SAFETENSORS_DTYPES.get(info.get("dtype"))
+    if dtype is None:
         raise ModelError("Q250", f"{where} has dtype `{str(info.get('dtype'))[:20]}`, which safetensors does not define",
                          "re-save the file")
     offsets = info.get("data_offsets")
@@ -203,9 +200,9 @@ def _tensor_entry(file: str, ref: str, name: str, info: dict, payload: int) -> t
             and 0 <= offsets[0] <= offsets[1] <= payload):
         raise ModelError("Q250", f"{where} has data offsets {str(offsets)[:40]} outside the file's {payload:,} bytes",
                          "the file is truncated or its header is wrong: re-save or re-download it")
-    if offsets[1] - offsets[0] != math.prod(shape) * width:
-        raise ModelError("Q250", f"{where}: {offsets[1] - offsets[0]:,} bytes for a {info.get('dtype')} tensor of "
-                         f"shape {shape} ({math.prod(shape) * width:,} bytes)", "re-save the file")
+    if offsets[1] - offsets[0] != dtype.nbytes(math.prod(shape)):
+        raise ModelError("Q250", f"{where}: {offsets[1] - offsets[0]:,} bytes for a {dtype.code} tensor of "
+                         f"shape {shape} ({dtype.nbytes(math.prod(shape)):,} bytes)", "re-save the file")
     return tuple(shape), offsets[0], offsets[1]
 
 

@@ -6,10 +6,10 @@ import enum
 from dataclasses import dataclass
 
 from compiler.models.graph import GraphSummary
+from compiler.models.safetensors_dtypes import SAFETENSORS_DTYPES
 
-# Bytes per element of the dtypes that weights come in.
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "uint8": 1, "int32": 4,
-               "int64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
+# Bytes per element of the dtypes that weights come in (every safetensors dtype; packed sub-byte ones count 1).
+DTYPE_BYTES = {d.torch_name or d.code.lower(): max(1, d.bits // 8) for d in SAFETENSORS_DTYPES.values()}
 
 
 class LayerKind(enum.Enum):

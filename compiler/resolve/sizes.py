@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from compiler.ir.types import Granularity, Scheme
+from compiler.ir.types import Granularity, QType, Scheme
 from compiler.models.index import Layer, LayerKind
 
 SCALE_BYTES = 4  # float32 scales
@@ -17,6 +17,8 @@ def scale_count(layer: Layer, scheme: Scheme) -> int:
         return 1
     if w.granularity is Granularity.PER_CHANNEL:
         return layer.out_features
+    if w.granularity is Granularity.BLOCK:
+        return math.ceil(layer.out_features / w.block[0]) * math.ceil(layer.in_features / w.block[1])
     # groups run along the input features (along the embedding dim for Embedding rows)
     length, rows = (layer.out_features, layer.in_features) if layer.kind is LayerKind.EMBEDDING else (layer.in_features, layer.out_features)
     return rows * math.ceil(length / w.group_size)
@@ -29,4 +31,6 @@ def quantized_bytes(layer: Layer, scheme: Scheme) -> int:
     w = scheme.weights
     scales = scale_count(layer, scheme)
     zero_points = 0 if w.symmetric else math.ceil(scales * w.qtype.bits / 8)
-    return math.ceil(layer.params * w.qtype.bits / 8) + scales * SCALE_BYTES + zero_points
+    scale_bytes = w.qtype.scale_bytes or SCALE_BYTES  # NVFP4's FP8 and MX's e8m0 block scales: one byte each
+    global_scale = SCALE_BYTES if w.qtype is QType.NVFP4 else 0  # NVFP4's per-tensor global scale
+    return math.ceil(layer.params * w.qtype.bits / 8) + scales * scale_bytes + zero_points + global_scale

@@ -81,7 +81,7 @@ class Setting:
 
 @dataclass(frozen=True, slots=True)
 class QSpecItem:
-    """One item of a weights/activations spec: field is dtype|granularity|group|symmetry|mode."""
+    """One item of a weights/activations spec: field is dtype|granularity|group|block|symmetry|mode."""
 
     field: str
     value: Keyword | Number

@@ -14,7 +14,7 @@ _SETTING_KEYS = {
     "verify_metric_opt": "metric",
     "vram_devices_opt": "vram",
 }
-_QSPEC_FIELDS = {"dtype": "dtype", "granularity": "granularity", "group_size": "group",
+_QSPEC_FIELDS = {"dtype": "dtype", "granularity": "granularity", "group_size": "group", "block_shape": "block",
                  "symmetry": "symmetry", "act_mode": "mode"}
 _KEYWORD_RULES = {"backend_kind", "rounding_kind", "policy_kind", "score_metric", "sensitivity_metric",
                   "memory_mode", "verify_metric", "bound_kind", "emit_format", "act_order", "group_scales",
@@ -181,6 +181,9 @@ class AstBuilder(Transformer):
 
     def group_size(self, meta, children):
         return self._qspec("group_size", children, meta)
+
+    def block_shape(self, meta, children):
+        return self._qspec("block_shape", [self._keyword("block_shape", children)], meta)
 
     def _keyword(self, kind, children) -> ast.Keyword:
         tok = children[0]

@@ -1,10 +1,17 @@
 """The compressed-tensors layout of a quantized Linear (what vLLM and transformers read):
 
-- 4-bit weights, `pack-quantized`: `weight_packed` int32 [out, ⌈in·bits/32⌉], `weight_scale` [out, groups]
-  (per channel: [out, 1]), `weight_shape` int64 [2], and for asymmetric schemes `weight_zero_point`
-  int32 packed along the output axis.
-- 8-bit weights, `int-quantized`: `weight` int8, `weight_scale`, `weight_zero_point` int8 when asymmetric.
+- integer weights without activations (W4A16, W8A16), `pack-quantized`: `weight_packed` int32
+  [out, ⌈in·bits/32⌉], `weight_scale` [out, groups] (per channel: [out, 1]), `weight_shape` int64 [2], and
+  for asymmetric schemes `weight_zero_point` int32 packed along the output axis. int8 weight-only is packed
+  too: vLLM refuses `int-quantized` without input activations unless the weights are float.
+- integer weights with integer activations (W8A8), `int-quantized`: `weight` int8, `weight_scale`,
+  `weight_zero_point` int8 when asymmetric.
 - static activations: `input_scale` [1] (and `input_zero_point` int8 [1] when asymmetric).
+- floating formats (float_formats.py rounds and stores them with compressed-tensors' own compressors):
+  FP8 `weight` float8_e4m3fn with `weight_scale` per tensor [1], channel [out, 1] or block [⌈out/r⌉, ⌈in/c⌉]
+  (`float-quantized` with activations, `naive-quantized` without); NVFP4 `weight_packed` uint8 [out, in/2],
+  `weight_scale` float8_e4m3fn [out, in/16] and `weight_global_scale` float32 [1]; MXFP4 `weight_packed` with
+  e8m0 `weight_scale` uint8 [out, in/32]; MXFP8 `weight` float8_e4m3fn with e8m0 scales.
 
 Scales are stored in the checkpoint's float dtype. Every tensor's name, dtype and shape is known before
 any weight is read, which lets the writer lay out the files first and fill them block by block."""
@@ -17,14 +24,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from compiler.ir.types import ActivationMode, Granularity, Rounding, Scheme
+from compiler.backends.torch.float_formats import FloatQuantized
+from compiler.ir.types import ActivationMode, ActivationQuant, Granularity, QType, Rounding, Scheme, WeightQuant
 from compiler.models.index import Layer
 from compiler.quant.pack_int32 import pack_to_int32
 from compiler.quant.weights import QuantizedWeight
 
 PACKED, INT = "pack-quantized", "int-quantized"
+FLOAT, NAIVE = "float-quantized", "naive-quantized"
+_FORMATS = {QType.NVFP4: "nvfp4-pack-quantized", QType.MXFP4: "mxfp4-pack-quantized", QType.MXFP8: "mxfp8-quantized"}
 _STRATEGY = {Granularity.PER_TENSOR: "tensor", Granularity.PER_CHANNEL: "channel", Granularity.GROUP: "group",
-             Granularity.PER_TOKEN: "token"}
+             Granularity.PER_TOKEN: "token", Granularity.BLOCK: "block"}
+_SCALE_DTYPES = {QType.NVFP4: "torch.float8_e4m3fn", QType.MXFP4: "torch.uint8", QType.MXFP8: "torch.uint8"}
 
 
 @dataclass(frozen=True)
@@ -41,8 +52,17 @@ class TensorSpec:
 
 
 def weight_format(scheme: Scheme) -> str:
-    """The compressed-tensors format name of a scheme's weights."""
-    return PACKED if scheme.weights.qtype.bits < 8 else INT
+    """The compressed-tensors format of a scheme, by the rule compressed-tensors itself infers it with
+    (compressors/format.py's priority list; tests/test_compressed_config.py checks the two agree): integer
+    weights with activations are `int-quantized`, integer weights alone are `pack-quantized`, whatever
+    their width; floating weights are `float-quantized` with activations and `naive-quantized` without,
+    except the microscaling formats, which have compressors of their own."""
+    qtype = scheme.weights.qtype
+    if qtype in _FORMATS:
+        return _FORMATS[qtype]
+    if qtype.is_float:
+        return FLOAT if scheme.activations is not None else NAIVE
+    return INT if scheme.activations is not None else PACKED
 
 
 def static_input(scheme: Scheme) -> bool:
@@ -55,6 +75,8 @@ def layer_specs(layer: Layer, scheme: Scheme, float_dtype: torch.dtype) -> list[
     """The tensors that replace `<layer>.weight`."""
     w = scheme.weights
     out, inp = layer.out_features, layer.in_features
+    if w.qtype.is_float:
+        return _float_specs(layer, scheme, float_dtype) + _input_specs(layer, scheme, float_dtype)
     scale_cols = {Granularity.GROUP: inp // (w.group_size or inp), Granularity.PER_CHANNEL: 1}.get(w.granularity)
     scale_shape = (out, scale_cols) if scale_cols else (1,)
     n = layer.name
@@ -69,17 +91,43 @@ def layer_specs(layer: Layer, scheme: Scheme, float_dtype: torch.dtype) -> list[
         specs.append(TensorSpec(f"{n}.weight", torch.int8, (out, inp)))
         if not w.symmetric:
             specs.append(TensorSpec(f"{n}.weight_zero_point", torch.int8, scale_shape))
-    if static_input(scheme):
-        specs.append(TensorSpec(f"{n}.input_scale", float_dtype, (1,)))
-        if not scheme.activations.symmetric:
-            specs.append(TensorSpec(f"{n}.input_zero_point", torch.int8, (1,)))
+    return specs + _input_specs(layer, scheme, float_dtype)
+
+
+def _input_specs(layer: Layer, scheme: Scheme, float_dtype: torch.dtype) -> list[TensorSpec]:
+    if not static_input(scheme):
+        return []
+    specs = [TensorSpec(f"{layer.name}.input_scale", float_dtype, (1,))]
+    if not scheme.activations.symmetric:
+        specs.append(TensorSpec(f"{layer.name}.input_zero_point", torch.int8, (1,)))
     return specs
 
 
-def layer_tensors(layer: Layer, scheme: Scheme, q: QuantizedWeight, input_qparams: tuple[float, int] | None,
+def _float_specs(layer: Layer, scheme: Scheme, float_dtype: torch.dtype) -> list[TensorSpec]:
+    """The stored tensors of a floating format (what its compressed-tensors compressor writes)."""
+    w, n = scheme.weights, layer.name
+    out, inp = layer.out_features, layer.in_features
+    if w.qtype.fixed_group:
+        scales = (out, inp // w.qtype.fixed_group)
+        scale_dtype = torch.float8_e4m3fn if w.qtype is QType.NVFP4 else torch.uint8
+        values = (TensorSpec(f"{n}.weight_packed", torch.uint8, (out, math.ceil(inp / 2))) if w.qtype.bits == 4
+                  else TensorSpec(f"{n}.weight", torch.float8_e4m3fn, (out, inp)))
+        specs = [values, TensorSpec(f"{n}.weight_scale", scale_dtype, scales)]
+        if w.qtype is QType.NVFP4:
+            specs.append(TensorSpec(f"{n}.weight_global_scale", torch.float32, (1,)))
+        return specs
+    scale_shape = {Granularity.PER_TENSOR: (1,), Granularity.PER_CHANNEL: (out, 1)}.get(w.granularity) or \
+        (math.ceil(out / w.block[0]), math.ceil(inp / w.block[1]))
+    return [TensorSpec(f"{n}.weight", torch.float8_e4m3fn, (out, inp)),
+            TensorSpec(f"{n}.weight_scale", float_dtype, scale_shape)]
+
+
+def layer_tensors(layer: Layer, scheme: Scheme, q: QuantizedWeight | FloatQuantized, input_qparams: tuple[float, int] | None,
                   float_dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The stored form of one quantized Linear (`q` in the torch layout [out, in], torch convention)."""
     w, n = scheme.weights, layer.name
+    if isinstance(q, FloatQuantized):
+        return {f"{n}.{k}": v for k, v in q.stored.items()} | _input_tensors(n, scheme, input_qparams, float_dtype)
     scale = np.asarray(q.scale, np.float32)
     scale = scale.reshape(scale.shape[0], -1) if scale.ndim else scale.reshape(1)
     tensors = {f"{n}.weight_scale": torch.from_numpy(scale.copy()).to(float_dtype)}
@@ -94,20 +142,43 @@ def layer_tensors(layer: Layer, scheme: Scheme, q: QuantizedWeight, input_qparam
         tensors[f"{n}.weight"] = torch.from_numpy(np.asarray(q.q, np.int8).copy())
         if not w.symmetric:
             tensors[f"{n}.weight_zero_point"] = torch.from_numpy(zp.astype(np.int8))
-    if input_qparams is not None:
-        s, z = input_qparams
-        tensors[f"{n}.input_scale"] = torch.tensor([s], dtype=torch.float32).to(float_dtype)
-        if not scheme.activations.symmetric:
-            tensors[f"{n}.input_zero_point"] = torch.tensor([z], dtype=torch.int8)
+    return tensors | _input_tensors(n, scheme, input_qparams, float_dtype)
+
+
+def _input_tensors(n: str, scheme: Scheme, input_qparams: tuple[float, int] | None,
+                   float_dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    if input_qparams is None:
+        return {}
+    s, z = input_qparams
+    tensors = {f"{n}.input_scale": torch.tensor([s], dtype=torch.float32).to(float_dtype)}
+    if not scheme.activations.symmetric:
+        tensors[f"{n}.input_zero_point"] = torch.tensor([z], dtype=torch.int8)
     return tensors
 
 
-def _args(bits: int, symmetric: bool, granularity: Granularity, group: int | None, dynamic: bool = False,
-          observer: str = "minmax") -> dict:
-    args = {"num_bits": bits, "type": "int", "symmetric": symmetric, "strategy": _STRATEGY[granularity],
-            "dynamic": dynamic, "observer": None if dynamic else observer}
-    if granularity is Granularity.GROUP:
-        args["group_size"] = group
+def weight_args(w: WeightQuant, rounding: Rounding = Rounding.RTN) -> dict:
+    """compressed-tensors' QuantizationArgs of a scheme's weights, as config.json lists them."""
+    args: dict[str, object] = {
+        "num_bits": w.qtype.bits, "type": "float" if w.qtype.is_float else "int", "symmetric": w.symmetric,
+        "strategy": "tensor_group" if w.qtype is QType.NVFP4 else _STRATEGY[w.granularity], "dynamic": False,
+        "observer": "mse" if rounding is Rounding.MSE else "minmax"}
+    if w.granularity is Granularity.GROUP:
+        args["group_size"] = w.group_size
+    if w.granularity is Granularity.BLOCK:
+        args["block_structure"] = list(w.block)
+    if w.qtype in _SCALE_DTYPES:
+        args["scale_dtype"] = args["zp_dtype"] = _SCALE_DTYPES[w.qtype]
+    return args
+
+
+def input_args(a: ActivationQuant) -> dict:
+    """compressed-tensors' QuantizationArgs of a scheme's inputs."""
+    dynamic = a.mode is ActivationMode.DYNAMIC
+    args: dict[str, object] = {
+        "num_bits": a.qtype.bits, "type": "float" if a.qtype.is_float else "int", "symmetric": a.symmetric,
+        "strategy": _STRATEGY[a.granularity], "dynamic": dynamic, "observer": None if dynamic else "minmax"}
+    if a.granularity is Granularity.GROUP:
+        args["group_size"] = a.group_size
     return args
 
 
@@ -120,10 +191,8 @@ def quantization_config(quantized: list[tuple[Layer, Scheme]], ignored: list[str
             w, a = scheme.weights, scheme.activations
             group = groups[scheme.name] = {
                 "targets": [], "format": weight_format(scheme),
-                "weights": _args(w.qtype.bits, w.symmetric, w.granularity, w.group_size,
-                                 observer="mse" if scheme.rounding is Rounding.MSE else "minmax"),
-                "input_activations": None if a is None else _args(a.qtype.bits, a.symmetric, a.granularity, None,
-                                                                  a.mode is ActivationMode.DYNAMIC),
+                "weights": weight_args(w, scheme.rounding),
+                "input_activations": None if a is None else input_args(a),
                 "output_activations": None}
         group["targets"].append(layer.name)
     formats = sorted({g["format"] for g in groups.values()})

@@ -30,8 +30,11 @@ from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.backends.torch import streams
 from compiler.backends.torch.attribution import LayerCosts
 from compiler.backends.torch.compressed import layer_tensors
+from compiler.backends.torch.config_schema import check_config
 from compiler.backends.torch.devices import place
 from compiler.backends.torch.fallbacks import sibling_range, unseen_warning
+from compiler.backends.torch.float_formats import FP8_MAX, FloatQuantized
+from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.layers import (
     ROW_SLICE_BYTES,
     Job,
@@ -43,7 +46,7 @@ from compiler.backends.torch.layers import (
     refuse_non_linear,
 )
 from compiler.backends.torch.model import TorchModel, open_files, open_model
-from compiler.backends.torch.output_layout import copy_unquantized, output_specs, write_metadata
+from compiler.backends.torch.output_layout import copy_unquantized, output_config, output_specs, write_metadata
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import warning
@@ -79,6 +82,8 @@ class _Run:
         self.devices: dict = {}
         self.jobs: list[Job] = []
         self.writer: FolderWriter | None = None
+        self.global_scales: SharedGlobalScales | None = None
+        self.config: dict = {}  # the output's config.json, its quantization_config checked before any work
         self.stats: Statistics | None = None
         self.cal: streams.Stream | None = None
         self.verify_streams: tuple[streams.Stream, streams.Stream, Agreement] | None = None
@@ -158,8 +163,15 @@ class _Run:
             return
         self.jobs = jobs_of(self.model, self.assignment)
         self.costs = LayerCosts(self.model.shards.read)
+        weights = {j.layer.name: j.layer.weight for j in self.jobs}
+        self.global_scales = SharedGlobalScales({j.layer.name: j.scheme.weights.qtype for j in self.jobs},
+                                                lambda name: self.model.shards.read(weights[name]))
         if not self.file_to_file:
             refuse_non_linear(self.model, self.jobs, self.ir)
+        self.config = output_config(self.model, self.jobs, self.assignment)
+        skipped = check_config(self.config["quantization_config"], self.ir)  # before any work: Q420 on a bad config
+        if skipped is not None:
+            self.result.warnings.append(skipped)
         self.writer = FolderWriter(self.result.output, output_specs(self.model, self.jobs))
         if self.disk is not None:
             self.disk.mkdir(parents=True, exist_ok=True)
@@ -353,7 +365,7 @@ class _Run:
         if self.dampened:
             self.result.warnings.append(dampened_warning(self.ir, self.dampened))
         copy_unquantized(self.writer, self.model, self.jobs)
-        write_metadata(self.writer, self.model, self.jobs, self.assignment, self.ir)
+        write_metadata(self.writer, self.model, self.config, self.ir)
         self.result.files = self.writer.finish()
         if self.plan.first(ops.Verify) is None:  # nothing to verify first: into place now
             self.result.files = self.writer.commit()
@@ -437,13 +449,14 @@ class _Run:
         finally:
             self.costs.stop()
 
-    def _round(self, job: Job, weight: torch.Tensor, stats: Statistics | None, act) -> QuantizedWeight:
+    def _round(self, job: Job, weight: torch.Tensor, stats: Statistics | None, act) -> QuantizedWeight | FloatQuantized:
         """Round one weight (refusing non-finite ones, Q409) and write its compressed tensors. GPTQ raises its
         dampening where H is not definite, and rounds with rtn where no dampening helps (Q418, once)."""
         refuse_nonfinite(self.ir, job.layer, weight.detach().float().cpu().numpy())
         try:
             q = quantize_job(job, weight, stats, self.model.dtype,
-                             lambda used: self.dampened.setdefault(job.layer.name, used))
+                             lambda used: self.dampened.setdefault(job.layer.name, used),
+                             self.global_scales.absmax(job.layer.name))
         except SingularHessian:
             self.dampened[job.layer.name] = math.inf
             q = quantize_job(job.with_rtn(), weight, None, self.model.dtype)
@@ -462,7 +475,8 @@ class _Run:
         self.result.weight_sqnr[job.layer.name] = 10 * math.log10(max(signal, 1e-300) / noise) if noise else math.inf
         if act is not None:
             scale, zp = act
-            lo, hi = qparams.qrange(job.scheme.activations.qtype, False)
+            lo, hi = (-FP8_MAX, FP8_MAX) if job.scheme.activations.qtype.is_float else \
+                qparams.qrange(job.scheme.activations.qtype, False)
             self.result.input_ranges[job.layer.name] = ((lo - zp) * scale, (hi - zp) * scale)
 
 def _trim_after_block(jobs: list[Job], number: int) -> None:

@@ -13,8 +13,10 @@ import torch
 from torch import nn
 
 from compiler.backends import BackendError
-from compiler.backends.torch.compressed import static_input
+from compiler.backends.torch import float_formats
+from compiler.backends.torch.compressed import static_input, weight_args, weight_format
 from compiler.backends.torch.experts import set_routing
+from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.model import TorchModel
 from compiler.diagnostics import error
 from compiler.ir.types import ActivationMode, Calibration, ExpertRouting, Granularity, RecipeIR, Rounding, Scheme
@@ -161,12 +163,15 @@ class Statistics:
 
 
 def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale_dtype: torch.dtype,
-                 dampened=None) -> QuantizedWeight:
+                 dampened=None, shared_absmax: float | None = None) -> QuantizedWeight | FloatQuantized:
     """Round one Linear weight [out, in] with its scheme's rounding, in the torch convention. GPTQ tells
     `dampened` the dampening it had to raise to; a Hessian no dampening makes definite (SingularHessian)
-    propagates to the caller, which rounds with rtn."""
-    w = weight.detach().float().cpu().numpy()
+    propagates to the caller, which rounds with rtn. `shared_absmax`: NVFP4 siblings' common range."""
     spec = job.scheme.weights
+    if spec.qtype.is_float:  # rounded and stored by compressed-tensors (float_formats.py)
+        return float_formats.quantize_float(weight, spec, weight_args(spec), weight_format(job.scheme), scale_dtype,
+                                            shared_absmax)
+    w = weight.detach().float().cpu().numpy()
     np_dtype = str(scale_dtype).removeprefix("torch.")
     if job.gptq:
         return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype, str(weight.device),
@@ -191,12 +196,14 @@ def input_qparams(job: Job, stats: Statistics | None, calibration: Calibration, 
     bounds = tensor_range(observer, calibration, act.qtype, act.symmetric) if observer is not None else None
     if bounds is None:
         return None
+    if act.qtype.is_float:
+        return float_formats.fp8_input_scale(bounds[0], bounds[1], scale_dtype), 0
     scale, zp = qparams.torch_scale_zero_point(np.array([bounds[0]]), np.array([bounds[1]]), act.qtype, act.symmetric,
                                                str(scale_dtype).removeprefix("torch."))
     return float(scale[0]), int(zp[0])
 
 
-def apply_quantized(module: nn.Linear, q: QuantizedWeight, job: Job, act: tuple[float, int] | None):
+def apply_quantized(module: nn.Linear, q: QuantizedWeight | FloatQuantized, job: Job, act: tuple[float, int] | None):
     """The module now computes like the emitted model: dequantized weight, fake-quantized input.
     Returns the hook handle of the input quantizer (None without one)."""
     # what compressed-tensors' decompressor computes from the stored tensors: (q - zp) · scale
@@ -205,6 +212,8 @@ def apply_quantized(module: nn.Linear, q: QuantizedWeight, job: Job, act: tuple[
     scheme = job.scheme.activations
     if scheme is None or (scheme.mode is ActivationMode.STATIC and act is None):
         return None
+    if scheme.qtype.is_float:
+        return module.register_forward_pre_hook(_fp8_input(scheme, act))
     lo, hi = qparams.qrange(scheme.qtype, False)
     if scheme.mode is ActivationMode.STATIC:
         scale, zp = act
@@ -222,6 +231,14 @@ def apply_quantized(module: nn.Linear, q: QuantizedWeight, job: Job, act: tuple[
         scale = (absmax / ((hi - lo) / 2)).clamp_min(torch.finfo(torch.float32).tiny)
         return ((torch.round(x / scale)).clamp(lo, hi) * scale,) + tuple(args[1:])
     return module.register_forward_pre_hook(dynamic)
+
+
+def _fp8_input(scheme, act: tuple[float, int] | None):
+    """The forward pre-hook of FP8 inputs: a static scale from calibration, or dynamic ones per token/group."""
+    if scheme.mode is ActivationMode.STATIC:
+        scale = torch.tensor(act[0])
+        return lambda _, args: (float_formats.fake_fp8(args[0], scale),) + tuple(args[1:])
+    return lambda _, args: (float_formats.dynamic_fp8(args[0], scheme),) + tuple(args[1:])
 
 
 def jobs_of(model: TorchModel, assignment: Assignment) -> list[Job]:

@@ -50,16 +50,21 @@ def copy_unquantized(writer: FolderWriter, model: TorchModel, jobs: list[Job]) -
             writer.copy_raw(key, entry.file, entry.start, entry.end)
 
 
-def write_metadata(writer: FolderWriter, model: TorchModel, jobs: list[Job], assignment: Assignment,
-                   ir: RecipeIR) -> None:
-    """config.json (with the quantization config, untied where a tied head was quantized), the recipe, and
-    the model folder's other files (tokenizer, generation config, …)."""
+def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment) -> dict:
+    """config.json as the output folder has it: the quantization config (one group per scheme, the Linear
+    layers left in float ignored), untied where a tied head was quantized."""
     done = {j.layer.name for j in jobs}
     ignored = [a.layer.name for a in assignment.layers if a.layer.kind is LayerKind.LINEAR and a.layer.name not in done]
     config = dict(model.config)
     config["quantization_config"] = quantization_config([(j.layer, j.scheme) for j in jobs], ignored)
     if any(is_tied(j) for j in jobs):  # the head now has tensors of its own
         config = _untied(config)
+    return config
+
+
+def write_metadata(writer: FolderWriter, model: TorchModel, config: dict, ir: RecipeIR) -> None:
+    """config.json (from output_config), the recipe, and the model folder's other files (tokenizer,
+    generation config, …)."""
     writer.metadata("config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     writer.metadata("qrc.recipe", print_ir(ir))
     folder = model.folder

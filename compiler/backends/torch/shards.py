@@ -13,10 +13,11 @@ import torch
 
 from compiler.backends import BackendError
 from compiler.diagnostics import error
+from compiler.models.safetensors_dtypes import SAFETENSORS_DTYPES
 
-DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
-          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-          "BOOL": torch.bool}
+# safetensors codes → torch dtypes, for every code of the shared table that this torch has
+DTYPES = {code: getattr(torch, d.torch_name) for code, d in SAFETENSORS_DTYPES.items()
+          if d.torch_name and hasattr(torch, d.torch_name)}
 CODES = {v: k for k, v in DTYPES.items()}
 _MAX_HEADER = 100 << 20
 

@@ -1,0 +1,36 @@
+"""The emitted `quantization_config`, checked with compressed-tensors' own pydantic models before any work
+starts (the loaders of transformers and vLLM parse it with the same models). A config they reject is a qrc
+bug, refused with Q420 instead of a folder that fails where it is served; without the package, Q421 says
+the check was skipped."""
+
+from __future__ import annotations
+
+from compiler.backends import BackendError
+from compiler.diagnostics import Diagnostic, error, warning
+from compiler.ir.types import RecipeIR
+
+
+def check_config(config: dict, ir: RecipeIR) -> Diagnostic | None:
+    """Validate `config` with compressed-tensors' QuantizationConfig; None when it passes, Q421 (a
+    warning to report) when the package is not installed. Raises Q420 when the schema rejects it."""
+    try:
+        from compressed_tensors.quantization import QuantizationConfig
+    except ImportError:
+        return warning("Q421", "compressed-tensors is not installed: the quantization_config was not checked against "
+                       "its schema", ir.span, "schema check skipped",
+                       help="pip install 'qrc[hf]' (it brings compressed-tensors, which transformers and vLLM load "
+                       "this folder with)")
+    try:
+        QuantizationConfig.model_validate(config)
+    except Exception as exc:  # pydantic's ValidationError, or a validator's ValueError
+        raise BackendError(error(
+            "Q420", f"compressed-tensors rejects the quantization_config qrc would write: {_first_line(exc)}",
+            ir.span, "config not loadable",
+            help="this is a qrc bug; please report it with the recipe. Meanwhile give the layers of the scheme it "
+            "names another scheme")) from exc
+    return None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return " ".join(line.strip() for line in text[:3]) if text else type(exc).__name__

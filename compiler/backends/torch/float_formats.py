@@ -1,0 +1,102 @@
+"""The floating formats (FP8, NVFP4, MXFP4, MXFP8) rounded and stored by compressed-tensors itself: its
+calculate_qparams / generate_gparam turn each scale's min and max into scales (the global scale of NVFP4,
+the e8m0 exponents of MX), and its registered compressor writes the stored tensors, so the bits are the
+ones its decompressor, transformers and vLLM expect. qrc does what compressed-tensors leaves to an observer
+(each scale's range, one reduction per strategy) and reads the weights back through the same decompressor
+for verification."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from compiler.ir.types import ActivationQuant, Granularity, WeightQuant
+
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
+@dataclass(frozen=True)
+class FloatQuantized:
+    """A weight rounded to a floating format: the stored tensors by local name (`weight`, `weight_packed`,
+    `weight_scale`, `weight_global_scale`) and the weight they decompress to."""
+
+    stored: dict[str, torch.Tensor]
+    dequantized: torch.Tensor  # float32 [out, in]
+
+    def dequantize(self) -> np.ndarray:
+        """The weight as a loader computes with it, float32."""
+        return self.dequantized.numpy()
+
+
+def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str, scale_dtype: torch.dtype,
+                   shared_absmax: float | None = None) -> FloatQuantized:
+    """Round `weight` [out, in] (float32) with the compressed-tensors weight arguments `args` and store it in
+    format `fmt`; scales are kept in `scale_dtype` (the checkpoint's float dtype) where the format does not
+    fix their type. NVFP4's global scale comes from `shared_absmax` where fused siblings share it
+    (global_scales.py), else from the weight's own range."""
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+
+    quant_args = QuantizationArgs.model_validate(args)
+    w = weight.detach().float().cpu()
+    low, high = _ranges(w, spec)
+    global_scale = None
+    if spec.qtype.fixed_group == 16:
+        bound = torch.tensor(shared_absmax) if shared_absmax is not None else None
+        global_scale = generate_gparam(-bound, bound) if bound is not None else generate_gparam(w.min(), w.max())
+    scale, zero_point = calculate_qparams(low, high, quant_args, global_scale=global_scale)
+    if not spec.qtype.fixed_group:  # FP8's scales are held in the model's dtype, as llm-compressor's modules do
+        scale = scale.to(scale_dtype)
+    state = {"weight": w, "weight_scale": scale}
+    if global_scale is not None:
+        state["weight_global_scale"] = global_scale
+    scheme = QuantizationScheme(targets=["Linear"], weights=quant_args)
+    compressor = BaseCompressor.load_from_registry(fmt)
+    stored = {k: v.contiguous() for k, v in compressor.compress(state, scheme).items()}
+    restored = compressor.decompress(dict(stored), scheme)["weight"]
+    return FloatQuantized(stored, restored.float())
+
+
+def _ranges(w: torch.Tensor, spec: WeightQuant) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each scale's (min, max): one reduction per strategy, shaped as compressed-tensors shapes its scales."""
+    out, inp = w.shape
+    if spec.granularity is Granularity.PER_TENSOR:
+        return w.min(), w.max()
+    if spec.granularity is Granularity.PER_CHANNEL:
+        return w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
+    if spec.granularity is Granularity.GROUP:
+        groups = w.reshape(out, inp // spec.group_size, spec.group_size)
+        return groups.amin(dim=-1), groups.amax(dim=-1)
+    rows, cols = spec.block  # BLOCK: tiles padded with zeros (0 is in every range anyway)
+    padded = torch.zeros(math.ceil(out / rows) * rows, math.ceil(inp / cols) * cols)
+    padded[:out, :inp] = w
+    tiles = padded.reshape(padded.shape[0] // rows, rows, padded.shape[1] // cols, cols)
+    return tiles.amin(dim=(1, 3)), tiles.amax(dim=(1, 3))
+
+
+def fp8_input_scale(low: float, high: float, scale_dtype: torch.dtype) -> float:
+    """A static FP8 input's scale from its calibrated range: absmax / 448, as stored (the model's dtype)."""
+    absmax = max(abs(low), abs(high))
+    scale = torch.tensor(absmax / FP8_MAX if absmax > 0 else torch.finfo(torch.float32).tiny, dtype=scale_dtype)
+    return float(scale.float())
+
+
+def fake_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x rounded through float8_e4m3fn with `scale` (broadcast), back in x's dtype."""
+    q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return (q.float() * scale).to(x.dtype)
+
+
+def dynamic_fp8(x: torch.Tensor, act: ActivationQuant) -> torch.Tensor:
+    """What a runtime computes for dynamic FP8 inputs: a scale per token (or per group of a token's columns)
+    from its absmax, the values rounded through float8_e4m3fn."""
+    if act.granularity is Granularity.GROUP and x.shape[-1] % act.group_size == 0:
+        grouped = x.reshape(*x.shape[:-1], x.shape[-1] // act.group_size, act.group_size)
+        scale = (grouped.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+        return fake_fp8(grouped, scale).reshape(x.shape)
+    absmax = x.abs().amax(dim=-1, keepdim=True) if act.granularity is Granularity.PER_TOKEN else x.abs().amax()
+    return fake_fp8(x, (absmax.float() / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny))

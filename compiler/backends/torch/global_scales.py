@@ -1,0 +1,37 @@
+"""NVFP4's global scale, shared by the layers a runtime fuses into one GEMM: q/k/v of an attention block and
+gate/up of an MLP or of one MoE expert (found by name, as `group auto` finds them). vLLM loads a fused layer
+with one global scale, and transformers merges per-expert gate/up into one fused parameter; siblings with
+global scales of their own dequantize wrongly there (measured: a Qwen3-MoE folder whose experts' gate and up
+kept their own scales loaded in transformers with cosine 0.01 against float). The shared scale is the one
+of the siblings' largest magnitude (the smallest of their global scales, as llm-compressor chooses)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from compiler.ir.types import QType
+from compiler.resolve.groups import auto_gate_up_instances, auto_qkv_instances
+
+
+class SharedGlobalScales:
+    """Each NVFP4 layer's siblings, and their common absolute maximum, read once from the checkpoint."""
+
+    def __init__(self, layers: dict[str, QType], read: Callable[[str], torch.Tensor]):
+        names = [name for name, qtype in layers.items() if qtype is QType.NVFP4]
+        self.siblings: dict[str, tuple[str, ...]] = {}
+        for instance in auto_qkv_instances(names) + auto_gate_up_instances(names):
+            if len(instance.members) > 1:
+                self.siblings.update({member: instance.members for member in instance.members})
+        self.read = read  # layer name → its float weight as the checkpoint stores it
+        self._absmax: dict[tuple[str, ...], float] = {}
+
+    def absmax(self, layer: str) -> float | None:
+        """The largest |w| over `layer` and its fused siblings; None for a layer without siblings."""
+        members = self.siblings.get(layer)
+        if members is None:
+            return None
+        if members not in self._absmax:
+            self._absmax[members] = max(float(self.read(m).float().abs().max()) for m in members)
+        return self._absmax[members]

@@ -1,0 +1,94 @@
+"""The torch backend's quantization_config, for every scheme qrc can write: compressed-tensors' schema accepts
+it, its format is the one compressed-tensors infers for the scheme, and vLLM's config rules (tests/vllm_rules.py)
+give it a kernel."""
+
+from __future__ import annotations
+
+import pytest
+from vllm_rules import VllmRejects, vllm_scheme
+
+from compiler.backends.torch.compressed import quantization_config
+from compiler.ir.schemes import PRESETS
+from compiler.ir.types import ActivationMode, ActivationQuant, Granularity, QType, Rounding, Scheme, WeightQuant
+from compiler.models.index import Layer, LayerKind
+
+pytest.importorskip("compressed_tensors")
+
+_W8 = WeightQuant(QType.INT8, Granularity.PER_CHANNEL, None, True)
+_DYNAMIC = ActivationQuant(QType.INT8, Granularity.PER_TOKEN, True, ActivationMode.DYNAMIC)
+SCHEMES = {
+    **PRESETS,
+    "W4A16_ASYM": Scheme("W4A16_ASYM", WeightQuant(QType.INT4, Granularity.GROUP, 128, False), None, Rounding.RTN),
+    "W4A16_CHANNEL": Scheme("W4A16_CHANNEL", WeightQuant(QType.INT4, Granularity.PER_CHANNEL, None, True), None,
+                            Rounding.GPTQ),
+    "W8A16_G128": Scheme("W8A16_G128", WeightQuant(QType.INT8, Granularity.GROUP, 128, True), None, Rounding.RTN),
+    "W8A8_DYNAMIC": Scheme("W8A8_DYNAMIC", _W8, _DYNAMIC, Rounding.RTN),
+    "W8A8_STATIC_SYM": Scheme("W8A8_STATIC_SYM", _W8, ActivationQuant(QType.INT8, Granularity.PER_TENSOR, True,
+                                                                      ActivationMode.STATIC), Rounding.RTN),
+}
+# what vLLM runs each as (its CPU and GPU builds choose among these classes)
+VLLM = {"W4A16": "CompressedTensorsWNA16", "W8A16": "CompressedTensorsWNA16", "W8A8": "CompressedTensorsW8A8Int8 (static)",
+        "W4A16_ASYM": "CompressedTensorsWNA16", "W4A16_CHANNEL": "CompressedTensorsWNA16",
+        "W8A16_G128": "CompressedTensorsWNA16", "W8A8_DYNAMIC": "CompressedTensorsW8A8Int8 (dynamic)",
+        "W8A8_STATIC_SYM": "CompressedTensorsW8A8Int8 (static)", "FP8": "CompressedTensorsW8A8Fp8",
+        "FP8_DYNAMIC": "CompressedTensorsW8A8Fp8", "FP8_BLOCK": "CompressedTensorsW8A8Fp8",
+        "NVFP4A16": "CompressedTensorsW4A16Fp4",
+        "MXFP4A16": None, "MXFP8A16": None}  # None: the vLLM source read has no compressed-tensors MX scheme
+
+
+def _layer(name: str) -> Layer:
+    return Layer(name, LayerKind.LINEAR, "Linear", f"{name}.weight", f"{name}:input", (256, 512), "float32", 512, 256,
+                 "model.layers.0")
+
+
+def _config(*schemes: Scheme) -> dict:
+    return quantization_config([(_layer(f"model.layers.0.l{i}"), s) for i, s in enumerate(schemes)], ["lm_head"])
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_each_scheme_validates_has_the_inferred_format_and_a_vllm_kernel(name):
+    import torch
+    from compressed_tensors.compressors.format import infer_module_format
+    from compressed_tensors.quantization import QuantizationConfig, QuantizationScheme
+
+    config = _config(SCHEMES[name])
+    QuantizationConfig.model_validate(config)
+    group = config["config_groups"][name]
+    scheme = QuantizationScheme.model_validate({k: v for k, v in group.items() if k != "format"})
+    assert infer_module_format(torch.nn.Linear, scheme).value == group["format"] == config["format"]
+    if VLLM[name] is None:
+        with pytest.raises(VllmRejects):
+            vllm_scheme(config, name)
+    else:
+        assert vllm_scheme(config, name) == VLLM[name]
+
+
+def test_a_mixed_folder_lists_one_group_per_scheme_and_each_loads():
+    config = _config(PRESETS["W4A16"], PRESETS["W8A16"], PRESETS["W8A8"], PRESETS["W4A16"])
+    assert config["format"] == "mixed-precision"
+    assert {g: len(v["targets"]) for g, v in config["config_groups"].items()} == {"W4A16": 2, "W8A16": 1, "W8A8": 1}
+    assert {g: vllm_scheme(config, g) for g in config["config_groups"]} == {
+        "W4A16": VLLM["W4A16"], "W8A16": VLLM["W8A16"], "W8A8": VLLM["W8A8"]}
+
+
+def test_vllm_rules_reject_int8_weight_only_written_as_int_quantized():
+    """The layout qrc wrote before (and the rule replicated from vLLM, shown able to fail)."""
+    config = _config(PRESETS["W8A16"])
+    config["config_groups"]["W8A16"]["format"] = config["format"] = "int-quantized"
+    with pytest.raises(VllmRejects, match="without input activations"):
+        vllm_scheme(config, "W8A16")
+
+
+def test_schema_rejection_is_refused_before_work_with_q420():
+    from compiler.backends import BackendError
+    from compiler.backends.torch.config_schema import check_config
+    from compiler.frontend import check_file
+    from golden import ROOT
+
+    ir = check_file(ROOT / "recipes/tiny-llama-torch-w4a16.recipe").ir
+    config = _config(PRESETS["W4A16"])
+    assert check_config(config, ir) is None
+    config["config_groups"]["W4A16"]["weights"]["strategy"] = "diagonal"
+    with pytest.raises(BackendError) as caught:
+        check_config(config, ir)
+    assert caught.value.diagnostic.code == "Q420" and "diagonal" in caught.value.diagnostic.message
