@@ -167,3 +167,86 @@ def test_float_folder_validates_loads_and_agrees_with_transformers(folders, fami
     # the weights transformers loads are bit-equal to those qrc verified with (checked by hand); transformers
     # runs FP8 inputs in float, and its forward is not qrc's block-wise one: the bound the MoE zoo test uses
     assert independent < 0.99999 and abs(result.verify["cosine"] - independent) < 2e-3, (result.verify, independent)
+
+
+KV_RECIPE = """recipe kv {{
+    model "{model}"
+    quantize {{ type Linear -> FP8_DYNAMIC  "lm_head" -> none }}
+    kv_cache {{ fp8 }}
+    calibrate {{ data synthetic {{ samples 8  seqlen 32 }}  chunk 4 }}
+    memory {{ mode {mode} }}
+    verify {{ samples 4  metric cosine  at_least 0.9 }}
+    emit "{out}"
+}}
+"""
+
+
+def _feed(feed: dict) -> dict:
+    return {k: torch.from_numpy(v) for k, v in feed.items()}
+
+
+def _kv_compile(folders, tmp_path, mode: str):
+    out = tmp_path / mode
+    recipe = tmp_path / f"{mode}.recipe"
+    recipe.write_text(KV_RECIPE.format(model=folders["llama"], mode=mode, out=out))
+    result, planned = compile_program(str(recipe), out)
+    assert result.verify_passed, result.verify
+    assert_ran_the_plan(result, planned)
+    return result, planned, out
+
+
+def _kv_scales(out) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys() if k.endswith(("k_scale", "v_scale"))}
+
+
+def test_fp8_kv_cache_scales_load_into_transformers_and_run_there(folders, tmp_path):
+    """Calibrated k/v scales on every attention module, `kv_cache_scheme` in the config; transformers (with
+    compressed-tensors, compressed loading) puts the scales on its attention modules and runs FP8 weights,
+    inputs and cache: its cosine against float agrees with qrc's on the same samples, and it uses the
+    scales (scaled up 64 times, its output moves)."""
+    from compressed_tensors.quantization import QuantizationConfig
+
+    result, planned, out = _kv_compile(folders, tmp_path, "low_memory")
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    QuantizationConfig.model_validate(config)
+    assert config["kv_cache_scheme"]["type"] == "float" and config["kv_cache_scheme"]["strategy"] == "tensor"
+    scales = _kv_scales(out)
+    assert sorted(scales) == [f"model.layers.{i}.self_attn.{s}_scale" for i in (0, 1) for s in "kv"]
+    assert all(0 < float(s) < 1 for s in scales.values())
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    assert float(loaded.model.layers[1].self_attn.k_scale.detach()) == float(scales["model.layers.1.self_attn.k_scale"])
+    batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 8, 4)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(folders["llama"])).eval()
+
+    def cosines(model) -> list:
+        with torch.no_grad():
+            return [float(torch.nn.functional.cosine_similarity(r.reshape(-1), c.reshape(-1), dim=0))
+                    for feed in batches for r, c in zip(reference(**_feed(feed)).logits, model(**_feed(feed)).logits,
+                                                        strict=True)]
+    independent = cosines(loaded)
+    assert abs(sum(independent) / len(independent) - result.verify["cosine"]) < 2e-3, (independent, result.verify)
+    for layer in loaded.model.layers:
+        layer.self_attn.k_scale.data *= 64
+    assert cosines(loaded) != independent  # the cache's scales are in use
+
+
+def test_fp8_kv_cache_first_layer_scales_agree_across_modes(folders, tmp_path):
+    """The first attention sees the same inputs whole and block by block: equal scales (later ones follow
+    the quantized blocks before them block by block, as GPTQ's inputs do)."""
+    low = _kv_scales(_kv_compile(folders, tmp_path, "low_memory")[2])
+    full = _kv_scales(_kv_compile(folders, tmp_path, "full")[2])
+    for key in ("model.layers.0.self_attn.k_scale", "model.layers.0.self_attn.v_scale"):
+        assert torch.equal(low[key], full[key]), key
+
+
+def test_kv_cache_on_a_model_without_a_cache_is_refused_at_check(tmp_path):
+    from compiler import check_file
+
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text('recipe r {\n  model "builtin:tiny-llama"\n  backend torch\n  quantize { type Linear -> FP8_DYNAMIC }\n'
+                      '  kv_cache { fp8 }\n  emit "x"\n}\n')
+    codes = [d.code for d in check_file(recipe, with_model=True).diagnostics]
+    assert codes == ["Q411"]

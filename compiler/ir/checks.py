@@ -130,6 +130,9 @@ def _refuse_float_formats(ir: RecipeIR, diags: Diagnostics) -> None:
     """Q257: floating formats on the ONNX backend. onnxruntime's CPU build has no float8 MatMul (its QDQ
     would run dequantized, in float) and no FP4 type; the formats are written for the runtimes that serve
     them from compressed-tensors folders (vLLM, transformers)."""
+    if ir.kv_cache is not None:
+        diags.error("Q257", "`kv_cache { fp8 }` is written by the torch backend, not the ONNX one", ir.kv_cache.span,
+                    "KV cache on onnx", help="use `backend torch`; onnxruntime-genai keeps its cache in the model's dtype")
     for scheme in _used_schemes(ir):
         types = {t for t in (scheme.weights.qtype, scheme.activations and scheme.activations.qtype) if t and t.is_float}
         if types:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from compiler.ir import blocks
-from compiler.ir.schemes import NONE, PRESETS, elaborate_scheme
+from compiler.ir.schemes import NONE, PRESETS, elaborate_kv_cache, elaborate_scheme
 from compiler.ir.types import (
     AutoGroup,
     Backend,
@@ -25,7 +25,7 @@ from compiler.ir.types import (
 from compiler.ir.values import Diagnostics, closest
 from compiler.syntax import ast
 
-_SINGLE_ITEMS = {ast.ModelDecl: "model", ast.BackendDecl: "backend", ast.EmitDecl: "emit"}
+_SINGLE_ITEMS = {ast.ModelDecl: "model", ast.BackendDecl: "backend", ast.EmitDecl: "emit", ast.KvCacheDecl: "kv_cache"}
 
 
 def elaborate(recipe: ast.Recipe, diags: Diagnostics) -> RecipeIR:
@@ -61,6 +61,7 @@ def elaborate(recipe: ast.Recipe, diags: Diagnostics) -> RecipeIR:
         emit=blocks.elaborate_emit(singles.get("emit"), default_format, diags),
         source_name=recipe.span.source.name,
         span=recipe.span,
+        kv_cache=elaborate_kv_cache(singles.get("kv_cache"), diags),
     )
 
 

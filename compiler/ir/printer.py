@@ -148,6 +148,8 @@ def _optional_blocks(ir: RecipeIR) -> list[str]:
         v = ir.verify
         lines += ["    verify {", f"        samples {v.samples}", f"        metric {v.metric.value}",
                   f"        {v.bound.value} {format_number(v.threshold)}", "    }"]
+    if ir.kv_cache:
+        lines.append(f"    kv_cache {{ {_activations(ir.kv_cache.quant).removeprefix('activations ')} }}")
     if ir.emit:
         lines.append(f"    emit {quote(ir.emit.path)} {{ format {ir.emit.format.value} }}")
     return lines

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from compiler.ir.types import ActivationMode, ActivationQuant, Granularity, QType, Rounding, Scheme, WeightQuant
+from compiler.ir.types import (
+    ActivationMode,
+    ActivationQuant,
+    Granularity,
+    KvCache,
+    QType,
+    Rounding,
+    Scheme,
+    WeightQuant,
+)
 from compiler.ir.values import Diagnostics, did_you_mean, whole_number
 from compiler.syntax import ast
 
@@ -64,6 +73,21 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], diags: Diag
     base_name = decl.base.value if decl.base else None
     return Scheme(decl.name.value, weights, activations, rounding, base_name, decl.name.span, act_order,
                   static_groups)
+
+
+_KV_DEFAULT = ActivationQuant(QType.FP8, Granularity.PER_TENSOR, True, ActivationMode.STATIC)
+
+
+def elaborate_kv_cache(decl: ast.KvCacheDecl | None, diags: Diagnostics) -> KvCache | None:
+    """`kv_cache { fp8 }` → KvCache: FP8 keys and values with one static scale each per attention module
+    (what vLLM's compressed-tensors loader takes); Q256 for any other setting."""
+    if decl is None:
+        return None
+    quant = _activations(decl.items, _KV_DEFAULT, diags)
+    if quant != _KV_DEFAULT:
+        diags.error("Q256", "the KV cache is `fp8 per_tensor symmetric static` here", decl.span, "cannot be stored",
+                    help="write `kv_cache { fp8 }` (per-head scales and integer caches are not built yet)")
+    return KvCache(quant, decl.span)
 
 
 def _base(decl: ast.SchemeDecl, known: dict[str, Scheme], diags: Diagnostics) -> Scheme | None:

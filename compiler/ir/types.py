@@ -303,6 +303,13 @@ class Emit(Located):
 
 
 @dataclass(frozen=True, slots=True)
+class KvCache:
+    """`kv_cache { … }`: the attention modules' key/value cache quantized (FP8, static per-tensor scales)."""
+    quant: ActivationQuant
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
 class RecipeIR:
     """A recipe as the compiler understands it: every default written out, presets expanded."""
     name: str
@@ -320,6 +327,7 @@ class RecipeIR:
     emit: Emit | None
     source_name: str
     span: Span
+    kv_cache: KvCache | None = None
 
     def scheme(self, name: str) -> Scheme:
         """The scheme named `name` (declared or a preset)."""

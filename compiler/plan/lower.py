@@ -87,7 +87,7 @@ class Context:
     def needs_data(self) -> bool:
         """Some layer rounds with data (GPTQ) or has static input ranges, under any searched choice."""
         w, ir = self.workload, self.ir
-        if w.gptq or w.observed:
+        if w.gptq or w.observed or ir.kv_cache is not None:  # the KV cache's scales come from calibration
             return True
         if ir.mixed_precision is None or w.search is None:
             return False
@@ -197,11 +197,18 @@ def lower_calibration(ctx: Context) -> list[PlanOp]:
     return [_calibrate_chunks(ctx, _observed_layers(ctx), (_range_buffer(ctx),))]
 
 
+def _statistics(ctx: Context) -> list[str]:
+    """What calibration gathers, in words."""
+    w = ctx.workload
+    parts = ["input ranges"] if w.observed or ctx.ir.kv_cache is None else []
+    return parts + (["GPTQ Hessians"] if w.gptq else []) + (["KV cache ranges"] if ctx.ir.kv_cache else [])
+
+
 def _calibrate_chunks(ctx: Context, layers: tuple[str, ...], outputs: tuple[str, ...]) -> CalibrateChunk:
     w = ctx.workload
     if ctx.costs.rounds_in_blocks:
         summary = (f"forward {w.chunk} samples × {w.seqlen} tokens through the whole model, hooks gathering the "
-                   "statistics its layers round with (input ranges" + (", GPTQ Hessians" if w.gptq else "") + ")")
+                   "statistics its layers round with (" + ", ".join(_statistics(ctx)) + ")")
     else:
         tensors = (f"{len(w.observed)} tensors" if w.index.graph is not None else
                    f"the inputs of {len(w.needed)} layers (tensor names from the exported graph)")
@@ -267,6 +274,7 @@ def _blockwise(ctx: Context) -> list[PlanOp]:
         layers=head, samples=w.samples, seqlen=w.seqlen, per_sample=w.seqlen * w.hidden * 4, where=where)
     outputs = ("block_inputs",) + (("qparams",) if rounds else (_range_buffer(ctx),))
     ranges = f"input ranges ({ctx.ir.calibration.method.value}), " if rounds and w.observed else ""
+    ranges += "KV cache ranges, " if rounds and ctx.ir.kv_cache is not None else ""
     if rounds:
         what = "compute float outputs, " + ranges + ("quantize the block (GPTQ with its Hessians)" if w.gptq else
                                                       "quantize the block")

@@ -144,7 +144,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         largest_layer_bytes=max((x.bytes for x in index.layers), default=0),
         quantized_layers=tuple(a.layer.name for a in quantized), needed=needed, observed=observed,
         sources=tuple(sources.items()),
-        calibrate=bool(observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR),
+        calibrate=bool(observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR) or ir.kv_cache is not None,
         gptq=gptq, gptq_layers=gptq_layers, hessian_inputs=hessian_inputs, samples=cal.data.samples, seqlen=sequence_length(cal.data),
         past=cache_length(cal.data), chunk=chunk or cal.chunk, bins=cal.bins,
         method=cal.method, mixed_precision=mp is not None,

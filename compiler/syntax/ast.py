@@ -190,7 +190,14 @@ class BackendDecl:
     span: Span
 
 
-RecipeItem = Union[ModelDecl, BackendDecl, SchemeDecl, QuantizeBlock, GroupDecl, Block, EmitDecl]
+@dataclass(frozen=True, slots=True)
+class KvCacheDecl:
+    """`kv_cache { ITEMS }`: how the attention key/value cache is quantized."""
+    items: tuple[QSpecItem, ...]
+    span: Span
+
+
+RecipeItem = Union[ModelDecl, BackendDecl, SchemeDecl, QuantizeBlock, GroupDecl, Block, EmitDecl, KvCacheDecl]
 
 
 @dataclass(frozen=True, slots=True)

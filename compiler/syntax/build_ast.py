@@ -132,6 +132,9 @@ class AstBuilder(Transformer):
     def recipe(self, meta, children):
         return ast.Recipe(children[0], tuple(children[1:]), self._span(meta))
 
+    def kv_cache_decl(self, meta, children):
+        return ast.KvCacheDecl(tuple(children), self._span(meta))
+
     def model_decl(self, meta, children):
         return ast.ModelDecl(children[0], self._span(meta))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,7 @@ from compiler.backends.torch.devices import place
 from compiler.backends.torch.fallbacks import sibling_range, unseen_warning
 from compiler.backends.torch.float_formats import FP8_MAX, FloatQuantized
 from compiler.backends.torch.global_scales import SharedGlobalScales
+from compiler.backends.torch.kv_cache import KvCacheQuantizer, KvMode, kv_cache_scheme, kv_specs
 from compiler.backends.torch.layers import (
     ROW_SLICE_BYTES,
     Job,
@@ -48,6 +49,7 @@ from compiler.backends.torch.layers import (
 from compiler.backends.torch.model import TorchModel, open_files, open_model
 from compiler.backends.torch.output_layout import copy_unquantized, output_config, output_specs, write_metadata
 from compiler.backends.torch.sensitivity import TorchScorer
+from compiler.backends.torch.support import attention_modules
 from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import warning
 from compiler.ir.types import MemoryMode, RecipeIR
@@ -83,6 +85,7 @@ class _Run:
         self.jobs: list[Job] = []
         self.writer: FolderWriter | None = None
         self.global_scales: SharedGlobalScales | None = None
+        self.kv: KvCacheQuantizer | None = None  # `kv_cache`: observes, then rounds, the attention caches
         self.config: dict = {}  # the output's config.json, its quantization_config checked before any work
         self.stats: Statistics | None = None
         self.cal: streams.Stream | None = None
@@ -111,6 +114,8 @@ class _Run:
             cache.close()
         for hook in self.hooks:
             hook.remove()
+        if self.kv is not None:
+            self.kv.close()
         release_memory()
 
     # ---- model, memory mode, search ---------------------------------------------------------------
@@ -168,14 +173,19 @@ class _Run:
                                                 lambda name: self.model.shards.read(weights[name]))
         if not self.file_to_file:
             refuse_non_linear(self.model, self.jobs, self.ir)
-        self.config = output_config(self.model, self.jobs, self.assignment)
+        kv = self.ir.kv_cache
+        attention = attention_modules([layer.name for layer in self.index.layers]) if kv is not None else []
+        if kv is not None:
+            self.kv = KvCacheQuantizer(self.model.module, attention, kv, self.model.dtype)
+        self.config = output_config(self.model, self.jobs, self.assignment, kv_cache_scheme(kv) if kv else None)
         skipped = check_config(self.config["quantization_config"], self.ir)  # before any work: Q420 on a bad config
         if skipped is not None:
             self.result.warnings.append(skipped)
-        self.writer = FolderWriter(self.result.output, output_specs(self.model, self.jobs))
+        self.writer = FolderWriter(self.result.output,
+                                   output_specs(self.model, self.jobs) + kv_specs(attention, self.model.dtype))
         if self.disk is not None:
             self.disk.mkdir(parents=True, exist_ok=True)
-        if any(j.needs_data for j in self.jobs):
+        if any(j.needs_data for j in self.jobs) or self.kv is not None:  # the KV scales come from calibration
             self.cal = self._stream("calibration", self._calibration_feeds())
         self.verify_streams = self._verify_streams()
 
@@ -198,13 +208,14 @@ class _Run:
         """Every chunk through the whole model, hooks gathering each layer's statistics."""
         self._ready()
         self._materialize_all()
-        with Statistics(self.model.module, self.jobs, self.ir.calibration) as stats:
+        with Statistics(self.model.module, self.jobs, self.ir.calibration) as stats, self._kv(KvMode.OBSERVE):
             advance = self.progress("calibrate", len(self.cal))
             for feed in self.cal.feeds:
                 stats.new_forward()
                 self._call(feed)
                 advance()
         self.stats = stats
+        self._fix_kv_scales("")
 
     # ---- inputs -----------------------------------------------------------------------------------
     def _stream(self, name: str, batches) -> streams.Stream:
@@ -274,13 +285,15 @@ class _Run:
             model.materialize(params, device)
         block = model.block_modules()[number]
         jobs = [j for j in self.jobs if j.module.startswith(name + ".")]
-        with Statistics(model.module, jobs, self.ir.calibration) as stats:
+        with Statistics(model.module, jobs, self.ir.calibration) as stats, self._kv(KvMode.OBSERVE):
             if cal is not None:
                 streams.run_block(block, cal, device, None, stats.new_forward)
         outputs = {}
         if verify is not None:
-            outputs["float"] = self._next(block, verify[0], device)
+            with self._kv(KvMode.PASS):
+                outputs["float"] = self._next(block, verify[0], device)
         hooks = self._quantize(jobs, stats)
+        self._fix_kv_scales(name + ".")
         if cal is not None:
             outputs["cal"] = self._next(block, cal, device)
         if verify is not None:
@@ -295,6 +308,17 @@ class _Run:
         if offload or device != "cpu":
             model.release(params)
         release_memory()
+
+    def _kv(self, mode: KvMode):
+        """The KV caches in `mode` for a while (nothing to do without `kv_cache`)."""
+        return self.kv.running(mode) if self.kv is not None else nullcontext()
+
+    def _fix_kv_scales(self, prefix: str) -> None:
+        """The KV cache scales of the attention modules under `prefix`, from calibration, written out; their
+        caches are rounded from now on."""
+        if self.kv is not None:
+            for name, tensor in self.kv.fix_scales(self.kv.pending(prefix)).items():
+                self.writer.put(name, tensor)
 
     def _next(self, block, stream, device) -> streams.HiddenCache:
         out = streams.HiddenCache(stream.hidden.dtype, self.disk if self.mode is MemoryMode.OFFLOAD else None)
@@ -364,6 +388,7 @@ class _Run:
             self.result.warnings.append(unseen_warning(self.ir, self.unseen))
         if self.dampened:
             self.result.warnings.append(dampened_warning(self.ir, self.dampened))
+        self._fix_kv_scales("")  # any module calibration did not reach (none, in the models qrc runs)
         copy_unquantized(self.writer, self.model, self.jobs)
         write_metadata(self.writer, self.model, self.config, self.ir)
         self.result.files = self.writer.finish()

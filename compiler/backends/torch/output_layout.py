@@ -50,13 +50,14 @@ def copy_unquantized(writer: FolderWriter, model: TorchModel, jobs: list[Job]) -
             writer.copy_raw(key, entry.file, entry.start, entry.end)
 
 
-def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment) -> dict:
+def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment, kv_cache_scheme: dict | None = None) -> dict:
     """config.json as the output folder has it: the quantization config (one group per scheme, the Linear
-    layers left in float ignored), untied where a tied head was quantized."""
+    layers left in float ignored, the KV cache's scheme), untied where a tied head was quantized."""
     done = {j.layer.name for j in jobs}
     ignored = [a.layer.name for a in assignment.layers if a.layer.kind is LayerKind.LINEAR and a.layer.name not in done]
     config = dict(model.config)
     config["quantization_config"] = quantization_config([(j.layer, j.scheme) for j in jobs], ignored)
+    config["quantization_config"]["kv_cache_scheme"] = kv_cache_scheme
     if any(is_tied(j) for j in jobs):  # the head now has tensors of its own
         config = _untied(config)
     return config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from compiler.ir.types import ActivationMode, EmitFormat, Granularity, RecipeIR
 from compiler.ir.values import Diagnostics
-from compiler.models.index import LayerKind
+from compiler.models.index import LayerKind, ModelFormat
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice
 
@@ -17,6 +17,12 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
                     ir.emit.span_of("format") or ir.emit.span_of("path"), "not supported",
                     help="use `emit \"FOLDER\" { format safetensors }`, or `backend onnx` for ONNX output")
     _warn_routers(ir, assignment, diags)
+    if ir.kv_cache is not None and assignment.model.format is not ModelFormat.HF:
+        diags.error("Q411", "`kv_cache` needs a transformers decoder (an HF folder): built-in and ONNX models keep no "
+                    "cache qrc can observe", ir.kv_cache.span, "no KV cache here", help="remove `kv_cache`")
+    elif ir.kv_cache is not None and not attention_modules([layer.name for layer in assignment.model.layers]):
+        diags.error("Q411", "`kv_cache` needs attention modules with `k_proj` and `v_proj` (a decoder's KV cache)",
+                    ir.kv_cache.span, "no KV cache here", help="remove `kv_cache`: this model has no such attention")
     seen: set[tuple[str, str]] = set()
     for candidate in each_choice(ir, assignment):
         for a in candidate.layers:
@@ -26,6 +32,13 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
                 diags.error("Q411", f"`{a.layer.name}` with scheme `{a.scheme.name}`: {problem}",
                             a.rule.span if a.rule else a.scheme.span, "not supported on torch",
                             help="give the layer `-> none` or another scheme, or use `backend onnx`")
+
+
+def attention_modules(layers: list[str]) -> list[str]:
+    """The modules whose key and value projections fill a KV cache: parents of a `k_proj` and a `v_proj`
+    (where compressed-tensors and vLLM put `k_scale`/`v_scale`)."""
+    parents = {name.rpartition(".")[0] for name in layers if name.endswith(".k_proj")}
+    return sorted(p for p in parents if f"{p}.v_proj" in layers)
 
 
 def _warn_routers(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
