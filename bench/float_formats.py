@@ -3,23 +3,29 @@ qrc (transformers loads each folder, compressed-tensors dequantizes it) and bits
 bytes the folder stores.
 
     python bench/float_formats.py [--hidden 512] [--layers 4] [--schemes W4A16 FP8_DYNAMIC ...]
+                                  [--llmcompressor VENV/bin/python]
 
 The model is transformers' own random initialisation of a LlamaConfig (seeded), saved once. Each scheme
 quantizes every Linear but lm_head, calibrating on 32 synthetic samples of 128 tokens and verifying on 16
 held-out ones; the independent figures use 16 other samples. transformers runs inputs in float (it does not
 apply activation quantization after dequantizing), so for schemes with activations the `qrc verify` column
-(which rounds inputs as the runtime does) is the one that includes them. Prints one markdown table.
+(which rounds inputs as the runtime does) is the one that includes them. With `--llmcompressor`, the data-free
+schemes are also quantized by llm-compressor's `oneshot` (bench/llmc_oneshot.py, run with that interpreter)
+and measured the same way, in this environment, and their tensors compared with qrc's bit for bit. Times:
+qrc's whole compile (load, calibration, rounding, verification on 16 samples, writing); llm-compressor's
+`oneshot` call alone. Prints one markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA_FREE = ("W8A16", "FP8_DYNAMIC", "FP8_BLOCK", "MXFP8A16", "W4A16", "NVFP4A16", "MXFP4A16")  # no calibration
 SCHEMES = ("W8A16", "W8A8", "FP8", "FP8_DYNAMIC", "FP8_BLOCK", "MXFP8A16", "W4A16", "NVFP4A16", "MXFP4A16")
 RECIPE = """recipe bench {{
     model "{model}"
@@ -69,26 +75,35 @@ def independent(float_folder: Path, out: Path) -> dict:
 
 
 def bits_per_weight(out: Path) -> float:
-    """Stored bits of the quantized layers (values, scales, zero points, global scales) per weight."""
+    """Stored bits of the quantized layers (those with a `weight_scale`: values, scales, zero points, global
+    scales) per weight."""
     from safetensors import safe_open
 
-    config = json.loads((out / "config.json").read_text())["quantization_config"]
-    layers = [t for g in config["config_groups"].values() for t in g["targets"]]
-    stored = params = 0
     with safe_open(str(out / "model.safetensors"), "pt") as f:
-        for key in f.keys():
-            layer, _, leaf = key.rpartition(".")
-            if layer in layers and not leaf.startswith("input"):
-                tensor = f.get_tensor(key)
-                stored += tensor.numel() * tensor.element_size() * 8
-                if leaf == "weight_shape":
-                    params += int(tensor.prod())
-                elif leaf == "weight":
-                    params += tensor.numel()
-                elif leaf == "weight_packed" and "weight_shape" not in [k.rpartition(".")[2] for k in f.keys()
-                                                                          if k.startswith(layer + ".")]:
-                    params += tensor.numel() * 2  # FP4: two values a byte
+        keys = list(f.keys())
+        layers = {k.removesuffix(".weight_scale") for k in keys if k.endswith(".weight_scale")}
+        stored = params = 0
+        for layer in layers:
+            own = {k.rpartition(".")[2]: f.get_tensor(k) for k in keys if k.rpartition(".")[0] == layer}
+            stored += sum(t.numel() * t.element_size() * 8 for leaf, t in own.items() if not leaf.startswith("input"))
+            if "weight_shape" in own:
+                params += int(own["weight_shape"].prod())
+            elif "weight" in own:
+                params += own["weight"].numel()
+            else:
+                params += own["weight_packed"].numel() * 2  # FP4: two values a byte
     return stored / params
+
+
+def same_tensors(a: Path, b: Path) -> str:
+    """Whether two folders store the same tensors, bit for bit ("yes", or how many differ)."""
+    import torch
+    from safetensors.torch import load_file
+
+    x, y = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    differ = [k for k in set(x) | set(y) if k not in x or k not in y or x[k].dtype != y[k].dtype
+              or x[k].shape != y[k].shape or not torch.equal(x[k].view(torch.uint8), y[k].view(torch.uint8))]
+    return "yes" if not differ else f"{len(differ)} of {len(set(x) | set(y))} differ"
 
 
 def compile_program(recipe: str, out: Path):
@@ -105,11 +120,12 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--schemes", nargs="+", default=list(SCHEMES))
+    parser.add_argument("--llmcompressor", help="python of a venv with llm-compressor installed")
     args = parser.parse_args()
     float_folder = model_folder(args.hidden, args.layers)
     print(f"random Llama {args.layers} blocks, hidden {args.hidden}: {float_folder}\n")
-    print("| scheme | bits/weight | qrc verify KL | KL (transformers) | cosine | top-1 | compile |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| scheme | tool | bits/weight | qrc verify KL | KL (transformers) | cosine | top-1 | time | same tensors as qrc |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for scheme in args.schemes:
             out = Path(tmp) / scheme
@@ -119,8 +135,17 @@ def main() -> None:
             result, _ = compile_program(str(recipe), out)
             seconds = time.perf_counter() - start
             figures = independent(float_folder, out)
-            print(f"| {scheme} | {bits_per_weight(out):.2f} | {result.verify['kld']:.5f} | {figures['kl']:.5f} | "
-                  f"{figures['cosine']:.5f} | {figures['top1']:.4f} | {seconds:.1f} s |", flush=True)
+            print(f"| {scheme} | qrc | {bits_per_weight(out):.2f} | {result.verify['kld']:.5f} | {figures['kl']:.5f} | "
+                  f"{figures['cosine']:.5f} | {figures['top1']:.4f} | {seconds:.1f} s | |", flush=True)
+            if args.llmcompressor and scheme in DATA_FREE:
+                theirs = Path(tmp) / f"{scheme}-llmc"
+                ran = subprocess.run([args.llmcompressor, str(ROOT / "bench" / "llmc_oneshot.py"), str(float_folder),
+                                      scheme, str(theirs)], capture_output=True, text=True, check=True)
+                seconds = float(ran.stdout.split("seconds")[-1])
+                figures = independent(float_folder, theirs)
+                print(f"| {scheme} | llm-compressor | {bits_per_weight(theirs):.2f} | | {figures['kl']:.5f} | "
+                      f"{figures['cosine']:.5f} | {figures['top1']:.4f} | {seconds:.1f} s | "
+                      f"{same_tensors(out, theirs)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -375,6 +375,11 @@ CODES: tuple[CodeInfo, ...] = (
        "dequantized, in float. The formats are written by the torch backend as compressed-tensors folders, "
        "which vLLM and transformers load.",
        'recipe r { model "model.onnx"  quantize { type Linear -> FP8_DYNAMIC } }'),
+    _c("Q258", "fused siblings at different schemes (warning)",
+       "vLLM computes q/k/v of an attention block, and gate/up of an MLP or of one MoE expert, as one fused layer "
+       "with one quantization scheme; a torch folder whose siblings differ does not load there (transformers "
+       "loads it). `group auto` gives each instance the widest member's scheme.",
+       'quantize { type Linear -> W4A16  "*.v_proj" -> W8A16 }   # without `group auto`'),
     _c("Q233", "emit path with an unexpected extension (warning)",
        "Runtimes and tools look for `.onnx` files; another extension is allowed but probably a typo.",
        'emit "out/model.onx"'),

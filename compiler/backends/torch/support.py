@@ -8,6 +8,7 @@ from compiler.ir.values import Diagnostics
 from compiler.models.index import LayerKind, ModelFormat
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice
+from compiler.resolve.groups import auto_gate_up_instances, auto_qkv_instances
 
 
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
@@ -17,6 +18,7 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
                     ir.emit.span_of("format") or ir.emit.span_of("path"), "not supported",
                     help="use `emit \"FOLDER\" { format safetensors }`, or `backend onnx` for ONNX output")
     _warn_routers(ir, assignment, diags)
+    _warn_split_siblings(ir, assignment, diags)
     if ir.kv_cache is not None and assignment.model.format is not ModelFormat.HF:
         diags.error("Q411", "`kv_cache` needs a transformers decoder (an HF folder): built-in and ONNX models keep no "
                     "cache qrc can observe", ir.kv_cache.span, "no KV cache here", help="remove `kv_cache`")
@@ -32,6 +34,22 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
                 diags.error("Q411", f"`{a.layer.name}` with scheme `{a.scheme.name}`: {problem}",
                             a.rule.span if a.rule else a.scheme.span, "not supported on torch",
                             help="give the layer `-> none` or another scheme, or use `backend onnx`")
+
+
+def _warn_split_siblings(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q258: layers a runtime fuses into one GEMM (q/k/v; gate/up of an MLP or an expert) at different schemes.
+    vLLM loads such siblings as one layer with one scheme and refuses a folder where they differ."""
+    schemes = {a.layer.name: a for a in assignment.layers}
+    names = list(schemes)
+    split = [i for i in auto_qkv_instances(names) + auto_gate_up_instances(names)
+             if len({schemes[m].scheme.name for m in i.members}) > 1]
+    if split:
+        first = split[0]
+        listed = ", ".join(f"`{m.rpartition('.')[2]}` {schemes[m].scheme.name}" for m in first.members)
+        diags.warning("Q258", f"{len(split)} groups of fused siblings mix schemes (e.g. `{first.name}`: {listed})",
+                      next((schemes[m].rule.span for m in first.members if schemes[m].rule), ir.span),
+                      "siblings differ", help="vLLM fuses them into one layer with one scheme and will not load the "
+                      "folder; add `group auto` (the widest member's scheme wins), or give them one scheme")
 
 
 def attention_modules(layers: list[str]) -> list[str]:
