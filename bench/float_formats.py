@@ -56,7 +56,7 @@ def model_folder(hidden: int, layers: int) -> Path:
     return folder
 
 
-def independent(float_folder: Path, out: Path) -> dict:
+def independent(float_folder: Path, out: Path, vocab: int = 8192, seqlen: int = 128) -> dict:
     """KL(float ‖ quantized), cosine and top-1 agreement of the logits, transformers on both folders."""
     import torch
     import transformers
@@ -64,7 +64,7 @@ def independent(float_folder: Path, out: Path) -> dict:
     reference = transformers.AutoModelForCausalLM.from_pretrained(str(float_folder)).eval()
     quantized = transformers.AutoModelForCausalLM.from_pretrained(
         str(out), quantization_config=transformers.CompressedTensorsConfig(dequantize=True)).eval()
-    ids = torch.randint(0, 8192, (16, 128), generator=torch.Generator().manual_seed(99))
+    ids = torch.randint(0, vocab, (16, seqlen), generator=torch.Generator().manual_seed(99))
     with torch.no_grad():
         a, b = reference(ids).logits.float(), quantized(ids).logits.float()
     p, q = a.log_softmax(-1), b.log_softmax(-1)

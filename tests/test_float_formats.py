@@ -250,3 +250,81 @@ def test_kv_cache_on_a_model_without_a_cache_is_refused_at_check(tmp_path):
                       '  kv_cache { fp8 }\n  emit "x"\n}\n')
     codes = [d.code for d in check_file(recipe, with_model=True).diagnostics]
     assert codes == ["Q411"]
+
+
+FP8_SOURCE_RECIPE = """recipe fp8_source {{
+    model "{model}"
+    quantize {{ type Linear -> s  "lm_head" -> none  "*.o_proj" -> none }}
+    scheme s = W4A16 {{ group 32 }}
+    calibrate {{ data synthetic {{ samples 8  seqlen 32 }}  chunk 4 }}
+    memory {{ mode {mode} }}
+    verify {{ samples 4  metric cosine  at_least 0.9 }}
+    emit "{out}"
+}}
+"""
+
+
+def _fp8_source(float_folder, root):
+    """The float model saved as an FP8 source checkpoint (float8 weights with float32 `weight_scale_inv` per
+    32×32 block, as DeepSeek-class releases ship them), and the float model those weights stand for."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(float_folder / "model.safetensors"))
+    source, dequantized = {}, {}
+    for name, w in tensors.items():
+        if name.startswith("model.layers.") and name.endswith("_proj.weight"):
+            blocks = w.float().reshape(w.shape[0] // 32, 32, w.shape[1] // 32, 32)
+            scale = (blocks.abs().amax(dim=(1, 3)) / 448).clamp_min(1e-12)
+            expanded = scale.repeat_interleave(32, 0).repeat_interleave(32, 1)
+            stored = (w.float() / expanded).to(torch.float8_e4m3fn)
+            source[name], source[name + "_scale_inv"] = stored, scale
+            dequantized[name] = (stored.float() * expanded).to(w.dtype)
+        else:
+            source[name] = dequantized[name] = w
+    config = json.loads((float_folder / "config.json").read_text())
+    folders = {}
+    for kind, weights, extra in (("fp8", source, {"quantization_config": {
+            "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [32, 32]}}),
+                                 ("dequantized", dequantized, {})):
+        folder = root / kind
+        folder.mkdir()
+        save_file(weights, str(folder / "model.safetensors"))
+        (folder / "config.json").write_text(json.dumps({**config, **extra}))
+        folders[kind] = folder
+    return folders
+
+
+def test_an_fp8_source_checkpoint_is_dequantized_per_block_and_requantized(folders, tmp_path):
+    """An FP8 source (block-scaled float8 weights) plans with its weights as the model's float, compiles
+    block by block and file to file, and the folder is the recipe's: no `weight_scale_inv` left, a layer kept
+    in float written dequantized, and transformers' logits agree with qrc's verify against the float model
+    the FP8 weights stand for."""
+    from safetensors import safe_open
+    from zoo import transformers_cosines
+
+    from compiler import check_file
+
+    source = _fp8_source(folders["llama"], tmp_path)
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(FP8_SOURCE_RECIPE.format(model=source["fp8"], mode="low_memory", out=tmp_path / "out"))
+    checked = check_file(recipe, with_model=True)
+    assert not [d for d in checked.diagnostics if d.code == "Q249"]
+    assert {x.dtype for x in checked.assignment.model.layers} == {"float32"}
+    result, planned = compile_program(str(recipe), tmp_path / "out")
+    assert result.verify_passed, result.verify
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as out, \
+            safe_open(str(source["dequantized"] / "model.safetensors"), "pt") as reference:
+        assert not [k for k in out.keys() if k.endswith("_scale_inv")]
+        kept = "model.layers.1.self_attn.o_proj.weight"
+        assert torch.equal(out.get_tensor(kept), reference.get_tensor(kept))
+    config = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert config["quant_method"] == "compressed-tensors"
+    batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 8, 4)
+    cosines, _ = transformers_cosines(source["dequantized"], tmp_path / "out", transformers.AutoModelForCausalLM, batches)
+    assert abs(sum(cosines) / len(cosines) - result.verify["cosine"]) < 2e-3, (cosines, result.verify)
+    recipe.write_text(FP8_SOURCE_RECIPE.format(model=source["fp8"], mode="offload", out=tmp_path / "files")
+                      .replace("    verify { samples 4  metric cosine  at_least 0.9 }\n", ""))
+    compile_program(str(recipe), tmp_path / "files")  # data-free: file to file, without the model
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as a, \
+            safe_open(str(tmp_path / "files" / "model.safetensors"), "pt") as b:
+        assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())

@@ -9,7 +9,7 @@ import struct
 from dataclasses import replace
 from pathlib import Path
 
-from compiler.models import families, names
+from compiler.models import block_fp8, families, names
 from compiler.models.errors import ModelError
 from compiler.models.index import DTYPE_BYTES, Layer, LayerKind, ModelFormat, ModelIndex, TensorInfo
 from compiler.models.safetensors_dtypes import SAFETENSORS_DTYPES
@@ -34,6 +34,7 @@ def index_hf(folder: Path, ref: str) -> ModelIndex:
         raise ModelError("Q252", f"`{ref}` has no safetensors weights and its family `{family}` is not known",
                          f"qrc indexes from config.json alone for: {', '.join(families.DECODERS + families.ENCODERS)}")
     dtype = _config_dtype(config)
+    headers = block_fp8.as_dequantized(headers, dtype)  # an FP8 source checkpoint: its weights as qrc reads them
     layers = _from_layout(planned, headers, dtype) if planned else []
     layers += _extra_layers(headers, {layer.weight for layer in layers}, (config or {}).get("model_type", ""))
     if headers:

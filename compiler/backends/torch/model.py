@@ -18,7 +18,7 @@ from compiler.backends import BackendError
 from compiler.backends.torch import checkpoint_names
 from compiler.backends.torch.shards import Shards
 from compiler.diagnostics import error
-from compiler.models import builtin, resolve_path
+from compiler.models import block_fp8, builtin, resolve_path
 from compiler.source import Span
 
 
@@ -157,8 +157,8 @@ def open_files(ref: str) -> TorchModel:
     else:
         folder = resolve_path(ref)
         folder_ckpt, config = folder, json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    shards = Shards(folder_ckpt)
-    keys = {name: name for name in shards.entries}
+    shards = Shards(folder_ckpt, block_fp8.block_size(config))
+    keys = {name: name for name in shards.entries if name not in shards.scales}
     return TorchModel(nn.Module(), shards, keys, "", (), _float_dtype(shards, keys), False, config, folder)
 
 
@@ -179,7 +179,7 @@ def open_model(ref: str, blocks: tuple[str, ...], span: Span | None) -> TorchMod
     else:
         folder = resolve_path(ref)
         module, config = _hf_skeleton(folder, span), json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        checkpoint = Shards(folder)
+        checkpoint = Shards(folder, block_fp8.block_size(config))
         renamed = checkpoint_names.module_names(module, list(checkpoint.entries),
                                                 checkpoint_names.adapt(module, ref, span))
     keys = _checkpoint_keys(module, checkpoint, renamed, ref, span)

@@ -30,10 +30,13 @@ def output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
     """Every tensor of the output, known before any weight is read (the writer lays the files out first)."""
     replaced = {j.layer.weight: j for j in jobs if not is_tied(j)}
     specs = []
-    for key, entry in model.shards.entries.items():
+    shards = model.shards
+    for key, entry in shards.entries.items():
         job = replaced.get(key)
-        if job is None:
-            specs.append(TensorSpec(key, DTYPES[entry.dtype], entry.shape))
+        if key in shards.scales:  # an FP8 source's block scales: every weight is written anew
+            continue
+        if job is None:  # kept as it was (an FP8 source's weight: dequantized, in the model's dtype)
+            specs.append(TensorSpec(key, model.dtype if key in shards.scaled else DTYPES[entry.dtype], entry.shape))
         else:
             specs += layer_specs(job.layer, job.scheme, model.dtype)
     for job in jobs:
@@ -43,10 +46,15 @@ def output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
 
 
 def copy_unquantized(writer: FolderWriter, model: TorchModel, jobs: list[Job]) -> None:
-    """Every checkpoint tensor no layer replaced, copied as bytes."""
+    """Every checkpoint tensor no layer replaced, copied as bytes (an FP8 source's weight dequantized)."""
     replaced = {j.layer.weight for j in jobs if not is_tied(j)}
-    for key, entry in model.shards.entries.items():
-        if key not in replaced:
+    shards = model.shards
+    for key, entry in shards.entries.items():
+        if key in replaced or key in shards.scales:
+            continue
+        if key in shards.scaled:
+            writer.put(key, shards.read(key).to(model.dtype))
+        else:
             writer.copy_raw(key, entry.file, entry.start, entry.end)
 
 

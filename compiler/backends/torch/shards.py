@@ -13,6 +13,7 @@ import torch
 
 from compiler.backends import BackendError
 from compiler.diagnostics import error
+from compiler.models import block_fp8
 from compiler.models.safetensors_dtypes import SAFETENSORS_DTYPES
 
 # safetensors codes → torch dtypes, for every code of the shared table that this torch has
@@ -33,18 +34,27 @@ class Entry:
 
 
 class Shards:
-    """Every tensor of the *.safetensors files of a folder, by name."""
+    """Every tensor of the *.safetensors files of a folder, by name. Block-scaled FP8 weights (an FP8 source
+    checkpoint, models/block_fp8.py) read as float32 `weight · scale_inv`, blocks of `block`."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, block: tuple[int, int] = (128, 128)):
         self.entries: dict[str, Entry] = {}
         for path in sorted(Path(folder).glob("*.safetensors")):
             self.entries.update(_read_header(path))
+        self.block = block
+        self.scaled = block_fp8.scaled_weights({name: entry.dtype for name, entry in self.entries.items()})
+        self.scales = frozenset(self.scaled.values())  # not tensors of the model: the output has its own
 
     def __contains__(self, name: str) -> bool:
         return name in self.entries
 
     def read(self, name: str) -> torch.Tensor:
-        """One tensor, read with a positioned read."""
+        """One tensor, read with a positioned read (a block-scaled FP8 weight dequantized, float32)."""
+        if name in self.scaled:
+            return _dequantize_blocks(self._read(name), self._read(self.scaled[name]), self.block)
+        return self._read(name)
+
+    def _read(self, name: str) -> torch.Tensor:
         entry = self.entries[name]
         size = entry.end - entry.start
         buffer = bytearray(size)
@@ -61,6 +71,14 @@ class Shards:
         if size == 0:
             return torch.empty(entry.shape, dtype=dtype)
         return torch.frombuffer(buffer, dtype=dtype).reshape(entry.shape)
+
+
+def _dequantize_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """weight [out, in] float8 · scale_inv [⌈out/r⌉, ⌈in/c⌉], each scale over its r×c block, in float32."""
+    rows, cols = block
+    out, inp = weight.shape
+    scale = scale_inv.float().repeat_interleave(rows, 0)[:out].repeat_interleave(cols, 1)[:, :inp]
+    return weight.float() * scale
 
 
 def _read_header(path: Path) -> dict[str, Entry]:

@@ -1,0 +1,102 @@
+"""GPTQ W4A16 (group 128) side by side: qrc (offload and full) and llm-compressor's GPTQModifier, on one
+random-weight Llama, the same calibration token ids, the same CPU.
+
+    python bench/gptq_llmc.py --llmcompressor VENV/bin/python [--hidden 1024] [--layers 8] [--samples 32]
+                              [--seqlen 256]
+
+Each tool runs in its own process (llm-compressor in its own venv, bench/llmc_gptq.py): wall time and peak
+RSS (the child's ru_maxrss) include loading and saving. Quality is measured outside both: transformers loads
+each folder (compressed-tensors dequantizes it) and compares its logits with float's on 16 held-out samples
+of the same length: KL(float ‖ quantized), cosine and top-1 agreement. Prints one markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from float_formats import independent  # noqa: E402  (the same independent measurement)
+
+RECIPE = """recipe gptq {{
+    model "{model}"
+    quantize {{ type Linear -> s  "lm_head" -> none }}
+    scheme s = W4A16 {{ rounding gptq }}
+    calibrate {{ data npz "{npz}"  chunk 8 }}
+    memory {{ mode {mode}  disk "{disk}" }}
+    emit "{out}"
+}}
+"""
+
+
+def model_folder(hidden: int, layers: int) -> Path:
+    import torch
+    import transformers
+
+    from compiler.models.builtin import cache_dir
+
+    folder = cache_dir() / "bench" / f"hf-llama-h{hidden}-l{layers}-v32000"
+    if not (folder / "model.safetensors").exists():
+        config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
+                                          num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64,
+                                          vocab_size=32000, max_position_embeddings=2048, tie_word_embeddings=False)
+        torch.manual_seed(0)
+        transformers.LlamaForCausalLM(config).eval().save_pretrained(folder)
+    return folder
+
+
+def run(command: list[str]) -> tuple[float, float]:
+    """(wall seconds, peak RSS MiB) of a child process."""
+    start = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.perf_counter() - start
+    if status != 0:
+        raise SystemExit(f"{command[:3]} failed:\n{child.stderr.read()[-3000:]}")
+    return seconds, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    import numpy as np
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--llmcompressor", required=True, help="python of a venv with llm-compressor installed")
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=32)
+    parser.add_argument("--seqlen", type=int, default=256)
+    parser.add_argument("--modes", nargs="+", default=["offload", "full"])
+    args = parser.parse_args()
+    folder = model_folder(args.hidden, args.layers)
+    print(f"random Llama {args.layers} blocks, hidden {args.hidden}, GPTQ W4A16 g128, "
+          f"{args.samples} × {args.seqlen} tokens\n")
+    print("| tool | wall s | peak RSS MiB | KL | cosine | top-1 |")
+    print("|---|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        npz = Path(tmp) / "calibration.npz"
+        ids = np.random.default_rng(7).integers(0, 32000, (args.samples, args.seqlen), dtype=np.int64)
+        np.savez(npz, input_ids=ids, attention_mask=np.ones_like(ids))
+        rows = []
+        for mode in args.modes:
+            out = Path(tmp) / f"qrc-{mode}"
+            recipe = Path(tmp) / f"{mode}.recipe"
+            recipe.write_text(RECIPE.format(model=folder, npz=npz, mode=mode, disk=Path(tmp) / "disk", out=out))
+            rows.append((f"qrc {mode}", *run(["qrc", "compile", str(recipe)]), out))
+        theirs = Path(tmp) / "llmc"
+        rows.append(("llm-compressor GPTQModifier",
+                     *run([args.llmcompressor, str(ROOT / "bench" / "llmc_gptq.py"), str(folder), str(npz), str(theirs)]),
+                     theirs))
+        for name, seconds, peak, out in rows:
+            f = independent(folder, out, vocab=32000, seqlen=args.seqlen)
+            print(f"| {name} | {seconds:.1f} | {peak:,.0f} | {f['kl']:.5f} | {f['cosine']:.5f} | {f['top1']:.4f} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
