@@ -92,3 +92,19 @@ def test_schema_rejection_is_refused_before_work_with_q420():
     with pytest.raises(BackendError) as caught:
         check_config(config, ir)
     assert caught.value.diagnostic.code == "Q420" and "diagonal" in caught.value.diagnostic.message
+
+
+def test_without_compressed_tensors_the_check_is_skipped_with_q421_or_refused_for_float_formats(monkeypatch):
+    import sys
+
+    from compiler.backends import BackendError
+    from compiler.backends.torch.config_schema import check_config
+    from compiler.frontend import check_file
+    from golden import ROOT
+
+    ir = check_file(ROOT / "recipes/tiny-llama-torch-w4a16.recipe").ir
+    monkeypatch.setitem(sys.modules, "compressed_tensors.quantization", None)  # import fails
+    assert check_config(_config(PRESETS["W4A16"]), ir).code == "Q421"
+    with pytest.raises(BackendError) as caught:
+        check_config(_config(PRESETS["FP8_DYNAMIC"]), ir, needs_package=True)
+    assert caught.value.diagnostic.code == "Q400"

@@ -10,12 +10,17 @@ from compiler.diagnostics import Diagnostic, error, warning
 from compiler.ir.types import RecipeIR
 
 
-def check_config(config: dict, ir: RecipeIR) -> Diagnostic | None:
+def check_config(config: dict, ir: RecipeIR, needs_package: bool = False) -> Diagnostic | None:
     """Validate `config` with compressed-tensors' QuantizationConfig; None when it passes, Q421 (a
-    warning to report) when the package is not installed. Raises Q420 when the schema rejects it."""
+    warning to report) when the package is not installed. Raises Q420 when the schema rejects it, and Q400
+    when the package is missing but `needs_package` (its compressors write the floating formats)."""
     try:
         from compressed_tensors.quantization import QuantizationConfig
     except ImportError:
+        if needs_package:
+            raise BackendError(error(
+                "Q400", "the floating formats (FP8, NVFP4, MX) are written with compressed-tensors, which is not "
+                "installed", ir.span, "compressed-tensors missing", help="pip install -e '.[hf]'")) from None
         return warning("Q421", "compressed-tensors is not installed: the quantization_config was not checked against "
                        "its schema", ir.span, "schema check skipped",
                        help="pip install 'qrc[hf]' (it brings compressed-tensors, which transformers and vLLM load "

@@ -178,7 +178,8 @@ class _Run:
         if kv is not None:
             self.kv = KvCacheQuantizer(self.model.module, attention, kv, self.model.dtype)
         self.config = output_config(self.model, self.jobs, self.assignment, kv_cache_scheme(kv) if kv else None)
-        skipped = check_config(self.config["quantization_config"], self.ir)  # before any work: Q420 on a bad config
+        floats = any(j.scheme.weights.qtype.is_float for j in self.jobs) or kv is not None
+        skipped = check_config(self.config["quantization_config"], self.ir, floats)  # before any work: Q420 on a bad config
         if skipped is not None:
             self.result.warnings.append(skipped)
         self.writer = FolderWriter(self.result.output,
