@@ -40,17 +40,21 @@ RECIPE = """recipe bench {{
 """
 
 
-def model_folder(hidden: int, layers: int) -> Path:
+def model_folder(hidden: int, layers: int, vocab: int = 8192, kv_heads: int | None = None,
+                 positions: int = 512) -> Path:
+    """transformers' seeded random init of a Llama (heads of 64, grouped-query with `kv_heads`, by default
+    half as many as the heads), saved once under $QRC_CACHE/bench/."""
     import torch
     import transformers
 
     from compiler.models.builtin import cache_dir
 
-    folder = cache_dir() / "bench" / f"hf-llama-h{hidden}-l{layers}"
+    suffix = f"-v{vocab}" if vocab != 8192 else ""
+    folder = cache_dir() / "bench" / f"hf-llama-h{hidden}-l{layers}{suffix}"
     if not (folder / "model.safetensors").exists():
         config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
-                                          num_attention_heads=hidden // 64, num_key_value_heads=hidden // 128,
-                                          vocab_size=8192, max_position_embeddings=512, tie_word_embeddings=False)
+                                          num_attention_heads=hidden // 64, num_key_value_heads=kv_heads or hidden // 128,
+                                          vocab_size=vocab, max_position_embeddings=positions, tie_word_embeddings=False)
         torch.manual_seed(0)
         transformers.LlamaForCausalLM(config).eval().save_pretrained(folder)
     return folder

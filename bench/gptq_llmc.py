@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from float_formats import independent  # noqa: E402  (the same independent measurement)
+from float_formats import independent, model_folder  # noqa: E402  (the same model builder and measurement)
 
 RECIPE = """recipe gptq {{
     model "{model}"
@@ -33,22 +33,6 @@ RECIPE = """recipe gptq {{
     emit "{out}"
 }}
 """
-
-
-def model_folder(hidden: int, layers: int) -> Path:
-    import torch
-    import transformers
-
-    from compiler.models.builtin import cache_dir
-
-    folder = cache_dir() / "bench" / f"hf-llama-h{hidden}-l{layers}-v32000"
-    if not (folder / "model.safetensors").exists():
-        config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
-                                          num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64,
-                                          vocab_size=32000, max_position_embeddings=2048, tie_word_embeddings=False)
-        torch.manual_seed(0)
-        transformers.LlamaForCausalLM(config).eval().save_pretrained(folder)
-    return folder
 
 
 def run(command: list[str]) -> tuple[float, float]:
@@ -73,7 +57,7 @@ def main() -> None:
     parser.add_argument("--seqlen", type=int, default=256)
     parser.add_argument("--modes", nargs="+", default=["offload", "full"])
     args = parser.parse_args()
-    folder = model_folder(args.hidden, args.layers)
+    folder = model_folder(args.hidden, args.layers, vocab=32000, kv_heads=args.hidden // 64, positions=2048)
     print(f"random Llama {args.layers} blocks, hidden {args.hidden}, GPTQ W4A16 g128, "
           f"{args.samples} × {args.seqlen} tokens\n")
     print("| tool | wall s | peak RSS MiB | KL | cosine | top-1 |")

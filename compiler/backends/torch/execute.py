@@ -14,10 +14,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from compiler import data
@@ -30,14 +29,13 @@ from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.backends.torch import streams
 from compiler.backends.torch.attribution import LayerCosts
 from compiler.backends.torch.compressed import layer_tensors
-from compiler.backends.torch.config_schema import check_config
 from compiler.backends.torch.devices import place
 from compiler.backends.torch.fallbacks import sibling_range, unseen_warning
-from compiler.backends.torch.float_formats import FP8_MAX, FloatQuantized
+from compiler.backends.torch.figures import input_range, weight_sqnr
+from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.global_scales import SharedGlobalScales
-from compiler.backends.torch.kv_cache import KvCacheQuantizer, KvMode, kv_cache_scheme, kv_specs
+from compiler.backends.torch.kv_cache import KvCacheQuantizer, KvMode
 from compiler.backends.torch.layers import (
-    ROW_SLICE_BYTES,
     Job,
     Statistics,
     apply_quantized,
@@ -47,7 +45,7 @@ from compiler.backends.torch.layers import (
     refuse_non_linear,
 )
 from compiler.backends.torch.model import TorchModel, open_files, open_model
-from compiler.backends.torch.output_layout import copy_unquantized, output_config, output_specs, write_metadata
+from compiler.backends.torch.output_layout import copy_unquantized, open_output, write_metadata
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.support import attention_modules
 from compiler.backends.torch.writer import FolderWriter
@@ -56,7 +54,6 @@ from compiler.ir.types import MemoryMode, RecipeIR
 from compiler.models.index import ModelIndex
 from compiler.plan import ops
 from compiler.plan.ops import Plan
-from compiler.quant import qparams
 from compiler.quant.gptq import SingularHessian
 from compiler.quant.weights import QuantizedWeight
 from compiler.resolve.assignment import Assignment
@@ -85,7 +82,8 @@ class _Run:
         self.jobs: list[Job] = []
         self.writer: FolderWriter | None = None
         self.global_scales: SharedGlobalScales | None = None
-        self.kv: KvCacheQuantizer | None = None  # `kv_cache`: observes, then rounds, the attention caches
+        self.kv: KvCacheQuantizer | None = None  # `kv_cache`: observes, then rounds, the attention caches (set with
+        # the jobs; without `kv_cache` it holds no module)
         self.config: dict = {}  # the output's config.json, its quantization_config checked before any work
         self.stats: Statistics | None = None
         self.cal: streams.Stream | None = None
@@ -154,7 +152,7 @@ class _Run:
                                                 help="give `vram` for the GPUs present, or use `mode low_memory`"))
 
     def score(self, op: ops.ScoreSensitivity) -> None:
-        scorer = TorchScorer(self.ir, self.index, self.model, _torch_feed)
+        scorer = TorchScorer(self.ir, self.index, self.model, streams.torch_feed)
         self.scores = score_units(self.ir, self.assignment, scorer, self.progress)
         release_memory()
 
@@ -175,18 +173,14 @@ class _Run:
             refuse_non_linear(self.model, self.jobs, self.ir)
         kv = self.ir.kv_cache
         attention = attention_modules([layer.name for layer in self.index.layers]) if kv is not None else []
-        if kv is not None:
-            self.kv = KvCacheQuantizer(self.model.module, attention, kv, self.model.dtype)
-        self.config = output_config(self.model, self.jobs, self.assignment, kv_cache_scheme(kv) if kv else None)
-        floats = any(j.scheme.weights.qtype.is_float for j in self.jobs) or kv is not None
-        skipped = check_config(self.config["quantization_config"], self.ir, floats)  # before any work: Q420 on a bad config
+        self.kv = KvCacheQuantizer(self.model.module, attention, kv, self.model.dtype)
+        self.config, self.writer, skipped = open_output(self.result.output, self.model, self.jobs, self.assignment,
+                                                        self.ir, attention)
         if skipped is not None:
             self.result.warnings.append(skipped)
-        self.writer = FolderWriter(self.result.output,
-                                   output_specs(self.model, self.jobs) + kv_specs(attention, self.model.dtype))
         if self.disk is not None:
             self.disk.mkdir(parents=True, exist_ok=True)
-        if any(j.needs_data for j in self.jobs) or self.kv is not None:  # the KV scales come from calibration
+        if any(j.needs_data for j in self.jobs) or kv is not None:  # the KV scales come from calibration
             self.cal = self._stream("calibration", self._calibration_feeds())
         self.verify_streams = self._verify_streams()
 
@@ -209,20 +203,20 @@ class _Run:
         """Every chunk through the whole model, hooks gathering each layer's statistics."""
         self._ready()
         self._materialize_all()
-        with Statistics(self.model.module, self.jobs, self.ir.calibration) as stats, self._kv(KvMode.OBSERVE):
+        with Statistics(self.model.module, self.jobs, self.ir.calibration) as stats, self.kv.running(KvMode.OBSERVE):
             advance = self.progress("calibrate", len(self.cal))
             for feed in self.cal.feeds:
                 stats.new_forward()
                 self._call(feed)
                 advance()
         self.stats = stats
-        self._fix_kv_scales("")
+        self.kv.write_scales("", self.writer)
 
     # ---- inputs -----------------------------------------------------------------------------------
     def _stream(self, name: str, batches) -> streams.Stream:
         cache = streams.HiddenCache(self.model.dtype, self.disk if self.offload else None)
         self.caches.append(cache)
-        return streams.Stream(name, [_torch_feed(f) for f in batches], cache)
+        return streams.Stream(name, [streams.torch_feed(f) for f in batches], cache)
 
     def _calibration_feeds(self):
         return data.calibration_batches(self.ir.calibration.data, self.index, self.ir.calibration.chunk)
@@ -286,15 +280,15 @@ class _Run:
             model.materialize(params, device)
         block = model.block_modules()[number]
         jobs = [j for j in self.jobs if j.module.startswith(name + ".")]
-        with Statistics(model.module, jobs, self.ir.calibration) as stats, self._kv(KvMode.OBSERVE):
+        with Statistics(model.module, jobs, self.ir.calibration) as stats, self.kv.running(KvMode.OBSERVE):
             if cal is not None:
                 streams.run_block(block, cal, device, None, stats.new_forward)
         outputs = {}
         if verify is not None:
-            with self._kv(KvMode.PASS):
+            with self.kv.running(KvMode.PASS):
                 outputs["float"] = self._next(block, verify[0], device)
         hooks = self._quantize(jobs, stats)
-        self._fix_kv_scales(name + ".")
+        self.kv.write_scales(name + ".", self.writer)
         if cal is not None:
             outputs["cal"] = self._next(block, cal, device)
         if verify is not None:
@@ -309,17 +303,6 @@ class _Run:
         if offload or device != "cpu":
             model.release(params)
         release_memory()
-
-    def _kv(self, mode: KvMode):
-        """The KV caches in `mode` for a while (nothing to do without `kv_cache`)."""
-        return self.kv.running(mode) if self.kv is not None else nullcontext()
-
-    def _fix_kv_scales(self, prefix: str) -> None:
-        """The KV cache scales of the attention modules under `prefix`, from calibration, written out; their
-        caches are rounded from now on."""
-        if self.kv is not None:
-            for name, tensor in self.kv.fix_scales(self.kv.pending(prefix)).items():
-                self.writer.put(name, tensor)
 
     def _next(self, block, stream, device) -> streams.HiddenCache:
         out = streams.HiddenCache(stream.hidden.dtype, self.disk if self.mode is MemoryMode.OFFLOAD else None)
@@ -350,7 +333,7 @@ class _Run:
             for ref, cand, feed in zip(streams.replay_tail(container, verify[0], self._call, lazy=True),
                                        streams.replay_tail(container, verify[1], self._call, lazy=True),
                                        verify[1].feeds, strict=True):
-                verify[2].update(ref.float().numpy(), cand.float().numpy(), _mask(feed))
+                verify[2].update(ref.float().numpy(), cand.float().numpy(), streams.mask_of(feed))
         # the float logits are kept while the tail's layers are rounded; the quantized ones come one at a time
         reference = streams.replay_tail(container, verify[0], self._call) if verify is not None and jobs else None
         hooks = self._quantize(jobs, stats)
@@ -358,7 +341,7 @@ class _Run:
             with self._costs_of(jobs):
                 candidate = streams.replay_tail(container, verify[1], self._call, lazy=True)
                 for ref, cand, feed in zip(reference, candidate, verify[1].feeds, strict=True):
-                    verify[2].update(ref.float().numpy(), cand.float().numpy(), _mask(feed))
+                    verify[2].update(ref.float().numpy(), cand.float().numpy(), streams.mask_of(feed))
             del reference
         for hook in hooks:
             hook.remove()
@@ -389,7 +372,7 @@ class _Run:
             self.result.warnings.append(unseen_warning(self.ir, self.unseen))
         if self.dampened:
             self.result.warnings.append(dampened_warning(self.ir, self.dampened))
-        self._fix_kv_scales("")  # any module calibration did not reach (none, in the models qrc runs)
+        self.kv.write_scales("", self.writer)  # any module calibration did not reach (none in the models qrc runs)
         copy_unquantized(self.writer, self.model, self.jobs)
         write_metadata(self.writer, self.model, self.config, self.ir)
         self.result.files = self.writer.finish()
@@ -404,7 +387,7 @@ class _Run:
             advance = self.progress("verify", len(quantized))
             with self._costs_of(self.jobs):
                 for feed, ref in zip(quantized.feeds, self.reference, strict=True):
-                    agreement.update(ref.numpy(), self._call(feed).float().numpy(), _mask(feed))
+                    agreement.update(ref.numpy(), self._call(feed).float().numpy(), streams.mask_of(feed))
                     advance()
         elif not self.tail_done:
             self._tail(None, self.verify_streams, [], self.offload)
@@ -492,18 +475,9 @@ class _Run:
 
     def _record(self, job: Job, original: torch.Tensor, dequantized: torch.Tensor, act) -> None:
         """The report's figures: weight SQNR, and the range a static input is quantized to."""
-        signal = noise = 0.0
-        step = max(1, ROW_SLICE_BYTES // max(1, original.shape[-1] * 8))  # float64 rows: scratch stays a slice's
-        for first in range(0, original.shape[0], step):
-            rows = original[first:first + step].double()
-            signal += float(rows.pow(2).sum())
-            noise += float((rows - dequantized[first:first + step].double()).pow(2).sum())
-        self.result.weight_sqnr[job.layer.name] = 10 * math.log10(max(signal, 1e-300) / noise) if noise else math.inf
+        self.result.weight_sqnr[job.layer.name] = weight_sqnr(original, dequantized)
         if act is not None:
-            scale, zp = act
-            lo, hi = (-FP8_MAX, FP8_MAX) if job.scheme.activations.qtype.is_float else \
-                qparams.qrange(job.scheme.activations.qtype, False)
-            self.result.input_ranges[job.layer.name] = ((lo - zp) * scale, (hi - zp) * scale)
+            self.result.input_ranges[job.layer.name] = input_range(job.scheme.activations, act)
 
 def _trim_after_block(jobs: list[Job], number: int) -> None:
     """After the last job of a block, give freed memory back (glibc keeps freed pages otherwise; trimming
@@ -517,12 +491,3 @@ def _before_blocks(module: str, model: TorchModel) -> bool:
     the blocks (embeddings)."""
     order = model.module_order
     return order[module] < order.get(model.blocks[0], len(order)) if model.blocks else True
-
-
-def _torch_feed(feed: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in feed.items()}
-
-
-def _mask(feed: dict[str, torch.Tensor]):
-    mask = feed.get("attention_mask")
-    return None if mask is None else mask.numpy()

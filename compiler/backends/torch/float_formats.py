@@ -14,8 +14,7 @@ import numpy as np
 import torch
 
 from compiler.ir.types import ActivationQuant, Granularity, WeightQuant
-
-FP8_MAX = 448.0  # the largest finite float8_e4m3fn
+from compiler.quant.qparams import FP8_MAX
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,11 @@ class _Module:
 
 
 class KvCacheQuantizer:
-    """Hooks on every attention module of `modules`; `mode` says what they do; `scales_of` and `tensors`
-    turn what was observed into the stored `k_scale`/`v_scale`."""
+    """Hooks on every attention module of `modules` (none without `kv_cache`: then every method does
+    nothing); `mode` says what they do; `write_scales` turns what was observed into the stored
+    `k_scale`/`v_scale`."""
 
-    def __init__(self, root: nn.Module, modules: list[str], kv: KvCache, scale_dtype: torch.dtype):
+    def __init__(self, root: nn.Module, modules: list[str], kv: KvCache | None, scale_dtype: torch.dtype):
         self.kv, self.scale_dtype = kv, scale_dtype
         self.mode = KvMode.QUANTIZE
         self.state = {name: _Module() for name in modules}
@@ -87,33 +88,21 @@ class KvCacheQuantizer:
             return fake_fp8(key, torch.tensor(k_scale)), fake_fp8(value, torch.tensor(v_scale))
         return key, value
 
-    def fix_scales(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """Scales for these modules from what calibration observed; from now on their caches are rounded.
-        Returns the stored tensors (`NAME.k_scale`, `NAME.v_scale`)."""
-        tensors = {}
-        for name in names:
-            state = self.state[name]
+    def write_scales(self, prefix: str, writer) -> None:
+        """Scales for the modules under `prefix` not done yet, from what calibration observed, put to
+        `writer` (`NAME.k_scale`, `NAME.v_scale`); from now on their caches are rounded."""
+        for name, state in self.state.items():
+            if state.scales is not None or not name.startswith(prefix):
+                continue
             state.scales = (fp8_input_scale(-state.k_absmax, state.k_absmax, self.scale_dtype),
                             fp8_input_scale(-state.v_absmax, state.v_absmax, self.scale_dtype))
             for leaf, scale in zip(("k_scale", "v_scale"), state.scales, strict=True):
-                tensors[f"{name}.{leaf}"] = torch.tensor([scale], dtype=self.scale_dtype)
-        return tensors
-
-    def pending(self, prefix: str = "") -> list[str]:
-        """Modules under `prefix` whose scales are not fixed yet."""
-        return [n for n, s in self.state.items() if s.scales is None and n.startswith(prefix)]
+                writer.put(f"{name}.{leaf}", torch.tensor([scale], dtype=self.scale_dtype))
 
 
 def kv_specs(modules: list[str], scale_dtype: torch.dtype) -> list[TensorSpec]:
     """The output tensors of the KV cache scales, known before any is computed."""
     return [TensorSpec(f"{name}.{leaf}", scale_dtype, (1,)) for name in modules for leaf in ("k_scale", "v_scale")]
-
-
-def kv_cache_scheme(kv: KvCache) -> dict:
-    """config.json's `kv_cache_scheme` (compressed-tensors' QuantizationArgs; vLLM takes float 8-bit
-    symmetric per-tensor)."""
-    return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": False,
-            "observer": "minmax"}
 
 
 def _finite_absmax(x: torch.Tensor) -> float:

@@ -5,12 +5,16 @@ folder's other files. A head tied to the embedding that a rule quantizes gets te
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from compiler.backends.torch.compressed import TensorSpec, layer_specs, quantization_config
+from compiler.backends.torch.compressed import TensorSpec, input_args, layer_specs, quantization_config
+from compiler.backends.torch.config_schema import check_config
+from compiler.backends.torch.kv_cache import kv_specs
 from compiler.backends.torch.layers import Job
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.shards import DTYPES
 from compiler.backends.torch.writer import FolderWriter
+from compiler.diagnostics import Diagnostic
 from compiler.ir.printer import print_ir
 from compiler.ir.types import RecipeIR
 from compiler.models.index import LayerKind
@@ -69,6 +73,21 @@ def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment, kv
     if any(is_tied(j) for j in jobs):  # the head now has tensors of its own
         config = _untied(config)
     return config
+
+
+def open_output(output: Path, model: TorchModel, jobs: list[Job], assignment: Assignment, ir: RecipeIR,
+                attention: list[str]) -> tuple[dict, FolderWriter, Diagnostic | None]:
+    """Before any work: config.json's content, checked with compressed-tensors' schema (Q420; Q400 when the
+    package is missing but the floating formats or a KV cache need it), and the writer with every output
+    tensor laid out (`attention`: the modules whose KV scales `kv_cache` adds). Also returns Q421 when the
+    schema check was skipped."""
+    kv = ir.kv_cache
+    # the KV cache's arguments are those of an activation spec (vLLM takes float 8-bit symmetric per tensor)
+    config = output_config(model, jobs, assignment, input_args(kv.quant) if kv else None)
+    floats = any(j.scheme.weights.qtype.is_float for j in jobs) or kv is not None
+    skipped = check_config(config["quantization_config"], ir, floats)
+    writer = FolderWriter(output, output_specs(model, jobs) + kv_specs(attention, model.dtype))
+    return config, writer, skipped
 
 
 def write_metadata(writer: FolderWriter, model: TorchModel, config: dict, ir: RecipeIR) -> None:

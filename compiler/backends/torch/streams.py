@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -178,3 +179,14 @@ def _replayed(container: nn.ModuleList, stream: Stream, call, before):
     finally:
         container._modules.clear()
         container._modules.update(original)
+
+
+def torch_feed(feed: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """A feed of numpy arrays as torch tensors (sharing their memory)."""
+    return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in feed.items()}
+
+
+def mask_of(feed: dict[str, torch.Tensor]):
+    """The feed's attention mask as numpy (None without one): what verification compares under."""
+    mask = feed.get("attention_mask")
+    return None if mask is None else mask.numpy()
