@@ -188,15 +188,15 @@ def test_interrupt_during_verification_leaves_nothing_at_the_destination(tmp_pat
     """The model is staged beside the destination and moved into place only once verification has measured
     it: the CLI's "nothing was written to the destination" is then true."""
     from compiler.backends.onnx import execute as onnx_execute
-    from compiler.backends.torch import execute as torch_execute
+    from compiler.backends.torch import streams as torch_streams
 
     out = tmp_path / "m.onnx"
     _interrupted_during_verification("recipes/tiny-llama-w8a8.recipe", out, monkeypatch, onnx_execute, "_verify")
     assert not out.exists() and not list(tmp_path.iterdir())
     folder = tmp_path / "torch-out"
     # full mode: the quantized model runs on the held-out samples after emit, inside the verify op
-    _interrupted_during_verification("recipes/tiny-llama-torch-w8a8.recipe", folder, monkeypatch, torch_execute,
-                                     "_mask", "memory.mode=full")
+    _interrupted_during_verification("recipes/tiny-llama-torch-w8a8.recipe", folder, monkeypatch, torch_streams,
+                                     "mask_of", "memory.mode=full")
     assert not folder.exists() and not list(tmp_path.iterdir())
 
 
