@@ -299,6 +299,11 @@ CODES: tuple[CodeInfo, ...] = (
        "Without the package qrc still writes the folder, but cannot prove that its quantization_config parses "
        "where it is served. The `hf` extra installs it.",
        "pip install qrc  (without [hf]), then qrc compile a torch recipe"),
+    _c("Q422", "a transform changed the float model",
+       "After folding, the float output on a calibration chunk is compared with the one before; a change beyond "
+       "float error means a mapping's source feeds something its targets do not cover. The compile stops "
+       "before anything is written.",
+       'transform smoothquant { map "*.custom_norm" -> "*.q_proj" }   # on a family qrc cannot check by name'),
     _c("Q501", "verification failed",
        "The emitted model was run beside the float one on held-out samples and missed the recipe's bound. "
        "The model is left in place with a `.verify.json` report of the figures, so it can be inspected.",
@@ -380,6 +385,30 @@ CODES: tuple[CodeInfo, ...] = (
        "with one quantization scheme; a torch folder whose siblings differ does not load there (transformers "
        "loads it). `group auto` gives each instance the widest member's scheme.",
        'quantize { type Linear -> W4A16  "*.v_proj" -> W8A16 }   # without `group auto`'),
+    _c("Q259", "a transform setting it cannot take",
+       "`transform smoothquant` takes `alpha` in [0, 1]; `transform awq` takes `grid` (1 to 1000) and "
+       "`duo_scaling on|off`. A setting of the other method would otherwise be ignored.",
+       "transform awq { alpha 0.5 }"),
+    _c("Q260", "a transform mapping matches nothing",
+       "A `map` pattern that matches no norm or layer, or a transform that infers no mapping for the model, "
+       "would leave the outliers where they are after a long run. The help lists the closest names.",
+       'transform awq { map "*.input_norm" -> "*.q_proj" }   # the norms are *.input_layernorm'),
+    _c("Q261", "a mapping's source does not feed its targets",
+       "The scales divide the source's output and multiply the targets' input columns: that is the same model "
+       "only when the targets read exactly that output (same block, same width) and every layer reading it is a "
+       "target. v_proj → o_proj under grouped-query attention fails the width check.",
+       'transform smoothquant { map "*.input_layernorm" -> "*.q_proj", "*.k_proj" }   # v_proj reads it too'),
+    _c("Q262", "a mapping's targets have different schemes",
+       "One set of scales serves every target of a mapping; AWQ searches them for one rounding, and fused "
+       "q/k/v kernels need one scheme. Float targets take the scales exactly and do not count.",
+       'quantize { type Linear -> W4A16  "*.q_proj" -> W8A16 }\ntransform awq'),
+    _c("Q263", "a mapping scales only float layers (warning)",
+       "Its targets are not quantized, so the mapping would change nothing that is rounded; it is skipped.",
+       'transform awq { map "model.norm" -> "lm_head" }   # lm_head stays float'),
+    _c("Q264", "the ONNX graph cannot absorb the scale",
+       "The ONNX backend folds scales into a normalisation's weight (and bias) initializers. A MatMul source, "
+       "or a norm whose output also feeds a residual Add, has nowhere to take them without changing the model.",
+       'backend onnx\ntransform awq { map "*.up_proj" -> "*.down_proj" }'),
     _c("Q233", "emit path with an unexpected extension (warning)",
        "Runtimes and tools look for `.onnx` files; another extension is allowed but probably a typo.",
        'emit "out/model.onx"'),

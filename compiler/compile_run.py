@@ -135,6 +135,8 @@ def summary(result, planned: PlanResult) -> Table:
                   f"({ratio:.2f}×), mode {planned.plan.decision.mode.value}{cached}")
     for note in result.notes:
         table.add_row("placement", note)
+    if result.transform:
+        table.add_row("transform", result.transform)
     if result.search is not None:
         s = result.search
         table.add_row("mixed precision", f"{len(s.units)} units by {s.metric.value}: {s.average_bits:.3f} bits per weight "

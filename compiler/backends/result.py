@@ -31,6 +31,7 @@ class CompileResult:
     rss_samples: list[tuple[float, int, PlanOp | None]] = field(default_factory=list)  # (s, bytes, op running)
     executed: list[PlanOp] = field(default_factory=list)  # the plan's ops, each once its handler returned
     notes: list[str] = field(default_factory=list)  # what the run decided that the plan could not know
+    transform: str | None = None  # what the outlier transform did (folded mappings, AWQ's error reduction)
     assignment: Assignment | None = None  # what was compiled (both backends set it): the plan's, or the search's
     search: SearchResult | None = None
     weight_sqnr: dict[str, float] = field(default_factory=dict)  # layer → weight SQNR in dB

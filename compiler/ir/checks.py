@@ -21,19 +21,19 @@ def _pattern_span(span: Span, prefix: int, offset: int) -> Span:
 
 def check_selectors(ir: RecipeIR, diags: Diagnostics) -> None:
     """Patterns and regexes that cannot match anything, whatever the model."""
-    for rule in ir.rules:
-        for sel in rule.selectors:
-            if sel.kind is SelectorKind.TYPE and sel.pattern not in LAYER_TYPES:
-                diags.error("Q228", f"unknown layer type `{sel.pattern}`", sel.span, "not a layer type",
-                            help=did_you_mean(sel.pattern, LAYER_TYPES))
-            elif sel.kind is SelectorKind.GLOB:
-                _check_glob(sel.pattern, sel.span, diags)
-            elif sel.kind is SelectorKind.REGEX:
-                try:
-                    check_regex(sel.pattern)
-                except PatternError as exc:
-                    diags.error("Q213", f"invalid regex: {exc.message}", _pattern_span(sel.span, 3, exc.offset),
-                                "here", help="regexes use Python syntax and must match the whole layer name")
+    mapped = [sel for m in (ir.transform.mappings if ir.transform else ()) for sel in (m.source, *m.targets)]
+    for sel in [s for rule in ir.rules for s in rule.selectors] + mapped:
+        if sel.kind is SelectorKind.TYPE and sel.pattern not in LAYER_TYPES:
+            diags.error("Q228", f"unknown layer type `{sel.pattern}`", sel.span, "not a layer type",
+                        help=did_you_mean(sel.pattern, LAYER_TYPES))
+        elif sel.kind is SelectorKind.GLOB:
+            _check_glob(sel.pattern, sel.span, diags)
+        elif sel.kind is SelectorKind.REGEX:
+            try:
+                check_regex(sel.pattern)
+            except PatternError as exc:
+                diags.error("Q213", f"invalid regex: {exc.message}", _pattern_span(sel.span, 3, exc.offset),
+                            "here", help="regexes use Python syntax and must match the whole layer name")
 
 
 def _check_glob(pattern: str, span: Span, diags: Diagnostics) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 
 from compiler.ir import blocks
 from compiler.ir.schemes import NONE, PRESETS, elaborate_kv_cache, elaborate_scheme
+from compiler.ir.transforms import elaborate_transform
 from compiler.ir.types import (
     AutoGroup,
     Backend,
@@ -25,7 +26,8 @@ from compiler.ir.types import (
 from compiler.ir.values import Diagnostics, closest
 from compiler.syntax import ast
 
-_SINGLE_ITEMS = {ast.ModelDecl: "model", ast.BackendDecl: "backend", ast.EmitDecl: "emit", ast.KvCacheDecl: "kv_cache"}
+_SINGLE_ITEMS = {ast.ModelDecl: "model", ast.BackendDecl: "backend", ast.EmitDecl: "emit", ast.KvCacheDecl: "kv_cache",
+                 ast.TransformDecl: "transform"}
 
 
 def elaborate(recipe: ast.Recipe, diags: Diagnostics) -> RecipeIR:
@@ -62,6 +64,7 @@ def elaborate(recipe: ast.Recipe, diags: Diagnostics) -> RecipeIR:
         source_name=recipe.span.source.name,
         span=recipe.span,
         kv_cache=elaborate_kv_cache(singles.get("kv_cache"), diags),
+        transform=elaborate_transform(singles.get("transform"), diags),
     )
 
 

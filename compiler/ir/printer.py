@@ -22,6 +22,8 @@ from compiler.ir.types import (
     Scheme,
     Selector,
     SelectorKind,
+    Transform,
+    TransformKind,
     WeightQuant,
 )
 from compiler.ir.values import format_bytes, format_number
@@ -148,11 +150,21 @@ def _optional_blocks(ir: RecipeIR) -> list[str]:
         v = ir.verify
         lines += ["    verify {", f"        samples {v.samples}", f"        metric {v.metric.value}",
                   f"        {v.bound.value} {format_number(v.threshold)}", "    }"]
+    if ir.transform:
+        lines += _transform(ir.transform)
     if ir.kv_cache:
         lines.append(f"    kv_cache {{ {_activations(ir.kv_cache.quant).removeprefix('activations ')} }}")
     if ir.emit:
         lines.append(f"    emit {quote(ir.emit.path)} {{ format {ir.emit.format.value} }}")
     return lines
+
+
+def _transform(t: Transform) -> list[str]:
+    settings = [f"alpha {format_number(t.alpha)}"] if t.kind is TransformKind.SMOOTHQUANT else \
+        [f"grid {t.grid}", f"duo_scaling {'on' if t.duo_scaling else 'off'}"]
+    maps = [f"map {_selector(m.source)} -> {', '.join(_selector(x) for x in m.targets)}" for m in t.mappings]
+    inferred = [] if maps else ["# mappings inferred from the model's block shape"]
+    return [f"    transform {t.kind.value} {{"] + [f"        {x}" for x in settings + inferred + maps] + ["    }"]
 
 
 def print_ir(ir: RecipeIR) -> str:

@@ -309,6 +309,32 @@ class KvCache:
     span: Span
 
 
+class TransformKind(enum.Enum):
+    """Outlier transforms: per-channel scales moved from a layer's inputs into its weights before rounding."""
+    AWQ = "awq"  # activation-aware scales searched per mapping for the lowest output error of the rounded layers
+    SMOOTHQUANT = "smoothquant"  # s = max|x|^alpha / max|w|^(1-alpha): activation outliers into the weights (W8A8)
+
+
+@dataclass(frozen=True, slots=True)
+class Mapping:
+    """`map SOURCE -> TARGETS`: the module whose output is divided by the scales, and the layers that read
+    that output and take the scales into their weights' input columns."""
+    source: Selector
+    targets: tuple[Selector, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class Transform(Located):
+    """`transform awq|smoothquant { … }`. `mappings` empty: inferred from the model's block shape."""
+    kind: TransformKind
+    alpha: float  # smoothquant: migration strength
+    grid: int  # awq: ratios searched in [0, 1)
+    duo_scaling: bool  # awq: scales from activation and weight magnitudes (False: activations only)
+    mappings: tuple[Mapping, ...]
+    span: Span
+
+
 @dataclass(frozen=True, slots=True)
 class RecipeIR:
     """A recipe as the compiler understands it: every default written out, presets expanded."""
@@ -328,6 +354,7 @@ class RecipeIR:
     source_name: str
     span: Span
     kv_cache: KvCache | None = None
+    transform: Transform | None = None
 
     def scheme(self, name: str) -> Scheme:
         """The scheme named `name` (declared or a preset)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from compiler.models import block_fp8, families, names
 from compiler.models.errors import ModelError
-from compiler.models.index import DTYPE_BYTES, Layer, LayerKind, ModelFormat, ModelIndex, TensorInfo
+from compiler.models.index import DTYPE_BYTES, Layer, LayerKind, ModelFormat, ModelIndex, Norm, TensorInfo, norm_module
 from compiler.models.safetensors_dtypes import SAFETENSORS_DTYPES
 
 _MAX_HEADER = 100 << 20
@@ -46,7 +46,20 @@ def index_hf(folder: Path, ref: str) -> ModelIndex:
     layers += _tied_head(config or {}, layers, headers)
     numbers = _numbers(config or {})
     family = (config or {}).get("model_type", "hf")
-    return ModelIndex(ref, ModelFormat.HF, family, tuple(layers), _inputs(config or {}), (), total, numbers)
+    shapes = headers or {t.name: (dtype, t.shape) for t in planned or ()}
+    return ModelIndex(ref, ModelFormat.HF, family, tuple(layers), _inputs(config or {}), (), total, numbers,
+                      norms=_norms(shapes))
+
+
+def _norms(shapes: dict[str, tuple[str, tuple[int, ...]]]) -> tuple[Norm, ...]:
+    """The normalisations' per-channel weights, from tensor names and 1-D shapes (no bytes read)."""
+    out = []
+    for tensor, (_, shape) in shapes.items():
+        module = norm_module(tensor)
+        if module is not None and len(shape) == 1:
+            bias = f"{module}.bias" if f"{module}.bias" in shapes else None
+            out.append(Norm(module, tensor, bias, shape[0], names.block_of(module)))
+    return tuple(sorted(out, key=lambda n: names.natural_key(n.name)))
 
 
 # Module names of a VLM's vision side (checkpoint and transformers names): its layers are `named_only`.

@@ -69,6 +69,27 @@ class Layer:
 
 
 @dataclass(frozen=True, slots=True)
+class Norm:
+    """A normalisation with a per-channel weight (`model.layers.0.input_layernorm`): where an outlier transform
+    divides the activations by its scales (its weight, and its bias when it has one). `output` is the ONNX
+    value the normalised, weighted activations leave in ('' where there is no graph)."""
+
+    name: str
+    weight: str
+    bias: str | None
+    width: int
+    block: str | None
+    output: str = ""
+
+
+def norm_module(tensor: str) -> str | None:
+    """The module a 1-D tensor named like a normalisation's weight belongs to (`…input_layernorm.weight` →
+    `…input_layernorm`), else None. Names are what transformers saves; `norm` anywhere in the last part counts."""
+    module, _, leaf = tensor.rpartition(".")
+    return module if leaf in ("weight", "scale") and "norm" in module.rpartition(".")[2].lower() else None
+
+
+@dataclass(frozen=True, slots=True)
 class TensorInfo:
     """A graph input or output: dims are ints or symbolic names (`batch`, `sequence`)."""
 
@@ -89,6 +110,7 @@ class ModelIndex:
     total_bytes: int  # all weights, layers or not
     config: tuple[tuple[str, int | float | str], ...] = ()  # architecture numbers (hidden, layers, …)
     graph: GraphSummary | None = None  # ONNX only: values, nodes and shapes for the memory model
+    norms: tuple[Norm, ...] = ()  # per-channel normalisation weights, in model order (outlier transforms)
 
     @property
     def blocks(self) -> tuple[str, ...]:

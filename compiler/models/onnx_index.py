@@ -9,7 +9,7 @@ from compiler.models import names
 from compiler.models.axes import Axis
 from compiler.models.errors import ModelError
 from compiler.models.graph import summarize
-from compiler.models.index import Layer, LayerKind, ModelFormat, ModelIndex, TensorInfo
+from compiler.models.index import Layer, LayerKind, ModelFormat, ModelIndex, Norm, TensorInfo, norm_module
 
 _DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64",
            16: "bfloat16", 17: "float8_e4m3fn", 19: "float8_e5m2", 21: "uint4", 22: "int4"}
@@ -37,7 +37,43 @@ def index_onnx(path: Path, ref: str, family: str = "onnx") -> ModelIndex:
     fixed = {axis: v for axis, key in ((Axis.HEADS, "num_key_value_heads"), (Axis.HEAD_DIM, "head_dim"))
              if isinstance(v := dict(config).get(key), int)}
     return ModelIndex(ref, ModelFormat.ONNX, family, tuple(layers), inputs, outputs, total, config,
-                      graph=summarize(_without_weights(model), set(inits), fixed))
+                      graph=summarize(_without_weights(model), set(inits), fixed), norms=_norms(graph, inits))
+
+
+# Nodes that apply a normalisation's weight (input 1 for the LayerNormalization family, either operand of Mul)
+# and leave the weighted activations in output 0 (Skip… variants also return the residual sum, untouched).
+_NORM_OPS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+                       "SkipSimplifiedLayerNormalization", "Mul"})
+
+
+def _norms(graph, inits) -> tuple[Norm, ...]:
+    """Normalisations whose per-channel weight is an initializer named like one: the node applying it, its
+    bias (LayerNormalization's input 2, or an Add of a 1-D initializer right after a Mul) and the value
+    the result leaves in."""
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for value in node.input:
+            consumers.setdefault(value, []).append(node)
+    out = []
+    for node in graph.node:
+        if node.op_type not in _NORM_OPS:
+            continue
+        weight = next((v for v in node.input[:3] if _rank(inits.get(v)) == 1 and norm_module(v)), None)
+        if weight is None or (node.op_type != "Mul" and node.input[1:2] != [weight] and node.input[2:3] != [weight]):
+            continue
+        bias, output = None, node.output[0]
+        if node.op_type == "Mul":
+            after = consumers.get(output, [])
+            if len(after) == 1 and after[0].op_type == "Add" and any(_rank(inits.get(v)) == 1 for v in after[0].input):
+                bias = next(v for v in after[0].input if _rank(inits.get(v)) == 1)
+                output = after[0].output[0]
+        elif node.op_type == "LayerNormalization" and len(node.input) > 2 and node.input[2]:
+            bias = node.input[2]
+        elif node.op_type == "SkipLayerNormalization" and len(node.input) > 3 and node.input[3]:
+            bias = node.input[3]
+        module = norm_module(weight)
+        out.append(Norm(module, weight, bias, inits[weight].dims[0], names.block_of(module), output))
+    return tuple(out)
 
 
 def side_config(folder: Path) -> tuple[tuple[str, int], ...]:

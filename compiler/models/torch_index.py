@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from compiler.models import names
-from compiler.models.index import Layer, LayerKind, ModelFormat, ModelIndex
+from compiler.models.index import Layer, LayerKind, ModelFormat, ModelIndex, Norm, norm_module
 
 
 def index_torch_module(module, ref: str, family: str = "torch") -> ModelIndex:
@@ -30,4 +30,10 @@ def index_torch_module(module, ref: str, family: str = "torch") -> ModelIndex:
                             dtype, in_f, out_f, names.block_of(name)))
     unique = {id(p): p for p in module.parameters()}.values()
     total = sum(p.numel() * p.element_size() for p in unique)
-    return ModelIndex(ref, ModelFormat.TORCH, family, tuple(layers), (), (), total)
+    norms = []
+    for name, param in module.named_parameters():
+        owner = norm_module(name)
+        if owner is not None and param.dim() == 1:
+            bias = f"{owner}.bias" if isinstance(getattr(module.get_submodule(owner), "bias", None), torch.Tensor) else None
+            norms.append(Norm(owner, name, bias, param.shape[0], names.block_of(owner)))
+    return ModelIndex(ref, ModelFormat.TORCH, family, tuple(layers), (), (), total, norms=tuple(norms))

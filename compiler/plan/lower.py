@@ -16,6 +16,7 @@ from compiler.ir.types import (
     Rounding,
     Scheme,
     SensitivityMetric,
+    TransformKind,
 )
 from compiler.ir.values import human_bytes
 from compiler.models.index import ModelFormat
@@ -87,8 +88,8 @@ class Context:
     def needs_data(self) -> bool:
         """Some layer rounds with data (GPTQ) or has static input ranges, under any searched choice."""
         w, ir = self.workload, self.ir
-        if w.gptq or w.observed or ir.kv_cache is not None:  # the KV cache's scales come from calibration
-            return True
+        if w.gptq or w.observed or ir.kv_cache is not None or w.transform is not None:  # the KV cache's scales and
+            return True  # the transform's statistics come from calibration
         if ir.mixed_precision is None or w.search is None:
             return False
         return any(_needs_data(ir.scheme(c)) for c in choices_of(ir))
@@ -200,8 +201,18 @@ def lower_calibration(ctx: Context) -> list[PlanOp]:
 def _statistics(ctx: Context) -> list[str]:
     """What calibration gathers, in words."""
     w = ctx.workload
-    parts = ["input ranges"] if w.observed or ctx.ir.kv_cache is None else []
+    parts = ["input ranges"] if w.observed or (ctx.ir.kv_cache is None and w.transform is None) else []
+    parts += [_transform_words(w)] if w.transform else []
     return parts + (["GPTQ Hessians"] if w.gptq else []) + (["KV cache ranges"] if ctx.ir.kv_cache else [])
+
+
+def _transform_words(w) -> str:
+    """The transform's pass, in words: it runs first, and its fold is checked."""
+    t = w.transform
+    stats = "|x| maxima" if t.kind is TransformKind.SMOOTHQUANT else "mean |x| and XᵀX"
+    search = f", search {t.grid} ratios" if t.kind is TransformKind.AWQ else f", alpha {t.alpha:g}"
+    return (f"first {t.kind.value} over {len(w.smoothing)} mapping(s): {stats}{search}, fold, float output "
+            "checked unchanged")
 
 
 def _calibrate_chunks(ctx: Context, layers: tuple[str, ...], outputs: tuple[str, ...]) -> CalibrateChunk:
@@ -275,6 +286,7 @@ def _blockwise(ctx: Context) -> list[PlanOp]:
     outputs = ("block_inputs",) + (("qparams",) if rounds else (_range_buffer(ctx),))
     ranges = f"input ranges ({ctx.ir.calibration.method.value}), " if rounds and w.observed else ""
     ranges += "KV cache ranges, " if rounds and ctx.ir.kv_cache is not None else ""
+    ranges = (_transform_words(w) + "; " if rounds and w.transform else "") + ranges
     if rounds:
         what = "compute float outputs, " + ranges + ("quantize the block (GPTQ with its Hessians)" if w.gptq else
                                                       "quantize the block")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.ir.types import CalibrationMethod, MemoryMode, SensitivityMetric
+from compiler.ir.types import CalibrationMethod, MemoryMode, SensitivityMetric, TransformKind
 from compiler.models.index import LayerKind
 from compiler.plan.activations import needed_nodes, peak
 from compiler.plan.ops import ModeEstimate
@@ -84,6 +84,22 @@ def hessian_bytes(w: Workload, all_blocks: bool = False) -> int:
             per_block.setdefault(x.block, {})[input_key(x)] = x.in_features
     sizes = [sum(k * k * 4 for k in inputs.values()) for inputs in per_block.values()]
     return sum(sizes) if all_blocks else max(sizes, default=0)
+
+
+def transform_bytes(w: Workload, all_blocks: bool = False) -> int:
+    """An outlier transform's state for one block's mappings (or every block's, `full`): per mapping the
+    per-channel |x| maximum (float32) and sum (float64), and for AWQ the inputs' XᵀX (float32, K×K); plus the
+    scratch of scaling one mapping: SmoothQuant its targets' |W| maxima (one float32 copy of their weights),
+    AWQ's search five (the weight, its scaled and rounded forms, the error, the error times XᵀX)."""
+    if w.transform is None:
+        return 0
+    awq = w.transform.kind is TransformKind.AWQ
+    per_block: dict[str | None, int] = {}
+    for block, width, _ in w.smoothing:
+        per_block[block] = per_block.get(block, 0) + 12 * width + (4 * width * width if awq else 0)
+    state = sum(per_block.values()) if all_blocks else max(per_block.values(), default=0)
+    largest = max((weights for _, _, weights in w.smoothing), default=0)
+    return state + (5 if awq else 1) * largest
 
 
 def gptq_scratch_bytes(k: int, weight: int) -> int:

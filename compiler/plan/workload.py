@@ -16,6 +16,7 @@ from compiler.ir.types import (
     RecipeIR,
     Rounding,
     SensitivityMetric,
+    Transform,
 )
 from compiler.models.index import LayerKind, ModelIndex
 from compiler.plan.activations import propagate
@@ -52,6 +53,9 @@ class Workload:
     search: Search | None  # the mixed-precision search, when there are units to search
     verify_samples: int
     disk: bool  # block data may be cached on disk (`memory { disk … }`)
+    transform: Transform | None = None
+    smoothing: tuple[tuple[str | None, int, int], ...] = ()  # per mapping: (block, input width, float32 bytes of
+    # its targets' weights), what the transform's statistics and scratch scale with
 
     @property
     def source_of(self) -> dict[str, str]:
@@ -144,10 +148,14 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         largest_layer_bytes=max((x.bytes for x in index.layers), default=0),
         quantized_layers=tuple(a.layer.name for a in quantized), needed=needed, observed=observed,
         sources=tuple(sources.items()),
-        calibrate=bool(observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR) or ir.kv_cache is not None,
+        calibrate=bool(observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR)
+        or ir.kv_cache is not None or bool(assignment.smoothing),
         gptq=gptq, gptq_layers=gptq_layers, hessian_inputs=hessian_inputs, samples=cal.data.samples, seqlen=sequence_length(cal.data),
         past=cache_length(cal.data), chunk=chunk or cal.chunk, bins=cal.bins,
         method=cal.method, mixed_precision=mp is not None,
         search=_search(ir, assignment),
         verify_samples=ir.verify.samples if ir.verify else 0, disk=ir.memory.disk is not None,
+        transform=ir.transform if assignment.smoothing else None,
+        smoothing=tuple((m.block, m.width, sum(4 * index.layer(x).params for x in m.targets))
+                        for m in assignment.smoothing),
     )

@@ -31,6 +31,7 @@ class Assignment:
 
     model: ModelIndex
     layers: tuple[LayerAssignment, ...]
+    smoothing: tuple = ()  # the outlier transform's SmoothingMapping's (compiler/resolve/smoothing.py)
 
     def of(self, name: str) -> LayerAssignment:
         """The assignment of the layer named `name`."""
@@ -47,7 +48,7 @@ def resolve(ir: RecipeIR, index: ModelIndex, diags: Diagnostics, precision: Mapp
 
     `precision` (layer → scheme name) is what a mixed-precision search chose; it replaces the rules'
     schemes before the groups, whose members it always moves together."""
-    from compiler.resolve import groups, mixed, model_checks
+    from compiler.resolve import groups, mixed, model_checks, smoothing
 
     known = {s.name: s for s in ir.schemes}
     winners: dict[str, Rule] = {}
@@ -67,4 +68,7 @@ def resolve(ir: RecipeIR, index: ModelIndex, diags: Diagnostics, precision: Mapp
     grouped = groups.apply_groups(ir, assignment, diags)
     if precision is None:
         mixed.check_budget(ir, grouped, diags)
+    if ir.transform is not None:
+        final = {a.layer.name: a.scheme for a in grouped.layers}
+        grouped = replace(grouped, smoothing=smoothing.resolve_smoothing(ir, index, final, diags))
     return grouped

@@ -197,7 +197,25 @@ class KvCacheDecl:
     span: Span
 
 
-RecipeItem = Union[ModelDecl, BackendDecl, SchemeDecl, QuantizeBlock, GroupDecl, Block, EmitDecl, KvCacheDecl]
+@dataclass(frozen=True, slots=True)
+class MapDecl:
+    """`map SOURCE -> TARGET, …`: which module's output a transform scales, and the layers that read it."""
+    source: Selector
+    targets: tuple[Selector, ...]
+    span: Span
+
+
+@dataclass(frozen=True, slots=True)
+class TransformDecl:
+    """`transform KIND { settings and maps }`: an outlier transform (awq, smoothquant)."""
+    kind: Keyword
+    settings: tuple[Setting, ...]
+    maps: tuple[MapDecl, ...]
+    span: Span
+
+
+RecipeItem = Union[ModelDecl, BackendDecl, SchemeDecl, QuantizeBlock, GroupDecl, Block, EmitDecl, KvCacheDecl,
+                   TransformDecl]
 
 
 @dataclass(frozen=True, slots=True)

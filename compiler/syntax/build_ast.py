@@ -18,7 +18,7 @@ _QSPEC_FIELDS = {"dtype": "dtype", "granularity": "granularity", "group_size": "
                  "symmetry": "symmetry", "act_mode": "mode"}
 _KEYWORD_RULES = {"backend_kind", "rounding_kind", "policy_kind", "score_metric", "sensitivity_metric",
                   "memory_mode", "verify_metric", "bound_kind", "emit_format", "act_order", "group_scales",
-                  "expert_routing"}
+                  "expert_routing", "transform_kind", "switch"}
 
 
 def _unescape(body: str) -> str:
@@ -134,6 +134,26 @@ class AstBuilder(Transformer):
 
     def kv_cache_decl(self, meta, children):
         return ast.KvCacheDecl(tuple(children), self._span(meta))
+
+    def transform_decl(self, meta, children):
+        kind, *body = children
+        items = body[0] if body else ()
+        settings = tuple(i for i in items if isinstance(i, ast.Setting))
+        maps = tuple(i for i in items if isinstance(i, ast.MapDecl))
+        return ast.TransformDecl(kind, settings, maps, self._span(meta))
+
+    def transform_body(self, meta, children):
+        return tuple(children)
+
+    def duo_scaling_opt(self, meta, children):
+        span = self._span(meta)
+        key_span = self.source.span(span.start, span.start + len("duo_scaling"))
+        on = ast.Keyword("switch", "on", key_span)
+        return ast.Setting("duo_scaling", key_span, children[0] if children else on, span)
+
+    def map_decl(self, meta, children):
+        selectors = [c for c in children if not isinstance(c, Token)]
+        return ast.MapDecl(selectors[0], tuple(selectors[1:]), self._span(meta))
 
     def model_decl(self, meta, children):
         return ast.ModelDecl(children[0], self._span(meta))

@@ -53,14 +53,15 @@ KEYWORD_HOME = {
     **dict.fromkeys(("choices", "budget"), "mixed_precision { … }"),
     **dict.fromkeys(("at_least", "at_most"), "verify { … }"),
     **dict.fromkeys(("weights", "activations", "rounding"), "scheme NAME { … }"),
+    **dict.fromkeys(("alpha", "grid", "duo_scaling", "map"), "transform awq|smoothquant { … }"),
     "format": 'emit "PATH" { … }',
 }
 _ITEM_KEYWORDS = ("model", "backend", "scheme", "quantize", "group", "calibrate", "mixed_precision",
-                  "memory", "verify", "emit")
+                  "memory", "verify", "emit", "kv_cache", "transform")
 _SPEC_KEYWORDS = {"group", "int8", "uint8", "int4", "uint4", "per_tensor", "per_channel", "per_token",
                   "symmetric", "asymmetric", "static", "dynamic"}
 _BLOCK_OPENERS = {"RECIPE", "SCHEME", "QUANTIZE", "CALIBRATE", "MIXED_PRECISION", "MEMORY", "VERIFY",
-                  "EMIT", "SYNTHETIC", "NPZ", "TEXT", "LAYERWISE_PERCENTILE"}
+                  "EMIT", "SYNTHETIC", "NPZ", "TEXT", "LAYERWISE_PERCENTILE", "AWQ", "SMOOTHQUANT"}
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,8 @@ def describe_expected(expected: set[str], previous: Token | None) -> str:
     items = sorted(words) + sorted(others)
     if len(items) == 1:
         return items[0]
-    if len(items) > 12:
-        items = items[:12] + [f"{len(items) - 12} more"]
+    if len(items) > 14:
+        items = items[:14] + [f"{len(items) - 14} more"]
     return "one of " + ", ".join(items[:-1]) + " or " + items[-1]
 
 

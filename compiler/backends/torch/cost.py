@@ -17,6 +17,7 @@ from compiler.plan.memory import (
     hessian_bytes,
     mode_estimate,
     score_phase,
+    transform_bytes,
 )
 from compiler.plan.ops import ModeEstimate
 from compiler.plan.target import PhaseName
@@ -52,7 +53,9 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
              (f"block caches ({copies} copies)", cache),
              (f"block working set ({chunk} samples)", work if mode is not MemoryMode.MULTI_GPU else 0),
              ("GPTQ Hessians (+ scratch of one)", hessian_bytes(w, all_blocks=mode is MemoryMode.FULL)
-              + gptq_scratch(w) if mode is not MemoryMode.MULTI_GPU else 0))
+              + gptq_scratch(w) if mode is not MemoryMode.MULTI_GPU else 0),
+             (f"{w.transform.kind.value if w.transform else 'transform'} statistics (+ scratch of one mapping)",
+              transform_bytes(w, all_blocks=mode is MemoryMode.FULL)))
     return Phase("block-wise compile", sum(b for _, b in parts), parts)
 
 

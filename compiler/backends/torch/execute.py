@@ -47,6 +47,7 @@ from compiler.backends.torch.layers import (
 from compiler.backends.torch.model import TorchModel, open_files, open_model
 from compiler.backends.torch.output_layout import copy_unquantized, open_output, write_metadata
 from compiler.backends.torch.sensitivity import TorchScorer
+from compiler.backends.torch.smoother import Smoother
 from compiler.backends.torch.support import attention_modules
 from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import warning
@@ -96,6 +97,7 @@ class _Run:
         self.unseen: list[Job] = []  # layers no calibration token reached (MoE experts, `experts routed`)
         self.costs: LayerCosts | None = None  # each layer's own error on the held-out samples
         self.dampened: dict[str, float] = {}  # GPTQ layers whose Hessian needed more dampening (inf: rtn)
+        self.smoother: Smoother | None = None  # `transform`: folds its scales before each block's calibration
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode, ops.ScoreSensitivity: self.score,
@@ -180,7 +182,10 @@ class _Run:
             self.result.warnings.append(skipped)
         if self.disk is not None:
             self.disk.mkdir(parents=True, exist_ok=True)
-        if any(j.needs_data for j in self.jobs) or kv is not None:  # the KV scales come from calibration
+        if self.assignment.smoothing:
+            self.smoother = Smoother(self.ir, self.model, self.index, self.assignment.smoothing, self.jobs, self.writer)
+        # the KV scales and the transform's statistics come from calibration too
+        if any(j.needs_data for j in self.jobs) or kv is not None or self.smoother is not None:
             self.cal = self._stream("calibration", self._calibration_feeds())
         self.verify_streams = self._verify_streams()
 
@@ -203,6 +208,10 @@ class _Run:
         """Every chunk through the whole model, hooks gathering each layer's statistics."""
         self._ready()
         self._materialize_all()
+        if self.smoother is not None:
+            feeds = self.cal.feeds
+            self.smoother.run(self.smoother.mappings, lambda: [self._call(f) for f in feeds],
+                              lambda: self._call(feeds[0]))
         with Statistics(self.model.module, self.jobs, self.ir.calibration) as stats, self.kv.running(KvMode.OBSERVE):
             advance = self.progress("calibrate", len(self.cal))
             for feed in self.cal.feeds:
@@ -280,6 +289,10 @@ class _Run:
             model.materialize(params, device)
         block = model.block_modules()[number]
         jobs = [j for j in self.jobs if j.module.startswith(name + ".")]
+        if self.smoother is not None and cal is not None:
+            with torch.no_grad():
+                self.smoother.run(self.smoother.of_block(name), lambda: streams.run_block(block, cal, device, None),
+                                  lambda: streams.run_chunk(block, cal, device, 0))
         with Statistics(model.module, jobs, self.ir.calibration) as stats, self.kv.running(KvMode.OBSERVE):
             if cal is not None:
                 streams.run_block(block, cal, device, None, stats.new_forward)
@@ -316,13 +329,18 @@ class _Run:
         rounding, and the verification comparison at the model's output. Without verification, and with no
         layer there that needs data, nothing runs: its layers are rounded one at a time."""
         model = self.model
-        if verify is None and not (cal is not None and any(j.needs_data for j in jobs)):
+        smoothed = self.smoother.of_block(None) if self.smoother is not None and cal is not None else []
+        if verify is None and not (cal is not None and any(j.needs_data for j in jobs)) and not smoothed:
             self._quantize_streamed(jobs, None, offload)
             return
         self.tail_done = True
         missing = [p for p in model.outside() if not model.is_resident(p)]
         model.materialize(missing)
         container = model.block_modules()
+        if smoothed:
+            with torch.no_grad():
+                self.smoother.run(smoothed, lambda: list(streams.replay_tail(container, cal, self._call, lazy=True)),
+                                  lambda: streams.first_tail_output(container, cal, self._call))
         with Statistics(model.module, jobs, self.ir.calibration) as stats:
             self.stats = stats
             if cal is not None and any(j.needs_data for j in jobs):
@@ -372,6 +390,8 @@ class _Run:
             self.result.warnings.append(unseen_warning(self.ir, self.unseen))
         if self.dampened:
             self.result.warnings.append(dampened_warning(self.ir, self.dampened))
+        if self.smoother is not None:
+            self.result.transform = self.smoother.summary()
         self.kv.write_scales("", self.writer)  # any module calibration did not reach (none in the models qrc runs)
         copy_unquantized(self.writer, self.model, self.jobs)
         write_metadata(self.writer, self.model, self.config, self.ir)

@@ -50,11 +50,12 @@ def output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
 
 
 def copy_unquantized(writer: FolderWriter, model: TorchModel, jobs: list[Job]) -> None:
-    """Every checkpoint tensor no layer replaced, copied as bytes (an FP8 source's weight dequantized)."""
+    """Every checkpoint tensor no layer replaced and no transform rewrote, copied as bytes (an FP8 source's
+    weight dequantized)."""
     replaced = {j.layer.weight for j in jobs if not is_tied(j)}
     shards = model.shards
     for key, entry in shards.entries.items():
-        if key in replaced or key in shards.scales:
+        if key in replaced or key in shards.scales or key not in writer.missing:  # written already (a transform)
             continue
         if key in shards.scaled:
             writer.put(key, shards.read(key).to(model.dtype))

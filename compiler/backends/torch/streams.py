@@ -131,13 +131,19 @@ def run_block(block: nn.Module, stream: Stream, device, out: HiddenCache | None,
     for i in range(len(stream)):
         if before:
             before()
-        args, kwargs = _to(stream.rest[i], device)
-        hidden = stream.hidden.get(i).to(device, torch.float32 if str(device) == "cpu" else stream.hidden.dtype)
-        result = block(hidden, *args, **kwargs)
-        if stream.arity is None:
-            stream.arity = len(result) if isinstance(result, (tuple, list)) else 0
+        result = run_chunk(block, stream, device, i)
         if out is not None:
-            out.put(i, result[0] if stream.arity else result)
+            out.put(i, result)
+
+
+def run_chunk(block: nn.Module, stream: Stream, device, i: int) -> torch.Tensor:
+    """The block on chunk `i` of the stream: its hidden output."""
+    args, kwargs = _to(stream.rest[i], device)
+    hidden = stream.hidden.get(i).to(device, torch.float32 if str(device) == "cpu" else stream.hidden.dtype)
+    result = block(hidden, *args, **kwargs)
+    if stream.arity is None:
+        stream.arity = len(result) if isinstance(result, (tuple, list)) else 0
+    return result[0] if stream.arity else result
 
 
 class _Replay(nn.Module):
@@ -160,6 +166,15 @@ def replay_tail(container: nn.ModuleList, stream: Stream, call, before=None, laz
     or (`lazy`) one chunk's outputs at a time, so only one chunk of logits is alive."""
     outputs = _replayed(container, stream, call, before)
     return outputs if lazy else list(outputs)
+
+
+def first_tail_output(container: nn.ModuleList, stream: Stream, call) -> torch.Tensor:
+    """The model's output on the stream's first chunk, the blocks replaced by its cached hidden states."""
+    outputs = _replayed(container, stream, call, None)
+    try:
+        return next(outputs)
+    finally:
+        outputs.close()  # puts the blocks back
 
 
 def _replayed(container: nn.ModuleList, stream: Stream, call, before):

@@ -1,0 +1,139 @@
+"""The transform inside a torch run: statistics over the calibration stream for the mappings of one block
+(or of the whole model in `full`), scales, the fold, a check that the float output did not change (Q422),
+and the folded tensors no rounding job writes (norms, biases, float layers) written to the output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from compiler.backends.result import BackendError
+from compiler.backends.torch.layers import Job, quantize_job
+from compiler.backends.torch.model import TorchModel
+from compiler.backends.torch.smoothing import (
+    SmoothingStatistics,
+    awq_scales,
+    fake_round,
+    fold,
+    integer_spec,
+    norm_offset,
+    smoothquant_scales,
+    transform_summary,
+)
+from compiler.backends.torch.writer import FolderWriter
+from compiler.diagnostics import error
+from compiler.ir.types import RecipeIR, TransformKind, WeightQuant
+from compiler.models.index import ModelIndex
+from compiler.resolve.smoothing import SmoothingMapping, SourceKind
+
+# Relative change of the float output a fold may cause: float32 rounding is ~1e-6; a mapping whose source
+# also feeds something outside its targets changes the output by far more (a wrong `map`).
+FLOAT_TOLERANCE = 1e-3
+HALF_TOLERANCE = 2e-2
+
+
+class Smoother:
+    """Runs the recipe's transform on the mappings the run reaches, block by block or all at once."""
+
+    def __init__(self, ir: RecipeIR, model: TorchModel, index: ModelIndex, mappings: tuple[SmoothingMapping, ...],
+                 jobs: list[Job], writer: FolderWriter):
+        self.ir, self.model, self.index, self.writer = ir, model, index, writer
+        self.mappings = list(mappings)
+        self.jobs = {j.layer.name: j for j in jobs}
+        weights = {**{n.name: n.weight for n in index.norms}, **{x.name: x.weight for x in index.layers}}
+        # index names (checkpoint) → module names: the module computing with the tensor
+        self.modules = {name: model.module_computing(weights[name]) for m in self.mappings
+                        for name in (m.source, *m.targets)}
+        self.gains: list[float] = []  # AWQ: each mapping's relative error reduction
+        self.folded = 0
+
+    def of_block(self, block: str | None) -> list[SmoothingMapping]:
+        """The mappings of one block (None: those outside the blocks, run with the model's tail)."""
+        return [m for m in self.mappings if m.block == block]
+
+    def summary(self) -> str:
+        """What the transform did, for the compile summary."""
+        return transform_summary(self.ir.transform, self.folded, self.gains)
+
+    def run(self, mappings: list[SmoothingMapping], forward: Callable[[], None],
+            probe: Callable[[], torch.Tensor]) -> None:
+        """Statistics over the stream (`forward` runs it), scales, fold; then `probe` (the output on one chunk)
+        must match what it was before the fold."""
+        if not mappings:
+            return
+        before = probe().detach().float()
+        with SmoothingStatistics(self.model.module, mappings, self.modules, self.ir.transform.kind,
+                                 self.ir.calibration) as stats:
+            forward()
+        for m in mappings:
+            self._fold(m, stats.stats.get(m.source))
+        after = probe().detach().float()
+        self._check(mappings, before, after)
+        for m in mappings:
+            self._write(m)
+
+    def _fold(self, m: SmoothingMapping, stats) -> None:
+        if stats is None or not stats.rows:
+            return  # no calibration token reached it (an expert the router never chose): left as it is
+        root = self.model.module
+        source = root.get_submodule(self.modules[m.source])
+        targets = [root.get_submodule(self.modules[x]) for x in m.targets]
+        weights = [t.weight for t in targets]
+        t = self.ir.transform
+        if t.kind is TransformKind.SMOOTHQUANT:
+            scales = smoothquant_scales(stats, weights, t.alpha)
+        else:
+            specs = [self.jobs[x].scheme.weights if x in self.jobs else None for x in m.targets]
+            scales, gain = awq_scales(stats, weights, specs, t.grid, t.duo_scaling, self._rounding(m))
+            self.gains.append(gain)
+        fold(source, m.kind, targets, scales, norm_offset(source) if m.kind is SourceKind.NORM else 0.0)
+        self.folded += 1
+
+    def _rounding(self, m: SmoothingMapping) -> Callable[[torch.Tensor, WeightQuant], torch.Tensor]:
+        """How the search rounds a target: fake_round for integers, else the scheme's own rounding (rtn)."""
+        jobs = [self.jobs[x] for x in m.targets if x in self.jobs]
+
+        def rounding(w: torch.Tensor, spec: WeightQuant) -> torch.Tensor:
+            if integer_spec(spec):
+                return fake_round(w, spec)
+            job = next(j for j in jobs if j.scheme.weights == spec).with_rtn()
+            return torch.from_numpy(quantize_job(job, w, None, self.model.dtype).dequantize()).to(w)
+
+        return rounding
+
+    def _check(self, mappings: list[SmoothingMapping], before: torch.Tensor, after: torch.Tensor) -> None:
+        """Q422: the fold must leave the float output as it was."""
+        change = float((after - before).norm() / before.norm().clamp(min=1e-12))
+        computed = next(self.model.module.get_submodule(self.modules[mappings[0].source]).parameters()).dtype
+        tolerance = FLOAT_TOLERANCE if computed == torch.float32 else HALF_TOLERANCE
+        if change > tolerance or change != change:
+            names = ", ".join(m.source for m in mappings[:3])
+            raise BackendError(error(
+                "Q422", f"folding the transform's scales changed the float output by {change:.2%} ({names}): a "
+                "mapping's source feeds something its targets do not cover", self.ir.transform.span,
+                "not an equivalent transform",
+                help="check the `map` lines against the model (every reader of a source must be a target), or "
+                "remove them to use the inferred mappings"))
+
+    def _write(self, m: SmoothingMapping) -> None:
+        """Folded tensors that no rounding job writes: the norm's weight and bias, a Linear source's bias,
+        float layers' weights."""
+        index = self.index
+        names: list[tuple[str, str]] = []  # (checkpoint tensor, module parameter)
+        if m.kind is SourceKind.NORM:
+            norm = next(n for n in index.norms if n.name == m.source)
+            module = self.modules[m.source]
+            names += [(norm.weight, f"{module}.weight")] + ([(norm.bias, f"{module}.bias")] if norm.bias else [])
+        else:
+            layer = index.layer(m.source)
+            module = self.modules[m.source]
+            bias = layer.weight.removesuffix("weight") + "bias"
+            if bias in self.writer.where:
+                names.append((bias, f"{module}.bias"))
+        for x in (m.source, *m.targets) if m.kind is SourceKind.LINEAR else m.targets:
+            if x not in self.jobs:
+                names.append((index.layer(x).weight, f"{self.modules[x]}.weight"))
+        for tensor, param in names:
+            spec = self.writer.where[tensor][2]
+            self.writer.put(tensor, self.model.module.get_parameter(param).detach().to("cpu", spec.dtype))

@@ -1,0 +1,64 @@
+"""Elaboration of `transform awq|smoothquant { … }`: settings checked against the method, maps kept as selectors
+(they are resolved against the model in compiler/resolve/smoothing.py)."""
+
+from __future__ import annotations
+
+from compiler.ir.blocks import settings_by_key, spans_of
+from compiler.ir.types import Mapping, Selector, SelectorKind, Transform, TransformKind
+from compiler.ir.values import Diagnostics, whole_number
+from compiler.syntax import ast
+
+DEFAULT_ALPHA = 0.5  # SmoothQuant's published default (and llm-compressor's smoothing_strength)
+DEFAULT_GRID = 20  # AWQ's published grid (AutoAWQ, llm-compressor)
+MAX_GRID = 1000
+# Which setting belongs to which method: a setting of the other one is an error, not silently ignored.
+_SETTINGS = {TransformKind.SMOOTHQUANT: ("alpha",), TransformKind.AWQ: ("grid", "duo_scaling")}
+
+
+def elaborate_transform(decl: ast.TransformDecl | None, diags: Diagnostics) -> Transform | None:
+    """A `transform` declaration → Transform; settings of the other method and values out of range are Q259."""
+    if decl is None:
+        return None
+    kind = TransformKind(decl.kind.value)
+    found = settings_by_key(decl.settings, diags)
+    for key, setting in found.items():
+        if key not in _SETTINGS[kind]:
+            other = next(k for k, keys in _SETTINGS.items() if key in keys)
+            diags.error("Q259", f"`{key}` is a setting of `transform {other.value}`, not of `{kind.value}`",
+                        setting.key_span, "not for this transform",
+                        help=f"`transform {kind.value}` takes: {', '.join(_SETTINGS[kind])}")
+    alpha = _alpha(found.get("alpha"), diags)
+    grid = _grid(found.get("grid"), diags)
+    duo = found.get("duo_scaling")
+    mappings = tuple(Mapping(_selector(m.source), tuple(_selector(t) for t in m.targets), m.span) for m in decl.maps)
+    return Transform(spans_of(found), kind, alpha, grid, duo is None or duo.value.value == "on", mappings, decl.span)
+
+
+def _selector(sel: ast.Selector) -> Selector:
+    return Selector(SelectorKind(sel.kind), sel.pattern, sel.span)
+
+
+def _alpha(setting: ast.Setting | None, diags: Diagnostics) -> float:
+    if setting is None:
+        return DEFAULT_ALPHA
+    number = setting.value
+    assert isinstance(number, ast.Number)
+    if not 0.0 <= number.value <= 1.0:
+        diags.error("Q259", f"`alpha {number.text}` is outside [0, 1]", number.span, "migration strength",
+                    help="0 leaves the activations alone, 1 moves all their range into the weights; 0.5 is the "
+                    "published default, 0.75-0.85 suits models with strong outliers")
+        return DEFAULT_ALPHA
+    return float(number.value)
+
+
+def _grid(setting: ast.Setting | None, diags: Diagnostics) -> int:
+    if setting is None:
+        return DEFAULT_GRID
+    number = setting.value
+    assert isinstance(number, ast.Number)
+    grid = whole_number(number, "`grid`", diags)
+    if grid is not None and grid > MAX_GRID:
+        diags.error("Q259", f"`grid {grid}` searches {grid} scale ratios per mapping", number.span, "too many",
+                    help=f"at most {MAX_GRID}; AWQ's published grid is {DEFAULT_GRID}")
+        return DEFAULT_GRID
+    return grid or DEFAULT_GRID
