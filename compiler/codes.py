@@ -405,10 +405,14 @@ CODES: tuple[CodeInfo, ...] = (
     _c("Q263", "a mapping scales only float layers (warning)",
        "Its targets are not quantized, so the mapping would change nothing that is rounded; it is skipped.",
        'transform awq { map "model.norm" -> "lm_head" }   # lm_head stays float'),
-    _c("Q264", "the ONNX graph cannot absorb the scale",
-       "The ONNX backend folds scales into a normalisation's weight (and bias) initializers. A MatMul source, "
-       "or a norm whose output also feeds a residual Add, has nowhere to take them without changing the model.",
-       'backend onnx\ntransform awq { map "*.up_proj" -> "*.down_proj" }'),
+    _c("Q264", "a norm whose output the graph also sends elsewhere",
+       "The model's graph shows the norm's output read by something besides the mapping's layers (a residual "
+       "Add in a post-norm block, as in BERT): scaling it would change the model.",
+       'model "builtin:tiny-bert"\ntransform smoothquant { map "*.attention.output.LayerNorm" -> "*.intermediate.dense" }'),
+    _c("Q265", "a transform on the ONNX backend",
+       "AWQ and SmoothQuant are folded by the torch backend; the ONNX backend does not fold them yet. The "
+       "mappings are still checked, so the diagnostic comes with whatever else is wrong.",
+       'model "builtin:tiny-llama"\ntransform smoothquant   # add: backend torch'),
     _c("Q233", "emit path with an unexpected extension (warning)",
        "Runtimes and tools look for `.onnx` files; another extension is allowed but probably a typo.",
        'emit "out/model.onx"'),

@@ -9,6 +9,7 @@ from compiler.ir.values import human_bytes
 from compiler.models.index import ModelIndex
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.sizes import quantized_bytes
+from compiler.resolve.smoothing import mapping_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,9 @@ def to_text(index: ModelIndex, assignment: Assignment | None) -> str:
         for t in totals(assignment):
             summary.append((t.scheme, str(t.layers), str(t.params), human_bytes(t.bytes_before), human_bytes(t.bytes_after)))
         lines.append("\n" + _aligned(summary))
+    if assignment and assignment.smoothing:  # which layers the recipe's outlier transform touches
+        mapped: list[tuple[str, ...]] = [("transform source", "kind", "targets (scaled input columns)", "found")]
+        lines.append("\n" + _aligned(mapped + list(mapping_rows(assignment.smoothing))))
     return "\n".join(lines) + "\n"
 
 
@@ -90,6 +94,9 @@ def to_json(index: ModelIndex, assignment: Assignment | None) -> str:
     }
     if assignment:
         data["totals"] = [{k: getattr(t, k) for k in Total.__slots__} for t in totals(assignment)]
+    if assignment and assignment.smoothing:
+        data["transform"] = [{"source": m.source, "kind": m.kind.value, "targets": list(m.targets),
+                              "inferred": m.inferred} for m in assignment.smoothing]
     return json.dumps(data, indent=2) + "\n"
 
 
@@ -116,4 +123,11 @@ def to_rich(index: ModelIndex, assignment: Assignment | None):
         summary.add_column(col, justify="left" if col == "scheme" else "right")
     for t in totals(assignment):
         summary.add_row(t.scheme, str(t.layers), f"{t.params:,}", human_bytes(t.bytes_before), human_bytes(t.bytes_after))
-    return Group(table, summary)
+    if not assignment.smoothing:
+        return Group(table, summary)
+    mapped = Table(title="transform mappings (source output ÷ s, target input columns × s)")
+    for col in ("source", "kind", "targets", "found"):
+        mapped.add_column(col, overflow="fold")
+    for row in mapping_rows(assignment.smoothing):
+        mapped.add_row(*row)
+    return Group(table, summary, mapped)

@@ -211,7 +211,7 @@ def _transform_words(w) -> str:
     t = w.transform
     stats = "|x| maxima" if t.kind is TransformKind.SMOOTHQUANT else "mean |x| and XᵀX"
     search = f", search {t.grid} ratios" if t.kind is TransformKind.AWQ else f", alpha {t.alpha:g}"
-    return (f"first {t.kind.value} over {len(w.smoothing)} mapping(s): {stats}{search}, fold, float output "
+    return (f"{t.kind.value} over {len(w.smoothing)} mapping(s): {stats}{search}, fold, float output "
             "checked unchanged")
 
 
@@ -286,9 +286,8 @@ def _blockwise(ctx: Context) -> list[PlanOp]:
     outputs = ("block_inputs",) + (("qparams",) if rounds else (_range_buffer(ctx),))
     ranges = f"input ranges ({ctx.ir.calibration.method.value}), " if rounds and w.observed else ""
     ranges += "KV cache ranges, " if rounds and ctx.ir.kv_cache is not None else ""
-    ranges = (_transform_words(w) + "; " if rounds and w.transform else "") + ranges
     if rounds:
-        what = "compute float outputs, " + ranges + ("quantize the block (GPTQ with its Hessians)" if w.gptq else
+        what = (_transform_words(w) + "; " if w.transform else "") + "compute float outputs, " + ranges + ("quantize the block (GPTQ with its Hessians)" if w.gptq else
                                                       "quantize the block")
     else:
         what = "observe its tensors" + (" (GPTQ: round its layers once every chunk has passed, free their "

@@ -15,6 +15,7 @@ from compiler.plan.ops import Plan, PlanOp, PropagateRanges
 from compiler.plan.workload import workload
 from compiler.report.chart import Series, line_chart
 from compiler.resolve.assignment import Assignment
+from compiler.resolve.smoothing import mapping_rows
 
 MiB = 1 << 20
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,8 @@ class Report:
     search_curve: Table | None
     search_svg: str
     warnings: tuple[str, ...]
+    transform: tuple[tuple[str, str], ...] = ()  # what the outlier transform did (planned, and measured)
+    mappings: Table | None = None  # which layers it touched
 
 
 def _table(header: tuple[str, ...], rows, align: str) -> Table:
@@ -95,7 +98,21 @@ def build(planned, result=None) -> Report:
         timeline_samples=len(result.rss_samples) if result is not None else 0,
         verify=_verify(ir, result), costliest=_costliest(result), schemes=_schemes(assignment),
         recipe_text=print_ir(ir), search=_search(result), search_units=_search_units(result),
-        search_curve=_search_curve(result), search_svg=_search_svg(result), warnings=warnings)
+        search_curve=_search_curve(result), search_svg=_search_svg(result), warnings=warnings,
+        transform=_transform(ir, assignment, result), mappings=_mappings(assignment))
+
+
+def _transform(ir, assignment: Assignment, result) -> tuple[tuple[str, str], ...]:
+    if ir.transform is None:
+        return ()
+    done = (("result", result.transform),) if result is not None and result.transform else ()
+    return (("method", f"{ir.transform.kind.value}"), ("mappings", str(len(assignment.smoothing)))) + done
+
+
+def _mappings(assignment: Assignment) -> Table | None:
+    if not assignment.smoothing:
+        return None
+    return _table(("source", "kind", "targets", "found"), mapping_rows(assignment.smoothing), "llll")
 
 
 def _range_sources(ir, assignment: Assignment, plan: Plan) -> dict[str, str]:

@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from compiler.diagnostics import Diagnostic
-from compiler.ir.types import Backend, Mapping, RecipeIR, Scheme, Selector, Transform, TransformKind
+from compiler.ir.types import Mapping, RecipeIR, Scheme, Selector, Transform, TransformKind
 from compiler.ir.values import Diagnostics
 from compiler.models.index import Layer, LayerKind, ModelIndex, Norm
 from compiler.models.names import compress
@@ -53,8 +53,7 @@ def resolve_smoothing(ir: RecipeIR, index: ModelIndex, schemes: dict[str, Scheme
     t = ir.transform
     if t is None:
         return ()
-    onnx = ir.backend is Backend.ONNX
-    found = _written(t, index, onnx, diags) if t.mappings else _inferred(t, index, onnx)
+    found = _written(t, index, diags) if t.mappings else _inferred(t, index)
     if not found and not t.mappings:
         diags.error("Q260", f"`transform {t.kind.value}` infers no mapping for this `{index.family}` model",
                     t.span, "nothing to smooth", help=_no_inference_help(index))
@@ -103,7 +102,7 @@ def _no_inference_help(index: ModelIndex) -> str:
 
 
 # ---- inferred ------------------------------------------------------------------------------------------
-def _inferred(t: Transform, index: ModelIndex, onnx: bool) -> list[SmoothingMapping]:
+def _inferred(t: Transform, index: ModelIndex) -> list[SmoothingMapping]:
     """Norm → the layers it feeds (both methods), and for AWQ the Linear pairs whose widths match (v → o is
     skipped under grouped-query attention, where v has fewer channels than o reads)."""
     out = []
@@ -112,7 +111,7 @@ def _inferred(t: Transform, index: ModelIndex, onnx: bool) -> list[SmoothingMapp
         if readers:
             out.append(SmoothingMapping(norm.name, SourceKind.NORM, tuple(readers), norm.width, norm.block, t.span,
                                         True))
-    if t.kind is TransformKind.AWQ and not onnx:  # the ONNX backend folds into norms only (Q264)
+    if t.kind is TransformKind.AWQ:
         by_name = {x.name: x for x in index.layers}
         for layer in index.layers:
             parent, _, leaf = layer.name.rpartition(".")
@@ -152,7 +151,7 @@ def _in_mlp(layer: Layer, block: str) -> bool:
 
 
 # ---- written: `map SOURCE -> TARGETS` ------------------------------------------------------------------
-def _written(t: Transform, index: ModelIndex, onnx: bool, diags: Diagnostics) -> list[SmoothingMapping]:
+def _written(t: Transform, index: ModelIndex, diags: Diagnostics) -> list[SmoothingMapping]:
     out = []
     for m in t.mappings:
         sources = _sources(m.source, index)
@@ -168,7 +167,7 @@ def _written(t: Transform, index: ModelIndex, onnx: bool, diags: Diagnostics) ->
         failed = 0
         for source in sources:
             local = Diagnostics()
-            resolved = _one(m, source, [x for group in targets for x in group], index, onnx, local)
+            resolved = _one(m, source, [x for group in targets for x in group], index, local)
             if resolved is not None:
                 out.append(resolved)
             failed += bool(local.items)
@@ -207,12 +206,12 @@ def _unmatched(sel: Selector, what: str, names: list[str], diags: Diagnostics) -
                 help="closest names: " + ", ".join(closest_names(sel.pattern, names)))
 
 
-def _one(m: Mapping, source: Norm | Layer, candidates: list[Layer], index: ModelIndex, onnx: bool,
+def _one(m: Mapping, source: Norm | Layer, candidates: list[Layer], index: ModelIndex,
          diags: Diagnostics) -> SmoothingMapping | None:
     """One source with the targets in its block, checked: it can absorb a scale, feeds every target, and
     (where qrc knows what reads it) every reader is a target."""
     is_norm = isinstance(source, Norm)
-    width = source.width if is_norm else source.out_features
+    width = source.width if isinstance(source, Norm) else source.out_features
     targets = [x for x in candidates if x.block == source.block and x.name != source.name]
     if not targets:
         _not_feeding(m, source.name, f"none of the targets lies in its block `{source.block}`", diags)
@@ -221,11 +220,6 @@ def _one(m: Mapping, source: Norm | Layer, candidates: list[Layer], index: Model
     if narrow:
         _not_feeding(m, source.name, f"it has {width} output channels, but {', '.join(compress(narrow)[:2])} "
                      f"read{'s' if len(narrow) == 1 else ''} {index.layer(narrow[0]).in_features}", diags)
-        return None
-    if not is_norm and onnx:
-        diags.error("Q264", f"`{source.name}` is a MatMul: the ONNX backend folds scales into normalisation "
-                    "weights only", m.source.span, "cannot absorb the scale here",
-                    help="map from a norm on ONNX, or compile the model with `backend torch`")
         return None
     if not _feeds_all(m, source, targets, index, diags):
         return None
@@ -238,7 +232,7 @@ def _feeds_all(m: Mapping, source: Norm | Layer, targets: list[Layer], index: Mo
     if isinstance(source, Norm):
         readers = norm_readers(index, source)
         if readers is None and (index.graph is not None or index.family in _POST_NORM_FAMILIES):
-            code = "Q264" if index.graph is not None else "Q261"
+            code = "Q264" if index.graph is not None else "Q261"  # the graph shows the other reader
             diags.error(code, f"the output of `{source.name}` is also read outside the layers (a residual "
                         "connection): scaling it would change the model", m.source.span, "cannot absorb the scale",
                         help="map from a norm that feeds only Linear layers (a pre-norm block's input norm)")
@@ -266,3 +260,9 @@ def _not_feeding(m: Mapping, source: str, why: str, diags: Diagnostics) -> None:
     diags.error("Q261", f"`{source}` does not feed the mapping's targets: {why}", m.span, "source and targets "
                 "do not match", help="a mapping's source is the norm or Linear whose output the targets read, "
                 "in the same block")
+
+
+def mapping_rows(mappings: tuple[SmoothingMapping, ...]) -> list[tuple[str, str, str, str]]:
+    """The mappings as `qrc inspect` and the report show them: (source, kind, targets, how it was found)."""
+    return [(m.source, m.kind.value, ", ".join(compress(list(m.targets))), "inferred" if m.inferred else
+             f"map, line {m.span.line}") for m in mappings]

@@ -56,7 +56,7 @@ class Smoother:
         """What the transform did, for the compile summary."""
         return transform_summary(self.ir.transform, self.folded, self.gains)
 
-    def run(self, mappings: list[SmoothingMapping], forward: Callable[[], None],
+    def run(self, mappings: list[SmoothingMapping], forward: Callable[[], object],
             probe: Callable[[], torch.Tensor]) -> None:
         """Statistics over the stream (`forward` runs it), scales, fold; then `probe` (the output on one chunk)
         must match what it was before the fold."""
@@ -79,7 +79,7 @@ class Smoother:
         root = self.model.module
         source = root.get_submodule(self.modules[m.source])
         targets = [root.get_submodule(self.modules[x]) for x in m.targets]
-        weights = [t.weight for t in targets]
+        weights = [t.weight for t in targets if isinstance(t.weight, torch.Tensor)]
         t = self.ir.transform
         if t.kind is TransformKind.SMOOTHQUANT:
             scales = smoothquant_scales(stats, weights, t.alpha)

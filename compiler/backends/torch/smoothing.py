@@ -148,7 +148,8 @@ def _weight_magnitude(quantized: list[tuple[torch.Tensor, WeightQuant]]) -> torc
     """w̄_j: each weight normalised by the maximum of its quantization group, averaged over rows (AWQ)."""
     parts = []
     for w, spec in quantized:
-        size = spec.group_size if spec.granularity is Granularity.GROUP and spec.group_size else w.shape[1]
+        size = min(spec.group_size, w.shape[1]) if spec.granularity is Granularity.GROUP and spec.group_size \
+            else w.shape[1]
         groups = w.abs().reshape(w.shape[0], -1, size)
         parts.append((groups / (groups.amax(dim=-1, keepdim=True) + 1e-6)).reshape(w.shape))
     return torch.cat(parts).mean(dim=0)
@@ -185,16 +186,25 @@ def fold(source: nn.Module, kind: SourceKind, targets: list[nn.Module], scales: 
          offset: float = 0.0) -> None:
     """Divide the source's output channels by `scales` and multiply the targets' input columns by them, in
     place. `offset`: a norm computing x·(offset + w) (Gemma's 1 + w) keeps that form."""
+    weight = _tensor(source, "weight")
+    bias = getattr(source, "bias", None)
     with torch.no_grad():
-        s = scales.to(source.weight.device, source.weight.dtype)
+        s = scales.to(weight.device, weight.dtype)
         if kind is SourceKind.NORM:
-            source.weight.copy_((offset + source.weight) / s - offset)
+            weight.copy_((offset + weight) / s - offset)
         else:
-            source.weight.div_(s.view(-1, 1))
-        if getattr(source, "bias", None) is not None:
-            source.bias.div_(s)
+            weight.div_(s.view(-1, 1))
+        if isinstance(bias, torch.Tensor):
+            bias.div_(s)
         for target in targets:
-            target.weight.mul_(scales.to(target.weight.device, target.weight.dtype).view(1, -1))
+            w = _tensor(target, "weight")
+            w.mul_(scales.to(w.device, w.dtype).view(1, -1))
+
+
+def _tensor(module: nn.Module, name: str) -> torch.Tensor:
+    value = getattr(module, name)
+    assert isinstance(value, torch.Tensor)
+    return value
 
 
 def norm_offset(module: nn.Module) -> float:
