@@ -13,20 +13,13 @@ import sys
 
 def main() -> None:
     model_folder, npz, out = sys.argv[1:4]
-    import numpy as np
     import transformers
-    from datasets import Dataset
+    from llmc_data import dataset_and_processor
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import GPTQModifier
 
-    ids = np.load(npz)["input_ids"]
-    dataset = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": np.ones_like(ids).tolist()})
+    dataset, processor, ids = dataset_and_processor(npz)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_folder, dtype="auto")
-    # the dataset is tokenized already; oneshot still wants a processor, so it gets a one-word one
-    from tokenizers import Tokenizer, models
-    processor = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")), unk_token="[UNK]",
-        pad_token="[UNK]")
     recipe = GPTQModifier(targets="Linear", scheme="W4A16", ignore=["lm_head"], dampening_frac=0.01, block_size=128,
                           actorder=None)
     oneshot(model=model, processor=processor, dataset=dataset, recipe=recipe, num_calibration_samples=len(ids),

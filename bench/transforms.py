@@ -1,0 +1,155 @@
+"""AWQ and SmoothQuant on a random-weight Llama with injected outlier channels, side by side with plain
+rounding and (with `--llmcompressor`) llm-compressor's AWQModifier / SmoothQuantModifier on the same model
+and calibration samples. Quality is measured outside qrc: transformers loads every folder
+(compressed-tensors dequantizes the weights) and, for W8A8, the bench's own hooks quantize each Linear's
+inputs as the folder's config says (static per-tensor scales from the folder, or dynamic per token), so
+activations are really quantized. KL(float ‖ quantized), cosine and top-1 agreement on 16 held-out samples.
+
+    python bench/transforms.py [--hidden 512] [--layers 4] [--factor 20] [--alpha 0.8]
+                               [--llmcompressor VENV/bin/python]
+
+Outliers: channels 3, 17, 40, … (every 37th) of every input and post-attention norm weight are scaled by
+`--factor`, so the activations the projections read have the few large channels real LLMs have. Prints one
+markdown table; times are each whole run (qrc: its compile; llm-compressor: its `oneshot` call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from float_formats import compile_program, independent, model_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = """recipe bench {{
+    model "{model}"
+    backend torch
+    {transform}
+    scheme s = {scheme}
+    quantize {{ type Linear -> s  "lm_head" -> none }}
+    group auto
+    calibrate {{ data npz "{npz}" {{ samples 32 }}  chunk 8 }}
+    memory {{ mode offload }}
+    verify {{ samples 16  metric kld  at_most 10 }}
+    emit "{out}"
+}}
+"""
+DYNAMIC = "W8A8 { activations int8 per_token dynamic symmetric }"  # llm-compressor's W8A8
+
+
+def outlier_model(hidden: int, layers: int, factor: float) -> Path:
+    """The bench Llama with outlier channels in its pre-norms, saved once beside it."""
+    import torch
+    import transformers
+
+    base = model_folder(hidden, layers)
+    folder = base.with_name(f"{base.name}-outliers{factor:g}")
+    if not (folder / "model.safetensors").exists():
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(base))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith(("input_layernorm.weight", "post_attention_layernorm.weight")):
+                    param[3::37] *= factor
+        model.save_pretrained(folder)
+    return folder
+
+
+def calibration_npz(folder: Path, vocab: int = 8192) -> Path:
+    """32 samples of 128 random token ids (and 16 held out for verification), the same for both tools."""
+    import numpy as np
+
+    path = folder / "calibration.npz"
+    ids = np.random.default_rng(1).integers(0, vocab, (48, 128), dtype=np.int64)
+    np.savez(path, input_ids=ids, attention_mask=np.ones_like(ids))
+    np.savez(folder / "llmc.npz", input_ids=ids[:32], attention_mask=np.ones_like(ids[:32]))
+    return path
+
+
+def activation_hooks(model, out: Path) -> None:
+    """Quantize each quantized Linear's input as the folder says: int8 static per tensor (the folder's
+    input_scale / input_zero_point) or dynamic per token (symmetric, from each token's range)."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file
+
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    group = next(iter(config["config_groups"].values()))
+    act = group.get("input_activations")
+    if not act:
+        return
+    tensors = load_file(str(out / "model.safetensors"))
+    qmin, qmax = (-128, 127) if act["type"] == "int" else (0, 255)
+    for name, module in model.named_modules():
+        if f"{name}.weight_scale" not in tensors or not isinstance(module, torch.nn.Linear):
+            continue
+        scale = tensors.get(f"{name}.input_scale")
+        zero = tensors.get(f"{name}.input_zero_point")
+
+        def hook(mod, args, scale=scale, zero=zero):
+            x = args[0]
+            if act["dynamic"]:
+                s = x.abs().amax(-1, keepdim=True).clamp(min=1e-8) / 127
+                return (torch.clamp(torch.round(x / s), -127, 127) * s,)
+            z = zero.float() if zero is not None else 0.0
+            return ((torch.clamp(torch.round(x / scale.float()) + z, qmin, qmax) - z) * scale.float(),)
+
+        module.register_forward_pre_hook(hook)
+
+
+def measure(float_folder: Path, out: Path) -> dict:
+    """float_formats.independent, with the folder's activation quantization applied."""
+    return independent(float_folder, out, prepare=lambda model: activation_hooks(model, out))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--factor", type=float, default=20.0)
+    parser.add_argument("--alpha", type=float, default=0.8)
+    parser.add_argument("--llmcompressor", help="python of a venv with llm-compressor")
+    args = parser.parse_args()
+    folder = outlier_model(args.hidden, args.layers, args.factor)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        npz = calibration_npz(Path(tmp))
+        runs = [("W4A16 rtn", "", "W4A16"), ("W4A16 awq", "transform awq", "W4A16"),
+                ("W8A8 static", "", "W8A8"), ("W8A8 static smoothquant", f"transform smoothquant {{ alpha {args.alpha} }}",
+                                               "W8A8"),
+                ("W8A8 dynamic", "", DYNAMIC),
+                ("W8A8 dynamic smoothquant", f"transform smoothquant {{ alpha {args.alpha} }}", DYNAMIC)]
+        for label, transform, scheme in runs:
+            out = Path(tmp) / label.replace(" ", "-")
+            recipe = Path(tmp) / "r.recipe"
+            recipe.write_text(RECIPE.format(model=folder, transform=transform, scheme=scheme, npz=npz, out=out))
+            start = time.perf_counter()
+            result, _ = compile_program(str(recipe), out)
+            seconds = time.perf_counter() - start
+            rows.append((f"qrc {label}", seconds, measure(folder, out), result.verify["kld"]))
+        if args.llmcompressor:
+            for label, method in (("W4A16 rtn", "rtn"), ("W4A16 AWQModifier", "awq"), ("W8A8 dynamic", "w8a8"),
+                                  ("W8A8 dynamic SmoothQuantModifier", "smoothquant")):
+                out = Path(tmp) / f"llmc-{method}"
+                done = subprocess.run([args.llmcompressor, str(ROOT / "bench" / "llmc_transforms.py"), str(folder),
+                                       str(Path(tmp) / "llmc.npz"), method, str(out), str(args.alpha)],
+                                      capture_output=True, text=True)
+                if done.returncode:
+                    print(f"llm-compressor {label} failed:", done.stderr.strip().splitlines()[-1])
+                    continue
+                seconds = float(done.stdout.split("seconds")[-1].split()[0])
+                rows.append((f"llm-compressor {label}", seconds, measure(folder, out), None))
+    print(f"Llama h{args.hidden} × {args.layers} blocks, outlier channels ×{args.factor:g}; 32 × 128 calibration, "
+          "16 × 128 held out\n")
+    print("| run | time | KL (transformers) | cosine | top-1 | KL (qrc verify) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for label, seconds, m, own in rows:
+        print(f"| {label} | {seconds:.1f} s | {m['kl']:.5f} | {m['cosine']:.4f} | {m['top1']:.3f} | "
+              f"{'' if own is None else f'{own:.5f}'} |")
+
+
+if __name__ == "__main__":
+    main()
