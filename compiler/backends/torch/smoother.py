@@ -6,25 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from compiler.backends.result import BackendError
 from compiler.backends.torch.layers import Job, quantize_job
 from compiler.backends.torch.model import TorchModel
-from compiler.backends.torch.smoothing import (
-    SmoothingStatistics,
-    awq_scales,
-    fake_round,
-    fold,
-    integer_spec,
-    norm_offset,
-    smoothquant_scales,
-    transform_summary,
-)
+from compiler.backends.torch.smoothing import SmoothingStatistics, fold, norm_offset
 from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import error
-from compiler.ir.types import RecipeIR, TransformKind, WeightQuant
+from compiler.ir.types import RecipeIR, Rounding, TransformKind, WeightQuant
 from compiler.models.index import ModelIndex
+from compiler.quant.smoothing import awq_scales, smoothquant_scales, transform_summary
+from compiler.quant.weights import Convention, quantize_weight
 from compiler.resolve.smoothing import SmoothingMapping, SourceKind
 
 # Relative change of the float output a fold may cause: float32 rounding is ~1e-6; a mapping whose source
@@ -79,7 +73,7 @@ class Smoother:
         root = self.model.module
         source = root.get_submodule(self.modules[m.source])
         targets = [root.get_submodule(self.modules[x]) for x in m.targets]
-        weights = [t.weight for t in targets if isinstance(t.weight, torch.Tensor)]
+        weights = [t.weight.detach().float().cpu().numpy() for t in targets if isinstance(t.weight, torch.Tensor)]
         t = self.ir.transform
         if t.kind is TransformKind.SMOOTHQUANT:
             scales = smoothquant_scales(stats, weights, t.alpha)
@@ -90,15 +84,17 @@ class Smoother:
         fold(source, m.kind, targets, scales, norm_offset(source) if m.kind is SourceKind.NORM else 0.0)
         self.folded += 1
 
-    def _rounding(self, m: SmoothingMapping) -> Callable[[torch.Tensor, WeightQuant], torch.Tensor]:
-        """How the search rounds a target: fake_round for integers, else the scheme's own rounding (rtn)."""
+    def _rounding(self, m: SmoothingMapping) -> Callable[[np.ndarray, WeightQuant], np.ndarray]:
+        """How the search rounds a target: as the run will (rtn), integers in numpy, floating formats through
+        compressed-tensors."""
         jobs = [self.jobs[x] for x in m.targets if x in self.jobs]
+        dtype = str(self.model.dtype).removeprefix("torch.")
 
-        def rounding(w: torch.Tensor, spec: WeightQuant) -> torch.Tensor:
-            if integer_spec(spec):
-                return fake_round(w, spec)
+        def rounding(w: np.ndarray, spec: WeightQuant) -> np.ndarray:
+            if not spec.qtype.is_float:
+                return quantize_weight(w, spec, Rounding.RTN, 0, 1, Convention.TORCH, dtype).dequantize()
             job = next(j for j in jobs if j.scheme.weights == spec).with_rtn()
-            return torch.from_numpy(quantize_job(job, w, None, self.model.dtype).dequantize()).to(w)
+            return quantize_job(job, torch.from_numpy(w), None, self.model.dtype).dequantize()
 
         return rounding
 
