@@ -304,6 +304,11 @@ CODES: tuple[CodeInfo, ...] = (
        "float error means a mapping's source feeds something its targets do not cover. The compile stops "
        "before anything is written.",
        'transform smoothquant { map "*.custom_norm" -> "*.q_proj" }   # on a family qrc cannot check by name'),
+    _c("Q423", "the ONNX export does not match the plan",
+       "An HF folder compiled on the ONNX backend is exported first, and the recipe is resolved again against "
+       "the export. If the exporter named a layer differently, the layers quantized would silently differ "
+       "from the plan; the compile stops instead, before any weight is rounded.",
+       "backend onnx on a folder whose export renames its Linear weights"),
     _c("Q501", "verification failed",
        "The emitted model was run beside the float one on held-out samples and missed the recipe's bound. "
        "The model is left in place with a `.verify.json` report of the figures, so it can be inspected.",
@@ -405,14 +410,11 @@ CODES: tuple[CodeInfo, ...] = (
     _c("Q263", "a mapping scales only float layers (warning)",
        "Its targets are not quantized, so the mapping would change nothing that is rounded; it is skipped.",
        'transform awq { map "model.norm" -> "lm_head" }   # lm_head stays float'),
-    _c("Q264", "a norm whose output the graph also sends elsewhere",
-       "The model's graph shows the norm's output read by something besides the mapping's layers (a residual "
-       "Add in a post-norm block, as in BERT): scaling it would change the model.",
+    _c("Q264", "a source the ONNX graph cannot absorb the scale into",
+       "On ONNX, scales are folded into a normalisation's weight (and bias) initializers. A norm whose output "
+       "the graph also sends elsewhere (a residual Add in a post-norm block, as in BERT) would change the model; "
+       "a MatMul source has no such fold on the ONNX backend (use `backend torch`).",
        'model "builtin:tiny-bert"\ntransform smoothquant { map "*.attention.output.LayerNorm" -> "*.intermediate.dense" }'),
-    _c("Q265", "a transform on the ONNX backend",
-       "AWQ and SmoothQuant are folded by the torch backend; the ONNX backend does not fold them yet. The "
-       "mappings are still checked, so the diagnostic comes with whatever else is wrong.",
-       'model "builtin:tiny-llama"\ntransform smoothquant   # add: backend torch'),
     _c("Q233", "emit path with an unexpected extension (warning)",
        "Runtimes and tools look for `.onnx` files; another extension is allowed but probably a typo.",
        'emit "out/model.onx"'),

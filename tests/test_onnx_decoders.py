@@ -309,11 +309,14 @@ def test_decoder_plan_binds_batch_sequence_and_an_empty_past(exported, tmp_path)
     assert sizes["kv_cache_dim"] == 16
 
 
-def test_builder_layers_have_the_checkpoint_names(exported, tmp_path):
-    """The builder names weights after their node (`lm_head.MatMul.weight`); the layers keep the
-    checkpoint's names, so a recipe written for the HF folder selects the same layers in its graph."""
+@pytest.mark.parametrize("exporter", ["builder-fp32", "qrc-dynamo"])
+def test_exported_layers_have_the_checkpoint_names(exported, exporter, tmp_path):
+    """The builder names weights after their node (`lm_head.MatMul.weight`), and the dynamo exporter folds
+    each transposed weight into a nameless constant (`val_90`, renamed back by qrc's export); either way the
+    layers keep the checkpoint's names, so a recipe written for the HF folder selects the same layers in its
+    graph."""
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(RECIPE.format(model=exported("llama", "builder-fp32"), scheme="W8A8", fmt="qdq",
+    recipe.write_text(RECIPE.format(model=exported("llama", exporter), scheme="W8A8", fmt="qdq",
                                     out=tmp_path / "o.onnx").replace("type Linear -> W8A8",
                                                                      'type Linear -> W8A8  "lm_head" -> none  '
                                                                      '"model.layers.*.mlp.down_proj" -> W8A16'))

@@ -124,10 +124,6 @@ def check_backend_features(ir: RecipeIR, diags: Diagnostics) -> None:
             diags.error("Q234", "`mode multi_gpu` needs backend torch", ir.memory.span_of("mode"),
                         "onnx runs on one device", help="use `mode auto`, or `backend torch` for several GPUs")
         _refuse_float_formats(ir, diags)
-        if ir.transform is not None:
-            diags.error("Q265", f"`transform {ir.transform.kind.value}` is folded by the torch backend; the ONNX "
-                        "backend does not fold it yet", ir.transform.span, "transform on onnx",
-                        help="add `backend torch` (a compressed-tensors folder), or remove the transform")
 
 
 def _refuse_float_formats(ir: RecipeIR, diags: Diagnostics) -> None:

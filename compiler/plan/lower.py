@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from compiler.ir.types import (
     ActivationMode,
+    Backend,
     CalibrationMethod,
     MemoryMode,
     RecipeIR,
@@ -211,8 +212,8 @@ def _transform_words(w) -> str:
     t = w.transform
     stats = "|x| maxima" if t.kind is TransformKind.SMOOTHQUANT else "mean |x| and XᵀX"
     search = f", search {t.grid} ratios" if t.kind is TransformKind.AWQ else f", alpha {t.alpha:g}"
-    return (f"{t.kind.value} over {len(w.smoothing)} mapping(s): {stats}{search}, fold, float output "
-            "checked unchanged")
+    checked = "float output checked unchanged" if w.backend is Backend.TORCH else "readers exact from the graph"
+    return f"{t.kind.value} over {len(w.smoothing)} mapping(s): {stats}{search}, fold, {checked}"
 
 
 def _calibrate_chunks(ctx: Context, layers: tuple[str, ...], outputs: tuple[str, ...]) -> CalibrateChunk:
@@ -224,7 +225,9 @@ def _calibrate_chunks(ctx: Context, layers: tuple[str, ...], outputs: tuple[str,
         tensors = (f"{len(w.observed)} tensors" if w.index.graph is not None else
                    f"the inputs of {len(w.needed)} layers (tensor names from the exported graph)")
         hessians = f" and GPTQ Hessians of {len(w.hessian_inputs)} layer inputs" if w.hessian_inputs else ""
-        summary = (f"forward {w.chunk} samples × {w.seqlen} tokens; update observers of {tensors}{hessians}; "
+        first = f"first {_transform_words(w)} (the model rewritten with the scales, one weight at a time); " \
+            if w.transform else ""
+        summary = (first + f"forward {w.chunk} samples × {w.seqlen} tokens; update observers of {tensors}{hessians}; "
                    "keep nothing else (the model's own outputs are dropped from the graph)")
     return CalibrateChunk(summary=summary, inputs=("model", "calibration_data", "memory_mode") + _after_search(ctx),
                           outputs=outputs, peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=ctx.chunks * ctx.passes,
@@ -290,7 +293,8 @@ def _blockwise(ctx: Context) -> list[PlanOp]:
         what = (_transform_words(w) + "; " if w.transform else "") + "compute float outputs, " + ranges + ("quantize the block (GPTQ with its Hessians)" if w.gptq else
                                                       "quantize the block")
     else:
-        what = "observe its tensors" + (" (GPTQ: round its layers once every chunk has passed, free their "
+        what = (f"(after {_transform_words(w)}, its own pass over the segments) " if w.transform else "") + \
+            "observe its tensors" + (" (GPTQ: round its layers once every chunk has passed, free their "
                                         "Hessians)" if w.hessian_inputs else "")
     run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
                    inputs=("model", "block_inputs"), outputs=outputs, peak_bytes=ctx.phase(PhaseName.CALIBRATE),

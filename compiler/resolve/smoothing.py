@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from compiler.diagnostics import Diagnostic
-from compiler.ir.types import Mapping, RecipeIR, Scheme, Selector, Transform, TransformKind
+from compiler.ir.types import Backend, Mapping, RecipeIR, Scheme, Selector, Transform, TransformKind
 from compiler.ir.values import Diagnostics
 from compiler.models.index import Layer, LayerKind, ModelIndex, Norm
 from compiler.models.names import compress
@@ -53,7 +53,8 @@ def resolve_smoothing(ir: RecipeIR, index: ModelIndex, schemes: dict[str, Scheme
     t = ir.transform
     if t is None:
         return ()
-    found = _written(t, index, diags) if t.mappings else _inferred(t, index)
+    onnx = ir.backend is Backend.ONNX
+    found = _written(t, index, onnx, diags) if t.mappings else _inferred(t, index, onnx)
     if not found and not t.mappings:
         diags.error("Q260", f"`transform {t.kind.value}` infers no mapping for this `{index.family}` model",
                     t.span, "nothing to smooth", help=_no_inference_help(index))
@@ -102,7 +103,7 @@ def _no_inference_help(index: ModelIndex) -> str:
 
 
 # ---- inferred ------------------------------------------------------------------------------------------
-def _inferred(t: Transform, index: ModelIndex) -> list[SmoothingMapping]:
+def _inferred(t: Transform, index: ModelIndex, onnx: bool) -> list[SmoothingMapping]:
     """Norm → the layers it feeds (both methods), and for AWQ the Linear pairs whose widths match (v → o is
     skipped under grouped-query attention, where v has fewer channels than o reads)."""
     out = []
@@ -111,7 +112,7 @@ def _inferred(t: Transform, index: ModelIndex) -> list[SmoothingMapping]:
         if readers:
             out.append(SmoothingMapping(norm.name, SourceKind.NORM, tuple(readers), norm.width, norm.block, t.span,
                                         True))
-    if t.kind is TransformKind.AWQ:
+    if t.kind is TransformKind.AWQ and not onnx:  # the ONNX backend folds into norms only (Q264)
         by_name = {x.name: x for x in index.layers}
         for layer in index.layers:
             parent, _, leaf = layer.name.rpartition(".")
@@ -151,7 +152,7 @@ def _in_mlp(layer: Layer, block: str) -> bool:
 
 
 # ---- written: `map SOURCE -> TARGETS` ------------------------------------------------------------------
-def _written(t: Transform, index: ModelIndex, diags: Diagnostics) -> list[SmoothingMapping]:
+def _written(t: Transform, index: ModelIndex, onnx: bool, diags: Diagnostics) -> list[SmoothingMapping]:
     out = []
     for m in t.mappings:
         sources = _sources(m.source, index)
@@ -167,7 +168,7 @@ def _written(t: Transform, index: ModelIndex, diags: Diagnostics) -> list[Smooth
         failed = 0
         for source in sources:
             local = Diagnostics()
-            resolved = _one(m, source, [x for group in targets for x in group], index, local)
+            resolved = _one(m, source, [x for group in targets for x in group], index, onnx, local)
             if resolved is not None:
                 out.append(resolved)
             failed += bool(local.items)
@@ -206,7 +207,7 @@ def _unmatched(sel: Selector, what: str, names: list[str], diags: Diagnostics) -
                 help="closest names: " + ", ".join(closest_names(sel.pattern, names)))
 
 
-def _one(m: Mapping, source: Norm | Layer, candidates: list[Layer], index: ModelIndex,
+def _one(m: Mapping, source: Norm | Layer, candidates: list[Layer], index: ModelIndex, onnx: bool,
          diags: Diagnostics) -> SmoothingMapping | None:
     """One source with the targets in its block, checked: it can absorb a scale, feeds every target, and
     (where qrc knows what reads it) every reader is a target."""
@@ -220,6 +221,11 @@ def _one(m: Mapping, source: Norm | Layer, candidates: list[Layer], index: Model
     if narrow:
         _not_feeding(m, source.name, f"it has {width} output channels, but {', '.join(compress(narrow)[:2])} "
                      f"read{'s' if len(narrow) == 1 else ''} {index.layer(narrow[0]).in_features}", diags)
+        return None
+    if not is_norm and onnx:
+        diags.error("Q264", f"`{source.name}` is a MatMul: the ONNX backend folds scales into normalisation "
+                    "weights only", m.source.span, "cannot absorb the scale here",
+                    help="map from a norm on ONNX, or compile the model with `backend torch`")
         return None
     if not _feeds_all(m, source, targets, index, diags):
         return None

@@ -20,6 +20,7 @@ from compiler.plan.memory import (
     mode_estimate,
     observer_bytes,
     score_phase,
+    transform_bytes,
 )
 from compiler.plan.ops import ModeEstimate
 from compiler.plan.target import PhaseName
@@ -60,6 +61,8 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
                  (f"activations of one chunk ({chunk} samples)", act), ("observers", observer_bytes(w)))
         if w.hessian_inputs:
             parts += (("GPTQ Hessians (float64 sums), update scratch", _hessians(w, group) + _hessian_update(w, chunk)),)
+    if w.transform is not None:  # the transform's pass observes every mapping's input at once, before calibration
+        parts += ((f"{w.transform.kind.value} statistics (+ scratch of one mapping)", transform_bytes(w, all_blocks=True)),)
     return Phase("calibrate", sum(b for _, b in parts), parts)
 
 

@@ -38,6 +38,7 @@ from compiler.plan.ops import Plan
 from compiler.plan.workload import Workload, workload
 from compiler.quant import qparams
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
+from compiler.quant.smoothing import transform_summary
 from compiler.quant.weights import QuantizedWeight, sqnr_db
 from compiler.resolve.assignment import Assignment, resolve
 
@@ -88,6 +89,7 @@ class _OnnxRun:
         self.emitter: QdqEmitter | None = None
         self.rounder: GptqRounder | None = None  # GPTQ: Hessians held until their layers are rounded
         self.sqnr: dict[str, float] = {}  # weight → its SQNR in dB, as each is rounded
+        self.smoothed = False  # `transform`: the model was rewritten with its scales (before any observation)
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.ExportOnnx: self.export, ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode,
@@ -128,7 +130,9 @@ class _OnnxRun:
         self.source = export_folder(folder, self.ir.model_span)
         advance()
         index = index_onnx(self.source, self.ir.model, family=self.assignment.model.family)
-        self.assignment = resolve(self.ir, index, Diagnostics())  # checked when planning; same names, same schemes
+        resolved = resolve(self.ir, index, Diagnostics())  # checked when planning; same names, same schemes
+        _same_layers(self.ir, self.assignment, resolved)
+        self.assignment = resolved
         self.result.assignment = self.assignment
 
     def load(self, op: ops.LoadModel) -> None:
@@ -152,8 +156,30 @@ class _OnnxRun:
     def _batches(self, w: Workload):
         return data.calibration_batches(self.ir.calibration.data, w.index, w.chunk)
 
+    def _smooth_first(self) -> None:
+        """`transform`: before anything is observed or rounded, the model is replaced by its smoothed copy."""
+        if self.smoothed or not self.assignment.smoothing:
+            return
+        from compiler.backends.onnx.smoothing import smooth
+
+        self.smoothed = True
+        w = self.workload
+        batches = self._batches(w)
+        advance = self.progress(self.ir.transform.kind.value, len(batches) * (1 if self.mode is not MemoryMode.OFFLOAD
+                                                                               else len(self._segments())))
+        smoothed, gains = smooth(self.ir, self.assignment, self.files, self.mode, batches, _disk(self.ir), advance)
+        self.files.close()
+        self.files = smoothed
+        self.result.transform = transform_summary(self.ir.transform, len(self.assignment.smoothing), gains)
+
+    def _segments(self):
+        from compiler.backends.onnx.segments import cut
+
+        return cut(self.files.light)
+
     def calibrate(self, op: ops.CalibrateChunk) -> None:
         """Every chunk, `op.passes` times: low_memory splits the observed tensors into groups."""
+        self._smooth_first()
         w, files = self.workload, self.files
         histogram = self.ir.calibration.method in HISTOGRAM_METHODS
         batches = self._batches(w)
@@ -180,6 +206,7 @@ class _OnnxRun:
         the block boundaries are cached per chunk as run_block produces them."""
         from compiler.quant.observers import make_observer
 
+        self._smooth_first()
         w = self.workload
         histogram = self.ir.calibration.method in HISTOGRAM_METHODS
         self.observers = {t: make_observer(histogram, self.ir.calibration.bins) for t in w.observed}
@@ -306,6 +333,7 @@ class _OnnxRun:
     def quantize(self, op: ops.QuantizeWeights) -> None:
         """Each weight read from the data file, rounded, handed to the emitter and dropped; then the static
         inputs' scales and zero points."""
+        self._smooth_first()
         self.result.calibration_seconds = time.perf_counter() - self.start
         release_memory()
         jobs, emitter = self.jobs(), self._emitter()
@@ -382,6 +410,23 @@ class _OnnxRun:
             self.result.layer_errors = self._layer_errors(staged)
         self.result.files = self.emitter.commit()
         judge(self.ir, self.output, agreement, self.result)
+
+
+def _same_layers(ir: RecipeIR, planned: Assignment, exported: Assignment) -> None:
+    """Q423: the export must quantize exactly the layers the plan did, with the same schemes: a layer the
+    exporter renamed would otherwise be left float (or quantized against the recipe) without a word."""
+    def quantized(assignment: Assignment) -> dict[str, str]:
+        return {a.layer.name: a.scheme.name for a in assignment.layers if not a.scheme.is_none}
+
+    before, after = quantized(planned), quantized(exported)
+    if before == after:
+        return
+    differ = sorted(set(before.items()) ^ set(after.items()))
+    raise BackendError(error(
+        "Q423", f"the ONNX export names or assigns {len(differ)} quantized layer(s) differently from the folder "
+        f"(e.g. `{differ[0][0]}`)", ir.model_span, "export does not match the plan",
+        help="compile the folder with `backend torch`, or export it once and compile the .onnx file with rules "
+        "for its names (`qrc inspect FILE.onnx`)"))
 
 
 def _format(ir: RecipeIR):

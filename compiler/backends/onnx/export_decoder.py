@@ -48,6 +48,46 @@ def export_decoder(folder: Path, raw: Path, dtype: str = "float32") -> None:
         program = torch.onnx.export(wrapper, example, dynamic_shapes=shapes, dynamo=True, input_names=names,
                                     output_names=outputs, opset_version=21, verbose=False)
     program.save(str(raw), external_data=True)
+    _name_weights(raw, wrapper)
+
+
+def _name_weights(raw: Path, wrapper) -> None:
+    """The dynamo exporter folds each Linear's transposed weight into a new initializer (`val_90`), losing
+    the parameter's name, and with it every name rule of the recipe. Each 2-D initializer equal to a
+    parameter's transpose (or to the parameter) takes that parameter's name back (`m.` dropped later)."""
+    import hashlib
+
+    import onnx
+    from onnx import numpy_helper
+
+    def digest(array) -> str:
+        return hashlib.sha256(array.tobytes()).hexdigest() + str(array.shape) + str(array.dtype)
+
+    params: dict[str, str] = {}
+    for name, param in wrapper.named_parameters():
+        if param.dim() == 2:
+            values = param.detach().cpu().numpy()
+            params.setdefault(digest(values.T.copy()), name)
+            params.setdefault(digest(values), name)
+    model = onnx.load(str(raw))
+    taken = {t.name for t in model.graph.initializer}
+    rename = {}
+    for tensor in model.graph.initializer:
+        if len(tensor.dims) != 2 or "." in tensor.name:
+            continue
+        name = params.get(digest(numpy_helper.to_array(tensor)))
+        if name is not None and name not in taken:
+            rename[tensor.name] = name
+            taken.add(name)
+    if not rename:
+        return
+    for tensor in model.graph.initializer:
+        tensor.name = rename.get(tensor.name, tensor.name)
+    for node in model.graph.node:
+        node.input[:] = [rename.get(i, i) for i in node.input]
+    data = raw.with_name(raw.name + ".data")
+    data.unlink(missing_ok=True)
+    onnx.save(model, str(raw), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
 
 
 def _flattened(model, layers: int):

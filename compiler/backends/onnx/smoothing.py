@@ -1,0 +1,150 @@
+"""AWQ and SmoothQuant on the ONNX backend. The mappings were resolved against the graph (a norm's readers
+are exactly the MatMuls the graph sends its output to, so the fold is an equivalent model by construction):
+each norm's output is observed over the calibration chunks (one whole-graph session, or segment by segment
+in offload), the scales come from compiler/quant/smoothing.py, and the model is rewritten into a scratch
+folder initializer by initializer — the norm's weight and bias divided by the scales, each target's MatMul
+rows multiplied by them — so no more than one weight is in memory at a time. Calibration, rounding and
+emission then run on that copy; verification compares with the original float model."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from compiler.backends.onnx.calibrate import augmented_model, session
+from compiler.backends.onnx.files import ModelFiles
+from compiler.backends.onnx.rewrite import weight_axes, weight_nodes
+from compiler.backends.onnx.segments import run_segments
+from compiler.ir.types import MemoryMode, RecipeIR, Rounding, TransformKind, WeightQuant
+from compiler.quant.smoothing import ChannelStats, awq_scales, smoothquant_scales
+from compiler.quant.weights import Convention, quantize_weight
+from compiler.resolve.assignment import Assignment
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """What the rewrite does to one initializer: divide (a norm's weight or bias) or multiply its input rows
+    (a target's weight, whose input axis is `axis`) by `scales`."""
+    scales: np.ndarray
+    divide: bool
+    axis: int = 0
+
+    def apply(self, values: np.ndarray) -> np.ndarray:
+        """The rescaled values, in the initializer's dtype."""
+        shape = [1] * values.ndim
+        shape[self.axis if not self.divide else -1] = -1
+        s = self.scales.reshape(shape).astype(values.dtype)
+        return values / s if self.divide else values * s
+
+
+def smooth(ir: RecipeIR, assignment: Assignment, files: ModelFiles, mode: MemoryMode, batches, disk: Path | None,
+           advance: Callable[[], None]) -> tuple[ModelFiles, list[float]]:
+    """The smoothed copy of the model, and AWQ's relative error reduction per mapping."""
+    index = assignment.model
+    norms = {n.name: n for n in index.norms}
+    by_output = {norms[m.source].output: m for m in assignment.smoothing}
+    awq = ir.transform.kind is TransformKind.AWQ
+    stats: dict[str, ChannelStats] = {}
+
+    def on_value(name: str, value: np.ndarray) -> None:
+        source = by_output[name].source
+        if source not in stats:
+            stats[source] = ChannelStats.empty(value.shape[-1], awq)
+        stats[source].update(value)
+
+    if mode is MemoryMode.OFFLOAD:
+        run_segments(files.light, files.base_dir, index.graph, batches, set(by_output), on_value, disk, advance)
+    else:
+        outputs = tuple(by_output)
+        sess = session(augmented_model(files.light, index.graph, outputs), files.base_dir)
+        inputs = {i.name for i in sess.get_inputs()}
+        for feed in batches:
+            for name, value in zip(outputs, sess.run(list(outputs), {k: v for k, v in feed.items() if k in inputs}),
+                                   strict=True):
+                on_value(name, value)
+            advance()
+        del sess
+    plan, gains = _scalings(ir, assignment, files, stats)
+    return rewrite_initializers(files, plan), gains
+
+
+def _scalings(ir: RecipeIR, assignment: Assignment, files: ModelFiles,
+              stats: dict[str, ChannelStats]) -> tuple[dict[str, Scaling], list[float]]:
+    """Per initializer, how the rewrite changes it; one mapping's weights read at a time."""
+    index, t = assignment.model, ir.transform
+    norms = {n.name: n for n in index.norms}
+    inits = {x.name: x for x in files.light.graph.initializer}
+    layers = {a.layer.name: a for a in assignment.layers}
+    plan: dict[str, Scaling] = {}
+    gains = []
+    for m in assignment.smoothing:
+        if m.source not in stats or not stats[m.source].rows:
+            continue
+        weights = [layers[x].layer.weight for x in m.targets]
+        nodes = dict((w, node) for node, w in weight_nodes(files.light, set(weights)))
+        axes = {w: weight_axes(nodes[w])[1] for w in weights}
+        as_rows = [_out_in(files.array(inits[w]), axes[w]) for w in weights]  # [out, in]
+        if t.kind is TransformKind.SMOOTHQUANT:
+            scales = smoothquant_scales(stats[m.source], as_rows, t.alpha)
+        else:
+            specs = [None if layers[x].scheme.is_none else layers[x].scheme.weights for x in m.targets]
+            scales, gain = awq_scales(stats[m.source], as_rows, specs, t.grid, t.duo_scaling, _rtn)
+            gains.append(gain)
+        del as_rows
+        norm = norms[m.source]
+        for name in filter(None, (norm.weight, norm.bias)):
+            plan[name] = Scaling(scales, divide=True)
+        for w in weights:
+            plan[w] = Scaling(scales, divide=False, axis=axes[w])
+    return plan, gains
+
+
+def _out_in(w: np.ndarray, input_axis: int) -> np.ndarray:
+    return np.asarray(w, np.float32) if input_axis == 1 else np.asarray(w, np.float32).T
+
+
+def _rtn(w: np.ndarray, spec: WeightQuant) -> np.ndarray:
+    """The search's rounding: the scheme's rtn in onnxruntime's convention (MLAS for 4-bit blocks)."""
+    return quantize_weight(w, spec, Rounding.RTN, 0, 1, Convention.ORT).dequantize()
+
+
+def rewrite_initializers(files: ModelFiles, plan: dict[str, Scaling]) -> ModelFiles:
+    """A copy of the model in a scratch folder with the planned initializers rescaled: every external tensor
+    is read, changed where planned, and appended to one new data file, one at a time."""
+    scratch = Path(tempfile.mkdtemp(prefix="qrc-smoothed-"))
+    try:
+        light = onnx.ModelProto()
+        light.CopyFrom(files.light)
+        path = scratch / files.path.name
+        data_name = files.path.name + ".data"
+        offset = 0
+        with open(scratch / data_name, "wb") as data:
+            for tensor in light.graph.initializer:
+                external = tensor.data_location == onnx.TensorProto.EXTERNAL
+                if not external and tensor.name not in plan:
+                    continue
+                values = files.array(tensor)
+                if tensor.name in plan:
+                    values = plan[tensor.name].apply(values)
+                if not external:
+                    tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
+                    continue
+                raw = np.ascontiguousarray(values).tobytes()
+                data.write(raw)
+                del tensor.external_data[:]
+                for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(len(raw)))):
+                    entry = tensor.external_data.add()
+                    entry.key, entry.value = key, value
+                offset += len(raw)
+        path.write_bytes(light.SerializeToString())
+        return ModelFiles(path, light, scratch)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
