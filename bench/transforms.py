@@ -6,7 +6,12 @@ inputs as the folder's config says (static per-tensor scales from the folder, or
 activations are really quantized. KL(float ‖ quantized), cosine and top-1 agreement on 16 held-out samples.
 
     python bench/transforms.py [--hidden 512] [--layers 4] [--factor 20] [--alpha 0.8]
-                               [--llmcompressor VENV/bin/python]
+                               [--llmcompressor VENV/bin/python] [--onnx] [--no-torch]
+
+With `--onnx`, the same folder is compiled on the ONNX backend too (qrc exports it): W8A8 QDQ with and
+without SmoothQuant, W4A16 MatMulNBits with and without AWQ, each emitted model run in onnxruntime on the
+held-out ids and compared with transformers' float logits (an exported decoder takes positions and a cache,
+so these runs calibrate on synthetic ids of the same shape rather than on the npz).
 
 Outliers: channels 3, 17, 40, … (every 37th) of every input and post-attention norm weight are scaled by
 `--factor`, so the activations the projections read have the few large channels real LLMs have. Prints one
@@ -105,6 +110,65 @@ def measure(float_folder: Path, out: Path) -> dict:
     return independent(float_folder, out, prepare=lambda model: activation_hooks(model, out))
 
 
+ONNX_RECIPE = """recipe bench {{
+    model "{model}"
+    backend onnx
+    {transform}
+    quantize {{ type Linear -> {scheme}  "lm_head" -> none }}
+    calibrate {{ data synthetic {{ samples 32  seqlen 128  seed 1 }}  chunk 8 }}
+    memory {{ mode low_memory }}
+    verify {{ samples 16  metric kld  at_most 10 }}
+    emit "{out}" {{ format {fmt} }}
+}}
+"""
+
+
+def measure_onnx(float_folder: Path, out: Path) -> dict:
+    """The emitted decoder in onnxruntime (empty cache) against transformers' float logits, same ids."""
+    import json
+
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    import transformers
+
+    config = json.loads((float_folder / "config.json").read_text())
+    head = config["hidden_size"] // config["num_attention_heads"]
+    ids = torch.randint(0, 8192, (16, 128), generator=torch.Generator().manual_seed(99))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(float_folder)).eval()
+    with torch.no_grad():
+        a = reference(ids).logits.float()
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    feed = {"input_ids": ids.numpy(), "attention_mask": np.ones(ids.shape, np.int64),
+            "position_ids": np.broadcast_to(np.arange(ids.shape[1]), ids.shape).astype(np.int64)}
+    for info in session.get_inputs():
+        if info.name.startswith("past_key_values"):
+            feed[info.name] = np.zeros((ids.shape[0], config["num_key_value_heads"], 0, head), np.float32)
+    b = torch.from_numpy(session.run(["logits"], {k: v for k, v in feed.items()
+                                                  if k in {i.name for i in session.get_inputs()}})[0]).float()
+    p, q = a.log_softmax(-1), b.log_softmax(-1)
+    return {"kl": float((p.exp() * (p - q)).sum(-1).mean()),
+            "cosine": float(torch.nn.functional.cosine_similarity(a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1]),
+                                                                  dim=-1).mean()),
+            "top1": float((a.argmax(-1) == b.argmax(-1)).float().mean())}
+
+
+def onnx_rows(folder: Path, tmp: Path, alpha: float) -> list:
+    """qrc's ONNX backend on the folder: plain rounding and each transform, measured in onnxruntime."""
+    rows = []
+    sq = f"transform smoothquant {{ alpha {alpha} }}"
+    for label, transform, scheme, fmt in (("W8A8 static", "", "W8A8", "qdq"), ("W8A8 static smoothquant", sq, "W8A8", "qdq"),
+                                          ("W4A16 rtn", "", "W4A16", "matmul_nbits"),
+                                          ("W4A16 awq", "transform awq", "W4A16", "matmul_nbits")):
+        out = tmp / f"onnx-{label.replace(' ', '-')}.onnx"
+        recipe = tmp / "onnx.recipe"
+        recipe.write_text(ONNX_RECIPE.format(model=folder, transform=transform, scheme=scheme, out=out, fmt=fmt))
+        start = time.perf_counter()
+        result, _ = compile_program(str(recipe), out)
+        rows.append((f"qrc onnx {label}", time.perf_counter() - start, measure_onnx(folder, out), result.verify["kld"]))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--hidden", type=int, default=512)
@@ -112,6 +176,8 @@ def main() -> None:
     parser.add_argument("--factor", type=float, default=20.0)
     parser.add_argument("--alpha", type=float, default=0.8)
     parser.add_argument("--llmcompressor", help="python of a venv with llm-compressor")
+    parser.add_argument("--onnx", action="store_true", help="also compile on the ONNX backend")
+    parser.add_argument("--no-torch", action="store_true", help="skip the torch backend's runs")
     args = parser.parse_args()
     folder = outlier_model(args.hidden, args.layers, args.factor)
     rows = []
@@ -122,7 +188,7 @@ def main() -> None:
                                                "W8A8"),
                 ("W8A8 dynamic", "", DYNAMIC),
                 ("W8A8 dynamic smoothquant", f"transform smoothquant {{ alpha {args.alpha} }}", DYNAMIC)]
-        for label, transform, scheme in runs:
+        for label, transform, scheme in [] if args.no_torch else runs:
             out = Path(tmp) / label.replace(" ", "-")
             recipe = Path(tmp) / "r.recipe"
             recipe.write_text(RECIPE.format(model=folder, transform=transform, scheme=scheme, npz=npz, out=out))
@@ -130,6 +196,8 @@ def main() -> None:
             result, _ = compile_program(str(recipe), out)
             seconds = time.perf_counter() - start
             rows.append((f"qrc {label}", seconds, measure(folder, out), result.verify["kld"]))
+        if args.onnx:
+            rows += onnx_rows(folder, Path(tmp), args.alpha)
         if args.llmcompressor:
             for label, method in (("W4A16 rtn", "rtn"), ("W4A16 AWQModifier", "awq"), ("W8A8 dynamic", "w8a8"),
                                   ("W8A8 dynamic SmoothQuantModifier", "smoothquant")):

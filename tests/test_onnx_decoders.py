@@ -322,6 +322,10 @@ def test_exported_layers_have_the_checkpoint_names(exported, exporter, tmp_path)
                                                                      '"model.layers.*.mlp.down_proj" -> W8A16'))
     result = runner.invoke(app, ["check", str(recipe)])
     assert result.exit_code == 0, result.output
+    from compiler.models import index_model
+
+    norms = index_model(str(exported("llama", exporter))).norms  # each its own initializer, not a merged one
+    assert len({n.weight for n in norms}) == len(norms) >= 4, [n.weight for n in norms]
 
 
 def _cache_npz(path: Path, model: Path, past: int, samples: int = 8, sequence: int = 4) -> None:

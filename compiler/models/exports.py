@@ -35,7 +35,7 @@ def _hash(files: tuple[tuple[str, int, int], ...]) -> str:
 
 def metadata_key(folder: Path) -> str:
     """The export cache key of a folder, from metadata only (see the module docstring)."""
-    digest = hashlib.sha256(b"qrc-export-v3")  # v3: decoder exports carry the folder's weight names
+    digest = hashlib.sha256(b"qrc-export-v4")  # v4: decoder exports carry the folder's weight names, one per parameter
     for path in sorted(folder.glob("*.json")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     for path in sorted(folder.glob("*.safetensors")):

@@ -58,7 +58,8 @@ def _norms(graph, inits) -> tuple[Norm, ...]:
     for node in graph.node:
         if node.op_type not in _NORM_OPS:
             continue
-        weight = next((v for v in node.input[:3] if _rank(inits.get(v)) == 1 and norm_module(v)), None)
+        weight = next((v for v in node.input[:3] if _rank(inits.get(v)) == 1 and norm_module(v)
+                       and len(consumers.get(v, [])) == 1), None)  # a weight several nodes share is no one norm's
         if weight is None or (node.op_type != "Mul" and node.input[1:2] != [weight] and node.input[2:3] != [weight]):
             continue
         bias, output = None, node.output[0]

@@ -52,42 +52,69 @@ def export_decoder(folder: Path, raw: Path, dtype: str = "float32") -> None:
 
 
 def _name_weights(raw: Path, wrapper) -> None:
-    """The dynamo exporter folds each Linear's transposed weight into a new initializer (`val_90`), losing
-    the parameter's name, and with it every name rule of the recipe. Each 2-D initializer equal to a
-    parameter's transpose (or to the parameter) takes that parameter's name back (`m.` dropped later)."""
-    import hashlib
-
+    """The dynamo exporter folds each Linear's transposed weight into a new initializer (`val_90`), losing the
+    parameter's name, and merges parameters of equal values (the norms of a freshly initialised model) into
+    one initializer read by several nodes. Both would cost the recipe its names (and a transform its
+    per-norm weights): each initializer equal to parameters (or their transposes) takes their names back,
+    and a merged one is split again, its readers taking the parameters in the order the forward pass runs
+    them (graph order is execution order)."""
     import onnx
     from onnx import numpy_helper
 
-    def digest(array) -> str:
-        return hashlib.sha256(array.tobytes()).hexdigest() + str(array.shape) + str(array.dtype)
-
-    params: dict[str, str] = {}
-    for name, param in wrapper.named_parameters():
-        if param.dim() == 2:
-            values = param.detach().cpu().numpy()
-            params.setdefault(digest(values.T.copy()), name)
-            params.setdefault(digest(values), name)
+    by_value: dict[str, list[str]] = {}
+    for name, param in wrapper.named_parameters():  # module order: the order the forward pass uses them
+        values = param.detach().cpu().numpy()
+        by_value.setdefault(_digest(values), []).append(name)
+        if values.ndim == 2:
+            by_value.setdefault(_digest(values.T.copy()), []).append(name)
     model = onnx.load(str(raw))
-    taken = {t.name for t in model.graph.initializer}
-    rename = {}
-    for tensor in model.graph.initializer:
-        if len(tensor.dims) != 2 or "." in tensor.name:
-            continue
-        name = params.get(digest(numpy_helper.to_array(tensor)))
-        if name is not None and name not in taken:
-            rename[tensor.name] = name
-            taken.add(name)
-    if not rename:
-        return
-    for tensor in model.graph.initializer:
-        tensor.name = rename.get(tensor.name, tensor.name)
+    readers: dict[str, list] = {}
     for node in model.graph.node:
-        node.input[:] = [rename.get(i, i) for i in node.input]
+        for i, value in enumerate(node.input):
+            readers.setdefault(value, []).append((node, i))
+    copies = []
+    for tensor in model.graph.initializer:
+        if tensor.dims and len(tensor.dims) <= 2:
+            names = by_value.get(_digest(numpy_helper.to_array(tensor)), [])
+            copies += _rename(tensor, names, readers.get(tensor.name, []))
+    model.graph.initializer.extend(copies)
     data = raw.with_name(raw.name + ".data")
     data.unlink(missing_ok=True)
     onnx.save(model, str(raw), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
+
+
+def _digest(array) -> str:
+    import hashlib
+
+    return hashlib.sha256(array.tobytes()).hexdigest() + str(array.shape) + str(array.dtype)
+
+
+def _rename(tensor, names: list[str], readers: list) -> list:
+    """Name `tensor` after its parameter; where one tensor stands for as many parameters as it has readers,
+    each reader gets a copy named after its own. Returns the copies."""
+    import onnx
+
+    if len(names) == 1:
+        _point(readers, tensor.name, names[0])
+        tensor.name = names[0]
+    if len(names) <= 1 or len(readers) != len(names):  # no parameter, one, or readers qrc cannot pair
+        return []
+    copies = []
+    for (node, index), name in zip(readers, names, strict=True):
+        node.input[index] = name
+        if name != names[0]:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(tensor)
+            copy.name = name
+            copies.append(copy)
+    tensor.name = names[0]
+    return copies
+
+
+def _point(readers: list, old: str, new: str) -> None:
+    for node, index in readers:
+        if node.input[index] == old:
+            node.input[index] = new
 
 
 def _flattened(model, layers: int):
