@@ -183,9 +183,14 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
                       for o in graph.outputs if graph.value(o)) if graph else 0
         # the segment's QDQ weights run dequantized; MatMulNBits computes from its packed ones
         dequantized = block_weights * w.dequantized_bytes // max(w.weights_bytes, 1)
+        # the float model runs first over every sample; its first output is kept for each (in RAM unless `disk`)
+        sizes = graph.sizes(1, w.seqlen, w.past) if graph else {}
+        first = graph.value(graph.outputs[0]) if graph and graph.outputs else None
+        cached = (first.bytes(sizes, w.seqlen) if first else 0) * (1 if w.disk else max(w.verify_samples, 1))
         parts = (("runtime", runtime), ("weights of one segment", block_weights),
                  ("its QDQ weights dequantized at run time (DequantizeLinear outputs)", dequantized),
-                 ("segment activations", block_act), ("outputs of one sample, both models", 2 * outputs))
+                 ("segment activations", block_act), ("outputs of one sample, both models", 2 * outputs),
+                 ("the float model's first output, kept for every held-out sample", cached))
     else:
         act = _no_graph(w, chunk)
         if graph:

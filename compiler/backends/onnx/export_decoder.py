@@ -58,15 +58,18 @@ def _name_weights(raw: Path, wrapper) -> None:
     per-norm weights): each initializer equal to parameters (or their transposes) takes their names back,
     and a merged one is split again, its readers taking the parameters in the order the forward pass runs
     them (graph order is execution order)."""
+    import numpy as np
     import onnx
     from onnx import numpy_helper
 
     by_value: dict[str, list[str]] = {}
     for name, param in wrapper.named_parameters():  # module order: the order the forward pass uses them
-        values = param.detach().cpu().numpy()
-        by_value.setdefault(_digest(values), []).append(name)
-        if values.ndim == 2:
-            by_value.setdefault(_digest(values.T.copy()), []).append(name)
+        values = param.detach().cpu()
+        if values.dim() not in (1, 2):
+            continue
+        by_value.setdefault(_digest(_bytes(values), values.shape, values.element_size()), []).append(name)
+        if values.dim() == 2:
+            by_value.setdefault(_digest(_bytes(values.T), values.T.shape, values.element_size()), []).append(name)
     model = onnx.load(str(raw))
     readers: dict[str, list] = {}
     for node in model.graph.node:
@@ -75,7 +78,8 @@ def _name_weights(raw: Path, wrapper) -> None:
     copies = []
     for tensor in model.graph.initializer:
         if tensor.dims and len(tensor.dims) <= 2:
-            names = by_value.get(_digest(numpy_helper.to_array(tensor)), [])
+            array = np.ascontiguousarray(numpy_helper.to_array(tensor))
+            names = by_value.get(_digest(array.tobytes(), array.shape, array.itemsize), [])
             copies += _rename(tensor, names, readers.get(tensor.name, []))
     model.graph.initializer.extend(copies)
     data = raw.with_name(raw.name + ".data")
@@ -83,10 +87,17 @@ def _name_weights(raw: Path, wrapper) -> None:
     onnx.save(model, str(raw), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
 
 
-def _digest(array) -> str:
+def _digest(data: bytes, shape, itemsize: int) -> str:
+    """Values compared by their bytes (bfloat16 has no numpy type on the torch side)."""
     import hashlib
 
-    return hashlib.sha256(array.tobytes()).hexdigest() + str(array.shape) + str(array.dtype)
+    return f"{hashlib.sha256(data).hexdigest()}{tuple(shape)}{itemsize}"
+
+
+def _bytes(tensor) -> bytes:
+    import torch
+
+    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def _rename(tensor, names: list[str], readers: list) -> list:

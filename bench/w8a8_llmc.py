@@ -1,0 +1,80 @@
+"""Static W8A8 (int8 weights per channel, int8 inputs per tensor, static) side by side: qrc in offload with
+each calibration method, and llm-compressor's QuantizationModifier with its moving-average `minmax`
+observer (bench/llmc_w8a8.py), on one random-weight Llama, the same calibration token ids, the same CPU.
+
+    python bench/w8a8_llmc.py --llmcompressor VENV/bin/python [--hidden 1024] [--layers 8] [--samples 32]
+                              [--seqlen 256] [--methods minmax percentile mse]
+
+Each tool runs in its own process: wall time and peak RSS include loading and saving. Quality is measured
+outside both, with activations really quantized: transformers loads each folder (compressed-tensors
+dequantizes the weights) and the bench's hooks quantize every Linear's input with the folder's own
+input_scale and input_zero_point (bench/transforms.py activation_hooks); KL(float ‖ quantized), cosine and
+top-1 agreement on 16 held-out samples of the same length. Prints one markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from float_formats import independent, model_folder  # noqa: E402
+from gptq_llmc import run  # noqa: E402
+from transforms import activation_hooks  # noqa: E402
+
+RECIPE = """recipe w8a8 {{
+    model "{model}"
+    quantize {{ type Linear -> W8A8  "lm_head" -> none }}
+    calibrate {{ data npz "{npz}"  chunk 8  method {method} }}
+    memory {{ mode {mode}  disk "{disk}" }}
+    emit "{out}"
+}}
+"""
+
+
+def main() -> None:
+    import numpy as np
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--llmcompressor", help="python of a venv with llm-compressor installed")
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=32)
+    parser.add_argument("--seqlen", type=int, default=256)
+    parser.add_argument("--methods", nargs="+", default=["minmax", "percentile", "mse"])
+    parser.add_argument("--mode", default="offload")
+    args = parser.parse_args()
+    folder = model_folder(args.hidden, args.layers, vocab=32000, kv_heads=args.hidden // 64, positions=2048)
+    print(f"random Llama {args.layers} blocks, hidden {args.hidden}, static W8A8, {args.samples} × {args.seqlen} "
+          "tokens\n")
+    print("| tool | wall s | peak RSS MiB | KL | cosine | top-1 |")
+    print("|---|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        npz = Path(tmp) / "calibration.npz"
+        ids = np.random.default_rng(7).integers(0, 32000, (args.samples, args.seqlen), dtype=np.int64)
+        np.savez(npz, input_ids=ids, attention_mask=np.ones_like(ids))
+        rows = []
+        for method in args.methods:
+            out = Path(tmp) / f"qrc-{method}"
+            recipe = Path(tmp) / f"{method}.recipe"
+            recipe.write_text(RECIPE.format(model=folder, npz=npz, mode=args.mode, disk=Path(tmp) / "disk", out=out,
+                                            method=method))
+            rows.append((f"qrc {args.mode}, method {method}",
+                         *run([sys.executable, "-m", "compiler", "compile", str(recipe)]), out))
+        if args.llmcompressor:
+            theirs = Path(tmp) / "llmc"
+            rows.append(("llm-compressor QuantizationModifier (minmax: moving average)",
+                         *run([args.llmcompressor, str(ROOT / "bench" / "llmc_w8a8.py"), str(folder), str(npz),
+                               str(theirs)]), theirs))
+        for name, seconds, peak, out in rows:
+            f = independent(folder, out, vocab=32000, seqlen=args.seqlen,
+                            prepare=lambda model, out=out: activation_hooks(model, out))
+            print(f"| {name} | {seconds:.1f} | {peak:,.0f} | {f['kl']:.5f} | {f['cosine']:.5f} | {f['top1']:.4f} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
