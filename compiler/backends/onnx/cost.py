@@ -61,6 +61,10 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
                  (f"activations of one chunk ({chunk} samples)", act), ("observers", observer_bytes(w)))
         if w.hessian_inputs:
             parts += (("GPTQ Hessians (float64 sums), update scratch", _hessians(w, group) + _hessian_update(w, chunk)),)
+        if w.transform is not None and graph:  # the fold's check runs the whole model on one chunk first
+            kept = set(graph.outputs)
+            check = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen, w.past).bytes
+            parts += (("the transform's check: model outputs on one chunk, beyond calibration's", max(0, check - act)),)
     if w.transform is not None:  # the transform's pass observes every mapping's input at once, before calibration
         parts += ((f"{w.transform.kind.value} statistics (+ scratch of one mapping)", transform_bytes(w, all_blocks=True)),)
     return Phase("calibrate", sum(b for _, b in parts), parts)
