@@ -60,7 +60,8 @@ def model_folder(hidden: int, layers: int, vocab: int = 8192, kv_heads: int | No
     return folder
 
 
-def independent(float_folder: Path, out: Path, vocab: int = 8192, seqlen: int = 128, prepare=None) -> dict:
+def independent(float_folder: Path, out: Path, vocab: int = 8192, seqlen: int = 128, prepare=None,
+                seed: int = 99) -> dict:
     """KL(float ‖ quantized), cosine and top-1 agreement of the logits, transformers on both folders
     (`prepare(model)`: called on the loaded quantized model first, e.g. to quantize its activations)."""
     import torch
@@ -71,7 +72,7 @@ def independent(float_folder: Path, out: Path, vocab: int = 8192, seqlen: int = 
         str(out), quantization_config=transformers.CompressedTensorsConfig(dequantize=True)).eval()
     if prepare is not None:
         prepare(quantized)
-    ids = torch.randint(0, vocab, (16, seqlen), generator=torch.Generator().manual_seed(99))
+    ids = torch.randint(0, vocab, (16, seqlen), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         a, b = reference(ids).logits.float(), quantized(ids).logits.float()
     p, q = a.log_softmax(-1), b.log_softmax(-1)

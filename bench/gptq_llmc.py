@@ -56,6 +56,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--seqlen", type=int, default=256)
     parser.add_argument("--modes", nargs="+", default=["offload", "full"])
+    parser.add_argument("--heldout", type=int, default=1,
+                        help="sets of 16 held-out samples (other seeds): KL as mean ± standard deviation over them")
     args = parser.parse_args()
     folder = model_folder(args.hidden, args.layers, vocab=32000, kv_heads=args.hidden // 64, positions=2048)
     print(f"random Llama {args.layers} blocks, hidden {args.hidden}, GPTQ W4A16 g128, "
@@ -71,15 +73,18 @@ def main() -> None:
             out = Path(tmp) / f"qrc-{mode}"
             recipe = Path(tmp) / f"{mode}.recipe"
             recipe.write_text(RECIPE.format(model=folder, npz=npz, mode=mode, disk=Path(tmp) / "disk", out=out))
-            rows.append((f"qrc {mode}", *run(["qrc", "compile", str(recipe)]), out))
+            rows.append((f"qrc {mode}", *run([sys.executable, "-m", "compiler", "compile", str(recipe)]), out))
         theirs = Path(tmp) / "llmc"
         rows.append(("llm-compressor GPTQModifier",
                      *run([args.llmcompressor, str(ROOT / "bench" / "llmc_gptq.py"), str(folder), str(npz), str(theirs)]),
                      theirs))
         for name, seconds, peak, out in rows:
-            f = independent(folder, out, vocab=32000, seqlen=args.seqlen)
-            print(f"| {name} | {seconds:.1f} | {peak:,.0f} | {f['kl']:.5f} | {f['cosine']:.5f} | {f['top1']:.4f} |",
-                  flush=True)
+            sets = [independent(folder, out, vocab=32000, seqlen=args.seqlen, seed=99 + i) for i in range(args.heldout)]
+            kl = np.array([f["kl"] for f in sets])
+            spread = f" ± {kl.std(ddof=1):.5f}" if len(kl) > 1 else ""
+            f = sets[0]
+            print(f"| {name} | {seconds:.1f} | {peak:,.0f} | {kl.mean():.5f}{spread} | {f['cosine']:.5f} | "
+                  f"{f['top1']:.4f} |", flush=True)
 
 
 if __name__ == "__main__":
