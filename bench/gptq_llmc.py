@@ -46,6 +46,16 @@ def run(command: list[str]) -> tuple[float, float]:
     return seconds, usage.ru_maxrss / 1024
 
 
+def calibration_ids(folder: Path, samples: int, seqlen: int, vocab: int = 32000) -> Path:
+    """`folder/calibration.npz`: seeded random token ids (and a mask of ones), what both tools calibrate on."""
+    import numpy as np
+
+    npz = folder / "calibration.npz"
+    ids = np.random.default_rng(7).integers(0, vocab, (samples, seqlen), dtype=np.int64)
+    np.savez(npz, input_ids=ids, attention_mask=np.ones_like(ids))
+    return npz
+
+
 def main() -> None:
     import numpy as np
 
@@ -65,9 +75,7 @@ def main() -> None:
     print("| tool | wall s | peak RSS MiB | KL | cosine | top-1 |")
     print("|---|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
-        npz = Path(tmp) / "calibration.npz"
-        ids = np.random.default_rng(7).integers(0, 32000, (args.samples, args.seqlen), dtype=np.int64)
-        np.savez(npz, input_ids=ids, attention_mask=np.ones_like(ids))
+        npz = calibration_ids(Path(tmp), args.samples, args.seqlen)
         rows = []
         for mode in args.modes:
             out = Path(tmp) / f"qrc-{mode}"

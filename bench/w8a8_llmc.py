@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 from float_formats import independent, model_folder  # noqa: E402
-from gptq_llmc import run  # noqa: E402
+from gptq_llmc import calibration_ids, run  # noqa: E402
 from transforms import activation_hooks  # noqa: E402
 
 RECIPE = """recipe w8a8 {{
@@ -36,7 +36,6 @@ RECIPE = """recipe w8a8 {{
 
 
 def main() -> None:
-    import numpy as np
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--llmcompressor", help="python of a venv with llm-compressor installed")
@@ -53,9 +52,7 @@ def main() -> None:
     print("| tool | wall s | peak RSS MiB | KL | cosine | top-1 |")
     print("|---|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
-        npz = Path(tmp) / "calibration.npz"
-        ids = np.random.default_rng(7).integers(0, 32000, (args.samples, args.seqlen), dtype=np.int64)
-        np.savez(npz, input_ids=ids, attention_mask=np.ones_like(ids))
+        npz = calibration_ids(Path(tmp), args.samples, args.seqlen)
         rows = []
         for method in args.methods:
             out = Path(tmp) / f"qrc-{method}"

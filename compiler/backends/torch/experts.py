@@ -135,6 +135,14 @@ def split_experts(module: nn.Module, names: ExpertNames) -> None:
         setattr(module.get_submodule(owner) if owner else module, leaf, Experts(fused, names))
 
 
+def remove_hooks(root: nn.Module, handles: list) -> None:
+    """End a calibration pass: the experts route as the model does again, and the pass's hooks go."""
+    set_routing(root, ExpertRouting.ROUTED)
+    for handle in handles:
+        handle.remove()
+    handles.clear()
+
+
 def set_routing(module: nn.Module, routing: ExpertRouting) -> None:
     """Route calibration tokens through every expert (ALL) or only the chosen ones (ROUTED)."""
     for child in module.modules():

@@ -15,11 +15,11 @@ from torch import nn
 from compiler.backends import BackendError
 from compiler.backends.torch import float_formats
 from compiler.backends.torch.compressed import static_input, weight_args, weight_format
-from compiler.backends.torch.experts import set_routing
+from compiler.backends.torch.experts import remove_hooks, set_routing
 from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.model import TorchModel
 from compiler.diagnostics import error
-from compiler.ir.types import ActivationMode, Calibration, ExpertRouting, Granularity, RecipeIR, Rounding, Scheme
+from compiler.ir.types import ActivationMode, Calibration, Granularity, RecipeIR, Rounding, Scheme
 from compiler.models.index import Layer
 from compiler.quant import qparams
 from compiler.quant.gptq import gptq
@@ -103,10 +103,7 @@ class Statistics:
         return self
 
     def __exit__(self, *exc) -> None:
-        set_routing(self.root, ExpertRouting.ROUTED)
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        remove_hooks(self.root, self._handles)
         self._seen.clear()
 
     def saw(self, job: Job) -> bool:

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from compiler.backends.torch.experts import set_routing
-from compiler.ir.types import Calibration, ExpertRouting, TransformKind
+from compiler.backends.torch.experts import remove_hooks, set_routing
+from compiler.ir.types import Calibration, TransformKind
 from compiler.quant.smoothing import ChannelStats
 from compiler.resolve.smoothing import SmoothingMapping, SourceKind
 
@@ -39,10 +39,7 @@ class SmoothingStatistics:
         return self
 
     def __exit__(self, *exc) -> None:
-        set_routing(self.root, ExpertRouting.ROUTED)
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        remove_hooks(self.root, self._handles)
 
     def _update(self, m: SmoothingMapping, x: torch.Tensor) -> None:
         if m.source not in self.stats:
