@@ -411,9 +411,10 @@ CODES: tuple[CodeInfo, ...] = (
        "Its targets are not quantized, so the mapping would change nothing that is rounded; it is skipped.",
        'transform awq { map "model.norm" -> "lm_head" }   # lm_head stays float'),
     _c("Q264", "a source the ONNX graph cannot absorb the scale into",
-       "On ONNX, scales are folded into a normalisation's weight (and bias) initializers. A norm whose output "
-       "the graph also sends elsewhere (a residual Add in a post-norm block, as in BERT) would change the model; "
-       "a MatMul source has no such fold on the ONNX backend (use `backend torch`).",
+       "Where the model has a graph (an ONNX file, a built-in), it shows everything a norm's output feeds: one "
+       "that also reaches a residual Add (a post-norm block, as in BERT) cannot take a scale without changing "
+       "the model. The ONNX backend folds scales into norm initializers only, so a MatMul source is refused "
+       "there too (use `backend torch`).",
        'model "builtin:tiny-bert"\ntransform smoothquant { map "*.attention.output.LayerNorm" -> "*.intermediate.dense" }'),
     _c("Q233", "emit path with an unexpected extension (warning)",
        "Runtimes and tools look for `.onnx` files; another extension is allowed but probably a typo.",
