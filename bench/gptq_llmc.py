@@ -27,7 +27,7 @@ from float_formats import independent, model_folder  # noqa: E402  (the same mod
 RECIPE = """recipe gptq {{
     model "{model}"
     quantize {{ type Linear -> s  "lm_head" -> none }}
-    scheme s = W4A16 {{ rounding gptq }}
+    scheme s = W4A16 {{ rounding gptq {groups} }}
     calibrate {{ data npz "{npz}"  chunk 8 }}
     memory {{ mode {mode}  disk "{disk}" }}
     emit "{out}"
@@ -60,12 +60,14 @@ def main() -> None:
     import numpy as np
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--llmcompressor", required=True, help="python of a venv with llm-compressor installed")
+    parser.add_argument("--llmcompressor", help="python of a venv with llm-compressor installed (else qrc only)")
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--seqlen", type=int, default=256)
     parser.add_argument("--modes", nargs="+", default=["offload", "full"])
+    parser.add_argument("--groups", nargs="+", default=["updated_groups"], choices=["updated_groups", "static_groups"],
+                        help="qrc's group-scale variants to run (llm-compressor 0.14 fixes them from the float weight)")
     parser.add_argument("--heldout", type=int, default=1,
                         help="sets of 16 held-out samples (other seeds): KL as mean ± standard deviation over them")
     args = parser.parse_args()
@@ -77,15 +79,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         npz = calibration_ids(Path(tmp), args.samples, args.seqlen)
         rows = []
-        for mode in args.modes:
-            out = Path(tmp) / f"qrc-{mode}"
-            recipe = Path(tmp) / f"{mode}.recipe"
-            recipe.write_text(RECIPE.format(model=folder, npz=npz, mode=mode, disk=Path(tmp) / "disk", out=out))
-            rows.append((f"qrc {mode}", *run([sys.executable, "-m", "compiler", "compile", str(recipe)]), out))
-        theirs = Path(tmp) / "llmc"
-        rows.append(("llm-compressor GPTQModifier",
-                     *run([args.llmcompressor, str(ROOT / "bench" / "llmc_gptq.py"), str(folder), str(npz), str(theirs)]),
-                     theirs))
+        for groups in args.groups:
+            for mode in args.modes:
+                out = Path(tmp) / f"qrc-{mode}-{groups}"
+                recipe = Path(tmp) / f"{mode}-{groups}.recipe"
+                recipe.write_text(RECIPE.format(model=folder, npz=npz, mode=mode, disk=Path(tmp) / "disk", out=out,
+                                                groups=groups))
+                rows.append((f"qrc {mode}, {groups}", *run([sys.executable, "-m", "compiler", "compile", str(recipe)]),
+                             out))
+        if args.llmcompressor:
+            theirs = Path(tmp) / "llmc"
+            rows.append(("llm-compressor GPTQModifier", *run([args.llmcompressor, str(ROOT / "bench" / "llmc_gptq.py"),
+                                                             str(folder), str(npz), str(theirs)]), theirs))
         for name, seconds, peak, out in rows:
             sets = [independent(folder, out, vocab=32000, seqlen=args.seqlen, seed=99 + i) for i in range(args.heldout)]
             kl = np.array([f["kl"] for f in sets])
