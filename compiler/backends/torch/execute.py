@@ -11,7 +11,6 @@ streams side by side through the same blocks, so it never needs a second copy of
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -24,28 +23,23 @@ from compiler.backends.agreement import Agreement, passes
 from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.program import execute_plan
 from compiler.backends.release import release_memory
-from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
+from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.backends.torch import streams
 from compiler.backends.torch.attribution import LayerCosts
-from compiler.backends.torch.compressed import layer_tensors
 from compiler.backends.torch.devices import place
-from compiler.backends.torch.fallbacks import sibling_range, unseen_warning
-from compiler.backends.torch.figures import input_range, weight_sqnr
-from compiler.backends.torch.float_formats import FloatQuantized
+from compiler.backends.torch.fallbacks import unseen_warning
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.kv_cache import KvCacheQuantizer, KvMode
 from compiler.backends.torch.layers import (
     Job,
     Statistics,
-    apply_quantized,
-    input_qparams,
     jobs_of,
-    quantize_job,
     refuse_non_linear,
 )
 from compiler.backends.torch.model import TorchModel, open_files, open_model
 from compiler.backends.torch.output_layout import copy_unquantized, open_output, write_metadata
+from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.smoother import Smoother
 from compiler.backends.torch.support import attention_modules
@@ -55,8 +49,6 @@ from compiler.ir.types import MemoryMode, RecipeIR
 from compiler.models.index import ModelIndex
 from compiler.plan import ops
 from compiler.plan.ops import Plan
-from compiler.quant.gptq import SingularHessian
-from compiler.quant.weights import QuantizedWeight
 from compiler.resolve.assignment import Assignment
 
 
@@ -93,10 +85,8 @@ class _Run:
         self.tail_done = False
         self.disk = Path(ir.memory.disk) if ir.memory.disk else None
         self.caches: list[streams.HiddenCache] = []
-        self.hooks: list = []
-        self.unseen: list[Job] = []  # layers no calibration token reached (MoE experts, `experts routed`)
         self.costs: LayerCosts | None = None  # each layer's own error on the held-out samples
-        self.dampened: dict[str, float] = {}  # GPTQ layers whose Hessian needed more dampening (inf: rtn)
+        self.rounder: Rounder | None = None  # rounds into the writer (set with the jobs)
         self.smoother: Smoother | None = None  # `transform`: folds its scales before each block's calibration
 
     def handlers(self) -> dict[type, Callable]:
@@ -112,7 +102,7 @@ class _Run:
             self.writer.abort()  # after a commit there is nothing left to remove
         for cache in self.caches:
             cache.close()
-        for hook in self.hooks:
+        for hook in self.rounder.hooks if self.rounder is not None else []:
             hook.remove()
         if self.kv is not None:
             self.kv.close()
@@ -178,6 +168,7 @@ class _Run:
         self.kv = KvCacheQuantizer(self.model.module, attention, kv, self.model.dtype)
         self.config, self.writer, skipped = open_output(self.result.output, self.model, self.jobs, self.assignment,
                                                         self.ir, attention)
+        self.rounder = Rounder(self.ir, self.model, self.writer, self.global_scales, self.result, self.progress)
         if skipped is not None:
             self.result.warnings.append(skipped)
         if self.disk is not None:
@@ -268,7 +259,7 @@ class _Run:
             for s in filter(None, (self.cal, verify and verify[0])):
                 streams.capture(container[0], s, self._call, self._new_forward)
             self.stats = None
-        self._quantize(before, stats)
+        self.rounder.in_place(before, stats)
         if verify is not None:
             streams.capture(container[0], verify[1], self._call)
         if self.offload:
@@ -300,7 +291,7 @@ class _Run:
         if verify is not None:
             with self.kv.running(KvMode.PASS):
                 outputs["float"] = self._next(block, verify[0], device)
-        hooks = self._quantize(jobs, stats)
+        hooks = self.rounder.in_place(jobs, stats)
         self.kv.write_scales(name + ".", self.writer)
         if cal is not None:
             outputs["cal"] = self._next(block, cal, device)
@@ -331,7 +322,7 @@ class _Run:
         model = self.model
         smoothed = self.smoother.of_block(None) if self.smoother is not None and cal is not None else []
         if verify is None and not (cal is not None and any(j.needs_data for j in jobs)) and not smoothed:
-            self._quantize_streamed(jobs, None, offload)
+            self.rounder.streamed(jobs, None, offload)
             return
         self.tail_done = True
         missing = [p for p in model.outside() if not model.is_resident(p)]
@@ -354,7 +345,7 @@ class _Run:
                 verify[2].update(ref.float().numpy(), cand.float().numpy(), streams.mask_of(feed))
         # the float logits are kept while the tail's layers are rounded; the quantized ones come one at a time
         reference = streams.replay_tail(container, verify[0], self._call) if verify is not None and jobs else None
-        hooks = self._quantize(jobs, stats)
+        hooks = self.rounder.in_place(jobs, stats)
         if reference is not None:
             with self._costs_of(jobs):
                 candidate = streams.replay_tail(container, verify[1], self._call, lazy=True)
@@ -373,23 +364,23 @@ class _Run:
         self._ready()
         jobs = self._jobs_named(op.layers)
         if self.file_to_file:
-            self._quantize_files(jobs)
+            self.rounder.from_files(jobs)
         elif "block_inputs" in op.inputs:
             self._tail(self.cal, self.verify_streams, jobs, self.offload)
         elif self.stats is not None or self.reference:
             self._materialize_all()
-            self._quantize(jobs, self.stats, self.progress("quantize", len(jobs)))  # GPTQ here takes minutes
+            self.rounder.in_place(jobs, self.stats, self.progress("quantize", len(jobs)))  # GPTQ here takes minutes
         else:
-            self._quantize_streamed(jobs, None, self.offload)
+            self.rounder.streamed(jobs, None, self.offload)
 
     def emit(self, op: ops.Emit) -> None:
         """Every tensor not rounded is copied as bytes; config and recipe written; the folder appears."""
         self._ready()
         self.result.calibration_seconds = time.perf_counter() - self.start
-        if self.unseen:
-            self.result.warnings.append(unseen_warning(self.ir, self.unseen))
-        if self.dampened:
-            self.result.warnings.append(dampened_warning(self.ir, self.dampened))
+        if self.rounder.unseen:
+            self.result.warnings.append(unseen_warning(self.ir, self.rounder.unseen))
+        if self.rounder.dampened:
+            self.result.warnings.append(dampened_warning(self.ir, self.rounder.dampened))
         if self.smoother is not None:
             self.result.transform = self.smoother.summary()
         self.kv.write_scales("", self.writer)  # any module calibration did not reach (none in the models qrc runs)
@@ -418,57 +409,7 @@ class _Run:
         self.result.files = self.writer.commit()
         judge(self.ir, self.result.output, agreement, self.result)
 
-    # ---- quantization and output -------------------------------------------------------------------
-    def _quantize_streamed(self, jobs: list[Job], stats: Statistics | None, offload: bool) -> None:
-        """Round layers whose weights may not be resident (offload): each read, rounded, written, dropped."""
-        for number, job in enumerate(jobs):
-            params = [p for p in self.model.parameters_of(job.module) if not self.model.is_resident(p)]
-            self.model.materialize(params)
-            self._quantize([job], stats)
-            if offload:
-                self.model.release(self.model.parameters_of(job.module))
-                _trim_after_block(jobs, number)
-
-    def _quantize_files(self, jobs: list[Job]) -> None:
-        """Data-free rounding file to file: each weight read, rounded, written and dropped; nothing runs."""
-        advance = self.progress("quantize", len(jobs))
-        for number, job in enumerate(jobs):
-            weight = self.model.shards.read(job.layer.weight).float()
-            q = self._round(job, weight, None, None)
-            self._record(job, weight, torch.from_numpy(q.dequantize()), None)
-            del weight, q
-            _trim_after_block(jobs, number)
-            advance()
-
-    def _quantize(self, jobs: list[Job], stats: Statistics | None, advance=None) -> list:
-        """Round each job's weight, write its tensors, and make its module compute like the emitted model."""
-        hooks = []
-        for job in jobs:
-            module = self.model.module.get_submodule(job.module)
-            assert isinstance(module, torch.nn.Linear)  # Linear layers only (Q411)
-            unseen = job.needs_data and stats is not None and not stats.saw(job)
-            if unseen:  # an MoE expert no token reached: rtn, its siblings' input range (fallbacks.py)
-                self.unseen.append(job)
-                job = job.with_rtn() if job.gptq else job
-            act = input_qparams(job, stats, self.ir.calibration, self.model.dtype) if not unseen else \
-                sibling_range(job, stats, self.ir.calibration, self.model.dtype)
-            if job.static_input and act is None:
-                self.result.warnings.append(warning(
-                    "Q405", f"the input of `{job.layer.name}` was never finite during calibration; its activations "
-                    "stay in float", job.scheme.span, "no range", help="check the calibration data"))
-            q = self._round(job, module.weight, stats, act)
-            if stats is not None:
-                stats.release(job)
-            original = module.weight
-            hook = apply_quantized(module, q, job, act)
-            self._record(job, original, module.weight, act)
-            if hook is not None:
-                hooks.append(hook)
-            if advance is not None:
-                advance()
-        self.hooks.extend(hooks)
-        return hooks
-
+    # ---- verification costs --------------------------------------------------------------------------
     @contextmanager
     def _costs_of(self, jobs: list[Job]):
         """While the quantized verification stream runs: each of these layers' own output error."""
@@ -477,34 +418,6 @@ class _Run:
             yield
         finally:
             self.costs.stop()
-
-    def _round(self, job: Job, weight: torch.Tensor, stats: Statistics | None, act) -> QuantizedWeight | FloatQuantized:
-        """Round one weight (refusing non-finite ones, Q409) and write its compressed tensors. GPTQ raises its
-        dampening where H is not definite, and rounds with rtn where no dampening helps (Q418, once)."""
-        refuse_nonfinite(self.ir, job.layer, weight.detach().float().cpu().numpy())
-        try:
-            q = quantize_job(job, weight, stats, self.model.dtype,
-                             lambda used: self.dampened.setdefault(job.layer.name, used),
-                             self.global_scales.absmax(job.layer.name))
-        except SingularHessian:
-            self.dampened[job.layer.name] = math.inf
-            q = quantize_job(job.with_rtn(), weight, None, self.model.dtype)
-        for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():
-            self.writer.put(name, tensor)
-        return q
-
-    def _record(self, job: Job, original: torch.Tensor, dequantized: torch.Tensor, act) -> None:
-        """The report's figures: weight SQNR, and the range a static input is quantized to."""
-        self.result.weight_sqnr[job.layer.name] = weight_sqnr(original, dequantized)
-        if act is not None:
-            self.result.input_ranges[job.layer.name] = input_range(job.scheme.activations, act)
-
-def _trim_after_block(jobs: list[Job], number: int) -> None:
-    """After the last job of a block, give freed memory back (glibc keeps freed pages otherwise; trimming
-    after every layer costs more than it saves)."""
-    if number + 1 == len(jobs) or jobs[number + 1].layer.block != jobs[number].layer.block:
-        release_memory()
-
 
 def _before_blocks(module: str, model: TorchModel) -> bool:
     """Outside the blocks and before the first in module order: it runs before the forward pass reaches
