@@ -86,6 +86,28 @@ def refuse_nonfinite(ir, layer, values) -> None:
                                  "to keep it as it is"))
 
 
+# Relative change of the float output a transform's fold may cause: float32 rounding is ~1e-6, half-precision
+# compute ~1e-3; a mapping whose source also feeds something outside its targets changes it by far more.
+FOLD_TOLERANCE = {True: 1e-3, False: 2e-2}  # by whether the model computes in float32
+
+
+def refuse_changed_output(ir, before, after, float32: bool, sources: list[str]) -> None:
+    """Q422: a transform's fold must leave the float output (`before`, `after`: one chunk's) as it was; the
+    compile stops before anything is written."""
+    import numpy as np
+
+    before, after = np.asarray(before, np.float64), np.asarray(after, np.float64)
+    change = float(np.linalg.norm(after - before) / max(float(np.linalg.norm(before)), 1e-12))
+    if change <= FOLD_TOLERANCE[float32]:
+        return
+    raise BackendError(error(
+        "Q422", f"folding the transform's scales changed the float output by {change:.2%} "
+        f"({', '.join(sources[:3])}): a mapping's source feeds something its targets do not cover",
+        ir.transform.span, "not an equivalent transform",
+        help="check the `map` lines against the model (every reader of a source must be a target), or remove "
+        "them to use the inferred mappings"))
+
+
 def held_out_batches(ir, index, result: CompileResult, chunk: int):
     """Verification samples; Q406 when a data file is too short to hold them out from calibration."""
     from compiler import data

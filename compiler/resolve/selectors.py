@@ -22,5 +22,11 @@ def matcher(selector: Selector) -> Callable[[Layer], bool]:
     `type Linear` means the language model's own Linears, as llm-compressor's VLM recipes ignore the tower."""
     if selector.kind is SelectorKind.TYPE:
         return lambda layer: not layer.named_only and selector.pattern in (layer.kind.value, layer.op)
+    by_name = name_matcher(selector)
+    return lambda layer: by_name(layer.name)
+
+
+def name_matcher(selector: Selector) -> Callable[[str], bool]:
+    """A glob or regex selector as a predicate over module names (layers, and norms a transform maps from)."""
     regex = _compiled(selector.kind, selector.pattern)
-    return lambda layer: regex.fullmatch(layer.name) is not None
+    return lambda name: regex.fullmatch(name) is not None

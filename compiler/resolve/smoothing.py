@@ -14,7 +14,7 @@ from compiler.ir.types import Backend, Mapping, RecipeIR, Scheme, Selector, Tran
 from compiler.ir.values import Diagnostics
 from compiler.models.index import Layer, LayerKind, ModelIndex, Norm
 from compiler.models.names import compress
-from compiler.resolve.selectors import matcher
+from compiler.resolve.selectors import matcher, name_matcher
 from compiler.source import Span
 
 # Layers that read an attention block's normalised input, by the last part of their name.
@@ -188,15 +188,9 @@ def _once(found: list[Diagnostic], failed: int) -> list[Diagnostic]:
 
 def _sources(sel: Selector, index: ModelIndex) -> list[Norm | Layer]:
     """Norms, then Linear layers, the source pattern names (by module name)."""
-    match = matcher(sel)
-    norms = [n for n in index.norms if match(_as_layer(n))]
-    return norms + [x for x in index.layers if x.kind is LayerKind.LINEAR and match(x)]
-
-
-def _as_layer(norm: Norm) -> Layer:
-    """A norm seen as a layer, for the selector predicates (which match names)."""
-    return Layer(norm.name, LayerKind.LINEAR, "norm", norm.weight, "", (norm.width,), "", norm.width, norm.width,
-                 norm.block)
+    match = name_matcher(sel)
+    norms = [n for n in index.norms if match(n.name)]
+    return norms + [x for x in index.layers if x.kind is LayerKind.LINEAR and match(x.name)]
 
 
 def _unmatched(sel: Selector, what: str, names: list[str], diags: Diagnostics) -> None:
