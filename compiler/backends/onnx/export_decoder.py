@@ -47,11 +47,15 @@ def export_decoder(folder: Path, raw: Path, dtype: str = "float32") -> None:
     with torch.no_grad():
         program = torch.onnx.export(wrapper, example, dynamic_shapes=shapes, dynamo=True, input_names=names,
                                     output_names=outputs, opset_version=21, verbose=False)
-    program.save(str(raw), external_data=True)
-    _name_weights(raw, wrapper)
+    import onnx
+
+    # the program's proto is renamed in memory and written once (not saved, read back and saved again)
+    model = program.model_proto
+    _name_weights(model, wrapper)
+    onnx.save(model, str(raw), save_as_external_data=True, all_tensors_to_one_file=True, location=raw.name + ".data")
 
 
-def _name_weights(raw: Path, wrapper) -> None:
+def _name_weights(model, wrapper) -> None:
     """The dynamo exporter folds each Linear's transposed weight into a new initializer (`val_90`), losing the
     parameter's name, and merges parameters of equal values (the norms of a freshly initialised model) into
     one initializer read by several nodes. Both would cost the recipe its names (and a transform its
@@ -59,7 +63,6 @@ def _name_weights(raw: Path, wrapper) -> None:
     and a merged one is split again, its readers taking the parameters in the order the forward pass runs
     them (graph order is execution order)."""
     import numpy as np
-    import onnx
     from onnx import numpy_helper
 
     by_value: dict[str, list[str]] = {}
@@ -70,7 +73,6 @@ def _name_weights(raw: Path, wrapper) -> None:
         by_value.setdefault(_digest(_bytes(values), values.shape, values.element_size()), []).append(name)
         if values.dim() == 2:
             by_value.setdefault(_digest(_bytes(values.T), values.T.shape, values.element_size()), []).append(name)
-    model = onnx.load(str(raw))
     readers: dict[str, list] = {}
     for node in model.graph.node:
         for i, value in enumerate(node.input):
@@ -82,9 +84,6 @@ def _name_weights(raw: Path, wrapper) -> None:
             names = by_value.get(_digest(array.tobytes(), array.shape, array.itemsize), [])
             copies += _rename(tensor, names, readers.get(tensor.name, []))
     model.graph.initializer.extend(copies)
-    data = raw.with_name(raw.name + ".data")
-    data.unlink(missing_ok=True)
-    onnx.save(model, str(raw), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
 
 
 def _digest(data: bytes, shape, itemsize: int) -> str:
