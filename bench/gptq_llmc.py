@@ -4,7 +4,7 @@ random-weight Llama, the same calibration token ids, the same CPU.
     python bench/gptq_llmc.py --llmcompressor VENV/bin/python [--hidden 1024] [--layers 8] [--samples 32]
                               [--seqlen 256]
 
-Each tool runs in its own process (llm-compressor in its own venv, bench/llmc_gptq.py): wall time and peak
+Each tool runs in its own process (llm-compressor in its own venv, bench/llmc_calibrated.py gptq): wall time and peak
 RSS (the child's ru_maxrss) include loading and saving. Quality is measured outside both: transformers loads
 each folder (compressed-tensors dequantizes it) and compares its logits with float's on 16 held-out samples
 of the same length: KL(float ‖ quantized), cosine and top-1 agreement. Prints one markdown table.
@@ -89,8 +89,8 @@ def main() -> None:
                              out))
         if args.llmcompressor:
             theirs = Path(tmp) / "llmc"
-            rows.append(("llm-compressor GPTQModifier", *run([args.llmcompressor, str(ROOT / "bench" / "llmc_gptq.py"),
-                                                             str(folder), str(npz), str(theirs)]), theirs))
+            rows.append(("llm-compressor GPTQModifier", *run([args.llmcompressor, str(ROOT / "bench" / "llmc_calibrated.py"),
+                                                             str(folder), str(npz), "gptq", str(theirs)]), theirs))
         for name, seconds, peak, out in rows:
             sets = [independent(folder, out, vocab=32000, seqlen=args.seqlen, seed=99 + i) for i in range(args.heldout)]
             kl = np.array([f["kl"] for f in sets])

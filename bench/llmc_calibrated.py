@@ -1,9 +1,15 @@
-"""Run by bench/transforms.py with the interpreter of a venv that has llm-compressor (its pins clash with
-qrc's): `oneshot` with AWQModifier (W4A16, group 128, grid 20, duo scaling: its defaults) or
-SmoothQuantModifier(strength ALPHA) + QuantizationModifier(W8A8), or the plain scheme, on every Linear but
-lm_head, calibrated on the token ids of an npz (the samples qrc calibrates on), saved compressed.
+"""Run by the benches that compare with llm-compressor, with the interpreter of a venv that has it (its pins
+clash with qrc's): `oneshot` with one calibrated recipe on every Linear but lm_head, calibrated on the token
+ids of an npz (the samples qrc calibrates on), saved compressed. Prints the seconds `oneshot` took.
 
-    VENV/bin/python bench/llmc_transforms.py MODEL_FOLDER CALIBRATION.npz awq|rtn|smoothquant|w8a8 OUT [ALPHA]
+    VENV/bin/python bench/llmc_calibrated.py MODEL_FOLDER CALIBRATION.npz METHOD OUT [ALPHA]
+
+METHOD:
+- gptq: GPTQModifier, W4A16 group 128, dampening 0.01, blocks of 128 columns, no act_order (qrc's defaults);
+- w8a8-static: qrc's W8A8 preset (int8 weights per channel, symmetric; int8 inputs per tensor, asymmetric,
+  static), input ranges from its default `minmax` observer (a moving average of per-batch ranges);
+- awq: AWQModifier (W4A16, group 128, grid 20, duo scaling: its defaults); rtn: plain W4A16;
+- smoothquant: SmoothQuantModifier(strength ALPHA) + its W8A8 (dynamic per-token inputs); w8a8: that alone.
 """
 
 from __future__ import annotations
@@ -12,31 +18,55 @@ import sys
 import time
 
 
+def recipe(method: str, alpha: float):
+    """The modifiers of METHOD."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from llmcompressor.modifiers.awq import AWQModifier
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from llmcompressor.modifiers.smoothquant import SmoothQuantModifier
+
+    def plain(scheme: str):
+        return QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
+
+    if method == "gptq":
+        return [GPTQModifier(targets="Linear", scheme="W4A16", ignore=["lm_head"], dampening_frac=0.01,
+                             block_size=128, actorder=None)]
+    if method == "w8a8-static":
+        static = QuantizationScheme(
+            targets=["Linear"],
+            weights=QuantizationArgs(num_bits=8, type="int", strategy="channel", symmetric=True, dynamic=False),
+            input_activations=QuantizationArgs(num_bits=8, type="int", strategy="tensor", symmetric=False,
+                                               dynamic=False))
+        return [QuantizationModifier(config_groups={"w8a8": static}, ignore=["lm_head"])]
+    if method == "awq":
+        return [AWQModifier(targets=["Linear"], scheme="W4A16", ignore=["lm_head"], n_grid=20, duo_scaling=True)]
+    if method == "smoothquant":
+        return [SmoothQuantModifier(smoothing_strength=alpha), plain("W8A8")]
+    return [plain({"rtn": "W4A16", "w8a8": "W8A8"}[method])]
+
+
 def main() -> None:
     model_folder, npz, method, out = sys.argv[1:5]
     alpha = float(sys.argv[5]) if len(sys.argv) > 5 else 0.5
+    import numpy as np
     import torch
     import transformers
-    from llmc_data import dataset_and_processor
+    from datasets import Dataset
     from llmcompressor import oneshot
-    from llmcompressor.modifiers.awq import AWQModifier
-    from llmcompressor.modifiers.quantization import QuantizationModifier
-    from llmcompressor.modifiers.smoothquant import SmoothQuantModifier
+    from tokenizers import Tokenizer, models
 
     if not torch.cuda.is_available():  # its AWQ pins cached activations, which needs an accelerator (0.14.0.1)
         torch.Tensor.pin_memory = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
-    dataset, processor, ids = dataset_and_processor(npz)
+    ids = np.load(npz)["input_ids"]
+    dataset = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": np.ones_like(ids).tolist()})
+    # the dataset is tokenized already; oneshot still wants a processor, so it gets a one-word one
+    processor = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")), unk_token="[UNK]",
+        pad_token="[UNK]")
     model = transformers.AutoModelForCausalLM.from_pretrained(model_folder, dtype="auto")
-    recipe = {
-        "awq": [AWQModifier(targets=["Linear"], scheme="W4A16", ignore=["lm_head"], n_grid=20, duo_scaling=True)],
-        "rtn": [QuantizationModifier(targets="Linear", scheme="W4A16", ignore=["lm_head"])],
-        "smoothquant": [SmoothQuantModifier(smoothing_strength=alpha),
-                        QuantizationModifier(targets="Linear", scheme="W8A8", ignore=["lm_head"])],
-        "w8a8": [QuantizationModifier(targets="Linear", scheme="W8A8", ignore=["lm_head"])],
-    }[method]
     start = time.perf_counter()
-    oneshot(model=model, processor=processor, dataset=dataset, recipe=recipe, num_calibration_samples=len(ids),
-            max_seq_length=ids.shape[1])
+    oneshot(model=model, processor=processor, dataset=dataset, recipe=recipe(method, alpha),
+            num_calibration_samples=len(ids), max_seq_length=ids.shape[1])
     print(f"seconds {time.perf_counter() - start:.2f}")
     model.save_pretrained(out, save_compressed=True)
 

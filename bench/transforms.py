@@ -202,7 +202,7 @@ def main() -> None:
             for label, method in (("W4A16 rtn", "rtn"), ("W4A16 AWQModifier", "awq"), ("W8A8 dynamic", "w8a8"),
                                   ("W8A8 dynamic SmoothQuantModifier", "smoothquant")):
                 out = Path(tmp) / f"llmc-{method}"
-                done = subprocess.run([args.llmcompressor, str(ROOT / "bench" / "llmc_transforms.py"), str(folder),
+                done = subprocess.run([args.llmcompressor, str(ROOT / "bench" / "llmc_calibrated.py"), str(folder),
                                        str(Path(tmp) / "llmc.npz"), method, str(out), str(args.alpha)],
                                       capture_output=True, text=True)
                 if done.returncode:

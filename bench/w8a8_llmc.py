@@ -1,6 +1,6 @@
 """Static W8A8 (int8 weights per channel, int8 inputs per tensor, static) side by side: qrc in offload with
 each calibration method, and llm-compressor's QuantizationModifier with its moving-average `minmax`
-observer (bench/llmc_w8a8.py), on one random-weight Llama, the same calibration token ids, the same CPU.
+observer (bench/llmc_calibrated.py w8a8-static), on one random-weight Llama, the same calibration token ids, the same CPU.
 
     python bench/w8a8_llmc.py --llmcompressor VENV/bin/python [--hidden 1024] [--layers 8] [--samples 32]
                               [--seqlen 256] [--methods minmax percentile mse]
@@ -64,8 +64,8 @@ def main() -> None:
         if args.llmcompressor:
             theirs = Path(tmp) / "llmc"
             rows.append(("llm-compressor QuantizationModifier (minmax: moving average)",
-                         *run([args.llmcompressor, str(ROOT / "bench" / "llmc_w8a8.py"), str(folder), str(npz),
-                               str(theirs)]), theirs))
+                         *run([args.llmcompressor, str(ROOT / "bench" / "llmc_calibrated.py"), str(folder), str(npz),
+                               "w8a8-static", str(theirs)]), theirs))
         for name, seconds, peak, out in rows:
             f = independent(folder, out, vocab=32000, seqlen=args.seqlen,
                             prepare=lambda model, out=out: activation_hooks(model, out))
