@@ -1,6 +1,10 @@
 """The torch backend's memory modes side by side on a random-initialised Llama-style checkpoint.
 
     python bench/torch_modes.py [--layers 24] [--hidden 1024] [--rounding rtn gptq] [--modes full low_memory offload]
+                                [--ram "2 GiB"]
+
+`--ram` puts that budget in every recipe; with `--modes auto` the plan chooses the mode (and Q301 names a
+chunk that fits when none does).
 
 The checkpoint (transformers LlamaConfig, random float32 weights, about 1.5 GB at the defaults) is written
 once to $QRC_CACHE/bench/ with qrc's streaming safetensors writer. Every compile runs in its own process:
@@ -58,11 +62,11 @@ def checkpoint(layers: int, hidden: int) -> Path:
     return folder
 
 
-def recipe(folder: Path, rounding: str, mode: str, tmp: Path) -> Path:
+def recipe(folder: Path, rounding: str, mode: str, tmp: Path, ram: str | None = None) -> Path:
     calibrate = f"calibrate {{ data synthetic {{ samples {SAMPLES} seqlen {SEQLEN} }} chunk {CHUNK} }}"
     text = (f'recipe bench {{\n model "{folder}"\n backend torch\n scheme w4 = W4A16 {{ group 128  rounding {rounding} }}\n'
             f' quantize {{ "model.layers.*" -> w4 }}\n group auto qkv\n {calibrate}\n'
-            f' memory {{ mode {mode}  disk "{tmp / "cache"}" }}\n emit "{tmp / (rounding + "-" + mode)}" {{ format safetensors }}\n}}\n')
+            f' memory {{ mode {mode}  {f"ram {ram}  " if ram else ""}disk "{tmp / "cache"}" }}\n emit "{tmp / (rounding + "-" + mode)}" {{ format safetensors }}\n}}\n')
     path = tmp / f"{rounding}-{mode}.recipe"
     path.write_text(text)
     return path
@@ -97,7 +101,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--rounding", nargs="+", default=["rtn", "gptq"])
-    parser.add_argument("--modes", nargs="+", default=["full", "low_memory", "offload"])
+    parser.add_argument("--modes", nargs="+", default=["full", "low_memory", "offload"],
+                        help="full, low_memory, offload, or auto (the plan chooses under --ram)")
+    parser.add_argument("--ram", help='a RAM budget for every recipe, e.g. "2 GiB"')
     args = parser.parse_args()
     folder = checkpoint(args.layers, args.hidden)
     size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
@@ -110,13 +116,14 @@ def main() -> None:
         for rounding in args.rounding:
             full = None
             for mode in args.modes:
-                r = run(recipe(folder, rounding, mode, Path(tmp)))
+                r = run(recipe(folder, rounding, mode, Path(tmp), args.ram))
                 if "error" in r:
                     print(f"| {rounding} | {mode} | {r['seconds']:.1f} | failed: {r['error']} | | | |")
                     continue
-                full = r["hwm"] if mode == "full" else full
+                full = r["hwm"] if r["mode"] == "full" else full
                 versus = f"{r['hwm'] / full:.2f}×" if full else "–"
-                print(f"| {rounding} | {mode} | {r['seconds']:.1f} | {r['hwm'] / mib:,.0f} MiB | {r['planned'] / mib:,.0f} MiB "
+                ran = mode if mode == r["mode"] else f"{mode} → {r['mode']}"
+                print(f"| {rounding} | {ran} | {r['seconds']:.1f} | {r['hwm'] / mib:,.0f} MiB | {r['planned'] / mib:,.0f} MiB "
                       f"| {r['hwm'] / r['planned']:.2f}× | {versus} |", flush=True)
 
 

@@ -309,6 +309,11 @@ CODES: tuple[CodeInfo, ...] = (
        "the export. If the exporter named a layer differently, the layers quantized would silently differ "
        "from the plan; the compile stops instead, before any weight is rounded.",
        "backend onnx on a folder whose export renames its Linear weights"),
+    _c("Q424", "the ONNX export failed",
+       "An HF folder compiled on the ONNX backend is exported by torch.onnx in a child process. When the "
+       "exporter fails (an operator it cannot export, a crash, too little memory) the compile stops with the "
+       "exporter's last message; nothing is cached and nothing is written.",
+       "backend onnx on a folder whose modelling code torch.onnx cannot trace"),
     _c("Q501", "verification failed",
        "The emitted model was run beside the float one on held-out samples and missed the recipe's bound. "
        "The model is left in place with a `.verify.json` report of the figures, so it can be inspected.",

@@ -202,13 +202,11 @@ def test_fp16_scales_are_fp16_and_the_graph_is_valid_onnx(folders, tmp_path):
     onnx's full check (strict type inference)."""
     import onnx
 
-    from compiler.backends.onnx.export import _finish
     from compiler.backends.onnx.export_decoder import export_decoder
 
     src = tmp_path / "fp16"
     src.mkdir()
-    export_decoder(folders["llama"], src / "raw.onnx", dtype="float16")
-    _finish(src / "raw.onnx", src / "model.onnx")
+    export_decoder(folders["llama"], src / "model.onnx", dtype="float16")
     for scheme in SCHEMES:
         out = _compile(tmp_path / scheme, src / "model.onnx", scheme)
         model = onnx.load(str(out))
@@ -221,13 +219,11 @@ def test_bf16_graph_quantizes_to_valid_onnx(folders, tmp_path):
     """bf16 (onnxruntime's CPU provider has few bf16 kernels, so the graph is checked, not run)."""
     import onnx
 
-    from compiler.backends.onnx.export import _finish
     from compiler.backends.onnx.export_decoder import export_decoder
 
     src = tmp_path / "bf16"
     src.mkdir()
-    export_decoder(folders["qwen2"], src / "raw.onnx", dtype="bfloat16")
-    _finish(src / "raw.onnx", src / "model.onnx")
+    export_decoder(folders["qwen2"], src / "model.onnx", dtype="bfloat16")
     recipe = tmp_path / "r.recipe"
     recipe.write_text(RECIPE.format(model=src / "model.onnx", scheme="W8A16", fmt="qdq", out=tmp_path / "o.onnx")
                       .replace("verify { samples 4  metric cosine  at_least 0.9 }", ""))

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from compiler.ir.types import Bound, VerifyMetric
+from compiler.plan.memory import AGREEMENT_ROWS
+
+ROWS_PER_STEP = AGREEMENT_ROWS  # positions compared at once (the plan counts their scratch)
 
 
 @dataclass
@@ -34,23 +37,32 @@ class Agreement:
             self.embedding_sum += _embedding_cosine(ref, cand, None if mask is None else mask[i])
 
     def _add_sample(self, ref: np.ndarray, cand: np.ndarray) -> None:
-        finite = np.isfinite(ref) & np.isfinite(cand)
-        self.nonfinite += int(cand.size - np.isfinite(cand).sum())
-        if not finite.all():
-            ref, cand = np.where(finite, ref, 0.0).astype(np.float32), np.where(finite, cand, 0.0).astype(np.float32)
-        dot = float(np.dot(ref.ravel(), cand.ravel()))
-        norms = float(np.linalg.norm(ref)) * float(np.linalg.norm(cand))
-        self.cos_sum += dot / max(norms, 1e-30)
+        """One sample, ROWS_PER_STEP positions at a time: a long sample's logits over a large vocabulary
+        would otherwise take several sample-sized temporaries (seven for the KL's log-softmaxes)."""
+        rows_r, rows_c = ref.reshape(-1, ref.shape[-1]) if ref.ndim else ref.reshape(1, 1), \
+            cand.reshape(-1, cand.shape[-1]) if cand.ndim else cand.reshape(1, 1)
+        dot = norm_r = norm_c = 0.0
+        for start in range(0, rows_r.shape[0], ROWS_PER_STEP):
+            r, c = rows_r[start:start + ROWS_PER_STEP], rows_c[start:start + ROWS_PER_STEP]
+            finite = np.isfinite(r) & np.isfinite(c)
+            self.nonfinite += int(c.size - np.isfinite(c).sum())
+            if not finite.all():
+                r, c = np.where(finite, r, 0.0).astype(np.float32), np.where(finite, c, 0.0).astype(np.float32)
+            del finite
+            dot += float(np.dot(r.ravel(), c.ravel()))
+            norm_r += float(np.dot(r.ravel(), r.ravel()))
+            norm_c += float(np.dot(c.ravel(), c.ravel()))
+            diff = r - c
+            self.noise += float(np.dot(diff.ravel(), diff.ravel()))
+            del diff
+            self.top1_same += int(np.sum(r.argmax(-1) == c.argmax(-1)))
+            self.top1_total += r.shape[0]
+            p, q = _log_softmax(r), _log_softmax(c)
+            self.kld_sum += float(np.sum(np.exp(p) * (p - q), dtype=np.float64))
+            self.positions += r.shape[0]
+        self.signal += norm_r
+        self.cos_sum += dot / max(np.sqrt(norm_r) * np.sqrt(norm_c), 1e-30)
         self.samples += 1
-        self.signal += float(np.dot(ref.ravel(), ref.ravel()))
-        diff = ref - cand
-        self.noise += float(np.dot(diff.ravel(), diff.ravel()))
-        rows_r, rows_c = ref.reshape(-1, ref.shape[-1]), cand.reshape(-1, cand.shape[-1])
-        self.top1_same += int(np.sum(rows_r.argmax(-1) == rows_c.argmax(-1)))
-        self.top1_total += rows_r.shape[0]
-        p, q = _log_softmax(rows_r), _log_softmax(rows_c)
-        self.kld_sum += float(np.sum(np.exp(p) * (p - q), dtype=np.float64))
-        self.positions += rows_r.shape[0]
 
     def value(self, metric: VerifyMetric) -> float:
         """The figure of `metric` over the samples so far."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from compiler.plan.ops import PlanOp
@@ -23,12 +25,14 @@ class RssSampler:
     high_water: int = 0  # VmHWM at the end, when it could be reset at the start (else 0: samples only)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _children: list = field(default_factory=list)  # processes the compile started (an export): their memory counts
     _start: float = 0.0
 
     def __enter__(self) -> RssSampler:
         import psutil
 
         self._process = psutil.Process()
+        _ACTIVE.append(self)
         self._reset = _reset_high_water_mark()
         self._start = time.perf_counter()
         self._sample()
@@ -37,6 +41,7 @@ class RssSampler:
         return self
 
     def __exit__(self, *exc) -> None:
+        _ACTIVE.remove(self)
         self._stop.set()
         if self._thread:
             self._thread.join()
@@ -49,14 +54,23 @@ class RssSampler:
             self._sample()
 
     def _sample(self) -> None:
-        rss = self.resident()
+        self.add(self.resident())
+
+    def resident(self) -> int:
+        """This process's resident set size now, and that of the child processes it follows."""
+        rss = self._process.memory_info().rss
+        for child in list(self._children):
+            try:
+                rss += child.memory_info().rss
+            except Exception:  # noqa: BLE001 - psutil.Error: the child ended between two samples
+                continue
+        return rss
+
+    def add(self, rss: int) -> None:
+        """A measurement taken elsewhere (a child's high-water mark plus this process's RSS then), as a sample."""
         self.samples.append((time.perf_counter() - self._start, rss, self.phase))
         if self.limit is not None and rss > self.limit and self.over is None:
             self.over = (rss, self.phase)
-
-    def resident(self) -> int:
-        """This process's resident set size now."""
-        return self._process.memory_info().rss
 
     def check(self) -> None:
         """Raise Q302 once a sample went above the budget: the run stops instead of overrunning it."""
@@ -81,6 +95,46 @@ class RssSampler:
 
 
 _STATUS = "/proc/self/status"
+_ACTIVE: list[RssSampler] = []  # the samplers of the compiles running in this process (one, in practice)
+
+
+@contextmanager
+def following(pid: int) -> Iterator[None]:
+    """While a child process the compile started runs, every active sampler counts its RSS too."""
+    import psutil
+
+    try:
+        child = psutil.Process(pid)
+    except psutil.Error:  # it already ended
+        yield
+        return
+    for sampler in _ACTIVE:
+        sampler._children.append(child)
+    try:
+        yield
+    finally:
+        for sampler in _ACTIVE:
+            if child in sampler._children:
+                sampler._children.remove(child)
+
+
+def record_child_peak(child_high_water: int, parent_rss: int) -> None:
+    """A finished child's high-water mark plus this process's RSS while it ran: the peak the sampler may
+    have missed between two samples."""
+    for sampler in _ACTIVE:
+        sampler.add(child_high_water + parent_rss)
+
+
+def own_rss() -> int:
+    """This process's resident set size now (without children)."""
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def own_high_water_mark() -> int:
+    """This process's VmHWM in bytes (0 where the kernel does not say)."""
+    return _high_water_mark()
 
 
 def _reset_high_water_mark() -> bool:

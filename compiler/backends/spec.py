@@ -15,6 +15,11 @@ from compiler.plan.target import CostModel
 from compiler.resolve.assignment import Assignment
 
 
+def as_checked(ir: RecipeIR, assignment: Assignment) -> Assignment:
+    """The default `planned`: the plan is built on the assignment `qrc check` resolved."""
+    return assignment
+
+
 class OutputKind(enum.Enum):
     """What a backend writes at the destination."""
 
@@ -33,6 +38,9 @@ class BackendSpec:
     costs: CostModel
     check: Callable[[RecipeIR, Assignment, Diagnostics], None]  # capability checks against the resolved model
     executor: str  # "module:function" of `execute(ir, assignment, plan, output, progress) -> CompileResult`
+    # the assignment the plan is built on, when the backend runs another form of the model than the one
+    # checked (the ONNX backend: an HF folder's cached export); reads no weights
+    planned: Callable[[RecipeIR, Assignment], Assignment] = as_checked
 
     def load_executor(self) -> Callable:
         """Import the backend (torch or onnxruntime) and return its execute function."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from compiler.ir.types import MemoryMode, RecipeIR
 from compiler.ir.values import Diagnostics
+from compiler.models.index import ModelFormat
 from compiler.plan.estimates import all_estimates
 from compiler.plan.fit import report_q301
 from compiler.plan.lower import Context, lower
@@ -46,6 +47,9 @@ def _notes(w: Workload, costs: CostModel) -> tuple[str, ...]:
     notes = []
     if not w.calibrate:
         notes.append("no calibration pass: every scheme is weight-only and data-free")
+    if w.index.graph is not None and w.index.format is ModelFormat.HF:
+        notes.append("activation estimates walk the graph of the folder's cached ONNX export (the graph the "
+                     "compile runs)")
     if w.index.graph is None and costs.reads_graph_only:
         notes.append("no graph shapes for this model: activation estimates are from its config (one block's "
                      "working set per sample)")

@@ -117,6 +117,11 @@ def lower_export(ctx: Context) -> list[PlanOp]:
     """`export_onnx`: an HF folder compiled by a backend that reads ONNX graphs."""
     if not ctx.costs.reads_graph_only or ctx.workload.index.format is not ModelFormat.HF:
         return []
+    if ctx.workload.index.graph is not None:  # planned against the cached export (backends' `planned`)
+        return [ExportOnnx(summary=f"the export of {ctx.ir.model} is in the cache (made by an earlier compile, "
+                           "keyed by the folder's file names, sizes and mtimes): nothing to export; later ops read "
+                           "its graph, layer names unchanged", inputs=("recipe",), outputs=("onnx_model",),
+                           peak_bytes=ctx.costs.runtime, folder=ctx.ir.model, exporter="torch.onnx")]
     return [ExportOnnx(summary=f"export the folder {ctx.ir.model} to ONNX with torch.onnx (once: cached by the "
                        "folder's file names, sizes and mtimes); later ops read the exported graph, layer names unchanged",
                        inputs=("recipe",), outputs=("onnx_model",), peak_bytes=ctx.phase(PhaseName.EXPORT),

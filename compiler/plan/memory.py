@@ -41,6 +41,16 @@ def observer_bytes(w: Workload) -> int:
 
 HIDDEN_COPIES = 9  # hidden-sized tensors a block's forward holds per token (residual, norm, q/k/v, rotated q/k,
 # attention output, o_proj output): measured with SDPA, bench/block_working_set.py
+# verification compares one sample at a time, AGREEMENT_ROWS positions at once (compiler/backends/agreement.py):
+# the two outputs, the finite mask, their difference, two log-softmaxes and the KL's product, about seven
+# arrays of that size in float32
+AGREEMENT_ARRAYS = 7
+AGREEMENT_ROWS = 256
+
+
+def agreement_scratch(sample_bytes: int, positions: int) -> int:
+    """The scratch of comparing one sample whose output takes `sample_bytes` over `positions` positions."""
+    return AGREEMENT_ARRAYS * sample_bytes * min(positions, AGREEMENT_ROWS) // max(positions, 1)
 
 
 def block_working_set(w: Workload, scores: bool | None = None) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from compiler.backends.onnx.export_decoder import DECODER_FAMILIES
 from compiler.ir.types import Backend, EmitFormat, MemoryMode
 from compiler.models.onnx_write import COPY_PIECE
 from compiler.plan.activations import calibration_peak, needed_nodes, peak, segment_outputs, segment_runs
@@ -13,6 +14,7 @@ from compiler.plan.memory import (
     ACT_BYTES,
     MiB,
     Phase,
+    agreement_scratch,
     block_working_set,
     dtype_bytes,
     gptq_scratch,
@@ -31,6 +33,14 @@ SESSION_COPIES = 1  # weights live once, in the session (read from external data
 # torch, transformers and the TorchScript exporter's tracing state for an export: measured with VmHWM on
 # all-MiniLM-L6-v2 (87 MB of weights): a 1.13 GiB peak, of which the model and its exported proto are ~0.17 GiB
 EXPORT_RUNTIME = 900 * MiB
+# a decoder's dynamo export (export_decoder.py): the libraries, then the model's parameters, the program's
+# proto and the renaming's copies of one tensor. Fitted on random Llamas of 69, 77, 150 and 642 MiB of
+# float32 weights, whose exports peaked (VmHWM) at 694, 701, 924 and 2,091 MiB (0.98-1.03x of this)
+DYNAMO_EXPORT_RUNTIME = 520 * MiB
+DYNAMO_EXPORT_WEIGHT_COPIES = 2.5
+# the export runs in a child process (export_process.py); the compile waits beside it holding the
+# interpreter, qrc and onnx: 65-67 MiB measured (the compile's peak minus the child's VmHWM)
+EXPORT_PARENT = 64 * MiB
 SLICE_BYTES = 16 << 20  # large weights are rounded in slices of output channels of this size
 # GPTQ's column loop runs in torch (compiler/quant/gptq.py): importing it raised max RSS from 47 to 241 MiB
 TORCH_LIBRARIES = 200 * MiB
@@ -102,6 +112,17 @@ def _no_graph(w: Workload, chunk: int) -> int:
     return chunk * block_working_set(w, scores=True) if w.index.graph is None else 0
 
 
+def _first_output(w: Workload, samples: int) -> int:
+    """The model's first output (a decoder's logits) for `samples` samples: from the graph, or, before an
+    export, from the last layer's width (the LM head's vocabulary, an encoder's hidden size)."""
+    graph = w.index.graph
+    if graph:
+        first = graph.value(graph.outputs[0]) if graph.outputs else None
+        return first.bytes(graph.sizes(samples, w.seqlen, w.past), w.seqlen) if first else 0
+    width = w.index.layers[-1].out_features if w.index.layers else w.hidden
+    return samples * w.seqlen * width * ACT_BYTES
+
+
 def _observed_group(w: Workload, passes: int) -> tuple[str, ...]:
     """The largest group when the observed tensors are split in order into `passes` passes."""
     if not w.fetched:
@@ -137,7 +158,7 @@ def _largest_segment(w: Workload, chunk: int, outputs: bool = False) -> tuple[in
     own outputs (verification)."""
     graph = w.index.graph
     if not graph:
-        return _segment_weights(w), 0
+        return _segment_weights(w), _no_graph(w, chunk)
     runs = segment_runs([n.name for n in graph.nodes])
     wanted = set(w.fetched) | (set(graph.outputs) if outputs else set())
     worst = 0
@@ -184,31 +205,36 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     if mode is MemoryMode.OFFLOAD:  # one segment session at a time, one sample at a time
         block_weights, block_act = _largest_segment(w, 1, outputs=True)
         outputs = sum(graph.value(o).bytes(graph.sizes(1, w.seqlen, w.past), w.seqlen)
-                      for o in graph.outputs if graph.value(o)) if graph else 0
+                      for o in graph.outputs if graph.value(o)) if graph else _first_output(w, 1)
         # the segment's QDQ weights run dequantized; MatMulNBits computes from its packed ones
         dequantized = block_weights * w.dequantized_bytes // max(w.weights_bytes, 1)
         # the float model runs first over every sample; its first output is kept for each (in RAM unless `disk`)
-        sizes = graph.sizes(1, w.seqlen, w.past) if graph else {}
-        first = graph.value(graph.outputs[0]) if graph and graph.outputs else None
-        cached = (first.bytes(sizes, w.seqlen) if first else 0) * (1 if w.disk else max(w.verify_samples, 1))
+        cached = _first_output(w, 1 if w.disk else max(w.verify_samples, 1))
         parts = (("runtime", runtime), ("weights of one segment", block_weights),
                  ("its QDQ weights dequantized at run time (DequantizeLinear outputs)", dequantized),
                  ("segment activations", block_act), ("outputs of one sample, both models", 2 * outputs),
-                 ("the float model's first output, kept for every held-out sample", cached))
+                 ("the float model's first output, kept for every held-out sample", cached),
+                 ("comparing one sample", agreement_scratch(_first_output(w, 1), w.seqlen)))
     else:
-        act = _no_graph(w, chunk)
+        act = _no_graph(w, chunk) + _first_output(w, chunk)
         if graph:
             kept = set(graph.outputs)
             act = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen, w.past).bytes
         parts = (("runtime", runtime), ("float session", w.weights_bytes), ("quantized session", w.quantized_bytes),
                  ("its QDQ weights dequantized (DequantizeLinear outputs)", w.dequantized_bytes),
-                 ("activations of one chunk, both models", 2 * act))
+                 ("activations of one chunk, both models", 2 * act),
+                 ("comparing one sample", agreement_scratch(_first_output(w, 1), w.seqlen)))
     return Phase("verify", sum(b for _, b in parts), parts)
 
 
 def export_peak(w: Workload) -> int:
-    """torch.onnx exporting an HF folder: torch and transformers, the model in float32, the exported proto."""
-    return EXPORT_RUNTIME + 2 * w.weights_bytes * 4 // dtype_bytes(w)
+    """torch.onnx exporting an HF folder in a child process: torch and transformers, the model in float32,
+    the exported proto (a decoder with the dynamo exporter, an encoder with the TorchScript one), and the
+    compile waiting beside it."""
+    float32 = w.weights_bytes * 4 // dtype_bytes(w)
+    if w.index.family in DECODER_FAMILIES:
+        return EXPORT_PARENT + DYNAMO_EXPORT_RUNTIME + int(DYNAMO_EXPORT_WEIGHT_COPIES * float32)
+    return EXPORT_PARENT + EXPORT_RUNTIME + 2 * float32
 
 
 def onnx_emit(w: Workload, mode: MemoryMode) -> Phase:

@@ -20,6 +20,7 @@ from compiler.backends.onnx import rewrite
 from compiler.backends.onnx.calibrate import calibrate, observe, session_from_path
 from compiler.backends.onnx.cost import streams_output
 from compiler.backends.onnx.emitters import ActivationQParams, QdqEmitter, emitter_for
+from compiler.backends.onnx.exported_model import quantized_layers
 from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.genai import side_files
 from compiler.backends.onnx.hessians import GptqRounder, hessian_observers, uses_gptq
@@ -415,10 +416,7 @@ class _OnnxRun:
 def _same_layers(ir: RecipeIR, planned: Assignment, exported: Assignment) -> None:
     """Q423: the export must quantize exactly the layers the plan did, with the same schemes: a layer the
     exporter renamed would otherwise be left float (or quantized against the recipe) without a word."""
-    def quantized(assignment: Assignment) -> dict[str, str]:
-        return {a.layer.name: a.scheme.name for a in assignment.layers if not a.scheme.is_none}
-
-    before, after = quantized(planned), quantized(exported)
+    before, after = quantized_layers(planned), quantized_layers(exported)
     if before == after:
         return
     differ = sorted(set(before.items()) ^ set(after.items()))

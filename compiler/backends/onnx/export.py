@@ -13,6 +13,7 @@ from pathlib import Path
 
 from compiler.backends import BackendError
 from compiler.backends.onnx.export_decoder import DECODER_FAMILIES, export_decoder
+from compiler.backends.onnx.export_process import export_in_child
 from compiler.backends.onnx.genai import TOKENIZER_FILES
 from compiler.diagnostics import error
 from compiler.models.exports import cached_export, export_path
@@ -28,8 +29,7 @@ def export_folder(folder: Path, span=None) -> Path:
     target = export_path(folder)
     staging = Path(tempfile.mkdtemp(prefix="qrc-export-"))
     try:
-        with _quiet():
-            _export(folder, staging / "model.onnx", span)
+        export_in_child(folder, staging / "model.onnx", span)
         target.parent.mkdir(parents=True, exist_ok=True)
         for name in ("config.json", *TOKENIZER_FILES):  # what genai_config.json and the cache shapes read
             if (folder / name).is_file():
@@ -62,6 +62,12 @@ def _quiet():
             hf_logging.enable_progress_bar()
 
 
+def export_now(folder: Path, out: Path, span=None) -> None:
+    """Export `folder` to `out` in this process (export_process runs it in a child), quietly."""
+    with _quiet():
+        _export(folder, out, span)
+
+
 def _export(folder: Path, out: Path, span) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a hub: the folder has everything
     try:
@@ -77,9 +83,7 @@ def _export(folder: Path, out: Path, span) -> None:
         except ImportError:
             raise BackendError(error("Q400", "exporting a decoder folder to ONNX needs onnxscript (torch.onnx's "
                                      "dynamo exporter)", span, "backend onnx", help="pip install -e '.[hf]'")) from None
-        raw = out.with_name("raw.onnx")
-        export_decoder(folder, raw)
-        _finish(raw, out)
+        export_decoder(folder, out)
         return
     if config.model_type not in _OUTPUTS:  # qrc check refuses these first (support.EXPORTABLE_FAMILIES)
         raise BackendError(error("Q415", f"the ONNX backend cannot export `{config.model_type}` folders to ONNX yet",

@@ -13,6 +13,7 @@ from pathlib import Path
 # Families whose tiny random models export and match transformers' logits with an empty and a filled
 # cache (tests/test_onnx_decoders.py). MoE and MLA decoders and VLMs are refused at `check` (Q415).
 DECODER_FAMILIES = ("llama", "mistral", "granite", "qwen2", "qwen3", "olmo2", "gemma2", "gemma3_text", "phi3")
+WRAPPER = "m."  # the prefix the flattening wrapper gives every parameter name
 EXAMPLE = dict(batch=2, sequence=5, past=3)  # the traced shapes; all three axes are exported as dynamic
 
 
@@ -21,9 +22,9 @@ def cache_names(layers: int, prefix: str) -> list[str]:
     return [f"{prefix}.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
 
 
-def export_decoder(folder: Path, raw: Path, dtype: str = "float32") -> None:
-    """Export the decoder in `folder` to `raw` (opset 21, weights as external data beside it), its
-    weights and activations in `dtype` (float32, float16 or bfloat16)."""
+def export_decoder(folder: Path, out: Path, dtype: str = "float32") -> None:
+    """Export the decoder in `folder` to `out` (opset 21, weights named as in the folder, as external data
+    in `out`.data), its weights and activations in `dtype` (float32, float16 or bfloat16)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -49,10 +50,14 @@ def export_decoder(folder: Path, raw: Path, dtype: str = "float32") -> None:
                                     output_names=outputs, opset_version=21, verbose=False)
     import onnx
 
-    # the program's proto is renamed in memory and written once (not saved, read back and saved again)
+    # the program's proto is renamed in memory and written once, in its final form: loading it again to
+    # rename or convert it held the model two to three more times (5.7 GiB for a 0.6 GiB decoder)
     model = program.model_proto
+    del program
     _name_weights(model, wrapper)
-    onnx.save(model, str(raw), save_as_external_data=True, all_tensors_to_one_file=True, location=raw.name + ".data")
+    model.ir_version = min(model.ir_version, 10)  # onnxruntime's highest
+    onnx.save(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location=out.name + ".data",
+              size_threshold=1024)
 
 
 def _name_weights(model, wrapper) -> None:
@@ -67,6 +72,7 @@ def _name_weights(model, wrapper) -> None:
 
     by_value: dict[str, list[str]] = {}
     for name, param in wrapper.named_parameters():  # module order: the order the forward pass uses them
+        name = name.removeprefix(WRAPPER)
         values = param.detach().cpu()
         if values.dim() not in (1, 2):
             continue
@@ -84,6 +90,10 @@ def _name_weights(model, wrapper) -> None:
             names = by_value.get(_digest(array.tobytes(), array.shape, array.itemsize), [])
             copies += _rename(tensor, names, readers.get(tensor.name, []))
     model.graph.initializer.extend(copies)
+    for tensor in model.graph.initializer:  # what matched no parameter (buffers) loses the wrapper's prefix too
+        if tensor.name.startswith(WRAPPER):
+            _point(readers.get(tensor.name, []), tensor.name, tensor.name[len(WRAPPER):])
+            tensor.name = tensor.name[len(WRAPPER):]
 
 
 def _digest(data: bytes, shape, itemsize: int) -> str:
@@ -135,7 +145,7 @@ def _flattened(model, layers: int):
     class CacheFlattened(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.m = model  # `m.` is dropped from the weight names after export (export._finish)
+            self.m = model  # `m.` is dropped from the weight names after export (WRAPPER, _name_weights)
 
         def forward(self, input_ids, attention_mask, position_ids, past):
             cache = DynamicCache(config=model.config)

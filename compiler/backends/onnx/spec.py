@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from compiler.backends.onnx.cost import COSTS
+from compiler.backends.onnx.exported_model import planned_assignment
 from compiler.backends.onnx.support import check_supported
 from compiler.backends.spec import BackendSpec, OutputKind
 from compiler.ir.types import Backend, EmitFormat
@@ -15,4 +16,5 @@ SPEC = BackendSpec(
     costs=COSTS,
     check=check_supported,
     executor="compiler.backends.onnx.execute:execute",
+    planned=planned_assignment,
 )

@@ -11,6 +11,7 @@ from compiler.plan.memory import (
     ACT_BYTES,
     MiB,
     Phase,
+    agreement_scratch,
     block_working_set,
     dtype_bytes,
     gptq_scratch,
@@ -62,8 +63,8 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
 def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     """Block-wise verification at the model's output: the block-wise phase, plus the float logits of every
     held-out sample when the tail has layers to round between the float and quantized passes (else one
-    chunk's), one chunk of quantized logits, and the agreement's scratch for one sample (about seven
-    sample-sized float32 arrays: the two logits, their difference, two log-softmaxes, a mask, a product)."""
+    chunk's), one chunk of quantized logits, and the agreement's scratch (about seven float32 arrays of up to
+    256 positions of one sample: the two logits, their difference, two log-softmaxes, a mask, a product)."""
     base = torch_phase(w, mode, chunk)
     layers = w.index.layers
     vocab = layers[-1].out_features if layers else w.hidden
@@ -71,7 +72,7 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     verify_chunk = min(chunk, w.verify_samples)
     held = w.verify_samples if _tail_rounds(w) else verify_chunk
     parts = base.parts + ((f"verification logits ({held} float + {verify_chunk} quantized samples, scratch)",
-                           (held + verify_chunk + 7) * per_sample),)
+                           (held + verify_chunk) * per_sample + agreement_scratch(per_sample, w.seqlen)),)
     return Phase("verification at the output", sum(b for _, b in parts), parts)
 
 

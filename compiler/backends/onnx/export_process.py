@@ -1,0 +1,71 @@
+"""The export runs in a child process. torch, transformers and the exporter's state (half a GiB and more,
+which the allocator does not hand back) then leave with it, so the compile that follows holds only what
+its own plan counts; and a crash inside the exporter becomes a diagnostic instead of ending the compile.
+The child's memory is measured as the compile's: sampled while it runs, and its high-water mark on top
+of the parent's RSS at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from compiler.backends import BackendError
+from compiler.diagnostics import error
+
+MARK = "QRC-EXPORT "  # the child's one report line on stdout (libraries may print too)
+
+
+def export_in_child(folder: Path, out: Path, span) -> None:
+    """Export `folder` to `out` in a child process; its diagnostics are raised here as BackendError."""
+    from compiler.backends.rss import following, own_rss, record_child_peak
+
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parents[3])  # `compiler` importable without an install
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    command = [sys.executable, "-m", "compiler.backends.onnx.export_process", str(folder), str(out)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as child:
+        try:
+            with following(child.pid):
+                stdout, stderr = child.communicate()
+        except BaseException:  # Ctrl-C or SIGTERM: the child must not outlive the compile
+            child.kill()
+            raise
+    report = _report(stdout)
+    if "code" in report:
+        raise BackendError(error(report["code"], report["message"], span, report["label"], help=report["help"]))
+    if child.returncode != 0 or not out.exists():
+        last = (stderr.strip().splitlines() or ["(no message)"])[-1][:300]
+        raise BackendError(error("Q424", f"the ONNX export of `{folder}` failed: {last}", span, "export failed",
+                                 help="compile the folder with `backend torch`, or export it yourself and compile "
+                                      "the .onnx file"))
+    record_child_peak(int(report.get("high_water", 0)), own_rss())
+
+
+def _report(stdout: str) -> dict:
+    lines = [line[len(MARK):] for line in stdout.splitlines() if line.startswith(MARK)]
+    try:
+        return json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def _child(folder: Path, out: Path) -> int:
+    """The child's work: the export, then one report line (its high-water mark, or a diagnostic)."""
+    from compiler.backends.onnx.export import export_now
+    from compiler.backends.rss import own_high_water_mark
+
+    try:
+        export_now(folder, out)
+    except BackendError as exc:
+        d = exc.diagnostic
+        print(MARK + json.dumps({"code": d.code, "message": d.message, "label": d.label, "help": d.help}), flush=True)
+        return 3
+    print(MARK + json.dumps({"high_water": own_high_water_mark()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(Path(sys.argv[1]), Path(sys.argv[2])))

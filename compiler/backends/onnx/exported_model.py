@@ -1,0 +1,39 @@
+"""An HF folder on the ONNX backend is compiled from its export. The executor resolves the recipe again
+against the exported graph; the planner does the same when the export is already cached, so that its
+memory model walks the graph that will run instead of estimating activations from the config. Light:
+reads the exported graph without its weights (onnx only, no torch, no onnxruntime)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from compiler.ir.types import RecipeIR
+from compiler.ir.values import Diagnostics
+from compiler.models import ModelError, local_path
+from compiler.models.exports import cached_export
+from compiler.models.index import ModelFormat
+from compiler.resolve.assignment import Assignment, resolve
+
+
+def quantized_layers(assignment: Assignment) -> dict[str, str]:
+    """Quantized layer name → scheme name: what must agree between a folder and its export."""
+    return {a.layer.name: a.scheme.name for a in assignment.layers if not a.scheme.is_none}
+
+
+def planned_assignment(ir: RecipeIR, assignment: Assignment) -> Assignment:
+    """What the plan is built on: for an HF folder whose export is cached, the recipe resolved against the
+    export's graph (still an HF folder, so the plan keeps its `export_onnx` op), if it quantizes the same
+    layers with the same schemes; otherwise the folder's own assignment (activations from its config)."""
+    index = assignment.model
+    folder = local_path(index.ref) if index.format is ModelFormat.HF else None
+    exported = cached_export(folder) if folder is not None and folder.is_dir() else None
+    if exported is None:
+        return assignment
+    from compiler.models.onnx_index import index_onnx
+
+    try:
+        graph_index = index_onnx(exported, index.ref, family=index.family)
+    except ModelError:  # a damaged cache entry: the compile exports again; plan from the config meanwhile
+        return assignment
+    resolved = resolve(ir, replace(graph_index, format=ModelFormat.HF), Diagnostics())
+    return resolved if quantized_layers(resolved) == quantized_layers(assignment) else assignment
