@@ -7,6 +7,8 @@ float model's; the int4 output decodes in onnxruntime-genai."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -367,3 +369,43 @@ def test_decoder_plan_binds_the_past_an_npz_gives(exported, tmp_path, monkeypatc
     failed = runner.invoke(app, ["compile", str(recipe(96, 4))])
     assert failed.exit_code == 2 and "error[Q419]" in failed.output and "batch_size must be 1" in failed.output
     assert "Traceback" not in failed.output and not (tmp_path / "o96-4.onnx").exists()
+
+
+def test_a_decoder_folder_keeps_its_memory_plan(folders, tmp_path):
+    """An HF decoder folder on ONNX, its export cached: the plan walks the exported graph, and the compile
+    (its own process, as a user runs it) measures within ±25% of it, in full and in offload."""
+    from compiler.backends.onnx.export import export_folder
+
+    export_folder(folders["llama"])
+    for mode in ("full", "offload"):
+        recipe = tmp_path / f"{mode}.recipe"
+        recipe.write_text(RECIPE.format(model=folders["llama"], scheme="W8A8", fmt="qdq", out=tmp_path / f"{mode}.onnx")
+                          .replace("verify {", f"memory {{ mode {mode} }}\n    verify {{"))
+        plan = runner.invoke(app, ["plan", str(recipe)], env={"COLUMNS": "300"})
+        assert "graph of the folder's cached ONNX export" in plan.output, plan.output
+        done = subprocess.run([sys.executable, "-m", "compiler", "compile", str(recipe)], capture_output=True,
+                              text=True, env={**os.environ, "COLUMNS": "300"})
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "export from the cache" in done.stdout
+        ratio = float(re.search(r"planned \(([\d.]+)×\)", done.stdout).group(1))
+        assert 0.75 <= ratio <= 1.25, done.stdout
+
+
+def test_a_failed_export_is_a_diagnostic(folders, tmp_path):
+    """The exporter's failure (here transformers refusing a checkpoint whose shapes disagree with its
+    config) ends the compile with Q424 and its message, exit 2, nothing cached or written."""
+    import shutil
+
+    from compiler.models.exports import cached_export
+
+    folder = tmp_path / "broken"
+    shutil.copytree(folders["llama"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["intermediate_size"] += 16  # the checkpoint's MLP weights no longer fit the config
+    (folder / "config.json").write_text(json.dumps(config))
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(RECIPE.format(model=folder, scheme="W8A8", fmt="qdq", out=tmp_path / "o.onnx"))
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 2, result.output
+    assert "Q424" in result.output and "Traceback" not in result.output
+    assert cached_export(folder) is None and not (tmp_path / "o.onnx").exists()

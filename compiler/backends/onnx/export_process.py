@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from compiler.backends import BackendError
@@ -37,10 +38,12 @@ def export_in_child(folder: Path, out: Path, span) -> None:
     if "code" in report:
         raise BackendError(error(report["code"], report["message"], span, report["label"], help=report["help"]))
     if child.returncode != 0 or not out.exists():
-        last = (stderr.strip().splitlines() or ["(no message)"])[-1][:300]
+        last = (stderr.strip().splitlines() or [f"the exporter ended with status {child.returncode}"])[-1][:300]
+        log = Path(tempfile.gettempdir()) / f"qrc-export-{folder.name}.log"
+        log.write_text(stderr)
         raise BackendError(error("Q424", f"the ONNX export of `{folder}` failed: {last}", span, "export failed",
-                                 help="compile the folder with `backend torch`, or export it yourself and compile "
-                                      "the .onnx file"))
+                                 help=f"the exporter's messages are in {log}; compile the folder with `backend "
+                                      "torch`, or export it yourself and compile the .onnx file"))
     record_child_peak(int(report.get("high_water", 0)), own_rss())
 
 
