@@ -2,7 +2,7 @@
 random-weight Llama, the same calibration token ids, the same CPU.
 
     python bench/gptq_llmc.py --llmcompressor VENV/bin/python [--hidden 1024] [--layers 8] [--samples 32]
-                              [--seqlen 256]
+                              [--seqlen 256] [--groups updated_groups static_groups] [--act-order] [--heldout N]
 
 Each tool runs in its own process (llm-compressor in its own venv, bench/llmc_calibrated.py gptq): wall time and peak
 RSS (the child's ru_maxrss) include loading and saving. Quality is measured outside both: transformers loads
@@ -68,6 +68,9 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["offload", "full"])
     parser.add_argument("--groups", nargs="+", default=["updated_groups"], choices=["updated_groups", "static_groups"],
                         help="qrc's group-scale variants to run (llm-compressor 0.14 fixes them from the float weight)")
+    parser.add_argument("--act-order", action="store_true",
+                        help="both tools take columns by decreasing Hessian diagonal (qrc `act_order`, which needs "
+                             "static_groups; llm-compressor's default actorder=static)")
     parser.add_argument("--heldout", type=int, default=1,
                         help="sets of 16 held-out samples (other seeds): KL as mean ± standard deviation over them")
     args = parser.parse_args()
@@ -84,13 +87,15 @@ def main() -> None:
                 out = Path(tmp) / f"qrc-{mode}-{groups}"
                 recipe = Path(tmp) / f"{mode}-{groups}.recipe"
                 recipe.write_text(RECIPE.format(model=folder, npz=npz, mode=mode, disk=Path(tmp) / "disk", out=out,
-                                                groups=groups))
-                rows.append((f"qrc {mode}, {groups}", *run([sys.executable, "-m", "compiler", "compile", str(recipe)]),
+                                                groups=groups + (" act_order" if args.act_order else "")))
+                rows.append((f"qrc {mode}, {groups}{', act_order' if args.act_order else ''}", *run([sys.executable, "-m", "compiler", "compile", str(recipe)]),
                              out))
         if args.llmcompressor:
             theirs = Path(tmp) / "llmc"
-            rows.append(("llm-compressor GPTQModifier", *run([args.llmcompressor, str(ROOT / "bench" / "llmc_calibrated.py"),
-                                                             str(folder), str(npz), "gptq", str(theirs)]), theirs))
+            method = "gptq-actorder" if args.act_order else "gptq"
+            name = "llm-compressor GPTQModifier" + (", actorder static" if args.act_order else "")
+            rows.append((name, *run([args.llmcompressor, str(ROOT / "bench" / "llmc_calibrated.py"),
+                                     str(folder), str(npz), method, str(theirs)]), theirs))
         for name, seconds, peak, out in rows:
             sets = [independent(folder, out, vocab=32000, seqlen=args.seqlen, seed=99 + i) for i in range(args.heldout)]
             kl = np.array([f["kl"] for f in sets])

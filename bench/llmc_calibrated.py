@@ -6,6 +6,8 @@ ids of an npz (the samples qrc calibrates on), saved compressed. Prints the seco
 
 METHOD:
 - gptq: GPTQModifier, W4A16 group 128, dampening 0.01, blocks of 128 columns, no act_order (qrc's defaults);
+- gptq-actorder: the same with its default `actorder="static"` (columns by decreasing Hessian diagonal, group
+  scales from the float weight: qrc's `rounding gptq static_groups act_order`);
 - w8a8-static: qrc's W8A8 preset (int8 weights per channel, symmetric; int8 inputs per tensor, asymmetric,
   static), input ranges from its default `minmax` observer (a moving average of per-batch ranges);
 - awq: AWQModifier (W4A16, group 128, grid 20, duo scaling: its defaults); rtn: plain W4A16;
@@ -28,9 +30,9 @@ def recipe(method: str, alpha: float):
     def plain(scheme: str):
         return QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
 
-    if method == "gptq":
+    if method in ("gptq", "gptq-actorder"):
         return [GPTQModifier(targets="Linear", scheme="W4A16", ignore=["lm_head"], dampening_frac=0.01,
-                             block_size=128, actorder=None)]
+                             block_size=128, actorder="static" if method == "gptq-actorder" else None)]
     if method == "w8a8-static":
         static = QuantizationScheme(
             targets=["Linear"],

@@ -76,9 +76,14 @@ CHILD = """
 import atexit, json, re, sys
 from pathlib import Path
 from rich.console import Console
-from compiler.compile_run import compile_recipe
+from compiler.compile_run import CompileFailed, compile_recipe
+from compiler.diagnostics import render_all
 atexit.register(lambda: print('HWM', re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)))
-result, planned = compile_recipe(Path(sys.argv[1]), (), None, Console(file=open('/dev/null', 'w')))
+try:
+    result, planned = compile_recipe(Path(sys.argv[1]), (), None, Console(file=open('/dev/null', 'w')))
+except CompileFailed as failed:
+    errors = [d for d in failed.diagnostics if d.severity.value == 'error']
+    sys.exit(render_all(tuple(errors)).replace(chr(10), ' ')[:400])
 print('RESULT', json.dumps({'planned': planned.plan.peak_bytes, 'mode': planned.plan.decision.mode.value,
                             'sampled': result.peak_rss, 'quantize_s': result.calibration_seconds}))
 """
@@ -89,7 +94,7 @@ def run(path: Path) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, str(path)], cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if out.returncode != 0:
-        return {"error": (out.stderr.strip().splitlines() or ["?"])[-1][:100], "seconds": seconds}
+        return {"error": (out.stderr.strip().splitlines() or ["?"])[-1][:400], "seconds": seconds}
     found = json.loads(re.search(r"RESULT (.*)", out.stdout).group(1))
     found["hwm"] = int(re.search(r"HWM (\d+)", out.stdout).group(1)) * 1024
     found["seconds"] = seconds

@@ -1,0 +1,105 @@
+"""Planned against measured peak memory for every example recipe that runs here, MiniLM's HF folder on both
+backends, and an HF decoder folder exported by qrc (first compile: the export runs; then from the cache). The
+decoder is transformers' seeded random Llama of 2 blocks, hidden 512, vocabulary 32000 (150 MB of float32),
+built once under $QRC_CACHE/bench/, unless `--decoder` names another folder.
+
+    python bench/plan_vs_measured.py [--only NAME ...] [--decoder FOLDER | --no-decoder]
+
+Every compile runs in its own process, as a user runs it. Two measurements per row: the peak qrc's
+summary reports (its sampled RSS and VmHWM, plus an export child's) and, independently, the largest
+single-process peak the kernel reports for the compile's process tree (wait4's ru_maxrss: the compile or
+its export child, whichever peaked higher; it never adds the two). Prints one markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAN_ONLY = ("llama-7b-w4a16-plan", "llama-70b-w4a16-plan")  # config-only models: nothing to run here
+DECODER_RECIPE = """recipe decoder_{mode} {{
+    model "{folder}"
+    backend onnx
+    quantize {{ type Linear -> W8A8  "lm_head" -> none }}
+    calibrate {{ data synthetic {{ samples 16  seqlen 128 }}  chunk 4 }}
+    memory {{ mode {mode} }}
+    verify {{ samples 4  metric cosine  at_least 0.5 }}
+    emit "{out}"
+}}
+"""
+
+
+def compile_once(recipe: Path, out: Path, env: dict) -> dict:
+    """One compile in a child process: qrc's summary figures and the kernel's peak of the process tree."""
+    command = [sys.executable, "-m", "compiler", "compile", str(recipe), "-o", str(out)]
+    child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**env, "COLUMNS": "300"})
+    stdout = child.stdout.read() if child.stdout else ""
+    _, status, usage = os.wait4(child.pid, 0)
+    found = re.search(r"peak RSS\s*│\s*([\d.]+) (MiB|GiB) measured vs ([\d.]+) (MiB|GiB) planned \(([\d.]+)×\), "
+                      r"mode (\w+)(; export from the cache)?", stdout)
+    if os.waitstatus_to_exitcode(status) != 0 or not found:
+        tail = [line for line in stdout.splitlines() if line.strip()][-1:] or ["?"]
+        return {"error": tail[0][:120]}
+    unit = {"MiB": 1, "GiB": 1024}
+    return {"measured": float(found.group(1)) * unit[found.group(2)], "planned": float(found.group(3)) * unit[found.group(4)],
+            "ratio": float(found.group(5)), "mode": found.group(6), "cached": bool(found.group(7)),
+            "kernel": usage.ru_maxrss / 1024}
+
+
+def rows(only: list[str], decoder: Path | None, tmp: Path):
+    """(name, recipe, env) for every compile of the table."""
+    base = dict(os.environ)
+    for recipe in sorted((ROOT / "recipes").glob("*.recipe")):
+        if recipe.stem in PLAN_ONLY or (only and recipe.stem not in only):
+            continue
+        if recipe.stem == "minilm-w8a8":  # an HF folder on ONNX: first with an empty export cache, then cached
+            fresh = {**base, "QRC_CACHE": str(tmp / "minilm-cache")}
+            yield f"{recipe.stem} (export runs)", recipe, fresh
+            yield recipe.stem, recipe, fresh
+            continue
+        yield recipe.stem, recipe, base
+    if decoder is None or (only and "decoder" not in only):
+        return
+    cache = {**base, "QRC_CACHE": str(tmp / "decoder-cache")}
+    for mode in ("full", "offload"):
+        path = tmp / f"decoder-{mode}.recipe"
+        path.write_text(DECODER_RECIPE.format(folder=decoder, mode=mode, out=tmp / f"decoder-{mode}.onnx"))
+        if mode == "full":
+            yield f"{decoder.name} on ONNX, {mode} (export runs)", path, cache
+        yield f"{decoder.name} on ONNX, {mode}", path, cache
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=[], help="recipe stems (and `decoder`) to run")
+    parser.add_argument("--decoder", type=Path, help="an HF decoder folder (default: the random Llama above)")
+    parser.add_argument("--no-decoder", action="store_true", help="leave the decoder rows out")
+    args = parser.parse_args()
+    if args.decoder is None and not args.no_decoder:
+        sys.path.insert(0, str(ROOT / "bench"))
+        from float_formats import model_folder
+
+        args.decoder = model_folder(512, 2, vocab=32000, kv_heads=8, positions=2048)
+    print("| compile | mode | planned MiB | qrc measured MiB | measured / planned | kernel's largest process MiB |")
+    print("|---|---|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (name, recipe, env) in enumerate(rows(args.only, args.decoder, Path(tmp))):
+            out = Path(tmp) / "out" / str(i) / (recipe.stem + (".onnx" if "backend onnx" in recipe.read_text() else ""))
+            out.parent.mkdir(parents=True)
+            r = compile_once(recipe, out, env)
+            if "error" in r:
+                print(f"| {name} | | | failed: {r['error']} | | |", flush=True)
+                continue
+            print(f"| {name} | {r['mode']} | {r['planned']:,.0f} | {r['measured']:,.0f} | {r['ratio']:.2f}× "
+                  f"| {r['kernel']:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
