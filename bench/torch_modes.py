@@ -8,7 +8,8 @@ chunk that fits when none does).
 
 The checkpoint (transformers LlamaConfig, random float32 weights, about 1.5 GB at the defaults) is written
 once to $QRC_CACHE/bench/ with qrc's streaming safetensors writer. Every compile runs in its own process:
-wall time, peak RSS (VmHWM) and the plan's estimate for the mode it ran. Prints one markdown table.
+wall time, peak RSS (VmHWM) and the plan's estimate for the mode it ran. Prints one markdown table, then
+the largest RSS sampled in each tenth of each compile (a drift from block to block shows there).
 """
 
 from __future__ import annotations
@@ -84,8 +85,10 @@ try:
 except CompileFailed as failed:
     errors = [d for d in failed.diagnostics if d.severity.value == 'error']
     sys.exit(render_all(tuple(errors)).replace(chr(10), ' ')[:400])
+n = len(result.rss_samples)
+tenths = [max((r for _, r, _ in result.rss_samples[k * n // 10:(k + 1) * n // 10]), default=0) for k in range(10)]
 print('RESULT', json.dumps({'planned': planned.plan.peak_bytes, 'mode': planned.plan.decision.mode.value,
-                            'sampled': result.peak_rss, 'quantize_s': result.calibration_seconds}))
+                            'sampled': result.peak_rss, 'quantize_s': result.calibration_seconds, 'tenths': tenths}))
 """
 
 
@@ -117,6 +120,7 @@ def main() -> None:
     print("| rounding | mode | wall s | peak RSS (VmHWM) | planned | measured / planned | peak vs full |")
     print("|---|---|---:|---:|---:|---:|---:|")
     mib = 2**20
+    drift: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for rounding in args.rounding:
             full = None
@@ -130,6 +134,8 @@ def main() -> None:
                 ran = mode if mode == r["mode"] else f"{mode} → {r['mode']}"
                 print(f"| {rounding} | {ran} | {r['seconds']:.1f} | {r['hwm'] / mib:,.0f} MiB | {r['planned'] / mib:,.0f} MiB "
                       f"| {r['hwm'] / r['planned']:.2f}× | {versus} |", flush=True)
+                drift.append(f"{rounding} {ran}: " + ", ".join(f"{t / mib:,.0f}" for t in r["tenths"]))
+    print("\nlargest RSS sampled in each tenth of each compile (MiB):\n" + "\n".join(drift))
 
 
 if __name__ == "__main__":

@@ -14,3 +14,20 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim
         pass
+
+
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)
+MMAP_THRESHOLD = 4 << 20
+
+
+def keep_large_blocks_mapped() -> None:
+    """Fix glibc's mmap threshold at 4 MiB. By default it rises to the size of every large block freed (up
+    to 32 MiB), after which tensors of a few MiB come from the heap; block after block their freed holes
+    fragment it beyond what malloc_trim returns. Measured on a 32-block, hidden-2048 GPTQ offload compile:
+    the RSS drifted from 1.47 to 2.01 GiB over the blocks; with the threshold fixed it stayed at 1.18-1.21
+    GiB, at 13% more wall time (1,104 s against 976: each mapping is faulted in afresh). Fixed, each large
+    tensor has its own mapping, returned to the OS when freed."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    except (OSError, AttributeError):  # not glibc
+        pass

@@ -78,8 +78,8 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
 
 def _file_to_file(w: Workload) -> int:
     """Data-free rounding without a model: the largest quantized tensor as read, its float32 copy and its
-    rounded values (unquantized tensors are copied in slices). Measured: a 6.3 GiB float32 Llama, RTN in
-    offload, peaked at 482 MiB (bench/torch_modes.py --layers 28 --hidden 2048 --rounding rtn)."""
+    rounded values (unquantized tensors are copied in slices). Measured: float32 Llamas of 5.85 and 6.61 GiB,
+    RTN in offload, peaked at 482 and 629 MiB (bench/torch_modes.py --layers 28|32 --hidden 2048 --rounding rtn)."""
     quantized = set(w.quantized_layers)
     largest = max((x.params for x in w.index.layers if x.name in quantized), default=0)
     return 3 * 4 * largest + COPY_SLICE
