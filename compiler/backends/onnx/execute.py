@@ -20,7 +20,7 @@ from compiler.backends.onnx import rewrite
 from compiler.backends.onnx.calibrate import calibrate, observe, session_from_path
 from compiler.backends.onnx.cost import streams_output
 from compiler.backends.onnx.emitters import ActivationQParams, QdqEmitter, emitter_for
-from compiler.backends.onnx.exported_model import quantized_layers
+from compiler.backends.onnx.exported_model import quantized_layers, resolve_on_export
 from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.genai import side_files
 from compiler.backends.onnx.hessians import GptqRounder, hessian_observers, uses_gptq
@@ -32,7 +32,6 @@ from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.diagnostics import error, warning
 from compiler.ir.printer import print_ir, provenance
 from compiler.ir.types import EmitFormat, MemoryMode, RecipeIR, Rounding
-from compiler.ir.values import Diagnostics
 from compiler.models import builtin, resolve_path
 from compiler.plan import ops
 from compiler.plan.ops import Plan
@@ -41,7 +40,7 @@ from compiler.quant import qparams
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
 from compiler.quant.smoothing import transform_summary
 from compiler.quant.weights import QuantizedWeight, sqnr_db
-from compiler.resolve.assignment import Assignment, resolve
+from compiler.resolve.assignment import Assignment
 
 Progress = Callable[[str, int], Callable[[], None]]  # (stage, total) → advance-by-one
 
@@ -122,16 +121,13 @@ class _OnnxRun:
         its graph, whose layer names are the folder's."""
         from compiler.backends.onnx.export import export_folder
         from compiler.models.exports import cached_export
-        from compiler.models.onnx_index import index_onnx
-
         advance = self.progress("export", 1)
         folder = resolve_path(op.folder)
         if cached_export(folder) is not None:
             self.result.skipped |= {op.kind.value}
         self.source = export_folder(folder, self.ir.model_span)
         advance()
-        index = index_onnx(self.source, self.ir.model, family=self.assignment.model.family)
-        resolved = resolve(self.ir, index, Diagnostics())  # checked when planning; same names, same schemes
+        resolved = resolve_on_export(self.ir, self.source, self.assignment)  # checked when planning
         _same_layers(self.ir, self.assignment, resolved)
         self.assignment = resolved
         self.result.assignment = self.assignment

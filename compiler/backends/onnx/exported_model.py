@@ -6,6 +6,7 @@ reads the exported graph without its weights (onnx only, no torch, no onnxruntim
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from compiler.ir.types import RecipeIR
 from compiler.ir.values import Diagnostics
@@ -20,6 +21,14 @@ def quantized_layers(assignment: Assignment) -> dict[str, str]:
     return {a.layer.name: a.scheme.name for a in assignment.layers if not a.scheme.is_none}
 
 
+def resolve_on_export(ir: RecipeIR, exported: Path, folder: Assignment) -> Assignment:
+    """The recipe resolved against the export of the folder `folder` was resolved on (its diagnostics were
+    given for the folder): the executor after exporting, the planner when the export is cached."""
+    from compiler.models.onnx_index import index_onnx
+
+    return resolve(ir, index_onnx(exported, folder.model.ref, family=folder.model.family), Diagnostics())
+
+
 def planned_assignment(ir: RecipeIR, assignment: Assignment) -> Assignment:
     """What the plan is built on: for an HF folder whose export is cached, the recipe resolved against the
     export's graph (still an HF folder, so the plan keeps its `export_onnx` op), if it quantizes the same
@@ -29,11 +38,10 @@ def planned_assignment(ir: RecipeIR, assignment: Assignment) -> Assignment:
     exported = cached_export(folder) if folder is not None and folder.is_dir() else None
     if exported is None:
         return assignment
-    from compiler.models.onnx_index import index_onnx
-
     try:
-        graph_index = index_onnx(exported, index.ref, family=index.family)
+        resolved = resolve_on_export(ir, exported, assignment)
     except ModelError:  # a damaged cache entry: the compile exports again; plan from the config meanwhile
         return assignment
-    resolved = resolve(ir, replace(graph_index, format=ModelFormat.HF), Diagnostics())
-    return resolved if quantized_layers(resolved) == quantized_layers(assignment) else assignment
+    if quantized_layers(resolved) != quantized_layers(assignment):
+        return assignment
+    return replace(resolved, model=replace(resolved.model, format=ModelFormat.HF))  # keeps its export_onnx op
