@@ -3,6 +3,7 @@ random-weight Llama, the same calibration token ids, the same CPU.
 
     python bench/gptq_llmc.py --llmcompressor VENV/bin/python [--hidden 1024] [--layers 8] [--samples 32]
                               [--seqlen 256] [--groups updated_groups static_groups] [--act-order] [--heldout N]
+                              [--scales mse_scales minmax_scales] [--llmc-observers minmax mse]
 
 Each tool runs in its own process (llm-compressor in its own venv, bench/llmc_calibrated.py gptq): wall time and peak
 RSS (the child's ru_maxrss) include loading and saving. Quality is measured outside both: transformers loads
@@ -13,6 +14,7 @@ of the same length: KL(float ‖ quantized), cosine and top-1 agreement. Prints 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import subprocess
 import sys
@@ -65,9 +67,14 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--seqlen", type=int, default=256)
-    parser.add_argument("--modes", nargs="+", default=["offload", "full"])
+    parser.add_argument("--modes", nargs="*", default=["offload", "full"], help="qrc's memory modes (none: qrc not run)")
     parser.add_argument("--groups", nargs="+", default=["updated_groups"], choices=["updated_groups", "static_groups"],
                         help="qrc's group-scale variants to run (llm-compressor 0.14 fixes them from the float weight)")
+    parser.add_argument("--scales", nargs="+", default=["mse_scales"], choices=["mse_scales", "minmax_scales"],
+                        help="how qrc chooses GPTQ's scales: the Hessian-weighted least-squares shrink of the "
+                             "range (its default), or the min/max range (what llm-compressor's default observer does)")
+    parser.add_argument("--llmc-observers", nargs="+", default=["minmax"], choices=["minmax", "mse"],
+                        help="llm-compressor's weight observers to run: its default min/max, and memoryless_mse")
     parser.add_argument("--act-order", action="store_true",
                         help="both tools take columns by decreasing Hessian diagonal (qrc `act_order`, which needs "
                              "static_groups; llm-compressor's default actorder=static)")
@@ -82,18 +89,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         npz = calibration_ids(Path(tmp), args.samples, args.seqlen)
         rows = []
-        for groups in args.groups:
-            for mode in args.modes:
-                out = Path(tmp) / f"qrc-{mode}-{groups}"
-                recipe = Path(tmp) / f"{mode}-{groups}.recipe"
-                recipe.write_text(RECIPE.format(model=folder, npz=npz, mode=mode, disk=Path(tmp) / "disk", out=out,
-                                                groups=groups + (" act_order" if args.act_order else "")))
-                rows.append((f"qrc {mode}, {groups}{', act_order' if args.act_order else ''}", *run([sys.executable, "-m", "compiler", "compile", str(recipe)]),
-                             out))
-        if args.llmcompressor:
-            theirs = Path(tmp) / "llmc"
-            method = "gptq-actorder" if args.act_order else "gptq"
-            name = "llm-compressor GPTQModifier" + (", actorder static" if args.act_order else "")
+        for groups, scales, mode in itertools.product(args.groups, args.scales, args.modes):
+            out = Path(tmp) / f"qrc-{mode}-{groups}-{scales}"
+            recipe = Path(tmp) / f"{mode}-{groups}-{scales}.recipe"
+            options = f"{groups} {scales}" + (" act_order" if args.act_order else "")
+            recipe.write_text(RECIPE.format(model=folder, npz=npz, mode=mode, disk=Path(tmp) / "disk", out=out,
+                                            groups=options))
+            rows.append((f"qrc {mode}, {options.replace(' ', ', ')}",
+                         *run([sys.executable, "-m", "compiler", "compile", str(recipe)]), out))
+        for observer in args.llmc_observers if args.llmcompressor else []:
+            theirs = Path(tmp) / f"llmc-{observer}"
+            method = "gptq-actorder" if args.act_order else {"minmax": "gptq", "mse": "gptq-mse"}[observer]
+            name = "llm-compressor GPTQModifier" + (", actorder static" if args.act_order else "") + \
+                (", memoryless_mse observer" if observer == "mse" else "")
             rows.append((name, *run([args.llmcompressor, str(ROOT / "bench" / "llmc_calibrated.py"),
                                      str(folder), str(npz), method, str(theirs)]), theirs))
         for name, seconds, peak, out in rows:

@@ -1,6 +1,7 @@
 """GPTQ's scratch memory while it rounds one layer, against the plan's term (compiler/plan/memory.py
 gptq_scratch): the kernel's high-water mark above what existed before the call (the weight and its
-Hessian), for layers of the shapes a 7B Llama's MLP has (scaled down to fit a small machine).
+Hessian), for layers of the shapes a 7B Llama's MLP has (scaled down to fit a small machine), with the recipe's
+default scale search (`mse_scales`).
 
     python bench/gptq_memory.py
 
@@ -31,7 +32,7 @@ del x
 torch.linalg.cholesky_ex(torch.eye(4))
 open("/proc/self/clear_refs", "w").write("5")
 base = hwm()
-gptq(w, h, WeightQuant(QType.INT4, Granularity.GROUP, 128, True), False, Convention.TORCH)
+gptq(w, h, WeightQuant(QType.INT4, Granularity.GROUP, 128, True), False, Convention.TORCH, mse_scales=True)
 print(hwm() - base, gptq_scratch_bytes(k, out * k * 4))
 """
 

@@ -8,6 +8,8 @@ METHOD:
 - gptq: GPTQModifier, W4A16 group 128, dampening 0.01, blocks of 128 columns, no act_order (qrc's defaults);
 - gptq-actorder: the same with its default `actorder="static"` (columns by decreasing Hessian diagonal, group
   scales from the float weight: qrc's `rounding gptq static_groups act_order`);
+- gptq-mse: gptq with group scales from its `memoryless_mse` weight observer (a search over shrink factors of
+  the float group's range, its defaults: 20 steps of 1%, error norm 2.4) instead of min/max;
 - w8a8-static: qrc's W8A8 preset (int8 weights per channel, symmetric; int8 inputs per tensor, asymmetric,
   static), input ranges from its default `minmax` observer (a moving average of per-batch ranges);
 - awq: AWQModifier (W4A16, group 128, grid 20, duo scaling: its defaults); rtn: plain W4A16;
@@ -33,6 +35,12 @@ def recipe(method: str, alpha: float):
     if method in ("gptq", "gptq-actorder"):
         return [GPTQModifier(targets="Linear", scheme="W4A16", ignore=["lm_head"], dampening_frac=0.01,
                              block_size=128, actorder="static" if method == "gptq-actorder" else None)]
+    if method == "gptq-mse":
+        w4 = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
+            num_bits=4, type="int", strategy="group", group_size=128, symmetric=True, dynamic=False,
+            observer="memoryless_mse"))
+        return [GPTQModifier(config_groups={"w4": w4}, ignore=["lm_head"], dampening_frac=0.01, block_size=128,
+                             actorder=None)]
     if method == "w8a8-static":
         static = QuantizationScheme(
             targets=["Linear"],

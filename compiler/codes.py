@@ -333,7 +333,8 @@ CODES: tuple[CodeInfo, ...] = (
     _c("Q238", "a GPTQ option without gptq, or with one it excludes",
        "`act_order` orders GPTQ's columns by decreasing Hessian diagonal; `static_groups` / `updated_groups` "
        "say where a group's scale comes from (the float weight, or the columns as the loop reaches the "
-       "group). They mean nothing for rtn or mse, and `updated_groups` cannot go with `act_order`: groups "
+       "group); `mse_scales` / `minmax_scales` how it is chosen there (the range's shrink with the least "
+       "squared error, or the min/max range). They mean nothing for rtn or mse, and `updated_groups` cannot go with `act_order`: groups "
        "visited out of order need a group index the formats do not carry.",
        "rounding mse act_order"),
     _c("Q253", "an input synthetic data cannot fill",

@@ -7,7 +7,7 @@ import pytest
 
 from compiler.ir.types import Granularity, QType, Rounding, WeightQuant
 from compiler.quant.gptq import HessianObserver, gptq
-from compiler.quant.weights import quantize_weight
+from compiler.quant.weights import Convention, quantize_weight
 
 
 def _layer(seed: int = 0):
@@ -129,3 +129,29 @@ def test_updated_group_scales_come_from_the_updated_columns(spec):
     assert updated.q.min() >= lo and updated.q.max() <= hi
     rtn = quantize_weight(w, spec, Rounding.RTN, 0, 1).dequantize()
     assert _output_error(x, w, updated.dequantize()) < _output_error(x, w, rtn)
+
+
+def _wide_layer(seed: int):
+    """512 correlated inputs of uneven scale (calibration and held-out rows) and a [256, 512] Gaussian weight."""
+    rng = np.random.RandomState(seed)
+    mixing = np.eye(512) + rng.standard_normal((512, 512)) / np.sqrt(512)
+    x = ((rng.standard_normal((6144, 512)) @ mixing) * np.exp(0.7 * rng.standard_normal(512))).astype(np.float32)
+    return x[:4096], x[4096:], (rng.standard_normal((256, 512)) * 0.05).astype(np.float32)
+
+
+@pytest.mark.parametrize("static_groups", [True, False], ids=["static", "updated"])
+def test_searched_scales_shrink_the_range_and_lower_the_output_error(static_groups):
+    """`mse_scales` (the recipe's default for GPTQ): every scale is the min/max one or a shrink of it, some are
+    shrunk, and the held-out output error drops well below min/max GPTQ's (measured 0.77 and 0.73 of it on this
+    layer; 0.89 and 0.85 when the search weights every column alike, which is why it weights them by diag H)."""
+    calibration, held_out, w = _wide_layer(0)
+    spec = WeightQuant(QType.INT4, Granularity.GROUP, 128, True)
+    observer = HessianObserver(512)
+    observer.update(calibration)
+    minmax = gptq(w, observer.hessian(), spec, convention=Convention.TORCH, static_groups=static_groups)
+    searched = gptq(w, observer.hessian(), spec, convention=Convention.TORCH, static_groups=static_groups,
+                    mse_scales=True)
+    if static_groups:
+        assert np.all(searched.scale <= minmax.scale) and np.any(searched.scale < minmax.scale)
+    error = _output_error(held_out, w, searched.dequantize()) / _output_error(held_out, w, minmax.dequantize())
+    assert error < 0.85

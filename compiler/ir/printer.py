@@ -61,7 +61,9 @@ def _activations(a: ActivationQuant | None) -> str:
 def scheme_parts(s: Scheme) -> tuple[str, str, str]:
     """A scheme's weights, activations and rounding, as the recipe language writes them."""
     static = s.rounding is Rounding.GPTQ and s.static_groups and not s.act_order
-    options = (" act_order" if s.act_order else "") + (" static_groups" if static else "")
+    minmax = s.rounding is Rounding.GPTQ and not s.mse_scales
+    options = (" act_order" if s.act_order else "") + (" static_groups" if static else "") + \
+        (" minmax_scales" if minmax else "")
     return _weights(s.weights), _activations(s.activations), f"rounding {s.rounding.value}{options}"
 
 

@@ -59,10 +59,11 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], diags: Diag
     for spec in (s for s in decl.specs if s.role == "activations"):
         activations = None if spec.is_none else _activations(spec.items, activations or DEFAULT_ACTIVATIONS, diags)
     _check_single(decl.specs, diags)
-    kinds = tuple(k for k in decl.rounding if k.kind not in ("act_order", "group_scales"))
+    kinds = tuple(k for k in decl.rounding if k.kind not in ("act_order", "group_scales", "scale_search"))
     rounding = _rounding(kinds, base.rounding if base else Rounding.RTN, diags)
     act_order = _act_order(decl.rounding, rounding, base.act_order if base else False, diags)
     static_groups = _static_groups(decl.rounding, rounding, act_order, base.static_groups if base else False, diags)
+    mse_scales = _scale_search(decl.rounding, rounding, base, diags)
     if weights is not None:
         _check_floats(decl, weights, activations, rounding, diags)
     if weights is None:
@@ -72,7 +73,7 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], diags: Diag
         return None
     base_name = decl.base.value if decl.base else None
     return Scheme(decl.name.value, weights, activations, rounding, base_name, decl.name.span, act_order,
-                  static_groups)
+                  static_groups, mse_scales)
 
 
 _KV_DEFAULT = ActivationQuant(QType.FP8, Granularity.PER_TENSOR, True, ActivationMode.STATIC)
@@ -144,6 +145,22 @@ def _static_groups(items: tuple[ast.Keyword, ...], rounding: Rounding, act_order
                     help="drop one of them; `act_order` takes its group scales from the float weight")
         return True
     return flag.value == "static_groups"
+
+
+def _scale_search(items: tuple[ast.Keyword, ...], rounding: Rounding, base: Scheme | None, diags: Diagnostics) -> bool:
+    """`mse_scales` (the default: GPTQ's KL 13% lower than with min/max ranges on bench/gptq_llmc.py's Llama and
+    bench/gptq_group_scales.py's decoder) or `minmax_scales`: how GPTQ chooses each scale before rounding."""
+    flag = next((k for k in items if k.kind == "scale_search"), None)
+    if flag is not None and rounding is not Rounding.GPTQ:
+        diags.error("Q238", f"`{flag.value}` applies to `rounding gptq`, not `{rounding.value}`", flag.span,
+                    "not gptq", help="`rounding mse` searches rtn's scales; for GPTQ write "
+                    f"`rounding gptq {flag.value}`")
+        return False
+    if rounding is not Rounding.GPTQ:
+        return False
+    if flag is None:
+        return base.mse_scales if base is not None and base.rounding is Rounding.GPTQ else True
+    return flag.value == "mse_scales"
 
 
 def _set_once(seen: dict[str, ast.QSpecItem], item: ast.QSpecItem, slot: str, diags: Diagnostics) -> bool:

@@ -187,6 +187,8 @@ class Scheme:
     act_order: bool = False  # gptq: columns in order of decreasing Hessian diagonal
     static_groups: bool = False  # gptq: group scales from the float weight (False: as the loop reaches each group;
     # act_order implies True)
+    mse_scales: bool = False  # gptq: each scale the range shrink with the least squared error (`rounding mse`'s
+    # search; `rounding gptq` sets it unless `minmax_scales`), else the min/max range
 
     @property
     def is_none(self) -> bool:

@@ -15,6 +15,11 @@ _SYMMETRIC_RANGES = {QType.INT8: (-127, 127)}  # onnxruntime narrows int8 only
 NP_TYPES = {QType.INT8: np.int8, QType.UINT8: np.uint8, QType.INT4: np.int8, QType.UINT4: np.uint8}
 
 
+def full_range(qtype: QType) -> tuple[int, int]:
+    """The whole integer range of a type (what values are clipped to once rounded)."""
+    return _RANGES[qtype]
+
+
 def qrange(qtype: QType, symmetric: bool) -> tuple[int, int]:
     """The integer range of a type (narrowed for symmetric int8, as onnxruntime does)."""
     return _SYMMETRIC_RANGES.get(qtype, _RANGES[qtype]) if symmetric else _RANGES[qtype]

@@ -87,19 +87,37 @@ def _channels(a: np.ndarray, rows: np.ndarray, ndim: int, channels: int, channel
 
 
 def quantize_weight(w: np.ndarray, spec: WeightQuant, rounding: Rounding, channel_axis: int, input_axis: int,
-                    convention: Convention = Convention.ORT, scale_dtype=np.float32) -> QuantizedWeight:
+                    convention: Convention = Convention.ORT, scale_dtype=np.float32,
+                    importance: np.ndarray | None = None) -> QuantizedWeight:
     """Quantize `w` (float32). `channel_axis` is the output-channel axis, `input_axis` the axis groups run
-    along; `scale_dtype` is what the scales are stored as (torch convention: the model's float dtype)."""
+    along; `scale_dtype` is what the scales are stored as (torch convention: the model's float dtype).
+    `importance` (mse only; a 2-D `w` laid out [out, in]): one weight per input column for the squared
+    errors the search compares, e.g. the mean square of each input (GPTQ's Hessian diagonal)."""
     w = np.asarray(w, np.float32)
     rows, restore, axis, block = _blocked(w, spec, channel_axis, input_axis)  # [G, L]: one row per scale
     rules = _Rules(spec, convention, scale_dtype)
-    scale, zp = _mse_params(rows, rules) if rounding is Rounding.MSE else rules.params(rows, 1.0)
+    if rounding is Rounding.MSE:
+        scale, zp = _mse_params(rows, rules, None if importance is None else _row_weights(importance, w, spec))
+    else:
+        scale, zp = rules.params(rows, 1.0)
     q = restore(rules.quantize(rows, scale[:, None], zp[:, None]))
     scale = _param_layout(scale, w, spec, input_axis)
     zp = _param_layout(zp, w, spec, input_axis).astype(np.int32)
     if spec.qtype is QType.INT4 and convention is Convention.ORT:  # MLAS works in [0, 15]; signed is that minus 8
         q, zp = (q.astype(np.int16) - 8).astype(np.int8), zp - 8
     return QuantizedWeight(q, scale, zp, spec.qtype, axis, block)
+
+
+def _row_weights(importance: np.ndarray, w: np.ndarray, spec: WeightQuant) -> np.ndarray:
+    """Input-column weights in a shape that broadcasts over `_blocked`'s rows of a [out, in] weight once they
+    are viewed as [-1, *shape]: [groups, size] for groups, [1, in] per channel, [1, out·in] per tensor."""
+    assert w.ndim == 2 and importance.shape == (w.shape[1],), "importance needs a [out, in] weight"
+    weights = np.asarray(importance, np.float32)
+    if spec.granularity is Granularity.GROUP:
+        return weights.reshape(-1, spec.group_size)
+    if spec.granularity is Granularity.PER_CHANNEL:
+        return weights[None]
+    return np.tile(weights, w.shape[0])[None]
 
 
 def _blocked(w: np.ndarray, spec: WeightQuant, channel_axis: int, input_axis: int):
@@ -141,14 +159,49 @@ class _Rules:
     scale_dtype: object
 
     def params(self, rows: np.ndarray, alpha: float):
+        """Scale and zero point per row for the row's range shrunk by `alpha`."""
+        return self.params_at(self.extremes(rows), alpha)
+
+    def extremes(self, rows: np.ndarray) -> tuple:
+        """What the scales are computed from, per row: min, max, and (MLAS int4) the value of largest magnitude."""
+        signed = None
+        if self.convention is not Convention.TORCH and self.spec.qtype.bits == 4:
+            signed = np.take_along_axis(rows, np.abs(rows).argmax(axis=1)[:, None], axis=1)[:, 0]
+        return rows.min(axis=1), rows.max(axis=1), signed
+
+    def params_at(self, extremes: tuple, alpha: float):
         spec = self.spec
-        mn, mx = rows.min(axis=1) * alpha, rows.max(axis=1) * alpha
+        low, high, signed = extremes
+        mn, mx = low * alpha, high * alpha
         if self.convention is Convention.TORCH:
             return qparams.torch_scale_zero_point(mn, mx, spec.qtype, spec.symmetric, self.scale_dtype)
-        if spec.qtype.bits == 4:
-            signed = np.take_along_axis(rows, np.abs(rows).argmax(axis=1)[:, None], axis=1)[:, 0] * np.float32(alpha)
-            return qparams.mlas_int4(mn, mx, signed, spec.symmetric)
+        if signed is not None:
+            return qparams.mlas_int4(mn, mx, signed * np.float32(alpha), spec.symmetric)
         return qparams.scale_zero_point(mn, mx, spec.qtype, spec.symmetric)
+
+    def squared_error(self, rows: np.ndarray, scale: np.ndarray, zp: np.ndarray, out: np.ndarray,
+                      weights: np.ndarray | None = None) -> np.ndarray:
+        """Per row, the sum of (dequantized - value)² (each times its column's entry of `weights`, which
+        broadcasts over the rows viewed as [-1, *weights.shape]), the rows rounded as `quantize` rounds them;
+        `out` is a float32 scratch of the rows' shape (the search reuses it: no allocation per candidate)."""
+        s, z = scale[:, None].astype(np.float32), zp[:, None].astype(np.float32)
+        if self.convention is not Convention.TORCH and self.spec.qtype.bits == 4:  # MLAS: times the inverse
+            inverse = np.where(s != 0, np.float32(1.0) / np.where(s != 0, s, 1), 0).astype(np.float32)
+            np.multiply(rows, inverse, out=out)
+            lo, hi = qparams.full_range(QType.UINT4)
+        else:
+            np.divide(rows, s, out=out)
+            lo, hi = qparams.full_range(self.spec.qtype)
+        np.round(out, out=out)
+        out += z
+        np.clip(out, lo, hi, out=out)
+        out -= z
+        out *= s
+        out -= rows
+        np.square(out, out=out)
+        if weights is not None:
+            out.reshape(-1, *weights.shape)[...] *= weights
+        return out.sum(axis=1, dtype=np.float64)
 
     def quantize(self, rows: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> np.ndarray:
         if self.convention is Convention.TORCH:
@@ -158,14 +211,14 @@ class _Rules:
         return qparams.quantize(rows, scale, zp, self.spec.qtype, self.spec.symmetric)
 
 
-def _mse_params(rows: np.ndarray, rules: _Rules):
-    """The shrink factor with the lowest squared error, chosen per row; ties keep the wider range."""
+def _mse_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray | None = None):
+    """The shrink factor with the lowest (weighted) squared error, chosen per row; ties keep the wider range."""
     best_err = np.full(rows.shape[0], np.inf)
     best_scale = best_zp = None
+    extremes, scratch = rules.extremes(rows), np.empty(rows.shape, np.float32)
     for alpha in MSE_GRID:
-        scale, zp = rules.params(rows, alpha)
-        q = rules.quantize(rows, scale[:, None], zp[:, None])
-        err = np.square((q.astype(np.float32) - zp[:, None]) * scale[:, None] - rows).sum(axis=1)
+        scale, zp = rules.params_at(extremes, alpha)
+        err = rules.squared_error(rows, scale, zp, scratch, weights)
         better = err < best_err
         best_err = np.where(better, err, best_err)
         best_scale = scale if best_scale is None else np.where(better, scale, best_scale)

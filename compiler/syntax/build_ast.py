@@ -17,7 +17,7 @@ _SETTING_KEYS = {
 _QSPEC_FIELDS = {"dtype": "dtype", "granularity": "granularity", "group_size": "group", "block_shape": "block",
                  "symmetry": "symmetry", "act_mode": "mode"}
 _KEYWORD_RULES = {"backend_kind", "rounding_kind", "policy_kind", "score_metric", "sensitivity_metric",
-                  "memory_mode", "verify_metric", "bound_kind", "emit_format", "act_order", "group_scales",
+                  "memory_mode", "verify_metric", "bound_kind", "emit_format", "act_order", "group_scales", "scale_search",
                   "expert_routing", "transform_kind", "switch"}
 
 
@@ -184,7 +184,7 @@ class AstBuilder(Transformer):
         return ast.QuantSpec("activations", (), True, self._span(meta))
 
     def rounding_spec(self, meta, children):
-        return tuple(children)  # the rounding kind, then its options (`act_order`, `static_groups`…) when given
+        return tuple(children)  # the rounding kind, then its options (`act_order`, `static_groups`, `mse_scales`…) when given
 
     def _qspec(self, rule, children, meta):
         value = children[0]

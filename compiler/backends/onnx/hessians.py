@@ -63,7 +63,8 @@ class GptqRounder:
         rows = w if channel == 0 else w.T
         try:
             qw = gptq(rows, hessian, job.scheme.weights, job.scheme.act_order,
-                      dampened=lambda used: self._dampened(job.layer.name, used), static_groups=job.scheme.static_groups)
+                      dampened=lambda used: self._dampened(job.layer.name, used), static_groups=job.scheme.static_groups,
+                      mse_scales=job.scheme.mse_scales)
         except SingularHessian:
             self.dampened[job.layer.name] = math.inf
             return fallback()

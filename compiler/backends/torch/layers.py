@@ -172,7 +172,7 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
     np_dtype = str(scale_dtype).removeprefix("torch.")
     if job.gptq:
         return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype, str(weight.device),
-                    dampened, job.scheme.static_groups)
+                    dampened, job.scheme.static_groups, job.scheme.mse_scales)
     if spec.granularity is Granularity.PER_TENSOR:
         return quantize_weight(w, spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype)
     # rows (output channels) are independent: round in slices, so the scratch is a slice's, not the layer's
