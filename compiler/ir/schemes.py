@@ -148,8 +148,8 @@ def _static_groups(items: tuple[ast.Keyword, ...], rounding: Rounding, act_order
 
 
 def _scale_search(items: tuple[ast.Keyword, ...], rounding: Rounding, base: Scheme | None, diags: Diagnostics) -> bool:
-    """`mse_scales` (the default: GPTQ's KL 13% lower than with min/max ranges on bench/gptq_llmc.py's Llama and
-    bench/gptq_group_scales.py's decoder) or `minmax_scales`: how GPTQ chooses each scale before rounding."""
+    """`mse_scales` (the default: GPTQ's KL 13% lower than with min/max ranges on bench/gptq_llmc.py's Llama,
+    10-16% on bench/gptq_group_scales.py's decoder) or `minmax_scales`: how GPTQ chooses each scale."""
     flag = next((k for k in items if k.kind == "scale_search"), None)
     if flag is not None and rounding is not Rounding.GPTQ:
         diags.error("Q238", f"`{flag.value}` applies to `rounding gptq`, not `{rounding.value}`", flag.span,

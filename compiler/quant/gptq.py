@@ -5,7 +5,7 @@ sums). Quantizing: dead columns (diag(H) = 0) zeroed; optional act-order (argsor
 `H += 0.01·mean(diag(H))·I`; the upper Cholesky factor of H⁻¹; columns in blocks of 128: quantize a
 column, spread its error `(w - q)/Hinv[i,i]` over the rest of the block, then the block's errors over
 the remaining columns. Scales come from the same conventions as RTN (per channel or per group), from the
-min/max range or (`mse_scales`, the recipe's default) from `rounding mse`'s search of its shrink factor."""
+min/max range or (`mse_scales`, the recipe's default) from a search of its shrink factor weighted by diag H."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ DAMPENING = 0.01  # of the mean Hessian diagonal, added to the diagonal (llm-com
 MAX_DAMPENING = 10.0  # raised tenfold while the Cholesky factorisation fails, up to this
 BLOCK = 128
 # Inside a block, a column's error is spread one column at a time only over the rest of its sub-block; the
-# rest of the block takes a sub-block's errors at once, as one matrix product. Same arithmetic, a quarter of
-# the per-column work (the rank-1 updates were most of GPTQ's time on the CPU).
+# rest of the block takes a sub-block's errors at once, as one matrix product. The same updates summed in
+# another order, at a quarter of the per-column work (the rank-1 updates were most of GPTQ's time on the CPU).
 SUB_BLOCK = 32
 
 
@@ -77,7 +77,8 @@ def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool 
     from the columns as the earlier errors left them (the reference GPTQ); with `static_groups` (and with
     act-order) every group's scale comes from the float weight before any column is rounded (AutoGPTQ's
     `static_groups`). Each scale is the min/max range's, or with `mse_scales` the shrink of that range with
-    the least squared error over its values (`rounding mse`'s search), taken at the same moment."""
+    the least squared error over its values, each weighted by its input's mean square (diag H), searched
+    over `rounding mse`'s factors; taken at the same moment."""
     import torch
 
     w = np.array(w, np.float32)
