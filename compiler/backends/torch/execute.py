@@ -54,8 +54,8 @@ from compiler.resolve.assignment import Assignment
 
 def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress) -> CompileResult:
     """Run `plan` op by op on PyTorch (compiler.backends.program.execute_plan)."""
-    if plan.decision.mode is MemoryMode.OFFLOAD:  # memory first: 13% slower on the run it was measured on
-        keep_large_blocks_mapped()
+    if plan.decision.mode is MemoryMode.OFFLOAD and ir.memory.ram is not None:
+        keep_large_blocks_mapped()  # a RAM budget: a flat RSS first, at up to 13% more time (release.py)
     return execute_plan(plan, assignment, output, progress,
                         lambda guarded_progress, result, start: _Run(ir, assignment, plan, result, guarded_progress,
                                                                      start))
