@@ -66,7 +66,7 @@ def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool 
          mse_scales: bool = False) -> QuantizedWeight:
     """Quantize `w` laid out [out, in] (torch Linear) with GPTQ. Returns a QuantizedWeight in that layout
     (channel axis 0, groups along axis 1). The column loop runs in float32 torch on `device` (a GPU
-    when the layer lives on one); the scales come from numpy, as RTN chooses them.
+    when the layer lives on one); the scales come from numpy (quantize_weight).
 
     `hessian` is consumed: on the CPU its float32 array is factorised in place, so at most two K×K
     matrices exist at once (the caller's array counts as one). When the factorisation fails, dampening is
@@ -92,8 +92,8 @@ def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool 
     # how the scales are chosen (the rounding is GPTQ's): the min/max range, or the shrink of it with the least
     # squared error, each column's error weighted by its input's mean square (diag H): clipping a group costs what
     # its inputs make of it, as the output error GPTQ minimises does
-    choice = _ScaleChoice(Rounding.MSE if mse_scales else Rounding.RTN, diagonal if mse_scales else None)
-    params = _Params(choice.quantize(w, spec, convention, scale_dtype), spec)  # from the float weight
+    rule = _ScaleRule(convention, scale_dtype, diagonal if mse_scales else None)
+    params = _Params(rule.quantize(w, spec), spec)  # from the float weight
     if act_order:
         index = torch.from_numpy(order).to(device)
         h = h.index_select(0, index).index_select(1, index)
@@ -106,7 +106,7 @@ def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool 
     columns = w if order is None else w[:, order]
     del w  # without act-order the loop updates this frame's own copy in place
     q = _columns(torch.from_numpy(columns).to(device), hinv, params, order, device,
-                 _Regroup(convention, scale_dtype, choice) if updated else None)
+                 rule if updated else None)
     del columns
     if order is not None:
         restored = np.empty_like(q)
@@ -154,31 +154,25 @@ def _upper_inverse_factor(owner: list) -> tuple:
 
 
 @dataclass(frozen=True)
-class _Regroup:
-    """Scales recomputed per group as the loop reaches it (the reference GPTQ): the convention they follow."""
+class _ScaleRule:
+    """How GPTQ's scales are taken, from the float weight and (`updated_groups`) again per group as the loop
+    reaches it: the convention they follow, and without `importance` the min/max range, with it the range's
+    shrink with the least squared error, each input column's error weighted by its entry."""
 
     convention: Convention
     scale_dtype: object
-    choice: _ScaleChoice
-
-
-@dataclass(frozen=True)
-class _ScaleChoice:
-    """How scales are chosen: `Rounding.RTN` (the min/max range) or `Rounding.MSE` (the range's shrink with the
-    least squared error, weighted per input column by `importance`)."""
-
-    rounding: Rounding
     importance: np.ndarray | None
 
-    def quantize(self, w: np.ndarray, spec: WeightQuant, convention: Convention, scale_dtype,
-                 first_column: int = 0) -> QuantizedWeight:
+    def quantize(self, w: np.ndarray, spec: WeightQuant, first_column: int = 0) -> QuantizedWeight:
         """`w`'s scales (with the rtn integers), `w` being the columns from `first_column` on of a [out, in] weight."""
-        importance = None if self.importance is None else self.importance[first_column:first_column + w.shape[1]]
-        return quantize_weight(w, spec, self.rounding, 0, 1, convention, scale_dtype, importance)
+        if self.importance is None:
+            return quantize_weight(w, spec, Rounding.RTN, 0, 1, self.convention, self.scale_dtype)
+        importance = self.importance[first_column:first_column + w.shape[1]]
+        return quantize_weight(w, spec, Rounding.MSE, 0, 1, self.convention, self.scale_dtype, importance)
 
 
 def _columns(w, hinv, params: _Params, order: np.ndarray | None, device: str,
-             regroup: _Regroup | None = None) -> np.ndarray:
+             regroup: _ScaleRule | None = None) -> np.ndarray:
     """Quantize column by column; each column's error is spread over the rest of its block of 128,
     then the block's errors over the remaining columns. With `regroup`, each group's scale and zero point
     are recomputed from its columns as they stand when the loop reaches the group's first column. Scales
@@ -252,14 +246,13 @@ def _group_columns(block, w, start: int, j: int, size: int) -> np.ndarray:
     return torch.cat([inside, beyond], dim=1).cpu().numpy()
 
 
-def _recompute_group(params: _Params, regroup: _Regroup, group: int, columns: np.ndarray, table: _ScaleTable) -> None:
+def _recompute_group(params: _Params, regroup: _ScaleRule, group: int, columns: np.ndarray, table: _ScaleTable) -> None:
     """Group `group`'s scale and zero point from `columns`, written into the reference (for the final
     integers) and into the table the loop rounds with."""
     import torch
 
     spec = replace(params.spec, group_size=columns.shape[1])
-    fresh = regroup.choice.quantize(columns, spec, regroup.convention, regroup.scale_dtype,
-                                   group * (params.spec.group_size or 0))
+    fresh = regroup.quantize(columns, spec, group * (params.spec.group_size or 0))
     ref = params.reference
     ref.scale[:, group] = fresh.scale[:, 0]
     ref.zero_point[:, group] = fresh.zero_point[:, 0]

@@ -72,16 +72,6 @@ def mlas_int4(rmin: np.ndarray, rmax: np.ndarray, signed_max: np.ndarray, symmet
     return scale, zp
 
 
-def quantize_unsigned4(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> np.ndarray:
-    """MLAS rounding into [0, 15]: x · (1/scale) rounded, plus the zero point (a zero scale gives the zero point)."""
-    inverse = np.where(scale != 0, np.float32(1.0) / np.where(scale != 0, scale, 1), 0).astype(np.float32)
-    y = np.asarray(x, np.float32) * inverse  # one scratch array, rounded and shifted in place
-    np.round(y, out=y)
-    y += zero_point
-    np.clip(y, 0, 15, out=y)
-    return y.astype(np.uint8)
-
-
 def torch_scale_zero_point(rmin: np.ndarray, rmax: np.ndarray, qtype: QType, symmetric: bool,
                            scale_dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
     """compressed-tensors' calculate_qparams (the torch backend's convention, what vLLM and transformers
@@ -113,9 +103,3 @@ def _round_to(values: np.ndarray, dtype) -> np.ndarray:
 
     stored = torch.from_numpy(values).to(getattr(torch, str(dtype))).float().numpy()
     return np.where(stored > 0, stored, np.float32(torch.finfo(getattr(torch, str(dtype))).tiny)).astype(np.float32)
-
-
-def quantize_full_range(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, qtype: QType) -> np.ndarray:
-    """round(x / scale) + zero point, clipped to the type's full range, as signed/unsigned integers."""
-    lo, hi = _RANGES[qtype]
-    return np.clip(np.round(x.astype(np.float32) / scale) + zero_point, lo, hi).astype(NP_TYPES[qtype])

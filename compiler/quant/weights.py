@@ -165,7 +165,7 @@ class _Rules:
     def extremes(self, rows: np.ndarray) -> tuple:
         """What the scales are computed from, per row: min, max, and (MLAS int4) the value of largest magnitude."""
         signed = None
-        if self.convention is not Convention.TORCH and self.spec.qtype.bits == 4:
+        if self._mlas:
             signed = np.take_along_axis(rows, np.abs(rows).argmax(axis=1)[:, None], axis=1)[:, 0]
         return rows.min(axis=1), rows.max(axis=1), signed
 
@@ -185,16 +185,7 @@ class _Rules:
         broadcasts over the rows viewed as [-1, *weights.shape]), the rows rounded as `quantize` rounds them;
         `out` is a float32 scratch of the rows' shape (the search reuses it: no allocation per candidate)."""
         s, z = scale[:, None].astype(np.float32), zp[:, None].astype(np.float32)
-        if self.convention is not Convention.TORCH and self.spec.qtype.bits == 4:  # MLAS: times the inverse
-            inverse = np.where(s != 0, np.float32(1.0) / np.where(s != 0, s, 1), 0).astype(np.float32)
-            np.multiply(rows, inverse, out=out)
-            lo, hi = qparams.full_range(QType.UINT4)
-        else:
-            np.divide(rows, s, out=out)
-            lo, hi = qparams.full_range(self.spec.qtype)
-        np.round(out, out=out)
-        out += z
-        np.clip(out, lo, hi, out=out)
+        self.round_into(rows, s, z, out)
         out -= z
         out *= s
         out -= rows
@@ -204,11 +195,31 @@ class _Rules:
         return out.sum(axis=1, dtype=np.float64)
 
     def quantize(self, rows: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> np.ndarray:
-        if self.convention is Convention.TORCH:
-            return qparams.quantize_full_range(rows, scale, zp, self.spec.qtype)
-        if self.spec.qtype.bits == 4:
-            return qparams.quantize_unsigned4(rows, scale, zp)
-        return qparams.quantize(rows, scale, zp, self.spec.qtype, self.spec.symmetric)
+        """The rows' integers for per-row `scale` and `zp` (given as [rows, 1]), in the type's numpy dtype
+        (MLAS 4-bit: unsigned, [0, 15])."""
+        rounded = self.round_into(rows, scale.astype(np.float32), zp.astype(np.float32), np.empty(rows.shape, np.float32))
+        return rounded.astype(np.uint8 if self._mlas else qparams.NP_TYPES[self.spec.qtype])
+
+    @property
+    def _mlas(self) -> bool:
+        """MLAS's 4-bit blocks (ONNX MatMulNBits): unsigned [0, 15], values times the scale's inverse."""
+        return self.convention is not Convention.TORCH and self.spec.qtype.bits == 4
+
+    def round_into(self, rows: np.ndarray, scale: np.ndarray, zp: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """The one rounding rule of every convention, as float32 into `out`: rows divided by the scale
+        (onnxruntime, compressed-tensors) or times its inverse (MLAS 4-bit, a zero scale giving the zero
+        point), rounded half to even, shifted by the zero point and clipped to the type's full range."""
+        if self._mlas:
+            inverse = np.where(scale != 0, np.float32(1.0) / np.where(scale != 0, scale, 1), 0).astype(np.float32)
+            np.multiply(rows, inverse, out=out)
+            lo, hi = qparams.full_range(QType.UINT4)
+        else:
+            np.divide(rows, scale, out=out)
+            lo, hi = qparams.full_range(self.spec.qtype)
+        np.round(out, out=out)
+        out += zp
+        np.clip(out, lo, hi, out=out)
+        return out
 
 
 def _mse_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray | None = None):
