@@ -6,6 +6,7 @@ transformers measures against float agrees with the one qrc reports."""
 from __future__ import annotations
 
 import json
+from importlib.metadata import version
 
 import pytest
 from compiling import assert_ran_the_plan, compile_program
@@ -216,7 +217,12 @@ def test_fp8_kv_cache_scales_load_into_transformers_and_run_there(folders, tmp_p
     scales = _kv_scales(out)
     assert sorted(scales) == [f"model.layers.{i}.self_attn.{s}_scale" for i in (0, 1) for s in "kv"]
     assert all(0 < float(s) < 1 for s in scales.values())
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    loaded, info = transformers.AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True)
+    loaded.eval()
+    assert not info["missing_keys"], info
+    if not hasattr(loaded.model.layers[1].self_attn, "k_scale"):
+        _kv_cache_not_attached_upstream(loaded.model.layers[1].self_attn, info, scales)
+    assert not info["unexpected_keys"], info
     assert float(loaded.model.layers[1].self_attn.k_scale.detach()) == float(scales["model.layers.1.self_attn.k_scale"])
     batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 8, 4)
     reference = transformers.AutoModelForCausalLM.from_pretrained(str(folders["llama"])).eval()
@@ -231,6 +237,20 @@ def test_fp8_kv_cache_scales_load_into_transformers_and_run_there(folders, tmp_p
     for layer in loaded.model.layers:
         layer.self_attn.k_scale.data *= 64
     assert cosines(loaded) != independent  # the cache's scales are in use
+
+
+def _kv_cache_not_attached_upstream(attention, info: dict, scales: dict) -> None:
+    """compressed-tensors finds the attention modules it hooks by the name of their forward's cache argument
+    (`past_key_value(s)`); transformers 5.24 renamed it `cache`, so compressed-tensors 0.20 attaches no KV
+    scales there and transformers reports them unexpected. Only that case is excused, and as an expected
+    failure (shown in the summary), not a pass: every other key must load."""
+    from compressed_tensors.quantization.lifecycle.initialize import is_cached_attention_module
+
+    assert not is_cached_attention_module(attention), "compressed-tensors hooks it, yet no k_scale was attached"
+    assert set(info["unexpected_keys"]) == set(scales), info
+    pytest.xfail(f"compressed-tensors {version('compressed-tensors')} does not hook transformers "
+                 f"{transformers.__version__}'s attention (its cache argument is now `cache`): the folder loads, "
+                 "the KV scales are not applied by transformers")
 
 
 def test_fp8_kv_cache_first_layer_scales_agree_across_modes(folders, tmp_path):

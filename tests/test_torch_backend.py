@@ -31,11 +31,16 @@ def _at_root(monkeypatch):
     monkeypatch.chdir(ROOT)
 
 
-def _gptq_layers(path: Path) -> tuple[str, ...]:
+def _calibrated(path: Path) -> tuple[str, ...]:
+    """What calibration decides in the recipe's output: the layers GPTQ rounds, and the sources and targets of
+    an outlier transform (scaled by measured channel statistics)."""
     from compiler.frontend import check_file as check
 
     result = check(path, with_model=True)
-    return tuple(a.layer.name for a in result.assignment.layers if a.scheme.rounding is Rounding.GPTQ and not a.scheme.is_none)
+    gptq = [f"{a.layer.name}.weight" for a in result.assignment.layers
+            if a.scheme.rounding is Rounding.GPTQ and not a.scheme.is_none]
+    smoothed = [name for m in result.assignment.smoothing for name in (f"{m.source}.", *(f"{t}.weight" for t in m.targets))]
+    return tuple(gptq + smoothed)
 
 
 @pytest.mark.parametrize("path", TORCH_RECIPES, ids=[p.stem for p in TORCH_RECIPES])
@@ -44,7 +49,7 @@ def test_emitted_folder_golden_and_verified(path, tmp_path):
     result, planned = compile_program(path.relative_to(ROOT).as_posix(), out)
     assert result.verify_passed
     assert_ran_the_plan(result, planned)
-    assert_golden(dump(out, _gptq_layers(path)), f"models/{path.stem}.txt")
+    assert_golden(dump(out, _calibrated(path)), f"models/{path.stem}.txt")
 
 
 @pytest.mark.parametrize("recipe", ["recipes/tiny-llama-torch-w4a16.recipe"])

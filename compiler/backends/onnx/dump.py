@@ -1,5 +1,7 @@
 """Canonical text of an ONNX model, for goldens (STYLE.md): sorted opsets, no producer fields, nodes in a
-canonical topological order, sorted attributes, integer tensors by hash, float tensors by summary."""
+canonical topological order, sorted attributes, integer tensors by hash, float tensors by summary. The
+scales and zero points of activations (what QuantizeLinear nodes read) are measured on calibration data
+through onnxruntime: they are written `~x`, which tests/golden.py compares within a tolerance."""
 
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ def dump(model: onnx.ModelProto, base_dir: str | None = None) -> str:
     lines += ["inputs"] + [f"  {_value(v)}" for v in g.input]
     lines += ["outputs"] + [f"  {_value(v)}" for v in g.output]
     lines += ["nodes"] + [f"  {_node(n)}" for n in _topological(g)]
-    lines += ["initializers"] + [f"  {_tensor(t, base_dir)}" for t in sorted(g.initializer, key=lambda t: t.name)]
+    calibrated = {x for n in g.node if n.op_type == "QuantizeLinear" for x in n.input[1:]}
+    lines += ["initializers"] + [f"  {_tensor(t, base_dir, t.name in calibrated)}"
+                                 for t in sorted(g.initializer, key=lambda t: t.name)]
     return "\n".join(lines) + "\n"
 
 
@@ -72,12 +76,13 @@ def _topological(g: onnx.GraphProto) -> list[onnx.NodeProto]:
     return order
 
 
-def _tensor(t: onnx.TensorProto, base_dir: str | None) -> str:
+def _tensor(t: onnx.TensorProto, base_dir: str | None, calibrated: bool) -> str:
     arr = numpy_helper.to_array(t, base_dir=base_dir or "")
     head = f"{t.name}: {helper.tensor_dtype_to_np_dtype(t.data_type).name}[{', '.join(map(str, t.dims))}]"
+    mark = "~" if calibrated else ""
     if arr.size <= TINY:
-        return head + " = [" + ", ".join(fmt(v) if arr.dtype.kind == "f" else str(int(v)) for v in arr.ravel()) + "]"
+        return head + " = [" + ", ".join(mark + (fmt(v) if arr.dtype.kind == "f" else str(int(v))) for v in arr.ravel()) + "]"
     if arr.dtype.kind == "f":
         a = arr.astype(np.float64)
-        return head + f" min={fmt(a.min())} max={fmt(a.max())} mean={fmt(a.mean())}"
+        return head + f" min={mark}{fmt(a.min())} max={mark}{fmt(a.max())} mean={mark}{fmt(a.mean())}"
     return head + " sha256:" + hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()[:16]

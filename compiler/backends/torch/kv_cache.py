@@ -22,6 +22,10 @@ from compiler.backends.torch.float_formats import fake_fp8, fp8_input_scale
 from compiler.diagnostics import error
 from compiler.ir.types import KvCache
 
+# the attention forward's cache argument, newest name first (transformers 5.24 renamed `past_key_values` to
+# `cache`; releases before 4.56 called it `past_key_value`)
+_CACHE_ARGUMENTS = ("cache", "past_key_values", "past_key_value")
+
 
 class KvMode(enum.Enum):
     """What the stand-in cache does with the keys and values it sees."""
@@ -50,7 +54,7 @@ class KvCacheQuantizer:
 
     def _install(self, module: nn.Module, name: str):
         parameters = inspect.signature(module.forward).parameters
-        argument = next((a for a in ("past_key_values", "past_key_value") if a in parameters), None)
+        argument = next((a for a in _CACHE_ARGUMENTS if a in parameters), None)
         if argument is None:
             raise BackendError(error(
                 "Q411", f"`{name}` ({type(module).__name__}) takes no KV cache argument, so its keys and values "
@@ -58,7 +62,9 @@ class KvCacheQuantizer:
                 help="remove `kv_cache`; it needs a transformers decoder (an HF folder)"))
 
         def hook(_, args, kwargs):
-            kwargs[argument] = _StandIn(self, name, kwargs.get(argument))
+            # the caller may still pass an older name, which transformers' deprecation shim renames
+            given = next((a for a in _CACHE_ARGUMENTS if a in kwargs), argument)
+            kwargs[given] = _StandIn(self, name, kwargs.get(given))
             return args, kwargs
         return module.register_forward_pre_hook(hook, with_kwargs=True)
 
