@@ -140,7 +140,7 @@ def test_moe_data_free_compiles_file_to_file_with_every_expert_quantized(moe, fa
 def test_quantized_routers_are_warned(moe, tmp_path):
     recipe = tmp_path / "r.recipe"
     recipe.write_text(DATA_FREE_MOE.format(model=moe / "qwen3_moe", out=tmp_path / "out").replace(
-        '        re".*\\.(mlp|block_sparse_moe)\\.gate" -> none\n', ""))
+        '        re".*\\.(mlp|block_sparse_moe)\\.gate" -> none\n', '        re".*\\.mlp\\.gate" -> w4\n'))
     result = CliRunner().invoke(app, ["check", str(recipe)])
     assert result.exit_code == 0 and "Q247" in result.output, result.output
 
@@ -274,11 +274,11 @@ def safe_open_all(folder):
 
 
 def test_a_router_the_running_model_cannot_round_is_refused_before_work(moe, tmp_path):
-    """transformers 5's routers are not nn.Linear modules: quantizing one on a run that calibrates is Q411
-    at the start of compile, with nothing written."""
+    """transformers 5's routers are not nn.Linear modules: a name rule that quantizes them on a run that
+    calibrates is Q411 at the start of compile, with nothing written."""
     path = tmp_path / "r.recipe"
-    path.write_text(RUN.format(model=moe / "qwen3_moe", scheme=RUNS["w4a16-gptq"], ignore="", mode="offload",
-                               out=tmp_path / "out"))
+    path.write_text(RUN.format(model=moe / "qwen3_moe", scheme=RUNS["w4a16-gptq"], ignore='        re".*\\.mlp\\.gate" -> s\n',
+                               mode="offload", out=tmp_path / "out"))
     result = CliRunner().invoke(app, ["compile", str(path)])
     assert result.exit_code == 2 and "Q411" in result.output and "not an nn.Linear" in result.output, result.output
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
@@ -325,3 +325,78 @@ def test_group_auto_gives_each_experts_gate_and_up_one_scheme(moe, tmp_path):
     assert schemes["model.layers.0.block_sparse_moe.experts.1.w1"] == "W8A16"
     assert schemes["model.layers.0.block_sparse_moe.experts.0.w1"] == "w4"
     assert any(d.code == "Q211" for d in checked.diagnostics)
+
+
+PLAIN = """recipe plain {{
+    model "{model}"
+    backend torch
+    scheme s = W4A16 {{ group 16 }}
+    quantize {{ type Linear -> s }}
+    calibrate {{ data synthetic {{ samples 8  seqlen 32 }}  chunk 4 }}
+    verify {{ samples 4  metric cosine  at_least 0.5 }}
+    emit "{out}"
+}}
+"""
+TASK = {"bert": "AutoModel", **{f: "AutoModelForImageTextToText" for f in VLM}}
+
+
+def _loaded(auto, folder):
+    model, info = auto.from_pretrained(str(folder), output_loading_info=True)
+    return model.eval(), info
+
+
+def _unexpected_modules(info) -> set[str]:
+    return {k.rsplit(".", 1)[0] for k in info["unexpected_keys"]}
+
+
+@pytest.mark.parametrize("family", [*DENSE, "bert", *VLM, *MOE])
+def test_plain_type_linear_folder_loads_in_the_task_class_and_the_base_class(family, tmp_path):
+    """The recipe people write (`type Linear -> W4A16`; group 16 divides every layer of the tiny zoo) on every
+    zoo family (dense, tied, BERT, VLM, MoE; routers stay float): transformers loads the folder with
+    its task class and with AutoModel (the base class embedding users load, which drops the `model.` prefix)
+    with no key missing and none unexpected but the head's (a base class has no head: the float folder's
+    head is unexpected there too); the task class's cosine against float on qrc's held-out samples agrees
+    with qrc's verify within 0.03, and the base class computes the task class's hidden states."""
+    folder = build(family, tmp_path / family)
+    path = tmp_path / "r.recipe"
+    path.write_text(PLAIN.format(model=folder, out=tmp_path / "out"))
+    result, planned = compile_program(str(path), tmp_path / "out")
+    assert result.verify_passed, result.verify
+    task = getattr(transformers, TASK.get(family, "AutoModelForCausalLM"))
+    for auto in (task, transformers.AutoModel):
+        quantized, info = _loaded(auto, tmp_path / "out")
+        _, float_info = _loaded(auto, folder)
+        assert not info["missing_keys"] and not info["mismatched_keys"], (auto.__name__, info)
+        assert _unexpected_modules(info) <= _unexpected_modules(float_info), (auto.__name__, info)
+    batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 4, 4)
+    cosines, loaded = transformers_cosines(folder, tmp_path / "out", task, batches)
+    assert abs(sum(cosines) / len(cosines) - result.verify["cosine"]) < 0.03, (cosines, result.verify)
+    if task is not transformers.AutoModel:
+        base, _ = _loaded(transformers.AutoModel, tmp_path / "out")
+        feed = {k: torch.from_numpy(v) for k, v in next(iter(batches)).items()}
+        with torch.no_grad():
+            hidden = loaded.model(**feed)[0]
+            assert torch.allclose(base(**feed)[0], hidden, atol=1e-5), family
+
+
+def test_mixed_schemes_name_layers_so_both_classes_load_a_vlm(tmp_path):
+    """Two schemes (names, not the `Linear` class): a LLaVA folder still loads in the task and base class with
+    nothing missing, and its targets also match the checkpoint's names (what vLLM's VLMs keep)."""
+    import json
+    import re
+
+    folder = build("llava", tmp_path / "llava")
+    path = tmp_path / "r.recipe"
+    path.write_text(PLAIN.format(model=folder, out=tmp_path / "out").replace(
+        "type Linear -> s }", 'type Linear -> s\n        "*.mlp.down_proj" -> W8A16 }'))
+    result, _ = compile_program(str(path), tmp_path / "out")
+    assert result.verify_passed
+    groups = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]["config_groups"]
+    assert len(groups) == 2
+    targets = [t for g in groups.values() for t in g["targets"]]
+    for name in ("language_model.model.layers.0.mlp.down_proj", "model.language_model.layers.0.mlp.down_proj",
+                 "language_model.layers.0.mlp.down_proj"):
+        assert any(re.match(t.removeprefix("re:"), name) for t in targets), name
+    for auto in (transformers.AutoModelForImageTextToText, transformers.AutoModel):
+        _, info = _loaded(auto, tmp_path / "out")
+        assert not info["missing_keys"], (auto.__name__, info)

@@ -43,6 +43,7 @@ def index_hf(folder: Path, ref: str) -> ModelIndex:
         total = sum(math.prod(t.shape) for t in planned) * DTYPE_BYTES.get(dtype, 4)
     if isinstance((config or {}).get("vision_config"), dict):
         layers = [_as_tower(layer) for layer in layers]
+    layers = [_as_router(layer, config or {}) for layer in layers]
     layers += _tied_head(config or {}, layers, headers)
     numbers = _numbers(config or {})
     family = (config or {}).get("model_type", "hf")
@@ -74,6 +75,22 @@ def _as_tower(layer: Layer) -> Layer:
     if not set(layer.name.split(".")) & set(_TOWER_PARTS):
         return layer
     return replace(layer, block=None, named_only=True)  # the blocks block-wise execution walks are the language model's
+
+
+# An MoE block's router: the Linear-shaped module whose logits pick the experts (one output per expert).
+_ROUTER_NAMES = ("mlp.gate", "block_sparse_moe.gate", "mlp.router", "moe.gate", "feed_forward.router")
+_EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def _as_router(layer: Layer, config: dict) -> Layer:
+    """MoE routers are a kind of their own (op `Router`, `named_only`): transformers 5 builds them as router
+    modules, not nn.Linear, and no serving stack quantizes them, so `type Linear` leaves them in float; a
+    name rule still selects one (data-free rounding writes it; a calibrating run refuses it, Q411)."""
+    merged = {**config, **_text_config(config)}
+    experts = {merged[k] for k in _EXPERT_COUNTS if isinstance(merged.get(k), int)}
+    if layer.kind is LayerKind.LINEAR and layer.name.endswith(_ROUTER_NAMES) and layer.out_features in experts:
+        return replace(layer, op="Router", named_only=True)
+    return layer
 
 
 def _text_config(config: dict) -> dict:

@@ -36,8 +36,9 @@ class Layer:
     format calls it (MatMul, Gemm, Conv, Gather in ONNX; Linear, Conv2d, Embedding in torch).
 
     `named_only` layers are left alone by `type` rules and quantized only where a rule names them: a VLM's
-    vision tower and projector (calibration feeds the language model), and an LM head tied to the input
-    embedding (its `weight` is the embedding's tensor; quantizing it unties it in the output).
+    vision tower and projector (calibration feeds the language model), an MoE router (op `Router`: its logits
+    pick the experts, and serving stacks keep it in float), and an LM head tied to the input embedding (its
+    `weight` is the embedding's tensor; quantizing it unties it in the output).
     Features are those of the matching torch module: Linear in/out, Conv in_channels·kernel/out_channels,
     Embedding num_embeddings/embedding_dim.
     """
@@ -52,7 +53,7 @@ class Layer:
     in_features: int
     out_features: int
     block: str | None  # `model.layers.3`, or None outside the repeated blocks
-    named_only: bool = False  # selected by name rules only: a VLM's vision tower or projector, a tied head
+    named_only: bool = False  # selected by name rules only: a VLM's vision tower or projector, a router, a tied head
 
     @property
     def params(self) -> int:

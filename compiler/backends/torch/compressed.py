@@ -182,9 +182,13 @@ def input_args(a: ActivationQuant) -> dict:
     return args
 
 
-def quantization_config(quantized: list[tuple[Layer, Scheme]], ignored: list[str]) -> dict:
-    """config.json's `quantization_config`: one config group per scheme, targeting its layers by name."""
+def quantization_config(quantized: list[tuple[Layer, Scheme]], ignored: list[str],
+                        targets: dict[str, str] | None = None) -> dict:
+    """config.json's `quantization_config`: one config group per scheme, targeting its layers by
+    `targets` (checkpoint layer name → target string; the checkpoint name when not given), `ignored` as
+    given."""
     groups: dict[str, dict] = {}
+    targets = targets or {}
     for layer, scheme in quantized:
         group = groups.get(scheme.name)
         if group is None:
@@ -194,7 +198,9 @@ def quantization_config(quantized: list[tuple[Layer, Scheme]], ignored: list[str
                 "weights": weight_args(w, scheme.rounding),
                 "input_activations": None if a is None else input_args(a),
                 "output_activations": None}
-        group["targets"].append(layer.name)
+        target = targets.get(layer.name, layer.name)
+        if target not in group["targets"]:
+            group["targets"].append(target)
     formats = sorted({g["format"] for g in groups.values()})
     return {"quant_method": "compressed-tensors", "format": formats[0] if len(formats) == 1 else "mixed-precision",
             "quantization_status": "compressed", "config_groups": dict(sorted(groups.items())),

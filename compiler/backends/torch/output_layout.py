@@ -11,6 +11,7 @@ from compiler.backends.torch.compressed import TensorSpec, input_args, layer_spe
 from compiler.backends.torch.config_schema import check_config
 from compiler.backends.torch.kv_cache import kv_specs
 from compiler.backends.torch.layers import Job
+from compiler.backends.torch.loader_names import loader_names
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.shards import DTYPES
 from compiler.backends.torch.writer import FolderWriter
@@ -65,11 +66,14 @@ def copy_unquantized(writer: FolderWriter, model: TorchModel, jobs: list[Job]) -
 
 def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment, kv_cache_scheme: dict | None = None) -> dict:
     """config.json as the output folder has it: the quantization config (one group per scheme, the Linear
-    layers left in float ignored, the KV cache's scheme), untied where a tied head was quantized."""
+    layers left in float ignored, named so that every loader matches them: loader_names.py; the KV cache's
+    scheme), untied where a tied head was quantized."""
     done = {j.layer.name for j in jobs}
-    ignored = [a.layer.name for a in assignment.layers if a.layer.kind is LayerKind.LINEAR and a.layer.name not in done]
+    floating = [a.layer.name for a in assignment.layers if a.layer.kind is LayerKind.LINEAR and a.layer.name not in done]
+    names = loader_names(model, {j.layer.name: j.module for j in jobs}, floating, len({j.scheme.name for j in jobs}))
     config = dict(model.config)
-    config["quantization_config"] = quantization_config([(j.layer, j.scheme) for j in jobs], ignored)
+    config["quantization_config"] = quantization_config([(j.layer, j.scheme) for j in jobs], list(names.ignore),
+                                                        names.targets)
     config["quantization_config"]["kv_cache_scheme"] = kv_cache_scheme
     if any(is_tied(j) for j in jobs):  # the head now has tensors of its own
         config = _untied(config)

@@ -1,0 +1,94 @@
+"""The names `quantization_config` gives its layers, so that every loader attaches the quantization.
+
+compressed-tensors matches `targets` and `ignore` against the module names of the model being loaded, and
+those differ by loader: the checkpoint says `language_model.model.layers.0.mlp.down_proj`, transformers'
+task class (`LlavaForConditionalGeneration`) builds `model.language_model.layers.0.mlp.down_proj`, its base
+class (`AutoModel`, what sentence-transformers and embedding users load) drops the `model.` prefix, and
+vLLM maps transformers' names to its own with a per-family prefix mapper (which leaves `re:` patterns alone).
+A name that matches no module leaves its layer unquantized while its packed tensors are unexpected keys:
+the model loads with random weights and nothing fails.
+
+So the config uses forms every loader matches:
+- one scheme on every quantized Linear (a plain `type Linear -> …` recipe): llm-compressor's form, the
+  class target `Linear` and an ignore list of every other Linear of the task class, each under its task
+  name and its base-class name (an ignore entry that matches nothing is harmless; a target is warned);
+- otherwise each layer by name, as a pattern with the base prefix optional
+  (`re:^(?:(?:model\\.)?layers\\.0\\.mlp\\.down_proj)$`: the task class, the base class and vLLM's dense
+  decoders match it) and, where transformers renamed the checkpoint's name (a VLM), that name as a second
+  alternative (vLLM keeps it for its VLMs, and leaves `re:` targets unmapped); an expert projection keeps
+  the checkpoint's name (transformers fuses experts into 3-D parameters, so no module carries that name in
+  any loader; vLLM reads the checkpoint's)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from torch import nn
+
+from compiler.backends.torch.experts import Experts
+from compiler.backends.torch.model import TorchModel
+
+
+@dataclass(frozen=True)
+class LoaderNames:
+    """How `quantization_config` names layers for this model."""
+    class_targets: bool  # one group targeting the class `Linear`, the rest ignored
+    targets: dict[str, str]  # checkpoint layer name → the target string of its group
+    ignore: tuple[str, ...]
+
+
+def loader_names(model: TorchModel, quantized: dict[str, str], floating: list[str], schemes: int) -> LoaderNames:
+    """Targets and ignore list for `quantized` (checkpoint layer name → its module in the task class) and the
+    Linear layers left `floating` (checkpoint names), with `schemes` groups."""
+    root = model.module
+    prefix = getattr(root, "base_model_prefix", "") or ""
+    in_experts = _expert_modules(root)
+    if schemes == 1 and not in_experts:
+        chosen = set(quantized.values())
+        others = [name for name, m in root.named_modules() if isinstance(m, nn.Linear) and name not in chosen]
+        ignore = sorted({form for name in others for form in _forms(name, prefix)})
+        return LoaderNames(True, {name: "Linear" for name in quantized}, tuple(ignore))
+    modules = {name: m for name, m in root.named_modules()}
+    targets = {name: _named(name, module, prefix, modules, in_experts) for name, module in quantized.items()}
+    ignore = []
+    for name in floating:
+        module = _module_of(model, name)
+        ignore.append(_named(name, module, prefix, modules, in_experts) if module else name)
+    return LoaderNames(False, targets, tuple(sorted(set(ignore))))
+
+
+def _named(checkpoint: str, module: str, prefix: str, modules: dict, in_experts: set[str]) -> str:
+    if module in in_experts or module not in modules:
+        return checkpoint
+    if not prefix and checkpoint == module:  # one naming for every loader (qrc's built-ins)
+        return module
+    # under the base model, or outside it (an LM head), or the base class itself (BERT's `encoder.…`)
+    rest = module[len(prefix) + 1:] if prefix and module.startswith(prefix + ".") else module
+    pattern = f"(?:{re.escape(prefix)}\\.)?{re.escape(rest)}" if prefix else re.escape(rest)
+    if checkpoint not in (module, rest):  # renamed by transformers' conversion (a VLM): loaders that keep the
+        pattern += "|" + re.escape(checkpoint)  # checkpoint's names (vLLM's VLMs) match that alternative
+    return f"re:^(?:{pattern})$"
+
+
+def _forms(module: str, prefix: str) -> tuple[str, ...]:
+    """A module's name in the task class and in the base class (the base-model prefix dropped or added)."""
+    if not prefix:
+        return (module,)
+    if module.startswith(prefix + "."):
+        return module, module[len(prefix) + 1:]
+    return module, f"{prefix}.{module}"
+
+
+def _expert_modules(root: nn.Module) -> set[str]:
+    """The per-expert Linears qrc split a fused experts module into (no loader has such modules)."""
+    return {f"{name}.{child}" for name, m in root.named_modules() if isinstance(m, Experts)
+            for child, _ in m.named_modules() if child}
+
+
+def _module_of(model: TorchModel, checkpoint_layer: str) -> str | None:
+    """The task class's module that reads `<checkpoint_layer>.weight`, if any."""
+    params = model.params_reading.get(checkpoint_layer + ".weight", [])
+    leaf = checkpoint_layer.rpartition(".")[2]
+    chosen = next((p for p in params if p.removesuffix(".weight").rpartition(".")[2] == leaf), None)
+    return chosen.removesuffix(".weight") if chosen else None
