@@ -33,8 +33,7 @@ from compiler.backends.torch.model import TorchModel
 @dataclass(frozen=True)
 class LoaderNames:
     """How `quantization_config` names layers for this model."""
-    class_targets: bool  # one group targeting the class `Linear`, the rest ignored
-    targets: dict[str, str]  # checkpoint layer name → the target string of its group
+    targets: dict[str, str]  # checkpoint layer name → the target string of its group (`Linear`: the class)
     ignore: tuple[str, ...]
 
 
@@ -48,14 +47,14 @@ def loader_names(model: TorchModel, quantized: dict[str, str], floating: list[st
         chosen = set(quantized.values())
         others = [name for name, m in root.named_modules() if isinstance(m, nn.Linear) and name not in chosen]
         ignore = sorted({form for name in others for form in _forms(name, prefix)})
-        return LoaderNames(True, {name: "Linear" for name in quantized}, tuple(ignore))
+        return LoaderNames({name: "Linear" for name in quantized}, tuple(ignore))
     modules = {name: m for name, m in root.named_modules()}
     targets = {name: _named(name, module, prefix, modules, in_experts) for name, module in quantized.items()}
     ignore = []
     for name in floating:
         module = _module_of(model, name)
         ignore.append(_named(name, module, prefix, modules, in_experts) if module else name)
-    return LoaderNames(False, targets, tuple(sorted(set(ignore))))
+    return LoaderNames(targets, tuple(sorted(set(ignore))))
 
 
 def _named(checkpoint: str, module: str, prefix: str, modules: dict, in_experts: set[str]) -> str:
