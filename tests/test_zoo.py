@@ -3,6 +3,8 @@ download), compiled W4A16 (offload) and W8A8 (low_memory), verified, and loaded 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from compiling import assert_ran_the_plan, compile_program
 from typer.testing import CliRunner
@@ -16,6 +18,7 @@ torch = pytest.importorskip("torch")
 
 DENSE = [f for f in FAMILIES if f != "gpt2"]
 SCHEMES = {"w4a16": "scheme s = W4A16 { group 32 }", "w8a8": "scheme s = W8A8"}
+PLAIN_SCHEME = "scheme s = W4A16 { group 16 }"  # divides every layer of the tiny zoo (DeepSeek's kv_b_proj: 16)
 MODES = ("low_memory", "offload")
 RECIPE = """recipe zoo {{
     model "{model}"
@@ -37,8 +40,9 @@ def zoo(tmp_path_factory):
 
 
 def _recipe(tmp_path, folder, scheme: str, mode: str = "offload") -> str:
+    """The zoo recipe for `folder`; `scheme` is a key of SCHEMES or a scheme declaration."""
     path = tmp_path / "r.recipe"
-    path.write_text(RECIPE.format(model=folder, scheme=SCHEMES[scheme], mode=mode, disk=tmp_path / "disk",
+    path.write_text(RECIPE.format(model=folder, scheme=SCHEMES.get(scheme, scheme), mode=mode, disk=tmp_path / "disk",
                                   out=tmp_path / "out"))
     return str(path)
 
@@ -327,16 +331,6 @@ def test_group_auto_gives_each_experts_gate_and_up_one_scheme(moe, tmp_path):
     assert any(d.code == "Q211" for d in checked.diagnostics)
 
 
-PLAIN = """recipe plain {{
-    model "{model}"
-    backend torch
-    scheme s = W4A16 {{ group 16 }}
-    quantize {{ type Linear -> s }}
-    calibrate {{ data synthetic {{ samples 8  seqlen 32 }}  chunk 4 }}
-    verify {{ samples 4  metric cosine  at_least 0.5 }}
-    emit "{out}"
-}}
-"""
 TASK = {"bert": "AutoModel", **{f: "AutoModelForImageTextToText" for f in VLM}}
 
 
@@ -358,9 +352,7 @@ def test_plain_type_linear_folder_loads_in_the_task_class_and_the_base_class(fam
     head is unexpected there too); the task class's cosine against float on qrc's held-out samples agrees
     with qrc's verify within 0.03, and the base class computes the task class's hidden states."""
     folder = build(family, tmp_path / family)
-    path = tmp_path / "r.recipe"
-    path.write_text(PLAIN.format(model=folder, out=tmp_path / "out"))
-    result, planned = compile_program(str(path), tmp_path / "out")
+    result, planned = compile_program(_recipe(tmp_path, folder, PLAIN_SCHEME, "full"), tmp_path / "out")
     assert result.verify_passed, result.verify
     task = getattr(transformers, TASK.get(family, "AutoModelForCausalLM"))
     for auto in (task, transformers.AutoModel):
@@ -386,9 +378,8 @@ def test_mixed_schemes_name_layers_so_both_classes_load_a_vlm(tmp_path):
     import re
 
     folder = build("llava", tmp_path / "llava")
-    path = tmp_path / "r.recipe"
-    path.write_text(PLAIN.format(model=folder, out=tmp_path / "out").replace(
-        "type Linear -> s }", 'type Linear -> s\n        "*.mlp.down_proj" -> W8A16 }'))
+    path = Path(_recipe(tmp_path, folder, PLAIN_SCHEME, "full"))
+    path.write_text(path.read_text().replace("type Linear -> s }", 'type Linear -> s\n        "*.mlp.down_proj" -> W8A16 }'))
     result, _ = compile_program(str(path), tmp_path / "out")
     assert result.verify_passed
     groups = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]["config_groups"]

@@ -11,7 +11,17 @@ from pathlib import Path
 
 from compiler.models import block_fp8, families, names
 from compiler.models.errors import ModelError
-from compiler.models.index import DTYPE_BYTES, Layer, LayerKind, ModelFormat, ModelIndex, Norm, TensorInfo, norm_module
+from compiler.models.index import (
+    DTYPE_BYTES,
+    ROUTER_OP,
+    Layer,
+    LayerKind,
+    ModelFormat,
+    ModelIndex,
+    Norm,
+    TensorInfo,
+    norm_module,
+)
 from compiler.models.safetensors_dtypes import SAFETENSORS_DTYPES
 
 _MAX_HEADER = 100 << 20
@@ -89,7 +99,7 @@ def _as_router(layer: Layer, config: dict) -> Layer:
     merged = {**config, **_text_config(config)}
     experts = {merged[k] for k in _EXPERT_COUNTS if isinstance(merged.get(k), int)}
     if layer.kind is LayerKind.LINEAR and layer.name.endswith(_ROUTER_NAMES) and layer.out_features in experts:
-        return replace(layer, op="Router", named_only=True)
+        return replace(layer, op=ROUTER_OP, named_only=True)
     return layer
 
 

@@ -28,6 +28,10 @@ class ModelFormat(enum.Enum):
     TORCH = "torch"  # a PyTorch module in memory
 
 
+# the `op` of an MoE router (hf_index.py marks them): its own kind, which `type Linear` does not select
+ROUTER_OP = "Router"
+
+
 @dataclass(frozen=True, slots=True)
 class Layer:
     """A weight-bearing operator, named by its dotted module path (`model.layers.0.self_attn.q_proj`).

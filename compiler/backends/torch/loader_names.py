@@ -62,21 +62,25 @@ def _named(checkpoint: str, module: str, prefix: str, modules: dict, in_experts:
         return checkpoint
     if not prefix and checkpoint == module:  # one naming for every loader (qrc's built-ins)
         return module
-    # under the base model, or outside it (an LM head), or the base class itself (BERT's `encoder.…`)
-    rest = module[len(prefix) + 1:] if prefix and module.startswith(prefix + ".") else module
+    rest = _without_prefix(module, prefix)
     pattern = f"(?:{re.escape(prefix)}\\.)?{re.escape(rest)}" if prefix else re.escape(rest)
     if checkpoint not in (module, rest):  # renamed by transformers' conversion (a VLM): loaders that keep the
         pattern += "|" + re.escape(checkpoint)  # checkpoint's names (vLLM's VLMs) match that alternative
     return f"re:^(?:{pattern})$"
 
 
+def _without_prefix(module: str, prefix: str) -> str:
+    """The name under the base model (the base class's name), or the name itself outside it (an LM head) or
+    in a base class (BERT's `encoder.…`)."""
+    return module[len(prefix) + 1:] if prefix and module.startswith(prefix + ".") else module
+
+
 def _forms(module: str, prefix: str) -> tuple[str, ...]:
     """A module's name in the task class and in the base class (the base-model prefix dropped or added)."""
     if not prefix:
         return (module,)
-    if module.startswith(prefix + "."):
-        return module, module[len(prefix) + 1:]
-    return module, f"{prefix}.{module}"
+    rest = _without_prefix(module, prefix)
+    return (module, rest) if rest != module else (module, f"{prefix}.{module}")
 
 
 def _expert_modules(root: nn.Module) -> set[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from compiler.ir.types import ActivationMode, EmitFormat, Granularity, RecipeIR
 from compiler.ir.values import Diagnostics
-from compiler.models.index import LayerKind, ModelFormat
+from compiler.models.index import ROUTER_OP, LayerKind, ModelFormat
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice
 from compiler.resolve.groups import auto_gate_up_instances, auto_qkv_instances
@@ -62,7 +62,7 @@ def attention_modules(layers: list[str]) -> list[str]:
 def _warn_routers(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
     """Q247: a rule quantizes MoE routers (`mlp.gate`): their logits pick the experts, and serving
     stacks keep them in float."""
-    routers = [a for a in assignment.layers if not a.scheme.is_none and a.layer.name.endswith((".mlp.gate", ".block_sparse_moe.gate"))]
+    routers = [a for a in assignment.layers if not a.scheme.is_none and a.layer.op == ROUTER_OP]
     if routers:
         a = routers[0]
         diags.warning("Q247", f"{len(routers)} MoE routers are quantized (e.g. `{a.layer.name}` with `{a.scheme.name}`)",
