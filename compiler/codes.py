@@ -378,7 +378,8 @@ CODES: tuple[CodeInfo, ...] = (
     _c("Q252", "model folder qrc cannot index",
        "A folder needs safetensors weights, or a config.json of a family qrc knows (llama, mistral, granite, "
        "qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, mixtral, qwen3_moe, deepseek_v3, bert) to be indexed "
-       "from the config alone.",
+       "from the config alone. An FP8 source checkpoint whose `weight_scale_inv` tensors do not tile their "
+       "weights by `weight_block_size` is refused too: read anyway, most blocks would take the wrong scale.",
        'model "checkpoints/"   # no *.safetensors, unknown model_type'),
     _c("Q256", "a floating format with a setting it cannot take",
        "FP8, NVFP4 and MX formats are symmetric and rounded as compressed-tensors defines them (rtn). NVFP4 "

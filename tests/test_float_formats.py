@@ -314,6 +314,26 @@ def _fp8_source(float_folder, root):
     return folders
 
 
+def test_an_fp8_source_whose_scales_do_not_tile_its_weights_is_refused_at_check(folders, tmp_path):
+    """Scales made per 32x32 block, a config saying 64x64 (or none: 128x128): read anyway, most blocks would
+    take another block's scale. `qrc check` refuses it (Q252, exit 2) naming the tensor, before any work."""
+    from typer.testing import CliRunner
+
+    from compiler.cli import app
+
+    source = _fp8_source(folders["llama"], tmp_path)
+    config_path = source["fp8"] / "config.json"
+    config = json.loads(config_path.read_text())
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(FP8_SOURCE_RECIPE.format(model=source["fp8"], mode="low_memory", out=tmp_path / "out"))
+    for block in ([64, 64], None):
+        config["quantization_config"]["weight_block_size"] = block
+        config_path.write_text(json.dumps(config))
+        result = CliRunner().invoke(app, ["check", str(recipe)])
+        assert result.exit_code == 2 and "Q252" in result.output and "weight_scale_inv" in result.output, result.output
+        assert "model.layers.0." in result.output and "Traceback" not in result.output
+
+
 def test_an_fp8_source_checkpoint_is_dequantized_per_block_and_requantized(folders, tmp_path):
     """An FP8 source (block-scaled float8 weights) plans with its weights as the model's float, compiles
     block by block and file to file, and the folder is the recipe's: no `weight_scale_inv` left, a layer kept

@@ -6,6 +6,8 @@ scales themselves are not tensors of the model (the output has its own)."""
 
 from __future__ import annotations
 
+import math
+
 SCALE_SUFFIX = "_scale_inv"
 FP8_DTYPES = ("float8_e4m3fn", "F8_E4M3")
 
@@ -32,3 +34,18 @@ def as_dequantized(headers: dict[str, tuple[str, tuple[int, ...]]], dtype: str) 
     scales = set(scaled.values())
     return {name: ((dtype, shape) if name in scaled else (dt, shape)) for name, (dt, shape) in headers.items()
             if name not in scales}
+
+
+def grid_mismatch(headers: dict[str, tuple[str, tuple[int, ...]]], block: tuple[int, int]) -> tuple[str, str] | None:
+    """The first block-scaled weight whose `_scale_inv` is not one scale per `block` tile of it (a checkpoint
+    whose `weight_block_size` does not match its scales would be read with the wrong scale on most tiles),
+    as (weight name, what was found); None when every grid matches."""
+    for name, scale in scaled_weights({n: dt for n, (dt, _) in headers.items()}).items():
+        shape, found = headers[name][1], tuple(headers[scale][1])
+        if len(shape) != 2:
+            return name, f"a {len(shape)}-D weight {list(shape)}"
+        expected = (math.ceil(shape[0] / block[0]), math.ceil(shape[1] / block[1]))
+        if found != expected:
+            return name, (f"its scale `{scale}` is {list(found)} for a {list(shape)} weight, where blocks of "
+                          f"{block[0]}x{block[1]} need {list(expected)}")
+    return None

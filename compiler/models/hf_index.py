@@ -44,6 +44,7 @@ def index_hf(folder: Path, ref: str) -> ModelIndex:
         raise ModelError("Q252", f"`{ref}` has no safetensors weights and its family `{family}` is not known",
                          f"qrc indexes from config.json alone for: {', '.join(families.DECODERS + families.ENCODERS)}")
     dtype = _config_dtype(config)
+    _check_fp8_grid(headers, config, ref)
     headers = block_fp8.as_dequantized(headers, dtype)  # an FP8 source checkpoint: its weights as qrc reads them
     layers = _from_layout(planned, headers, dtype) if planned else []
     layers += _extra_layers(headers, {layer.weight for layer in layers}, (config or {}).get("model_type", ""))
@@ -71,6 +72,19 @@ def _norms(shapes: dict[str, tuple[str, tuple[int, ...]]]) -> tuple[Norm, ...]:
             bias = f"{module}.bias" if f"{module}.bias" in shapes else None
             out.append(Norm(module, tensor, bias, shape[0], names.block_of(module)))
     return tuple(sorted(out, key=lambda n: names.natural_key(n.name)))
+
+
+def _check_fp8_grid(headers: dict, config: dict | None, ref: str) -> None:
+    """An FP8 source whose block scales do not tile its weights by `weight_block_size` is refused (Q252):
+    read anyway, most tiles would take another tile's scale (11-23% weight error, and a verification against
+    the same misread float would pass)."""
+    block = block_fp8.block_size(config)
+    found = block_fp8.grid_mismatch(headers, block)
+    if found is not None:
+        name, what = found
+        raise ModelError("Q252", f"`{ref}`: the FP8 weight `{name}` does not match its block scales: {what}",
+                         "the checkpoint's `quantization_config.weight_block_size` must give the tile its "
+                         "`weight_scale_inv` tensors were made with; fix config.json or re-export the checkpoint")
 
 
 # Module names of a VLM's vision side (checkpoint and transformers names): its layers are `named_only`.
