@@ -423,6 +423,11 @@ CODES: tuple[CodeInfo, ...] = (
        "the model. The ONNX backend folds scales into norm initializers only, so a MatMul source is refused "
        "there too (use `backend torch`).",
        'model "builtin:tiny-bert"\ntransform smoothquant { map "*.attention.output.LayerNorm" -> "*.intermediate.dense" }'),
+    _c("Q265", "QDQ weights that need a newer ONNX opset than the model's",
+       "DequantizeLinear takes 4-bit types and group (`block_size`) scales from opset 21 on; onnxruntime refuses "
+       "to load a model of an older opset that has them, so qrc would write a file nobody can open. MatMulNBits "
+       "(a contrib op) carries W4A16 group schemes at any opset.",
+       'model "model-opset17.onnx"  quantize { type Linear -> W4A16 }  emit "out.onnx" { format qdq }'),
     _c("Q233", "emit path with an unexpected extension (warning)",
        "Runtimes and tools look for `.onnx` files; another extension is allowed but probably a typo.",
        'emit "out/model.onx"'),

@@ -145,3 +145,44 @@ def test_interrupted_compile_leaves_no_file(tmp_path):
         proc.wait(timeout=60)
         assert not out.exists(), f"{sig.name} left {out}"
         assert proc.returncode in (130, -9), (sig.name, proc.returncode)
+
+
+def _opset17_model(folder: Path) -> Path:
+    """Two MatMuls at opset 17, as older exporters write them."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+               for name, shape in (("fc1.weight", (64, 64)), ("fc2.weight", (64, 32)))]
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "fc1.weight"], ["h"], name="fc1"),
+                               helper.make_node("Relu", ["h"], ["r"], name="relu"),
+                               helper.make_node("MatMul", ["r", "fc2.weight"], ["y"], name="fc2")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(folder / "m17.onnx"))
+    return folder / "m17.onnx"
+
+
+def test_blocked_int4_qdq_on_an_old_opset_is_refused_at_check_and_matmul_nbits_loads(tmp_path):
+    """DequantizeLinear with int4 and `block_size` needs opset 21: on an opset-17 model `qdq` is Q265 at check
+    (onnxruntime would refuse the written file), and `matmul_nbits` writes a model onnxruntime opens and runs."""
+    import onnxruntime as ort
+    from typer.testing import CliRunner
+
+    from compiler.cli import app
+
+    model = _opset17_model(tmp_path)
+    recipe = tmp_path / "r.recipe"
+    text = (f'recipe op17 {{\n  model "{model}"\n  scheme w4 = W4A16 {{ group 32 }}\n  quantize {{ type Linear -> w4 }}\n'
+            f'  emit "{tmp_path / "out.onnx"}" {{ format FORMAT }}\n}}\n')
+    recipe.write_text(text.replace("FORMAT", "qdq"))
+    result = CliRunner().invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 2 and "Q265" in result.output and "opset 17" in result.output, result.output
+    assert not (tmp_path / "out.onnx").exists()
+    recipe.write_text(text.replace("FORMAT", "matmul_nbits"))
+    result = CliRunner().invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 0, result.output
+    session = ort.InferenceSession(str(tmp_path / "out.onnx"))
+    assert session.run(None, {"x": np.ones((2, 64), np.float32)})[0].shape == (2, 32)

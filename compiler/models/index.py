@@ -116,6 +116,7 @@ class ModelIndex:
     config: tuple[tuple[str, int | float | str], ...] = ()  # architecture numbers (hidden, layers, …)
     graph: GraphSummary | None = None  # ONNX only: values, nodes and shapes for the memory model
     norms: tuple[Norm, ...] = ()  # per-channel normalisation weights, in model order (outlier transforms)
+    opset: int | None = None  # ONNX only: the default domain's opset (what QDQ emission may use)
 
     @property
     def blocks(self) -> tuple[str, ...]:

@@ -37,7 +37,8 @@ def index_onnx(path: Path, ref: str, family: str = "onnx") -> ModelIndex:
     fixed = {axis: v for axis, key in ((Axis.HEADS, "num_key_value_heads"), (Axis.HEAD_DIM, "head_dim"))
              if isinstance(v := dict(config).get(key), int)}
     return ModelIndex(ref, ModelFormat.ONNX, family, tuple(layers), inputs, outputs, total, config,
-                      graph=summarize(_without_weights(model), set(inits), fixed), norms=_norms(graph, inits))
+                      graph=summarize(_without_weights(model), set(inits), fixed), norms=_norms(graph, inits),
+                      opset=next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None))
 
 
 # Nodes that apply a normalisation's weight (input 1 for the LayerNormalization family, either operand of Mul)

@@ -165,7 +165,37 @@ def check_gptq_rows(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
                   "widest input), or round these layers with rtn or mse")
 
 
-CHECKS = (check_unmatched_selectors, check_shadowed_rules, check_scheme_fits_layers, check_gptq_rows)
+# DequantizeLinear takes int4/uint4 and a `block_size` from opset 21 on; onnxruntime refuses such a node in a
+# model of an older opset, so the written file would not load
+BLOCKED_QDQ_OPSET = 21
+
+
+def check_qdq_opset(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q265: QDQ weights that need opset 21 (4-bit, or a group/block scale) in an ONNX model of an older opset."""
+    opset = assignment.model.opset
+    if ir.backend is not Backend.ONNX or opset is None or opset >= BLOCKED_QDQ_OPSET:
+        return
+    needing = [a for a in assignment.layers if not a.scheme.is_none and _blocked_qdq(ir, a)]
+    if not needing:
+        return
+    a = needing[0]
+    names = ", ".join(compress([x.layer.name for x in needing])[:2])
+    diags.error("Q265", f"scheme `{a.scheme.name}` writes 4-bit or group-scaled DequantizeLinear weights, which need "
+                f"opset {BLOCKED_QDQ_OPSET}; the model is opset {opset} ({names})",
+                a.scheme.span or (a.rule.span if a.rule else ir.span), f"needs opset {BLOCKED_QDQ_OPSET}",
+                help="emit `format matmul_nbits` (MatMulNBits serves W4A16 group schemes at any opset), use a "
+                f"per-channel int8 scheme, or export the model at opset {BLOCKED_QDQ_OPSET}")
+
+
+def _blocked_qdq(ir: RecipeIR, a) -> bool:
+    w = a.scheme.weights
+    if w.qtype.bits != 4 and w.granularity not in (Granularity.GROUP, Granularity.BLOCK):
+        return False
+    nbits = ir.emit is not None and ir.emit.format is EmitFormat.MATMUL_NBITS
+    return not (nbits and a.layer.op == "MatMul" and a.scheme.activations is None)  # MatMulNBits takes it
+
+
+CHECKS = (check_unmatched_selectors, check_shadowed_rules, check_scheme_fits_layers, check_gptq_rows, check_qdq_opset)
 
 
 def run(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
