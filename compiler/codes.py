@@ -314,6 +314,10 @@ CODES: tuple[CodeInfo, ...] = (
        "exporter fails (an operator it cannot export, a crash, too little memory) the compile stops with the "
        "exporter's last message; nothing is cached and nothing is written.",
        "backend onnx on a folder whose modelling code torch.onnx cannot trace"),
+    _c("Q425", "the emitted ONNX model fails ONNX's checker",
+       "Before an ONNX output goes into place it is checked against its own opsets, as onnxruntime does when it "
+       "loads it; a model that fails would be a file nobody can open. It is a qrc bug; nothing is written.",
+       "a DequantizeLinear attribute the model's opset does not define"),
     _c("Q501", "verification failed",
        "The emitted model was run beside the float one on held-out samples and missed the recipe's bound. "
        "The model is left in place with a `.verify.json` report of the figures, so it can be inspected.",

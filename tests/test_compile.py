@@ -186,3 +186,27 @@ def test_blocked_int4_qdq_on_an_old_opset_is_refused_at_check_and_matmul_nbits_l
     assert result.exit_code == 0, result.output
     session = ort.InferenceSession(str(tmp_path / "out.onnx"))
     assert session.run(None, {"x": np.ones((2, 64), np.float32)})[0].shape == (2, 32)
+
+
+def test_an_emitted_model_that_fails_the_checker_is_q425_and_nothing_is_written(tmp_path, monkeypatch):
+    """Without `verify` nothing else opens the output before it goes into place: the checker's refusal (here
+    forced) stops the compile with Q425, exit 2, and leaves nothing at the destination."""
+    from typer.testing import CliRunner
+
+    from compiler.cli import app
+
+    model = _opset17_model(tmp_path)
+    check = onnx.checker.check_model
+
+    def refuse(path, *args, **kwargs):  # the input still passes; the staged output does not
+        if str(path) == str(model) or not isinstance(path, str):
+            return check(path, *args, **kwargs)
+        raise onnx.checker.ValidationError("Unrecognized attribute: block_size for operator DequantizeLinear")
+    monkeypatch.setattr(onnx.checker, "check_model", refuse)
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n  model "{model}"\n  quantize {{ type Linear -> W8A16 }}\n'
+                      f'  emit "{tmp_path / "out.onnx"}"\n}}\n')
+    result = CliRunner().invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 2 and "Q425" in result.output and "block_size" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out.onnx").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -371,6 +371,7 @@ class _OnnxRun:
         for key, value in provenance(self.ir.name, print_ir(self.ir)):
             emitter.metadata(key, value)
         self.result.files = emitter.finish()  # staged beside the destination until verified
+        _check_emitted(emitter.staging / self.output.name, self.ir)
         if self.plan.first(ops.Verify) is None:
             self.result.files = emitter.commit()
         # The rewrite changed `files.light` in place: put the weight-free float graph back, which also lets
@@ -407,6 +408,19 @@ class _OnnxRun:
             self.result.layer_errors = self._layer_errors(staged)
         self.result.files = self.emitter.commit()
         judge(self.ir, self.output, agreement, self.result)
+
+
+def _check_emitted(staged: Path, ir: RecipeIR) -> None:
+    """The staged model passes ONNX's checker against its own opsets (what onnxruntime validates first when it
+    loads a model; the weights are not read), or the compile stops with Q425 and nothing is written. Without
+    `verify` nothing else opens the file before it goes into place."""
+    try:
+        onnx.checker.check_model(str(staged))
+    except onnx.checker.ValidationError as exc:
+        raise BackendError(error("Q425", f"the emitted model would not load: {str(exc).strip().splitlines()[0]}",
+                                 (ir.emit.span_of("path") if ir.emit else None) or ir.span, "invalid output",
+                                 help="this is a qrc bug; please report it with the recipe. Nothing was written "
+                                 "to the destination")) from None
 
 
 def _same_layers(ir: RecipeIR, planned: Assignment, exported: Assignment) -> None:
