@@ -391,3 +391,27 @@ def test_mixed_schemes_name_layers_so_both_classes_load_a_vlm(tmp_path):
     for auto in (transformers.AutoModelForImageTextToText, transformers.AutoModel):
         _, info = _loaded(auto, tmp_path / "out")
         assert not info["missing_keys"], (auto.__name__, info)
+
+
+@pytest.mark.parametrize("damage", ["missing", "reshaped"])
+def test_an_moe_checkpoint_missing_an_expert_or_with_a_wrong_shaped_one_is_refused_at_check(moe, damage, tmp_path):
+    """A Mixtral folder without one expert's w2, or with it transposed: data-free rounding would write it through
+    file to file with exit 0. `qrc check` refuses it (Q252, exit 2) naming the tensor."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "mixtral"
+    shutil.copytree(moe / "mixtral", folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    name = "model.layers.1.block_sparse_moe.experts.2.w2.weight"
+    if damage == "missing":
+        del tensors[name]
+    else:
+        tensors[name] = tensors[name].t().contiguous()
+    save_file(tensors, str(folder / "model.safetensors"))
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(DATA_FREE_MOE.format(model=folder, out=tmp_path / "out"))
+    result = CliRunner().invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 2 and "Q252" in result.output and "experts.2.w2" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()

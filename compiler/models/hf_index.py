@@ -46,6 +46,8 @@ def index_hf(folder: Path, ref: str) -> ModelIndex:
     dtype = _config_dtype(config)
     _check_fp8_grid(headers, config, ref)
     headers = block_fp8.as_dequantized(headers, dtype)  # an FP8 source checkpoint: its weights as qrc reads them
+    if planned and headers:
+        _check_experts(planned, headers, ref)
     layers = _from_layout(planned, headers, dtype) if planned else []
     layers += _extra_layers(headers, {layer.weight for layer in layers}, (config or {}).get("model_type", ""))
     if headers:
@@ -281,6 +283,25 @@ def _from_layout(planned, headers, dtype: str) -> list[Layer]:
         w_dtype, shape = headers[weight] if weight else (dtype, tensor.shape)
         layers.append(_layer(weight or tensor.name, tensor.kind, shape, w_dtype))
     return layers
+
+
+def _check_experts(planned, headers, ref: str) -> None:
+    """Every expert projection the config describes is in the checkpoint with the config's shape (Q252):
+    otherwise a missing expert is silently not a layer, and a wrong-shaped one is rounded as found, and either
+    is written through file to file with exit 0."""
+    for tensor in planned:
+        if tensor.kind is None or ".experts." not in tensor.name:
+            continue
+        found = _find(tensor.name, headers)
+        if found is None:
+            raise ModelError("Q252", f"`{ref}` has no tensor `{tensor.name}`, an expert its config.json describes",
+                             "the checkpoint is incomplete (a shard missing from the index?) or config.json counts "
+                             "other experts; fix the folder")
+        shape = tuple(headers[found][1])
+        if shape != tuple(tensor.shape):
+            raise ModelError("Q252", f"`{ref}`: the expert tensor `{found}` is {list(shape)}, where config.json "
+                             f"gives {list(tensor.shape)}", "the checkpoint does not match its config.json; fix "
+                             "the folder")
 
 
 def _find(name: str, headers) -> str | None:
