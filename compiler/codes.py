@@ -314,9 +314,10 @@ CODES: tuple[CodeInfo, ...] = (
        "exporter fails (an operator it cannot export, a crash, too little memory) the compile stops with the "
        "exporter's last message; nothing is cached and nothing is written.",
        "backend onnx on a folder whose modelling code torch.onnx cannot trace"),
-    _c("Q425", "the emitted ONNX model fails ONNX's checker",
-       "Before an ONNX output goes into place it is checked against its own opsets, as onnxruntime does when it "
-       "loads it; a model that fails would be a file nobody can open. It is a qrc bug; nothing is written.",
+    _c("Q425", "the emitted ONNX model does not load in onnxruntime",
+       "Before an ONNX output goes into place onnxruntime opens it (verification does, or, without `verify`, a "
+       "session made for that; in offload the quantization nodes are checked against the model's opset); a "
+       "model that fails would be a file nobody can open. It is a qrc bug; nothing is written.",
        "a DequantizeLinear attribute the model's opset does not define"),
     _c("Q501", "verification failed",
        "The emitted model was run beside the float one on held-out samples and missed the recipe's bound. "
@@ -362,6 +363,11 @@ CODES: tuple[CodeInfo, ...] = (
        "A router (`mlp.gate`) turns each token's hidden state into the scores that pick its experts; rounding it "
        "changes which experts run. llm-compressor, AutoRound and vLLM's recipes keep routers in float.",
        'quantize { type Linear -> W4A16 }   # on a Mixtral or Qwen3-MoE folder'),
+    _c("Q266", "MoE experts stored fused stay float (warning)",
+       "Some checkpoints (Gemma 4's MoE) store a block's experts as 3-D tensors (`experts.gate_up_proj`, "
+       "`experts.down_proj`) rather than one Linear per expert. qrc quantizes per-expert Linears only, so these "
+       "experts are copied in float: the warning says so instead of leaving them silently unquantized.",
+       'quantize { type Linear -> W4A16 }   # on a Gemma 4 MoE folder'),
     _c("Q248", "an MoE expert saw no calibration token (warning)",
        "With `calibrate { experts routed }` an expert the router never chose has no statistics: its weights "
        "are rounded with rtn and a static input borrows the widest range of its sibling experts, instead of a "

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from compiling import assert_ran_the_plan, compile_program
 from typer.testing import CliRunner
-from zoo import FAMILIES, MOE, VLM, build, build_all, transformers_cosines
+from zoo import FAMILIES, FUSED_MOE, MOE, VLM, build, build_all, transformers_cosines
 
 from compiler.cli import app
 from compiler.data import verify_batches
@@ -343,7 +343,7 @@ def _unexpected_modules(info) -> set[str]:
     return {k.rsplit(".", 1)[0] for k in info["unexpected_keys"]}
 
 
-@pytest.mark.parametrize("family", [*DENSE, "bert", *VLM, *MOE])
+@pytest.mark.parametrize("family", [*DENSE, "bert", *VLM, *MOE, *FUSED_MOE])
 def test_plain_type_linear_folder_loads_in_the_task_class_and_the_base_class(family, tmp_path):
     """The recipe people write (`type Linear -> W4A16`; group 16 divides every layer of the tiny zoo) on every
     zoo family (dense, tied, BERT, VLM, MoE; routers stay float): transformers loads the folder with
@@ -354,6 +354,8 @@ def test_plain_type_linear_folder_loads_in_the_task_class_and_the_base_class(fam
     folder = build(family, tmp_path / family)
     result, planned = compile_program(_recipe(tmp_path, folder, PLAIN_SCHEME, "full"), tmp_path / "out")
     assert result.verify_passed, result.verify
+    fused_warned = [d for d in planned.check.diagnostics if d.code == "Q266"]
+    assert bool(fused_warned) == (family in FUSED_MOE), planned.check.diagnostics  # fused experts stay float, said
     task = getattr(transformers, TASK.get(family, "AutoModelForCausalLM"))
     for auto in (task, transformers.AutoModel):
         quantized, info = _loaded(auto, tmp_path / "out")

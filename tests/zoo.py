@@ -12,6 +12,11 @@ SIZES = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_l
 def configs(t) -> dict:
     """family → (config, model class): dense decoders (tied and untied), GPT-2, MoE and MLA decoders, VLMs."""
     head = dict(head_dim=16)
+    # Gemma 4: a sliding and a full attention layer (the full one with a head size of its own and proportional
+    # RoPE), per-layer input embeddings
+    gemma4 = dict(**SIZES, head_dim=16, layer_types=["sliding_attention", "full_attention"],
+                  per_layer_config={"01": {"head_dim": 32}}, hidden_size_per_layer_input=32, vocab_size_per_layer_input=320,
+                  sliding_window=16)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
                   patch_size=8)
     return {
@@ -41,6 +46,10 @@ def configs(t) -> dict:
                                            first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
                                            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_group=2,
                                            topk_group=1, max_position_embeddings=128), t.DeepseekV3ForCausalLM),
+        "gemma4_text": (t.Gemma4TextConfig(**gemma4), t.Gemma4ForCausalLM),
+        # Gemma 4's MoE variant: its checkpoint stores the experts fused (3-D), routers `router.proj`
+        "gemma4_moe": (t.Gemma4TextConfig(**gemma4, enable_moe_block=True, num_experts=4, top_k_experts=2,
+                                          moe_intermediate_size=32), t.Gemma4ForCausalLM),
         # VLMs: a vision tower and projector in front of a language model; ids ≥ 300 stand for images
         "llava": (t.LlavaConfig(text_config=t.LlamaConfig(**SIZES).to_dict(), image_token_index=300,
                                 vision_config=t.CLIPVisionConfig(**vision).to_dict()), t.LlavaForConditionalGeneration),
@@ -57,14 +66,21 @@ def configs(t) -> dict:
         "gemma3": (t.Gemma3Config(text_config=dict(**SIZES, **head), mm_tokens_per_image=4, image_token_index=300,
                                   vision_config=t.SiglipVisionConfig(**vision).to_dict()),
                    t.Gemma3ForConditionalGeneration),
+        "gemma4": (t.Gemma4Config(text_config=gemma4, audio_config=None, image_token_id=300, boi_token_id=301,
+                                  eoi_token_id=302,
+                                  vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                     num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                                                     patch_size=4, position_embedding_size=64)),
+                   t.Gemma4ForConditionalGeneration),
     }
 
 
 # the dense families the zoo test compiles end to end (and GPT-2, refused)
 FAMILIES = ("llama", "llama-tied", "qwen2", "qwen3", "qwen3-tied", "mistral", "granite", "olmo2", "gemma2",
-            "gemma3_text", "phi3", "opt", "gpt2")
+            "gemma3_text", "gemma4_text", "phi3", "opt", "gpt2")
 MOE = ("mixtral", "qwen3_moe", "deepseek_v3")  # per-expert checkpoints, fused 3-D experts in transformers 5
-VLM = ("llava", "qwen2_vl", "qwen2_5_vl", "gemma3")
+FUSED_MOE = ("gemma4_moe",)  # experts fused in the checkpoint too: they stay float (Q266)
+VLM = ("llava", "qwen2_vl", "qwen2_5_vl", "gemma3", "gemma4")
 
 
 def build(family: str, folder: Path) -> Path:

@@ -61,8 +61,9 @@ def index_hf(folder: Path, ref: str) -> ModelIndex:
     numbers = _numbers(config or {})
     family = (config or {}).get("model_type", "hf")
     shapes = headers or {t.name: (dtype, t.shape) for t in planned or ()}
+    fused = tuple(name for name, (_, shape) in shapes.items() if len(shape) == 3 and name.endswith(_FUSED_EXPERTS))
     return ModelIndex(ref, ModelFormat.HF, family, tuple(layers), _inputs(config or {}), (), total, numbers,
-                      norms=_norms(shapes))
+                      norms=_norms(shapes), fused_experts=tuple(sorted(fused, key=_model_order)))
 
 
 def _norms(shapes: dict[str, tuple[str, tuple[int, ...]]]) -> tuple[Norm, ...]:
@@ -104,7 +105,9 @@ def _as_tower(layer: Layer) -> Layer:
 
 
 # An MoE block's router: the Linear-shaped module whose logits pick the experts (one output per expert).
-_ROUTER_NAMES = ("mlp.gate", "block_sparse_moe.gate", "mlp.router", "moe.gate", "feed_forward.router")
+_ROUTER_NAMES = ("mlp.gate", "block_sparse_moe.gate", "mlp.router", "moe.gate", "feed_forward.router", "router.proj")
+# A checkpoint that stores an MoE block's experts as 3-D tensors (Gemma 4), as transformers 5 holds them
+_FUSED_EXPERTS = (".experts.gate_up_proj", ".experts.down_proj")
 _EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
@@ -319,8 +322,12 @@ _CONV1D_LEAVES = ("c_attn", "q_attn", "c_proj", "c_fc")
 
 def _model_order(name: str) -> tuple:
     """Headers list tensors alphabetically (`lm_head` before `model.layers`); layers are in the order the
-    forward pass meets them: embeddings, then the blocks, then what follows (final norm, LM head)."""
-    stage = 0 if "embed" in name or name.split(".")[-2:-1] in (["wte"], ["wpe"]) else (1 if names.block_of(name) else 2)
+    forward pass meets them: embeddings, then the blocks, then what follows (final norm, LM head). Outside the
+    blocks, Gemma 3n/4's per-layer input path (`per_layer_model_projection`) is computed from the embeddings
+    before the first block, so it is in the embeddings' stage."""
+    block = names.block_of(name)
+    first = "embed" in name or name.split(".")[-2:-1] in (["wte"], ["wpe"]) or (not block and "per_layer_" in name)
+    stage = 0 if first else (1 if block else 2)
     return (stage, names.natural_key(name))
 
 

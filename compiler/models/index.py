@@ -117,6 +117,7 @@ class ModelIndex:
     graph: GraphSummary | None = None  # ONNX only: values, nodes and shapes for the memory model
     norms: tuple[Norm, ...] = ()  # per-channel normalisation weights, in model order (outlier transforms)
     opset: int | None = None  # ONNX only: the default domain's opset (what QDQ emission may use)
+    fused_experts: tuple[str, ...] = ()  # 3-D expert tensors stored fused (no layer stands for them: float)
 
     @property
     def blocks(self) -> tuple[str, ...]:

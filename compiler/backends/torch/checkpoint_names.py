@@ -18,12 +18,15 @@ from compiler.source import Span
 
 def adapt(module: nn.Module, ref: str, span: Span | None) -> list:
     """transformers' renamings for this model; its fused MoE experts split into per-expert Linears first
-    (the layouts transformers' converters describe), anything else refused with Q411."""
+    (the layouts transformers' converters describe, from a per-expert checkpoint), kept fused where the
+    checkpoint stores them fused too, anything else refused with Q411."""
     renamings, converters = _conversions(module)
     fused = fused_experts(module)
+    names = expert_names(converters) if fused else None
+    if fused and names is None:  # the checkpoint stores them fused as well (Gemma 4): they run as they are,
+        return renamings  # in float (Q266 at check); a checkpoint without those tensors is Q404 when read
     if fused:
-        names = expert_names(converters)
-        problem = "transformers registers no per-expert conversion for it" if names is None else unsupported(fused[0][1])
+        problem = unsupported(fused[0][1])
         if problem:
             raise BackendError(error("Q411", f"`{ref}`: the MoE experts `{fused[0][0]}` ({type(fused[0][1]).__name__}) "
                                      f"cannot be split into per-expert layers: {problem}", span, "MoE layout not supported",

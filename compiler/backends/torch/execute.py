@@ -243,29 +243,25 @@ class _Run:
     def offload(self) -> bool:
         return self.mode is MemoryMode.OFFLOAD
 
-    def _head_params(self) -> list[str]:
-        return [p for p in self.model.outside() if _before_blocks(p.rpartition(".")[0], self.model)]
-
     def cache_block_inputs(self, op: ops.CacheBlockInputs) -> None:
-        """Run every stream up to the first block and cache its inputs; round the layers before the blocks
-        (the op's layers) first, so the quantized verification stream starts from them."""
+        """Run every stream up to the blocks and cache their inputs; round the layers before the blocks (the
+        op's layers) first, so the quantized verification stream starts from them. Block-wise with weights
+        off the CPU (offload, GPUs), what runs before the blocks is read as it runs and dropped after."""
         self._ready()
         model, verify = self.model, self.verify_streams
-        head_params = self._head_params()
-        if self.offload or self.devices:  # only what runs before the first block
-            model.materialize([p for p in head_params if not model.is_resident(p)])
         before = self._jobs_named(op.layers)
         container = model.block_modules()
-        with Statistics(model.module, before, self.ir.calibration) as stats:
-            self.stats = stats
-            for s in filter(None, (self.cal, verify and verify[0])):
-                streams.capture(container[0], s, self._call, self._new_forward)
-            self.stats = None
-        self.rounder.in_place(before, stats)
-        if verify is not None:
-            streams.capture(container[0], verify[1], self._call)
+        on_use = self.offload or bool(self.devices)
+        with model.read_on_use(model.outside() if on_use else [], release=self.offload):
+            with Statistics(model.module, before, self.ir.calibration) as stats:
+                self.stats = stats
+                for s in filter(None, (self.cal, verify and verify[0])):
+                    streams.capture(container, s, self._call, self._new_forward)
+                self.stats = None
+            self.rounder.in_place(before, stats)
+            if verify is not None:
+                streams.capture(container, verify[1], self._call)
         if self.offload:
-            model.release([p for p in head_params if model.is_resident(p)])
             release_memory()
 
     def run_blocks(self, op: ops.RunBlock) -> None:
@@ -284,22 +280,23 @@ class _Run:
         jobs = [j for j in self.jobs if j.module.startswith(name + ".")]
         if self.smoother is not None and cal is not None:
             with torch.no_grad():
-                self.smoother.run(self.smoother.of_block(name), lambda: streams.run_block(block, cal, device, None),
-                                  lambda: streams.run_chunk(block, cal, device, 0))
+                self.smoother.run(self.smoother.of_block(name),
+                                  lambda: streams.run_block(block, number, cal, device, None),
+                                  lambda: streams.run_chunk(block, number, cal, device, 0))
         with Statistics(model.module, jobs, self.ir.calibration) as stats, self.kv.running(KvMode.OBSERVE):
             if cal is not None:
-                streams.run_block(block, cal, device, None, stats.new_forward)
+                streams.run_block(block, number, cal, device, None, stats.new_forward)
         outputs = {}
         if verify is not None:
             with self.kv.running(KvMode.PASS):
-                outputs["float"] = self._next(block, verify[0], device)
+                outputs["float"] = self._next(block, number, verify[0], device)
         hooks = self.rounder.in_place(jobs, stats)
         self.kv.write_scales(name + ".", self.writer)
         if cal is not None:
-            outputs["cal"] = self._next(block, cal, device)
+            outputs["cal"] = self._next(block, number, cal, device)
         if verify is not None:
             with self._costs_of(jobs):
-                outputs["quant"] = self._next(block, verify[1], device)
+                outputs["quant"] = self._next(block, number, verify[1], device)
         for hook in hooks:
             hook.remove()
         for key, stream in (("cal", cal), ("float", verify and verify[0]), ("quant", verify and verify[1])):
@@ -310,11 +307,11 @@ class _Run:
             model.release(params)
         release_memory()
 
-    def _next(self, block, stream, device) -> streams.HiddenCache:
+    def _next(self, block, number: int, stream, device) -> streams.HiddenCache:
         out = streams.HiddenCache(stream.hidden.dtype, self.disk if self.mode is MemoryMode.OFFLOAD else None)
         self.caches.append(out)
         with torch.no_grad():
-            streams.run_block(block, stream, device, out)
+            streams.run_block(block, number, stream, device, out)
         return out
 
     def _tail(self, cal, verify, jobs: list[Job], offload: bool) -> None:
@@ -420,9 +417,3 @@ class _Run:
             yield
         finally:
             self.costs.stop()
-
-def _before_blocks(module: str, model: TorchModel) -> bool:
-    """Outside the blocks and before the first in module order: it runs before the forward pass reaches
-    the blocks (embeddings)."""
-    order = model.module_order
-    return order[module] < order.get(model.blocks[0], len(order)) if model.blocks else True

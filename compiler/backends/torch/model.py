@@ -95,6 +95,32 @@ class TorchModel:
             _set(self.module, name, nn.Parameter(torch.empty(old.shape, dtype=old.dtype, device="meta"),
                                                  requires_grad=False))
 
+    @contextmanager
+    def read_on_use(self, names: list[str], release: bool):
+        """These parameters are read from the checkpoint when their module first runs (a forward pre-hook),
+        and, with `release`, back on meta at the end: what runs before the first block is not known from
+        module order alone (Gemma 4's per-layer embeddings are registered after the blocks)."""
+        by_module: dict[str, list[str]] = {}
+        for name in names:
+            by_module.setdefault(name.rpartition(".")[0], []).append(name)
+        read: list[str] = []
+
+        def hook_for(params: list[str]):
+            def hook(module, args, kwargs):
+                missing = [p for p in params if not self.is_resident(p)]
+                self.materialize(missing)
+                read.extend(missing)
+            return hook
+        handles = [self.module.get_submodule(m).register_forward_pre_hook(hook_for(params), with_kwargs=True)
+                   for m, params in by_module.items()]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+            if release:
+                self.release([p for p in read if self.is_resident(p)])
+
     def is_resident(self, name: str) -> bool:
         """Whether a parameter holds real data (not the meta device)."""
         return not self.module.get_parameter(name).is_meta

@@ -46,9 +46,28 @@ class HiddenCache:
 
 
 class _Reached(Exception):
-    def __init__(self, args, kwargs):
-        super().__init__("first block reached")
-        self.args, self.kwargs = args, kwargs
+    def __init__(self):
+        super().__init__("last block reached")
+
+
+class _Recorder(nn.Module):
+    """Stands in for one block while the model's inputs are captured: keeps the block's inputs and hands its
+    hidden states on unchanged (the last one stops the forward). The inputs besides the hidden states do not
+    depend on earlier blocks, but may differ per block: position embeddings and masks of its attention type
+    (sliding or full), a per-layer input (Gemma 4)."""
+
+    def __init__(self, like: nn.Module, last: bool):
+        super().__init__()
+        self.last, self.seen = last, None
+        for attribute in ("attention_type", "layer_idx", "is_causal"):  # read by some models' loops
+            if hasattr(like, attribute):
+                setattr(self, attribute, getattr(like, attribute))
+
+    def forward(self, *args, **kwargs):
+        self.seen = (args, kwargs)
+        if self.last:
+            raise _Reached()
+        return args[0] if args else kwargs["hidden_states"]
 
 
 @dataclass
@@ -58,34 +77,49 @@ class Stream:
     name: str
     feeds: list[dict]
     hidden: HiddenCache
-    rest: list[tuple[tuple, dict]] = field(default_factory=list)  # per chunk; identical ones are one object
+    # per chunk, per block: the blocks' other inputs; identical ones (across blocks, or as in the first chunk)
+    # are one object
+    rest: list[list[tuple[tuple, dict]]] = field(default_factory=list)
     arity: int | None = None  # what the blocks return: 0 for a tensor, else the length of their tuple
 
     def __len__(self) -> int:
         return len(self.feeds)
 
 
-def capture(first_block: nn.Module, stream: Stream, call, before=None) -> None:
-    """Run the model on each chunk until the first block; keep its inputs, then stop the forward."""
-    handle = first_block.register_forward_pre_hook(_raise, with_kwargs=True)
+def capture(container: nn.ModuleList, stream: Stream, call, before=None) -> None:
+    """Run the model on each chunk through stand-ins of the blocks: keep the first block's hidden states and
+    every block's other inputs, and stop the forward at the last block (where the model's loop cannot pass
+    a block's input through, the blocks after the first take the first one's)."""
+    original = dict(container._modules)
+    names = list(original)
     try:
         for i, feed in enumerate(stream.feeds):
             if before:
                 before()
+            recorders = [_Recorder(block, k == len(names) - 1) for k, block in enumerate(original.values())]
+            container._modules.clear()
+            container._modules.update(zip(names, recorders, strict=True))
             try:
                 call(feed)
-            except _Reached as reached:
-                hidden, rest = _split(reached.args, reached.kwargs)
-                stream.hidden.put(i, hidden)
-                stream.rest.append(_dedupe(rest, stream.rest))
+            except _Reached:
+                pass
+            except Exception:
+                # a loop that takes apart what its blocks return (a tuple) cannot run on pass-through stand-ins:
+                # from the first block on, every block gets the first one's inputs (they are the same there)
+                if recorders[0].seen is None:
+                    raise
             else:
-                raise RuntimeError("the forward pass never reached the first block")
+                raise RuntimeError("the forward pass never reached the last block")
+            finally:
+                container._modules.clear()
+                container._modules.update(original)
+            hidden, first = _split(*recorders[0].seen)
+            stream.hidden.put(i, hidden)
+            seen = [_split(*r.seen)[1] if r.seen is not None else first for r in recorders]
+            stream.rest.append(_dedupe(seen, stream.rest[:1]))
     finally:
-        handle.remove()
-
-
-def _raise(module, args, kwargs):
-    raise _Reached(args, kwargs)
+        container._modules.clear()
+        container._modules.update(original)
 
 
 def _split(args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple[tuple, dict]]:
@@ -95,12 +129,18 @@ def _split(args: tuple, kwargs: dict) -> tuple[torch.Tensor, tuple[tuple, dict]]
     return kwargs.pop("hidden_states"), ((), kwargs)
 
 
-def _dedupe(rest: tuple[tuple, dict], earlier: list) -> tuple[tuple, dict]:
-    """The first earlier chunk's inputs when they are the same (stored once), else these."""
-    for other in earlier[:1]:
-        if _same(rest, other):
-            return other
-    return rest
+def _dedupe(blocks: list[tuple[tuple, dict]], earlier: list) -> list[tuple[tuple, dict]]:
+    """One chunk's per-block inputs, each stored once: the previous block's or the first chunk's object when
+    equal (the whole first chunk's list when every block's is)."""
+    first = earlier[0] if earlier else None
+    out: list[tuple[tuple, dict]] = []
+    for k, rest in enumerate(blocks):
+        if out and _same(rest, out[-1]):
+            rest = out[-1]
+        elif first is not None and _same(rest, first[k]):
+            rest = first[k]
+        out.append(rest)
+    return first if first is not None and all(a is b for a, b in zip(out, first, strict=True)) else out
 
 
 def _same(a, b) -> bool:
@@ -126,19 +166,19 @@ def _to(value, device):
     return value
 
 
-def run_block(block: nn.Module, stream: Stream, device, out: HiddenCache | None, before=None) -> None:
-    """The block on every chunk of the stream; its hidden outputs go to `out` (None: statistics only)."""
+def run_block(block: nn.Module, number: int, stream: Stream, device, out: HiddenCache | None, before=None) -> None:
+    """Block `number` on every chunk of the stream; its hidden outputs go to `out` (None: statistics only)."""
     for i in range(len(stream)):
         if before:
             before()
-        result = run_chunk(block, stream, device, i)
+        result = run_chunk(block, number, stream, device, i)
         if out is not None:
             out.put(i, result)
 
 
-def run_chunk(block: nn.Module, stream: Stream, device, i: int) -> torch.Tensor:
-    """The block on chunk `i` of the stream: its hidden output."""
-    args, kwargs = _to(stream.rest[i], device)
+def run_chunk(block: nn.Module, number: int, stream: Stream, device, i: int) -> torch.Tensor:
+    """Block `number` on chunk `i` of the stream: its hidden output."""
+    args, kwargs = _to(stream.rest[i][number], device)
     hidden = stream.hidden.get(i).to(device, torch.float32 if str(device) == "cpu" else stream.hidden.dtype)
     result = block(hidden, *args, **kwargs)
     if stream.arity is None:

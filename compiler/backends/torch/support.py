@@ -18,6 +18,7 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
                     ir.emit.span_of("format") or ir.emit.span_of("path"), "not supported",
                     help="use `emit \"FOLDER\" { format safetensors }`, or `backend onnx` for ONNX output")
     _warn_routers(ir, assignment, diags)
+    _warn_fused_experts(ir, assignment, diags)
     _warn_split_siblings(ir, assignment, diags)
     if ir.kv_cache is not None and assignment.model.format is not ModelFormat.HF:
         diags.error("Q411", "`kv_cache` needs a transformers decoder (an HF folder): built-in and ONNX models keep no "
@@ -34,6 +35,18 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
                 diags.error("Q411", f"`{a.layer.name}` with scheme `{a.scheme.name}`: {problem}",
                             a.rule.span if a.rule else a.scheme.span, "not supported on torch",
                             help="give the layer `-> none` or another scheme, or use `backend onnx`")
+
+
+def _warn_fused_experts(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q266: the checkpoint stores MoE experts fused in 3-D tensors, which no rule can select: they stay float
+    (said, never silently skipped)."""
+    fused = assignment.model.fused_experts
+    if fused:
+        blocks = len({name.rpartition(".experts.")[0] for name in fused})
+        diags.warning("Q266", f"{blocks} MoE blocks store their experts fused (`{fused[0]}`, …): qrc cannot quantize "
+                      "fused expert tensors yet, so they stay float", ir.model_span or ir.span, "experts stay float",
+                      help="the rest of the model is quantized as the recipe says; the experts' bytes are copied "
+                      "as they are")
 
 
 def _warn_split_siblings(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
