@@ -319,6 +319,16 @@ CODES: tuple[CodeInfo, ...] = (
        "session made for that; in offload the quantization nodes are checked against the model's opset); a "
        "model that fails would be a file nobody can open. It is a qrc bug; nothing is written.",
        "a DequantizeLinear attribute the model's opset does not define"),
+    _c("Q426", "transformers would open the emitted folder with weights missing or unexpected",
+       "Before a torch output goes into place, transformers opens it on the meta device (no weight is read) with "
+       "the folder's task class and with AutoModel. A key it reports missing or unexpected, beyond what the float "
+       "folder has, means the model would load with random or unquantized weights while verification (which "
+       "measures qrc's own model) passes. It is a qrc bug; nothing is written.",
+       "a quantization_config whose targets name checkpoint paths the loader's modules do not have"),
+    _c("Q427", "the emitted folder was not opened with transformers (warning)",
+       "The load check needs transformers and accelerate (to build a model on the meta device), and an "
+       "architecture transformers knows; without them the folder is written unchecked, and this says so.",
+       "a file-to-file compile of an architecture this transformers release does not have"),
     _c("Q501", "verification failed",
        "The emitted model was run beside the float one on held-out samples and missed the recipe's bound. "
        "The model is left in place with a `.verify.json` report of the figures, so it can be inspected.",
@@ -368,6 +378,11 @@ CODES: tuple[CodeInfo, ...] = (
        "`experts.down_proj`) rather than one Linear per expert. qrc quantizes per-expert Linears only, so these "
        "experts are copied in float: the warning says so instead of leaving them silently unquantized.",
        'quantize { type Linear -> W4A16 }   # on a Gemma 4 MoE folder'),
+    _c("Q267", "a scheme vLLM will not load (warning)",
+       "vLLM picks a kernel scheme for each config group from its weight and input arguments; for some "
+       "combinations (NVFP4 weights with FP8 inputs, microscaling formats, asymmetric int8 weight-only…) it has "
+       "none and refuses the folder. qrc checks its config with the same rules before any work.",
+       "scheme s { weights nvfp4  activations fp8 per_token dynamic }"),
     _c("Q248", "an MoE expert saw no calibration token (warning)",
        "With `calibrate { experts routed }` an expert the router never chose has no statistics: its weights "
        "are rounded with rtn and a static input borrows the widest range of its sibling experts, instead of a "

@@ -5,9 +5,9 @@ give it a kernel."""
 from __future__ import annotations
 
 import pytest
-from vllm_rules import VllmRejects, vllm_scheme
 
 from compiler.backends.torch.compressed import quantization_config
+from compiler.backends.torch.vllm_rules import VllmRejects, vllm_scheme
 from compiler.ir.schemes import PRESETS
 from compiler.ir.types import ActivationMode, ActivationQuant, Granularity, QType, Rounding, Scheme, WeightQuant
 from compiler.models.index import Layer, LayerKind
@@ -108,3 +108,18 @@ def test_without_compressed_tensors_the_check_is_skipped_with_q421_or_refused_fo
     with pytest.raises(BackendError) as caught:
         check_config(_config(PRESETS["FP8_DYNAMIC"]), ir, needs_package=True)
     assert caught.value.diagnostic.code == "Q400"
+
+
+@pytest.mark.parametrize("scheme, rejected", [("W4A16", False), ("FP8_DYNAMIC", False), ("NVFP4A16", False),
+                                              ("MXFP4A16", True), ("MXFP8A16", True),
+                                              ("NVFP4A16 { activations fp8 per_token dynamic }", True)])
+def test_qrc_check_warns_where_vllm_would_refuse_the_folder(scheme, rejected, tmp_path):
+    """`qrc check` runs vLLM's loader rules on each scheme (Q267, a warning: transformers still loads it), so
+    NVFP4 weights with FP8 inputs, which vLLM refuses, are said before any work."""
+    from compiler import check_file
+
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n  model "builtin:tiny-llama"\n  backend torch\n  scheme s = {scheme}\n'
+                      f'  quantize {{ type Linear -> s  "lm_head" -> none }}\n  emit "{tmp_path / "out"}"\n}}\n')
+    result = check_file(recipe, with_model=True)
+    assert result.ok and any(d.code == "Q267" for d in result.diagnostics) is rejected, result.diagnostics

@@ -10,10 +10,10 @@ from importlib.metadata import version
 
 import pytest
 from compiling import assert_ran_the_plan, compile_program
-from vllm_rules import VllmRejects, vllm_scheme
 from zoo import build
 
-from compiler.backends.torch.compressed import weight_args, weight_format
+from compiler.backends.torch.quant_args import weight_args, weight_format
+from compiler.backends.torch.vllm_rules import VllmRejects, vllm_scheme
 from compiler.data import verify_batches
 from compiler.ir.schemes import PRESETS
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 from compiling import ROOT, assert_ran_the_plan, available, compile_, compile_program, runner
-from vllm_rules import vllm_scheme
 
 from compiler import check_file
 from compiler.backends.torch.dump import dump
 from compiler.backends.torch.shards import Shards
+from compiler.backends.torch.vllm_rules import vllm_scheme
 from compiler.cli import app
 from compiler.ir.types import Granularity, QType, Rounding, WeightQuant
 from compiler.quant.pack_int32 import unpack_from_int32

@@ -417,3 +417,19 @@ def test_an_moe_checkpoint_missing_an_expert_or_with_a_wrong_shaped_one_is_refus
     result = CliRunner().invoke(app, ["compile", str(recipe)])
     assert result.exit_code == 2 and "Q252" in result.output and "experts.2.w2" in result.output, result.output
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+def test_a_folder_transformers_would_open_with_missing_weights_is_q426_and_nothing_is_written(tmp_path, monkeypatch):
+    """The load check runs transformers' own loader on the staged folder (meta device, task and base class):
+    with the config naming LLaVA's layers by checkpoint paths (what qrc wrote before, which transformers 5 does
+    not match), the compile stops with Q426 naming the keys, instead of a folder that loads with random weights
+    while verify passes."""
+    from compiler.backends.torch import loader_names, output_layout
+
+    def checkpoint_paths(model, quantized, floating, schemes):
+        return loader_names.LoaderNames({name: name for name in quantized}, tuple(floating))
+    monkeypatch.setattr(output_layout, "loader_names", checkpoint_paths)
+    folder = build("llava", tmp_path / "llava")
+    result = CliRunner().invoke(app, ["compile", _recipe(tmp_path, folder, PLAIN_SCHEME, "full")])
+    assert result.exit_code == 2 and "Q426" in result.output and "missing" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()

@@ -25,17 +25,11 @@ import numpy as np
 import torch
 
 from compiler.backends.torch.float_formats import FloatQuantized
-from compiler.ir.types import ActivationMode, ActivationQuant, Granularity, QType, Rounding, Scheme, WeightQuant
+from compiler.backends.torch.quant_args import PACKED, input_args, static_input, weight_args, weight_format
+from compiler.ir.types import Granularity, QType, Scheme
 from compiler.models.index import Layer
 from compiler.quant.pack_int32 import pack_to_int32
 from compiler.quant.weights import QuantizedWeight
-
-PACKED, INT = "pack-quantized", "int-quantized"
-FLOAT, NAIVE = "float-quantized", "naive-quantized"
-_FORMATS = {QType.NVFP4: "nvfp4-pack-quantized", QType.MXFP4: "mxfp4-pack-quantized", QType.MXFP8: "mxfp8-quantized"}
-_STRATEGY = {Granularity.PER_TENSOR: "tensor", Granularity.PER_CHANNEL: "channel", Granularity.GROUP: "group",
-             Granularity.PER_TOKEN: "token", Granularity.BLOCK: "block"}
-_SCALE_DTYPES = {QType.NVFP4: "torch.float8_e4m3fn", QType.MXFP4: "torch.uint8", QType.MXFP8: "torch.uint8"}
 
 
 @dataclass(frozen=True)
@@ -49,26 +43,6 @@ class TensorSpec:
     def nbytes(self) -> int:
         """Its size in bytes."""
         return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
-
-
-def weight_format(scheme: Scheme) -> str:
-    """The compressed-tensors format of a scheme, by the rule compressed-tensors itself infers it with
-    (compressors/format.py's priority list; tests/test_compressed_config.py checks the two agree): integer
-    weights with activations are `int-quantized`, integer weights alone are `pack-quantized`, whatever
-    their width; floating weights are `float-quantized` with activations and `naive-quantized` without,
-    except the microscaling formats, which have compressors of their own."""
-    qtype = scheme.weights.qtype
-    if qtype in _FORMATS:
-        return _FORMATS[qtype]
-    if qtype.is_float:
-        return FLOAT if scheme.activations is not None else NAIVE
-    return INT if scheme.activations is not None else PACKED
-
-
-def static_input(scheme: Scheme) -> bool:
-    """Whether the scheme quantizes its inputs with a static (calibrated) scale."""
-    act = scheme.activations
-    return act is not None and act.mode is ActivationMode.STATIC
 
 
 def layer_specs(layer: Layer, scheme: Scheme, float_dtype: torch.dtype) -> list[TensorSpec]:
@@ -154,32 +128,6 @@ def _input_tensors(n: str, scheme: Scheme, input_qparams: tuple[float, int] | No
     if not scheme.activations.symmetric:
         tensors[f"{n}.input_zero_point"] = torch.tensor([z], dtype=torch.int8)
     return tensors
-
-
-def weight_args(w: WeightQuant, rounding: Rounding = Rounding.RTN) -> dict:
-    """compressed-tensors' QuantizationArgs of a scheme's weights, as config.json lists them."""
-    args: dict[str, object] = {
-        "num_bits": w.qtype.bits, "type": "float" if w.qtype.is_float else "int", "symmetric": w.symmetric,
-        "strategy": "tensor_group" if w.qtype is QType.NVFP4 else _STRATEGY[w.granularity], "dynamic": False,
-        "observer": "mse" if rounding is Rounding.MSE else "minmax"}
-    if w.granularity is Granularity.GROUP:
-        args["group_size"] = w.group_size
-    if w.granularity is Granularity.BLOCK:
-        args["block_structure"] = list(w.block)
-    if w.qtype in _SCALE_DTYPES:
-        args["scale_dtype"] = args["zp_dtype"] = _SCALE_DTYPES[w.qtype]
-    return args
-
-
-def input_args(a: ActivationQuant) -> dict:
-    """compressed-tensors' QuantizationArgs of a scheme's inputs."""
-    dynamic = a.mode is ActivationMode.DYNAMIC
-    args: dict[str, object] = {
-        "num_bits": a.qtype.bits, "type": "float" if a.qtype.is_float else "int", "symmetric": a.symmetric,
-        "strategy": _STRATEGY[a.granularity], "dynamic": dynamic, "observer": None if dynamic else "minmax"}
-    if a.granularity is Granularity.GROUP:
-        args["group_size"] = a.group_size
-    return args
 
 
 def quantization_config(quantized: list[tuple[Layer, Scheme]], ignored: list[str],

@@ -37,6 +37,7 @@ from compiler.backends.torch.layers import (
     jobs_of,
     refuse_non_linear,
 )
+from compiler.backends.torch.load_check import check_loads
 from compiler.backends.torch.model import TorchModel, open_files, open_model
 from compiler.backends.torch.output_layout import copy_unquantized, open_output, write_metadata
 from compiler.backends.torch.rounding import Rounder
@@ -386,6 +387,11 @@ class _Run:
         copy_unquantized(self.writer, self.model, self.jobs)
         write_metadata(self.writer, self.model, self.config, self.ir)
         self.result.files = self.writer.finish()
+        if self.model.folder is not None:  # what transformers makes of the folder, before it goes into place
+            skipped = check_loads(self.writer.temp, self.model.folder, self.ir.emit.span_of("path") if self.ir.emit
+                                  else self.ir.span)
+            if skipped is not None:
+                self.result.warnings.append(skipped)
         if self.plan.first(ops.Verify) is None:  # nothing to verify first: into place now
             self.result.files = self.writer.commit()
 

@@ -14,10 +14,10 @@ from torch import nn
 
 from compiler.backends import BackendError
 from compiler.backends.torch import float_formats
-from compiler.backends.torch.compressed import static_input, weight_args, weight_format
 from compiler.backends.torch.experts import remove_hooks, set_routing
 from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.model import TorchModel
+from compiler.backends.torch.quant_args import static_input, weight_args, weight_format
 from compiler.diagnostics import error
 from compiler.ir.types import ActivationMode, Calibration, Granularity, RecipeIR, Rounding, Scheme
 from compiler.models.index import Layer

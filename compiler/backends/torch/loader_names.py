@@ -17,7 +17,11 @@ So the config uses forms every loader matches:
   decoders match it) and, where transformers renamed the checkpoint's name (a VLM), that name as a second
   alternative (vLLM keeps it for its VLMs, and leaves `re:` targets unmapped); an expert projection keeps
   the checkpoint's name (transformers fuses experts into 3-D parameters, so no module carries that name in
-  any loader; vLLM reads the checkpoint's)."""
+  any loader; vLLM reads the checkpoint's). A file-to-file run builds no model: its layers are named by
+  their checkpoint names with the prefix of the class config.json names made optional.
+
+Before the folder goes into place, load_check.py has transformers open it on the meta device with both
+classes: a name that matches wrongly is Q426 there, not a model that loads with random weights."""
 
 from __future__ import annotations
 
@@ -41,25 +45,27 @@ def loader_names(model: TorchModel, quantized: dict[str, str], floating: list[st
     """Targets and ignore list for `quantized` (checkpoint layer name → its module in the task class) and the
     Linear layers left `floating` (checkpoint names), with `schemes` groups."""
     root = model.module
-    prefix = getattr(root, "base_model_prefix", "") or ""
+    prefix = getattr(root, "base_model_prefix", "") or _class_prefix(model.config)
     in_experts = _expert_modules(root)
-    if schemes == 1 and not in_experts:
-        chosen = set(quantized.values())
-        others = [name for name, m in root.named_modules() if isinstance(m, nn.Linear) and name not in chosen]
-        ignore = sorted({form for name in others for form in _forms(name, prefix)})
-        return LoaderNames({name: "Linear" for name in quantized}, tuple(ignore))
     modules = {name: m for name, m in root.named_modules()}
+    # the class form needs the model's own module tree (a file-to-file run has a stand-in without Linears):
+    # only then does the ignore list name every other Linear the loader will build
+    whole_tree = all(isinstance(modules.get(m), nn.Linear) for m in quantized.values())
+    if schemes == 1 and not in_experts and whole_tree:
+        chosen = set(quantized.values())
+        others = [name for name, m in modules.items() if isinstance(m, nn.Linear) and name not in chosen]
+        forms = {form for name in others for form in _forms(name, prefix)}
+        return LoaderNames({name: "Linear" for name in quantized}, tuple(sorted(forms)))
     targets = {name: _named(name, module, prefix, modules, in_experts) for name, module in quantized.items()}
-    ignore = []
-    for name in floating:
-        module = _module_of(model, name)
-        ignore.append(_named(name, module, prefix, modules, in_experts) if module else name)
-    return LoaderNames(targets, tuple(sorted(set(ignore))))
+    ignored = {_named(name, _module_of(model, name) or name, prefix, modules, in_experts) for name in floating}
+    return LoaderNames(targets, tuple(sorted(ignored)))
 
 
 def _named(checkpoint: str, module: str, prefix: str, modules: dict, in_experts: set[str]) -> str:
-    if module in in_experts or module not in modules:
+    if module in in_experts:
         return checkpoint
+    if module not in modules:  # no module tree (a file-to-file run): the checkpoint names the module
+        module = checkpoint
     if not prefix and checkpoint == module:  # one naming for every loader (qrc's built-ins)
         return module
     rest = _without_prefix(module, prefix)
@@ -67,6 +73,18 @@ def _named(checkpoint: str, module: str, prefix: str, modules: dict, in_experts:
     if checkpoint not in (module, rest):  # renamed by transformers' conversion (a VLM): loaders that keep the
         pattern += "|" + re.escape(checkpoint)  # checkpoint's names (vLLM's VLMs) match that alternative
     return f"re:^(?:{pattern})$"
+
+
+def _class_prefix(config: dict) -> str:
+    """The base-model prefix of the class config.json names (a file-to-file run builds no model; the class
+    attribute is read without building one)."""
+    try:
+        import transformers
+    except ImportError:
+        return ""
+    names = config.get("architectures") or []
+    cls = getattr(transformers, names[0], None) if names and isinstance(names[0], str) else None
+    return getattr(cls, "base_model_prefix", "") or ""
 
 
 def _without_prefix(module: str, prefix: str) -> str:

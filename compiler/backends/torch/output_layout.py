@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from compiler.backends.torch.compressed import TensorSpec, input_args, layer_specs, quantization_config
+from compiler.backends.torch.compressed import TensorSpec, layer_specs, quantization_config
 from compiler.backends.torch.config_schema import check_config
 from compiler.backends.torch.kv_cache import kv_specs
 from compiler.backends.torch.layers import Job
 from compiler.backends.torch.loader_names import loader_names
 from compiler.backends.torch.model import TorchModel
+from compiler.backends.torch.quant_args import input_args
 from compiler.backends.torch.shards import DTYPES
 from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import Diagnostic

@@ -3,6 +3,8 @@ searched choice included), so `compile` never starts work it would refuse."""
 
 from __future__ import annotations
 
+from compiler.backends.torch.quant_args import input_args, weight_args, weight_format
+from compiler.backends.torch.vllm_rules import VllmRejects, vllm_scheme
 from compiler.ir.types import ActivationMode, EmitFormat, Granularity, RecipeIR
 from compiler.ir.values import Diagnostics
 from compiler.models.index import ROUTER_OP, LayerKind, ModelFormat
@@ -19,6 +21,7 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
                     help="use `emit \"FOLDER\" { format safetensors }`, or `backend onnx` for ONNX output")
     _warn_routers(ir, assignment, diags)
     _warn_fused_experts(ir, assignment, diags)
+    _warn_vllm(assignment, diags)
     _warn_split_siblings(ir, assignment, diags)
     if ir.kv_cache is not None and assignment.model.format is not ModelFormat.HF:
         diags.error("Q411", "`kv_cache` needs a transformers decoder (an HF folder): built-in and ONNX models keep no "
@@ -47,6 +50,23 @@ def _warn_fused_experts(ir: RecipeIR, assignment: Assignment, diags: Diagnostics
                       "fused expert tensors yet, so they stay float", ir.model_span or ir.span, "experts stay float",
                       help="the rest of the model is quantized as the recipe says; the experts' bytes are copied "
                       "as they are")
+
+
+def _warn_vllm(assignment: Assignment, diags: Diagnostics) -> None:
+    """Q267: a scheme vLLM's loader has no kernel scheme for (vllm_rules.py): the folder loads in transformers,
+    and vLLM refuses it."""
+    schemes = {a.scheme.name: a.scheme for a in assignment.layers if not a.scheme.is_none}
+    for name, scheme in schemes.items():
+        act = scheme.activations
+        group = {"weights": weight_args(scheme.weights, scheme.rounding), "format": weight_format(scheme),
+                 "input_activations": input_args(act) if act is not None else None}
+        try:
+            vllm_scheme({"config_groups": {name: group}, "format": group["format"]}, name)
+        except VllmRejects as exc:
+            diags.warning("Q267", f"vLLM will not load scheme `{name}`: {str(exc).removeprefix(name + ': ')}",
+                          scheme.span, "not served by vLLM",
+                          help="transformers loads the folder; for vLLM pick a scheme it serves (W4A16, W8A8, "
+                          "FP8_DYNAMIC, FP8, FP8_BLOCK, NVFP4A16)")
 
 
 def _warn_split_siblings(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:

@@ -1,7 +1,8 @@
 """vLLM's rules for a compressed-tensors `quantization_config`, restated from its loader
 (model_executor/layers/quantization/compressed_tensors/compressed_tensors.py: the scheme map built from the
-config groups, then the scheme chosen from each group's weight and input arguments), for the tests: vLLM does
-not install here. `vllm_scheme` returns the name of the vLLM scheme class a group gets, or raises what vLLM
+config groups, then the scheme chosen from each group's weight and input arguments). `qrc check` warns with
+them (Q267) and the tests check the configs qrc writes against them; bench/vllm_side_by_side.py runs vLLM's
+CPU build itself on the folders. `vllm_scheme` returns the name of the vLLM scheme class a group gets, or raises what vLLM
 raises. Rules for GPUs' capabilities are left out: an FP8 W8A8 group is named CompressedTensorsW8A8Fp8 (on
 GPUs without FP8 it runs as W8A16Fp8)."""
 

@@ -1,0 +1,90 @@
+"""The staged output opened by transformers' own loader before it goes into place: the task class (the
+folder's `architectures`) and the base class (`AutoModel`, what embedding users load), on the meta device,
+so no weight is read and the check costs a fraction of a second. A key either loader finds missing or
+unexpected (beyond the float folder's own, a base class's head) means the folder would load with random or
+unquantized weights while verification, which measures qrc's model, passes: the compile stops with Q426
+naming the keys, and nothing is written to the destination."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+from pathlib import Path
+
+from compiler.backends import BackendError
+from compiler.diagnostics import Diagnostic, error, warning
+from compiler.source import Span
+
+
+def check_loads(staged: Path, source: Path, span: Span | None) -> Diagnostic | None:
+    """Raise Q426 when transformers opens `staged` with weights missing (task or base class) or unexpected
+    (task class) that `source` (the float folder) does not have; return Q427 (a warning) when the check cannot
+    run here (no accelerate, which meta-device loading needs; an architecture or a stored format transformers
+    cannot open), else None."""
+    try:
+        import accelerate  # noqa: F401  # transformers' meta-device loading needs it
+        import transformers
+    except ImportError:
+        return _skipped(span, "accelerate is not installed", "pip install accelerate (the `hf` extra brings it)")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    task = _task_class(transformers, staged)
+    for auto in (task, transformers.AutoModel):
+        if auto is None:
+            continue
+        try:
+            expected = _report(auto, source, auto is task)
+        except Exception as exc:  # transformers cannot build this architecture here (file-to-file runs allow it)
+            return _skipped(span, f"{auto.__name__} cannot open the source folder either ({type(exc).__name__})",
+                            "the folder is written as the recipe says; load it where its architecture is known")
+        try:
+            found = _report(auto, staged, auto is task)
+        except Exception as exc:  # e.g. transformers 5 cannot fuse int8 experts back into its 3-D parameters
+            return _skipped(span, f"{auto.__name__} cannot open it: {(str(exc).strip().splitlines() or [''])[0][:160]}",
+                            "transformers' limit, not the folder's: vLLM reads such folders tensor by tensor")
+        wrong = found - expected
+        if wrong:
+            listed = ", ".join(sorted(wrong)[:4]) + (f" and {len(wrong) - 4} more" if len(wrong) > 4 else "")
+            raise BackendError(error(
+                "Q426", f"transformers' {auto.__name__} would open the emitted folder with {len(wrong)} weights "
+                f"missing or unexpected ({listed})", span, "the output would load wrong",
+                help="this is a qrc bug (its quantization_config does not name the modules transformers builds); "
+                "please report it with the recipe. Nothing was written to the destination"))
+    return None
+
+
+def _skipped(span: Span | None, why: str, help: str) -> Diagnostic:
+    return warning("Q427", f"the emitted folder was not opened with transformers before it went into place: {why}",
+                   span, "load check skipped", help=help)
+
+
+def _task_class(transformers, folder: Path):
+    """The class named by config.json's `architectures`, if transformers has it."""
+    import json
+
+    names = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+    return getattr(transformers, names[0], None) if names else None
+
+
+# compressed-tensors 0.20 hooks attention modules by a `past_key_value(s)` argument that transformers 5.24
+# renamed `cache`, so transformers reports a folder's KV-cache scales unexpected (vLLM reads them); they are not
+# the folder's fault
+_KV_SCALES = ("k_scale", "v_scale")
+
+
+def _report(auto, folder: Path, task: bool) -> set[str]:
+    """What the loader reports wrong, loading on the meta device: missing and mismatched weights, and for the
+    task class the unexpected ones by module (a base class has no head, so its head's tensors are unexpected
+    there whatever they are). Its load report and progress bars are kept off the console."""
+    quiet = logging.getLogger("transformers")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            _, info = auto.from_pretrained(str(folder), device_map="meta", output_loading_info=True)
+    finally:
+        quiet.setLevel(level)
+    unexpected = {k.rpartition(".")[0] for k in info["unexpected_keys"] if k.rpartition(".")[2] not in _KV_SCALES}
+    return ({f"missing {k}" for k in info["missing_keys"]} | {f"mismatched {k}" for k, *_ in info["mismatched_keys"]}
+            | ({f"unexpected {m}.*" for m in unexpected} if task else set()))
