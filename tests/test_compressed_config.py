@@ -33,7 +33,7 @@ VLLM = {"W4A16": "CompressedTensorsWNA16", "W8A16": "CompressedTensorsWNA16", "W
         "W8A8_STATIC_SYM": "CompressedTensorsW8A8Int8 (static)", "FP8": "CompressedTensorsW8A8Fp8",
         "FP8_DYNAMIC": "CompressedTensorsW8A8Fp8", "FP8_BLOCK": "CompressedTensorsW8A8Fp8",
         "NVFP4A16": "CompressedTensorsW4A16Fp4",
-        "MXFP4A16": None, "MXFP8A16": None}  # None: the vLLM source read has no compressed-tensors MX scheme
+        "MXFP4A16": "CompressedTensorsW4A4Mxfp4", "MXFP8A16": "CompressedTensorsW8A8Mxfp8"}  # vLLM 0.32's MX schemes
 
 
 def _layer(name: str) -> Layer:
@@ -111,7 +111,7 @@ def test_without_compressed_tensors_the_check_is_skipped_with_q421_or_refused_fo
 
 
 @pytest.mark.parametrize("scheme, rejected", [("W4A16", False), ("FP8_DYNAMIC", False), ("NVFP4A16", False),
-                                              ("MXFP4A16", True), ("MXFP8A16", True),
+                                              ("MXFP4A16", False), ("W8A16 { asymmetric }", False),
                                               ("NVFP4A16 { activations fp8 per_token dynamic }", True)])
 def test_qrc_check_warns_where_vllm_would_refuse_the_folder(scheme, rejected, tmp_path):
     """`qrc check` runs vLLM's loader rules on each scheme (Q267, a warning: transformers still loads it), so

@@ -1,5 +1,5 @@
-"""vLLM's rules for a compressed-tensors `quantization_config`, restated from its loader
-(model_executor/layers/quantization/compressed_tensors/compressed_tensors.py: the scheme map built from the
+"""vLLM's rules for a compressed-tensors `quantization_config`, restated from its loader (vLLM 0.32.0,
+model_executor/layers/quantization/compressed_tensors/compressed_tensors.py: the scheme map built from the
 config groups, then the scheme chosen from each group's weight and input arguments). `qrc check` warns with
 them (Q267) and the tests check the configs qrc writes against them; bench/vllm_side_by_side.py runs vLLM's
 CPU build itself on the folders. `vllm_scheme` returns the name of the vLLM scheme class a group gets, or raises what vLLM
@@ -30,14 +30,21 @@ def vllm_scheme(config: dict, group: str) -> str:
 
 
 def _scheme(w: dict, a: dict | None, fmt: str, group: str) -> str:
-    if _fp4a16_nvfp4(w, a):
-        return "CompressedTensorsW4A16Fp4"
+    # vLLM 0.32 (`_get_scheme_from_parts`) decides the FP4 and microscaling weights first, whatever the format
+    if _fp4(w):
+        if a is None:
+            return "CompressedTensorsW4A16Fp4"
+        if not _fp4(a):
+            raise VllmRejects(f"{group}: for NVFP4 weights, input quantization must also be NVFP4, or none")
+        return "CompressedTensorsW4A4Fp4"
+    if _mx(w, 4):
+        return "CompressedTensorsW4A8Mxfp4" if a is not None and _fp8_dynamic(a) else "CompressedTensorsW4A4Mxfp4"
+    if _mx(w, 8) and w.get("scale_dtype") == "torch.uint8":
+        return "CompressedTensorsW8A8Mxfp8"
     if a is None and w["strategy"] in ("channel", "group") and not w.get("dynamic"):
         if fmt == "pack-quantized" and w["num_bits"] in WNA16_BITS:
             return "CompressedTensorsWNA16"
     if fmt in ACTIVATION_FORMATS:
-        if a is not None and _fp4a4_nvfp4(w, a):
-            return "CompressedTensorsW4A4Fp4"
         if a is not None and _fp8_w8a8(w, a):
             return "CompressedTensorsW8A8Fp8"
         if _fp8_w8a16(w):
@@ -54,12 +61,14 @@ def _fp4(args: dict) -> bool:
             and args["type"] == "float" and args["num_bits"] == 4)
 
 
-def _fp4a16_nvfp4(w: dict, a: dict | None) -> bool:
-    return a is None and _fp4(w)
+def _mx(args: dict, bits: int) -> bool:
+    return (args["type"] == "float" and args["num_bits"] == bits and args["strategy"] == "group"
+            and args.get("group_size") == 32 and args["symmetric"])
 
 
-def _fp4a4_nvfp4(w: dict, a: dict) -> bool:
-    return _fp4(w) and _fp4(a)
+def _fp8_dynamic(a: dict) -> bool:
+    return (a["type"] == "float" and a["num_bits"] == 8 and bool(a.get("dynamic")) and a["symmetric"]
+            and a["strategy"] in ("token", "group"))
 
 
 def _float_weights(w: dict) -> bool:

@@ -1,0 +1,57 @@
+"""qrc's verify cosine against the one transformers measures on the emitted folder (same held-out samples),
+per zoo family, for the plain recipe (`type Linear -> W4A16 { group 16 }`) in full and offload mode; and the
+keys transformers reports missing or unexpected when it loads the folder with the task class.
+
+    python bench/zoo_verify_agreement.py llama llava qwen2_vl gemma4_text gemma4 gemma4_moe mixtral bert
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import transformers  # noqa: E402
+from compiling import compile_program  # noqa: E402
+from zoo import build, transformers_cosines  # noqa: E402
+
+from compiler.data import verify_batches  # noqa: E402
+
+RECIPE = '''recipe plain {{
+    model "{model}"
+    backend torch
+    scheme s = W4A16 {{ group 16 }}
+    quantize {{ type Linear -> s }}
+    calibrate {{ data synthetic {{ samples 8  seqlen 32 }}  chunk 4 }}
+    memory {{ mode {mode} }}
+    verify {{ samples 4  metric cosine  at_least 0.5 }}
+    emit "{out}"
+}}
+'''
+TASK = {"bert": "AutoModel", "llava": "AutoModelForImageTextToText", "qwen2_vl": "AutoModelForImageTextToText",
+        "gemma4": "AutoModelForImageTextToText"}
+
+
+def main() -> None:
+    for family in sys.argv[1:]:
+        for mode in ("full", "offload"):
+            print(_row(family, mode), flush=True)
+
+
+def _row(family: str, mode: str) -> str:
+    root = Path(tempfile.mkdtemp())
+    folder = build(family, root / family)
+    (root / "r.recipe").write_text(RECIPE.format(model=folder, out=root / "out", mode=mode))
+    result, planned = compile_program(str(root / "r.recipe"), root / "out")
+    task = getattr(transformers, TASK.get(family, "AutoModelForCausalLM"))
+    batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 4, 4)
+    cosines, _ = transformers_cosines(folder, root / "out", task, batches)
+    _, info = task.from_pretrained(str(root / "out"), output_loading_info=True)
+    return (f"| {family} | {mode} | {result.verify['cosine']:.4f} | {sum(cosines) / len(cosines):.4f} | "
+            f"{len(info['missing_keys'])} / {len(info['unexpected_keys'])} |")
+
+
+if __name__ == "__main__":
+    main()
