@@ -50,6 +50,13 @@ class _Reached(Exception):
         super().__init__("last block reached")
 
 
+def _take_attributes(stand_in: nn.Module, block: nn.Module) -> None:
+    """What some models' loops read off a block (its attention type, index, causality), on its stand-in."""
+    for attribute in ("attention_type", "layer_idx", "is_causal"):
+        if hasattr(block, attribute):
+            setattr(stand_in, attribute, getattr(block, attribute))
+
+
 class _Recorder(nn.Module):
     """Stands in for one block while the model's inputs are captured: keeps the block's inputs and hands its
     hidden states on unchanged (the last one stops the forward). The inputs besides the hidden states do not
@@ -59,9 +66,7 @@ class _Recorder(nn.Module):
     def __init__(self, like: nn.Module, last: bool):
         super().__init__()
         self.last, self.seen = last, None
-        for attribute in ("attention_type", "layer_idx", "is_causal"):  # read by some models' loops
-            if hasattr(like, attribute):
-                setattr(self, attribute, getattr(like, attribute))
+        _take_attributes(self, like)
 
     def forward(self, *args, **kwargs):
         self.seen = (args, kwargs)
@@ -193,9 +198,7 @@ class _Replay(nn.Module):
     def __init__(self, hidden: torch.Tensor, arity: int, like: nn.Module):
         super().__init__()
         self.hidden, self.arity = hidden, arity
-        for attribute in ("attention_type", "layer_idx", "is_causal"):  # read by some models' loops
-            if hasattr(like, attribute):
-                setattr(self, attribute, getattr(like, attribute))
+        _take_attributes(self, like)
 
     def forward(self, *args, **kwargs):
         return (self.hidden,) + (None,) * (self.arity - 1) if self.arity else self.hidden
