@@ -329,6 +329,12 @@ CODES: tuple[CodeInfo, ...] = (
        "The load check needs transformers and accelerate (to build a model on the meta device), and an "
        "architecture transformers knows; without them the folder is written unchecked, and this says so.",
        "a file-to-file compile of an architecture this transformers release does not have"),
+    _c("Q428", "the emitted folder does not load or run as its users load it",
+       "On the torch backend, verification runs the staged folder the way transformers loads it: its "
+       "quantization_config applied by compressed-tensors, its tensors read and decompressed block by block. "
+       "A tensor missing or of the wrong shape, a config compressed-tensors refuses, or a forward that fails "
+       "there stops the compile with nothing written, instead of a figure measured on something else.",
+       "a qrc bug; the diagnostic names the tensor or the error"),
     _c("Q501", "verification failed",
        "The emitted model was run beside the float one on held-out samples and missed the recipe's bound. "
        "The model is left in place with a `.verify.json` report of the figures, so it can be inspected.",
@@ -383,6 +389,11 @@ CODES: tuple[CodeInfo, ...] = (
        "combinations (NVFP4 weights with FP8 inputs, microscaling formats, asymmetric int8 weight-only…) it has "
        "none and refuses the folder. qrc checks its config with the same rules before any work.",
        "scheme s { weights nvfp4  activations fp8 per_token dynamic }"),
+    _c("Q268", "input groups that do not divide a layer's input features",
+       "A scheme with dynamic inputs in groups (FP8_BLOCK: 128 columns per scale) needs every quantized layer's "
+       "input width to be a multiple of the group: compressed-tensors' forward, which transformers runs on the "
+       "loaded folder, splits each input row into whole groups and fails otherwise.",
+       'quantize { type Linear -> FP8_BLOCK }   # on a model whose hidden size is 64'),
     _c("Q248", "an MoE expert saw no calibration token (warning)",
        "With `calibrate { experts routed }` an expert the router never chose has no statistics: its weights "
        "are rounded with rtn and a static input borrows the widest range of its sibling experts, instead of a "

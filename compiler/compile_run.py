@@ -148,5 +148,6 @@ def summary(result, planned: PlanResult) -> Table:
         figures = ", ".join(f"{k} {val:.4g}" for k, val in result.verify.items()  # pooled embeddings mean
                             if k != "embedding_cosine" or v.metric.value == k)  # nothing for decoder logits
         table.add_row("verify", f"{'passed' if result.verify_passed else 'FAILED'}: {v.metric.value} "
-                      f"{result.verify[v.metric.value]:.4g} ({v.bound.value} {v.threshold:g}); {figures}")
+                      f"{result.verify[v.metric.value]:.4g} ({v.bound.value} {v.threshold:g}); {figures}"
+                      + (f"; measured on {result.verified_on}" if result.verified_on else ""))
     return table

@@ -364,7 +364,8 @@ def test_plain_type_linear_folder_loads_in_the_task_class_and_the_base_class(fam
         assert _unexpected_modules(info) <= _unexpected_modules(float_info), (auto.__name__, info)
     batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 4, 4)
     cosines, loaded = transformers_cosines(folder, tmp_path / "out", task, batches)
-    assert abs(sum(cosines) / len(cosines) - result.verify["cosine"]) < 0.03, (cosines, result.verify)
+    # verify runs the emitted folder as transformers does: the same figure, not merely a close one
+    assert abs(sum(cosines) / len(cosines) - result.verify["cosine"]) < 1e-3, (cosines, result.verify)
     if task is not transformers.AutoModel:
         base, _ = _loaded(transformers.AutoModel, tmp_path / "out")
         feed = {k: torch.from_numpy(v) for k, v in next(iter(batches)).items()}
@@ -433,3 +434,35 @@ def test_a_folder_transformers_would_open_with_missing_weights_is_q426_and_nothi
     result = CliRunner().invoke(app, ["compile", _recipe(tmp_path, folder, PLAIN_SCHEME, "full")])
     assert result.exit_code == 2 and "Q426" in result.output and "missing" in result.output, result.output
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("mode", ["full", "offload"])
+def test_verify_measures_the_emitted_folder_not_qrcs_model(mode, tmp_path, monkeypatch):
+    """Bytes written wrong while qrc's own rounded model is right (one layer's scales written ×4): verify
+    measures the folder as transformers loads it, so the gate fails (Q501) and says what it measured; the
+    same compile without the fault passes, and its figure is transformers' own (default load, activations
+    quantized by compressed-tensors) on the same samples."""
+    from compiler.backends.torch import rounding
+
+    folder = build("llama", tmp_path / "llama")
+    recipe = Path(_recipe(tmp_path, folder, "scheme s = W8A8", mode))
+    recipe.write_text(recipe.read_text().replace("at_least 0.5", "at_least 0.99"))
+    result, planned = compile_program(str(recipe), tmp_path / "out")
+    assert result.verify_passed and "emitted folder" in result.verified_on, result.verified_on
+    batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 4, 4)
+    cosines, _ = transformers_cosines(folder, tmp_path / "out", transformers.AutoModelForCausalLM, batches,
+                                      dequantize=False)
+    assert abs(sum(cosines) / len(cosines) - result.verify["cosine"]) < 1e-4, (cosines, result.verify)
+
+    real = rounding.layer_tensors
+
+    def wrong_scales(layer, scheme, q, act, dtype):
+        tensors = real(layer, scheme, q, act, dtype)
+        if layer.name == "model.layers.0.mlp.down_proj":
+            tensors = {k: v * 4 if k.endswith("weight_scale") else v for k, v in tensors.items()}
+        return tensors
+    monkeypatch.setattr(rounding, "layer_tensors", wrong_scales)
+    out = tmp_path / "bad"
+    result = CliRunner().invoke(app, ["compile", str(recipe), "-o", str(out)])
+    assert result.exit_code == 2 and "Q501" in result.output, result.output
+    assert "emitted folder" in (tmp_path / "bad.verify.json").read_text()

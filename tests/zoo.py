@@ -101,17 +101,18 @@ def build_all(root: Path, families) -> Path:
     return root
 
 
-def transformers_cosines(float_folder: Path, out_folder: Path, auto, batches):
+def transformers_cosines(float_folder: Path, out_folder: Path, auto, batches, dequantize: bool = True):
     """Per-sample cosine of the first output (logits, or hidden states) between the float folder and the
-    emitted one, both loaded by transformers (compressed-tensors dequantizes the weights), on `batches`:
-    the independent measurement qrc's own verify figure is checked against. Returns the cosines and the
-    loaded quantized model."""
+    emitted one, both loaded by transformers, on `batches`: the independent measurement qrc's own verify
+    figure is checked against. `dequantize`: compressed-tensors dequantizes the weights at load and the model
+    runs in float (activations not quantized); else transformers' default, compressed-tensors' forward
+    (activations quantized as the scheme says). Returns the cosines and the loaded quantized model."""
     import torch
     import transformers
 
     reference = auto.from_pretrained(str(float_folder)).eval()
-    quantized = auto.from_pretrained(
-        str(out_folder), quantization_config=transformers.CompressedTensorsConfig(dequantize=True)).eval()
+    config = {"quantization_config": transformers.CompressedTensorsConfig(dequantize=True)} if dequantize else {}
+    quantized = auto.from_pretrained(str(out_folder), **config).eval()
     cosines = []
     with torch.no_grad():
         for feed in batches:

@@ -27,6 +27,7 @@ class CompileResult:
     total_seconds: float = 0.0
     verify: dict[str, float] | None = None
     verify_passed: bool | None = None
+    verified_on: str = ""  # what verification ran: the emitted artifact through its loader, or qrc's own model
     warnings: list[Diagnostic] = field(default_factory=list)
     rss_samples: list[tuple[float, int, PlanOp | None]] = field(default_factory=list)  # (s, bytes, op running)
     executed: list[PlanOp] = field(default_factory=list)  # the plan's ops, each once its handler returned
@@ -58,7 +59,8 @@ def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None
         report.unlink(missing_ok=True)  # the figures of an earlier, failed compile no longer describe this model
     else:
         report.write_text(json.dumps({"metric": v.metric.value, "bound": v.bound.value, "threshold": v.threshold,
-                                      "value": value, "figures": result.verify}, indent=2) + "\n")
+                                      "value": value, "figures": result.verify, "measured_on": result.verified_on},
+                                     indent=2) + "\n")
         raise BackendError(error("Q501", f"verification failed: {v.metric.value} = {value:.6g}, the recipe asks "
                                  f"{v.bound.value} {v.threshold:g}", ir.verify.span_of("bound") or ir.verify.span_of("metric")
                                  or ir.span, "not met", help=_q501_help(output, report, result)), result)

@@ -20,6 +20,7 @@ from compiler.ir.types import (
     TransformKind,
 )
 from compiler.ir.values import human_bytes
+from compiler.models.builtin import PREFIX as BUILTIN_PREFIX
 from compiler.models.index import ModelFormat
 from compiler.plan import memory
 from compiler.plan.ops import (
@@ -281,8 +282,9 @@ def _blockwise(ctx: Context) -> list[PlanOp]:
     streams = []
     if ctx.needs_data:
         streams.append("calibration")
-    if rounds and ctx.ir.verify is not None:
-        streams.append("verification (float and quantized)")
+    if rounds and ctx.ir.verify is not None:  # an HF folder's quantized side is its emitted folder (lower_verify)
+        streams.append("verification (float and quantized)" if ctx.ir.model.startswith(BUILTIN_PREFIX)
+                       else "verification (float)")
     head = _head_layers(ctx) if rounds else ()
     rounding_head = f"; round {len(head)} layers before the blocks first" if head else ""
     cache = CacheBlockInputs(
@@ -388,14 +390,18 @@ def lower_verify(ctx: Context) -> list[PlanOp]:
     v = ctx.ir.verify
     if v is None:
         return []
+    gate = f"fail (Q501) unless {v.metric.value} {v.bound.value} {v.threshold:g}"
+    # an HF folder's output is run as transformers loads it (the backend opens it block by block); a built-in's
+    # output has no loader outside qrc, so qrc's own rounded model is what runs
+    emitted = "qrc's quantized model" if ctx.ir.model.startswith(BUILTIN_PREFIX) else \
+        "the emitted folder as transformers loads it (compressed-tensors), one block at a time,"
     if ctx.costs.rounds_in_blocks and ctx.blockwise:
-        summary = (f"compare the float and quantized streams of {v.samples} held-out samples (carried through every "
-                   f"block beside the calibration stream) at the model's output; fail (Q501) unless "
-                   f"{v.metric.value} {v.bound.value} {v.threshold:g}")
+        summary = (f"run {v.samples} held-out samples through {emitted} against the float stream carried through "
+                   f"every block beside the calibration stream, at the model's output; {gate}")
         inputs: tuple[str, ...] = ("block_inputs", "emitted_model", "verify_data")
     elif ctx.costs.rounds_in_blocks:
-        summary = (f"run the quantized model on {v.samples} held-out samples against the float outputs kept before "
-                   f"rounding; fail (Q501) unless {v.metric.value} {v.bound.value} {v.threshold:g}")
+        summary = (f"run {v.samples} held-out samples through {emitted} against the float outputs kept before "
+                   f"rounding; {gate}")
         inputs = ("model", "reference", "emitted_model", "verify_data")
     else:
         summary = (f"run float and emitted model on {v.samples} held-out samples; "

@@ -92,8 +92,11 @@ def _misfits(ir: RecipeIR, a) -> list[str]:
         length = layer.out_features if layer.kind is LayerKind.EMBEDDING else layer.in_features
         if length % w.group_size:
             found.append("Q235")
-    if a.scheme.activations is not None and layer.kind is LayerKind.EMBEDDING:
+    act = a.scheme.activations
+    if act is not None and layer.kind is LayerKind.EMBEDDING:
         found.append("Q236")
+    elif act is not None and act.granularity is Granularity.GROUP and act.group_size and layer.in_features % act.group_size:
+        found.append("Q268")
     if a.scheme.rounding is Rounding.GPTQ and ir.backend is Backend.ONNX and layer.kind is not LayerKind.LINEAR:
         found.append("Q226")
     weight_only = a.scheme.activations is None
@@ -124,6 +127,12 @@ def _misfit_text(code: str, scheme, names: list[str], assignment: Assignment) ->
         return (f"`group {scheme.weights.group_size}` does not divide the input features of {len(names)} "
                 f"layer{'s' if len(names) != 1 else ''}: {listed} (features: {', '.join(map(str, sizes))})",
                 _group_help(sizes, scheme.weights.group_size))
+    if code == "Q268":
+        sizes = sorted({x.in_features for x in layers})
+        return (f"`{scheme.name}` quantizes inputs in groups of {scheme.activations.group_size}, which do not divide "
+                f"the input features of {listed} (features: {', '.join(map(str, sizes))}): compressed-tensors' "
+                "forward, which transformers runs, splits each input row into whole groups and fails there",
+                "give these layers a scheme with per-token inputs (e.g. `FP8_DYNAMIC`) or `-> none`")
     if code == "Q249":
         kinds = ", ".join(sorted({f"{x.dtype} {'x'.join(map(str, x.shape))}" for x in layers}))
         return (f"{listed}: weights qrc cannot round ({kinds}): already quantized, or empty",

@@ -404,6 +404,7 @@ class _OnnxRun:
         else:
             agreement = _verify(self.ir, self.assignment, self.files.path, staged, self.progress, self.result)
         v = self.ir.verify
+        self.result.verified_on = "the emitted model, run by onnxruntime"
         if not passes(agreement.value(v.metric), v.bound, v.threshold):  # which layers lose the most
             self.result.layer_errors = self._layer_errors(staged)
         self.result.files = self.emitter.commit()

@@ -71,8 +71,11 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     per_sample = w.seqlen * vocab * 4  # logits are compared in float32
     verify_chunk = min(chunk, w.verify_samples)
     held = w.verify_samples if _tail_rounds(w) else verify_chunk
+    sizes = w.block_bytes()
+    emitted = max(max(sizes.values(), default=0), sizes.get("(outside blocks)", 0))
     parts = base.parts + ((f"verification logits ({held} float + {verify_chunk} quantized samples, scratch)",
-                           (held + verify_chunk) * per_sample + agreement_scratch(per_sample, w.seqlen)),)
+                           (held + verify_chunk) * per_sample + agreement_scratch(per_sample, w.seqlen)),
+                          ("the emitted model as loaded (one block, or what is outside the blocks)", emitted))
     return Phase("verification at the output", sum(b for _, b in parts), parts)
 
 

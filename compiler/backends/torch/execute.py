@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from compiler import data
+from compiler.backends import BackendError
 from compiler.backends.agreement import Agreement, passes
 from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.program import execute_plan
@@ -26,8 +27,10 @@ from compiler.backends.release import keep_large_blocks_mapped, release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.backends.torch import streams
+from compiler.backends.torch.artifact import can_verify_artifact, open_artifact
 from compiler.backends.torch.attribution import LayerCosts
 from compiler.backends.torch.devices import place
+from compiler.backends.torch.emitted_verify import hidden_cache, run_emitted
 from compiler.backends.torch.fallbacks import unseen_warning
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.kv_cache import KvCacheQuantizer, KvMode
@@ -45,7 +48,7 @@ from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.smoother import Smoother
 from compiler.backends.torch.support import attention_modules
 from compiler.backends.torch.writer import FolderWriter
-from compiler.diagnostics import warning
+from compiler.diagnostics import error, warning
 from compiler.ir.types import MemoryMode, RecipeIR
 from compiler.models.index import ModelIndex
 from compiler.plan import ops
@@ -83,7 +86,10 @@ class _Run:
         self.config: dict = {}  # the output's config.json, its quantization_config checked before any work
         self.stats: Statistics | None = None
         self.cal: streams.Stream | None = None
-        self.verify_streams: tuple[streams.Stream, streams.Stream, Agreement] | None = None
+        # the float stream, qrc's quantized stream (None when the emitted folder is what verification runs),
+        # and the comparison
+        self.verify_streams: tuple[streams.Stream, streams.Stream | None, Agreement] | None = None
+        self.emitted = False  # verification runs the emitted folder as it loads (artifact.py), not qrc's model
         self.reference: list = []
         self.tail_done = False
         self.disk = Path(ir.memory.disk) if ir.memory.disk else None
@@ -229,7 +235,9 @@ class _Run:
         if v is None:
             return None
         batches = list(held_out_batches(self.ir, self.index, self.result, min(self.ir.calibration.chunk, v.samples)))
-        return self._stream("verify (float)", batches), self._stream("verify (quantized)", batches), Agreement()
+        self.emitted = can_verify_artifact(self.model)
+        quantized = None if self.emitted else self._stream("verify (quantized)", batches)
+        return self._stream("verify (float)", batches), quantized, Agreement()
 
     def _call(self, feed: dict):
         with torch.no_grad():
@@ -260,7 +268,7 @@ class _Run:
                     streams.capture(container, s, self._call, self._new_forward)
                 self.stats = None
             self.rounder.in_place(before, stats)
-            if verify is not None:
+            if verify is not None and verify[1] is not None:
                 streams.capture(container, verify[1], self._call)
         if self.offload:
             release_memory()
@@ -295,7 +303,7 @@ class _Run:
         self.kv.write_scales(name + ".", self.writer)
         if cal is not None:
             outputs["cal"] = self._next(block, number, cal, device)
-        if verify is not None:
+        if verify is not None and verify[1] is not None:
             with self._costs_of(jobs):
                 outputs["quant"] = self._next(block, number, verify[1], device)
         for hook in hooks:
@@ -321,6 +329,8 @@ class _Run:
         layer there that needs data, nothing runs: its layers are rounded one at a time."""
         model = self.model
         smoothed = self.smoother.of_block(None) if self.smoother is not None and cal is not None else []
+        if verify is not None and verify[1] is None:  # the emitted folder is compared at the Verify op
+            verify = None
         if verify is None and not (cal is not None and any(j.needs_data for j in jobs)) and not smoothed:
             self.rounder.streamed(jobs, None, offload)
             return
@@ -399,7 +409,10 @@ class _Run:
         """Compare at the model's output: the quantized model against the kept float outputs (full), or the
         two streams through the tail (block-wise), unless rounding the tail already did."""
         float_stream, quantized, agreement = self.verify_streams
-        if self.reference:
+        if self.emitted:
+            self._verify_emitted(float_stream, agreement)
+            self.result.verified_on = "the emitted folder, loaded as transformers loads it (compressed-tensors)"
+        elif self.reference:
             advance = self.progress("verify", len(quantized))
             with self._costs_of(self.jobs):
                 for feed, ref in zip(quantized.feeds, self.reference, strict=True):
@@ -407,12 +420,62 @@ class _Run:
                     advance()
         elif not self.tail_done:
             self._tail(None, self.verify_streams, [], self.offload)
+        if not self.emitted:
+            self.result.verified_on = "qrc's model (a built-in has no loader outside qrc)" if self.model.folder is None \
+                else "qrc's model (compressed-tensors is not installed to load the emitted folder)"
         v = self.ir.verify
         if not passes(agreement.value(v.metric), v.bound, v.threshold):  # Q501's help names the worst layers
             self.result.layer_errors = self.costs.added()
         # measured: the model goes into place (a failed verification leaves it there, beside its figures)
         self.result.files = self.writer.commit()
         judge(self.ir, self.result.output, agreement, self.result)
+
+    def _verify_emitted(self, float_stream: streams.Stream, agreement: Agreement) -> None:
+        """The held-out samples through the staged folder as transformers and compressed-tensors load it,
+        against the float outputs: those kept before rounding (full), or the float stream's last hidden
+        states through the float model's tail (its weights read again from the checkpoint: the tail may
+        have been rounded in place)."""
+        span = self.ir.emit.span_of("path") if self.ir.emit else self.ir.span
+        artifact = open_artifact(self.writer.temp, self.model, span)
+        model = self.model
+        if self.reference:
+            reference = iter(self.reference)
+            model.release([p for p in model.keys if model.is_resident(p)])  # qrc's model is done with
+        else:
+            for hook in self.rounder.hooks:  # the tail's input quantizers: its float outputs are wanted here
+                hook.remove()
+            self.rounder.hooks.clear()
+            model.materialize(model.outside())
+            reference = (out.float() for out in streams.replay_tail(model.block_modules(), float_stream, self._call,
+                                                                     lazy=True))
+        disk = self.disk if self.offload else None
+        try:
+            run_emitted(artifact, float_stream.feeds, reference, agreement, hidden_cache(model.dtype, disk),
+                        self.devices, self._costs_in, self.progress)
+        except (BackendError, KeyboardInterrupt, MemoryError):
+            raise
+        except Exception as exc:  # the folder does not run as transformers loads it: say so, write nothing
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise BackendError(error("Q428", f"the emitted folder fails to run as transformers loads it "
+                                     f"({type(exc).__name__}: {first})", span, "does not run",
+                                     help="its users would hit the same error; nothing was written to the "
+                                     "destination. If the recipe is valid, this is a qrc bug: please report it")) from None
+        self.reference = []
+        if self.offload:
+            model.release([p for p in model.outside() if model.is_resident(p)])
+
+    @contextmanager
+    def _costs_in(self, scope: str | None, artifact):
+        """While the emitted model runs a scope (a block, None: outside the blocks, "": everything): each
+        quantized layer's own output error there."""
+        inside = self.model.container + "."
+        jobs = [j for j in self.jobs if scope == "" or (j.module.startswith(scope + ".") if scope is not None
+                                                         else not j.module.startswith(inside))]
+        self.costs.watch({j.layer.name: (artifact.module.get_submodule(j.module), j.layer.weight) for j in jobs})
+        try:
+            yield
+        finally:
+            self.costs.stop()
 
     # ---- verification costs --------------------------------------------------------------------------
     @contextmanager

@@ -204,7 +204,7 @@ def open_model(ref: str, blocks: tuple[str, ...], span: Span | None) -> TorchMod
         checkpoint = Shards(folder_ckpt)
     else:
         folder = resolve_path(ref)
-        module, config = _hf_skeleton(folder, span), json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        module, config = hf_skeleton(folder, span), json.loads((folder / "config.json").read_text(encoding="utf-8"))
         checkpoint = Shards(folder, block_fp8.block_size(config))
         renamed = checkpoint_names.module_names(module, list(checkpoint.entries),
                                                 checkpoint_names.adapt(module, ref, span))
@@ -237,7 +237,8 @@ def builtin_checkpoint(ref: str) -> Path:
     return folder
 
 
-def _hf_skeleton(folder: Path, span: Span | None) -> nn.Module:
+def hf_skeleton(folder: Path, span: Span | None) -> nn.Module:
+    """The model class of `folder`'s config (its `architectures`, else AutoModel), parameters on meta."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing reaches the network: the folder is the model
     try:
         import transformers
