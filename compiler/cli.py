@@ -236,15 +236,17 @@ def compile_(
     _check_report_path(report)
     console = _stderr()
     try:
-        result, planned = compile_recipe(recipe, tuple(set_ or ()), output, console)
+        result, planned = compile_recipe(recipe, tuple(set_ or ()), output, console, report)
     except CompileFailed as failed:
         print_diagnostics(failed.diagnostics)
         if report is not None and failed.result is not None:  # the model was written: show how it fell short
             _write_report(report, failed.planned, failed.result)
         _stderr().print(f"{recipe}: compile failed ({summary_line(failed.diagnostics)})")
         raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        _stderr().print("interrupted: nothing was written to the destination")
+    except KeyboardInterrupt as exc:
+        written = getattr(exc, "written", None)  # compile_run.Interrupted: the model went into place first
+        _stderr().print(f"interrupted after the compiled model was moved into place at {written}: it is complete"
+                        if written is not None else "interrupted: nothing was written to the destination")
         raise typer.Exit(130) from None
     print_diagnostics(planned.diagnostics + tuple(result.warnings))
     Console(highlight=False).print(summary(result, planned))

@@ -335,6 +335,15 @@ CODES: tuple[CodeInfo, ...] = (
        "A tensor missing or of the wrong shape, a config compressed-tensors refuses, or a forward that fails "
        "there stops the compile with nothing written, instead of a figure measured on something else.",
        "a qrc bug; the diagnostic names the tensor or the error"),
+    _c("Q429", "another compile is writing the same destination",
+       "Two compiles into one path would mix their files; the first holds a lock beside the destination "
+       "(`.<name>.qrc-lock`) until its model is in place, and the second stops before any work.",
+       "qrc compile r.recipe -o out &  qrc compile r.recipe -o out"),
+    _c("Q430", "side files linking outside the model folder were not copied (warning)",
+       "A model folder's tokenizer and other side files are copied into the output only when they are regular "
+       "files resolving inside the folder (or a Hugging Face cache snapshot's blobs): a link to a private key "
+       "or a system file is never read, so its content cannot end up in a published model.",
+       "model/tokenizer.json -> /home/me/.ssh/id_rsa"),
     _c("Q501", "verification failed",
        "The emitted model was run beside the float one on held-out samples and missed the recipe's bound. "
        "The model is left in place with a `.verify.json` report of the figures, so it can be inspected.",

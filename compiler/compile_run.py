@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +18,7 @@ from compiler.frontend import PlanResult, plan_file
 from compiler.inspect_table import totals
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
-from compiler.outputs import output_conflict, unwritable
+from compiler.outputs import destination_lock, output_conflict, read_paths, unwritable
 from compiler.plan.ops import Emit
 from compiler.plan.workload import workload
 
@@ -54,8 +55,10 @@ def _terminate_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None, console: Console):
+def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None, console: Console,
+                   report: Path | None = None):
     """Run a compile; returns (result, planned). Raises CompileFailed with the diagnostics on errors.
+    `report`: where the CLI will write its report, checked against every path the compile reads and writes.
 
     The plan is the program: the recipe's backend (from the registry) runs its ops in order."""
     planned = plan_file(recipe, overrides)
@@ -64,10 +67,17 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
     ir = planned.check.ir
     spec = spec_for(ir.backend)
     destination = output_path(planned, output)
-    conflict = output_conflict(destination, ir.model)
+    reads = read_paths(ir)
+    conflict = output_conflict(destination, ir.model, reads)
     if conflict:  # `-o` is checked here; the recipe's emit path was checked with the recipe
         raise CompileFailed((error("Q416", conflict, ir.span, "would replace an input",
-                                   help="write the quantized model to a new path outside the model's folder"),))
+                                   help="write the quantized model to a new path, apart from the model and the "
+                                   "files the recipe reads"),))
+    if report is not None:
+        clash = output_conflict(report, ir.model, [*reads, ("compiled model", destination)])
+        if clash:
+            raise CompileFailed((error("Q239", f"report {clash}", None, "would replace a file of the compile",
+                                       help="write the report to a path of its own (e.g. `--report out/report.html`)"),))
     wants_folder = spec.output is OutputKind.FOLDER
     if destination.exists() and destination.is_dir() != wants_folder:
         what = "a folder" if destination.is_dir() else "a file"
@@ -78,9 +88,42 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
     if problem:
         raise CompileFailed((error("Q417", problem, ir.span, "cannot write the output",
                                    help=f"write to a folder you can write with {human_bytes(needed)} free (`-o PATH`)"),))
-    from compiler.backends import BackendError
 
     execute = spec.load_executor()
+    with destination_lock(destination) as held:
+        if held is not None:
+            raise CompileFailed((error("Q429", f"another qrc compile is writing `{destination}` ({held})", ir.span,
+                                       "destination busy", help="wait for it to finish, or write to another path "
+                                       "(`-o PATH`); this run wrote nothing"),))
+        before = _identity(destination)
+        try:
+            return _execute(execute, ir, planned, destination, console, needed)
+        except KeyboardInterrupt:
+            raise Interrupted(destination if _identity(destination) != before else None) from None
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a compile; `written` is the destination when the compiled model had already
+    moved into place (the commit is a rename: what is there is complete), else None."""
+
+    def __init__(self, written: Path | None):
+        super().__init__()
+        self.written = written
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """What is at `path` (inode, change time), None when nothing: a commit replaces it."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_ino, found.st_ctime_ns
+
+
+def _execute(execute, ir, planned: PlanResult, destination: Path, console: Console, needed: int):
+    """The backend's run under progress bars, its failures as diagnostics."""
+    from compiler.backends import BackendError
+
     with _progress(console) as progress, _terminate_as_interrupt():
         try:
             result = execute(ir, planned.check.assignment, planned.plan, destination, progress)

@@ -13,7 +13,7 @@ from compiler.ir.elaborate import elaborate
 from compiler.ir.types import DataKind, RecipeIR
 from compiler.ir.values import Diagnostics
 from compiler.models import ModelError, index_model
-from compiler.outputs import output_conflict
+from compiler.outputs import output_conflict, read_paths
 from compiler.overrides import apply_overrides
 from compiler.plan import Plan, build_plan
 from compiler.plan.workload import workload
@@ -148,13 +148,13 @@ def _check_data(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> Non
 
 
 def _check_output(ir: RecipeIR, diags: Diagnostics) -> None:
-    """Q416: the emit path would replace the model (or is a symlink)."""
+    """Q416: the emit path would replace the model or another input (or is a symlink)."""
     if ir.emit is None:
         return
-    problem = output_conflict(Path(ir.emit.path), ir.model)
+    problem = output_conflict(Path(ir.emit.path), ir.model, read_paths(ir))
     if problem:
         diags.error("Q416", f"{problem}", ir.emit.span_of("path") or ir.span, "would replace an input",
-                    help="write the quantized model to a new path outside the model's folder")
+                    help="write the quantized model to a new path, apart from the model and the files the recipe reads")
 
 
 def check_file(path: str | Path, overrides: tuple[str, ...] = (), with_model: bool = False) -> CheckResult:

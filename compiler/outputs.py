@@ -1,10 +1,14 @@
 """Outputs never replace inputs: an output path equal to, inside or containing the model (or its
-external data), or a symlink, is refused before any work (Q416)."""
+external data), equal to (or a folder containing) another file the compile reads (the recipe, the
+calibration data, the tokenizer), a symlink, or something other than a file or folder (a FIFO, a device), is
+refused before any work (Q416)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from compiler.ir.values import human_bytes
@@ -37,11 +41,44 @@ def unwritable(destination: Path, needed: int = 0) -> str | None:
     return None
 
 
-def output_conflict(output: Path, model_ref: str) -> str | None:
-    """Why writing to `output` could destroy the model's files, or None when it cannot."""
+def read_paths(ir) -> list[tuple[str, Path]]:
+    """The files a compile of `ir` reads besides the model, each with what it is: the recipe (when it is a
+    file), the calibration data file, the tokenizer of `data text`."""
+    from compiler.data.batches import resolve_tokenizer
+    from compiler.ir.types import DataKind
+    from compiler.models import ModelError, resolve_path
+
+    found: list[tuple[str, Path]] = []
+    source = getattr(getattr(ir, "span", None), "source", None)
+    if source is not None and Path(source.name).is_file():
+        found.append(("recipe", Path(source.name)))
+    data = ir.calibration.data
+    if data.kind is not DataKind.SYNTHETIC and data.path:
+        try:
+            found.append((f"{data.kind.value} data", resolve_path(data.path)))
+        except ModelError:
+            pass  # a missing data file is its own diagnostic
+    if data.kind is DataKind.TEXT:
+        tokenizer = resolve_tokenizer(data, ir.model)
+        if tokenizer is not None:
+            found.append(("tokenizer", tokenizer))
+    return found
+
+
+def output_conflict(output: Path, model_ref: str, reads: list[tuple[str, Path]] | tuple = ()) -> str | None:
+    """Why writing to `output` could destroy the model's files or another file the compile reads (`reads`:
+    what each is, its path), or None when it cannot."""
     if output.is_symlink():
         return f"`{output}` is a symbolic link: writing would replace what it points to"
+    if output.exists() and not (output.is_file() or output.is_dir()):
+        return f"`{output}` is neither a file nor a folder (a FIFO, a socket or a device): qrc writes files"
     target = output.resolve()
+    for what, path in reads:
+        source = path.resolve()
+        if target == source:
+            return f"`{output}` is the {what} `{path}`"
+        if target in source.parents:
+            return f"`{output}` contains the {what} `{path}`"
     for path in _model_paths(model_ref):
         source = path.resolve()
         if target == source:
@@ -51,3 +88,43 @@ def output_conflict(output: Path, model_ref: str) -> str | None:
         if target in source.parents:
             return f"`{output}` contains the model `{path}`"
     return None
+
+
+@contextmanager
+def destination_lock(destination: Path) -> Iterator[str | None]:
+    """Hold the destination for this compile: an exclusive lock on a hidden file beside it
+    (`.<name>.qrc-lock`, removed again), so two compiles into one path cannot mix their files. Yields None
+    when this run holds it, else what holds it (the other compile's process id). Where the platform has no
+    `flock`, nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: staging names are still unique per run
+        yield None
+        return
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    path = destination.with_name(f".{destination.name}.qrc-lock")
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            yield f"process {holder}" if holder else "another process"
+            return
+        try:  # the holder before us may have removed the file after we opened it: lock the one in place
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield None
+    finally:
+        try:
+            os.unlink(path)
+        finally:
+            os.close(fd)

@@ -24,6 +24,10 @@ class Run(Protocol):
         """One handler per op type of the plans this backend runs."""
         ...
 
+    def commit(self) -> list[Path]:
+        """The staged output into place; the files at the destination."""
+        ...
+
     def close(self) -> None:
         """Free what the run holds; leave nothing uncommitted at the destination."""
         ...
@@ -32,7 +36,11 @@ class Run(Protocol):
 def execute_plan(plan: Plan, assignment: Assignment, output: Path, progress,
                  make_run: Callable[[Callable, CompileResult, float], Run]) -> CompileResult:
     """Run `plan` op by op with the run `make_run(progress, result, start)` builds, under an RSS sampler that
-    enforces the recipe's `ram`; the result holds what was measured, also when verification fails."""
+    enforces the recipe's `ram`; the result holds what was measured, also when verification fails.
+
+    The output goes into place last, once every op ran and every check (the `ram` budget after each op, the
+    load and run checks of the emitted model) passed: a failure before then leaves nothing at the destination,
+    and nothing after it can fail but the verdict of verification (Q501), which leaves the model in place."""
     result = CompileResult(output, [], plan, assignment=assignment)
     start, rss = time.perf_counter(), sampler_for(plan)
     run = make_run(guarded(progress, rss), result, start)
@@ -40,11 +48,16 @@ def execute_plan(plan: Plan, assignment: Assignment, output: Path, progress,
         with rss:
             try:
                 run_program(plan, run.handlers(), rss, result.executed)
+                result.files = run.commit()
             finally:
                 run.close()
     finally:  # also when verification fails: the report shows what was measured
         result.peak_rss, result.rss_samples = rss.peak, rss.samples
         result.total_seconds = time.perf_counter() - start
+    if result.verify_failure is not None:
+        from compiler.backends import BackendError
+
+        raise BackendError(result.verify_failure, result)
     return result
 
 
@@ -62,7 +75,7 @@ def run_program(plan: Plan, handlers: Mapping[type, Handler], rss: RssSampler, e
     for op in plan.ops:
         rss.phase = op
         handlers[type(op)](op)
-        rss.check()
+        rss.check_now()
         executed.append(op)
 
 

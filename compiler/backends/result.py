@@ -28,6 +28,7 @@ class CompileResult:
     verify: dict[str, float] | None = None
     verify_passed: bool | None = None
     verified_on: str = ""  # what verification ran: the emitted artifact through its loader, or qrc's own model
+    verify_failure: Diagnostic | None = None  # Q501, raised once the model is in place (program.py)
     warnings: list[Diagnostic] = field(default_factory=list)
     rss_samples: list[tuple[float, int, PlanOp | None]] = field(default_factory=list)  # (s, bytes, op running)
     executed: list[PlanOp] = field(default_factory=list)  # the plan's ops, each once its handler returned
@@ -48,8 +49,8 @@ class CompileResult:
 
 
 def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None:
-    """Record the figures; below the recipe's bound, leave the model with a `.verify.json` report and
-    raise Q501."""
+    """Record the figures; below the recipe's bound, write a `.verify.json` report beside the output and
+    record Q501, which the program raises after the model went into place (the last step of a run)."""
     v = ir.verify
     result.verify = agreement.figures()
     value = agreement.value(v.metric)
@@ -61,9 +62,10 @@ def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None
         report.write_text(json.dumps({"metric": v.metric.value, "bound": v.bound.value, "threshold": v.threshold,
                                       "value": value, "figures": result.verify, "measured_on": result.verified_on},
                                      indent=2) + "\n")
-        raise BackendError(error("Q501", f"verification failed: {v.metric.value} = {value:.6g}, the recipe asks "
-                                 f"{v.bound.value} {v.threshold:g}", ir.verify.span_of("bound") or ir.verify.span_of("metric")
-                                 or ir.span, "not met", help=_q501_help(output, report, result)), result)
+        result.verify_failure = error("Q501", f"verification failed: {v.metric.value} = {value:.6g}, the recipe asks "
+                                      f"{v.bound.value} {v.threshold:g}", ir.verify.span_of("bound")
+                                      or ir.verify.span_of("metric") or ir.span, "not met",
+                                      help=_q501_help(output, report, result))
 
 
 def _q501_help(output: Path, report: Path, result: CompileResult) -> str:

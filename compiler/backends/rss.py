@@ -72,6 +72,17 @@ class RssSampler:
         if self.limit is not None and rss > self.limit and self.over is None:
             self.over = (rss, self.phase)
 
+    def check_now(self) -> None:
+        """A sample taken now (and the kernel's high-water mark, when it was reset at the start: a spike between
+        samples), then `check`: after each op, so even an op shorter than the interval is held to the budget
+        before the output goes into place."""
+        self._sample()
+        if self._reset and self.limit is not None:
+            peak = _high_water_mark()
+            if peak > self.limit and self.over is None:
+                self.over = (peak, self.phase)
+        self.check()
+
     def check(self) -> None:
         """Raise Q302 once a sample went above the budget: the run stops instead of overrunning it."""
         if self.over is None:

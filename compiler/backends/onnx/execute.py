@@ -99,6 +99,10 @@ class _OnnxRun:
                 ops.PropagateRanges: self.propagate_ranges, ops.QuantizeWeights: self.quantize, ops.Emit: self.emit,
                 ops.Verify: self.verify}
 
+    def commit(self) -> list[Path]:
+        """The staged model into place (program.py calls this once every op ran)."""
+        return self.emitter.commit()
+
     def close(self) -> None:
         """Remove what the run staged and did not commit, and the model's scratch copy."""
         if self.emitter is not None:
@@ -373,7 +377,6 @@ class _OnnxRun:
         self.result.files = emitter.finish()  # staged beside the destination until verified
         if self.plan.first(ops.Verify) is None:  # verification opens it in onnxruntime; without it, this does
             _check_emitted(emitter.staging / self.output.name, self.ir, self.mode is MemoryMode.OFFLOAD)
-            self.result.files = emitter.commit()
         # The rewrite changed `files.light` in place: put the weight-free float graph back, which also lets
         # the quantized model (and its loaded weights) go before verification.
         self.files.light = onnx.load(str(self.files.path), load_external_data=False)
@@ -407,8 +410,7 @@ class _OnnxRun:
         self.result.verified_on = "the emitted model, run by onnxruntime"
         if not passes(agreement.value(v.metric), v.bound, v.threshold):  # which layers lose the most
             self.result.layer_errors = self._layer_errors(staged)
-        self.result.files = self.emitter.commit()
-        judge(self.ir, self.output, agreement, self.result)
+        judge(self.ir, self.output, agreement, self.result)  # the model goes into place after the last op
 
 
 def _check_emitted(staged: Path, ir: RecipeIR, offload: bool) -> None:

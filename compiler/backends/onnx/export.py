@@ -17,6 +17,7 @@ from compiler.backends.onnx.export_process import export_in_child
 from compiler.backends.onnx.genai import TOKENIZER_FILES
 from compiler.diagnostics import error
 from compiler.models.exports import cached_export, export_path
+from compiler.models.side_files import copyable
 
 _OUTPUTS = {"bert": ["last_hidden_state", "pooler_output"]}
 
@@ -32,7 +33,7 @@ def export_folder(folder: Path, span=None) -> Path:
         export_in_child(folder, staging / "model.onnx", span)
         target.parent.mkdir(parents=True, exist_ok=True)
         for name in ("config.json", *TOKENIZER_FILES):  # what genai_config.json and the cache shapes read
-            if (folder / name).is_file():
+            if copyable(folder, folder / name):  # a link to a file outside the model is never read
                 shutil.copyfile(folder / name, target.parent / name)
         os.replace(staging / "model.onnx.data", target.parent / "model.onnx.data")
         os.replace(staging / "model.onnx", target)

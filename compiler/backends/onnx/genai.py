@@ -12,6 +12,7 @@ from pathlib import Path
 
 from compiler.models.inputs import InputRole, has_cache, role_of
 from compiler.models.onnx_index import json_object
+from compiler.models.side_files import copyable
 
 # what onnxruntime-genai needs or reads beside the model, copied when the source folder has them
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
@@ -28,7 +29,8 @@ def side_files(source: Path, output_name: str, index) -> dict[str, bytes]:
     if config is None:
         return {}
     files = {"genai_config.json": (json.dumps(config, indent=4) + "\n").encode()}
-    files.update({name: (folder / name).read_bytes() for name in TOKENIZER_FILES if (folder / name).is_file()})
+    # regular files resolving inside the model's folder only: a link to a secret is never read (side_files.py)
+    files.update({name: (folder / name).read_bytes() for name in TOKENIZER_FILES if copyable(folder, folder / name)})
     return files
 
 

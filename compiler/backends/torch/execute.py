@@ -105,6 +105,11 @@ class _Run:
                 ops.RunBlock: self.run_blocks, ops.QuantizeWeights: self.quantize, ops.Emit: self.emit,
                 ops.Verify: self.verify}
 
+    def commit(self) -> list[Path]:
+        """The staged folder into place (program.py calls this once every op ran)."""
+        self._ready()
+        return self.writer.commit()
+
     def close(self) -> None:
         """Remove the caches and hooks, and the staged output unless it was committed."""
         if self.writer is not None:
@@ -395,15 +400,18 @@ class _Run:
             self.result.transform = self.smoother.summary()
         self.kv.write_scales("", self.writer)  # any module calibration did not reach (none in the models qrc runs)
         copy_unquantized(self.writer, self.model, self.jobs)
-        write_metadata(self.writer, self.model, self.config, self.ir)
+        refused = write_metadata(self.writer, self.model, self.config, self.ir)
+        if refused:
+            self.result.warnings.append(warning(
+                "Q430", f"{len(refused)} file(s) of the model folder link outside it and were not copied: "
+                f"{', '.join(refused[:4])}", self.ir.model_span, "not copied",
+                help="copy the real files into the model folder if the output should carry them"))
         self.result.files = self.writer.finish()
         if self.model.folder is not None:  # what transformers makes of the folder, before it goes into place
             skipped = check_loads(self.writer.temp, self.model.folder, self.ir.emit.span_of("path") if self.ir.emit
                                   else self.ir.span)
             if skipped is not None:
                 self.result.warnings.append(skipped)
-        if self.plan.first(ops.Verify) is None:  # nothing to verify first: into place now
-            self.result.files = self.writer.commit()
 
     def verify(self, op: ops.Verify) -> None:
         """Compare at the model's output: the quantized model against the kept float outputs (full), or the
@@ -426,9 +434,7 @@ class _Run:
         v = self.ir.verify
         if not passes(agreement.value(v.metric), v.bound, v.threshold):  # Q501's help names the worst layers
             self.result.layer_errors = self.costs.added()
-        # measured: the model goes into place (a failed verification leaves it there, beside its figures)
-        self.result.files = self.writer.commit()
-        judge(self.ir, self.result.output, agreement, self.result)
+        judge(self.ir, self.result.output, agreement, self.result)  # the model goes into place after the last op
 
     def _verify_emitted(self, float_stream: streams.Stream, agreement: Agreement) -> None:
         """The held-out samples through the staged folder as transformers and compressed-tensors load it,

@@ -20,6 +20,7 @@ from compiler.diagnostics import Diagnostic
 from compiler.ir.printer import print_ir
 from compiler.ir.types import RecipeIR
 from compiler.models.index import LayerKind
+from compiler.models.side_files import copyable
 from compiler.resolve.assignment import Assignment
 
 # the model folder's files that are weights (written from the rounded tensors, not copied)
@@ -96,17 +97,24 @@ def open_output(output: Path, model: TorchModel, jobs: list[Job], assignment: As
     return config, writer, skipped
 
 
-def write_metadata(writer: FolderWriter, model: TorchModel, config: dict, ir: RecipeIR) -> None:
+def write_metadata(writer: FolderWriter, model: TorchModel, config: dict, ir: RecipeIR) -> list[str]:
     """config.json (from output_config), the recipe, and the model folder's other files (tokenizer,
-    generation config, …)."""
+    generation config, …): regular files resolving inside the folder only (models/side_files.py). Returns
+    the side files not copied because they link outside it."""
     writer.metadata("config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
     writer.metadata("qrc.recipe", print_ir(ir))
     folder = model.folder
+    refused: list[str] = []
     if folder is not None:
         for path in sorted(folder.rglob("*")):
             relative = path.relative_to(folder).as_posix()
-            if path.is_file() and relative != "config.json" and not relative.endswith(SKIPPED_FILES):
+            if relative == "config.json" or relative.endswith(SKIPPED_FILES) or path.is_dir():
+                continue
+            if copyable(folder, path):
                 writer.copy_file(path, relative)
+            elif path.is_symlink():
+                refused.append(relative)
+    return refused
 
 
 def _untied(config: dict) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -24,10 +25,9 @@ class FolderWriter:
 
     def __init__(self, destination: Path, specs: list[TensorSpec], shard_bytes: int = SHARD_BYTES):
         self.destination = destination
-        self.temp = destination.with_name(f".{destination.name}.qrc-tmp")
-        if self.temp.exists():
-            shutil.rmtree(self.temp)
-        self.temp.mkdir(parents=True)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        # a name of its own per run: a second compile into the same place never writes into this one's files
+        self.temp = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.qrc-tmp-"))
         shards = _shards(specs, shard_bytes)
         names = (["model.safetensors"] if len(shards) == 1 else
                  [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
@@ -105,11 +105,12 @@ class FolderWriter:
 
     def commit(self) -> list[Path]:
         """Move the staged folder into place (replacing an earlier output); the files at the destination."""
-        old = self.destination.with_name(f".{self.destination.name}.qrc-old")
+        old = None
         if self.destination.exists():
-            self.destination.replace(old)
+            old = Path(tempfile.mkdtemp(dir=self.destination.parent, prefix=f".{self.destination.name}.qrc-old-"))
+            self.destination.replace(old)  # onto the empty folder just made
         self.temp.replace(self.destination)
-        if old.exists():
+        if old is not None:
             shutil.rmtree(old)
         return sorted(p for p in self.destination.rglob("*") if p.is_file())
 
