@@ -81,3 +81,50 @@ def test_glob_with_many_stars_matches_fast():
     for pattern in ("**********x", "*a*a*a*a*a*a*a*a*a*a*b", "*" * 500 + "?"):
         _compiled(SelectorKind.GLOB, pattern).fullmatch(name)
     assert time.perf_counter() - start < 1.0
+
+
+# ---- compile-side fuzz: recipes that check clean, compiled on a built-in ------------------------------------
+SCHEMES = ("W8A16", "W8A8", "W4A16", "FP8_DYNAMIC", "NVFP4A16", "W4A16 { group 32  rounding gptq }",
+           "W8A8 { activations int8 per_tensor static }")
+
+
+@st.composite
+def compilable(draw) -> str:
+    """A recipe over a small built-in Llama from independent choices: scheme, backend, mode, calibration
+    method and size, chunk, verification."""
+    backend = draw(st.sampled_from(["onnx", "torch"]))
+    scheme = draw(st.sampled_from(SCHEMES))
+    mode = draw(st.sampled_from(["full", "low_memory", "offload"]))
+    method = draw(st.sampled_from(["minmax", "percentile", "mse", "entropy"]))
+    samples, chunk = draw(st.integers(1, 6)), draw(st.integers(1, 4))
+    verify = draw(st.booleans())
+    return (f'recipe fuzz {{\n model "builtin:tiny-llama?layers=1&hidden=64&intermediate=128&vocab=128"\n'
+            f' backend {backend}\n scheme s = {scheme}\n quantize {{ type Linear -> s  "lm_head" -> none }}\n'
+            f' calibrate {{ data synthetic {{ samples {samples}  seqlen 8 }}  chunk {chunk}  method {method} }}\n'
+            f' memory {{ mode {mode} }}\n' + (" verify { samples 2  metric cosine  at_least 0 }\n" if verify else "")
+            + "}\n")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(compilable())
+def test_recipes_that_check_clean_compile_or_refuse_with_a_code(tmp_path_factory, text):
+    """Bounded compile-side fuzz: a recipe `qrc check` accepts either compiles (exit 0, the model written) or
+    stops with a coded diagnostic and nothing written; never a traceback."""
+    from typer.testing import CliRunner
+
+    from compiler.cli import app
+
+    folder = tmp_path_factory.mktemp("fuzz")
+    recipe = folder / "r.recipe"
+    recipe.write_text(text)
+    runner = CliRunner()
+    if runner.invoke(app, ["check", str(recipe)]).exit_code != 0:
+        return
+    out = folder / ("out" if "backend torch" in text else "m.onnx")
+    result = runner.invoke(app, ["compile", str(recipe), "-o", str(out)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), (text, result.output)
+    assert "Traceback" not in result.output, (text, result.output)
+    if result.exit_code == 0:
+        assert out.exists(), text
+    else:
+        assert result.exit_code == 2 and "error[Q" in result.output and not out.exists(), (text, result.output)

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from compiler.plan.ops import PlanOp
+from compiler.source import Span
 
 
 @dataclass
@@ -19,6 +20,7 @@ class RssSampler:
 
     interval: float = 0.02
     limit: int | None = None
+    span: Span | None = None  # where the recipe sets `ram` (Q302 points there)
     over: tuple[int, PlanOp | None] | None = None  # (rss, op) of the first sample above `limit`
     samples: list[tuple[float, int, PlanOp | None]] = field(default_factory=list)  # (seconds, rss bytes, op)
     phase: PlanOp | None = None  # the plan op running (None before the first)
@@ -94,7 +96,7 @@ class RssSampler:
         rss, op = self.over
         where = f" during `{op.kind.value}`" if op is not None else ""
         raise BackendError(error("Q302", f"the compile used {human_bytes(rss)}{where}, above the recipe's `ram` "
-                                 f"{human_bytes(self.limit or 0)}; it stopped there", None, "over budget",
+                                 f"{human_bytes(self.limit or 0)}; it stopped there", self.span, "over budget",
                                  help="raise `ram`, or use a smaller `chunk` or `mode offload` (qrc plan shows "
                                       "what each needs); nothing was written to the destination"))
 

@@ -209,13 +209,21 @@ def npz_problems(source: DataSource, index: ModelIndex) -> list[tuple[str, str, 
         return []
     try:
         with zipfile.ZipFile(source.path) as archive:
-            present = set(_arrays_in(archive))
-    except (OSError, zipfile.BadZipFile):
+            members = _arrays_in(archive)
+            present = set(members)
+            rows = {t.name: _npy_header(archive.open(members[t.name]))[0] for t in index.inputs if t.name in present}
+    except (OSError, zipfile.BadZipFile, ValueError):
         return []  # missing or unreadable: reported with its own message
     missing = [t.name for t in index.inputs if t.name not in present]
-    return [("Q402", f"`{source.path}` has no array for model input `{name}`",
-             f"arrays present: {', '.join(sorted(present)) or 'none'}; the model needs: "
-             f"{', '.join(t.name for t in index.inputs)}") for name in missing]
+    problems = [("Q402", f"`{source.path}` has no array for model input `{name}`",
+                 f"arrays present: {', '.join(sorted(present)) or 'none'}; the model needs: "
+                 f"{', '.join(t.name for t in index.inputs)}") for name in missing]
+    samples = {name: shape[0] if shape else 0 for name, shape in rows.items()}
+    if len(set(samples.values())) > 1:  # samples are rows: a shorter mask would pair with the wrong ids
+        listed = ", ".join(f"`{name}` {count}" for name, count in samples.items())
+        problems.append(("Q403", f"`{source.path}`: the model's inputs have different numbers of samples ({listed})",
+                         "every input array needs one row per sample, in the same order"))
+    return problems
 
 
 def runtime_problems(source: DataSource, index: ModelIndex, chunks: tuple[int, ...]) -> list[tuple[str, str, str]]:

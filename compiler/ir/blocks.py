@@ -175,7 +175,7 @@ def elaborate_mixed_precision(block: ast.Block | None, diags: Diagnostics) -> Mi
     budget = found["budget"].value if "budget" in found else None
     if budget is not None and budget.value <= 0:
         diags.error("Q217", f"budget must be a positive number of bits, not `{budget.text}`", budget.span,
-                    "not a bit budget")
+                    "not a bit budget", help="bits per weight between the narrowest and widest choice, e.g. `budget 5.5`")
     return MixedPrecision(
         spans=spans_of(found),
         choices=tuple(n.value for n in found["choices"].value) if "choices" in found else (),

@@ -55,7 +55,8 @@ def whole_number(num: ast.Number, what: str, diags: Diagnostics, minimum: int = 
     if not num.is_integer or num.value < minimum:
         at_least = "a positive whole number" if minimum == 1 else f"a whole number ≥ {minimum}"
         text = num.text if len(num.text) <= 24 else num.text[:20] + "…"
-        diags.error("Q217", f"{what} must be {at_least}, not `{text}`", num.span, f"expected {at_least}")
+        diags.error("Q217", f"{what} must be {at_least}, not `{text}`", num.span, f"expected {at_least}",
+                    help=f"write {at_least}, such as {max(minimum, 1) * 8}")
         return None
     return int(num.value)
 

@@ -174,16 +174,35 @@ _LIMITS = {"num_hidden_layers": 4096, "hidden_size": 1 << 20, "intermediate_size
            "num_local_experts": 4096, "num_experts": 4096, "n_routed_experts": 4096, "moe_intermediate_size": 1 << 22}
 
 
+_EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def _check_numbers(config: dict, ref: str) -> None:
+    """Every size of the config and of its nested text and vision configs a whole number within qrc's limits;
+    an MoE's experts per token from 1 to its number of experts (Q250 otherwise)."""
+    for where, part in (("", config), ("text_config.", config.get("text_config")),
+                        ("vision_config.", config.get("vision_config"))):
+        if not isinstance(part, dict):
+            continue
+        for key, limit in _LIMITS.items():
+            value = part.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= limit):
+                raise ModelError("Q250", f"`{ref}/config.json` has `{where}{key}: {str(value)[:40]}`, not a size qrc "
+                                 f"can plan (a whole number from 1 to {limit:,})", "fix config.json")
+        experts = next((part[k] for k in _EXPERTS if isinstance(part.get(k), int)), None)
+        top = part.get("num_experts_per_tok")
+        if experts is not None and top is not None and (not isinstance(top, int) or isinstance(top, bool)
+                                                         or not 0 < top <= experts):
+            raise ModelError("Q250", f"`{ref}/config.json` has `{where}num_experts_per_tok: {str(top)[:40]}` for "
+                             f"{experts} experts", f"each token is routed to 1 to {experts} experts: fix config.json")
+
+
 def _layout(config: dict, ref: str):
     """The family's layout from config.json, after its numbers are checked: a missing or implausible one is a
     diagnostic (Q250), never a KeyError or a layout of 10⁸ blocks built in memory."""
+    _check_numbers(config, ref)
     if config.get("model_type") not in families.DECODERS + families.ENCODERS:
         return None
-    for key, limit in _LIMITS.items():
-        value = config.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= limit):
-            raise ModelError("Q250", f"`{ref}/config.json` has `{key}: {str(value)[:40]}`, not a size qrc can plan "
-                             f"(a whole number from 1 to {limit:,})", "fix config.json")
     try:
         return families.layout(config)
     except KeyError as exc:
@@ -200,6 +219,9 @@ def _config(folder: Path, ref: str) -> dict | None:
         return None
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ModelError("Q250", f"`{ref}/config.json` nests deeper than any config", "fix or replace config.json") \
+            from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelError("Q250", f"`{ref}/config.json` is not valid JSON ({exc})", "fix or replace config.json") from None
     if not isinstance(config, dict):
@@ -211,6 +233,11 @@ def _config_dtype(config: dict | None) -> str:
     name = str((config or {}).get("torch_dtype") or (config or {}).get("dtype") or "float32")
     return name.removeprefix("torch.") if name.removeprefix("torch.") in DTYPE_BYTES else "float32"
 
+
+
+def tensor_shapes(folder: Path, ref: str) -> dict[str, tuple[int, ...]]:
+    """Every safetensors tensor of `folder` and its shape (headers only; Q250 for a damaged file)."""
+    return {name: shape for name, (_, shape) in _headers(folder, ref).items()}
 
 
 def _headers(folder: Path, ref: str) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -228,7 +255,7 @@ def _headers(folder: Path, ref: str) -> dict[str, tuple[str, tuple[int, ...]]]:
                                  "the header length is missing or implausible")
             try:
                 header = json.loads(handle.read(size))
-            except (UnicodeDecodeError, json.JSONDecodeError):
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
                 raise ModelError("Q250", f"`{path.name}` in `{ref}` has a corrupt header", "re-save the file") from None
         if not isinstance(header, dict):
             raise ModelError("Q250", f"`{path.name}` in `{ref}` has a header that is not a JSON object", "re-save the file")

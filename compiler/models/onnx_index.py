@@ -104,7 +104,7 @@ def json_object(path: Path) -> dict:
 
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nesting deeper than Python's stack
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -16,8 +16,9 @@ FORMATS = {".md": "report.md.j2", ".html": "report.html.j2", ".htm": "report.htm
 
 def _md_cell(value) -> str:
     """A Markdown table cell: one line, pipes escaped, and no markup of its own: `<` and `&` become entities
-    (no HTML tag or entity can start), so a hostile layer name cannot inject HTML into a Markdown viewer."""
-    text = str(value).replace("&", "&amp;").replace("<", "&lt;")
+    (no HTML tag or entity can start), and `](` is broken (no inline link or image can form), so a hostile
+    layer name cannot inject HTML or a `javascript:` link into a Markdown viewer."""
+    text = str(value).replace("&", "&amp;").replace("<", "&lt;").replace("](", "]\\(")
     return text.replace("|", "\\|").replace("\n", " ")
 
 

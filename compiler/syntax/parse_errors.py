@@ -180,7 +180,7 @@ def _unexpected_token(exc: UnexpectedToken, source: Source, consumed: list[Token
     if keyword is not None or tok.type == "NAME":
         return _unexpected_word(source, tok, expected, previous, open_, keyword)
     return error("Q104", f"expected {describe_expected(expected, previous)}{_after(previous)}, "
-                 f"found {_describe_token(tok)}", span, "unexpected here")
+                 f"found {_describe_token(tok)}", span, "unexpected here", help=_q104_help(expected, previous))
 
 
 def _unexpected_word(source, tok, expected, previous, open_, keyword) -> Diagnostic:
@@ -203,7 +203,7 @@ def _unexpected_word(source, tok, expected, previous, open_, keyword) -> Diagnos
         return error("Q107", f"`{keyword}` is not allowed{where}", span, "not valid here", help=help_)
     if not expected_words or "NAME" in expected:
         return error("Q104", f"expected {expected_text}{_after(previous)}, found {_describe_token(tok)}",
-                     span, "unexpected here")
+                     span, "unexpected here", help=_q104_help(expected, previous))
     close = difflib.get_close_matches(word, expected_words, n=1, cutoff=0.6)
     help_ = f"did you mean `{close[0]}`?" if close else f"expected {expected_text}"
     return error("Q107", f"unknown keyword `{word}`", span, "not a keyword here", help=help_)
@@ -229,7 +229,14 @@ def _end_of_file(source, consumed, open_, expected, previous) -> Diagnostic:
                      help=f"add `{close}` where this block ends")
     span = _tok_span(source, previous)
     return error("Q104", f"the recipe ends too early: expected {describe_expected(expected, previous)}"
-                 f"{_after(previous)}", span, "file ends after this")
+                 f"{_after(previous)}", span, "file ends after this",
+                 help="finish the statement and close every `{` with `}`; see `recipes/` for complete recipes")
+
+
+def _q104_help(expected, previous) -> str:
+    """What to write instead, and where to look for the language's forms."""
+    return (f"write {describe_expected(expected, previous)} here (or check the line before for a missing value or "
+            "`}`); `qrc explain Q104` and `recipes/` show the forms")
 
 
 def _unterminated(source: Source, pos: int) -> Diagnostic:

@@ -59,7 +59,8 @@ def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, prog
     try:
         return execute_plan(plan, assignment, output, progress,
                             lambda guarded_progress, result, start: _OnnxRun(ir, assignment, plan, output,
-                                                                              guarded_progress, result, start))
+                                                                              guarded_progress, result, start),
+                            ir.memory.span_of("ram"))
     except Exception as exc:
         if not type(exc).__module__.startswith("onnxruntime"):
             raise

@@ -5,6 +5,8 @@ $QRC_CACHE/exported/<content hash>/ and reused by later compiles."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -16,17 +18,23 @@ from compiler.backends.onnx.export_decoder import DECODER_FAMILIES, export_decod
 from compiler.backends.onnx.export_process import export_in_child
 from compiler.backends.onnx.genai import TOKENIZER_FILES
 from compiler.diagnostics import error
-from compiler.models.exports import cached_export, export_path
+from compiler.models.exports import cached_export, export_path, metadata_key
 from compiler.models.side_files import copyable
 
 _OUTPUTS = {"bert": ["last_hidden_state", "pooler_output"]}
 
 
+STAMP = "qrc-export.json"  # beside a cached export: what it was made from, and a digest of what was written
+
+
 def export_folder(folder: Path, span=None) -> Path:
-    """The ONNX export of `folder`, made now if it is not cached."""
+    """The ONNX export of `folder`, made now if it is not cached (or if the cached one is damaged, was
+    swapped for another model's, or links outside its entry: such an entry is removed and made again)."""
     found = cached_export(folder)
     if found is not None:
-        return found
+        if _reusable(found, folder):
+            return found
+        shutil.rmtree(found.parent, ignore_errors=True)
     target = export_path(folder)
     staging = Path(tempfile.mkdtemp(prefix="qrc-export-"))
     try:
@@ -37,9 +45,47 @@ def export_folder(folder: Path, span=None) -> Path:
                 shutil.copyfile(folder / name, target.parent / name)
         os.replace(staging / "model.onnx.data", target.parent / "model.onnx.data")
         os.replace(staging / "model.onnx", target)
+        (target.parent / STAMP).write_text(json.dumps(_stamp(folder, target)))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _stamp(folder: Path, export: Path) -> dict:
+    """The folder's cache key, the graph's digest, and the data file's size and a digest of its first and last
+    MiB: a damaged entry, or one swapped for another model's export, does not match its folder's stamp."""
+    data = export.with_name("model.onnx.data")
+    size = data.stat().st_size
+    digest = hashlib.sha256()
+    with data.open("rb") as handle:
+        digest.update(handle.read(1 << 20))
+        handle.seek(max(size - (1 << 20), 0))
+        digest.update(handle.read(1 << 20))
+    return {"key": metadata_key(folder), "graph": hashlib.sha256(export.read_bytes()).hexdigest(),
+            "data_bytes": size, "data_ends": digest.hexdigest()}
+
+
+def _reusable(found: Path, folder: Path) -> bool:
+    """Whether a cached export is the one made from `folder`, intact: regular files (no link out of the
+    entry), its stamp matching, onnx's checks passing, and its weights of the folder's shapes."""
+    from compiler.models import ModelError
+    from compiler.models.hf_index import tensor_shapes
+    from compiler.models.onnx_index import index_onnx
+
+    data = found.with_name("model.onnx.data")
+    if found.is_symlink() or data.is_symlink() or not data.is_file():
+        return False
+    try:
+        if json.loads((found.parent / STAMP).read_text()) != _stamp(folder, found):
+            return False
+        index_onnx(found, str(folder))
+        shapes = tensor_shapes(folder, str(folder))
+    except (OSError, ValueError, ModelError):
+        return False
+    import onnx
+
+    graph = onnx.load(str(found), load_external_data=False).graph
+    return all(sorted(t.dims) == sorted(shapes[t.name]) for t in graph.initializer if t.name in shapes)
 
 
 @contextlib.contextmanager

@@ -36,18 +36,25 @@ def side_files(source: Path, output_name: str, index) -> dict[str, bytes]:
 
 def _genai_config(folder: Path, output_name: str, index) -> dict | None:
     carried = json_object(folder / "genai_config.json")
-    if isinstance(carried.get("model", {}).get("decoder"), dict):
-        carried["model"]["decoder"]["filename"] = output_name
+    model = carried.get("model")
+    if isinstance(model, dict) and isinstance(model.get("decoder"), dict):
+        model["decoder"]["filename"] = output_name
         return carried
     return _written(json_object(folder / "config.json"), output_name, index)
+
+
+def _positive(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _written(hf: dict, output_name: str, index) -> dict | None:
     """A genai_config.json for a decoder with a cache whose config.json names a type genai runs."""
     if hf.get("model_type") not in GENAI_TYPES or not has_cache(index):
         return None
-    heads = hf.get("num_attention_heads")
-    numbers = {"head_size": hf.get("head_dim") or hf["hidden_size"] // heads, "hidden_size": hf.get("hidden_size"),
+    heads, hidden = hf.get("num_attention_heads"), hf.get("hidden_size")
+    if not (_positive(heads) and _positive(hidden) and _positive(hf.get("num_hidden_layers"))):
+        return None  # a config.json without the decoder's numbers: genai could not run it; none is written
+    numbers = {"head_size": hf.get("head_dim") or hidden // heads, "hidden_size": hidden,
                "num_attention_heads": heads, "num_hidden_layers": hf.get("num_hidden_layers"),
                "num_key_value_heads": hf.get("num_key_value_heads") or heads}
     decoder = {"session_options": {"log_id": "onnxruntime-genai", "provider_options": []}, "filename": output_name,

@@ -46,8 +46,8 @@ class ResumeState:
                     return None
                 observers = {o["name"]: _observer(o, archive) for o in meta["observers"]}
                 done = meta["done"]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, json.JSONDecodeError, EOFError):
-            return None
+        except Exception:  # noqa: BLE001 - whatever a foreign or damaged file raises (a truncated zip, an overflow),
+            return None  # it is not trusted: the run starts over (Q408)
         if not isinstance(done, int) or done < 0:
             return None
         return done, observers
@@ -101,11 +101,21 @@ def _restore_hessian(d: dict, archive) -> HessianObserver:
     return o
 
 
+# the largest value a float32 activation can have: a range beyond it did not come from a calibration run
+_FLOAT32_MAX = 3.4028234663852886e38
+_MAX_BINS = 1 << 24  # a histogram this fine is far beyond any recipe's `bins`
+
+
 def _restore_minmax(d: dict) -> MinMaxObserver:
     o = MinMaxObserver()
     o.min = math.inf if d["min"] is None else float(d["min"])
     o.max = -math.inf if d["max"] is None else float(d["max"])
     o.finite, o.nonfinite = int(d["finite"]), int(d["nonfinite"])
+    for bound in (o.min, o.max):
+        if math.isfinite(bound) and abs(bound) > _FLOAT32_MAX or math.isnan(bound):
+            raise ValueError("range beyond float32")
+    if o.finite < 0 or o.nonfinite < 0:
+        raise ValueError("negative counts")
     return o
 
 
@@ -116,8 +126,11 @@ def _observer(d: dict, archive) -> MinMaxObserver | HistogramObserver | HessianO
         return _restore_hessian(d, archive)
     if d["kind"] != "histogram":
         raise ValueError(f"unknown observer kind {d['kind']!r}")
-    o = HistogramObserver(bins=int(d["bins"]))
-    o.exponent, o.minmax = int(d["exponent"]), _restore_minmax(d["minmax"])
+    bins, exponent = int(d["bins"]), int(d["exponent"])
+    if not 16 <= bins <= _MAX_BINS or not -1074 <= exponent <= 1023:  # math.ldexp(1, exponent) stays finite
+        raise ValueError("histogram out of range")
+    o = HistogramObserver(bins=bins)
+    o.exponent, o.minmax = exponent, _restore_minmax(d["minmax"])
     if d["has_counts"]:
         counts = archive[f"counts_{int(d['index'])}"]
         if counts.dtype != np.int64 or counts.shape != (o.bins,) or (counts < 0).any():

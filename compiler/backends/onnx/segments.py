@@ -70,7 +70,11 @@ class BoundaryCache:
             return
         path = self._path(name, chunk)
         tmp = path.with_suffix(".tmp.npy")
-        np.save(tmp, value, allow_pickle=False)  # keeps the dtype: no float64 promotion on reload
+        try:
+            np.save(tmp, value, allow_pickle=False)  # keeps the dtype: no float64 promotion on reload
+        except OSError as exc:  # a full disk: no partial file left, and the error names the cache
+            tmp.unlink(missing_ok=True)
+            raise OSError(exc.errno, exc.strerror or "the disk cache is full", str(path)) from None
         os.replace(tmp, path)
 
     def get(self, name: str, chunk: int) -> np.ndarray:

@@ -62,7 +62,7 @@ def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, prog
         keep_large_blocks_mapped()  # a RAM budget: a flat RSS first, at up to 13% more time (release.py)
     return execute_plan(plan, assignment, output, progress,
                         lambda guarded_progress, result, start: _Run(ir, assignment, plan, result, guarded_progress,
-                                                                     start))
+                                                                     start), ir.memory.span_of("ram"))
 
 
 class _Run:
@@ -176,7 +176,7 @@ class _Run:
         self.global_scales = SharedGlobalScales({j.layer.name: j.scheme.weights.qtype for j in self.jobs},
                                                 lambda name: self.model.shards.read(weights[name]))
         if not self.file_to_file:
-            refuse_non_linear(self.model, self.jobs, self.ir)
+            refuse_non_linear(self.model, self.jobs, self.ir, self.assignment)
         kv = self.ir.kv_cache
         attention = attention_modules([layer.name for layer in self.index.layers]) if kv is not None else []
         self.kv = KvCacheQuantizer(self.model.module, attention, kv, self.model.dtype)

@@ -244,14 +244,17 @@ def jobs_of(model: TorchModel, assignment: Assignment) -> list[Job]:
             if not a.scheme.is_none]
 
 
-def refuse_non_linear(model: TorchModel, jobs: list[Job], ir: RecipeIR) -> None:
+def refuse_non_linear(model: TorchModel, jobs: list[Job], ir: RecipeIR, assignment: Assignment | None = None) -> None:
     """Q411 before any work for a layer whose module is not an nn.Linear once the model runs (transformers
-    5's MoE routers keep their weight in a router module of their own)."""
+    5's MoE routers keep their weight in a router module of their own), pointing at the rule that chose it."""
+    rules = {a.layer.name: a.rule for a in assignment.layers} if assignment is not None else {}
     for job in jobs:
         module = model.module.get_submodule(job.module)
         if not isinstance(module, torch.nn.Linear):
+            rule = rules.get(job.layer.name)
+            span = (rule.scheme_span if rule is not None else None) or job.scheme.span or ir.span
             raise BackendError(error(
                 "Q411", f"`{job.layer.name}` is computed by a `{type(module).__name__}`, not an nn.Linear: the torch "
-                "backend rounds Linear layers when it runs the model", job.scheme.span, "not a Linear here",
+                "backend rounds Linear layers when it runs the model", span, "not a Linear here",
                 help=f'give it `-> none` (e.g. `"{job.layer.name}" -> none`; MoE routers stay float in serving), or '
                 "round it data-free without `verify` (file to file)"))

@@ -4,6 +4,7 @@ masks, ids) stored once when every chunk has the same ones."""
 
 from __future__ import annotations
 
+import errno
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -13,6 +14,14 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+
+def cache_write_error(exc: Exception, path: Path) -> OSError:
+    """A failed write of a cache file as an OSError naming the cache (not the output), so the compile reports
+    it as Q417 with the folder that filled up."""
+    number = exc.errno if isinstance(exc, OSError) and exc.errno else errno.ENOSPC
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"the disk cache is full ({exc})"
+    return OSError(number, reason, str(path))
 
 
 class HiddenCache:
@@ -29,8 +38,13 @@ class HiddenCache:
         value = hidden.detach().to("cpu", self.dtype)
         if self._dir is None:
             self._ram[chunk] = value
-        else:
-            save_file({"hidden": value.contiguous()}, str(self._dir / f"{chunk}.safetensors"))  # data only
+            return
+        path = self._dir / f"{chunk}.safetensors"
+        try:
+            save_file({"hidden": value.contiguous()}, str(path))  # data only
+        except Exception as exc:  # safetensors raises its own error type for a full disk
+            path.unlink(missing_ok=True)  # no partial file left behind
+            raise cache_write_error(exc, path) from None
 
     def get(self, chunk: int) -> torch.Tensor:
         """One chunk's hidden states."""

@@ -44,12 +44,37 @@ def parse_ref(ref: str):
                              f"{did_you_mean(key, sorted(fields))} (parameters: {', '.join(sorted(fields))})")
         if not value.isdigit() or (int(value) < 1 and key != "seed"):
             raise ModelError("Q251", f"`{key}={value}` must be a positive whole number", f"e.g. `{key}=8`")
+        limit = SEED_LIMIT if key == "seed" else SIZE_LIMIT
+        if len(value) > 12 or int(value) > limit:
+            raise ModelError("Q251", f"`{key}={value[:24]}` is above {limit:,}", f"built-ins are test models: e.g. `{key}=8`")
         values[key] = int(value)
     spec = spec_type(**values)
     if spec.problems():
         raise ModelError("Q251", f"invalid `{name}` parameters: {'; '.join(spec.problems())}",
                          "adjust the parameters in the `?key=value` part")
+    weights = _weights_estimate(spec)
+    if weights > WEIGHTS_LIMIT:
+        raise ModelError("Q251", f"`{ref[:80]}` would have about {weights:,} weights, above the built-ins' "
+                         f"{WEIGHTS_LIMIT:,}", "built-ins are generated in memory for tests: use smaller sizes, or an HF "
+                         "folder for a large model")
     return name, spec
+
+
+SIZE_LIMIT = 1 << 16  # any one size of a built-in
+SEED_LIMIT = (1 << 32) - 1  # numpy's legacy seeding takes 32 bits
+WEIGHTS_LIMIT = 1 << 30  # 4 GiB of float32: built-ins are generated whole in memory
+
+
+def _weights_estimate(spec) -> int:
+    """About how many weights a built-in of these sizes has (decoders, encoders: blocks plus embeddings;
+    the CNN: its convolutions and dense layers)."""
+    get = lambda key: int(getattr(spec, key, 0) or 0)  # noqa: E731
+    hidden, inter = get("hidden"), get("intermediate")
+    blocks = get("layers") * (4 * hidden * hidden + 3 * hidden * inter)
+    tables = (2 * get("vocab") + get("max_positions")) * hidden
+    flat = int(getattr(spec, "flat", 0) or 0)
+    cnn = 9 * get("channels") ** 2 + flat * hidden + hidden * get("classes")
+    return blocks + tables + cnn
 
 
 def cache_dir() -> Path:
