@@ -84,7 +84,7 @@ def _compile(tree: str, model: Path, mode: str, args, verify: bool) -> tuple[flo
         measured = "the emitted folder" if "measured on the emitted folder" in text else ("qrc's model" if verify else "")
         found = re.search(r"passed: cosine ([0-9.]+)", text)
         peak = re.search(r"peak RSS (.+?) measured vs (.+?) planned \(([0-9.]+)×\)", text)
-        rss = f"{peak.group(1)} / {peak.group(2)} ({peak.group(3)}×)" if peak else "?"
+        rss = f"{peak.group(1).strip('│ ')} / {peak.group(2)} ({peak.group(3)}×)" if peak else "?"
         return seconds, measured, float(found.group(1)) if found else float("nan"), rss
 
 

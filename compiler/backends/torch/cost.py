@@ -57,6 +57,10 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
               + gptq_scratch(w) if mode is not MemoryMode.MULTI_GPU else 0),
              (f"{w.transform.kind.value if w.transform else 'transform'} statistics (+ scratch of one mapping)",
               transform_bytes(w, all_blocks=mode is MemoryMode.FULL)))
+    if mode is MemoryMode.FULL and w.verify_samples:  # CaptureReference keeps them through calibration
+        last = w.index.layers[-1].out_features if w.index.layers else w.hidden
+        parts += ((f"float outputs kept for verification ({w.verify_samples} samples)",
+                   w.verify_samples * w.seqlen * last * 4),)
     return Phase("block-wise compile", sum(b for _, b in parts), parts)
 
 

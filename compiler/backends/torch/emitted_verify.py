@@ -57,6 +57,7 @@ def run_emitted(artifact: ArtifactModel, feeds: list[dict], reference: Iterable[
         for ref, out, feed in zip(reference, streams.replay_tail(container, stream, artifact.forward, lazy=True), feeds,
                                   strict=True):
             agreement.update(ref.float().numpy(), out.float().numpy(), streams.mask_of(feed))
+            del ref, out  # one chunk of logits per side alive, as the plan counts
     stream.hidden.close()
 
 

@@ -452,8 +452,7 @@ class _Run:
                 hook.remove()
             self.rounder.hooks.clear()
             model.materialize(model.outside())
-            reference = (out.float() for out in streams.replay_tail(model.block_modules(), float_stream, self._call,
-                                                                     lazy=True))
+            reference = streams.replay_tail(model.block_modules(), float_stream, self._call, lazy=True)
         disk = self.disk if self.offload else None
         try:
             run_emitted(artifact, float_stream.feeds, reference, agreement, hidden_cache(model.dtype, disk),

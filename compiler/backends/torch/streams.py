@@ -248,6 +248,7 @@ def _replayed(container: nn.ModuleList, stream: Stream, call, before):
             container._modules.clear()  # the caller may run other streams through the blocks between chunks
             container._modules.update(original)
             yield out
+            del out, replay  # the caller has this chunk's output: not kept while the next one is computed
     finally:
         container._modules.clear()
         container._modules.update(original)
