@@ -305,3 +305,24 @@ def test_hostile_json_beside_an_onnx_decoder_is_not_a_traceback(decoder, name, t
     assert result.exit_code in (0, 2), result.output
     if result.exit_code == 2:
         assert "error[Q" in result.output
+
+
+def test_a_tokenizer_beside_an_onnx_decoder_linking_outside_is_not_copied(decoder, tmp_path):
+    """onnxruntime-genai's side files beside the ONNX output are copied only when they resolve inside the
+    model's folder: a tokenizer.json linking to a secret is left out, a real one is copied."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for part in ("model.onnx", "model.onnx.data", "config.json"):
+        shutil.copyfile(decoder / part, folder / part)
+    (tmp_path / "secret").write_text("PRIVATE KEY")
+    (folder / "tokenizer.json").symlink_to(tmp_path / "secret")
+    (folder / "generation_config.json").write_text("{}")
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n model "{folder / "model.onnx"}"\n quantize {{ type Linear -> W8A16 }}\n'
+                      f' emit "{tmp_path / "out" / "q.onnx"}"\n}}\n')
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out"
+    assert (out / "genai_config.json").exists() and (out / "generation_config.json").exists()
+    assert not (out / "tokenizer.json").exists()
+    assert not any(b"PRIVATE KEY" in p.read_bytes() for p in out.iterdir() if p.is_file())

@@ -285,6 +285,7 @@ def test_a_router_the_running_model_cannot_round_is_refused_before_work(moe, tmp
                                mode="offload", out=tmp_path / "out"))
     result = CliRunner().invoke(app, ["compile", str(path)])
     assert result.exit_code == 2 and "Q411" in result.output and "not an nn.Linear" in result.output, result.output
+    assert f"--> {path}" in " ".join(result.output.split()), result.output  # at the rule that chose the router
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 

@@ -50,7 +50,7 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     else:
         weights, label = w.weights_bytes + max(w.block_bytes().values(), default=0), "weights"
     runtime = RUNTIME + (CUDA_HOST if mode is MemoryMode.MULTI_GPU else 0)
-    parts = (("runtime" + (" with CUDA" if mode is MemoryMode.MULTI_GPU else ""), runtime), (label, weights),
+    parts: tuple[tuple[str, int], ...] = (("runtime" + (" with CUDA" if mode is MemoryMode.MULTI_GPU else ""), runtime), (label, weights),
              (f"block caches ({copies} copies)", cache),
              (f"block working set ({chunk} samples)", work if mode is not MemoryMode.MULTI_GPU else 0),
              ("GPTQ Hessians (+ scratch of one)", hessian_bytes(w, all_blocks=mode is MemoryMode.FULL)
