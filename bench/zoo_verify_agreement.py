@@ -1,8 +1,10 @@
-"""qrc's verify cosine against the one transformers measures on the emitted folder (same held-out samples),
-per zoo family, for the plain recipe (`type Linear -> W4A16 { group 16 }`) in full and offload mode; and the
-keys transformers reports missing or unexpected when it loads the folder with the task class.
+"""qrc's verify cosine against the one transformers measures on the emitted folder (same held-out samples,
+transformers' default load: compressed-tensors' forward, activations quantized as the folder says), per zoo
+family, for the plain recipe (`type Linear -> W4A16 { group 16 }`, or `--scheme`) in full and offload mode;
+and the keys transformers reports missing or unexpected when it loads the folder with the task class.
 
     python bench/zoo_verify_agreement.py llama llava qwen2_vl gemma4_text gemma4 gemma4_moe mixtral bert
+    python bench/zoo_verify_agreement.py --scheme W8A8 llama
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from compiler.data import verify_batches  # noqa: E402
 RECIPE = '''recipe plain {{
     model "{model}"
     backend torch
-    scheme s = W4A16 {{ group 16 }}
+    scheme s = {scheme}
     quantize {{ type Linear -> s }}
     calibrate {{ data synthetic {{ samples 8  seqlen 32 }}  chunk 4 }}
     memory {{ mode {mode} }}
@@ -35,21 +37,28 @@ TASK = {"bert": "AutoModel", "llava": "AutoModelForImageTextToText", "qwen2_vl":
 
 
 def main() -> None:
-    for family in sys.argv[1:]:
+    args = sys.argv[1:]
+    scheme = "W4A16 { group 16 }"
+    if args[:1] == ["--scheme"]:
+        scheme, args = args[1], args[2:]
+    print("| family | scheme | mode | qrc verify cosine | transformers' cosine | missing / unexpected keys |")
+    print("|---|---|---|---:|---:|---|")
+    for family in args:
         for mode in ("full", "offload"):
-            print(_row(family, mode), flush=True)
+            print(_row(family, mode, scheme), flush=True)
 
 
-def _row(family: str, mode: str) -> str:
+def _row(family: str, mode: str, scheme: str) -> str:
     root = Path(tempfile.mkdtemp())
     folder = build(family, root / family)
-    (root / "r.recipe").write_text(RECIPE.format(model=folder, out=root / "out", mode=mode))
+    (root / "r.recipe").write_text(RECIPE.format(model=folder, out=root / "out", mode=mode, scheme=scheme))
     result, planned = compile_program(str(root / "r.recipe"), root / "out")
     task = getattr(transformers, TASK.get(family, "AutoModelForCausalLM"))
     batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 4, 4)
-    cosines, _ = transformers_cosines(folder, root / "out", task, batches)
+    cosines, _ = transformers_cosines(folder, root / "out", task, batches, dequantize=False)
     _, info = task.from_pretrained(str(root / "out"), output_loading_info=True)
-    return (f"| {family} | {mode} | {result.verify['cosine']:.4f} | {sum(cosines) / len(cosines):.4f} | "
+    return (f"| {family} | {scheme.split()[0]} | {mode} | {result.verify['cosine']:.6f} | "
+            f"{sum(cosines) / len(cosines):.6f} | "
             f"{len(info['missing_keys'])} / {len(info['unexpected_keys'])} |")
 
 

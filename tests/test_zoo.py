@@ -467,3 +467,16 @@ def test_verify_measures_the_emitted_folder_not_qrcs_model(mode, tmp_path, monke
     result = CliRunner().invoke(app, ["compile", str(recipe), "-o", str(out)])
     assert result.exit_code == 2 and "Q501" in result.output, result.output
     assert "emitted folder" in (tmp_path / "bad.verify.json").read_text()
+
+
+def test_a_folder_transformers_cannot_open_is_verified_and_says_how(moe, tmp_path):
+    """transformers 5.24 cannot fuse int8 experts back into its 3-D parameters, so it does not open a W8A8
+    Mixtral folder (Q427; vLLM reads it per expert). Verification still decodes the folder's own tensors with
+    compressed-tensors, layer by layer, and says that is what it measured rather than claiming a transformers
+    load."""
+    path = tmp_path / "r.recipe"
+    path.write_text(RUN.format(model=moe / "mixtral", scheme="W8A8", ignore="", mode="low_memory",
+                               out=tmp_path / "out"))
+    result, planned = compile_program(str(path), tmp_path / "out")
+    assert result.verify_passed and "Q427" in {w.code for w in result.warnings}, result.warnings
+    assert "decoded layer by layer" in result.verified_on, result.verified_on

@@ -180,6 +180,9 @@ class ArtifactModel:
 
         if getattr(module, "quantization_status", None) == QuantizationStatus.COMPRESSED:
             decompress_module(module)
+            # computed in float32 on CPU, as qrc's float reference is: compressed-tensors 0.20 decompresses
+            # NVFP4 weights to bfloat16, which its forward then multiplies with a float32 model's inputs and
+            # fails (transformers' default load of a float32 NVFP4 folder; vLLM and `dequantize=True` load it)
             for leaf, param in list(module._parameters.items()):
                 if param is not None and param.is_floating_point() and param.element_size() > 1:
                     module._parameters[leaf] = nn.Parameter(param.to(device, torch.float32), requires_grad=False)

@@ -90,6 +90,7 @@ class _Run:
         # and the comparison
         self.verify_streams: tuple[streams.Stream, streams.Stream | None, Agreement] | None = None
         self.emitted = False  # verification runs the emitted folder as it loads (artifact.py), not qrc's model
+        self.unopened = ""  # why transformers' own loader could not open the staged folder (Q427), if it could not
         self.reference: list = []
         self.tail_done = False
         self.disk = Path(ir.memory.disk) if ir.memory.disk else None
@@ -412,6 +413,7 @@ class _Run:
                                   else self.ir.span)
             if skipped is not None:
                 self.result.warnings.append(skipped)
+                self.unopened = skipped.message  # verification still decodes the folder, and says how
 
     def verify(self, op: ops.Verify) -> None:
         """Compare at the model's output: the quantized model against the kept float outputs (full), or the
@@ -419,7 +421,10 @@ class _Run:
         float_stream, quantized, agreement = self.verify_streams
         if self.emitted:
             self._verify_emitted(float_stream, agreement)
-            self.result.verified_on = "the emitted folder, loaded as transformers loads it (compressed-tensors)"
+            self.result.verified_on = (
+                "the emitted folder, loaded as transformers loads it (compressed-tensors)" if not self.unopened else
+                "the emitted folder's tensors, decoded layer by layer by compressed-tensors (Q427: transformers "
+                "itself did not open it)")
         elif self.reference:
             advance = self.progress("verify", len(quantized))
             with self._costs_of(self.jobs):
