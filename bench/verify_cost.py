@@ -29,7 +29,7 @@ RECIPE = """recipe cost {{
     scheme s = {scheme}
     quantize {{ "model.layers.*" -> s }}
     calibrate {{ data synthetic {{ samples {samples}  seqlen {seqlen} }}  chunk {chunk} }}
-    memory {{ mode {mode} }}
+    memory {{ mode {mode}{ram} }}
     {verify}
     emit "{out}"
 }}
@@ -46,10 +46,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16, help="verify samples (calibration uses as many)")
     parser.add_argument("--seqlen", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--ram", default="", help='a `ram` budget for every recipe, e.g. "4 GiB" (qrc then keeps '
+                        "large blocks mapped, so freed memory leaves the process: the plan is a promise, Q302)")
     args = parser.parse_args()
     model = checkpoint(args.layers, args.hidden)
     print(f"random Llama, {args.layers} layers, hidden {args.hidden}, {args.scheme}, {args.samples} × {args.seqlen} "
-          f"samples, best of {args.repeats}\n")
+          f"samples, best of {args.repeats}" + (f", ram {args.ram}" if args.ram else "") + "\n")
     print("| mode | tree | compile without verify (s) | with verify (s) | verify costs (s) | verify measured on | cosine "
           "| peak RSS with verify: measured / planned |")
     print("|---|---|---:|---:|---:|---|---:|---|")
@@ -72,7 +74,8 @@ def _compile(tree: str, model: Path, mode: str, args, verify: bool) -> tuple[flo
         clause = f"verify {{ samples {args.samples}  metric cosine  at_least 0 }}" if verify else ""
         recipe = Path(tmp) / "r.recipe"
         recipe.write_text(RECIPE.format(model=model, scheme=args.scheme, samples=args.samples, seqlen=args.seqlen,
-                                        chunk=4, mode=mode, verify=clause, out=out))
+                                        chunk=4, mode=mode, verify=clause, out=out,
+                                        ram=f"  ram {args.ram}" if args.ram else ""))
         env = dict(os.environ, PYTHONPATH=str(Path(tree).resolve()), COLUMNS="400")
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "compiler", "compile", str(recipe)],
