@@ -73,8 +73,10 @@ class ArtifactModel:
         return found
 
     def owners(self, prefix: str | None) -> list[str]:
-        """Modules holding parameters of their own under `prefix` (None: outside the blocks)."""
+        """Modules holding parameters of their own under `prefix` (None: outside the blocks, "": all)."""
         inside = self.container + "."
+        if prefix == "":
+            return list(self._meta)
         if prefix is None:
             return [m for m in self._meta if not m.startswith(inside)]
         return [m for m in self._meta if m.startswith(prefix + ".")]

@@ -28,7 +28,7 @@ def run_emitted(artifact: ArtifactModel, feeds: list[dict], reference: Iterable[
     layer's own error while the layers of a scope run: a block's name, None (outside the blocks) or ""
     (the whole model)."""
     if not artifact.container:  # no repeated blocks: the model runs whole
-        everything = list(artifact._meta)
+        everything = artifact.owners("")
         artifact.load(everything)
         with watch("", artifact):
             for feed, ref in zip(feeds, reference, strict=True):

@@ -474,24 +474,21 @@ class _Run:
         if self.offload:
             model.release([p for p in model.outside() if model.is_resident(p)])
 
-    @contextmanager
     def _costs_in(self, scope: str | None, artifact):
         """While the emitted model runs a scope (a block, None: outside the blocks, "": everything): each
         quantized layer's own output error there."""
         inside = self.model.container + "."
         jobs = [j for j in self.jobs if scope == "" or (j.module.startswith(scope + ".") if scope is not None
                                                          else not j.module.startswith(inside))]
-        self.costs.watch({j.layer.name: (artifact.module.get_submodule(j.module), j.layer.weight) for j in jobs})
-        try:
-            yield
-        finally:
-            self.costs.stop()
+        return self._costs_of(jobs, artifact.module)
 
     # ---- verification costs --------------------------------------------------------------------------
     @contextmanager
-    def _costs_of(self, jobs: list[Job]):
-        """While the quantized verification stream runs: each of these layers' own output error."""
-        self.costs.watch({j.layer.name: (self.model.module.get_submodule(j.module), j.layer.weight) for j in jobs})
+    def _costs_of(self, jobs: list[Job], root=None):
+        """While the quantized verification stream runs (through qrc's model, or `root`: the emitted one):
+        each of these layers' own output error."""
+        root = self.model.module if root is None else root
+        self.costs.watch({j.layer.name: (root.get_submodule(j.module), j.layer.weight) for j in jobs})
         try:
             yield
         finally:
