@@ -15,11 +15,10 @@ from rich.console import Console
 from rich.text import Text
 
 from compiler.codes import BY_CODE, CODES
-from compiler.diagnostics import Diagnostic, Severity, render, summary
+from compiler.diagnostics import Diagnostic, Diagnostics, Severity, render, summary
 from compiler.diagnostics import summary as summary_line
 from compiler.frontend import check_file
 from compiler.ir.printer import print_ir
-from compiler.ir.values import Diagnostics
 from compiler.overrides import KEYS
 
 app = typer.Typer(

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from compiler.backends.registry import spec_for
 from compiler.backends.spec import OutputKind
-from compiler.diagnostics import Diagnostic, error
+from compiler.diagnostics import Diagnostic, StageError, error
 from compiler.frontend import PlanResult, plan_file
 from compiler.inspect_table import totals
 from compiler.ir.values import human_bytes
@@ -122,13 +122,11 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 def _execute(execute, ir, planned: PlanResult, destination: Path, console: Console, needed: int):
     """The backend's run under progress bars, its failures as diagnostics."""
-    from compiler.backends import BackendError
-
     with _progress(console) as progress, _terminate_as_interrupt():
         try:
             result = execute(ir, planned.check.assignment, planned.plan, destination, progress)
-        except BackendError as exc:
-            raise CompileFailed(planned.diagnostics + (exc.diagnostic,), exc.result, planned) from None
+        except StageError as exc:  # a backend's failure, or its data's
+            raise CompileFailed(planned.diagnostics + (exc.diagnostic,), getattr(exc, "result", None), planned) from None
         except OSError as exc:  # disk full, a folder made read-only meanwhile: the backends left no partial output
             where = exc.filename or destination
             raise CompileFailed(planned.diagnostics + (error(

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from compiler.source import Span
 
@@ -41,6 +42,17 @@ class Diagnostic:
         """Source order: file, position, code."""
         where = (self.span.source.name, self.span.start) if self.span else ("", -1)
         return (*where, self.code, self.message)
+
+
+class StageError(Exception):
+    """A stage stopped on one located problem (a data file that cannot be read, a step of a run that failed).
+
+    Raised where a problem ends the work at once instead of being collected; the caller prints the diagnostic.
+    """
+
+    def __init__(self, diagnostic: Diagnostic):
+        super().__init__(diagnostic.message)
+        self.diagnostic = diagnostic
 
 
 def error(code: str, message: str, span: Span | None, label: str = "", help: str = "") -> Diagnostic:
@@ -117,3 +129,37 @@ def summary(diagnostics: Iterable[Diagnostic]) -> str:
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+@dataclass
+class Diagnostics:
+    """Collects diagnostics during elaboration (never raised one by one)."""
+
+    items: list[Diagnostic] = field(default_factory=list)
+
+    def error(self, code: str, message: str, span: Span | None, label: str = "", help: str = "") -> None:
+        """Add an error."""
+        self.items.append(error(code, message, span, label, help))
+
+    def warning(self, code: str, message: str, span: Span | None, label: str = "", help: str = "") -> None:
+        """Add a warning."""
+        self.items.append(warning(code, message, span, label, help))
+
+
+def closest(word: str, choices, cutoff: float = 0.6) -> str | None:
+    """The choice `word` most likely meant (case-insensitive equality first), or None."""
+    choices = list(choices)
+    lowered = {c.lower(): c for c in choices}
+    if word.lower() in lowered:
+        return lowered[word.lower()]
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def did_you_mean(word: str, choices) -> str:
+    """Help text: "did you mean `x`?", or the list of valid choices when nothing is close."""
+    choices = list(choices)
+    match = closest(word, choices)
+    if match is not None:
+        return f"did you mean `{match}`?"
+    return "valid: " + ", ".join(f"`{c}`" for c in choices)

@@ -7,11 +7,10 @@ from pathlib import Path
 
 from compiler.backends.registry import spec_for
 from compiler.data.batches import npz_problems, path_problems, runtime_problems, unsynthesisable
-from compiler.diagnostics import Diagnostic, DiagnosticError, error, has_errors
+from compiler.diagnostics import Diagnostic, DiagnosticError, Diagnostics, error, has_errors
 from compiler.ir.checks import run_checks
 from compiler.ir.elaborate import elaborate
 from compiler.ir.types import DataKind, RecipeIR
-from compiler.ir.values import Diagnostics
 from compiler.models import ModelError, index_model
 from compiler.outputs import output_conflict, read_paths
 from compiler.overrides import apply_overrides

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from compiler.diagnostics import Diagnostic, error
+from compiler.diagnostics import Diagnostic, closest, error
 from compiler.ir.blocks import setting_key
 from compiler.ir.printer import quote
-from compiler.ir.values import closest
 from compiler.source import Source
 from compiler.syntax import ast, parse_setting
 

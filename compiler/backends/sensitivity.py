@@ -23,13 +23,14 @@ from typing import Protocol
 
 import numpy as np
 
+from compiler.diagnostics import Diagnostics
 from compiler.ir.types import RecipeIR, Rounding, Scheme, SensitivityMetric
-from compiler.ir.values import Diagnostics
 from compiler.models.exports import files_hash
 from compiler.models.index import Layer, ModelIndex
 from compiler.quant.weights import Convention, quantize_weight
 from compiler.resolve import mixed
-from compiler.resolve.assignment import Assignment, resolve
+from compiler.resolve.assignment import Assignment
+from compiler.resolve.pipeline import resolve
 
 CACHE_VERSION = "qrc-sensitivity-v1"
 

@@ -9,8 +9,8 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from compiler.diagnostics import Diagnostics
 from compiler.ir.types import Backend, EmitFormat, RecipeIR
-from compiler.ir.values import Diagnostics
 from compiler.plan.target import CostModel
 from compiler.resolve.assignment import Assignment
 

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.backends import BackendError
-from compiler.diagnostics import error
+from compiler.diagnostics import StageError, error
 from compiler.ir.types import DataKind, DataSource
 from compiler.models.axes import Axis, axes_of
 from compiler.models.index import LayerKind, ModelIndex, TensorInfo
@@ -65,7 +64,7 @@ def _usable(source: DataSource, arrays: dict[str, np.ndarray]) -> dict[str, np.n
     """Q401 when the file gives no sample (an empty text file, blank lines, an npz with 0 samples or
     0-length sequences): calibrating on nothing would leave every range undefined."""
     if not arrays or _count(arrays) == 0 or any(a.ndim > 1 and 0 in a.shape[1:] for a in arrays.values()):
-        raise BackendError(error("Q401", f"`{source.path}` has no usable sample", source.span_of("data"),
+        raise StageError(error("Q401", f"`{source.path}` has no usable sample", source.span_of("data"),
                                  "no samples", help="give at least one non-empty sample (a line of text, or an "
                                  "npz row with a non-empty sequence)"))
     return arrays
@@ -260,24 +259,24 @@ def load_text(source: DataSource, index: ModelIndex, needed: int | None = None) 
     try:
         text_path, tok_path = resolve_path(source.path), resolve_tokenizer(source, index.ref)
     except ModelError as exc:
-        raise BackendError(error("Q401", exc.message, span, "not found", help=exc.help)) from None
+        raise StageError(error("Q401", exc.message, span, "not found", help=exc.help)) from None
     if tok_path is None:
-        raise BackendError(error("Q401", f"tokenizer `{source.tokenizer}` not found", span, "not found",
+        raise StageError(error("Q401", f"tokenizer `{source.tokenizer}` not found", span, "not found",
                                  help="give the path of a tokenizers JSON file, e.g. the model folder's tokenizer.json"))
     try:
         lines = _text_lines(text_path, needed, source.seqlen * _CHARS_PER_TOKEN)
     except (OSError, UnicodeDecodeError) as exc:
-        raise BackendError(error("Q401", f"cannot read text `{source.path}` ({type(exc).__name__})", span, "unreadable",
+        raise StageError(error("Q401", f"cannot read text `{source.path}` ({type(exc).__name__})", span, "unreadable",
                                  help="a UTF-8 text file, one sample per line")) from None
     try:
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(tok_path))
     except ImportError:
-        raise BackendError(error("Q401", "`data text` needs the tokenizers package", span, "missing package",
+        raise StageError(error("Q401", "`data text` needs the tokenizers package", span, "missing package",
                                  help="pip install -e '.[hf]'")) from None
     except Exception as exc:  # tokenizers raises its own exception type for unreadable files
-        raise BackendError(error("Q401", f"cannot load tokenizer `{source.tokenizer}` ({type(exc).__name__}: "
+        raise StageError(error("Q401", f"cannot load tokenizer `{source.tokenizer}` ({type(exc).__name__}: "
                                  f"{str(exc)[:80]})", span, "unreadable",
                                  help="a tokenizers JSON file (tokenizer.json), as `tokenizers.Tokenizer.from_file` reads")) from None
     tokenizer.enable_truncation(source.seqlen)
@@ -292,7 +291,7 @@ def load_text(source: DataSource, index: ModelIndex, needed: int | None = None) 
             continue
         implied = _implied_by_text(index, info, len(encoded), source.seqlen)
         if implied is None:
-            raise BackendError(error("Q402", f"text data cannot provide model input `{info.name}`", span, "missing input",
+            raise StageError(error("Q402", f"text data cannot provide model input `{info.name}`", span, "missing input",
                                      help="text gives input_ids, attention_mask, token_type_ids, positions and an "
                                      "empty key/value cache; use npz otherwise"))
         arrays[info.name] = implied
@@ -394,10 +393,10 @@ def load_npz(source: DataSource, index: ModelIndex, rows: int | None = None) -> 
         with zipfile.ZipFile(path) as archive:
             arrays = {name: _read_rows(archive, member, rows) for name, member in _arrays_in(archive).items()}
     except FileNotFoundError:
-        raise BackendError(error("Q401", f"calibration data `{source.path}` not found", span, "no such file",
+        raise StageError(error("Q401", f"calibration data `{source.path}` not found", span, "no such file",
                                  help="paths are relative to the current folder")) from None
     except Exception as exc:  # a corrupt or non-npz file: numpy raises several types
-        raise BackendError(error("Q401", f"`{source.path}` is not a readable .npz file ({type(exc).__name__})",
+        raise StageError(error("Q401", f"`{source.path}` is not a readable .npz file ({type(exc).__name__})",
                                  span, "unreadable", help="save it with numpy.savez(path, input_ids=..., ...)")) from None
     for info in index.inputs:
         _check_input(source, info, arrays, span, index)
@@ -443,28 +442,28 @@ def _check_lengths(source: DataSource, index: ModelIndex, arrays: dict[str, np.n
                 size = arrays[info.name].shape[axis]
                 first = seen.setdefault(dim, (info.name, size))
                 if axis > 0 and first[1] != size:
-                    raise BackendError(error("Q403", f"`{info.name}` has {dim} {size} in `{source.path}` but "
+                    raise StageError(error("Q403", f"`{info.name}` has {dim} {size} in `{source.path}` but "
                                              f"`{first[0]}` has {first[1]}", span, "lengths differ",
                                              help="pad or truncate every input of a sample to one length"))
 
 
 def _check_input(source: DataSource, info: TensorInfo, arrays: dict[str, np.ndarray], span, index: ModelIndex) -> None:
     if info.name not in arrays:
-        raise BackendError(error("Q402", f"`{source.path}` has no array for model input `{info.name}`", span,
+        raise StageError(error("Q402", f"`{source.path}` has no array for model input `{info.name}`", span,
                                  "missing input", help=f"arrays present: {', '.join(sorted(arrays)) or 'none'}; "
                                  f"the model needs: {', '.join(t.name for t in index.inputs)}"))
     arr, want = arrays[info.name], _NP.get(info.dtype)
     if want is not None and arr.dtype != want:
-        raise BackendError(error("Q403", f"input `{info.name}` is {arr.dtype} in `{source.path}`; the model wants "
+        raise StageError(error("Q403", f"input `{info.name}` is {arr.dtype} in `{source.path}`; the model wants "
                                  f"{info.dtype}", span, "wrong dtype", help=f"save it as {info.dtype}"))
     if arr.ndim != len(info.shape) or any(isinstance(d, int) and d > 0 and i > 0 and arr.shape[i] != d
                                           for i, d in enumerate(info.shape)):
         shape = "[samples, " + ", ".join(str(d) for d in info.shape[1:]) + "]"
-        raise BackendError(error("Q403", f"input `{info.name}` has shape {list(arr.shape)} in `{source.path}`; the "
+        raise StageError(error("Q403", f"input `{info.name}` has shape {list(arr.shape)} in `{source.path}`; the "
                                  f"model wants {shape}", span, "wrong shape", help="samples go on axis 0"))
     limit = token_range(index, info) if np.issubdtype(arr.dtype, np.integer) else None
     if limit and limit > 1 and arr.size and (arr.min() < 0 or arr.max() >= limit):
-        raise BackendError(error("Q403", f"input `{info.name}` in `{source.path}` has values from {arr.min()} to "
+        raise StageError(error("Q403", f"input `{info.name}` in `{source.path}` has values from {arr.min()} to "
                                  f"{arr.max()}; the model's vocabulary is 0 … {limit - 1}", span, "ids out of range",
                                  help="tokenise with the model's own tokenizer"))
 

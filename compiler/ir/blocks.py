@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from compiler.diagnostics import Diagnostics, did_you_mean
 from compiler.ir.types import (
     Bound,
     Calibration,
@@ -21,7 +22,7 @@ from compiler.ir.types import (
     Verify,
     VerifyMetric,
 )
-from compiler.ir.values import Diagnostics, did_you_mean, size_bytes, whole_number
+from compiler.ir.values import size_bytes, whole_number
 from compiler.source import Span
 from compiler.syntax import ast
 

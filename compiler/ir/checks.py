@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from compiler.diagnostics import Diagnostics, did_you_mean
 from compiler.ir.elaborate import undefined_scheme_help
 from compiler.ir.patterns import PatternError, alternations, check_regex, glob_to_regex
 from compiler.ir.schemes import NONE, PRESETS
 from compiler.ir.types import Backend, EmitFormat, MemoryMode, RecipeIR, SelectorKind
-from compiler.ir.values import Diagnostics, did_you_mean
 from compiler.source import Span
 
 LAYER_TYPES = ("Linear", "MatMul", "Gemm", "Conv", "Embedding")

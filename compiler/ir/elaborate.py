@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from compiler.diagnostics import Diagnostics, closest
 from compiler.ir import blocks
 from compiler.ir.schemes import NONE, PRESETS, elaborate_kv_cache, elaborate_scheme
 from compiler.ir.transforms import elaborate_transform
@@ -23,7 +24,6 @@ from compiler.ir.types import (
     Selector,
     SelectorKind,
 )
-from compiler.ir.values import Diagnostics, closest
 from compiler.syntax import ast
 
 _SINGLE_ITEMS = {ast.ModelDecl: "model", ast.BackendDecl: "backend", ast.EmitDecl: "emit", ast.KvCacheDecl: "kv_cache",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from compiler.diagnostics import Diagnostics, did_you_mean
 from compiler.ir.types import (
+    NONE,
     ActivationMode,
     ActivationQuant,
     Granularity,
@@ -14,10 +16,9 @@ from compiler.ir.types import (
     Scheme,
     WeightQuant,
 )
-from compiler.ir.values import Diagnostics, did_you_mean, whole_number
+from compiler.ir.values import whole_number
 from compiler.syntax import ast
 
-NONE = Scheme("none", None, None, Rounding.RTN)
 _W8 = WeightQuant(QType.INT8, Granularity.PER_CHANNEL, None, True)
 _A8 = ActivationQuant(QType.INT8, Granularity.PER_TENSOR, False, ActivationMode.STATIC)
 _FP8_TOKEN = ActivationQuant(QType.FP8, Granularity.PER_TOKEN, True, ActivationMode.DYNAMIC)

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+from compiler.diagnostics import Diagnostics
 from compiler.ir.blocks import settings_by_key, spans_of
 from compiler.ir.types import Mapping, Selector, SelectorKind, Transform, TransformKind
-from compiler.ir.values import Diagnostics, whole_number
+from compiler.ir.values import whole_number
 from compiler.syntax import ast
 
 DEFAULT_ALPHA = 0.5  # SmoothQuant's published default (and llm-compressor's smoothing_strength)

@@ -196,6 +196,10 @@ class Scheme:
         return self.weights is None
 
 
+# The scheme of a layer left in float (`use none`): what every layer no rule names gets.
+NONE = Scheme("none", None, None, Rounding.RTN)
+
+
 @dataclass(frozen=True, slots=True)
 class Selector:
     """One selector of a rule, with its source span."""
@@ -360,8 +364,6 @@ class RecipeIR:
 
     def scheme(self, name: str) -> Scheme:
         """The scheme named `name` (declared or a preset)."""
-        from compiler.ir.schemes import NONE
-
         if name == NONE.name:
             return NONE
         return next(s for s in self.schemes if s.name == name)

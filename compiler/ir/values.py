@@ -2,52 +2,15 @@
 
 from __future__ import annotations
 
-import difflib
 import math
-from dataclasses import dataclass, field
 
-from compiler.diagnostics import Diagnostic, error, warning
-from compiler.source import Span
+from compiler.diagnostics import Diagnostics, did_you_mean
 from compiler.syntax import ast
 
 UNIT_BYTES = {
     "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
     "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 }
-
-
-@dataclass
-class Diagnostics:
-    """Collects diagnostics during elaboration (never raised one by one)."""
-
-    items: list[Diagnostic] = field(default_factory=list)
-
-    def error(self, code: str, message: str, span: Span | None, label: str = "", help: str = "") -> None:
-        """Add an error."""
-        self.items.append(error(code, message, span, label, help))
-
-    def warning(self, code: str, message: str, span: Span | None, label: str = "", help: str = "") -> None:
-        """Add a warning."""
-        self.items.append(warning(code, message, span, label, help))
-
-
-def closest(word: str, choices, cutoff: float = 0.6) -> str | None:
-    """The choice `word` most likely meant (case-insensitive equality first), or None."""
-    choices = list(choices)
-    lowered = {c.lower(): c for c in choices}
-    if word.lower() in lowered:
-        return lowered[word.lower()]
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=cutoff)
-    return close[0] if close else None
-
-
-def did_you_mean(word: str, choices) -> str:
-    """Help text: "did you mean `x`?", or the list of valid choices when nothing is close."""
-    choices = list(choices)
-    match = closest(word, choices)
-    if match is not None:
-        return f"did you mean `{match}`?"
-    return "valid: " + ", ".join(f"`{c}`" for c in choices)
 
 
 def whole_number(num: ast.Number, what: str, diags: Diagnostics, minimum: int = 1) -> int | None:

@@ -6,8 +6,8 @@ from its config.json takes well under a second.
 
 from __future__ import annotations
 
+from compiler.diagnostics import Diagnostics
 from compiler.ir.types import MemoryMode, RecipeIR
-from compiler.ir.values import Diagnostics
 from compiler.models.index import ModelFormat
 from compiler.plan.estimates import all_estimates
 from compiler.plan.fit import report_q301

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from compiler.diagnostics import Diagnostics
 from compiler.ir.types import MemoryMode, RecipeIR
-from compiler.ir.values import Diagnostics, human_bytes
+from compiler.ir.values import human_bytes
 from compiler.plan.activations import calibration_peak
 from compiler.plan.estimates import all_estimates
 from compiler.plan.modes import select_mode

@@ -3,10 +3,11 @@ every searched layer. Capability checks run over all of them before any scoring.
 
 from __future__ import annotations
 
+from compiler.diagnostics import Diagnostics
 from compiler.ir.types import RecipeIR
-from compiler.ir.values import Diagnostics
 from compiler.resolve import mixed
-from compiler.resolve.assignment import Assignment, resolve
+from compiler.resolve.assignment import Assignment
+from compiler.resolve.pipeline import resolve
 
 
 def each_choice(ir: RecipeIR, assignment: Assignment) -> list[Assignment]:

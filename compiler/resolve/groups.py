@@ -10,9 +10,9 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
+from compiler.diagnostics import Diagnostics
 from compiler.ir.patterns import alternations
 from compiler.ir.types import AutoGroup, Granularity, Group, GroupPolicy, RecipeIR, Scheme
-from compiler.ir.values import Diagnostics
 from compiler.models.names import compress
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.model_checks import closest_names

@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from compiler.diagnostics import Diagnostics
 from compiler.ir.types import RecipeIR
-from compiler.ir.values import Diagnostics
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.sizes import quantized_bytes
 

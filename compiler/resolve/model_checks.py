@@ -7,8 +7,8 @@ import math
 import re
 from collections import defaultdict
 
+from compiler.diagnostics import Diagnostics
 from compiler.ir.types import Backend, EmitFormat, Granularity, RecipeIR, Rounding, SelectorKind
-from compiler.ir.values import Diagnostics
 from compiler.models.index import LayerKind
 from compiler.models.names import compress
 from compiler.resolve.assignment import Assignment, rule_matches

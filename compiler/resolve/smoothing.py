@@ -9,11 +9,11 @@ import enum
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
-from compiler.diagnostics import Diagnostic
+from compiler.diagnostics import Diagnostic, Diagnostics
 from compiler.ir.types import Backend, Mapping, RecipeIR, Scheme, Selector, Transform, TransformKind
-from compiler.ir.values import Diagnostics
 from compiler.models.index import Layer, LayerKind, ModelIndex, Norm
 from compiler.models.names import compress
+from compiler.resolve.model_checks import closest_names
 from compiler.resolve.selectors import matcher, name_matcher
 from compiler.source import Span
 
@@ -194,8 +194,6 @@ def _sources(sel: Selector, index: ModelIndex) -> list[Norm | Layer]:
 
 
 def _unmatched(sel: Selector, what: str, names: list[str], diags: Diagnostics) -> None:
-    from compiler.resolve.model_checks import closest_names
-
     shown = f'"{sel.pattern}"' if sel.kind.value == "glob" else f're"{sel.pattern}"'
     diags.error("Q260", f"map pattern {shown} matches no {what}", sel.span, f"0 of {len(names)}",
                 help="closest names: " + ", ".join(closest_names(sel.pattern, names)))

@@ -26,7 +26,7 @@ def export_in_child(folder: Path, out: Path, span) -> None:
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parents[3])  # `compiler` importable without an install
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
-    command = [sys.executable, "-m", "compiler.backends.onnx.export_process", str(folder), str(out)]
+    command = [sys.executable, "-m", "compiler.backends.onnx.export_child", str(folder), str(out)]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as child:
         try:
             with following(child.pid):
@@ -53,22 +53,3 @@ def _report(stdout: str) -> dict:
         return json.loads(lines[-1]) if lines else {}
     except json.JSONDecodeError:
         return {}
-
-
-def _child(folder: Path, out: Path) -> int:
-    """The child's work: the export, then one report line (its high-water mark, or a diagnostic)."""
-    from compiler.backends.onnx.export import export_now
-    from compiler.backends.rss import own_high_water_mark
-
-    try:
-        export_now(folder, out)
-    except BackendError as exc:
-        d = exc.diagnostic
-        print(MARK + json.dumps({"code": d.code, "message": d.message, "label": d.label, "help": d.help}), flush=True)
-        return 3
-    print(MARK + json.dumps({"high_water": own_high_water_mark()}), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child(Path(sys.argv[1]), Path(sys.argv[2])))

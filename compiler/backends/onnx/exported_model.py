@@ -8,12 +8,13 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from compiler.diagnostics import Diagnostics
 from compiler.ir.types import RecipeIR
-from compiler.ir.values import Diagnostics
 from compiler.models import ModelError, local_path
 from compiler.models.exports import cached_export
 from compiler.models.index import ModelFormat
-from compiler.resolve.assignment import Assignment, resolve
+from compiler.resolve.assignment import Assignment
+from compiler.resolve.pipeline import resolve
 
 
 def quantized_layers(assignment: Assignment) -> dict[str, str]:

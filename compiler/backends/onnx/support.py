@@ -4,8 +4,8 @@ searched choice included), so `compile` never starts work it would refuse."""
 from __future__ import annotations
 
 from compiler.backends.onnx.export_decoder import DECODER_FAMILIES
+from compiler.diagnostics import Diagnostics
 from compiler.ir.types import ActivationMode, Granularity, RecipeIR
-from compiler.ir.values import Diagnostics
 from compiler.models.index import ModelFormat
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice

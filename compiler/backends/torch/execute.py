@@ -48,7 +48,7 @@ from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.smoother import Smoother
 from compiler.backends.torch.support import attention_modules
 from compiler.backends.torch.writer import FolderWriter
-from compiler.diagnostics import error, warning
+from compiler.diagnostics import StageError, error, warning
 from compiler.ir.types import MemoryMode, RecipeIR
 from compiler.models.index import ModelIndex
 from compiler.plan import ops
@@ -462,7 +462,7 @@ class _Run:
         try:
             run_emitted(artifact, float_stream.feeds, reference, agreement, hidden_cache(model.dtype, disk),
                         self.devices, self._costs_in, self.progress)
-        except (BackendError, KeyboardInterrupt, MemoryError):
+        except (StageError, KeyboardInterrupt, MemoryError):
             raise
         except Exception as exc:  # the folder does not run as transformers loads it: say so, write nothing
             first = (str(exc).strip().splitlines() or [""])[0][:200]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from compiler.backends.torch.quant_args import input_args, weight_args, weight_format
 from compiler.backends.torch.vllm_rules import VllmRejects, vllm_scheme
+from compiler.diagnostics import Diagnostics
 from compiler.ir.types import ActivationMode, EmitFormat, Granularity, RecipeIR
-from compiler.ir.values import Diagnostics
 from compiler.models.index import ROUTER_OP, LayerKind, ModelFormat
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice

@@ -28,7 +28,7 @@ def module(name: str) -> ModuleType:
 
 def parse_ref(ref: str):
     """`builtin:tiny-llama?layers=8` → ("tiny-llama", LlamaSpec(layers=8, …))."""
-    from compiler.ir.values import did_you_mean
+    from compiler.diagnostics import did_you_mean
 
     body = ref[len(PREFIX):]
     name, _, query = body.partition("?")

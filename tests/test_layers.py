@@ -1,0 +1,68 @@
+"""The import graph of the package: one direction of dependency (syntax → ir → resolve → plan → backends →
+the commands), no backend importing the other, and no circle. Built by grimp, which reads every import
+statement, including the lazy ones inside functions."""
+
+from __future__ import annotations
+
+import pytest
+
+grimp = pytest.importorskip("grimp")
+
+# Lowest first. A module may import its own package, and any package of a lower layer; nothing else.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("compiler.source",),
+    ("compiler.diagnostics", "compiler.codes", "compiler.exhaustive", "compiler.canonical"),
+    ("compiler.syntax",),
+    ("compiler.ir",),
+    ("compiler.models", "compiler.quant"),
+    ("compiler.data",),
+    ("compiler.resolve",),
+    ("compiler.plan",),
+    ("compiler.backends",),  # what the backends share: the program, specs, results, memory sampling
+    ("compiler.backends.onnx", "compiler.backends.torch"),
+    ("compiler.backends.registry",),  # the one place that names both backends (their light specs)
+    ("compiler.outputs", "compiler.overrides", "compiler.report", "compiler.inspect_table"),
+    ("compiler.frontend",),
+    ("compiler.compile_run",),
+    ("compiler.cli",),
+    ("compiler.__main__", "compiler"),
+)
+
+
+def _unit(module: str) -> tuple[int, str]:
+    """The layer of a module and the package it belongs to (the longest prefix named in LAYERS)."""
+    best = max((p for layer in LAYERS for p in layer if module == p or module.startswith(p + ".")), key=len)
+    return next(i for i, layer in enumerate(LAYERS) if best in layer), best
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return grimp.build_graph("compiler", include_external_packages=False)
+
+
+def _edges(graph):
+    for importer in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+            yield importer, imported
+
+
+def test_every_import_points_down(graph):
+    up = []
+    for importer, imported in _edges(graph):
+        (low, unit), (high, other) = _unit(importer), _unit(imported)
+        if unit != other and high >= low:
+            up.append(f"{importer} → {imported}")
+    assert up == [], "imports against the layering:\n" + "\n".join(up)
+
+
+def test_no_import_circle(graph):
+    circles = [f"{a} → {b} → … → {a}" for a, b in _edges(graph)
+               if graph.chain_exists(importer=b, imported=a)]
+    assert circles == [], "import circles:\n" + "\n".join(circles)
+
+
+def test_the_layering_names_every_package(graph):
+    """A new top-level module must be placed in LAYERS (the fallback to `compiler` would hide it)."""
+    top = {".".join(m.split(".")[:2]) for m in graph.modules}
+    named = {p for layer in LAYERS for p in layer}
+    assert top <= named, f"not in LAYERS: {sorted(top - named)}"
