@@ -51,6 +51,21 @@ def assert_golden(actual: str, relative: str) -> None:
         pytest.fail(f"output differs from golden/{relative}:\n{diff}", pytrace=False)
 
 
+def assert_file(actual: str, path: Path) -> None:
+    """A generated file kept in the repository (docs/diagnostics.md): equal to `actual`, or rewritten with
+    updating on, exactly like a golden."""
+    if _update:
+        if not path.exists() or path.read_text(encoding="utf-8") != actual:
+            path.write_text(actual, encoding="utf-8")
+        return
+    if not path.exists():
+        pytest.fail(f"missing {path.name}; create it with `pytest --update-golden`")
+    expected = path.read_text(encoding="utf-8")
+    if expected != actual:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), actual.splitlines(True), str(path), "generated"))
+        pytest.fail(f"{path} differs from what the code generates:\n{diff}", pytrace=False)
+
+
 def _agree(expected: str, actual: str) -> bool:
     """Equal text, but for `~x` numbers, which agree within the calibrated tolerance."""
     if expected == actual:

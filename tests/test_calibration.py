@@ -24,6 +24,8 @@ from compiler.plan.workload import workload
 from compiler.quant.observers import HistogramObserver
 from compiler.quant.range_search import entropy_range, mse_range
 
+pytestmark = pytest.mark.slow  # minutes of compiles: `pytest -m "not slow"` skips them
+
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 

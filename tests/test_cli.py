@@ -234,6 +234,7 @@ def test_data_paths_are_checked_at_check_and_the_tokenizer_found_in_the_model_fo
         assert result.exit_code == 2 and "Q401" in result.output and "not found" in result.output, result.output
 
 
+@pytest.mark.slow
 def test_summary_says_only_what_applies(tmp_path):
     """A decoder's summary shows no embedding cosine (pooled embeddings mean nothing for logits), and a
     compile without a calibration pass shows no calibration time."""
@@ -262,6 +263,7 @@ def test_help_texts_flow_at_the_terminal_width():
     assert "in order" in line, result.output
 
 
+@pytest.mark.slow
 def test_long_work_shows_progress_and_exporters_stay_quiet(tmp_path, monkeypatch):
     """GPTQ in torch `full` mode shows a quantize progress bar (no still screen), the summary says "1 layer",
     and a first ONNX export (empty cache) prints none of the exporter's progress bars or tracer warnings."""

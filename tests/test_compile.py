@@ -29,6 +29,7 @@ def _at_root(monkeypatch):
 
 
 @pytest.mark.parametrize("path", ONNX_RECIPES, ids=[p.stem for p in ONNX_RECIPES])
+@pytest.mark.slow
 def test_emitted_model_golden_valid_and_verified(path, tmp_path):
     out = tmp_path / f"{path.stem}.onnx"
     result, planned = compile_program(path.relative_to(ROOT).as_posix(), out)
@@ -38,6 +39,7 @@ def test_emitted_model_golden_valid_and_verified(path, tmp_path):
     assert_golden(dump(onnx.load(str(out))), f"models/{path.stem}.txt")
 
 
+@pytest.mark.slow
 def test_byte_identical_across_processes(tmp_path):
     outputs = []
     for seed in ("1", "4242"):
@@ -130,6 +132,7 @@ def test_minus_infinity_calibrates_without_nan(tmp_path, method):
     assert scales and all(np.isfinite(s).all() and (s > 0).all() for s in scales)
 
 
+@pytest.mark.slow
 def test_interrupted_compile_leaves_no_file(tmp_path):
     out = tmp_path / "big.onnx"
     model = "model=builtin:tiny-llama?layers=4&hidden=256&heads=4&kv_heads=2&vocab=8000&intermediate=512"

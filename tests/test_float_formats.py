@@ -19,6 +19,8 @@ from compiler.cli import app
 from compiler.data import verify_batches
 from compiler.ir.schemes import PRESETS
 
+pytestmark = pytest.mark.slow  # minutes of compiles: `pytest -m "not slow"` skips them
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("compressed_tensors")

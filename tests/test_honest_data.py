@@ -57,6 +57,7 @@ def test_synthetic_ids_span_the_vocabulary(llama_folder, tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["low_memory", "full"])
+@pytest.mark.slow
 def test_verify_figures_agree_with_transformers(llama_folder, tmp_path, mode):
     """qrc's cosine equals the one transformers measures on the float folder and the emitted folder,
     fed the same held-out samples."""

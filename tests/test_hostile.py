@@ -200,6 +200,7 @@ def test_interrupt_during_verification_leaves_nothing_at_the_destination(tmp_pat
     assert not folder.exists() and not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_verify_json_of_a_failed_compile_does_not_survive_a_passing_one(tmp_path):
     out = tmp_path / "m.onnx"
     failed = runner.invoke(app, ["compile", "recipes/tiny-llama-w8a8.recipe", "-o", str(out), "--set",

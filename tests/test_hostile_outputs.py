@@ -41,6 +41,7 @@ def test_a_destination_another_compile_holds_is_q429_and_left_alone(tmp_path):
 
 
 @pytest.mark.parametrize("recipe", [TORCH_RECIPE, ONNX_RECIPE])
+@pytest.mark.slow
 def test_two_concurrent_compiles_leave_one_complete_model(recipe, tmp_path):
     """Two processes compile into one destination at once: each exits 0 (it ran alone, or after the other) or
     2 with Q429 (it lost the race, and says so); the destination holds one complete model and no staging
@@ -104,6 +105,7 @@ def test_an_interrupt_right_after_the_commit_says_the_model_is_in_place(tmp_path
 
 
 # ---- symlinked side files ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_side_files_linking_outside_the_model_folder_are_never_copied(tmp_path):
     """A model folder whose tokenizer.json links to a secret outside it: the torch output carries no copy of
     the secret (Q430 says which file was left out); a regular side file is copied."""

@@ -123,6 +123,7 @@ def _compile_in_child(recipe: Path, cache: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_a_tampered_or_swapped_export_cache_entry_is_made_again(zoo_folders, tmp_path):
     """The cached export of an HF folder is reused only when it is intact and the folder's own: an empty or
     truncated graph, truncated data, data linked elsewhere, or the entry of another model (same layer names,
@@ -288,6 +289,7 @@ SIDE_JSON = {"genai_config.json": ('{"model": [1, 2]}', '{"model": {"decoder": 3
 
 @pytest.mark.parametrize(("name", "text"), [(n, t) for n, texts in SIDE_JSON.items() for t in texts],
                          ids=lambda v: v if len(v) < 30 else v[:30])
+@pytest.mark.slow
 def test_hostile_json_beside_an_onnx_decoder_is_not_a_traceback(decoder, name, text, tmp_path):
     """A genai_config.json or config.json beside a decoder that is not what it should be (a list where an
     object goes, heads 0 or null, no hidden size, nested 100,000 deep): the model compiles (its genai files are

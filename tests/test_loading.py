@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from compiling import ROOT, available, compile_program
 
+pytestmark = pytest.mark.slow  # minutes of compiles: `pytest -m "not slow"` skips them
+
 sentence_transformers = pytest.importorskip("sentence_transformers")
 transformers = pytest.importorskip("transformers")
 

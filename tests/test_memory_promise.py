@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # minutes of compiles: `pytest -m "not slow"` skips them
+
 MODEL = "builtin:tiny-llama?layers=4&hidden=512&intermediate=1408&heads=8&kv_heads=4&vocab=8192"
 RECIPE = """recipe promise {{
     model "{model}"

@@ -104,6 +104,7 @@ def _flat(output: str) -> str:
     return " ".join(output.replace("│", " ").split())
 
 
+@pytest.mark.slow
 def test_deterministic_and_a_budget_sweep_reuses_the_scores(tmp_path):
     cache = f"memory.disk={tmp_path / 'cache'}"
     first = compile_(MIXED, tmp_path / "a.onnx", cache)
@@ -123,6 +124,7 @@ def test_deterministic_and_a_budget_sweep_reuses_the_scores(tmp_path):
     assert len(list((tmp_path / "cache" / "sensitivity").glob("*.json"))) == 2
 
 
+@pytest.mark.slow
 def test_a_damaged_score_cache_is_scored_again(tmp_path):
     cache = f"memory.disk={tmp_path / 'cache'}"
     assert compile_(MIXED, tmp_path / "a.onnx", cache).exit_code == 0
@@ -193,6 +195,7 @@ def _quality(tmp_path: Path, name: str, base: str, search: str = "", promoted=()
     return {"kld": result.verify["kld"], "cosine": result.verify["cosine"], "result": result}
 
 
+@pytest.mark.slow
 def test_searched_model_is_closer_to_float_than_uniform_int4_of_the_same_size_and_random(tmp_path):
     search = ('group "*.self_attn.{q,k,v}_proj"\n'
               "    mixed_precision { choices [w4, w8] metric kld budget 5 bits samples 16 }")

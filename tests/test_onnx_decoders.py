@@ -20,6 +20,8 @@ from zoo import build
 
 from compiler.cli import app
 
+pytestmark = pytest.mark.slow  # minutes of compiles: `pytest -m "not slow"` skips them
+
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("transformers")
 pytest.importorskip("onnxscript")

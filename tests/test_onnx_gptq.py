@@ -14,6 +14,8 @@ from onnx import numpy_helper
 
 from compiler.cli import app
 
+pytestmark = pytest.mark.slow  # minutes of compiles: `pytest -m "not slow"` skips them
+
 ort = pytest.importorskip("onnxruntime")
 
 RECIPE = """recipe r {{

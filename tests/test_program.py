@@ -24,6 +24,7 @@ def _at_root(monkeypatch):
 
 
 @pytest.mark.parametrize(("recipe", "mode"), CASES, ids=[f"{r.split('/')[-1][:-7]}-{m}" for r, m in CASES])
+@pytest.mark.slow
 def test_compile_runs_the_plan_in_every_mode(recipe, mode, tmp_path):
     result, planned = compile_program(recipe, tmp_path / "out", f"memory.mode={mode}", f"memory.disk={tmp_path / 'disk'}")
     assert planned.plan.mode.value == mode
@@ -31,6 +32,7 @@ def test_compile_runs_the_plan_in_every_mode(recipe, mode, tmp_path):
     assert result.verify_passed is not False
 
 
+@pytest.mark.slow
 def test_torch_weight_only_without_verification_streams_every_layer(tmp_path):
     """No layer needs data and nothing is verified: one op rounds every layer, block by block from disk."""
     text = (ROOT / "recipes/tiny-llama-torch-w4a16.recipe").read_text()
@@ -68,6 +70,7 @@ def test_every_example_plan_has_a_handler_for_each_op(recipe):
                                               ("recipes/tiny-llama-w4a16.recipe", ("emit.format=qdq",)),
                                               ("recipes/tiny-bert-lwp.recipe", ())],
                          ids=["w8a8-qdq", "w4a16-matmul_nbits", "w4a16-qdq", "bert-qdq"])
+@pytest.mark.slow
 def test_onnx_emitter_specs_are_what_it_writes(recipe, sets, tmp_path):
     """The emitter knows every tensor it writes (name, dtype, shape) before writing any."""
     import onnx

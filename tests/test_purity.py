@@ -43,6 +43,7 @@ def test_check_and_plan_of_an_hf_folder_read_no_weight_bytes(recipe):
     assert read < 2 << 20, f"check + plan read {read} bytes of a folder with {weights} bytes of weights"
 
 
+@pytest.mark.slow
 def test_a_cached_export_is_planned_against_its_graph(tmp_path, monkeypatch):
     """The ONNX export of an HF folder is an op of the plan whether or not it is cached already; once it
     is, the plan walks its graph (what the compile runs) instead of estimating activations from the config,

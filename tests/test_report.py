@@ -62,6 +62,7 @@ def test_plan_report_markdown_golden(tmp_path):
     assert_golden(text, "reports/tiny-llama-mixed.plan.md")
 
 
+@pytest.mark.slow
 def test_failed_verification_still_reports_how_it_fell_short(tmp_path):
     report = tmp_path / "report.md"
     result = runner.invoke(app, ["compile", "recipes/tiny-llama-w8a8.recipe", "-o", str(tmp_path / "m.onnx"),

@@ -22,6 +22,8 @@ from compiler.quant.pack_int32 import unpack_from_int32
 from compiler.quant.weights import Convention, quantize_weight
 from golden import assert_golden
 
+pytestmark = pytest.mark.slow  # minutes of compiles: `pytest -m "not slow"` skips them
+
 TORCH_RECIPES = [p for p in sorted((ROOT / "recipes").glob("*.recipe"))
                  if check_file(p).ir.backend.value == "torch" and available(check_file(p).ir.model)]
 

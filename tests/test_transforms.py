@@ -17,6 +17,8 @@ from zoo import build, transformers_cosines  # noqa: E402
 
 from compiler.data import verify_batches  # noqa: E402
 
+pytestmark = pytest.mark.slow  # minutes of compiles: `pytest -m "not slow"` skips them
+
 OUTLIER_CHANNELS = (3, 17, 40)
 
 

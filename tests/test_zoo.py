@@ -13,6 +13,8 @@ from zoo import FAMILIES, FUSED_MOE, MOE, VLM, build, build_all, transformers_co
 from compiler.cli import app
 from compiler.data import verify_batches
 
+pytestmark = pytest.mark.slow  # minutes of compiles: `pytest -m "not slow"` skips them
+
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
