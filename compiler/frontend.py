@@ -192,7 +192,8 @@ def plan_file(path: str | Path, overrides: tuple[str, ...] = (), detected_free: 
         detected_free = psutil.virtual_memory().available
     diags = Diagnostics(list(checked.diagnostics))
     spec = spec_for(checked.ir.backend)
-    plan = build_plan(checked.ir, spec.planned(checked.ir, checked.assignment), detected_free, diags, spec.costs)
+    plan = build_plan(checked.ir, spec.planned(checked.ir, checked.assignment), detected_free, diags, spec.costs,
+                      spec.lowering)
     return PlanResult(checked, plan, tuple(diags.items))
 
 

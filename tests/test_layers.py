@@ -66,3 +66,24 @@ def test_the_layering_names_every_package(graph):
     top = {".".join(m.split(".")[:2]) for m in graph.modules}
     named = {p for layer in LAYERS for p in layer}
     assert top <= named, f"not in LAYERS: {sorted(top - named)}"
+
+
+def test_the_planner_never_asks_which_backend():
+    """Each backend's spec supplies its own lowering; the shared planner names no backend and the cost model
+    offers no yes/no fact to branch on (compiler/plan/target.py)."""
+    import ast
+    import inspect
+    from pathlib import Path
+
+    from compiler.plan.target import CostModel
+
+    plan = Path(__file__).resolve().parents[1] / "compiler" / "plan"
+    named = []
+    for path in sorted(plan.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Backend":
+                named.append(f"{path.name}:{node.lineno} Backend.{node.attr}")
+    assert named == []
+    flags = [name for name, member in inspect.getmembers(CostModel) if isinstance(member, property)
+             and inspect.signature(member.fget).return_annotation in (bool, "bool")]
+    assert flags == []

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import Backend, EmitFormat, RecipeIR
+from compiler.plan.lower import Pass
 from compiler.plan.target import CostModel
 from compiler.resolve.assignment import Assignment
 
@@ -36,6 +37,7 @@ class BackendSpec:
     output: OutputKind
     output_help: str  # what to give as the output path
     costs: CostModel
+    lowering: tuple[Pass, ...]  # the passes that lower a recipe to this backend's ops, in order
     check: Callable[[RecipeIR, Assignment, Diagnostics], None]  # capability checks against the resolved model
     executor: str  # "module:function" of `execute(ir, assignment, plan, output, progress) -> CompileResult`
     # the assignment the plan is built on, when the backend runs another form of the model than the one

@@ -6,12 +6,14 @@ from its config.json takes well under a second.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import MemoryMode, RecipeIR
 from compiler.models.index import ModelFormat
 from compiler.plan.estimates import all_estimates
 from compiler.plan.fit import report_q301
-from compiler.plan.lower import Context, lower
+from compiler.plan.lower import Context, Pass, lower
 from compiler.plan.modes import ram_budget, select_mode
 from compiler.plan.ops import Plan
 from compiler.plan.target import CostModel
@@ -22,12 +24,13 @@ __all__ = ["Plan", "build_plan"]
 
 
 def build_plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: Diagnostics,
-               costs: CostModel) -> Plan | None:
+               costs: CostModel, lowering: Sequence[Pass]) -> Plan | None:
     """Choose the memory mode and lower the recipe to ops. Returns None (with Q301) when nothing fits.
 
     Args:
         detected_free: free host memory in bytes, used (× 0.85) when the recipe gives no `ram`.
         costs: the cost model of the recipe's backend (its spec's; see compiler.backends.registry).
+        lowering: the backend's passes, which make its ops (its spec's).
     """
     w = workload(ir, assignment)
     ram, source = ram_budget(ir.memory, detected_free)
@@ -40,7 +43,7 @@ def build_plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: 
     ctx = Context(ir, assignment, w, decision, estimates[decision.mode], passes, costs)
     notes = _notes(w, costs)
     return Plan(ir.name, ir.source_name, ir.model, ir.backend, len(assignment.layers),
-                len(w.quantized_layers), decision, lower(ctx), notes)
+                len(w.quantized_layers), decision, lower(ctx, lowering), notes)
 
 
 def _notes(w: Workload, costs: CostModel) -> tuple[str, ...]:
@@ -50,7 +53,4 @@ def _notes(w: Workload, costs: CostModel) -> tuple[str, ...]:
     if w.index.graph is not None and w.index.format is ModelFormat.HF:
         notes.append("activation estimates walk the graph of the folder's cached ONNX export (the graph the "
                      "compile runs)")
-    if w.index.graph is None and costs.reads_graph_only:
-        notes.append("no graph shapes for this model: activation estimates are from its config (one block's "
-                     "working set per sample)")
-    return tuple(notes)
+    return tuple(notes) + costs.notes(w)

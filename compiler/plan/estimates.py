@@ -12,9 +12,10 @@ from compiler.plan.workload import Workload
 def low_memory_passes(w: Workload, chunk: int, ram: int, costs: CostModel) -> int:
     """low_memory on a backend that splits its observers: the fewest passes over the data whose largest
     group fits `ram`."""
-    if not costs.splits_observers or len(w.observed) <= 1:
+    hi = costs.observer_groups(w)
+    if hi <= 1:
         return 1
-    lo, hi = 2, len(w.observed)
+    lo = 2
     if costs.estimate(w, MemoryMode.LOW_MEMORY, chunk, hi).peak_ram > ram:
         return hi
     while lo < hi:

@@ -41,11 +41,51 @@ class OpKind(enum.Enum):
     VERIFY = "verify"
 
 
+class Buffer(enum.Enum):
+    """What ops hand each other: an op reads its `inputs` and produces its `outputs`; the plan verifier
+    (compiler/plan/verify.py) checks that each is produced before it is read."""
+
+    RECIPE = "recipe"
+    CALIBRATION_DATA = "calibration_data"
+    VERIFY_DATA = "verify_data"
+    ONNX_MODEL = "onnx_model"
+    MODEL = "model"
+    MEMORY_MODE = "memory_mode"
+    SENSITIVITY = "sensitivity"
+    PRECISION = "precision"
+    REFERENCE = "reference"
+    STATISTICS = "statistics"
+    HISTOGRAMS = "histograms"
+    RANGES = "ranges"
+    BLOCK_INPUTS = "block_inputs"
+    QPARAMS = "qparams"
+    EMITTED_MODEL = "emitted_model"
+    VERIFY_REPORT = "verify_report"
+
+
 class CacheLocation(enum.Enum):
     """Where block inputs are cached between blocks."""
 
     RAM = "in RAM"
     DISK = "on disk"
+
+
+class ModelAccess(enum.Enum):
+    """How `load_model` opens the model: what the later ops may read from it, and what it holds resident."""
+
+    GRAPH = "graph"  # the ONNX graph only; weights stay in the data file until a session or the quantizer reads them
+    FILES = "files"  # the checkpoint's files only; no model definition is built (nothing runs the model)
+    BLOCKS = "blocks"  # the model's skeleton; each block's weights are read when it runs (offload, multi_gpu)
+    RESIDENT = "resident"  # every weight read at once
+
+
+class QuantizeStrategy(enum.Enum):
+    """How `quantize_weights` rounds its layers (torch: the planner chose it from the mode and the streams)."""
+
+    STREAMED = "streamed"  # one weight at a time: load → round → write → free
+    IN_PLACE = "in_place"  # in the resident model, with the statistics of the whole-model calibration
+    TAIL = "tail"  # the model's tail runs on the last block's outputs first (its layers' statistics, verification)
+    FILE_TO_FILE = "file_to_file"  # tensor by tensor from the checkpoint's files, no model built
 
 
 def _shown(name: str) -> dict:
@@ -64,13 +104,13 @@ def _text(value) -> str:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanOp:
     """What every op has. `repeat` > 1 is the compact form of identical steps (`calibrate_chunk × 8`): the
-    op's handler runs them all. `inputs`/`outputs` name buffers (model, calibration_data, observers,
-    ranges, qparams, …) so a verifier can check that everything is produced before it is used."""
+    op's handler runs them all. `inputs`/`outputs` are the buffers it reads and produces, so a verifier can
+    check that everything is produced before it is used."""
 
     kind: ClassVar[OpKind]
     summary: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
+    inputs: tuple[Buffer, ...]
+    outputs: tuple[Buffer, ...]
     peak_bytes: int
     repeat: int = 1
     layers: tuple[str, ...] = ()
@@ -97,8 +137,9 @@ class LoadModel(PlanOp):
     """Open the model (graph only, lazily, or whole)."""
     kind: ClassVar[OpKind] = OpKind.LOAD_MODEL
     model: str
-    format: ModelFormat
+    format: ModelFormat  # the form opened: a built-in in the backend's own form
     weights: int
+    access: ModelAccess
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -195,6 +236,7 @@ class QuantizeWeights(PlanOp):
     kind: ClassVar[OpKind] = OpKind.QUANTIZE_WEIGHTS
     count: int = field(metadata=_shown("layers"))
     rounding: tuple[Rounding, ...]
+    strategy: QuantizeStrategy
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

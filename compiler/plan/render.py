@@ -47,7 +47,7 @@ def op_lines(index: int, op: PlanOp) -> list[str]:
         lines.append(f"      {params}")
     if op.layers:
         lines.append(f"      layers: {_layers(op.layers)}")
-    lines.append(f"      in: {', '.join(op.inputs)}  →  out: {', '.join(op.outputs)}")
+    lines.append(f"      in: {', '.join(b.value for b in op.inputs)}  →  out: {', '.join(b.value for b in op.outputs)}")
     return lines
 
 
@@ -70,7 +70,7 @@ def to_json(plan: Plan) -> str:
                    "tried": [{"mode": e.mode.value, "peak_ram": e.peak_ram, "peak_vram": e.peak_vram,
                               "feasible": e.feasible, "fits": ok, "parts": dict(e.parts)} for e, ok in d.tried]},
         "ops": [{"op": op.kind.value, "repeat": op.repeat, "peak_bytes": op.peak_bytes, "summary": op.summary,
-                 "params": dict(op.params), "inputs": list(op.inputs), "outputs": list(op.outputs),
+                 "params": dict(op.params), "inputs": [b.value for b in op.inputs], "outputs": [b.value for b in op.outputs],
                  "layers": compress(op.layers)} for op in plan.ops],
         "notes": list(plan.notes),
     }

@@ -24,7 +24,7 @@ class PhaseName(enum.Enum):
 
 
 class CostModel(Protocol):
-    """A backend's memory model and the execution facts the lowering depends on."""
+    """A backend's memory model: the peak of each mode and phase (its lowering is its spec's)."""
 
     @property
     def backend(self) -> Backend:
@@ -41,24 +41,13 @@ class CostModel(Protocol):
         """The format it emits when the recipe names none."""
         ...
 
-    @property
-    def reads_graph_only(self) -> bool:
-        """Opening the model reads no weights (ONNX: they stay in the data file)."""
+    def observer_groups(self, w: Workload) -> int:
+        """The most groups low_memory may split the observed tensors into (one pass over the data each); 1 where
+        the backend observes block by block instead."""
         ...
 
-    @property
-    def rounds_in_blocks(self) -> bool:
-        """Block-wise runs round each block's layers inside run_block, with their input ranges."""
-        ...
-
-    @property
-    def splits_observers(self) -> bool:
-        """low_memory splits the observed tensors over several passes over the data."""
-        ...
-
-    @property
-    def kld_by_gradient(self) -> bool:
-        """kld scores are a first-order estimate (one backward), not measured per unit."""
+    def notes(self, w: Workload) -> tuple[str, ...]:
+        """What the plan should say about how this backend estimated the workload."""
         ...
 
     def estimate(self, w: Workload, mode: MemoryMode, chunk: int, passes: int = 1,

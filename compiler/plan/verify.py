@@ -4,7 +4,7 @@ qparams before emit, and the estimated peak stays within the budget."""
 from __future__ import annotations
 
 from compiler.plan.lower import INITIAL_BUFFERS
-from compiler.plan.ops import OpKind, Plan
+from compiler.plan.ops import Buffer, OpKind, Plan
 
 
 def verify_plan(plan: Plan, quantized_layers: tuple[str, ...]) -> list[str]:
@@ -15,12 +15,12 @@ def verify_plan(plan: Plan, quantized_layers: tuple[str, ...]) -> list[str]:
     for index, op in enumerate(plan.ops, start=1):
         for buffer in op.inputs:
             if buffer not in defined:
-                problems.append(f"op {index} ({op.kind.value}) reads `{buffer}` before any op produces it")
+                problems.append(f"op {index} ({op.kind.value}) reads `{buffer.value}` before any op produces it")
         if op.kind is OpKind.EMIT:
             missing = [n for n in quantized_layers if n not in covered]
             if missing:
                 problems.append(f"emit before qparams of {len(missing)} layers, e.g. {missing[0]}")
-        if "qparams" in op.outputs:
+        if Buffer.QPARAMS in op.outputs:
             covered.update(op.layers)
         defined.update(op.outputs)
         if op.peak_bytes > plan.decision.ram_budget:

@@ -32,7 +32,7 @@ class Workload:
     index: ModelIndex
     weights_bytes: int
     quantized_bytes: int
-    dequantized_bytes: int  # ONNX: float weights onnxruntime rebuilds from DequantizeLinear when it runs the output
+    dequantized_bytes: int  # float weights onnxruntime rebuilds from DequantizeLinear when it runs an ONNX output
     largest_layer_bytes: int
     quantized_layers: tuple[str, ...]
     needed: tuple[str, ...]  # activations whose ranges the emitted model needs (inputs of A-quantized layers)
@@ -115,10 +115,9 @@ def _search(ir: RecipeIR, assignment: Assignment) -> Search | None:
 
 
 def _dequantized_bytes(ir: RecipeIR, quantized: list) -> int:
-    """ONNX: the float weights of QDQ layers, which onnxruntime holds dequantized while it runs the emitted
-    model (MatMulNBits computes from the packed weights)."""
-    if ir.backend is not Backend.ONNX:
-        return 0
+    """The float weights of the layers an ONNX output carries as DequantizeLinear, which onnxruntime holds
+    dequantized while it runs the emitted model (MatMulNBits computes from the packed weights). Only the ONNX
+    cost model reads it."""
     nbits = ir.emit is not None and ir.emit.format is EmitFormat.MATMUL_NBITS
     return sum(a.layer.bytes for a in quantized if not (
         nbits and a.layer.op == "MatMul" and a.scheme.activations is None

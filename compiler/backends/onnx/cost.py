@@ -254,10 +254,17 @@ class OnnxCosts:
     backend: Backend = Backend.ONNX
     runtime: int = RUNTIME
     default_format: EmitFormat = EmitFormat.QDQ
-    reads_graph_only: bool = True
-    rounds_in_blocks: bool = False
-    splits_observers: bool = True
-    kld_by_gradient: bool = False
+
+    def observer_groups(self, w: Workload) -> int:
+        """low_memory may observe each tensor in a pass of its own."""
+        return len(w.observed)
+
+    def notes(self, w: Workload) -> tuple[str, ...]:
+        """A folder not exported yet is estimated from its config."""
+        if w.index.graph is None:
+            return ("no graph shapes for this model: activation estimates are from its config (one block's "
+                    "working set per sample)",)
+        return ()
 
     def estimate(self, w: Workload, mode: MemoryMode, chunk: int, passes: int = 1,
                  gpus: tuple[int, ...] = ()) -> ModeEstimate:

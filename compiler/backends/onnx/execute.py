@@ -305,7 +305,7 @@ class _OnnxRun:
     # ---- ranges -------------------------------------------------------------------------------------
     def _ranges_if_ready(self, op: ops.PlanOp) -> None:
         """minmax: the observers' ranges are final, so the op that observes produces them (the plan says so)."""
-        if "ranges" in op.outputs:
+        if ops.Buffer.RANGES in op.outputs:
             self._ranges(inherited=False)
 
     def search_ranges(self, op: ops.SearchPercentile) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from compiler.backends.onnx.cost import COSTS
 from compiler.backends.onnx.exported_model import planned_assignment
+from compiler.backends.onnx.lowering import LOWERING
 from compiler.backends.onnx.support import check_supported
 from compiler.backends.spec import BackendSpec, OutputKind
 from compiler.ir.types import Backend, EmitFormat
@@ -14,6 +15,7 @@ SPEC = BackendSpec(
     output=OutputKind.FILE,
     output_help="a file path ending in .onnx",
     costs=COSTS,
+    lowering=LOWERING,
     check=check_supported,
     executor="compiler.backends.onnx.execute:execute",
     planned=planned_assignment,

@@ -139,10 +139,14 @@ class TorchCosts:
     backend: Backend = Backend.TORCH
     runtime: int = RUNTIME
     default_format: EmitFormat = EmitFormat.SAFETENSORS
-    reads_graph_only: bool = False
-    rounds_in_blocks: bool = True
-    splits_observers: bool = False
-    kld_by_gradient: bool = True
+
+    def observer_groups(self, w: Workload) -> int:
+        """Block-wise runs observe one block at a time, in one pass."""
+        return 1
+
+    def notes(self, w: Workload) -> tuple[str, ...]:
+        """Nothing to add."""
+        return ()
 
     def estimate(self, w: Workload, mode: MemoryMode, chunk: int, passes: int = 1,
                  gpus: tuple[int, ...] = ()) -> ModeEstimate:

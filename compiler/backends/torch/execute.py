@@ -49,6 +49,7 @@ from compiler.backends.torch.smoother import Smoother
 from compiler.backends.torch.support import attention_modules
 from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import StageError, error, warning
+from compiler.exhaustive import assert_never
 from compiler.ir.types import MemoryMode, RecipeIR
 from compiler.models.index import ModelIndex
 from compiler.plan import ops
@@ -74,6 +75,7 @@ class _Run:
         self.ir, self.assignment, self.plan = ir, assignment, plan
         self.result, self.progress, self.start = result, progress, start
         self.mode = plan.mode
+        self.access = ops.ModelAccess.RESIDENT  # set by load_model
         self.model: TorchModel | None = None
         self.index: ModelIndex | None = None
         self.scores: Scores | None = None
@@ -126,22 +128,20 @@ class _Run:
     # ---- model, memory mode, search ---------------------------------------------------------------
     @property
     def file_to_file(self) -> bool:
-        """No op of the plan runs the model: rounding goes tensor by tensor from the files, and no model
-        definition is built (so an architecture transformers cannot build here still compiles)."""
-        runs = (ops.CaptureReference, ops.CalibrateChunk, ops.CacheBlockInputs, ops.RunBlock, ops.ScoreSensitivity,
-                ops.Verify)
-        return not any(isinstance(op, runs) for op in self.plan.ops)
+        """Nothing runs the model (the plan opened its files only): no model definition is built, so an
+        architecture transformers cannot build here still compiles."""
+        return self.access is ops.ModelAccess.FILES
 
     def load(self, op: ops.LoadModel) -> None:
         """The skeleton on the meta device (every weight read now when the mode keeps the model resident),
-        or, when nothing runs the model, the checkpoint's files alone."""
+        or, when nothing runs the model, the checkpoint's files alone (as the op's `access` says)."""
+        self.access = op.access
+        self.index = self.assignment.model
         if self.file_to_file:
             self.model = open_files(op.model)
-            self.index = self.assignment.model
             return
         self.model = open_model(op.model, self.assignment.model.blocks, self.ir.model_span)
-        self.index = self.assignment.model
-        if self.mode in (MemoryMode.FULL, MemoryMode.LOW_MEMORY):
+        if op.access is ops.ModelAccess.RESIDENT:
             self.model.materialize(list(self.model.keys))
 
     def select_mode(self, op: ops.SelectMemoryMode) -> None:
@@ -375,19 +375,22 @@ class _Run:
 
     # ---- the ops after calibration ------------------------------------------------------------------
     def quantize(self, op: ops.QuantizeWeights) -> None:
-        """The op's layers: after the blocks through the model's tail (block-wise with streams), with the
-        whole-model statistics (full), or streamed one at a time (no data needed, nothing to verify)."""
+        """The op's layers, as its strategy says: from the files, after the blocks through the model's tail,
+        with the whole-model statistics in the resident model, or streamed one at a time."""
         self._ready()
         jobs = self._jobs_named(op.layers)
-        if self.file_to_file:
-            self.rounder.from_files(jobs)
-        elif "block_inputs" in op.inputs:
-            self._tail(self.cal, self.verify_streams, jobs, self.offload)
-        elif self.stats is not None or self.reference:
-            self._materialize_all()
-            self.rounder.in_place(jobs, self.stats, self.progress("quantize", len(jobs)))  # GPTQ here takes minutes
-        else:
-            self.rounder.streamed(jobs, None, self.offload)
+        match op.strategy:
+            case ops.QuantizeStrategy.FILE_TO_FILE:
+                self.rounder.from_files(jobs)
+            case ops.QuantizeStrategy.TAIL:
+                self._tail(self.cal, self.verify_streams, jobs, self.offload)
+            case ops.QuantizeStrategy.IN_PLACE:
+                self._materialize_all()
+                self.rounder.in_place(jobs, self.stats, self.progress("quantize", len(jobs)))  # GPTQ: minutes
+            case ops.QuantizeStrategy.STREAMED:
+                self.rounder.streamed(jobs, None, self.offload)
+            case _:
+                assert_never(op.strategy)
 
     def emit(self, op: ops.Emit) -> None:
         """Every tensor not rounded is copied as bytes; config and recipe written; the folder appears."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from compiler.backends.spec import BackendSpec, OutputKind
 from compiler.backends.torch.cost import COSTS
+from compiler.backends.torch.lowering import LOWERING
 from compiler.backends.torch.support import check_supported
 from compiler.ir.types import Backend, EmitFormat
 
@@ -13,6 +14,7 @@ SPEC = BackendSpec(
     output=OutputKind.FOLDER,
     output_help="a folder path (safetensors output)",
     costs=COSTS,
+    lowering=LOWERING,
     check=check_supported,
     executor="compiler.backends.torch.execute:execute",
 )

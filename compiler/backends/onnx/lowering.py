@@ -1,0 +1,151 @@
+"""The ONNX backend's lowering: an HF folder is exported first; the model is opened as its graph (weights stay
+in the data file); calibration runs whole-model chunks, or segment by segment in offload; observations become
+ranges in their own ops; every weight is streamed from the data file through the rounding into the emitter."""
+
+from __future__ import annotations
+
+from compiler.ir.types import CalibrationMethod, MemoryMode
+from compiler.models.index import ModelFormat
+from compiler.plan import memory
+from compiler.plan.lower import (
+    Context,
+    Pass,
+    calibrate_op,
+    emit_pass,
+    gate,
+    load_op,
+    lower_mode,
+    mixed_precision_pass,
+    observed_layers,
+    quantize_op,
+    transform_words,
+    verify_op,
+)
+from compiler.plan.ops import (
+    Buffer,
+    CacheBlockInputs,
+    CacheLocation,
+    ExportOnnx,
+    ModelAccess,
+    PlanOp,
+    PropagateRanges,
+    QuantizeStrategy,
+    RunBlock,
+    SearchPercentile,
+)
+from compiler.plan.target import PhaseName
+from compiler.plan.workload import Search
+
+CHECKED = "readers exact from the graph"  # how the transform's fold is checked
+
+
+def _exports(ctx: Context) -> bool:
+    return ctx.workload.index.format is ModelFormat.HF
+
+
+def lower_export(ctx: Context) -> list[PlanOp]:
+    """`export_onnx`: an HF folder is compiled through its ONNX export."""
+    if not _exports(ctx):
+        return []
+    if ctx.workload.index.graph is not None:  # planned against the cached export (the spec's `planned`)
+        return [ExportOnnx(summary=f"the export of {ctx.ir.model} is in the cache (made by an earlier compile, "
+                           "keyed by the folder's file names, sizes and mtimes): nothing to export; later ops read "
+                           "its graph, layer names unchanged", inputs=(Buffer.RECIPE,), outputs=(Buffer.ONNX_MODEL,),
+                           peak_bytes=ctx.costs.runtime, folder=ctx.ir.model, exporter="torch.onnx")]
+    return [ExportOnnx(summary=f"export the folder {ctx.ir.model} to ONNX with torch.onnx (once: cached by the "
+                       "folder's file names, sizes and mtimes); later ops read the exported graph, layer names unchanged",
+                       inputs=(Buffer.RECIPE,), outputs=(Buffer.ONNX_MODEL,), peak_bytes=ctx.phase(PhaseName.EXPORT),
+                       folder=ctx.ir.model, exporter="torch.onnx")]
+
+
+def lower_load(ctx: Context) -> list[PlanOp]:
+    """`load_model`: the graph only."""
+    return [load_op(ctx, ModelAccess.GRAPH, "graph only: weights stay in the data file until a session or the "
+                    "quantizer reads them", 0, (Buffer.ONNX_MODEL,) if _exports(ctx) else (Buffer.RECIPE,), ModelFormat.ONNX)]
+
+
+def _kld_words(search: Search, chunks: int, chunk: int) -> str:
+    return f"{chunks} × {1 + search.units * search.choices} forward passes of {chunk} samples " \
+        "(each unit under each choice, measured)"
+
+
+def lower_calibration(ctx: Context) -> list[PlanOp]:
+    """Whole-model chunks, or (offload) cached segment inputs and segments."""
+    w = ctx.workload
+    if not w.calibrate or not ctx.needs_data:
+        return []  # e.g. weight-only mixed precision: its forward passes belong to score_sensitivity
+    if ctx.mode is MemoryMode.OFFLOAD:
+        return _segments(ctx)
+    tensors = (f"{len(w.observed)} tensors" if w.index.graph is not None else
+               f"the inputs of {len(w.needed)} layers (tensor names from the exported graph)")
+    hessians = f" and GPTQ Hessians of {len(w.hessian_inputs)} layer inputs" if w.hessian_inputs else ""
+    first = f"first {transform_words(w, CHECKED)} (the model rewritten with the scales, one weight at a time); " \
+        if w.transform else ""
+    summary = (first + f"forward {w.chunk} samples × {w.seqlen} tokens; update observers of {tensors}{hessians}; "
+               "keep nothing else (the model's own outputs are dropped from the graph)")
+    return [calibrate_op(ctx, summary, observed_layers(ctx), (ctx.range_buffer,))]
+
+
+def _segments(ctx: Context) -> list[PlanOp]:
+    w = ctx.workload
+    where = CacheLocation.DISK if w.disk else CacheLocation.RAM
+    cache = CacheBlockInputs(
+        summary=f"run the model up to the first block; cache its inputs {where.value} (per sample: hidden states only; "
+        "per-sample-constant inputs once)", inputs=(Buffer.MODEL, Buffer.CALIBRATION_DATA, Buffer.MEMORY_MODE) + ctx.after_search,
+        outputs=(Buffer.BLOCK_INPUTS,), peak_bytes=ctx.phase(PhaseName.CALIBRATE), layers=(), samples=w.samples,
+        seqlen=w.seqlen, per_sample=w.seqlen * w.hidden * 4, where=where)
+    what = (f"(after {transform_words(w, CHECKED)}, its own pass over the segments) " if w.transform else "") + \
+        "observe its tensors" + (" (GPTQ: round its layers once every chunk has passed, free their Hessians)"
+                                 if w.hessian_inputs else "")
+    run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
+                   inputs=(Buffer.MODEL, Buffer.BLOCK_INPUTS), outputs=(Buffer.BLOCK_INPUTS, ctx.range_buffer),
+                   peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=max(1, len(w.blocks)),
+                   layers=observed_layers(ctx), blocks=len(w.blocks), chunk=w.chunk, gptq=w.gptq)
+    return [cache, run]
+
+
+def lower_ranges(ctx: Context) -> list[PlanOp]:
+    """`search_percentile` and `propagate_ranges`: observations become ranges."""
+    w, cal = ctx.workload, ctx.ir.calibration
+    if not w.observed:
+        return []
+    ops: list[PlanOp] = []
+    if cal.method is not CalibrationMethod.MINMAX:
+        detail = {CalibrationMethod.PERCENTILE: f"percentile {cal.percentile:g}",
+                  CalibrationMethod.LAYERWISE_PERCENTILE: "candidates " + ", ".join(f"{c:g}" for c in cal.candidates)
+                  + f" scored by {cal.score_metric.value}"}.get(cal.method, cal.method.value)
+        ops.append(SearchPercentile(summary=f"ranges from {cal.bins}-bin histograms ({detail})", inputs=(Buffer.HISTOGRAMS,),
+                                    outputs=(Buffer.RANGES,), peak_bytes=ctx.costs.runtime + memory.observer_bytes(w),
+                                    method=cal.method, bins=cal.bins, tensors=len(w.observed)))
+    if cal.passthrough:
+        which = (f"({w.inherited} of {len(w.needed)} needed tensors not observed)" if w.index.graph is not None else
+                 "(which ones the exported graph shows)")
+        ops.append(PropagateRanges(summary=f"outputs of {', '.join(cal.passthrough)} inherit their producer's range "
+                                   + which, inputs=(Buffer.RANGES,), outputs=(Buffer.RANGES,), peak_bytes=ctx.costs.runtime,
+                                   inherited=w.inherited, needed=len(w.needed), observed=len(w.observed)))
+    return ops
+
+
+def lower_quantize(ctx: Context) -> list[PlanOp]:
+    """`quantize_weights`: every quantized layer, streamed from the data file."""
+    w = ctx.workload
+    names = list(w.quantized_layers)
+    if not names:
+        return []
+    inputs = (Buffer.MODEL, Buffer.RANGES) if w.observed else (Buffer.MODEL,)
+    return [quantize_op(ctx, names, inputs, QuantizeStrategy.STREAMED, "streamed: load → quantize → write → free")]
+
+
+def lower_verify(ctx: Context) -> list[PlanOp]:
+    """`verify`: the float and the emitted model, both in onnxruntime."""
+    v = ctx.ir.verify
+    if v is None:
+        return []
+    return verify_op(ctx, f"run float and emitted model on {v.samples} held-out samples; {gate(ctx)}",
+                     (Buffer.MODEL, Buffer.EMITTED_MODEL, Buffer.VERIFY_DATA))
+
+
+LOWERING: tuple[Pass, ...] = (
+    lower_export, lower_load, lower_mode, mixed_precision_pass(_kld_words), lower_calibration, lower_ranges,
+    lower_quantize, emit_pass(reads_ranges=True), lower_verify,
+)

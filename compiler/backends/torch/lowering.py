@@ -1,0 +1,162 @@
+"""The PyTorch backend's lowering. The samples run through the model as streams (calibration, and the float
+side of verification): whole with hooks in `full`, else block by block, each block's layers rounded inside
+run_block with their statistics and input ranges. What no earlier op rounded is rounded by quantize_weights
+in one of four ways, which the op names: in the resident model, after the model's tail ran on the last
+block's outputs, streamed from the checkpoint, or file to file when nothing runs the model."""
+
+from __future__ import annotations
+
+from compiler.ir.types import MemoryMode
+from compiler.models.builtin import PREFIX as BUILTIN_PREFIX
+from compiler.models.index import ModelFormat
+from compiler.plan.lower import (
+    Context,
+    Pass,
+    block_layers,
+    calibrate_op,
+    emit_pass,
+    gate,
+    head_layers,
+    load_op,
+    lower_mode,
+    mixed_precision_pass,
+    needs_data,
+    quantize_op,
+    transform_words,
+    verify_op,
+)
+from compiler.plan.ops import (
+    Buffer,
+    CacheBlockInputs,
+    CacheLocation,
+    CaptureReference,
+    ModelAccess,
+    PlanOp,
+    QuantizeStrategy,
+    RunBlock,
+)
+from compiler.plan.target import PhaseName
+from compiler.plan.workload import Search
+
+CHECKED = "float output checked unchanged"  # how the transform's fold is checked
+
+
+def blockwise(ctx: Context) -> bool:
+    """The run goes block by block (cached block inputs), not through the whole model at once."""
+    return ctx.mode is not MemoryMode.FULL and bool(ctx.workload.blocks)
+
+
+def lower_load(ctx: Context) -> list[PlanOp]:
+    """`load_model`: the checkpoint's files alone (nothing runs the model), the skeleton with weights read per
+    block (offload, multi_gpu), or the whole model."""
+    w = ctx.workload
+    if not ctx.runs_model:
+        return [load_op(ctx, ModelAccess.FILES, "its safetensors files only: no model definition is built, since "
+                        "nothing runs the model (data-free rounding, nothing to verify); tensor by tensor, file to "
+                        "file", 0, (Buffer.RECIPE,), ModelFormat.TORCH)]
+    if ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU):
+        return [load_op(ctx, ModelAccess.BLOCKS, "lazily, one block at a time", 0, (Buffer.RECIPE,), ModelFormat.TORCH)]
+    return [load_op(ctx, ModelAccess.RESIDENT, "whole", w.weights_bytes, (Buffer.RECIPE,), ModelFormat.TORCH)]
+
+
+def _kld_words(search: Search, chunks: int, chunk: int) -> str:
+    return f"{chunks} × (2 forward + 1 backward) passes of {chunk} samples (first-order estimate)"
+
+
+def _statistics(ctx: Context) -> list[str]:
+    """What calibration gathers, in words."""
+    w = ctx.workload
+    parts = ["input ranges"] if w.observed or (ctx.ir.kv_cache is None and w.transform is None) else []
+    parts += [transform_words(w, CHECKED)] if w.transform else []
+    return parts + (["GPTQ Hessians"] if w.gptq else []) + (["KV cache ranges"] if ctx.ir.kv_cache else [])
+
+
+def lower_streams(ctx: Context) -> list[PlanOp]:
+    """The calibration stream (when a layer needs data) and the verification streams run through the model;
+    block by block, or whole in full mode (hooks on every layer)."""
+    if not ctx.streams:
+        return []
+    if blockwise(ctx):
+        return _blocks(ctx)
+    ops: list[PlanOp] = []
+    v, w = ctx.ir.verify, ctx.workload
+    if v is not None:
+        ops.append(CaptureReference(
+            summary=f"run the float model on {v.samples} held-out samples and keep its outputs "
+            "(the model is then rounded in place)", inputs=(Buffer.MODEL, Buffer.VERIFY_DATA), outputs=(Buffer.REFERENCE,),
+            peak_bytes=ctx.phase(PhaseName.VERIFY), samples=v.samples))
+    if ctx.needs_data:
+        summary = (f"forward {w.chunk} samples × {w.seqlen} tokens through the whole model, hooks gathering the "
+                   "statistics its layers round with (" + ", ".join(_statistics(ctx)) + ")")
+        ops.append(calibrate_op(ctx, summary, w.quantized_layers, (Buffer.STATISTICS,)))
+    return ops
+
+
+def _blocks(ctx: Context) -> list[PlanOp]:
+    w = ctx.workload
+    where = CacheLocation.DISK if w.disk and ctx.mode is MemoryMode.OFFLOAD else CacheLocation.RAM
+    streams = ["calibration"] if ctx.needs_data else []
+    if ctx.ir.verify is not None:  # an HF folder's quantized side is its emitted folder (lower_verify)
+        streams.append("verification (float and quantized)" if ctx.ir.model.startswith(BUILTIN_PREFIX)
+                       else "verification (float)")
+    head = head_layers(ctx)
+    rounding_head = f"; round {len(head)} layers before the blocks first" if head else ""
+    cache = CacheBlockInputs(
+        summary=f"run the model up to the first block; cache its inputs {where.value} (per sample: hidden states only; "
+        f"per-sample-constant inputs once); streams: {', '.join(streams)}" + rounding_head,
+        inputs=(Buffer.MODEL, Buffer.CALIBRATION_DATA, Buffer.MEMORY_MODE) + ctx.after_search,
+        outputs=(Buffer.BLOCK_INPUTS,) + ((Buffer.QPARAMS,) if head else ()), peak_bytes=ctx.phase(PhaseName.CALIBRATE),
+        layers=head, samples=w.samples, seqlen=w.seqlen, per_sample=w.seqlen * w.hidden * 4, where=where)
+    ranges = f"input ranges ({ctx.ir.calibration.method.value}), " if w.observed else ""
+    ranges += "KV cache ranges, " if ctx.ir.kv_cache is not None else ""
+    what = (transform_words(w, CHECKED) + "; " if w.transform else "") + "compute float outputs, " + ranges + \
+        ("quantize the block (GPTQ with its Hessians)" if w.gptq else "quantize the block")
+    run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
+                   inputs=(Buffer.MODEL, Buffer.BLOCK_INPUTS), outputs=(Buffer.BLOCK_INPUTS, Buffer.QPARAMS),
+                   peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=max(1, len(w.blocks)), layers=block_layers(ctx),
+                   blocks=len(w.blocks), chunk=w.chunk, gptq=w.gptq)
+    return [cache, run]
+
+
+def lower_quantize(ctx: Context) -> list[PlanOp]:
+    """`quantize_weights`: the layers no block rounded, and how."""
+    w = ctx.workload
+    in_blocks = ctx.streams and blockwise(ctx)
+    done = set(block_layers(ctx)) | set(head_layers(ctx)) if in_blocks else set()
+    names = [n for n in w.quantized_layers if n not in done]
+    if not names:
+        return []
+    if not ctx.runs_model:
+        return [quantize_op(ctx, names, (Buffer.MODEL,), QuantizeStrategy.FILE_TO_FILE,
+                            "file to file: read → quantize → write → free, one tensor at a time")]
+    if ctx.streams and not blockwise(ctx):
+        inputs = (Buffer.MODEL, Buffer.STATISTICS) if ctx.needs_data else (Buffer.MODEL,)
+        return [quantize_op(ctx, names, inputs, QuantizeStrategy.IN_PLACE,
+                            "in the resident model, each computing like the emitted one from then on")]
+    if in_blocks and (ctx.ir.verify is not None or any(needs_data(ctx.assignment.of(n).scheme) for n in names)):
+        return [quantize_op(ctx, names, (Buffer.MODEL, Buffer.BLOCK_INPUTS), QuantizeStrategy.TAIL,
+                            "the model's tail runs on the last block's outputs (its layers' statistics), then "
+                            "streamed: load → quantize → write → free")]
+    return [quantize_op(ctx, names, (Buffer.MODEL,), QuantizeStrategy.STREAMED, "streamed: load → quantize → write → free")]
+
+
+def lower_verify(ctx: Context) -> list[PlanOp]:
+    """`verify`: an HF folder's output is run as transformers loads it (one block at a time); a built-in's
+    output has no loader outside qrc, so qrc's own rounded model is what runs."""
+    v = ctx.ir.verify
+    if v is None:
+        return []
+    emitted = "qrc's quantized model" if ctx.ir.model.startswith(BUILTIN_PREFIX) else \
+        "the emitted folder as transformers loads it (compressed-tensors), one block at a time,"
+    if blockwise(ctx):
+        return verify_op(ctx, f"run {v.samples} held-out samples through {emitted} against the float stream carried "
+                         f"through every block beside the calibration stream, at the model's output; {gate(ctx)}",
+                         (Buffer.BLOCK_INPUTS, Buffer.EMITTED_MODEL, Buffer.VERIFY_DATA))
+    return verify_op(ctx, f"run {v.samples} held-out samples through {emitted} against the float outputs kept "
+                     f"before rounding; {gate(ctx)}", (Buffer.MODEL, Buffer.REFERENCE, Buffer.EMITTED_MODEL, Buffer.VERIFY_DATA))
+
+
+LOWERING: tuple[Pass, ...] = (
+    lower_load, lower_mode, mixed_precision_pass(_kld_words), lower_streams, lower_quantize,
+    emit_pass(reads_ranges=False), lower_verify,
+)
