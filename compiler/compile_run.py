@@ -124,7 +124,7 @@ def _execute(execute, ir, planned: PlanResult, destination: Path, console: Conso
     """The backend's run under progress bars, its failures as diagnostics."""
     with _progress(console) as progress, _terminate_as_interrupt():
         try:
-            result = execute(ir, planned.check.assignment, planned.plan, destination, progress)
+            result = execute(planned.plan, planned.check.assignment, destination, progress)
         except StageError as exc:  # a backend's failure, or its data's
             raise CompileFailed(planned.diagnostics + (exc.diagnostic,), getattr(exc, "result", None), planned) from None
         except OSError as exc:  # disk full, a folder made read-only meanwhile: the backends left no partial output

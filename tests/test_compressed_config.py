@@ -87,10 +87,10 @@ def test_schema_rejection_is_refused_before_work_with_q420():
 
     ir = check_file(ROOT / "recipes/tiny-llama-torch-w4a16.recipe").ir
     config = _config(PRESETS["W4A16"])
-    assert check_config(config, ir) is None
+    assert check_config(config, ir.span) is None
     config["config_groups"]["W4A16"]["weights"]["strategy"] = "diagonal"
     with pytest.raises(BackendError) as caught:
-        check_config(config, ir)
+        check_config(config, ir.span)
     assert caught.value.diagnostic.code == "Q420" and "diagonal" in caught.value.diagnostic.message
 
 
@@ -104,9 +104,9 @@ def test_without_compressed_tensors_the_check_is_skipped_with_q421_or_refused_fo
 
     ir = check_file(ROOT / "recipes/tiny-llama-torch-w4a16.recipe").ir
     monkeypatch.setitem(sys.modules, "compressed_tensors.quantization", None)  # import fails
-    assert check_config(_config(PRESETS["W4A16"]), ir).code == "Q421"
+    assert check_config(_config(PRESETS["W4A16"]), ir.span).code == "Q421"
     with pytest.raises(BackendError) as caught:
-        check_config(_config(PRESETS["FP8_DYNAMIC"]), ir, needs_package=True)
+        check_config(_config(PRESETS["FP8_DYNAMIC"]), ir.span, needs_package=True)
     assert caught.value.diagnostic.code == "Q400"
 
 

@@ -87,3 +87,34 @@ def test_the_planner_never_asks_which_backend():
     flags = [name for name, member in inspect.getmembers(CostModel) if isinstance(member, property)
              and inspect.signature(member.fget).return_annotation in (bool, "bool")]
     assert flags == []
+
+
+RECIPE_IR = ("compiler.ir.elaborate", "compiler.ir.printer", "compiler.ir.checks", "compiler.ir.schemes",
+             "compiler.frontend")
+
+
+def test_handlers_read_their_ops_never_the_recipe(graph):
+    """The executors and every backend module they run read what the plan's ops carry: none imports the
+    recipe's IR (RecipeIR, or the modules that build and print it) or takes it as a parameter."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    handlers = {"compiler.backends.onnx.execute", "compiler.backends.torch.execute"}
+    reached = set(handlers)
+    for module in handlers:
+        reached |= {m for m in graph.find_upstream_modules(module) if m.startswith("compiler.backends")}
+    found = []
+    for module in sorted(reached):
+        path = root / (module.replace(".", "/") + ".py")
+        if not path.exists():
+            path = root / module.replace(".", "/") / "__init__.py"
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module in RECIPE_IR or any(a.name == "RecipeIR" for a in node.names)):
+                found.append(f"{module}:{node.lineno} imports {node.module}")
+            if isinstance(node, ast.arg) and node.arg == "ir":
+                found.append(f"{module}:{node.lineno} takes `ir`")
+            if isinstance(node, ast.Attribute) and node.attr == "ir":
+                found.append(f"{module}:{node.lineno} reads `.ir`")
+    assert len(reached) > 20 and found == [], found

@@ -46,7 +46,7 @@ def _quantized(result) -> tuple[str, ...]:
 def test_plan_golden(path, monkeypatch):
     # the goldens are first compiles' plans: an HF folder on ONNX whose export an earlier test cached is
     # planned against that graph instead (tests/test_onnx_decoders.py checks that plan)
-    monkeypatch.setattr("compiler.backends.onnx.exported_model.cached_export", lambda folder: None)
+    monkeypatch.setattr("compiler.backends.onnx.spec.cached_export", lambda folder: None)
     result = _plan(path.relative_to(ROOT).as_posix())
     assert result.ok, render_all(result.diagnostics)
     assert_golden(to_text(result.plan), f"plans/{path.stem}.plan.txt")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 
 from compiler.diagnostics import Diagnostic, warning
-from compiler.ir.types import RecipeIR
 from compiler.models import names
+from compiler.source import Span
 
 
-def dampened_warning(ir: RecipeIR, dampened: dict[str, float]) -> Diagnostic:
+def dampened_warning(span: Span | None, dampened: dict[str, float]) -> Diagnostic:
     """Q418 for the GPTQ layers whose Hessian needed more dampening (∞: none helped, rounded with rtn)."""
     by_value: dict[float, list[str]] = {}
     for layer, used in dampened.items():
@@ -19,6 +19,6 @@ def dampened_warning(ir: RecipeIR, dampened: dict[str, float]) -> Diagnostic:
              if math.isinf(used) else f"dampening {used:g}") for used, layers in sorted(by_value.items())]
     return warning(
         "Q418", f"GPTQ raised its dampening for {len(dampened)} layers ({'; '.join(parts)})",
-        ir.span, "Hessian not definite",
+        span, "Hessian not definite",
         help="their inputs were (nearly) degenerate during calibration: more or more varied calibration samples "
         "give them a well-conditioned Hessian")

@@ -34,7 +34,7 @@ class Run(Protocol):
 
 
 def execute_plan(plan: Plan, assignment: Assignment, output: Path, progress,
-                 make_run: Callable[[Callable, CompileResult, float], Run], ram_span=None) -> CompileResult:
+                 make_run: Callable[[Callable, CompileResult, float], Run]) -> CompileResult:
     """Run `plan` op by op with the run `make_run(progress, result, start)` builds, under an RSS sampler that
     enforces the recipe's `ram`; the result holds what was measured, also when verification fails.
 
@@ -43,7 +43,7 @@ def execute_plan(plan: Plan, assignment: Assignment, output: Path, progress,
     and nothing after it can fail but the verdict of verification (Q501), which leaves the model in place."""
     result = CompileResult(output, [], plan, assignment=assignment)
     start, rss = time.perf_counter(), sampler_for(plan)
-    rss.span = ram_span
+    rss.span = plan.spans.ram
     run = make_run(guarded(progress, rss), result, start)
     try:
         with rss:

@@ -11,8 +11,9 @@ from compiler.backends import BackendError
 from compiler.backends.agreement import Agreement, passes
 from compiler.backends.sensitivity import SearchResult
 from compiler.diagnostics import Diagnostic, error, warning
-from compiler.plan.ops import Plan, PlanOp
+from compiler.plan.ops import CaptureReference, Plan, PlanOp, Verify
 from compiler.resolve.assignment import Assignment
+from compiler.source import Span
 
 
 @dataclass
@@ -48,10 +49,9 @@ class CompileResult:
         return max((op.peak_bytes for op in self.plan.ops if op.kind.value not in self.skipped), default=0)
 
 
-def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None:
-    """Record the figures; below the recipe's bound, write a `.verify.json` report beside the output and
+def judge(v: Verify, output: Path, agreement: Agreement, result: CompileResult) -> None:
+    """Record the figures; below the op's bound, write a `.verify.json` report beside the output and
     record Q501, which the program raises after the model went into place (the last step of a run)."""
-    v = ir.verify
     result.verify = agreement.figures()
     value = agreement.value(v.metric)
     result.verify_passed = passes(value, v.bound, v.threshold)
@@ -63,8 +63,7 @@ def judge(ir, output: Path, agreement: Agreement, result: CompileResult) -> None
                                       "value": value, "figures": result.verify, "measured_on": result.verified_on},
                                      indent=2) + "\n")
         result.verify_failure = error("Q501", f"verification failed: {v.metric.value} = {value:.6g}, the recipe asks "
-                                      f"{v.bound.value} {v.threshold:g}", ir.verify.span_of("bound")
-                                      or ir.verify.span_of("metric") or ir.span, "not met",
+                                      f"{v.bound.value} {v.threshold:g}", result.plan.spans.verify, "not met",
                                       help=_q501_help(output, report, result))
 
 
@@ -78,14 +77,14 @@ def _q501_help(output: Path, report: Path, result: CompileResult) -> str:
     return f"{where}; the layers that lose the most: {named}: give them a wider scheme, e.g. `\"{worst[0][0]}\" -> W8A16`"
 
 
-def refuse_nonfinite(ir, layer, values) -> None:
+def refuse_nonfinite(span: Span | None, layer, values) -> None:
     """Q409: a weight with NaN or infinite values would give a NaN or infinite scale; the compile stops
     before anything is written."""
     import numpy as np
 
     bad = int(values.size - np.count_nonzero(np.isfinite(values)))
     if bad:
-        raise BackendError(error("Q409", f"`{layer.name}` has {bad:,} non-finite weights (NaN or ±inf)", ir.model_span,
+        raise BackendError(error("Q409", f"`{layer.name}` has {bad:,} non-finite weights (NaN or ±inf)", span,
                                  "non-finite weights", help=f"repair the checkpoint, or give `{layer.name}` `-> none` "
                                  "to keep it as it is"))
 
@@ -95,7 +94,7 @@ def refuse_nonfinite(ir, layer, values) -> None:
 FOLD_TOLERANCE = {True: 1e-3, False: 2e-2}  # by whether the model computes in float32
 
 
-def refuse_changed_output(ir, before, after, float32: bool, sources: list[str]) -> None:
+def refuse_changed_output(span: Span | None, before, after, float32: bool, sources: list[str]) -> None:
     """Q422: a transform's fold must leave the float output (`before`, `after`: one chunk's) as it was; the
     compile stops before anything is written."""
     import numpy as np
@@ -107,19 +106,19 @@ def refuse_changed_output(ir, before, after, float32: bool, sources: list[str]) 
     raise BackendError(error(
         "Q422", f"folding the transform's scales changed the float output by {change:.2%} "
         f"({', '.join(sources[:3])}): a mapping's source feeds something its targets do not cover",
-        ir.transform.span, "not an equivalent transform",
+        span, "not an equivalent transform",
         help="check the `map` lines against the model (every reader of a source must be a target), or remove "
         "them to use the inferred mappings"))
 
 
-def held_out_batches(ir, index, result: CompileResult, chunk: int):
-    """Verification samples; Q406 when a data file is too short to hold them out from calibration."""
+def held_out_batches(op: Verify | CaptureReference, index, result: CompileResult, chunk: int | None = None):
+    """The op's held-out samples (in its chunks, or `chunk`); Q406 when a data file is too short to hold them
+    out from calibration."""
     from compiler import data
 
-    v = ir.verify
-    batches, overlaps = data.verify_batches(ir.calibration.data, index, v.samples, chunk)
+    batches, overlaps = data.verify_batches(op.data, index, op.samples, chunk or op.chunk)
     if overlaps:
         result.warnings.append(warning("Q406", "verification reuses calibration samples: the data file is too short",
-                                       ir.calibration.data.span_of("data"), "not held out",
-                                       help=f"add at least {v.samples} samples beyond `samples` to the file"))
+                                       op.data.span_of("data"), "not held out",
+                                       help=f"add at least {op.samples} samples beyond `samples` to the file"))
     return batches

@@ -23,14 +23,13 @@ from typing import Protocol
 
 import numpy as np
 
-from compiler.diagnostics import Diagnostics
-from compiler.ir.types import RecipeIR, Rounding, Scheme, SensitivityMetric
+from compiler.ir.types import Rounding, Scheme, SensitivityMetric
 from compiler.models.exports import files_hash
 from compiler.models.index import Layer, ModelIndex
+from compiler.plan.ops import AssignPrecision, ScoreSensitivity
 from compiler.quant.weights import Convention, quantize_weight
 from compiler.resolve import mixed
 from compiler.resolve.assignment import Assignment
-from compiler.resolve.pipeline import resolve
 
 CACHE_VERSION = "qrc-sensitivity-v1"
 
@@ -90,12 +89,12 @@ def fake_quantize(w: np.ndarray, scheme: Scheme, convention: Convention) -> np.n
     return quantize_weight(w, scheme.weights, rounding, 0, 1, convention).dequantize()
 
 
-def scoring_batches(ir: RecipeIR, index: ModelIndex):
-    """The first `samples` calibration samples, in calibration chunks."""
+def scoring_batches(op: ScoreSensitivity, index: ModelIndex):
+    """The op's first `samples` calibration samples, in calibration chunks."""
     from compiler import data
 
-    batches = data.calibration_batches(ir.calibration.data, index, ir.calibration.chunk)
-    return dataclasses.replace(batches, samples=min(batches.samples, ir.mixed_precision.samples))
+    batches = data.calibration_batches(op.data, index, op.chunk)
+    return dataclasses.replace(batches, samples=min(batches.samples, op.samples))
 
 
 def _relative_losses(units, schemes, scorer: Scorer, layer_loss, advance) -> dict[str, list[float]]:
@@ -129,14 +128,13 @@ def mse_losses(units, schemes, scorer: Scorer, grams: Mapping[str, np.ndarray], 
     return _relative_losses(units, schemes, scorer, output_error, advance)
 
 
-def cache_key(ir: RecipeIR, units: Sequence[mixed.Unit], digest: str, backend: str) -> str:
+def cache_key(op: ScoreSensitivity, units: Sequence[mixed.Unit], digest: str, backend: str) -> str:
     """What the scores depend on: the model's content, the scoring settings, data and choices, the units;
     not the budget, so a sweep over budgets scores once."""
-    mp, cal = ir.mixed_precision, ir.calibration
     identity = {
-        "version": CACHE_VERSION, "backend": backend, "model": digest, "metric": mp.metric.value,
-        "samples": mp.samples, "data": _data_identity(cal.data) if mp.metric is not SensitivityMetric.SNR else "",
-        "chunk": cal.chunk, "choices": [_scheme_identity(ir.scheme(c)) for c in mixed.choices_of(ir)],
+        "version": CACHE_VERSION, "backend": backend, "model": digest, "metric": op.metric.value,
+        "samples": op.samples, "data": _data_identity(op.data) if op.metric is not SensitivityMetric.SNR else "",
+        "chunk": op.chunk, "choices": [_scheme_identity(s) for s in op.choices],
         "units": [[u.name, *u.members] for u in units],
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
@@ -152,11 +150,11 @@ def _scheme_identity(scheme: Scheme) -> str:
     return f"{w.qtype.value} {w.granularity.value} {w.group_size} {w.symmetric} {scheme.rounding.value}"
 
 
-def cache_root(ir: RecipeIR) -> Path:
+def cache_root(disk: Path | None) -> Path:
     """Where scores are cached: `memory { disk }` or $QRC_CACHE, under sensitivity/."""
     from compiler.models.builtin import cache_dir
 
-    return (Path(ir.memory.disk) if ir.memory.disk else cache_dir()) / "sensitivity"
+    return (disk or cache_dir()) / "sensitivity"
 
 
 def _load(path: Path, units: Sequence[mixed.Unit], count: int) -> dict[str, list[float]] | None:
@@ -181,14 +179,15 @@ def _save(path: Path, losses: Mapping[str, Sequence[float]]) -> None:
         pass
 
 
-def score(ir: RecipeIR, units, scorer: Scorer, backend: str, progress) -> tuple[dict[str, list[float]], bool, Path]:
+def score(op: ScoreSensitivity, disk: Path | None, units, scorer: Scorer, backend: str,
+          progress) -> tuple[dict[str, list[float]], bool, Path]:
     """Each unit's losses, from the cache when this model, data and setting were scored before."""
-    schemes = [ir.scheme(c) for c in mixed.choices_of(ir)]
-    path = cache_root(ir) / f"{cache_key(ir, units, scorer.digest(), backend)}.json"
+    schemes = list(op.choices)
+    path = cache_root(disk) / f"{cache_key(op, units, scorer.digest(), backend)}.json"
     cached = _load(path, units, len(schemes))
     if cached is not None:
         return cached, True, path
-    metric = ir.mixed_precision.metric
+    metric = op.metric
     if metric is SensitivityMetric.KLD:
         losses = scorer.kld(units, schemes, progress)
     else:
@@ -212,27 +211,29 @@ class Scores:
     cache_file: Path
 
 
-def score_units(ir: RecipeIR, assignment: Assignment, scorer: Scorer, progress) -> Scores | None:
-    """The plan's `score_sensitivity` op: the searched units' losses (None when nothing is searched)."""
-    units = tuple(mixed.search_units(ir, assignment))
+def score_units(op: ScoreSensitivity, disk: Path | None, assignment: Assignment, scorer: Scorer, backend: str,
+                progress) -> Scores | None:
+    """The plan's `score_sensitivity` op: the searched units' losses (None when nothing is searched); scores
+    are cached under `disk` (`memory { disk }`), else $QRC_CACHE."""
+    units = tuple(mixed.units_for(op.choices, assignment))
     if not units:
         return None
-    losses, from_cache, path = score(ir, units, scorer, ir.backend.value, progress)
+    losses, from_cache, path = score(op, disk, units, scorer, backend, progress)
     return Scores(units, losses, from_cache, path)
 
 
-def assign(ir: RecipeIR, assignment: Assignment, scores: Scores | None) -> tuple[Assignment, SearchResult | None]:
+def assign(op: AssignPrecision, assignment: Assignment, scores: Scores | None) -> tuple[Assignment, SearchResult | None]:
     """The plan's `assign_precision` op: the assignment with the searched units' choices applied (groups
-    move as one), and what was chosen."""
-    if scores is None:
+    move as one: the op's resolver resolves the recipe again with them), and what was chosen."""
+    if scores is None or op.resolve is None:
         return assignment, None
-    units, losses, choices = scores.units, scores.losses, mixed.choices_of(ir)
-    chosen = mixed.choose(units, losses, ir.mixed_precision.budget_bits)
+    units, losses, choices = scores.units, scores.losses, op.choices
+    chosen = mixed.choose(units, losses, op.budget_bits)
     precision = {name: choices[chosen[u.name]] for u in units for name in u.members}
-    searched = resolve(ir, assignment.model, Diagnostics(), precision)  # diagnostics: reported when planning
+    searched = op.resolve(assignment.model, precision)
     rows = tuple(UnitResult(u.name, u.members, u.params, tuple(losses[u.name]), choices[chosen[u.name]],
                             u.bits[chosen[u.name]] / u.params) for u in units)
     predicted = sum(losses[u.name][chosen[u.name]] for u in units)
-    return searched, SearchResult(ir.mixed_precision.metric, choices, ir.mixed_precision.budget_bits,
+    return searched, SearchResult(op.metric, choices, op.budget_bits,
                                   mixed.average_bits(units, chosen), scores.from_cache, str(scores.cache_file), rows,
                                   predicted, tuple(mixed.frontier(units, losses)))

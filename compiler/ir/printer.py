@@ -83,12 +83,6 @@ def _selector(sel: Selector) -> str:
     return f"type {sel.pattern}"
 
 
-def provenance(recipe: str, canonical_ir: str) -> tuple[tuple[str, str], ...]:
-    """What an emitted model records about its making: the recipe's name and the hash of its canonical
-    form (no dates, paths or versions, so the same recipe gives the same bytes)."""
-    return (("qrc.recipe", recipe), ("qrc.recipe_sha256", recipe_hash(canonical_ir)))
-
-
 def recipe_hash(canonical_ir: str) -> str:
     """The sha256 of a recipe's canonical form: what the emitted model and the report record."""
     return hashlib.sha256(canonical_ir.encode()).hexdigest()

@@ -107,3 +107,10 @@ def _merge_alternatives(names: list[str]) -> list[str]:
         else:
             out.append(f"{prefix}{{{','.join(stems)}}}{suffix}")
     return out
+
+
+def attention_modules(layers: list[str]) -> list[str]:
+    """The modules whose key and value projections fill a KV cache: parents of a `k_proj` and a `v_proj`
+    (where compressed-tensors and vLLM put `k_scale`/`v_scale`)."""
+    parents = {name.rpartition(".")[0] for name in layers if name.endswith(".k_proj")}
+    return sorted(p for p in parents if f"{p}.v_proj" in layers)

@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from compiler.diagnostics import Diagnostics
+from compiler.ir.printer import print_ir
 from compiler.ir.types import MemoryMode, RecipeIR
 from compiler.models.index import ModelFormat
 from compiler.plan.estimates import all_estimates
 from compiler.plan.fit import report_q301
 from compiler.plan.lower import Context, Pass, lower
 from compiler.plan.modes import ram_budget, select_mode
-from compiler.plan.ops import Plan
+from compiler.plan.ops import Plan, Spans
 from compiler.plan.target import CostModel
 from compiler.plan.workload import Workload, workload
 from compiler.resolve.assignment import Assignment
@@ -43,7 +44,17 @@ def build_plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: 
     ctx = Context(ir, assignment, w, decision, estimates[decision.mode], passes, costs)
     notes = _notes(w, costs)
     return Plan(ir.name, ir.source_name, ir.model, ir.backend, len(assignment.layers),
-                len(w.quantized_layers), decision, lower(ctx, lowering), notes)
+                len(w.quantized_layers), decision, lower(ctx, lowering), notes, spans_of(ir), print_ir(ir))
+
+
+def spans_of(ir: RecipeIR) -> Spans:
+    """Where each decision the plan carries was written in the recipe."""
+    cal, memory = ir.calibration, ir.memory
+    return Spans(recipe=ir.span, model=ir.model_span, data=cal.data.span_of("data") or cal.span_of("data") or ir.span,
+                 experts=cal.span_of("experts"), ram=memory.span_of("ram"), disk=memory.span_of("disk"),
+                 mode=memory.span_of("mode"), transform=ir.transform.span if ir.transform else None,
+                 emit=(ir.emit.span_of("path") if ir.emit else None) or ir.span,
+                 verify=(ir.verify.span_of("bound") or ir.verify.span_of("metric") if ir.verify else None) or ir.span)
 
 
 def _notes(w: Workload, costs: CostModel) -> tuple[str, ...]:

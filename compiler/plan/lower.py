@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from compiler.ir.types import (
     ActivationMode,
@@ -45,6 +46,7 @@ from compiler.plan.target import CostModel, PhaseName
 from compiler.plan.workload import Search, Workload
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.mixed import choices_of
+from compiler.resolve.pipeline import resolver
 
 INITIAL_BUFFERS = (Buffer.RECIPE, Buffer.CALIBRATION_DATA, Buffer.VERIFY_DATA)
 
@@ -163,7 +165,13 @@ def calibrate_op(ctx: Context, summary: str, layers: tuple[str, ...], outputs: t
     return CalibrateChunk(summary=summary, inputs=(Buffer.MODEL, Buffer.CALIBRATION_DATA, Buffer.MEMORY_MODE) + ctx.after_search,
                           outputs=outputs, peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=ctx.chunks * ctx.passes,
                           layers=layers, chunk=w.chunk, samples=w.samples, seqlen=w.seqlen, passes=ctx.passes,
-                          method=ctx.ir.calibration.method, observed=len(w.observed))
+                          method=ctx.ir.calibration.method, observed=len(w.observed), **statistics(ctx))
+
+
+def statistics(ctx: Context) -> dict:
+    """What an op that gathers statistics carries: the calibration settings, the transform it folds first, the
+    KV cache it observes."""
+    return {"calibration": ctx.ir.calibration, "transform": ctx.workload.transform, "kv_cache": ctx.ir.kv_cache}
 
 
 def quantize_op(ctx: Context, names: list[str], inputs: tuple[Buffer, ...], strategy: QuantizeStrategy,
@@ -173,7 +181,7 @@ def quantize_op(ctx: Context, names: list[str], inputs: tuple[Buffer, ...], stra
     summary = f"round {len(names)} weights ({', '.join(r.value for r in roundings)}), {how}"
     return QuantizeWeights(summary=summary, inputs=inputs + ctx.after_search, outputs=(Buffer.QPARAMS,),
                            peak_bytes=ctx.phase(PhaseName.QUANTIZE), repeat=len(names), layers=tuple(names),
-                           count=len(names), rounding=roundings, strategy=strategy)
+                           count=len(names), rounding=roundings, strategy=strategy, calibration=ctx.ir.calibration)
 
 
 def verify_op(ctx: Context, summary: str, inputs: tuple[Buffer, ...]) -> list[PlanOp]:
@@ -183,7 +191,14 @@ def verify_op(ctx: Context, summary: str, inputs: tuple[Buffer, ...]) -> list[Pl
         return []
     return [Verify(summary=summary, inputs=inputs,
                    outputs=(Buffer.VERIFY_REPORT,), peak_bytes=ctx.phase(PhaseName.VERIFY), samples=v.samples,
-                   metric=v.metric, bound=v.bound, threshold=v.threshold)]
+                   metric=v.metric, bound=v.bound, threshold=v.threshold, **held_out(ctx))]
+
+
+def held_out(ctx: Context) -> dict:
+    """What an op that runs the held-out samples carries: where they are held out from, in which chunks."""
+    v = ctx.ir.verify
+    assert v is not None
+    return {"data": ctx.ir.calibration.data, "chunk": min(ctx.ir.calibration.chunk, v.samples)}
 
 
 def gate(ctx: Context) -> str:
@@ -199,7 +214,8 @@ def lower_mode(ctx: Context) -> list[PlanOp]:
     d = ctx.decision
     return [SelectMemoryMode(summary=d.reason, inputs=(Buffer.MODEL,), outputs=(Buffer.MEMORY_MODE,),
                              peak_bytes=ctx.costs.runtime, mode=ctx.mode, requested=d.requested,
-                             estimate=ctx.estimate.peak_ram, ram_budget=d.ram_budget)]
+                             estimate=ctx.estimate.peak_ram, ram_budget=d.ram_budget, vram=ctx.ir.memory.vram,
+                             disk=Path(ctx.ir.memory.disk) if ctx.ir.memory.disk else None)]
 
 
 KldWords = Callable[[Search, int, int], str]  # (search, chunks, chunk) → what scoring by kld costs, in words
@@ -223,18 +239,22 @@ def mixed_precision_pass(kld_words: KldWords) -> Pass:
             f"{', '.join(mp.choices)}: {cost}; cached by content hash under {where}/sensitivity",
             inputs=(Buffer.MODEL,) if search.metric is SensitivityMetric.SNR else (Buffer.MODEL, Buffer.CALIBRATION_DATA),
             outputs=(Buffer.SENSITIVITY,), peak_bytes=ctx.phase(PhaseName.SCORE),
-            metric=search.metric, units=search.units, samples=search.samples, params_searched=search.params)
+            metric=search.metric, units=search.units, samples=search.samples, params_searched=search.params,
+            choices=tuple(ctx.ir.scheme(c) for c in choices_of(ctx.ir)), data=ctx.ir.calibration.data,
+            chunk=ctx.ir.calibration.chunk)
         assign = AssignPrecision(summary="greedy: the most loss saved per extra bit first, never above "
                                  f"{mp.budget_bits:g} bits per weight (scales included); a group is one unit, so "
                                  "it never ends mixed", inputs=(Buffer.SENSITIVITY,), outputs=(Buffer.PRECISION,),
-                                 peak_bytes=ctx.costs.runtime, budget_bits=mp.budget_bits, choices=tuple(mp.choices))
+                                 peak_bytes=ctx.costs.runtime, budget_bits=mp.budget_bits, choices=choices_of(ctx.ir),
+                                 metric=search.metric, resolve=resolver(ctx.ir))
         return [score, assign]
     return lower_mixed_precision
 
 
-def emit_pass(reads_ranges: bool) -> Pass:
+def emit_pass(reads_ranges: bool, streams_weights: Callable[[Workload, MemoryMode], bool] = lambda w, m: False) -> Pass:
     """`emit`: where and in which format; `reads_ranges`: the emitter writes the observed input ranges (a
-    backend that takes them where it rounds each block has written them by then)."""
+    backend that takes them where it rounds each block has written them by then); `streams_weights`: whether
+    each rounded weight goes to the output at once (the backend's cost model decides)."""
     def lower_emit(ctx: Context) -> list[PlanOp]:
         """`emit`: where and in which format."""
         w, emit = ctx.workload, ctx.ir.emit
@@ -243,7 +263,9 @@ def emit_pass(reads_ranges: bool) -> Pass:
         inputs = (Buffer.MODEL, Buffer.QPARAMS) + ((Buffer.RANGES,) if reads_ranges and w.observed else ())
         return [Emit(summary=f"write {fmt.value} to {path} atomically (temp file + rename), "
                      f"{human_bytes(w.quantized_bytes)} of weights", inputs=inputs, outputs=(Buffer.EMITTED_MODEL,),
-                     peak_bytes=ctx.phase(PhaseName.EMIT), format=fmt, path=path, bytes=w.quantized_bytes)]
+                     peak_bytes=ctx.phase(PhaseName.EMIT), format=fmt, path=path, bytes=w.quantized_bytes,
+                     accuracy_level=emit.accuracy_level if emit else 4, kv_cache=ctx.ir.kv_cache,
+                     streams_weights=streams_weights(w, ctx.mode))]
     return lower_emit
 
 

@@ -5,21 +5,32 @@ reads and writes, and the estimated peak resident bytes of the whole process whi
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import ClassVar
 
+from compiler.ir.printer import recipe_hash
 from compiler.ir.types import (
     Backend,
     Bound,
+    Calibration,
     CalibrationMethod,
+    DataSource,
     EmitFormat,
+    KvCache,
     MemoryMode,
     Rounding,
+    Scheme,
     SensitivityMetric,
+    Transform,
     VerifyMetric,
 )
-from compiler.models.index import ModelFormat
+from compiler.models.index import ModelFormat, ModelIndex
+from compiler.resolve.assignment import Assignment
+from compiler.source import Span
 
 
 class OpKind(enum.Enum):
@@ -93,6 +104,34 @@ def _shown(name: str) -> dict:
     return {"shown": name}
 
 
+def carried(default=dataclasses.MISSING):
+    """A field the op's handler executes but the listing does not print (a recipe section the summary already
+    says in words, a procedure): left out of comparisons too."""
+    if default is dataclasses.MISSING:
+        return field(metadata={"hidden": True}, compare=False)
+    return field(default=default, metadata={"hidden": True}, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Spans:
+    """Where in the recipe the plan's decisions come from: what a diagnostic raised while running points at."""
+
+    recipe: Span | None = None
+    model: Span | None = None
+    data: Span | None = None  # the calibration data source
+    experts: Span | None = None  # `calibrate { experts … }`
+    ram: Span | None = None
+    disk: Span | None = None
+    mode: Span | None = None
+    transform: Span | None = None
+    emit: Span | None = None  # the output path
+    verify: Span | None = None  # the verification gate
+
+
+Resolver = Callable[[ModelIndex, Mapping[str, str]], Assignment]  # the recipe resolved against a model, with the
+# layers a search chose given their scheme (the planner closes over the recipe; handlers never see it)
+
+
 def _text(value) -> str:
     if isinstance(value, enum.Enum):
         return str(value.value)
@@ -120,7 +159,7 @@ class PlanOp:
         """The op's own typed fields as text, in declaration order (the listing's parameter line)."""
         common = {f.name for f in fields(PlanOp)}
         return tuple((f.metadata.get("shown", f.name), _text(getattr(self, f.name)))
-                     for f in fields(self) if f.name not in common)
+                     for f in fields(self) if f.name not in common and not f.metadata.get("hidden"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,6 +169,7 @@ class ExportOnnx(PlanOp):
     kind: ClassVar[OpKind] = OpKind.EXPORT_ONNX
     folder: str
     exporter: str
+    resolve: Resolver = carried()  # the recipe resolved again against the exported graph
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,6 +190,8 @@ class SelectMemoryMode(PlanOp):
     requested: MemoryMode
     estimate: int
     ram_budget: int
+    vram: tuple[int, ...] = carried(())  # per GPU (multi_gpu places the blocks within them)
+    disk: Path | None = carried(None)  # where block caches, resume state and scores go (`memory { disk }`)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,6 +202,9 @@ class ScoreSensitivity(PlanOp):
     units: int
     samples: int
     params_searched: int = field(metadata=_shown("params"))
+    choices: tuple[Scheme, ...] = carried(())  # the schemes searched, cheapest first as written
+    data: DataSource | None = carried(None)
+    chunk: int = carried(1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,6 +213,8 @@ class AssignPrecision(PlanOp):
     kind: ClassVar[OpKind] = OpKind.ASSIGN_PRECISION
     budget_bits: float
     choices: tuple[str, ...]
+    metric: SensitivityMetric = carried(SensitivityMetric.SNR)
+    resolve: Resolver | None = carried(None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,6 +224,8 @@ class CaptureReference(PlanOp):
 
     kind: ClassVar[OpKind] = OpKind.CAPTURE_REFERENCE
     samples: int
+    data: DataSource | None = carried(None)  # held out from it
+    chunk: int = carried(1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,6 +240,9 @@ class CalibrateChunk(PlanOp):
     passes: int
     method: CalibrationMethod
     observed: int
+    calibration: Calibration | None = carried(None)
+    transform: Transform | None = carried(None)  # folded before the statistics its layers round with
+    kv_cache: KvCache | None = carried(None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -201,6 +253,9 @@ class CacheBlockInputs(PlanOp):
     seqlen: int
     per_sample: int
     where: CacheLocation
+    calibration: Calibration | None = carried(None)
+    transform: Transform | None = carried(None)  # folded before the statistics its layers round with
+    kv_cache: KvCache | None = carried(None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,6 +265,9 @@ class RunBlock(PlanOp):
     blocks: int
     chunk: int
     gptq: bool
+    calibration: Calibration | None = carried(None)
+    transform: Transform | None = carried(None)  # folded before the statistics its layers round with
+    kv_cache: KvCache | None = carried(None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -219,6 +277,7 @@ class SearchPercentile(PlanOp):
     method: CalibrationMethod
     bins: int
     tensors: int
+    calibration: Calibration | None = carried(None)  # the ranges' settings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -228,6 +287,7 @@ class PropagateRanges(PlanOp):
     inherited: int
     needed: int
     observed: int
+    calibration: Calibration | None = carried(None)  # the ranges' settings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -237,6 +297,7 @@ class QuantizeWeights(PlanOp):
     count: int = field(metadata=_shown("layers"))
     rounding: tuple[Rounding, ...]
     strategy: QuantizeStrategy
+    calibration: Calibration | None = carried(None)  # the ranges' settings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,6 +307,9 @@ class Emit(PlanOp):
     format: EmitFormat
     path: str
     bytes: int
+    accuracy_level: int = carried(4)  # MatMulNBits
+    kv_cache: KvCache | None = carried(None)  # its scales go into the output
+    streams_weights: bool = carried(False)  # ONNX: each rounded weight goes to the data file at once
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -256,6 +320,8 @@ class Verify(PlanOp):
     metric: VerifyMetric
     bound: Bound
     threshold: float
+    data: DataSource | None = carried(None)  # held out from it
+    chunk: int = carried(1)
 
     @property
     def params(self) -> tuple[tuple[str, str], ...]:
@@ -302,6 +368,8 @@ class Plan:
     decision: ModeDecision
     ops: tuple[PlanOp, ...]
     notes: tuple[str, ...] = ()
+    spans: Spans = Spans()
+    recipe_text: str = ""  # the recipe in canonical form: the output's provenance, the resume state's key
 
     @property
     def peak_bytes(self) -> int:
@@ -313,6 +381,12 @@ class Plan:
         """The chosen memory mode (a Plan exists only when one fits)."""
         assert self.decision.mode is not None
         return self.decision.mode
+
+    @property
+    def provenance(self) -> tuple[tuple[str, str], ...]:
+        """What an emitted model records about its making: the recipe's name and the hash of its canonical
+        form (no dates, paths or versions, so the same recipe gives the same bytes)."""
+        return (("qrc.recipe", self.recipe), ("qrc.recipe_sha256", recipe_hash(self.recipe_text)))
 
     def first(self, op_type: type) -> PlanOp | None:
         """The first op of this type, if the plan has one."""

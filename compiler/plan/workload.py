@@ -124,20 +124,52 @@ def _dequantized_bytes(ir: RecipeIR, quantized: list) -> int:
         and a.scheme.weights.granularity is Granularity.GROUP))
 
 
-def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> Workload:
-    """The workload of a recipe resolved against its model."""
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What calibration must see for an assignment: the inputs whose ranges the output needs, the tensors
+    observed for them (passthrough producers stand in), and GPTQ's layer inputs."""
+
+    needed: tuple[str, ...]
+    observed: tuple[str, ...]
+    sources: tuple[tuple[str, str], ...]  # (needed tensor, the tensor its range comes from)
+    gptq_layers: tuple[str, ...]
+    hessian_inputs: tuple[tuple[str, int], ...]  # (input tensor, features), once each
+
+    @property
+    def source_of(self) -> dict[str, str]:
+        """Each needed tensor's observed source."""
+        return dict(self.sources)
+
+    @property
+    def fetched(self) -> tuple[str, ...]:
+        """What the ONNX calibration reads out of the graph: the observed tensors and the GPTQ inputs."""
+        return tuple(dict.fromkeys((*self.observed, *(t for t, _ in self.hessian_inputs))))
+
+
+def observation(assignment: Assignment, passthrough: tuple[str, ...]) -> Observation:
+    """What calibration observes for `assignment` (the plan's, or the one a search chose while running), with
+    ranges inherited through the `passthrough` ops of the model's graph."""
     index = assignment.model
     quantized = [a for a in assignment.layers if not a.scheme.is_none]
     static = [a for a in quantized if a.scheme.activations and a.scheme.activations.mode is ActivationMode.STATIC]
     needed = tuple(dict.fromkeys(a.layer.input for a in static))
     sources = {t: t for t in needed}
-    if index.graph is not None and ir.calibration.passthrough:
-        sources = propagate(index.graph, needed, ir.calibration.passthrough)
-    observed = tuple(dict.fromkeys(sources.values()))
+    if index.graph is not None and passthrough:
+        sources = propagate(index.graph, needed, passthrough)
     gptq_layers = tuple(a.layer.name for a in quantized if a.scheme.rounding is Rounding.GPTQ)
     hessian_inputs = tuple(dict.fromkeys((a.layer.input, a.layer.in_features) for a in quantized
                                          if a.scheme.rounding is Rounding.GPTQ and a.layer.kind is LayerKind.LINEAR))
-    gptq = bool(gptq_layers)
+    return Observation(needed, tuple(dict.fromkeys(sources.values())), tuple(sources.items()), gptq_layers,
+                       hessian_inputs)
+
+
+def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> Workload:
+    """The workload of a recipe resolved against its model."""
+    index = assignment.model
+    quantized = [a for a in assignment.layers if not a.scheme.is_none]
+    seen = observation(assignment, ir.calibration.passthrough)
+    needed, observed, sources = seen.needed, seen.observed, dict(seen.sources)
+    gptq_layers, hessian_inputs, gptq = seen.gptq_layers, seen.hessian_inputs, bool(seen.gptq_layers)
     mp = ir.mixed_precision
     cal = ir.calibration
     return Workload(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from compiler.diagnostics import Diagnostics
-from compiler.ir.types import RecipeIR
+from compiler.ir.types import RecipeIR, Scheme
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.sizes import quantized_bytes
 
@@ -35,10 +35,14 @@ def choices_of(ir: RecipeIR) -> tuple[str, ...]:
 
 def search_units(ir: RecipeIR, assignment: Assignment) -> tuple[Unit, ...]:
     """The units to search: every group instance or lone layer whose members' rules all give a choice."""
-    choices = choices_of(ir)
+    return units_for(tuple(ir.scheme(c) for c in choices_of(ir)), assignment)
+
+
+def units_for(schemes: Sequence[Scheme], assignment: Assignment) -> tuple[Unit, ...]:
+    """The units to search among `schemes` (the choices, in order): see search_units."""
+    choices = tuple(s.name for s in schemes)
     if not choices:
         return ()
-    schemes = [ir.scheme(c) for c in choices]
     members: dict[str, list] = {}
     for a in assignment.layers:
         members.setdefault(a.group or a.layer.name, []).append(a)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import NONE, RecipeIR, Rule
@@ -44,3 +45,14 @@ def resolve(ir: RecipeIR, index: ModelIndex, diags: Diagnostics, precision: Mapp
         final = {a.layer.name: a.scheme for a in grouped.layers}
         grouped = replace(grouped, smoothing=smoothing.resolve_smoothing(ir, index, final, diags))
     return grouped
+
+
+def resolver(ir: RecipeIR):
+    """The recipe's resolution as a procedure of a model and a search's choices (layer → scheme name): what a
+    plan op carries when it must resolve again while running (against an exported graph, with the chosen
+    precision) without holding the recipe. Its diagnostics were reported when the plan was made."""
+    return partial(_resolve_again, ir)
+
+
+def _resolve_again(ir: RecipeIR, index: ModelIndex, precision: Mapping[str, str]) -> Assignment:
+    return resolve(ir, index, Diagnostics(), dict(precision) or None)

@@ -18,9 +18,8 @@ from compiler.backends.agreement import Agreement, passes
 from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.onnx import rewrite
 from compiler.backends.onnx.calibrate import calibrate, observe, session_from_path
-from compiler.backends.onnx.cost import streams_output
 from compiler.backends.onnx.emitters import ActivationQParams, QdqEmitter, emitter_for
-from compiler.backends.onnx.exported_model import quantized_layers, resolve_on_export
+from compiler.backends.onnx.exported_model import quantized_layers, resolve_export
 from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.genai import side_files
 from compiler.backends.onnx.hessians import GptqRounder, hessian_observers, uses_gptq
@@ -30,17 +29,17 @@ from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
 from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.diagnostics import error, warning
-from compiler.ir.printer import print_ir, provenance
-from compiler.ir.types import EmitFormat, MemoryMode, RecipeIR, Rounding
+from compiler.ir.types import Calibration, MemoryMode, Rounding
 from compiler.models import builtin, resolve_path
 from compiler.plan import ops
 from compiler.plan.ops import Plan
-from compiler.plan.workload import Workload, workload
+from compiler.plan.workload import Observation, observation
 from compiler.quant import qparams
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
 from compiler.quant.smoothing import transform_summary
 from compiler.quant.weights import QuantizedWeight, sqnr_db
 from compiler.resolve.assignment import Assignment
+from compiler.source import Span
 
 Progress = Callable[[str, int], Callable[[], None]]  # (stage, total) → advance-by-one
 
@@ -52,37 +51,37 @@ def model_path(ref: str) -> Path:
     return resolve_path(ref)
 
 
-def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress: Progress) -> CompileResult:
+def execute(plan: Plan, assignment: Assignment, output: Path, progress: Progress) -> CompileResult:
     """Run `plan` op by op on onnxruntime (compiler.backends.program.execute_plan). An error onnxruntime raises
     while running the model on the data (a shape one of its kernels refuses) is Q419 with its message:
     the run left nothing at the destination."""
     try:
         return execute_plan(plan, assignment, output, progress,
-                            lambda guarded_progress, result, start: _OnnxRun(ir, assignment, plan, output,
-                                                                              guarded_progress, result, start),
-                            ir.memory.span_of("ram"))
+                            lambda guarded_progress, result, start: _OnnxRun(assignment, plan, output,
+                                                                              guarded_progress, result, start))
     except Exception as exc:
         if not type(exc).__module__.startswith("onnxruntime"):
             raise
         reason = str(exc).split("Status Message:")[-1].strip().splitlines()[0][:300]
         raise BackendError(error(
             "Q419", f"onnxruntime could not run the model on the calibration or verification data: {reason}",
-            ir.calibration.data.span_of("data") or ir.calibration.span_of("data") or ir.span, "refused by onnxruntime",
+            plan.spans.data, "refused by onnxruntime",
             help="give data of the shapes the model runs (`qrc explain Q419`); `chunk 1` runs one sample at a "
             "time")) from None
 
 
 class _OnnxRun:
     """The state the ops share: the model files, the assignment (the search may change it), observers and
-    the activation ranges."""
+    the activation ranges. Each handler reads its op (and the plan's spans for its diagnostics)."""
 
-    def __init__(self, ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress: Progress,
+    def __init__(self, assignment: Assignment, plan: Plan, output: Path, progress: Progress,
                  result: CompileResult, start: float):
-        self.ir, self.assignment, self.plan, self.output = ir, assignment, plan, output
+        self.assignment, self.plan, self.output = assignment, plan, output
         self.progress, self.result, self.start = progress, result, start
         self.source: Path | None = None
         self.files: ModelFiles | None = None
         self.mode = plan.mode
+        self.disk: Path | None = None  # `memory { disk }`, from select_memory_mode
         self.scores: Scores | None = None
         self.observers: dict = {}
         self.bounds: dict[str, tuple[float, float]] = {}  # layer input → its quantized range
@@ -111,9 +110,9 @@ class _OnnxRun:
         if self.files is not None:
             self.files.close()
 
-    @property
-    def workload(self) -> Workload:
-        return workload(self.ir, self.assignment)
+    def observation(self, calibration: Calibration) -> Observation:
+        """What calibration observes for the current assignment (a search may have changed it)."""
+        return observation(self.assignment, calibration.passthrough)
 
     def jobs(self) -> dict[str, rewrite.WeightJob]:
         """Every weight to quantize (by initializer name), with its layer and scheme."""
@@ -130,10 +129,10 @@ class _OnnxRun:
         folder = resolve_path(op.folder)
         if cached_export(folder) is not None:
             self.result.skipped |= {op.kind.value}
-        self.source = export_folder(folder, self.ir.model_span)
+        self.source = export_folder(folder, self.plan.spans.model)
         advance()
-        resolved = resolve_on_export(self.ir, self.source, self.assignment)  # checked when planning
-        _same_layers(self.ir, self.assignment, resolved)
+        resolved = resolve_export(op.resolve, self.source, self.assignment)  # checked when planning
+        _same_layers(self.plan.spans.model, self.assignment, resolved)
         self.assignment = resolved
         self.result.assignment = self.assignment
 
@@ -143,36 +142,36 @@ class _OnnxRun:
         self.files = open_model(self.source)
 
     def select_mode(self, op: ops.SelectMemoryMode) -> None:
-        self.mode = op.mode
+        self.mode, self.disk = op.mode, op.disk
 
     # ---- mixed precision ----------------------------------------------------------------------------
     def score(self, op: ops.ScoreSensitivity) -> None:
-        scorer = OnnxScorer(self.ir, self.assignment.model, self.files, self.source)
-        self.scores = score_units(self.ir, self.assignment, scorer, self.progress)
+        scorer = OnnxScorer(op, self.assignment.model, self.files, self.source)
+        self.scores = score_units(op, self.disk, self.assignment, scorer, "onnx", self.progress)
 
     def assign(self, op: ops.AssignPrecision) -> None:
-        self.assignment, self.result.search = assign(self.ir, self.assignment, self.scores)
+        self.assignment, self.result.search = assign(op, self.assignment, self.scores)
         self.result.assignment = self.assignment
 
     # ---- calibration --------------------------------------------------------------------------------
-    def _batches(self, w: Workload):
-        return data.calibration_batches(self.ir.calibration.data, w.index, w.chunk)
+    def _batches(self, calibration: Calibration):
+        return data.calibration_batches(calibration.data, self.assignment.model, calibration.chunk)
 
-    def _smooth_first(self) -> None:
+    def _smooth_first(self, op: ops.CalibrateChunk | ops.CacheBlockInputs) -> None:
         """`transform`: before anything is observed or rounded, the model is replaced by its smoothed copy."""
-        if self.smoothed or not self.assignment.smoothing:
+        t = op.transform
+        if self.smoothed or not self.assignment.smoothing or t is None:
             return
         from compiler.backends.onnx.smoothing import smooth
 
         self.smoothed = True
-        w = self.workload
-        batches = self._batches(w)
-        advance = self.progress(self.ir.transform.kind.value, len(batches) * (1 if self.mode is not MemoryMode.OFFLOAD
-                                                                               else len(self._segments())))
-        smoothed, gains = smooth(self.ir, self.assignment, self.files, self.mode, batches, _disk(self.ir), advance)
+        batches = self._batches(op.calibration)
+        advance = self.progress(t.kind.value, len(batches) * (1 if self.mode is not MemoryMode.OFFLOAD
+                                                              else len(self._segments())))
+        smoothed, gains = smooth(t, self.assignment, self.files, self.mode, batches, self.disk, advance)
         self.files.close()
         self.files = smoothed
-        self.result.transform = transform_summary(self.ir.transform, len(self.assignment.smoothing), gains)
+        self.result.transform = transform_summary(t, len(self.assignment.smoothing), gains)
 
     def _segments(self):
         from compiler.backends.onnx.segments import cut
@@ -181,10 +180,11 @@ class _OnnxRun:
 
     def calibrate(self, op: ops.CalibrateChunk) -> None:
         """Every chunk, `op.passes` times: low_memory splits the observed tensors into groups."""
-        self._smooth_first()
-        w, files = self.workload, self.files
-        histogram = self.ir.calibration.method in HISTOGRAM_METHODS
-        batches = self._batches(w)
+        self._smooth_first(op)
+        cal, files = op.calibration, self.files
+        w = self.observation(cal)
+        histogram = cal.method in HISTOGRAM_METHODS
+        batches = self._batches(cal)
         hessians = dict(w.hessian_inputs)
         groups = np.array_split(np.array(w.fetched, dtype=object), op.passes)
         advance = self.progress("calibrate", len(batches) * op.passes)
@@ -195,27 +195,27 @@ class _OnnxRun:
             gathered = {t: hessians[t] for t in group if t in hessians}
             state = self._resume_state(number, tuple(group))
             states.append(state)
-            self.observers.update(calibrate(files.light, files.base_dir, w.index.graph, observed, batches,
-                                            histogram, self.ir.calibration.bins, advance, self.ir.calibration.workers,
-                                            state, gathered))
+            self.observers.update(calibrate(files.light, files.base_dir, self.assignment.model.graph, observed,
+                                            batches, histogram, cal.bins, advance, cal.workers, state, gathered))
         self.rounder = GptqRounder(self.jobs(), self.observers)
         for state in filter(None, states):  # calibration is complete: nothing to resume
             state.remove()
-        self._ranges_if_ready(op)
+        self._ranges_if_ready(op, cal)
 
     def cache_block_inputs(self, op: ops.CacheBlockInputs) -> None:
         """offload: observers (resumed where an interrupted run left them) and the graph inputs' own ranges;
         the block boundaries are cached per chunk as run_block produces them."""
         from compiler.quant.observers import make_observer
 
-        self._smooth_first()
-        w = self.workload
-        histogram = self.ir.calibration.method in HISTOGRAM_METHODS
-        self.observers = {t: make_observer(histogram, self.ir.calibration.bins) for t in w.observed}
+        self._smooth_first(op)
+        cal = op.calibration
+        w = self.observation(cal)
+        histogram = cal.method in HISTOGRAM_METHODS
+        self.observers = {t: make_observer(histogram, cal.bins) for t in w.observed}
         self.observers.update(hessian_observers(dict(w.hessian_inputs)))
         # GPTQ layers are rounded as their segment finishes, and those weights are not part of the resume
         # state: an offload GPTQ run starts over when interrupted
-        state = None if w.gptq else self._resume_state(-1, tuple(w.observed))
+        state = None if w.gptq_layers else self._resume_state(-1, tuple(w.observed))
         resume = None
         if state is not None:
             found = state.load()
@@ -227,25 +227,26 @@ class _OnnxRun:
             resume = Resume(state.path.stem, lambda: done, lambda segments: state.save(segments, self.observers))
         self.offload_resume = (state, resume)
         if not (resume and resume.done()):
-            for name in (t for t in w.fetched if t in w.index.graph.inputs):
-                for feed in self._batches(w):
+            for name in (t for t in w.fetched if t in self.assignment.model.graph.inputs):
+                for feed in self._batches(cal):
                     observe(self.observers, name, feed[name])
 
     def run_blocks(self, op: ops.RunBlock) -> None:
         """offload: one segment's weights in a session at a time, boundaries cached per chunk."""
         from compiler.backends.onnx.segments import cut, run_segments
 
-        w, files = self.workload, self.files
+        cal, files = op.calibration, self.files
+        w = self.observation(cal)
         state, resume = self.offload_resume
-        batches = self._batches(w)
+        batches = self._batches(cal)
         advance = self.progress("calibrate", len(cut(files.light)) * len(batches))
         self.rounder = GptqRounder(self.jobs(), self.observers)
-        run_segments(files.light, files.base_dir, w.index.graph, batches, set(w.fetched),
-                     lambda name, value: observe(self.observers, name, value), _disk(self.ir), advance, resume,
+        run_segments(files.light, files.base_dir, self.assignment.model.graph, batches, set(w.fetched),
+                     lambda name, value: observe(self.observers, name, value), self.disk, advance, resume,
                      self._round_segment)
         if state is not None:
             state.remove()
-        self._ranges_if_ready(op)
+        self._ranges_if_ready(op, cal)
 
     def _round_segment(self, reported: list[str]) -> None:
         """offload: the GPTQ layers whose input a finished segment produced are rounded now, so only one
@@ -265,9 +266,10 @@ class _OnnxRun:
         too, so verification can open it without loading them; a large output streams its weights to the
         data file as they are rounded."""
         if self.emitter is None:
-            self.emitter = emitter_for(_format(self.ir), self.files, self.jobs(), self.output,
-                                       streams_output(self.workload, self.mode),
-                                       self.ir.emit.accuracy_level if self.ir.emit else 4)
+            emit = self.plan.first(ops.Emit)
+            assert isinstance(emit, ops.Emit)  # every plan emits (plan/verify.py)
+            self.emitter = emitter_for(emit.format, self.files, self.jobs(), self.output, emit.streams_weights,
+                                       emit.accuracy_level)
             self.emitter.side = side_files(self.source, self.output.name, self.assignment.model)
         return self.emitter
 
@@ -275,7 +277,7 @@ class _OnnxRun:
         """Read one weight from the data file (refusing non-finite ones, Q409), round it, record its SQNR and
         hand it to the emitter; nothing of it stays here."""
         w = self.files.array(init)
-        refuse_nonfinite(self.ir, job.layer, w)
+        refuse_nonfinite(self.plan.spans.model, job.layer, w)
         qw = self._round(node, init.name, w, job)
         self.sqnr[init.name] = sqnr_db(w, qw, rewrite.weight_axes(node)[0])
         self._emitter().put(init.name, qw)
@@ -289,40 +291,39 @@ class _OnnxRun:
         return rewrite.quantize_for(w, node, job)
 
     def _resume_state(self, number: int, group: tuple[str, ...]):
-        if not self.ir.memory.disk:
+        if self.disk is None:
             return None
         from compiler.backends.onnx.resume import ResumeState
 
-        state = ResumeState.for_run(Path(self.ir.memory.disk), print_ir(self.ir), str(self.files.path), str(number),
-                                    *group)
+        state = ResumeState.for_run(self.disk, self.plan.recipe_text, str(self.files.path), str(number), *group)
         if state.exists() and state.load() is None:  # foreign, damaged or older: never trusted, never executed
             self.result.warnings.append(warning(
                 "Q408", f"resume state `{state.path}` is not valid calibration state; starting over",
-                self.ir.memory.span_of("disk"), "ignored", help="nothing in it was used; it is replaced as the run goes"))
+                self.plan.spans.disk, "ignored", help="nothing in it was used; it is replaced as the run goes"))
             state.remove()
         return state
 
     # ---- ranges -------------------------------------------------------------------------------------
-    def _ranges_if_ready(self, op: ops.PlanOp) -> None:
+    def _ranges_if_ready(self, op: ops.PlanOp, calibration: Calibration) -> None:
         """minmax: the observers' ranges are final, so the op that observes produces them (the plan says so)."""
         if ops.Buffer.RANGES in op.outputs:
-            self._ranges(inherited=False)
+            self._ranges(calibration, inherited=False)
 
     def search_ranges(self, op: ops.SearchPercentile) -> None:
-        self._ranges(inherited=False)
+        self._ranges(op.calibration, inherited=False)
 
     def propagate_ranges(self, op: ops.PropagateRanges) -> None:
-        self._ranges(inherited=True)
+        self._ranges(op.calibration, inherited=True)
 
-    def _ranges(self, inherited: bool) -> None:
+    def _ranges(self, calibration: Calibration, inherited: bool) -> None:
         """The quantized range of each static input: observed ones from their own observer, inherited ones
         (outputs of passthrough ops) from their producer's."""
-        sources = self.workload.source_of
+        sources = self.observation(calibration).source_of
         for a in self.assignment.layers:
             act, tensor = a.scheme.activations, a.layer.input
             if a.scheme.is_none or act is None or tensor in self.bounds or (sources[tensor] != tensor) != inherited:
                 continue
-            bounds = tensor_range(self.observers[sources[tensor]], self.ir.calibration, act.qtype, act.symmetric)
+            bounds = tensor_range(self.observers[sources[tensor]], calibration, act.qtype, act.symmetric)
             if bounds is None:
                 self.result.warnings.append(warning(
                     "Q405", f"`{tensor}` was never finite during calibration; left unquantized",
@@ -335,7 +336,6 @@ class _OnnxRun:
     def quantize(self, op: ops.QuantizeWeights) -> None:
         """Each weight read from the data file, rounded, handed to the emitter and dropped; then the static
         inputs' scales and zero points."""
-        self._smooth_first()
         self.result.calibration_seconds = time.perf_counter() - self.start
         release_memory()
         jobs, emitter = self.jobs(), self._emitter()
@@ -346,7 +346,7 @@ class _OnnxRun:
                 self._put(node, inits[weight], jobs[weight])
             advance()
         if self.rounder is not None and self.rounder.dampened:
-            self.result.warnings.append(dampened_warning(self.ir, self.rounder.dampened))
+            self.result.warnings.append(dampened_warning(self.plan.spans.recipe, self.rounder.dampened))
         for tensor, qparams_ in self._activation_specs().items():
             emitter.put(tensor, qparams_)
         self.result.weight_sqnr = {a.layer.name: self.sqnr[a.layer.weight] for a in self.assignment.layers
@@ -373,29 +373,29 @@ class _OnnxRun:
         for tensor in self.files.light.graph.initializer:
             if tensor.name not in emitter.jobs:
                 emitter.copy_raw(tensor.name)
-        for key, value in provenance(self.ir.name, print_ir(self.ir)):
+        for key, value in self.plan.provenance:
             emitter.metadata(key, value)
         self.result.files = emitter.finish()  # staged beside the destination until verified
         if self.plan.first(ops.Verify) is None:  # verification opens it in onnxruntime; without it, this does
-            _check_emitted(emitter.staging / self.output.name, self.ir, self.mode is MemoryMode.OFFLOAD)
+            _check_emitted(emitter.staging / self.output.name, self.plan.spans.emit, self.mode is MemoryMode.OFFLOAD)
         # The rewrite changed `files.light` in place: put the weight-free float graph back, which also lets
         # the quantized model (and its loaded weights) go before verification.
         self.files.light = onnx.load(str(self.files.path), load_external_data=False)
         release_memory()
 
-    def _layer_errors(self, staged: Path) -> dict[str, float]:
+    def _layer_errors(self, op: ops.Verify, staged: Path) -> dict[str, float]:
         """Each quantized layer's added error on a few held-out samples (offload: segment by segment, the
         layer tensors cached on disk)."""
         from compiler.backends.onnx.attribution import layer_errors, layer_errors_offload
 
-        samples = _verify_batches(self.ir, self.assignment, self.result, chunk=1)
+        samples = held_out_batches(op, self.assignment.model, self.result, chunk=1)
         samples = dataclasses.replace(samples, samples=min(samples.samples, 4))
         if self.mode is not MemoryMode.OFFLOAD:
             return layer_errors(self.assignment, self.files, staged, samples)
         emitted = open_model(staged)
         try:
             return layer_errors_offload(self.assignment, self.files, emitted, samples,
-                                        _disk(self.ir) or Path(tempfile.gettempdir()))
+                                        self.disk or Path(tempfile.gettempdir()))
         finally:
             emitted.close()
 
@@ -404,17 +404,18 @@ class _OnnxRun:
         beside its figures), so an interrupt before this point leaves nothing at the destination."""
         staged = self.emitter.staging / self.output.name
         if self.mode is MemoryMode.OFFLOAD:
-            agreement = _verify_offload(self.ir, self.assignment, self.files, staged, self.progress, self.result)
+            batches = held_out_batches(op, self.assignment.model, self.result, chunk=1)  # one sample's outputs at a time
+            agreement = _verify_offload(self.assignment, self.files, staged, batches, self.disk, self.progress)
         else:
-            agreement = _verify(self.ir, self.assignment, self.files.path, staged, self.progress, self.result)
-        v = self.ir.verify
+            batches = held_out_batches(op, self.assignment.model, self.result)
+            agreement = _verify(self.files.path, staged, batches, self.progress)
         self.result.verified_on = "the emitted model, run by onnxruntime"
-        if not passes(agreement.value(v.metric), v.bound, v.threshold):  # which layers lose the most
-            self.result.layer_errors = self._layer_errors(staged)
-        judge(self.ir, self.output, agreement, self.result)  # the model goes into place after the last op
+        if not passes(agreement.value(op.metric), op.bound, op.threshold):  # which layers lose the most
+            self.result.layer_errors = self._layer_errors(op, staged)
+        judge(op, self.output, agreement, self.result)  # the model goes into place after the last op
 
 
-def _check_emitted(staged: Path, ir: RecipeIR, offload: bool) -> None:
+def _check_emitted(staged: Path, span: Span | None, offload: bool) -> None:
     """The staged model opens in onnxruntime, or the compile stops with Q425 and nothing is written. In offload
     (a model too large to hold) the quantization nodes qrc wrote are checked against the schemas of the
     model's opset instead, without reading a weight. (ONNX's own checker is no substitute: it refuses the
@@ -436,7 +437,7 @@ def _check_emitted(staged: Path, ir: RecipeIR, offload: bool) -> None:
             problem = str(exc).strip().splitlines()[0]
     if problem:
         raise BackendError(error("Q425", f"the emitted model would not load in onnxruntime: {problem}",
-                                 (ir.emit.span_of("path") if ir.emit else None) or ir.span, "invalid output",
+                                 span, "invalid output",
                                  help="this is a qrc bug; please report it with the recipe. Nothing was written "
                                  "to the destination"))
 
@@ -464,7 +465,7 @@ def _unschematic_node(model: onnx.ModelProto) -> str | None:
     return None
 
 
-def _same_layers(ir: RecipeIR, planned: Assignment, exported: Assignment) -> None:
+def _same_layers(span: Span | None, planned: Assignment, exported: Assignment) -> None:
     """Q423: the export must quantize exactly the layers the plan did, with the same schemes: a layer the
     exporter renamed would otherwise be left float (or quantized against the recipe) without a word."""
     before, after = quantized_layers(planned), quantized_layers(exported)
@@ -473,17 +474,9 @@ def _same_layers(ir: RecipeIR, planned: Assignment, exported: Assignment) -> Non
     differ = sorted(set(before.items()) ^ set(after.items()))
     raise BackendError(error(
         "Q423", f"the ONNX export names or assigns {len(differ)} quantized layer(s) differently from the folder "
-        f"(e.g. `{differ[0][0]}`)", ir.model_span, "export does not match the plan",
+        f"(e.g. `{differ[0][0]}`)", span, "export does not match the plan",
         help="compile the folder with `backend torch`, or export it once and compile the .onnx file with rules "
         "for its names (`qrc inspect FILE.onnx`)"))
-
-
-def _format(ir: RecipeIR):
-    return ir.emit.format if ir.emit else EmitFormat.QDQ
-
-
-def _disk(ir: RecipeIR) -> Path | None:
-    return Path(ir.memory.disk) if ir.memory.disk else None
 
 
 def _consumers(assignment: Assignment, model) -> dict[str, set[str]]:
@@ -502,12 +495,7 @@ def _consumers(assignment: Assignment, model) -> dict[str, set[str]]:
     return out
 
 
-def _verify_batches(ir, assignment, result: CompileResult, chunk: int | None = None):
-    return held_out_batches(ir, assignment.model, result, chunk or min(ir.calibration.chunk, ir.verify.samples))
-
-
-def _verify(ir, assignment, source: Path, output: Path, progress, result: CompileResult) -> Agreement:
-    batches = _verify_batches(ir, assignment, result)
+def _verify(source: Path, output: Path, batches, progress) -> Agreement:
     reference, candidate = session_from_path(source), session_from_path(output)
     inputs = {i.name for i in reference.get_inputs()}
     first = reference.get_outputs()[0].name
@@ -519,21 +507,20 @@ def _verify(ir, assignment, source: Path, output: Path, progress, result: Compil
     return agreement
 
 
-def _verify_offload(ir, assignment, files: ModelFiles, output: Path, progress, result: CompileResult) -> Agreement:
+def _verify_offload(assignment, files: ModelFiles, output: Path, batches, disk: Path | None, progress) -> Agreement:
     """Both models block by block: the float model's outputs are cached per chunk, then compared."""
     from compiler.backends.onnx.segments import BoundaryCache, cut, run_segments
     from compiler.models.graph import summarize
 
-    batches = _verify_batches(ir, assignment, result, chunk=1)  # offload: one sample's outputs at a time
     first = files.light.graph.output[0].name
     masks = [feed.get("attention_mask") for feed in batches]
     emitted = open_model(output)
-    cache = BoundaryCache(_disk(ir))
+    cache = BoundaryCache(disk)
     try:
         advance = progress("verify", (len(cut(files.light)) + len(cut(emitted.light))) * len(batches))
         produced = iter(range(len(batches)))
         run_segments(files.light, files.base_dir, assignment.model.graph, batches, {first},
-                     lambda _, value: cache.put(first, next(produced), value), _disk(ir), advance)
+                     lambda _, value: cache.put(first, next(produced), value), disk, advance)
         agreement, compared = Agreement(), iter(range(len(batches)))
 
         def compare(_, value):
@@ -541,7 +528,7 @@ def _verify_offload(ir, assignment, files: ModelFiles, output: Path, progress, r
             agreement.update(cache.get(first, i), value, masks[i])
 
         summary = summarize(emitted.light, {t.name for t in emitted.light.graph.initializer})
-        run_segments(emitted.light, emitted.base_dir, summary, batches, {first}, compare, _disk(ir), advance)
+        run_segments(emitted.light, emitted.base_dir, summary, batches, {first}, compare, disk, advance)
     finally:
         cache.close()
         emitted.close()

@@ -4,6 +4,7 @@ ranges in their own ops; every weight is streamed from the data file through the
 
 from __future__ import annotations
 
+from compiler.backends.onnx.cost import streams_output
 from compiler.ir.types import CalibrationMethod, MemoryMode
 from compiler.models.index import ModelFormat
 from compiler.plan import memory
@@ -18,6 +19,7 @@ from compiler.plan.lower import (
     mixed_precision_pass,
     observed_layers,
     quantize_op,
+    statistics,
     transform_words,
     verify_op,
 )
@@ -35,6 +37,7 @@ from compiler.plan.ops import (
 )
 from compiler.plan.target import PhaseName
 from compiler.plan.workload import Search
+from compiler.resolve.pipeline import resolver
 
 CHECKED = "readers exact from the graph"  # how the transform's fold is checked
 
@@ -51,11 +54,11 @@ def lower_export(ctx: Context) -> list[PlanOp]:
         return [ExportOnnx(summary=f"the export of {ctx.ir.model} is in the cache (made by an earlier compile, "
                            "keyed by the folder's file names, sizes and mtimes): nothing to export; later ops read "
                            "its graph, layer names unchanged", inputs=(Buffer.RECIPE,), outputs=(Buffer.ONNX_MODEL,),
-                           peak_bytes=ctx.costs.runtime, folder=ctx.ir.model, exporter="torch.onnx")]
+                           peak_bytes=ctx.costs.runtime, folder=ctx.ir.model, exporter="torch.onnx", resolve=resolver(ctx.ir))]
     return [ExportOnnx(summary=f"export the folder {ctx.ir.model} to ONNX with torch.onnx (once: cached by the "
                        "folder's file names, sizes and mtimes); later ops read the exported graph, layer names unchanged",
                        inputs=(Buffer.RECIPE,), outputs=(Buffer.ONNX_MODEL,), peak_bytes=ctx.phase(PhaseName.EXPORT),
-                       folder=ctx.ir.model, exporter="torch.onnx")]
+                       folder=ctx.ir.model, exporter="torch.onnx", resolve=resolver(ctx.ir))]
 
 
 def lower_load(ctx: Context) -> list[PlanOp]:
@@ -93,14 +96,14 @@ def _segments(ctx: Context) -> list[PlanOp]:
         summary=f"run the model up to the first block; cache its inputs {where.value} (per sample: hidden states only; "
         "per-sample-constant inputs once)", inputs=(Buffer.MODEL, Buffer.CALIBRATION_DATA, Buffer.MEMORY_MODE) + ctx.after_search,
         outputs=(Buffer.BLOCK_INPUTS,), peak_bytes=ctx.phase(PhaseName.CALIBRATE), layers=(), samples=w.samples,
-        seqlen=w.seqlen, per_sample=w.seqlen * w.hidden * 4, where=where)
+        seqlen=w.seqlen, per_sample=w.seqlen * w.hidden * 4, where=where, **statistics(ctx))
     what = (f"(after {transform_words(w, CHECKED)}, its own pass over the segments) " if w.transform else "") + \
         "observe its tensors" + (" (GPTQ: round its layers once every chunk has passed, free their Hessians)"
                                  if w.hessian_inputs else "")
     run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
                    inputs=(Buffer.MODEL, Buffer.BLOCK_INPUTS), outputs=(Buffer.BLOCK_INPUTS, ctx.range_buffer),
                    peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=max(1, len(w.blocks)),
-                   layers=observed_layers(ctx), blocks=len(w.blocks), chunk=w.chunk, gptq=w.gptq)
+                   layers=observed_layers(ctx), blocks=len(w.blocks), chunk=w.chunk, gptq=w.gptq, **statistics(ctx))
     return [cache, run]
 
 
@@ -116,13 +119,14 @@ def lower_ranges(ctx: Context) -> list[PlanOp]:
                   + f" scored by {cal.score_metric.value}"}.get(cal.method, cal.method.value)
         ops.append(SearchPercentile(summary=f"ranges from {cal.bins}-bin histograms ({detail})", inputs=(Buffer.HISTOGRAMS,),
                                     outputs=(Buffer.RANGES,), peak_bytes=ctx.costs.runtime + memory.observer_bytes(w),
-                                    method=cal.method, bins=cal.bins, tensors=len(w.observed)))
+                                    method=cal.method, bins=cal.bins, tensors=len(w.observed), calibration=cal))
     if cal.passthrough:
         which = (f"({w.inherited} of {len(w.needed)} needed tensors not observed)" if w.index.graph is not None else
                  "(which ones the exported graph shows)")
         ops.append(PropagateRanges(summary=f"outputs of {', '.join(cal.passthrough)} inherit their producer's range "
                                    + which, inputs=(Buffer.RANGES,), outputs=(Buffer.RANGES,), peak_bytes=ctx.costs.runtime,
-                                   inherited=w.inherited, needed=len(w.needed), observed=len(w.observed)))
+                                   inherited=w.inherited, needed=len(w.needed), observed=len(w.observed),
+                                   calibration=cal))
     return ops
 
 
@@ -147,5 +151,5 @@ def lower_verify(ctx: Context) -> list[PlanOp]:
 
 LOWERING: tuple[Pass, ...] = (
     lower_export, lower_load, lower_mode, mixed_precision_pass(_kld_words), lower_calibration, lower_ranges,
-    lower_quantize, emit_pass(reads_ranges=True), lower_verify,
+    lower_quantize, emit_pass(reads_ranges=True, streams_weights=streams_output), lower_verify,
 )

@@ -19,9 +19,10 @@ from compiler.backends.onnx.calibrate import augmented_model, session
 from compiler.backends.onnx.files import ModelFiles
 from compiler.backends.onnx.rewrite import weight_axes
 from compiler.backends.sensitivity import fake_quantize, scoring_batches
-from compiler.ir.types import RecipeIR, Scheme, VerifyMetric
+from compiler.ir.types import Scheme, VerifyMetric
 from compiler.models.exports import files_hash
 from compiler.models.index import Layer, ModelIndex
+from compiler.plan.ops import ScoreSensitivity
 from compiler.quant.weights import Convention
 from compiler.resolve.mixed import Unit
 
@@ -30,9 +31,9 @@ class OnnxScorer:
     """What the mixed-precision search reads from an ONNX model: weights, input Gram matrices, measured KL."""
     convention = Convention.ORT
 
-    def __init__(self, ir: RecipeIR, index: ModelIndex, files: ModelFiles, source: Path):
+    def __init__(self, op: ScoreSensitivity, index: ModelIndex, files: ModelFiles, source: Path):
         self.index, self.files, self.source = index, files, source
-        self.batches = scoring_batches(ir, index)
+        self.batches = scoring_batches(op, index)
         self.inits = {t.name: t for t in files.light.graph.initializer}
         self.axes: dict[str, tuple[int, int]] = {}
         for node in files.light.graph.node:

@@ -23,7 +23,7 @@ from compiler.backends.onnx.files import ModelFiles
 from compiler.backends.onnx.rewrite import weight_axes, weight_nodes
 from compiler.backends.onnx.segments import run_segments
 from compiler.backends.result import BackendError, refuse_changed_output
-from compiler.ir.types import MemoryMode, RecipeIR, Rounding, TransformKind, WeightQuant
+from compiler.ir.types import MemoryMode, Rounding, Transform, TransformKind, WeightQuant
 from compiler.quant.smoothing import ChannelStats, awq_scales, smoothquant_scales
 from compiler.quant.weights import Convention, quantize_weight
 from compiler.resolve.assignment import Assignment
@@ -45,13 +45,13 @@ class Scaling:
         return values / s if self.divide else values * s
 
 
-def smooth(ir: RecipeIR, assignment: Assignment, files: ModelFiles, mode: MemoryMode, batches, disk: Path | None,
+def smooth(t: Transform, assignment: Assignment, files: ModelFiles, mode: MemoryMode, batches, disk: Path | None,
            advance: Callable[[], None]) -> tuple[ModelFiles, list[float]]:
-    """The smoothed copy of the model, and AWQ's relative error reduction per mapping."""
+    """The smoothed copy of the model by the transform `t`, and AWQ's relative error reduction per mapping."""
     index = assignment.model
     norms = {n.name: n for n in index.norms}
     by_output = {norms[m.source].output: m for m in assignment.smoothing}
-    awq = ir.transform.kind is TransformKind.AWQ
+    awq = t.kind is TransformKind.AWQ
     stats: dict[str, ChannelStats] = {}
 
     def on_value(name: str, value: np.ndarray) -> None:
@@ -72,14 +72,14 @@ def smooth(ir: RecipeIR, assignment: Assignment, files: ModelFiles, mode: Memory
                 on_value(name, value)
             advance()
         del sess
-    plan, gains = _scalings(ir, assignment, files, stats)
+    plan, gains = _scalings(t, assignment, files, stats)
     smoothed = rewrite_initializers(files, plan)
     if mode is not MemoryMode.OFFLOAD:  # the graph made the fold exact; one chunk through both says it is
-        _check_unchanged(ir, assignment, files.path, smoothed, next(iter(batches)))
+        _check_unchanged(t, assignment, files.path, smoothed, next(iter(batches)))
     return smoothed, gains
 
 
-def _check_unchanged(ir: RecipeIR, assignment: Assignment, original: Path, smoothed: ModelFiles,
+def _check_unchanged(t: Transform, assignment: Assignment, original: Path, smoothed: ModelFiles,
                      feed: dict) -> None:
     """Q422: the smoothed copy's first output on one chunk equals the original's (one session at a time)."""
     outputs = []
@@ -90,16 +90,16 @@ def _check_unchanged(ir: RecipeIR, assignment: Assignment, original: Path, smoot
         del sess
     try:
         float32 = np.asarray(outputs[0]).dtype == np.float32
-        refuse_changed_output(ir, outputs[0], outputs[1], float32, [m.source for m in assignment.smoothing])
+        refuse_changed_output(t.span, outputs[0], outputs[1], float32, [m.source for m in assignment.smoothing])
     except BackendError:
         smoothed.close()
         raise
 
 
-def _scalings(ir: RecipeIR, assignment: Assignment, files: ModelFiles,
+def _scalings(t: Transform, assignment: Assignment, files: ModelFiles,
               stats: dict[str, ChannelStats]) -> tuple[dict[str, Scaling], list[float]]:
     """Per initializer, how the rewrite changes it; one mapping's weights read at a time."""
-    index, t = assignment.model, ir.transform
+    index = assignment.model
     norms = {n.name: n for n in index.norms}
     inits = {x.name: x for x in files.light.graph.initializer}
     layers = {a.layer.name: a for a in assignment.layers}

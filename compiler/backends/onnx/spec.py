@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from compiler.backends.onnx.cost import COSTS
-from compiler.backends.onnx.exported_model import planned_assignment
+from compiler.backends.onnx.exported_model import quantized_layers, resolve_export
 from compiler.backends.onnx.lowering import LOWERING
 from compiler.backends.onnx.support import check_supported
 from compiler.backends.spec import BackendSpec, OutputKind
-from compiler.ir.types import Backend, EmitFormat
+from compiler.ir.types import Backend, EmitFormat, RecipeIR
+from compiler.models import ModelError, local_path
+from compiler.models.exports import cached_export
+from compiler.models.index import ModelFormat
+from compiler.resolve.assignment import Assignment
+from compiler.resolve.pipeline import resolver
+
+
+def planned_assignment(ir: RecipeIR, assignment: Assignment) -> Assignment:
+    """What the plan is built on: for an HF folder whose export is cached, the recipe resolved against the
+    export's graph (still an HF folder, so the plan keeps its `export_onnx` op), if it quantizes the same
+    layers with the same schemes; otherwise the folder's own assignment (activations from its config)."""
+    index = assignment.model
+    folder = local_path(index.ref) if index.format is ModelFormat.HF else None
+    exported = cached_export(folder) if folder is not None and folder.is_dir() else None
+    if exported is None:
+        return assignment
+    try:
+        resolved = resolve_export(resolver(ir), exported, assignment)
+    except ModelError:  # a damaged cache entry: the compile exports again; plan from the config meanwhile
+        return assignment
+    if quantized_layers(resolved) != quantized_layers(assignment):
+        return assignment
+    return replace(resolved, model=replace(resolved.model, format=ModelFormat.HF))  # keeps its export_onnx op
+
 
 SPEC = BackendSpec(
     backend=Backend.ONNX,

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from compiler.backends import BackendError
 from compiler.diagnostics import Diagnostic, error, warning
-from compiler.ir.types import RecipeIR
+from compiler.source import Span
 
 
-def check_config(config: dict, ir: RecipeIR, needs_package: bool = False) -> Diagnostic | None:
+def check_config(config: dict, span: Span | None, needs_package: bool = False) -> Diagnostic | None:
     """Validate `config` with compressed-tensors' QuantizationConfig; None when it passes, Q421 (a
     warning to report) when the package is not installed. Raises Q420 when the schema rejects it, and Q400
     when the package is missing but `needs_package` (its compressors write the floating formats)."""
@@ -20,9 +20,9 @@ def check_config(config: dict, ir: RecipeIR, needs_package: bool = False) -> Dia
         if needs_package:
             raise BackendError(error(
                 "Q400", "the floating formats (FP8, NVFP4, MX) are written with compressed-tensors, which is not "
-                "installed", ir.span, "compressed-tensors missing", help="pip install -e '.[hf]'")) from None
+                "installed", span, "compressed-tensors missing", help="pip install -e '.[hf]'")) from None
         return warning("Q421", "compressed-tensors is not installed: the quantization_config was not checked against "
-                       "its schema", ir.span, "schema check skipped",
+                       "its schema", span, "schema check skipped",
                        help="pip install 'qrc[hf]' (it brings compressed-tensors, which transformers and vLLM load "
                        "this folder with)")
     try:
@@ -30,7 +30,7 @@ def check_config(config: dict, ir: RecipeIR, needs_package: bool = False) -> Dia
     except Exception as exc:  # pydantic's ValidationError, or a validator's ValueError
         raise BackendError(error(
             "Q420", f"compressed-tensors rejects the quantization_config qrc would write: {_first_line(exc)}",
-            ir.span, "config not loadable",
+            span, "config not loadable",
             help="this is a qrc bug; please report it with the recipe. Meanwhile give the layers of the scheme it "
             "names another scheme")) from exc
     return None

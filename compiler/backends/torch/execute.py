@@ -46,33 +46,33 @@ from compiler.backends.torch.output_layout import copy_unquantized, open_output,
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.smoother import Smoother
-from compiler.backends.torch.support import attention_modules
 from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import StageError, error, warning
 from compiler.exhaustive import assert_never
-from compiler.ir.types import MemoryMode, RecipeIR
+from compiler.ir.types import Calibration, MemoryMode
 from compiler.models.index import ModelIndex
+from compiler.models.names import attention_modules
 from compiler.plan import ops
 from compiler.plan.ops import Plan
 from compiler.resolve.assignment import Assignment
 
 
-def execute(ir: RecipeIR, assignment: Assignment, plan: Plan, output: Path, progress) -> CompileResult:
+def execute(plan: Plan, assignment: Assignment, output: Path, progress) -> CompileResult:
     """Run `plan` op by op on PyTorch (compiler.backends.program.execute_plan)."""
-    if plan.decision.mode is MemoryMode.OFFLOAD and ir.memory.ram is not None:
+    if plan.decision.mode is MemoryMode.OFFLOAD and plan.decision.ram_source == "recipe":
         keep_large_blocks_mapped()  # a RAM budget: a flat RSS first, at up to 13% more time (release.py)
     return execute_plan(plan, assignment, output, progress,
-                        lambda guarded_progress, result, start: _Run(ir, assignment, plan, result, guarded_progress,
-                                                                     start), ir.memory.span_of("ram"))
+                        lambda guarded_progress, result, start: _Run(assignment, plan, result, guarded_progress,
+                                                                     start))
 
 
 class _Run:
     """The state the ops share: the model skeleton, the assignment (the search may change it), the jobs and
-    the output writer (made once the assignment is final), and the sample streams."""
+    the output writer (made once the assignment is final), and the sample streams. Each handler reads its op;
+    what the ops share (the streams, the writer) is made once from the ops that need it."""
 
-    def __init__(self, ir: RecipeIR, assignment: Assignment, plan: Plan, result: CompileResult, progress,
-                 start: float):
-        self.ir, self.assignment, self.plan = ir, assignment, plan
+    def __init__(self, assignment: Assignment, plan: Plan, result: CompileResult, progress, start: float):
+        self.assignment, self.plan = assignment, plan
         self.result, self.progress, self.start = result, progress, start
         self.mode = plan.mode
         self.access = ops.ModelAccess.RESIDENT  # set by load_model
@@ -95,7 +95,7 @@ class _Run:
         self.unopened = ""  # why transformers' own loader could not open the staged folder (Q427), if it could not
         self.reference: list = []
         self.tail_done = False
-        self.disk = Path(ir.memory.disk) if ir.memory.disk else None
+        self.disk: Path | None = None  # `memory { disk }`, from select_memory_mode
         self.caches: list[streams.HiddenCache] = []
         self.costs: LayerCosts | None = None  # each layer's own error on the held-out samples
         self.rounder: Rounder | None = None  # rounds into the writer (set with the jobs)
@@ -140,60 +140,70 @@ class _Run:
         if self.file_to_file:
             self.model = open_files(op.model)
             return
-        self.model = open_model(op.model, self.assignment.model.blocks, self.ir.model_span)
+        self.model = open_model(op.model, self.assignment.model.blocks, self.plan.spans.model)
         if op.access is ops.ModelAccess.RESIDENT:
             self.model.materialize(list(self.model.keys))
 
     def select_mode(self, op: ops.SelectMemoryMode) -> None:
         """multi_gpu places blocks on the GPUs present, or falls back to low_memory (warned)."""
-        self.mode = op.mode
+        self.mode, self.disk = op.mode, op.disk
         if op.mode is not MemoryMode.MULTI_GPU:
             return
-        self.devices, note = place(self.model, self.ir.memory.vram)
+        self.devices, note = place(self.model, op.vram)
         self.result.notes.append(note)
         if not self.devices:
             self.mode = MemoryMode.LOW_MEMORY
             self.model.materialize(list(self.model.keys))
             self.result.warnings.append(warning("Q407", f"multi_gpu fell back to low_memory: {note}",
-                                                self.ir.memory.span_of("mode"), "ran on the CPU",
+                                                self.plan.spans.mode, "ran on the CPU",
                                                 help="give `vram` for the GPUs present, or use `mode low_memory`"))
 
     def score(self, op: ops.ScoreSensitivity) -> None:
-        scorer = TorchScorer(self.ir, self.index, self.model, streams.torch_feed)
-        self.scores = score_units(self.ir, self.assignment, scorer, self.progress)
+        scorer = TorchScorer(op, self.index, self.model, streams.torch_feed)
+        self.scores = score_units(op, self.disk, self.assignment, scorer, "torch", self.progress)
         release_memory()
 
     def assign(self, op: ops.AssignPrecision) -> None:
-        self.assignment, self.result.search = assign(self.ir, self.assignment, self.scores)
+        self.assignment, self.result.search = assign(op, self.assignment, self.scores)
         self.result.assignment = self.assignment
 
     def _ready(self) -> None:
-        """Jobs, writer and streams, once: after the search (if any) fixed the assignment."""
+        """Jobs, writer and streams, once: after the search (if any) fixed the assignment. The output's layout
+        is the emit op's, the calibration stream the first statistics op's, the held-out samples those of
+        the op that runs them first."""
         if self.writer is not None:
             return
+        emit = self.plan.first(ops.Emit)
+        assert isinstance(emit, ops.Emit)  # every plan emits (plan/verify.py)
+        gathers = next((op for op in self.plan.ops if isinstance(op, ops.CalibrateChunk | ops.CacheBlockInputs)), None)
+        held = next((op for op in self.plan.ops if isinstance(op, ops.CaptureReference | ops.Verify)), None)
         self.jobs = jobs_of(self.model, self.assignment)
         self.costs = LayerCosts(self.model.shards.read)
         weights = {j.layer.name: j.layer.weight for j in self.jobs}
         self.global_scales = SharedGlobalScales({j.layer.name: j.scheme.weights.qtype for j in self.jobs},
                                                 lambda name: self.model.shards.read(weights[name]))
         if not self.file_to_file:
-            refuse_non_linear(self.model, self.jobs, self.ir, self.assignment)
-        kv = self.ir.kv_cache
+            refuse_non_linear(self.model, self.jobs, self.plan.spans.recipe, self.assignment)
+        kv = emit.kv_cache
         attention = attention_modules([layer.name for layer in self.index.layers]) if kv is not None else []
         self.kv = KvCacheQuantizer(self.model.module, attention, kv, self.model.dtype)
         self.config, self.writer, skipped = open_output(self.result.output, self.model, self.jobs, self.assignment,
-                                                        self.ir, attention)
-        self.rounder = Rounder(self.ir, self.model, self.writer, self.global_scales, self.result, self.progress)
+                                                        kv, attention, self.plan.spans.recipe)
+        calibration = gathers.calibration if gathers is not None else None
+        self.rounder = Rounder(calibration, self.plan.spans.model, self.model, self.writer, self.global_scales,
+                               self.result, self.progress)
         if skipped is not None:
             self.result.warnings.append(skipped)
         if self.disk is not None:
             self.disk.mkdir(parents=True, exist_ok=True)
-        if self.assignment.smoothing:
-            self.smoother = Smoother(self.ir, self.model, self.index, self.assignment.smoothing, self.jobs, self.writer)
+        if self.assignment.smoothing and gathers is not None and gathers.transform is not None:
+            self.smoother = Smoother(gathers.transform, gathers.calibration, self.model, self.index,
+                                     self.assignment.smoothing, self.jobs, self.writer)
         # the KV scales and the transform's statistics come from calibration too
-        if any(j.needs_data for j in self.jobs) or kv is not None or self.smoother is not None:
-            self.cal = self._stream("calibration", self._calibration_feeds())
-        self.verify_streams = self._verify_streams()
+        if gathers is not None and (any(j.needs_data for j in self.jobs) or kv is not None or self.smoother is not None):
+            cal = gathers.calibration
+            self.cal = self._stream("calibration", data.calibration_batches(cal.data, self.index, cal.chunk))
+        self.verify_streams = self._verify_streams(held)
 
     def _jobs_named(self, names: tuple[str, ...]) -> list[Job]:
         wanted = set(names)
@@ -218,7 +228,7 @@ class _Run:
             feeds = self.cal.feeds
             self.smoother.run(self.smoother.mappings, lambda: [self._call(f) for f in feeds],
                               lambda: self._call(feeds[0]))
-        with Statistics(self.model.module, self.jobs, self.ir.calibration) as stats, self.kv.running(KvMode.OBSERVE):
+        with Statistics(self.model.module, self.jobs, op.calibration) as stats, self.kv.running(KvMode.OBSERVE):
             advance = self.progress("calibrate", len(self.cal))
             for feed in self.cal.feeds:
                 stats.new_forward()
@@ -233,14 +243,10 @@ class _Run:
         self.caches.append(cache)
         return streams.Stream(name, [streams.torch_feed(f) for f in batches], cache)
 
-    def _calibration_feeds(self):
-        return data.calibration_batches(self.ir.calibration.data, self.index, self.ir.calibration.chunk)
-
-    def _verify_streams(self):
-        v = self.ir.verify
-        if v is None:
+    def _verify_streams(self, held: ops.CaptureReference | ops.Verify | None):
+        if held is None:
             return None
-        batches = list(held_out_batches(self.ir, self.index, self.result, min(self.ir.calibration.chunk, v.samples)))
+        batches = list(held_out_batches(held, self.index, self.result))
         self.emitted = can_verify_artifact(self.model)
         quantized = None if self.emitted else self._stream("verify (quantized)", batches)
         return self._stream("verify (float)", batches), quantized, Agreement()
@@ -268,7 +274,7 @@ class _Run:
         container = model.block_modules()
         on_use = self.offload or bool(self.devices)
         with model.read_on_use(model.outside() if on_use else [], release=self.offload):
-            with Statistics(model.module, before, self.ir.calibration) as stats:
+            with Statistics(model.module, before, op.calibration) as stats:
                 self.stats = stats
                 for s in filter(None, (self.cal, verify and verify[0])):
                     streams.capture(container, s, self._call, self._new_forward)
@@ -283,11 +289,11 @@ class _Run:
         """Per block: its weights, statistics from the calibration stream, rounding, then every stream on."""
         advance = self.progress("blocks", len(self.model.blocks))
         for number, name in enumerate(self.model.blocks):
-            self._block(number, name, self.cal, self.verify_streams, self.devices.get(name, "cpu"), self.offload)
+            self._block(number, name, op.calibration, self.devices.get(name, "cpu"))
             advance()
 
-    def _block(self, number: int, name: str, cal, verify, device, offload: bool) -> None:
-        model = self.model
+    def _block(self, number: int, name: str, calibration: Calibration | None, device) -> None:
+        model, cal, verify, offload = self.model, self.cal, self.verify_streams, self.offload
         params = model.parameters_of(name)
         if offload or device != "cpu":
             model.materialize(params, device)
@@ -298,7 +304,7 @@ class _Run:
                 self.smoother.run(self.smoother.of_block(name),
                                   lambda: streams.run_block(block, number, cal, device, None),
                                   lambda: streams.run_chunk(block, number, cal, device, 0))
-        with Statistics(model.module, jobs, self.ir.calibration) as stats, self.kv.running(KvMode.OBSERVE):
+        with Statistics(model.module, jobs, calibration) as stats, self.kv.running(KvMode.OBSERVE):
             if cal is not None:
                 streams.run_block(block, number, cal, device, None, stats.new_forward)
         outputs = {}
@@ -329,7 +335,7 @@ class _Run:
             streams.run_block(block, number, stream, device, out)
         return out
 
-    def _tail(self, cal, verify, jobs: list[Job], offload: bool) -> None:
+    def _tail(self, cal, verify, jobs: list[Job], offload: bool, calibration: Calibration | None) -> None:
         """What comes after the blocks runs on the streams' last hidden states: statistics for its layers,
         rounding, and the verification comparison at the model's output. Without verification, and with no
         layer there that needs data, nothing runs: its layers are rounded one at a time."""
@@ -348,7 +354,7 @@ class _Run:
             with torch.no_grad():
                 self.smoother.run(smoothed, lambda: list(streams.replay_tail(container, cal, self._call, lazy=True)),
                                   lambda: streams.first_tail_output(container, cal, self._call))
-        with Statistics(model.module, jobs, self.ir.calibration) as stats:
+        with Statistics(model.module, jobs, calibration) as stats:
             self.stats = stats
             if cal is not None and any(j.needs_data for j in jobs):
                 for _ in streams.replay_tail(container, cal, self._call, stats.new_forward, lazy=True):
@@ -383,7 +389,7 @@ class _Run:
             case ops.QuantizeStrategy.FILE_TO_FILE:
                 self.rounder.from_files(jobs)
             case ops.QuantizeStrategy.TAIL:
-                self._tail(self.cal, self.verify_streams, jobs, self.offload)
+                self._tail(self.cal, self.verify_streams, jobs, self.offload, op.calibration)
             case ops.QuantizeStrategy.IN_PLACE:
                 self._materialize_all()
                 self.rounder.in_place(jobs, self.stats, self.progress("quantize", len(jobs)))  # GPTQ: minutes
@@ -397,23 +403,22 @@ class _Run:
         self._ready()
         self.result.calibration_seconds = time.perf_counter() - self.start
         if self.rounder.unseen:
-            self.result.warnings.append(unseen_warning(self.ir, self.rounder.unseen))
+            self.result.warnings.append(unseen_warning(self.plan.spans.experts, self.rounder.unseen))
         if self.rounder.dampened:
-            self.result.warnings.append(dampened_warning(self.ir, self.rounder.dampened))
+            self.result.warnings.append(dampened_warning(self.plan.spans.recipe, self.rounder.dampened))
         if self.smoother is not None:
             self.result.transform = self.smoother.summary()
         self.kv.write_scales("", self.writer)  # any module calibration did not reach (none in the models qrc runs)
         copy_unquantized(self.writer, self.model, self.jobs)
-        refused = write_metadata(self.writer, self.model, self.config, self.ir)
+        refused = write_metadata(self.writer, self.model, self.config, self.plan.recipe_text)
         if refused:
             self.result.warnings.append(warning(
                 "Q430", f"{len(refused)} file(s) of the model folder link outside it and were not copied: "
-                f"{', '.join(refused[:4])}", self.ir.model_span, "not copied",
+                f"{', '.join(refused[:4])}", self.plan.spans.model, "not copied",
                 help="copy the real files into the model folder if the output should carry them"))
         self.result.files = self.writer.finish()
         if self.model.folder is not None:  # what transformers makes of the folder, before it goes into place
-            skipped = check_loads(self.writer.temp, self.model.folder, self.ir.emit.span_of("path") if self.ir.emit
-                                  else self.ir.span)
+            skipped = check_loads(self.writer.temp, self.model.folder, self.plan.spans.emit)
             if skipped is not None:
                 self.result.warnings.append(skipped)
                 self.unopened = skipped.message  # verification still decodes the folder, and says how
@@ -435,21 +440,20 @@ class _Run:
                     agreement.update(ref.numpy(), self._call(feed).float().numpy(), streams.mask_of(feed))
                     advance()
         elif not self.tail_done:
-            self._tail(None, self.verify_streams, [], self.offload)
+            self._tail(None, self.verify_streams, [], self.offload, None)
         if not self.emitted:
             self.result.verified_on = "qrc's model (a built-in has no loader outside qrc)" if self.model.folder is None \
                 else "qrc's model (compressed-tensors is not installed to load the emitted folder)"
-        v = self.ir.verify
-        if not passes(agreement.value(v.metric), v.bound, v.threshold):  # Q501's help names the worst layers
+        if not passes(agreement.value(op.metric), op.bound, op.threshold):  # Q501's help names the worst layers
             self.result.layer_errors = self.costs.added()
-        judge(self.ir, self.result.output, agreement, self.result)  # the model goes into place after the last op
+        judge(op, self.result.output, agreement, self.result)  # the model goes into place after the last op
 
     def _verify_emitted(self, float_stream: streams.Stream, agreement: Agreement) -> None:
         """The held-out samples through the staged folder as transformers and compressed-tensors load it,
         against the float outputs: those kept before rounding (full), or the float stream's last hidden
         states through the float model's tail (its weights read again from the checkpoint: the tail may
         have been rounded in place)."""
-        span = self.ir.emit.span_of("path") if self.ir.emit else self.ir.span
+        span = self.plan.spans.emit
         artifact = open_artifact(self.writer.temp, self.model, span)
         model = self.model
         if self.reference:

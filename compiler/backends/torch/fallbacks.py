@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from compiler.backends.torch.layers import Job, Statistics, input_qparams
 from compiler.diagnostics import Diagnostic, warning
-from compiler.ir.types import RecipeIR
 from compiler.models import names
+from compiler.source import Span
 
 
 def sibling_range(job: Job, stats: Statistics, calibration, dtype) -> tuple[float, int] | None:
@@ -21,13 +21,13 @@ def sibling_range(job: Job, stats: Statistics, calibration, dtype) -> tuple[floa
     return max(found, key=lambda sz: sz[0]) if found else None
 
 
-def unseen_warning(ir: RecipeIR, unseen: list[Job]) -> Diagnostic:
+def unseen_warning(span: Span | None, unseen: list[Job]) -> Diagnostic:
     """Q248 for the expert layers no calibration token reached."""
     layers = ", ".join(names.compress([j.layer.name for j in unseen])[:3])
     static = any(j.static_input for j in unseen)
     return warning(
         "Q248", f"no calibration token reached {len(unseen)} expert layers ({layers}): their weights are "
         "rounded with rtn" + (", their inputs use the widest range of their sibling experts" if static else ""),
-        ir.calibration.span_of("experts") or unseen[0].scheme.span, "no data",
+        span or unseen[0].scheme.span, "no data",
         help="`calibrate { experts all }` (the default) sends every token through every expert for "
         "statistics; or calibrate with more samples")

@@ -19,7 +19,7 @@ from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.quant_args import static_input, weight_args, weight_format
 from compiler.diagnostics import error
-from compiler.ir.types import ActivationMode, Calibration, Granularity, RecipeIR, Rounding, Scheme
+from compiler.ir.types import ActivationMode, Calibration, Granularity, Rounding, Scheme
 from compiler.models.index import Layer
 from compiler.quant import qparams
 from compiler.quant.gptq import gptq
@@ -27,6 +27,7 @@ from compiler.quant.observers import make_observer
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
 from compiler.quant.weights import Convention, QuantizedWeight, quantize_weight
 from compiler.resolve.assignment import Assignment
+from compiler.source import Span
 
 ROW_SLICE_BYTES = 4 << 20  # rtn/mse round a weight this many bytes of rows at a time
 
@@ -84,7 +85,7 @@ class Statistics:
 
     root: nn.Module
     jobs: list[Job]
-    calibration: Calibration
+    calibration: Calibration | None  # None only where no job needs data (nothing is hooked)
     leader: dict[str, str] = field(default_factory=dict)
     hessians: dict[str, Hessian] = field(default_factory=dict)
     observers: dict[str, object] = field(default_factory=dict)
@@ -99,6 +100,7 @@ class Statistics:
                 module = self.root.get_submodule(job.module)
                 self._handles.append(module.register_forward_pre_hook(self._hook(job)))
         if self._handles:  # MoE experts: every token through every expert, for statistics (`experts all`)
+            assert self.calibration is not None, "a job needs data: its op carries the calibration settings"
             set_routing(self.root, self.calibration.experts)
         return self
 
@@ -244,7 +246,7 @@ def jobs_of(model: TorchModel, assignment: Assignment) -> list[Job]:
             if not a.scheme.is_none]
 
 
-def refuse_non_linear(model: TorchModel, jobs: list[Job], ir: RecipeIR, assignment: Assignment | None = None) -> None:
+def refuse_non_linear(model: TorchModel, jobs: list[Job], span: Span | None, assignment: Assignment | None = None) -> None:
     """Q411 before any work for a layer whose module is not an nn.Linear once the model runs (transformers
     5's MoE routers keep their weight in a router module of their own), pointing at the rule that chose it."""
     rules = {a.layer.name: a.rule for a in assignment.layers} if assignment is not None else {}
@@ -252,9 +254,9 @@ def refuse_non_linear(model: TorchModel, jobs: list[Job], ir: RecipeIR, assignme
         module = model.module.get_submodule(job.module)
         if not isinstance(module, torch.nn.Linear):
             rule = rules.get(job.layer.name)
-            span = (rule.scheme_span if rule is not None else None) or job.scheme.span or ir.span
+            where = (rule.scheme_span if rule is not None else None) or job.scheme.span or span
             raise BackendError(error(
                 "Q411", f"`{job.layer.name}` is computed by a `{type(module).__name__}`, not an nn.Linear: the torch "
-                "backend rounds Linear layers when it runs the model", span, "not a Linear here",
+                "backend rounds Linear layers when it runs the model", where, "not a Linear here",
                 help=f'give it `-> none` (e.g. `"{job.layer.name}" -> none`; MoE routers stay float in serving), or '
                 "round it data-free without `verify` (file to file)"))

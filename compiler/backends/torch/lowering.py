@@ -17,11 +17,13 @@ from compiler.plan.lower import (
     emit_pass,
     gate,
     head_layers,
+    held_out,
     load_op,
     lower_mode,
     mixed_precision_pass,
     needs_data,
     quantize_op,
+    statistics,
     transform_words,
     verify_op,
 )
@@ -84,7 +86,7 @@ def lower_streams(ctx: Context) -> list[PlanOp]:
         ops.append(CaptureReference(
             summary=f"run the float model on {v.samples} held-out samples and keep its outputs "
             "(the model is then rounded in place)", inputs=(Buffer.MODEL, Buffer.VERIFY_DATA), outputs=(Buffer.REFERENCE,),
-            peak_bytes=ctx.phase(PhaseName.VERIFY), samples=v.samples))
+            peak_bytes=ctx.phase(PhaseName.VERIFY), samples=v.samples, **held_out(ctx)))
     if ctx.needs_data:
         summary = (f"forward {w.chunk} samples × {w.seqlen} tokens through the whole model, hooks gathering the "
                    "statistics its layers round with (" + ", ".join(_statistics(ctx)) + ")")
@@ -106,7 +108,8 @@ def _blocks(ctx: Context) -> list[PlanOp]:
         f"per-sample-constant inputs once); streams: {', '.join(streams)}" + rounding_head,
         inputs=(Buffer.MODEL, Buffer.CALIBRATION_DATA, Buffer.MEMORY_MODE) + ctx.after_search,
         outputs=(Buffer.BLOCK_INPUTS,) + ((Buffer.QPARAMS,) if head else ()), peak_bytes=ctx.phase(PhaseName.CALIBRATE),
-        layers=head, samples=w.samples, seqlen=w.seqlen, per_sample=w.seqlen * w.hidden * 4, where=where)
+        layers=head, samples=w.samples, seqlen=w.seqlen, per_sample=w.seqlen * w.hidden * 4, where=where,
+        **statistics(ctx))
     ranges = f"input ranges ({ctx.ir.calibration.method.value}), " if w.observed else ""
     ranges += "KV cache ranges, " if ctx.ir.kv_cache is not None else ""
     what = (transform_words(w, CHECKED) + "; " if w.transform else "") + "compute float outputs, " + ranges + \
@@ -114,7 +117,7 @@ def _blocks(ctx: Context) -> list[PlanOp]:
     run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
                    inputs=(Buffer.MODEL, Buffer.BLOCK_INPUTS), outputs=(Buffer.BLOCK_INPUTS, Buffer.QPARAMS),
                    peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=max(1, len(w.blocks)), layers=block_layers(ctx),
-                   blocks=len(w.blocks), chunk=w.chunk, gptq=w.gptq)
+                   blocks=len(w.blocks), chunk=w.chunk, gptq=w.gptq, **statistics(ctx))
     return [cache, run]
 
 

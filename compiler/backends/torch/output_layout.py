@@ -17,11 +17,11 @@ from compiler.backends.torch.quant_args import input_args
 from compiler.backends.torch.shards import DTYPES
 from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import Diagnostic
-from compiler.ir.printer import print_ir
-from compiler.ir.types import RecipeIR
+from compiler.ir.types import KvCache
 from compiler.models.index import LayerKind
 from compiler.models.side_files import copyable
 from compiler.resolve.assignment import Assignment
+from compiler.source import Span
 
 # the model folder's files that are weights (written from the rounded tensors, not copied)
 SKIPPED_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth", ".onnx", ".onnx.data", ".h5",
@@ -82,27 +82,26 @@ def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment, kv
     return config
 
 
-def open_output(output: Path, model: TorchModel, jobs: list[Job], assignment: Assignment, ir: RecipeIR,
-                attention: list[str]) -> tuple[dict, FolderWriter, Diagnostic | None]:
+def open_output(output: Path, model: TorchModel, jobs: list[Job], assignment: Assignment, kv: KvCache | None,
+                attention: list[str], span: Span | None) -> tuple[dict, FolderWriter, Diagnostic | None]:
     """Before any work: config.json's content, checked with compressed-tensors' schema (Q420; Q400 when the
     package is missing but the floating formats or a KV cache need it), and the writer with every output
     tensor laid out (`attention`: the modules whose KV scales `kv_cache` adds). Also returns Q421 when the
-    schema check was skipped."""
-    kv = ir.kv_cache
+    schema check was skipped; its diagnostics point at `span`."""
     # the KV cache's arguments are those of an activation spec (vLLM takes float 8-bit symmetric per tensor)
     config = output_config(model, jobs, assignment, input_args(kv.quant) if kv else None)
     floats = any(j.scheme.weights.qtype.is_float for j in jobs) or kv is not None
-    skipped = check_config(config["quantization_config"], ir, floats)
+    skipped = check_config(config["quantization_config"], span, floats)
     writer = FolderWriter(output, output_specs(model, jobs) + kv_specs(attention, model.dtype))
     return config, writer, skipped
 
 
-def write_metadata(writer: FolderWriter, model: TorchModel, config: dict, ir: RecipeIR) -> list[str]:
+def write_metadata(writer: FolderWriter, model: TorchModel, config: dict, recipe_text: str) -> list[str]:
     """config.json (from output_config), the recipe, and the model folder's other files (tokenizer,
     generation config, …): regular files resolving inside the folder only (models/side_files.py). Returns
     the side files not copied because they link outside it."""
     writer.metadata("config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
-    writer.metadata("qrc.recipe", print_ir(ir))
+    writer.metadata("qrc.recipe", recipe_text)
     folder = model.folder
     refused: list[str] = []
     if folder is not None:

@@ -21,15 +21,18 @@ from compiler.backends.torch.layers import Job, Statistics, apply_quantized, inp
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import warning
-from compiler.ir.types import RecipeIR
+from compiler.ir.types import Calibration
 from compiler.quant.gptq import SingularHessian
 from compiler.quant.weights import QuantizedWeight
+from compiler.source import Span
 
 
 @dataclass
 class Rounder:
-    """Rounds the run's jobs into the output folder."""
-    ir: RecipeIR
+    """Rounds the run's jobs into the output folder; static input ranges as `calibration` says; Q409 points at
+    `model_span`."""
+    calibration: Calibration | None
+    model_span: Span | None
     model: TorchModel
     writer: FolderWriter
     global_scales: SharedGlobalScales
@@ -71,8 +74,8 @@ class Rounder:
             if unseen:  # an MoE expert no token reached: rtn, its siblings' input range (fallbacks.py)
                 self.unseen.append(job)
                 job = job.with_rtn() if job.gptq else job
-            act = input_qparams(job, stats, self.ir.calibration, self.model.dtype) if not unseen else \
-                sibling_range(job, stats, self.ir.calibration, self.model.dtype)
+            act = input_qparams(job, stats, self.calibration, self.model.dtype) if not unseen else \
+                sibling_range(job, stats, self.calibration, self.model.dtype)
             if job.static_input and act is None:
                 self.result.warnings.append(warning(
                     "Q405", f"the input of `{job.layer.name}` was never finite during calibration; its activations "
@@ -93,7 +96,7 @@ class Rounder:
     def round(self, job: Job, weight: torch.Tensor, stats: Statistics | None, act) -> QuantizedWeight | FloatQuantized:
         """Round one weight (refusing non-finite ones, Q409) and write its compressed tensors. GPTQ raises its
         dampening where H is not definite, and rounds with rtn where no dampening helps (Q418, once)."""
-        refuse_nonfinite(self.ir, job.layer, weight.detach().float().cpu().numpy())
+        refuse_nonfinite(self.model_span, job.layer, weight.detach().float().cpu().numpy())
         try:
             q = quantize_job(job, weight, stats, self.model.dtype,
                              lambda used: self.dampened.setdefault(job.layer.name, used),

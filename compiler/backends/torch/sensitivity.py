@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from compiler.backends.sensitivity import fake_quantize, scoring_batches
-from compiler.ir.types import RecipeIR, Scheme
+from compiler.ir.types import Scheme
 from compiler.models.exports import files_hash
 from compiler.models.index import Layer, ModelIndex
+from compiler.plan.ops import ScoreSensitivity
 from compiler.quant.weights import Convention
 from compiler.resolve.mixed import Unit, cheapest
 
@@ -27,10 +28,10 @@ class TorchScorer:
     """What the mixed-precision search reads from a torch model: weights, input Gram matrices, estimated KL."""
     convention = Convention.TORCH
 
-    def __init__(self, ir: RecipeIR, index: ModelIndex, model, feed):
+    def __init__(self, op: ScoreSensitivity, index: ModelIndex, model, feed):
         """`index` has the model's inputs (to make data); `feed` turns a numpy chunk into torch tensors."""
         self.index, self.model = index, model
-        self.feeds = [feed(f) for f in scoring_batches(ir, index)]
+        self.feeds = [feed(f) for f in scoring_batches(op, index)]
 
     def digest(self) -> str:
         """A content hash of the checkpoint's files (the score cache key)."""

@@ -14,7 +14,7 @@ from compiler.backends.torch.layers import Job, quantize_job
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.smoothing import SmoothingStatistics, fold, norm_offset
 from compiler.backends.torch.writer import FolderWriter
-from compiler.ir.types import RecipeIR, Rounding, TransformKind, WeightQuant
+from compiler.ir.types import Calibration, Rounding, Transform, TransformKind, WeightQuant
 from compiler.models.index import ModelIndex
 from compiler.quant.smoothing import awq_scales, smoothquant_scales, transform_summary
 from compiler.quant.weights import Convention, quantize_weight
@@ -24,9 +24,10 @@ from compiler.resolve.smoothing import SmoothingMapping, SourceKind
 class Smoother:
     """Runs the recipe's transform on the mappings the run reaches, block by block or all at once."""
 
-    def __init__(self, ir: RecipeIR, model: TorchModel, index: ModelIndex, mappings: tuple[SmoothingMapping, ...],
-                 jobs: list[Job], writer: FolderWriter):
-        self.ir, self.model, self.index, self.writer = ir, model, index, writer
+    def __init__(self, transform: Transform, calibration: Calibration, model: TorchModel, index: ModelIndex,
+                 mappings: tuple[SmoothingMapping, ...], jobs: list[Job], writer: FolderWriter):
+        self.transform, self.calibration = transform, calibration
+        self.model, self.index, self.writer = model, index, writer
         self.mappings = list(mappings)
         self.jobs = {j.layer.name: j for j in jobs}
         weights = {**{n.name: n.weight for n in index.norms}, **{x.name: x.weight for x in index.layers}}
@@ -42,7 +43,7 @@ class Smoother:
 
     def summary(self) -> str:
         """What the transform did, for the compile summary."""
-        return transform_summary(self.ir.transform, self.folded, self.gains)
+        return transform_summary(self.transform, self.folded, self.gains)
 
     def run(self, mappings: list[SmoothingMapping], forward: Callable[[], object],
             probe: Callable[[], torch.Tensor]) -> None:
@@ -51,8 +52,8 @@ class Smoother:
         if not mappings:
             return
         before = probe().detach().float()
-        with SmoothingStatistics(self.model.module, mappings, self.modules, self.ir.transform.kind,
-                                 self.ir.calibration) as stats:
+        with SmoothingStatistics(self.model.module, mappings, self.modules, self.transform.kind,
+                                 self.calibration) as stats:
             forward()
         for m in mappings:
             self._fold(m, stats.stats.get(m.source))
@@ -68,7 +69,7 @@ class Smoother:
         source = root.get_submodule(self.modules[m.source])
         targets = [root.get_submodule(self.modules[x]) for x in m.targets]
         weights = [t.weight.detach().float().cpu().numpy() for t in targets if isinstance(t.weight, torch.Tensor)]
-        t = self.ir.transform
+        t = self.transform
         if t.kind is TransformKind.SMOOTHQUANT:
             scales = smoothquant_scales(stats, weights, t.alpha)
         else:
@@ -95,7 +96,7 @@ class Smoother:
     def _check(self, mappings: list[SmoothingMapping], before: torch.Tensor, after: torch.Tensor) -> None:
         """Q422: the fold must leave the float output as it was."""
         computed = next(self.model.module.get_submodule(self.modules[mappings[0].source]).parameters()).dtype
-        refuse_changed_output(self.ir, before.cpu().numpy(), after.cpu().numpy(), computed == torch.float32,
+        refuse_changed_output(self.transform.span, before.cpu().numpy(), after.cpu().numpy(), computed == torch.float32,
                               [m.source for m in mappings])
 
     def _write(self, m: SmoothingMapping) -> None:

@@ -8,6 +8,7 @@ from compiler.backends.torch.vllm_rules import VllmRejects, vllm_scheme
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import ActivationMode, EmitFormat, Granularity, RecipeIR
 from compiler.models.index import ROUTER_OP, LayerKind, ModelFormat
+from compiler.models.names import attention_modules
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice
 from compiler.resolve.groups import auto_gate_up_instances, auto_qkv_instances
@@ -83,13 +84,6 @@ def _warn_split_siblings(ir: RecipeIR, assignment: Assignment, diags: Diagnostic
                       next((schemes[m].rule.span for m in first.members if schemes[m].rule), ir.span),
                       "siblings differ", help="vLLM fuses them into one layer with one scheme and will not load the "
                       "folder; add `group auto` (the widest member's scheme wins), or give them one scheme")
-
-
-def attention_modules(layers: list[str]) -> list[str]:
-    """The modules whose key and value projections fill a KV cache: parents of a `k_proj` and a `v_proj`
-    (where compressed-tensors and vLLM put `k_scale`/`v_scale`)."""
-    parents = {name.rpartition(".")[0] for name in layers if name.endswith(".k_proj")}
-    return sorted(p for p in parents if f"{p}.v_proj" in layers)
 
 
 def _warn_routers(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
