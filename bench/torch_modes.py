@@ -33,7 +33,7 @@ def checkpoint(layers: int, hidden: int) -> Path:
     import torch
     from transformers import LlamaConfig
 
-    from compiler.backends.torch.compressed import TensorSpec
+    from compiler.backends.emitter import Spec
     from compiler.backends.torch.writer import FolderWriter
     from compiler.models.builtin import cache_dir
 
@@ -52,7 +52,7 @@ def checkpoint(layers: int, hidden: int) -> Path:
                        **{p + f"self_attn.{n}_proj.weight": (hidden, hidden) for n in "qkvo"},
                        p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
                        p + "mlp.down_proj.weight": (hidden, inter)})
-    writer = FolderWriter(folder, [TensorSpec(n, torch.float32, s) for n, s in shapes.items()])
+    writer = FolderWriter(folder, [Spec(n, torch.float32, s) for n, s in shapes.items()])
     rng = np.random.default_rng(0)
     for name, shape in shapes.items():
         values = np.ones(shape, np.float32) if len(shape) == 1 else (rng.standard_normal(shape, np.float32) * 0.02)

@@ -128,7 +128,7 @@ def check(
     result = check_file(recipe, tuple(set_ or ()), with_model=not no_model)
     print_diagnostics(result.diagnostics)
     if dump_ir and result.ok:
-        typer.echo(print_ir(result.ir), nl=False)
+        typer.echo(print_ir(result.recipe), nl=False)
     status = "ok" if result.ok else "failed"
     _stderr().print(f"{recipe}: {status} ({summary(result.diagnostics)})")
     raise typer.Exit(exit_code(result.diagnostics, strict))
@@ -165,8 +165,9 @@ def inspect(
             print_diagnostics((Diagnostic("Q250", Severity.ERROR, "no model to inspect", None,
                                           help="qrc inspect MODEL, or qrc inspect --recipe RECIPE (its model)"),))
         raise typer.Exit(2)
+    ref = model if model is not None else checked.recipe.model if checked is not None else ""  # checked: exited above
     try:
-        index = index_model(model if model is not None else checked.ir.model)
+        index = index_model(ref)
     except ModelError as exc:
         print_diagnostics((Diagnostic(exc.code, Severity.ERROR, exc.message, None, help=exc.help),))
         raise typer.Exit(2) from None
@@ -175,7 +176,7 @@ def inspect(
         diagnostics = checked.diagnostics
         if checked.ok:
             diags = Diagnostics(list(diagnostics))
-            assignment = resolve(checked.ir, index, diags)
+            assignment = resolve(checked.recipe, index, diags)
             diagnostics = tuple(diags.items)
         print_diagnostics(diagnostics)
         if exit_code(diagnostics, strict=False) == 2:
@@ -263,12 +264,12 @@ def explain(
         for info in CODES:
             typer.echo(f"{info.code}  {info.title}")
         return
-    info = BY_CODE.get(code.strip().upper())
-    if info is None:
+    found = BY_CODE.get(code.strip().upper())
+    if found is None:
         _stderr().print(f"[bold red]error[/]: no diagnostic code `{code}`; `qrc explain` lists them all")
         raise typer.Exit(2)
-    example = "\n".join("    " + line for line in info.example.splitlines())
-    typer.echo(f"{info.code}: {info.title}\n\n{info.why}\n\nExample:\n{example}")
+    example = "\n".join("    " + line for line in found.example.splitlines())
+    typer.echo(f"{found.code}: {found.title}\n\n{found.why}\n\nExample:\n{example}")
 
 
 def _flowing_help() -> None:

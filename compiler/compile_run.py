@@ -33,7 +33,7 @@ class CompileFailed(Exception):
 
 def output_path(result: PlanResult, override: Path | None) -> Path:
     """Where the model goes: `-o PATH`, else the recipe's emit path (Q412 when neither)."""
-    ir = result.check.ir
+    ir = result.check.recipe
     if override is not None:
         return override
     if ir.emit is None:
@@ -64,7 +64,7 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
     planned = plan_file(recipe, overrides)
     if not planned.ok:
         raise CompileFailed(planned.diagnostics)
-    ir = planned.check.ir
+    ir = planned.check.recipe
     spec = spec_for(ir.backend)
     destination = output_path(planned, output)
     reads = read_paths(ir)
@@ -124,7 +124,7 @@ def _execute(execute, ir, planned: PlanResult, destination: Path, console: Conso
     """The backend's run under progress bars, its failures as diagnostics."""
     with _progress(console) as progress, _terminate_as_interrupt():
         try:
-            result = execute(planned.plan, planned.check.assignment, destination, progress)
+            result = execute(planned.program, planned.assignment, destination, progress)
         except StageError as exc:  # a backend's failure, or its data's
             raise CompileFailed(planned.diagnostics + (exc.diagnostic,), getattr(exc, "result", None), planned) from None
         except OSError as exc:  # disk full, a folder made read-only meanwhile: the backends left no partial output
@@ -138,7 +138,7 @@ def _execute(execute, ir, planned: PlanResult, destination: Path, console: Conso
 
 def _output_bytes(planned: PlanResult) -> int:
     """What the plan says the emitted model takes."""
-    emit = planned.plan.first(Emit)
+    emit = planned.program.first(Emit)
     return emit.bytes if isinstance(emit, Emit) else 0
 
 
@@ -157,23 +157,23 @@ def _progress(console: Console):
 
 def summary(result, planned: PlanResult) -> Table:
     """The closing summary table of a compile."""
-    table = Table(title=f"compiled {planned.check.ir.name} → {result.output}", show_header=False)
+    table = Table(title=f"compiled {planned.check.recipe.name} → {result.output}", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
     for t in totals(result.assignment):
         table.add_row(f"scheme {t.scheme}", f"{t.layers} layer{'s' if t.layers != 1 else ''}, {t.params:,} params, "
                       f"{human_bytes(t.bytes_before)} → {human_bytes(t.bytes_after)}")
-    before = planned.check.assignment.model.total_bytes
+    before = planned.assignment.model.total_bytes
     after = sum(f.stat().st_size for f in result.files)
     table.add_row("model size", f"{human_bytes(before)} of weights → {human_bytes(after)} on disk")
-    calibrates = workload(planned.check.ir, planned.check.assignment).calibrate
+    calibrates = workload(planned.check.recipe, planned.assignment).calibrate
     table.add_row("calibration" if calibrates else "time", f"{result.calibration_seconds:.2f} s (total "
                   f"{result.total_seconds:.2f} s)" if calibrates else f"{result.total_seconds:.2f} s (no calibration pass)")
     planned_peak = result.planned_peak
     ratio = result.peak_rss / planned_peak if planned_peak else 0
     cached = "; export from the cache" if "export_onnx" in result.skipped else ""
     table.add_row("peak RSS", f"{human_bytes(result.peak_rss)} measured vs {human_bytes(planned_peak)} planned "
-                  f"({ratio:.2f}×), mode {planned.plan.decision.mode.value}{cached}")
+                  f"({ratio:.2f}×), mode {planned.program.mode.value}{cached}")
     for note in result.notes:
         table.add_row("placement", note)
     if result.transform:
@@ -184,8 +184,8 @@ def summary(result, planned: PlanResult) -> Table:
                       f"(budget {s.budget_bits:g}){'; scores from the cache' if s.from_cache else ''}")
         for choice, layers in s.layers_by_choice().items():
             table.add_row(f"  → {choice}", f"{len(layers)} layers: {', '.join(compress(layers))}")
-    if result.verify is not None:
-        v = planned.check.ir.verify
+    v = planned.check.recipe.verify
+    if result.verify is not None and v is not None:
         figures = ", ".join(f"{k} {val:.4g}" for k, val in result.verify.items()  # pooled embeddings mean
                             if k != "embedding_cosine" or v.metric.value == k)  # nothing for decoder logits
         table.add_row("verify", f"{'passed' if result.verify_passed else 'FAILED'}: {v.metric.value} "

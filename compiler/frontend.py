@@ -37,6 +37,13 @@ class CheckResult:
         """The recipe parsed and has no errors."""
         return self.ir is not None and not has_errors(self.diagnostics)
 
+    @property
+    def recipe(self) -> RecipeIR:
+        """The IR of a recipe that parsed (check `ok`, or `ir is not None`, first)."""
+        if self.ir is None:
+            raise ValueError("the recipe did not parse: " + "; ".join(d.message for d in self.diagnostics[:3]))
+        return self.ir
+
 
 def read_source(path: str | Path) -> Source | Diagnostic:
     """Read a recipe file as UTF-8 text; unreadable, oversized or non-UTF-8 files are diagnostics."""
@@ -176,6 +183,20 @@ class PlanResult:
         """A plan exists and there are no errors."""
         return self.plan is not None and not has_errors(self.diagnostics)
 
+    @property
+    def program(self) -> Plan:
+        """The plan of a result that has one (check `ok` first)."""
+        if self.plan is None:
+            raise ValueError("no plan: " + "; ".join(d.message for d in self.diagnostics[:3]))
+        return self.plan
+
+    @property
+    def assignment(self) -> Assignment:
+        """What the recipe gives each layer of the model (a result with a plan has it)."""
+        if self.check.assignment is None:
+            raise ValueError("the recipe was not resolved against its model")
+        return self.check.assignment
+
 
 def plan_file(path: str | Path, overrides: tuple[str, ...] = (), detected_free: int | None = None) -> PlanResult:
     """Check a recipe against its model and lower it to a Plan (the dry run). Reads no weights.
@@ -191,9 +212,9 @@ def plan_file(path: str | Path, overrides: tuple[str, ...] = (), detected_free: 
 
         detected_free = psutil.virtual_memory().available
     diags = Diagnostics(list(checked.diagnostics))
-    spec = spec_for(checked.ir.backend)
-    plan = build_plan(checked.ir, spec.planned(checked.ir, checked.assignment), detected_free, diags, spec.costs,
-                      spec.lowering)
+    ir = checked.recipe
+    spec = spec_for(ir.backend)
+    plan = build_plan(ir, spec.planned(ir, checked.assignment), detected_free, diags, spec.costs, spec.lowering)
     return PlanResult(checked, plan, tuple(diags.items))
 
 
@@ -206,4 +227,4 @@ def load_recipe(recipe: str | Path | Source, overrides: tuple[str, ...] = ()) ->
     result = check_source(recipe, overrides) if isinstance(recipe, Source) else check_file(recipe, overrides)
     if not result.ok:
         raise DiagnosticError(result.diagnostics)
-    return result.ir
+    return result.recipe

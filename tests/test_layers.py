@@ -118,3 +118,20 @@ def test_handlers_read_their_ops_never_the_recipe(graph):
             if isinstance(node, ast.Attribute) and node.attr == "ir":
                 found.append(f"{module}:{node.lineno} reads `.ir`")
     assert len(reached) > 20 and found == [], found
+
+
+def test_every_emitter_is_an_emitter():
+    """A class of the backends that writes an output (it stages with `finish`, then `commit`s or `abort`s)
+    names the Emitter protocol as its base, so mypy checks it implements the whole seam."""
+    import importlib
+    import inspect
+
+    from compiler.backends.emitter import Emitter
+
+    found = []
+    for module in ("compiler.backends.onnx.emitters", "compiler.backends.torch.writer"):
+        for _, cls in inspect.getmembers(importlib.import_module(module), inspect.isclass):
+            if cls.__module__ == module and all(hasattr(cls, m) for m in ("finish", "commit", "abort", "put")):
+                found.append(cls)
+                assert Emitter in cls.__mro__, cls
+    assert len(found) >= 3, found

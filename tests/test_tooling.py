@@ -1,5 +1,5 @@
 """The habits the tools enforce, run with the tests (so `.ci/run` runs them): ruff (style, docstrings of
-public symbols, heavy runtimes imported only inside the backends) and mypy over the package."""
+public symbols, heavy runtimes imported only inside the backends) and mypy over the package, strict about None."""
 
 from __future__ import annotations
 
@@ -22,3 +22,11 @@ def test_ruff_passes():
 def test_mypy_passes():
     result = _run("mypy")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_narrows_optionals():
+    """strict_optional stays on: a `T | None` is checked before it is used as a T."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+    assert config.get("strict_optional", True) is True

@@ -211,11 +211,11 @@ def test_qkv_share_one_hessian_and_gate_up_another():
 def test_sharded_output_has_an_index_and_loads(tmp_path):
     from safetensors.torch import load_file
 
-    from compiler.backends.torch.compressed import TensorSpec
+    from compiler.backends.emitter import Spec
     from compiler.backends.torch.writer import FolderWriter
 
     tensors = {f"t{i}": torch.arange(i * 100, (i + 1) * 100, dtype=torch.float32).reshape(10, 10) for i in range(5)}
-    writer = FolderWriter(tmp_path / "out", [TensorSpec(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()],
+    writer = FolderWriter(tmp_path / "out", [Spec(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()],
                           shard_bytes=400)
     for name in reversed(tensors):  # any order: each tensor has its place in the file already
         writer.put(name, tensors[name])

@@ -16,22 +16,26 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
+
+DType = TypeVar("DType")
 
 
 @dataclass(frozen=True, slots=True)
-class Spec:
-    """A tensor an emitter writes: its name, dtype (as the format names it) and shape."""
+class Spec(Generic[DType]):
+    """A tensor an emitter writes: its name, dtype (as the format names it: ONNX's type names, torch's dtypes
+    for safetensors) and shape."""
 
     name: str
-    dtype: str
+    dtype: DType
     shape: tuple[int, ...]
 
 
 class Emitter(Protocol):
-    """An output format (see the module docstring)."""
+    """An output format (see the module docstring). Each emitter class names it as its base, so mypy checks
+    it implements every method."""
 
-    def specs(self) -> Sequence[Any]:
+    def specs(self) -> Sequence[Spec[Any]]:
         """Every tensor it will write, before the first is written."""
         ...
 
@@ -39,7 +43,7 @@ class Emitter(Protocol):
         """A quantized tensor, by name."""
         ...
 
-    def copy_raw(self, name: str, *source: Any) -> None:
+    def copy_raw(self, name: str, *args: Any, **kwargs: Any) -> None:
         """A tensor kept as it was."""
         ...
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar, overload
 
 from compiler.backends.result import CompileResult
 from compiler.backends.rss import RssSampler
@@ -14,6 +14,34 @@ from compiler.plan.ops import Plan, PlanOp
 from compiler.resolve.assignment import Assignment
 
 Handler = Callable[[PlanOp], None]
+T = TypeVar("T")
+
+
+class Produced(Generic[T]):
+    """An attribute of a run that an earlier op makes (the model load_model opens, the writer the first
+    rounding op makes): reading it before then is a planner/backend mismatch, said as such. The value lives
+    in the private attribute `_NAME` (declared `T | None` by the run), which `close` reads to release only
+    what exists."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.private = "_" + name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Produced[T]: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type) -> T: ...
+
+    def __get__(self, obj, owner):
+        if obj is None:
+            return self
+        value = getattr(obj, self.private, None)
+        if value is None:
+            raise AssertionError(f"`{self.private[1:]}` is read before the op that makes it ran")
+        return value
+
+    def __set__(self, obj: object, value: T) -> None:
+        setattr(obj, self.private, value)
 
 
 class Run(Protocol):

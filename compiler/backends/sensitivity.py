@@ -86,7 +86,7 @@ def fake_quantize(w: np.ndarray, scheme: Scheme, convention: Convention) -> np.n
     """The weight as the scheme rounds it, back in float ([out, in]). GPTQ is scored as rtn: the search
     ranks layers, and rtn's error bounds what GPTQ leaves."""
     rounding = Rounding.MSE if scheme.rounding is Rounding.MSE else Rounding.RTN
-    return quantize_weight(w, scheme.weights, rounding, 0, 1, convention).dequantize()
+    return quantize_weight(w, scheme.quantized_weights, rounding, 0, 1, convention).dequantize()
 
 
 def scoring_batches(op: ScoreSensitivity, index: ModelIndex):
@@ -146,7 +146,7 @@ def _data_identity(data) -> str:
 
 
 def _scheme_identity(scheme: Scheme) -> str:
-    w = scheme.weights
+    w = scheme.quantized_weights
     return f"{w.qtype.value} {w.granularity.value} {w.group_size} {w.symmetric} {scheme.rounding.value}"
 
 

@@ -256,6 +256,7 @@ def load_text(source: DataSource, index: ModelIndex, needed: int | None = None) 
     from compiler.models import ModelError, resolve_path
 
     span = source.span_of("data")
+    assert source.path is not None  # `data text "PATH"` (elaboration requires the path)
     try:
         text_path, tok_path = resolve_path(source.path), resolve_tokenizer(source, index.ref)
     except ModelError as exc:
@@ -388,6 +389,7 @@ def load_npz(source: DataSource, index: ModelIndex, rows: int | None = None) -> 
     """An npz file's arrays for the model's inputs, checked against their names, dtypes and shapes: at most
     `rows` samples of each are read (a file of 10⁶ samples calibrating on 128 reads 128 rows)."""
     span = source.span_of("data")
+    assert source.path is not None  # `data npz "PATH"` (elaboration requires the path)
     path = Path(source.path)
     try:
         with zipfile.ZipFile(path) as archive:

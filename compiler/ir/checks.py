@@ -105,7 +105,7 @@ def _check_matmul_nbits(ir: RecipeIR, diags: Diagnostics) -> None:
         if size is None or size < 16 or size & (size - 1):
             got = f"`group {size}`" if size else f"`{weights.granularity.value}`"
             diags.error("Q208", f"scheme `{scheme.name}` uses {got}, which MatMulNBits cannot take",
-                        scheme.span or ir.emit.span_of("format"), "not a MatMulNBits block size",
+                        scheme.span or (ir.emit.span_of("format") if ir.emit else None), "not a MatMulNBits block size",
                         help="MatMulNBits needs `group N` with N a power of two ≥ 16 (32, 64, 128); "
                         "or emit `format qdq`")
 
@@ -134,7 +134,7 @@ def _refuse_float_formats(ir: RecipeIR, diags: Diagnostics) -> None:
         diags.error("Q257", "`kv_cache { fp8 }` is written by the torch backend, not the ONNX one", ir.kv_cache.span,
                     "KV cache on onnx", help="use `backend torch`; onnxruntime-genai keeps its cache in the model's dtype")
     for scheme in _used_schemes(ir):
-        types = {t for t in (scheme.weights.qtype, scheme.activations and scheme.activations.qtype) if t and t.is_float}
+        types = {t for t in (scheme.quantized_weights.qtype, scheme.activations and scheme.activations.qtype) if t and t.is_float}
         if types:
             diags.error("Q257", f"scheme `{scheme.name}` uses {', '.join(sorted(t.value for t in types))}, which the "
                         "ONNX backend does not write", scheme.span or ir.span, "floating format on onnx",
@@ -164,7 +164,7 @@ def check_mixed_precision(ir: RecipeIR, diags: Diagnostics) -> None:
                     help="e.g. `choices [w4, w8]`")
     if len(schemes) < 2 or not mp.budget_bits:
         return
-    bits = sorted(s.weights.qtype.bits for s in schemes)
+    bits = sorted(s.quantized_weights.qtype.bits for s in schemes)
     if mp.budget_bits < bits[0]:  # storage bits (with scales) are checked against the model, Q229/Q243
         diags.error("Q224", f"budget {mp.budget_bits:g} bits is below the narrowest choice ({bits[0]} bits)",
                     mp.span_of("budget"), "cannot be met", help=f"give a budget between {bits[0]} and {bits[-1]} bits")

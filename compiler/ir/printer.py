@@ -41,7 +41,7 @@ def _regex_literal(pattern: str) -> str:
 def _granularity(granularity: Granularity, group_size: int | None, block: tuple[int, int] | None = None) -> str:
     if granularity is Granularity.GROUP:
         return f"group {group_size}"
-    if granularity is Granularity.BLOCK:
+    if granularity is Granularity.BLOCK and block is not None:
         return f"block {block[0]}x{block[1]}"
     return granularity.value
 
@@ -64,7 +64,7 @@ def scheme_parts(s: Scheme) -> tuple[str, str, str]:
     minmax = s.rounding is Rounding.GPTQ and not s.mse_scales
     options = (" act_order" if s.act_order else "") + (" static_groups" if static else "") + \
         (" minmax_scales" if minmax else "")
-    return _weights(s.weights), _activations(s.activations), f"rounding {s.rounding.value}{options}"
+    return _weights(s.quantized_weights), _activations(s.activations), f"rounding {s.rounding.value}{options}"
 
 
 def _scheme(s: Scheme) -> list[str]:

@@ -163,6 +163,20 @@ class WeightQuant:
     symmetric: bool
     block: tuple[int, int] | None = None  # BLOCK: [output rows, input columns] per scale
 
+    @property
+    def group(self) -> int:
+        """The group size of a GROUP spec (elaboration gives every group spec one)."""
+        if self.group_size is None:
+            raise ValueError(f"{self.granularity.value} weights have no group size")
+        return self.group_size
+
+    @property
+    def block_shape(self) -> tuple[int, int]:
+        """The (rows, columns) per scale of a BLOCK spec."""
+        if self.block is None:
+            raise ValueError(f"{self.granularity.value} weights have no block shape")
+        return self.block
+
 
 @dataclass(frozen=True, slots=True)
 class ActivationQuant:
@@ -172,6 +186,13 @@ class ActivationQuant:
     symmetric: bool
     mode: ActivationMode
     group_size: int | None = None  # GROUP: columns per dynamic scale
+
+    @property
+    def group(self) -> int:
+        """The columns per dynamic scale of a GROUP spec."""
+        if self.group_size is None:
+            raise ValueError(f"{self.granularity.value} inputs have no group size")
+        return self.group_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +215,20 @@ class Scheme:
     def is_none(self) -> bool:
         """The scheme leaves the layer in float."""
         return self.weights is None
+
+    @property
+    def quantized_inputs(self) -> ActivationQuant:
+        """How the inputs are quantized, for a scheme that quantizes them."""
+        if self.activations is None:
+            raise ValueError(f"scheme `{self.name}` leaves the inputs in float")
+        return self.activations
+
+    @property
+    def quantized_weights(self) -> WeightQuant:
+        """How the weights are quantized, for a scheme that quantizes them (every scheme but `none`)."""
+        if self.weights is None:
+            raise ValueError(f"scheme `{self.name}` leaves the weights in float")
+        return self.weights
 
 
 # The scheme of a layer left in float (`use none`): what every layer no rule names gets.

@@ -53,7 +53,7 @@ def index_hf(folder: Path, ref: str) -> ModelIndex:
     if headers:
         total = sum(math.prod(shape) * DTYPE_BYTES.get(dt, 4) for dt, shape in headers.values())
     else:
-        total = sum(math.prod(t.shape) for t in planned) * DTYPE_BYTES.get(dtype, 4)
+        total = sum(math.prod(t.shape) for t in planned or ()) * DTYPE_BYTES.get(dtype, 4)
     if isinstance((config or {}).get("vision_config"), dict):
         layers = [_as_tower(layer) for layer in layers]
     layers = [_as_router(layer, config or {}) for layer in layers]
@@ -278,7 +278,7 @@ def _tensor_entry(file: str, ref: str, name: str, info: dict, payload: int) -> t
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise ModelError("Q250", f"{where} has shape {str(shape)[:40]}",
                          "re-save the file: shapes are lists of whole numbers")
-    dtype = SAFETENSORS_DTYPES.get(info.get("dtype"))
+    dtype = SAFETENSORS_DTYPES.get(str(info.get("dtype")))
     if dtype is None:
         raise ModelError("Q250", f"{where} has dtype `{str(info.get('dtype'))[:20]}`, which safetensors does not define",
                          "re-save the file")

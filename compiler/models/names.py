@@ -77,10 +77,12 @@ def _ranges(numbers: list[int]) -> str:
     if len(numbers) == 1:
         return str(numbers[0])
     spans, start = [], numbers[0]
-    for prev, cur in zip(numbers, numbers[1:] + [None], strict=True):
+    following: list[int | None] = [*numbers[1:], None]
+    for prev, cur in zip(numbers, following, strict=True):
         if cur is None or cur != prev + 1:
             spans.append(f"{start}-{prev}" if prev != start else str(start))
-            start = cur
+            if cur is not None:
+                start = cur
     return "[" + ",".join(spans) + "]"
 
 

@@ -74,6 +74,7 @@ def _norms(graph, inits) -> tuple[Norm, ...]:
         elif node.op_type == "SkipLayerNormalization" and len(node.input) > 3 and node.input[3]:
             bias = node.input[3]
         module = norm_module(weight)
+        assert module is not None  # the weight was chosen for being a norm's
         out.append(Norm(module, weight, bias, inits[weight].dims[0], names.block_of(module), output))
     return tuple(out)
 

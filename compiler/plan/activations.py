@@ -57,7 +57,7 @@ def peak(graph: GraphSummary, nodes: list[Node], kept: set[str], batch: int, seq
             live[out] = size.get(out, 0)
         total = sum(live.values())
         if total > best.bytes:
-            name = max(live, key=live.get)
+            name = max(live, key=lambda n: live[n])
             best = ActivationPeak(total, name, live[name])
         for name in node.inputs:
             if last_use.get(name) == i and name not in kept:

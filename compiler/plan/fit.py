@@ -52,7 +52,7 @@ def _suggestion(ir: RecipeIR, w: Workload, decision: ModeDecision, costs: CostMo
             estimates, _ = all_estimates(w, chunk, decision.ram_budget, decision.vram_budget, costs)
             fitted = select_mode(decision.requested, estimates, decision.ram_budget, decision.vram_budget)
             peak = next(e.peak_ram for e, ok in fitted.tried if ok)
-            return (f"with `chunk {chunk}` it fits ({fitted.mode.value}, {human_bytes(peak)}): "
+            return (f"with `chunk {chunk}` it fits ({fitted.mode.value if fitted.mode else '?'}, {human_bytes(peak)}): "
                     f"--set calibrate.chunk={chunk}")
     if decision.requested is not MemoryMode.OFFLOAD:
         offload = costs.estimate(w, MemoryMode.OFFLOAD, w.chunk)
@@ -77,7 +77,7 @@ def _culprit(w: Workload, costs: CostModel) -> str:
         value = graph.value(peak.largest)
         sizes = graph.sizes(1, w.seqlen, w.past)
         dims = [d if isinstance(d, int) else ("batch" if d == graph.batch_symbol else sizes.get(d or "", w.seqlen))
-                for d in value.dims or ()]
+                for d in ((value.dims or ()) if value is not None else ())]
         text += (f"; the largest tensor is {peak.largest} [{', '.join(map(str, dims))}], "
                  f"{human_bytes(peak.largest_bytes)} per sample at seqlen {w.seqlen}")
     return text

@@ -136,7 +136,7 @@ def score_phase(w: Workload, chunk: int, runtime: int, float32_model: bool, grad
     searched weight in float32 under each choice, and with `gradients` (the first-order estimate) their
     gradients and the backward pass's saved activations (one block's working set per block).
     `float32_model`: the model is held in float32 whatever its stored dtype (torch on CPU)."""
-    search = w.search
+    search = w.searched
     rounding = 3 * 4 * search.largest_params  # one float32 weight, its rounded copy, the error
     if search.metric is SensitivityMetric.SNR:
         weights_only = (("runtime", runtime), ("one weight rounded under each choice", rounding))

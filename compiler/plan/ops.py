@@ -202,9 +202,9 @@ class ScoreSensitivity(PlanOp):
     units: int
     samples: int
     params_searched: int = field(metadata=_shown("params"))
-    choices: tuple[Scheme, ...] = carried(())  # the schemes searched, cheapest first as written
-    data: DataSource | None = carried(None)
-    chunk: int = carried(1)
+    choices: tuple[Scheme, ...] = carried()  # the schemes searched, cheapest first as written
+    data: DataSource = carried()
+    chunk: int = carried()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,8 +224,8 @@ class CaptureReference(PlanOp):
 
     kind: ClassVar[OpKind] = OpKind.CAPTURE_REFERENCE
     samples: int
-    data: DataSource | None = carried(None)  # held out from it
-    chunk: int = carried(1)
+    data: DataSource = carried()  # held out from it
+    chunk: int = carried()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -240,7 +240,7 @@ class CalibrateChunk(PlanOp):
     passes: int
     method: CalibrationMethod
     observed: int
-    calibration: Calibration | None = carried(None)
+    calibration: Calibration = carried()
     transform: Transform | None = carried(None)  # folded before the statistics its layers round with
     kv_cache: KvCache | None = carried(None)
 
@@ -253,7 +253,7 @@ class CacheBlockInputs(PlanOp):
     seqlen: int
     per_sample: int
     where: CacheLocation
-    calibration: Calibration | None = carried(None)
+    calibration: Calibration = carried()
     transform: Transform | None = carried(None)  # folded before the statistics its layers round with
     kv_cache: KvCache | None = carried(None)
 
@@ -265,7 +265,7 @@ class RunBlock(PlanOp):
     blocks: int
     chunk: int
     gptq: bool
-    calibration: Calibration | None = carried(None)
+    calibration: Calibration = carried()
     transform: Transform | None = carried(None)  # folded before the statistics its layers round with
     kv_cache: KvCache | None = carried(None)
 
@@ -277,7 +277,7 @@ class SearchPercentile(PlanOp):
     method: CalibrationMethod
     bins: int
     tensors: int
-    calibration: Calibration | None = carried(None)  # the ranges' settings
+    calibration: Calibration = carried()  # the ranges' settings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -287,7 +287,7 @@ class PropagateRanges(PlanOp):
     inherited: int
     needed: int
     observed: int
-    calibration: Calibration | None = carried(None)  # the ranges' settings
+    calibration: Calibration = carried()  # the ranges' settings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -297,7 +297,7 @@ class QuantizeWeights(PlanOp):
     count: int = field(metadata=_shown("layers"))
     rounding: tuple[Rounding, ...]
     strategy: QuantizeStrategy
-    calibration: Calibration | None = carried(None)  # the ranges' settings
+    calibration: Calibration = carried()  # the ranges' settings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -320,8 +320,8 @@ class Verify(PlanOp):
     metric: VerifyMetric
     bound: Bound
     threshold: float
-    data: DataSource | None = carried(None)  # held out from it
-    chunk: int = carried(1)
+    data: DataSource = carried()  # held out from it
+    chunk: int = carried()
 
     @property
     def params(self) -> tuple[tuple[str, str], ...]:

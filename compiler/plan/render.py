@@ -31,7 +31,7 @@ def header_lines(plan: Plan) -> list[str]:
         f"backend  {plan.backend.value}",
         f"budget   ram {_bytes(d.ram_budget)}, {source}"
         + (f"; vram {' + '.join(human_bytes(v) for v in d.vram_budget)}" if d.vram_budget else ""),
-        f"mode     {d.mode.value}: {d.reason}",
+        f"mode     {plan.mode.value}: {d.reason}",
         f"peak     {_bytes(plan.peak_bytes)} estimated",
         "estimate " + " + ".join(f"{name} {human_bytes(b)}" for name, b in chosen.parts if b),
     ]
@@ -65,7 +65,7 @@ def to_json(plan: Plan) -> str:
     data = {
         "recipe": plan.recipe, "source": plan.source, "model": plan.model, "backend": plan.backend.value,
         "layers": plan.layers, "quantized_layers": plan.quantized_layers, "peak_bytes": plan.peak_bytes,
-        "memory": {"mode": d.mode.value, "requested": d.requested.value, "ram_budget": d.ram_budget,
+        "memory": {"mode": plan.mode.value, "requested": d.requested.value, "ram_budget": d.ram_budget,
                    "ram_source": d.ram_source, "vram_budget": list(d.vram_budget), "reason": d.reason,
                    "tried": [{"mode": e.mode.value, "peak_ram": e.peak_ram, "peak_vram": e.peak_vram,
                               "feasible": e.feasible, "fits": ok, "parts": dict(e.parts)} for e, ok in d.tried]},

@@ -63,6 +63,13 @@ class Workload:
         return dict(self.sources)
 
     @property
+    def searched(self) -> Search:
+        """The mixed-precision search, for a workload that has one (its score op exists only then)."""
+        if self.search is None:
+            raise ValueError("this workload has no mixed-precision search")
+        return self.search
+
+    @property
     def fetched(self) -> tuple[str, ...]:
         """What the ONNX calibration reads out of the graph: the observed tensors and the GPTQ inputs."""
         return tuple(dict.fromkeys((*self.observed, *(t for t, _ in self.hessian_inputs))))
@@ -110,6 +117,7 @@ def _search(ir: RecipeIR, assignment: Assignment) -> Search | None:
         return None
     layers = [assignment.model.layer(n) for u in units for n in u.members]
     mp = ir.mixed_precision
+    assert mp is not None  # search units exist only with `mixed_precision`
     return Search(mp.metric, len(units), len(choices_of(ir)), min(mp.samples, ir.calibration.data.samples),
                   sum(x.params for x in layers), max(x.params for x in layers), tuple(x.name for x in layers))
 

@@ -98,6 +98,7 @@ class HistogramObserver:
             self._double()
 
     def _double(self) -> None:
+        assert self.counts is not None  # doubled only once something was observed
         pairs = self.counts.reshape(-1, 2).sum(axis=1)  # bins/2 values covering the old range
         quarter = self.bins // 4
         grown = np.zeros(self.bins, np.int64)
@@ -129,6 +130,7 @@ class HistogramObserver:
     def abs_histogram(self) -> tuple[np.ndarray, np.ndarray]:
         """Counts of |x| over [0, 2^e] (bins/2 bins) and their edges: the symmetric halves folded."""
         half = self.bins // 2
+        assert self.counts is not None, "a histogram exists once something finite was observed"
         counts = self.counts[half:] + self.counts[:half][::-1]
         return counts, np.linspace(0.0, self.threshold, half + 1)
 

@@ -42,7 +42,9 @@ def best_percentile(observer: HistogramObserver, candidates, metric: ScoreMetric
     weights = observer.counts / observer.counts.sum()
     best: tuple[float, float | None, tuple[float, float] | None] = (np.inf, None, None)
     for p in candidates:
-        lo, hi = observer.percentile_range(p)
+        found = observer.percentile_range(p)
+        assert found is not None  # the observer saw finite values (checked above)
+        lo, hi = found
         scale, zp = qparams.scale_zero_point(np.array(lo), np.array(hi), qtype, symmetric)
         q = qparams.quantize(centres, scale, zp, qtype, symmetric)
         err = np.abs(qparams.dequantize(q, scale, zp) - centres)

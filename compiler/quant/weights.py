@@ -37,7 +37,7 @@ class QuantizedWeight:
     def dequantize(self) -> np.ndarray:
         """The weight back in float (as the runtime computes with it)."""
         scale, zp = self.scale, self.zero_point.astype(np.float32)
-        if self.block_size and self.q.shape[self.axis] % self.block_size == 0:
+        if self.block_size and self.axis is not None and self.q.shape[self.axis] % self.block_size == 0:
             return self._dequantize_blocks(scale, zp)
         if self.block_size:
             scale = np.repeat(scale, self.block_size, axis=self.axis)
@@ -52,6 +52,7 @@ class QuantizedWeight:
         """Whole blocks: each block's scale broadcast over it (the same float32 arithmetic as repeating the
         scales, without materialising them)."""
         axis, size = self.axis, self.block_size
+        assert axis is not None and size is not None  # blocks run along an axis
         shape = self.q.shape
         blocks = shape[:axis] + (shape[axis] // size, size) + shape[axis + 1:]
         q = self.q.reshape(blocks).astype(np.float32)
@@ -114,7 +115,7 @@ def _row_weights(importance: np.ndarray, w: np.ndarray, spec: WeightQuant) -> np
     assert w.ndim == 2 and importance.shape == (w.shape[1],), "importance needs a [out, in] weight"
     weights = np.asarray(importance, np.float32)
     if spec.granularity is Granularity.GROUP:
-        return weights.reshape(-1, spec.group_size)
+        return weights.reshape(-1, spec.group)
     if spec.granularity is Granularity.PER_CHANNEL:
         return weights[None]
     return np.tile(weights, w.shape[0])[None]
@@ -128,7 +129,7 @@ def _blocked(w: np.ndarray, spec: WeightQuant, channel_axis: int, input_axis: in
     if spec.granularity is Granularity.PER_CHANNEL:
         shape = moved.shape
         return moved.reshape(shape[0], -1), (lambda q: np.moveaxis(q.reshape(shape), 0, channel_axis)), channel_axis, None
-    size = spec.group_size
+    size = spec.group
     inner = np.moveaxis(w, input_axis, -1)  # [..., K]
     shape = inner.shape
     rows = inner.reshape(-1, shape[-1] // size, size)  # [C, K/bs, bs]
@@ -234,6 +235,7 @@ def _mse_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray | None = No
         best_err = np.where(better, err, best_err)
         best_scale = scale if best_scale is None else np.where(better, scale, best_scale)
         best_zp = zp if best_zp is None else np.where(better, zp, best_zp)
+    assert best_scale is not None and best_zp is not None  # MSE_GRID is not empty
     return best_scale.astype(np.float32), best_zp.astype(np.int32)
 
 

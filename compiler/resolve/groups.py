@@ -38,7 +38,7 @@ def scheme_rank(scheme: Scheme) -> tuple:
     """Wider is larger: float > more weight bits > weight-only > finer granularity (smaller groups)."""
     if scheme.is_none:
         return (1, 0, 0, 0, 0)
-    w = scheme.weights
+    w = scheme.quantized_weights
     granularity = {Granularity.GROUP: 2, Granularity.PER_CHANNEL: 1, Granularity.PER_TENSOR: 0}[w.granularity]
     return (0, w.qtype.bits, scheme.activations is None, granularity, -(w.group_size or 0))
 

@@ -78,6 +78,7 @@ class AstBuilder(Transformer):
         return self.source.span(meta.start_pos, meta.end_pos)
 
     def _tok_span(self, tok: Token) -> Span:
+        assert tok.start_pos is not None and tok.end_pos is not None  # the lexer positions every token
         return self.source.span(tok.start_pos, tok.end_pos)
 
     # ---- tokens (called without meta) --------------------------------------------------------

@@ -110,6 +110,7 @@ def _open_brackets(tokens: list[Token]) -> list[_OpenBracket]:
 
 
 def _tok_span(source: Source, tok: Token) -> Span:
+    assert tok.start_pos is not None and tok.end_pos is not None  # the lexer positions every token
     return source.span(tok.start_pos, tok.end_pos)
 
 
@@ -248,6 +249,7 @@ def _unterminated(source: Source, pos: int) -> Diagnostic:
 
 def _unexpected_character(exc: UnexpectedCharacters, source: Source, consumed: list[Token]) -> Diagnostic:
     pos = exc.pos_in_stream
+    assert pos is not None  # the lexer knows where it stopped
     char = source.text[pos]
     is_regex_start = char == "r" and source.text.startswith('re"', pos)
     if char == '"' or is_regex_start:

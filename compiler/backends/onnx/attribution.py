@@ -60,8 +60,10 @@ def layer_errors_offload(assignment: Assignment, files: ModelFiles, emitted, bat
         if compared[name] == stored.get(name):
             cache.drop(name)  # every sample of this tensor compared: its files go
 
+    graph = assignment.model.graph
+    assert graph is not None  # an ONNX model's index has its graph
     try:
-        run_segments(files.light, files.base_dir, assignment.model.graph, batches, wanted, keep, disk)
+        run_segments(files.light, files.base_dir, graph, batches, wanted, keep, disk)
         run_segments(emitted.light, emitted.base_dir, emitted_summary, batches, wanted, compare, disk)
     finally:
         cache.close()

@@ -204,8 +204,9 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     parts: tuple[tuple[str, int], ...]
     if mode is MemoryMode.OFFLOAD:  # one segment session at a time, one sample at a time
         block_weights, block_act = _largest_segment(w, 1, outputs=True)
-        outputs = sum(graph.value(o).bytes(graph.sizes(1, w.seqlen, w.past), w.seqlen)
-                      for o in graph.outputs if graph.value(o)) if graph else _first_output(w, 1)
+        values = [v for v in (graph.value(o) for o in graph.outputs) if v is not None] if graph else []
+        outputs = sum(v.bytes(graph.sizes(1, w.seqlen, w.past), w.seqlen) for v in values) if graph \
+            else _first_output(w, 1)
         # the segment's QDQ weights run dequantized; MatMulNBits computes from its packed ones
         dequantized = block_weights * w.dequantized_bytes // max(w.weights_bytes, 1)
         # the float model runs first over every sample; its first output is kept for each (in RAM unless `disk`)
@@ -286,7 +287,7 @@ class OnnxCosts:
             case PhaseName.EXPORT:
                 return export_peak(w)
             case PhaseName.SCORE:
-                return score_phase(w, min(chunk, w.search.samples), RUNTIME, False, False).bytes
+                return score_phase(w, min(chunk, w.searched.samples), RUNTIME, False, False).bytes
             case PhaseName.CALIBRATE:
                 return onnx_calibration(w, mode, chunk, passes).bytes
             case PhaseName.QUANTIZE:

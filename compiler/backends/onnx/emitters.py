@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from compiler.backends.emitter import Spec
+from compiler.backends.emitter import Emitter, Spec
 from compiler.backends.onnx.cost import EXTERNAL_THRESHOLD
 from compiler.backends.onnx.files import ModelFiles, load_remaining
 from compiler.backends.onnx.rewrite import (
@@ -42,7 +42,7 @@ class ActivationQParams:
     consumers: frozenset[str]
 
 
-class QdqEmitter:
+class QdqEmitter(Emitter):
     """Weights as DequantizeLinear of integer initializers, static inputs as QuantizeLinear/DequantizeLinear."""
 
     format = EmitFormat.QDQ
@@ -73,12 +73,12 @@ class QdqEmitter:
         return out
 
     def _weight_specs(self, node: onnx.NodeProto, weight: str, shape: tuple[int, ...], job: WeightJob) -> list[Spec]:
-        spec = job.scheme.weights
+        spec = job.scheme.quantized_weights
         channel, inputs = weight_axes(node)
         if spec.granularity is Granularity.PER_TENSOR:
             scales: tuple[int, ...] = ()
         elif spec.granularity is Granularity.GROUP:
-            scales = tuple(math.ceil(d / spec.group_size) if i == inputs else d for i, d in enumerate(shape))
+            scales = tuple(math.ceil(d / spec.group) if i == inputs else d for i, d in enumerate(shape))
         else:
             scales = (shape[channel],)
         return [Spec(f"{weight}_quantized", spec.qtype.value, shape), Spec(f"{weight}_scale", _scale_dtype(job), scales),
@@ -133,9 +133,16 @@ class QdqEmitter:
         self.activations.clear()
         return sorted(self.staging.iterdir())
 
+    @property
+    def staged_model(self) -> Path:
+        """The staged .onnx file (after finish)."""
+        assert self.staging is not None, "finish() stages the model first"
+        return self.staging / self.output.name
+
     def commit(self) -> list[Path]:
         """The staged model into place (data first, model last); the files at the destination."""
         staging, self.staging = self.staging, None
+        assert staging is not None, "finish() stages the model before it is committed"
         return commit(staging, self.output)
 
     def abort(self) -> None:
@@ -160,10 +167,10 @@ class MatMulNBitsEmitter(QdqEmitter):
     def _weight_specs(self, node: onnx.NodeProto, weight: str, shape: tuple[int, ...], job: WeightJob) -> list[Spec]:
         if not uses_matmul_nbits(self.format, node, job.scheme):
             return super()._weight_specs(node, weight, shape, job)
-        spec = job.scheme.weights
+        spec = job.scheme.quantized_weights
         k, n = shape
-        bits, blocks = spec.qtype.bits, k // spec.group_size
-        out = [Spec(f"{weight}_Q{bits}", "uint8", (n, blocks, spec.group_size * bits // 8)),
+        bits, blocks = spec.qtype.bits, k // spec.group
+        out = [Spec(f"{weight}_Q{bits}", "uint8", (n, blocks, spec.group * bits // 8)),
                Spec(f"{weight}_scales", _scale_dtype(job), (n, blocks))]
         if not spec.symmetric:
             out.append(Spec(f"{weight}_zero_points", "uint8", (n, math.ceil(blocks * bits / 8))))

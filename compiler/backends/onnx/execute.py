@@ -24,13 +24,14 @@ from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.genai import side_files
 from compiler.backends.onnx.hessians import GptqRounder, hessian_observers, uses_gptq
 from compiler.backends.onnx.sensitivity import OnnxScorer
-from compiler.backends.program import execute_plan
+from compiler.backends.program import Produced, execute_plan
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
 from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.diagnostics import error, warning
 from compiler.ir.types import Calibration, MemoryMode, Rounding
 from compiler.models import builtin, resolve_path
+from compiler.models.graph import GraphSummary
 from compiler.plan import ops
 from compiler.plan.ops import Plan
 from compiler.plan.workload import Observation, observation
@@ -74,20 +75,25 @@ class _OnnxRun:
     """The state the ops share: the model files, the assignment (the search may change it), observers and
     the activation ranges. Each handler reads its op (and the plan's spans for its diagnostics)."""
 
+    source = Produced[Path]()  # the .onnx file: the export's, or the model's (export_onnx, load_model)
+    files = Produced[ModelFiles]()  # load_model
+    emitter = Produced[QdqEmitter]()  # made when the first weight is rounded
+    rounder = Produced[GptqRounder]()  # GPTQ: Hessians held until their layers are rounded (calibration)
+
     def __init__(self, assignment: Assignment, plan: Plan, output: Path, progress: Progress,
                  result: CompileResult, start: float):
         self.assignment, self.plan, self.output = assignment, plan, output
         self.progress, self.result, self.start = progress, result, start
-        self.source: Path | None = None
-        self.files: ModelFiles | None = None
+        self._source: Path | None = None
+        self._files: ModelFiles | None = None
         self.mode = plan.mode
         self.disk: Path | None = None  # `memory { disk }`, from select_memory_mode
         self.scores: Scores | None = None
         self.observers: dict = {}
         self.bounds: dict[str, tuple[float, float]] = {}  # layer input → its quantized range
-        self.offload_resume: tuple | None = None
-        self.emitter: QdqEmitter | None = None
-        self.rounder: GptqRounder | None = None  # GPTQ: Hessians held until their layers are rounded
+        self.offload_resume: tuple = (None, None)  # (resume state, Resume) of offload, from cache_block_inputs
+        self._emitter: QdqEmitter | None = None
+        self._rounder: GptqRounder | None = None
         self.sqnr: dict[str, float] = {}  # weight → its SQNR in dB, as each is rounded
         self.smoothed = False  # `transform`: the model was rewritten with its scales (before any observation)
 
@@ -105,10 +111,17 @@ class _OnnxRun:
 
     def close(self) -> None:
         """Remove what the run staged and did not commit, and the model's scratch copy."""
-        if self.emitter is not None:
-            self.emitter.abort()
-        if self.files is not None:
-            self.files.close()
+        if self._emitter is not None:
+            self._emitter.abort()
+        if self._files is not None:
+            self._files.close()
+
+    @property
+    def graph(self) -> GraphSummary:
+        """The graph of the model being compiled (an ONNX model's index always has it)."""
+        graph = self.assignment.model.graph
+        assert graph is not None
+        return graph
 
     def observation(self, calibration: Calibration) -> Observation:
         """What calibration observes for the current assignment (a search may have changed it)."""
@@ -137,7 +150,7 @@ class _OnnxRun:
         self.result.assignment = self.assignment
 
     def load(self, op: ops.LoadModel) -> None:
-        if self.source is None:
+        if self._source is None:  # the export op sets it for a folder
             self.source = model_path(op.model)
         self.files = open_model(self.source)
 
@@ -195,7 +208,7 @@ class _OnnxRun:
             gathered = {t: hessians[t] for t in group if t in hessians}
             state = self._resume_state(number, tuple(group))
             states.append(state)
-            self.observers.update(calibrate(files.light, files.base_dir, self.assignment.model.graph, observed,
+            self.observers.update(calibrate(files.light, files.base_dir, self.graph, observed,
                                             batches, histogram, cal.bins, advance, cal.workers, state, gathered))
         self.rounder = GptqRounder(self.jobs(), self.observers)
         for state in filter(None, states):  # calibration is complete: nothing to resume
@@ -227,7 +240,7 @@ class _OnnxRun:
             resume = Resume(state.path.stem, lambda: done, lambda segments: state.save(segments, self.observers))
         self.offload_resume = (state, resume)
         if not (resume and resume.done()):
-            for name in (t for t in w.fetched if t in self.assignment.model.graph.inputs):
+            for name in (t for t in w.fetched if t in self.graph.inputs):
                 for feed in self._batches(cal):
                     observe(self.observers, name, feed[name])
 
@@ -241,7 +254,7 @@ class _OnnxRun:
         batches = self._batches(cal)
         advance = self.progress("calibrate", len(cut(files.light)) * len(batches))
         self.rounder = GptqRounder(self.jobs(), self.observers)
-        run_segments(files.light, files.base_dir, self.assignment.model.graph, batches, set(w.fetched),
+        run_segments(files.light, files.base_dir, self.graph, batches, set(w.fetched),
                      lambda name, value: observe(self.observers, name, value), self.disk, advance, resume,
                      self._round_segment)
         if state is not None:
@@ -261,11 +274,11 @@ class _OnnxRun:
             self._put(node, inits[weight], jobs[weight])
         release_memory()
 
-    def _emitter(self) -> QdqEmitter:
+    def _open_emitter(self) -> QdqEmitter:
         """The emitter, made when the first weight is rounded. offload keeps the weights out of the .onnx
         too, so verification can open it without loading them; a large output streams its weights to the
         data file as they are rounded."""
-        if self.emitter is None:
+        if self._emitter is None:
             emit = self.plan.first(ops.Emit)
             assert isinstance(emit, ops.Emit)  # every plan emits (plan/verify.py)
             self.emitter = emitter_for(emit.format, self.files, self.jobs(), self.output, emit.streams_weights,
@@ -280,12 +293,12 @@ class _OnnxRun:
         refuse_nonfinite(self.plan.spans.model, job.layer, w)
         qw = self._round(node, init.name, w, job)
         self.sqnr[init.name] = sqnr_db(w, qw, rewrite.weight_axes(node)[0])
-        self._emitter().put(init.name, qw)
+        self._open_emitter().put(init.name, qw)
 
     def _round(self, node: onnx.NodeProto, weight: str, w: np.ndarray, job: rewrite.WeightJob) -> QuantizedWeight:
         """One weight rounded: GPTQ with its Hessian where the scheme says so (rtn where no dampening makes
         that definite), else the scheme's rounding."""
-        if uses_gptq(job) and self.rounder is not None and self.rounder.ready(job.layer.input):
+        if uses_gptq(job) and self._rounder is not None and self._rounder.ready(job.layer.input):
             rtn = rewrite.WeightJob(job.layer, dataclasses.replace(job.scheme, rounding=Rounding.RTN))
             return self.rounder.round(weight, w, node, lambda: rewrite.quantize_for(w, node, rtn))
         return rewrite.quantize_for(w, node, job)
@@ -338,14 +351,14 @@ class _OnnxRun:
         inputs' scales and zero points."""
         self.result.calibration_seconds = time.perf_counter() - self.start
         release_memory()
-        jobs, emitter = self.jobs(), self._emitter()
+        jobs, emitter = self.jobs(), self._open_emitter()
         inits = {t.name: t for t in self.files.light.graph.initializer}
         advance = self.progress("quantize", len(jobs))
         for node, weight in emitter.weight_nodes():
             if weight not in self.sqnr:  # offload rounded GPTQ layers as their segments finished
                 self._put(node, inits[weight], jobs[weight])
             advance()
-        if self.rounder is not None and self.rounder.dampened:
+        if self._rounder is not None and self._rounder.dampened:
             self.result.warnings.append(dampened_warning(self.plan.spans.recipe, self.rounder.dampened))
         for tensor, qparams_ in self._activation_specs().items():
             emitter.put(tensor, qparams_)
@@ -377,7 +390,7 @@ class _OnnxRun:
             emitter.metadata(key, value)
         self.result.files = emitter.finish()  # staged beside the destination until verified
         if self.plan.first(ops.Verify) is None:  # verification opens it in onnxruntime; without it, this does
-            _check_emitted(emitter.staging / self.output.name, self.plan.spans.emit, self.mode is MemoryMode.OFFLOAD)
+            _check_emitted(emitter.staged_model, self.plan.spans.emit, self.mode is MemoryMode.OFFLOAD)
         # The rewrite changed `files.light` in place: put the weight-free float graph back, which also lets
         # the quantized model (and its loaded weights) go before verification.
         self.files.light = onnx.load(str(self.files.path), load_external_data=False)
@@ -402,7 +415,7 @@ class _OnnxRun:
     def verify(self, op: ops.Verify) -> None:
         """Measured on the staged model; then it goes into place (a failed verification leaves it there,
         beside its figures), so an interrupt before this point leaves nothing at the destination."""
-        staged = self.emitter.staging / self.output.name
+        staged = self.emitter.staged_model
         if self.mode is MemoryMode.OFFLOAD:
             batches = held_out_batches(op, self.assignment.model, self.result, chunk=1)  # one sample's outputs at a time
             agreement = _verify_offload(self.assignment, self.files, staged, batches, self.disk, self.progress)

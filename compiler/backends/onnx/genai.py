@@ -53,7 +53,8 @@ def _written(hf: dict, output_name: str, index) -> dict | None:
         return None
     heads, hidden = hf.get("num_attention_heads"), hf.get("hidden_size")
     if not (_positive(heads) and _positive(hidden) and _positive(hf.get("num_hidden_layers"))):
-        return None  # a config.json without the decoder's numbers: genai could not run it; none is written
+        return None
+    assert isinstance(hidden, int) and isinstance(heads, int)  # _positive: whole numbers above 0  # a config.json without the decoder's numbers: genai could not run it; none is written
     numbers = {"head_size": hf.get("head_dim") or hidden // heads, "hidden_size": hidden,
                "num_attention_heads": heads, "num_hidden_layers": hf.get("num_hidden_layers"),
                "num_key_value_heads": hf.get("num_key_value_heads") or heads}

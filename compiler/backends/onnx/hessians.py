@@ -62,7 +62,7 @@ class GptqRounder:
         # gptq works on [out, in]; a MatMul's B is [in, out]
         rows = w if channel == 0 else w.T
         try:
-            qw = gptq(rows, hessian, job.scheme.weights, job.scheme.act_order,
+            qw = gptq(rows, hessian, job.scheme.quantized_weights, job.scheme.act_order,
                       dampened=lambda used: self._dampened(job.layer.name, used), static_groups=job.scheme.static_groups,
                       mse_scales=job.scheme.mse_scales)
         except SingularHessian:

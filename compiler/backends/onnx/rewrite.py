@@ -69,7 +69,7 @@ def tensor(name: str, array: np.ndarray, qtype: QType | None = None) -> onnx.Ten
 def uses_matmul_nbits(fmt: EmitFormat, node: onnx.NodeProto, scheme: Scheme) -> bool:
     """Whether this node's weight is emitted as a MatMulNBits (weight-only groups on MatMul with that format)."""
     return (fmt is EmitFormat.MATMUL_NBITS and node.op_type == "MatMul" and scheme.activations is None
-            and scheme.weights.granularity is Granularity.GROUP)
+            and scheme.quantized_weights.granularity is Granularity.GROUP)
 
 
 def dequantize_nodes(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, scale_type=np.float32) -> tuple[list, list, str]:
@@ -142,7 +142,7 @@ def replacement(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, job: Wei
     for the rewrite (the emitter may move the initializers' bytes to the data file at once)."""
     scale_type = float_type(job.layer.dtype)
     if uses_matmul_nbits(fmt, node, job.scheme):
-        inits, new = matmul_nbits(node, weight, qw, job.scheme.weights.symmetric, scale_type, accuracy_level)
+        inits, new = matmul_nbits(node, weight, qw, job.scheme.quantized_weights.symmetric, scale_type, accuracy_level)
         return Replacement(tuple(inits), (new,), None)
     inits, nodes, out = dequantize_nodes(node, weight, qw, scale_type)
     return Replacement(tuple(inits), tuple(nodes), out)
@@ -206,7 +206,7 @@ def _quantize(w: np.ndarray, node: onnx.NodeProto, job: WeightJob) -> QuantizedW
     rounded slice by slice (the same bytes as in one piece, a fraction of the scratch memory)."""
     w = w.astype(np.float32, copy=False)
     channel, inp = weight_axes(node)
-    spec = job.scheme.weights
+    spec = job.scheme.quantized_weights
     slices = int(np.ceil(w.nbytes / SLICE_BYTES))
     if spec.granularity is Granularity.PER_TENSOR or slices <= 1:
         return quantize_weight(w, spec, job.scheme.rounding, channel, inp)

@@ -61,6 +61,7 @@ class BoundaryCache:
             self._scratch = Path(tempfile.mkdtemp(dir=self.folder, prefix="boundary-"))
 
     def _path(self, name: str, chunk: int) -> Path:
+        assert self._scratch is not None, "the cache's folder is made before anything is put"
         return self._scratch / f"{hashlib.sha1(name.encode()).hexdigest()[:16]}-{chunk}.npy"
 
     def put(self, name: str, chunk: int, value: np.ndarray) -> None:

@@ -61,6 +61,7 @@ def smooth(t: Transform, assignment: Assignment, files: ModelFiles, mode: Memory
         stats[source].update(value)
 
     if mode is MemoryMode.OFFLOAD:
+        assert index.graph is not None  # an ONNX model's index has its graph
         run_segments(files.light, files.base_dir, index.graph, batches, set(by_output), on_value, disk, advance)
     else:
         outputs = tuple(by_output)

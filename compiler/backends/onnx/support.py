@@ -32,5 +32,5 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
             if act.mode is ActivationMode.DYNAMIC or act.granularity is Granularity.PER_TOKEN:
                 seen.add(a.scheme.name)
                 diags.error("Q410", f"scheme `{a.scheme.name}`: dynamic or per-token activations are not supported "
-                            "by the ONNX backend", a.scheme.span or a.rule.span, "not supported",
+                            "by the ONNX backend", a.scheme.span or (a.rule.span if a.rule else None), "not supported",
                             help="use static per_tensor activations, or a weight-only scheme")

@@ -90,10 +90,11 @@ class ArtifactModel:
             for leaf, meta in self._meta[name][0].items():
                 if meta is None:
                     continue
-                module._parameters[leaf] = nn.Parameter(self._read(name, leaf).to(device), requires_grad=False)
-                if module._parameters[leaf].shape != meta.shape:
+                loaded = nn.Parameter(self._read(name, leaf).to(device), requires_grad=False)
+                module._parameters[leaf] = loaded
+                if loaded.shape != meta.shape:
                     raise BackendError(error("Q428", f"`{self.prefixes.get(name, name)}.{leaf}` in the emitted folder "
-                                             f"has shape {tuple(module._parameters[leaf].shape)}, the model "
+                                             f"has shape {tuple(loaded.shape)}, the model "
                                              f"{tuple(meta.shape)}", None, "wrong shape", help=_BUG))
             self._decompress(name, module, device)
             self._resident.add(name)

@@ -31,6 +31,7 @@ def adapt(module: nn.Module, ref: str, span: Span | None) -> list:
             raise BackendError(error("Q411", f"`{ref}`: the MoE experts `{fused[0][0]}` ({type(fused[0][1]).__name__}) "
                                      f"cannot be split into per-expert layers: {problem}", span, "MoE layout not supported",
                                      help="data-free rounding without `verify` compiles it file to file (W4A16 with rtn)"))
+        assert names is not None  # fused experts with names: the checkpoint stores them per expert
         split_experts(module, names)
     return renamings
 

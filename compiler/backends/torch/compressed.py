@@ -19,11 +19,12 @@ any weight is read, which lets the writer lay out the files first and fill them 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 import torch
 
+from compiler.backends.emitter import Spec
 from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.quant_args import PACKED, input_args, static_input, weight_args, weight_format
 from compiler.ir.types import Granularity, QType, Scheme
@@ -31,75 +32,69 @@ from compiler.models.index import Layer
 from compiler.quant.pack_int32 import pack_to_int32
 from compiler.quant.weights import QuantizedWeight
 
+TensorSpec: TypeAlias = Spec[torch.dtype]  # a tensor of the output, known before any is written
 
-@dataclass(frozen=True)
-class TensorSpec:
-    """A tensor of the output: name, dtype and shape, known before any is written."""
-    name: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
 
-    @property
-    def nbytes(self) -> int:
-        """Its size in bytes."""
-        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+def nbytes(spec: TensorSpec) -> int:
+    """A tensor's size in bytes."""
+    return math.prod(spec.shape) * torch.empty((), dtype=spec.dtype).element_size()
 
 
 def layer_specs(layer: Layer, scheme: Scheme, float_dtype: torch.dtype) -> list[TensorSpec]:
     """The tensors that replace `<layer>.weight`."""
-    w = scheme.weights
+    w = scheme.quantized_weights
     out, inp = layer.out_features, layer.in_features
     if w.qtype.is_float:
         return _float_specs(layer, scheme, float_dtype) + _input_specs(layer, scheme, float_dtype)
     scale_cols = {Granularity.GROUP: inp // (w.group_size or inp), Granularity.PER_CHANNEL: 1}.get(w.granularity)
     scale_shape = (out, scale_cols) if scale_cols else (1,)
     n = layer.name
-    specs = [TensorSpec(f"{n}.weight_scale", float_dtype, scale_shape)]
+    specs = [Spec(f"{n}.weight_scale", float_dtype, scale_shape)]
     if weight_format(scheme) == PACKED:
-        specs += [TensorSpec(f"{n}.weight_packed", torch.int32, (out, math.ceil(inp * w.qtype.bits / 32))),
-                  TensorSpec(f"{n}.weight_shape", torch.int64, (2,))]
+        specs += [Spec(f"{n}.weight_packed", torch.int32, (out, math.ceil(inp * w.qtype.bits / 32))),
+                  Spec(f"{n}.weight_shape", torch.int64, (2,))]
         if not w.symmetric:
-            specs.append(TensorSpec(f"{n}.weight_zero_point", torch.int32,
+            specs.append(Spec(f"{n}.weight_zero_point", torch.int32,
                                     (math.ceil(out * w.qtype.bits / 32), scale_shape[-1]) if scale_cols else (1,)))
     else:
-        specs.append(TensorSpec(f"{n}.weight", torch.int8, (out, inp)))
+        specs.append(Spec(f"{n}.weight", torch.int8, (out, inp)))
         if not w.symmetric:
-            specs.append(TensorSpec(f"{n}.weight_zero_point", torch.int8, scale_shape))
+            specs.append(Spec(f"{n}.weight_zero_point", torch.int8, scale_shape))
     return specs + _input_specs(layer, scheme, float_dtype)
 
 
 def _input_specs(layer: Layer, scheme: Scheme, float_dtype: torch.dtype) -> list[TensorSpec]:
     if not static_input(scheme):
         return []
-    specs = [TensorSpec(f"{layer.name}.input_scale", float_dtype, (1,))]
-    if not scheme.activations.symmetric:
-        specs.append(TensorSpec(f"{layer.name}.input_zero_point", torch.int8, (1,)))
+    specs = [Spec(f"{layer.name}.input_scale", float_dtype, (1,))]
+    if not scheme.quantized_inputs.symmetric:
+        specs.append(Spec(f"{layer.name}.input_zero_point", torch.int8, (1,)))
     return specs
 
 
 def _float_specs(layer: Layer, scheme: Scheme, float_dtype: torch.dtype) -> list[TensorSpec]:
     """The stored tensors of a floating format (what its compressed-tensors compressor writes)."""
-    w, n = scheme.weights, layer.name
+    w, n = scheme.quantized_weights, layer.name
     out, inp = layer.out_features, layer.in_features
     if w.qtype.fixed_group:
         scales = (out, inp // w.qtype.fixed_group)
         scale_dtype = torch.float8_e4m3fn if w.qtype is QType.NVFP4 else torch.uint8
-        values = (TensorSpec(f"{n}.weight_packed", torch.uint8, (out, math.ceil(inp / 2))) if w.qtype.bits == 4
-                  else TensorSpec(f"{n}.weight", torch.float8_e4m3fn, (out, inp)))
-        specs = [values, TensorSpec(f"{n}.weight_scale", scale_dtype, scales)]
+        values = (Spec(f"{n}.weight_packed", torch.uint8, (out, math.ceil(inp / 2))) if w.qtype.bits == 4
+                  else Spec(f"{n}.weight", torch.float8_e4m3fn, (out, inp)))
+        specs = [values, Spec(f"{n}.weight_scale", scale_dtype, scales)]
         if w.qtype is QType.NVFP4:
-            specs.append(TensorSpec(f"{n}.weight_global_scale", torch.float32, (1,)))
+            specs.append(Spec(f"{n}.weight_global_scale", torch.float32, (1,)))
         return specs
     scale_shape = {Granularity.PER_TENSOR: (1,), Granularity.PER_CHANNEL: (out, 1)}.get(w.granularity) or \
-        (math.ceil(out / w.block[0]), math.ceil(inp / w.block[1]))
-    return [TensorSpec(f"{n}.weight", torch.float8_e4m3fn, (out, inp)),
-            TensorSpec(f"{n}.weight_scale", float_dtype, scale_shape)]
+        (math.ceil(out / w.block_shape[0]), math.ceil(inp / w.block_shape[1]))
+    return [Spec(f"{n}.weight", torch.float8_e4m3fn, (out, inp)),
+            Spec(f"{n}.weight_scale", float_dtype, scale_shape)]
 
 
 def layer_tensors(layer: Layer, scheme: Scheme, q: QuantizedWeight | FloatQuantized, input_qparams: tuple[float, int] | None,
                   float_dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The stored form of one quantized Linear (`q` in the torch layout [out, in], torch convention)."""
-    w, n = scheme.weights, layer.name
+    w, n = scheme.quantized_weights, layer.name
     if isinstance(q, FloatQuantized):
         return {f"{n}.{k}": v for k, v in q.stored.items()} | _input_tensors(n, scheme, input_qparams, float_dtype)
     scale = np.asarray(q.scale, np.float32)
@@ -125,7 +120,7 @@ def _input_tensors(n: str, scheme: Scheme, input_qparams: tuple[float, int] | No
         return {}
     s, z = input_qparams
     tensors = {f"{n}.input_scale": torch.tensor([s], dtype=torch.float32).to(float_dtype)}
-    if not scheme.activations.symmetric:
+    if not scheme.quantized_inputs.symmetric:
         tensors[f"{n}.input_zero_point"] = torch.tensor([z], dtype=torch.int8)
     return tensors
 
@@ -140,7 +135,7 @@ def quantization_config(quantized: list[tuple[Layer, Scheme]], ignored: list[str
     for layer, scheme in quantized:
         group = groups.get(scheme.name)
         if group is None:
-            w, a = scheme.weights, scheme.activations
+            w, a = scheme.quantized_weights, scheme.activations
             group = groups[scheme.name] = {
                 "targets": [], "format": weight_format(scheme),
                 "weights": weight_args(w, scheme.rounding),

@@ -163,7 +163,7 @@ class TorchCosts:
     def phase(self, w: Workload, mode: MemoryMode, chunk: int, passes: int, phase: PhaseName) -> int:
         """Calibration, rounding and verification share the block-wise phase; emission streams."""
         if phase is PhaseName.SCORE:
-            return score_phase(w, min(chunk, w.search.samples), RUNTIME, True, True).bytes
+            return score_phase(w, min(chunk, w.searched.samples), RUNTIME, True, True).bytes
         if phase is PhaseName.EXPORT:  # the torch backend reads folders as they are
             return RUNTIME
         if phase is PhaseName.EMIT:  # rounded tensors went out with their block; the rest is copied as bytes

@@ -22,7 +22,7 @@ from compiler import data
 from compiler.backends import BackendError
 from compiler.backends.agreement import Agreement, passes
 from compiler.backends.gptq_warning import dampened_warning
-from compiler.backends.program import execute_plan
+from compiler.backends.program import Produced, execute_plan
 from compiler.backends.release import keep_large_blocks_mapped, release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.sensitivity import Scores, assign, score_units
@@ -71,20 +71,27 @@ class _Run:
     the output writer (made once the assignment is final), and the sample streams. Each handler reads its op;
     what the ops share (the streams, the writer) is made once from the ops that need it."""
 
+    model = Produced[TorchModel]()  # load_model
+    index = Produced[ModelIndex]()  # load_model
+    writer = Produced[FolderWriter]()  # the first op that needs the jobs (_ready)
+    global_scales = Produced[SharedGlobalScales]()
+    kv = Produced[KvCacheQuantizer]()  # `kv_cache`: observes, then rounds, the attention caches (without it: no module)
+    costs = Produced[LayerCosts]()  # each layer's own error on the held-out samples
+    rounder = Produced[Rounder]()  # rounds into the writer
+
     def __init__(self, assignment: Assignment, plan: Plan, result: CompileResult, progress, start: float):
         self.assignment, self.plan = assignment, plan
         self.result, self.progress, self.start = result, progress, start
         self.mode = plan.mode
         self.access = ops.ModelAccess.RESIDENT  # set by load_model
-        self.model: TorchModel | None = None
-        self.index: ModelIndex | None = None
+        self._model: TorchModel | None = None
+        self._index: ModelIndex | None = None
         self.scores: Scores | None = None
         self.devices: dict = {}
         self.jobs: list[Job] = []
-        self.writer: FolderWriter | None = None
-        self.global_scales: SharedGlobalScales | None = None
-        self.kv: KvCacheQuantizer | None = None  # `kv_cache`: observes, then rounds, the attention caches (set with
-        # the jobs; without `kv_cache` it holds no module)
+        self._writer: FolderWriter | None = None
+        self._global_scales: SharedGlobalScales | None = None
+        self._kv: KvCacheQuantizer | None = None
         self.config: dict = {}  # the output's config.json, its quantization_config checked before any work
         self.stats: Statistics | None = None
         self.cal: streams.Stream | None = None
@@ -97,8 +104,8 @@ class _Run:
         self.tail_done = False
         self.disk: Path | None = None  # `memory { disk }`, from select_memory_mode
         self.caches: list[streams.HiddenCache] = []
-        self.costs: LayerCosts | None = None  # each layer's own error on the held-out samples
-        self.rounder: Rounder | None = None  # rounds into the writer (set with the jobs)
+        self._costs: LayerCosts | None = None
+        self._rounder: Rounder | None = None
         self.smoother: Smoother | None = None  # `transform`: folds its scales before each block's calibration
 
     def handlers(self) -> dict[type, Callable]:
@@ -115,14 +122,14 @@ class _Run:
 
     def close(self) -> None:
         """Remove the caches and hooks, and the staged output unless it was committed."""
-        if self.writer is not None:
-            self.writer.abort()  # after a commit there is nothing left to remove
+        if self._writer is not None:
+            self._writer.abort()  # after a commit there is nothing left to remove
         for cache in self.caches:
             cache.close()
-        for hook in self.rounder.hooks if self.rounder is not None else []:
+        for hook in self._rounder.hooks if self._rounder is not None else []:
             hook.remove()
-        if self.kv is not None:
-            self.kv.close()
+        if self._kv is not None:
+            self._kv.close()
         release_memory()
 
     # ---- model, memory mode, search ---------------------------------------------------------------
@@ -171,7 +178,7 @@ class _Run:
         """Jobs, writer and streams, once: after the search (if any) fixed the assignment. The output's layout
         is the emit op's, the calibration stream the first statistics op's, the held-out samples those of
         the op that runs them first."""
-        if self.writer is not None:
+        if self._writer is not None:
             return
         emit = self.plan.first(ops.Emit)
         assert isinstance(emit, ops.Emit)  # every plan emits (plan/verify.py)
@@ -180,7 +187,7 @@ class _Run:
         self.jobs = jobs_of(self.model, self.assignment)
         self.costs = LayerCosts(self.model.shards.read)
         weights = {j.layer.name: j.layer.weight for j in self.jobs}
-        self.global_scales = SharedGlobalScales({j.layer.name: j.scheme.weights.qtype for j in self.jobs},
+        self.global_scales = SharedGlobalScales({j.layer.name: j.scheme.quantized_weights.qtype for j in self.jobs},
                                                 lambda name: self.model.shards.read(weights[name]))
         if not self.file_to_file:
             refuse_non_linear(self.model, self.jobs, self.plan.spans.recipe, self.assignment)
@@ -218,19 +225,21 @@ class _Run:
     def capture_reference(self, op: ops.CaptureReference) -> None:
         self._ready()
         self._materialize_all()
-        self.reference = [self._call(f).float() for f in self.verify_streams[0].feeds]
+        self.reference = [self._call(f).float() for f in self._verification()[0].feeds]
 
     def calibrate_whole(self, op: ops.CalibrateChunk) -> None:
         """Every chunk through the whole model, hooks gathering each layer's statistics."""
         self._ready()
         self._materialize_all()
+        cal = self.cal
+        assert cal is not None  # this op exists because some layer needs data
         if self.smoother is not None:
-            feeds = self.cal.feeds
+            feeds = cal.feeds
             self.smoother.run(self.smoother.mappings, lambda: [self._call(f) for f in feeds],
                               lambda: self._call(feeds[0]))
         with Statistics(self.model.module, self.jobs, op.calibration) as stats, self.kv.running(KvMode.OBSERVE):
-            advance = self.progress("calibrate", len(self.cal))
-            for feed in self.cal.feeds:
+            advance = self.progress("calibrate", len(cal))
+            for feed in cal.feeds:
                 stats.new_forward()
                 self._call(feed)
                 advance()
@@ -250,6 +259,11 @@ class _Run:
         self.emitted = can_verify_artifact(self.model)
         quantized = None if self.emitted else self._stream("verify (quantized)", batches)
         return self._stream("verify (float)", batches), quantized, Agreement()
+
+    def _verification(self) -> tuple[streams.Stream, streams.Stream | None, Agreement]:
+        """The float stream, qrc's quantized one (None when the emitted folder is verified), the comparison."""
+        assert self.verify_streams is not None, "made with the jobs when the plan verifies"
+        return self.verify_streams
 
     def _call(self, feed: dict):
         with torch.no_grad():
@@ -322,6 +336,7 @@ class _Run:
             hook.remove()
         for key, stream in (("cal", cal), ("float", verify and verify[0]), ("quant", verify and verify[1])):
             if key in outputs:
+                assert stream is not None  # it produced outputs
                 stream.hidden.close()
                 stream.hidden = outputs[key]
         if offload or device != "cpu":
@@ -350,7 +365,7 @@ class _Run:
         missing = [p for p in model.outside() if not model.is_resident(p)]
         model.materialize(missing)
         container = model.block_modules()
-        if smoothed:
+        if smoothed and self.smoother is not None:
             with torch.no_grad():
                 self.smoother.run(smoothed, lambda: list(streams.replay_tail(container, cal, self._call, lazy=True)),
                                   lambda: streams.first_tail_output(container, cal, self._call))
@@ -426,7 +441,7 @@ class _Run:
     def verify(self, op: ops.Verify) -> None:
         """Compare at the model's output: the quantized model against the kept float outputs (full), or the
         two streams through the tail (block-wise), unless rounding the tail already did."""
-        float_stream, quantized, agreement = self.verify_streams
+        float_stream, quantized, agreement = self._verification()
         if self.emitted:
             self._verify_emitted(float_stream, agreement)
             self.result.verified_on = (
@@ -434,6 +449,7 @@ class _Run:
                 "the emitted folder's tensors, decoded layer by layer by compressed-tensors (Q427: transformers "
                 "itself did not open it)")
         elif self.reference:
+            assert quantized is not None  # qrc's own model is verified: its quantized stream exists
             advance = self.progress("verify", len(quantized))
             with self._costs_of(self.jobs):
                 for feed, ref in zip(quantized.feeds, self.reference, strict=True):

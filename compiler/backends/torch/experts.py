@@ -50,9 +50,12 @@ def expert_names(converters) -> ExpertNames | None:
         elif any(t.endswith("experts.down_proj") for t in targets) and len(leaves) == 1 and \
                 steps == [("MergeModulelist", 0)]:
             down = leaves[0]
-    if gate_up is None or down is None or None in gate_up:
+    if gate_up is None or down is None:
         return None
-    return ExpertNames(gate_up[0], gate_up[1], down)
+    gate, up = gate_up
+    if gate is None or up is None:
+        return None
+    return ExpertNames(gate, up, down)
 
 
 def _leaf(pattern: str) -> str | None:

@@ -68,9 +68,9 @@ def _ranges(w: torch.Tensor, spec: WeightQuant) -> tuple[torch.Tensor, torch.Ten
     if spec.granularity is Granularity.PER_CHANNEL:
         return w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
     if spec.granularity is Granularity.GROUP:
-        groups = w.reshape(out, inp // spec.group_size, spec.group_size)
+        groups = w.reshape(out, inp // spec.group, spec.group)
         return groups.amin(dim=-1), groups.amax(dim=-1)
-    rows, cols = spec.block  # BLOCK: tiles padded with zeros (0 is in every range anyway)
+    rows, cols = spec.block_shape  # BLOCK: tiles padded with zeros (0 is in every range anyway)
     padded = torch.zeros(math.ceil(out / rows) * rows, math.ceil(inp / cols) * cols)
     padded[:out, :inp] = w
     tiles = padded.reshape(padded.shape[0] // rows, rows, padded.shape[1] // cols, cols)
@@ -93,8 +93,8 @@ def fake_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def dynamic_fp8(x: torch.Tensor, act: ActivationQuant) -> torch.Tensor:
     """What a runtime computes for dynamic FP8 inputs: a scale per token (or per group of a token's columns)
     from its absmax, the values rounded through float8_e4m3fn."""
-    if act.granularity is Granularity.GROUP and x.shape[-1] % act.group_size == 0:
-        grouped = x.reshape(*x.shape[:-1], x.shape[-1] // act.group_size, act.group_size)
+    if act.granularity is Granularity.GROUP and x.shape[-1] % act.group == 0:
+        grouped = x.reshape(*x.shape[:-1], x.shape[-1] // act.group, act.group)
         scale = (grouped.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
         return fake_fp8(grouped, scale).reshape(x.shape)
     absmax = x.abs().amax(dim=-1, keepdim=True) if act.granularity is Granularity.PER_TOKEN else x.abs().amax()

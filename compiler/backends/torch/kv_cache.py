@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from compiler.backends import BackendError
+from compiler.backends.emitter import Spec
 from compiler.backends.torch.compressed import TensorSpec
 from compiler.backends.torch.float_formats import fake_fp8, fp8_input_scale
 from compiler.diagnostics import error
@@ -58,7 +59,7 @@ class KvCacheQuantizer:
         if argument is None:
             raise BackendError(error(
                 "Q411", f"`{name}` ({type(module).__name__}) takes no KV cache argument, so its keys and values "
-                "cannot be observed", self.kv.span, "no KV cache here",
+                "cannot be observed", self.kv.span if self.kv else None, "no KV cache here",
                 help="remove `kv_cache`; it needs a transformers decoder (an HF folder)"))
 
         def hook(_, args, kwargs):
@@ -108,7 +109,7 @@ class KvCacheQuantizer:
 
 def kv_specs(modules: list[str], scale_dtype: torch.dtype) -> list[TensorSpec]:
     """The output tensors of the KV cache scales, known before any is computed."""
-    return [TensorSpec(f"{name}.{leaf}", scale_dtype, (1,)) for name in modules for leaf in ("k_scale", "v_scale")]
+    return [Spec(f"{name}.{leaf}", scale_dtype, (1,)) for name in modules for leaf in ("k_scale", "v_scale")]
 
 
 def _finite_absmax(x: torch.Tensor) -> float:

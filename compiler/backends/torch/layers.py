@@ -166,13 +166,14 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
     """Round one Linear weight [out, in] with its scheme's rounding, in the torch convention. GPTQ tells
     `dampened` the dampening it had to raise to; a Hessian no dampening makes definite (SingularHessian)
     propagates to the caller, which rounds with rtn. `shared_absmax`: NVFP4 siblings' common range."""
-    spec = job.scheme.weights
+    spec = job.scheme.quantized_weights
     if spec.qtype.is_float:  # rounded and stored by compressed-tensors (float_formats.py)
         return float_formats.quantize_float(weight, spec, weight_args(spec), weight_format(job.scheme), scale_dtype,
                                             shared_absmax)
     w = weight.detach().float().cpu().numpy()
     np_dtype = str(scale_dtype).removeprefix("torch.")
     if job.gptq:
+        assert stats is not None, "GPTQ rounds with its layer's statistics"
         return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype, str(weight.device),
                     dampened, job.scheme.static_groups, job.scheme.mse_scales)
     if spec.granularity is Granularity.PER_TENSOR:
@@ -186,12 +187,14 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
                            np.concatenate([p.zero_point for p in parts]), first.qtype, first.axis, first.block_size)
 
 
-def input_qparams(job: Job, stats: Statistics | None, calibration: Calibration, scale_dtype: torch.dtype):
+def input_qparams(job: Job, stats: Statistics | None, calibration: Calibration | None, scale_dtype: torch.dtype):
     """(scale, zero point) of a static input, or None: dynamic, none, or never finite (left in float)."""
     if not job.static_input or stats is None:
         return None
+    assert calibration is not None, "statistics come from an op that carries the calibration settings"
     observer = stats.observer(job)
     act = job.scheme.activations
+    assert act is not None  # a static input is an activation spec
     bounds = tensor_range(observer, calibration, act.qtype, act.symmetric) if observer is not None else None
     if bounds is None:
         return None
@@ -215,6 +218,7 @@ def apply_quantized(module: nn.Linear, q: QuantizedWeight | FloatQuantized, job:
         return module.register_forward_pre_hook(_fp8_input(scheme, act))
     lo, hi = qparams.qrange(scheme.qtype, False)
     if scheme.mode is ActivationMode.STATIC:
+        assert act is not None
         scale, zp = act
 
         def static(_, args):
@@ -235,6 +239,7 @@ def apply_quantized(module: nn.Linear, q: QuantizedWeight | FloatQuantized, job:
 def _fp8_input(scheme, act: tuple[float, int] | None):
     """The forward pre-hook of FP8 inputs: a static scale from calibration, or dynamic ones per token/group."""
     if scheme.mode is ActivationMode.STATIC:
+        assert act is not None  # a static input without a range stays float (apply_quantized)
         scale = torch.tensor(act[0])
         return lambda _, args: (float_formats.fake_fp8(args[0], scale),) + tuple(args[1:])
     return lambda _, args: (float_formats.dynamic_fp8(args[0], scheme),) + tuple(args[1:])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from compiler.backends.emitter import Spec
 from compiler.backends.torch.compressed import TensorSpec, layer_specs, quantization_config
 from compiler.backends.torch.config_schema import check_config
 from compiler.backends.torch.kv_cache import kv_specs
@@ -43,7 +44,7 @@ def output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
         if key in shards.scales:  # an FP8 source's block scales: every weight is written anew
             continue
         if job is None:  # kept as it was (an FP8 source's weight: dequantized, in the model's dtype)
-            specs.append(TensorSpec(key, model.dtype if key in shards.scaled else DTYPES[entry.dtype], entry.shape))
+            specs.append(Spec(key, model.dtype if key in shards.scaled else DTYPES[entry.dtype], entry.shape))
         else:
             specs += layer_specs(job.layer, job.scheme, model.dtype)
     for job in jobs:
@@ -90,7 +91,7 @@ def open_output(output: Path, model: TorchModel, jobs: list[Job], assignment: As
     schema check was skipped; its diagnostics point at `span`."""
     # the KV cache's arguments are those of an activation spec (vLLM takes float 8-bit symmetric per tensor)
     config = output_config(model, jobs, assignment, input_args(kv.quant) if kv else None)
-    floats = any(j.scheme.weights.qtype.is_float for j in jobs) or kv is not None
+    floats = any(j.scheme.quantized_weights.qtype.is_float for j in jobs) or kv is not None
     skipped = check_config(config["quantization_config"], span, floats)
     writer = FolderWriter(output, output_specs(model, jobs) + kv_specs(attention, model.dtype))
     return config, writer, skipped

@@ -20,7 +20,7 @@ def weight_format(scheme: Scheme) -> str:
     weights with activations are `int-quantized`, integer weights alone are `pack-quantized`, whatever
     their width; floating weights are `float-quantized` with activations and `naive-quantized` without,
     except the microscaling formats, which have compressors of their own."""
-    qtype = scheme.weights.qtype
+    qtype = scheme.quantized_weights.qtype
     if qtype in _FORMATS:
         return _FORMATS[qtype]
     if qtype.is_float:
@@ -43,7 +43,7 @@ def weight_args(w: WeightQuant, rounding: Rounding = Rounding.RTN) -> dict:
     if w.granularity is Granularity.GROUP:
         args["group_size"] = w.group_size
     if w.granularity is Granularity.BLOCK:
-        args["block_structure"] = list(w.block)
+        args["block_structure"] = list(w.block_shape)
     if w.qtype in _SCALE_DTYPES:
         args["scale_dtype"] = args["zp_dtype"] = _SCALE_DTYPES[w.qtype]
     return args

@@ -74,8 +74,8 @@ class Rounder:
             if unseen:  # an MoE expert no token reached: rtn, its siblings' input range (fallbacks.py)
                 self.unseen.append(job)
                 job = job.with_rtn() if job.gptq else job
-            act = input_qparams(job, stats, self.calibration, self.model.dtype) if not unseen else \
-                sibling_range(job, stats, self.calibration, self.model.dtype)
+            act = sibling_range(job, stats, self.calibration, self.model.dtype) if unseen and stats is not None else \
+                input_qparams(job, stats, self.calibration, self.model.dtype)
             if job.static_input and act is None:
                 self.result.warnings.append(warning(
                     "Q405", f"the input of `{job.layer.name}` was never finite during calibration; its activations "
@@ -112,7 +112,7 @@ class Rounder:
         """The report's figures: weight SQNR, and the range a static input is quantized to."""
         self.result.weight_sqnr[job.layer.name] = weight_sqnr(original, dequantized)
         if act is not None:
-            self.result.input_ranges[job.layer.name] = input_range(job.scheme.activations, act)
+            self.result.input_ranges[job.layer.name] = input_range(job.scheme.quantized_inputs, act)
 
 
 def _trim_after_block(jobs: list[Job], number: int) -> None:

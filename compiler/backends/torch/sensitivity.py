@@ -117,7 +117,7 @@ class TorchScorer:
                 per_position = (teacher.exp() * (teacher - student)).sum(-1)
                 (per_position.mean() / len(self.feeds)).backward()
                 advance()
-            grads = {n: p.grad.detach().clone() for n, p in params.items()}
+            grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
         finally:
             for n, p in params.items():
                 p.data = floats[n]

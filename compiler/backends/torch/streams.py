@@ -132,7 +132,9 @@ def capture(container: nn.ModuleList, stream: Stream, call, before=None) -> None
             finally:
                 container._modules.clear()
                 container._modules.update(original)
-            hidden, first = _split(*recorders[0].seen)
+            seen_first = recorders[0].seen
+            assert seen_first is not None  # the forward reached the first block (or raised above)
+            hidden, first = _split(*seen_first)
             stream.hidden.put(i, hidden)
             seen = [_split(*r.seen)[1] if r.seen is not None else first for r in recorders]
             stream.rest.append(_dedupe(seen, stream.rest[:1]))

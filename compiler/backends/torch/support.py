@@ -59,7 +59,7 @@ def _warn_vllm(assignment: Assignment, diags: Diagnostics) -> None:
     schemes = {a.scheme.name: a.scheme for a in assignment.layers if not a.scheme.is_none}
     for name, scheme in schemes.items():
         act = scheme.activations
-        group = {"weights": weight_args(scheme.weights, scheme.rounding), "format": weight_format(scheme),
+        group = {"weights": weight_args(scheme.quantized_weights, scheme.rounding), "format": weight_format(scheme),
                  "input_activations": input_args(act) if act is not None else None}
         try:
             vllm_scheme({"config_groups": {name: group}, "format": group["format"]}, name)
@@ -81,7 +81,7 @@ def _warn_split_siblings(ir: RecipeIR, assignment: Assignment, diags: Diagnostic
         first = split[0]
         listed = ", ".join(f"`{m.rpartition('.')[2]}` {schemes[m].scheme.name}" for m in first.members)
         diags.warning("Q258", f"{len(split)} groups of fused siblings mix schemes (e.g. `{first.name}`: {listed})",
-                      next((schemes[m].rule.span for m in first.members if schemes[m].rule), ir.span),
+                      next((rule.span for m in first.members if (rule := schemes[m].rule) is not None), ir.span),
                       "siblings differ", help="vLLM fuses them into one layer with one scheme and will not load the "
                       "folder; add `group auto` (the widest member's scheme wins), or give them one scheme")
 
@@ -98,7 +98,7 @@ def _warn_routers(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> N
 
 
 def _problem(a) -> str | None:
-    w, act, layer = a.scheme.weights, a.scheme.activations, a.layer
+    w, act, layer = a.scheme.quantized_weights, a.scheme.activations, a.layer
     if layer.op == "Conv1D":
         return "transformers' Conv1D (GPT-2 style) stores its weight transposed, [in, out]; qrc does not quantize it yet"
     if layer.kind is not LayerKind.LINEAR:

@@ -20,7 +20,7 @@ def vllm_scheme(config: dict, group: str) -> str:
     """The vLLM scheme class for config group `group` of `config` (raises VllmRejects where vLLM fails)."""
     entry = config["config_groups"][group]
     weights, inputs = entry.get("weights"), entry.get("input_activations")
-    fmt = entry.get("format") or config.get("format")
+    fmt = entry.get("format") or config.get("format") or ""
     if fmt in ACTIVATION_FORMATS or inputs:
         if not inputs and weights["type"] != "float":  # vLLM: `assert weights.type == QuantizationType.FLOAT`
             raise VllmRejects(f"{group}: format {fmt} without input activations needs float weights")

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import torch
 
-from compiler.backends.torch.compressed import TensorSpec
+from compiler.backends.emitter import Emitter
+from compiler.backends.torch.compressed import TensorSpec, nbytes
 from compiler.backends.torch.cost import COPY_SLICE  # the estimate and the copy share it
 from compiler.backends.torch.shards import CODES
 
 SHARD_BYTES = 2 << 30  # above this the weights are split into model-0000i-of-0000n.safetensors
 
 
-class FolderWriter:
+class FolderWriter(Emitter):
     """The compressed-tensors emitter (compiler.backends.emitter.Emitter): sharded safetensors laid out from
     the specs, each tensor written at its offset when it exists, the folder renamed into place."""
 
@@ -41,7 +42,7 @@ class FolderWriter:
                 self.where[spec.name] = (fd, data_start + offset, spec)
         if len(shards) > 1:
             weight_map = {s.name: name for name, _, shard in self.files for s in shard}
-            index = {"metadata": {"total_size": sum(s.nbytes for s in specs)}, "weight_map": dict(sorted(weight_map.items()))}
+            index = {"metadata": {"total_size": sum(nbytes(s) for s in specs)}, "weight_map": dict(sorted(weight_map.items()))}
             (self.temp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
     def specs(self) -> list[TensorSpec]:
@@ -65,8 +66,8 @@ class FolderWriter:
         """A tensor copied byte for byte from another safetensors file (same dtype and shape), in the
         kernel where it can (copy_file_range): a large embedding never passes through Python."""
         fd, offset, spec = self.where[name]
-        if end - start != spec.nbytes:
-            raise ValueError(f"{name}: {end - start} bytes copied where the layout has {spec.nbytes}")
+        if end - start != nbytes(spec):
+            raise ValueError(f"{name}: {end - start} bytes copied where the layout has {nbytes(spec)}")
         with open(source, "rb", buffering=0) as handle:
             done = 0
             while done < end - start:
@@ -127,11 +128,11 @@ def _shards(specs: list[TensorSpec], limit: int) -> list[list[TensorSpec]]:
     current: list[TensorSpec] = []
     size = 0
     for spec in specs:
-        if current and size + spec.nbytes > limit:
+        if current and size + nbytes(spec) > limit:
             shards.append(current)
             current, size = [], 0
         current.append(spec)
-        size += spec.nbytes
+        size += nbytes(spec)
     return shards + [current] if current or not shards else shards
 
 
@@ -143,9 +144,9 @@ def _write_header(fd: int, shard: list[TensorSpec]) -> tuple[int, list[int]]:
     position = 0
     for spec in ordered:
         header[spec.name] = {"dtype": CODES[spec.dtype], "shape": list(spec.shape),
-                             "data_offsets": [position, position + spec.nbytes]}
+                             "data_offsets": [position, position + nbytes(spec)]}
         offsets[spec.name] = position
-        position += spec.nbytes
+        position += nbytes(spec)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     os.pwrite(fd, len(text).to_bytes(8, "little") + text, 0)
