@@ -93,9 +93,8 @@ RECIPE_IR = ("compiler.ir.elaborate", "compiler.ir.printer", "compiler.ir.checks
              "compiler.frontend")
 
 
-def test_handlers_read_their_ops_never_the_recipe(graph):
-    """The executors and every backend module they run read what the plan's ops carry: none imports the
-    recipe's IR (RecipeIR, or the modules that build and print it) or takes it as a parameter."""
+def _run_modules(graph) -> dict[str, object]:
+    """The backend modules the two executors run (themselves included), each with its parsed source."""
     import ast
     from pathlib import Path
 
@@ -104,12 +103,23 @@ def test_handlers_read_their_ops_never_the_recipe(graph):
     reached = set(handlers)
     for module in handlers:
         reached |= {m for m in graph.find_upstream_modules(module) if m.startswith("compiler.backends")}
-    found = []
+    trees = {}
     for module in sorted(reached):
         path = root / (module.replace(".", "/") + ".py")
         if not path.exists():
             path = root / module.replace(".", "/") / "__init__.py"
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        trees[module] = ast.parse(path.read_text(encoding="utf-8"))
+    return trees
+
+
+def test_handlers_read_their_ops_never_the_recipe(graph):
+    """The executors and every backend module they run read what the plan's ops carry: none imports the
+    recipe's IR (RecipeIR, or the modules that build and print it) or takes it as a parameter."""
+    import ast
+
+    reached = _run_modules(graph)
+    found = []
+    for module, tree in reached.items():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module in RECIPE_IR or any(a.name == "RecipeIR" for a in node.names)):
                 found.append(f"{module}:{node.lineno} imports {node.module}")
@@ -135,3 +145,22 @@ def test_every_emitter_is_an_emitter():
                 found.append(cls)
                 assert Emitter in cls.__mro__, cls
     assert len(found) >= 3, found
+
+
+def test_handlers_report_products_and_never_write_the_result(graph):
+    """Handlers return frozen Products (compiler/backends/products.py) that the program assembles into the
+    result; no module the executors run holds the result or writes into it."""
+    import ast
+
+    # the program assembles the result; BackendError (the package) carries it out of a failed verification
+    assembly = {"compiler.backends.program", "compiler.backends.result", "compiler.backends.products", "compiler.backends"}
+    found = []
+    for module, tree in _run_modules(graph).items():
+        if module in assembly:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "result":
+                found.append(f"{module}:{node.lineno} holds `.result`")
+            if isinstance(node, ast.arg) and node.arg == "result":
+                found.append(f"{module}:{node.lineno} takes `result`")
+    assert found == [], found

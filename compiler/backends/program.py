@@ -8,12 +8,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar, overload
 
+from compiler.backends.products import Product
 from compiler.backends.result import CompileResult
 from compiler.backends.rss import RssSampler
 from compiler.plan.ops import Plan, PlanOp
 from compiler.resolve.assignment import Assignment
 
-Handler = Callable[[PlanOp], None]
+Handler = Callable[[PlanOp], Product | None]  # what the op reports for the result (None: nothing)
 T = TypeVar("T")
 
 
@@ -52,6 +53,10 @@ class Run(Protocol):
         """One handler per op type of the plans this backend runs."""
         ...
 
+    def drain(self) -> Product:
+        """What the run's shared machinery (the rounder, the streams) reported while the last op ran."""
+        ...
+
     def commit(self) -> list[Path]:
         """The staged output into place; the files at the destination."""
         ...
@@ -62,8 +67,8 @@ class Run(Protocol):
 
 
 def execute_plan(plan: Plan, assignment: Assignment, output: Path, progress,
-                 make_run: Callable[[Callable, CompileResult, float], Run]) -> CompileResult:
-    """Run `plan` op by op with the run `make_run(progress, result, start)` builds, under an RSS sampler that
+                 make_run: Callable[[Callable, float], Run]) -> CompileResult:
+    """Run `plan` op by op with the run `make_run(progress, start)` builds, under an RSS sampler that
     enforces the recipe's `ram`; the result holds what was measured, also when verification fails.
 
     The output goes into place last, once every op ran and every check (the `ram` budget after each op, the
@@ -72,11 +77,11 @@ def execute_plan(plan: Plan, assignment: Assignment, output: Path, progress,
     result = CompileResult(output, [], plan, assignment=assignment)
     start, rss = time.perf_counter(), sampler_for(plan)
     rss.span = plan.spans.ram
-    run = make_run(guarded(progress, rss), result, start)
+    run = make_run(guarded(progress, rss), start)
     try:
         with rss:
             try:
-                run_program(plan, run.handlers(), rss, result.executed)
+                run_program(plan, run, rss, result)
                 result.files = run.commit()
             finally:
                 run.close()
@@ -95,17 +100,22 @@ def missing_handlers(plan: Plan, handlers: Mapping[type, Handler]) -> list[str]:
     return sorted({op.kind.value for op in plan.ops if type(op) not in handlers})
 
 
-def run_program(plan: Plan, handlers: Mapping[type, Handler], rss: RssSampler, executed: list[PlanOp]) -> None:
-    """Run every op of `plan` in order. While an op runs the RSS sampler's phase is that op, so the measured
-    timeline lines up with each op's planned peak; `executed` gets each op once its handler returned."""
+def run_program(plan: Plan, run: Run, rss: RssSampler, result: CompileResult) -> None:
+    """Run every op of `plan` in order and assemble the result from what each reports. While an op runs the
+    RSS sampler's phase is that op, so the measured timeline lines up with each op's planned peak;
+    `result.executed` gets each op once its handler returned."""
+    handlers = run.handlers()
     missing = missing_handlers(plan, handlers)
     if missing:
         raise AssertionError(f"the {plan.backend.value} backend has no handler for {', '.join(missing)}")
     for op in plan.ops:
         rss.phase = op
-        handlers[type(op)](op)
+        try:
+            result.absorb(op, handlers[type(op)](op))
+        finally:  # what the machinery reported counts also when the op failed (the report shows it)
+            result.absorb(op, run.drain())
         rss.check_now()
-        executed.append(op)
+        result.executed.append(op)
 
 
 def guarded(progress, rss: RssSampler):

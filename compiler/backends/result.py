@@ -9,6 +9,7 @@ from pathlib import Path
 
 from compiler.backends import BackendError
 from compiler.backends.agreement import Agreement, passes
+from compiler.backends.products import Product, Verification
 from compiler.backends.sensitivity import SearchResult
 from compiler.diagnostics import Diagnostic, error, warning
 from compiler.plan.ops import CaptureReference, Plan, PlanOp, Verify
@@ -42,6 +43,31 @@ class CompileResult:
     layer_errors: dict[str, float] = field(default_factory=dict)  # when verification failed: error each layer adds
     skipped: frozenset[str] = frozenset()  # op kinds that ran without their work (an export taken from the cache)
 
+    def absorb(self, op: PlanOp, product: Product | None) -> None:
+        """What one op reported (compiler/backends/products.py), added to the result."""
+        if product is None:
+            return
+        self.warnings.extend(product.warnings)
+        self.notes.extend(product.notes)
+        if product.assignment is not None:
+            self.assignment = product.assignment
+        if product.search is not None:
+            self.search = product.search
+        if product.transform is not None:
+            self.transform = product.transform
+        if product.calibration_seconds is not None:
+            self.calibration_seconds = product.calibration_seconds
+        self.weight_sqnr.update(product.weight_sqnr)
+        self.input_ranges.update(product.input_ranges)
+        if product.files:
+            self.files = list(product.files)
+        if product.from_cache:
+            self.skipped |= {op.kind.value}
+        v = product.verification
+        if v is not None:
+            self.verify, self.verify_passed, self.verified_on = dict(v.figures), v.passed, v.measured_on
+            self.layer_errors, self.verify_failure = dict(v.layer_errors), v.failure
+
     @property
     def planned_peak(self) -> int:
         """The plan's peak over the ops that did their work: what the measured peak is held against (an
@@ -49,28 +75,32 @@ class CompileResult:
         return max((op.peak_bytes for op in self.plan.ops if op.kind.value not in self.skipped), default=0)
 
 
-def judge(v: Verify, output: Path, agreement: Agreement, result: CompileResult) -> None:
-    """Record the figures; below the op's bound, write a `.verify.json` report beside the output and
-    record Q501, which the program raises after the model went into place (the last step of a run)."""
-    result.verify = agreement.figures()
+def judge(v: Verify, span: Span | None, output: Path, agreement: Agreement, measured_on: str,
+          layer_errors: dict[str, float]) -> Verification:
+    """The verdict on the figures; below the op's bound, a `.verify.json` report beside the output and Q501
+    (pointing at `span`), which the program raises after the model went into place (the last step of a run).
+    `layer_errors`: what each layer adds, measured when the bound was missed."""
+    figures = agreement.figures()
     value = agreement.value(v.metric)
-    result.verify_passed = passes(value, v.bound, v.threshold)
+    passed = passes(value, v.bound, v.threshold)
     report = output.with_name(output.name + ".verify.json")
-    if result.verify_passed:
+    failure = None
+    if passed:
         report.unlink(missing_ok=True)  # the figures of an earlier, failed compile no longer describe this model
     else:
         report.write_text(json.dumps({"metric": v.metric.value, "bound": v.bound.value, "threshold": v.threshold,
-                                      "value": value, "figures": result.verify, "measured_on": result.verified_on},
+                                      "value": value, "figures": figures, "measured_on": measured_on},
                                      indent=2) + "\n")
-        result.verify_failure = error("Q501", f"verification failed: {v.metric.value} = {value:.6g}, the recipe asks "
-                                      f"{v.bound.value} {v.threshold:g}", result.plan.spans.verify, "not met",
-                                      help=_q501_help(output, report, result))
+        failure = error("Q501", f"verification failed: {v.metric.value} = {value:.6g}, the recipe asks "
+                        f"{v.bound.value} {v.threshold:g}", span, "not met",
+                        help=_q501_help(output, report, layer_errors))
+    return Verification(tuple(figures.items()), passed, measured_on, tuple(layer_errors.items()), failure)
 
 
-def _q501_help(output: Path, report: Path, result: CompileResult) -> str:
+def _q501_help(output: Path, report: Path, layer_errors: dict[str, float]) -> str:
     """Where the model and figures are, and the layers that lose the most, when they were measured."""
     where = f"the emitted model is left at {output} with the figures in {report.name}"
-    worst = [(name, err) for name, err in result.layer_errors.items() if err > 0][:3]
+    worst = [(name, err) for name, err in layer_errors.items() if err > 0][:3]
     if not worst:
         return where + "; try a wider scheme for sensitive layers"
     named = ", ".join(f"`{name}` (adds {err:.3g} relative error)" for name, err in worst)
@@ -111,14 +141,14 @@ def refuse_changed_output(span: Span | None, before, after, float32: bool, sourc
         "them to use the inferred mappings"))
 
 
-def held_out_batches(op: Verify | CaptureReference, index, result: CompileResult, chunk: int | None = None):
-    """The op's held-out samples (in its chunks, or `chunk`); Q406 when a data file is too short to hold them
-    out from calibration."""
+def held_out_batches(op: Verify | CaptureReference, index, warnings: list[Diagnostic], chunk: int | None = None):
+    """The op's held-out samples (in its chunks, or `chunk`); Q406 into `warnings` when a data file is too short
+    to hold them out from calibration."""
     from compiler import data
 
     batches, overlaps = data.verify_batches(op.data, index, op.samples, chunk or op.chunk)
     if overlaps:
-        result.warnings.append(warning("Q406", "verification reuses calibration samples: the data file is too short",
-                                       op.data.span_of("data"), "not held out",
-                                       help=f"add at least {op.samples} samples beyond `samples` to the file"))
+        warnings.append(warning("Q406", "verification reuses calibration samples: the data file is too short",
+                                op.data.span_of("data"), "not held out",
+                                help=f"add at least {op.samples} samples beyond `samples` to the file"))
     return batches

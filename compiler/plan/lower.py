@@ -40,6 +40,7 @@ from compiler.plan.ops import (
     QuantizeWeights,
     ScoreSensitivity,
     SelectMemoryMode,
+    Smooth,
     Verify,
 )
 from compiler.plan.target import CostModel, PhaseName
@@ -157,6 +158,18 @@ def load_op(ctx: Context, access: ModelAccess, how: str, resident: int, inputs: 
     return LoadModel(summary=f"open {ctx.ir.model} ({form}) {how}", inputs=inputs, outputs=(Buffer.MODEL,),
                      peak_bytes=ctx.costs.runtime + resident, model=ctx.ir.model,
                      format=builtin_form if builtin else w.index.format, weights=w.weights_bytes, access=access)
+
+
+def smooth_op(ctx: Context, checked: str) -> list[PlanOp]:
+    """`smooth`: the transform over the whole model first (`checked`: how its fold is checked), when the recipe
+    has one."""
+    w, t = ctx.workload, ctx.workload.transform
+    if t is None:
+        return []
+    return [Smooth(summary=f"{transform_words(w, checked)}; the model is rewritten with the scales before any "
+                   "statistic is gathered", inputs=(Buffer.MODEL, Buffer.CALIBRATION_DATA, Buffer.MEMORY_MODE)
+                   + ctx.after_search, outputs=(Buffer.MODEL,), peak_bytes=ctx.phase(PhaseName.CALIBRATE),
+                   transform=t.kind, mappings=len(w.smoothing), settings=t, calibration=ctx.ir.calibration)]
 
 
 def calibrate_op(ctx: Context, summary: str, layers: tuple[str, ...], outputs: tuple[Buffer, ...]) -> CalibrateChunk:

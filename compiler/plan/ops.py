@@ -26,6 +26,7 @@ from compiler.ir.types import (
     Scheme,
     SensitivityMetric,
     Transform,
+    TransformKind,
     VerifyMetric,
 )
 from compiler.models.index import ModelFormat, ModelIndex
@@ -41,6 +42,7 @@ class OpKind(enum.Enum):
     SELECT_MEMORY_MODE = "select_memory_mode"
     SCORE_SENSITIVITY = "score_sensitivity"
     ASSIGN_PRECISION = "assign_precision"
+    SMOOTH = "smooth"
     CAPTURE_REFERENCE = "capture_reference"
     CALIBRATE_CHUNK = "calibrate_chunk"
     CACHE_BLOCK_INPUTS = "cache_block_inputs"
@@ -215,6 +217,19 @@ class AssignPrecision(PlanOp):
     choices: tuple[str, ...]
     metric: SensitivityMetric = carried(SensitivityMetric.SNR)
     resolve: Resolver | None = carried(None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Smooth(PlanOp):
+    """The outlier transform (AWQ, SmoothQuant) over the whole model before any statistic is gathered: its own
+    pass over the calibration samples, the scales folded into the weights, the float output checked.
+    (Block by block, each block is smoothed inside run_block, which says so.)"""
+
+    kind: ClassVar[OpKind] = OpKind.SMOOTH
+    transform: TransformKind
+    mappings: int
+    settings: Transform = carried()
+    calibration: Calibration = carried()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,6 +24,7 @@ from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.genai import side_files
 from compiler.backends.onnx.hessians import GptqRounder, hessian_observers, uses_gptq
 from compiler.backends.onnx.sensitivity import OnnxScorer
+from compiler.backends.products import Pending, Product
 from compiler.backends.program import Produced, execute_plan
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
@@ -58,8 +59,8 @@ def execute(plan: Plan, assignment: Assignment, output: Path, progress: Progress
     the run left nothing at the destination."""
     try:
         return execute_plan(plan, assignment, output, progress,
-                            lambda guarded_progress, result, start: _OnnxRun(assignment, plan, output,
-                                                                              guarded_progress, result, start))
+                            lambda guarded_progress, start: _OnnxRun(assignment, plan, output, guarded_progress,
+                                                                      start))
     except Exception as exc:
         if not type(exc).__module__.startswith("onnxruntime"):
             raise
@@ -81,9 +82,10 @@ class _OnnxRun:
     rounder = Produced[GptqRounder]()  # GPTQ: Hessians held until their layers are rounded (calibration)
 
     def __init__(self, assignment: Assignment, plan: Plan, output: Path, progress: Progress,
-                 result: CompileResult, start: float):
+                 start: float):
         self.assignment, self.plan, self.output = assignment, plan, output
-        self.progress, self.result, self.start = progress, result, start
+        self.progress, self.start = progress, start
+        self.pending = Pending()  # what the run's machinery reports between ops (program.py drains it)
         self._source: Path | None = None
         self._files: ModelFiles | None = None
         self.mode = plan.mode
@@ -95,15 +97,18 @@ class _OnnxRun:
         self._emitter: QdqEmitter | None = None
         self._rounder: GptqRounder | None = None
         self.sqnr: dict[str, float] = {}  # weight → its SQNR in dB, as each is rounded
-        self.smoothed = False  # `transform`: the model was rewritten with its scales (before any observation)
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.ExportOnnx: self.export, ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode,
-                ops.ScoreSensitivity: self.score, ops.AssignPrecision: self.assign,
+                ops.ScoreSensitivity: self.score, ops.AssignPrecision: self.assign, ops.Smooth: self.smooth,
                 ops.CalibrateChunk: self.calibrate, ops.CacheBlockInputs: self.cache_block_inputs,
                 ops.RunBlock: self.run_blocks, ops.SearchPercentile: self.search_ranges,
                 ops.PropagateRanges: self.propagate_ranges, ops.QuantizeWeights: self.quantize, ops.Emit: self.emit,
                 ops.Verify: self.verify}
+
+    def drain(self) -> Product:
+        """What the machinery reported while the last op ran (range and resume warnings, the transform)."""
+        return self.pending.take()
 
     def commit(self) -> list[Path]:
         """The staged model into place (program.py calls this once every op ran)."""
@@ -133,21 +138,20 @@ class _OnnxRun:
                 if not a.scheme.is_none}
 
     # ---- model ------------------------------------------------------------------------------------
-    def export(self, op: ops.ExportOnnx) -> None:
+    def export(self, op: ops.ExportOnnx) -> Product:
         """The folder's ONNX export (made now, or taken from the cache); the recipe is resolved again against
         its graph, whose layer names are the folder's."""
         from compiler.backends.onnx.export import export_folder
         from compiler.models.exports import cached_export
         advance = self.progress("export", 1)
         folder = resolve_path(op.folder)
-        if cached_export(folder) is not None:
-            self.result.skipped |= {op.kind.value}
+        cached = cached_export(folder) is not None
         self.source = export_folder(folder, self.plan.spans.model)
         advance()
         resolved = resolve_export(op.resolve, self.source, self.assignment)  # checked when planning
         _same_layers(self.plan.spans.model, self.assignment, resolved)
         self.assignment = resolved
-        self.result.assignment = self.assignment
+        return Product(assignment=resolved, from_cache=cached)
 
     def load(self, op: ops.LoadModel) -> None:
         if self._source is None:  # the export op sets it for a folder
@@ -162,29 +166,26 @@ class _OnnxRun:
         scorer = OnnxScorer(op, self.assignment.model, self.files, self.source)
         self.scores = score_units(op, self.disk, self.assignment, scorer, "onnx", self.progress)
 
-    def assign(self, op: ops.AssignPrecision) -> None:
-        self.assignment, self.result.search = assign(op, self.assignment, self.scores)
-        self.result.assignment = self.assignment
+    def assign(self, op: ops.AssignPrecision) -> Product:
+        self.assignment, search = assign(op, self.assignment, self.scores)
+        return Product(assignment=self.assignment, search=search)
 
     # ---- calibration --------------------------------------------------------------------------------
     def _batches(self, calibration: Calibration):
         return data.calibration_batches(calibration.data, self.assignment.model, calibration.chunk)
 
-    def _smooth_first(self, op: ops.CalibrateChunk | ops.CacheBlockInputs) -> None:
+    def smooth(self, op: ops.Smooth) -> Product:
         """`transform`: before anything is observed or rounded, the model is replaced by its smoothed copy."""
-        t = op.transform
-        if self.smoothed or not self.assignment.smoothing or t is None:
-            return
+        t = op.settings
         from compiler.backends.onnx.smoothing import smooth
 
-        self.smoothed = True
         batches = self._batches(op.calibration)
         advance = self.progress(t.kind.value, len(batches) * (1 if self.mode is not MemoryMode.OFFLOAD
                                                               else len(self._segments())))
         smoothed, gains = smooth(t, self.assignment, self.files, self.mode, batches, self.disk, advance)
         self.files.close()
         self.files = smoothed
-        self.result.transform = transform_summary(t, len(self.assignment.smoothing), gains)
+        return Product(transform=transform_summary(t, len(self.assignment.smoothing), gains))
 
     def _segments(self):
         from compiler.backends.onnx.segments import cut
@@ -193,7 +194,6 @@ class _OnnxRun:
 
     def calibrate(self, op: ops.CalibrateChunk) -> None:
         """Every chunk, `op.passes` times: low_memory splits the observed tensors into groups."""
-        self._smooth_first(op)
         cal, files = op.calibration, self.files
         w = self.observation(cal)
         histogram = cal.method in HISTOGRAM_METHODS
@@ -220,7 +220,6 @@ class _OnnxRun:
         the block boundaries are cached per chunk as run_block produces them."""
         from compiler.quant.observers import make_observer
 
-        self._smooth_first(op)
         cal = op.calibration
         w = self.observation(cal)
         histogram = cal.method in HISTOGRAM_METHODS
@@ -310,7 +309,7 @@ class _OnnxRun:
 
         state = ResumeState.for_run(self.disk, self.plan.recipe_text, str(self.files.path), str(number), *group)
         if state.exists() and state.load() is None:  # foreign, damaged or older: never trusted, never executed
-            self.result.warnings.append(warning(
+            self.pending.warnings.append(warning(
                 "Q408", f"resume state `{state.path}` is not valid calibration state; starting over",
                 self.plan.spans.disk, "ignored", help="nothing in it was used; it is replaced as the run goes"))
             state.remove()
@@ -338,7 +337,7 @@ class _OnnxRun:
                 continue
             bounds = tensor_range(self.observers[sources[tensor]], calibration, act.qtype, act.symmetric)
             if bounds is None:
-                self.result.warnings.append(warning(
+                self.pending.warnings.append(warning(
                     "Q405", f"`{tensor}` was never finite during calibration; left unquantized",
                     a.rule.span if a.rule else None, "no range",
                     help="check the calibration data; masks built from -inf look like this"))
@@ -346,10 +345,10 @@ class _OnnxRun:
             self.bounds[tensor] = (float(bounds[0]), float(bounds[1]))
 
     # ---- weights and output -------------------------------------------------------------------------
-    def quantize(self, op: ops.QuantizeWeights) -> None:
+    def quantize(self, op: ops.QuantizeWeights) -> Product:
         """Each weight read from the data file, rounded, handed to the emitter and dropped; then the static
         inputs' scales and zero points."""
-        self.result.calibration_seconds = time.perf_counter() - self.start
+        calibrated = time.perf_counter() - self.start
         release_memory()
         jobs, emitter = self.jobs(), self._open_emitter()
         inits = {t.name: t for t in self.files.light.graph.initializer}
@@ -358,12 +357,15 @@ class _OnnxRun:
             if weight not in self.sqnr:  # offload rounded GPTQ layers as their segments finished
                 self._put(node, inits[weight], jobs[weight])
             advance()
-        if self._rounder is not None and self._rounder.dampened:
-            self.result.warnings.append(dampened_warning(self.plan.spans.recipe, self.rounder.dampened))
+        warnings = (dampened_warning(self.plan.spans.recipe, self.rounder.dampened),) \
+            if self._rounder is not None and self._rounder.dampened else ()
         for tensor, qparams_ in self._activation_specs().items():
             emitter.put(tensor, qparams_)
-        self.result.weight_sqnr = {a.layer.name: self.sqnr[a.layer.weight] for a in self.assignment.layers
-                                   if a.layer.weight in self.sqnr}
+        sqnr = tuple((a.layer.name, self.sqnr[a.layer.weight]) for a in self.assignment.layers
+                     if a.layer.weight in self.sqnr)
+        ranges = tuple((a.layer.name, self.bounds[a.layer.input]) for a in self.assignment.layers
+                       if a.scheme.activations is not None and a.layer.input in self.bounds)
+        return Product(warnings=warnings, calibration_seconds=calibrated, weight_sqnr=sqnr, input_ranges=ranges)
 
     def _activation_specs(self) -> dict[str, ActivationQParams]:
         """The scale, zero point and consumer nodes of each activation-quantized layer's input."""
@@ -376,11 +378,9 @@ class _OnnxRun:
             lo, hi = self.bounds[tensor]
             scale, zp = qparams.scale_zero_point(np.array(lo), np.array(hi), act.qtype, act.symmetric)
             specs[tensor] = ActivationQParams(scale, zp, act.qtype, frozenset(consumers[tensor]))
-        self.result.input_ranges = {a.layer.name: self.bounds[a.layer.input] for a in self.assignment.layers
-                                    if a.scheme.activations is not None and a.layer.input in self.bounds}
         return specs
 
-    def emit(self, op: ops.Emit) -> None:
+    def emit(self, op: ops.Emit) -> Product:
         """Float initializers kept as they are, provenance stamped, the file written atomically."""
         emitter = self.emitter
         for tensor in self.files.light.graph.initializer:
@@ -388,20 +388,21 @@ class _OnnxRun:
                 emitter.copy_raw(tensor.name)
         for key, value in self.plan.provenance:
             emitter.metadata(key, value)
-        self.result.files = emitter.finish()  # staged beside the destination until verified
+        staged = tuple(emitter.finish())  # beside the destination until verified
         if self.plan.first(ops.Verify) is None:  # verification opens it in onnxruntime; without it, this does
             _check_emitted(emitter.staged_model, self.plan.spans.emit, self.mode is MemoryMode.OFFLOAD)
         # The rewrite changed `files.light` in place: put the weight-free float graph back, which also lets
         # the quantized model (and its loaded weights) go before verification.
         self.files.light = onnx.load(str(self.files.path), load_external_data=False)
         release_memory()
+        return Product(files=staged)
 
     def _layer_errors(self, op: ops.Verify, staged: Path) -> dict[str, float]:
         """Each quantized layer's added error on a few held-out samples (offload: segment by segment, the
         layer tensors cached on disk)."""
         from compiler.backends.onnx.attribution import layer_errors, layer_errors_offload
 
-        samples = held_out_batches(op, self.assignment.model, self.result, chunk=1)
+        samples = held_out_batches(op, self.assignment.model, self.pending.warnings, chunk=1)
         samples = dataclasses.replace(samples, samples=min(samples.samples, 4))
         if self.mode is not MemoryMode.OFFLOAD:
             return layer_errors(self.assignment, self.files, staged, samples)
@@ -412,20 +413,20 @@ class _OnnxRun:
         finally:
             emitted.close()
 
-    def verify(self, op: ops.Verify) -> None:
+    def verify(self, op: ops.Verify) -> Product:
         """Measured on the staged model; then it goes into place (a failed verification leaves it there,
         beside its figures), so an interrupt before this point leaves nothing at the destination."""
         staged = self.emitter.staged_model
         if self.mode is MemoryMode.OFFLOAD:
-            batches = held_out_batches(op, self.assignment.model, self.result, chunk=1)  # one sample's outputs at a time
+            batches = held_out_batches(op, self.assignment.model, self.pending.warnings, chunk=1)  # a sample at a time
             agreement = _verify_offload(self.assignment, self.files, staged, batches, self.disk, self.progress)
         else:
-            batches = held_out_batches(op, self.assignment.model, self.result)
+            batches = held_out_batches(op, self.assignment.model, self.pending.warnings)
             agreement = _verify(self.files.path, staged, batches, self.progress)
-        self.result.verified_on = "the emitted model, run by onnxruntime"
-        if not passes(agreement.value(op.metric), op.bound, op.threshold):  # which layers lose the most
-            self.result.layer_errors = self._layer_errors(op, staged)
-        judge(op, self.output, agreement, self.result)  # the model goes into place after the last op
+        errors = {} if passes(agreement.value(op.metric), op.bound, op.threshold) else self._layer_errors(op, staged)
+        verdict = judge(op, self.plan.spans.verify, self.output, agreement, "the emitted model, run by onnxruntime",
+                        errors)  # the model goes into place after the last op
+        return Product(verification=verdict)
 
 
 def _check_emitted(staged: Path, span: Span | None, offload: bool) -> None:

@@ -19,8 +19,8 @@ from compiler.plan.lower import (
     mixed_precision_pass,
     observed_layers,
     quantize_op,
+    smooth_op,
     statistics,
-    transform_words,
     verify_op,
 )
 from compiler.plan.ops import (
@@ -78,15 +78,13 @@ def lower_calibration(ctx: Context) -> list[PlanOp]:
     if not w.calibrate or not ctx.needs_data:
         return []  # e.g. weight-only mixed precision: its forward passes belong to score_sensitivity
     if ctx.mode is MemoryMode.OFFLOAD:
-        return _segments(ctx)
+        return smooth_op(ctx, CHECKED) + _segments(ctx)
     tensors = (f"{len(w.observed)} tensors" if w.index.graph is not None else
                f"the inputs of {len(w.needed)} layers (tensor names from the exported graph)")
     hessians = f" and GPTQ Hessians of {len(w.hessian_inputs)} layer inputs" if w.hessian_inputs else ""
-    first = f"first {transform_words(w, CHECKED)} (the model rewritten with the scales, one weight at a time); " \
-        if w.transform else ""
-    summary = (first + f"forward {w.chunk} samples × {w.seqlen} tokens; update observers of {tensors}{hessians}; "
+    summary = (f"forward {w.chunk} samples × {w.seqlen} tokens; update observers of {tensors}{hessians}; "
                "keep nothing else (the model's own outputs are dropped from the graph)")
-    return [calibrate_op(ctx, summary, observed_layers(ctx), (ctx.range_buffer,))]
+    return smooth_op(ctx, CHECKED) + [calibrate_op(ctx, summary, observed_layers(ctx), (ctx.range_buffer,))]
 
 
 def _segments(ctx: Context) -> list[PlanOp]:
@@ -97,8 +95,7 @@ def _segments(ctx: Context) -> list[PlanOp]:
         "per-sample-constant inputs once)", inputs=(Buffer.MODEL, Buffer.CALIBRATION_DATA, Buffer.MEMORY_MODE) + ctx.after_search,
         outputs=(Buffer.BLOCK_INPUTS,), peak_bytes=ctx.phase(PhaseName.CALIBRATE), layers=(), samples=w.samples,
         seqlen=w.seqlen, per_sample=w.seqlen * w.hidden * 4, where=where, **statistics(ctx))
-    what = (f"(after {transform_words(w, CHECKED)}, its own pass over the segments) " if w.transform else "") + \
-        "observe its tensors" + (" (GPTQ: round its layers once every chunk has passed, free their Hessians)"
+    what = "observe its tensors" + (" (GPTQ: round its layers once every chunk has passed, free their Hessians)"
                                  if w.hessian_inputs else "")
     run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
                    inputs=(Buffer.MODEL, Buffer.BLOCK_INPUTS), outputs=(Buffer.BLOCK_INPUTS, ctx.range_buffer),

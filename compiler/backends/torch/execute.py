@@ -22,6 +22,7 @@ from compiler import data
 from compiler.backends import BackendError
 from compiler.backends.agreement import Agreement, passes
 from compiler.backends.gptq_warning import dampened_warning
+from compiler.backends.products import Pending, Product
 from compiler.backends.program import Produced, execute_plan
 from compiler.backends.release import keep_large_blocks_mapped, release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
@@ -62,8 +63,7 @@ def execute(plan: Plan, assignment: Assignment, output: Path, progress) -> Compi
     if plan.decision.mode is MemoryMode.OFFLOAD and plan.decision.ram_source == "recipe":
         keep_large_blocks_mapped()  # a RAM budget: a flat RSS first, at up to 13% more time (release.py)
     return execute_plan(plan, assignment, output, progress,
-                        lambda guarded_progress, result, start: _Run(assignment, plan, result, guarded_progress,
-                                                                     start))
+                        lambda guarded_progress, start: _Run(assignment, plan, output, guarded_progress, start))
 
 
 class _Run:
@@ -79,9 +79,10 @@ class _Run:
     costs = Produced[LayerCosts]()  # each layer's own error on the held-out samples
     rounder = Produced[Rounder]()  # rounds into the writer
 
-    def __init__(self, assignment: Assignment, plan: Plan, result: CompileResult, progress, start: float):
+    def __init__(self, assignment: Assignment, plan: Plan, output: Path, progress, start: float):
         self.assignment, self.plan = assignment, plan
-        self.result, self.progress, self.start = result, progress, start
+        self.output, self.progress, self.start = output, progress, start
+        self.pending = Pending()  # what the rounder and the streams report between ops (program.py drains it)
         self.mode = plan.mode
         self.access = ops.ModelAccess.RESIDENT  # set by load_model
         self._model: TorchModel | None = None
@@ -111,9 +112,14 @@ class _Run:
     def handlers(self) -> dict[type, Callable]:
         return {ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode, ops.ScoreSensitivity: self.score,
                 ops.AssignPrecision: self.assign, ops.CaptureReference: self.capture_reference,
+                ops.Smooth: self.smooth_whole,
                 ops.CalibrateChunk: self.calibrate_whole, ops.CacheBlockInputs: self.cache_block_inputs,
                 ops.RunBlock: self.run_blocks, ops.QuantizeWeights: self.quantize, ops.Emit: self.emit,
                 ops.Verify: self.verify}
+
+    def drain(self) -> Product:
+        """What the rounder and the streams reported while the last op ran (figures, warnings)."""
+        return self.pending.take()
 
     def commit(self) -> list[Path]:
         """The staged folder into place (program.py calls this once every op ran)."""
@@ -151,28 +157,28 @@ class _Run:
         if op.access is ops.ModelAccess.RESIDENT:
             self.model.materialize(list(self.model.keys))
 
-    def select_mode(self, op: ops.SelectMemoryMode) -> None:
+    def select_mode(self, op: ops.SelectMemoryMode) -> Product | None:
         """multi_gpu places blocks on the GPUs present, or falls back to low_memory (warned)."""
         self.mode, self.disk = op.mode, op.disk
         if op.mode is not MemoryMode.MULTI_GPU:
-            return
+            return None
         self.devices, note = place(self.model, op.vram)
-        self.result.notes.append(note)
-        if not self.devices:
-            self.mode = MemoryMode.LOW_MEMORY
-            self.model.materialize(list(self.model.keys))
-            self.result.warnings.append(warning("Q407", f"multi_gpu fell back to low_memory: {note}",
-                                                self.plan.spans.mode, "ran on the CPU",
-                                                help="give `vram` for the GPUs present, or use `mode low_memory`"))
+        if self.devices:
+            return Product(notes=(note,))
+        self.mode = MemoryMode.LOW_MEMORY
+        self.model.materialize(list(self.model.keys))
+        return Product(notes=(note,), warnings=(warning(
+            "Q407", f"multi_gpu fell back to low_memory: {note}", self.plan.spans.mode, "ran on the CPU",
+            help="give `vram` for the GPUs present, or use `mode low_memory`"),))
 
     def score(self, op: ops.ScoreSensitivity) -> None:
         scorer = TorchScorer(op, self.index, self.model, streams.torch_feed)
         self.scores = score_units(op, self.disk, self.assignment, scorer, "torch", self.progress)
         release_memory()
 
-    def assign(self, op: ops.AssignPrecision) -> None:
-        self.assignment, self.result.search = assign(op, self.assignment, self.scores)
-        self.result.assignment = self.assignment
+    def assign(self, op: ops.AssignPrecision) -> Product:
+        self.assignment, search = assign(op, self.assignment, self.scores)
+        return Product(assignment=self.assignment, search=search)
 
     def _ready(self) -> None:
         """Jobs, writer and streams, once: after the search (if any) fixed the assignment. The output's layout
@@ -194,13 +200,13 @@ class _Run:
         kv = emit.kv_cache
         attention = attention_modules([layer.name for layer in self.index.layers]) if kv is not None else []
         self.kv = KvCacheQuantizer(self.model.module, attention, kv, self.model.dtype)
-        self.config, self.writer, skipped = open_output(self.result.output, self.model, self.jobs, self.assignment,
+        self.config, self.writer, skipped = open_output(self.output, self.model, self.jobs, self.assignment,
                                                         kv, attention, self.plan.spans.recipe)
         calibration = gathers.calibration if gathers is not None else None
         self.rounder = Rounder(calibration, self.plan.spans.model, self.model, self.writer, self.global_scales,
-                               self.result, self.progress)
+                               self.pending, self.progress)
         if skipped is not None:
-            self.result.warnings.append(skipped)
+            self.pending.warnings.append(skipped)
         if self.disk is not None:
             self.disk.mkdir(parents=True, exist_ok=True)
         if self.assignment.smoothing and gathers is not None and gathers.transform is not None:
@@ -227,16 +233,22 @@ class _Run:
         self._materialize_all()
         self.reference = [self._call(f).float() for f in self._verification()[0].feeds]
 
+    def smooth_whole(self, op: ops.Smooth) -> None:
+        """The transform over the resident model (full): its statistics over the calibration stream, the scales
+        folded, the float output checked; block by block, run_block does this per block instead."""
+        self._ready()
+        self._materialize_all()
+        cal, smoother = self.cal, self.smoother
+        assert cal is not None and smoother is not None  # made with the jobs when the assignment has mappings
+        feeds = cal.feeds
+        smoother.run(smoother.mappings, lambda: [self._call(f) for f in feeds], lambda: self._call(feeds[0]))
+
     def calibrate_whole(self, op: ops.CalibrateChunk) -> None:
         """Every chunk through the whole model, hooks gathering each layer's statistics."""
         self._ready()
         self._materialize_all()
         cal = self.cal
         assert cal is not None  # this op exists because some layer needs data
-        if self.smoother is not None:
-            feeds = cal.feeds
-            self.smoother.run(self.smoother.mappings, lambda: [self._call(f) for f in feeds],
-                              lambda: self._call(feeds[0]))
         with Statistics(self.model.module, self.jobs, op.calibration) as stats, self.kv.running(KvMode.OBSERVE):
             advance = self.progress("calibrate", len(cal))
             for feed in cal.feeds:
@@ -255,7 +267,7 @@ class _Run:
     def _verify_streams(self, held: ops.CaptureReference | ops.Verify | None):
         if held is None:
             return None
-        batches = list(held_out_batches(held, self.index, self.result))
+        batches = list(held_out_batches(held, self.index, self.pending.warnings))
         self.emitted = can_verify_artifact(self.model)
         quantized = None if self.emitted else self._stream("verify (quantized)", batches)
         return self._stream("verify (float)", batches), quantized, Agreement()
@@ -413,38 +425,39 @@ class _Run:
             case _:
                 assert_never(op.strategy)
 
-    def emit(self, op: ops.Emit) -> None:
+    def emit(self, op: ops.Emit) -> Product:
         """Every tensor not rounded is copied as bytes; config and recipe written; the folder appears."""
         self._ready()
-        self.result.calibration_seconds = time.perf_counter() - self.start
+        calibrated = time.perf_counter() - self.start
+        warnings = []
         if self.rounder.unseen:
-            self.result.warnings.append(unseen_warning(self.plan.spans.experts, self.rounder.unseen))
+            warnings.append(unseen_warning(self.plan.spans.experts, self.rounder.unseen))
         if self.rounder.dampened:
-            self.result.warnings.append(dampened_warning(self.plan.spans.recipe, self.rounder.dampened))
-        if self.smoother is not None:
-            self.result.transform = self.smoother.summary()
+            warnings.append(dampened_warning(self.plan.spans.recipe, self.rounder.dampened))
         self.kv.write_scales("", self.writer)  # any module calibration did not reach (none in the models qrc runs)
         copy_unquantized(self.writer, self.model, self.jobs)
         refused = write_metadata(self.writer, self.model, self.config, self.plan.recipe_text)
         if refused:
-            self.result.warnings.append(warning(
+            warnings.append(warning(
                 "Q430", f"{len(refused)} file(s) of the model folder link outside it and were not copied: "
                 f"{', '.join(refused[:4])}", self.plan.spans.model, "not copied",
                 help="copy the real files into the model folder if the output should carry them"))
-        self.result.files = self.writer.finish()
+        staged = tuple(self.writer.finish())
         if self.model.folder is not None:  # what transformers makes of the folder, before it goes into place
             skipped = check_loads(self.writer.temp, self.model.folder, self.plan.spans.emit)
             if skipped is not None:
-                self.result.warnings.append(skipped)
+                warnings.append(skipped)
                 self.unopened = skipped.message  # verification still decodes the folder, and says how
+        return Product(warnings=tuple(warnings), calibration_seconds=calibrated, files=staged,
+                       transform=self.smoother.summary() if self.smoother is not None else None)
 
-    def verify(self, op: ops.Verify) -> None:
+    def verify(self, op: ops.Verify) -> Product:
         """Compare at the model's output: the quantized model against the kept float outputs (full), or the
         two streams through the tail (block-wise), unless rounding the tail already did."""
         float_stream, quantized, agreement = self._verification()
         if self.emitted:
             self._verify_emitted(float_stream, agreement)
-            self.result.verified_on = (
+            measured_on = (
                 "the emitted folder, loaded as transformers loads it (compressed-tensors)" if not self.unopened else
                 "the emitted folder's tensors, decoded layer by layer by compressed-tensors (Q427: transformers "
                 "itself did not open it)")
@@ -458,11 +471,12 @@ class _Run:
         elif not self.tail_done:
             self._tail(None, self.verify_streams, [], self.offload, None)
         if not self.emitted:
-            self.result.verified_on = "qrc's model (a built-in has no loader outside qrc)" if self.model.folder is None \
+            measured_on = "qrc's model (a built-in has no loader outside qrc)" if self.model.folder is None \
                 else "qrc's model (compressed-tensors is not installed to load the emitted folder)"
-        if not passes(agreement.value(op.metric), op.bound, op.threshold):  # Q501's help names the worst layers
-            self.result.layer_errors = self.costs.added()
-        judge(op, self.result.output, agreement, self.result)  # the model goes into place after the last op
+        # Q501's help names the worst layers
+        errors = {} if passes(agreement.value(op.metric), op.bound, op.threshold) else self.costs.added()
+        verdict = judge(op, self.plan.spans.verify, self.output, agreement, measured_on, errors)
+        return Product(verification=verdict)  # the model goes into place after the last op
 
     def _verify_emitted(self, float_stream: streams.Stream, agreement: Agreement) -> None:
         """The held-out samples through the staged folder as transformers and compressed-tensors load it,

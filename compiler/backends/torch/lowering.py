@@ -23,6 +23,7 @@ from compiler.plan.lower import (
     mixed_precision_pass,
     needs_data,
     quantize_op,
+    smooth_op,
     statistics,
     transform_words,
     verify_op,
@@ -69,8 +70,8 @@ def _statistics(ctx: Context) -> list[str]:
     """What calibration gathers, in words."""
     w = ctx.workload
     parts = ["input ranges"] if w.observed or (ctx.ir.kv_cache is None and w.transform is None) else []
-    parts += [transform_words(w, CHECKED)] if w.transform else []
-    return parts + (["GPTQ Hessians"] if w.gptq else []) + (["KV cache ranges"] if ctx.ir.kv_cache else [])
+    parts += (["GPTQ Hessians"] if w.gptq else []) + (["KV cache ranges"] if ctx.ir.kv_cache else [])
+    return parts or ["none beyond the transform's, gathered by the smooth op"]
 
 
 def lower_streams(ctx: Context) -> list[PlanOp]:
@@ -87,6 +88,7 @@ def lower_streams(ctx: Context) -> list[PlanOp]:
             summary=f"run the float model on {v.samples} held-out samples and keep its outputs "
             "(the model is then rounded in place)", inputs=(Buffer.MODEL, Buffer.VERIFY_DATA), outputs=(Buffer.REFERENCE,),
             peak_bytes=ctx.phase(PhaseName.VERIFY), samples=v.samples, **held_out(ctx)))
+    ops += smooth_op(ctx, CHECKED)
     if ctx.needs_data:
         summary = (f"forward {w.chunk} samples × {w.seqlen} tokens through the whole model, hooks gathering the "
                    "statistics its layers round with (" + ", ".join(_statistics(ctx)) + ")")

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from compiler.backends.products import Pending
 from compiler.backends.release import release_memory
-from compiler.backends.result import CompileResult, refuse_nonfinite
+from compiler.backends.result import refuse_nonfinite
 from compiler.backends.torch.compressed import layer_tensors
 from compiler.backends.torch.fallbacks import sibling_range
 from compiler.backends.torch.figures import input_range, weight_sqnr
@@ -36,7 +37,7 @@ class Rounder:
     model: TorchModel
     writer: FolderWriter
     global_scales: SharedGlobalScales
-    result: CompileResult
+    report: Pending  # its figures and warnings, drained after each op
     progress: Callable
     dampened: dict[str, float] = field(default_factory=dict)  # GPTQ layers whose Hessian needed more dampening
     # (inf: rounded with rtn)
@@ -77,7 +78,7 @@ class Rounder:
             act = sibling_range(job, stats, self.calibration, self.model.dtype) if unseen and stats is not None else \
                 input_qparams(job, stats, self.calibration, self.model.dtype)
             if job.static_input and act is None:
-                self.result.warnings.append(warning(
+                self.report.warnings.append(warning(
                     "Q405", f"the input of `{job.layer.name}` was never finite during calibration; its activations "
                     "stay in float", job.scheme.span, "no range", help="check the calibration data"))
             q = self.round(job, module.weight, stats, act)
@@ -110,9 +111,9 @@ class Rounder:
 
     def record(self, job: Job, original: torch.Tensor, dequantized: torch.Tensor, act) -> None:
         """The report's figures: weight SQNR, and the range a static input is quantized to."""
-        self.result.weight_sqnr[job.layer.name] = weight_sqnr(original, dequantized)
+        self.report.weight_sqnr[job.layer.name] = weight_sqnr(original, dequantized)
         if act is not None:
-            self.result.input_ranges[job.layer.name] = input_range(job.scheme.quantized_inputs, act)
+            self.report.input_ranges[job.layer.name] = input_range(job.scheme.quantized_inputs, act)
 
 
 def _trim_after_block(jobs: list[Job], number: int) -> None:
