@@ -231,13 +231,17 @@ def compile_(
 ) -> None:
     """Compile: check, plan, calibrate, quantize, emit (atomically) and verify. Prints progress per stage
     and a summary with the measured peak memory beside the planned estimate."""
+    from compiler.backends.ranks import from_environment
     from compiler.compile_run import CompileFailed, compile_recipe, summary
 
     _check_report_path(report)
-    console = _stderr()
+    first = from_environment().first  # under torchrun the first rank speaks for all (backends/ranks.py)
+    console = _stderr() if first else Console(stderr=True, quiet=True)
     try:
         result, planned = compile_recipe(recipe, tuple(set_ or ()), output, console, report)
     except CompileFailed as failed:
+        if not first:
+            raise typer.Exit(2) from None
         print_diagnostics(failed.diagnostics)
         if report is not None and failed.result is not None:  # the model was written: show how it fell short
             _write_report(report, failed.planned, failed.result)
@@ -248,6 +252,8 @@ def compile_(
         _stderr().print(f"interrupted after the compiled model was moved into place at {written}: it is complete"
                         if written is not None else "interrupted: nothing was written to the destination")
         raise typer.Exit(130) from None
+    if not first:
+        return
     print_diagnostics(planned.diagnostics + tuple(result.warnings))
     Console(highlight=False).print(summary(result, planned))
     if report is not None:

@@ -344,6 +344,12 @@ CODES: tuple[CodeInfo, ...] = (
        "files resolving inside the folder (or a Hugging Face cache snapshot's blobs): a link to a private key "
        "or a system file is never read, so its content cannot end up in a published model.",
        "model/tokenizer.json -> /home/me/.ssh/id_rsa"),
+    _c("Q431", "a plan torchrun's ranks cannot share yet",
+       "Under torchrun each rank rounds its share of the weights (job i on rank i mod N) and the first rank writes "
+       "the output; so far that is the data-free path (rtn or mse rounding file to file, no `verify`, `backend "
+       "torch`). A plan that runs the model (calibration, GPTQ, verification, the ONNX backend) is refused on every "
+       "rank before any work, instead of being run N times over.",
+       "torchrun --standalone --nproc_per_node 2 -m compiler compile recipes/tiny-llama-torch-gptq.recipe"),
     _c("Q501", "verification failed",
        "The emitted model was run beside the float one on held-out samples and missed the recipe's bound. "
        "The model is left in place with a `.verify.json` report of the figures, so it can be inspected.",

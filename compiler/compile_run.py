@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from compiler.backends.ranks import from_environment, joined
 from compiler.backends.registry import spec_for
 from compiler.backends.spec import OutputKind
 from compiler.diagnostics import Diagnostic, StageError, error
@@ -19,7 +20,8 @@ from compiler.inspect_table import totals
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
 from compiler.outputs import destination_lock, output_conflict, read_paths, unwritable
-from compiler.plan.ops import Emit
+from compiler.plan import ops
+from compiler.plan.ops import Emit, Plan
 from compiler.plan.workload import workload
 
 
@@ -89,8 +91,18 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
         raise CompileFailed((error("Q417", problem, ir.span, "cannot write the output",
                                    help=f"write to a folder you can write with {human_bytes(needed)} free (`-o PATH`)"),))
 
+    ranks = from_environment()
+    if ranks.world > 1:
+        unshared = unshared_op(planned.program)
+        if unshared is not None:
+            raise CompileFailed((error(
+                "Q431", f"this plan cannot be shared by torchrun's {ranks.world} ranks yet (its `{unshared}` op)",
+                ir.span, "not shared over ranks",
+                help="torchrun shares the data-free path (rtn/mse rounding file to file, no `verify`, `backend "
+                "torch`); run this recipe without torchrun"),))
     execute = spec.load_executor()
-    with destination_lock(destination) as held:
+    # one rank holds the destination: the others write nothing (compiler/backends/ranks.py)
+    with destination_lock(destination) if ranks.first else nullcontext(None) as held, joined(ranks):
         if held is not None:
             raise CompileFailed((error("Q429", f"another qrc compile is writing `{destination}` ({held})", ir.span,
                                        "destination busy", help="wait for it to finish, or write to another path "
@@ -100,6 +112,18 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
             return _execute(execute, ir, planned, destination, console, needed)
         except KeyboardInterrupt:
             raise Interrupted(destination if _identity(destination) != before else None) from None
+
+
+SHARED_OPS = (ops.LoadModel, ops.SelectMemoryMode, ops.QuantizeWeights, ops.Emit)
+
+
+def unshared_op(plan: Plan) -> str | None:
+    """The first op of `plan` that torchrun's ranks cannot share yet (what runs the model, or rounds with
+    it), or None: the data-free path is rounded file to file, each rank its share of the weights."""
+    unshared = [op for op in plan.ops if not isinstance(op, SHARED_OPS) or (
+        isinstance(op, ops.QuantizeWeights) and op.strategy is not ops.QuantizeStrategy.FILE_TO_FILE)]
+    unshared += [op for op in plan.ops if isinstance(op, ops.LoadModel) and op.access is not ops.ModelAccess.FILES]
+    return unshared[0].kind.value if unshared else None  # what runs the model first, else how it is opened
 
 
 class Interrupted(KeyboardInterrupt):

@@ -24,6 +24,7 @@ from compiler.backends.agreement import Agreement, passes
 from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.products import Pending, Product
 from compiler.backends.program import Produced, execute_plan
+from compiler.backends.ranks import current
 from compiler.backends.release import keep_large_blocks_mapped, release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.sensitivity import Scores, assign, score_units
@@ -47,7 +48,7 @@ from compiler.backends.torch.output_layout import copy_unquantized, open_output,
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.smoother import Smoother
-from compiler.backends.torch.writer import FolderWriter
+from compiler.backends.torch.writer import FolderWriter, RankCollector
 from compiler.diagnostics import StageError, error, warning
 from compiler.exhaustive import assert_never
 from compiler.ir.types import Calibration, MemoryMode
@@ -73,7 +74,8 @@ class _Run:
 
     model = Produced[TorchModel]()  # load_model
     index = Produced[ModelIndex]()  # load_model
-    writer = Produced[FolderWriter]()  # the first op that needs the jobs (_ready)
+    writer = Produced[FolderWriter | RankCollector]()  # the first op that needs the jobs (_ready); a collector on
+    # torchrun's ranks but the first (compiler/backends/ranks.py)
     global_scales = Produced[SharedGlobalScales]()
     kv = Produced[KvCacheQuantizer]()  # `kv_cache`: observes, then rounds, the attention caches (without it: no module)
     costs = Produced[LayerCosts]()  # each layer's own error on the held-out samples
@@ -90,7 +92,8 @@ class _Run:
         self.scores: Scores | None = None
         self.devices: dict = {}
         self.jobs: list[Job] = []
-        self._writer: FolderWriter | None = None
+        self._writer: FolderWriter | RankCollector | None = None
+        self.ranks = current()  # one rank outside torchrun
         self._global_scales: SharedGlobalScales | None = None
         self._kv: KvCacheQuantizer | None = None
         self.config: dict = {}  # the output's config.json, its quantization_config checked before any work
@@ -201,7 +204,7 @@ class _Run:
         attention = attention_modules([layer.name for layer in self.index.layers]) if kv is not None else []
         self.kv = KvCacheQuantizer(self.model.module, attention, kv, self.model.dtype)
         self.config, self.writer, skipped = open_output(self.output, self.model, self.jobs, self.assignment,
-                                                        kv, attention, self.plan.spans.recipe)
+                                                        kv, attention, self.plan.spans.recipe, self.ranks.first)
         calibration = gathers.calibration if gathers is not None else None
         self.rounder = Rounder(calibration, self.plan.spans.model, self.model, self.writer, self.global_scales,
                                self.pending, self.progress)
@@ -209,7 +212,8 @@ class _Run:
             self.pending.warnings.append(skipped)
         if self.disk is not None:
             self.disk.mkdir(parents=True, exist_ok=True)
-        if self.assignment.smoothing and gathers is not None and gathers.transform is not None:
+        if self.assignment.smoothing and gathers is not None and gathers.transform is not None \
+                and isinstance(self.writer, FolderWriter):  # one process (a transform is not shared over ranks)
             self.smoother = Smoother(gathers.transform, gathers.calibration, self.model, self.index,
                                      self.assignment.smoothing, self.jobs, self.writer)
         # the KV scales and the transform's statistics come from calibration too
@@ -413,6 +417,8 @@ class _Run:
         self._ready()
         jobs = self._jobs_named(op.layers)
         match op.strategy:
+            case ops.QuantizeStrategy.FILE_TO_FILE if self.ranks.world > 1:
+                self.rounder.from_files_shared(jobs, self.ranks)
             case ops.QuantizeStrategy.FILE_TO_FILE:
                 self.rounder.from_files(jobs)
             case ops.QuantizeStrategy.TAIL:
@@ -435,15 +441,18 @@ class _Run:
         if self.rounder.dampened:
             warnings.append(dampened_warning(self.plan.spans.recipe, self.rounder.dampened))
         self.kv.write_scales("", self.writer)  # any module calibration did not reach (none in the models qrc runs)
-        copy_unquantized(self.writer, self.model, self.jobs)
-        refused = write_metadata(self.writer, self.model, self.config, self.plan.recipe_text)
+        refused: list[str] = []
+        if isinstance(self.writer, FolderWriter):  # the first rank writes the output; the others hand tensors on
+            copy_unquantized(self.writer, self.model, self.jobs)
+            refused = write_metadata(self.writer, self.model, self.config, self.plan.recipe_text)
         if refused:
             warnings.append(warning(
                 "Q430", f"{len(refused)} file(s) of the model folder link outside it and were not copied: "
                 f"{', '.join(refused[:4])}", self.plan.spans.model, "not copied",
                 help="copy the real files into the model folder if the output should carry them"))
         staged = tuple(self.writer.finish())
-        if self.model.folder is not None:  # what transformers makes of the folder, before it goes into place
+        if self.model.folder is not None and isinstance(self.writer, FolderWriter):  # what transformers makes of
+            # the folder, before it goes into place (the first rank's: the others write nothing)
             skipped = check_loads(self.writer.temp, self.model.folder, self.plan.spans.emit)
             if skipped is not None:
                 warnings.append(skipped)
@@ -484,6 +493,7 @@ class _Run:
         states through the float model's tail (its weights read again from the checkpoint: the tail may
         have been rounded in place)."""
         span = self.plan.spans.emit
+        assert isinstance(self.writer, FolderWriter)  # verification runs in one process (ranks.py)
         artifact = open_artifact(self.writer.temp, self.model, span)
         model = self.model
         if self.reference:

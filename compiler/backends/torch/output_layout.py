@@ -16,7 +16,7 @@ from compiler.backends.torch.loader_names import loader_names
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.quant_args import input_args
 from compiler.backends.torch.shards import DTYPES
-from compiler.backends.torch.writer import FolderWriter
+from compiler.backends.torch.writer import FolderWriter, RankCollector
 from compiler.diagnostics import Diagnostic
 from compiler.ir.types import KvCache
 from compiler.models.index import LayerKind
@@ -84,15 +84,19 @@ def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment, kv
 
 
 def open_output(output: Path, model: TorchModel, jobs: list[Job], assignment: Assignment, kv: KvCache | None,
-                attention: list[str], span: Span | None) -> tuple[dict, FolderWriter, Diagnostic | None]:
+                attention: list[str], span: Span | None,
+                writes: bool = True) -> tuple[dict, FolderWriter | RankCollector, Diagnostic | None]:
     """Before any work: config.json's content, checked with compressed-tensors' schema (Q420; Q400 when the
     package is missing but the floating formats or a KV cache need it), and the writer with every output
     tensor laid out (`attention`: the modules whose KV scales `kv_cache` adds). Also returns Q421 when the
-    schema check was skipped; its diagnostics point at `span`."""
+    schema check was skipped; its diagnostics point at `span`. `writes` False (a rank but the first under
+    torchrun): a collector that hands its tensors on, and no file."""
     # the KV cache's arguments are those of an activation spec (vLLM takes float 8-bit symmetric per tensor)
     config = output_config(model, jobs, assignment, input_args(kv.quant) if kv else None)
     floats = any(j.scheme.quantized_weights.qtype.is_float for j in jobs) or kv is not None
     skipped = check_config(config["quantization_config"], span, floats)
+    if not writes:
+        return config, RankCollector(), skipped
     writer = FolderWriter(output, output_specs(model, jobs) + kv_specs(attention, model.dtype))
     return config, writer, skipped
 

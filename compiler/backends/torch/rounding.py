@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from compiler.backends.products import Pending
+from compiler.backends.ranks import Ranks, gather_to_first
 from compiler.backends.release import release_memory
 from compiler.backends.result import refuse_nonfinite
 from compiler.backends.torch.compressed import layer_tensors
@@ -20,7 +21,7 @@ from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.layers import Job, Statistics, apply_quantized, input_qparams, quantize_job
 from compiler.backends.torch.model import TorchModel
-from compiler.backends.torch.writer import FolderWriter
+from compiler.backends.torch.writer import FolderWriter, RankCollector
 from compiler.diagnostics import warning
 from compiler.ir.types import Calibration
 from compiler.quant.gptq import SingularHessian
@@ -35,7 +36,7 @@ class Rounder:
     calibration: Calibration | None
     model_span: Span | None
     model: TorchModel
-    writer: FolderWriter
+    writer: FolderWriter | RankCollector  # a collector on torchrun's ranks but the first
     global_scales: SharedGlobalScales
     report: Pending  # its figures and warnings, drained after each op
     progress: Callable
@@ -64,6 +65,31 @@ class Rounder:
             del weight, q
             _trim_after_block(jobs, number)
             advance()
+
+    def from_files_shared(self, jobs: list[Job], ranks: Ranks) -> None:
+        """Data-free rounding file to file, shared by torchrun's ranks: job i is rounded by rank i mod N, a round
+        of N jobs at a time; each round the other ranks' tensors and figures go to the first rank, which writes
+        them (the layout is by name and offset, so the bytes are those of one process). At most N rounded
+        weights are in flight."""
+        advance = self.progress("quantize", len(jobs))
+        for start in range(0, len(jobs), ranks.world):
+            number = start + ranks.rank
+            sqnr: dict[str, float] = {}
+            if number < len(jobs):
+                job = jobs[number]
+                weight = self.model.shards.read(job.layer.weight).float()
+                q = self.round(job, weight, None, None)
+                self.record(job, weight, torch.from_numpy(q.dequantize()), None)
+                sqnr[job.layer.name] = self.report.weight_sqnr[job.layer.name]
+                del weight, q
+            tensors = self.writer.take() if isinstance(self.writer, RankCollector) else {}
+            for handed, figures in gather_to_first(ranks, (tensors, sqnr)):
+                for name, tensor in handed.items():
+                    self.writer.put(name, tensor)
+                self.report.weight_sqnr.update(figures)
+            for _ in range(min(ranks.world, len(jobs) - start)):
+                advance()
+        release_memory()
 
     def in_place(self, jobs: list[Job], stats: Statistics | None, advance=None) -> list:
         """Round each job's weight, write its tensors, and make its module compute like the emitted model."""

@@ -153,3 +153,43 @@ def _write_header(fd: int, shard: list[TensorSpec]) -> tuple[int, list[int]]:
     data_start = 8 + len(text)
     os.ftruncate(fd, data_start + position)
     return data_start, [offsets[s.name] for s in shard]
+
+
+class RankCollector(Emitter):
+    """What a rank other than the first hands on instead of writing (compiler/backends/ranks.py): the tensors
+    it rounded, taken by the first rank after each round. It writes nothing, so no rank but the first ever
+    leaves a file."""
+
+    def __init__(self) -> None:
+        self.missing: set[str] = set()  # what copy_unquantized would copy: the first rank copies everything
+        self.tensors: dict[str, torch.Tensor] = {}
+
+    def specs(self) -> list[TensorSpec]:
+        """None: the first rank lays the output out."""
+        return []
+
+    def put(self, name: str, tensor: torch.Tensor) -> None:
+        """Keep a rounded tensor until the first rank takes it."""
+        self.tensors[name] = tensor.detach().cpu()
+
+    def take(self) -> dict[str, torch.Tensor]:
+        """The tensors kept since the last take."""
+        taken, self.tensors = self.tensors, {}
+        return taken
+
+    def copy_raw(self, name: str, *args: object, **kwargs: object) -> None:
+        """Nothing: the first rank copies the unquantized tensors."""
+
+    def metadata(self, relative: str, text: str) -> None:
+        """Nothing: the first rank writes the metadata."""
+
+    def finish(self) -> list[Path]:
+        """Nothing staged here."""
+        return []
+
+    def commit(self) -> list[Path]:
+        """Nothing to move into place here."""
+        return []
+
+    def abort(self) -> None:
+        """Nothing to remove here."""
