@@ -217,7 +217,7 @@ def test_offload_checks_the_quantization_nodes_against_the_opset_without_reading
     finds what onnxruntime refuses (int4 and `block_size` before opset 21) and passes the same node at 21."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from compiler.backends.onnx.execute import _unschematic_node
+    from compiler.backends.onnx.emitted_check import _unschematic_node
 
     def model(opset: int) -> onnx.ModelProto:
         q = helper.make_tensor("q", TensorProto.INT4, [64, 64], [0] * 64 * 64)

@@ -191,7 +191,7 @@ def test_interrupt_during_verification_leaves_nothing_at_the_destination(tmp_pat
     from compiler.backends.torch import streams as torch_streams
 
     out = tmp_path / "m.onnx"
-    _interrupted_during_verification("recipes/tiny-llama-w8a8.recipe", out, monkeypatch, onnx_execute, "_verify")
+    _interrupted_during_verification("recipes/tiny-llama-w8a8.recipe", out, monkeypatch, onnx_execute, "verify_whole")
     assert not out.exists() and not list(tmp_path.iterdir())
     folder = tmp_path / "torch-out"
     # full mode: the quantized model runs on the held-out samples after emit, inside the verify op

@@ -26,8 +26,32 @@ from compiler.resolve.sizes import quantized_bytes
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
-    """What the run must hold and do, in numbers: what the memory model and the lowering read."""
+class Observation:
+    """What calibration must see for an assignment: the inputs whose ranges the output needs, the tensors
+    observed for them (passthrough producers stand in), and GPTQ's layer inputs."""
+
+    needed: tuple[str, ...]  # activations whose ranges the emitted model needs (inputs of A-quantized layers)
+    observed: tuple[str, ...]  # what calibration observes after passthrough propagation
+    sources: tuple[tuple[str, str], ...]  # (needed tensor, the tensor its range comes from): itself, or a
+    # passthrough ancestor's output (ALGORITHMS.md, selective propagation)
+    gptq_layers: tuple[str, ...]
+    hessian_inputs: tuple[tuple[str, int], ...]  # (input tensor, features) of GPTQ's linear layers, once each
+
+    @property
+    def source_of(self) -> dict[str, str]:
+        """Each needed tensor's observed source."""
+        return dict(self.sources)
+
+    @property
+    def fetched(self) -> tuple[str, ...]:
+        """What the ONNX calibration reads out of the graph: the observed tensors and the GPTQ inputs."""
+        return tuple(dict.fromkeys((*self.observed, *(t for t, _ in self.hessian_inputs))))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload(Observation):
+    """What the run must hold and do, in numbers: what the memory model and the lowering read (with what its
+    calibration observes)."""
     backend: Backend
     index: ModelIndex
     weights_bytes: int
@@ -35,14 +59,8 @@ class Workload:
     dequantized_bytes: int  # float weights onnxruntime rebuilds from DequantizeLinear when it runs an ONNX output
     largest_layer_bytes: int
     quantized_layers: tuple[str, ...]
-    needed: tuple[str, ...]  # activations whose ranges the emitted model needs (inputs of A-quantized layers)
-    observed: tuple[str, ...]  # what calibration observes after passthrough propagation
-    sources: tuple[tuple[str, str], ...]  # (needed tensor, the tensor its range comes from): itself, or a
-    # passthrough ancestor's output (ALGORITHMS.md, selective propagation)
     calibrate: bool  # any step needs a forward pass over calibration data
     gptq: bool
-    gptq_layers: tuple[str, ...]
-    hessian_inputs: tuple[tuple[str, int], ...]  # (input tensor, features) of GPTQ's linear layers, once each
     samples: int
     seqlen: int
     past: int  # tokens already in a decoder's cache per sample (an npz's past axis; else 0)
@@ -58,21 +76,11 @@ class Workload:
     # its targets' weights), what the transform's statistics and scratch scale with
 
     @property
-    def source_of(self) -> dict[str, str]:
-        """Each needed tensor's observed source (itself, or a passthrough producer)."""
-        return dict(self.sources)
-
-    @property
     def searched(self) -> Search:
         """The mixed-precision search, for a workload that has one (its score op exists only then)."""
         if self.search is None:
             raise ValueError("this workload has no mixed-precision search")
         return self.search
-
-    @property
-    def fetched(self) -> tuple[str, ...]:
-        """What the ONNX calibration reads out of the graph: the observed tensors and the GPTQ inputs."""
-        return tuple(dict.fromkeys((*self.observed, *(t for t, _ in self.hessian_inputs))))
 
     @property
     def inherited(self) -> int:
@@ -132,28 +140,6 @@ def _dequantized_bytes(ir: RecipeIR, quantized: list) -> int:
         and a.scheme.weights.granularity is Granularity.GROUP))
 
 
-@dataclass(frozen=True, slots=True)
-class Observation:
-    """What calibration must see for an assignment: the inputs whose ranges the output needs, the tensors
-    observed for them (passthrough producers stand in), and GPTQ's layer inputs."""
-
-    needed: tuple[str, ...]
-    observed: tuple[str, ...]
-    sources: tuple[tuple[str, str], ...]  # (needed tensor, the tensor its range comes from)
-    gptq_layers: tuple[str, ...]
-    hessian_inputs: tuple[tuple[str, int], ...]  # (input tensor, features), once each
-
-    @property
-    def source_of(self) -> dict[str, str]:
-        """Each needed tensor's observed source."""
-        return dict(self.sources)
-
-    @property
-    def fetched(self) -> tuple[str, ...]:
-        """What the ONNX calibration reads out of the graph: the observed tensors and the GPTQ inputs."""
-        return tuple(dict.fromkeys((*self.observed, *(t for t, _ in self.hessian_inputs))))
-
-
 def observation(assignment: Assignment, passthrough: tuple[str, ...]) -> Observation:
     """What calibration observes for `assignment` (the plan's, or the one a search chose while running), with
     ranges inherited through the `passthrough` ops of the model's graph."""
@@ -176,8 +162,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
     index = assignment.model
     quantized = [a for a in assignment.layers if not a.scheme.is_none]
     seen = observation(assignment, ir.calibration.passthrough)
-    needed, observed, sources = seen.needed, seen.observed, dict(seen.sources)
-    gptq_layers, hessian_inputs, gptq = seen.gptq_layers, seen.hessian_inputs, bool(seen.gptq_layers)
+    gptq = bool(seen.gptq_layers)
     mp = ir.mixed_precision
     cal = ir.calibration
     return Workload(
@@ -185,11 +170,11 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         quantized_bytes=index.total_bytes - sum(a.layer.bytes - quantized_bytes(a.layer, a.scheme) for a in quantized),
         dequantized_bytes=_dequantized_bytes(ir, quantized),
         largest_layer_bytes=max((x.bytes for x in index.layers), default=0),
-        quantized_layers=tuple(a.layer.name for a in quantized), needed=needed, observed=observed,
-        sources=tuple(sources.items()),
-        calibrate=bool(observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR)
+        quantized_layers=tuple(a.layer.name for a in quantized), needed=seen.needed, observed=seen.observed,
+        sources=seen.sources, gptq_layers=seen.gptq_layers, hessian_inputs=seen.hessian_inputs,
+        calibrate=bool(seen.observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR)
         or ir.kv_cache is not None or bool(assignment.smoothing),
-        gptq=gptq, gptq_layers=gptq_layers, hessian_inputs=hessian_inputs, samples=cal.data.samples, seqlen=sequence_length(cal.data),
+        gptq=gptq, samples=cal.data.samples, seqlen=sequence_length(cal.data),
         past=cache_length(cal.data), chunk=chunk or cal.chunk, bins=cal.bins,
         method=cal.method, mixed_precision=mp is not None,
         search=_search(ir, assignment),

@@ -14,16 +14,18 @@ import onnx
 
 from compiler import data
 from compiler.backends import BackendError
-from compiler.backends.agreement import Agreement, passes
+from compiler.backends.agreement import passes
 from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.onnx import rewrite
-from compiler.backends.onnx.calibrate import calibrate, observe, session_from_path
+from compiler.backends.onnx.calibrate import calibrate, observe
+from compiler.backends.onnx.emitted_check import check_emitted
 from compiler.backends.onnx.emitters import ActivationQParams, QdqEmitter, emitter_for
 from compiler.backends.onnx.exported_model import quantized_layers, resolve_export
 from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.genai import side_files
 from compiler.backends.onnx.hessians import GptqRounder, hessian_observers, uses_gptq
 from compiler.backends.onnx.sensitivity import OnnxScorer
+from compiler.backends.onnx.verification import verify_offload, verify_whole
 from compiler.backends.products import Pending, Product
 from compiler.backends.program import Produced, execute_plan
 from compiler.backends.release import release_memory
@@ -90,6 +92,7 @@ class _OnnxRun:
         self._files: ModelFiles | None = None
         self.mode = plan.mode
         self.disk: Path | None = None  # `memory { disk }`, from select_memory_mode
+        self._observed: tuple[Assignment, Observation] | None = None  # observation()'s, for its assignment
         self.scores: Scores | None = None
         self.observers: dict = {}
         self.bounds: dict[str, tuple[float, float]] = {}  # layer input → its quantized range
@@ -129,8 +132,11 @@ class _OnnxRun:
         return graph
 
     def observation(self, calibration: Calibration) -> Observation:
-        """What calibration observes for the current assignment (a search may have changed it)."""
-        return observation(self.assignment, calibration.passthrough)
+        """What calibration observes for the current assignment (a search may have changed it): worked out once
+        per assignment, since passthrough propagation walks the whole graph."""
+        if self._observed is None or self._observed[0] is not self.assignment:
+            self._observed = (self.assignment, observation(self.assignment, calibration.passthrough))
+        return self._observed[1]
 
     def jobs(self) -> dict[str, rewrite.WeightJob]:
         """Every weight to quantize (by initializer name), with its layer and scheme."""
@@ -390,7 +396,7 @@ class _OnnxRun:
             emitter.metadata(key, value)
         staged = tuple(emitter.finish())  # beside the destination until verified
         if self.plan.first(ops.Verify) is None:  # verification opens it in onnxruntime; without it, this does
-            _check_emitted(emitter.staged_model, self.plan.spans.emit, self.mode is MemoryMode.OFFLOAD)
+            check_emitted(emitter.staged_model, self.plan.spans.emit, self.mode is MemoryMode.OFFLOAD)
         # The rewrite changed `files.light` in place: put the weight-free float graph back, which also lets
         # the quantized model (and its loaded weights) go before verification.
         self.files.light = onnx.load(str(self.files.path), load_external_data=False)
@@ -419,64 +425,14 @@ class _OnnxRun:
         staged = self.emitter.staged_model
         if self.mode is MemoryMode.OFFLOAD:
             batches = held_out_batches(op, self.assignment.model, self.pending.warnings, chunk=1)  # a sample at a time
-            agreement = _verify_offload(self.assignment, self.files, staged, batches, self.disk, self.progress)
+            agreement = verify_offload(self.assignment, self.files, staged, batches, self.disk, self.progress)
         else:
             batches = held_out_batches(op, self.assignment.model, self.pending.warnings)
-            agreement = _verify(self.files.path, staged, batches, self.progress)
+            agreement = verify_whole(self.files.path, staged, batches, self.progress)
         errors = {} if passes(agreement.value(op.metric), op.bound, op.threshold) else self._layer_errors(op, staged)
         verdict = judge(op, self.plan.spans.verify, self.output, agreement, "the emitted model, run by onnxruntime",
                         errors)  # the model goes into place after the last op
         return Product(verification=verdict)
-
-
-def _check_emitted(staged: Path, span: Span | None, offload: bool) -> None:
-    """The staged model opens in onnxruntime, or the compile stops with Q425 and nothing is written. In offload
-    (a model too large to hold) the quantization nodes qrc wrote are checked against the schemas of the
-    model's opset instead, without reading a weight. (ONNX's own checker is no substitute: it refuses the
-    onnxruntime-only ops exporters write in the default domain, such as SimplifiedLayerNormalization.)"""
-    if offload:
-        problem = _unschematic_node(onnx.load(str(staged), load_external_data=False))
-    else:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        no_kernel = ort.capi.onnxruntime_pybind11_state.NotImplemented
-        try:
-            ort.InferenceSession(str(staged), options, providers=["CPUExecutionProvider"])
-            problem = None
-        except no_kernel:  # a valid model the CPU provider has no kernel for (bfloat16 graphs): served elsewhere
-            problem = None
-        except Exception as exc:  # onnxruntime raises its own exception types for a model it cannot load
-            problem = str(exc).strip().splitlines()[0]
-    if problem:
-        raise BackendError(error("Q425", f"the emitted model would not load in onnxruntime: {problem}",
-                                 span, "invalid output",
-                                 help="this is a qrc bug; please report it with the recipe. Nothing was written "
-                                 "to the destination"))
-
-
-def _unschematic_node(model: onnx.ModelProto) -> str | None:
-    """The first QuantizeLinear/DequantizeLinear whose attributes or quantized type the model's opset does not
-    define (what onnxruntime refuses when it loads the model), described; None when all are defined."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if opset is None:
-        return None
-    types = {t.name: t.data_type for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx") or node.op_type not in ("QuantizeLinear", "DequantizeLinear"):
-            continue
-        schema = onnx.defs.get_schema(node.op_type, opset, "")
-        unknown = [a.name for a in node.attribute if a.name not in schema.attributes]
-        if unknown:
-            return f"{node.op_type} `{node.name}` has `{unknown[0]}`, which opset {opset} does not define"
-        quantized = node.input[0] if node.op_type == "DequantizeLinear" else None
-        if quantized in types:
-            allowed = {c for tc in schema.type_constraints for c in tc.allowed_type_strs}
-            name = onnx.helper.tensor_dtype_to_np_dtype(types[quantized]).name
-            if f"tensor({name})" not in allowed:
-                return f"{node.op_type} `{node.name}` reads {name}, which opset {opset} does not take"
-    return None
 
 
 def _same_layers(span: Span | None, planned: Assignment, exported: Assignment) -> None:
@@ -507,43 +463,3 @@ def _consumers(assignment: Assignment, model) -> dict[str, set[str]]:
             if a.layer.input in node.input:
                 out.setdefault(a.layer.input, set()).add(node.name)
     return out
-
-
-def _verify(source: Path, output: Path, batches, progress) -> Agreement:
-    reference, candidate = session_from_path(source), session_from_path(output)
-    inputs = {i.name for i in reference.get_inputs()}
-    first = reference.get_outputs()[0].name
-    agreement, advance = Agreement(), progress("verify", len(batches))
-    for feed in batches:
-        feed = {k: x for k, x in feed.items() if k in inputs}
-        agreement.update(reference.run([first], feed)[0], candidate.run([first], feed)[0], feed.get("attention_mask"))
-        advance()
-    return agreement
-
-
-def _verify_offload(assignment, files: ModelFiles, output: Path, batches, disk: Path | None, progress) -> Agreement:
-    """Both models block by block: the float model's outputs are cached per chunk, then compared."""
-    from compiler.backends.onnx.segments import BoundaryCache, cut, run_segments
-    from compiler.models.graph import summarize
-
-    first = files.light.graph.output[0].name
-    masks = [feed.get("attention_mask") for feed in batches]
-    emitted = open_model(output)
-    cache = BoundaryCache(disk)
-    try:
-        advance = progress("verify", (len(cut(files.light)) + len(cut(emitted.light))) * len(batches))
-        produced = iter(range(len(batches)))
-        run_segments(files.light, files.base_dir, assignment.model.graph, batches, {first},
-                     lambda _, value: cache.put(first, next(produced), value), disk, advance)
-        agreement, compared = Agreement(), iter(range(len(batches)))
-
-        def compare(_, value):
-            i = next(compared)
-            agreement.update(cache.get(first, i), value, masks[i])
-
-        summary = summarize(emitted.light, {t.name for t in emitted.light.graph.initializer})
-        run_segments(emitted.light, emitted.base_dir, summary, batches, {first}, compare, disk, advance)
-    finally:
-        cache.close()
-        emitted.close()
-    return agreement

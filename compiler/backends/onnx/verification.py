@@ -1,0 +1,51 @@
+"""The float and the emitted ONNX model on the same held-out samples, compared at the model's output: whole,
+or (offload) segment by segment with the float outputs cached per sample."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from compiler.backends.agreement import Agreement
+from compiler.backends.onnx.calibrate import session_from_path
+from compiler.backends.onnx.files import ModelFiles, open_model
+
+
+def verify_whole(source: Path, output: Path, batches, progress) -> Agreement:
+    """Both models whole in onnxruntime sessions, chunk by chunk, at their first output."""
+    reference, candidate = session_from_path(source), session_from_path(output)
+    inputs = {i.name for i in reference.get_inputs()}
+    first = reference.get_outputs()[0].name
+    agreement, advance = Agreement(), progress("verify", len(batches))
+    for feed in batches:
+        feed = {k: x for k, x in feed.items() if k in inputs}
+        agreement.update(reference.run([first], feed)[0], candidate.run([first], feed)[0], feed.get("attention_mask"))
+        advance()
+    return agreement
+
+
+def verify_offload(assignment, files: ModelFiles, output: Path, batches, disk: Path | None, progress) -> Agreement:
+    """Both models block by block: the float model's outputs are cached per chunk, then compared."""
+    from compiler.backends.onnx.segments import BoundaryCache, cut, run_segments
+    from compiler.models.graph import summarize
+
+    first = files.light.graph.output[0].name
+    masks = [feed.get("attention_mask") for feed in batches]
+    emitted = open_model(output)
+    cache = BoundaryCache(disk)
+    try:
+        advance = progress("verify", (len(cut(files.light)) + len(cut(emitted.light))) * len(batches))
+        produced = iter(range(len(batches)))
+        run_segments(files.light, files.base_dir, assignment.model.graph, batches, {first},
+                     lambda _, value: cache.put(first, next(produced), value), disk, advance)
+        agreement, compared = Agreement(), iter(range(len(batches)))
+
+        def compare(_, value):
+            i = next(compared)
+            agreement.update(cache.get(first, i), value, masks[i])
+
+        summary = summarize(emitted.light, {t.name for t in emitted.light.graph.initializer})
+        run_segments(emitted.light, emitted.base_dir, summary, batches, {first}, compare, disk, advance)
+    finally:
+        cache.close()
+        emitted.close()
+    return agreement
