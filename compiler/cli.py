@@ -235,12 +235,17 @@ def compile_(
     from compiler.compile_run import CompileFailed, compile_recipe, summary
 
     _check_report_path(report)
-    first = from_environment().first  # under torchrun the first rank speaks for all (backends/ranks.py)
+    ranks = from_environment()
+    first = ranks.first  # under torchrun the first rank speaks for all (backends/ranks.py)
     console = _stderr() if first else Console(stderr=True, quiet=True)
     try:
         result, planned = compile_recipe(recipe, tuple(set_ or ()), output, console, report)
     except CompileFailed as failed:
-        if not first:
+        if not first:  # a failure of its own run (the first rank cannot know it): one line, naming the rank
+            worst = next((d for d in failed.diagnostics if d.severity.value == "error"), None)
+            if worst is not None and failed.running and worst.code != "Q501":  # Q501: judged alike on every rank
+                _stderr().print(f"rank {ranks.rank} of {ranks.world}: error[{worst.code}]: {worst.message}",
+                                markup=False)
             raise typer.Exit(2) from None
         print_diagnostics(failed.diagnostics)
         if report is not None and failed.result is not None:  # the model was written: show how it fell short

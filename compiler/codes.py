@@ -344,12 +344,20 @@ CODES: tuple[CodeInfo, ...] = (
        "files resolving inside the folder (or a Hugging Face cache snapshot's blobs): a link to a private key "
        "or a system file is never read, so its content cannot end up in a published model.",
        "model/tokenizer.json -> /home/me/.ssh/id_rsa"),
-    _c("Q431", "a plan torchrun's ranks cannot share yet",
-       "Under torchrun each rank rounds its share of the weights (job i on rank i mod N) and the first rank writes "
-       "the output; so far that is the data-free path (rtn or mse rounding file to file, no `verify`, `backend "
-       "torch`). A plan that runs the model (calibration, GPTQ, verification, the ONNX backend) is refused on every "
-       "rank before any work, instead of being run N times over.",
-       "torchrun --standalone --nproc_per_node 2 -m compiler compile recipes/tiny-llama-torch-gptq.recipe"),
+    _c("Q431", "what torchrun's ranks cannot share yet",
+       "Under torchrun (or with `memory { ranks N }`) the torch backend splits the calibration and held-out "
+       "samples over the ranks by chunk, merges every statistic exactly before rounding, rounds each block's "
+       "layers on the ranks and writes the output from the first rank. The ONNX backend, the mixed-precision "
+       "search, `transform` and `mode multi_gpu` run in one process so far: `qrc check` refuses them with "
+       "`ranks N`, and a compile under torchrun refuses them on every rank before any work, instead of running "
+       "them N times over.",
+       "memory { ranks 2 }   # in a recipe with `backend onnx`"),
+    _c("Q432", "a rank of the compile stopped",
+       "The ranks wait for each other at every merge. When one dies or is killed (out of memory, a signal, a "
+       "lost node) the others stop too, at the next merge or when torchrun ends them, instead of waiting "
+       "forever (a merge times out after QRC_RANK_TIMEOUT seconds, 600 by default); the first rank wrote "
+       "nothing to the destination.",
+       "kill -9 one of torchrun's workers during a compile"),
     _c("Q501", "verification failed",
        "The emitted model was run beside the float one on held-out samples and missed the recipe's bound. "
        "The model is left in place with a `.verify.json` report of the figures, so it can be inspected.",
@@ -409,6 +417,10 @@ CODES: tuple[CodeInfo, ...] = (
        "input width to be a multiple of the group: compressed-tensors' forward, which transformers runs on the "
        "loaded folder, splits each input row into whole groups and fails otherwise.",
        'quantize { type Linear -> FP8_BLOCK }   # on a model whose hidden size is 64'),
+    _c("Q433", "the recipe's `ranks` differs from the processes the compile runs as (warning)",
+       "`memory { ranks N }` is what `qrc plan` plans for: each rank's share of the samples and its peak. A "
+       "compile runs as it was launched (alone, or as torchrun's ranks) and plans again for that, saying so.",
+       "memory { ranks 2 }   # compiled without torchrun"),
     _c("Q248", "an MoE expert saw no calibration token (warning)",
        "With `calibrate { experts routed }` an expert the router never chose has no statistics: its weights "
        "are rounded with rtn and a static input borrows the widest range of its sibling experts, instead of a "

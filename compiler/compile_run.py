@@ -5,32 +5,35 @@ from __future__ import annotations
 import os
 import signal
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from compiler.backends.ranks import from_environment, joined
+from compiler.backends.ranks import from_environment, joined, lost_ranks_message
 from compiler.backends.registry import spec_for
 from compiler.backends.spec import OutputKind
-from compiler.diagnostics import Diagnostic, StageError, error
+from compiler.diagnostics import Diagnostic, StageError, error, warning
 from compiler.frontend import PlanResult, plan_file
 from compiler.inspect_table import totals
+from compiler.ir.checks import UNSHARED_HELP, unshared
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
 from compiler.outputs import destination_lock, output_conflict, read_paths, unwritable
-from compiler.plan import ops
-from compiler.plan.ops import Emit, Plan
+from compiler.plan.ops import Emit
 from compiler.plan.workload import workload
 
 
 class CompileFailed(Exception):
     """A compile stopped with diagnostics (the result is kept when a model was written but failed verification)."""
-    def __init__(self, diagnostics: tuple[Diagnostic, ...], result=None, planned: PlanResult | None = None):
+    def __init__(self, diagnostics: tuple[Diagnostic, ...], result=None, planned: PlanResult | None = None,
+                 running: bool = False):
         super().__init__(len(diagnostics))
         self.diagnostics = diagnostics
         self.result, self.planned = result, planned  # set when a model was written but failed verification
+        self.running = running  # raised while the backend ran: under torchrun, possibly this rank's alone
 
 
 def output_path(result: PlanResult, override: Path | None) -> Path:
@@ -62,8 +65,10 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
     """Run a compile; returns (result, planned). Raises CompileFailed with the diagnostics on errors.
     `report`: where the CLI will write its report, checked against every path the compile reads and writes.
 
-    The plan is the program: the recipe's backend (from the registry) runs its ops in order."""
-    planned = plan_file(recipe, overrides)
+    The plan is the program: the recipe's backend (from the registry) runs its ops in order. Under torchrun
+    it is planned for the ranks torchrun started (each rank's share), whatever `ranks` the recipe gives."""
+    ranks = from_environment()
+    planned = _planned_for(recipe, overrides, ranks.world)
     if not planned.ok:
         raise CompileFailed(planned.diagnostics)
     ir = planned.check.recipe
@@ -91,18 +96,9 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
         raise CompileFailed((error("Q417", problem, ir.span, "cannot write the output",
                                    help=f"write to a folder you can write with {human_bytes(needed)} free (`-o PATH`)"),))
 
-    ranks = from_environment()
-    if ranks.world > 1:
-        unshared = unshared_op(planned.program)
-        if unshared is not None:
-            raise CompileFailed((error(
-                "Q431", f"this plan cannot be shared by torchrun's {ranks.world} ranks yet (its `{unshared}` op)",
-                ir.span, "not shared over ranks",
-                help="torchrun shares the data-free path (rtn/mse rounding file to file, no `verify`, `backend "
-                "torch`); run this recipe without torchrun"),))
     execute = spec.load_executor()
     # one rank holds the destination: the others write nothing (compiler/backends/ranks.py)
-    with destination_lock(destination) if ranks.first else nullcontext(None) as held, joined(ranks):
+    with destination_lock(destination) if ranks.first else nullcontext(None) as held, joined(ranks) as peers:
         if held is not None:
             raise CompileFailed((error("Q429", f"another qrc compile is writing `{destination}` ({held})", ir.span,
                                        "destination busy", help="wait for it to finish, or write to another path "
@@ -111,19 +107,53 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
         try:
             return _execute(execute, ir, planned, destination, console, needed)
         except KeyboardInterrupt:
+            if ranks.world > 1 and any(p.gone() for p in peers):  # torchrun ends the others when one dies
+                raise _rank_lost(ranks, peers, planned, None) from None
             raise Interrupted(destination if _identity(destination) != before else None) from None
+        except RuntimeError as exc:  # a merge whose peer died or timed out (torch.distributed's errors)
+            if ranks.world > 1 and _distributed(exc):
+                raise _rank_lost(ranks, peers, planned, exc) from None
+            raise
 
 
-SHARED_OPS = (ops.LoadModel, ops.SelectMemoryMode, ops.QuantizeWeights, ops.Emit)
+def _distributed(exc: BaseException) -> bool:
+    """Whether `exc` is torch.distributed's: a lost connection or a timeout in a merge."""
+    return type(exc).__module__.startswith("torch.distributed") or type(exc).__name__.startswith("Dist") or \
+        any(word in str(exc) for word in ("gloo", "Gloo", "Connection closed", "Timed out", "NCCL"))
 
 
-def unshared_op(plan: Plan) -> str | None:
-    """The first op of `plan` that torchrun's ranks cannot share yet (what runs the model, or rounds with
-    it), or None: the data-free path is rounded file to file, each rank its share of the weights."""
-    unshared = [op for op in plan.ops if not isinstance(op, SHARED_OPS) or (
-        isinstance(op, ops.QuantizeWeights) and op.strategy is not ops.QuantizeStrategy.FILE_TO_FILE)]
-    unshared += [op for op in plan.ops if isinstance(op, ops.LoadModel) and op.access is not ops.ModelAccess.FILES]
-    return unshared[0].kind.value if unshared else None  # what runs the model first, else how it is opened
+def _rank_lost(ranks, peers, planned: PlanResult, exc: BaseException | None) -> CompileFailed:
+    """Q432: the compile lost a rank; nothing was written (the first rank writes last, all or nothing)."""
+    said = (str(exc).strip().splitlines() or [""])[0][:200] if exc is not None else ""
+    return CompileFailed(planned.diagnostics + (error(
+        "Q432", lost_ranks_message(ranks, peers) + (f" ({type(exc).__name__}: {said})" if exc is not None else ""),
+        planned.check.recipe.span, "a rank stopped",
+        help="nothing was written to the destination; see why that rank ended (memory, a signal, its node) in "
+        "torchrun's report and compile again"),), None, planned, running=True)
+
+
+def _planned_for(recipe: Path, overrides: tuple[str, ...], world: int) -> PlanResult:
+    """The plan for `world` ranks (Q431 where the recipe has what they cannot share); Q433 when the recipe
+    planned for another number (it runs as launched: alone, or as torchrun's ranks)."""
+    planned = plan_file(recipe, overrides, ranks=world)
+    if not planned.ok:
+        return planned
+    ir = planned.check.recipe
+    found = unshared(ir) if world > 1 else None
+    if found is not None:
+        what, span = found
+        return replace(planned, diagnostics=(*planned.diagnostics, error(
+            "Q431", f"`{what}` cannot be shared by torchrun's {world} ranks yet", span, "not shared over ranks",
+            help=UNSHARED_HELP)))
+    asked = ir.memory.ranks
+    if asked == world or ir.memory.span_of("ranks") is None:  # as the recipe plans, or it leaves it to the launch
+        return planned
+    launch = (f"launch it with `torchrun --nproc_per_node {asked} -m compiler compile {recipe}`" if world == 1
+              else f"give `ranks {world}`, or start {asked} processes")
+    mismatch = warning("Q433", f"the recipe plans for {asked} rank(s); this compile runs as {world}",
+                       ir.memory.span_of("ranks"), f"runs as {world}",
+                       help=f"the plan was made again for {world}; {launch}")
+    return replace(planned, diagnostics=(mismatch, *planned.diagnostics))
 
 
 class Interrupted(KeyboardInterrupt):
@@ -150,13 +180,14 @@ def _execute(execute, ir, planned: PlanResult, destination: Path, console: Conso
         try:
             result = execute(planned.program, planned.assignment, destination, progress)
         except StageError as exc:  # a backend's failure, or its data's
-            raise CompileFailed(planned.diagnostics + (exc.diagnostic,), getattr(exc, "result", None), planned) from None
+            raise CompileFailed(planned.diagnostics + (exc.diagnostic,), getattr(exc, "result", None), planned,
+                                running=True) from None
         except OSError as exc:  # disk full, a folder made read-only meanwhile: the backends left no partial output
             where = exc.filename or destination
             raise CompileFailed(planned.diagnostics + (error(
                 "Q417", f"cannot write `{where}`: {exc.strerror or exc}", ir.span, "write failed",
                 help=f"the output needs about {human_bytes(needed)} (plus the disk caches of offload); free space "
-                     "or choose another folder; nothing was left at the destination"),), None, planned) from None
+                     "or choose another folder; nothing was left at the destination"),), None, planned, running=True) from None
     return result, planned
 
 
@@ -198,6 +229,9 @@ def summary(result, planned: PlanResult) -> Table:
     cached = "; export from the cache" if "export_onnx" in result.skipped else ""
     table.add_row("peak RSS", f"{human_bytes(result.peak_rss)} measured vs {human_bytes(planned_peak)} planned "
                   f"({ratio:.2f}×), mode {planned.program.mode.value}{cached}")
+    if result.rank_peaks:  # each rank's, against the same per-rank plan
+        table.add_row("per rank", ", ".join(f"rank {r} {human_bytes(b)} ({b / planned_peak if planned_peak else 0:.2f}×)"
+                                           for r, b in enumerate(result.rank_peaks)))
     for note in result.notes:
         table.add_row("placement", note)
     if result.transform:

@@ -198,11 +198,14 @@ class PlanResult:
         return self.check.assignment
 
 
-def plan_file(path: str | Path, overrides: tuple[str, ...] = (), detected_free: int | None = None) -> PlanResult:
+def plan_file(path: str | Path, overrides: tuple[str, ...] = (), detected_free: int | None = None,
+              ranks: int | None = None) -> PlanResult:
     """Check a recipe against its model and lower it to a Plan (the dry run). Reads no weights.
 
     Args:
         detected_free: free host memory in bytes for recipes without `ram`; measured when None.
+        ranks: the torchrun ranks the compile runs as, when it plans for them rather than for the recipe's
+            `ranks` (the recipe's canonical text, the output's provenance, stays as written).
     """
     checked = check_file(path, overrides, with_model=True)
     if not checked.ok or checked.assignment is None:
@@ -214,7 +217,8 @@ def plan_file(path: str | Path, overrides: tuple[str, ...] = (), detected_free: 
     diags = Diagnostics(list(checked.diagnostics))
     ir = checked.recipe
     spec = spec_for(ir.backend)
-    plan = build_plan(ir, spec.planned(ir, checked.assignment), detected_free, diags, spec.costs, spec.lowering)
+    plan = build_plan(ir, spec.planned(ir, checked.assignment), detected_free, diags, spec.costs, spec.lowering,
+                      ranks)
     return PlanResult(checked, plan, tuple(diags.items))
 
 

@@ -18,7 +18,7 @@ from compiler.syntax import ast, parse_setting
 _BLOCK_KEYS = {
     "calibrate": ("data", "chunk", "method", "passthrough", "workers", "bins", "experts"),
     "mixed_precision": ("choices", "metric", "budget", "samples"),
-    "memory": ("mode", "ram", "vram", "disk"),
+    "memory": ("mode", "ram", "vram", "disk", "ranks"),
     "verify": ("samples", "metric", "at_least", "at_most"),
 }
 KEYS = ("model", "backend", *(f"{b}.{k}" for b, ks in _BLOCK_KEYS.items() for k in ks), "emit.path", "emit.format")

@@ -1,29 +1,77 @@
-"""Under torchrun (torch.distributed's launcher, gloo on this CPU), a data-free compile is shared by the ranks:
-each rounds its share of the weights and the first writes the folder, byte for byte what one process writes. A
-plan the ranks cannot share yet is refused on every rank (Q431) with nothing written."""
+"""Under torchrun (torch.distributed's launcher, gloo on this CPU) a compile on the torch backend is shared by the
+ranks: each runs its share of the sample chunks, the statistics are merged exactly, each block's layers are
+rounded on the ranks and the first writes the folder. For every observer method (and rtn, mse, data-free) the
+folder is byte for byte what one process writes; GPTQ is deterministic for a rank count and as good as one
+process's (KL against float, measured in transformers). Two "nodes" on 127.0.0.1 give the same bytes; a killed
+rank stops every rank with Q432 and nothing written. `qrc check` and `qrc plan` know `memory { ranks N }`."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from compiling import ROOT
 
-pytestmark = pytest.mark.slow  # each case starts torchrun and its ranks
+from compiler.frontend import check_source, plan_file
+from compiler.plan.render import to_text
+from compiler.source import Source
 
 DATA_FREE = 'recipe datafree {\n    model "builtin:tiny-llama"\n    backend torch\n    quantize { type Linear -> W4A16 }\n}\n'
 
+OBSERVED = """recipe shared {{
+    model "{model}"
+    backend torch
+    scheme s = {base} {{ rounding {rounding} }}
+    quantize {{ "model.layers.*" -> s  "lm_head" -> {head} }}
+    group auto qkv
+    calibrate {{ data synthetic {{ samples 24  seqlen 64 }}  chunk 4  method {method} }}
+    memory {{ mode {mode}  disk "{disk}" }}
+    {kv}
+    verify {{ samples 8  metric cosine  at_least 0.9 }}
+    emit "{out}" {{ format safetensors }}
+}}
+"""
+
+GPTQ = """recipe gptq {{
+    model "{model}"
+    backend torch
+    scheme w4 = W4A16 {{ group 32  rounding gptq }}
+    quantize {{ type Linear -> w4  "lm_head" -> none }}
+    calibrate {{ data synthetic {{ samples 32  seqlen 64 }}  chunk 4 }}
+    memory {{ mode low_memory }}
+    emit "{out}" {{ format safetensors }}
+}}
+"""
+
+
+def _env() -> dict:
+    # one thread per process, as torchrun gives each rank: the single process computes with the same kernels
+    return {**os.environ, "PYTHONPATH": str(ROOT), "QRC_RANK_TIMEOUT": "120", "OMP_NUM_THREADS": "1"}
+
+
+def _launcher(ranks: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"] \
+        if ranks > 1 else [sys.executable]
+
 
 def _qrc(*args: str, ranks: int = 1) -> subprocess.CompletedProcess:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"] \
-        if ranks > 1 else [sys.executable]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "QRC_RANK_TIMEOUT": "120"}
-    return subprocess.run([*launcher, "-m", "compiler", *args], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=600)
+    return subprocess.run([*_launcher(ranks), "-m", "compiler", *args], capture_output=True, text=True, env=_env(),
+                          cwd=ROOT, timeout=600)
 
 
+def _same_folders(one: Path, two: Path) -> None:
+    files = sorted(p.name for p in one.iterdir())
+    assert files == sorted(p.name for p in two.iterdir()) and "model.safetensors" in files
+    for name in files:
+        assert (one / name).read_bytes() == (two / name).read_bytes(), name
+
+
+@pytest.mark.slow
 def test_two_ranks_write_the_bytes_one_process_writes(tmp_path):
     recipe = tmp_path / "r.recipe"
     recipe.write_text(DATA_FREE)
@@ -31,17 +79,168 @@ def test_two_ranks_write_the_bytes_one_process_writes(tmp_path):
     two = _qrc("compile", str(recipe), "-o", str(tmp_path / "two"), ranks=2)
     assert one.returncode == 0, one.stderr[-2000:]
     assert two.returncode == 0, two.stderr[-2000:]
-    files = sorted(p.name for p in (tmp_path / "one").iterdir())
-    assert files == sorted(p.name for p in (tmp_path / "two").iterdir()) and "model.safetensors" in files
-    for name in files:
-        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
+    _same_folders(tmp_path / "one", tmp_path / "two")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "r.recipe", "two"]  # no rank left anything
     assert two.stdout.count("compiled datafree") == 1  # the first rank speaks for all
 
 
-def test_a_plan_the_ranks_cannot_share_is_refused_on_every_rank(tmp_path):
-    out = tmp_path / "out"
-    run = _qrc("compile", "recipes/tiny-llama-torch-gptq.recipe", "-o", str(out), ranks=2)
-    assert run.returncode != 0
-    assert run.stderr.count("error[Q431]") == 1 and "cache_block_inputs" in run.stderr, run.stderr[-2000:]
-    assert not out.exists() and list(tmp_path.iterdir()) == []
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    from zoo import build
+
+    return build("llama", tmp_path_factory.mktemp("ranks") / "llama")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, mode, rounding, base", [
+    ("minmax", "full", "rtn", "W8A8"), ("percentile 99.9", "low_memory", "rtn", "W8A8"),
+    ("entropy", "offload", "mse", "W8A8"), ("mse", "low_memory", "rtn", "W8A8"),
+    ("layerwise_percentile", "full", "rtn", "W8A8"), ("minmax", "low_memory", "rtn", "hf W8A8"),
+    ("minmax", "offload", "rtn", "hf FP8")])
+def test_every_observer_method_writes_one_process_bytes(tmp_path, llama, method, mode, rounding, base):
+    """Observers merge exactly over the ranks (min/max and the histograms), and chunk i runs on rank i mod 2
+    exactly as it runs alone: the scales, hence every byte, are one process's. The HF cases add the FP8 KV
+    cache (its ranges are maxima over the ranks), transformers' own load check on the first rank and, for
+    FP8, compressed-tensors' rounding on the rank that owns each layer."""
+    folders = {}
+    hf = base.startswith("hf ")
+    recipe = tmp_path / "r.recipe"  # one recipe: the output carries its text
+    recipe.write_text(OBSERVED.format(model=llama if hf else "builtin:tiny-llama", rounding=rounding, method=method,
+                                      mode=mode, disk=tmp_path / "cache", out=tmp_path / "out",
+                                      base=base.removeprefix("hf "), head="none" if hf else "W8A16",
+                                      kv="kv_cache { fp8 }" if hf else ""))
+    for ranks in (1, 2):
+        out = tmp_path / f"out{ranks}"
+        run = _qrc("compile", str(recipe), "-o", str(out), ranks=ranks)
+        assert run.returncode == 0, run.stderr[-3000:]
+        folders[ranks] = out
+        if ranks == 2:
+            assert "shared by 2 torchrun ranks" in run.stdout and "rank 1" in run.stdout  # the per-rank peaks
+    _same_folders(folders[1], folders[2])
+
+
+def _kl(float_folder: Path, out: Path) -> float:
+    """Mean KL(float ‖ quantized) over held-out random ids, both loaded by transformers (the output through
+    compressed-tensors, as its users load it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.randint(0, 320, (4, 48), generator=torch.Generator().manual_seed(1234))
+    with torch.no_grad():
+        p = AutoModelForCausalLM.from_pretrained(float_folder).eval()(ids).logits.log_softmax(-1)
+        q = AutoModelForCausalLM.from_pretrained(out).eval()(ids).logits.log_softmax(-1)
+    return float((p.exp() * (p - q)).sum(-1).mean())
+
+
+@pytest.mark.slow
+def test_gptq_over_ranks_is_deterministic_and_as_good_as_one_process(tmp_path, llama):
+    """The Hessians are summed in float64 in rank order and each layer is rounded on the rank it is assigned
+    to: two runs on 2 ranks write the same bytes, and their KL against float is one process's within 1%."""
+    outs = {}
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(GPTQ.format(model=llama, out=tmp_path / "out"))
+    for name, ranks in (("one", 1), ("two", 2), ("again", 2)):
+        outs[name] = tmp_path / name
+        run = _qrc("compile", str(recipe), "-o", str(outs[name]), ranks=ranks)
+        assert run.returncode == 0, run.stderr[-3000:]
+    _same_folders(outs["two"], outs["again"])
+    one, two = _kl(llama, outs["one"]), _kl(llama, outs["two"])
+    print(f"GPTQ KL against float in transformers: one process {one:.6f}, two ranks {two:.6f}")
+    assert 0 < one and abs(two - one) <= 0.01 * one, (one, two)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_on_one_host_write_one_process_bytes(tmp_path):
+    """`torchrun --nnodes 2`: two launchers meet at a rendezvous on 127.0.0.1, one rank each, as two machines
+    would; the output is one process's, written by the first node's rank alone."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(OBSERVED.format(model="builtin:tiny-llama", rounding="rtn", method="entropy", base="W8A8",
+                                      head="W8A16", mode="low_memory", disk=tmp_path / "cache", out=tmp_path / "x",
+                                      kv=""))
+    one = _qrc("compile", str(recipe), "-o", str(tmp_path / "one"))
+    assert one.returncode == 0, one.stderr[-2000:]
+    port = _free_port()
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
+         "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=qrc-test", "-m", "compiler",
+         "compile", str(recipe), "-o", str(tmp_path / "two")], env=_env(), cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = [node.communicate(timeout=600) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    _same_folders(tmp_path / "one", tmp_path / "two")
+
+
+def _rank_pid(rank: int, marker: str) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and marker.encode() in cmdline and b"compiler" in cmdline:
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.slow
+def test_a_killed_rank_stops_every_rank_with_nothing_written(tmp_path):
+    """Rank 1 is killed (SIGKILL) while the ranks calibrate: rank 0 stops within seconds with Q432 naming
+    rank 1, and the destination never appears."""
+    disk = tmp_path / "cache"
+    recipe = tmp_path / "long.recipe"
+    model = "builtin:tiny-llama?layers=8&hidden=512&heads=8&kv_heads=2&vocab=32000&intermediate=1536"
+    recipe.write_text(OBSERVED.format(model=model, rounding="rtn", method="entropy", base="W8A8", head="W8A16",
+                                      mode="offload", disk=disk, out=tmp_path / "out", kv="").replace("samples 24  seqlen 64", "samples 64  seqlen 128"))
+    launch = subprocess.Popen([*_launcher(2), "-m", "compiler", "compile", str(recipe)], env=_env(), cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and launch.poll() is None:  # both ranks are running the plan
+        if disk.is_dir() and len([p for p in disk.iterdir() if p.name.startswith("qrc-hidden-")]) >= 2:
+            break
+        time.sleep(0.2)
+    victim = _rank_pid(1, str(recipe))
+    assert victim is not None and launch.poll() is None, launch.communicate()[1][-2000:]
+    os.kill(victim, 9)
+    killed = time.monotonic()
+    _, stderr = launch.communicate(timeout=300)
+    assert launch.returncode != 0 and time.monotonic() - killed < 120
+    assert "error[Q432]" in stderr and f"rank 1 (process {victim})" in stderr, stderr[-3000:]
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "long.recipe"]  # nothing staged was left
+
+
+# ---- `memory { ranks N }` in check and plan (no launch) ---------------------------------------------------
+
+def test_plan_shows_each_ranks_share_and_peak():
+    plan = plan_file(ROOT / "recipes/tiny-llama-torch-gptq.recipe", ("memory.ranks=2",), detected_free=8 << 30)
+    one = plan_file(ROOT / "recipes/tiny-llama-torch-gptq.recipe", (), detected_free=8 << 30)
+    assert plan.ok and one.ok and plan.plan is not None and one.plan is not None
+    text = to_text(plan.plan)
+    assert "ranks    2 torchrun processes" in text and "the 2 ranks' Hessians while they merge" in text
+    assert "samples=16" in text and "samples=32" in to_text(one.plan)  # 8 chunks of 4: 4 per rank
+    assert "ranks 2" in plan.plan.recipe_text and "ranks" not in one.plan.recipe_text
+
+
+@pytest.mark.parametrize("line, what", [
+    ("backend onnx", "backend onnx"), ("backend torch  transform smoothquant { alpha 0.5 }", "transform smoothquant"),
+    ("backend torch  mixed_precision { choices [W4A16, W8A16]  budget 6 bits }", "mixed_precision")])
+def test_check_refuses_what_the_ranks_cannot_share(line, what):
+    text = f'recipe r {{\n    model "builtin:tiny-llama"\n    {line}\n    quantize {{ type Linear -> W8A8 }}\n' \
+           '    memory { ranks 2 }\n}\n'
+    result = check_source(Source("r.recipe", text))
+    q431 = [d for d in result.diagnostics if d.code == "Q431"]
+    assert len(q431) == 1 and what in q431[0].message and q431[0].span is not None and q431[0].help, result.diagnostics
+
+
+def test_ranks_must_be_a_whole_number_of_processes():
+    text = 'recipe r {\n    model "builtin:tiny-llama"\n    quantize { type Linear -> W8A16 }\n    memory { ranks 0 }\n}\n'
+    result = check_source(Source("r.recipe", text))
+    assert not result.ok and any("ranks" in d.message for d in result.diagnostics), result.diagnostics

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Generic, Protocol, TypeVar, overload
 
 from compiler.backends.products import Product
+from compiler.backends.ranks import all_gathered, from_environment
 from compiler.backends.result import CompileResult
 from compiler.backends.rss import RssSampler
 from compiler.plan.ops import Plan, PlanOp
@@ -82,6 +83,7 @@ def execute_plan(plan: Plan, assignment: Assignment, output: Path, progress,
         with rss:
             try:
                 run_program(plan, run, rss, result)
+                result.rank_peaks = rank_peaks(rss.peak)
                 result.files = run.commit()
             finally:
                 run.close()
@@ -93,6 +95,12 @@ def execute_plan(plan: Plan, assignment: Assignment, output: Path, progress,
 
         raise BackendError(result.verify_failure, result)
     return result
+
+
+def rank_peaks(peak: int) -> tuple[int, ...]:
+    """Under torchrun, every rank's measured peak (the summary and report show a row per rank); () alone."""
+    ranks = from_environment()
+    return tuple(all_gathered(ranks, peak)) if ranks.world > 1 else ()
 
 
 def missing_handlers(plan: Plan, handlers: Mapping[type, Handler]) -> list[str]:

@@ -1,16 +1,20 @@
 """The ranks of a compile that torchrun (torch.distributed's launcher) started: which one this process is and how
 many there are. Outside torchrun a compile is rank 0 of 1 and nothing here imports torch.
 
-So far the data-free path is shared: each rank rounds its share of the weights (by index) and the first rank
-writes the output. A plan that runs the model is refused under torchrun (Q431) rather than run N times over."""
+On the torch backend a compile is shared: the calibration and held-out samples are split by chunk index, every
+statistic is merged exactly on every rank before anything is rounded (torch/sharing.py), the layers of a block
+are rounded by the rank each is assigned to and handed to all, and the first rank writes the output. What
+cannot be shared yet is refused (Q431) rather than run N times over."""
 
 from __future__ import annotations
 
 import datetime
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -52,12 +56,32 @@ def current() -> Ranks:
     return Ranks()
 
 
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Where a rank runs: what a rank that outlives it names when it stops."""
+
+    rank: int
+    host: str
+    pid: int
+
+    def gone(self) -> bool:
+        """Whether this rank's process has ended (known only for processes on this machine: a dead child
+        stays a zombie until torchrun reaps it, so its state is read, not just its existence)."""
+        if self.host != socket.gethostname() or self.pid == os.getpid():
+            return False
+        try:
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        return state in ("Z", "X")
+
+
 @contextmanager
-def joined(ranks: Ranks) -> Iterator[None]:
+def joined(ranks: Ranks) -> Iterator[list[Peer]]:
     """Join torchrun's process group for the compile (gloo on CPU, nccl with GPUs), with a timeout so that a
-    rank that died ends the others' waits; nothing to join for one rank."""
+    rank that died ends the others' waits; yields where every rank runs (nothing to join for one rank)."""
     if ranks.world == 1:
-        yield
+        yield []
         return
     import torch
     import torch.distributed as dist
@@ -65,9 +89,31 @@ def joined(ranks: Ranks) -> Iterator[None]:
     timeout = datetime.timedelta(seconds=float(os.environ.get("QRC_RANK_TIMEOUT", TIMEOUT_S)))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
     try:
-        yield
+        yield all_gathered(ranks, Peer(ranks.rank, socket.gethostname(), os.getpid()))
     finally:
         dist.destroy_process_group()
+
+
+def lost_ranks_message(ranks: Ranks, peers: list[Peer]) -> str:
+    """What a rank says when the compile's other ranks stopped answering: which ones ended, where known."""
+    gone = [p for p in peers if p.gone()]
+    if gone:
+        named = ", ".join(f"rank {p.rank} (process {p.pid})" for p in gone)
+        return f"{named} of the compile's {ranks.world} ended, so rank {ranks.rank} stopped too"
+    return (f"rank {ranks.rank} of {ranks.world} stopped: another rank ended or stopped answering (torchrun's "
+            "report names it)")
+
+
+def all_gathered(ranks: Ranks, value: T) -> list[T]:
+    """Every rank's `value`, in rank order, on every rank (what a merge in a fixed order needs: the same
+    result on each rank, whatever order the messages arrive in)."""
+    if ranks.world == 1:
+        return [value]
+    import torch.distributed as dist
+
+    found: list[Any] = [None] * ranks.world
+    dist.all_gather_object(found, value)
+    return found
 
 
 def gather_to_first(ranks: Ranks, value: T) -> list[T]:

@@ -25,6 +25,7 @@ class CompileResult:
     files: list[Path]
     plan: Plan
     peak_rss: int = 0
+    rank_peaks: tuple[int, ...] = ()  # under torchrun: each rank's measured peak, in rank order
     calibration_seconds: float = 0.0
     total_seconds: float = 0.0
     verify: dict[str, float] | None = None
@@ -76,16 +77,19 @@ class CompileResult:
 
 
 def judge(v: Verify, span: Span | None, output: Path, agreement: Agreement, measured_on: str,
-          layer_errors: dict[str, float]) -> Verification:
+          layer_errors: dict[str, float], writes: bool = True) -> Verification:
     """The verdict on the figures; below the op's bound, a `.verify.json` report beside the output and Q501
     (pointing at `span`), which the program raises after the model went into place (the last step of a run).
-    `layer_errors`: what each layer adds, measured when the bound was missed."""
+    `layer_errors`: what each layer adds, measured when the bound was missed. `writes`: False on torchrun's
+    ranks but the first, which judge the same figures but write nothing."""
     figures = agreement.figures()
     value = agreement.value(v.metric)
     passed = passes(value, v.bound, v.threshold)
     report = output.with_name(output.name + ".verify.json")
     failure = None
-    if passed:
+    if not writes:
+        pass
+    elif passed:
         report.unlink(missing_ok=True)  # the figures of an earlier, failed compile no longer describe this model
     else:
         report.write_text(json.dumps({"metric": v.metric.value, "bound": v.bound.value, "threshold": v.threshold,

@@ -204,7 +204,8 @@ def elaborate_memory(block: ast.Block | None, diags: Diagnostics) -> Memory:
     if mode is MemoryMode.MULTI_GPU and not vram:
         diags.error("Q221", "`mode multi_gpu` needs `vram`", found["mode"].span, "no GPU budget",
                     help="say how much memory each GPU may use, e.g. `vram 2 x 80 GiB`")
-    return Memory(spans=spans_of(found), mode=mode, ram=ram, vram=vram, disk=disk)
+    ranks = _count(found, "ranks", "`ranks`", 1, diags)
+    return Memory(spans=spans_of(found), mode=mode, ram=ram, vram=vram, disk=disk, ranks=ranks)
 
 
 def _vram(value, diags: Diagnostics) -> tuple[int, ...]:

@@ -170,9 +170,36 @@ def check_mixed_precision(ir: RecipeIR, diags: Diagnostics) -> None:
                     mp.span_of("budget"), "cannot be met", help=f"give a budget between {bits[0]} and {bits[-1]} bits")
 
 
+def unshared(ir: RecipeIR) -> tuple[str, Span] | None:
+    """What torchrun's ranks cannot share yet in this recipe (and where it is written), or None: the torch
+    backend shares calibration, GPTQ, the KV cache and verification (backends/torch/sharing.py); the ONNX
+    backend, the mixed-precision search, transforms and multi_gpu placement run in one process."""
+    if ir.backend is Backend.ONNX:
+        return "backend onnx", ir.span
+    if ir.mixed_precision is not None:
+        return "mixed_precision", ir.mixed_precision.span_of("choices") or ir.span
+    if ir.transform is not None:
+        return f"transform {ir.transform.kind.value}", ir.transform.span
+    if ir.memory.mode is MemoryMode.MULTI_GPU:
+        return "mode multi_gpu", ir.memory.span_of("mode") or ir.span
+    return None
+
+
+def check_ranks(ir: RecipeIR, diags: Diagnostics) -> None:
+    """`memory { ranks N }` on what the ranks cannot share (Q431), before anything is launched."""
+    found = unshared(ir) if ir.memory.ranks > 1 else None
+    if found is not None:
+        what, span = found
+        diags.error("Q431", f"`{what}` cannot be shared by {ir.memory.ranks} ranks yet", span,
+                    "not shared over ranks", help=UNSHARED_HELP)
+
+
+UNSHARED_HELP = ("torchrun's ranks share the torch backend's calibration, GPTQ, KV cache and verification; drop "
+                 "`ranks` (and run without torchrun), or remove this")
+
 # Run in this order after elaboration.
 CHECKS = (check_selectors, check_groups, check_scheme_use, check_emit, check_backend_features,
-          check_mixed_precision)
+          check_mixed_precision, check_ranks)
 
 
 def run_checks(ir: RecipeIR, diags: Diagnostics) -> None:

@@ -132,6 +132,8 @@ def _memory(ir: RecipeIR) -> list[str]:
         lines.append(f"        vram {count}{format_bytes(m.vram[0])}")
     if m.disk is not None:
         lines.append(f"        disk {quote(m.disk)}")
+    if m.ranks > 1:  # one rank is the default, and every recipe before ranks existed
+        lines.append(f"        ranks {m.ranks}")
     return lines + ["    }"]
 
 

@@ -319,11 +319,12 @@ class MixedPrecision(Located):
 
 @dataclass(frozen=True, slots=True)
 class Memory(Located):
-    """The `memory` block: budgets, mode, disk."""
+    """The `memory` block: budgets (each rank's), mode, disk, and how many torchrun ranks share the run."""
     mode: MemoryMode
     ram: int | None  # bytes; None: detect free memory at plan time
     vram: tuple[int, ...]  # bytes per device
     disk: str | None
+    ranks: int = 1  # processes torchrun starts for the compile (backends/ranks.py); the plan is each one's
 
 
 @dataclass(frozen=True, slots=True)

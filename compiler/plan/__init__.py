@@ -7,6 +7,7 @@ from its config.json takes well under a second.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from compiler.diagnostics import Diagnostics
 from compiler.ir.printer import print_ir
@@ -25,14 +26,18 @@ __all__ = ["Plan", "build_plan"]
 
 
 def build_plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: Diagnostics,
-               costs: CostModel, lowering: Sequence[Pass]) -> Plan | None:
+               costs: CostModel, lowering: Sequence[Pass], ranks: int | None = None) -> Plan | None:
     """Choose the memory mode and lower the recipe to ops. Returns None (with Q301) when nothing fits.
 
     Args:
         detected_free: free host memory in bytes, used (× 0.85) when the recipe gives no `ram`.
         costs: the cost model of the recipe's backend (its spec's; see compiler.backends.registry).
         lowering: the backend's passes, which make its ops (its spec's).
+        ranks: the torchrun ranks to plan for, instead of the recipe's `ranks` (its text is kept as written).
     """
+    written = ir
+    if ranks is not None and ranks != ir.memory.ranks:
+        ir = replace(ir, memory=replace(ir.memory, ranks=ranks))
     w = workload(ir, assignment)
     ram, source = ram_budget(ir.memory, detected_free)
     estimates, passes = all_estimates(w, w.chunk, ram, ir.memory.vram, costs)
@@ -44,7 +49,8 @@ def build_plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: 
     ctx = Context(ir, assignment, w, decision, estimates[decision.mode], passes, costs)
     notes = _notes(w, costs)
     return Plan(ir.name, ir.source_name, ir.model, ir.backend, len(assignment.layers),
-                len(w.quantized_layers), decision, lower(ctx, lowering), notes, spans_of(ir), print_ir(ir))
+                len(w.quantized_layers), decision, lower(ctx, lowering), notes, spans_of(ir), print_ir(written),
+                ir.memory.ranks)
 
 
 def spans_of(ir: RecipeIR) -> Spans:

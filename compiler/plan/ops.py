@@ -385,6 +385,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     spans: Spans = Spans()
     recipe_text: str = ""  # the recipe in canonical form: the output's provenance, the resume state's key
+    ranks: int = 1  # torchrun processes sharing the run (`memory { ranks N }`): the peaks are each one's
 
     @property
     def peak_bytes(self) -> int:

@@ -35,6 +35,10 @@ def header_lines(plan: Plan) -> list[str]:
         f"peak     {_bytes(plan.peak_bytes)} estimated",
         "estimate " + " + ".join(f"{name} {human_bytes(b)}" for name, b in chosen.parts if b),
     ]
+    if plan.ranks > 1:
+        lines.append(f"ranks    {plan.ranks} torchrun processes: each runs its share of the sample chunks (chunk i on "
+                     f"rank i mod {plan.ranks}) and rounds its share of each block's layers; the peaks and budgets "
+                     "above are each rank's")
     return lines + [f"note     {n}" for n in plan.notes]
 
 
@@ -65,6 +69,7 @@ def to_json(plan: Plan) -> str:
     data = {
         "recipe": plan.recipe, "source": plan.source, "model": plan.model, "backend": plan.backend.value,
         "layers": plan.layers, "quantized_layers": plan.quantized_layers, "peak_bytes": plan.peak_bytes,
+        **({"ranks": plan.ranks} if plan.ranks > 1 else {}),
         "memory": {"mode": plan.mode.value, "requested": d.requested.value, "ram_budget": d.ram_budget,
                    "ram_source": d.ram_source, "vram_budget": list(d.vram_budget), "reason": d.reason,
                    "tried": [{"mode": e.mode.value, "peak_ram": e.peak_ram, "peak_vram": e.peak_vram,

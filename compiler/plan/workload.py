@@ -3,6 +3,7 @@ resolved model, before any weight is read."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -61,7 +62,7 @@ class Workload(Observation):
     quantized_layers: tuple[str, ...]
     calibrate: bool  # any step needs a forward pass over calibration data
     gptq: bool
-    samples: int
+    samples: int  # the calibration samples one rank runs (all of them without torchrun: ranks.py)
     seqlen: int
     past: int  # tokens already in a decoder's cache per sample (an npz's past axis; else 0)
     chunk: int
@@ -69,11 +70,12 @@ class Workload(Observation):
     method: CalibrationMethod
     mixed_precision: bool
     search: Search | None  # the mixed-precision search, when there are units to search
-    verify_samples: int
+    verify_samples: int  # the held-out samples one rank runs
     disk: bool  # block data may be cached on disk (`memory { disk … }`)
     transform: Transform | None = None
     smoothing: tuple[tuple[str | None, int, int], ...] = ()  # per mapping: (block, input width, float32 bytes of
     # its targets' weights), what the transform's statistics and scratch scale with
+    ranks: int = 1  # torchrun processes sharing the run: the samples above are each one's share
 
     @property
     def searched(self) -> Search:
@@ -165,6 +167,8 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
     gptq = bool(seen.gptq_layers)
     mp = ir.mixed_precision
     cal = ir.calibration
+    ranks = ir.memory.ranks
+    verify_samples = ir.verify.samples if ir.verify else 0
     return Workload(
         backend=ir.backend, index=index, weights_bytes=index.total_bytes,
         quantized_bytes=index.total_bytes - sum(a.layer.bytes - quantized_bytes(a.layer, a.scheme) for a in quantized),
@@ -174,12 +178,21 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         sources=seen.sources, gptq_layers=seen.gptq_layers, hessian_inputs=seen.hessian_inputs,
         calibrate=bool(seen.observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR)
         or ir.kv_cache is not None or bool(assignment.smoothing),
-        gptq=gptq, samples=cal.data.samples, seqlen=sequence_length(cal.data),
+        gptq=gptq, samples=rank_share(cal.data.samples, chunk or cal.chunk, ranks), seqlen=sequence_length(cal.data),
         past=cache_length(cal.data), chunk=chunk or cal.chunk, bins=cal.bins,
         method=cal.method, mixed_precision=mp is not None,
         search=_search(ir, assignment),
-        verify_samples=ir.verify.samples if ir.verify else 0, disk=ir.memory.disk is not None,
+        verify_samples=rank_share(verify_samples, min(cal.chunk, verify_samples), ranks),
+        disk=ir.memory.disk is not None, ranks=ranks,
         transform=ir.transform if assignment.smoothing else None,
         smoothing=tuple((m.block, m.width, sum(4 * index.layer(x).params for x in m.targets))
                         for m in assignment.smoothing),
     )
+
+
+def rank_share(samples: int, chunk: int, ranks: int) -> int:
+    """The most samples one of `ranks` ranks runs when chunk i goes to rank i mod ranks (backends/ranks.py)."""
+    if ranks <= 1 or samples <= 0:
+        return samples
+    chunks = math.ceil(samples / max(chunk, 1))
+    return min(samples, math.ceil(chunks / ranks) * chunk)

@@ -187,6 +187,8 @@ def _memory(plan: Plan, result) -> tuple[tuple[str, str], ...]:
         ratio = result.peak_rss / planned if planned else 0
         basis = "" if planned == plan.peak_bytes else f" of {human_bytes(planned)}, the ops that did their work"
         out += [("measured peak RSS", f"{human_bytes(result.peak_rss)} ({ratio:.2f}× planned{basis})"),
+                *((f"rank {r} peak RSS", f"{human_bytes(b)} ({b / planned if planned else 0:.2f}× planned)")
+                  for r, b in enumerate(result.rank_peaks)),
                 ("RSS samples", f"{len(result.rss_samples)}, one every 20 ms (the peak also reads the kernel's "
                                 "high-water mark)"),
                 ("time", f"{result.total_seconds:.2f} s, calibration {result.calibration_seconds:.2f} s")]

@@ -49,7 +49,7 @@ _NAME_AFTER = {
 # Where a setting keyword belongs, for "`chunk` is not allowed here" help.
 KEYWORD_HOME = {
     **dict.fromkeys(("data", "chunk", "method", "passthrough", "workers", "bins"), "calibrate { … }"),
-    **dict.fromkeys(("mode", "ram", "vram", "disk"), "memory { … }"),
+    **dict.fromkeys(("mode", "ram", "vram", "disk", "ranks"), "memory { … }"),
     **dict.fromkeys(("choices", "budget"), "mixed_precision { … }"),
     **dict.fromkeys(("at_least", "at_most"), "verify { … }"),
     **dict.fromkeys(("weights", "activations", "rounding"), "scheme NAME { … }"),

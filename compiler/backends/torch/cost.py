@@ -57,6 +57,8 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
               + gptq_scratch(w) if mode is not MemoryMode.MULTI_GPU else 0),
              (f"{w.transform.kind.value if w.transform else 'transform'} statistics (+ scratch of one mapping)",
               transform_bytes(w, all_blocks=mode is MemoryMode.FULL)))
+    if w.ranks > 1 and w.gptq and mode is not MemoryMode.MULTI_GPU:
+        parts += ((f"the {w.ranks} ranks' Hessians while they merge", _merging(w, mode is MemoryMode.FULL)),)
     if mode is MemoryMode.FULL and w.verify_samples:  # CaptureReference keeps them through calibration
         last = w.index.layers[-1].out_features if w.index.layers else w.hidden
         parts += ((f"float outputs kept for verification ({w.verify_samples} samples)",
@@ -81,6 +83,12 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
                            (held + verify_chunk) * per_sample + agreement_scratch(per_sample, w.seqlen)),
                           ("the emitted model as loaded (one block, or what is outside the blocks)", emitted))
     return Phase("verification at the output", sum(b for _, b in parts), parts)
+
+
+def _merging(w: Workload, all_blocks: bool) -> int:
+    """Merging the ranks' GPTQ Hessians (torch/sharing.py) holds, besides this rank's float32 sums, every rank's
+    as sent and as received (2 per rank) and their float64 sum (2 more)."""
+    return (2 * w.ranks + 2) * hessian_bytes(w, all_blocks=all_blocks)
 
 
 def _file_to_file(w: Workload) -> int:

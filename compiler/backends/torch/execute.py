@@ -47,6 +47,7 @@ from compiler.backends.torch.model import TorchModel, open_files, open_model
 from compiler.backends.torch.output_layout import copy_unquantized, open_output, write_metadata
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.sensitivity import TorchScorer
+from compiler.backends.torch.sharing import share_agreement, share_costs, share_kv
 from compiler.backends.torch.smoother import Smoother
 from compiler.backends.torch.writer import FolderWriter, RankCollector
 from compiler.diagnostics import StageError, error, warning
@@ -207,7 +208,7 @@ class _Run:
                                                         kv, attention, self.plan.spans.recipe, self.ranks.first)
         calibration = gathers.calibration if gathers is not None else None
         self.rounder = Rounder(calibration, self.plan.spans.model, self.model, self.writer, self.global_scales,
-                               self.pending, self.progress)
+                               self.pending, self.progress, ranks=self.ranks)
         if skipped is not None:
             self.pending.warnings.append(skipped)
         if self.disk is not None:
@@ -260,19 +261,24 @@ class _Run:
                 self._call(feed)
                 advance()
         self.stats = stats
+        share_kv(self.kv, self.ranks)
         self.kv.write_scales("", self.writer)
 
     # ---- inputs -----------------------------------------------------------------------------------
     def _stream(self, name: str, batches) -> streams.Stream:
         cache = streams.HiddenCache(self.model.dtype, self.disk if self.offload else None)
         self.caches.append(cache)
-        return streams.Stream(name, [streams.torch_feed(f) for f in batches], cache)
+        # under torchrun each rank runs its own chunks (by index: rank i mod N) and the ranks merge what they
+        # measured (sharing.py)
+        owned = [streams.torch_feed(f) for i, f in enumerate(batches) if self.ranks.owns(i)]
+        return streams.Stream(name, owned, cache)
 
     def _verify_streams(self, held: ops.CaptureReference | ops.Verify | None):
         if held is None:
             return None
         batches = list(held_out_batches(held, self.index, self.pending.warnings))
-        self.emitted = can_verify_artifact(self.model)
+        # the emitted folder is the first rank's alone; the ranks share the run of qrc's model instead
+        self.emitted = can_verify_artifact(self.model) and self.ranks.world == 1
         quantized = None if self.emitted else self._stream("verify (quantized)", batches)
         return self._stream("verify (float)", batches), quantized, Agreement()
 
@@ -342,6 +348,7 @@ class _Run:
             with self.kv.running(KvMode.PASS):
                 outputs["float"] = self._next(block, number, verify[0], device)
         hooks = self.rounder.in_place(jobs, stats)
+        share_kv(self.kv, self.ranks)
         self.kv.write_scales(name + ".", self.writer)
         if cal is not None:
             outputs["cal"] = self._next(block, number, cal, device)
@@ -440,6 +447,7 @@ class _Run:
             warnings.append(unseen_warning(self.plan.spans.experts, self.rounder.unseen))
         if self.rounder.dampened:
             warnings.append(dampened_warning(self.plan.spans.recipe, self.rounder.dampened))
+        share_kv(self.kv, self.ranks)
         self.kv.write_scales("", self.writer)  # any module calibration did not reach (none in the models qrc runs)
         refused: list[str] = []
         if isinstance(self.writer, FolderWriter):  # the first rank writes the output; the others hand tensors on
@@ -463,7 +471,8 @@ class _Run:
     def verify(self, op: ops.Verify) -> Product:
         """Compare at the model's output: the quantized model against the kept float outputs (full), or the
         two streams through the tail (block-wise), unless rounding the tail already did."""
-        float_stream, quantized, agreement = self._verification()
+        float_stream, quantized, own = self._verification()
+        agreement = own
         if self.emitted:
             self._verify_emitted(float_stream, agreement)
             measured_on = (
@@ -479,12 +488,16 @@ class _Run:
                     advance()
         elif not self.tail_done:
             self._tail(None, self.verify_streams, [], self.offload, None)
-        if not self.emitted:
+        if self.ranks.world > 1:  # every rank's held-out chunks
+            agreement = share_agreement(own, self.ranks)
+            share_costs(self.costs, self.ranks)
+            measured_on = f"qrc's model, its held-out samples shared by {self.ranks.world} torchrun ranks"
+        elif not self.emitted:
             measured_on = "qrc's model (a built-in has no loader outside qrc)" if self.model.folder is None \
                 else "qrc's model (compressed-tensors is not installed to load the emitted folder)"
         # Q501's help names the worst layers
         errors = {} if passes(agreement.value(op.metric), op.bound, op.threshold) else self.costs.added()
-        verdict = judge(op, self.plan.spans.verify, self.output, agreement, measured_on, errors)
+        verdict = judge(op, self.plan.spans.verify, self.output, agreement, measured_on, errors, self.ranks.first)
         return Product(verification=verdict)  # the model goes into place after the last op
 
     def _verify_emitted(self, float_stream: streams.Stream, agreement: Agreement) -> None:

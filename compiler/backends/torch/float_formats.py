@@ -29,6 +29,29 @@ class FloatQuantized:
         """The weight as a loader computes with it, float32."""
         return self.dequantized.numpy()
 
+    # torch 2.13 pickles float8 tensors but cannot unpickle them; the ranks hand rounded weights on as pickles
+    # (torch.distributed's object collectives), so float8 tensors travel as their bytes
+    def __getstate__(self) -> tuple:
+        return {k: _portable(v) for k, v in self.stored.items()}, self.dequantized
+
+    def __setstate__(self, state: tuple) -> None:
+        stored, dequantized = state
+        object.__setattr__(self, "stored", {k: _restored(v) for k, v in stored.items()})  # frozen: unpickling sets it once
+        object.__setattr__(self, "dequantized", dequantized)
+
+
+def _portable(tensor: torch.Tensor):
+    if tensor.is_floating_point() and tensor.element_size() == 1:  # float8: its bytes and its dtype's name
+        return tensor.view(torch.uint8), str(tensor.dtype).removeprefix("torch.")
+    return tensor
+
+
+def _restored(value):
+    if isinstance(value, tuple):
+        data, dtype = value
+        return data.view(getattr(torch, dtype))
+    return value
+
 
 def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str, scale_dtype: torch.dtype,
                    shared_absmax: float | None = None) -> FloatQuantized:

@@ -74,8 +74,8 @@ class Hessian:
         self.rows += rows.shape[0]
 
     def mean(self) -> np.ndarray:
-        """XᵀX divided by the number of rows seen."""
-        return (self.sum / max(self.rows, 1)).cpu().numpy()
+        """XᵀX divided by the number of rows seen (float32; the ranks' merged sum is float64)."""
+        return (self.sum / max(self.rows, 1)).float().cpu().numpy()
 
 
 @dataclass
@@ -93,6 +93,7 @@ class Statistics:
     _handles: list = field(default_factory=list)
     _remaining: Counter = field(default_factory=Counter)  # leader → layers sharing its Hessian not yet rounded
     _counted: bool = False
+    shared: bool = False  # merged over torchrun's ranks (torch/sharing.py): merged once, whoever rounds first
 
     def __enter__(self) -> Statistics:
         for job in self.jobs:

@@ -29,6 +29,23 @@ def check_loads(staged: Path, source: Path, span: Span | None) -> Diagnostic | N
     except ImportError:
         return _skipped(span, "accelerate is not installed", "pip install accelerate (the `hf` extra brings it)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with _alone():
+        return _check(transformers, staged, source, span)
+
+
+def _alone():
+    """Under torchrun only the first rank loads the folder: compressed-tensors (which transformers calls) would
+    otherwise share its decompression with the other ranks, which are not loading it. Its own switch for
+    rank-local work turns that off."""
+    try:
+        import torch.distributed as dist
+        from compressed_tensors.offload.utils import as_single_threaded
+    except ImportError:
+        return contextlib.nullcontext()
+    return as_single_threaded() if dist.is_available() and dist.is_initialized() else contextlib.nullcontext()
+
+
+def _check(transformers, staged: Path, source: Path, span: Span | None) -> Diagnostic | None:
     task = _task_class(transformers, staged)
     for auto in (task, transformers.AutoModel):
         if auto is None:

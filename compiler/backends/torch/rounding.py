@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from compiler.backends.products import Pending
-from compiler.backends.ranks import Ranks, gather_to_first
+from compiler.backends.ranks import Ranks, all_gathered, gather_to_first
 from compiler.backends.release import release_memory
 from compiler.backends.result import refuse_nonfinite
 from compiler.backends.torch.compressed import layer_tensors
@@ -21,6 +21,7 @@ from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.layers import Job, Statistics, apply_quantized, input_qparams, quantize_job
 from compiler.backends.torch.model import TorchModel
+from compiler.backends.torch.sharing import owners, share_statistics
 from compiler.backends.torch.writer import FolderWriter, RankCollector
 from compiler.diagnostics import warning
 from compiler.ir.types import Calibration
@@ -44,6 +45,7 @@ class Rounder:
     # (inf: rounded with rtn)
     unseen: list[Job] = field(default_factory=list)  # layers no calibration token reached (MoE experts)
     hooks: list = field(default_factory=list)  # the modules' input quantizers, removed when the run closes
+    ranks: Ranks = field(default_factory=Ranks)  # torchrun's ranks share the rounding of each call (one outside)
 
     def streamed(self, jobs: list[Job], stats: Statistics | None, offload: bool) -> None:
         """Round layers whose weights may not be resident (offload): each read, rounded, written, dropped."""
@@ -92,22 +94,16 @@ class Rounder:
         release_memory()
 
     def in_place(self, jobs: list[Job], stats: Statistics | None, advance=None) -> list:
-        """Round each job's weight, write its tensors, and make its module compute like the emitted model."""
+        """Round each job's weight, write its tensors, and make its module compute like the emitted model.
+        Under torchrun the ranks share the rounding (_shared): every rank ends with the same modules."""
         hooks = []
-        for job in jobs:
-            module = self.model.module.get_submodule(job.module)
-            assert isinstance(module, torch.nn.Linear)  # Linear layers only (Q411)
-            unseen = job.needs_data and stats is not None and not stats.saw(job)
-            if unseen:  # an MoE expert no token reached: rtn, its siblings' input range (fallbacks.py)
-                self.unseen.append(job)
-                job = job.with_rtn() if job.gptq else job
-            act = sibling_range(job, stats, self.calibration, self.model.dtype) if unseen and stats is not None else \
-                input_qparams(job, stats, self.calibration, self.model.dtype)
-            if job.static_input and act is None:
-                self.report.warnings.append(warning(
-                    "Q405", f"the input of `{job.layer.name}` was never finite during calibration; its activations "
-                    "stay in float", job.scheme.span, "no range", help="check the calibration data"))
-            q = self.round(job, module.weight, stats, act)
+        if stats is not None:
+            share_statistics(stats, self.ranks)  # every rank's samples (once per Statistics)
+        prepared = [self._prepare(job, stats) for job in jobs]
+        rounded = self._shared(prepared, stats) if self.ranks.world > 1 else {}
+        for job, act in prepared:
+            module = self._linear(job)
+            q = rounded.pop(job.layer.name) if rounded else self.round(job, module.weight, stats, act)
             if stats is not None:
                 stats.release(job)
             original = module.weight
@@ -120,20 +116,69 @@ class Rounder:
         self.hooks.extend(hooks)
         return hooks
 
+    def _prepare(self, job: Job, stats: Statistics | None) -> tuple[Job, tuple[float, int] | None]:
+        """The job as it will be rounded (an MoE expert no token reached: rtn, its siblings' input range,
+        fallbacks.py) and its static input's range."""
+        self._linear(job)  # Linear layers only (Q411)
+        unseen = job.needs_data and stats is not None and not stats.saw(job)
+        if unseen:
+            self.unseen.append(job)
+            job = job.with_rtn() if job.gptq else job
+        act = sibling_range(job, stats, self.calibration, self.model.dtype) if unseen and stats is not None else \
+            input_qparams(job, stats, self.calibration, self.model.dtype)
+        if job.static_input and act is None:
+            self.report.warnings.append(warning(
+                "Q405", f"the input of `{job.layer.name}` was never finite during calibration; its activations "
+                "stay in float", job.scheme.span, "no range", help="check the calibration data"))
+        return job, act
+
+    def _shared(self, prepared: list[tuple[Job, tuple[float, int] | None]],
+                stats: Statistics | None) -> dict[str, QuantizedWeight | FloatQuantized]:
+        """Each job rounded by the rank it is assigned to (sharing.owners), then every rank's rounded weights
+        and dampening handed to all; the first rank writes their tensors in job order."""
+        owner = owners([job for job, _ in prepared], self.ranks.world)
+        mine = {}
+        for job, _ in prepared:
+            if owner[job.layer.name] == self.ranks.rank:
+                mine[job.layer.name] = self.quantize(job, self._linear(job).weight, stats)
+        dampened = {name: self.dampened[name] for name in mine if name in self.dampened}
+        rounded: dict[str, QuantizedWeight | FloatQuantized] = {}
+        for theirs, their_dampened in all_gathered(self.ranks, (mine, dampened)):
+            rounded.update(theirs)
+            self.dampened.update(their_dampened)
+        if self.ranks.first:
+            for job, act in prepared:
+                self.write(job, rounded[job.layer.name], act)
+        return rounded
+
+    def _linear(self, job: Job) -> torch.nn.Linear:
+        """The module that computes `job` (an nn.Linear: refuse_non_linear said so before any work)."""
+        module = self.model.module.get_submodule(job.module)
+        assert isinstance(module, torch.nn.Linear)
+        return module
+
     def round(self, job: Job, weight: torch.Tensor, stats: Statistics | None, act) -> QuantizedWeight | FloatQuantized:
-        """Round one weight (refusing non-finite ones, Q409) and write its compressed tensors. GPTQ raises its
-        dampening where H is not definite, and rounds with rtn where no dampening helps (Q418, once)."""
+        """Round one weight (quantize) and write its compressed tensors."""
+        q = self.quantize(job, weight, stats)
+        self.write(job, q, act)
+        return q
+
+    def quantize(self, job: Job, weight: torch.Tensor, stats: Statistics | None) -> QuantizedWeight | FloatQuantized:
+        """One weight rounded, refusing non-finite ones (Q409). GPTQ raises its dampening where H is not
+        definite, and rounds with rtn where no dampening helps (Q418, once)."""
         refuse_nonfinite(self.model_span, job.layer, weight.detach().float().cpu().numpy())
         try:
-            q = quantize_job(job, weight, stats, self.model.dtype,
-                             lambda used: self.dampened.setdefault(job.layer.name, used),
-                             self.global_scales.absmax(job.layer.name))
+            return quantize_job(job, weight, stats, self.model.dtype,
+                                lambda used: self.dampened.setdefault(job.layer.name, used),
+                                self.global_scales.absmax(job.layer.name))
         except SingularHessian:
             self.dampened[job.layer.name] = math.inf
-            q = quantize_job(job.with_rtn(), weight, None, self.model.dtype)
+            return quantize_job(job.with_rtn(), weight, None, self.model.dtype)
+
+    def write(self, job: Job, q: QuantizedWeight | FloatQuantized, act) -> None:
+        """A rounded weight's compressed tensors (and its input scale) into the output."""
         for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():
             self.writer.put(name, tensor)
-        return q
 
     def record(self, job: Job, original: torch.Tensor, dequantized: torch.Tensor, act) -> None:
         """The report's figures: weight SQNR, and the range a static input is quantized to."""
