@@ -116,6 +116,19 @@ def all_gathered(ranks: Ranks, value: T) -> list[T]:
     return found
 
 
+def gathered_tensors(ranks: Ranks, tensor):
+    """Every rank's `tensor` (the same shape and dtype on each), in rank order, on the CPU: moved through the
+    device the process group uses (a GPU under nccl)."""
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    local = tensor.detach().to(device).contiguous()
+    parts = [torch.empty_like(local) for _ in range(ranks.world)]
+    dist.all_gather(parts, local)
+    return [part.cpu() for part in parts]
+
+
 def gather_to_first(ranks: Ranks, value: T) -> list[T]:
     """Every rank's `value`, in rank order, on the first rank (an empty list on the others)."""
     if ranks.world == 1:

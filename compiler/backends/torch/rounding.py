@@ -108,7 +108,8 @@ class Rounder:
                 stats.release(job)
             original = module.weight
             hook = apply_quantized(module, q, job, act)
-            self.record(job, original, module.weight, act)
+            if self.ranks.first:  # the first rank reports for all
+                self.record(job, original, module.weight, act)
             if hook is not None:
                 hooks.append(hook)
             if advance is not None:

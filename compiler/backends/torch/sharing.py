@@ -20,7 +20,7 @@ from dataclasses import fields
 import torch
 
 from compiler.backends.agreement import Agreement
-from compiler.backends.ranks import Ranks, all_gathered
+from compiler.backends.ranks import Ranks, all_gathered, gathered_tensors
 from compiler.backends.torch.attribution import LayerCosts
 from compiler.backends.torch.kv_cache import KvCacheQuantizer
 from compiler.backends.torch.layers import Hessian, Job, Statistics
@@ -28,25 +28,38 @@ from compiler.backends.torch.layers import Hessian, Job, Statistics
 
 def share_statistics(stats: Statistics, ranks: Ranks) -> None:
     """Every rank's Hessians and observers of the hooked layers, merged in rank order into `stats` on every
-    rank; which layer leads which (q/k/v share one input) is the union of what the ranks saw."""
+    rank; which layer leads which (q/k/v share one input) is the union of what the ranks saw. The small state
+    travels as objects, the Hessians as tensors (no pickling of K×K matrices)."""
     if ranks.world == 1 or stats.shared:
         return
     stats.shared = True
-    mine = (dict(stats.leader), {k: (h.sum.cpu(), h.rows) for k, h in stats.hessians.items()}, stats.observers)
-    sums: dict[str, tuple[torch.Tensor, int]] = {}
+    mine = (dict(stats.leader), {k: (tuple(h.sum.shape), h.rows) for k, h in stats.hessians.items()},
+            stats.observers)
+    shapes: dict[str, tuple[int, ...]] = {}
+    rows: dict[str, int] = {}
     observers: dict[str, object] = {}
-    devices = {k: h.sum.device for k, h in stats.hessians.items()}
     for leaders, hessians, observed in all_gathered(ranks, mine):
         stats.leader.update(leaders)
-        for key, (partial, rows) in hessians.items():
-            total, seen = sums.get(key, (torch.zeros(partial.shape, dtype=torch.float64), 0))
-            sums[key] = (total.add_(partial.double()), seen + rows)
+        for key, (shape, seen) in hessians.items():
+            shapes[key], rows[key] = shape, rows.get(key, 0) + seen
         for key, observer in observed.items():
             if key in observers:
                 observers[key].merge(observer)  # type: ignore[attr-defined]  # every observer merges
             else:
                 observers[key] = copy.deepcopy(observer)
-    stats.hessians = {k: Hessian(total.to(devices.get(k, "cpu")), rows) for k, (total, rows) in sums.items()}
+    merged = {}
+    for key in sorted(shapes):  # the same order on every rank
+        own = stats.hessians.get(key)
+        device = own.sum.device if own is not None else torch.device("cpu")
+        partial = own.sum if own is not None else torch.zeros(shapes[key], dtype=torch.float32)
+        stats.hessians.pop(key, None)
+        total = torch.zeros(shapes[key], dtype=torch.float64)
+        for part in gathered_tensors(ranks, partial):  # float32 sums, added in float64 in rank order
+            total.add_(part.double())
+            del part
+        del partial
+        merged[key] = Hessian(total.to(device), rows[key])
+    stats.hessians = merged
     stats.observers = observers
 
 
@@ -88,8 +101,7 @@ def share_costs(costs: LayerCosts, ranks: Ranks) -> None:
 
 def owners(jobs: Sequence[Job], world: int) -> dict[str, int]:
     """The rank that rounds each job: the costliest first, each to the least loaded rank (ties to the lower
-    rank), so a block's rounding takes about 1/world of its time. GPTQ costs about out·in² + in³ (the
-    column loop and the factorisation), the other roundings out·in."""
+    rank), so a block's rounding takes about 1/world of its time."""
     load = [0] * world
     owner: dict[str, int] = {}
     ranked = sorted(enumerate(jobs), key=lambda item: (-_cost(item[1]), item[0]))
@@ -100,6 +112,12 @@ def owners(jobs: Sequence[Job], world: int) -> dict[str, int]:
     return owner
 
 
+# GPTQ's time, profiled on the 168M bench Llama (bench/ranks_scaling.py, one thread): the column loop and the
+# group-scale search go with the weight's size (about 0.23 s per million weights), the factorisation of H with
+# in³ (about 0.033 s per 10⁹): one unit of in³ costs what 1/7,000 of a weight does
+_FACTORISATION_PER_WEIGHT = 7_000
+
+
 def _cost(job: Job) -> int:
     inputs, outputs = max(job.layer.in_features, 1), max(job.layer.out_features, 1)
-    return outputs * inputs * inputs + inputs ** 3 if job.gptq else outputs * inputs
+    return outputs * inputs + (inputs ** 3 // _FACTORISATION_PER_WEIGHT if job.gptq else 0)
