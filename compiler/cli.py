@@ -243,7 +243,7 @@ def compile_(
     except CompileFailed as failed:
         if not first:  # a failure of its own run (the first rank cannot know it): one line, naming the rank
             worst = next((d for d in failed.diagnostics if d.severity.value == "error"), None)
-            if worst is not None and failed.running and worst.code != "Q501":  # Q501: judged alike on every rank
+            if worst is not None and failed.running and worst.code not in ("Q431", "Q501"):  # alike on every rank
                 _stderr().print(f"rank {ranks.rank} of {ranks.world}: error[{worst.code}]: {worst.message}",
                                 markup=False)
             raise typer.Exit(2) from None

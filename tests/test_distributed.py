@@ -8,6 +8,7 @@ rank stops every rank with Q432 and nothing written. `qrc check` and `qrc plan` 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -66,7 +67,7 @@ def _qrc(*args: str, ranks: int = 1) -> subprocess.CompletedProcess:
 
 def _same_folders(one: Path, two: Path) -> None:
     files = sorted(p.name for p in one.iterdir())
-    assert files == sorted(p.name for p in two.iterdir()) and "model.safetensors" in files
+    assert files == sorted(p.name for p in two.iterdir()) and {"model.safetensors", "m.onnx"} & set(files)
     for name in files:
         assert (one / name).read_bytes() == (two / name).read_bytes(), name
 
@@ -146,6 +147,43 @@ def test_gptq_over_ranks_is_deterministic_and_as_good_as_one_process(tmp_path, l
     _same_folders(outs["two"], outs["again"])
     one, two = _kl(llama, outs["one"]), _kl(llama, outs["two"])
     print(f"GPTQ KL against float in transformers: one process {one:.6f}, two ranks {two:.6f}")
+    assert 0 < one and abs(two - one) <= 0.01 * one, (one, two)
+
+
+ONNX = """recipe onnx_shared {{
+    model "builtin:tiny-llama"
+    backend onnx
+    scheme s = {base} {{ rounding {rounding} }}
+    quantize {{ "*" -> s  "lm_head" -> W8A16  re"model\\.embed_tokens" -> none }}
+    group auto qkv
+    calibrate {{ data synthetic {{ samples 24  seqlen 64 }}  chunk 4  method {method} }}
+    memory {{ mode {mode} }}
+    verify {{ samples 8  metric cosine  at_least 0.5 }}
+    emit "{out}" {{ format qdq }}
+}}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, mode, base, rounding", [
+    ("minmax", "full", "W8A8", "rtn"), ("entropy", "low_memory", "W8A8", "mse"),
+    ("layerwise_percentile", "full", "W8A8", "rtn"), ("minmax", "full", "W4A16", "gptq")])
+def test_onnx_ranks_merge_observers_and_round_weights_n_at_a_time(tmp_path, method, mode, base, rounding):
+    """ONNX: the calibration chunks split over the ranks and the observers merged exactly give one process's
+    bytes; GPTQ's Hessians (float64 sums, merged in rank order) give a deterministic model whose KL against
+    float, as onnxruntime runs the emitted file on the first rank, is one process's within 1%."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(ONNX.format(base=base, rounding=rounding, method=method, mode=mode, out=tmp_path / "x.onnx"))
+    runs = {}
+    for name, ranks in (("one", 1), ("two", 2)) + ((("again", 2),) if rounding == "gptq" else ()):
+        runs[name] = _qrc("compile", str(recipe), "-o", str(tmp_path / name / "m.onnx"), ranks=ranks)
+        assert runs[name].returncode == 0, runs[name].stderr[-3000:]
+    if rounding != "gptq":
+        _same_folders(tmp_path / "one", tmp_path / "two")
+        return
+    _same_folders(tmp_path / "two", tmp_path / "again")
+    one, two = (float(re.search(r"kld ([0-9.e-]+)", runs[n].stdout.replace("\n", " ")).group(1)) for n in ("one", "two"))
+    print(f"ONNX GPTQ KL against float in onnxruntime: one process {one:.6f}, two ranks {two:.6f}")
     assert 0 < one and abs(two - one) <= 0.01 * one, (one, two)
 
 
@@ -229,15 +267,18 @@ def test_plan_shows_each_ranks_share_and_peak():
     assert "ranks 2" in plan.plan.recipe_text and "ranks" not in one.plan.recipe_text
 
 
-@pytest.mark.parametrize("line, what", [
-    ("backend onnx", "backend onnx"), ("backend torch  transform smoothquant { alpha 0.5 }", "transform smoothquant"),
-    ("backend torch  mixed_precision { choices [W4A16, W8A16]  budget 6 bits }", "mixed_precision")])
-def test_check_refuses_what_the_ranks_cannot_share(line, what):
-    text = f'recipe r {{\n    model "builtin:tiny-llama"\n    {line}\n    quantize {{ type Linear -> W8A8 }}\n' \
-           '    memory { ranks 2 }\n}\n'
+@pytest.mark.parametrize("line, memory, what", [
+    ("", "mode multi_gpu  vram 2 x 80 GiB", "mode multi_gpu"),
+    ("transform smoothquant { alpha 0.5 }", "", "transform smoothquant"),
+    ("mixed_precision { choices [W4A16, W8A16]  budget 6 bits }", "", "mixed_precision")])
+def test_check_refuses_what_the_ranks_cannot_share(line, memory, what):
+    text = f'recipe r {{\n    model "builtin:tiny-llama"\n    backend torch\n    {line}\n' \
+           f'    quantize {{ type Linear -> W8A8 }}\n    memory {{ {memory}  ranks 2 }}\n}}\n'
     result = check_source(Source("r.recipe", text))
     q431 = [d for d in result.diagnostics if d.code == "Q431"]
     assert len(q431) == 1 and what in q431[0].message and q431[0].span is not None and q431[0].help, result.diagnostics
+    alone = check_source(Source("r.recipe", text.replace("ranks 2", "")))
+    assert not any(d.code == "Q431" for d in alone.diagnostics)
 
 
 def test_ranks_must_be_a_whole_number_of_processes():

@@ -3,8 +3,10 @@ many there are. Outside torchrun a compile is rank 0 of 1 and nothing here impor
 
 On the torch backend a compile is shared: the calibration and held-out samples are split by chunk index, every
 statistic is merged exactly on every rank before anything is rounded (torch/sharing.py), the layers of a block
-are rounded by the rank each is assigned to and handed to all, and the first rank writes the output. What
-cannot be shared yet is refused (Q431) rather than run N times over."""
+are rounded by the rank each is assigned to and handed to all, and the first rank writes the output. On the
+ONNX backend the calibration chunks are split the same way and the observers and Hessians merged; the weights
+are rounded N at a time, one per rank, and written by the first rank, which also verifies. What cannot be
+shared yet is refused (Q431) rather than run N times over."""
 
 from __future__ import annotations
 
@@ -36,6 +38,20 @@ class Ranks:
     def owns(self, index: int) -> bool:
         """Whether item `index` of a sequence the ranks share is this rank's (deterministic: by index)."""
         return index % self.world == self.rank
+
+
+class Owned:
+    """The chunks of `batches` (anything iterable in chunks, with a length) that rank `ranks.rank` runs: chunk i
+    when i mod N is its rank, in order."""
+
+    def __init__(self, batches, ranks: Ranks):
+        self.batches, self.ranks = batches, ranks
+
+    def __iter__(self):
+        return (chunk for i, chunk in enumerate(self.batches) if self.ranks.owns(i))
+
+    def __len__(self) -> int:
+        return len(range(self.ranks.rank, len(self.batches), self.ranks.world))
 
 
 def from_environment() -> Ranks:
@@ -127,6 +143,21 @@ def gathered_tensors(ranks: Ranks, tensor):
     parts = [torch.empty_like(local) for _ in range(ranks.world)]
     dist.all_gather(parts, local)
     return [part.cpu() for part in parts]
+
+
+def merged(ranks: Ranks, mine: dict[str, Any]) -> dict[str, Any]:
+    """Every rank's mergeable states by key (observers: `.merge(other)` adds another's exactly), merged in rank
+    order on every rank; one rank's are returned as they are."""
+    if ranks.world == 1:
+        return mine
+    out: dict[str, Any] = {}
+    for theirs in all_gathered(ranks, mine):  # fresh copies, unpickled: merging into them touches nothing else
+        for key, state in theirs.items():
+            if key in out:
+                out[key].merge(state)
+            else:
+                out[key] = state
+    return out
 
 
 def gather_to_first(ranks: Ranks, value: T) -> list[T]:

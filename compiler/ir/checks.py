@@ -172,10 +172,9 @@ def check_mixed_precision(ir: RecipeIR, diags: Diagnostics) -> None:
 
 def unshared(ir: RecipeIR) -> tuple[str, Span] | None:
     """What torchrun's ranks cannot share yet in this recipe (and where it is written), or None: the torch
-    backend shares calibration, GPTQ, the KV cache and verification (backends/torch/sharing.py); the ONNX
-    backend, the mixed-precision search, transforms and multi_gpu placement run in one process."""
-    if ir.backend is Backend.ONNX:
-        return "backend onnx", ir.span
+    backend shares calibration, GPTQ, the KV cache and verification (backends/torch/sharing.py), the ONNX backend
+    its calibration and rounding (an HF folder's export and `offload` are refused when they run); the
+    mixed-precision search, transforms and multi_gpu placement run in one process."""
     if ir.mixed_precision is not None:
         return "mixed_precision", ir.mixed_precision.span_of("choices") or ir.span
     if ir.transform is not None:
@@ -194,8 +193,8 @@ def check_ranks(ir: RecipeIR, diags: Diagnostics) -> None:
                     "not shared over ranks", help=UNSHARED_HELP)
 
 
-UNSHARED_HELP = ("torchrun's ranks share the torch backend's calibration, GPTQ, KV cache and verification; drop "
-                 "`ranks` (and run without torchrun), or remove this")
+UNSHARED_HELP = ("torchrun's ranks share calibration, GPTQ, the KV cache and verification; drop `ranks` (and run "
+                 "without torchrun), or remove this")
 
 # Run in this order after elaboration.
 CHECKS = (check_selectors, check_groups, check_scheme_use, check_emit, check_backend_features,

@@ -28,6 +28,7 @@ from compiler.backends.onnx.sensitivity import OnnxScorer
 from compiler.backends.onnx.verification import verify_offload, verify_whole
 from compiler.backends.products import Pending, Product
 from compiler.backends.program import Produced, execute_plan
+from compiler.backends.ranks import Owned, from_environment, gather_to_first, merged
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
 from compiler.backends.sensitivity import Scores, assign, score_units
@@ -100,6 +101,7 @@ class _OnnxRun:
         self._emitter: QdqEmitter | None = None
         self._rounder: GptqRounder | None = None
         self.sqnr: dict[str, float] = {}  # weight → its SQNR in dB, as each is rounded
+        self.ranks = from_environment()  # torchrun's ranks (backends/ranks.py); one outside torchrun
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.ExportOnnx: self.export, ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode,
@@ -114,8 +116,8 @@ class _OnnxRun:
         return self.pending.take()
 
     def commit(self) -> list[Path]:
-        """The staged model into place (program.py calls this once every op ran)."""
-        return self.emitter.commit()
+        """The staged model into place (program.py calls this once every op ran); the first rank's alone."""
+        return self.emitter.commit() if self.ranks.first else []
 
     def close(self) -> None:
         """Remove what the run staged and did not commit, and the model's scratch copy."""
@@ -144,11 +146,20 @@ class _OnnxRun:
                 if not a.scheme.is_none}
 
     # ---- model ------------------------------------------------------------------------------------
+    def _refuse_under_ranks(self, what: str, span: Span | None) -> None:
+        """Q431 on every rank, before any work, for what torchrun's ranks cannot share on ONNX yet."""
+        if self.ranks.world > 1:
+            raise BackendError(error(
+                "Q431", f"{what} cannot be shared by torchrun's {self.ranks.world} ranks yet", span,
+                "not shared over ranks", help="the ONNX backend shares calibration in `full` and `low_memory` on an "
+                "ONNX file or a built-in model; run this without torchrun, or use `backend torch`"))
+
     def export(self, op: ops.ExportOnnx) -> Product:
         """The folder's ONNX export (made now, or taken from the cache); the recipe is resolved again against
         its graph, whose layer names are the folder's."""
         from compiler.backends.onnx.export import export_folder
         from compiler.models.exports import cached_export
+        self._refuse_under_ranks("exporting an HF folder to ONNX", self.plan.spans.model)  # one cache, N writers
         advance = self.progress("export", 1)
         folder = resolve_path(op.folder)
         cached = cached_export(folder) is not None
@@ -165,6 +176,8 @@ class _OnnxRun:
         self.files = open_model(self.source)
 
     def select_mode(self, op: ops.SelectMemoryMode) -> None:
+        if op.mode is MemoryMode.OFFLOAD:  # its segments round GPTQ layers as they finish: not shared yet
+            self._refuse_under_ranks("`mode offload` on the ONNX backend", self.plan.spans.mode or self.plan.spans.recipe)
         self.mode, self.disk = op.mode, op.disk
 
     # ---- mixed precision ----------------------------------------------------------------------------
@@ -178,7 +191,9 @@ class _OnnxRun:
 
     # ---- calibration --------------------------------------------------------------------------------
     def _batches(self, calibration: Calibration):
-        return data.calibration_batches(calibration.data, self.assignment.model, calibration.chunk)
+        """The calibration chunks this rank runs: chunk i on rank i mod N (all of them outside torchrun)."""
+        batches = data.calibration_batches(calibration.data, self.assignment.model, calibration.chunk)
+        return batches if self.ranks.world == 1 else Owned(batches, self.ranks)
 
     def smooth(self, op: ops.Smooth) -> Product:
         """`transform`: before anything is observed or rounded, the model is replaced by its smoothed copy."""
@@ -216,6 +231,7 @@ class _OnnxRun:
             states.append(state)
             self.observers.update(calibrate(files.light, files.base_dir, self.graph, observed,
                                             batches, histogram, cal.bins, advance, cal.workers, state, gathered))
+        self.observers = merged(self.ranks, self.observers)  # every rank's chunks, merged exactly in rank order
         self.rounder = GptqRounder(self.jobs(), self.observers)
         for state in filter(None, states):  # calibration is complete: nothing to resume
             state.remove()
@@ -309,7 +325,7 @@ class _OnnxRun:
         return rewrite.quantize_for(w, node, job)
 
     def _resume_state(self, number: int, group: tuple[str, ...]):
-        if self.disk is None:
+        if self.disk is None or self.ranks.world > 1:  # a rank's state is its share: one path would mix them
             return None
         from compiler.backends.onnx.resume import ResumeState
 
@@ -356,13 +372,19 @@ class _OnnxRun:
         inputs' scales and zero points."""
         calibrated = time.perf_counter() - self.start
         release_memory()
-        jobs, emitter = self.jobs(), self._open_emitter()
+        jobs = self.jobs()
         inits = {t.name: t for t in self.files.light.graph.initializer}
         advance = self.progress("quantize", len(jobs))
-        for node, weight in emitter.weight_nodes():
+        pairs = rewrite.weight_nodes(self.files.light, jobs)  # the emitter's order, known on every rank
+        if self.ranks.world > 1:
+            self._quantize_shared(pairs, inits, jobs, advance)
+            if not self.ranks.first:
+                return Product()
+        for node, weight in pairs:
             if weight not in self.sqnr:  # offload rounded GPTQ layers as their segments finished
                 self._put(node, inits[weight], jobs[weight])
             advance()
+        emitter = self._open_emitter()
         warnings = (dampened_warning(self.plan.spans.recipe, self.rounder.dampened),) \
             if self._rounder is not None and self._rounder.dampened else ()
         for tensor, qparams_ in self._activation_specs().items():
@@ -372,6 +394,30 @@ class _OnnxRun:
         ranges = tuple((a.layer.name, self.bounds[a.layer.input]) for a in self.assignment.layers
                        if a.scheme.activations is not None and a.layer.input in self.bounds)
         return Product(warnings=warnings, calibration_seconds=calibrated, weight_sqnr=sqnr, input_ranges=ranges)
+
+    def _quantize_shared(self, pairs, inits: dict, jobs: dict[str, rewrite.WeightJob], advance) -> None:
+        """torchrun's ranks round the weights N at a time, weight start + r on rank r; each round the rounded
+        weights and their figures go to the first rank, which hands them to the emitter (its layout is the
+        graph's, so the bytes are one process's). At most N rounded weights are in flight."""
+        for start in range(0, len(pairs), self.ranks.world):
+            mine: dict[str, tuple[QuantizedWeight, float]] = {}
+            for k, (node, weight) in enumerate(pairs[start:start + self.ranks.world]):
+                if k == self.ranks.rank:
+                    w = self.files.array(inits[weight])
+                    refuse_nonfinite(self.plan.spans.model, jobs[weight].layer, w)
+                    qw = self._round(node, weight, w, jobs[weight])
+                    mine[weight] = (qw, sqnr_db(w, qw, rewrite.weight_axes(node)[0]))
+                elif self._rounder is not None and uses_gptq(jobs[weight]):
+                    self._rounder.skip(weight)  # another rank rounds it: its Hessian goes when no one here needs it
+            dampened = self._rounder.dampened if self._rounder is not None else {}
+            for handed, their_dampened in gather_to_first(self.ranks, (mine, dampened)):
+                for weight, (qw, figure) in handed.items():
+                    self.sqnr[weight] = figure
+                    self._open_emitter().put(weight, qw)
+                if self._rounder is not None:
+                    self._rounder.dampened.update(their_dampened)
+            for _ in pairs[start:start + self.ranks.world]:
+                advance()
 
     def _activation_specs(self) -> dict[str, ActivationQParams]:
         """The scale, zero point and consumer nodes of each activation-quantized layer's input."""
@@ -387,7 +433,10 @@ class _OnnxRun:
         return specs
 
     def emit(self, op: ops.Emit) -> Product:
-        """Float initializers kept as they are, provenance stamped, the file written atomically."""
+        """Float initializers kept as they are, provenance stamped, the file written atomically (by the first
+        rank: the others write nothing)."""
+        if not self.ranks.first:
+            return Product()
         emitter = self.emitter
         for tensor in self.files.light.graph.initializer:
             if tensor.name not in emitter.jobs:
@@ -421,7 +470,10 @@ class _OnnxRun:
 
     def verify(self, op: ops.Verify) -> Product:
         """Measured on the staged model; then it goes into place (a failed verification leaves it there,
-        beside its figures), so an interrupt before this point leaves nothing at the destination."""
+        beside its figures), so an interrupt before this point leaves nothing at the destination. Under torchrun
+        the first rank, which holds the staged model, verifies it alone."""
+        if not self.ranks.first:
+            return Product()
         staged = self.emitter.staged_model
         if self.mode is MemoryMode.OFFLOAD:
             batches = held_out_batches(op, self.assignment.model, self.pending.warnings, chunk=1)  # a sample at a time

@@ -70,6 +70,14 @@ class GptqRounder:
             return fallback()
         return qw if channel == 0 else transposed(qw)
 
+    def skip(self, weight: str) -> None:
+        """`weight` is rounded elsewhere (another of torchrun's ranks): its Hessian is freed here as if it were
+        rounded, once no layer left to this rank reads its tensor."""
+        tensor = self.jobs[weight].layer.input
+        self.remaining[tensor] -= 1
+        if self.remaining[tensor] <= 0:
+            self.observers.pop(PREFIX + tensor, None)
+
     def _dampened(self, layer: str, used: float) -> None:
         self.dampened[layer] = used
 
