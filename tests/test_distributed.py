@@ -65,6 +65,20 @@ def _qrc(*args: str, ranks: int = 1) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=600)
 
 
+def _alone(recipe: Path, out: Path) -> None:
+    """The one-process reference, compiled in this process (no second start of torch) with one thread, as each
+    rank computes."""
+    import torch
+    from compiling import compile_program
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        compile_program(str(recipe), out)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _same_folders(one: Path, two: Path) -> None:
     files = sorted(p.name for p in one.iterdir())
     assert files == sorted(p.name for p in two.iterdir()) and {"model.safetensors", "m.onnx"} & set(files)
@@ -76,9 +90,8 @@ def _same_folders(one: Path, two: Path) -> None:
 def test_two_ranks_write_the_bytes_one_process_writes(tmp_path):
     recipe = tmp_path / "r.recipe"
     recipe.write_text(DATA_FREE)
-    one = _qrc("compile", str(recipe), "-o", str(tmp_path / "one"))
+    _alone(recipe, tmp_path / "one")
     two = _qrc("compile", str(recipe), "-o", str(tmp_path / "two"), ranks=2)
-    assert one.returncode == 0, one.stderr[-2000:]
     assert two.returncode == 0, two.stderr[-2000:]
     _same_folders(tmp_path / "one", tmp_path / "two")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "r.recipe", "two"]  # no rank left anything
@@ -94,29 +107,24 @@ def llama(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method, mode, rounding, base", [
-    ("minmax", "full", "rtn", "W8A8"), ("percentile 99.9", "low_memory", "rtn", "W8A8"),
-    ("entropy", "offload", "mse", "W8A8"), ("mse", "low_memory", "rtn", "W8A8"),
-    ("layerwise_percentile", "full", "rtn", "W8A8"), ("minmax", "low_memory", "rtn", "hf W8A8"),
-    ("minmax", "offload", "rtn", "hf FP8")])
+    ("minmax", "full", "rtn", "W8A8"), ("entropy", "offload", "mse", "W8A8"),
+    ("layerwise_percentile", "low_memory", "rtn", "W8A8"), ("mse", "offload", "rtn", "hf FP8")])
 def test_every_observer_method_writes_one_process_bytes(tmp_path, llama, method, mode, rounding, base):
     """Observers merge exactly over the ranks (min/max and the histograms), and chunk i runs on rank i mod 2
     exactly as it runs alone: the scales, hence every byte, are one process's. The HF cases add the FP8 KV
     cache (its ranges are maxima over the ranks), transformers' own load check on the first rank and, for
     FP8, compressed-tensors' rounding on the rank that owns each layer."""
-    folders = {}
     hf = base.startswith("hf ")
     recipe = tmp_path / "r.recipe"  # one recipe: the output carries its text
     recipe.write_text(OBSERVED.format(model=llama if hf else "builtin:tiny-llama", rounding=rounding, method=method,
                                       mode=mode, disk=tmp_path / "cache", out=tmp_path / "out",
                                       base=base.removeprefix("hf "), head="none" if hf else "W8A16",
                                       kv="kv_cache { fp8 }" if hf else ""))
-    for ranks in (1, 2):
-        out = tmp_path / f"out{ranks}"
-        run = _qrc("compile", str(recipe), "-o", str(out), ranks=ranks)
-        assert run.returncode == 0, run.stderr[-3000:]
-        folders[ranks] = out
-        if ranks == 2:
-            assert "shared by 2 torchrun ranks" in run.stdout and "rank 1" in run.stdout  # the per-rank peaks
+    folders = {1: tmp_path / "out1", 2: tmp_path / "out2"}
+    _alone(recipe, folders[1])
+    run = _qrc("compile", str(recipe), "-o", str(folders[2]), ranks=2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "shared by 2 torchrun ranks" in run.stdout and "rank 1" in run.stdout  # the per-rank peaks
     _same_folders(folders[1], folders[2])
 
 
@@ -140,13 +148,57 @@ def test_gptq_over_ranks_is_deterministic_and_as_good_as_one_process(tmp_path, l
     outs = {}
     recipe = tmp_path / "r.recipe"
     recipe.write_text(GPTQ.format(model=llama, out=tmp_path / "out"))
-    for name, ranks in (("one", 1), ("two", 2), ("again", 2)):
-        outs[name] = tmp_path / name
-        run = _qrc("compile", str(recipe), "-o", str(outs[name]), ranks=ranks)
+    outs = {name: tmp_path / name for name in ("one", "two", "again")}
+    _alone(recipe, outs["one"])
+    for name in ("two", "again"):
+        run = _qrc("compile", str(recipe), "-o", str(outs[name]), ranks=2)
         assert run.returncode == 0, run.stderr[-3000:]
     _same_folders(outs["two"], outs["again"])
     one, two = _kl(llama, outs["one"]), _kl(llama, outs["two"])
     print(f"GPTQ KL against float in transformers: one process {one:.6f}, two ranks {two:.6f}")
+    assert 0 < one and abs(two - one) <= 0.01 * one, (one, two)
+
+
+TRANSFORM = """recipe smoothed {{
+    model "{model}"
+    backend torch
+    transform {transform}
+    scheme s = {scheme}
+    quantize {{ type Linear -> s  "lm_head" -> none }}
+    group auto
+    calibrate {{ data synthetic {{ samples 16  seqlen 64 }}  chunk 4 }}
+    memory {{ mode {mode} }}
+    emit "{out}" {{ format safetensors }}
+}}
+"""
+
+
+@pytest.mark.slow
+def test_smoothquant_over_ranks_writes_one_process_bytes(tmp_path):
+    """SmoothQuant's scales come from each channel's maximum, which merges exactly over the ranks."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(TRANSFORM.format(model="builtin:tiny-llama", transform="smoothquant { alpha 0.5 }",
+                                       scheme="W8A8 { rounding rtn }", mode="low_memory", out=tmp_path / "x"))
+    _alone(recipe, tmp_path / "one")
+    run = _qrc("compile", str(recipe), "-o", str(tmp_path / "two"), ranks=2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    _same_folders(tmp_path / "one", tmp_path / "two")
+
+
+@pytest.mark.slow
+def test_awq_over_ranks_is_deterministic_and_as_good_as_one_process(tmp_path, llama):
+    """AWQ's search reads the channels' sums and XᵀX, added over the ranks in rank order: two runs on two ranks
+    write the same bytes, and their KL against float (transformers) is one process's within 1%."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(TRANSFORM.format(model=llama, transform="awq { grid 20  duo_scaling }",
+                                       scheme="W4A16 { group 32 }", mode="offload", out=tmp_path / "x"))
+    _alone(recipe, tmp_path / "one")
+    for name in ("two", "again"):
+        run = _qrc("compile", str(recipe), "-o", str(tmp_path / name), ranks=2)
+        assert run.returncode == 0, run.stderr[-3000:]
+    _same_folders(tmp_path / "two", tmp_path / "again")
+    one, two = _kl(llama, tmp_path / "one"), _kl(llama, tmp_path / "two")
+    print(f"AWQ KL against float in transformers: one process {one:.6f}, two ranks {two:.6f}")
     assert 0 < one and abs(two - one) <= 0.01 * one, (one, two)
 
 
@@ -166,23 +218,31 @@ ONNX = """recipe onnx_shared {{
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method, mode, base, rounding", [
-    ("minmax", "full", "W8A8", "rtn"), ("entropy", "low_memory", "W8A8", "mse"),
-    ("layerwise_percentile", "full", "W8A8", "rtn"), ("minmax", "full", "W4A16", "gptq")])
+    ("minmax", "full", "W8A8", "rtn"), ("percentile 99.9", "low_memory", "W8A8", "mse"),
+    ("minmax", "full", "W4A16", "gptq")])
 def test_onnx_ranks_merge_observers_and_round_weights_n_at_a_time(tmp_path, method, mode, base, rounding):
     """ONNX: the calibration chunks split over the ranks and the observers merged exactly give one process's
-    bytes; GPTQ's Hessians (float64 sums, merged in rank order) give a deterministic model whose KL against
-    float, as onnxruntime runs the emitted file on the first rank, is one process's within 1%."""
+    bytes; GPTQ's Hessians (float64 sums, merged in rank order) give a model whose KL against float, as
+    onnxruntime runs the emitted file, is one process's within 1%."""
+    import torch
+    from compiling import compile_program
+
     recipe = tmp_path / "r.recipe"
     recipe.write_text(ONNX.format(base=base, rounding=rounding, method=method, mode=mode, out=tmp_path / "x.onnx"))
-    runs = {}
-    for name, ranks in (("one", 1), ("two", 2)) + ((("again", 2),) if rounding == "gptq" else ()):
-        runs[name] = _qrc("compile", str(recipe), "-o", str(tmp_path / name / "m.onnx"), ranks=ranks)
-        assert runs[name].returncode == 0, runs[name].stderr[-3000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result, _ = compile_program(str(recipe), tmp_path / "one" / "m.onnx")
+    finally:
+        torch.set_num_threads(threads)
+    run = _qrc("compile", str(recipe), "-o", str(tmp_path / "two" / "m.onnx"), ranks=2)
+    assert run.returncode == 0, run.stderr[-3000:]
     if rounding != "gptq":
         _same_folders(tmp_path / "one", tmp_path / "two")
         return
-    _same_folders(tmp_path / "two", tmp_path / "again")
-    one, two = (float(re.search(r"kld ([0-9.e-]+)", runs[n].stdout.replace("\n", " ")).group(1)) for n in ("one", "two"))
+    found = re.search(r"kld ([0-9.e-]+)", run.stdout.replace("\n", " "))
+    assert found is not None, run.stdout[-2000:]
+    one, two = result.verify["kld"], float(found.group(1))
     print(f"ONNX GPTQ KL against float in onnxruntime: one process {one:.6f}, two ranks {two:.6f}")
     assert 0 < one and abs(two - one) <= 0.01 * one, (one, two)
 
@@ -201,8 +261,7 @@ def test_two_nodes_on_one_host_write_one_process_bytes(tmp_path):
     recipe.write_text(OBSERVED.format(model="builtin:tiny-llama", rounding="rtn", method="entropy", base="W8A8",
                                       head="W8A16", mode="low_memory", disk=tmp_path / "cache", out=tmp_path / "x",
                                       kv=""))
-    one = _qrc("compile", str(recipe), "-o", str(tmp_path / "one"))
-    assert one.returncode == 0, one.stderr[-2000:]
+    _alone(recipe, tmp_path / "one")
     port = _free_port()
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
@@ -267,12 +326,12 @@ def test_plan_shows_each_ranks_share_and_peak():
     assert "ranks 2" in plan.plan.recipe_text and "ranks" not in one.plan.recipe_text
 
 
-@pytest.mark.parametrize("line, memory, what", [
-    ("", "mode multi_gpu  vram 2 x 80 GiB", "mode multi_gpu"),
-    ("transform smoothquant { alpha 0.5 }", "", "transform smoothquant"),
-    ("mixed_precision { choices [W4A16, W8A16]  budget 6 bits }", "", "mixed_precision")])
-def test_check_refuses_what_the_ranks_cannot_share(line, memory, what):
-    text = f'recipe r {{\n    model "builtin:tiny-llama"\n    backend torch\n    {line}\n' \
+@pytest.mark.parametrize("backend, line, memory, what", [
+    ("torch", "", "mode multi_gpu  vram 2 x 80 GiB", "mode multi_gpu"),
+    ("onnx", "transform smoothquant { alpha 0.5 }", "", "transform smoothquant on the ONNX backend"),
+    ("torch", "mixed_precision { choices [W4A16, W8A16]  budget 6 bits }", "", "mixed_precision")])
+def test_check_refuses_what_the_ranks_cannot_share(backend, line, memory, what):
+    text = f'recipe r {{\n    model "builtin:tiny-llama"\n    backend {backend}\n    {line}\n' \
            f'    quantize {{ type Linear -> W8A8 }}\n    memory {{ {memory}  ranks 2 }}\n}}\n'
     result = check_source(Source("r.recipe", text))
     q431 = [d for d in result.diagnostics if d.code == "Q431"]

@@ -48,6 +48,15 @@ class ChannelStats:
             self.gram += rows.T @ rows
         self.rows += rows.shape[0]
 
+    def merge(self, other: ChannelStats) -> None:
+        """Add another's statistics of the same channels (torchrun's ranks: each saw its own samples); the
+        maxima merge exactly, the sums in the order of the calls."""
+        np.maximum(self.absmax, other.absmax, out=self.absmax)
+        self.abs_sum += other.abs_sum
+        if self.gram is not None and other.gram is not None:
+            self.gram += other.gram
+        self.rows += other.rows
+
 
 def smoothquant_scales(stats: ChannelStats, weights: list[np.ndarray], alpha: float) -> np.ndarray:
     """s_j = max|x_j|^α / max_i |W_ij|^(1−α) over every target's column j (channels no token reached, or

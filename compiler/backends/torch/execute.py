@@ -213,10 +213,10 @@ class _Run:
             self.pending.warnings.append(skipped)
         if self.disk is not None:
             self.disk.mkdir(parents=True, exist_ok=True)
-        if self.assignment.smoothing and gathers is not None and gathers.transform is not None \
-                and isinstance(self.writer, FolderWriter):  # one process (a transform is not shared over ranks)
+        if self.assignment.smoothing and gathers is not None and gathers.transform is not None:
+            writer = self.writer if isinstance(self.writer, FolderWriter) else None  # the first rank writes
             self.smoother = Smoother(gathers.transform, gathers.calibration, self.model, self.index,
-                                     self.assignment.smoothing, self.jobs, self.writer)
+                                     self.assignment.smoothing, self.jobs, writer, self.ranks)
         # the KV scales and the transform's statistics come from calibration too
         if gathers is not None and (any(j.needs_data for j in self.jobs) or kv is not None or self.smoother is not None):
             cal = gathers.calibration

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from compiler.backends.ranks import Ranks, merged
 from compiler.backends.result import refuse_changed_output
 from compiler.backends.torch.layers import Job, quantize_job
 from compiler.backends.torch.model import TorchModel
@@ -25,9 +26,11 @@ class Smoother:
     """Runs the recipe's transform on the mappings the run reaches, block by block or all at once."""
 
     def __init__(self, transform: Transform, calibration: Calibration, model: TorchModel, index: ModelIndex,
-                 mappings: tuple[SmoothingMapping, ...], jobs: list[Job], writer: FolderWriter):
+                 mappings: tuple[SmoothingMapping, ...], jobs: list[Job], writer: FolderWriter | None,
+                 ranks: Ranks = Ranks()):
         self.transform, self.calibration = transform, calibration
-        self.model, self.index, self.writer = model, index, writer
+        self.model, self.index, self.writer = model, index, writer  # no writer on torchrun's ranks but the first
+        self.ranks = ranks  # each saw its own chunks: the statistics are merged before any scale is taken
         self.mappings = list(mappings)
         self.jobs = {j.layer.name: j for j in jobs}
         weights = {**{n.name: n.weight for n in index.norms}, **{x.name: x.weight for x in index.layers}}
@@ -55,8 +58,9 @@ class Smoother:
         with SmoothingStatistics(self.model.module, mappings, self.modules, self.transform.kind,
                                  self.calibration) as stats:
             forward()
+        found = merged(self.ranks, stats.stats)  # every rank's samples, in rank order
         for m in mappings:
-            self._fold(m, stats.stats.get(m.source))
+            self._fold(m, found.get(m.source))
         after = probe().detach().float()
         self._check(mappings, before, after)
         for m in mappings:
@@ -101,7 +105,9 @@ class Smoother:
 
     def _write(self, m: SmoothingMapping) -> None:
         """Folded tensors that no rounding job writes: the norm's weight and bias, a Linear source's bias,
-        float layers' weights."""
+        float layers' weights (by the first rank: the others write nothing)."""
+        if self.writer is None:
+            return
         index = self.index
         names: list[tuple[str, str]] = []  # (checkpoint tensor, module parameter)
         if m.kind is SourceKind.NORM:
