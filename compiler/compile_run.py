@@ -18,7 +18,7 @@ from compiler.backends.spec import OutputKind
 from compiler.diagnostics import Diagnostic, StageError, error, warning
 from compiler.frontend import PlanResult, plan_file
 from compiler.inspect_table import totals
-from compiler.ir.checks import UNSHARED_HELP, unshared
+from compiler.ir.checks import unshared_error
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
 from compiler.outputs import destination_lock, output_conflict, read_paths, unwritable
@@ -139,12 +139,9 @@ def _planned_for(recipe: Path, overrides: tuple[str, ...], world: int) -> PlanRe
     if not planned.ok:
         return planned
     ir = planned.check.recipe
-    found = unshared(ir) if world > 1 else None
-    if found is not None:
-        what, span = found
-        return replace(planned, diagnostics=(*planned.diagnostics, error(
-            "Q431", f"`{what}` cannot be shared by torchrun's {world} ranks yet", span, "not shared over ranks",
-            help=UNSHARED_HELP)))
+    refused = unshared_error(ir, world)
+    if refused is not None:
+        return replace(planned, diagnostics=(*planned.diagnostics, refused))
     asked = ir.memory.ranks
     if asked == world or ir.memory.span_of("ranks") is None:  # as the recipe plans, or it leaves it to the launch
         return planned

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compiler.diagnostics import Diagnostics, did_you_mean
+from compiler.diagnostics import Diagnostic, Diagnostics, did_you_mean, error
 from compiler.ir.elaborate import undefined_scheme_help
 from compiler.ir.patterns import PatternError, alternations, check_regex, glob_to_regex
 from compiler.ir.schemes import NONE, PRESETS
@@ -184,17 +184,22 @@ def unshared(ir: RecipeIR) -> tuple[str, Span] | None:
     return None
 
 
+def unshared_error(ir: RecipeIR, ranks: int) -> Diagnostic | None:
+    """Q431 for what `ranks` processes cannot share in this recipe (None: nothing, or one process)."""
+    found = unshared(ir) if ranks > 1 else None
+    if found is None:
+        return None
+    what, span = found
+    return error("Q431", f"`{what}` cannot be shared by {ranks} ranks yet", span, "not shared over ranks",
+                 help="torchrun's ranks share calibration, GPTQ, the KV cache and verification; drop `ranks` (and "
+                 "run without torchrun), or remove this")
+
+
 def check_ranks(ir: RecipeIR, diags: Diagnostics) -> None:
     """`memory { ranks N }` on what the ranks cannot share (Q431), before anything is launched."""
-    found = unshared(ir) if ir.memory.ranks > 1 else None
+    found = unshared_error(ir, ir.memory.ranks)
     if found is not None:
-        what, span = found
-        diags.error("Q431", f"`{what}` cannot be shared by {ir.memory.ranks} ranks yet", span,
-                    "not shared over ranks", help=UNSHARED_HELP)
-
-
-UNSHARED_HELP = ("torchrun's ranks share calibration, GPTQ, the KV cache and verification; drop `ranks` (and run "
-                 "without torchrun), or remove this")
+        diags.items.append(found)
 
 # Run in this order after elaboration.
 CHECKS = (check_selectors, check_groups, check_scheme_use, check_emit, check_backend_features,

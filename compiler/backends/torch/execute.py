@@ -24,7 +24,7 @@ from compiler.backends.agreement import Agreement, passes
 from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.products import Pending, Product
 from compiler.backends.program import Produced, execute_plan
-from compiler.backends.ranks import current
+from compiler.backends.ranks import Owned, current
 from compiler.backends.release import keep_large_blocks_mapped, release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.sensitivity import Scores, assign, score_units
@@ -261,8 +261,12 @@ class _Run:
                 self._call(feed)
                 advance()
         self.stats = stats
+        self._write_kv_scales("")
+
+    def _write_kv_scales(self, prefix: str) -> None:
+        """The KV-cache scales of the modules under `prefix`, from every rank's maxima (sharing.py)."""
         share_kv(self.kv, self.ranks)
-        self.kv.write_scales("", self.writer)
+        self.kv.write_scales(prefix, self.writer)
 
     # ---- inputs -----------------------------------------------------------------------------------
     def _stream(self, name: str, batches) -> streams.Stream:
@@ -270,8 +274,7 @@ class _Run:
         self.caches.append(cache)
         # under torchrun each rank runs its own chunks (by index: rank i mod N) and the ranks merge what they
         # measured (sharing.py)
-        owned = [streams.torch_feed(f) for i, f in enumerate(batches) if self.ranks.owns(i)]
-        return streams.Stream(name, owned, cache)
+        return streams.Stream(name, [streams.torch_feed(f) for f in Owned(batches, self.ranks)], cache)
 
     def _verify_streams(self, held: ops.CaptureReference | ops.Verify | None):
         if held is None:
@@ -348,8 +351,7 @@ class _Run:
             with self.kv.running(KvMode.PASS):
                 outputs["float"] = self._next(block, number, verify[0], device)
         hooks = self.rounder.in_place(jobs, stats)
-        share_kv(self.kv, self.ranks)
-        self.kv.write_scales(name + ".", self.writer)
+        self._write_kv_scales(name + ".")
         if cal is not None:
             outputs["cal"] = self._next(block, number, cal, device)
         if verify is not None and verify[1] is not None:
@@ -447,8 +449,7 @@ class _Run:
             warnings.append(unseen_warning(self.plan.spans.experts, self.rounder.unseen))
         if self.rounder.dampened:
             warnings.append(dampened_warning(self.plan.spans.recipe, self.rounder.dampened))
-        share_kv(self.kv, self.ranks)
-        self.kv.write_scales("", self.writer)  # any module calibration did not reach (none in the models qrc runs)
+        self._write_kv_scales("")  # any module calibration did not reach (none in the models qrc runs)
         refused: list[str] = []
         if isinstance(self.writer, FolderWriter):  # the first rank writes the output; the others hand tensors on
             copy_unquantized(self.writer, self.model, self.jobs)
@@ -471,8 +472,7 @@ class _Run:
     def verify(self, op: ops.Verify) -> Product:
         """Compare at the model's output: the quantized model against the kept float outputs (full), or the
         two streams through the tail (block-wise), unless rounding the tail already did."""
-        float_stream, quantized, own = self._verification()
-        agreement = own
+        float_stream, quantized, agreement = self._verification()
         if self.emitted:
             self._verify_emitted(float_stream, agreement)
             measured_on = (
@@ -489,7 +489,7 @@ class _Run:
         elif not self.tail_done:
             self._tail(None, self.verify_streams, [], self.offload, None)
         if self.ranks.world > 1:  # every rank's held-out chunks
-            agreement = share_agreement(own, self.ranks)
+            agreement = share_agreement(agreement, self.ranks)
             share_costs(self.costs, self.ranks)
             measured_on = f"qrc's model, its held-out samples shared by {self.ranks.world} torchrun ranks"
         elif not self.emitted:

@@ -13,7 +13,6 @@ the least loaded rank), rounded there, and the rounded weights are handed to eve
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import fields
 
@@ -46,7 +45,7 @@ def share_statistics(stats: Statistics, ranks: Ranks) -> None:
             if key in observers:
                 observers[key].merge(observer)  # type: ignore[attr-defined]  # every observer merges
             else:
-                observers[key] = copy.deepcopy(observer)
+                observers[key] = observer  # unpickled from the gather: a copy of its own
     merged = {}
     for key in sorted(shapes):  # the same order on every rank
         own = stats.hessians.get(key)
