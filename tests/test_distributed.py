@@ -3,7 +3,8 @@ ranks: each runs its share of the sample chunks, the statistics are merged exact
 rounded on the ranks and the first writes the folder. For every observer method (and rtn, mse, data-free) the
 folder is byte for byte what one process writes; GPTQ is deterministic for a rank count and as good as one
 process's (KL against float, measured in transformers). Two "nodes" on 127.0.0.1 give the same bytes; a killed
-rank stops every rank with Q432 and nothing written. `qrc check` and `qrc plan` know `memory { ranks N }`."""
+rank stops every rank with Q432 and nothing written, and a relaunch resumes each rank's calibration (ONNX).
+`qrc check` and `qrc plan` know `memory { ranks N }`."""
 
 from __future__ import annotations
 
@@ -86,14 +87,21 @@ def _same_folders(one: Path, two: Path) -> None:
         assert (one / name).read_bytes() == (two / name).read_bytes(), name
 
 
+def _one_and_two(recipe: Path, where: Path) -> subprocess.CompletedProcess:
+    """`recipe` compiled alone (into where/one) and on two ranks (where/two), the two folders byte for byte the
+    same; the ranks' run."""
+    _alone(recipe, where / "one")
+    run = _qrc("compile", str(recipe), "-o", str(where / "two"), ranks=2)
+    assert run.returncode == 0, run.stderr[-3000:]
+    _same_folders(where / "one", where / "two")
+    return run
+
+
 @pytest.mark.slow
 def test_two_ranks_write_the_bytes_one_process_writes(tmp_path):
     recipe = tmp_path / "r.recipe"
     recipe.write_text(DATA_FREE)
-    _alone(recipe, tmp_path / "one")
-    two = _qrc("compile", str(recipe), "-o", str(tmp_path / "two"), ranks=2)
-    assert two.returncode == 0, two.stderr[-2000:]
-    _same_folders(tmp_path / "one", tmp_path / "two")
+    two = _one_and_two(recipe, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "r.recipe", "two"]  # no rank left anything
     assert two.stdout.count("compiled datafree") == 1  # the first rank speaks for all
 
@@ -120,12 +128,8 @@ def test_every_observer_method_writes_one_process_bytes(tmp_path, llama, method,
                                       mode=mode, disk=tmp_path / "cache", out=tmp_path / "out",
                                       base=base.removeprefix("hf "), head="none" if hf else "W8A16",
                                       kv="kv_cache { fp8 }" if hf else ""))
-    folders = {1: tmp_path / "out1", 2: tmp_path / "out2"}
-    _alone(recipe, folders[1])
-    run = _qrc("compile", str(recipe), "-o", str(folders[2]), ranks=2)
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = _one_and_two(recipe, tmp_path)
     assert "shared by 2 torchrun ranks" in run.stdout and "rank 1" in run.stdout  # the per-rank peaks
-    _same_folders(folders[1], folders[2])
 
 
 def _kl(float_folder: Path, out: Path) -> float:
@@ -179,10 +183,7 @@ def test_smoothquant_over_ranks_writes_one_process_bytes(tmp_path):
     recipe = tmp_path / "r.recipe"
     recipe.write_text(TRANSFORM.format(model="builtin:tiny-llama", transform="smoothquant { alpha 0.5 }",
                                        scheme="W8A8 { rounding rtn }", mode="low_memory", out=tmp_path / "x"))
-    _alone(recipe, tmp_path / "one")
-    run = _qrc("compile", str(recipe), "-o", str(tmp_path / "two"), ranks=2)
-    assert run.returncode == 0, run.stderr[-3000:]
-    _same_folders(tmp_path / "one", tmp_path / "two")
+    _one_and_two(recipe, tmp_path)
 
 
 @pytest.mark.slow
@@ -202,6 +203,22 @@ def test_awq_over_ranks_is_deterministic_and_as_good_as_one_process(tmp_path, ll
     assert 0 < one and abs(two - one) <= 0.01 * one, (one, two)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("metric", ["kld", "mse"])
+def test_the_mixed_precision_search_over_ranks_chooses_what_one_process_chooses(tmp_path, metric):
+    """The search's data (the gradients of kld, the input Gram matrices of mse) is each rank's share of the scoring
+    chunks, summed over the ranks in rank order; every rank then chooses the same units to promote, and they are
+    one process's: the weights (rtn, data-free once chosen) are byte for byte one process's."""
+    text = (ROOT / "recipes/tiny-llama-torch-mixed.recipe").read_text()
+    text = text.replace("metric kld", f"metric {metric}", 1).replace(
+        'emit "out/tiny-llama-torch-mixed"', f'memory {{ disk "{tmp_path / "cache"}" }}\n    emit "{tmp_path / "x"}"')
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(text)
+    run = _one_and_two(recipe, tmp_path)
+    assert "w8" in run.stdout and "w4" in run.stdout  # the search promoted some units, not all
+    assert len(list((tmp_path / "cache" / "sensitivity").glob("*.json"))) == 2  # each scored: its own cache key
+
+
 ONNX = """recipe onnx_shared {{
     model "builtin:tiny-llama"
     backend onnx
@@ -219,6 +236,7 @@ ONNX = """recipe onnx_shared {{
 @pytest.mark.slow
 @pytest.mark.parametrize("method, mode, base, rounding", [
     ("minmax", "full", "W8A8", "rtn"), ("percentile 99.9", "low_memory", "W8A8", "mse"),
+    ("mse", "full", "W8A8", "rtn"), ("layerwise_percentile", "low_memory", "W8A8", "rtn"),
     ("minmax", "full", "W4A16", "gptq")])
 def test_onnx_ranks_merge_observers_and_round_weights_n_at_a_time(tmp_path, method, mode, base, rounding):
     """ONNX: the calibration chunks split over the ranks and the observers merged exactly give one process's
@@ -287,22 +305,34 @@ def _rank_pid(rank: int, marker: str) -> int | None:
     return None
 
 
+RESUMABLE = """recipe long {{
+    model "builtin:tiny-llama?layers=8&hidden=512&heads=8&kv_heads=2&vocab=32000&intermediate=1536"
+    backend onnx
+    quantize {{ "*" -> W8A8  "lm_head" -> W8A16  re"model\\.embed_tokens" -> none }}
+    calibrate {{ data synthetic {{ samples 48  seqlen 128 }}  chunk 2  method entropy }}
+    memory {{ mode full  disk "{disk}" }}
+    emit "{out}" {{ format qdq }}
+}}
+"""
+
+
 @pytest.mark.slow
-def test_a_killed_rank_stops_every_rank_with_nothing_written(tmp_path):
+def test_a_killed_rank_stops_every_rank_and_a_relaunch_resumes(tmp_path):
     """Rank 1 is killed (SIGKILL) while the ranks calibrate: rank 0 stops within seconds with Q432 naming
-    rank 1, and the destination never appears."""
-    disk = tmp_path / "cache"
+    rank 1, and the destination never appears. Each rank saved its own share's observers after every chunk,
+    so the same launch again resumes each rank where it stopped, and writes one process's bytes."""
+    from compiler.backends.onnx.resume import ResumeState
+
+    disk, out = tmp_path / "cache", tmp_path / "out" / "m.onnx"
     recipe = tmp_path / "long.recipe"
-    model = "builtin:tiny-llama?layers=8&hidden=512&heads=8&kv_heads=2&vocab=32000&intermediate=1536"
-    recipe.write_text(OBSERVED.format(model=model, rounding="rtn", method="entropy", base="W8A8", head="W8A16",
-                                      mode="offload", disk=disk, out=tmp_path / "out", kv="").replace("samples 24  seqlen 64", "samples 64  seqlen 128"))
+    recipe.write_text(RESUMABLE.format(disk=disk, out=out))
     launch = subprocess.Popen([*_launcher(2), "-m", "compiler", "compile", str(recipe)], env=_env(), cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and launch.poll() is None:  # both ranks are running the plan
-        if disk.is_dir() and len([p for p in disk.iterdir() if p.name.startswith("qrc-hidden-")]) >= 2:
+    while time.monotonic() < deadline and launch.poll() is None:  # both ranks have finished a chunk
+        if len(list(disk.glob("checkpoints/calibration-*.npz"))) >= 2:
             break
-        time.sleep(0.2)
+        time.sleep(0.1)
     victim = _rank_pid(1, str(recipe))
     assert victim is not None and launch.poll() is None, launch.communicate()[1][-2000:]
     os.kill(victim, 9)
@@ -310,8 +340,16 @@ def test_a_killed_rank_stops_every_rank_with_nothing_written(tmp_path):
     _, stderr = launch.communicate(timeout=300)
     assert launch.returncode != 0 and time.monotonic() - killed < 120
     assert "error[Q432]" in stderr and f"rank 1 (process {victim})" in stderr, stderr[-3000:]
-    assert not (tmp_path / "out").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "long.recipe"]  # nothing staged was left
+    assert not out.parent.exists() or not any(out.parent.iterdir())  # nothing written, nothing staged left
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "out") == ["cache", "long.recipe"]
+    saved = [ResumeState(path).load() for path in disk.glob("checkpoints/calibration-*.npz")]
+    assert len(saved) == 2 and all(state is not None and state[0] > 0 for state in saved)  # chunks done, each rank
+
+    again = _qrc("compile", str(recipe), ranks=2)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert not any(disk.glob("checkpoints/calibration-*.npz"))  # a finished calibration leaves no state
+    _alone(recipe, tmp_path / "one" / "m.onnx")
+    _same_folders(tmp_path / "one", out.parent)
 
 
 # ---- `memory { ranks N }` in check and plan (no launch) ---------------------------------------------------
@@ -329,7 +367,7 @@ def test_plan_shows_each_ranks_share_and_peak():
 @pytest.mark.parametrize("backend, line, memory, what", [
     ("torch", "", "mode multi_gpu  vram 2 x 80 GiB", "mode multi_gpu"),
     ("onnx", "transform smoothquant { alpha 0.5 }", "", "transform smoothquant on the ONNX backend"),
-    ("torch", "mixed_precision { choices [W4A16, W8A16]  budget 6 bits }", "", "mixed_precision")])
+    ("onnx", "mixed_precision { choices [W4A16, W8A16]  budget 6 bits }", "", "mixed_precision on the ONNX backend")])
 def test_check_refuses_what_the_ranks_cannot_share(backend, line, memory, what):
     text = f'recipe r {{\n    model "builtin:tiny-llama"\n    backend {backend}\n    {line}\n' \
            f'    quantize {{ type Linear -> W8A8 }}\n    memory {{ {memory}  ranks 2 }}\n}}\n'

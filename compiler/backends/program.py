@@ -10,9 +10,10 @@ from typing import Generic, Protocol, TypeVar, overload
 
 from compiler.backends.products import Product
 from compiler.backends.ranks import all_gathered, from_environment
+from compiler.backends.release import freeze_long_lived, thaw
 from compiler.backends.result import CompileResult
 from compiler.backends.rss import RssSampler
-from compiler.plan.ops import Plan, PlanOp
+from compiler.plan.ops import LoadModel, Plan, PlanOp
 from compiler.resolve.assignment import Assignment
 
 Handler = Callable[[PlanOp], Product | None]  # what the op reports for the result (None: nothing)
@@ -86,6 +87,7 @@ def execute_plan(plan: Plan, assignment: Assignment, output: Path, progress,
                 result.rank_peaks = rank_peaks(rss.peak)
                 result.files = run.commit()
             finally:
+                thaw()
                 run.close()
     finally:  # also when verification fails: the report shows what was measured
         result.peak_rss, result.rss_samples = rss.peak, rss.samples
@@ -124,6 +126,8 @@ def run_program(plan: Plan, run: Run, rss: RssSampler, result: CompileResult) ->
             result.absorb(op, run.drain())
         rss.check_now()
         result.executed.append(op)
+        if isinstance(op, LoadModel):
+            freeze_long_lived()  # the imports and the skeleton: later collections skip them
 
 
 def guarded(progress, rss: RssSampler):

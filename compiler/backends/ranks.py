@@ -145,6 +145,26 @@ def gathered_tensors(ranks: Ranks, tensor):
     return [part.cpu() for part in parts]
 
 
+def gathered_on(ranks: Ranks, tensor, destinations: frozenset[int]):
+    """Every rank's `tensor` (the same shape and dtype on each), in rank order, on the CPU of each rank in
+    `destinations`; None on the others. One destination is a gather (the others only send), several an
+    all_gather."""
+    import torch.distributed as dist
+
+    if len(destinations) != 1:
+        parts = gathered_tensors(ranks, tensor)
+        return parts if ranks.rank in destinations else None
+    import torch
+
+    (destination,) = destinations
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    local = tensor.detach().to(device).contiguous()
+    receiving = ranks.rank == destination
+    parts = [torch.empty_like(local) for _ in range(ranks.world)] if receiving else None
+    dist.gather(local, parts, dst=destination)
+    return [part.cpu() for part in parts] if parts is not None else None
+
+
 def merged(ranks: Ranks, mine: dict[str, Any]) -> dict[str, Any]:
     """Every rank's mergeable states by key (observers: `.merge(other)` adds another's exactly), merged in rank
     order on every rank; one rank's are returned as they are."""

@@ -16,6 +16,21 @@ def release_memory() -> None:
         pass
 
 
+def freeze_long_lived() -> None:
+    """Exempt every object alive now from later garbage collections (gc.freeze): called once the model is open,
+    when what exists are the imported modules (transformers and torch: about 400,000 objects) and the
+    skeleton, which live as long as the run. Each release_memory then scans only what the run made since:
+    0.25 s a collection before, about nothing after (an 8-block compile collects ten times). Reference
+    counting still frees frozen objects; only cycles among them wait for `thaw`."""
+    gc.collect()
+    gc.freeze()
+
+
+def thaw() -> None:
+    """Undo freeze_long_lived at the end of a run (a process compiling again collects the last run's cycles)."""
+    gc.unfreeze()
+
+
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc malloc.h)
 MMAP_THRESHOLD = 4 << 20
 

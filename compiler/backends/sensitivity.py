@@ -7,6 +7,10 @@ Scores are losses, lower is better, one per unit and choice:
 - snr: Σ over members of ‖W − Q(W)‖² / ‖W‖² (no data);
 - mse: Σ over members of ‖X(W − Q(W))ᵀ‖² / ‖XWᵀ‖² on the calibration samples, from XᵀX;
 - kld: the KL divergence of the model's output from float, measured or estimated by the backend.
+
+Under torchrun (backends/ranks.py) the torch scorer runs its rank's share of the scoring chunks and merges the
+Gram matrices and gradients in rank order; the per-unit losses are computed unit i on rank i mod N and handed
+to all, so every rank chooses the same assignment.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
+from compiler.backends.ranks import Ranks, all_gathered
 from compiler.ir.types import Rounding, Scheme, SensitivityMetric
 from compiler.models.exports import files_hash
 from compiler.models.index import Layer, ModelIndex
@@ -128,15 +133,29 @@ def mse_losses(units, schemes, scorer: Scorer, grams: Mapping[str, np.ndarray], 
     return _relative_losses(units, schemes, scorer, output_error, advance)
 
 
-def cache_key(op: ScoreSensitivity, units: Sequence[mixed.Unit], digest: str, backend: str) -> str:
-    """What the scores depend on: the model's content, the scoring settings, data and choices, the units;
-    not the budget, so a sweep over budgets scores once."""
+def _by_unit(ranks: Ranks, units: Sequence[mixed.Unit], losses) -> dict[str, list[float]]:
+    """`losses(units)` for every unit, unit i computed on rank i mod N and handed to every rank (the same
+    arithmetic as one process: the figures are one process's)."""
+    if ranks.world == 1:
+        return losses(units)
+    merged: dict[str, list[float]] = {}
+    for part in all_gathered(ranks, losses([u for i, u in enumerate(units) if ranks.owns(i)])):
+        merged.update(part)
+    return {u.name: merged[u.name] for u in units}
+
+
+def cache_key(op: ScoreSensitivity, units: Sequence[mixed.Unit], digest: str, backend: str, ranks: int = 1) -> str:
+    """What the scores depend on: the model's content, the scoring settings, data and choices, the units, and
+    for data-driven scores the ranks that summed them (float sums in another order); not the budget, so a sweep
+    over budgets scores once."""
     identity = {
         "version": CACHE_VERSION, "backend": backend, "model": digest, "metric": op.metric.value,
         "samples": op.samples, "data": _data_identity(op.data) if op.metric is not SensitivityMetric.SNR else "",
         "chunk": op.chunk, "choices": [_scheme_identity(s) for s in op.choices],
         "units": [[u.name, *u.members] for u in units],
     }
+    if ranks > 1 and op.metric is not SensitivityMetric.SNR:
+        identity["ranks"] = ranks
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -180,11 +199,14 @@ def _save(path: Path, losses: Mapping[str, Sequence[float]]) -> None:
 
 
 def score(op: ScoreSensitivity, disk: Path | None, units, scorer: Scorer, backend: str,
-          progress) -> tuple[dict[str, list[float]], bool, Path]:
-    """Each unit's losses, from the cache when this model, data and setting were scored before."""
+          progress, ranks: Ranks = Ranks()) -> tuple[dict[str, list[float]], bool, Path]:
+    """Each unit's losses, from the cache when this model, data and setting were scored before (under torchrun:
+    when every rank finds it, so that all take the same path; the first rank writes it)."""
     schemes = list(op.choices)
-    path = cache_root(disk) / f"{cache_key(op, units, scorer.digest(), backend)}.json"
+    path = cache_root(disk) / f"{cache_key(op, units, scorer.digest(), backend, ranks.world)}.json"
     cached = _load(path, units, len(schemes))
+    if ranks.world > 1 and not all(all_gathered(ranks, cached is not None)):
+        cached = None
     if cached is not None:
         return cached, True, path
     metric = op.metric
@@ -194,10 +216,11 @@ def score(op: ScoreSensitivity, disk: Path | None, units, scorer: Scorer, backen
         grams = None
         if metric is SensitivityMetric.MSE:
             grams = scorer.grams([scorer.index.layer(n) for u in units for n in u.members], progress)
-        advance = progress(f"score {metric.value}", len(units))
-        losses = snr_losses(units, schemes, scorer, advance) if grams is None else mse_losses(
-            units, schemes, scorer, grams, advance)
-    _save(path, losses)
+        advance = progress(f"score {metric.value}", len(range(ranks.rank, len(units), ranks.world)))
+        losses = _by_unit(ranks, units, lambda mine: snr_losses(mine, schemes, scorer, advance) if grams is None
+                          else mse_losses(mine, schemes, scorer, grams, advance))
+    if ranks.first:
+        _save(path, losses)
     return losses, False, path
 
 
@@ -212,13 +235,14 @@ class Scores:
 
 
 def score_units(op: ScoreSensitivity, disk: Path | None, assignment: Assignment, scorer: Scorer, backend: str,
-                progress) -> Scores | None:
+                progress, ranks: Ranks = Ranks()) -> Scores | None:
     """The plan's `score_sensitivity` op: the searched units' losses (None when nothing is searched); scores
-    are cached under `disk` (`memory { disk }`), else $QRC_CACHE."""
+    are cached under `disk` (`memory { disk }`), else $QRC_CACHE. Under torchrun the scorer must share its
+    data (the torch scorer does)."""
     units = tuple(mixed.units_for(op.choices, assignment))
     if not units:
         return None
-    losses, from_cache, path = score(op, disk, units, scorer, backend, progress)
+    losses, from_cache, path = score(op, disk, units, scorer, backend, progress, ranks)
     return Scores(units, losses, from_cache, path)
 
 

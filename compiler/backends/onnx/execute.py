@@ -325,11 +325,15 @@ class _OnnxRun:
         return rewrite.quantize_for(w, node, job)
 
     def _resume_state(self, number: int, group: tuple[str, ...]):
-        if self.disk is None or self.ranks.world > 1:  # a rank's state is its share: one path would mix them
+        if self.disk is None:
             return None
         from compiler.backends.onnx.resume import ResumeState
 
-        state = ResumeState.for_run(self.disk, self.plan.recipe_text, str(self.files.path), str(number), *group)
+        # under torchrun a rank's state is its own share of the chunks: one file per rank of this world, so a
+        # relaunch on as many ranks resumes each where it stopped
+        share = (f"rank {self.ranks.rank} of {self.ranks.world}",) if self.ranks.world > 1 else ()
+        state = ResumeState.for_run(self.disk, self.plan.recipe_text, str(self.files.path), str(number), *group,
+                                    *share)
         if state.exists() and state.load() is None:  # foreign, damaged or older: never trusted, never executed
             self.pending.warnings.append(warning(
                 "Q408", f"resume state `{state.path}` is not valid calibration state; starting over",

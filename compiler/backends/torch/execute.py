@@ -105,7 +105,9 @@ class _Run:
         self.verify_streams: tuple[streams.Stream, streams.Stream | None, Agreement] | None = None
         self.emitted = False  # verification runs the emitted folder as it loads (artifact.py), not qrc's model
         self.unopened = ""  # why transformers' own loader could not open the staged folder (Q427), if it could not
-        self.reference: list = []
+        # the float outputs kept before rounding (full); a list also where this rank has no held-out chunk, so
+        # that every rank takes the same path at verification (its collectives)
+        self.reference: list | None = None
         self.tail_done = False
         self.disk: Path | None = None  # `memory { disk }`, from select_memory_mode
         self.caches: list[streams.HiddenCache] = []
@@ -176,8 +178,8 @@ class _Run:
             help="give `vram` for the GPUs present, or use `mode low_memory`"),))
 
     def score(self, op: ops.ScoreSensitivity) -> None:
-        scorer = TorchScorer(op, self.index, self.model, streams.torch_feed)
-        self.scores = score_units(op, self.disk, self.assignment, scorer, "torch", self.progress)
+        scorer = TorchScorer(op, self.index, self.model, streams.torch_feed, self.ranks)
+        self.scores = score_units(op, self.disk, self.assignment, scorer, "torch", self.progress, self.ranks)
         release_memory()
 
     def assign(self, op: ops.AssignPrecision) -> Product:
@@ -479,7 +481,7 @@ class _Run:
                 "the emitted folder, loaded as transformers loads it (compressed-tensors)" if not self.unopened else
                 "the emitted folder's tensors, decoded layer by layer by compressed-tensors (Q427: transformers "
                 "itself did not open it)")
-        elif self.reference:
+        elif self.reference is not None:
             assert quantized is not None  # qrc's own model is verified: its quantized stream exists
             advance = self.progress("verify", len(quantized))
             with self._costs_of(self.jobs):
@@ -530,7 +532,7 @@ class _Run:
                                      f"({type(exc).__name__}: {first})", span, "does not run",
                                      help="its users would hit the same error; nothing was written to the "
                                      "destination. If the recipe is valid, this is a qrc bug: please report it")) from None
-        self.reference = []
+        self.reference = None
         if self.offload:
             model.release([p for p in model.outside() if model.is_resident(p)])
 

@@ -32,21 +32,23 @@ class FloatQuantized:
     # torch 2.13 pickles float8 tensors but cannot unpickle them; the ranks hand rounded weights on as pickles
     # (torch.distributed's object collectives), so float8 tensors travel as their bytes
     def __getstate__(self) -> tuple:
-        return {k: _portable(v) for k, v in self.stored.items()}, self.dequantized
+        return {k: portable(v) for k, v in self.stored.items()}, self.dequantized
 
     def __setstate__(self, state: tuple) -> None:
         stored, dequantized = state
-        object.__setattr__(self, "stored", {k: _restored(v) for k, v in stored.items()})  # frozen: unpickling sets it once
+        object.__setattr__(self, "stored", {k: restored(v) for k, v in stored.items()})  # frozen: unpickling sets it once
         object.__setattr__(self, "dequantized", dequantized)
 
 
-def _portable(tensor: torch.Tensor):
+def portable(tensor: torch.Tensor):
+    """A tensor as it can travel pickled between ranks: float8 as its bytes and its dtype's name."""
     if tensor.is_floating_point() and tensor.element_size() == 1:  # float8: its bytes and its dtype's name
         return tensor.view(torch.uint8), str(tensor.dtype).removeprefix("torch.")
     return tensor
 
 
-def _restored(value):
+def restored(value):
+    """The tensor `portable` made travel."""
     if isinstance(value, tuple):
         data, dtype = value
         return data.view(getattr(torch, dtype))

@@ -94,6 +94,8 @@ class Statistics:
     _remaining: Counter = field(default_factory=Counter)  # leader → layers sharing its Hessian not yet rounded
     _counted: bool = False
     shared: bool = False  # merged over torchrun's ranks (torch/sharing.py): merged once, whoever rounds first
+    # under torchrun, the Hessians still holding this rank's partial sum: leader → (shape, rows over every rank)
+    pending: dict[str, tuple[tuple[int, ...], int]] = field(default_factory=dict)
 
     def __enter__(self) -> Statistics:
         for job in self.jobs:

@@ -21,7 +21,7 @@ from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.layers import Job, Statistics, apply_quantized, input_qparams, quantize_job
 from compiler.backends.torch.model import TorchModel
-from compiler.backends.torch.sharing import owners, share_statistics
+from compiler.backends.torch.sharing import owners, share_hessians, share_statistics
 from compiler.backends.torch.writer import FolderWriter, RankCollector
 from compiler.diagnostics import warning
 from compiler.ir.types import Calibration
@@ -86,7 +86,7 @@ class Rounder:
                 del weight, q
             tensors = self.writer.take() if isinstance(self.writer, RankCollector) else {}
             for handed, figures in gather_to_first(ranks, (tensors, sqnr)):
-                for name, tensor in handed.items():
+                for name, tensor in RankCollector.unpack(handed).items():
                     self.writer.put(name, tensor)
                 self.report.weight_sqnr.update(figures)
             for _ in range(min(ranks.world, len(jobs) - start)):
@@ -98,24 +98,45 @@ class Rounder:
         Under torchrun the ranks share the rounding (_shared): every rank ends with the same modules."""
         hooks = []
         if stats is not None:
-            share_statistics(stats, self.ranks)  # every rank's samples (once per Statistics)
+            share_statistics(stats, self.ranks)  # every rank's observers (once per Statistics)
         prepared = [self._prepare(job, stats) for job in jobs]
-        rounded = self._shared(prepared, stats) if self.ranks.world > 1 else {}
+        rounded, owner = self._shared(prepared, stats) if self.ranks.world > 1 else ({}, {})
         for job, act in prepared:
             module = self._linear(job)
-            q = rounded.pop(job.layer.name) if rounded else self.round(job, module.weight, stats, act)
+            mine = owner.get(job.layer.name, self.ranks.rank) == self.ranks.rank
+            if rounded:
+                q = rounded.pop(job.layer.name)
+                if mine:  # its owner packs its tensors and measures it; the first rank writes them
+                    self.write(job, q, act)
+            else:
+                q = self.round(job, module.weight, stats, act)
             if stats is not None:
                 stats.release(job)
             original = module.weight
             hook = apply_quantized(module, q, job, act)
-            if self.ranks.first:  # the first rank reports for all
+            if mine:
                 self.record(job, original, module.weight, act)
             if hook is not None:
                 hooks.append(hook)
             if advance is not None:
                 advance()
+        if owner:
+            self._hand_to_first([job for job, _ in prepared])
         self.hooks.extend(hooks)
         return hooks
+
+    def _hand_to_first(self, jobs: list[Job]) -> None:
+        """Under torchrun: the tensors and figures of the jobs each rank owned, to the first rank (which writes
+        them: the layout is by name and offset, so the order they come in does not matter)."""
+        names = [job.layer.name for job in jobs]
+        figures = ({n: self.report.weight_sqnr.pop(n) for n in names if n in self.report.weight_sqnr},
+                   {n: self.report.input_ranges.pop(n) for n in names if n in self.report.input_ranges})
+        tensors = self.writer.take() if isinstance(self.writer, RankCollector) else {}
+        for handed, (sqnr, ranges) in gather_to_first(self.ranks, (tensors, figures)):
+            for name, tensor in RankCollector.unpack(handed).items():
+                self.writer.put(name, tensor)
+            self.report.weight_sqnr.update(sqnr)
+            self.report.input_ranges.update(ranges)
 
     def _prepare(self, job: Job, stats: Statistics | None) -> tuple[Job, tuple[float, int] | None]:
         """The job as it will be rounded (an MoE expert no token reached: rtn, its siblings' input range,
@@ -133,11 +154,13 @@ class Rounder:
                 "stay in float", job.scheme.span, "no range", help="check the calibration data"))
         return job, act
 
-    def _shared(self, prepared: list[tuple[Job, tuple[float, int] | None]],
-                stats: Statistics | None) -> dict[str, QuantizedWeight | FloatQuantized]:
+    def _shared(self, prepared: list[tuple[Job, tuple[float, int] | None]], stats: Statistics | None
+                ) -> tuple[dict[str, QuantizedWeight | FloatQuantized], dict[str, int]]:
         """Each job rounded by the rank it is assigned to (sharing.owners), then every rank's rounded weights
-        and dampening handed to all; the first rank writes their tensors in job order."""
+        and dampening handed to all; with the owners."""
         owner = owners([job for job, _ in prepared], self.ranks.world)
+        if stats is not None:
+            share_hessians(stats, self.ranks, [job for job, _ in prepared], owner)
         mine = {}
         for job, _ in prepared:
             if owner[job.layer.name] == self.ranks.rank:
@@ -147,10 +170,7 @@ class Rounder:
         for theirs, their_dampened in all_gathered(self.ranks, (mine, dampened)):
             rounded.update(theirs)
             self.dampened.update(their_dampened)
-        if self.ranks.first:
-            for job, act in prepared:
-                self.write(job, rounded[job.layer.name], act)
-        return rounded
+        return rounded, owner
 
     def _linear(self, job: Job) -> torch.nn.Linear:
         """The module that computes `job` (an nn.Linear: refuse_non_linear said so before any work)."""

@@ -5,6 +5,9 @@ choice, gradients of KL(float ‖ quantized) over the scoring samples, then a un
 is Σ g ⊙ (Q_choice(W) − Q_cheapest(W)) over its members: one forward and backward pass per chunk,
 whatever the number of units. mse and kld hold the float model resident while scoring; its parameters
 go back to the meta device afterwards.
+
+Under torchrun each rank runs its share of the scoring chunks (chunk i on rank i mod N); the Gram matrices and
+the gradients are summed over the ranks in rank order (torch/sharing.py), so every rank scores alike.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from compiler.backends.ranks import Owned, Ranks
 from compiler.backends.sensitivity import fake_quantize, scoring_batches
+from compiler.backends.torch.sharing import share_sums
 from compiler.ir.types import Scheme
 from compiler.models.exports import files_hash
 from compiler.models.index import Layer, ModelIndex
@@ -28,10 +33,13 @@ class TorchScorer:
     """What the mixed-precision search reads from a torch model: weights, input Gram matrices, estimated KL."""
     convention = Convention.TORCH
 
-    def __init__(self, op: ScoreSensitivity, index: ModelIndex, model, feed):
-        """`index` has the model's inputs (to make data); `feed` turns a numpy chunk into torch tensors."""
-        self.index, self.model = index, model
-        self.feeds = [feed(f) for f in scoring_batches(op, index)]
+    def __init__(self, op: ScoreSensitivity, index: ModelIndex, model, feed, ranks: Ranks = Ranks()):
+        """`index` has the model's inputs (to make data); `feed` turns a numpy chunk into torch tensors; under
+        torchrun `ranks` says which chunks are this rank's."""
+        self.index, self.model, self.ranks = index, model, ranks
+        batches = scoring_batches(op, index)
+        self.chunks = len(batches)  # every rank's: the KL's mean is over all of them
+        self.feeds = [feed(f) for f in Owned(batches, ranks)]
 
     def digest(self) -> str:
         """A content hash of the checkpoint's files (the score cache key)."""
@@ -89,6 +97,7 @@ class TorchScorer:
             for hook in hooks:
                 hook.remove()
             restore()
+        sums = share_sums(self.ranks, sums, leader)
         return {layer.name: sums[leader[layer.name]].numpy() for layer in layers}
 
     # ---- kld: first-order estimate ------------------------------------------------------------------
@@ -115,9 +124,10 @@ class TorchScorer:
                     p.data = low[n]
                 student = torch.log_softmax(self.model.forward(feed).float(), dim=-1)
                 per_position = (teacher.exp() * (teacher - student)).sum(-1)
-                (per_position.mean() / len(self.feeds)).backward()
+                (per_position.mean() / self.chunks).backward()
                 advance()
             grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
+            grads = share_sums(self.ranks, grads, {n: n for n in params}, like={n: floats[n] for n in params})
         finally:
             for n, p in params.items():
                 p.data = floats[n]

@@ -15,6 +15,7 @@ import torch
 from compiler.backends.emitter import Emitter
 from compiler.backends.torch.compressed import TensorSpec, nbytes
 from compiler.backends.torch.cost import COPY_SLICE  # the estimate and the copy share it
+from compiler.backends.torch.float_formats import portable, restored
 from compiler.backends.torch.shards import CODES
 
 SHARD_BYTES = 2 << 30  # above this the weights are split into model-0000i-of-0000n.safetensors
@@ -172,10 +173,16 @@ class RankCollector(Emitter):
         """Keep a rounded tensor until the first rank takes it."""
         self.tensors[name] = tensor.detach().cpu()
 
-    def take(self) -> dict[str, torch.Tensor]:
-        """The tensors kept since the last take."""
+    def take(self) -> dict[str, object]:
+        """The tensors kept since the last take, ready to travel to the first rank pickled (float8 as its bytes:
+        torch 2.13 pickles float8 tensors but cannot unpickle them); `unpack` gives them back."""
         taken, self.tensors = self.tensors, {}
-        return taken
+        return {name: portable(tensor) for name, tensor in taken.items()}
+
+    @staticmethod
+    def unpack(handed: dict[str, object]) -> dict[str, torch.Tensor]:
+        """What `take` gave, as tensors again (on the first rank)."""
+        return {name: restored(value) for name, value in handed.items()}
 
     def copy_raw(self, name: str, *args: object, **kwargs: object) -> None:
         """Nothing: the first rank copies the unquantized tensors."""
