@@ -87,11 +87,11 @@ def _same_folders(one: Path, two: Path) -> None:
         assert (one / name).read_bytes() == (two / name).read_bytes(), name
 
 
-def _one_and_two(recipe: Path, where: Path) -> subprocess.CompletedProcess:
-    """`recipe` compiled alone (into where/one) and on two ranks (where/two), the two folders byte for byte the
-    same; the ranks' run."""
-    _alone(recipe, where / "one")
-    run = _qrc("compile", str(recipe), "-o", str(where / "two"), ranks=2)
+def _one_and_two(recipe: Path, where: Path, file: str = "") -> subprocess.CompletedProcess:
+    """`recipe` compiled alone (into where/one, or where/one/`file` for an ONNX model) and on two ranks
+    (where/two), the two folders byte for byte the same; the ranks' run."""
+    _alone(recipe, where / "one" / file)
+    run = _qrc("compile", str(recipe), "-o", str(where / "two" / file), ranks=2)
     assert run.returncode == 0, run.stderr[-3000:]
     _same_folders(where / "one", where / "two")
     return run
@@ -204,17 +204,22 @@ def test_awq_over_ranks_is_deterministic_and_as_good_as_one_process(tmp_path, ll
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("metric", ["kld", "mse"])
-def test_the_mixed_precision_search_over_ranks_chooses_what_one_process_chooses(tmp_path, metric):
-    """The search's data (the gradients of kld, the input Gram matrices of mse) is each rank's share of the scoring
-    chunks, summed over the ranks in rank order; every rank then chooses the same units to promote, and they are
-    one process's: the weights (rtn, data-free once chosen) are byte for byte one process's."""
-    text = (ROOT / "recipes/tiny-llama-torch-mixed.recipe").read_text()
+@pytest.mark.parametrize("example, metric", [("tiny-llama-torch-mixed", "kld"), ("tiny-llama-torch-mixed", "mse"),
+                                             ("tiny-llama-mixed", "kld"), ("tiny-llama-mixed", "mse")])
+def test_the_mixed_precision_search_over_ranks_chooses_what_one_process_chooses(tmp_path, example, metric):
+    """The search's data (torch: the gradients of kld; ONNX: each unit's measured KL sums; both: the input Gram
+    matrices of mse) is each rank's share of the scoring chunks, summed over the ranks in rank order; every rank
+    then chooses the same units to promote, and they are one process's: the weights (rtn, data-free once chosen)
+    are byte for byte one process's."""
+    text = (ROOT / f"recipes/{example}.recipe").read_text()
+    emit = re.search(r'emit "([^"]+)"', text)
+    assert emit is not None
+    name = Path(emit.group(1)).name
     text = text.replace("metric kld", f"metric {metric}", 1).replace(
-        'emit "out/tiny-llama-torch-mixed"', f'memory {{ disk "{tmp_path / "cache"}" }}\n    emit "{tmp_path / "x"}"')
+        emit.group(0), f'memory {{ disk "{tmp_path / "cache"}" }}\n    emit "{tmp_path / name}"')
     recipe = tmp_path / "r.recipe"
     recipe.write_text(text)
-    run = _one_and_two(recipe, tmp_path)
+    run = _one_and_two(recipe, tmp_path, "m.onnx" if name.endswith(".onnx") else "")
     assert "w8" in run.stdout and "w4" in run.stdout  # the search promoted some units, not all
     assert len(list((tmp_path / "cache" / "sensitivity").glob("*.json"))) == 2  # each scored: its own cache key
 
@@ -366,8 +371,7 @@ def test_plan_shows_each_ranks_share_and_peak():
 
 @pytest.mark.parametrize("backend, line, memory, what", [
     ("torch", "", "mode multi_gpu  vram 2 x 80 GiB", "mode multi_gpu"),
-    ("onnx", "transform smoothquant { alpha 0.5 }", "", "transform smoothquant on the ONNX backend"),
-    ("onnx", "mixed_precision { choices [W4A16, W8A16]  budget 6 bits }", "", "mixed_precision on the ONNX backend")])
+    ("onnx", "transform smoothquant { alpha 0.5 }", "", "transform smoothquant on the ONNX backend")])
 def test_check_refuses_what_the_ranks_cannot_share(backend, line, memory, what):
     text = f'recipe r {{\n    model "builtin:tiny-llama"\n    backend {backend}\n    {line}\n' \
            f'    quantize {{ type Linear -> W8A8 }}\n    memory {{ {memory}  ranks 2 }}\n}}\n'

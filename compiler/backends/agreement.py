@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -26,6 +26,11 @@ class Agreement:
     positions: int = 0
     embedding_sum: float = 0.0
     nonfinite: int = field(default=0)
+
+    def merge(self, other: Agreement) -> None:
+        """Add another's sums (another rank's chunks: backends/ranks.merged adds them in rank order)."""
+        for f in fields(Agreement):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def update(self, reference: np.ndarray, candidate: np.ndarray, mask: np.ndarray | None = None) -> None:
         """Add a chunk, one sample at a time in float32 (sums in float64): logits of a large vocabulary

@@ -165,12 +165,12 @@ def gathered_on(ranks: Ranks, tensor, destinations: frozenset[int]):
     return [part.cpu() for part in parts] if parts is not None else None
 
 
-def merged(ranks: Ranks, mine: dict[str, Any]) -> dict[str, Any]:
+def merged(ranks: Ranks, mine: dict[Any, Any]) -> dict[Any, Any]:
     """Every rank's mergeable states by key (observers: `.merge(other)` adds another's exactly), merged in rank
     order on every rank; one rank's are returned as they are."""
     if ranks.world == 1:
         return mine
-    out: dict[str, Any] = {}
+    out: dict[Any, Any] = {}
     for theirs in all_gathered(ranks, mine):  # fresh copies, unpickled: merging into them touches nothing else
         for key, state in theirs.items():
             if key in out:

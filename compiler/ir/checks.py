@@ -173,11 +173,9 @@ def check_mixed_precision(ir: RecipeIR, diags: Diagnostics) -> None:
 def unshared(ir: RecipeIR) -> tuple[str, Span] | None:
     """What torchrun's ranks cannot share yet in this recipe (and where it is written), or None: the torch
     backend shares calibration, the mixed-precision search, AWQ and SmoothQuant, GPTQ, the KV cache and
-    verification (backends/torch/sharing.py), the ONNX backend its calibration and rounding (an HF folder's export
-    and `offload` are refused when they run); ONNX's mixed-precision search and transforms and multi_gpu
+    verification (backends/torch/sharing.py), the ONNX backend its calibration, the mixed-precision search and
+    rounding (an HF folder's export and `offload` are refused when they run); ONNX transforms and multi_gpu
     placement run in one process."""
-    if ir.mixed_precision is not None and ir.backend is Backend.ONNX:
-        return "mixed_precision on the ONNX backend", ir.mixed_precision.span_of("choices") or ir.span
     if ir.transform is not None and ir.backend is Backend.ONNX:  # torch merges the transform's statistics
         return f"transform {ir.transform.kind.value} on the ONNX backend", ir.transform.span
     if ir.memory.mode is MemoryMode.MULTI_GPU:

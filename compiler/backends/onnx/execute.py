@@ -182,8 +182,8 @@ class _OnnxRun:
 
     # ---- mixed precision ----------------------------------------------------------------------------
     def score(self, op: ops.ScoreSensitivity) -> None:
-        scorer = OnnxScorer(op, self.assignment.model, self.files, self.source)
-        self.scores = score_units(op, self.disk, self.assignment, scorer, "onnx", self.progress)
+        scorer = OnnxScorer(op, self.assignment.model, self.files, self.source, self.ranks)
+        self.scores = score_units(op, self.disk, self.assignment, scorer, "onnx", self.progress, self.ranks)
 
     def assign(self, op: ops.AssignPrecision) -> Product:
         self.assignment, search = assign(op, self.assignment, self.scores)

@@ -4,6 +4,9 @@ kld is measured, unit by unit: the searched weights become graph inputs of one s
 only the model's first output, so every unit under every choice is one more run per chunk with that
 unit's weights replaced, all others float. That costs units × choices runs per chunk: meant for small
 models, where it is exact where a gradient estimate is first-order.
+
+Under torchrun each rank runs its share of the scoring chunks (chunk i on rank i mod N) and the sums (the Gram
+matrices, each unit's KL sums) are added over the ranks in rank order, so every rank scores alike.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from compiler.backends.agreement import Agreement
 from compiler.backends.onnx.calibrate import augmented_model, session
 from compiler.backends.onnx.files import ModelFiles
 from compiler.backends.onnx.rewrite import weight_axes
+from compiler.backends.ranks import Owned, Ranks, all_gathered, merged
 from compiler.backends.sensitivity import fake_quantize, scoring_batches
 from compiler.ir.types import Scheme, VerifyMetric
 from compiler.models.exports import files_hash
@@ -31,9 +35,12 @@ class OnnxScorer:
     """What the mixed-precision search reads from an ONNX model: weights, input Gram matrices, measured KL."""
     convention = Convention.ORT
 
-    def __init__(self, op: ScoreSensitivity, index: ModelIndex, files: ModelFiles, source: Path):
-        self.index, self.files, self.source = index, files, source
-        self.batches = scoring_batches(op, index)
+    def __init__(self, op: ScoreSensitivity, index: ModelIndex, files: ModelFiles, source: Path,
+                 ranks: Ranks = Ranks()):
+        """Under torchrun `ranks` says which scoring chunks are this rank's."""
+        self.index, self.files, self.source, self.ranks = index, files, source, ranks
+        batches = scoring_batches(op, index)
+        self.batches = batches if ranks.world == 1 else Owned(batches, ranks)
         self.inits = {t.name: t for t in files.light.graph.initializer}
         self.axes: dict[str, tuple[int, int]] = {}
         for node in files.light.graph.node:
@@ -89,6 +96,9 @@ class OnnxScorer:
                 rows = rows[np.isfinite(rows).all(axis=1)]
                 sums[name] += rows.T @ rows
             advance()
+        if self.ranks.world > 1:  # every rank's chunks, added in rank order
+            parts = all_gathered(self.ranks, sums)
+            sums = {name: sum((part[name] for part in parts[1:]), parts[0][name].copy()) for name in sums}
         return {layer.name: sums[layer.input] if layer.input in sums else np.eye(layer.in_features) for layer in layers}
 
     # ---- kld: measured per unit ---------------------------------------------------------------------
@@ -113,6 +123,7 @@ class OnnxScorer:
             for key, weights in replaced.items():
                 agreements[key].update(reference, sess.run([first], inputs | weights)[0], feed.get("attention_mask"))
                 advance()
+        agreements = merged(self.ranks, agreements)  # every rank's chunks, added in rank order
         return {u.name: [agreements[(u.name, k)].value(VerifyMetric.KLD) for k in range(len(schemes))] for u in units}
 
 

@@ -15,7 +15,6 @@ the least loaded rank), rounded there, and the rounded weights are handed to eve
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields
 
 import torch
 
@@ -105,8 +104,7 @@ def share_agreement(agreement: Agreement, ranks: Ranks) -> Agreement:
         return agreement
     merged = Agreement()
     for part in all_gathered(ranks, agreement):
-        for f in fields(Agreement):
-            setattr(merged, f.name, getattr(merged, f.name) + getattr(part, f.name))
+        merged.merge(part)
     return merged
 
 
