@@ -132,6 +132,15 @@ def all_gathered(ranks: Ranks, value: T) -> list[T]:
     return found
 
 
+def from_first(ranks: Ranks, value: T | None) -> tuple[T | None, bool]:
+    """The first rank's `value` on every rank, and whether every rank runs on the first rank's machine (so that
+    a path the first rank names is a file the others can open)."""
+    if ranks.world == 1:
+        return value, True
+    found = all_gathered(ranks, (value if ranks.first else None, socket.gethostname()))
+    return found[0][0], all(host == found[0][1] for _, host in found)
+
+
 def gathered_tensors(ranks: Ranks, tensor):
     """Every rank's `tensor` (the same shape and dtype on each), in rank order, on the CPU: moved through the
     device the process group uses (a GPU under nccl)."""

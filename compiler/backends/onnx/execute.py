@@ -28,7 +28,7 @@ from compiler.backends.onnx.sensitivity import OnnxScorer
 from compiler.backends.onnx.verification import verify_offload, verify_whole
 from compiler.backends.products import Pending, Product
 from compiler.backends.program import Produced, execute_plan
-from compiler.backends.ranks import Owned, from_environment, gather_to_first, merged
+from compiler.backends.ranks import Owned, from_environment, from_first, gather_to_first, merged
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
 from compiler.backends.sensitivity import Scores, assign, score_units
@@ -475,19 +475,26 @@ class _OnnxRun:
     def verify(self, op: ops.Verify) -> Product:
         """Measured on the staged model; then it goes into place (a failed verification leaves it there,
         beside its figures), so an interrupt before this point leaves nothing at the destination. Under torchrun
-        the first rank, which holds the staged model, verifies it alone."""
-        if not self.ranks.first:
+        the first rank stages the model: ranks on its machine open that file and each runs its share of the
+        held-out chunks, the sums merged in rank order; across machines the first rank verifies alone."""
+        staged, shared = from_first(self.ranks, self.emitter.staged_model if self.ranks.first else None)
+        if not (self.ranks.first or shared):
             return Product()
-        staged = self.emitter.staged_model
-        if self.mode is MemoryMode.OFFLOAD:
+        assert staged is not None  # the first rank's emitter staged it
+        if self.mode is MemoryMode.OFFLOAD:  # one process only (Q431 under torchrun)
             batches = held_out_batches(op, self.assignment.model, self.pending.warnings, chunk=1)  # a sample at a time
             agreement = verify_offload(self.assignment, self.files, staged, batches, self.disk, self.progress)
         else:
             batches = held_out_batches(op, self.assignment.model, self.pending.warnings)
-            agreement = verify_whole(self.files.path, staged, batches, self.progress)
-        errors = {} if passes(agreement.value(op.metric), op.bound, op.threshold) else self._layer_errors(op, staged)
-        verdict = judge(op, self.plan.spans.verify, self.output, agreement, "the emitted model, run by onnxruntime",
-                        errors)  # the model goes into place after the last op
+            agreement = verify_whole(self.files.path, staged, Owned(batches, self.ranks) if shared else batches,
+                                     self.progress)
+            agreement = merged(self.ranks, {"all": agreement})["all"] if shared else agreement
+        failed = not passes(agreement.value(op.metric), op.bound, op.threshold)
+        errors = self._layer_errors(op, staged) if failed and self.ranks.first else {}  # Q501's help: the first's
+        measured_on = "the emitted model, run by onnxruntime" + (
+            f", its held-out samples shared by {self.ranks.world} torchrun ranks" if self.ranks.world > 1 and shared else "")
+        verdict = judge(op, self.plan.spans.verify, self.output, agreement, measured_on, errors,
+                        self.ranks.first)  # the model goes into place after the last op
         return Product(verification=verdict)
 
 
