@@ -141,37 +141,50 @@ def from_first(ranks: Ranks, value: T | None) -> tuple[T | None, bool]:
     return found[0][0], all(host == found[0][1] for _, host in found)
 
 
+def _on_group_device(tensor):
+    """`tensor` where the process group moves it: a GPU under nccl, else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    return tensor.detach().to(device).contiguous()
+
+
 def gathered_tensors(ranks: Ranks, tensor):
     """Every rank's `tensor` (the same shape and dtype on each), in rank order, on the CPU: moved through the
     device the process group uses (a GPU under nccl)."""
     import torch
     import torch.distributed as dist
 
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    local = tensor.detach().to(device).contiguous()
+    local = _on_group_device(tensor)
     parts = [torch.empty_like(local) for _ in range(ranks.world)]
     dist.all_gather(parts, local)
     return [part.cpu() for part in parts]
 
 
-def gathered_on(ranks: Ranks, tensor, destinations: frozenset[int]):
-    """Every rank's `tensor` (the same shape and dtype on each), in rank order, on the CPU of each rank in
-    `destinations`; None on the others. One destination is a gather (the others only send), several an
-    all_gather."""
+def summed_on(ranks: Ranks, tensor, destinations: frozenset[int] | None = None):
+    """Every rank's `tensor` (the same shape and dtype on each) added up in float64 in rank order, on the CPU of
+    each rank in `destinations` (all when None); None on the others. One destination is a gather (the others
+    only send), several an all_gather. The same sum on every rank that gets it, whatever order messages came in."""
+    import torch
     import torch.distributed as dist
 
-    if len(destinations) != 1:
+    destinations = frozenset(range(ranks.world)) if destinations is None else destinations
+    if len(destinations) == 1:
+        (destination,) = destinations
+        local = _on_group_device(tensor)
+        receiving = ranks.rank == destination
+        gathered = [torch.empty_like(local) for _ in range(ranks.world)] if receiving else None
+        dist.gather(local, gathered, dst=destination)
+        parts = [part.cpu() for part in gathered] if gathered is not None else None
+    else:
         parts = gathered_tensors(ranks, tensor)
-        return parts if ranks.rank in destinations else None
-    import torch
-
-    (destination,) = destinations
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    local = tensor.detach().to(device).contiguous()
-    receiving = ranks.rank == destination
-    parts = [torch.empty_like(local) for _ in range(ranks.world)] if receiving else None
-    dist.gather(local, parts, dst=destination)
-    return [part.cpu() for part in parts] if parts is not None else None
+    if ranks.rank not in destinations or parts is None:
+        return None
+    total = torch.zeros(tuple(tensor.shape), dtype=torch.float64)
+    for part in parts:
+        total.add_(part)
+    return total
 
 
 def merged(ranks: Ranks, mine: dict[Any, Any]) -> dict[Any, Any]:
@@ -187,6 +200,12 @@ def merged(ranks: Ranks, mine: dict[Any, Any]) -> dict[Any, Any]:
             else:
                 out[key] = state
     return out
+
+
+def merged_one(ranks: Ranks, state: T) -> T:
+    """One mergeable state (`.merge(other)` adds another's) merged over every rank in rank order, on every rank;
+    one rank's is returned as it is."""
+    return merged(ranks, {"": state})[""]
 
 
 def gather_to_first(ranks: Ranks, value: T) -> list[T]:

@@ -20,7 +20,7 @@ from compiler.backends.onnx import rewrite
 from compiler.backends.onnx.calibrate import calibrate, observe
 from compiler.backends.onnx.emitted_check import check_emitted
 from compiler.backends.onnx.emitters import ActivationQParams, QdqEmitter, emitter_for
-from compiler.backends.onnx.exported_model import quantized_layers, resolve_export
+from compiler.backends.onnx.exported_model import refuse_other_layers, resolve_export
 from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.genai import side_files
 from compiler.backends.onnx.hessians import GptqRounder, hessian_observers, uses_gptq
@@ -28,7 +28,7 @@ from compiler.backends.onnx.sensitivity import OnnxScorer
 from compiler.backends.onnx.verification import verify_offload, verify_whole
 from compiler.backends.products import Pending, Product
 from compiler.backends.program import Produced, execute_plan
-from compiler.backends.ranks import Owned, from_environment, from_first, gather_to_first, merged
+from compiler.backends.ranks import Owned, from_environment, from_first, gather_to_first, merged, merged_one
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
 from compiler.backends.sensitivity import Scores, assign, score_units
@@ -166,7 +166,7 @@ class _OnnxRun:
         self.source = export_folder(folder, self.plan.spans.model)
         advance()
         resolved = resolve_export(op.resolve, self.source, self.assignment)  # checked when planning
-        _same_layers(self.plan.spans.model, self.assignment, resolved)
+        refuse_other_layers(self.plan.spans.model, self.assignment, resolved)
         self.assignment = resolved
         return Product(assignment=resolved, from_cache=cached)
 
@@ -425,7 +425,7 @@ class _OnnxRun:
 
     def _activation_specs(self) -> dict[str, ActivationQParams]:
         """The scale, zero point and consumer nodes of each activation-quantized layer's input."""
-        consumers = _consumers(self.assignment, self.files.light)
+        consumers = rewrite.activation_consumers(self.assignment, self.files.light)
         specs: dict[str, ActivationQParams] = {}
         for a in self.assignment.layers:
             act, tensor = a.scheme.activations, a.layer.input
@@ -488,7 +488,7 @@ class _OnnxRun:
             batches = held_out_batches(op, self.assignment.model, self.pending.warnings)
             agreement = verify_whole(self.files.path, staged, Owned(batches, self.ranks) if shared else batches,
                                      self.progress)
-            agreement = merged(self.ranks, {"all": agreement})["all"] if shared else agreement
+            agreement = merged_one(self.ranks, agreement) if shared else agreement
         failed = not passes(agreement.value(op.metric), op.bound, op.threshold)
         errors = self._layer_errors(op, staged) if failed and self.ranks.first else {}  # Q501's help: the first's
         measured_on = "the emitted model, run by onnxruntime" + (
@@ -497,32 +497,3 @@ class _OnnxRun:
                         self.ranks.first)  # the model goes into place after the last op
         return Product(verification=verdict)
 
-
-def _same_layers(span: Span | None, planned: Assignment, exported: Assignment) -> None:
-    """Q423: the export must quantize exactly the layers the plan did, with the same schemes: a layer the
-    exporter renamed would otherwise be left float (or quantized against the recipe) without a word."""
-    before, after = quantized_layers(planned), quantized_layers(exported)
-    if before == after:
-        return
-    differ = sorted(set(before.items()) ^ set(after.items()))
-    raise BackendError(error(
-        "Q423", f"the ONNX export names or assigns {len(differ)} quantized layer(s) differently from the folder "
-        f"(e.g. `{differ[0][0]}`)", span, "export does not match the plan",
-        help="compile the folder with `backend torch`, or export it once and compile the .onnx file with rules "
-        "for its names (`qrc inspect FILE.onnx`)"))
-
-
-def _consumers(assignment: Assignment, model) -> dict[str, set[str]]:
-    """For each activation to quantize, the nodes of the activation-quantized layers that read it."""
-    by_weight: dict[str, list] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            by_weight.setdefault(name, []).append(node)
-    out: dict[str, set[str]] = {}
-    for a in assignment.layers:
-        if a.scheme.is_none or a.scheme.activations is None:
-            continue
-        for node in by_weight.get(a.layer.weight, []):
-            if a.layer.input in node.input:
-                out.setdefault(a.layer.input, set()).add(node.name)
-    return out

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from compiler.backends import BackendError
+from compiler.diagnostics import error
 from compiler.plan.ops import Resolver
 from compiler.resolve.assignment import Assignment
+from compiler.source import Span
 
 
 def quantized_layers(assignment: Assignment) -> dict[str, str]:
@@ -21,3 +24,17 @@ def resolve_export(resolve: Resolver, exported: Path, folder: Assignment) -> Ass
     from compiler.models.onnx_index import index_onnx
 
     return resolve(index_onnx(exported, folder.model.ref, family=folder.model.family), {})
+
+
+def refuse_other_layers(span: Span | None, planned: Assignment, exported: Assignment) -> None:
+    """Q423: the export must quantize exactly the layers the plan did, with the same schemes: a layer the
+    exporter renamed would otherwise be left float (or quantized against the recipe) without a word."""
+    before, after = quantized_layers(planned), quantized_layers(exported)
+    if before == after:
+        return
+    differ = sorted(set(before.items()) ^ set(after.items()))
+    raise BackendError(error(
+        "Q423", f"the ONNX export names or assigns {len(differ)} quantized layer(s) differently from the folder "
+        f"(e.g. `{differ[0][0]}`)", span, "export does not match the plan",
+        help="compile the folder with `backend torch`, or export it once and compile the .onnx file with rules "
+        "for its names (`qrc inspect FILE.onnx`)"))

@@ -14,6 +14,7 @@ from compiler.ir.types import EmitFormat, Granularity, QType, Scheme
 from compiler.models.index import Layer
 from compiler.quant import qparams
 from compiler.quant.weights import QuantizedWeight, pack_int4, quantize_weight
+from compiler.resolve.assignment import Assignment
 
 _TYPES = {QType.INT8: TensorProto.INT8, QType.UINT8: TensorProto.UINT8, QType.INT4: TensorProto.INT4,
           QType.UINT4: TensorProto.UINT4}
@@ -232,3 +233,19 @@ def _quantize_inputs(node, activations, emitted, new_inits, nodes, scale_type):
             emitted[name] = out
         node.input[i] = emitted[name]
     return node
+
+
+def activation_consumers(assignment: Assignment, model) -> dict[str, set[str]]:
+    """For each activation to quantize, the nodes of the activation-quantized layers that read it."""
+    by_weight: dict[str, list] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            by_weight.setdefault(name, []).append(node)
+    out: dict[str, set[str]] = {}
+    for a in assignment.layers:
+        if a.scheme.is_none or a.scheme.activations is None:
+            continue
+        for node in by_weight.get(a.layer.weight, []):
+            if a.layer.input in node.input:
+                out.setdefault(a.layer.input, set()).add(node.name)
+    return out

@@ -14,19 +14,38 @@ from pathlib import Path
 
 import torch
 
+from compiler.backends import BackendError
 from compiler.backends.agreement import Agreement
 from compiler.backends.release import release_memory
 from compiler.backends.torch import streams
 from compiler.backends.torch.artifact import ArtifactModel
+from compiler.diagnostics import StageError, error
+from compiler.source import Span
 
 
-def run_emitted(artifact: ArtifactModel, feeds: list[dict], reference: Iterable[torch.Tensor], agreement: Agreement,
-                cache: Callable[[], streams.HiddenCache], devices: dict, watch: Callable[[str | None, ArtifactModel], AbstractContextManager],
-                progress) -> None:
+def run_emitted(span: Span | None, artifact: ArtifactModel, feeds: list[dict], reference: Iterable[torch.Tensor],
+                agreement: Agreement, cache: Callable[[], streams.HiddenCache], devices: dict,
+                watch: Callable[[str | None, ArtifactModel], AbstractContextManager], progress) -> None:
     """Every chunk of `feeds` through the emitted model; each chunk's output compared with the next float
     output of `reference` in `agreement`. `watch(scope, artifact)` is a context manager attributing each
     layer's own error while the layers of a scope run: a block's name, None (outside the blocks) or ""
-    (the whole model)."""
+    (the whole model). A folder that fails to run as transformers loads it is Q428 at `span` (its users would
+    hit the same error)."""
+    try:
+        _run(artifact, feeds, reference, agreement, cache, devices, watch, progress)
+    except (StageError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:  # the folder does not run as transformers loads it: say so, write nothing
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise BackendError(error("Q428", f"the emitted folder fails to run as transformers loads it "
+                                 f"({type(exc).__name__}: {first})", span, "does not run",
+                                 help="its users would hit the same error; nothing was written to the "
+                                 "destination. If the recipe is valid, this is a qrc bug: please report it")) from None
+
+
+def _run(artifact: ArtifactModel, feeds: list[dict], reference: Iterable[torch.Tensor], agreement: Agreement,
+         cache: Callable[[], streams.HiddenCache], devices: dict,
+         watch: Callable[[str | None, ArtifactModel], AbstractContextManager], progress) -> None:
     if not artifact.container:  # no repeated blocks: the model runs whole
         everything = artifact.owners("")
         artifact.load(everything)

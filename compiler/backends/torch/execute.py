@@ -19,12 +19,11 @@ from pathlib import Path
 import torch
 
 from compiler import data
-from compiler.backends import BackendError
 from compiler.backends.agreement import Agreement, passes
 from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.products import Pending, Product
 from compiler.backends.program import Produced, execute_plan
-from compiler.backends.ranks import Owned, current
+from compiler.backends.ranks import Owned, current, merged_one
 from compiler.backends.release import keep_large_blocks_mapped, release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.sensitivity import Scores, assign, score_units
@@ -47,10 +46,10 @@ from compiler.backends.torch.model import TorchModel, open_files, open_model
 from compiler.backends.torch.output_layout import copy_unquantized, open_output, write_metadata
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.sensitivity import TorchScorer
-from compiler.backends.torch.sharing import share_agreement, share_costs, share_kv
+from compiler.backends.torch.sharing import share_costs, share_kv
 from compiler.backends.torch.smoother import Smoother
 from compiler.backends.torch.writer import FolderWriter, RankCollector
-from compiler.diagnostics import StageError, error, warning
+from compiler.diagnostics import warning
 from compiler.exhaustive import assert_never
 from compiler.ir.types import Calibration, MemoryMode
 from compiler.models.index import ModelIndex
@@ -491,7 +490,7 @@ class _Run:
         elif not self.tail_done:
             self._tail(None, self.verify_streams, [], self.offload, None)
         if self.ranks.world > 1:  # every rank's held-out chunks
-            agreement = share_agreement(agreement, self.ranks)
+            agreement = merged_one(self.ranks, agreement)
             share_costs(self.costs, self.ranks)
             measured_on = f"qrc's model, its held-out samples shared by {self.ranks.world} torchrun ranks"
         elif not self.emitted:
@@ -521,17 +520,8 @@ class _Run:
             model.materialize(model.outside())
             reference = streams.replay_tail(model.block_modules(), float_stream, self._call, lazy=True)
         disk = self.disk if self.offload else None
-        try:
-            run_emitted(artifact, float_stream.feeds, reference, agreement, hidden_cache(model.dtype, disk),
-                        self.devices, self._costs_in, self.progress)
-        except (StageError, KeyboardInterrupt, MemoryError):
-            raise
-        except Exception as exc:  # the folder does not run as transformers loads it: say so, write nothing
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
-            raise BackendError(error("Q428", f"the emitted folder fails to run as transformers loads it "
-                                     f"({type(exc).__name__}: {first})", span, "does not run",
-                                     help="its users would hit the same error; nothing was written to the "
-                                     "destination. If the recipe is valid, this is a qrc bug: please report it")) from None
+        run_emitted(span, artifact, float_stream.feeds, reference, agreement, hidden_cache(model.dtype, disk),
+                    self.devices, self._costs_in, self.progress)
         self.reference = None
         if self.offload:
             model.release([p for p in model.outside() if model.is_resident(p)])

@@ -76,19 +76,13 @@ class Rounder:
         advance = self.progress("quantize", len(jobs))
         for start in range(0, len(jobs), ranks.world):
             number = start + ranks.rank
-            sqnr: dict[str, float] = {}
             if number < len(jobs):
                 job = jobs[number]
                 weight = self.model.shards.read(job.layer.weight).float()
                 q = self.round(job, weight, None, None)
                 self.record(job, weight, torch.from_numpy(q.dequantize()), None)
-                sqnr[job.layer.name] = self.report.weight_sqnr[job.layer.name]
                 del weight, q
-            tensors = self.writer.take() if isinstance(self.writer, RankCollector) else {}
-            for handed, figures in gather_to_first(ranks, (tensors, sqnr)):
-                for name, tensor in RankCollector.unpack(handed).items():
-                    self.writer.put(name, tensor)
-                self.report.weight_sqnr.update(figures)
+            self._hand_to_first(jobs[start:start + ranks.world])
             for _ in range(min(ranks.world, len(jobs) - start)):
                 advance()
         release_memory()

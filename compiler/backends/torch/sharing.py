@@ -7,7 +7,7 @@ rank and merged in rank order, so every rank holds the same figures whatever ord
 - GPTQ Hessians are summed in float64 over the ranks' float32 partial sums, rows counted exactly, onto the
   ranks that round with them only: the same Hessian for a given rank count (one process sums every row in
   float32);
-- KV-cache maxima and verification sums (Agreement, LayerCosts) are maxima and sums.
+- KV-cache maxima and verification sums (Agreement: ranks.merged_one; LayerCosts) are maxima and sums.
 
 The rounding of a block is shared too: each layer is assigned to a rank by its cost (the largest first, to
 the least loaded rank), rounded there, and the rounded weights are handed to every rank."""
@@ -18,8 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from compiler.backends.agreement import Agreement
-from compiler.backends.ranks import Ranks, all_gathered, gathered_on, gathered_tensors
+from compiler.backends.ranks import Ranks, all_gathered, summed_on
 from compiler.backends.torch.attribution import LayerCosts
 from compiler.backends.torch.kv_cache import KvCacheQuantizer
 from compiler.backends.torch.layers import Hessian, Job, Statistics
@@ -76,15 +75,10 @@ def _merge_hessian(stats: Statistics, ranks: Ranks, key: str, destinations: froz
     device = own.sum.device if own is not None else torch.device("cpu")
     partial = own.sum if own is not None else torch.zeros(shape, dtype=torch.float32)
     del own
-    parts = gathered_on(ranks, partial, destinations)
+    total = summed_on(ranks, partial, destinations)  # float32 sums, added in float64 in rank order
     del partial
-    if parts is None:
-        return  # another rank rounds with it
-    total = torch.zeros(shape, dtype=torch.float64)
-    for part in parts:  # float32 sums, added in float64 in rank order
-        total.add_(part)
-    del parts
-    stats.hessians[key] = Hessian(total.to(device), rows)
+    if total is not None:  # else another rank rounds with it
+        stats.hessians[key] = Hessian(total.to(device), rows)
 
 
 def share_kv(kv: KvCacheQuantizer, ranks: Ranks) -> None:
@@ -96,16 +90,6 @@ def share_kv(kv: KvCacheQuantizer, ranks: Ranks) -> None:
         for name, (k, v) in observed.items():
             state = kv.state[name]
             state.k_absmax, state.v_absmax = max(state.k_absmax, k), max(state.v_absmax, v)
-
-
-def share_agreement(agreement: Agreement, ranks: Ranks) -> Agreement:
-    """The comparison over every rank's held-out chunks: each running sum added up, in rank order."""
-    if ranks.world == 1:
-        return agreement
-    merged = Agreement()
-    for part in all_gathered(ranks, agreement):
-        merged.merge(part)
-    return merged
 
 
 def share_costs(costs: LayerCosts, ranks: Ranks) -> None:
@@ -140,10 +124,8 @@ def share_sums(ranks: Ranks, sums: dict[str, torch.Tensor], leader: dict[str, st
     for key in sorted(shapes):  # the same order on every rank
         shape, dtype = shapes[key]
         own = sums.pop(key, None)
-        part = own if own is not None else torch.zeros(shape, dtype=dtype)
-        total = torch.zeros(shape, dtype=torch.float64)
-        for theirs in gathered_tensors(ranks, part):
-            total.add_(theirs)
+        total = summed_on(ranks, own if own is not None else torch.zeros(shape, dtype=dtype))
+        assert total is not None  # every rank gets the sum
         merged[key] = total.to(dtype)
     return merged
 
@@ -151,8 +133,8 @@ def share_sums(ranks: Ranks, sums: dict[str, torch.Tensor], leader: dict[str, st
 def owners(jobs: Sequence[Job], world: int) -> dict[str, int]:
     """The rank that rounds each job: the costliest first, each to the least loaded rank (ties to the lower
     rank), then single moves and swaps off the most loaded rank while they lower it, so a block's rounding
-    takes about 1/world of its time (a block's 7 Llama layers split 1.92/2.04 s where the first pass gives
-    2.12/1.84)."""
+    takes about 1/world of its time (on the bench Llama, a block's 7 layers split 2.56/2.45 s by _cost where
+    the first pass gives 2.65/2.36)."""
     owner: dict[str, int] = {}
     load = [0] * world
     for _, job in sorted(enumerate(jobs), key=lambda item: (-_cost(item[1]), item[0])):
