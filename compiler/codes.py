@@ -215,7 +215,9 @@ CODES: tuple[CodeInfo, ...] = (
        "blocks that are not one ModuleList stop the compile before any weight is quantized.",
        "model.safetensors cut short by an interrupted download"),
     _c("Q401", "calibration data cannot be read",
-       "The npz file named in `data npz` is missing or is not a numpy archive.",
+       "The file named in `data npz`, `data text` or `data dataset` is missing or unreadable (not a numpy "
+       "archive, not UTF-8 text, not a dataset format qrc reads). qrc reads no network: a Hub dataset name "
+       "works only when the Hugging Face cache already holds it.",
        'data npz "calib.npz"   # no such file'),
     _c("Q402", "calibration data lacks a model input",
        "An npz file needs one array per model input, named like the input, samples on axis 0.",
@@ -223,6 +225,19 @@ CODES: tuple[CodeInfo, ...] = (
     _c("Q403", "calibration data has the wrong dtype or shape",
        "Each array must have the input's dtype and, after the samples axis, the input's fixed dimensions.",
        "input_ids saved as float32 for an int64 input"),
+    _c("Q434", "dataset column missing or of the wrong kind",
+       "`data dataset` reads one column of each row: `text` (strings) or `messages` (a list of {role, content} "
+       "turns). A column the rows lack, or one holding something else, would calibrate on nothing; `qrc check` "
+       "reads the column names from the file's schema or first row.",
+       'data dataset "chat.jsonl" { messages "conversation" }   # the rows have `messages`'),
+    _c("Q435", "dataset split missing or empty",
+       "The split named by `split` (default `train`) must exist and have rows: Parquet metadata, a CSV or JSONL "
+       "file's first row and a save_to_disk folder's split list tell at check time.",
+       'data dataset "saved/" { split "validation" }   # saved with train and test only'),
+    _c("Q436", "tokenizer has no chat template",
+       "Chat rows (`messages`) are rendered through the tokenizer's own chat template, as the model was trained "
+       "on them; a tokenizer without one (or a lone tokenizer.json) cannot render them.",
+       'data dataset "chat.jsonl" { messages "messages"  tokenizer "tokenizer.json" }'),
     _c("Q405", "tensor never finite: left unquantized (warning)",
        "A tensor whose values were all -inf, inf or NaN during calibration has no range; it stays in float "
        "instead of getting a NaN scale.",

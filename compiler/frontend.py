@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compiler.backends.registry import spec_for
-from compiler.data.batches import npz_problems, path_problems, runtime_problems, unsynthesisable
+from compiler.data.batches import dataset_problems, npz_problems, path_problems, runtime_problems, unsynthesisable
 from compiler.diagnostics import Diagnostic, DiagnosticError, Diagnostics, error, has_errors
 from compiler.ir.checks import run_checks
 from compiler.ir.elaborate import elaborate
@@ -144,13 +144,21 @@ def _check_data(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> Non
         for why in unsynthesisable(assignment.model):
             diags.error("Q253", why, span, "no values to draw", help="give real samples: `data npz \"FILE\"` with "
                         "an array for every model input, or `data text` with a tokenizer")
-    for code, message, help_line in path_problems(data, ir.model):
-        diags.error(code, message, span, "no tokenizer" if code == "Q216" else "not found", help=help_line)
+    if data.kind is DataKind.DATASET:
+        for code, message, help_line, key in dataset_problems(data, ir.model):
+            diags.error(code, message, data.span_of(key) or span, _DATASET_LABELS[code], help=help_line)
+    else:
+        for code, message, help_line in path_problems(data, ir.model):
+            diags.error(code, message, span, "no tokenizer" if code == "Q216" else "not found", help=help_line)
     for code, message, help_line in npz_problems(data, assignment.model):
         diags.error(code, message, span, "missing input", help=help_line)
     chunks = (ir.calibration.chunk,) + ((min(ir.calibration.chunk, ir.verify.samples),) if ir.verify else ())
     for code, message, help_line in runtime_problems(data, assignment.model, chunks):
         diags.error(code, message, ir.calibration.span_of("chunk") or span, "samples per run", help=help_line)
+
+
+_DATASET_LABELS = {"Q401": "not found", "Q434": "no such column", "Q435": "no rows", "Q216": "no tokenizer",
+                   "Q436": "no chat template"}
 
 
 def _check_output(ir: RecipeIR, diags: Diagnostics) -> None:

@@ -1,5 +1,6 @@
 """Calibration and verification data as chunks of model inputs: synthetic (seeded, from the model's
-shapes) or npz (one array per input, samples on axis 0), checked against the model's inputs."""
+shapes), npz (one array per input, samples on axis 0), text lines or a dataset's rows (tokenised: rows.py),
+checked against the model's inputs."""
 
 from __future__ import annotations
 
@@ -49,15 +50,25 @@ class Batches:
 
 def calibration_batches(source: DataSource, index: ModelIndex, chunk: int) -> Batches:
     """The calibration samples of `source` for `index`'s inputs, in chunks."""
-    if source.kind in (DataKind.NPZ, DataKind.TEXT):
+    if source.kind in FILE_KINDS:
         arrays = _file_arrays(source, index, source.samples)
         return Batches(source, index, min(source.samples, _count(arrays)), chunk, arrays=arrays)
     return Batches(source, index, source.samples, chunk)
 
 
+FILE_KINDS = (DataKind.NPZ, DataKind.TEXT, DataKind.DATASET)
+
+
 def _file_arrays(source: DataSource, index: ModelIndex, rows: int) -> dict[str, np.ndarray]:
-    """The first `rows` samples of an npz or text source."""
-    return load_npz(source, index, rows) if source.kind is DataKind.NPZ else load_text(source, index, rows)
+    """The first `rows` samples of an npz, text or dataset source."""
+    if source.kind is DataKind.NPZ:
+        return load_npz(source, index, rows)
+    if source.kind is DataKind.TEXT:
+        return load_text(source, index, rows)
+    from compiler.data.rows import dataset_rows
+
+    tokens = dataset_rows(source, index.ref, rows)
+    return _token_feeds(source, index, tokens.ids, tokens.mask, np.zeros_like(tokens.ids), "dataset rows")
 
 
 def _usable(source: DataSource, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -72,7 +83,7 @@ def _usable(source: DataSource, arrays: dict[str, np.ndarray]) -> dict[str, np.n
 
 def verify_batches(source: DataSource, index: ModelIndex, samples: int, chunk: int) -> tuple[Batches, bool]:
     """Held-out samples; the flag is True when they had to overlap the calibration samples (npz too short)."""
-    if source.kind in (DataKind.NPZ, DataKind.TEXT):
+    if source.kind in FILE_KINDS:
         arrays = _file_arrays(source, index, source.samples + samples)
         total = _count(arrays)
         start = min(source.samples, max(0, total - samples))
@@ -147,9 +158,10 @@ def resolve_tokenizer(source: DataSource, model_ref: str) -> Path | None:
     """The tokenizer file of `data text`: the path as written (relative to the current folder), else the same
     relative path inside the model's folder; with no `tokenizer`, the model folder's own tokenizer.json.
     None when there is none."""
+    from compiler.data.dataset_schema import model_folder
     from compiler.models import ModelError, resolve_path
 
-    model_dir = _model_folder(model_ref)
+    model_dir = model_folder(model_ref)
     if source.tokenizer is None:
         default = model_dir / "tokenizer.json" if model_dir is not None else None
         return default if default is not None and default.is_file() else None
@@ -164,20 +176,14 @@ def resolve_tokenizer(source: DataSource, model_ref: str) -> Path | None:
     return None
 
 
-def _model_folder(model_ref: str) -> Path | None:
-    """The model's folder (an HF-style folder), or None for built-ins and files."""
-    from compiler.models import local_path
-
-    path = local_path(model_ref)
-    return path if path is not None and path.is_dir() else None
-
-
 def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, str]]:
     """(code, message, help) for each file the data source needs that is not there (checked by `qrc check`)."""
     from compiler.models import ModelError, resolve_path
 
     if source.kind is DataKind.SYNTHETIC:
         return []
+    if source.kind is DataKind.DATASET:
+        return [(code, message, help_line) for code, message, help_line, _ in dataset_problems(source, model_ref)]
     problems = []
     try:
         data = resolve_path(source.path or "")
@@ -198,6 +204,47 @@ def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, st
             problems.append(("Q401", f"tokenizer `{source.tokenizer}` not found (looked in the current folder and the "
                              "model's)", "give the path of a tokenizers JSON file, e.g. the model folder's "
                              "tokenizer.json"))
+    return problems
+
+
+def dataset_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, str, str]]:
+    """(code, message, help, the recipe key it is about) for a `data dataset` that cannot give samples, told
+    from the file's metadata or first row (dataset_schema.py): not there, no such column, an empty split,
+    no tokenizer, or chat rows with a tokenizer that has no chat template."""
+    from compiler.data.dataset_schema import (
+        MISSING_HELP,
+        columns_and_rows,
+        has_chat_template,
+        local_folder,
+        tokenizer_location,
+    )
+
+    assert source.rows is not None and source.path is not None
+    rows = source.rows
+    problems = []
+    path = local_folder(source)
+    if path is None:
+        problems.append(("Q401", f"dataset `{source.path}` is not a local file or folder", MISSING_HELP, "data"))
+    else:
+        columns, has_rows = columns_and_rows(path, rows.split)
+        field_key = "messages" if rows.messages else "text"
+        if columns is not None and columns and rows.field not in columns:
+            problems.append(("Q434", f"dataset `{source.path}` has no column `{rows.field}`",
+                             f"columns present: {', '.join(columns)}", field_key))
+        if has_rows is False:
+            problems.append(("Q435", f"dataset `{source.path}` has no rows in split `{rows.split}`",
+                             "name a split that has rows (`split \"train\"` is the default), or give a file with rows",
+                             "split"))
+    location = tokenizer_location(source, model_ref)
+    if location is None:
+        problems.append(("Q216", "`data dataset` needs a tokenizer: the model has no folder with one" if
+                         source.tokenizer is None else f"tokenizer `{source.tokenizer}` not found (looked in the "
+                         "current folder and the model's)", 'add `tokenizer "FOLDER"` (a folder with tokenizer.json '
+                         "and, for `messages`, a chat template)", "tokenizer"))
+    elif rows.messages and not has_chat_template(location):
+        problems.append(("Q436", f"the tokenizer at `{location}` has no chat template to render `messages` with",
+                         "give a tokenizer folder whose tokenizer_config.json (or chat_template.jinja) has one, or "
+                         "read a text column with `text`", "messages"))
     return problems
 
 
@@ -283,18 +330,26 @@ def load_text(source: DataSource, index: ModelIndex, needed: int | None = None) 
     tokenizer.enable_truncation(source.seqlen)
     tokenizer.enable_padding(length=source.seqlen)
     encoded = tokenizer.encode_batch(lines)
-    fields = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
+    ids, mask, types = (np.array([getattr(e, attr) for e in encoded], dtype=np.int64).reshape(len(encoded), -1)
+                        for attr in ("ids", "attention_mask", "type_ids"))
+    return _token_feeds(source, index, ids, mask, types, "text data")
+
+
+def _token_feeds(source: DataSource, index: ModelIndex, ids: np.ndarray, mask: np.ndarray, types: np.ndarray,
+                 what: str) -> dict[str, np.ndarray]:
+    """The model's inputs from tokenised samples: ids, mask and token types as its inputs are named, and what
+    they imply for a decoder's other inputs (positions, an empty cache)."""
+    tokens = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
     arrays: dict[str, np.ndarray] = {}
     for info in index.inputs:
-        attr = fields.get(info.name)
-        if attr is not None:
-            arrays[info.name] = np.array([getattr(e, attr) for e in encoded], dtype=_NP.get(info.dtype, np.int64))
+        if info.name in tokens:
+            arrays[info.name] = tokens[info.name].astype(_NP.get(info.dtype, np.int64))
             continue
-        implied = _implied_by_text(index, info, len(encoded), source.seqlen)
+        implied = _implied_by_text(index, info, len(ids), source.seqlen)
         if implied is None:
-            raise StageError(error("Q402", f"text data cannot provide model input `{info.name}`", span, "missing input",
-                                     help="text gives input_ids, attention_mask, token_type_ids, positions and an "
-                                     "empty key/value cache; use npz otherwise"))
+            raise StageError(error("Q402", f"{what} cannot provide model input `{info.name}`", source.span_of("data"),
+                                     "missing input", help="tokenised data gives input_ids, attention_mask, token_type_ids, "
+                                     "positions and an empty key/value cache; use npz otherwise"))
         arrays[info.name] = implied
     return _usable(source, arrays)
 

@@ -10,6 +10,7 @@ from compiler.ir.types import (
     Calibration,
     CalibrationMethod,
     DataKind,
+    DatasetRows,
     DataSource,
     Emit,
     EmitFormat,
@@ -17,6 +18,7 @@ from compiler.ir.types import (
     Memory,
     MemoryMode,
     MixedPrecision,
+    RowPolicy,
     ScoreMetric,
     SensitivityMetric,
     Verify,
@@ -123,7 +125,10 @@ _DATA_OPTIONS = {
     DataKind.SYNTHETIC: ("samples", "seqlen", "seed"),
     DataKind.NPZ: ("samples",),
     DataKind.TEXT: ("samples", "seqlen", "tokenizer"),
+    DataKind.DATASET: ("samples", "seqlen", "seed", "tokenizer", "text", "messages", "split", "shuffle", "rows"),
 }
+DEFAULT_TEXT_FIELD = "text"
+DEFAULT_SPLIT = "train"
 
 
 def _data(decl: ast.DataDecl | None, diags: Diagnostics) -> DataSource:
@@ -146,6 +151,26 @@ def _data(decl: ast.DataDecl | None, diags: Diagnostics) -> DataSource:
         samples=_count(found, "samples", "`samples`", DEFAULT_SAMPLES, diags),
         seqlen=_count(found, "seqlen", "`seqlen`", DEFAULT_SEQLEN, diags),
         seed=_count(found, "seed", "`seed`", 0, diags, minimum=0), tokenizer=tokenizer,
+        rows=_dataset_rows(found, diags) if kind is DataKind.DATASET else None,
+    )
+
+
+def _dataset_rows(found: dict[str, Any], diags: Diagnostics) -> DatasetRows:
+    """`data dataset`'s row settings: one of `text` and `messages` (a text column named `text` by default)."""
+    if "text" in found and "messages" in found:
+        diags.error("Q222", "`data dataset` reads one column: `text` or `messages`, not both",
+                    found["messages"].key_span, "second column", help="keep `messages` for chat rows (a list of "
+                    "{role, content}), `text` for plain text")
+    messages = "messages" in found
+    field = found["messages" if messages else "text"].value.value if messages or "text" in found else DEFAULT_TEXT_FIELD
+    for key in ("text", "messages", "split"):
+        if key in found and not found[key].value.value:
+            diags.error("Q216", f"`{key}` needs a name", found[key].span, "empty name")
+    return DatasetRows(
+        field=field, messages=messages,
+        split=found["split"].value.value if "split" in found else DEFAULT_SPLIT,
+        shuffle="shuffle" in found and found["shuffle"].value.value == "on",
+        policy=RowPolicy(found["rows"].value.value) if "rows" in found else RowPolicy.PAD,
     )
 
 

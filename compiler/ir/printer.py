@@ -96,12 +96,16 @@ def rule_text(rule: Rule) -> str:
 def _data(ir: RecipeIR) -> str:
     d = ir.calibration.data
     opts = [f"samples {d.samples}"]
-    if d.kind in (DataKind.SYNTHETIC, DataKind.TEXT):
+    if d.kind in (DataKind.SYNTHETIC, DataKind.TEXT, DataKind.DATASET):
         opts.append(f"seqlen {d.seqlen}")
-    if d.kind is DataKind.SYNTHETIC:
+    if d.kind is DataKind.SYNTHETIC or d.rows is not None and d.rows.shuffle:
         opts.append(f"seed {d.seed}")
     if d.tokenizer is not None:
         opts.append(f"tokenizer {quote(d.tokenizer)}")
+    if d.rows is not None:
+        r = d.rows
+        opts += [f"{'messages' if r.messages else 'text'} {quote(r.field)}", f"split {quote(r.split)}",
+                 f"shuffle {'on' if r.shuffle else 'off'}", f"rows {r.policy.value}"]
     path = f" {quote(d.path)}" if d.path is not None else ""
     return f"data {d.kind.value}{path} {{ {'  '.join(opts)} }}"
 

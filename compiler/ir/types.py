@@ -145,6 +145,14 @@ class DataKind(enum.Enum):
     SYNTHETIC = "synthetic"
     NPZ = "npz"
     TEXT = "text"
+    DATASET = "dataset"
+
+
+class RowPolicy(enum.Enum):
+    """How `data dataset` turns rows of any length into samples of exactly `seqlen` tokens."""
+    PAD = "pad"  # one row per sample: cut at seqlen, shorter ones padded (the attention mask hides the padding)
+    TRUNCATE = "truncate"  # one row per sample: cut at seqlen, shorter rows skipped
+    PACK = "pack"  # rows' tokens joined end to end and cut into seqlen pieces (the last partial piece dropped)
 
 
 class SelectorKind(enum.Enum):
@@ -291,6 +299,17 @@ class DataSource(Located):
     seqlen: int
     seed: int
     tokenizer: str | None
+    rows: DatasetRows | None = None  # `data dataset` only
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetRows:
+    """What `data dataset` reads from each row, and how rows become samples."""
+    field: str  # the column holding the text, or the chat messages
+    messages: bool  # the field is a list of {role, content}: rendered through the tokenizer's chat template
+    split: str
+    shuffle: bool  # rows in the order of `Dataset.shuffle(seed)` (the recipe's `seed`), else file order
+    policy: RowPolicy
 
 
 @dataclass(frozen=True, slots=True)

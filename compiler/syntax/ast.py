@@ -144,7 +144,7 @@ class GroupDecl:
 @dataclass(frozen=True, slots=True)
 class DataDecl:
     """`data KIND [PATH] { … }`."""
-    kind: str  # "synthetic" | "npz" | "text"
+    kind: str  # "synthetic" | "npz" | "text" | "dataset"
     path: String | None
     options: tuple[Setting, ...]
     span: Span

@@ -13,12 +13,14 @@ _SETTING_KEYS = {
     "sensitivity_metric_opt": "metric",
     "verify_metric_opt": "metric",
     "vram_devices_opt": "vram",
+    "text_field_opt": "text",
+    "messages_field_opt": "messages",
 }
 _QSPEC_FIELDS = {"dtype": "dtype", "granularity": "granularity", "group_size": "group", "block_shape": "block",
                  "symmetry": "symmetry", "act_mode": "mode"}
 _KEYWORD_RULES = {"backend_kind", "rounding_kind", "policy_kind", "score_metric", "sensitivity_metric",
                   "memory_mode", "verify_metric", "bound_kind", "emit_format", "act_order", "group_scales", "scale_search",
-                  "expert_routing", "transform_kind", "switch"}
+                  "expert_routing", "transform_kind", "switch", "rows_policy"}
 
 
 def _unescape(body: str) -> str:
@@ -147,10 +149,17 @@ class AstBuilder(Transformer):
         return tuple(children)
 
     def duo_scaling_opt(self, meta, children):
+        return self._switch("duo_scaling", children, meta)
+
+    def shuffle_opt(self, meta, children):
+        return self._switch("shuffle", children, meta)
+
+    def _switch(self, key: str, children, meta) -> ast.Setting:
+        """`key` alone means `key on`."""
         span = self._span(meta)
-        key_span = self.source.span(span.start, span.start + len("duo_scaling"))
+        key_span = self.source.span(span.start, span.start + len(key))
         on = ast.Keyword("switch", "on", key_span)
-        return ast.Setting("duo_scaling", key_span, children[0] if children else on, span)
+        return ast.Setting(key, key_span, children[0] if children else on, span)
 
     def map_decl(self, meta, children):
         selectors = [c for c in children if not isinstance(c, Token)]
@@ -258,6 +267,7 @@ class AstBuilder(Transformer):
     synthetic_data = data_rule("synthetic")
     npz_data = data_rule("npz")
     text_data = data_rule("text")
+    dataset_data = data_rule("dataset")
 
     def data_options(self, meta, children):
         return tuple(children)

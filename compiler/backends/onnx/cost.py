@@ -83,7 +83,7 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
 def _runtime(w: Workload) -> int:
     # torch is imported for GPTQ's column loop, and under torchrun for torch.distributed (backends/ranks.py): a
     # 2-rank W8A8 compile of the tiny Llama measured 303 MiB per rank against 137 planned without it
-    return RUNTIME + (TORCH_LIBRARIES if w.hessian_inputs or w.ranks > 1 else 0)
+    return RUNTIME + (TORCH_LIBRARIES if w.hessian_inputs or w.ranks > 1 else 0) + w.data_libraries
 
 
 def _hessians(w: Workload, tensors: tuple[str, ...] | None = None) -> int:
@@ -280,7 +280,7 @@ class OnnxCosts:
         if w.verify_samples:
             phases.append(onnx_verify(w, mode, min(chunk, w.verify_samples)))
         if w.search is not None:
-            phases.append(score_phase(w, min(chunk, w.search.samples), RUNTIME, False, False))
+            phases.append(score_phase(w, min(chunk, w.search.samples), RUNTIME + w.data_libraries, False, False))
         return mode_estimate(mode, phases, passes)
 
     def phase(self, w: Workload, mode: MemoryMode, chunk: int, passes: int, phase: PhaseName) -> int:
@@ -289,7 +289,7 @@ class OnnxCosts:
             case PhaseName.EXPORT:
                 return export_peak(w)
             case PhaseName.SCORE:
-                return score_phase(w, min(chunk, w.searched.samples), RUNTIME, False, False).bytes
+                return score_phase(w, min(chunk, w.searched.samples), RUNTIME + w.data_libraries, False, False).bytes
             case PhaseName.CALIBRATE:
                 return onnx_calibration(w, mode, chunk, passes).bytes
             case PhaseName.QUANTIZE:

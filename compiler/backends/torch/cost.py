@@ -49,7 +49,7 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
         weights, label = 0, "weights (on the GPUs)"
     else:
         weights, label = w.weights_bytes + max(w.block_bytes().values(), default=0), "weights"
-    runtime = RUNTIME + (CUDA_HOST if mode is MemoryMode.MULTI_GPU else 0)
+    runtime = RUNTIME + w.data_libraries + (CUDA_HOST if mode is MemoryMode.MULTI_GPU else 0)
     parts: tuple[tuple[str, int], ...] = (("runtime" + (" with CUDA" if mode is MemoryMode.MULTI_GPU else ""), runtime), (label, weights),
              (f"block caches ({copies} copies)", cache),
              (f"block working set ({chunk} samples)", work if mode is not MemoryMode.MULTI_GPU else 0),
@@ -165,17 +165,17 @@ class TorchCosts:
         if w.verify_samples and mode is not MemoryMode.FULL:
             phases.append(verify_tail_phase(w, mode, chunk))
         if w.search is not None:
-            phases.append(score_phase(w, min(chunk, w.search.samples), RUNTIME, True, True))
+            phases.append(score_phase(w, min(chunk, w.search.samples), RUNTIME + w.data_libraries, True, True))
         return mode_estimate(mode, phases, passes, torch_vram(w, chunk) if mode is MemoryMode.MULTI_GPU else 0)
 
     def phase(self, w: Workload, mode: MemoryMode, chunk: int, passes: int, phase: PhaseName) -> int:
         """Calibration, rounding and verification share the block-wise phase; emission streams."""
         if phase is PhaseName.SCORE:
-            return score_phase(w, min(chunk, w.searched.samples), RUNTIME, True, True).bytes
+            return score_phase(w, min(chunk, w.searched.samples), RUNTIME + w.data_libraries, True, True).bytes
         if phase is PhaseName.EXPORT:  # the torch backend reads folders as they are
-            return RUNTIME
+            return RUNTIME + w.data_libraries
         if phase is PhaseName.EMIT:  # rounded tensors went out with their block; the rest is copied as bytes
-            return RUNTIME + COPY_SLICE
+            return RUNTIME + w.data_libraries + COPY_SLICE
         if phase in (PhaseName.VERIFY, PhaseName.QUANTIZE) and w.verify_samples and mode is not MemoryMode.FULL:
             return verify_tail_phase(w, mode, chunk).bytes  # the tail runs the held-out samples to the logits
         return torch_phase(w, mode, chunk).bytes
