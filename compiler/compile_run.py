@@ -207,6 +207,18 @@ def _progress(console: Console):
         yield stage
 
 
+def verify_figures(figures: dict[str, float], metric: str) -> str:
+    """The verification figures as the summary lists them: the pooled-embedding cosine only when asked (it
+    means nothing for a decoder's logits); perplexity as both models' figures and the relative increase."""
+    perplexity = ("perplexity", "float_perplexity", "emitted_perplexity")
+    shown = [f"{k} {val:.4g}" for k, val in figures.items()
+             if k not in perplexity and (k != "embedding_cosine" or k == metric)]
+    if "perplexity" in figures:
+        shown.append(f"perplexity {figures['float_perplexity']:.4g} float → {figures['emitted_perplexity']:.4g} "
+                     f"emitted ({figures['perplexity']:+.2f}%)")
+    return ", ".join(shown)
+
+
 def summary(result, planned: PlanResult) -> Table:
     """The closing summary table of a compile."""
     table = Table(title=f"compiled {planned.check.recipe.name} → {result.output}", show_header=False)
@@ -241,9 +253,8 @@ def summary(result, planned: PlanResult) -> Table:
             table.add_row(f"  → {choice}", f"{len(layers)} layers: {', '.join(compress(layers))}")
     v = planned.check.recipe.verify
     if result.verify is not None and v is not None:
-        figures = ", ".join(f"{k} {val:.4g}" for k, val in result.verify.items()  # pooled embeddings mean
-                            if k != "embedding_cosine" or v.metric.value == k)  # nothing for decoder logits
         table.add_row("verify", f"{'passed' if result.verify_passed else 'FAILED'}: {v.metric.value} "
-                      f"{result.verify[v.metric.value]:.4g} ({v.bound.value} {v.threshold:g}); {figures}"
+                      f"{result.verify.get(v.metric.value, float('nan')):.4g} ({v.bound.value} {v.threshold:g}); "
+                      f"{verify_figures(result.verify, v.metric.value)}"
                       + (f"; measured on {result.verified_on}" if result.verified_on else ""))
     return table

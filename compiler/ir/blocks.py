@@ -43,6 +43,7 @@ VERIFY_DEFAULTS = {
     VerifyMetric.TOP1: (Bound.AT_LEAST, 0.9, (0.0, 1.0)),
     VerifyMetric.KLD: (Bound.AT_MOST, 0.05, (0.0, float("inf"))),
     VerifyMetric.EMBEDDING_COSINE: (Bound.AT_LEAST, 0.99, (-1.0, 1.0)),
+    VerifyMetric.PERPLEXITY: (Bound.AT_MOST, 5.0, (-100.0, float("inf"))),  # percent above the float model's
 }
 
 

@@ -125,6 +125,7 @@ class VerifyMetric(enum.Enum):
     TOP1 = "top1"
     KLD = "kld"
     EMBEDDING_COSINE = "embedding_cosine"  # of the first output mean-pooled over the attention mask
+    PERPLEXITY = "perplexity"  # the emitted model's perplexity over the float model's, as an increase in percent
 
 
 class Bound(enum.Enum):

@@ -219,7 +219,7 @@ def _verify(ir, result) -> tuple[tuple[str, str], ...]:
         return ()
     v = ir.verify
     verdict = "passed" if result.verify_passed else "FAILED"
-    return ((f"{v.metric.value} ({v.bound.value} {v.threshold:g})", f"{result.verify[v.metric.value]:.6g}: {verdict}"),
+    return ((f"{v.metric.value} ({v.bound.value} {v.threshold:g})", f"{result.verify.get(v.metric.value, float('nan')):.6g}: {verdict}"),
             *((name, f"{value:.6g}") for name, value in result.verify.items()),
             *((("measured on", result.verified_on),) if result.verified_on else ()))
 

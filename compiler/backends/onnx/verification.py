@@ -18,7 +18,8 @@ def verify_whole(source: Path, output: Path, batches, progress) -> Agreement:
     agreement, advance = Agreement(), progress("verify", len(batches))
     for feed in batches:
         feed = {k: x for k, x in feed.items() if k in inputs}
-        agreement.update(reference.run([first], feed)[0], candidate.run([first], feed)[0], feed.get("attention_mask"))
+        agreement.update(reference.run([first], feed)[0], candidate.run([first], feed)[0], feed.get("attention_mask"),
+                         feed.get("input_ids"))
         advance()
     return agreement
 
@@ -30,6 +31,7 @@ def verify_offload(assignment, files: ModelFiles, output: Path, batches, disk: P
 
     first = files.light.graph.output[0].name
     masks = [feed.get("attention_mask") for feed in batches]
+    ids = [feed.get("input_ids") for feed in batches]
     emitted = open_model(output)
     cache = BoundaryCache(disk)
     try:
@@ -41,7 +43,7 @@ def verify_offload(assignment, files: ModelFiles, output: Path, batches, disk: P
 
         def compare(_, value):
             i = next(compared)
-            agreement.update(cache.get(first, i), value, masks[i])
+            agreement.update(cache.get(first, i), value, masks[i], ids[i])
 
         summary = summarize(emitted.light, {t.name for t in emitted.light.graph.initializer})
         run_segments(emitted.light, emitted.base_dir, summary, batches, {first}, compare, disk, advance)

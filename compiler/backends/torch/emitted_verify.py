@@ -51,7 +51,7 @@ def _run(artifact: ArtifactModel, feeds: list[dict], reference: Iterable[torch.T
         artifact.load(everything)
         with watch("", artifact):
             for feed, ref in zip(feeds, reference, strict=True):
-                agreement.update(ref.float().numpy(), artifact.forward(feed).float().numpy(), streams.mask_of(feed))
+                agreement.update(ref.float().numpy(), artifact.forward(feed).float().numpy(), *streams.tokens_of(feed))
         artifact.release(everything)
         return
     stream = streams.Stream("verify (emitted folder)", feeds, cache())
@@ -75,7 +75,7 @@ def _run(artifact: ArtifactModel, feeds: list[dict], reference: Iterable[torch.T
     with artifact.read_on_use(outside), watch(None, artifact):
         for ref, out, feed in zip(reference, streams.replay_tail(container, stream, artifact.forward, lazy=True), feeds,
                                   strict=True):
-            agreement.update(ref.float().numpy(), out.float().numpy(), streams.mask_of(feed))
+            agreement.update(ref.float().numpy(), out.float().numpy(), *streams.tokens_of(feed))
             del ref, out  # one chunk of logits per side alive, as the plan counts
     stream.hidden.close()
 

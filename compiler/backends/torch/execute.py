@@ -405,7 +405,7 @@ class _Run:
             for ref, cand, feed in zip(streams.replay_tail(container, verify[0], self._call, lazy=True),
                                        streams.replay_tail(container, verify[1], self._call, lazy=True),
                                        verify[1].feeds, strict=True):
-                verify[2].update(ref.float().numpy(), cand.float().numpy(), streams.mask_of(feed))
+                verify[2].update(ref.float().numpy(), cand.float().numpy(), *streams.tokens_of(feed))
         # the float logits are kept while the tail's layers are rounded; the quantized ones come one at a time
         reference = streams.replay_tail(container, verify[0], self._call) if verify is not None and jobs else None
         hooks = self.rounder.in_place(jobs, stats)
@@ -413,7 +413,7 @@ class _Run:
             with self._costs_of(jobs):
                 candidate = streams.replay_tail(container, verify[1], self._call, lazy=True)
                 for ref, cand, feed in zip(reference, candidate, verify[1].feeds, strict=True):
-                    verify[2].update(ref.float().numpy(), cand.float().numpy(), streams.mask_of(feed))
+                    verify[2].update(ref.float().numpy(), cand.float().numpy(), *streams.tokens_of(feed))
             del reference
         for hook in hooks:
             hook.remove()
@@ -485,7 +485,7 @@ class _Run:
             advance = self.progress("verify", len(quantized))
             with self._costs_of(self.jobs):
                 for feed, ref in zip(quantized.feeds, self.reference, strict=True):
-                    agreement.update(ref.numpy(), self._call(feed).float().numpy(), streams.mask_of(feed))
+                    agreement.update(ref.numpy(), self._call(feed).float().numpy(), *streams.tokens_of(feed))
                     advance()
         elif not self.tail_done:
             self._tail(None, self.verify_streams, [], self.offload, None)

@@ -265,3 +265,10 @@ def mask_of(feed: dict[str, torch.Tensor]):
     """The feed's attention mask as numpy (None without one): what verification compares under."""
     mask = feed.get("attention_mask")
     return None if mask is None else mask.numpy()
+
+
+def tokens_of(feed: dict[str, torch.Tensor]) -> tuple:
+    """The feed's attention mask and token ids as numpy (each None without one): what verification compares
+    under, and what each model's next-token loss (perplexity) is taken on."""
+    ids = feed.get("input_ids")
+    return mask_of(feed), None if ids is None else ids.numpy()
