@@ -19,6 +19,7 @@ qrc's whole compile (load, calibration, rounding, verification on 16 samples, wr
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import tempfile
 import time
@@ -75,11 +76,42 @@ def independent(float_folder: Path, out: Path, vocab: int = 8192, seqlen: int = 
     ids = torch.randint(0, vocab, (16, seqlen), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         a, b = reference(ids).logits.float(), quantized(ids).logits.float()
+        text = text_windows(seqlen)
+        perplexity = {name: math.exp(float(model(input_ids=text, labels=text).loss))
+                      for name, model in (("ppl_float", reference), ("ppl", quantized))}
     p, q = a.log_softmax(-1), b.log_softmax(-1)
     return {"kl": float((p.exp() * (p - q)).sum(-1).mean()),
             "cosine": float(torch.nn.functional.cosine_similarity(a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1]),
                                                                   dim=-1).mean()),
-            "top1": float((a.argmax(-1) == b.argmax(-1)).float().mean())}
+            "top1": float((a.argmax(-1) == b.argmax(-1)).float().mean()), **perplexity}
+
+
+def perplexity_cell(figures: dict) -> str:
+    """A table cell: the quantized folder's perplexity on the shipped text and its change from the float
+    model's (empty where it was not measured)."""
+    if "ppl" not in figures:
+        return ""
+    return f"{figures['ppl']:.2f} ({100 * (figures['ppl'] / figures['ppl_float'] - 1):+.2f}%)"
+
+
+def text_windows(seqlen: int, windows: int = 8):
+    """The shipped text (recipes/data: corpus rows, chat turns, the MiniLM calibration lines) through the shipped
+    512-token tokenizer, packed into `windows` windows of `seqlen` tokens: the same text for every tool's output,
+    on which transformers' own loss gives each folder's perplexity."""
+    import json
+
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+    data = ROOT / "recipes" / "data"
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(data / "tokenizer"))
+    texts = [json.loads(line)["text"] for line in (data / "corpus.jsonl").read_text().splitlines()]
+    texts += [m["content"] for line in (data / "chat.jsonl").read_text().splitlines()
+              for m in json.loads(line)["messages"]]
+    texts += (data / "minilm-calibration.txt").read_text().splitlines()
+    stream = [t for text in texts for t in tokenizer(text)["input_ids"]]
+    count = min(windows, len(stream) // seqlen)
+    return torch.tensor(stream[:count * seqlen]).reshape(count, seqlen)
 
 
 def bits_per_weight(out: Path) -> float:

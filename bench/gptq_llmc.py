@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from float_formats import independent, model_folder  # noqa: E402  (the same model builder and measurement)
+from float_formats import independent, model_folder, perplexity_cell  # noqa: E402  (the same model builder and measurement)
 
 RECIPE = """recipe gptq {{
     model "{model}"
@@ -84,8 +84,8 @@ def main() -> None:
     folder = model_folder(args.hidden, args.layers, vocab=32000, kv_heads=args.hidden // 64, positions=2048)
     print(f"random Llama {args.layers} blocks, hidden {args.hidden}, GPTQ W4A16 g128, "
           f"{args.samples} × {args.seqlen} tokens\n")
-    print("| tool | wall s | peak RSS MiB | KL | cosine | top-1 |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| tool | wall s | peak RSS MiB | KL | cosine | top-1 | perplexity on the shipped text (vs float) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         npz = calibration_ids(Path(tmp), args.samples, args.seqlen)
         rows = []
@@ -110,7 +110,7 @@ def main() -> None:
             spread = f" ± {kl.std(ddof=1):.5f}" if len(kl) > 1 else ""
             f = sets[0]
             print(f"| {name} | {seconds:.1f} | {peak:,.0f} | {kl.mean():.5f}{spread} | {f['cosine']:.5f} | "
-                  f"{f['top1']:.4f} |", flush=True)
+                  f"{f['top1']:.4f} | {perplexity_cell(f)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from float_formats import compile_program, independent, model_folder
+from float_formats import compile_program, independent, model_folder, perplexity_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = """recipe bench {{
@@ -212,11 +212,11 @@ def main() -> None:
                 rows.append((f"llm-compressor {label}", seconds, measure(folder, out), None))
     print(f"Llama h{args.hidden} × {args.layers} blocks, outlier channels ×{args.factor:g}; 32 × 128 calibration, "
           "16 × 128 held out\n")
-    print("| run | time | KL (transformers) | cosine | top-1 | KL (qrc verify) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| run | time | KL (transformers) | cosine | top-1 | KL (qrc verify) | perplexity on the shipped text (vs float) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for label, seconds, m, own in rows:
         print(f"| {label} | {seconds:.1f} s | {m['kl']:.5f} | {m['cosine']:.4f} | {m['top1']:.3f} | "
-              f"{'' if own is None else f'{own:.5f}'} |")
+              f"{'' if own is None else f'{own:.5f}'} | {perplexity_cell(m)} |")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from float_formats import independent, model_folder  # noqa: E402
+from float_formats import independent, model_folder, perplexity_cell  # noqa: E402
 from gptq_llmc import calibration_ids, run  # noqa: E402
 from transforms import activation_hooks  # noqa: E402
 
@@ -49,8 +49,8 @@ def main() -> None:
     folder = model_folder(args.hidden, args.layers, vocab=32000, kv_heads=args.hidden // 64, positions=2048)
     print(f"random Llama {args.layers} blocks, hidden {args.hidden}, static W8A8, {args.samples} × {args.seqlen} "
           "tokens\n")
-    print("| tool | wall s | peak RSS MiB | KL | cosine | top-1 |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| tool | wall s | peak RSS MiB | KL | cosine | top-1 | perplexity on the shipped text (vs float) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         npz = calibration_ids(Path(tmp), args.samples, args.seqlen)
         rows = []
@@ -69,8 +69,8 @@ def main() -> None:
         for name, seconds, peak, out in rows:
             f = independent(folder, out, vocab=32000, seqlen=args.seqlen,
                             prepare=lambda model, out=out: activation_hooks(model, out))
-            print(f"| {name} | {seconds:.1f} | {peak:,.0f} | {f['kl']:.5f} | {f['cosine']:.5f} | {f['top1']:.4f} |",
-                  flush=True)
+            print(f"| {name} | {seconds:.1f} | {peak:,.0f} | {f['kl']:.5f} | {f['cosine']:.5f} | {f['top1']:.4f} | "
+                  f"{perplexity_cell(f)} |", flush=True)
 
 
 if __name__ == "__main__":

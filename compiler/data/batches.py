@@ -65,10 +65,16 @@ def _file_arrays(source: DataSource, index: ModelIndex, rows: int) -> dict[str, 
         return load_npz(source, index, rows)
     if source.kind is DataKind.TEXT:
         return load_text(source, index, rows)
-    from compiler.data.rows import dataset_rows
+    from compiler.data.images import image_rows
+    from compiler.data.rows import dataset_rows, ordered_rows
 
-    tokens = dataset_rows(source, index.ref, rows)
-    return _token_feeds(source, index, tokens.ids, tokens.mask, np.zeros_like(tokens.ids), "dataset rows")
+    assert source.rows is not None  # `data dataset` (elaboration)
+    tokens = image_rows(source, index.ref, ordered_rows(source), rows) if source.rows.image else \
+        dataset_rows(source, index.ref, rows)
+    extra = dict(tokens.extra)
+    types = extra.pop("token_type_ids", np.zeros_like(tokens.ids))
+    feeds = _token_feeds(source, index, tokens.ids, tokens.mask, types, "dataset rows")
+    return feeds | extra  # pixel values (and what else a processor gives) go to the model's forward as they are
 
 
 def _usable(source: DataSource, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -228,9 +234,10 @@ def dataset_problems(source: DataSource, model_ref: str) -> list[tuple[str, str,
     else:
         columns, has_rows = columns_and_rows(path, rows.split)
         field_key = "messages" if rows.messages else "text"
-        if columns is not None and columns and rows.field not in columns:
-            problems.append(("Q434", f"dataset `{source.path}` has no column `{rows.field}`",
-                             f"columns present: {', '.join(columns)}", field_key))
+        for column, key in ((rows.field, field_key), (rows.image, "image")):
+            if column and columns and column not in columns:
+                problems.append(("Q434", f"dataset `{source.path}` has no column `{column}`",
+                                 f"columns present: {', '.join(columns)}", key))
         if has_rows is False:
             problems.append(("Q435", f"dataset `{source.path}` has no rows in split `{rows.split}`",
                              "name a split that has rows (`split \"train\"` is the default), or give a file with rows",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,12 @@ WINDOW = 256  # shuffled rows fetched by the first streaming pass (each further 
 
 @dataclass(frozen=True)
 class TokenRows:
-    """Samples as token ids and the attention mask (1: a token of the row, 0: padding), [samples, seqlen]."""
+    """Samples as token ids and the attention mask (1: a token of the row, 0: padding), [samples, seqlen], and
+    what a processor gives beside them (an image's pixel values: one row per sample)."""
 
     ids: np.ndarray
     mask: np.ndarray
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def dataset_rows(source: DataSource, model_ref: str, needed: int) -> TokenRows:
@@ -119,28 +121,41 @@ def _unreadable(source: DataSource, exc: Exception) -> StageError:
 
 # ---- rows in order ----------------------------------------------------------------------------------------
 
-def _column(source: DataSource, rows) -> Iterator[Any]:
-    """The field of every row, in file order (batches of 1,000 rows: the rest of each row is never decoded)."""
+def ordered_rows(source: DataSource) -> Iterator[Any]:
+    """What each row gives (`_column`), in the order samples are taken."""
+    return _ordered(source, _open(source))
+
+
+def columns(source: DataSource) -> list[str]:
+    """The columns `source` reads: its text or messages column, and an image column before it."""
     assert source.rows is not None
-    field = source.rows.field
+    return ([source.rows.image] if source.rows.image else []) + [source.rows.field]
+
+
+def _column(source: DataSource, rows) -> Iterator[Any]:
+    """What each row gives, in file order: its text (or messages) column, or (image, text) with an image
+    column (batches of 1,000 rows: the other columns are never decoded)."""
+    wanted = columns(source)
     names = getattr(rows, "column_names", None)
-    if names is not None and field not in names:
-        raise _no_field(source, list(names))
+    missing = [name for name in wanted if names is not None and name not in names]
+    if missing:
+        raise _no_field(source, list(names or []), missing[0])
     try:
-        for batch in rows.select_columns([field]).iter(batch_size=1000):
-            yield from batch[field]
+        for batch in rows.select_columns(wanted).iter(batch_size=1000):
+            yield from (zip(*(batch[name] for name in wanted), strict=True) if len(wanted) > 1 else batch[wanted[0]])
     except (KeyError, ValueError) as exc:
-        if field in str(exc):
-            raise _no_field(source, []) from None
+        named = next((name for name in wanted if name in str(exc)), None)
+        if named is not None:
+            raise _no_field(source, [], named) from None
         raise _unreadable(source, exc) from None
 
 
-def _no_field(source: DataSource, present: list[str]) -> StageError:
+def _no_field(source: DataSource, present: list[str], column: str) -> StageError:
     assert source.rows is not None
-    key = "messages" if source.rows.messages else "text"
+    key = "image" if column == source.rows.image else "messages" if source.rows.messages else "text"
     where = source.span_of(key) or source.span_of("data")
     listed = f"columns present: {', '.join(present)}" if present else "name a column the rows have"
-    return StageError(error("Q434", f"dataset `{source.path}` has no column `{source.rows.field}`", where,
+    return StageError(error("Q434", f"dataset `{source.path}` has no column `{column}`", where,
                             "no such column", help=listed))
 
 
@@ -156,7 +171,7 @@ def _ordered(source: DataSource, rows) -> Iterator[Any]:
     while start < count:  # windows double: a pass per window, and few passes however many rows a sample takes
         wanted = order[start:start + window]
         if hasattr(rows, "select"):  # memory-mapped: read just these rows
-            picked = rows.select_columns([source.rows.field]).select(sorted(wanted))[source.rows.field]
+            picked = _column(source, rows.select(sorted(wanted)))
             found = dict(zip(sorted(wanted), picked, strict=True))
         else:
             found = _fetched(source, rows, set(wanted))

@@ -126,7 +126,8 @@ _DATA_OPTIONS = {
     DataKind.SYNTHETIC: ("samples", "seqlen", "seed"),
     DataKind.NPZ: ("samples",),
     DataKind.TEXT: ("samples", "seqlen", "tokenizer"),
-    DataKind.DATASET: ("samples", "seqlen", "seed", "tokenizer", "text", "messages", "split", "shuffle", "rows"),
+    DataKind.DATASET: ("samples", "seqlen", "seed", "tokenizer", "text", "messages", "image", "split", "shuffle",
+                       "rows"),
 }
 DEFAULT_TEXT_FIELD = "text"
 DEFAULT_SPLIT = "train"
@@ -164,14 +165,21 @@ def _dataset_rows(found: dict[str, Any], diags: Diagnostics) -> DatasetRows:
                     "{role, content}), `text` for plain text")
     messages = "messages" in found
     field = found["messages" if messages else "text"].value.value if messages or "text" in found else DEFAULT_TEXT_FIELD
-    for key in ("text", "messages", "split"):
+    for key in ("text", "messages", "image", "split"):
         if key in found and not found[key].value.value:
             diags.error("Q216", f"`{key}` needs a name", found[key].span, "empty name")
+    image = found["image"].value.value if "image" in found else None
+    policy = RowPolicy(found["rows"].value.value) if "rows" in found else RowPolicy.PAD
+    if image is not None and (messages or policy is not RowPolicy.PAD):
+        bad = found["messages"] if messages else found["rows"]
+        diags.error("Q222", "an `image` row is one sample: its prompt comes from `text`, and `rows` is `pad`",
+                    bad.key_span, "does not apply with `image`", help="drop it: an image's tokens cannot be cut or "
+                    "packed, and the prompt is rendered through the processor's own chat template")
     return DatasetRows(
-        field=field, messages=messages,
+        field=field, messages=messages, image=image,
         split=found["split"].value.value if "split" in found else DEFAULT_SPLIT,
         shuffle="shuffle" in found and found["shuffle"].value.value == "on",
-        policy=RowPolicy(found["rows"].value.value) if "rows" in found else RowPolicy.PAD,
+        policy=policy,
     )
 
 

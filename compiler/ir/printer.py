@@ -104,6 +104,7 @@ def _data(ir: RecipeIR) -> str:
         opts.append(f"tokenizer {quote(d.tokenizer)}")
     if d.rows is not None:
         r = d.rows
+        opts += [f"image {quote(r.image)}"] if r.image else []
         opts += [f"{'messages' if r.messages else 'text'} {quote(r.field)}", f"split {quote(r.split)}",
                  f"shuffle {'on' if r.shuffle else 'off'}", f"rows {r.policy.value}"]
     path = f" {quote(d.path)}" if d.path is not None else ""

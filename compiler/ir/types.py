@@ -308,6 +308,7 @@ class DatasetRows:
     """What `data dataset` reads from each row, and how rows become samples."""
     field: str  # the column holding the text, or the chat messages
     messages: bool  # the field is a list of {role, content}: rendered through the tokenizer's chat template
+    image: str | None  # an image column: each row's image and text (a prompt) go through the model's processor
     split: str
     shuffle: bool  # rows in the order of `Dataset.shuffle(seed)` (the recipe's `seed`), else file order
     policy: RowPolicy

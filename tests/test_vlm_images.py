@@ -1,0 +1,119 @@
+"""`data dataset … { image "COL"  text "COL" }`: a VLM calibrated on image + prompt rows through its own
+processor, so that its language blocks see the image tokens' hidden states; the vision tower stays float.
+Built here: a tiny LLaVA from a transformers config (random weights), a processor around the shipped tokenizer
+with an `<image>` token, and generated PNG images."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("datasets")
+pytest.importorskip("PIL")
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE = ("{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>{% if message['content'] is string %}"
+            "{{ message['content'] }}{% else %}{% for part in message['content'] %}{% if part['type'] == 'image' %}"
+            "<image>{% else %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{{ eos_token }}{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+PROMPTS = ["What is in the picture?", "Describe the colours.", "Is it day or night?", "Count the shapes."]
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory) -> Path:
+    """A tiny LLaVA folder with its processor (CLIP image processor, 32×32 images in 16 image tokens), and a
+    JSONL of 12 generated images with prompts beside it."""
+    import torch
+    import transformers as t
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("vlm")
+    tokenizer = t.PreTrainedTokenizerFast.from_pretrained(str(ROOT / "recipes" / "data" / "tokenizer"))
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    text = t.LlamaConfig(vocab_size=520, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=256)
+    vision = t.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=32, patch_size=8)
+    config = t.LlavaConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                           image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+                           vision_feature_select_strategy="default", vision_feature_layer=-1)
+    torch.manual_seed(0)
+    t.LlavaForConditionalGeneration(config).eval().save_pretrained(root / "llava")
+    t.LlavaProcessor(image_processor=t.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
+                     tokenizer=tokenizer, patch_size=8, vision_feature_select_strategy="default", chat_template=TEMPLATE,
+                     num_additional_image_tokens=1).save_pretrained(root / "llava")
+    rng = np.random.RandomState(0)
+    with (root / "images.jsonl").open("w") as rows:
+        for i in range(12):
+            y, x = np.mgrid[0:40, 0:48]
+            pattern = np.stack([(x * (i + 1) * 5) % 256, (y * (i + 3) * 7) % 256, ((x + y) * 11) % 256], -1)
+            Image.fromarray((pattern + rng.randint(0, 40, pattern.shape)).clip(0, 255).astype(np.uint8)).save(root / f"{i}.png")
+            rows.write(json.dumps({"image": f"{i}.png", "prompt": PROMPTS[i % len(PROMPTS)]}) + "\n")
+    return root
+
+
+def recipe(root: Path, backend: str = "torch", data: str = 'image "image"  text "prompt"', name: str = "r") -> Path:
+    path = root / f"{name}-{backend}.recipe"
+    path.write_text(f'recipe vlm {{\n    model "{root / "llava"}"\n    backend {backend}\n'
+                    '    quantize { "language_model.model.layers.*" -> W8A8 }\n'
+                    f'    calibrate {{ data dataset "{root / "images.jsonl"}" {{ {data}  samples 8  seqlen 48 }}  chunk 4 }}\n'
+                    f'    verify {{ samples 4 }}\n    emit "{root / "out"}"\n}}\n')
+    return path
+
+
+@pytest.mark.slow
+def test_a_vlm_calibrates_on_images_through_its_processor(llava):
+    """The samples carry pixel values and the image's 16 tokens; the compile passes verification on held-out
+    image rows (the emitted folder as transformers loads it); the vision tower stays float; and the first
+    language block's static input range is the one transformers' own float model gives on the same image
+    feeds (a forward hook), so the image tokens' hidden states were calibrated on."""
+    import torch
+    import transformers
+    from compiling import compile_
+    from safetensors import safe_open
+
+    from compiler.data import calibration_batches
+    from compiler.frontend import check_file
+    from compiler.models import index_model
+
+    path = recipe(llava)
+    result = compile_(str(path), llava / "out")
+    assert result.exit_code == 0 and "passed" in result.output, result.output
+    ir = check_file(path).ir
+    assert ir is not None
+    feeds = list(calibration_batches(ir.calibration.data, index_model(ir.model), 4))
+    image_token = transformers.AutoConfig.from_pretrained(str(llava / "llava")).image_token_index
+    assert all(f["pixel_values"].shape == (4, 3, 32, 32) for f in feeds)
+    assert all((f["input_ids"] == image_token).sum(axis=1).tolist() == [16] * 4 for f in feeds)
+
+    model = transformers.AutoModelForImageTextToText.from_pretrained(str(llava / "llava")).eval()
+    seen: list[tuple[float, float]] = []
+    layer = model.model.language_model.layers[0].self_attn.q_proj
+    hook = layer.register_forward_pre_hook(lambda _, args: seen.append((float(args[0].min()), float(args[0].max()))))
+    with torch.no_grad():
+        for feed in feeds:
+            model(**{k: torch.from_numpy(v) for k, v in feed.items()})
+    hook.remove()
+    low, high = min(s[0] for s in seen), max(s[1] for s in seen)
+    with safe_open(str(llava / "out" / "model.safetensors"), "pt") as f:
+        scale = float(f.get_tensor("language_model.model.layers.0.self_attn.q_proj.input_scale"))
+        assert not any(k.startswith("vision_tower") and k.endswith("weight_scale") for k in f.keys())
+    assert scale == pytest.approx((max(high, 0) - min(low, 0)) / 255, rel=1e-4)
+
+
+def test_image_rows_are_checked_before_any_work(llava):
+    """A missing image column is Q434 at `image`; image rows on the ONNX backend, or packed, are refused."""
+    from typer.testing import CliRunner
+
+    from compiler.cli import app
+
+    runner = CliRunner()
+    cases = ((recipe(llava, data='image "picture"  text "prompt"', name="column"), "Q434"),
+             (recipe(llava, "onnx", name="onnx"), "Q222"),
+             (recipe(llava, data='image "image"  text "prompt"  rows pack', name="pack"), "Q222"))
+    for path, code in cases:
+        result = runner.invoke(app, ["check", str(path)])
+        assert result.exit_code == 2 and f"error[{code}]" in result.output, result.output
