@@ -52,14 +52,21 @@ def llava(tmp_path_factory) -> Path:
             pattern = np.stack([(x * (i + 1) * 5) % 256, (y * (i + 3) * 7) % 256, ((x + y) * 11) % 256], -1)
             Image.fromarray((pattern + rng.randint(0, 40, pattern.shape)).clip(0, 255).astype(np.uint8)).save(root / f"{i}.png")
             rows.write(json.dumps({"image": f"{i}.png", "prompt": PROMPTS[i % len(PROMPTS)]}) + "\n")
+    folder = root / "folder"  # the same images as a folder with a metadata.jsonl (`datasets`' imagefolder)
+    folder.mkdir()
+    with (folder / "metadata.jsonl").open("w") as rows:
+        for i in range(12):
+            (folder / f"{i}.png").write_bytes((root / f"{i}.png").read_bytes())
+            rows.write(json.dumps({"file_name": f"{i}.png", "prompt": PROMPTS[i % len(PROMPTS)]}) + "\n")
     return root
 
 
-def recipe(root: Path, backend: str = "torch", data: str = 'image "image"  text "prompt"', name: str = "r") -> Path:
+def recipe(root: Path, backend: str = "torch", data: str = 'image "image"  text "prompt"', name: str = "r",
+           rows: str = "images.jsonl", samples: int = 8) -> Path:
     path = root / f"{name}-{backend}.recipe"
     path.write_text(f'recipe vlm {{\n    model "{root / "llava"}"\n    backend {backend}\n'
                     '    quantize { "language_model.model.layers.*" -> W8A8 }\n'
-                    f'    calibrate {{ data dataset "{root / "images.jsonl"}" {{ {data}  samples 8  seqlen 48 }}  chunk 4 }}\n'
+                    f'    calibrate {{ data dataset "{root / rows}" {{ {data}  samples {samples}  seqlen 48 }}  chunk 4 }}\n'
                     f'    verify {{ samples 4 }}\n    emit "{root / "out"}"\n}}\n')
     return path
 
@@ -117,3 +124,21 @@ def test_image_rows_are_checked_before_any_work(llava):
     for path, code in cases:
         result = runner.invoke(app, ["check", str(path)])
         assert result.exit_code == 2 and f"error[{code}]" in result.output, result.output
+
+
+def test_a_folder_of_images_gives_the_same_samples(llava):
+    """A folder of images with a metadata.jsonl of prompts (what `datasets` reads as an imagefolder, the image
+    decoded into its Image column) gives the pixel values and tokens of the JSONL that names the same files."""
+    from compiler.data import calibration_batches
+    from compiler.frontend import check_file
+    from compiler.models import index_model
+
+    def samples(path: Path) -> list[tuple[bytes, bytes]]:
+        ir = check_file(path).ir
+        assert ir is not None
+        feeds = list(calibration_batches(ir.calibration.data, index_model(ir.model), 8))
+        return sorted((f["pixel_values"][i].tobytes(), f["input_ids"][i].tobytes()) for f in feeds for i in range(len(f["input_ids"])))
+
+    from_folder = samples(recipe(llava, name="folder", rows="folder", samples=12))
+    from_rows = samples(recipe(llava, name="rows", samples=12))
+    assert len(from_folder) == 12 and from_folder == from_rows
