@@ -189,6 +189,8 @@ def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, st
     if source.kind is DataKind.SYNTHETIC:
         return []
     if source.kind is DataKind.DATASET:
+        from compiler.data.dataset_schema import dataset_problems
+
         return [(code, message, help_line) for code, message, help_line, _ in dataset_problems(source, model_ref)]
     problems = []
     try:
@@ -210,48 +212,6 @@ def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, st
             problems.append(("Q401", f"tokenizer `{source.tokenizer}` not found (looked in the current folder and the "
                              "model's)", "give the path of a tokenizers JSON file, e.g. the model folder's "
                              "tokenizer.json"))
-    return problems
-
-
-def dataset_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, str, str]]:
-    """(code, message, help, the recipe key it is about) for a `data dataset` that cannot give samples, told
-    from the file's metadata or first row (dataset_schema.py): not there, no such column, an empty split,
-    no tokenizer, or chat rows with a tokenizer that has no chat template."""
-    from compiler.data.dataset_schema import (
-        MISSING_HELP,
-        columns_and_rows,
-        has_chat_template,
-        local_folder,
-        tokenizer_location,
-    )
-
-    assert source.rows is not None and source.path is not None
-    rows = source.rows
-    problems = []
-    path = local_folder(source)
-    if path is None:
-        problems.append(("Q401", f"dataset `{source.path}` is not a local file or folder", MISSING_HELP, "data"))
-    else:
-        columns, has_rows = columns_and_rows(path, rows.split)
-        field_key = "messages" if rows.messages else "text"
-        for column, key in ((rows.field, field_key), (rows.image, "image")):
-            if column and columns and column not in columns:
-                problems.append(("Q434", f"dataset `{source.path}` has no column `{column}`",
-                                 f"columns present: {', '.join(columns)}", key))
-        if has_rows is False:
-            problems.append(("Q435", f"dataset `{source.path}` has no rows in split `{rows.split}`",
-                             "name a split that has rows (`split \"train\"` is the default), or give a file with rows",
-                             "split"))
-    location = tokenizer_location(source, model_ref)
-    if location is None:
-        problems.append(("Q216", "`data dataset` needs a tokenizer: the model has no folder with one" if
-                         source.tokenizer is None else f"tokenizer `{source.tokenizer}` not found (looked in the "
-                         "current folder and the model's)", 'add `tokenizer "FOLDER"` (a folder with tokenizer.json '
-                         "and, for `messages`, a chat template)", "tokenizer"))
-    elif rows.messages and not has_chat_template(location):
-        problems.append(("Q436", f"the tokenizer at `{location}` has no chat template to render `messages` with",
-                         "give a tokenizer folder whose tokenizer_config.json (or chat_template.jinja) has one, or "
-                         "read a text column with `text`", "messages"))
     return problems
 
 
