@@ -225,3 +225,15 @@ def test_memory_is_flat_in_the_datasets_size(tmp_path):
                                        "rows pack  samples 16  seqlen 64", name=f"{scale}.recipe"))
     print(f"peaks (MiB) by file scale: {peaks}")
     assert abs(peaks[10] / peaks[1] - 1) <= 0.05, peaks
+
+
+@pytest.mark.parametrize("name, content", [("broken.jsonl", '{"text": "a good row of text"}\n{"text": broken\n'),
+                                           ("garbage.parquet", "PAR1 not a parquet file"),
+                                           ("garbage.arrow", "not an arrow stream")])
+def test_corrupt_files_are_a_coded_error_with_nothing_written(tmp_path, name, content):
+    bad = tmp_path / name
+    bad.write_text(content)
+    path = recipe(tmp_path, str(bad), f'tokenizer "{TOKENIZER}"  shuffle  samples 4  seqlen 16')
+    result = runner.invoke(app, ["compile", str(path)])
+    assert result.exit_code == 2 and "error[Q401]" in result.output and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "out.onnx").exists()
