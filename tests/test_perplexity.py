@@ -124,3 +124,23 @@ def test_a_perplexity_increase_over_the_bound_fails_verification(tmp_path):
     result = runner.invoke(app, ["compile", str(path)])
     assert result.exit_code != 0 and "Q501" in result.output and "perplexity" in result.output, result.output
     assert (tmp_path / "out.onnx.verify.json").is_file()
+
+
+def test_a_decoders_mask_over_its_cache_and_padding_is_not_predicted():
+    """With a cache, the attention mask covers the past then the new tokens: only the new tokens' part says
+    which next tokens are predicted (padding is not); the figure is the mean loss over those positions."""
+    from compiler.backends.agreement import Agreement
+    from compiler.ir.types import VerifyMetric
+
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((1, 4, 10)).astype(np.float32)
+    ids = np.array([[1, 2, 3, 0]])
+    mask = np.array([[1] * 6 + [1, 1, 1, 0]])  # 6 cached tokens, then 3 tokens and one pad
+    agreement = Agreement()
+    agreement.update(logits, logits + 0.5 * rng.standard_normal(logits.shape).astype(np.float32), mask, ids)
+    x = logits[0].astype(np.float64)
+    logp = x - np.log(np.exp(x).sum(-1, keepdims=True))
+    expected = math.exp(-(logp[0, 2] + logp[1, 3]) / 2)  # position 2's next token is padding
+    assert agreement.predicted == 2
+    assert agreement.perplexities()[0] == pytest.approx(expected, rel=1e-6)
+    assert not math.isnan(agreement.value(VerifyMetric.PERPLEXITY))

@@ -133,8 +133,9 @@ def next_tokens(logits: np.ndarray, ids: np.ndarray, mask: np.ndarray | None) ->
         return None
     targets = np.full(ids.shape[0], -1, np.int64)
     targets[:-1] = ids[1:]
-    if mask is not None:
-        targets[:-1][mask.reshape(-1)[1:] == 0] = -1
+    mask = None if mask is None else mask.reshape(-1)
+    if mask is not None and mask.size >= ids.size:  # a decoder's mask covers its cache first, then the new tokens
+        targets[:-1][mask[mask.size - ids.size + 1:] == 0] = -1
     return targets
 
 
