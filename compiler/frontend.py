@@ -11,7 +11,7 @@ from compiler.data.dataset_schema import dataset_problems
 from compiler.diagnostics import Diagnostic, DiagnosticError, Diagnostics, error, has_errors
 from compiler.ir.checks import run_checks
 from compiler.ir.elaborate import elaborate
-from compiler.ir.types import Backend, DataKind, RecipeIR
+from compiler.ir.types import DataKind, RecipeIR
 from compiler.models import ModelError, index_model
 from compiler.outputs import output_conflict, read_paths
 from compiler.overrides import apply_overrides
@@ -146,9 +146,6 @@ def _check_data(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> Non
             diags.error("Q253", why, span, "no values to draw", help="give real samples: `data npz \"FILE\"` with "
                         "an array for every model input, or `data text` with a tokenizer")
     if data.kind is DataKind.DATASET:
-        if data.rows is not None and data.rows.image and ir.backend is Backend.ONNX:
-            diags.error("Q222", "`image` rows calibrate vision-language models on the torch backend",
-                        data.span_of("image") or span, "not on onnx", help="use `backend torch` for a VLM folder")
         for code, message, help_line, key in dataset_problems(data, ir.model):
             diags.error(code, message, data.span_of(key) or span, _DATASET_LABELS[code], help=help_line)
     else:

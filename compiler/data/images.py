@@ -27,11 +27,14 @@ from compiler.ir.types import DataSource
 def image_rows(source: DataSource, model_ref: str, rows: Iterator[tuple[Any, Any]], needed: int) -> TokenRows:
     """The first `needed` (image, prompt) rows through the processor, padded to seqlen."""
     processor = load_processor(source, model_ref)
+    where = local_folder(source)  # image paths in the rows are relative to the dataset's folder
+    folder = where if where is not None and where.is_dir() else where.parent if where is not None else Path(".")
     found: list[dict[str, np.ndarray]] = []
     for number, (image, prompt) in enumerate(rows):
         if len(found) >= needed:
             break
-        found.append(_encoded(source, processor, _image(source, image, number), _prompt(source, prompt, number), number))
+        found.append(_encoded(source, processor, _image(source, image, number, folder), _prompt(source, prompt, number),
+                              number))
     if not found:
         return TokenRows(np.zeros((0, source.seqlen), np.int64), np.zeros((0, source.seqlen), np.int64))
     stacked = {name: np.concatenate([row[name] for row in found]) for name in found[0]}
@@ -66,8 +69,8 @@ def load_processor(source: DataSource, model_ref: str):
     return processor
 
 
-def _image(source: DataSource, value: Any, number: int):
-    """A row's image as PIL: decoded by `datasets`, given as bytes, or a path beside the dataset."""
+def _image(source: DataSource, value: Any, number: int, folder: Path):
+    """A row's image as PIL: decoded by `datasets`, given as bytes, or a path (absolute, or in `folder`)."""
     from PIL import Image
 
     if isinstance(value, Image.Image):
@@ -77,27 +80,22 @@ def _image(source: DataSource, value: Any, number: int):
             return Image.open(io.BytesIO(value["bytes"])).convert("RGB")
         path = value.get("path") if isinstance(value, dict) else value
         if isinstance(path, str) and path:
-            return Image.open(_beside(source, path)).convert("RGB")
+            return Image.open(folder / path).convert("RGB")  # an absolute path replaces `folder`
     except OSError as exc:
         raise StageError(error("Q401", f"dataset `{source.path}`: the image of row {number} cannot be read "
                                f"({type(exc).__name__}: {str(exc)[:80]})", source.span_of("image"), "unreadable image",
                                help="a PNG/JPEG path (relative to the dataset's folder) or an Image column")) from None
-    raise StageError(error("Q434", f"dataset `{source.path}`: column `{source.rows.image if source.rows else ''}` of "
+    assert source.rows is not None  # image rows come from `data dataset`
+    raise StageError(error("Q434", f"dataset `{source.path}`: column `{source.rows.image}` of "
                            f"row {number} holds {type(value).__name__}, not an image", source.span_of("image"),
                            "not an image", help="an image path, or a `datasets` Image column"))
-
-
-def _beside(source: DataSource, path: str) -> Path:
-    """An image path as a row writes it: absolute, or relative to the dataset's folder."""
-    where = local_folder(source)
-    base = where if where is not None and where.is_dir() else (where.parent if where is not None else Path("."))
-    return Path(path) if Path(path).is_absolute() else base / path
 
 
 def _prompt(source: DataSource, value: Any, number: int) -> str:
     if isinstance(value, str):
         return value
-    raise StageError(error("Q434", f"dataset `{source.path}`: column `{source.rows.field if source.rows else ''}` of "
+    assert source.rows is not None  # image rows come from `data dataset`
+    raise StageError(error("Q434", f"dataset `{source.path}`: column `{source.rows.field}` of "
                            f"row {number} holds {type(value).__name__}, not a prompt", source.span_of("text"),
                            "not text", help="the text column holds each image's prompt"))
 

@@ -165,7 +165,7 @@ def _ordered(source: DataSource, rows) -> Iterator[Any]:
     if not source.rows.shuffle:
         yield from _column(source, rows)
         return
-    count = len(rows) if hasattr(rows, "__len__") else sum(1 for _ in _column(source, rows))
+    count = len(rows) if hasattr(rows, "__len__") else _row_count(source, rows)
     order = np.random.default_rng(source.seed).permutation(count).tolist()
     start, window = 0, WINDOW
     while start < count:  # windows double: a pass per window, and few passes however many rows a sample takes
@@ -177,6 +177,21 @@ def _ordered(source: DataSource, rows) -> Iterator[Any]:
             found = _fetched(source, rows, set(wanted))
         yield from (found[i] for i in wanted)
         start, window = start + window, 2 * window
+
+
+_COUNTS: dict[tuple, int] = {}  # (file, its version, split, columns) → rows: the full pass is made once per file
+
+
+def _row_count(source: DataSource, rows) -> int:
+    """How many rows a streamed split has: one pass over the file, once per file version (calibration and
+    verification both shuffle the same rows)."""
+    assert source.rows is not None
+    path = local_folder(source)
+    version = path.stat().st_mtime_ns if path is not None else None
+    key = (str(path), version, source.rows.split, tuple(columns(source)))
+    if key not in _COUNTS:
+        _COUNTS[key] = sum(1 for _ in _column(source, rows))
+    return _COUNTS[key]
 
 
 def _fetched(source: DataSource, rows, wanted: set[int]) -> dict[int, Any]:

@@ -16,13 +16,17 @@ EXPORTABLE_FAMILIES = ("bert", *DECODER_FAMILIES)
 
 
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
-    """Q415 for an HF folder the exporter cannot export; Q410 for each scheme with dynamic or per-token
-    activations (QDQ holds static per-tensor ranges)."""
+    """Q415 for an HF folder the exporter cannot export; Q222 for image rows (a VLM's processor feeds a torch
+    forward); Q410 for each scheme with dynamic or per-token activations (QDQ holds static per-tensor ranges)."""
     index = assignment.model
     if index.format is ModelFormat.HF and index.family not in EXPORTABLE_FAMILIES:
         diags.error("Q415", f"the ONNX backend cannot export `{index.family}` folders to ONNX yet", ir.model_span,
                     "not exportable", help="use `backend torch` for this folder, or give an .onnx file exported "
                     f"yourself (exported here: {', '.join(EXPORTABLE_FAMILIES)})")
+    rows = ir.calibration.data.rows
+    if rows is not None and rows.image:  # image rows go through a VLM's processor into its torch forward
+        diags.error("Q222", "`image` rows calibrate vision-language models on the torch backend",
+                    ir.calibration.data.span_of("image"), "not on onnx", help="use `backend torch` for a VLM folder")
     seen: set[str] = set()
     for candidate in each_choice(ir, assignment):
         for a in candidate.layers:

@@ -9,11 +9,16 @@ attribution adds no resident copy of a block to the plan's memory."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.nn import functional
+
+if TYPE_CHECKING:
+    from compiler.backends.torch.layers import Job
 
 
 class LayerCosts:
@@ -32,6 +37,15 @@ class LayerCosts:
         for name, (module, weight) in layers.items():
             self._handles.append(module.register_forward_pre_hook(self._keep_input(name), prepend=True))
             self._handles.append(module.register_forward_hook(self._compare(name, weight)))
+
+    @contextmanager
+    def watching(self, root: nn.Module, jobs: Sequence[Job]) -> Iterator[None]:
+        """Each of `jobs`' layers watched in `root` (qrc's model, or the emitted one) while the block runs."""
+        self.watch({j.layer.name: (root.get_submodule(j.module), j.layer.weight) for j in jobs})
+        try:
+            yield
+        finally:
+            self.stop()
 
     def stop(self) -> None:
         """Remove the hooks."""
@@ -59,3 +73,13 @@ class LayerCosts:
         """Layer → the relative output error its quantization adds; largest first."""
         relative = {n: self.noise[n] / max(self.signal[n], 1e-30) for n in self.noise}
         return dict(sorted(relative.items(), key=lambda item: -item[1]))
+
+
+def jobs_in(jobs: Sequence[Job], scope: str | None, container: str) -> list[Job]:
+    """The jobs of one scope of the model: a block's name, None (outside the blocks in `container`) or ""
+    (the whole model)."""
+    if scope == "":
+        return list(jobs)
+    if scope is None:
+        return [j for j in jobs if not j.module.startswith(container + ".")]
+    return [j for j in jobs if j.module.startswith(scope + ".")]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.backends.torch import streams
 from compiler.backends.torch.artifact import can_verify_artifact, open_artifact
-from compiler.backends.torch.attribution import LayerCosts
+from compiler.backends.torch.attribution import LayerCosts, jobs_in
 from compiler.backends.torch.devices import place
 from compiler.backends.torch.emitted_verify import hidden_cache, run_emitted
 from compiler.backends.torch.fallbacks import unseen_warning
@@ -356,7 +355,7 @@ class _Run:
         if cal is not None:
             outputs["cal"] = self._next(block, number, cal, device)
         if verify is not None and verify[1] is not None:
-            with self._costs_of(jobs):
+            with self.costs.watching(self.model.module, jobs):
                 outputs["quant"] = self._next(block, number, verify[1], device)
         for hook in hooks:
             hook.remove()
@@ -410,7 +409,7 @@ class _Run:
         reference = streams.replay_tail(container, verify[0], self._call) if verify is not None and jobs else None
         hooks = self.rounder.in_place(jobs, stats)
         if reference is not None:
-            with self._costs_of(jobs):
+            with self.costs.watching(self.model.module, jobs):
                 candidate = streams.replay_tail(container, verify[1], self._call, lazy=True)
                 for ref, cand, feed in zip(reference, candidate, verify[1].feeds, strict=True):
                     verify[2].update(ref.float().numpy(), cand.float().numpy(), *streams.tokens_of(feed))
@@ -483,7 +482,7 @@ class _Run:
         elif self.reference is not None:
             assert quantized is not None  # qrc's own model is verified: its quantized stream exists
             advance = self.progress("verify", len(quantized))
-            with self._costs_of(self.jobs):
+            with self.costs.watching(self.model.module, self.jobs):
                 for feed, ref in zip(quantized.feeds, self.reference, strict=True):
                     agreement.update(ref.numpy(), self._call(feed).float().numpy(), *streams.tokens_of(feed))
                     advance()
@@ -529,19 +528,4 @@ class _Run:
     def _costs_in(self, scope: str | None, artifact):
         """While the emitted model runs a scope (a block, None: outside the blocks, "": everything): each
         quantized layer's own output error there."""
-        inside = self.model.container + "."
-        jobs = [j for j in self.jobs if scope == "" or (j.module.startswith(scope + ".") if scope is not None
-                                                         else not j.module.startswith(inside))]
-        return self._costs_of(jobs, artifact.module)
-
-    # ---- verification costs --------------------------------------------------------------------------
-    @contextmanager
-    def _costs_of(self, jobs: list[Job], root=None):
-        """While the quantized verification stream runs (through qrc's model, or `root`: the emitted one):
-        each of these layers' own output error."""
-        root = self.model.module if root is None else root
-        self.costs.watch({j.layer.name: (root.get_submodule(j.module), j.layer.weight) for j in jobs})
-        try:
-            yield
-        finally:
-            self.costs.stop()
+        return self.costs.watching(artifact.module, jobs_in(self.jobs, scope, self.model.container))
