@@ -165,13 +165,14 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=["w8a8", "int4"], choices=["w8a8", "int4", "methods", "modes", "scale"])
     args = parser.parse_args()
     from compiler.models import builtin, index_model
+    from compiler.models.index import LayerKind
 
     model_path = builtin.onnx_path(args.model)
     index = index_model(args.model)
     import onnx
 
     light = onnx.load(str(model_path), load_external_data=False)
-    weights = {x.weight for x in index.layers if x.kind == "Linear"}
+    weights = {x.weight for x in index.layers if x.kind is LayerKind.LINEAR}
     nodes = [n.name for n in light.graph.node if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in weights]
     rows = []
     with tempfile.TemporaryDirectory() as tmp_dir:

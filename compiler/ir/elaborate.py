@@ -10,7 +10,7 @@ from typing import Any
 
 from compiler.diagnostics import Diagnostics, closest
 from compiler.ir import blocks
-from compiler.ir.schemes import NONE, PRESETS, elaborate_kv_cache, elaborate_scheme
+from compiler.ir.schemes import NONE, PRESETS, elaborate_kv_cache, elaborate_scheme, presets
 from compiler.ir.transforms import elaborate_transform
 from compiler.ir.types import (
     AutoGroup,
@@ -42,11 +42,11 @@ def elaborate(recipe: ast.Recipe, diags: Diagnostics) -> RecipeIR:
     model_ref = model.ref.value if model else ""
     backend_decl = singles.get("backend")
     backend = Backend(backend_decl.kind.value) if backend_decl else backend_for_model(model_ref)
-    schemes = _schemes(recipe, diags)
+    schemes = _schemes(recipe, backend, diags)
     rules = _rules(recipe, schemes, diags)
     block = {kind: _block(recipe, kind, diags) for kind in ("calibrate", "mixed_precision", "memory", "verify")}
     default_format = EmitFormat.QDQ if backend is Backend.ONNX else EmitFormat.SAFETENSORS
-    used = _used_presets(rules, block["mixed_precision"], schemes)
+    used = _used_presets(rules, block["mixed_precision"], schemes, backend)
     return RecipeIR(
         name=recipe.name.value,
         model=model_ref,
@@ -97,7 +97,7 @@ def _block(recipe: ast.Recipe, kind: str, diags: Diagnostics) -> ast.Block | Non
     return matches[0] if matches else None
 
 
-def _schemes(recipe: ast.Recipe, diags: Diagnostics) -> dict[str, Scheme]:
+def _schemes(recipe: ast.Recipe, backend: Backend, diags: Diagnostics) -> dict[str, Scheme]:
     known: dict[str, Scheme] = {NONE.name: NONE}
     for decl in (i for i in recipe.items if isinstance(i, ast.SchemeDecl)):
         name = decl.name.value
@@ -108,7 +108,7 @@ def _schemes(recipe: ast.Recipe, diags: Diagnostics) -> dict[str, Scheme]:
             diags.error("Q204", f"scheme `{name}` is {what}{where}", decl.name.span, "duplicate name",
                         help="give each scheme its own name; presets W4A16, W8A16, W8A8 and `none` are taken")
             continue
-        scheme = elaborate_scheme(decl, known, diags)
+        scheme = elaborate_scheme(decl, known, backend, diags)
         if scheme is not None:
             known[name] = scheme
     return known
@@ -127,15 +127,18 @@ def _rules(recipe: ast.Recipe, schemes: dict[str, Scheme], diags: Diagnostics) -
     return tuple(rules)
 
 
-def _used_presets(rules, mixed_precision: ast.Block | None, schemes: dict[str, Scheme]) -> tuple[Scheme, ...]:
-    """Presets named directly by rules or choices (not redefined), in order of first use."""
+def _used_presets(rules, mixed_precision: ast.Block | None, schemes: dict[str, Scheme],
+                  backend: Backend) -> tuple[Scheme, ...]:
+    """Presets named directly by rules or choices (not redefined), in order of first use, as `backend` writes
+    them."""
     names = [r.scheme for r in rules]
     if mixed_precision is not None:
         for item in mixed_precision.items:
             if isinstance(item, ast.Setting) and item.key == "choices":
                 names.extend(n.value for n in item.value)  # type: ignore[union-attr]  # `choices [a, b]`
     used = dict.fromkeys(n for n in names if n in PRESETS and n not in schemes)
-    return tuple(PRESETS[n] for n in used)
+    builtin = presets(backend)
+    return tuple(builtin[n] for n in used)
 
 
 def undefined_scheme_help(name: str, known: list[str]) -> str:

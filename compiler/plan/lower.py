@@ -16,6 +16,7 @@ from pathlib import Path
 from compiler.ir.types import (
     ActivationMode,
     CalibrationMethod,
+    EmitFormat,
     MemoryMode,
     RecipeIR,
     Rounding,
@@ -264,18 +265,21 @@ def mixed_precision_pass(kld_words: KldWords) -> Pass:
     return lower_mixed_precision
 
 
-def emit_pass(reads_ranges: bool, streams_weights: Callable[[Workload, MemoryMode], bool] = lambda w, m: False) -> Pass:
+def emit_pass(reads_ranges: bool, streams_weights: Callable[[Workload, MemoryMode], bool] = lambda w, m: False,
+              kernels: Callable[[Context, EmitFormat], str] = lambda ctx, fmt: "") -> Pass:
     """`emit`: where and in which format; `reads_ranges`: the emitter writes the observed input ranges (a
     backend that takes them where it rounds each block has written them by then); `streams_weights`: whether
-    each rounded weight goes to the output at once (the backend's cost model decides)."""
+    each rounded weight goes to the output at once (the backend's cost model decides); `kernels`: the
+    backend's words for the kernels a runtime will run the output with ('' for none)."""
     def lower_emit(ctx: Context) -> list[PlanOp]:
         """`emit`: where and in which format."""
         w, emit = ctx.workload, ctx.ir.emit
         fmt = emit.format if emit else ctx.costs.default_format
         path = emit.path if emit else "(-o PATH)"
         inputs = (Buffer.MODEL, Buffer.QPARAMS) + ((Buffer.RANGES,) if reads_ranges and w.observed else ())
+        words = kernels(ctx, fmt)
         return [Emit(summary=f"write {fmt.value} to {path} atomically (temp file + rename), "
-                     f"{human_bytes(w.quantized_bytes)} of weights", inputs=inputs, outputs=(Buffer.EMITTED_MODEL,),
+                     f"{human_bytes(w.quantized_bytes)} of weights" + (f"; {words}" if words else ""), inputs=inputs, outputs=(Buffer.EMITTED_MODEL,),
                      peak_bytes=ctx.phase(PhaseName.EMIT), format=fmt, path=path, bytes=w.quantized_bytes,
                      accuracy_level=emit.accuracy_level if emit else 4, kv_cache=ctx.ir.kv_cache,
                      streams_weights=streams_weights(w, ctx.mode))]

@@ -165,7 +165,7 @@ class MatMulNBitsEmitter(QdqEmitter):
     format = EmitFormat.MATMUL_NBITS
 
     def _weight_specs(self, node: onnx.NodeProto, weight: str, shape: tuple[int, ...], job: WeightJob) -> list[Spec]:
-        if not uses_matmul_nbits(self.format, node, job.scheme):
+        if not uses_matmul_nbits(self.format, node.op_type, job.scheme):
             return super()._weight_specs(node, weight, shape, job)
         spec = job.scheme.quantized_weights
         k, n = shape

@@ -5,7 +5,8 @@ ranges in their own ops; every weight is streamed from the data file through the
 from __future__ import annotations
 
 from compiler.backends.onnx.cost import streams_output
-from compiler.ir.types import CalibrationMethod, MemoryMode
+from compiler.backends.onnx.kernels import kernel_words
+from compiler.ir.types import CalibrationMethod, EmitFormat, MemoryMode
 from compiler.models.index import ModelFormat
 from compiler.plan import memory
 from compiler.plan.lower import (
@@ -146,7 +147,15 @@ def lower_verify(ctx: Context) -> list[PlanOp]:
                      (Buffer.MODEL, Buffer.EMITTED_MODEL, Buffer.VERIFY_DATA))
 
 
+def _kernels(ctx: Context, fmt: EmitFormat) -> str:
+    """The kernels onnxruntime will run the output with; not said where the graph comes later (an exported
+    folder) or a search picks the schemes."""
+    if ctx.assignment.model.format is ModelFormat.HF or ctx.ir.mixed_precision is not None:
+        return ""
+    return kernel_words(ctx.assignment, fmt)
+
+
 LOWERING: tuple[Pass, ...] = (
     lower_export, lower_load, lower_mode, mixed_precision_pass(_kld_words), lower_calibration, lower_ranges,
-    lower_quantize, emit_pass(reads_ranges=True, streams_weights=streams_output), lower_verify,
+    lower_quantize, emit_pass(reads_ranges=True, streams_weights=streams_output, kernels=_kernels), lower_verify,
 )

@@ -67,9 +67,10 @@ def tensor(name: str, array: np.ndarray, qtype: QType | None = None) -> onnx.Ten
     return helper.make_tensor(name, _TYPES[qtype], list(array.shape), vals=raw, raw=True)
 
 
-def uses_matmul_nbits(fmt: EmitFormat, node: onnx.NodeProto, scheme: Scheme) -> bool:
-    """Whether this node's weight is emitted as a MatMulNBits (weight-only groups on MatMul with that format)."""
-    return (fmt is EmitFormat.MATMUL_NBITS and node.op_type == "MatMul" and scheme.activations is None
+def uses_matmul_nbits(fmt: EmitFormat, op_type: str, scheme: Scheme) -> bool:
+    """Whether a node of `op_type` has its weight emitted as a MatMulNBits (weight-only groups on MatMul with
+    that format)."""
+    return (fmt is EmitFormat.MATMUL_NBITS and op_type == "MatMul" and scheme.activations is None
             and scheme.quantized_weights.granularity is Granularity.GROUP)
 
 
@@ -142,7 +143,7 @@ def replacement(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, job: Wei
     weight's own float type. Made as soon as the weight is rounded, so the rounded arrays need not wait
     for the rewrite (the emitter may move the initializers' bytes to the data file at once)."""
     scale_type = float_type(job.layer.dtype)
-    if uses_matmul_nbits(fmt, node, job.scheme):
+    if uses_matmul_nbits(fmt, node.op_type, job.scheme):
         inits, new = matmul_nbits(node, weight, qw, job.scheme.quantized_weights.symmetric, scale_type, accuracy_level)
         return Replacement(tuple(inits), (new,), None)
     inits, nodes, out = dequantize_nodes(node, weight, qw, scale_type)

@@ -4,10 +4,11 @@ searched choice included), so `compile` never starts work it would refuse."""
 from __future__ import annotations
 
 from compiler.backends.onnx.export_decoder import DECODER_FAMILIES
+from compiler.backends.onnx.kernels import layer_kernels
 from compiler.diagnostics import Diagnostics
-from compiler.ir.types import ActivationMode, Granularity, RecipeIR
+from compiler.ir.types import ActivationMode, EmitFormat, Granularity, QType, RecipeIR
 from compiler.models.index import ModelFormat
-from compiler.resolve.assignment import Assignment
+from compiler.resolve.assignment import Assignment, LayerAssignment
 from compiler.resolve.choices import each_choice
 
 # HF folders the export op can turn into ONNX (compiler/backends/onnx/export.py and export_decoder.py,
@@ -17,7 +18,8 @@ EXPORTABLE_FAMILIES = ("bert", *DECODER_FAMILIES)
 
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
     """Q415 for an HF folder the exporter cannot export; Q222 for image rows (a VLM's processor feeds a torch
-    forward); Q410 for each scheme with dynamic or per-token activations (QDQ holds static per-tensor ranges)."""
+    forward); Q410 for each scheme with dynamic or per-token activations (QDQ holds static per-tensor ranges);
+    Q437 (a warning) for each scheme whose int8 activations onnxruntime's x86 kernels run slower than float."""
     index = assignment.model
     if index.format is ModelFormat.HF and index.family not in EXPORTABLE_FAMILIES:
         diags.error("Q415", f"the ONNX backend cannot export `{index.family}` folders to ONNX yet", ir.model_span,
@@ -28,6 +30,7 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
         diags.error("Q222", "`image` rows calibrate vision-language models on the torch backend",
                     ir.calibration.data.span_of("image"), "not on onnx", help="use `backend torch` for a VLM folder")
     seen: set[str] = set()
+    fmt = ir.emit.format if ir.emit else EmitFormat.QDQ
     for candidate in each_choice(ir, assignment):
         for a in candidate.layers:
             act = a.scheme.activations
@@ -38,3 +41,27 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
                 diags.error("Q410", f"scheme `{a.scheme.name}`: dynamic or per-token activations are not supported "
                             "by the ONNX backend", a.scheme.span or (a.rule.span if a.rule else None), "not supported",
                             help="use static per_tensor activations, or a weight-only scheme")
+        _warn_slow_int8(candidate, fmt, seen, diags)
+
+
+def _warn_slow_int8(assignment: Assignment, fmt: EmitFormat, warned: set[str], diags: Diagnostics) -> None:
+    """Q437 once per scheme whose int8 activations leave some of its layers dequantized in float (an exported
+    folder's graph comes later: there, any int8 activations)."""
+    unknown_graph = assignment.model.graph is None
+    kernels = {} if unknown_graph else layer_kernels(assignment, fmt)
+    slow: dict[str, list[LayerAssignment]] = {}
+    for a in assignment.layers:
+        act = a.scheme.activations
+        if act is None or act.qtype is not QType.INT8 or a.scheme.name in warned:
+            continue
+        if unknown_graph or kernels.get(a.layer.name, "").startswith("DequantizeLinear"):
+            slow.setdefault(a.scheme.name, []).append(a)
+    for name, layers in slow.items():
+        warned.add(name)
+        first = layers[0]
+        diags.warning("Q437", f"scheme `{name}`: onnxruntime's x86 CPU kernels take uint8 activations; "
+                      f"{len(layers)} layer(s) read an int8 input that several layers share (e.g. "
+                      f"{first.layer.name}) and run dequantized, in float, slower than the float model",
+                      first.scheme.span or (first.rule.span if first.rule else None), "int8 activations",
+                      help="drop `int8` (on ONNX activations are uint8 by default: the same grid shifted by 128, "
+                      "run by MatMulIntegerToFloat), or keep it for a runtime with int8×int8 kernels")
