@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import subprocess
 import tempfile
 import time
@@ -27,13 +28,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_FREE = ("W8A16", "FP8_DYNAMIC", "FP8_BLOCK", "MXFP8A16", "W4A16", "NVFP4A16", "MXFP4A16")  # no calibration
-SCHEMES = ("W8A16", "W8A8", "FP8", "FP8_DYNAMIC", "FP8_BLOCK", "MXFP8A16", "W4A16", "NVFP4A16", "MXFP4A16")
+# calibrated on the same token ids by both tools (bench/llmc_calibrated.py); MXFP4 and W4AFP8 need none, but
+# their activations only run through a calibration pipeline in llm-compressor's oneshot
+CALIBRATED = ("NVFP4", "MXFP4", "W4AFP8")
+SCHEMES = ("W8A16", "W8A8", "FP8", "FP8_DYNAMIC", "FP8_BLOCK", "MXFP8A16", "W4A16", "NVFP4A16", "MXFP4A16",
+           "NVFP4", "MXFP4", "W4AFP8")
 RECIPE = """recipe bench {{
     model "{model}"
     backend torch
     quantize {{ type Linear -> {scheme}  "lm_head" -> none }}
     group auto
-    calibrate {{ data synthetic {{ samples 32  seqlen 128  seed 1 }}  chunk 8 }}
+    calibrate {{ data npz "{npz}"  chunk 8 }}
     memory {{ mode low_memory }}
     verify {{ samples 16  metric kld  at_most 10 }}
     emit "{out}"
@@ -62,15 +67,20 @@ def model_folder(hidden: int, layers: int, vocab: int = 8192, kv_heads: int | No
 
 
 def independent(float_folder: Path, out: Path, vocab: int = 8192, seqlen: int = 128, prepare=None,
-                seed: int = 99) -> dict:
+                seed: int = 99, inputs_quantized: bool = False) -> dict:
     """KL(float ‖ quantized), cosine and top-1 agreement of the logits, transformers on both folders
-    (`prepare(model)`: called on the loaded quantized model first, e.g. to quantize its activations)."""
+    (`prepare(model)`: called on the loaded quantized model first, e.g. to quantize its activations).
+    `inputs_quantized`: the folder loaded compressed, so compressed-tensors quantizes each Linear's inputs as
+    its config says, both models in bfloat16 (compressed-tensors 0.20 decompresses FP4 weights to bfloat16
+    on the CPU)."""
     import torch
     import transformers
 
-    reference = transformers.AutoModelForCausalLM.from_pretrained(str(float_folder)).eval()
-    quantized = transformers.AutoModelForCausalLM.from_pretrained(
-        str(out), quantization_config=transformers.CompressedTensorsConfig(dequantize=True)).eval()
+    dtype = torch.bfloat16 if inputs_quantized else None
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(float_folder), dtype=dtype).eval()
+    # passing quantization_config=None would drop the folder's own config: leave the argument out instead
+    config = {} if inputs_quantized else {"quantization_config": transformers.CompressedTensorsConfig(dequantize=True)}
+    quantized = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=dtype, **config).eval()
     if prepare is not None:
         prepare(quantized)
     ids = torch.randint(0, vocab, (16, seqlen), generator=torch.Generator().manual_seed(seed))
@@ -167,25 +177,41 @@ def main() -> None:
     print("| scheme | tool | bits/weight | qrc verify KL | KL (transformers) | cosine | top-1 | time | same tensors as qrc |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     with tempfile.TemporaryDirectory() as tmp:
+        from gptq_llmc import calibration_ids  # it imports this module: here, not at the top
+
+        npz = calibration_ids(Path(tmp), 32, 128, vocab=8192)  # both tools calibrate on these ids
+        with_inputs: dict[str, list[dict]] = {}
         for scheme in args.schemes:
             out = Path(tmp) / scheme
             recipe = Path(tmp) / f"{scheme}.recipe"
-            recipe.write_text(RECIPE.format(model=float_folder, scheme=scheme, out=out))
+            recipe.write_text(RECIPE.format(model=float_folder, scheme=scheme, out=out, npz=npz))
             start = time.perf_counter()
             result, _ = compile_program(str(recipe), out)
             seconds = time.perf_counter() - start
             figures = independent(float_folder, out)
+            if scheme in CALIBRATED:
+                with_inputs[scheme] = [independent(float_folder, out, inputs_quantized=True)]
             print(f"| {scheme} | qrc | {bits_per_weight(out):.2f} | {result.verify['kld']:.5f} | {figures['kl']:.5f} | "
                   f"{figures['cosine']:.5f} | {figures['top1']:.4f} | {seconds:.1f} s | |", flush=True)
-            if args.llmcompressor and scheme in DATA_FREE:
+            if args.llmcompressor and scheme in DATA_FREE + CALIBRATED:
                 theirs = Path(tmp) / f"{scheme}-llmc"
-                ran = subprocess.run([args.llmcompressor, str(ROOT / "bench" / "llmc_oneshot.py"), str(float_folder),
-                                      scheme, str(theirs)], capture_output=True, text=True, check=True)
-                seconds = float(ran.stdout.split("seconds")[-1])
+                command = (["llmc_oneshot.py", str(float_folder), scheme, str(theirs)] if scheme in DATA_FREE else
+                           ["llmc_calibrated.py", str(float_folder), str(npz), scheme, str(theirs)])
+                ran = subprocess.run([args.llmcompressor, str(ROOT / "bench" / command[0]), *command[1:]],
+                                     capture_output=True, text=True, check=True)
+                seconds = float(re.search(r"seconds ([0-9.]+)", ran.stdout).group(1))
                 figures = independent(float_folder, theirs)
+                if scheme in CALIBRATED:
+                    with_inputs[scheme].append(independent(float_folder, theirs, inputs_quantized=True))
                 print(f"| {scheme} | llm-compressor | {bits_per_weight(theirs):.2f} | | {figures['kl']:.5f} | "
                       f"{figures['cosine']:.5f} | {figures['top1']:.4f} | {seconds:.1f} s | "
                       f"{same_tensors(out, theirs)} |", flush=True)
+    if with_inputs:
+        print("\nWith the inputs quantized in transformers (compressed loading, bfloat16 against bfloat16 float):\n")
+        print("| scheme | tool | KL | cosine | top-1 | perplexity |\n|---|---|---:|---:|---:|---:|")
+        for scheme, runs in with_inputs.items():
+            for tool, f in zip(("qrc", "llm-compressor"), runs, strict=False):  # qrc alone without --llmcompressor
+                print(f"| {scheme} | {tool} | {f['kl']:.5f} | {f['cosine']:.5f} | {f['top1']:.4f} | {perplexity_cell(f)} |")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ METHOD:
 - w8a8-static: qrc's W8A8 preset (int8 weights per channel, symmetric; int8 inputs per tensor, asymmetric,
   static), input ranges from its default `minmax` observer (a moving average of per-batch ranges);
 - awq: AWQModifier (W4A16, group 128, grid 20, duo scaling: its defaults); rtn: plain W4A16;
-- smoothquant: SmoothQuantModifier(strength ALPHA) + its W8A8 (dynamic per-token inputs); w8a8: that alone.
+- smoothquant: SmoothQuantModifier(strength ALPHA) + its W8A8 (dynamic per-token inputs); w8a8: that alone;
+- NVFP4, MXFP4, W4AFP8: QuantizationModifier with that compressed-tensors preset (NVFP4's global input scales
+  come from calibration).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def recipe(method: str, alpha: float):
         return [QuantizationModifier(config_groups={"w8a8": static}, ignore=["lm_head"])]
     if method == "awq":
         return [AWQModifier(targets=["Linear"], scheme="W4A16", ignore=["lm_head"], n_grid=20, duo_scaling=True)]
+    if method in ("NVFP4", "MXFP4", "W4AFP8"):
+        return [plain(method)]
     if method == "smoothquant":
         return [SmoothQuantModifier(smoothing_strength=alpha), plain("W8A8")]
     return [plain({"rtn": "W4A16", "w8a8": "W8A8"}[method])]

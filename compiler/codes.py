@@ -158,8 +158,9 @@ CODES: tuple[CodeInfo, ...] = (
        "The average weight bits cannot go below the narrowest scheme in `choices`, so no assignment can "
        "meet the budget.",
        "mixed_precision { choices [w4, w8] budget 3 bits }"),
-    _c("Q225", "4-bit activations",
-       "No runtime has kernels for 4-bit activation quantization; activations are int8 or uint8.",
+    _c("Q225", "4-bit integer activations",
+       "No runtime has kernels for 4-bit integer activations; activations are int8, uint8 or fp8, or the 4-bit "
+       "floating formats with their own block scales (`nvfp4`, `mxfp4`: the NVFP4 and MXFP4 presets).",
        "scheme s { weights int4 group 128  activations int4 }"),
     _c("Q226", "gptq rounding on a layer that is not a MatMul or Gemm",
        "GPTQ rounds a weight against the Hessian of the activations it multiplies; an embedding (Gather) "

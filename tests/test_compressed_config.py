@@ -33,7 +33,9 @@ VLLM = {"W4A16": "CompressedTensorsWNA16", "W8A16": "CompressedTensorsWNA16", "W
         "W8A8_STATIC_SYM": "CompressedTensorsW8A8Int8 (static)", "FP8": "CompressedTensorsW8A8Fp8",
         "FP8_DYNAMIC": "CompressedTensorsW8A8Fp8", "FP8_BLOCK": "CompressedTensorsW8A8Fp8",
         "NVFP4A16": "CompressedTensorsW4A16Fp4",
-        "MXFP4A16": "CompressedTensorsW4A4Mxfp4", "MXFP8A16": "CompressedTensorsW8A8Mxfp8"}  # vLLM 0.32's MX schemes
+        "MXFP4A16": "CompressedTensorsW4A4Mxfp4", "MXFP8A16": "CompressedTensorsW8A8Mxfp8",  # vLLM 0.32's MX schemes
+        "NVFP4": "CompressedTensorsW4A4Fp4", "MXFP4": "CompressedTensorsW4A4Mxfp4",
+        "W4AFP8": "CompressedTensorsW4A8Fp8"}  # on Hopper (capability 90)
 
 
 def _layer(name: str) -> Layer:
@@ -123,3 +125,21 @@ def test_qrc_check_warns_where_vllm_would_refuse_the_folder(scheme, rejected, tm
                       f'  quantize {{ type Linear -> s  "lm_head" -> none }}\n  emit "{tmp_path / "out"}"\n}}\n')
     result = check_file(recipe, with_model=True)
     assert result.ok and any(d.code == "Q267" for d in result.diagnostics) is rejected, result.diagnostics
+
+
+@pytest.mark.parametrize("scheme, code", [
+    ("NVFP4", None), ("MXFP4", None), ("W4AFP8", None), ("W4A16 { activations fp8 per_token dynamic }", None),
+    ("NVFP4A16 { activations nvfp4 }", None), ("NVFP4A16 { activations mxfp4 }", "Q256"),
+    ("MXFP4 { activations mxfp4 group 16 }", "Q256"), ("W4A16 { activations fp8 per_tensor static }", "Q256"),
+    ("W8A8 { activations nvfp4 }", "Q256"), ("W4A16 { activations int4 }", "Q225")])
+def test_fp4_and_w4a8_inputs_are_checked_at_the_scheme(scheme, code, tmp_path):
+    """FP4 inputs take their format's own blocks with weights of the same format; integer weights take FP8
+    inputs only as W4AFP8 does (groups, dynamic per token)."""
+    from compiler import check_file
+
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n  model "builtin:tiny-llama"\n  backend torch\n  scheme s = {scheme}\n'
+                      f'  quantize {{ type Linear -> s  "lm_head" -> none }}\n  emit "{tmp_path / "out"}"\n}}\n')
+    result = check_file(recipe)
+    errors = [d.code for d in result.diagnostics if d.severity.value == "error"]
+    assert errors == ([code] if code else []), result.diagnostics

@@ -382,3 +382,73 @@ def test_input_groups_that_do_not_divide_a_layer_are_refused_at_check(folders, t
     result = CliRunner().invoke(app, ["check", str(recipe)])
     assert result.exit_code == 2 and "Q268" in result.output and "features: 64" in result.output, result.output
     assert "Traceback" not in result.output
+
+
+W4A4_RECIPE = """recipe w4a4 {{
+    model "{model}"
+    backend torch
+    scheme s = {scheme}
+    quantize {{ type Linear -> s  "lm_head" -> none }}
+    group auto
+    calibrate {{ data synthetic {{ samples 8  seqlen 32 }}  chunk 4 }}
+    memory {{ mode full }}
+    verify {{ samples 4  metric cosine  at_least 0.8 }}
+    emit "{out}"
+}}
+"""
+
+
+def _input_absmax(float_folder, batches) -> dict[str, float]:
+    """Each Linear's largest |input| over `batches`, in transformers' own float forward."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(float_folder)).eval()
+    seen: dict[str, float] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_pre_hook(lambda m, args, name=name: seen.__setitem__(
+                name, max(seen.get(name, 0.0), float(args[0].abs().max()))))
+    with torch.no_grad():
+        for feed in batches:
+            model(**{k: torch.from_numpy(v) for k, v in feed.items()})
+    return seen
+
+
+@pytest.mark.parametrize("scheme", ["NVFP4", "MXFP4", "W4AFP8 { group 32 }"])  # the zoo Llama has 64 inputs
+def test_w4a4_folders_run_their_quantized_inputs_in_transformers(folders, scheme, tmp_path):
+    """compressed-tensors validates the config; transformers loads the folder compressed and runs it with the
+    inputs quantized (turning the input quantization off moves the logits), close to float; NVFP4's global
+    input scales are 448·6 / the largest |input| of transformers' own float forward on the calibration ids."""
+    from compressed_tensors.quantization import QuantizationConfig
+    from safetensors import safe_open
+
+    out = tmp_path / "out"
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(W4A4_RECIPE.format(model=folders["llama"], scheme=scheme, out=out))
+    result, planned = compile_program(str(recipe), out)
+    assert result.verify_passed, result.verify
+    assert_ran_the_plan(result, planned)
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    QuantizationConfig.model_validate(config)
+    assert config["config_groups"]["s"]["input_activations"]["dynamic"] in (True, "local")
+    # compressed-tensors 0.20 decompresses FP4 weights to bfloat16 on the CPU: a float32 model does not run
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.bfloat16).eval()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(folders["llama"]), dtype=torch.bfloat16).eval()
+    ids = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        quantized, base = loaded(ids).logits.float(), reference(ids).logits.float()
+        for module in loaded.modules():
+            if getattr(module, "quantization_scheme", None) is not None:
+                module.quantization_enabled = False  # weights stay as loaded; inputs run in float
+        unquantized_inputs = loaded(ids).logits.float()
+    cosine = float(torch.nn.functional.cosine_similarity(quantized.flatten(), base.flatten(), dim=0))
+    assert cosine > 0.8 and abs(cosine - result.verify["cosine"]) < 0.1, (cosine, result.verify)
+    assert float((quantized - unquantized_inputs).abs().max()) > 1e-3  # the inputs were quantized
+    if scheme == "NVFP4":
+        from compiler.data import Batches
+
+        calibration = planned.check.ir.calibration.data
+        absmax = _input_absmax(folders["llama"], Batches(calibration, planned.check.assignment.model, 8, 4))
+        with safe_open(str(out / "model.safetensors"), "pt") as f:
+            for name, value in absmax.items():
+                if name != "lm_head":
+                    stored = float(f.get_tensor(f"{name}.input_global_scale")[0])
+                    assert stored == pytest.approx(448 * 6 / value, rel=1e-6), name

@@ -39,6 +39,14 @@ PRESETS = {
     "NVFP4A16": Scheme("NVFP4A16", WeightQuant(QType.NVFP4, Granularity.GROUP, 16, True), None, Rounding.RTN),
     "MXFP4A16": Scheme("MXFP4A16", WeightQuant(QType.MXFP4, Granularity.GROUP, 32, True), None, Rounding.RTN),
     "MXFP8A16": Scheme("MXFP8A16", WeightQuant(QType.MXFP8, Granularity.GROUP, 32, True), None, Rounding.RTN),
+    # W4A4 floating formats: inputs rounded per block at run time like the weights (NVFP4's blocks of 16 under
+    # a global input scale calibration fixes; MXFP4's blocks of 32 with e8m0 scales), and compressed-tensors'
+    # W4AFP8: int4 weights in groups of 128 with dynamic FP8 inputs per token
+    "NVFP4": Scheme("NVFP4", WeightQuant(QType.NVFP4, Granularity.GROUP, 16, True),
+                    ActivationQuant(QType.NVFP4, Granularity.GROUP, True, ActivationMode.DYNAMIC, 16), Rounding.RTN),
+    "MXFP4": Scheme("MXFP4", WeightQuant(QType.MXFP4, Granularity.GROUP, 32, True),
+                    ActivationQuant(QType.MXFP4, Granularity.GROUP, True, ActivationMode.DYNAMIC, 32), Rounding.RTN),
+    "W4AFP8": Scheme("W4AFP8", WeightQuant(QType.INT4, Granularity.GROUP, 128, True), _FP8_TOKEN, Rounding.RTN),
 }
 # What a fresh `weights …` / `activations …` spec means before its items refine it.
 DEFAULT_WEIGHTS = _W8
@@ -248,12 +256,15 @@ def _activations(items, base: ActivationQuant, diags: Diagnostics) -> Activation
             continue
         if item.field == "dtype":
             qtype = QType(item.value.value)
-            if qtype.bits == 4:
+            if qtype.bits == 4 and not qtype.fixed_group:
                 diags.error("Q225", f"activations cannot be `{qtype.value}`", item.span, "4-bit activations",
-                            help="qrc quantizes activations to `int8`, `uint8` or `fp8`; for 4-bit weights use a "
-                            "weight-only scheme (W4A16, NVFP4A16, MXFP4A16)")
+                            help="qrc quantizes activations to `int8`, `uint8`, `fp8`, `nvfp4` or `mxfp4`; for "
+                            "4-bit integer weights use a weight-only scheme (W4A16) or W4AFP8")
                 continue
             result = replace(result, qtype=qtype)
+            if qtype.fixed_group and "granularity" not in seen:  # the format's own blocks, scaled at run time
+                result = replace(result, granularity=Granularity.GROUP, group_size=qtype.fixed_group,
+                                 mode=ActivationMode.DYNAMIC)
         elif item.field == "symmetry":
             result = replace(result, symmetric=item.value.value == "symmetric")
         elif item.field == "granularity":
@@ -295,13 +306,34 @@ def _float_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Rounding
                 "write `rounding rtn`, or use an integer type for gptq/mse")
     if a is None:
         return None
+    if a.qtype.fixed_group:
+        return _fp4_inputs_problem(fmt, a)
     if a.granularity is Granularity.GROUP and not (a.qtype is QType.FP8 and a.mode is ActivationMode.DYNAMIC):
         return "activations in groups are fp8 and dynamic", "write `activations fp8 group 128 dynamic`"
     if a.qtype is QType.FP8 and not a.symmetric:
         return "fp8 activations are symmetric", "drop `asymmetric`"
     if a.qtype is QType.FP8 and a.mode is ActivationMode.STATIC and a.granularity is not Granularity.PER_TENSOR:
         return "static fp8 activations have one scale per tensor", "write `per_tensor static` or `per_token dynamic`"
-    if a.qtype.is_float != fmt.is_float:
+    if a.qtype.is_float != fmt.is_float and not _w4afp8(w, a):
         return (f"{a.qtype.value} activations with {fmt.value} weights: no runtime kernel mixes integer and floating "
-                "formats this way", "use fp8 with fp8 (FP8, FP8_DYNAMIC) or integers with integers (W8A8)")
+                "formats this way", "use fp8 with fp8 (FP8, FP8_DYNAMIC), integers with integers (W8A8), or int4 "
+                "groups with dynamic fp8 per token (W4AFP8)")
+    return None
+
+
+def _w4afp8(w: WeightQuant, a: ActivationQuant) -> bool:
+    """compressed-tensors' W4AFP8: int4 weights in groups with dynamic FP8 inputs per token."""
+    return (w.qtype is QType.INT4 and w.granularity is Granularity.GROUP and a.qtype is QType.FP8
+            and a.mode is ActivationMode.DYNAMIC and a.granularity is Granularity.PER_TOKEN)
+
+
+def _fp4_inputs_problem(fmt: QType, a: ActivationQuant) -> tuple[str, str] | None:
+    """NVFP4 and MXFP4 inputs: the format's own blocks, dynamic, symmetric, with weights of the same format."""
+    if a.qtype is not fmt:
+        return (f"{a.qtype.value} activations need {a.qtype.value} weights (compressed-tensors' "
+                f"{a.qtype.value.upper()} scheme)", f"use the preset {a.qtype.value.upper()}")
+    if a.granularity is not Granularity.GROUP or a.group_size != a.qtype.fixed_group or \
+            a.mode is not ActivationMode.DYNAMIC or not a.symmetric:
+        return (f"{a.qtype.value} activations are scaled per block of {a.qtype.fixed_group} at run time",
+                f"write `activations {a.qtype.value}` alone")
     return None

@@ -203,6 +203,12 @@ class ActivationQuant:
             raise ValueError(f"{self.granularity.value} inputs have no group size")
         return self.group_size
 
+    @property
+    def calibrated(self) -> bool:
+        """Calibration sets something of it: static scales, or NVFP4's global input scale (its block scales
+        are dynamic, computed per group of 16 at run time under one calibrated global scale)."""
+        return self.mode is ActivationMode.STATIC or self.qtype is QType.NVFP4
+
 
 @dataclass(frozen=True, slots=True)
 class Scheme:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compiler.ir.types import (
-    ActivationMode,
     CalibrationMethod,
     EmitFormat,
     MemoryMode,
@@ -115,9 +114,9 @@ Pass = Callable[[Context], list[PlanOp]]
 
 
 def needs_data(scheme: Scheme) -> bool:
-    """GPTQ rounds with its layer's inputs; static activations need their ranges."""
+    """GPTQ rounds with its layer's inputs; static activations (and NVFP4's global input scale) need their ranges."""
     act = scheme.activations
-    return scheme.rounding is Rounding.GPTQ or (act is not None and act.mode is ActivationMode.STATIC)
+    return scheme.rounding is Rounding.GPTQ or (act is not None and act.calibrated)
 
 
 def observed_layers(ctx: Context) -> tuple[str, ...]:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from compiler.data.batches import cache_length, sequence_length
 from compiler.ir.types import (
-    ActivationMode,
     Backend,
     CalibrationMethod,
     DataKind,
@@ -153,7 +152,7 @@ def observation(assignment: Assignment, passthrough: tuple[str, ...]) -> Observa
     ranges inherited through the `passthrough` ops of the model's graph."""
     index = assignment.model
     quantized = [a for a in assignment.layers if not a.scheme.is_none]
-    static = [a for a in quantized if a.scheme.activations and a.scheme.activations.mode is ActivationMode.STATIC]
+    static = [a for a in quantized if a.scheme.activations and a.scheme.activations.calibrated]
     needed = tuple(dict.fromkeys(a.layer.input for a in static))
     sources = {t: t for t in needed}
     if index.graph is not None and passthrough:

@@ -66,6 +66,8 @@ def layer_specs(layer: Layer, scheme: Scheme, float_dtype: torch.dtype) -> list[
 def _input_specs(layer: Layer, scheme: Scheme, float_dtype: torch.dtype) -> list[TensorSpec]:
     if not static_input(scheme):
         return []
+    if scheme.quantized_inputs.qtype is QType.NVFP4:
+        return [Spec(f"{layer.name}.input_global_scale", torch.float32, (1,))]
     specs = [Spec(f"{layer.name}.input_scale", float_dtype, (1,))]
     if not scheme.quantized_inputs.symmetric:
         specs.append(Spec(f"{layer.name}.input_zero_point", torch.int8, (1,)))
@@ -119,6 +121,8 @@ def _input_tensors(n: str, scheme: Scheme, input_qparams: tuple[float, int] | No
     if input_qparams is None:
         return {}
     s, z = input_qparams
+    if scheme.quantized_inputs.qtype is QType.NVFP4:
+        return {f"{n}.input_global_scale": torch.tensor([s], dtype=torch.float32)}
     tensors = {f"{n}.input_scale": torch.tensor([s], dtype=torch.float32).to(float_dtype)}
     if not scheme.quantized_inputs.symmetric:
         tensors[f"{n}.input_zero_point"] = torch.tensor([z], dtype=torch.int8)

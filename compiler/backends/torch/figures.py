@@ -8,8 +8,9 @@ import math
 import torch
 
 from compiler.backends.torch.layers import ROW_SLICE_BYTES
-from compiler.ir.types import ActivationQuant
+from compiler.ir.types import ActivationQuant, QType
 from compiler.quant import qparams
+from compiler.quant.qparams import FP8_MAX
 
 
 def weight_sqnr(original: torch.Tensor, dequantized: torch.Tensor) -> float:
@@ -25,7 +26,9 @@ def weight_sqnr(original: torch.Tensor, dequantized: torch.Tensor) -> float:
 
 
 def input_range(activations: ActivationQuant, qparams_of_input: tuple[float, int]) -> tuple[float, float]:
-    """The float range a static input's (scale, zero point) covers."""
+    """The float range a static input's (scale, zero point) covers (NVFP4: its global scale, 448·6 / absmax)."""
     scale, zp = qparams_of_input
+    if activations.qtype is QType.NVFP4:
+        return -FP8_MAX * 6 / scale, FP8_MAX * 6 / scale
     lo, hi = qparams.qrange(activations.qtype, False)
     return (lo - zp) * scale, (hi - zp) * scale

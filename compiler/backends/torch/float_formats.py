@@ -109,6 +109,32 @@ def fp8_input_scale(low: float, high: float, scale_dtype: torch.dtype) -> float:
     return float(scale.float())
 
 
+def nvfp4_input_global_scale(low: float, high: float) -> float:
+    """NVFP4's global input scale from the calibrated range, by compressed-tensors' generate_gparam
+    (448·6 / absmax, float32), as its `static_minmax` observer sets `input_global_scale`."""
+    from compressed_tensors.quantization.utils import generate_gparam
+
+    return float(generate_gparam(torch.tensor(float(low)), torch.tensor(float(high)))[0])
+
+
+def fp4_input_hook(act: ActivationQuant, args: dict, global_scale: float | None):
+    """The forward pre-hook of NVFP4/MXFP4 inputs: compressed-tensors' own dynamic block scales (under the
+    global scale, for NVFP4) and its rounding, what transformers runs a loaded folder with."""
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+
+    quant_args = QuantizationArgs.model_validate(args)
+    scale_of_scales = torch.tensor([global_scale], dtype=torch.float32) if global_scale is not None else None
+
+    def hook(module, inputs):
+        x = inputs[0]
+        scale, zero_point = compute_dynamic_scales_and_zp(x, quant_args, module, global_scale=scale_of_scales)
+        q = fake_quantize(x, scale, zero_point, quant_args, global_scale=scale_of_scales)
+        return (q.to(x.dtype),) + tuple(inputs[1:])
+    return hook
+
+
 def fake_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x rounded through float8_e4m3fn with `scale` (broadcast), back in x's dtype."""
     q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)

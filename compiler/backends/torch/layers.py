@@ -17,9 +17,9 @@ from compiler.backends.torch import float_formats
 from compiler.backends.torch.experts import remove_hooks, set_routing
 from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.model import TorchModel
-from compiler.backends.torch.quant_args import static_input, weight_args, weight_format
+from compiler.backends.torch.quant_args import input_args, static_input, weight_args, weight_format
 from compiler.diagnostics import error
-from compiler.ir.types import ActivationMode, Calibration, Granularity, Rounding, Scheme
+from compiler.ir.types import ActivationMode, Calibration, Granularity, QType, Rounding, Scheme
 from compiler.models.index import Layer
 from compiler.quant import qparams
 from compiler.quant.gptq import gptq
@@ -201,6 +201,8 @@ def input_qparams(job: Job, stats: Statistics | None, calibration: Calibration |
     bounds = tensor_range(observer, calibration, act.qtype, act.symmetric) if observer is not None else None
     if bounds is None:
         return None
+    if act.qtype is QType.NVFP4:  # the global scale; the block scales are computed at run time
+        return float_formats.nvfp4_input_global_scale(bounds[0], bounds[1]), 0
     if act.qtype.is_float:
         return float_formats.fp8_input_scale(bounds[0], bounds[1], scale_dtype), 0
     scale, zp = qparams.torch_scale_zero_point(np.array([bounds[0]]), np.array([bounds[1]]), act.qtype, act.symmetric,
@@ -215,8 +217,11 @@ def apply_quantized(module: nn.Linear, q: QuantizedWeight | FloatQuantized, job:
     dequantized = torch.from_numpy(q.dequantize()).to(module.weight.device, module.weight.dtype)
     module._parameters["weight"] = nn.Parameter(dequantized, requires_grad=False)
     scheme = job.scheme.activations
-    if scheme is None or (scheme.mode is ActivationMode.STATIC and act is None):
+    if scheme is None or (scheme.calibrated and act is None):
         return None
+    if scheme.qtype.fixed_group:  # NVFP4, MXFP4 inputs
+        global_scale = act[0] if act is not None else None
+        return module.register_forward_pre_hook(float_formats.fp4_input_hook(scheme, input_args(scheme), global_scale))
     if scheme.qtype.is_float:
         return module.register_forward_pre_hook(_fp8_input(scheme, act))
     lo, hi = qparams.qrange(scheme.qtype, False)

@@ -29,9 +29,9 @@ def weight_format(scheme: Scheme) -> str:
 
 
 def static_input(scheme: Scheme) -> bool:
-    """Whether the scheme quantizes its inputs with a static (calibrated) scale."""
+    """Whether the scheme quantizes its inputs with a calibrated scale (static, or NVFP4's global one)."""
     act = scheme.activations
-    return act is not None and act.mode is ActivationMode.STATIC
+    return act is not None and act.calibrated
 
 
 def weight_args(w: WeightQuant, rounding: Rounding = Rounding.RTN) -> dict:
@@ -50,11 +50,16 @@ def weight_args(w: WeightQuant, rounding: Rounding = Rounding.RTN) -> dict:
 
 
 def input_args(a: ActivationQuant) -> dict:
-    """compressed-tensors' QuantizationArgs of a scheme's inputs."""
+    """compressed-tensors' QuantizationArgs of a scheme's inputs (its NVFP4 and MXFP4 presets' for those
+    formats: NVFP4's block scales are dynamic `local` under a global scale its `static_minmax` observer set)."""
     dynamic = a.mode is ActivationMode.DYNAMIC
     args: dict[str, object] = {
         "num_bits": a.qtype.bits, "type": "float" if a.qtype.is_float else "int", "symmetric": a.symmetric,
         "strategy": _STRATEGY[a.granularity], "dynamic": dynamic, "observer": None if dynamic else "minmax"}
     if a.granularity is Granularity.GROUP:
         args["group_size"] = a.group_size
+    if a.qtype is QType.NVFP4:
+        args.update(strategy="tensor_group", dynamic="local", observer="static_minmax")
+    if a.qtype in _SCALE_DTYPES:
+        args["scale_dtype"] = args["zp_dtype"] = _SCALE_DTYPES[a.qtype]
     return args

@@ -45,6 +45,8 @@ def _scheme(w: dict, a: dict | None, fmt: str, group: str) -> str:
         if fmt == "pack-quantized" and w["num_bits"] in WNA16_BITS:
             return "CompressedTensorsWNA16"
     if fmt in ACTIVATION_FORMATS:
+        if a is not None and _fp8_w4a8(w, a):  # vLLM runs it on Hopper (capability 90) only
+            return "CompressedTensorsW4A8Fp8"
         if a is not None and _fp8_w8a8(w, a):
             return "CompressedTensorsW8A8Fp8"
         if _fp8_w8a16(w):
@@ -69,6 +71,11 @@ def _mx(args: dict, bits: int) -> bool:
 def _fp8_dynamic(a: dict) -> bool:
     return (a["type"] == "float" and a["num_bits"] == 8 and bool(a.get("dynamic")) and a["symmetric"]
             and a["strategy"] in ("token", "group"))
+
+
+def _fp8_w4a8(w: dict, a: dict) -> bool:
+    return (w["num_bits"] == 4 and a["num_bits"] == 8 and w["strategy"] == "group" and a["strategy"] == "token"
+            and not w.get("dynamic") and bool(a.get("dynamic")) and w["symmetric"] and a["symmetric"])
 
 
 def _float_weights(w: dict) -> bool:
