@@ -157,6 +157,20 @@ def _fidelity(model: str, float_path: Path, quant_path: Path) -> tuple[float, fl
     return agreement.value(VerifyMetric.COSINE), agreement.value(VerifyMetric.TOP1)
 
 
+def linear_matmuls(model: str) -> tuple[Path, list[str]]:
+    """The built-in's ONNX file and the names of its MatMul nodes that multiply by a Linear's weight (what
+    onnxruntime's quantizer is told to quantize, the same layers qrc's recipes quantize)."""
+    import onnx
+
+    from compiler.models import builtin, index_model
+    from compiler.models.index import LayerKind
+
+    path = builtin.onnx_path(model)
+    weights = {x.weight for x in index_model(model).layers if x.kind is LayerKind.LINEAR}
+    light = onnx.load(str(path), load_external_data=False)
+    return path, [n.name for n in light.graph.node if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in weights]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, nargs="+", default=[8, 32, 128])
@@ -164,16 +178,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
     parser.add_argument("--parts", nargs="+", default=["w8a8", "int4"], choices=["w8a8", "int4", "methods", "modes", "scale"])
     args = parser.parse_args()
-    from compiler.models import builtin, index_model
-    from compiler.models.index import LayerKind
-
-    model_path = builtin.onnx_path(args.model)
-    index = index_model(args.model)
-    import onnx
-
-    light = onnx.load(str(model_path), load_external_data=False)
-    weights = {x.weight for x in index.layers if x.kind is LayerKind.LINEAR}
-    nodes = [n.name for n in light.graph.node if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in weights]
+    model_path, nodes = linear_matmuls(args.model)
     rows = []
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)

@@ -242,8 +242,8 @@ CODES: tuple[CodeInfo, ...] = (
     _c("Q437", "int8 activations on the ONNX backend: slower than float on x86 CPUs (warning)",
        "onnxruntime's x86 CPU integer kernels multiply uint8 activations by int8 weights. It rewrites an int8 "
        "activation to uint8 only where a single MatMul reads it; q/k/v and gate/up share their input, so those "
-       "MatMuls dequantize their weights and run in float on every forward (a 55M decoder: 91 ms against 25 ms "
-       "float and 16.5 ms with uint8). On ONNX the presets and a bare `activations …` write uint8, whose "
+       "MatMuls dequantize their weights and run in float on every forward (a 55M decoder: 97 ms against 25.6 "
+       "ms float and 16.8 ms with uint8). On ONNX the presets and a bare `activations …` write uint8, whose "
        "asymmetric grid is int8's shifted by 128; `qrc plan` lists the kernels each layer gets.",
        "scheme s = W8A8 { activations int8 }   # on an .onnx model"),
     _c("Q405", "tensor never finite: left unquantized (warning)",

@@ -48,15 +48,15 @@ PRESETS = {
                     ActivationQuant(QType.MXFP4, Granularity.GROUP, True, ActivationMode.DYNAMIC, 32), Rounding.RTN),
     "W4AFP8": Scheme("W4AFP8", WeightQuant(QType.INT4, Granularity.GROUP, 128, True), _FP8_TOKEN, Rounding.RTN),
 }
-# What a fresh `weights …` / `activations …` spec means before its items refine it.
+# What a fresh `weights …` spec means before its items refine it (activations: `default_activations`).
 DEFAULT_WEIGHTS = _W8
-DEFAULT_ACTIVATIONS = _A8
 
 # onnxruntime's x86 CPU kernels (MLAS) multiply uint8 activations by int8 weights (U8S8); an int8 activation
 # it fuses only where a single MatMul reads it (its S8→U8 rewrite), and elsewhere it dequantizes and runs the
-# MatMul in float: slower than the float model (55M decoder: 91 ms against 25 float and 16.5 with uint8). An
-# asymmetric uint8 grid is the int8 one shifted by 128, so the default costs nothing in accuracy. On ONNX the
-# presets and a bare `activations …` therefore mean uint8; a recipe that names `int8` gets it (with Q437).
+# MatMul in float: slower than the float model (bench/onnx_w8a8_speed.py, a 55M decoder: 97 ms against 25.6
+# float and 16.8 with uint8). An asymmetric uint8 grid is the int8 one shifted by 128, so the default costs
+# nothing in accuracy. On ONNX the presets and a bare `activations …` therefore mean uint8; a recipe that
+# names `int8` gets it (with Q437).
 _A8_ONNX = replace(_A8, qtype=QType.UINT8)
 
 
