@@ -92,3 +92,23 @@ def test_an_integer_input_without_a_range_is_refused_at_check(tmp_path):
     result = CliRunner().invoke(app, ["check", str(recipe)])
     assert result.exit_code == 2 and "Q253" in result.output and "`bucket`" in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_the_plan_counts_the_samples_a_short_npz_gives(llama_folder, tmp_path):
+    """`data npz` asks for 128 samples by default; a file of 12 rows gives 12, and the plan says so (its
+    calibration chunks and the op's samples) instead of planning 128 it will never read."""
+    from compiler import plan_file
+    from compiler.plan import ops
+
+    ids = np.random.default_rng(0).integers(0, 300, (12, 16), dtype=np.int64)
+    np.savez(tmp_path / "short.npz", input_ids=ids, attention_mask=np.ones_like(ids))
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(RECIPE.format(model=llama_folder, mode="full", out=tmp_path / "out").replace(
+        "data synthetic {{ samples 8  seqlen 32 }}".format(), f'data npz "{tmp_path / "short.npz"}"').replace(
+        "scheme w4 = W4A16 { group 32 }", "scheme w4 = W4A16 { group 32  rounding gptq }"))
+    plan = plan_file(recipe).plan
+    assert plan is not None
+    calibrate = plan.first(ops.CalibrateChunk)
+    assert calibrate is not None and (calibrate.samples, calibrate.repeat) == (12, 3)  # chunks of 4
+    result, planned = compile_program(str(recipe), tmp_path / "out")
+    assert result.verify_passed and planned.plan.first(ops.CalibrateChunk).samples == 12

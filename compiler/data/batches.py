@@ -362,6 +362,13 @@ def sequence_length(source: DataSource) -> int:
     return source.seqlen if found is None else found
 
 
+def sample_count(source: DataSource) -> int:
+    """The calibration samples the data gives: the recipe's `samples`, or an npz file's rows where it has
+    fewer (its arrays' first axis, read from their headers; the run reads no more than that)."""
+    rows = _npz_axes(source).get(Axis.BATCH)
+    return source.samples if rows is None else min(source.samples, rows)
+
+
 def cache_length(source: DataSource) -> int:
     """The tokens already in a decoder's key/value cache per sample: an npz file's past axis (its cache
     arrays' headers), else 0 (synthetic and text data feed an empty cache)."""
@@ -388,8 +395,8 @@ class _Header:
 
 @functools.lru_cache(maxsize=16)
 def _npz_header_axes(path: str, mtime_ns: int) -> tuple[tuple[Axis, int], ...]:
-    """The sequence and past lengths an npz's arrays give, by what their names and ranks mean (the first
-    array with each axis), once per file version (check, plan and report each ask)."""
+    """The sample count and the sequence and past lengths an npz's arrays give, by what their names and ranks
+    mean (the first array with each axis), once per file version (check, plan and report each ask)."""
     headers = []
     try:
         with zipfile.ZipFile(path) as archive:
@@ -402,7 +409,7 @@ def _npz_header_axes(path: str, mtime_ns: int) -> tuple[tuple[Axis, int], ...]:
     found: dict[Axis, int] = {}
     for header in sorted(headers, key=lambda h: role_of(h) is not InputRole.TOKENS):  # token ids say it first
         for axis, size in zip(axes_of(header), header.shape, strict=False):
-            if axis in (Axis.SEQUENCE, Axis.PAST):
+            if axis in (Axis.BATCH, Axis.SEQUENCE, Axis.PAST):
                 found.setdefault(axis, size)
     return tuple(found.items())
 

@@ -7,7 +7,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from compiler.data.batches import cache_length, sequence_length
+from compiler.data.batches import cache_length, sample_count, sequence_length
 from compiler.ir.types import (
     Backend,
     CalibrationMethod,
@@ -133,7 +133,7 @@ def _search(ir: RecipeIR, assignment: Assignment) -> Search | None:
     layers = [assignment.model.layer(n) for u in units for n in u.members]
     mp = ir.mixed_precision
     assert mp is not None  # search units exist only with `mixed_precision`
-    return Search(mp.metric, len(units), len(choices_of(ir)), min(mp.samples, ir.calibration.data.samples),
+    return Search(mp.metric, len(units), len(choices_of(ir)), min(mp.samples, sample_count(ir.calibration.data)),
                   sum(x.params for x in layers), max(x.params for x in layers), tuple(x.name for x in layers))
 
 
@@ -183,7 +183,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         sources=seen.sources, gptq_layers=seen.gptq_layers, hessian_inputs=seen.hessian_inputs,
         calibrate=bool(seen.observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR)
         or ir.kv_cache is not None or bool(assignment.smoothing),
-        gptq=gptq, samples=rank_share(cal.data.samples, chunk or cal.chunk, ranks), seqlen=sequence_length(cal.data),
+        gptq=gptq, samples=rank_share(sample_count(cal.data), chunk or cal.chunk, ranks), seqlen=sequence_length(cal.data),
         past=cache_length(cal.data), chunk=chunk or cal.chunk, bins=cal.bins,
         method=cal.method, mixed_precision=mp is not None,
         search=_search(ir, assignment),
