@@ -246,6 +246,12 @@ CODES: tuple[CodeInfo, ...] = (
        "ms float and 16.8 ms with uint8). On ONNX the presets and a bare `activations …` write uint8, whose "
        "asymmetric grid is int8's shifted by 128; `qrc plan` lists the kernels each layer gets.",
        "scheme s = W8A8 { activations int8 }   # on an .onnx model"),
+    _c("Q269", "a calibration method NVFP4 inputs cannot use",
+       "NVFP4 rounds each block of 16 inputs at run time under one global scale per layer, set from the inputs' "
+       "calibrated range (448·6 / its absolute maximum). `mse` and `layerwise_percentile` choose a clipping range "
+       "by the error on an integer grid, which these inputs do not have; a range from minmax, a percentile or "
+       "entropy is what the global scale takes.",
+       "quantize { type Linear -> NVFP4 }\ncalibrate { method mse }"),
     _c("Q405", "tensor never finite: left unquantized (warning)",
        "A tensor whose values were all -inf, inf or NaN during calibration has no range; it stays in float "
        "instead of getting a NaN scale.",

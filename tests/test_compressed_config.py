@@ -143,3 +143,17 @@ def test_fp4_and_w4a8_inputs_are_checked_at_the_scheme(scheme, code, tmp_path):
     result = check_file(recipe)
     errors = [d.code for d in result.diagnostics if d.severity.value == "error"]
     assert errors == ([code] if code else []), result.diagnostics
+
+
+@pytest.mark.parametrize("method, code", [("mse", "Q269"), ("layerwise_percentile", "Q269"), ("entropy", None),
+                                          ("minmax", None)])
+def test_nvfp4_inputs_refuse_the_grid_searching_methods(method, code, tmp_path):
+    """NVFP4's global input scale comes from a range; mse and layerwise_percentile search an integer grid."""
+    from compiler import check_file
+
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n  model "builtin:tiny-llama"\n  backend torch\n'
+                      f'  quantize {{ type Linear -> NVFP4  "lm_head" -> none }}\n  calibrate {{ method {method} }}\n'
+                      f'  emit "{tmp_path / "out"}"\n}}\n')
+    errors = [d.code for d in check_file(recipe).diagnostics if d.severity.value == "error"]
+    assert errors == ([code] if code else [])

@@ -6,7 +6,7 @@ from compiler.diagnostics import Diagnostic, Diagnostics, did_you_mean, error
 from compiler.ir.elaborate import undefined_scheme_help
 from compiler.ir.patterns import PatternError, alternations, check_regex, glob_to_regex
 from compiler.ir.schemes import NONE, PRESETS
-from compiler.ir.types import Backend, EmitFormat, MemoryMode, RecipeIR, SelectorKind
+from compiler.ir.types import Backend, CalibrationMethod, EmitFormat, MemoryMode, QType, RecipeIR, SelectorKind
 from compiler.source import Span
 
 LAYER_TYPES = ("Linear", "MatMul", "Gemm", "Conv", "Embedding")
@@ -200,9 +200,28 @@ def check_ranks(ir: RecipeIR, diags: Diagnostics) -> None:
     if found is not None:
         diags.items.append(found)
 
+_GRID_SEARCHES = (CalibrationMethod.MSE, CalibrationMethod.LAYERWISE_PERCENTILE)
+
+
+def check_fp4_input_method(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Q269: NVFP4's global input scale is set from the inputs' range; mse and layerwise_percentile search a
+    clipping range against an integer grid, which NVFP4 inputs (rounded per block at run time) do not have."""
+    method = ir.calibration.method
+    if method not in _GRID_SEARCHES:
+        return
+    for scheme in _used_schemes(ir):
+        act = scheme.activations
+        if act is not None and act.qtype is QType.NVFP4:
+            diags.error("Q269", f"scheme `{scheme.name}`: NVFP4 inputs take their global scale from the inputs' "
+                        f"range, which `method {method.value}` does not give", ir.calibration.span_of("method") or ir.span,
+                        "no grid to search", help="use `method minmax` (llm-compressor's static_minmax), "
+                        "`percentile P` or `entropy`")
+            return
+
+
 # Run in this order after elaboration.
 CHECKS = (check_selectors, check_groups, check_scheme_use, check_emit, check_backend_features,
-          check_mixed_precision, check_ranks)
+          check_mixed_precision, check_ranks, check_fp4_input_method)
 
 
 def run_checks(ir: RecipeIR, diags: Diagnostics) -> None:

@@ -117,7 +117,7 @@ def nvfp4_input_global_scale(low: float, high: float) -> float:
     return float(generate_gparam(torch.tensor(float(low)), torch.tensor(float(high)))[0])
 
 
-def fp4_input_hook(act: ActivationQuant, args: dict, global_scale: float | None):
+def fp4_input_hook(args: dict, global_scale: float | None):
     """The forward pre-hook of NVFP4/MXFP4 inputs: compressed-tensors' own dynamic block scales (under the
     global scale, for NVFP4) and its rounding, what transformers runs a loaded folder with."""
     from compressed_tensors.quantization import QuantizationArgs

@@ -221,7 +221,7 @@ def apply_quantized(module: nn.Linear, q: QuantizedWeight | FloatQuantized, job:
         return None
     if scheme.qtype.fixed_group:  # NVFP4, MXFP4 inputs
         global_scale = act[0] if act is not None else None
-        return module.register_forward_pre_hook(float_formats.fp4_input_hook(scheme, input_args(scheme), global_scale))
+        return module.register_forward_pre_hook(float_formats.fp4_input_hook(input_args(scheme), global_scale))
     if scheme.qtype.is_float:
         return module.register_forward_pre_hook(_fp8_input(scheme, act))
     lo, hi = qparams.qrange(scheme.qtype, False)
