@@ -452,3 +452,22 @@ def test_w4a4_folders_run_their_quantized_inputs_in_transformers(folders, scheme
                 if name != "lm_head":
                     stored = float(f.get_tensor(f"{name}.input_global_scale")[0])
                     assert stored == pytest.approx(448 * 6 / value, rel=1e-6), name
+
+
+@pytest.mark.parametrize("metric", ["kld", "snr"])
+def test_mixed_precision_scores_floating_choices_with_their_own_rounding(metric, tmp_path):
+    """A search between NVFP4 and int8 scores NVFP4 through compressed-tensors' rounding (the integer
+    rounding raised a KeyError on it), and the folder gets a config group per chosen scheme."""
+    out = tmp_path / "out"
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe mp {{\n model "builtin:tiny-llama"\n backend torch\n'
+                      ' quantize { type Linear -> NVFP4  "lm_head" -> none }\n'
+                      f' mixed_precision {{ choices [NVFP4, W8A16]  budget 6 bits  metric {metric} }}\n'
+                      ' calibrate { data synthetic { samples 4  seqlen 32 }  chunk 4 }\n'
+                      ' verify { samples 2  metric cosine  at_least 0.5 }\n'
+                      f' emit "{out}"\n}}\n')
+    result, planned = compile_program(str(recipe), out)
+    assert result.verify_passed, result.verify
+    assert_ran_the_plan(result, planned)
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert set(config["config_groups"]) == {"NVFP4", "W8A16"}

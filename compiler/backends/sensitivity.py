@@ -41,8 +41,10 @@ CACHE_VERSION = "qrc-sensitivity-v1"
 
 class Scorer(Protocol):
     """What a backend supplies to the search (see each method)."""
-    convention: Convention
     index: ModelIndex
+
+    def rounded(self, w: np.ndarray, scheme: Scheme) -> np.ndarray:
+        """The weight ([out, in] float32) as the scheme rounds it on this backend, back in float."""
 
     def digest(self) -> str:
         """A content hash of the model's files."""
@@ -88,8 +90,8 @@ class SearchResult:
 
 
 def fake_quantize(w: np.ndarray, scheme: Scheme, convention: Convention) -> np.ndarray:
-    """The weight as the scheme rounds it, back in float ([out, in]). GPTQ is scored as rtn: the search
-    ranks layers, and rtn's error bounds what GPTQ leaves."""
+    """The weight as an integer scheme rounds it, back in float ([out, in]). GPTQ is scored as rtn: the search
+    ranks layers, and rtn's error bounds what GPTQ leaves. (The floating formats are the torch backend's.)"""
     rounding = Rounding.MSE if scheme.rounding is Rounding.MSE else Rounding.RTN
     return quantize_weight(w, scheme.quantized_weights, rounding, 0, 1, convention).dequantize()
 
@@ -110,7 +112,7 @@ def _relative_losses(units, schemes, scorer: Scorer, layer_loss, advance) -> dic
         for name in unit.members:
             w = scorer.weight(scorer.index.layer(name))
             for k, scheme in enumerate(schemes):
-                totals[k] += layer_loss(name, w, fake_quantize(w, scheme, scorer.convention))
+                totals[k] += layer_loss(name, w, scorer.rounded(w, scheme))
         out[unit.name] = totals
         advance()
     return out

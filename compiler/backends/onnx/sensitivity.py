@@ -35,6 +35,10 @@ class OnnxScorer:
     """What the mixed-precision search reads from an ONNX model: weights, input Gram matrices, measured KL."""
     convention = Convention.ORT
 
+    def rounded(self, w: np.ndarray, scheme: Scheme) -> np.ndarray:
+        """The weight as the scheme rounds it (onnxruntime's conventions), back in float."""
+        return fake_quantize(w, scheme, self.convention)
+
     def __init__(self, op: ScoreSensitivity, index: ModelIndex, files: ModelFiles, source: Path,
                  ranks: Ranks = Ranks()):
         """Under torchrun `ranks` says which scoring chunks are this rank's."""
@@ -112,8 +116,8 @@ class OnnxScorer:
         del model
         feeds = {i.name for i in sess.get_inputs()}
         floats = {w: self.files.array(self.inits[w]).astype(np.float32) for w in searched}
-        replaced = {(u.name, k): {layer.weight: self._from_rows(layer, fake_quantize(
-            self._to_rows(layer, floats[layer.weight]), scheme, self.convention))
+        replaced = {(u.name, k): {layer.weight: self._from_rows(layer, self.rounded(
+            self._to_rows(layer, floats[layer.weight]), scheme))
             for layer in (self.index.layer(n) for n in u.members)} for u in units for k, scheme in enumerate(schemes)}
         agreements = {key: Agreement() for key in replaced}
         advance = progress("score kld", len(self.batches) * len(replaced))

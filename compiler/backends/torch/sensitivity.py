@@ -20,6 +20,8 @@ import torch
 
 from compiler.backends.ranks import Owned, Ranks
 from compiler.backends.sensitivity import fake_quantize, scoring_batches
+from compiler.backends.torch.float_formats import quantize_float
+from compiler.backends.torch.quant_args import weight_args, weight_format
 from compiler.backends.torch.sharing import share_sums
 from compiler.ir.types import Scheme
 from compiler.models.exports import files_hash
@@ -32,6 +34,15 @@ from compiler.resolve.mixed import Unit, cheapest
 class TorchScorer:
     """What the mixed-precision search reads from a torch model: weights, input Gram matrices, estimated KL."""
     convention = Convention.TORCH
+
+    def rounded(self, w: np.ndarray, scheme: Scheme) -> np.ndarray:
+        """The weight as the scheme rounds it, back in float: integer schemes by qrc's rounding, the floating
+        formats by compressed-tensors' (float_formats.py; NVFP4's global scale from the weight alone)."""
+        spec = scheme.quantized_weights
+        if not spec.qtype.is_float:
+            return fake_quantize(w, scheme, self.convention)
+        return quantize_float(torch.from_numpy(w), spec, weight_args(spec), weight_format(scheme),
+                              torch.float32).dequantize()
 
     def __init__(self, op: ScoreSensitivity, index: ModelIndex, model, feed, ranks: Ranks = Ranks()):
         """`index` has the model's inputs (to make data); `feed` turns a numpy chunk into torch tensors; under
@@ -107,7 +118,7 @@ class TorchScorer:
         layers = {n: self.index.layer(n) for u in units for n in u.members}
         params = {n: self._module(layer).weight for n, layer in layers.items()}
         floats = {n: p.data for n, p in params.items()}
-        fakes = {n: [torch.from_numpy(fake_quantize(floats[n].numpy(), s, self.convention)).reshape(floats[n].shape)
+        fakes = {n: [torch.from_numpy(self.rounded(floats[n].numpy(), s)).reshape(floats[n].shape)
                      for s in schemes] for n in layers}
         low = {n: fakes[n][cheapest(u)] for u in units for n in u.members}
         for p in params.values():
