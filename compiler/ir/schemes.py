@@ -60,11 +60,12 @@ DEFAULT_WEIGHTS = _W8
 _A8_ONNX = replace(_A8, qtype=QType.UINT8)
 
 
+_ONNX_PRESETS = {name: (replace(s, activations=_A8_ONNX) if s.activations == _A8 else s) for name, s in PRESETS.items()}
+
+
 def presets(backend: Backend) -> dict[str, Scheme]:
     """The presets as `backend` writes them: on ONNX, integer activations are uint8 (what onnxruntime fuses)."""
-    if backend is not Backend.ONNX:
-        return PRESETS
-    return {name: (replace(s, activations=_A8_ONNX) if s.activations == _A8 else s) for name, s in PRESETS.items()}
+    return _ONNX_PRESETS if backend is Backend.ONNX else PRESETS
 
 
 def default_activations(backend: Backend) -> ActivationQuant:

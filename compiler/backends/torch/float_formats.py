@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from compiler.ir.types import ActivationQuant, Granularity, WeightQuant
+from compiler.backends.torch.quant_args import weight_args, weight_format
+from compiler.ir.types import ActivationQuant, Granularity, Scheme, WeightQuant
 from compiler.quant.qparams import FP8_MAX
 
 
@@ -107,6 +108,14 @@ def fp8_input_scale(low: float, high: float, scale_dtype: torch.dtype) -> float:
     absmax = max(abs(low), abs(high))
     scale = torch.tensor(absmax / FP8_MAX if absmax > 0 else torch.finfo(torch.float32).tiny, dtype=scale_dtype)
     return float(scale.float())
+
+
+def quantize_scheme(weight: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype,
+                    shared_absmax: float | None = None) -> FloatQuantized:
+    """`weight` rounded and stored as a floating scheme's weights say (its compressed-tensors arguments and
+    format): what the rounding and the precision search both call."""
+    spec = scheme.quantized_weights
+    return quantize_float(weight, spec, weight_args(spec), weight_format(scheme), scale_dtype, shared_absmax)
 
 
 def nvfp4_input_global_scale(low: float, high: float) -> float:

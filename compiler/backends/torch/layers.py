@@ -17,7 +17,7 @@ from compiler.backends.torch import float_formats
 from compiler.backends.torch.experts import remove_hooks, set_routing
 from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.model import TorchModel
-from compiler.backends.torch.quant_args import input_args, static_input, weight_args, weight_format
+from compiler.backends.torch.quant_args import input_args, static_input
 from compiler.diagnostics import error
 from compiler.ir.types import ActivationMode, Calibration, Granularity, QType, Rounding, Scheme
 from compiler.models.index import Layer
@@ -171,8 +171,7 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
     propagates to the caller, which rounds with rtn. `shared_absmax`: NVFP4 siblings' common range."""
     spec = job.scheme.quantized_weights
     if spec.qtype.is_float:  # rounded and stored by compressed-tensors (float_formats.py)
-        return float_formats.quantize_float(weight, spec, weight_args(spec), weight_format(job.scheme), scale_dtype,
-                                            shared_absmax)
+        return float_formats.quantize_scheme(weight, job.scheme, scale_dtype, shared_absmax)
     w = weight.detach().float().cpu().numpy()
     np_dtype = str(scale_dtype).removeprefix("torch.")
     if job.gptq:

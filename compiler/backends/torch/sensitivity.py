@@ -20,8 +20,7 @@ import torch
 
 from compiler.backends.ranks import Owned, Ranks
 from compiler.backends.sensitivity import fake_quantize, scoring_batches
-from compiler.backends.torch.float_formats import quantize_float
-from compiler.backends.torch.quant_args import weight_args, weight_format
+from compiler.backends.torch.float_formats import quantize_scheme
 from compiler.backends.torch.sharing import share_sums
 from compiler.ir.types import Scheme
 from compiler.models.exports import files_hash
@@ -38,11 +37,9 @@ class TorchScorer:
     def rounded(self, w: np.ndarray, scheme: Scheme) -> np.ndarray:
         """The weight as the scheme rounds it, back in float: integer schemes by qrc's rounding, the floating
         formats by compressed-tensors' (float_formats.py; NVFP4's global scale from the weight alone)."""
-        spec = scheme.quantized_weights
-        if not spec.qtype.is_float:
+        if not scheme.quantized_weights.qtype.is_float:
             return fake_quantize(w, scheme, self.convention)
-        return quantize_float(torch.from_numpy(w), spec, weight_args(spec), weight_format(scheme),
-                              torch.float32).dequantize()
+        return quantize_scheme(torch.from_numpy(w), scheme, torch.float32).dequantize()
 
     def __init__(self, op: ScoreSensitivity, index: ModelIndex, model, feed, ranks: Ranks = Ranks()):
         """`index` has the model's inputs (to make data); `feed` turns a numpy chunk into torch tensors; under
