@@ -246,6 +246,18 @@ CODES: tuple[CodeInfo, ...] = (
        "ms float and 16.8 ms with uint8). On ONNX the presets and a bare `activations …` write uint8, whose "
        "asymmetric grid is int8's shifted by 128; `qrc plan` lists the kernels each layer gets.",
        "scheme s = W8A8 { activations int8 }   # on an .onnx model"),
+    _c("Q438", "a scheme that is no GGUF type",
+       "A GGUF file stores each weight in one of llama.cpp's types, and its kernels read only those blocks: "
+       "Q8_0 is int8 in groups of 32 with one float16 scale each (symmetric), Q4_0 the same in int4. A group size, "
+       "an asymmetric grid, quantized inputs or a KV cache setting have no place in the file; llama.cpp quantizes "
+       "its inputs itself and sets its cache's type at run time.",
+       "scheme w4 { weights int4 group 128 symmetric }   # with emit … { format gguf }"),
+    _c("Q439", "a model the GGUF writer cannot hold",
+       "qrc writes GGUF for the decoders whose llama.cpp graph it knows (Llama, Mistral, Qwen2, Qwen3) from a "
+       "transformers folder, and puts the folder's tokenizer in the file so that llama.cpp needs nothing else: a "
+       "byte-level BPE tokenizer.json whose pre-tokenizer llama.cpp knows by name (GPT-2's, Llama 3's, Qwen2's). "
+       "Other families, built-in models, RoPE scaling and SentencePiece tokenizers are refused before any work.",
+       'model "builtin:tiny-llama"   # with emit "out.gguf" { format gguf }'),
     _c("Q269", "a calibration method NVFP4 inputs cannot use",
        "NVFP4 rounds each block of 16 inputs at run time under one global scale per layer, set from the inputs' "
        "calibrated range (448·6 / its absolute maximum). `mse` and `layerwise_percentile` choose a clipping range "

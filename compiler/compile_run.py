@@ -85,7 +85,7 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
         if clash:
             raise CompileFailed((error("Q239", f"report {clash}", None, "would replace a file of the compile",
                                        help="write the report to a path of its own (e.g. `--report out/report.html`)"),))
-    wants_folder = spec.output is OutputKind.FOLDER
+    wants_folder = spec.output_for(ir.emit.format if ir.emit else None) is OutputKind.FOLDER
     if destination.exists() and destination.is_dir() != wants_folder:
         what = "a folder" if destination.is_dir() else "a file"
         raise CompileFailed((error("Q413", f"output `{destination}` is {what}", ir.span, "wrong kind of output",

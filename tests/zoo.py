@@ -120,3 +120,32 @@ def transformers_cosines(float_folder: Path, out_folder: Path, auto, batches, de
             for r, c in zip(reference(**feed)[0].float(), quantized(**feed)[0].float(), strict=True):
                 cosines.append(float(torch.nn.functional.cosine_similarity(r.reshape(-1), c.reshape(-1), dim=0)))
     return cosines, quantized
+
+
+# text a tiny byte-level BPE tokenizer learns its merges from (any English text would do)
+_TOKENIZER_TEXT = ("The quick brown fox jumps over the lazy dog. A quantized model keeps most of what the float "
+                   "model knows while it reads fewer bytes for every token it writes. Llamas and camels live in "
+                   "the mountains; people quantize models to run them on their own machines. ") * 8
+
+
+def add_tokenizer(folder: Path, vocab_size: int, eos: str = "<|endoftext|>") -> Path:
+    """A byte-level BPE tokenizer (GPT-2's pre-tokenizer) of exactly `vocab_size` ids, trained on a fixed text
+    and saved into `folder` as transformers saves one (tokenizer.json, tokenizer_config.json); the config's
+    bos/eos ids point at its one special token. No download."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[eos],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator([_TOKENIZER_TEXT], trainer)
+    assert tokenizer.get_vocab_size() == vocab_size, tokenizer.get_vocab_size()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos, bos_token=eos).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(bos_token_id=tokenizer.token_to_id(eos), eos_token_id=tokenizer.token_to_id(eos))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder

@@ -43,6 +43,11 @@ class BackendSpec:
     # the assignment the plan is built on, when the backend runs another form of the model than the one
     # checked (the ONNX backend: an HF folder's cached export); reads no weights
     planned: Callable[[RecipeIR, Assignment], Assignment] = as_checked
+    file_formats: tuple[EmitFormat, ...] = ()  # formats written as one file where `output` is a folder (GGUF)
+
+    def output_for(self, fmt: EmitFormat | None) -> OutputKind:
+        """What the backend writes at the destination for `fmt`."""
+        return OutputKind.FILE if fmt in self.file_formats else self.output
 
     def load_executor(self) -> Callable:
         """Import the backend (torch or onnxruntime) and return its execute function."""

@@ -83,15 +83,15 @@ def check_emit(ir: RecipeIR, diags: Diagnostics) -> None:
     fmt, span = ir.emit.format, ir.emit.span_of("format") or ir.emit.span_of("path")
     wants_onnx = fmt in _ONNX_FORMATS
     if wants_onnx != (ir.backend is Backend.ONNX):
-        valid = "qdq, matmul_nbits" if ir.backend is Backend.ONNX else "safetensors"
+        valid = "qdq, matmul_nbits" if ir.backend is Backend.ONNX else "safetensors, gguf"
         diags.error("Q220", f"`format {fmt.value}` cannot be emitted by backend {ir.backend.value}", span,
                     "wrong format for the backend", help=f"backend {ir.backend.value} emits: {valid}")
         return
     if fmt is EmitFormat.MATMUL_NBITS:
         _check_matmul_nbits(ir, diags)
-    suffix = ".onnx" if wants_onnx else ".safetensors"
+    suffix = ".onnx" if wants_onnx else ".gguf" if fmt is EmitFormat.GGUF else ".safetensors"
     path = ir.emit.path
-    if path and wants_onnx and not path.endswith(suffix):
+    if path and (wants_onnx or fmt is EmitFormat.GGUF) and not path.endswith(suffix):
         diags.warning("Q233", f'emit path "{path}" does not end in `{suffix}`', ir.emit.span_of("path"),
                       "unexpected extension", help=f"runtimes look for `{suffix}` files")
 
@@ -180,6 +180,8 @@ def unshared(ir: RecipeIR) -> tuple[str, Span] | None:
         return f"transform {ir.transform.kind.value} on the ONNX backend", ir.transform.span
     if ir.memory.mode is MemoryMode.MULTI_GPU:
         return "mode multi_gpu", ir.memory.span_of("mode") or ir.span
+    if ir.emit is not None and ir.emit.format is EmitFormat.GGUF:  # its writer takes no tensors from other ranks
+        return "format gguf", ir.emit.span_of("format") or ir.span
     return None
 
 

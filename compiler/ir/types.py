@@ -139,6 +139,7 @@ class EmitFormat(enum.Enum):
     QDQ = "qdq"
     MATMUL_NBITS = "matmul_nbits"
     SAFETENSORS = "safetensors"
+    GGUF = "gguf"  # one file llama.cpp runs (torch backend, Llama and Qwen decoders)
 
 
 class DataKind(enum.Enum):

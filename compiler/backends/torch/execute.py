@@ -32,6 +32,7 @@ from compiler.backends.torch.attribution import LayerCosts, jobs_in
 from compiler.backends.torch.devices import place
 from compiler.backends.torch.emitted_verify import hidden_cache, run_emitted
 from compiler.backends.torch.fallbacks import unseen_warning
+from compiler.backends.torch.gguf_writer import GgufWriter
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.kv_cache import KvCacheQuantizer, KvMode
 from compiler.backends.torch.layers import (
@@ -50,7 +51,7 @@ from compiler.backends.torch.smoother import Smoother
 from compiler.backends.torch.writer import FolderWriter, RankCollector
 from compiler.diagnostics import warning
 from compiler.exhaustive import assert_never
-from compiler.ir.types import Calibration, MemoryMode
+from compiler.ir.types import Calibration, EmitFormat, MemoryMode
 from compiler.models.index import ModelIndex
 from compiler.models.names import attention_modules
 from compiler.plan import ops
@@ -73,8 +74,8 @@ class _Run:
 
     model = Produced[TorchModel]()  # load_model
     index = Produced[ModelIndex]()  # load_model
-    writer = Produced[FolderWriter | RankCollector]()  # the first op that needs the jobs (_ready); a collector on
-    # torchrun's ranks but the first (compiler/backends/ranks.py)
+    writer = Produced[FolderWriter | RankCollector | GgufWriter]()  # the first op that needs the jobs (_ready); a
+    # collector on torchrun's ranks but the first (compiler/backends/ranks.py)
     global_scales = Produced[SharedGlobalScales]()
     kv = Produced[KvCacheQuantizer]()  # `kv_cache`: observes, then rounds, the attention caches (without it: no module)
     costs = Produced[LayerCosts]()  # each layer's own error on the held-out samples
@@ -91,7 +92,7 @@ class _Run:
         self.scores: Scores | None = None
         self.devices: dict = {}
         self.jobs: list[Job] = []
-        self._writer: FolderWriter | RankCollector | None = None
+        self._writer: FolderWriter | RankCollector | GgufWriter | None = None
         self.ranks = current()  # one rank outside torchrun
         self._global_scales: SharedGlobalScales | None = None
         self._kv: KvCacheQuantizer | None = None
@@ -143,6 +144,10 @@ class _Run:
         release_memory()
 
     # ---- model, memory mode, search ---------------------------------------------------------------
+    @property
+    def _gguf(self) -> bool:
+        return self.plan.first(ops.Emit).format is EmitFormat.GGUF  # type: ignore[union-attr]
+
     @property
     def file_to_file(self) -> bool:
         """Nothing runs the model (the plan opened its files only): no model definition is built, so an
@@ -204,17 +209,23 @@ class _Run:
         kv = emit.kv_cache
         attention = attention_modules([layer.name for layer in self.index.layers]) if kv is not None else []
         self.kv = KvCacheQuantizer(self.model.module, attention, kv, self.model.dtype)
-        self.config, self.writer, skipped = open_output(self.output, self.model, self.jobs, self.assignment,
-                                                        kv, attention, self.plan.spans.recipe, self.ranks.first)
+        gguf = emit.format is EmitFormat.GGUF
+        if gguf:  # one rank (Q431): its header is written now, with every tensor's place
+            self.writer, skipped = GgufWriter(self.output, self.model, self.jobs), None
+        else:
+            self.config, self.writer, skipped = open_output(self.output, self.model, self.jobs, self.assignment,
+                                                            kv, attention, self.plan.spans.recipe, self.ranks.first)
         calibration = gathers.calibration if gathers is not None else None
+        # GGUF's blocks carry float16 scales: rounded with them, qrc's model computes what llama.cpp decodes
         self.rounder = Rounder(calibration, self.plan.spans.model, self.model, self.writer, self.global_scales,
-                               self.pending, self.progress, ranks=self.ranks)
+                               self.pending, self.progress, ranks=self.ranks,
+                               scale_dtype=torch.float16 if gguf else self.model.dtype)
         if skipped is not None:
             self.pending.warnings.append(skipped)
         if self.disk is not None:
             self.disk.mkdir(parents=True, exist_ok=True)
         if self.assignment.smoothing and gathers is not None and gathers.transform is not None:
-            writer = self.writer if isinstance(self.writer, FolderWriter) else None  # the first rank writes
+            writer = self.writer if isinstance(self.writer, FolderWriter | GgufWriter) else None  # the first rank writes
             self.smoother = Smoother(gathers.transform, gathers.calibration, self.model, self.index,
                                      self.assignment.smoothing, self.jobs, writer, self.ranks)
         # the KV scales and the transform's statistics come from calibration too
@@ -281,7 +292,7 @@ class _Run:
             return None
         batches = list(held_out_batches(held, self.index, self.pending.warnings))
         # the emitted folder is the first rank's alone; the ranks share the run of qrc's model instead
-        self.emitted = can_verify_artifact(self.model) and self.ranks.world == 1
+        self.emitted = can_verify_artifact(self.model) and self.ranks.world == 1 and not self._gguf
         quantized = None if self.emitted else self._stream("verify (quantized)", batches)
         return self._stream("verify (float)", batches), quantized, Agreement()
 
@@ -451,7 +462,9 @@ class _Run:
             warnings.append(dampened_warning(self.plan.spans.recipe, self.rounder.dampened))
         self._write_kv_scales("")  # any module calibration did not reach (none in the models qrc runs)
         refused: list[str] = []
-        if isinstance(self.writer, FolderWriter):  # the first rank writes the output; the others hand tensors on
+        if isinstance(self.writer, GgufWriter):
+            self.writer.copy_unquantized(self.model, self.jobs)
+        elif isinstance(self.writer, FolderWriter):  # the first rank writes the output; the others hand tensors on
             copy_unquantized(self.writer, self.model, self.jobs)
             refused = write_metadata(self.writer, self.model, self.config, self.plan.recipe_text)
         if refused:
@@ -492,6 +505,9 @@ class _Run:
             agreement = merged_one(self.ranks, agreement)
             share_costs(self.costs, self.ranks)
             measured_on = f"qrc's model, its held-out samples shared by {self.ranks.world} torchrun ranks"
+        elif self._gguf:
+            measured_on = ("qrc's model, rounded to the GGUF's blocks (its float16 scales and integers, the values "
+                           "llama.cpp decodes)")
         elif not self.emitted:
             measured_on = "qrc's model (a built-in has no loader outside qrc)" if self.model.folder is None \
                 else "qrc's model (compressed-tensors is not installed to load the emitted folder)"

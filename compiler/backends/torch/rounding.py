@@ -18,6 +18,7 @@ from compiler.backends.torch.compressed import layer_tensors
 from compiler.backends.torch.fallbacks import sibling_range
 from compiler.backends.torch.figures import input_range, weight_sqnr
 from compiler.backends.torch.float_formats import FloatQuantized
+from compiler.backends.torch.gguf_writer import GgufWriter
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.layers import Job, Statistics, apply_quantized, input_qparams, quantize_job
 from compiler.backends.torch.model import TorchModel
@@ -37,7 +38,7 @@ class Rounder:
     calibration: Calibration | None
     model_span: Span | None
     model: TorchModel
-    writer: FolderWriter | RankCollector  # a collector on torchrun's ranks but the first
+    writer: FolderWriter | RankCollector | GgufWriter  # a collector on torchrun's ranks but the first
     global_scales: SharedGlobalScales
     report: Pending  # its figures and warnings, drained after each op
     progress: Callable
@@ -46,6 +47,7 @@ class Rounder:
     unseen: list[Job] = field(default_factory=list)  # layers no calibration token reached (MoE experts)
     hooks: list = field(default_factory=list)  # the modules' input quantizers, removed when the run closes
     ranks: Ranks = field(default_factory=Ranks)  # torchrun's ranks share the rounding of each call (one outside)
+    scale_dtype: torch.dtype | None = None  # what the scales are rounded to (None: the model's dtype)
 
     def streamed(self, jobs: list[Job], stats: Statistics | None, offload: bool) -> None:
         """Round layers whose weights may not be resident (offload): each read, rounded, written, dropped."""
@@ -183,15 +185,19 @@ class Rounder:
         definite, and rounds with rtn where no dampening helps (Q418, once)."""
         refuse_nonfinite(self.model_span, job.layer, weight.detach().float().cpu().numpy())
         try:
-            return quantize_job(job, weight, stats, self.model.dtype,
+            return quantize_job(job, weight, stats, self.scale_dtype or self.model.dtype,
                                 lambda used: self.dampened.setdefault(job.layer.name, used),
                                 self.global_scales.absmax(job.layer.name))
         except SingularHessian:
             self.dampened[job.layer.name] = math.inf
-            return quantize_job(job.with_rtn(), weight, None, self.model.dtype)
+            return quantize_job(job.with_rtn(), weight, None, self.scale_dtype or self.model.dtype)
 
     def write(self, job: Job, q: QuantizedWeight | FloatQuantized, act) -> None:
-        """A rounded weight's compressed tensors (and its input scale) into the output."""
+        """A rounded weight's compressed tensors (and its input scale) into the output; GGUF's blocks."""
+        if isinstance(self.writer, GgufWriter):
+            assert isinstance(q, QuantizedWeight)  # gguf_check: integer schemes only
+            self.writer.put_rounded(job, q)
+            return
         for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():
             self.writer.put(name, tensor)
 

@@ -11,6 +11,7 @@ import torch
 
 from compiler.backends.ranks import Ranks, merged
 from compiler.backends.result import refuse_changed_output
+from compiler.backends.torch.gguf_writer import GgufWriter
 from compiler.backends.torch.layers import Job, quantize_job
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.smoothing import SmoothingStatistics, fold, norm_offset
@@ -26,7 +27,8 @@ class Smoother:
     """Runs the recipe's transform on the mappings the run reaches, block by block or all at once."""
 
     def __init__(self, transform: Transform, calibration: Calibration, model: TorchModel, index: ModelIndex,
-                 mappings: tuple[SmoothingMapping, ...], jobs: list[Job], writer: FolderWriter | None,
+                 mappings: tuple[SmoothingMapping, ...], jobs: list[Job],
+                 writer: FolderWriter | GgufWriter | None,
                  ranks: Ranks = Ranks()):
         self.transform, self.calibration = transform, calibration
         self.model, self.index, self.writer = model, index, writer  # no writer on torchrun's ranks but the first
@@ -124,5 +126,7 @@ class Smoother:
             if x not in self.jobs:
                 names.append((index.layer(x).weight, f"{self.modules[x]}.weight"))
         for tensor, param in names:
-            spec = self.writer.where[tensor][2]
-            self.writer.put(tensor, self.model.module.get_parameter(param).detach().to("cpu", spec.dtype))
+            value = self.model.module.get_parameter(param).detach().cpu()
+            if isinstance(self.writer, FolderWriter):  # GGUF's writer converts to its own types
+                value = value.to(self.writer.where[tensor][2].dtype)
+            self.writer.put(tensor, value)

@@ -10,9 +10,10 @@ from compiler.ir.types import Backend, EmitFormat
 
 SPEC = BackendSpec(
     backend=Backend.TORCH,
-    formats=(EmitFormat.SAFETENSORS,),
+    formats=(EmitFormat.SAFETENSORS, EmitFormat.GGUF),
     output=OutputKind.FOLDER,
-    output_help="a folder path (safetensors output)",
+    output_help="a folder path (safetensors output; a .gguf file path with `format gguf`)",
+    file_formats=(EmitFormat.GGUF,),
     costs=COSTS,
     lowering=LOWERING,
     check=check_supported,

@@ -3,6 +3,7 @@ searched choice included), so `compile` never starts work it would refuse."""
 
 from __future__ import annotations
 
+from compiler.backends.torch.gguf_check import check_gguf
 from compiler.backends.torch.quant_args import input_args, weight_args, weight_format
 from compiler.backends.torch.vllm_rules import VllmRejects, vllm_scheme
 from compiler.diagnostics import Diagnostics
@@ -15,9 +16,13 @@ from compiler.resolve.groups import auto_gate_up_instances, auto_qkv_instances
 
 
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
-    """Q411 for the output format and for each layer × scheme compressed-tensors cannot store."""
+    """Q411 for the output format and for each layer × scheme compressed-tensors cannot store; a GGUF output's
+    own checks instead (gguf_check.py)."""
+    if ir.emit is not None and ir.emit.format is EmitFormat.GGUF:
+        check_gguf(ir, assignment, diags)
+        return
     if ir.emit is not None and ir.emit.format is not EmitFormat.SAFETENSORS:
-        diags.error("Q411", f"the torch backend writes safetensors, not {ir.emit.format.value}",
+        diags.error("Q411", f"the torch backend writes safetensors or gguf, not {ir.emit.format.value}",
                     ir.emit.span_of("format") or ir.emit.span_of("path"), "not supported",
                     help="use `emit \"FOLDER\" { format safetensors }`, or `backend onnx` for ONNX output")
     _warn_routers(ir, assignment, diags)

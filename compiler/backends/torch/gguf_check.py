@@ -1,0 +1,75 @@
+"""What a GGUF output can hold, found by `qrc check` before any work: the decoder families llama.cpp runs
+from qrc's writer, the schemes that are a GGUF type, and a tokenizer llama.cpp can read from the file. Reads
+config.json and tokenizer.json only (no weights, no torch, no gguf import)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from compiler.backends.torch.gguf_types import ARCHITECTURES, TYPES_HELP, gguf_type, pre_tokenizer
+from compiler.diagnostics import Diagnostics
+from compiler.ir.types import RecipeIR
+from compiler.models.side_files import copyable
+from compiler.resolve.assignment import Assignment
+from compiler.resolve.choices import each_choice
+
+
+def check_gguf(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q439 for a model the GGUF writer cannot hold, Q438 for each layer × scheme that is no GGUF type."""
+    assert ir.emit is not None  # the format is the emit's
+    span = ir.emit.span_of("format") or ir.emit.span_of("path")
+    model = assignment.model
+    problem = _model_problem(model.ref, model.family)
+    if problem:
+        diags.error("Q439", f"GGUF output: {problem}", ir.model_span or span, "no GGUF for this model",
+                    help=f"GGUF is written for {', '.join(sorted(ARCHITECTURES))} decoders in an HF folder with a "
+                    "BPE tokenizer.json; use `format safetensors` for the others")
+    if ir.kv_cache is not None:
+        diags.error("Q438", "GGUF output: llama.cpp sets its KV cache's type at run time (`--cache-type-k`)",
+                    ir.kv_cache.span, "no KV cache in GGUF", help="remove `kv_cache`")
+    seen: set[tuple[str, str]] = set()
+    for candidate in each_choice(ir, assignment):
+        for a in candidate.layers:
+            found = None if a.scheme.is_none else gguf_type(a.scheme)
+            if isinstance(found, str) and (a.layer.name, a.scheme.name) not in seen:
+                seen.add((a.layer.name, a.scheme.name))
+                diags.error("Q438", f"`{a.layer.name}` with scheme `{a.scheme.name}`: {found}",
+                            a.rule.span if a.rule else a.scheme.span, "no GGUF type", help=TYPES_HELP)
+
+
+def _model_problem(ref: str, family: str) -> str | None:
+    """Why the GGUF writer cannot hold the model at `ref`, or None."""
+    from compiler.data.dataset_schema import model_folder
+
+    folder = model_folder(ref)
+    if folder is None:
+        return f"`{ref}` is not a transformers folder (GGUF carries the folder's tokenizer)"
+    if family not in ARCHITECTURES:
+        return f"a `{family}` model (llama.cpp's graph for it is not one qrc writes)"
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if kind not in ("default", None):
+        return f"RoPE scaling `{kind}` (qrc writes plain RoPE only)"
+    return tokenizer_problem(folder)
+
+
+def tokenizer_problem(folder: Path) -> str | None:
+    """Why `folder`'s tokenizer cannot go into a GGUF, or None (a byte-level BPE tokenizer.json)."""
+    path = folder / "tokenizer.json"
+    if not path.exists():
+        return f"`{folder}` has no tokenizer.json (llama.cpp reads the tokenizer from the GGUF file)"
+    if not copyable(folder, path):
+        return "tokenizer.json links outside the model folder"
+    try:
+        tokenizer = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"tokenizer.json cannot be read ({exc})"
+    model = tokenizer.get("model") or {}
+    if model.get("type") != "BPE":
+        return f"a `{model.get('type')}` tokenizer (qrc writes BPE tokenizers; SentencePiece ones are not supported yet)"
+    if pre_tokenizer(tokenizer) is None:
+        return ("its pre-tokenizer is none llama.cpp names (llama.cpp splits text before BPE with one of its own "
+                "known patterns: GPT-2's, Llama 3's, Qwen2's)")
+    return None

@@ -1,0 +1,76 @@
+"""A GGUF file's key-value section: the architecture's numbers from config.json and the tokenizer from
+tokenizer.json, as llama.cpp reads them (so llama.cpp needs no other file). The container and the key names
+are the `gguf` package's (llama.cpp's own writer); special tokens, `add_bos_token` and the chat template come
+through its SpecialVocab, as llama.cpp's converter takes them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+
+from compiler.backends.torch.gguf_types import pre_tokenizer
+
+_NORMAL, _CONTROL, _USER_DEFINED, _UNUSED = (gguf.TokenType.NORMAL, gguf.TokenType.CONTROL,
+                                             gguf.TokenType.USER_DEFINED, gguf.TokenType.UNUSED)
+
+
+def text_config(config: dict) -> dict:
+    """The language model's numbers (a VLM nests them; the decoders qrc writes do not)."""
+    return config.get("text_config") or config
+
+
+def head_dim(config: dict) -> int:
+    """The attention heads' size: `head_dim` where the config sets it (Qwen3), else hidden / heads."""
+    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+
+
+def add_hparams(writer: gguf.GGUFWriter, config: dict, name: str, file_type: int) -> None:
+    """The numbers llama.cpp's Llama/Qwen2/Qwen3 graphs read."""
+    c = text_config(config)
+    heads = int(c["num_attention_heads"])
+    rope = c.get("rope_parameters") or {}
+    writer.add_name(name)
+    writer.add_context_length(int(c.get("max_position_embeddings", 4096)))
+    writer.add_embedding_length(int(c["hidden_size"]))
+    writer.add_block_count(int(c["num_hidden_layers"]))
+    writer.add_feed_forward_length(int(c["intermediate_size"]))
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(int(c.get("num_key_value_heads") or heads))
+    writer.add_rope_freq_base(float(rope.get("rope_theta", c.get("rope_theta", 10000.0))))
+    writer.add_layer_norm_rms_eps(float(c.get("rms_norm_eps", 1e-6)))
+    writer.add_key_length(head_dim(c))
+    writer.add_value_length(head_dim(c))
+    writer.add_rope_dimension_count(head_dim(c))
+    writer.add_vocab_size(int(c["vocab_size"]))
+    writer.add_file_type(file_type)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def add_tokenizer(writer: gguf.GGUFWriter, folder: Path, vocab_size: int) -> None:
+    """The BPE tokenizer of `folder` (gguf_check.tokenizer_problem said it is one): every id below the
+    embedding's rows a token (ids the tokenizer lacks are padding, unused, as llama.cpp's converter writes
+    them), its merges, its pre-tokenizer's name, then the special tokens."""
+    tokenizer = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    model = tokenizer["model"]
+    by_id = {int(i): t for t, i in model["vocab"].items()}
+    added = {int(t["id"]): t for t in tokenizer.get("added_tokens", [])}
+    by_id.update({i: t["content"] for i, t in added.items()})
+    if by_id and max(by_id) >= vocab_size:
+        raise ValueError(f"tokenizer.json has token id {max(by_id)}, beyond the embedding's {vocab_size} rows")
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in by_id:
+            tokens.append(f"[PAD{i}]")
+            types.append(_UNUSED)
+        else:
+            tokens.append(by_id[i])
+            types.append(_NORMAL if i not in added else _CONTROL if added[i].get("special") else _USER_DEFINED)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    writer.add_tokenizer_model("gpt2")  # llama.cpp's name for byte-level BPE
+    writer.add_tokenizer_pre(pre_tokenizer(tokenizer) or "default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    gguf.SpecialVocab(folder, load_merges=False, n_vocab=vocab_size).add_to_gguf(writer, quiet=True)

@@ -1,0 +1,57 @@
+"""The GGUF types qrc writes and the schemes that are one, the decoder families and the tokenizers llama.cpp
+reads from qrc's files: shared by `qrc check` (gguf_check.py) and the writer. No torch, no gguf import."""
+
+from __future__ import annotations
+
+import enum
+
+from compiler.ir.types import Granularity, QType, Scheme
+
+# transformers' model_type → llama.cpp's architecture (Mistral's dense decoders are Llama's graph there)
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+class GgufType(enum.Enum):
+    """The GGUF tensor types qrc writes (named as llama.cpp names them)."""
+    F32 = "F32"
+    F16 = "F16"
+    BF16 = "BF16"
+    Q8_0 = "Q8_0"  # int8 symmetric, blocks of 32 along the input, a float16 scale each
+    Q4_0 = "Q4_0"  # int4 symmetric (stored +8), blocks of 32, a float16 scale each
+
+
+TYPES_HELP = "GGUF's types: Q8_0 is `weights int8 group 32 symmetric`, Q4_0 `weights int4 group 32 symmetric`"
+
+
+def gguf_type(scheme: Scheme) -> GgufType | str:
+    """The GGUF type a weight-only scheme is, or why it is none."""
+    if scheme.weights is None:
+        return "its weights stay float (GGUF has no quantized-input-only type)"
+    if scheme.activations is not None:
+        return "GGUF stores weights; llama.cpp quantizes the inputs itself (remove `activations`)"
+    spec = scheme.quantized_weights
+    forms = {QType.INT8: GgufType.Q8_0, QType.INT4: GgufType.Q4_0}
+    if spec.qtype not in forms:
+        return f"`{spec.qtype.value}` weights have no GGUF type qrc writes"
+    if spec.granularity is not Granularity.GROUP or spec.group_size != 32 or not spec.symmetric:
+        where = f"group {spec.group_size}" if spec.granularity is Granularity.GROUP else spec.granularity.value
+        return f"{spec.qtype.value} {where} {'symmetric' if spec.symmetric else 'asymmetric'} is no GGUF type"
+    return forms[spec.qtype]
+
+
+def pre_tokenizer(tokenizer: dict) -> str | None:
+    """llama.cpp's name (`tokenizer.ggml.pre`) for the way `tokenizer` splits text before BPE, or None when it is
+    none of the patterns llama.cpp knows by that name. Llama 3 and Qwen2 split with one regex each (they differ
+    in digits: up to three together, or one at a time), GPT-2 with the byte-level pre-tokenizer's own."""
+    found = tokenizer.get("pre_tokenizer") or {}
+    steps = found.get("pretokenizers", [found]) if found.get("type") == "Sequence" else [found]
+    for step in steps:
+        if step.get("type") == "ByteLevel" and step.get("use_regex", True):
+            return "gpt-2"
+        if step.get("type") == "Split":
+            regex = (step.get("pattern") or {}).get("Regex", "")
+            if "\\p{N}{1,3}" in regex and "(?i:'s|'t|'re|'ve|'m|'ll|'d)" in regex:
+                return "llama-bpe"
+            if "|\\p{N}|" in regex and "(?i:'s|'t|'re|'ve|'m|'ll|'d)" in regex:
+                return "qwen2"
+    return None

@@ -1,0 +1,203 @@
+"""Streaming GGUF output: the header, key-values and every tensor's name, type, shape and offset are written
+first (all known from the plan), then each tensor goes to its offset as soon as it exists, one at a time, like
+the safetensors writer. The file appears atomically.
+
+The header is the `gguf` package's (llama.cpp's own writer); the tensor data is written here, at the offsets
+that writer gives (data aligned to `general.alignment`), because the package writes tensors in one pass in
+header order and so would hold every rounded tensor until the last is done."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from compiler.backends.emitter import Emitter, Spec
+from compiler.backends.torch.gguf_metadata import add_hparams, add_tokenizer, text_config
+from compiler.backends.torch.gguf_types import ARCHITECTURES, GgufType, gguf_type
+from compiler.backends.torch.layers import Job
+from compiler.backends.torch.model import TorchModel
+from compiler.backends.torch.output_layout import is_tied
+from compiler.quant.weights import QuantizedWeight
+
+_GGML = {t: gguf.GGMLQuantizationType[t.value] for t in GgufType}
+_FLOATS = {torch.float32: GgufType.F32, torch.float16: GgufType.F16, torch.bfloat16: GgufType.BF16}
+_TORCH = {GgufType.F32: torch.float32, GgufType.F16: torch.float16, GgufType.BF16: torch.bfloat16}
+_FILE_TYPES = {GgufType.F32: gguf.LlamaFileType.ALL_F32, GgufType.F16: gguf.LlamaFileType.MOSTLY_F16,
+               GgufType.BF16: gguf.LlamaFileType.MOSTLY_BF16, GgufType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
+               GgufType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0}
+
+
+@dataclass(frozen=True)
+class GgufTensor:
+    """One tensor of the file: its GGUF name, type, [rows, columns] (or [n]) shape, and whether its rows are
+    reordered for llama.cpp's RoPE (the heads of a Llama q/k projection)."""
+    name: str
+    type: GgufType
+    shape: tuple[int, ...]
+    heads: int | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Its bytes in the file (whole blocks)."""
+        block, size = gguf.GGML_QUANT_SIZES[_GGML[self.type]]
+        return int(np.prod(self.shape)) // block * size
+
+
+class GgufWriter(Emitter):
+    """The GGUF emitter (compiler.backends.emitter.Emitter) of a Llama/Qwen decoder: checkpoint tensors by
+    their transformers names, rounded layers by their job."""
+
+    def __init__(self, destination: Path, model: TorchModel, jobs: list[Job]):
+        assert model.folder is not None  # gguf_check: an HF folder
+        self.destination = destination
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        config = text_config(model.config)
+        arch = ARCHITECTURES[model.config["model_type"]]
+        self.tensors = _layout(model, jobs, config, arch)  # transformers name → its GGUF tensor
+        fd, temp = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.qrc-tmp-", suffix=".gguf")
+        os.close(fd)
+        self.temp = Path(temp)
+        os.chmod(self.temp, 0o644)  # as the safetensors writer's files (mkstemp makes it private)
+        header = gguf.GGUFWriter(self.temp, arch)
+        add_hparams(header, model.config, model.folder.name, _file_type(self.tensors.values()))
+        add_tokenizer(header, model.folder, int(config["vocab_size"]))
+        for t in self.tensors.values():
+            header.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=_GGML[t.type])
+        header.write_header_to_file()
+        header.write_kv_data_to_file()
+        header.write_ti_data_to_file()
+        assert header.fout is not None
+        position = header.fout[0].tell()
+        header.close()
+        pad = header.data_alignment
+        self.where, offset = {}, gguf.GGUFWriter.ggml_pad(position, pad)
+        for key, t in self.tensors.items():  # the offsets write_ti_data_to_file wrote, in its order
+            self.where[key] = offset
+            offset += gguf.GGUFWriter.ggml_pad(t.nbytes, pad)
+        self.fd: int | None = os.open(self.temp, os.O_RDWR)
+        os.ftruncate(self.fd, offset)
+        self.missing = set(self.tensors)
+
+    def specs(self) -> list[Spec[GgufType]]:
+        """Every tensor of the file (GGUF names and types), in header order."""
+        return [Spec(t.name, t.type, t.shape) for t in self.tensors.values()]
+
+    def put(self, name: str, tensor: torch.Tensor) -> None:
+        """A float tensor of the checkpoint (by its transformers name), in its GGUF type."""
+        t = self.tensors[name]
+        assert t.type in _TORCH, f"{name}: a float tensor where the layout has {t.type.value}"
+        data = tensor.detach().cpu().to(_TORCH[t.type]).contiguous()
+        if t.heads:
+            data = _rope_rows(data, t.heads)
+        self._write(name, data.reshape(-1).view(torch.uint8).numpy())
+
+    def put_rounded(self, job: Job, q: QuantizedWeight) -> None:
+        """A rounded layer's blocks (its float16 scales and integers: the values qrc's model computes with)."""
+        name = job.layer.name + ".weight" if is_tied(job) else job.layer.weight
+        t = self.tensors[name]
+        rows = _blocks(q, t.type)
+        if t.heads:
+            rows = _rope_rows(torch.from_numpy(rows), t.heads).numpy()
+        self._write(name, rows.reshape(-1))
+
+    def copy_unquantized(self, model: TorchModel, jobs: list[Job]) -> None:
+        """Every checkpoint tensor no layer replaced, read and written in its GGUF type."""
+        for key in [k for k in model.shards.entries if k in self.missing]:
+            self.put(key, model.shards.read(key))
+
+    def copy_raw(self, name: str, *args: object, **kwargs: object) -> None:
+        """Never called: GGUF's float types are converted (copy_unquantized), not copied as bytes."""
+        raise NotImplementedError("GGUF tensors are converted, not copied")
+
+    def metadata(self, key: str, value: str) -> None:
+        """Nothing: the key-values are in the header, written first."""
+
+    def finish(self) -> list[Path]:
+        """Check every tensor was written; the file stays staged until `commit`."""
+        if self.missing:
+            raise ValueError(f"{len(self.missing)} tensors were never written (e.g. {sorted(self.missing)[0]})")
+        assert self.fd is not None
+        os.fsync(self.fd)
+        os.close(self.fd)
+        self.fd = None
+        return [self.temp]
+
+    def commit(self) -> list[Path]:
+        """The file into place (replacing an earlier output)."""
+        self.temp.replace(self.destination)
+        return [self.destination]
+
+    def abort(self) -> None:
+        """Remove the staged file: nothing appears at the destination."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.temp.unlink(missing_ok=True)
+
+    def _write(self, name: str, data: np.ndarray) -> None:
+        assert self.fd is not None
+        if data.nbytes != self.tensors[name].nbytes:
+            raise ValueError(f"{name}: {data.nbytes} bytes where the layout has {self.tensors[name].nbytes}")
+        written, offset = 0, self.where[name]
+        while written < data.nbytes:
+            written += os.pwrite(self.fd, data[written:].data, offset + written)
+        self.missing.discard(name)
+
+
+def _layout(model: TorchModel, jobs: list[Job], config: dict, arch: str) -> dict[str, GgufTensor]:
+    """Each output tensor by its transformers name: checkpoint tensors under llama.cpp's names, the rounded
+    layers' in their GGUF type (a tied head a rule rounds gets `output.weight` of its own)."""
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], int(config["num_hidden_layers"]))
+    rounded = {(j.layer.name + ".weight" if is_tied(j) else j.layer.weight): j for j in jobs}
+    heads = int(config["num_attention_heads"])
+    rope_heads = {"self_attn.q_proj": heads, "self_attn.k_proj": int(config.get("num_key_value_heads") or heads)}
+    layout = {}
+    shapes = {key: entry.shape for key, entry in model.shards.entries.items()}
+    shapes.update({key: tuple(j.layer.shape) for key, j in rounded.items()})
+    for key, shape in shapes.items():
+        name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise ValueError(f"`{key}` has no tensor in llama.cpp's {arch} graph")
+        job = rounded.get(key)
+        kind = gguf_type(job.scheme) if job is not None else _FLOATS.get(model.dtype, GgufType.F32) \
+            if len(shape) > 1 else GgufType.F32
+        assert isinstance(kind, GgufType), kind  # gguf_check refused the schemes that are no GGUF type
+        module = key.rsplit(".", 1)[0]
+        reordered = next((n for suffix, n in rope_heads.items() if module.endswith(suffix)), None)
+        layout[key] = GgufTensor(name, kind, tuple(shape), reordered if arch == "llama" else None)
+    return layout
+
+
+def _file_type(tensors) -> int:
+    """`general.file_type`: the type most of the matrices have (llama.cpp shows it; nothing reads it)."""
+    counts = Counter(t.type for t in tensors if len(t.shape) > 1)
+    return int(_FILE_TYPES[counts.most_common(1)[0][0]]) if counts else int(gguf.LlamaFileType.ALL_F32)
+
+
+def _blocks(q: QuantizedWeight, kind: GgufType) -> np.ndarray:
+    """[rows, blocks × block bytes] of a symmetric group-32 rounding: each block its float16 scale, then its
+    integers (Q8_0: int8; Q4_0: stored +8, two to a byte, the block's first half in the low nibbles)."""
+    rows, columns = q.q.shape
+    scale = q.scale.astype(np.float16).reshape(rows, columns // 32, 1).view(np.uint8)
+    ints = q.q.reshape(rows, columns // 32, 32)
+    packed: np.ndarray
+    if kind is GgufType.Q8_0:
+        packed = ints.astype(np.int8).view(np.uint8)
+    else:
+        shifted = (ints.astype(np.int16) + 8).astype(np.uint8)
+        packed = shifted[..., :16] | (shifted[..., 16:] << 4)
+    return np.concatenate([scale, packed], axis=-1).reshape(rows, -1)
+
+
+def _rope_rows(rows: torch.Tensor, heads: int) -> torch.Tensor:
+    """A Llama q/k projection's rows reordered for llama.cpp's RoPE, which rotates adjacent pairs where
+    transformers rotates the two halves of each head (the reordering llama.cpp's converter applies)."""
+    shape = rows.shape
+    return rows.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)

@@ -1,0 +1,185 @@
+"""GGUF output for llama.cpp: zoo decoders (random weights, a BPE tokenizer trained in the test) compiled to
+Q4_0/Q8_0, then run by llama.cpp itself (llama-cpp-python): its logits on held-out ids against the float
+model's in transformers, what it generates, the file's types as the recipe's rules say; and the recipes
+`qrc check` refuses for GGUF, with their codes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from compiling import compile_program
+from typer.testing import CliRunner
+from zoo import add_tokenizer, build
+
+from compiler.cli import app
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+runner = CliRunner()
+RECIPE = """recipe gguf_test {{
+    model "{model}"
+    backend {backend}
+    {transform}
+    scheme q4 {{ weights int4 group {group} symmetric  rounding {rounding} }}
+    scheme q8 {{ weights int8 group 32 symmetric }}
+    quantize {{
+        type Linear -> q4
+        "*.mlp.down_proj" -> q8
+        "lm_head" -> {head}
+    }}
+    calibrate {{ data synthetic {{ samples 8  seqlen 32 }}  chunk 4 }}
+    {extra}
+    verify {{ samples 8  metric kld  at_most 0.05 }}
+    emit "{out}" {{ format gguf }}
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def decoders(tmp_path_factory):
+    """family → a zoo folder with a tokenizer of the model's 320 ids."""
+    root = tmp_path_factory.mktemp("gguf-zoo")
+
+    def made(family: str) -> Path:
+        folder = root / family
+        if not folder.exists():
+            add_tokenizer(build(family, folder), 320)
+        return folder
+    return made
+
+
+def _recipe(tmp_path: Path, model, out: Path, group: int = 32, head: str = "q8", extra: str = "",
+            backend: str = "torch", rounding: str = "rtn", transform: str = "") -> str:
+    path = tmp_path / "r.recipe"
+    path.write_text(RECIPE.format(model=model, out=out, group=group, head=head, extra=extra, backend=backend,
+                                  rounding=rounding, transform=transform))
+    return str(path)
+
+
+def _kl(reference: np.ndarray, other: np.ndarray) -> float:
+    p = torch.log_softmax(torch.from_numpy(reference).double(), -1)
+    q = torch.log_softmax(torch.from_numpy(other).double(), -1)
+    return float((p.exp() * (p - q)).sum(-1).mean())
+
+
+def _types(path: Path) -> dict[str, str]:
+    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, rounding", [("llama", "rtn"), ("qwen3", "rtn"), ("qwen3-tied", "rtn"),
+                                              ("llama", "gptq+awq")])
+def test_gguf_runs_in_llama_cpp_like_the_float_model(decoders, family, rounding, tmp_path):
+    """llama.cpp loads the file with nothing beside it, its logits on held-out ids stay within the formats'
+    error of the float model's (the KL qrc's verify reports is of the same size), it tokenizes and generates
+    text, and every tensor has the type its rule gives; GPTQ behind AWQ too (AWQ's scales folded into the norms
+    the file carries)."""
+    llama_cpp_run = pytest.importorskip("llama_cpp_run")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (llama.cpp) runs the GGUF")
+    folder, out = decoders(family), tmp_path / f"{family}.gguf"
+    awq = rounding == "gptq+awq"
+    recipe = _recipe(tmp_path, folder, out, rounding="gptq" if awq else "rtn",
+                     transform="transform awq { grid 20 }" if awq else "")
+    result, _ = compile_program(recipe, out)
+    assert result.verify_passed, result.verify
+    types = _types(out)
+    assert types["blk.0.attn_q.weight"] == types["blk.1.ffn_up.weight"] == "Q4_0"
+    assert types["blk.0.ffn_down.weight"] == "Q8_0"
+    assert types["token_embd.weight"] == "F32" and types["output_norm.weight"] == "F32"
+    assert types["output.weight"] == "Q8_0"  # the tied head too: the rule gives it a tensor of its own
+    ids = [int(i) for i in np.random.default_rng(7).integers(1, 320, 32)]
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0].float().numpy()
+    ran = llama_cpp_run.logits(out, ids)
+    kl = _kl(reference, ran)
+    cosine = float(np.mean((ran * reference).sum(-1) / np.linalg.norm(ran, axis=-1) / np.linalg.norm(reference, axis=-1)))
+    assert kl < 2e-3 and cosine > 0.98, (kl, cosine)
+    assert 0.3 < kl / result.verify["kld"] < 3, (kl, result.verify)  # qrc's figure is what llama.cpp shows
+    text = llama_cpp_run.generate(out, "The quick brown")
+    assert isinstance(text, str) and text, "llama.cpp generated nothing"
+
+
+@pytest.mark.slow
+def test_llama_gguf_decodes_in_transformers_as_llama_cpp_runs_it(decoders, tmp_path):
+    """A second reader of the same file: transformers' GGUF loader (which dequantizes with the gguf package's
+    tables) gives the logits llama.cpp computes, so the Q/K row order, the names and the blocks are read the
+    same way by both."""
+    llama_cpp_run = pytest.importorskip("llama_cpp_run")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (llama.cpp) runs the GGUF")
+    out = tmp_path / "llama.gguf"
+    assert runner.invoke(app, ["compile", _recipe(tmp_path, decoders("llama"), out)]).exit_code == 0
+    ids = [int(i) for i in np.random.default_rng(8).integers(1, 320, 24)]
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=out.name).eval()
+    with torch.no_grad():
+        decoded = loaded(torch.tensor([ids])).logits[0].float().numpy()
+    assert _kl(decoded, llama_cpp_run.logits(out, ids)) < 1e-4
+
+
+def test_gguf_blocks_decode_to_qrc_rounding(decoders, tmp_path):
+    """The file's blocks, decoded by the gguf package (llama.cpp's own tables), are the weights qrc rounded:
+    the q/k rows in llama.cpp's order, each Q4_0/Q8_0 block its float16 scale times its integers."""
+    folder, out = decoders("llama"), tmp_path / "llama.gguf"
+    result = runner.invoke(app, ["compile", _recipe(tmp_path, folder, out, extra="", head="none")])
+    assert result.exit_code == 0, result.output
+    reader = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    assert "output.weight" in reader and reader["output.weight"].tensor_type.name == "F32"
+    from safetensors.numpy import load_file
+    weights = load_file(folder / "model.safetensors")
+    w = weights["model.layers.0.mlp.gate_proj.weight"]
+    t = reader["blk.0.ffn_gate.weight"]
+    decoded = gguf.quants.dequantize(t.data, t.tensor_type).reshape(w.shape)
+    groups = w.reshape(w.shape[0], -1, 32)
+    step = np.abs(groups).max(-1, keepdims=True) / 7.5  # qrc's symmetric int4 grid
+    assert np.max(np.abs(decoded.reshape(groups.shape) - groups) / step) <= 0.5 + 1e-2
+    q = reader["blk.0.attn_q.weight"]
+    heads = 4
+    dq = gguf.quants.dequantize(q.data, q.tensor_type)
+    float_q = weights["model.layers.0.self_attn.q_proj.weight"]
+    reordered = float_q.reshape(heads, 2, float_q.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(float_q.shape)
+    assert np.corrcoef(dq.ravel(), reordered.ravel())[0, 1] > 0.99  # rows in llama.cpp's RoPE order
+    assert np.corrcoef(dq.ravel(), float_q.ravel())[0, 1] < 0.9
+    fields = gguf.GGUFReader(out).fields
+    assert bytes(fields["tokenizer.ggml.model"].parts[-1]).decode() == "gpt2"
+    assert bytes(fields["tokenizer.ggml.pre"].parts[-1]).decode() == "gpt-2"
+    assert len(fields["tokenizer.ggml.tokens"].data) == 320
+
+
+@pytest.mark.parametrize("case, code", [
+    ("group", "Q438"), ("activations", "Q438"), ("builtin", "Q439"), ("no_tokenizer", "Q439"), ("family", "Q439"),
+    ("onnx", "Q220"), ("ranks", "Q431"), ("kv_cache", "Q438")])
+def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
+    """Each refusal comes from `qrc check`, with its code and exit 2, before any weight is read."""
+    folder = decoders("llama")
+    model, group, extra, backend = str(folder), 32, "", "torch"
+    if case == "group":
+        group = 16
+    elif case == "activations":
+        extra = "scheme a = W8A8"
+        model_recipe = _recipe(tmp_path, model, tmp_path / "o.gguf", head="a", extra=extra)
+    elif case == "builtin":
+        model = "builtin:tiny-llama"
+    elif case == "no_tokenizer":
+        bare = tmp_path / "bare"
+        bare.mkdir()
+        for name in ("config.json", "model.safetensors"):
+            (bare / name).symlink_to(folder / name)
+        model = str(bare)
+    elif case == "family":
+        model = str(build("phi3", tmp_path / "phi3"))
+    elif case == "onnx":
+        backend = "onnx"
+    elif case == "ranks":
+        extra = "memory { ranks 2 }"
+    elif case == "kv_cache":
+        extra = "kv_cache { fp8 }"
+    if case != "activations":
+        model_recipe = _recipe(tmp_path, model, tmp_path / "o.gguf", group=group, extra=extra, backend=backend)
+    result = runner.invoke(app, ["check", model_recipe])
+    assert result.exit_code == 2, result.output
+    assert code in result.output, result.output
+    assert not (tmp_path / "o.gguf").exists()
