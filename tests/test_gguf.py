@@ -71,6 +71,7 @@ def _types(path: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.llama_cpp
 @pytest.mark.parametrize("family, rounding", [("llama", "rtn"), ("qwen3", "rtn"), ("qwen3-tied", "rtn"),
                                               ("llama", "gptq+awq")])
 def test_gguf_runs_in_llama_cpp_like_the_float_model(decoders, family, rounding, tmp_path):
@@ -105,6 +106,7 @@ def test_gguf_runs_in_llama_cpp_like_the_float_model(decoders, family, rounding,
 
 
 @pytest.mark.slow
+@pytest.mark.llama_cpp
 def test_llama_gguf_decodes_in_transformers_as_llama_cpp_runs_it(decoders, tmp_path):
     """A second reader of the same file: transformers' GGUF loader (which dequantizes with the gguf package's
     tables) gives the logits llama.cpp computes, so the Q/K row order, the names and the blocks are read the

@@ -31,6 +31,7 @@ def add_hparams(writer: gguf.GGUFWriter, config: dict, name: str, file_type: int
     c = text_config(config)
     heads = int(c["num_attention_heads"])
     rope = c.get("rope_parameters") or {}
+    writer.add_type("model")
     writer.add_name(name)
     writer.add_context_length(int(c.get("max_position_embeddings", 4096)))
     writer.add_embedding_length(int(c["hidden_size"]))
