@@ -1,18 +1,29 @@
-"""qrc's GGUF beside llama.cpp's own conversion + `llama-quantize`, on one random-weight Llama with the shipped
-512-token BPE tokenizer (recipes/data/tokenizer), both files run by llama.cpp (llama-cpp-python):
+"""qrc's GGUF beside llama.cpp's own conversion and quantizer, on one random-weight Llama with the shipped
+512-token BPE tokenizer (recipes/data/tokenizer), every file run by llama.cpp (llama-cpp-python):
 
-    python bench/gguf_llama_cpp.py --llama-cpp LLAMA_CPP_SOURCE [--hidden 512] [--layers 4]
+    python bench/gguf_llama_cpp.py --llama-cpp LLAMA_CPP_SOURCE [--quantize BUILD/bin/llama-quantize]
+                                   [--hidden 512] [--layers 4]
 
-llama.cpp's path: `convert_hf_to_gguf.py --outtype f32` (from LLAMA_CPP_SOURCE, e.g. llama-cpp-python's sdist's
-vendor/llama.cpp) then llama.cpp's quantizer, `llama_model_quantize` (what the `llama-quantize` tool calls), to
-Q4_0 with the head in Q8_0 and the embedding in F32 (the tool's `--output-tensor-type q8_0 --token-embedding-type
-f32`), through llama-cpp-python's binding of the same library that runs the files; the types qrc's recipe gives: every
-Linear `int4 group 32 symmetric` (Q4_0), lm_head `int8 group 32 symmetric` (Q8_0). The converter's check of the
-pre-tokenizer is told "gpt-2" (it knows tokenizers by a hash of their output on a fixed text; this one is the
-repo's own, byte-level with GPT-2's split). Quality: KL of llama.cpp's next-token distribution against the float
-model's in transformers, and perplexity, on the shipped text (windows of 128 tokens); decode: tokens per second of
-a 64-token greedy generation in llama.cpp (best of 3, alternating); size: the file's bytes; time: the whole
-conversion (qrc: one compile, no verification; llama.cpp: convert + quantize). Prints one markdown table.
+The shipped text in windows of 64 tokens: the first 64 windows calibrate (qrc's `data npz`, and the importance
+matrix llama.cpp's quantizer reads), the last 32 are held out (KL of llama.cpp's next-token distribution against
+the float model's in transformers, and perplexity).
+
+- Q4_0: `convert_hf_to_gguf.py --outtype f32` (from LLAMA_CPP_SOURCE, e.g. llama-cpp-python's sdist's
+  vendor/llama.cpp), then llama.cpp's quantizer `llama_model_quantize` (what the `llama-quantize` tool calls,
+  through llama-cpp-python's binding) to Q4_0 with the head in Q8_0 and the embedding in F32 (the tool's
+  `--output-tensor-type q8_0 --token-embedding-type f32`); qrc: every Linear `int4 group 32 symmetric`, lm_head
+  `int8 group 32 symmetric`, rtn and GPTQ.
+- Q4_K_M (with `--quantize`): the `llama-quantize` tool (its C API takes no importance matrix from Python) with
+  `--imatrix` and `--token-embedding-type f32`, and without the imatrix; the importance matrix is each Linear's
+  input mean squares over the calibration windows, taken in transformers by this script and written in
+  llama.cpp's imatrix GGUF format. qrc's recipe gives every tensor the type llama.cpp's file has (read back from
+  it: Q6_K for the head and the v_proj/down_proj llama.cpp picks, Q4_K for the rest), `rounding imatrix`
+  (qrc's own statistics from the same windows) or `rounding rtn`.
+
+The converter's check of the pre-tokenizer is told "gpt-2" (it knows tokenizers by a hash of their output on a
+fixed text; this one is the repo's own, byte-level with GPT-2's split). Decode: tokens per second of a 200-token
+greedy generation in llama.cpp (best of 3, alternating); size: the file's bytes; time: the whole conversion
+(qrc: one compile, no verification; llama.cpp: convert + quantize). Prints one markdown table.
 """
 
 from __future__ import annotations
@@ -37,7 +48,17 @@ RECIPE = """recipe bench_gguf {{
     scheme q4 {{ weights int4 group 32 symmetric  rounding {rounding} }}
     scheme q8 {{ weights int8 group 32 symmetric }}
     quantize {{ type Linear -> q4  "lm_head" -> q8 }}
-    calibrate {{ data synthetic {{ samples 32  seqlen 128 }}  chunk 8 }}
+    calibrate {{ data npz "{data}" {{ samples 64 }}  chunk 8 }}
+    emit "{out}" {{ format gguf }}
+}}
+"""
+K_RECIPE = """recipe bench_gguf_k {{
+    model "{model}"
+    backend torch
+    scheme q4k {{ weights q4_k  rounding {rounding} }}
+    scheme q6k {{ weights q6_k  rounding {rounding} }}
+    quantize {{ type Linear -> q4k  {q6k} -> q6k }}
+    calibrate {{ data npz "{data}" {{ samples 64 }}  chunk 8 }}
     emit "{out}" {{ format gguf }}
 }}
 """
@@ -88,10 +109,10 @@ def llama_cpp_file(source: Path, folder: Path, out: Path) -> float:
     return seconds
 
 
-def qrc_file(folder: Path, out: Path, rounding: str, work: Path) -> float:
-    """qrc's compile of the recipe above; seconds."""
-    recipe = work / f"{rounding}.recipe"
-    recipe.write_text(RECIPE.format(model=folder, out=out, rounding=rounding))
+def qrc_file(recipe_text: str, out: Path, work: Path) -> float:
+    """qrc's compile of a recipe; seconds."""
+    recipe = work / (out.stem + ".recipe")
+    recipe.write_text(recipe_text)
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "compiler", "compile", str(recipe)], check=True, capture_output=True)
     return time.perf_counter() - start
@@ -112,7 +133,7 @@ def quality(path: Path, windows, reference) -> tuple[float, float]:
     return sum(kls) / len(kls), float(torch.exp(torch.tensor(nll / count)))
 
 
-def decode_speed(path: Path, tokens: int = 64) -> float:
+def decode_speed(path: Path, tokens: int = 200) -> float:
     """Tokens per second of a greedy generation in llama.cpp (2 threads)."""
     import llama_cpp
 
@@ -125,39 +146,126 @@ def decode_speed(path: Path, tokens: int = 64) -> float:
         llm.close()
 
 
+def imatrix_file(folder: Path, windows, out: Path) -> None:
+    """Each Linear's input mean squares over `windows` (float model, transformers), as llama.cpp's imatrix GGUF:
+    `NAME.in_sum2` (Σ x² per input column) and `NAME.counts` (tokens) under the file's tensor names."""
+    import gguf
+    import numpy as np
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, model.config.num_hidden_layers)
+    sums: dict[str, torch.Tensor] = {}
+    counts: dict[str, int] = {}
+
+    def hook(name):
+        def record(_, args):
+            x = args[0].detach().double().reshape(-1, args[0].shape[-1])
+            sums[name] = sums.get(name, 0) + x.square().sum(0)
+            counts[name] = counts.get(name, 0) + x.shape[0]
+        return record
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_pre_hook(hook(name))
+    with torch.no_grad():
+        for w in windows:
+            model(w[None])
+    writer = gguf.GGUFWriter(out, "imatrix")
+    writer.add_type("imatrix")
+    writer.add_array("imatrix.datasets", ["qrc shipped text"])
+    writer.add_uint32("imatrix.chunk_count", len(windows))
+    writer.add_uint32("imatrix.chunk_size", int(windows.shape[1]))
+    for name in sorted(sums):
+        target = names.get_name(name + ".weight", try_suffixes=(".weight",))
+        writer.add_tensor(target + ".in_sum2", sums[name].float().numpy().reshape(1, -1))
+        writer.add_tensor(target + ".counts", np.array([[counts[name]]], np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def llama_quantize(quantize: Path, source: Path, folder: Path, out: Path, imatrix: Path | None) -> float:
+    """llama.cpp's converter to F32, then the llama-quantize tool to Q4_K_M (embedding F32); seconds."""
+    start = time.perf_counter()
+    f32 = out.with_suffix(".f32.gguf")
+    subprocess.run([sys.executable, "-c", CONVERT.format(source=str(source), folder=str(folder), out=str(f32))],
+                   check=True, capture_output=True)
+    extra = ["--imatrix", str(imatrix)] if imatrix is not None else []
+    subprocess.run([str(quantize), *extra, "--token-embedding-type", "f32", str(f32), str(out), "Q4_K_M", "2"],
+                   check=True, capture_output=True)
+    seconds = time.perf_counter() - start
+    f32.unlink()
+    return seconds
+
+
+def q6k_selectors(folder: Path, llama_file: Path) -> str:
+    """The recipe's selectors for the tensors llama.cpp's file has in Q6_K (by their transformers names)."""
+    import gguf
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "np") as f:
+        keys = list(f.keys())
+    config = json.loads((folder / "config.json").read_text())
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config["num_hidden_layers"])
+    back = {names.get_name(k, try_suffixes=(".weight",)): k.removesuffix(".weight") for k in keys}
+    q6 = [back[t.name] for t in gguf.GGUFReader(llama_file).tensors if t.tensor_type.name == "Q6_K"]
+    return ", ".join(f'"{name}"' for name in q6)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp's source (convert_hf_to_gguf.py)")
+    parser.add_argument("--quantize", type=Path, help="the llama-quantize binary (for the Q4_K_M rows)")
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     args = parser.parse_args()
 
+    import numpy as np
     import torch
     import transformers
 
     work = Path(tempfile.mkdtemp(prefix="qrc-gguf-bench-"))
     folder = build(work / "model", args.hidden, args.layers)
-    files = {"llama.cpp convert + llama-quantize Q4_0": work / "llama-cpp.gguf", "qrc rtn": work / "qrc-rtn.gguf",
-             "qrc gptq": work / "qrc-gptq.gguf"}
-    seconds = {name: (llama_cpp_file(args.llama_cpp, folder, path) if name.startswith("llama.cpp")
-                      else qrc_file(folder, path, name.split()[-1], work)) for name, path in files.items()}
-    windows = text_windows(128, 6)
+    windows = text_windows(64, 1000)
+    calibration, held_out = windows[:64], windows[-32:]
+    data = work / "calibration.npz"
+    np.savez(data, input_ids=calibration.numpy().astype(np.int64),
+             attention_mask=np.ones(tuple(calibration.shape), np.int64))
+    files = {"llama.cpp Q4_0 (head Q8_0)": work / "llama-cpp-q4_0.gguf", "qrc Q4_0 rtn": work / "qrc-q4_0-rtn.gguf",
+             "qrc Q4_0 gptq": work / "qrc-q4_0-gptq.gguf"}
+    seconds = {"llama.cpp Q4_0 (head Q8_0)": llama_cpp_file(args.llama_cpp, folder, files["llama.cpp Q4_0 (head Q8_0)"])}
+    for rounding in ("rtn", "gptq"):
+        out = files[f"qrc Q4_0 {rounding}"]
+        seconds[f"qrc Q4_0 {rounding}"] = qrc_file(RECIPE.format(model=folder, out=out, rounding=rounding, data=data),
+                                                   out, work)
+    if args.quantize is not None:
+        imatrix = work / "imatrix.gguf"
+        imatrix_file(folder, calibration, imatrix)
+        for label, matrix, rounding in (("imatrix", imatrix, "imatrix"), ("no imatrix", None, "rtn")):
+            theirs, ours = f"llama.cpp Q4_K_M, {label}", f"qrc Q4_K_M types, {label}"
+            files[theirs], files[ours] = work / f"llama-cpp-{rounding}.gguf", work / f"qrc-k-{rounding}.gguf"
+            seconds[theirs] = llama_quantize(args.quantize, args.llama_cpp, folder, files[theirs], matrix)
+            recipe = K_RECIPE.format(model=folder, out=files[ours], rounding=rounding, data=data,
+                                     q6k=q6k_selectors(folder, files[theirs]))
+            seconds[ours] = qrc_file(recipe, files[ours], work)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     with torch.no_grad():
-        reference = [model(w[None]).logits[0].float() for w in windows]
+        reference = [model(w[None]).logits[0].float() for w in held_out]
     float_ppl = float(torch.exp(torch.stack([torch.nn.functional.cross_entropy(r[:-1], w[1:], reduction="sum")
-                                             for r, w in zip(reference, windows, strict=True)]).sum()
-                                / sum(len(w) - 1 for w in windows)))
+                                             for r, w in zip(reference, held_out, strict=True)]).sum()
+                                / sum(len(w) - 1 for w in held_out)))
     speeds: dict[str, list[float]] = {name: [] for name in files}
     for _ in range(3):
         for name, path in files.items():
             speeds[name].append(decode_speed(path))
     print(f"Llama {args.layers} layers, hidden {args.hidden}, vocab 512 (random weights); float perplexity "
-          f"{float_ppl:.2f} on {len(windows)} × 128 tokens of the shipped text\n")
+          f"{float_ppl:.2f} on {len(held_out)} held-out × 64 tokens of the shipped text\n")
     print("| file | KL vs float | perplexity | size (bytes) | decode tok/s | conversion s |")
     print("|---|---|---|---|---|---|")
     for name, path in files.items():
-        kl, ppl = quality(path, windows, reference)
+        kl, ppl = quality(path, held_out, reference)
         print(f"| {name} | {kl:.5f} | {ppl:.2f} ({100 * (ppl / float_ppl - 1):+.2f}%) | {path.stat().st_size:,} | "
               f"{max(speeds[name]):.0f} | {seconds[name]:.1f} |")
     print(json.dumps({"work": str(work)}))

@@ -41,15 +41,27 @@ RECIPE = """recipe gguf_test {{
 
 @pytest.fixture(scope="module")
 def decoders(tmp_path_factory):
-    """family → a zoo folder with a tokenizer of the model's 320 ids."""
+    """family → a zoo folder with a tokenizer of the model's 320 ids; `FAMILY-256`: the same family with rows
+    of 256 and 512 weights (whole K-quant super-blocks)."""
     root = tmp_path_factory.mktemp("gguf-zoo")
 
     def made(family: str) -> Path:
         folder = root / family
         if not folder.exists():
-            add_tokenizer(build(family, folder), 320)
+            add_tokenizer(_wide(family.removesuffix("-256"), folder) if family.endswith("-256") else
+                          build(family, folder), 320)
         return folder
     return made
+
+
+def _wide(family: str, folder: Path) -> Path:
+    config, cls = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+                   "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}[family]
+    torch.manual_seed(0)
+    cls(config(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=64, max_position_embeddings=128, tie_word_embeddings=False)
+        ).eval().save_pretrained(folder)
+    return folder
 
 
 def _recipe(tmp_path: Path, model, out: Path, group: int = 32, head: str = "q8", extra: str = "",
@@ -105,6 +117,48 @@ def test_gguf_runs_in_llama_cpp_like_the_float_model(decoders, family, rounding,
     assert isinstance(text, str) and text, "llama.cpp generated nothing"
 
 
+K_RECIPE = """recipe gguf_k {{
+    model "{model}"
+    backend torch
+    scheme q4k {{ weights q4_k  rounding {rounding} }}
+    scheme q6k {{ weights q6_k  rounding {rounding} }}
+    quantize {{
+        type Linear -> q4k
+        "*.mlp.down_proj", "*.self_attn.v_proj", "lm_head" -> q6k
+    }}
+    calibrate {{ data synthetic {{ samples 16  seqlen 64 }}  chunk 8 }}
+    verify {{ samples 8  metric kld  at_most 0.05 }}
+    emit "{out}" {{ format gguf }}
+}}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.llama_cpp
+@pytest.mark.parametrize("family, rounding", [("llama-256", "imatrix"), ("qwen3-256", "imatrix"), ("llama-256", "rtn")])
+def test_k_quants_run_in_llama_cpp(decoders, family, rounding, tmp_path):
+    """Q4_K with Q6_K for v_proj, down_proj and the head (llama.cpp's Q4_K_M choice for those tensors), searched
+    data-free or with the importance matrix qrc gathers: llama.cpp runs the file, within the formats' error of the
+    float model and of the size qrc's verify reports."""
+    llama_cpp_run = pytest.importorskip("llama_cpp_run")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (llama.cpp) runs the GGUF")
+    folder, out = decoders(family), tmp_path / "k.gguf"
+    recipe = tmp_path / "k.recipe"
+    recipe.write_text(K_RECIPE.format(model=folder, out=out, rounding=rounding))
+    result, planned = compile_program(str(recipe), out)
+    assert result.verify_passed, result.verify
+    assert planned.plan.ops[2].kind.value in ("calibrate_chunk", "cache_block_inputs") or rounding == "rtn"
+    types = _types(out)
+    assert types["blk.0.attn_q.weight"] == types["blk.1.ffn_gate.weight"] == "Q4_K"
+    assert types["blk.0.attn_v.weight"] == types["blk.1.ffn_down.weight"] == types["output.weight"] == "Q6_K"
+    ids = [int(i) for i in np.random.default_rng(9).integers(1, 320, 32)]
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0].float().numpy()
+    kl = _kl(reference, llama_cpp_run.logits(out, ids))
+    assert kl < 5e-3 and 0.3 < kl / result.verify["kld"] < 3, (kl, result.verify)
+
+
 @pytest.mark.slow
 @pytest.mark.llama_cpp
 def test_llama_gguf_decodes_in_transformers_as_llama_cpp_runs_it(decoders, tmp_path):
@@ -153,7 +207,7 @@ def test_gguf_blocks_decode_to_qrc_rounding(decoders, tmp_path):
 
 @pytest.mark.parametrize("case, code", [
     ("group", "Q438"), ("activations", "Q438"), ("builtin", "Q439"), ("no_tokenizer", "Q439"), ("family", "Q439"),
-    ("onnx", "Q220"), ("ranks", "Q431"), ("kv_cache", "Q438")])
+    ("onnx", "Q220"), ("ranks", "Q431"), ("kv_cache", "Q438"), ("k_rows", "Q438")])
 def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
     """Each refusal comes from `qrc check`, with its code and exit 2, before any weight is read."""
     folder = decoders("llama")
@@ -179,7 +233,9 @@ def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
         extra = "memory { ranks 2 }"
     elif case == "kv_cache":
         extra = "kv_cache { fp8 }"
-    if case != "activations":
+    elif case == "k_rows":  # the zoo model's rows of 64 and 128 weights are no whole super-block of 256
+        model_recipe = _recipe(tmp_path, model, tmp_path / "o.gguf", head="k", extra="scheme k { weights q4_k }")
+    if case not in ("activations", "k_rows"):
         model_recipe = _recipe(tmp_path, model, tmp_path / "o.gguf", group=group, extra=extra, backend=backend)
     result = runner.invoke(app, ["check", model_recipe])
     assert result.exit_code == 2, result.output

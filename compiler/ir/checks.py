@@ -134,12 +134,13 @@ def _refuse_float_formats(ir: RecipeIR, diags: Diagnostics) -> None:
         diags.error("Q257", "`kv_cache { fp8 }` is written by the torch backend, not the ONNX one", ir.kv_cache.span,
                     "KV cache on onnx", help="use `backend torch`; onnxruntime-genai keeps its cache in the model's dtype")
     for scheme in _used_schemes(ir):
-        types = {t for t in (scheme.quantized_weights.qtype, scheme.activations and scheme.activations.qtype) if t and t.is_float}
+        types = {t for t in (scheme.quantized_weights.qtype, scheme.activations and scheme.activations.qtype)
+                 if t and (t.is_float or t.is_kquant)}
         if types:
             diags.error("Q257", f"scheme `{scheme.name}` uses {', '.join(sorted(t.value for t in types))}, which the "
-                        "ONNX backend does not write", scheme.span or ir.span, "floating format on onnx",
-                        help="use `backend torch` (a compressed-tensors folder for vLLM and transformers), or an "
-                        "integer scheme (W8A8, W4A16) for onnxruntime")
+                        "ONNX backend does not write", scheme.span or ir.span, "not written on onnx",
+                        help="use `backend torch` (a compressed-tensors folder for vLLM and transformers; GGUF for "
+                        "the K-quants), or an integer scheme (W8A8, W4A16) for onnxruntime")
 
 
 def check_mixed_precision(ir: RecipeIR, diags: Diagnostics) -> None:

@@ -223,8 +223,9 @@ def _weights(items, base: WeightQuant, diags: Diagnostics) -> WeightQuant:
         if item.field == "dtype":
             qtype = QType(item.value.value)
             result = replace(result, qtype=qtype)
-            if qtype.fixed_group and "granularity" not in seen:  # the format's own block size
-                result = replace(result, granularity=Granularity.GROUP, group_size=qtype.fixed_group, block=None)
+            block = qtype.fixed_group or qtype.kquant_group
+            if block and "granularity" not in seen:  # the format's own block size
+                result = replace(result, granularity=Granularity.GROUP, group_size=block, block=None)
         elif item.field == "symmetry":
             result = replace(result, symmetric=item.value.value == "symmetric")
         elif item.field == "granularity":
@@ -238,6 +239,8 @@ def _weights(items, base: WeightQuant, diags: Diagnostics) -> WeightQuant:
                 result = replace(result, granularity=Granularity.GROUP, group_size=size, block=None)
     if result.qtype.is_float and "symmetry" not in seen:  # floating formats are symmetric
         result = replace(result, symmetric=True)
+    if result.qtype.is_kquant and "symmetry" not in seen:  # Q4_K/Q5_K keep a min per sub-block, Q6_K none
+        result = replace(result, symmetric=result.qtype is QType.Q6_K)
     if not result.qtype.is_float and base.qtype.is_float and "granularity" not in seen:
         result = replace(result, granularity=Granularity.PER_CHANNEL, group_size=None, block=None)
     return result
@@ -257,6 +260,10 @@ def _activations(items, base: ActivationQuant, diags: Diagnostics) -> Activation
             continue
         if item.field == "dtype":
             qtype = QType(item.value.value)
+            if qtype.is_kquant:
+                diags.error("Q225", f"activations cannot be `{qtype.value}`", item.span, "a GGUF weight format",
+                            help="K-quants are weight formats; llama.cpp quantizes its inputs itself (drop `activations`)")
+                continue
             if qtype.bits == 4 and not qtype.fixed_group:
                 diags.error("Q225", f"activations cannot be `{qtype.value}`", item.span, "4-bit activations",
                             help="qrc quantizes activations to `int8`, `uint8`, `fp8`, `nvfp4` or `mxfp4`; for "
@@ -291,8 +298,30 @@ def _check_floats(decl: ast.SchemeDecl, w: WeightQuant, a: ActivationQuant | Non
                     help=problem[1])
 
 
+def _kquant_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Rounding) -> tuple[str, str] | None:
+    """What a K-quant scheme (or `rounding imatrix`, their weighted search) cannot take."""
+    fmt = w.qtype
+    if not fmt.is_kquant:
+        return (f"`rounding imatrix` is the K-quants' weighted search, not one for {fmt.value}",
+                "use `weights q4_k`, `q5_k` or `q6_k` with it, or another rounding")
+    if w.granularity is not Granularity.GROUP or w.group_size != fmt.kquant_group:
+        return (f"{fmt.value} scales sub-blocks of {fmt.kquant_group} weights",
+                f"drop the granularity: {fmt.value} means `group {fmt.kquant_group}`")
+    if w.symmetric != (fmt is QType.Q6_K):
+        return (f"{fmt.value} is {'symmetric' if fmt is QType.Q6_K else 'asymmetric (a min per sub-block)'}",
+                "drop `symmetric`/`asymmetric`")
+    if rounding not in (Rounding.RTN, Rounding.IMATRIX):
+        return (f"{fmt.value} is rounded with llama.cpp's search (`rounding rtn`, or `rounding imatrix` weighted by "
+                f"the calibration inputs), not {rounding.value}", "write `rounding rtn` or `rounding imatrix`")
+    if a is not None:
+        return f"{fmt.value} is a weight format (GGUF): llama.cpp quantizes the inputs itself", "remove `activations`"
+    return None
+
+
 def _float_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Rounding) -> tuple[str, str] | None:
     fmt = w.qtype
+    if fmt.is_kquant or rounding is Rounding.IMATRIX:
+        return _kquant_problem(w, a, rounding)
     if w.granularity is Granularity.BLOCK and fmt is not QType.FP8:
         return f"`block` tiles are for fp8 weights, not {fmt.value}", "use `group N` for integer weights"
     if fmt.is_float and not w.symmetric:

@@ -26,11 +26,28 @@ class QType(enum.Enum):
     NVFP4 = "nvfp4"
     MXFP4 = "mxfp4"
     MXFP8 = "mxfp8"
+    # GGUF's K-quants (llama.cpp): integers in sub-blocks of 32 (Q6_K: 16) whose scales (and, Q4_K/Q5_K, mins)
+    # are themselves quantized to 6/8 bits under one float16 scale per super-block of 256 weights
+    Q4_K = "q4_k"
+    Q5_K = "q5_k"
+    Q6_K = "q6_k"
 
     @property
     def bits(self) -> int:
         """Bits per value."""
-        return 4 if self in (QType.INT4, QType.UINT4, QType.NVFP4, QType.MXFP4) else 8
+        if self in (QType.Q5_K, QType.Q6_K):
+            return 5 if self is QType.Q5_K else 6
+        return 4 if self in (QType.INT4, QType.UINT4, QType.NVFP4, QType.MXFP4, QType.Q4_K) else 8
+
+    @property
+    def is_kquant(self) -> bool:
+        """One of GGUF's K-quants (written in GGUF files only)."""
+        return self in (QType.Q4_K, QType.Q5_K, QType.Q6_K)
+
+    @property
+    def kquant_group(self) -> int | None:
+        """The sub-block a K-quant scales together (Q6_K 16, Q4_K/Q5_K 32); None for the other types."""
+        return {QType.Q4_K: 32, QType.Q5_K: 32, QType.Q6_K: 16}.get(self)
 
     @property
     def signed(self) -> bool:
@@ -67,6 +84,7 @@ class Rounding(enum.Enum):
     RTN = "rtn"
     MSE = "mse"
     GPTQ = "gptq"
+    IMATRIX = "imatrix"  # K-quants: llama.cpp's weighted search, weighted by the inputs' mean squares (its imatrix)
 
 
 class ActivationMode(enum.Enum):

@@ -83,7 +83,7 @@ class Context:
     def needs_data(self) -> bool:
         """Some layer rounds with data (GPTQ) or has static input ranges, under any searched choice."""
         w, ir = self.workload, self.ir
-        if w.gptq or w.observed or ir.kv_cache is not None or w.transform is not None:  # the KV cache's scales and
+        if w.gptq or w.imatrix_layers or w.observed or ir.kv_cache is not None or w.transform is not None:  # the KV cache's scales and
             return True  # the transform's statistics come from calibration
         if ir.mixed_precision is None or w.search is None:
             return False
@@ -114,9 +114,10 @@ Pass = Callable[[Context], list[PlanOp]]
 
 
 def needs_data(scheme: Scheme) -> bool:
-    """GPTQ rounds with its layer's inputs; static activations (and NVFP4's global input scale) need their ranges."""
+    """GPTQ and the imatrix search round with their layer's inputs; static activations (and NVFP4's global input
+    scale) need their ranges."""
     act = scheme.activations
-    return scheme.rounding is Rounding.GPTQ or (act is not None and act.calibrated)
+    return scheme.rounding in (Rounding.GPTQ, Rounding.IMATRIX) or (act is not None and act.calibrated)
 
 
 def observed_layers(ctx: Context) -> tuple[str, ...]:

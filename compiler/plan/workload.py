@@ -74,6 +74,7 @@ class Workload(Observation):
     method: CalibrationMethod
     mixed_precision: bool
     search: Search | None  # the mixed-precision search, when there are units to search
+    imatrix_layers: tuple[str, ...] = ()  # K-quants searched with their inputs' mean squares (a vector per input)
     verify_samples: int  # the held-out samples one rank runs
     disk: bool  # block data may be cached on disk (`memory { disk … }`)
     transform: Transform | None = None
@@ -170,6 +171,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
     quantized = [a for a in assignment.layers if not a.scheme.is_none]
     seen = observation(assignment, ir.calibration.passthrough)
     gptq = bool(seen.gptq_layers)
+    imatrix = tuple(a.layer.name for a in quantized if a.scheme.rounding is Rounding.IMATRIX)
     mp = ir.mixed_precision
     cal = ir.calibration
     ranks = ir.memory.ranks
@@ -181,12 +183,12 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         largest_layer_bytes=max((x.bytes for x in index.layers), default=0),
         quantized_layers=tuple(a.layer.name for a in quantized), needed=seen.needed, observed=seen.observed,
         sources=seen.sources, gptq_layers=seen.gptq_layers, hessian_inputs=seen.hessian_inputs,
-        calibrate=bool(seen.observed) or gptq or bool(mp and mp.metric is not SensitivityMetric.SNR)
+        calibrate=bool(seen.observed) or gptq or bool(imatrix) or bool(mp and mp.metric is not SensitivityMetric.SNR)
         or ir.kv_cache is not None or bool(assignment.smoothing),
         gptq=gptq, samples=rank_share(sample_count(cal.data), chunk or cal.chunk, ranks), seqlen=sequence_length(cal.data),
         past=cache_length(cal.data), chunk=chunk or cal.chunk, bins=cal.bins,
         method=cal.method, mixed_precision=mp is not None,
-        search=_search(ir, assignment),
+        search=_search(ir, assignment), imatrix_layers=imatrix,
         verify_samples=rank_share(verify_samples, min(cal.chunk, verify_samples), ranks),
         disk=ir.memory.disk is not None, ranks=ranks,
         data_libraries=DATASET_LIBRARIES if cal.data.kind is DataKind.DATASET else 0,

@@ -120,7 +120,7 @@ def _offload_weights(w: Workload) -> int:
 def _tail_needs_data(w: Workload) -> bool:
     """Whether a layer after the blocks rounds with data (GPTQ, or a static input range): only then does the
     tail run on the calibration stream (an rtn LM head is rounded from its weight alone)."""
-    layers, gptq, needed = w.index.layers, set(w.gptq_layers), set(w.needed)
+    layers, gptq, needed = w.index.layers, set(w.gptq_layers) | set(w.imatrix_layers), set(w.needed)
     first = next((i for i, x in enumerate(layers) if x.block), len(layers))
     return any(x.block is None and (x.name in gptq or x.input in needed) for x in layers[first:])
 

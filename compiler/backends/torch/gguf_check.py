@@ -7,12 +7,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from compiler.backends.torch.gguf_types import ARCHITECTURES, TYPES_HELP, gguf_type, pre_tokenizer
+from compiler.backends.torch.gguf_types import (
+    ARCHITECTURES,
+    SUPER_BLOCK,
+    TYPES_HELP,
+    GgufType,
+    gguf_type,
+    pre_tokenizer,
+)
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import RecipeIR
 from compiler.models.side_files import copyable
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice
+
+K_ROWS = (GgufType.Q4_K, GgufType.Q5_K, GgufType.Q6_K)
 
 
 def check_gguf(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
@@ -32,6 +41,9 @@ def check_gguf(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None
     for candidate in each_choice(ir, assignment):
         for a in candidate.layers:
             found = None if a.scheme.is_none else gguf_type(a.scheme)
+            if found in K_ROWS and a.layer.in_features % SUPER_BLOCK:
+                found = f"{found.value} takes rows of whole super-blocks of {SUPER_BLOCK} weights; this layer's rows " \
+                    f"have {a.layer.in_features}"
             if isinstance(found, str) and (a.layer.name, a.scheme.name) not in seen:
                 seen.add((a.layer.name, a.scheme.name))
                 diags.error("Q438", f"`{a.layer.name}` with scheme `{a.scheme.name}`: {found}",

@@ -18,9 +18,15 @@ class GgufType(enum.Enum):
     BF16 = "BF16"
     Q8_0 = "Q8_0"  # int8 symmetric, blocks of 32 along the input, a float16 scale each
     Q4_0 = "Q4_0"  # int4 symmetric (stored +8), blocks of 32, a float16 scale each
+    Q4_K = "Q4_K"  # the K-quants (compiler/quant/kquants.py): rows of whole super-blocks of 256 weights
+    Q5_K = "Q5_K"
+    Q6_K = "Q6_K"
 
 
-TYPES_HELP = "GGUF's types: Q8_0 is `weights int8 group 32 symmetric`, Q4_0 `weights int4 group 32 symmetric`"
+K_QUANTS = {QType.Q4_K: GgufType.Q4_K, QType.Q5_K: GgufType.Q5_K, QType.Q6_K: GgufType.Q6_K}
+SUPER_BLOCK = 256  # a K-quant row is cut into super-blocks of this many weights
+TYPES_HELP = ("GGUF's types: Q8_0 is `weights int8 group 32 symmetric`, Q4_0 `weights int4 group 32 symmetric`, "
+              "Q4_K/Q5_K/Q6_K `weights q4_k`/`q5_k`/`q6_k`")
 
 
 def gguf_type(scheme: Scheme) -> GgufType | str:
@@ -30,6 +36,8 @@ def gguf_type(scheme: Scheme) -> GgufType | str:
     if scheme.activations is not None:
         return "GGUF stores weights; llama.cpp quantizes the inputs itself (remove `activations`)"
     spec = scheme.quantized_weights
+    if spec.qtype in K_QUANTS:  # the scheme check (ir/schemes.py) fixed their sub-blocks and symmetry
+        return K_QUANTS[spec.qtype]
     forms = {QType.INT8: GgufType.Q8_0, QType.INT4: GgufType.Q4_0}
     if spec.qtype not in forms:
         return f"`{spec.qtype.value}` weights have no GGUF type qrc writes"

@@ -24,6 +24,7 @@ from compiler.backends.torch.gguf_types import ARCHITECTURES, GgufType, gguf_typ
 from compiler.backends.torch.layers import Job
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.output_layout import is_tied
+from compiler.quant.kquants import KQuantized
 from compiler.quant.weights import QuantizedWeight
 
 _GGML = {t: gguf.GGMLQuantizationType[t.value] for t in GgufType}
@@ -31,7 +32,8 @@ _FLOATS = {torch.float32: GgufType.F32, torch.float16: GgufType.F16, torch.bfloa
 _TORCH = {GgufType.F32: torch.float32, GgufType.F16: torch.float16, GgufType.BF16: torch.bfloat16}
 _FILE_TYPES = {GgufType.F32: gguf.LlamaFileType.ALL_F32, GgufType.F16: gguf.LlamaFileType.MOSTLY_F16,
                GgufType.BF16: gguf.LlamaFileType.MOSTLY_BF16, GgufType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
-               GgufType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0}
+               GgufType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0, GgufType.Q4_K: gguf.LlamaFileType.MOSTLY_Q4_K_M,
+               GgufType.Q5_K: gguf.LlamaFileType.MOSTLY_Q5_K_M, GgufType.Q6_K: gguf.LlamaFileType.MOSTLY_Q6_K}
 
 
 @dataclass(frozen=True)
@@ -98,11 +100,11 @@ class GgufWriter(Emitter):
             data = _rope_rows(data, t.heads)
         self._write(name, data.reshape(-1).view(torch.uint8).numpy())
 
-    def put_rounded(self, job: Job, q: QuantizedWeight) -> None:
-        """A rounded layer's blocks (its float16 scales and integers: the values qrc's model computes with)."""
+    def put_rounded(self, job: Job, q: QuantizedWeight | KQuantized) -> None:
+        """A rounded layer's blocks (their float16 scales and integers: the values qrc's model computes with)."""
         name = job.layer.name + ".weight" if is_tied(job) else job.layer.weight
         t = self.tensors[name]
-        rows = _blocks(q, t.type)
+        rows = q.packed if isinstance(q, KQuantized) else _blocks(q, t.type)
         if t.heads:
             rows = _rope_rows(torch.from_numpy(rows), t.heads).numpy()
         self._write(name, rows.reshape(-1))

@@ -23,6 +23,7 @@ from compiler.ir.types import ActivationMode, Calibration, Granularity, QType, R
 from compiler.models.index import Layer
 from compiler.quant import qparams
 from compiler.quant.gptq import gptq
+from compiler.quant.kquants import KQuantized, quantize_kquant
 from compiler.quant.observers import make_observer
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
 from compiler.quant.weights import Convention, QuantizedWeight, quantize_weight
@@ -30,6 +31,7 @@ from compiler.resolve.assignment import Assignment
 from compiler.source import Span
 
 ROW_SLICE_BYTES = 4 << 20  # rtn/mse round a weight this many bytes of rows at a time
+Rounded = QuantizedWeight | FloatQuantized | KQuantized  # a weight as one of the roundings leaves it
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,14 @@ class Job:
         return static_input(self.scheme)
 
     @property
+    def imatrix(self) -> bool:
+        """A K-quant searched with its inputs' per-column mean squares (llama.cpp's importance matrix)."""
+        return self.scheme.rounding is Rounding.IMATRIX
+
+    @property
     def needs_data(self) -> bool:
-        """It needs calibration data (GPTQ or static inputs)."""
-        return self.gptq or self.static_input
+        """It needs calibration data (GPTQ, an importance matrix or static inputs)."""
+        return self.gptq or self.imatrix or self.static_input
 
     def with_rtn(self) -> Job:
         """The same layer and scheme, rounded with rtn (what is left when GPTQ has no usable Hessian)."""
@@ -79,6 +86,25 @@ class Hessian:
 
 
 @dataclass
+class Squares:
+    """Σ x² of each input column over finite input rows (float64), and the row count: llama.cpp's imatrix."""
+
+    sum: torch.Tensor
+    rows: int = 0
+
+    def update(self, x: torch.Tensor) -> None:
+        """Add a batch of inputs."""
+        rows = x.detach().reshape(-1, x.shape[-1]).double()
+        rows = rows[torch.isfinite(rows).all(dim=1)]
+        self.sum += rows.square().sum(dim=0)
+        self.rows += rows.shape[0]
+
+    def mean(self) -> np.ndarray:
+        """Each column's mean square (float32)."""
+        return (self.sum / max(self.rows, 1)).float().cpu().numpy()
+
+
+@dataclass
 class Statistics:
     """Forward pre-hooks on the Linears of `jobs` that need data. Layers reading the same live tensor
     object in one forward pass share one leader, whose Hessian and observer stand for all of them."""
@@ -89,6 +115,7 @@ class Statistics:
     leader: dict[str, str] = field(default_factory=dict)
     hessians: dict[str, Hessian] = field(default_factory=dict)
     observers: dict[str, object] = field(default_factory=dict)
+    squares: dict[str, Squares] = field(default_factory=dict)  # leader → its inputs' column mean squares (imatrix)
     _seen: dict[int, tuple[weakref.ref, str, set]] = field(default_factory=dict)
     _handles: list = field(default_factory=list)
     _remaining: Counter = field(default_factory=Counter)  # leader → layers sharing its Hessian not yet rounded
@@ -134,6 +161,10 @@ class Statistics:
                 k = x.shape[-1]
                 h = self.hessians.setdefault(leader, Hessian(torch.zeros(k, k, dtype=torch.float32, device=x.device)))
                 h.update(x)
+            if job.imatrix and "squares" not in done:
+                done.add("squares")
+                k = x.shape[-1]
+                self.squares.setdefault(leader, Squares(torch.zeros(k, dtype=torch.float64, device=x.device))).update(x)
             if job.static_input and "observer" not in done:
                 done.add("observer")
                 histogram = self.calibration.method in HISTOGRAM_METHODS
@@ -159,13 +190,17 @@ class Statistics:
             self.hessians.pop(leader, None)
             del self._remaining[leader]
 
+    def importance(self, job: Job) -> np.ndarray:
+        """The mean square of each input column of `job` (shared by layers reading the same tensor)."""
+        return self.squares[self.leader[job.module]].mean()
+
     def observer(self, job: Job):
         """The input observer of `job` (shared by layers reading the same tensor)."""
         return self.observers.get(self.leader.get(job.module, job.module))
 
 
 def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale_dtype: torch.dtype,
-                 dampened=None, shared_absmax: float | None = None) -> QuantizedWeight | FloatQuantized:
+                 dampened=None, shared_absmax: float | None = None) -> Rounded:
     """Round one Linear weight [out, in] with its scheme's rounding, in the torch convention. GPTQ tells
     `dampened` the dampening it had to raise to; a Hessian no dampening makes definite (SingularHessian)
     propagates to the caller, which rounds with rtn. `shared_absmax`: NVFP4 siblings' common range."""
@@ -173,6 +208,9 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
     if spec.qtype.is_float:  # rounded and stored by compressed-tensors (float_formats.py)
         return float_formats.quantize_scheme(weight, job.scheme, scale_dtype, shared_absmax)
     w = weight.detach().float().cpu().numpy()
+    if spec.qtype.is_kquant:  # GGUF's own blocks, searched as llama.cpp does (its scales float16 by format)
+        assert stats is not None or not job.imatrix, "the imatrix search rounds with its layer's statistics"
+        return quantize_kquant(w, spec.qtype, stats.importance(job) if job.imatrix and stats is not None else None)
     np_dtype = str(scale_dtype).removeprefix("torch.")
     if job.gptq:
         assert stats is not None, "GPTQ rounds with its layer's statistics"
@@ -209,7 +247,7 @@ def input_qparams(job: Job, stats: Statistics | None, calibration: Calibration |
     return float(scale[0]), int(zp[0])
 
 
-def apply_quantized(module: nn.Linear, q: QuantizedWeight | FloatQuantized, job: Job, act: tuple[float, int] | None):
+def apply_quantized(module: nn.Linear, q: Rounded, job: Job, act: tuple[float, int] | None):
     """The module now computes like the emitted model: dequantized weight, fake-quantized input.
     Returns the hook handle of the input quantizer (None without one)."""
     # what compressed-tensors' decompressor computes from the stored tensors: (q - zp) · scale

@@ -69,8 +69,10 @@ def _kld_words(search: Search, chunks: int, chunk: int) -> str:
 def _statistics(ctx: Context) -> list[str]:
     """What calibration gathers, in words."""
     w = ctx.workload
-    parts = ["input ranges"] if w.observed or (ctx.ir.kv_cache is None and w.transform is None) else []
+    others = ctx.ir.kv_cache is not None or w.transform is not None or bool(w.imatrix_layers)
+    parts = ["input ranges"] if w.observed or not others else []
     parts += (["GPTQ Hessians"] if w.gptq else []) + (["KV cache ranges"] if ctx.ir.kv_cache else [])
+    parts += ["input mean squares per column (imatrix)"] if w.imatrix_layers else []
     return parts or ["none beyond the transform's, gathered by the smooth op"]
 
 

@@ -20,14 +20,14 @@ from compiler.backends.torch.figures import input_range, weight_sqnr
 from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.gguf_writer import GgufWriter
 from compiler.backends.torch.global_scales import SharedGlobalScales
-from compiler.backends.torch.layers import Job, Statistics, apply_quantized, input_qparams, quantize_job
+from compiler.backends.torch.layers import Job, Rounded, Statistics, apply_quantized, input_qparams, quantize_job
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.sharing import owners, share_hessians, share_statistics
 from compiler.backends.torch.writer import FolderWriter, RankCollector
 from compiler.diagnostics import warning
 from compiler.ir.types import Calibration
 from compiler.quant.gptq import SingularHessian
-from compiler.quant.weights import QuantizedWeight
+from compiler.quant.kquants import KQuantized
 from compiler.source import Span
 
 
@@ -151,7 +151,7 @@ class Rounder:
         return job, act
 
     def _shared(self, prepared: list[tuple[Job, tuple[float, int] | None]], stats: Statistics | None
-                ) -> tuple[dict[str, QuantizedWeight | FloatQuantized], dict[str, int]]:
+                ) -> tuple[dict[str, Rounded], dict[str, int]]:
         """Each job rounded by the rank it is assigned to (sharing.owners), then every rank's rounded weights
         and dampening handed to all; with the owners."""
         owner = owners([job for job, _ in prepared], self.ranks.world)
@@ -162,7 +162,7 @@ class Rounder:
             if owner[job.layer.name] == self.ranks.rank:
                 mine[job.layer.name] = self.quantize(job, self._linear(job).weight, stats)
         dampened = {name: self.dampened[name] for name in mine if name in self.dampened}
-        rounded: dict[str, QuantizedWeight | FloatQuantized] = {}
+        rounded: dict[str, Rounded] = {}
         for theirs, their_dampened in all_gathered(self.ranks, (mine, dampened)):
             rounded.update(theirs)
             self.dampened.update(their_dampened)
@@ -174,13 +174,13 @@ class Rounder:
         assert isinstance(module, torch.nn.Linear)
         return module
 
-    def round(self, job: Job, weight: torch.Tensor, stats: Statistics | None, act) -> QuantizedWeight | FloatQuantized:
+    def round(self, job: Job, weight: torch.Tensor, stats: Statistics | None, act) -> Rounded:
         """Round one weight (quantize) and write its compressed tensors."""
         q = self.quantize(job, weight, stats)
         self.write(job, q, act)
         return q
 
-    def quantize(self, job: Job, weight: torch.Tensor, stats: Statistics | None) -> QuantizedWeight | FloatQuantized:
+    def quantize(self, job: Job, weight: torch.Tensor, stats: Statistics | None) -> Rounded:
         """One weight rounded, refusing non-finite ones (Q409). GPTQ raises its dampening where H is not
         definite, and rounds with rtn where no dampening helps (Q418, once)."""
         refuse_nonfinite(self.model_span, job.layer, weight.detach().float().cpu().numpy())
@@ -192,12 +192,13 @@ class Rounder:
             self.dampened[job.layer.name] = math.inf
             return quantize_job(job.with_rtn(), weight, None, self.scale_dtype or self.model.dtype)
 
-    def write(self, job: Job, q: QuantizedWeight | FloatQuantized, act) -> None:
+    def write(self, job: Job, q: Rounded, act) -> None:
         """A rounded weight's compressed tensors (and its input scale) into the output; GGUF's blocks."""
         if isinstance(self.writer, GgufWriter):
-            assert isinstance(q, QuantizedWeight)  # gguf_check: integer schemes only
+            assert not isinstance(q, FloatQuantized)  # gguf_check: integer schemes and K-quants only
             self.writer.put_rounded(job, q)
             return
+        assert not isinstance(q, KQuantized)  # check_supported: K-quants are written in GGUF only
         for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():
             self.writer.put(name, tensor)
 

@@ -61,7 +61,8 @@ def _warn_fused_experts(ir: RecipeIR, assignment: Assignment, diags: Diagnostics
 def _warn_vllm(assignment: Assignment, diags: Diagnostics) -> None:
     """Q267: a scheme vLLM's loader has no kernel scheme for (vllm_rules.py): the folder loads in transformers,
     and vLLM refuses it."""
-    schemes = {a.scheme.name: a.scheme for a in assignment.layers if not a.scheme.is_none}
+    schemes = {a.scheme.name: a.scheme for a in assignment.layers
+               if not a.scheme.is_none and not a.scheme.quantized_weights.qtype.is_kquant}  # K-quants: Q411
     for name, scheme in schemes.items():
         act = scheme.activations
         group = {"weights": weight_args(scheme.quantized_weights, scheme.rounding), "format": weight_format(scheme),
@@ -108,6 +109,8 @@ def _problem(a) -> str | None:
         return "transformers' Conv1D (GPT-2 style) stores its weight transposed, [in, out]; qrc does not quantize it yet"
     if layer.kind is not LayerKind.LINEAR:
         return f"the torch backend quantizes Linear layers (compressed-tensors); this is {layer.kind.value}"
+    if w.qtype.is_kquant:
+        return f"{w.qtype.value} is a GGUF format; write it with `emit \"out.gguf\" {{ format gguf }}`"
     if not w.qtype.signed:
         return f"compressed-tensors stores signed integers; use {w.qtype.value.removeprefix('u')} (asymmetric) instead"
     if w.group_size and layer.in_features % w.group_size:
