@@ -79,8 +79,9 @@ def _ggml() -> ctypes.CDLL:
 @pytest.mark.parametrize("qtype, name, bound", KQUANTS)
 @pytest.mark.parametrize("weighted", [False, True])
 def test_as_close_as_llama_cpp_own_quantizer(qtype, name, bound, weighted):
-    """llama.cpp's quantizer (ggml_quantize_chunk) on the same weights and imatrix: qrc's error is within 1% of
-    its error (same search, float32 sums in another order), and most blocks are byte for byte the same."""
+    """llama.cpp's quantizer (ggml_quantize_chunk) on the same weights and imatrix: the same search, so qrc's
+    error is llama.cpp's (within 0.2%: float32 sums run in another order, so a near tie between two candidate
+    scales can go the other way) and more than 90% of the blocks are byte for byte llama.cpp's."""
     lib = _ggml()
     w = _weights(rows=64, columns=1024, seed=5)
     importance = np.random.default_rng(6).random(1024).astype(np.float32) * 4 + 0.05 if weighted else None
@@ -93,6 +94,6 @@ def test_as_close_as_llama_cpp_own_quantizer(qtype, name, bound, weighted):
     ours = quantize_kquant(w, qtype, importance)
     their_values = gguf.quants.dequantize(theirs, kind).reshape(w.shape)
     weight = importance if importance is not None else None
-    assert _error(ours.dequantize(), w, weight) <= 1.01 * _error(their_values, w, weight)
+    assert _error(ours.dequantize(), w, weight) <= 1.002 * _error(their_values, w, weight)
     same = np.mean(np.all(ours.packed.reshape(-1, size) == theirs.reshape(-1, size), axis=1))
-    assert same > 0.5, same
+    assert same > 0.9, same

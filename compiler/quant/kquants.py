@@ -74,8 +74,10 @@ def _search_min_scale(x, w, nmax: int, rmin: float, rdelta: float, nstep: int):
     shifted = x - mn[..., None]
     levels = np.clip(_rint(iscale[..., None] * shifted), 0, nmax)
     best = _sum(w * np.square(scale[..., None] * levels + mn[..., None] - x))
-    for step in range(nstep + 1):
-        iscale = _F(rmin + rdelta * step + nmax) / span
+    for step in range(nstep + 1):  # as in llama.cpp, each candidate is taken from the best min found so far
+        span = np.where(flat, _F(1), mx - mn)
+        shifted = x - mn[..., None]
+        iscale = (_F(rmin) + _F(rdelta) * _F(step) + _F(nmax)) / span
         trial = np.clip(_rint(iscale[..., None] * shifted), 0, nmax)
         sum_l, sum_l2, sum_xl = _sum(w * trial), _sum(w * trial * trial), _sum(w * trial * x)
         det = sum_w * sum_l2 - sum_l * sum_l
@@ -221,7 +223,7 @@ def _q6_k(x: np.ndarray, qw: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]
     with np.errstate(divide="ignore", invalid="ignore"):
         again = np.clip(_rint(sub / step[..., None]), -32, 31) + 32
     levels = np.where((step != 0)[..., None] & ~zero[:, None, None], again, levels)
-    levels = np.where(zero[:, None, None], _F(32), levels).astype(np.uint8)  # a zero block: d 0 (any level)
+    levels = np.where(zero[:, None, None], _F(0), levels).astype(np.uint8)  # a zero block: all bytes 0, as llama.cpp
     values = step[..., None] * (levels.astype(_F) - _F(32))
     return _pack_q6_k(d, sc, levels), values.reshape(-1, SUPER)
 
