@@ -49,12 +49,16 @@ def _recipe(tmp_path, folder, scheme: str, mode: str = "offload") -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("scheme", list(SCHEMES))
-@pytest.mark.parametrize("family", DENSE)
+# each scheme in one block-wise mode per family, the pairing alternating between families, so that every family
+# runs both schemes and both modes and every scheme × mode pair runs on half the families (the full product
+# doubled these compiles and no longer fit CI's 30 minutes beside llama.cpp's build)
+PAIRS = {family: [("w4a16", MODES[i % 2]), ("w8a8", MODES[(i + 1) % 2])] for i, family in enumerate(DENSE)}
+
+
+@pytest.mark.parametrize(("family", "scheme", "mode"), [(f, s, m) for f in DENSE for s, m in PAIRS[f]])
 def test_family_compiles_verifies_and_loads(zoo, family, scheme, mode, tmp_path):
-    """Each family in each scheme and block-wise mode: verified, loaded by transformers (its weights are the
-    ones qrc rounded: the SQNR qrc reports for a layer is the one the loaded weights give), and generating."""
+    """Each family in each scheme, and in each block-wise mode: verified, loaded by transformers (its weights are
+    the ones qrc rounded: the SQNR qrc reports for a layer is the one the loaded weights give), and generating."""
     folder = zoo(family)
     result, planned = compile_program(_recipe(tmp_path, folder, scheme, mode), tmp_path / "out")
     assert result.verify_passed, result.verify
