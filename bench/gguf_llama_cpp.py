@@ -78,7 +78,7 @@ def build(folder: Path, hidden: int, layers: int) -> Path:
     import transformers
 
     tokenizer = ROOT / "recipes" / "data" / "tokenizer"
-    config = transformers.LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=hidden * 3,
                                       num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
                                       max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=1,
                                       eos_token_id=2)
