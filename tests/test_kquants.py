@@ -97,3 +97,21 @@ def test_as_close_as_llama_cpp_own_quantizer(qtype, name, bound, weighted):
     assert _error(ours.dequantize(), w, weight) <= 1.002 * _error(their_values, w, weight)
     same = np.mean(np.all(ours.packed.reshape(-1, size) == theirs.reshape(-1, size), axis=1))
     assert same > 0.9, same
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.parametrize("name", ["Q4_0", "Q8_0"])
+def test_reference_blocks_are_llama_cpp_own(name):
+    """rtn Q4_0/Q8_0 (what the GGUF writer takes for those types) are byte for byte what llama.cpp's quantizer
+    writes, and decode to the values qrc's model computes with."""
+    from compiler.quant.kquants import quantize_reference
+
+    lib = _ggml()
+    w = _weights(rows=64, columns=1024, seed=7)
+    kind = gguf.GGMLQuantizationType[name]
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    theirs = np.zeros((64, 1024 // block * size), np.uint8)
+    lib.ggml_quantize_chunk(int(kind), np.ascontiguousarray(w).ctypes.data, theirs.ctypes.data, 0, 64, 1024, None)
+    ours = quantize_reference(w, name)
+    assert np.array_equal(ours.packed, theirs)
+    assert np.array_equal(ours.dequantize(), gguf.quants.dequantize(theirs, kind).reshape(w.shape))

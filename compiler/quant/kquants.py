@@ -1,4 +1,7 @@
-"""GGUF's K-quants (Q4_K, Q5_K, Q6_K), rounded as llama.cpp's quantizer searches them (ggml-quants.c), vectorised
+"""GGUF's blocks as qrc rounds them: Q4_0/Q8_0 with rtn through the gguf package's port of llama.cpp's reference
+quantizer (quantize_reference), and the K-quants below.
+
+GGUF's K-quants (Q4_K, Q5_K, Q6_K), rounded as llama.cpp's quantizer searches them (ggml-quants.c), vectorised
 over every super-block of a weight at once in float32, and packed into llama.cpp's block layout.
 
 A row is cut into super-blocks of 256 weights. Q4_K/Q5_K: 8 sub-blocks of 32, each with a scale and a min
@@ -26,10 +29,10 @@ _EPS = _F(1e-15)  # GROUP_MAX_EPS: a sub-block below this is all zero
 
 
 @dataclass(frozen=True)
-class KQuantized:
-    """One weight in a K-quant: its bytes in llama.cpp's block layout ([rows, bytes per row]) and the integers,
+class GgufBlocks:
+    """One weight in a GGUF type: its bytes in llama.cpp's block layout ([rows, bytes per row]) and the integers,
     scales and mins they hold, decoded to float32 as llama.cpp computes with them."""
-    qtype: QType
+    kind: str  # the GGUF type's name (Q4_K, Q4_0, …)
     packed: np.ndarray  # uint8 [rows, row bytes]
     values: np.ndarray  # float32 [rows, columns]
 
@@ -38,7 +41,7 @@ class KQuantized:
         return self.values
 
 
-def quantize_kquant(w: np.ndarray, qtype: QType, importance: np.ndarray | None = None) -> KQuantized:
+def quantize_kquant(w: np.ndarray, qtype: QType, importance: np.ndarray | None = None) -> GgufBlocks:
     """Round `w` [rows, columns] (columns a multiple of 256) to `qtype`; `importance` [columns]: llama.cpp's
     imatrix for this layer (None: the data-free search)."""
     rows, columns = w.shape
@@ -49,7 +52,19 @@ def quantize_kquant(w: np.ndarray, qtype: QType, importance: np.ndarray | None =
         packed, values = _q6_k(x, qw)
     else:
         packed, values = _q45_k(x, qw, 15 if qtype is QType.Q4_K else 31)
-    return KQuantized(qtype, packed.reshape(rows, -1), values.reshape(rows, columns))
+    return GgufBlocks(qtype.value.upper(), packed.reshape(rows, -1), values.reshape(rows, columns))
+
+
+def quantize_reference(w: np.ndarray, kind: str) -> GgufBlocks:
+    """`w` [rows, columns] in Q4_0 or Q8_0 as llama.cpp's reference quantizer rounds them, through the gguf
+    package's port of it (bit-exact: Q4_0's scale is the signed largest value over -8, so all 16 levels are
+    used; Q8_0's the largest magnitude over 127), decoded by the same package."""
+    import gguf
+
+    kind_id = gguf.GGMLQuantizationType[kind]
+    packed = gguf.quants.quantize(np.ascontiguousarray(w, dtype=_F), kind_id)
+    values = gguf.quants.dequantize(packed, kind_id).astype(_F, copy=False)
+    return GgufBlocks(kind, packed.reshape(w.shape[0], -1), values.reshape(w.shape))
 
 
 def _rint(v: np.ndarray) -> np.ndarray:

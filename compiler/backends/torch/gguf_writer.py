@@ -24,7 +24,8 @@ from compiler.backends.torch.gguf_types import ARCHITECTURES, GgufType, gguf_typ
 from compiler.backends.torch.layers import Job
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.output_layout import is_tied
-from compiler.quant.kquants import KQuantized
+from compiler.ir.types import Rounding
+from compiler.quant.kquants import GgufBlocks, quantize_reference
 from compiler.quant.weights import QuantizedWeight
 
 _GGML = {t: gguf.GGMLQuantizationType[t.value] for t in GgufType}
@@ -100,14 +101,23 @@ class GgufWriter(Emitter):
             data = _rope_rows(data, t.heads)
         self._write(name, data.reshape(-1).view(torch.uint8).numpy())
 
-    def put_rounded(self, job: Job, q: QuantizedWeight | KQuantized) -> None:
+    def put_rounded(self, job: Job, q: QuantizedWeight | GgufBlocks) -> None:
         """A rounded layer's blocks (their float16 scales and integers: the values qrc's model computes with)."""
         name = job.layer.name + ".weight" if is_tied(job) else job.layer.weight
         t = self.tensors[name]
-        rows = q.packed if isinstance(q, KQuantized) else _blocks(q, t.type)
+        rows = q.packed if isinstance(q, GgufBlocks) else _blocks(q, t.type)
         if t.heads:
             rows = _rope_rows(torch.from_numpy(rows), t.heads).numpy()
         self._write(name, rows.reshape(-1))
+
+    def reference_blocks(self, job: Job, weight: torch.Tensor) -> GgufBlocks | None:
+        """Q4_0 and Q8_0 rounded with rtn: llama.cpp's own reference rounding of them (its Q4_0 uses all 16
+        levels, where qrc's symmetric int4 grid uses 15), so the file is the one llama-quantize writes; None for
+        the other roundings and types (qrc's)."""
+        kind = self.tensors[job.layer.name + ".weight" if is_tied(job) else job.layer.weight].type
+        if job.scheme.rounding is not Rounding.RTN or kind not in (GgufType.Q4_0, GgufType.Q8_0):
+            return None
+        return quantize_reference(weight.detach().float().cpu().numpy(), kind.value)
 
     def copy_unquantized(self, model: TorchModel, jobs: list[Job]) -> None:
         """Every checkpoint tensor no layer replaced, read and written in its GGUF type."""

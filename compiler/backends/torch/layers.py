@@ -23,7 +23,7 @@ from compiler.ir.types import ActivationMode, Calibration, Granularity, QType, R
 from compiler.models.index import Layer
 from compiler.quant import qparams
 from compiler.quant.gptq import gptq
-from compiler.quant.kquants import KQuantized, quantize_kquant
+from compiler.quant.kquants import GgufBlocks, quantize_kquant
 from compiler.quant.observers import make_observer
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
 from compiler.quant.weights import Convention, QuantizedWeight, quantize_weight
@@ -31,7 +31,7 @@ from compiler.resolve.assignment import Assignment
 from compiler.source import Span
 
 ROW_SLICE_BYTES = 4 << 20  # rtn/mse round a weight this many bytes of rows at a time
-Rounded = QuantizedWeight | FloatQuantized | KQuantized  # a weight as one of the roundings leaves it
+Rounded = QuantizedWeight | FloatQuantized | GgufBlocks  # a weight as one of the roundings leaves it
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from compiler.backends.torch.writer import FolderWriter, RankCollector
 from compiler.diagnostics import warning
 from compiler.ir.types import Calibration
 from compiler.quant.gptq import SingularHessian
-from compiler.quant.kquants import KQuantized
+from compiler.quant.kquants import GgufBlocks
 from compiler.source import Span
 
 
@@ -184,6 +184,9 @@ class Rounder:
         """One weight rounded, refusing non-finite ones (Q409). GPTQ raises its dampening where H is not
         definite, and rounds with rtn where no dampening helps (Q418, once)."""
         refuse_nonfinite(self.model_span, job.layer, weight.detach().float().cpu().numpy())
+        reference = self.writer.reference_blocks(job, weight) if isinstance(self.writer, GgufWriter) else None
+        if reference is not None:
+            return reference
         try:
             return quantize_job(job, weight, stats, self.scale_dtype or self.model.dtype,
                                 lambda used: self.dampened.setdefault(job.layer.name, used),
@@ -198,7 +201,7 @@ class Rounder:
             assert not isinstance(q, FloatQuantized)  # gguf_check: integer schemes and K-quants only
             self.writer.put_rounded(job, q)
             return
-        assert not isinstance(q, KQuantized)  # check_supported: K-quants are written in GGUF only
+        assert not isinstance(q, GgufBlocks)  # check_supported: K-quants are written in GGUF only
         for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():
             self.writer.put(name, tensor)
 
