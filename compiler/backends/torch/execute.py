@@ -86,6 +86,8 @@ class _Run:
         self.output, self.progress, self.start = output, progress, start
         self.pending = Pending()  # what the rounder and the streams report between ops (program.py drains it)
         self.mode = plan.mode
+        emit = plan.first(ops.Emit)
+        self.gguf = isinstance(emit, ops.Emit) and emit.format is EmitFormat.GGUF  # one file for llama.cpp
         self.access = ops.ModelAccess.RESIDENT  # set by load_model
         self._model: TorchModel | None = None
         self._index: ModelIndex | None = None
@@ -144,10 +146,6 @@ class _Run:
         release_memory()
 
     # ---- model, memory mode, search ---------------------------------------------------------------
-    @property
-    def _gguf(self) -> bool:
-        return self.plan.first(ops.Emit).format is EmitFormat.GGUF  # type: ignore[union-attr]
-
     @property
     def file_to_file(self) -> bool:
         """Nothing runs the model (the plan opened its files only): no model definition is built, so an
@@ -209,8 +207,7 @@ class _Run:
         kv = emit.kv_cache
         attention = attention_modules([layer.name for layer in self.index.layers]) if kv is not None else []
         self.kv = KvCacheQuantizer(self.model.module, attention, kv, self.model.dtype)
-        gguf = emit.format is EmitFormat.GGUF
-        if gguf:  # one rank (Q431): its header is written now, with every tensor's place
+        if self.gguf:  # one rank (Q431): its header is written now, with every tensor's place
             self.writer, skipped = GgufWriter(self.output, self.model, self.jobs), None
         else:
             self.config, self.writer, skipped = open_output(self.output, self.model, self.jobs, self.assignment,
@@ -219,7 +216,7 @@ class _Run:
         # GGUF's blocks carry float16 scales: rounded with them, qrc's model computes what llama.cpp decodes
         self.rounder = Rounder(calibration, self.plan.spans.model, self.model, self.writer, self.global_scales,
                                self.pending, self.progress, ranks=self.ranks,
-                               scale_dtype=torch.float16 if gguf else self.model.dtype)
+                               scale_dtype=torch.float16 if self.gguf else self.model.dtype)
         if skipped is not None:
             self.pending.warnings.append(skipped)
         if self.disk is not None:
@@ -292,7 +289,7 @@ class _Run:
             return None
         batches = list(held_out_batches(held, self.index, self.pending.warnings))
         # the emitted folder is the first rank's alone; the ranks share the run of qrc's model instead
-        self.emitted = can_verify_artifact(self.model) and self.ranks.world == 1 and not self._gguf
+        self.emitted = can_verify_artifact(self.model) and self.ranks.world == 1 and not self.gguf
         quantized = None if self.emitted else self._stream("verify (quantized)", batches)
         return self._stream("verify (float)", batches), quantized, Agreement()
 
@@ -505,7 +502,7 @@ class _Run:
             agreement = merged_one(self.ranks, agreement)
             share_costs(self.costs, self.ranks)
             measured_on = f"qrc's model, its held-out samples shared by {self.ranks.world} torchrun ranks"
-        elif self._gguf:
+        elif self.gguf:
             measured_on = ("qrc's model, rounded to the GGUF's blocks (its float16 scales and integers, the values "
                            "llama.cpp decodes)")
         elif not self.emitted:

@@ -23,7 +23,6 @@ from compiler.backends.torch.gguf_metadata import add_hparams, add_tokenizer, te
 from compiler.backends.torch.gguf_types import ARCHITECTURES, GgufType, gguf_type
 from compiler.backends.torch.layers import Job
 from compiler.backends.torch.model import TorchModel
-from compiler.backends.torch.output_layout import is_tied
 from compiler.ir.types import Rounding
 from compiler.quant.kquants import GgufBlocks, quantize_reference
 from compiler.quant.weights import QuantizedWeight
@@ -103,7 +102,7 @@ class GgufWriter(Emitter):
 
     def put_rounded(self, job: Job, q: QuantizedWeight | GgufBlocks) -> None:
         """A rounded layer's blocks (their float16 scales and integers: the values qrc's model computes with)."""
-        name = job.layer.name + ".weight" if is_tied(job) else job.layer.weight
+        name = job.output_weight
         t = self.tensors[name]
         rows = q.packed if isinstance(q, GgufBlocks) else _blocks(q, t.type)
         if t.heads:
@@ -114,7 +113,7 @@ class GgufWriter(Emitter):
         """Q4_0 and Q8_0 rounded with rtn: llama.cpp's own reference rounding of them (its Q4_0 uses all 16
         levels, where qrc's symmetric int4 grid uses 15), so the file is the one llama-quantize writes; None for
         the other roundings and types (qrc's)."""
-        kind = self.tensors[job.layer.name + ".weight" if is_tied(job) else job.layer.weight].type
+        kind = self.tensors[job.output_weight].type
         if job.scheme.rounding is not Rounding.RTN or kind not in (GgufType.Q4_0, GgufType.Q8_0):
             return None
         return quantize_reference(weight.detach().float().cpu().numpy(), kind.value)
@@ -167,7 +166,7 @@ def _layout(model: TorchModel, jobs: list[Job], config: dict, arch: str) -> dict
     """Each output tensor by its transformers name: checkpoint tensors under llama.cpp's names, the rounded
     layers' in their GGUF type (a tied head a rule rounds gets `output.weight` of its own)."""
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], int(config["num_hidden_layers"]))
-    rounded = {(j.layer.name + ".weight" if is_tied(j) else j.layer.weight): j for j in jobs}
+    rounded = {j.output_weight: j for j in jobs}
     heads = int(config["num_attention_heads"])
     rope_heads = {"self_attn.q_proj": heads, "self_attn.k_proj": int(config.get("num_key_value_heads") or heads)}
     layout = {}

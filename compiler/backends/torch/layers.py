@@ -42,6 +42,16 @@ class Job:
     scheme: Scheme
 
     @property
+    def tied(self) -> bool:
+        """A head tied to the embedding: it reads another layer's tensor, which the output keeps as it is."""
+        return self.layer.weight != self.layer.name + ".weight"
+
+    @property
+    def output_weight(self) -> str:
+        """The name of its rounded weight in the output: the checkpoint's, or a tensor of its own for a tied head."""
+        return self.layer.name + ".weight" if self.tied else self.layer.weight
+
+    @property
     def gptq(self) -> bool:
         """Rounded with GPTQ."""
         return self.scheme.rounding is Rounding.GPTQ
@@ -66,6 +76,13 @@ class Job:
         return replace(self, scheme=replace(self.scheme, rounding=Rounding.RTN))
 
 
+def finite_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A layer input as rows of features in `dtype`, the rows with a NaN or infinity dropped (the statistics
+    skip them)."""
+    rows = x.detach().reshape(-1, x.shape[-1]).to(dtype)
+    return rows[torch.isfinite(rows).all(dim=1)]
+
+
 @dataclass
 class Hessian:
     """Σ 2·xᵀx over finite input rows (float32, on the layer's device), and the row count."""
@@ -75,8 +92,7 @@ class Hessian:
 
     def update(self, x: torch.Tensor) -> None:
         """Add a batch of inputs to the running XᵀX."""
-        rows = x.detach().reshape(-1, x.shape[-1]).float()
-        rows = rows[torch.isfinite(rows).all(dim=1)]
+        rows = finite_rows(x, torch.float32)
         self.sum.addmm_(rows.T, rows, alpha=2.0)
         self.rows += rows.shape[0]
 
@@ -94,8 +110,7 @@ class Squares:
 
     def update(self, x: torch.Tensor) -> None:
         """Add a batch of inputs."""
-        rows = x.detach().reshape(-1, x.shape[-1]).double()
-        rows = rows[torch.isfinite(rows).all(dim=1)]
+        rows = finite_rows(x, torch.float64)
         self.sum += rows.square().sum(dim=0)
         self.rows += rows.shape[0]
 

@@ -29,14 +29,9 @@ SKIPPED_FILES = (".safetensors", ".safetensors.index.json", ".bin", ".pt", ".pth
                  ".msgpack")
 
 
-def is_tied(job: Job) -> bool:
-    """A head tied to the embedding: it reads another layer's tensor, which the output keeps as it is."""
-    return job.layer.weight != job.layer.name + ".weight"
-
-
 def output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
     """Every tensor of the output, known before any weight is read (the writer lays the files out first)."""
-    replaced = {j.layer.weight: j for j in jobs if not is_tied(j)}
+    replaced = {j.layer.weight: j for j in jobs if not j.tied}
     specs = []
     shards = model.shards
     for key, entry in shards.entries.items():
@@ -48,7 +43,7 @@ def output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
         else:
             specs += layer_specs(job.layer, job.scheme, model.dtype)
     for job in jobs:
-        if is_tied(job):
+        if job.tied:
             specs += layer_specs(job.layer, job.scheme, model.dtype)
     return specs
 
@@ -56,7 +51,7 @@ def output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
 def copy_unquantized(writer: FolderWriter, model: TorchModel, jobs: list[Job]) -> None:
     """Every checkpoint tensor no layer replaced and no transform rewrote, copied as bytes (an FP8 source's
     weight dequantized)."""
-    replaced = {j.layer.weight for j in jobs if not is_tied(j)}
+    replaced = {j.layer.weight for j in jobs if not j.tied}
     shards = model.shards
     for key, entry in shards.entries.items():
         if key in replaced or key in shards.scales or key not in writer.missing:  # written already (a transform)
@@ -78,7 +73,7 @@ def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment, kv
     config["quantization_config"] = quantization_config([(j.layer, j.scheme) for j in jobs], list(names.ignore),
                                                         names.targets)
     config["quantization_config"]["kv_cache_scheme"] = kv_cache_scheme
-    if any(is_tied(j) for j in jobs):  # the head now has tensors of its own
+    if any(j.tied for j in jobs):  # the head now has tensors of its own
         config = _untied(config)
     return config
 
