@@ -23,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))  # qrc itself, also where the repository is not installed (the children get PYTHONPATH)
 from float_formats import independent, model_folder  # noqa: E402  (the bench Llama and the outside measurement)
 from gptq_llmc import calibration_ids  # noqa: E402  (the same ids as the llm-compressor comparison)
 

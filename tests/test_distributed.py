@@ -66,7 +66,7 @@ def _qrc(*args: str, ranks: int = 1) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=600)
 
 
-def _alone(recipe: Path, out: Path) -> None:
+def _alone(recipe: Path, out: Path):
     """The one-process reference, compiled in this process (no second start of torch) with one thread, as each
     rank computes."""
     import torch
@@ -75,7 +75,7 @@ def _alone(recipe: Path, out: Path) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        compile_program(str(recipe), out)
+        return compile_program(str(recipe), out)[0]
     finally:
         torch.set_num_threads(threads)
 
@@ -89,11 +89,13 @@ def _same_folders(one: Path, two: Path) -> None:
 
 def _one_and_two(recipe: Path, where: Path, file: str = "") -> subprocess.CompletedProcess:
     """`recipe` compiled alone (into where/one, or where/one/`file` for an ONNX model) and on two ranks
-    (where/two), the two folders byte for byte the same; the ranks' run."""
-    _alone(recipe, where / "one" / file)
+    (where/two), the two folders byte for byte the same, and so is the verified cosine; the ranks' run."""
+    alone = _alone(recipe, where / "one" / file)
     run = _qrc("compile", str(recipe), "-o", str(where / "two" / file), ranks=2)
     assert run.returncode == 0, run.stderr[-3000:]
     _same_folders(where / "one", where / "two")
+    if alone.verify is not None:  # the same samples, their sums merged: the figure one process prints
+        assert f"cosine {alone.verify['cosine']:.4g}" in run.stdout, (alone.verify, run.stdout)
     return run
 
 
@@ -130,6 +132,8 @@ def test_every_observer_method_writes_one_process_bytes(tmp_path, llama, method,
                                       kv="kv_cache { fp8 }" if hf else ""))
     run = _one_and_two(recipe, tmp_path)
     assert "shared by 2 torchrun ranks" in run.stdout and "rank 1" in run.stdout  # the per-rank peaks
+    if hf:  # each rank ran its held-out chunks through the folder the first rank staged, as transformers loads it
+        assert "measured on the emitted folder" in " ".join(run.stdout.split()), run.stdout
 
 
 def _kl(float_folder: Path, out: Path) -> float:
@@ -386,3 +390,15 @@ def test_ranks_must_be_a_whole_number_of_processes():
     text = 'recipe r {\n    model "builtin:tiny-llama"\n    quantize { type Linear -> W8A16 }\n    memory { ranks 0 }\n}\n'
     result = check_source(Source("r.recipe", text))
     assert not result.ok and any("ranks" in d.message for d in result.diagnostics), result.diagnostics
+
+
+@pytest.mark.parametrize("gpus, local_world, backend", [
+    (0, 2, "gloo"),  # a CPU machine
+    (1, 2, "gloo"),  # two ranks, one GPU: nccl would refuse two ranks on one device
+    (2, 2, "nccl"),  # a GPU each
+    (8, 4, "nccl"),
+])
+def test_the_process_group_uses_nccl_only_where_each_rank_has_a_gpu(gpus, local_world, backend):
+    from compiler.backends.ranks import group_backend
+
+    assert group_backend(gpus, local_world) == backend

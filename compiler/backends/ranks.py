@@ -94,7 +94,7 @@ class Peer:
 
 @contextmanager
 def joined(ranks: Ranks) -> Iterator[list[Peer]]:
-    """Join torchrun's process group for the compile (gloo on CPU, nccl with GPUs), with a timeout so that a
+    """Join torchrun's process group for the compile (nccl where each local rank has a GPU, else gloo), with a timeout so that a
     rank that died ends the others' waits; yields where every rank runs (nothing to join for one rank)."""
     if ranks.world == 1:
         yield []
@@ -103,11 +103,30 @@ def joined(ranks: Ranks) -> Iterator[list[Peer]]:
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=float(os.environ.get("QRC_RANK_TIMEOUT", TIMEOUT_S)))
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
+    local_rank, local_world = _local_place()
+    backend = group_backend(torch.cuda.device_count() if torch.cuda.is_available() else 0, local_world)
+    if backend == "nccl":  # each rank moves its collectives through its own GPU (nccl refuses two ranks on one)
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend, timeout=timeout)
     try:
         yield all_gathered(ranks, Peer(ranks.rank, socket.gethostname(), os.getpid()))
     finally:
         dist.destroy_process_group()
+
+
+def group_backend(gpus: int, local_world: int) -> str:
+    """The process group's backend: nccl where every rank on this machine has a GPU of its own (`gpus` visible
+    ones for `local_world` ranks), else gloo. nccl cannot put two ranks on one GPU, and under ranks qrc computes
+    on the CPU (multi_gpu is refused, Q431), so a machine with fewer GPUs than ranks loses nothing with gloo."""
+    return "nccl" if 0 < local_world <= gpus else "gloo"
+
+
+def _local_place() -> tuple[int, int]:
+    """(this rank's index on its machine, how many ranks that machine runs), as torchrun sets them."""
+    try:
+        return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    except ValueError:
+        return 0, 1
 
 
 def lost_ranks_message(ranks: Ranks, peers: list[Peer]) -> str:

@@ -22,7 +22,7 @@ from compiler.backends.agreement import Agreement, passes
 from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.products import Pending, Product
 from compiler.backends.program import Produced, execute_plan
-from compiler.backends.ranks import Owned, current, merged_one
+from compiler.backends.ranks import Owned, current, from_first, merged_one
 from compiler.backends.release import keep_large_blocks_mapped, release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.sensitivity import Scores, assign, score_units
@@ -288,8 +288,10 @@ class _Run:
         if held is None:
             return None
         batches = list(held_out_batches(held, self.index, self.pending.warnings))
-        # the emitted folder is the first rank's alone; the ranks share the run of qrc's model instead
-        self.emitted = can_verify_artifact(self.model) and self.ranks.world == 1 and not self.gguf
+        # the first rank stages the emitted folder: ranks on its machine open it there, each running its own
+        # held-out chunks; ranks on several machines share the run of qrc's model instead
+        _, on_first_machine = from_first(self.ranks, None)
+        self.emitted = can_verify_artifact(self.model) and on_first_machine and not self.gguf
         quantized = None if self.emitted else self._stream("verify (quantized)", batches)
         return self._stream("verify (float)", batches), quantized, Agreement()
 
@@ -501,7 +503,8 @@ class _Run:
         if self.ranks.world > 1:  # every rank's held-out chunks
             agreement = merged_one(self.ranks, agreement)
             share_costs(self.costs, self.ranks)
-            measured_on = f"qrc's model, its held-out samples shared by {self.ranks.world} torchrun ranks"
+            shared = f"its held-out samples shared by {self.ranks.world} torchrun ranks"
+            measured_on = f"{measured_on}, {shared}" if self.emitted else f"qrc's model, {shared}"
         elif self.gguf:
             measured_on = ("qrc's model, rounded to the GGUF's blocks (its float16 scales and integers, the values "
                            "llama.cpp decodes)")
@@ -517,10 +520,12 @@ class _Run:
         """The held-out samples through the staged folder as transformers and compressed-tensors load it,
         against the float outputs: those kept before rounding (full), or the float stream's last hidden
         states through the float model's tail (its weights read again from the checkpoint: the tail may
-        have been rounded in place)."""
+        have been rounded in place). Under torchrun each rank runs its own held-out chunks through the folder the
+        first rank staged."""
         span = self.plan.spans.emit
-        assert isinstance(self.writer, FolderWriter)  # verification runs in one process (ranks.py)
-        artifact = open_artifact(self.writer.temp, self.model, span)
+        staged, _ = from_first(self.ranks, self.writer.temp if isinstance(self.writer, FolderWriter) else None)
+        assert staged is not None  # the first rank's writer staged the folder, on this machine (_verify_streams)
+        artifact = open_artifact(staged, self.model, span)
         model = self.model
         if self.reference:
             reference = iter(self.reference)
