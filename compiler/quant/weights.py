@@ -68,22 +68,37 @@ def sqnr_db(w: np.ndarray, qw: QuantizedWeight, channel_axis: int, slice_bytes: 
     step = max(1, slice_bytes // max(1, w.nbytes // max(channels, 1)))
     signal = noise = 0.0
     for first in range(0, channels, step):
-        rows = np.arange(first, min(first + step, channels))
+        rows = slice(first, min(first + step, channels))
         q, scale, zero_point = (_channels(a, rows, w.ndim, channels, channel_axis) for a in (qw.q, qw.scale, qw.zero_point))
-        part = QuantizedWeight(q, scale, zero_point, qw.qtype, qw.axis, qw.block_size)
-        original = _channels(np.asarray(w, np.float32), rows, w.ndim, channels, channel_axis).astype(np.float64).ravel()
-        error = original - part.dequantize().ravel()
-        signal += float(np.dot(original, original))  # BLAS dot: no squared temporaries
-        noise += float(np.dot(error, error))
+        original = np.asarray(_channels(w, rows, w.ndim, channels, channel_axis), np.float32)
+        error = QuantizedWeight(q, scale, zero_point, qw.qtype, qw.axis, qw.block_size).dequantize()
+        np.subtract(original, error, out=error)  # float32 error, in the dequantized copy
+        signal += _sum_of_squares(original)
+        noise += _sum_of_squares(error)
     if noise == 0:
         return float("inf")
     return 10 * float(np.log10(max(signal, 1e-300) / noise))
 
 
-def _channels(a: np.ndarray, rows: np.ndarray, ndim: int, channels: int, channel_axis: int) -> np.ndarray:
-    """These output channels of a weight-shaped array or a per-channel vector (a scalar stays)."""
+_SQUARES_BLOCK = 1 << 18  # elements converted to float64 at a time (2 MiB): cache-sized, unlike a float64 copy of a weight
+
+
+def _sum_of_squares(a: np.ndarray) -> float:
+    """Σ a² accumulated in float64, a cache-sized block at a time."""
+    flat = np.ravel(a, order="K")  # memory order: no transposing copy of a column-major array
+    total = 0.0
+    for first in range(0, flat.size, _SQUARES_BLOCK):
+        part = flat[first:first + _SQUARES_BLOCK].astype(np.float64)
+        total += float(np.dot(part, part))  # BLAS dot: no squared temporaries
+    return total
+
+
+def _channels(a: np.ndarray, rows: slice, ndim: int, channels: int, channel_axis: int) -> np.ndarray:
+    """These output channels of a weight-shaped array or a per-channel vector (a scalar stays): views."""
     if a.ndim == ndim:
-        return np.take(a, rows, axis=channel_axis)
+        index = [slice(None)] * ndim
+        index[channel_axis] = rows
+        return a[tuple(index)]
     return a[rows] if a.ndim == 1 and a.shape[0] == channels else a
 
 
