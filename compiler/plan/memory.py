@@ -61,11 +61,19 @@ def block_working_set(w: Workload, scores: bool | None = None) -> int:
     cfg = w.index.config_value
     h = cfg("hidden_size") or w.hidden
     heads = cfg("num_attention_heads") or max(1, h // 64)
-    inter = cfg("intermediate_size") or 4 * h
+    inter = cfg("intermediate_size") or _widest_block_output(w, h)
     s = w.seqlen
     if scores is None:
         scores = bool(cfg("eager_attention"))
     return ACT_BYTES * (HIDDEN_COPIES * s * h + (2 * heads * s * s if scores else 0) + 3 * s * inter)
+
+
+def _widest_block_output(w: Workload, hidden: int) -> int:
+    """A model without a config (a built-in, a bare module): the MLP's width is the widest output of a block
+    Linear that reads the hidden state (gate/up), 4 × hidden where there is none."""
+    widths = [x.out_features for x in w.index.layers
+              if x.block and x.kind is LayerKind.LINEAR and x.in_features == hidden]
+    return max(widths, default=4 * hidden)
 
 
 _SHARED_INPUT = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "query": "qkv", "key": "qkv", "value": "qkv",

@@ -50,11 +50,16 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     else:
         weights, label = w.weights_bytes + max(w.block_bytes().values(), default=0), "weights"
     runtime = RUNTIME + w.data_libraries + (CUDA_HOST if mode is MemoryMode.MULTI_GPU else 0)
-    parts: tuple[tuple[str, int], ...] = (("runtime" + (" with CUDA" if mode is MemoryMode.MULTI_GPU else ""), runtime), (label, weights),
+    on_cpu = mode is not MemoryMode.MULTI_GPU
+    work = work if on_cpu else 0
+    # GPTQ rounds a block's layers once its forward is done, so its scratch reuses the memory the forward's
+    # working set freed: only what it needs beyond that is added (measured: bench/gptq_memory.py --working-set)
+    rounding = max(0, gptq_scratch(w) - work) if on_cpu else 0
+    parts: tuple[tuple[str, int], ...] = (("runtime" + ("" if on_cpu else " with CUDA"), runtime), (label, weights),
              (f"block caches ({copies} copies)", cache),
-             (f"block working set ({chunk} samples)", work if mode is not MemoryMode.MULTI_GPU else 0),
-             ("GPTQ Hessians (+ scratch of one)", hessian_bytes(w, all_blocks=mode is MemoryMode.FULL)
-              + gptq_scratch(w) if mode is not MemoryMode.MULTI_GPU else 0),
+             (f"block working set ({chunk} samples)", work),
+             ("GPTQ Hessians", hessian_bytes(w, all_blocks=mode is MemoryMode.FULL) if on_cpu else 0),
+             ("GPTQ rounding scratch beyond the working set", rounding),
              (f"{w.transform.kind.value if w.transform else 'transform'} statistics (+ scratch of one mapping)",
               transform_bytes(w, all_blocks=mode is MemoryMode.FULL)))
     if w.ranks > 1 and w.gptq and mode is not MemoryMode.MULTI_GPU:

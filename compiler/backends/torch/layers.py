@@ -80,7 +80,8 @@ def finite_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A layer input as rows of features in `dtype`, the rows with a NaN or infinity dropped (the statistics
     skip them)."""
     rows = x.detach().reshape(-1, x.shape[-1]).to(dtype)
-    return rows[torch.isfinite(rows).all(dim=1)]
+    finite = torch.isfinite(rows).all(dim=1)
+    return rows if bool(finite.all()) else rows[finite]  # no copy of a chunk's inputs when every row is finite
 
 
 @dataclass
@@ -96,9 +97,11 @@ class Hessian:
         self.sum.addmm_(rows.T, rows, alpha=2.0)
         self.rows += rows.shape[0]
 
-    def mean(self) -> np.ndarray:
-        """XᵀX divided by the number of rows seen (float32; the ranks' merged sum is float64)."""
-        return (self.sum / max(self.rows, 1)).float().cpu().numpy()
+    def mean(self, in_place: bool = False) -> np.ndarray:
+        """XᵀX divided by the number of rows seen (float32; the ranks' merged sum is float64). `in_place`: the
+        sum itself becomes the mean (for its last reader: no K×K copy)."""
+        rows = max(self.rows, 1)
+        return (self.sum.div_(rows) if in_place else self.sum / rows).float().cpu().numpy()
 
 
 @dataclass
@@ -188,22 +191,32 @@ class Statistics:
         return hook
 
     def hessian(self, job: Job) -> np.ndarray:
-        """The Hessian estimate of `job`'s input (shared by layers reading the same tensor)."""
-        return self.hessians[self.leader[job.module]].mean()
+        """The Hessian estimate of `job`'s input (shared by layers reading the same tensor). The last layer to
+        round with it takes the sum itself, divided in place: GPTQ factorises its Hessian in place, so the widest
+        layer (a down_proj, alone on its input) rounds with one K×K matrix fewer than a copy would need."""
+        leader = self.leader[job.module]
+        if self._users_left()[leader] == 1:
+            return self.hessians.pop(leader).mean(in_place=True)
+        return self.hessians[leader].mean()
+
+    def _users_left(self) -> Counter:
+        """leader → the GPTQ layers reading its input not yet rounded."""
+        if not self._counted:
+            self._remaining.update(self.leader.get(j.module) for j in self.jobs if j.gptq)
+            self._counted = True
+        return self._remaining
 
     def release(self, job: Job) -> None:
         """`job` is rounded: free its Hessian once every layer sharing it (q/k/v share one) is, so the
         Hessians alive are those of the layers still to round."""
-        if not self._counted:
-            self._remaining.update(self.leader.get(j.module) for j in self.jobs if j.gptq)
-            self._counted = True
+        remaining = self._users_left()
         leader = self.leader.get(job.module)
-        if leader is None or leader not in self._remaining:
+        if leader is None or leader not in remaining:
             return
-        self._remaining[leader] -= 1
-        if self._remaining[leader] <= 0:
-            self.hessians.pop(leader, None)
-            del self._remaining[leader]
+        remaining[leader] -= 1
+        if remaining[leader] <= 0:
+            self.hessians.pop(leader, None)  # the last layer took it already (hessian): nothing left to pop
+            del remaining[leader]
 
     def importance(self, job: Job) -> np.ndarray:
         """The mean square of each input column of `job` (shared by layers reading the same tensor)."""

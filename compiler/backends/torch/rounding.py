@@ -93,6 +93,8 @@ class Rounder:
         """Round each job's weight, write its tensors, and make its module compute like the emitted model.
         Under torchrun the ranks share the rounding (_shared): every rank ends with the same modules."""
         hooks = []
+        if any(job.gptq for job in jobs):  # the forward that summed the Hessians is done: its working set goes
+            release_memory()  # back to the OS first, so that GPTQ's scratch takes its place (the plan counts the larger)
         if stats is not None:
             share_statistics(stats, self.ranks)  # every rank's observers (once per Statistics)
         prepared = [self._prepare(job, stats) for job in jobs]
