@@ -76,6 +76,17 @@ def rows(only: list[str], decoder: Path | None, tmp: Path):
         yield f"{decoder.name} on ONNX, {mode}", path, cache
 
 
+def default_decoder() -> Path:
+    """The random Llama above, built (or found in the cache) by a child process. The bench itself never imports
+    torch: a compile's process is forked from it, and the kernel's ru_maxrss counts the pages the fork shares
+    with its parent before exec, so a parent holding torch would put its own size in the last column."""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); sys.path.insert(0, {str(ROOT)!r})\n"
+            "from float_formats import model_folder\n"
+            "print(model_folder(512, 2, vocab=32000, kv_heads=8, positions=2048))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=[], help="recipe stems (and `decoder`) to run")
@@ -83,10 +94,7 @@ def main() -> None:
     parser.add_argument("--no-decoder", action="store_true", help="leave the decoder rows out")
     args = parser.parse_args()
     if args.decoder is None and not args.no_decoder:
-        sys.path.insert(0, str(ROOT / "bench"))
-        from float_formats import model_folder
-
-        args.decoder = model_folder(512, 2, vocab=32000, kv_heads=8, positions=2048)
+        args.decoder = default_decoder()
     print("| compile | mode | planned MiB | qrc measured MiB | measured / planned | kernel's largest process MiB |")
     print("|---|---|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
