@@ -56,11 +56,17 @@ class Owned:
 
 def from_environment() -> Ranks:
     """The ranks torchrun describes in the environment (RANK, WORLD_SIZE); one rank without it."""
-    try:
-        rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return Ranks()
+    rank, world = _index_and_count("RANK", "WORLD_SIZE")
     return Ranks(rank, world) if 0 <= rank < world else Ranks()
+
+
+def _index_and_count(index: str, count: str) -> tuple[int, int]:
+    """A process's index and the count, from torchrun's environment variables of those names (0 of 1 where
+    they are missing or not numbers)."""
+    try:
+        return int(os.environ.get(index, "0")), int(os.environ.get(count, "1"))
+    except ValueError:
+        return 0, 1
 
 
 def current() -> Ranks:
@@ -103,7 +109,7 @@ def joined(ranks: Ranks) -> Iterator[list[Peer]]:
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=float(os.environ.get("QRC_RANK_TIMEOUT", TIMEOUT_S)))
-    local_rank, local_world = _local_place()
+    local_rank, local_world = _index_and_count("LOCAL_RANK", "LOCAL_WORLD_SIZE")
     backend = group_backend(torch.cuda.device_count() if torch.cuda.is_available() else 0, local_world)
     if backend == "nccl":  # each rank moves its collectives through its own GPU (nccl refuses two ranks on one)
         torch.cuda.set_device(local_rank)
@@ -119,14 +125,6 @@ def group_backend(gpus: int, local_world: int) -> str:
     ones for `local_world` ranks), else gloo. nccl cannot put two ranks on one GPU, and under ranks qrc computes
     on the CPU (multi_gpu is refused, Q431), so a machine with fewer GPUs than ranks loses nothing with gloo."""
     return "nccl" if 0 < local_world <= gpus else "gloo"
-
-
-def _local_place() -> tuple[int, int]:
-    """(this rank's index on its machine, how many ranks that machine runs), as torchrun sets them."""
-    try:
-        return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    except ValueError:
-        return 0, 1
 
 
 def lost_ranks_message(ranks: Ranks, peers: list[Peer]) -> str:
