@@ -8,7 +8,7 @@ import pytest
 from compiler.ir.types import Granularity, QType, Rounding, WeightQuant
 from compiler.quant import qparams
 from compiler.quant.observers import HistogramObserver, MinMaxObserver
-from compiler.quant.weights import pack_int4, quantize_weight
+from compiler.quant.weights import pack_int4, quantize_weight, round_weight, sqnr_db
 
 RNG = np.random.RandomState(7)
 
@@ -34,15 +34,70 @@ def test_int4_blocks_match_onnxruntime_matmul_nbits_quantizer(symmetric):
 
     k, n, block = 256, 48, 32
     w = (RNG.standard_normal((k, n)) * RNG.uniform(0.1, 3, (1, n))).astype(np.float32)
+    w[0:2, 0], w[32:34, 1] = (-2.5, 2.5), (2.5, -2.5)  # blocks whose min is minus their max: MLAS takes the first
     packed = np.zeros((n, k // block, block // 2), np.uint8)
     zps = np.zeros((n, (k // block + 1) // 2), np.uint8)
     scales = np.zeros((n, k // block), np.float32)
     quantize_matmul_4bits(packed, w, scales, zps, block, n, k, symmetric)
-    mine = quantize_weight(w, WeightQuant(QType.UINT4, Granularity.GROUP, block, symmetric), Rounding.RTN, 1, 0)
+    spec = WeightQuant(QType.UINT4, Granularity.GROUP, block, symmetric)
+    mine = quantize_weight(w, spec, Rounding.RTN, 1, 0)
+    sliced = round_weight(w, spec, Rounding.RTN, 1, 0, slice_bytes=k * 8 * 4)  # slices of 4 channels on every core
+    assert all(np.array_equal(a, b) for a, b in ((mine.q, sliced.q), (mine.scale, sliced.scale),
+                                                 (mine.zero_point, sliced.zero_point)))
     assert np.array_equal(mine.scale.T, scales)
     assert np.array_equal(pack_int4(mine.q.T.reshape(n, k // block, block)), packed)
     if not symmetric:
         assert np.array_equal(pack_int4(mine.zero_point.T), zps)
+
+
+def test_int4_blocks_match_mlas_on_ties_and_exact_halves():
+    """Blocks holding -x and x (MLAS keeps -x as the largest magnitude), values on exact halves of a step
+    (MLAS's roundf goes away from zero, not to even) and all-negative blocks, symmetric and not, rounded in
+    slices on every core: byte for byte what onnxruntime's quantize_matmul_4bits writes."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+    k, n, block = 64, 8, 32
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        w = rng.standard_normal((k, n)) * rng.uniform(0.1, 3)
+        w = np.round(w * 4) / 4 if trial % 2 else w  # quarters: many values land on exact halves of a step
+        for c in range(n):
+            top = rng.choice(32, 2, replace=False) + 32 * rng.integers(0, 2)
+            w[top, c] = (4.0, -4.0) if rng.random() < 0.5 else (-4.0, 4.0)
+        w[:32, 0] = -np.abs(w[:32, 0])
+        w = w.astype(np.float32)
+        for symmetric in (True, False):
+            packed = np.zeros((n, k // block, block // 2), np.uint8)
+            zps = np.zeros((n, (k // block + 1) // 2), np.uint8)
+            scales = np.zeros((n, k // block), np.float32)
+            quantize_matmul_4bits(packed, w, scales, zps, block, n, k, symmetric)
+            mine = round_weight(w, WeightQuant(QType.UINT4, Granularity.GROUP, block, symmetric), Rounding.RTN, 1, 0,
+                                slice_bytes=k * 2 * 4)
+            assert np.array_equal(mine.scale.T, scales)
+            assert np.array_equal(pack_int4(mine.q.T.reshape(n, k // block, block)), packed)
+            if not symmetric:
+                assert np.array_equal(pack_int4(mine.zero_point.T.astype(np.uint8)), zps)
+
+
+@pytest.mark.parametrize("layout", ["onnx", "torch"])
+def test_sqnr_measured_while_rounding_equals_float64_reference(layout):
+    w = RNG.standard_normal((192, 96)).astype(np.float32)
+    channel, inputs = (1, 0) if layout == "onnx" else (0, 1)
+    spec = WeightQuant(QType.INT4, Granularity.GROUP, 32, True)
+    measured = round_weight(w, spec, Rounding.RTN, channel, inputs, slice_bytes=16 << 10, measure=True)
+    assert measured.sums is not None
+    error = w.astype(np.float64) - measured.dequantize().astype(np.float64)
+    reference = 10 * np.log10((w.astype(np.float64) ** 2).sum() / (error ** 2).sum())
+    assert sqnr_db(w, measured) == pytest.approx(reference, abs=1e-6)
+    unmeasured = round_weight(w, spec, Rounding.RTN, channel, inputs)
+    assert unmeasured.sums is None and sqnr_db(w, unmeasured) == pytest.approx(reference, abs=1e-6)
+
+
+def test_pack_int4_fast_path_equals_nibblewise():
+    values = RNG.randint(0, 256, (6, 4, 32)).astype(np.uint8)
+    expected = (values[..., 0::2] & 0x0F) | ((values[..., 1::2] & 0x0F) << 4)
+    assert np.array_equal(pack_int4(values), expected.astype(np.uint8))
+    assert np.array_equal(pack_int4(values.astype(np.int16)), expected.astype(np.uint8))  # the general path
 
 
 def test_scale_zero_point_conventions():

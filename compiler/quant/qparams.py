@@ -60,7 +60,7 @@ def dequantize(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> np.n
 def mlas_int4(rmin: np.ndarray, rmax: np.ndarray, signed_max: np.ndarray, symmetric: bool):
     """MLAS's 4-bit block parameters in the unsigned domain [0, 15]: symmetric blocks map the value of
     largest magnitude to -8 (scale = that value / -8, zero point 8; the scale may be negative);
-    asymmetric ones use min/max with 0 included over 15 steps."""
+    asymmetric ones use min/max with 0 included over 15 steps, the zero point rounded as C's roundf."""
     if symmetric:
         scale = (np.asarray(signed_max, np.float32) / np.float32(-8.0)).astype(np.float32)
         return scale, np.full(scale.shape, 8, np.int32)
@@ -68,8 +68,16 @@ def mlas_int4(rmin: np.ndarray, rmax: np.ndarray, signed_max: np.ndarray, symmet
     mx = np.maximum(np.asarray(rmax, np.float32), 0.0)
     scale = ((mx - mn) / np.float32(15.0)).astype(np.float32)
     safe = np.where(scale == 0, np.float32(1.0), scale)
-    zp = np.clip(np.round(-mn / safe), 0, 15).astype(np.int32)
+    zp = np.clip(round_half_away(-mn / safe), 0, 15).astype(np.int32)
     return scale, zp
+
+
+def round_half_away(x: np.ndarray) -> np.ndarray:
+    """C's roundf (halves away from zero, which MLAS uses) exactly, for values that are then clipped at 0 or
+    above: floor, plus one where the fraction is at least a half (floor(x + 0.5) would round 0.49999997 up)."""
+    whole = np.floor(x)
+    whole += (x - whole) >= 0.5
+    return whole
 
 
 def torch_scale_zero_point(rmin: np.ndarray, rmax: np.ndarray, qtype: QType, symmetric: bool,

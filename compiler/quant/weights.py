@@ -4,12 +4,14 @@ mse clipping search (a shrink factor per channel/block, vectorised over all of t
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from compiler.ir.types import Granularity, QType, Rounding, WeightQuant
 from compiler.quant import qparams
+from compiler.quant.parallel import cores, parallel_map
 
 MSE_GRID = tuple(np.round(np.linspace(1.0, 0.5, 11), 2))  # shrink factors of the range, 1.0 first
 
@@ -33,6 +35,7 @@ class QuantizedWeight:
     qtype: QType
     axis: int | None  # None: per-tensor
     block_size: int | None
+    sums: tuple[float, float] | None = None  # (Σ w², Σ (w − dequantized)²) when the rounding measured them
 
     def dequantize(self) -> np.ndarray:
         """The weight back in float (as the runtime computes with it)."""
@@ -61,109 +64,186 @@ class QuantizedWeight:
         return q.reshape(shape)
 
 
-def sqnr_db(w: np.ndarray, qw: QuantizedWeight, channel_axis: int, slice_bytes: int = 16 << 20) -> float:
-    """Signal to quantization noise of a weight, 10·log10(‖W‖² / ‖W − Q(W)‖²) in dB, computed a slice
-    of output channels at a time so the scratch is a slice's (inf when the rounding is exact)."""
-    channels = w.shape[channel_axis]
-    step = max(1, slice_bytes // max(1, w.nbytes // max(channels, 1)))
-    signal = noise = 0.0
-    for first in range(0, channels, step):
-        rows = slice(first, min(first + step, channels))
-        q, scale, zero_point = (_channels(a, rows, w.ndim, channels, channel_axis) for a in (qw.q, qw.scale, qw.zero_point))
-        original = np.asarray(_channels(w, rows, w.ndim, channels, channel_axis), np.float32)
-        error = QuantizedWeight(q, scale, zero_point, qw.qtype, qw.axis, qw.block_size).dequantize()
-        np.subtract(original, error, out=error)  # float32 error, in the dequantized copy
-        signal += _sum_of_squares(original)
-        noise += _sum_of_squares(error)
-    if noise == 0:
-        return float("inf")
-    return 10 * float(np.log10(max(signal, 1e-300) / noise))
+SQNR_SLICE_BYTES = 1 << 20  # float bytes of the weight per SQNR task: fixed, so the float64 sums are the same on any machine
 
 
-_SQUARES_BLOCK = 1 << 18  # elements converted to float64 at a time (2 MiB): cache-sized, unlike a float64 copy of a weight
+def sqnr_db(w: np.ndarray, qw: QuantizedWeight, slice_bytes: int = SQNR_SLICE_BYTES) -> float:
+    """Signal to quantization noise of a weight, 10·log10(‖W‖² / ‖W − Q(W)‖²) in dB (inf when the rounding
+    is exact). Computed in slices along the weight's first axis (contiguous in memory, whole blocks when
+    the blocks run along it) on every core; the scratch is a few slices'. A weight rounded with `measure`
+    carries its sums already."""
+    if qw.sums is not None:
+        return _decibels(*qw.sums)
+    leading = w.shape[0] if w.ndim else 1
+    step = max(1, slice_bytes // max(1, w.nbytes // max(leading, 1)))
+    if qw.block_size and qw.axis == 0:
+        step = -(-step // qw.block_size) * qw.block_size
+    sums = parallel_map(lambda first: _slice_squares(w, qw, first, min(first + step, leading)),
+                        range(0, leading, step) if w.ndim else [0])
+    return _decibels(sum(s for s, _ in sums), sum(n for _, n in sums))
 
 
-def _sum_of_squares(a: np.ndarray) -> float:
-    """Σ a² accumulated in float64, a cache-sized block at a time."""
-    flat = np.ravel(a, order="K")  # memory order: no transposing copy of a column-major array
-    total = 0.0
-    for first in range(0, flat.size, _SQUARES_BLOCK):
-        part = flat[first:first + _SQUARES_BLOCK].astype(np.float64)
-        total += float(np.dot(part, part))  # BLAS dot: no squared temporaries
-    return total
+def _decibels(signal: float, noise: float) -> float:
+    return float("inf") if noise == 0 else 10 * float(np.log10(max(signal, 1e-300) / noise))
 
 
-def _channels(a: np.ndarray, rows: slice, ndim: int, channels: int, channel_axis: int) -> np.ndarray:
-    """These output channels of a weight-shaped array or a per-channel vector (a scalar stays): views."""
-    if a.ndim == ndim:
-        index = [slice(None)] * ndim
-        index[channel_axis] = rows
-        return a[tuple(index)]
-    return a[rows] if a.ndim == 1 and a.shape[0] == channels else a
+def _slice_squares(w: np.ndarray, qw: QuantizedWeight, first: int, stop: int) -> tuple[float, float]:
+    """(Σ w², Σ (w − dequantized)²) over rows first:stop of the weight's first axis."""
+    if w.ndim == 0:
+        original, part = np.asarray(w, np.float32), qw
+    else:
+        original = np.asarray(w[first:stop], np.float32)
+        part = QuantizedWeight(qw.q[first:stop], _leading_params(qw, qw.scale, first, stop),
+                               _leading_params(qw, qw.zero_point, first, stop), qw.qtype, qw.axis, qw.block_size)
+    error = part.dequantize()
+    np.subtract(original, error, out=error)  # float32 error, in the dequantized copy
+    return _sum_of_squares(original), _sum_of_squares(error, error)
+
+
+def _leading_params(qw: QuantizedWeight, a: np.ndarray, first: int, stop: int) -> np.ndarray:
+    """The scales (or zero points) of rows first:stop of the weight's first axis: all of them when they do
+    not vary along it (per tensor, per channel of another axis), else those rows' (or blocks')."""
+    if a.ndim == 0 or qw.axis != 0 and a.ndim == 1:
+        return a
+    if qw.block_size and qw.axis == 0:
+        return a[first // qw.block_size:-(-stop // qw.block_size)]
+    return a[first:stop]
+
+
+def _sum_of_squares(a: np.ndarray, scratch: np.ndarray | None = None) -> float:
+    """Σ a²: the squares in float32 (each within half an ulp), summed in float64 (a relative error near
+    1e-10 where a float32 sum drifts by 1e-6); `scratch` (a's shape) is overwritten instead of a new array."""
+    squares = np.square(a, out=scratch)
+    return float(squares.sum(dtype=np.float64))
 
 
 def quantize_weight(w: np.ndarray, spec: WeightQuant, rounding: Rounding, channel_axis: int, input_axis: int,
                     convention: Convention = Convention.ORT, scale_dtype=np.float32,
-                    importance: np.ndarray | None = None) -> QuantizedWeight:
+                    importance: np.ndarray | None = None, measure: bool = False) -> QuantizedWeight:
     """Quantize `w` (float32). `channel_axis` is the output-channel axis, `input_axis` the axis groups run
     along; `scale_dtype` is what the scales are stored as (torch convention: the model's float dtype).
     `importance` (mse only; a 2-D `w` laid out [out, in]): one weight per input column for the squared
-    errors the search compares, e.g. the mean square of each input (GPTQ's Hessian diagonal)."""
+    errors the search compares, e.g. the mean square of each input (GPTQ's Hessian diagonal). `measure`:
+    also the sums the SQNR is made of, taken while the rows are in cache (`QuantizedWeight.sums`)."""
     w = np.asarray(w, np.float32)
-    rows, restore, axis, block = _blocked(w, spec, channel_axis, input_axis)  # [G, L]: one row per scale
-    rules = _Rules(spec, convention, scale_dtype)
+    blocks = _Blocks.of(w, spec, channel_axis, input_axis)
+    view, rules = blocks.view, _Rules(spec, convention, scale_dtype)
     if rounding is Rounding.MSE:
-        scale, zp = _mse_params(rows, rules, None if importance is None else _row_weights(importance, w, spec))
+        scale, zp = _mse_params(view, rules, None if importance is None else _column_weights(importance, w, spec))
     else:
-        scale, zp = rules.params(rows, 1.0)
-    q = restore(rules.quantize(rows, scale[:, None], zp[:, None]))
-    scale = _param_layout(scale, w, spec, input_axis)
-    zp = _param_layout(zp, w, spec, input_axis).astype(np.int32)
-    if spec.qtype is QType.INT4 and convention is Convention.ORT:  # MLAS works in [0, 15]; signed is that minus 8
-        q, zp = (q.astype(np.int16) - 8).astype(np.int8), zp - 8
-    return QuantizedWeight(q, scale, zp, spec.qtype, axis, block)
+        scale, zp = rules.params(view, 1.0)
+    scale32, zp32 = scale[:, None].astype(np.float32), zp[:, None].astype(np.float32)
+    rounded = rules.round_into(view, scale32, zp32, np.empty(view.shape, np.float32))
+    signed_mlas = spec.qtype is QType.INT4 and convention is Convention.ORT
+    q = rounded.astype(np.int8 if signed_mlas else np.uint8 if rules.mlas else qparams.NP_TYPES[spec.qtype])
+    sums = _error_sums(view, rounded, scale32, zp32) if measure else None  # `rounded` is its scratch
+    zp = zp.astype(np.int32)
+    if signed_mlas:  # MLAS works in [0, 15]; signed is that minus 8
+        q -= 8
+        zp -= 8
+    return QuantizedWeight(blocks.restore(q), blocks.param_layout(scale), blocks.param_layout(zp), spec.qtype,
+                           blocks.axis, blocks.block_size, sums)
 
 
-def _row_weights(importance: np.ndarray, w: np.ndarray, spec: WeightQuant) -> np.ndarray:
-    """Input-column weights in a shape that broadcasts over `_blocked`'s rows of a [out, in] weight once they
-    are viewed as [-1, *shape]: [groups, size] for groups, [1, in] per channel, [1, out·in] per tensor."""
+def _error_sums(rows: np.ndarray, rounded: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> tuple[float, float]:
+    """(Σ w², Σ (w − dequantized)²) of rows and their rounded values, dequantized as the runtime does:
+    (q − zero point) · scale in float32. `rounded` is overwritten (the error is computed in it)."""
+    np.subtract(rounded, zp, out=rounded)
+    rounded *= scale
+    rounded -= rows
+    return _sum_of_squares(rows), _sum_of_squares(rounded, rounded)
+
+
+ROUND_TASK_BYTES = 2 << 20  # float bytes one core rounds at a time: the passes over a slice stay in its cache
+
+
+def round_weight(w: np.ndarray, spec: WeightQuant, rounding: Rounding, channel_axis: int, input_axis: int,
+                 convention: Convention = Convention.ORT, scale_dtype=np.float32,
+                 slice_bytes: int = 16 << 20, measure: bool = False) -> QuantizedWeight:
+    """`quantize_weight` of a whole weight in slices of output channels rounded on every core: per-channel
+    and per-group scales are independent across channels, so the bytes are those of one piece. At most
+    `slice_bytes` of float weight are in flight at once (each core's slice is at most slice_bytes / cores),
+    so the scratch is what the backends' plans charge for one slice."""
+    w = np.asarray(w, np.float32)
+    channels = w.shape[channel_axis] if w.ndim else 1
+    workers = cores()
+    task = max(1, min(ROUND_TASK_BYTES, slice_bytes // workers))
+    slices = min(channels, max(workers, -(-w.nbytes // task)))
+    if spec.granularity is Granularity.PER_TENSOR or slices <= 1:
+        return quantize_weight(w, spec, rounding, channel_axis, input_axis, convention, scale_dtype, measure=measure)
+    step = -(-channels // slices)
+
+    def one(first: int) -> QuantizedWeight:
+        index = [slice(None)] * w.ndim
+        index[channel_axis] = slice(first, first + step)
+        return quantize_weight(w[tuple(index)], spec, rounding, channel_axis, input_axis, convention, scale_dtype,
+                               measure=measure)
+
+    parts = parallel_map(one, range(0, channels, step))
+    scale_axis = channel_axis if spec.granularity is Granularity.GROUP else 0
+    head = parts[0]
+    sums = (sum(p.sums[0] for p in parts if p.sums), sum(p.sums[1] for p in parts if p.sums)) if measure else None
+    return QuantizedWeight(np.concatenate([p.q for p in parts], axis=channel_axis),
+                           np.concatenate([p.scale for p in parts], axis=scale_axis),
+                           np.concatenate([p.zero_point for p in parts], axis=scale_axis), head.qtype, head.axis,
+                           head.block_size, sums)
+
+
+def _column_weights(importance: np.ndarray, w: np.ndarray, spec: WeightQuant) -> np.ndarray:
+    """Input-column weights of a [out, in] weight in a shape that broadcasts over its blocks' view once that
+    is viewed as [-1, *shape]: [in/group, group, 1] for groups, [in, 1] per channel and per tensor."""
     assert w.ndim == 2 and importance.shape == (w.shape[1],), "importance needs a [out, in] weight"
     weights = np.asarray(importance, np.float32)
     if spec.granularity is Granularity.GROUP:
-        return weights.reshape(-1, spec.group)
-    if spec.granularity is Granularity.PER_CHANNEL:
-        return weights[None]
-    return np.tile(weights, w.shape[0])[None]
+        return weights.reshape(-1, spec.group, 1)
+    return weights[:, None]
 
 
-def _blocked(w: np.ndarray, spec: WeightQuant, channel_axis: int, input_axis: int):
-    """Rows to quantize independently, and a function that puts quantized rows back in w's layout."""
-    if spec.granularity is Granularity.PER_TENSOR:
-        return w.reshape(1, -1), (lambda q: q.reshape(w.shape)), None, None
-    moved = np.moveaxis(w, channel_axis, 0)  # [C, ...]
-    if spec.granularity is Granularity.PER_CHANNEL:
-        shape = moved.shape
-        return moved.reshape(shape[0], -1), (lambda q: np.moveaxis(q.reshape(shape), 0, channel_axis)), channel_axis, None
-    size = spec.group
-    inner = np.moveaxis(w, input_axis, -1)  # [..., K]
-    shape = inner.shape
-    rows = inner.reshape(-1, shape[-1] // size, size)  # [C, K/bs, bs]
-    flat = rows.reshape(-1, size)
+@dataclass(frozen=True)
+class _Blocks:
+    """A weight seen as [A, L, B]: each of the A·B sets of L values shares one scale, and the scales form an
+    [A, B] array. Where the shared values run along one axis of the weight, this is a view of it with no
+    copy and long contiguous inner loops (ONNX's [K, N] in blocks along K is [K/bs, bs, N]; torch's
+    [out, in] in groups is [out·in/bs, bs, 1]); a channel axis in the middle of a weight is moved first."""
 
-    def restore(q):
-        return np.moveaxis(q.reshape(shape), -1, input_axis)
+    view: np.ndarray
+    shape: tuple[int, ...]  # of the weight
+    moved_from: int | None  # the channel axis moved to the front (a copy), if one was
+    axis: int | None  # the scales' axis in the stored layout (None: per tensor)
+    block_size: int | None
 
-    return flat, restore, input_axis, size
+    @classmethod
+    def of(cls, w: np.ndarray, spec: WeightQuant, channel_axis: int, input_axis: int) -> _Blocks:
+        shape = w.shape
+        if spec.granularity is Granularity.PER_TENSOR:
+            return cls(w.reshape(1, -1, 1), shape, None, None, None)
+        if spec.granularity is Granularity.PER_CHANNEL:
+            if channel_axis == w.ndim - 1:
+                return cls(w.reshape(1, -1, shape[-1]), shape, None, channel_axis, None)
+            moved = channel_axis if channel_axis else None
+            front = np.ascontiguousarray(np.moveaxis(w, channel_axis, 0)) if moved else w
+            return cls(front.reshape(shape[channel_axis], -1, 1), shape, moved, channel_axis, None)
+        size = spec.group
+        before, after = int(np.prod(shape[:input_axis])), int(np.prod(shape[input_axis + 1:]))
+        return cls(w.reshape(before * shape[input_axis] // size, size, after), shape, None, input_axis, size)
 
+    def restore(self, q: np.ndarray) -> np.ndarray:
+        """Values of the view's shape back in the weight's layout."""
+        if self.moved_from is None:
+            return q.reshape(self.shape)
+        front = (self.shape[self.moved_from],) + self.shape[:self.moved_from] + self.shape[self.moved_from + 1:]
+        return np.moveaxis(q.reshape(front), 0, self.moved_from)
 
-def _param_layout(values: np.ndarray, w: np.ndarray, spec: WeightQuant, input_axis: int) -> np.ndarray:
-    if spec.granularity is Granularity.PER_TENSOR:
-        return values.reshape(())
-    if spec.granularity is Granularity.PER_CHANNEL:
-        return values.reshape(-1)
-    inner_shape = list(np.moveaxis(w, input_axis, -1).shape)
-    inner_shape[-1] //= spec.group_size
-    return np.moveaxis(values.reshape(inner_shape), -1, input_axis)
+    def param_layout(self, values: np.ndarray) -> np.ndarray:
+        """[A, B] scales (or zero points) as DequantizeLinear stores them: a scalar, one per channel, or the
+        weight's shape with the blocked axis divided by the block size."""
+        if self.axis is None:
+            return values.reshape(())
+        if self.block_size is None:
+            return values.reshape(-1)
+        blocked = list(self.shape)
+        blocked[self.axis] //= self.block_size
+        return values.reshape(blocked)
 
 
 @dataclass(frozen=True)
@@ -175,15 +255,15 @@ class _Rules:
     scale_dtype: object
 
     def params(self, rows: np.ndarray, alpha: float):
-        """Scale and zero point per row for the row's range shrunk by `alpha`."""
+        """Scale and zero point of each block of an [A, L, B] view (`_Blocks`), [A, B], for its range shrunk
+        by `alpha`."""
         return self.params_at(self.extremes(rows), alpha)
 
     def extremes(self, rows: np.ndarray) -> tuple:
-        """What the scales are computed from, per row: min, max, and (MLAS int4) the value of largest magnitude."""
-        signed = None
-        if self._mlas:
-            signed = np.take_along_axis(rows, np.abs(rows).argmax(axis=1)[:, None], axis=1)[:, 0]
-        return rows.min(axis=1), rows.max(axis=1), signed
+        """What the scales are computed from, per block (over the view's axis 1): min, max, and (MLAS int4)
+        the value of largest magnitude."""
+        low, high = rows.min(axis=1), rows.max(axis=1)
+        return low, high, _largest_magnitude(low, high) if self.mlas else None
 
     def params_at(self, extremes: tuple, alpha: float):
         spec = self.spec
@@ -197,9 +277,9 @@ class _Rules:
 
     def squared_error(self, rows: np.ndarray, scale: np.ndarray, zp: np.ndarray, out: np.ndarray,
                       weights: np.ndarray | None = None) -> np.ndarray:
-        """Per row, the sum of (dequantized - value)² (each times its column's entry of `weights`, which
-        broadcasts over the rows viewed as [-1, *weights.shape]), the rows rounded as `quantize` rounds them;
-        `out` is a float32 scratch of the rows' shape (the search reuses it: no allocation per candidate)."""
+        """Per block, the sum of (dequantized - value)² (each times its column's entry of `weights`, which
+        broadcasts over the view seen as [-1, *weights.shape]), rounded as `round_into` rounds; `out` is a
+        float32 scratch of the view's shape (the search reuses it: no allocation per candidate)."""
         s, z = scale[:, None].astype(np.float32), zp[:, None].astype(np.float32)
         self.round_into(rows, s, z, out)
         out -= z
@@ -210,37 +290,44 @@ class _Rules:
             out.reshape(-1, *weights.shape)[...] *= weights
         return out.sum(axis=1, dtype=np.float64)
 
-    def quantize(self, rows: np.ndarray, scale: np.ndarray, zp: np.ndarray) -> np.ndarray:
-        """The rows' integers for per-row `scale` and `zp` (given as [rows, 1]), in the type's numpy dtype
-        (MLAS 4-bit: unsigned, [0, 15])."""
-        rounded = self.round_into(rows, scale.astype(np.float32), zp.astype(np.float32), np.empty(rows.shape, np.float32))
-        return rounded.astype(np.uint8 if self._mlas else qparams.NP_TYPES[self.spec.qtype])
-
     @property
-    def _mlas(self) -> bool:
+    def mlas(self) -> bool:
         """MLAS's 4-bit blocks (ONNX MatMulNBits): unsigned [0, 15], values times the scale's inverse."""
         return self.convention is not Convention.TORCH and self.spec.qtype.bits == 4
 
     def round_into(self, rows: np.ndarray, scale: np.ndarray, zp: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """The one rounding rule of every convention, as float32 into `out`: rows divided by the scale
-        (onnxruntime, compressed-tensors) or times its inverse (MLAS 4-bit, a zero scale giving the zero
-        point), rounded half to even, shifted by the zero point and clipped to the type's full range."""
-        if self._mlas:
+        """The rounding rule of each convention, as float32 into `out`: rows divided by the scale, rounded half
+        to even and shifted by the zero point (onnxruntime, compressed-tensors), or times the scale's inverse
+        plus the zero point, rounded halves away from zero (MLAS 4-bit; a zero scale gives the zero point);
+        then clipped to the type's full range."""
+        if self.mlas:  # MLAS: roundf(v · (1 / scale) + zero point), halves away from zero
             inverse = np.where(scale != 0, np.float32(1.0) / np.where(scale != 0, scale, 1), 0).astype(np.float32)
             np.multiply(rows, inverse, out=out)
+            out += zp
+            fraction = np.floor(out)  # qparams.round_half_away, in place: out becomes floor + (fraction >= 0.5)
+            np.subtract(out, fraction, out=out)
+            np.greater_equal(out, 0.5, out=out)
+            out += fraction
             lo, hi = qparams.full_range(QType.UINT4)
-        else:
+        else:  # onnxruntime and compressed-tensors: round(v / scale) half to even, plus the zero point
             np.divide(rows, scale, out=out)
+            np.round(out, out=out)
+            out += zp
             lo, hi = qparams.full_range(self.spec.qtype)
-        np.round(out, out=out)
-        out += zp
         np.clip(out, lo, hi, out=out)
         return out
 
 
+def _largest_magnitude(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Per block, its value of largest magnitude as MLAS picks it (onnxruntime's quantize_matmul_4bits): the
+    max where its magnitude is strictly larger than the min's, else the min (so a block holding -x and x
+    takes -x, in either order)."""
+    return np.where(np.abs(high) > np.abs(low), high, low)
+
+
 def _mse_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray | None = None):
-    """The shrink factor with the lowest (weighted) squared error, chosen per row; ties keep the wider range."""
-    best_err = np.full(rows.shape[0], np.inf)
+    """The shrink factor with the lowest (weighted) squared error, chosen per block; ties keep the wider range."""
+    best_err = np.full((rows.shape[0], rows.shape[2]), np.inf)
     best_scale = best_zp = None
     extremes, scratch = rules.extremes(rows), np.empty(rows.shape, np.float32)
     for alpha in MSE_GRID:
@@ -256,6 +343,10 @@ def _mse_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray | None = No
 
 def pack_int4(values: np.ndarray) -> np.ndarray:
     """Two 4-bit values per byte, low nibble first, along the last axis (padded with 0 when odd)."""
+    if values.dtype == np.uint8 and values.shape[-1] % 2 == 0 and values.flags.c_contiguous and sys.byteorder == "little":
+        pairs = values.view(np.uint16) & np.uint16(0x0F0F)  # each pair as one little-endian word: [v0, v1]
+        pairs |= pairs >> np.uint16(4)  # v1 into the low byte's high nibble
+        return pairs.astype(np.uint8)  # the low byte: v0 | v1 << 4
     v = values.astype(np.uint8) & 0x0F
     if v.shape[-1] % 2:
         v = np.concatenate([v, np.zeros(v.shape[:-1] + (1,), np.uint8)], axis=-1)

@@ -313,7 +313,7 @@ class _OnnxRun:
         w = self.files.array(init)
         refuse_nonfinite(self.plan.spans.model, job.layer, w)
         qw = self._round(node, init.name, w, job)
-        self.sqnr[init.name] = sqnr_db(w, qw, rewrite.weight_axes(node)[0])
+        self.sqnr[init.name] = sqnr_db(w, qw)
         self._open_emitter().put(init.name, qw)
 
     def _round(self, node: onnx.NodeProto, weight: str, w: np.ndarray, job: rewrite.WeightJob) -> QuantizedWeight:
@@ -410,7 +410,7 @@ class _OnnxRun:
                     w = self.files.array(inits[weight])
                     refuse_nonfinite(self.plan.spans.model, jobs[weight].layer, w)
                     qw = self._round(node, weight, w, jobs[weight])
-                    mine[weight] = (qw, sqnr_db(w, qw, rewrite.weight_axes(node)[0]))
+                    mine[weight] = (qw, sqnr_db(w, qw))
                 elif self._rounder is not None and uses_gptq(jobs[weight]):
                     self._rounder.skip(weight)  # another rank rounds it: its Hessian goes when no one here needs it
             dampened = self._rounder.dampened if self._rounder is not None else {}

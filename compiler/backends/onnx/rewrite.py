@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from compiler.ir.types import EmitFormat, Granularity, QType, Scheme
 from compiler.models.index import Layer
 from compiler.quant import qparams
-from compiler.quant.weights import QuantizedWeight, pack_int4, quantize_weight
+from compiler.quant.weights import QuantizedWeight, pack_int4, round_weight
 from compiler.resolve.assignment import Assignment
 
 _TYPES = {QType.INT8: TensorProto.INT8, QType.UINT8: TensorProto.UINT8, QType.INT4: TensorProto.INT4,
@@ -94,8 +94,8 @@ def matmul_nbits(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, symmetr
     """MatMulNBits: B uint8 [N, k_blocks, block·bits/8], scales [N, k_blocks] in the input's float type,
     zero points packed (asymmetric)."""
     bits, block = qw.qtype.bits, qw.block_size
-    offset = 8 if qw.qtype is QType.INT4 else (128 if qw.qtype is QType.INT8 else 0)  # to the unsigned domain
-    q = (qw.q.astype(np.int16) + offset).astype(np.uint8).T  # [N, K]
+    assert block is not None  # MatMulNBits takes blocked weights (uses_matmul_nbits)
+    q = np.ascontiguousarray(_unsigned(qw.q, qw.qtype).T)  # [N, K]
     n, k = q.shape
     blocks = q.reshape(n, k // block, block)
     packed = pack_int4(blocks) if bits == 4 else blocks
@@ -104,13 +104,22 @@ def matmul_nbits(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, symmetr
              numpy_helper.from_array(scales, f"{weight}_scales")]
     inputs = [node.input[0], inits[0].name, inits[1].name]
     if not symmetric:
-        zp = (qw.zero_point.astype(np.int16) + offset).astype(np.uint8).T  # [N, k_blocks]
+        zp = _unsigned(qw.zero_point, qw.qtype).T  # [N, k_blocks]
         zp = pack_int4(zp) if bits == 4 else zp
         inits.append(numpy_helper.from_array(np.ascontiguousarray(zp), f"{weight}_zero_points"))
         inputs.append(inits[-1].name)
     new = helper.make_node("MatMulNBits", inputs, list(node.output), name=f"{node.name}_Q{bits}", domain=MS_DOMAIN,
                            K=k, N=n, bits=bits, block_size=block, accuracy_level=accuracy_level)
     return inits, new
+
+
+def _unsigned(values: np.ndarray, qtype: QType) -> np.ndarray:
+    """Integers of `qtype` moved to MatMulNBits' unsigned domain (int4 + 8, int8 + 128) as uint8. Signed
+    bytes are viewed unsigned and the offset added modulo 256, which is that sum exactly, in one pass."""
+    offset = 8 if qtype is QType.INT4 else (128 if qtype is QType.INT8 else 0)
+    if values.dtype == np.int8:
+        return values.view(np.uint8) + np.uint8(offset)
+    return (values.astype(np.int16) + offset).astype(np.uint8)
 
 
 def activation_nodes(tensor_name: str, scale: np.ndarray, zp: np.ndarray, qtype: QType,
@@ -200,26 +209,15 @@ def quantize_for(w: np.ndarray, node: onnx.NodeProto, job: WeightJob) -> Quantiz
     return _quantize(w, node, job)
 
 
-SLICE_BYTES = 16 << 20  # a large weight is rounded in slices of output channels of at most this size
+SLICE_BYTES = 16 << 20  # float bytes of a weight rounded at once (cost.py charges this scratch)
 
 
 def _quantize(w: np.ndarray, node: onnx.NodeProto, job: WeightJob) -> QuantizedWeight:
-    """Per-channel and per-group scales are independent across output channels, so a large weight is
-    rounded slice by slice (the same bytes as in one piece, a fraction of the scratch memory)."""
-    w = w.astype(np.float32, copy=False)
+    """The weight rounded in slices of output channels on every core (the same bytes as in one piece, a
+    fraction of the scratch memory), with the sums of its SQNR taken on the way."""
     channel, inp = weight_axes(node)
-    spec = job.scheme.quantized_weights
-    slices = int(np.ceil(w.nbytes / SLICE_BYTES))
-    if spec.granularity is Granularity.PER_TENSOR or slices <= 1:
-        return quantize_weight(w, spec, job.scheme.rounding, channel, inp)
-    parts = [quantize_weight(part, spec, job.scheme.rounding, channel, inp)
-             for part in np.array_split(w, slices, axis=channel)]
-    scale_axis = channel if spec.granularity is Granularity.GROUP else 0
-    first = parts[0]
-    return QuantizedWeight(np.concatenate([p.q for p in parts], axis=channel),
-                           np.concatenate([p.scale for p in parts], axis=scale_axis),
-                           np.concatenate([p.zero_point for p in parts], axis=scale_axis), first.qtype, first.axis,
-                           first.block_size)
+    return round_weight(w, job.scheme.quantized_weights, job.scheme.rounding, channel, inp, slice_bytes=SLICE_BYTES,
+                        measure=True)
 
 
 def _quantize_inputs(node, activations, emitted, new_inits, nodes, scale_type):

@@ -26,7 +26,7 @@ from compiler.quant.gptq import gptq
 from compiler.quant.kquants import GgufBlocks, quantize_kquant
 from compiler.quant.observers import make_observer
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
-from compiler.quant.weights import Convention, QuantizedWeight, quantize_weight
+from compiler.quant.weights import Convention, QuantizedWeight, round_weight
 from compiler.resolve.assignment import Assignment
 from compiler.source import Span
 
@@ -244,15 +244,8 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
         assert stats is not None, "GPTQ rounds with its layer's statistics"
         return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype, str(weight.device),
                     dampened, job.scheme.static_groups, job.scheme.mse_scales)
-    if spec.granularity is Granularity.PER_TENSOR:
-        return quantize_weight(w, spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype)
-    # rows (output channels) are independent: round in slices, so the scratch is a slice's, not the layer's
-    step = max(1, ROW_SLICE_BYTES // max(1, w.shape[1] * 4))
-    parts = [quantize_weight(w[i:i + step], spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype)
-             for i in range(0, w.shape[0], step)]
-    first = parts[0]
-    return QuantizedWeight(np.concatenate([p.q for p in parts]), np.concatenate([p.scale for p in parts]),
-                           np.concatenate([p.zero_point for p in parts]), first.qtype, first.axis, first.block_size)
+    # rows (output channels) are independent: rounded in slices on every core, the scratch a slice's
+    return round_weight(w, spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype, slice_bytes=ROW_SLICE_BYTES)
 
 
 def input_qparams(job: Job, stats: Statistics | None, calibration: Calibration | None, scale_dtype: torch.dtype):

@@ -1,0 +1,46 @@
+"""Work on one weight split over the machine's cores. numpy releases the GIL inside its array loops, so
+slices of a weight rounded on threads run side by side; a thread pool needs no copies between processes."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_pool: ThreadPoolExecutor | None = None
+_lock = threading.Lock()
+_inside = threading.local()  # set on the pool's threads: work they start runs on themselves (no deadlock)
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and torchrun narrow)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def _mark_inside() -> None:
+    _inside.active = True
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=cores(), thread_name_prefix="qrc-round",
+                                       initializer=_mark_inside)
+        return _pool
+
+
+def parallel_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """fn over items, in order, on every core (on the calling thread when there is one item, one core, or
+    the caller is itself one of the pool's threads). An exception in any call is raised here."""
+    work = list(items)
+    if len(work) < 2 or cores() < 2 or getattr(_inside, "active", False):
+        return [fn(item) for item in work]
+    return list(_executor().map(fn, work))
