@@ -201,7 +201,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--model", default=BENCH_MODEL)
     parser.add_argument("--json", type=Path, help="also write the rows as JSON")
-    parser.add_argument("--repeat", type=int, default=3, help="int4: runs of each tool, alternating; the best is reported")
+    parser.add_argument("--repeat", type=int, default=5, help="int4: runs of each tool, alternating; the best is reported")
     parser.add_argument("--parts", nargs="+", default=["w8a8", "int4"], choices=["w8a8", "int4", "methods", "modes", "scale"])
     args = parser.parse_args()
     # an installed qrc has its bytecode compiled (pip compiles at install; onnxruntime's is): so does this one,

@@ -23,7 +23,7 @@ from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.products import Pending, Product
 from compiler.backends.program import Produced, execute_plan
 from compiler.backends.ranks import Owned, current, from_first, merged_one
-from compiler.backends.release import keep_large_blocks_mapped, release_memory
+from compiler.backends.release import freeze_long_lived, keep_large_blocks_mapped, release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.backends.torch import streams
@@ -212,6 +212,7 @@ class _Run:
         else:
             self.config, self.writer, skipped = open_output(self.output, self.model, self.jobs, self.assignment,
                                                             kv, attention, self.plan.spans.recipe, self.ranks.first)
+            freeze_long_lived()  # the output's layout imported transformers' model classes: later collections skip them
         calibration = gathers.calibration if gathers is not None else None
         # GGUF's blocks carry float16 scales: rounded with them, qrc's model computes what llama.cpp decodes
         self.rounder = Rounder(calibration, self.plan.spans.model, self.model, self.writer, self.global_scales,

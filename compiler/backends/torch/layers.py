@@ -228,10 +228,11 @@ class Statistics:
 
 
 def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale_dtype: torch.dtype,
-                 dampened=None, shared_absmax: float | None = None) -> Rounded:
+                 dampened=None, shared_absmax: float | None = None, measure: bool = False) -> Rounded:
     """Round one Linear weight [out, in] with its scheme's rounding, in the torch convention. GPTQ tells
     `dampened` the dampening it had to raise to; a Hessian no dampening makes definite (SingularHessian)
-    propagates to the caller, which rounds with rtn. `shared_absmax`: NVFP4 siblings' common range."""
+    propagates to the caller, which rounds with rtn. `shared_absmax`: NVFP4 siblings' common range.
+    `measure`: rtn/mse roundings also take the sums of the weight's SQNR."""
     spec = job.scheme.quantized_weights
     if spec.qtype.is_float:  # rounded and stored by compressed-tensors (float_formats.py)
         return float_formats.quantize_scheme(weight, job.scheme, scale_dtype, shared_absmax)
@@ -245,7 +246,8 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
         return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype, str(weight.device),
                     dampened, job.scheme.static_groups, job.scheme.mse_scales)
     # rows (output channels) are independent: rounded in slices on every core, the scratch a slice's
-    return round_weight(w, spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype, slice_bytes=ROW_SLICE_BYTES)
+    return round_weight(w, spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype, slice_bytes=ROW_SLICE_BYTES,
+                        measure=measure)
 
 
 def input_qparams(job: Job, stats: Statistics | None, calibration: Calibration | None, scale_dtype: torch.dtype):

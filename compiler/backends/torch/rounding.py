@@ -28,6 +28,7 @@ from compiler.diagnostics import warning
 from compiler.ir.types import Calibration
 from compiler.quant.gptq import SingularHessian
 from compiler.quant.kquants import GgufBlocks
+from compiler.quant.weights import QuantizedWeight, sqnr_db
 from compiler.source import Span
 
 
@@ -64,9 +65,8 @@ class Rounder:
         advance = self.progress("quantize", len(jobs))
         for number, job in enumerate(jobs):
             weight = self.model.shards.read(job.layer.weight).float()
-            q = self.round(job, weight, None, None)
-            self.record(job, weight, torch.from_numpy(q.dequantize()), None)
-            del weight, q
+            self.record_rounded(job, weight, self.round(job, weight, None, None, measure=True))
+            del weight
             _trim_after_block(jobs, number)
             advance()
 
@@ -81,9 +81,8 @@ class Rounder:
             if number < len(jobs):
                 job = jobs[number]
                 weight = self.model.shards.read(job.layer.weight).float()
-                q = self.round(job, weight, None, None)
-                self.record(job, weight, torch.from_numpy(q.dequantize()), None)
-                del weight, q
+                self.record_rounded(job, weight, self.round(job, weight, None, None, measure=True))
+                del weight
             self._hand_to_first(jobs[start:start + ranks.world])
             for _ in range(min(ranks.world, len(jobs) - start)):
                 advance()
@@ -176,15 +175,16 @@ class Rounder:
         assert isinstance(module, torch.nn.Linear)
         return module
 
-    def round(self, job: Job, weight: torch.Tensor, stats: Statistics | None, act) -> Rounded:
+    def round(self, job: Job, weight: torch.Tensor, stats: Statistics | None, act, measure: bool = False) -> Rounded:
         """Round one weight (quantize) and write its compressed tensors."""
-        q = self.quantize(job, weight, stats)
+        q = self.quantize(job, weight, stats, measure)
         self.write(job, q, act)
         return q
 
-    def quantize(self, job: Job, weight: torch.Tensor, stats: Statistics | None) -> Rounded:
+    def quantize(self, job: Job, weight: torch.Tensor, stats: Statistics | None, measure: bool = False) -> Rounded:
         """One weight rounded, refusing non-finite ones (Q409). GPTQ raises its dampening where H is not
-        definite, and rounds with rtn where no dampening helps (Q418, once)."""
+        definite, and rounds with rtn where no dampening helps (Q418, once). `measure`: an integer rounding
+        also takes the sums of its SQNR (QuantizedWeight.sums)."""
         refuse_nonfinite(self.model_span, job.layer, weight.detach().float().cpu().numpy())
         reference = self.writer.reference_blocks(job, weight) if isinstance(self.writer, GgufWriter) else None
         if reference is not None:
@@ -192,7 +192,7 @@ class Rounder:
         try:
             return quantize_job(job, weight, stats, self.scale_dtype or self.model.dtype,
                                 lambda used: self.dampened.setdefault(job.layer.name, used),
-                                self.global_scales.absmax(job.layer.name))
+                                self.global_scales.absmax(job.layer.name), measure)
         except SingularHessian:
             self.dampened[job.layer.name] = math.inf
             return quantize_job(job.with_rtn(), weight, None, self.scale_dtype or self.model.dtype)
@@ -206,6 +206,14 @@ class Rounder:
         assert not isinstance(q, GgufBlocks)  # check_supported: K-quants are written in GGUF only
         for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():
             self.writer.put(name, tensor)
+
+    def record_rounded(self, job: Job, original: torch.Tensor, q: Rounded) -> None:
+        """The weight SQNR of a layer rounded from the files: from the sums its rounding took, else from its
+        dequantized values."""
+        if isinstance(q, QuantizedWeight) and q.sums is not None:
+            self.report.weight_sqnr[job.layer.name] = sqnr_db(original.numpy(), q)
+        else:
+            self.record(job, original, torch.from_numpy(q.dequantize()), None)
 
     def record(self, job: Job, original: torch.Tensor, dequantized: torch.Tensor, act) -> None:
         """The report's figures: weight SQNR, and the range a static input is quantized to."""
