@@ -62,7 +62,11 @@ def checkpoint(hidden: int, layers: int, shard: str) -> Path:
                                           num_key_value_heads=hidden // 128, vocab_size=32000,
                                           max_position_embeddings=512, tie_word_embeddings=False)
         torch.manual_seed(0)
-        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+        torch.set_default_dtype(torch.bfloat16)  # initialised in bfloat16: a float32 copy of a 6 GiB model is 12 GiB
+        try:
+            model = transformers.LlamaForCausalLM(config).eval()
+        finally:
+            torch.set_default_dtype(torch.float32)
         model.save_pretrained(folder, max_shard_size=shard)
     return folder
 

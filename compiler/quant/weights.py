@@ -163,7 +163,8 @@ def round_weight(w: np.ndarray, spec: WeightQuant, rounding: Rounding, channel_a
     """`quantize_weight` of a whole weight in slices of output channels rounded on every core: per-channel
     and per-group scales are independent across channels, so the bytes are those of one piece. At most
     `slice_bytes` of float weight are in flight at once (each core's slice is at most slice_bytes / cores),
-    so the scratch is what the backends' plans charge for one slice."""
+    so the scratch is what the backends' plans charge for one slice. With `measure`, the SQNR's float64
+    sums are added slice by slice: their last digits may differ between machines with other core counts."""
     w = np.asarray(w, np.float32)
     channels = w.shape[channel_axis] if w.ndim else 1
     workers = cores()
