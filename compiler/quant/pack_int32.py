@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from compiler.quant.weights import pack_int4
+from compiler.quant.weights import offset_bytes, pack_int4
 
 
 def pack_to_int32(values: np.ndarray, bits: int) -> np.ndarray:
@@ -42,7 +42,7 @@ def _pack_whole_words(values: np.ndarray, bits: int, per_word: int) -> np.ndarra
     the bytes are packed and viewed as words: a few passes over bytes instead of one per element of a word."""
     rows, cols = values.shape
     if bits in (4, 8) and sys.byteorder == "little":  # whole bytes: the words are the packed bytes, read as int32
-        unsigned = np.ascontiguousarray(values, dtype=np.int8).view(np.uint8) + np.uint8(1 << (bits - 1))
+        unsigned = offset_bytes(values.astype(np.int8, copy=False), 1 << (bits - 1))
         return (pack_int4(unsigned) if bits == 4 else unsigned).view(np.int32)
     v = (values.astype(np.int32) + (1 << (bits - 1))).astype(np.uint32).reshape(rows, cols // per_word, per_word)
     out = np.zeros((rows, cols // per_word), np.uint32)

@@ -72,12 +72,15 @@ def mlas_int4(rmin: np.ndarray, rmax: np.ndarray, signed_max: np.ndarray, symmet
     return scale, zp
 
 
-def round_half_away(x: np.ndarray) -> np.ndarray:
+def round_half_away(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """C's roundf (halves away from zero, which MLAS uses) exactly, for values that are then clipped at 0 or
-    above: floor, plus one where the fraction is at least a half (floor(x + 0.5) would round 0.49999997 up)."""
+    above: floor, plus one where the fraction is at least a half (floor(x + 0.5) would round 0.49999997 up).
+    `out` (float, x's shape; may be x itself) receives the result instead of a new array."""
     whole = np.floor(x)
-    whole += (x - whole) >= 0.5
-    return whole
+    fraction = np.subtract(x, whole, out=out)
+    np.greater_equal(fraction, 0.5, out=fraction)
+    fraction += whole
+    return fraction
 
 
 def torch_scale_zero_point(rmin: np.ndarray, rmax: np.ndarray, qtype: QType, symmetric: bool,

@@ -305,10 +305,7 @@ class _Rules:
             inverse = np.where(scale != 0, np.float32(1.0) / np.where(scale != 0, scale, 1), 0).astype(np.float32)
             np.multiply(rows, inverse, out=out)
             out += zp
-            fraction = np.floor(out)  # qparams.round_half_away, in place: out becomes floor + (fraction >= 0.5)
-            np.subtract(out, fraction, out=out)
-            np.greater_equal(out, 0.5, out=out)
-            out += fraction
+            qparams.round_half_away(out, out=out)
             lo, hi = qparams.full_range(QType.UINT4)
         else:  # onnxruntime and compressed-tensors: round(v / scale) half to even, plus the zero point
             np.divide(rows, scale, out=out)
@@ -340,6 +337,14 @@ def _mse_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray | None = No
         best_zp = zp if best_zp is None else np.where(better, zp, best_zp)
     assert best_scale is not None and best_zp is not None  # MSE_GRID is not empty
     return best_scale.astype(np.float32), best_zp.astype(np.int32)
+
+
+def offset_bytes(values: np.ndarray, offset: int) -> np.ndarray:
+    """Integers plus `offset` as uint8 (signed b-bit values moved to the unsigned range: offset 2^(b-1)).
+    int8 values are viewed unsigned and the offset added modulo 256, which is that sum exactly, in one pass."""
+    if values.dtype == np.int8:
+        return np.ascontiguousarray(values).view(np.uint8) + np.uint8(offset)
+    return (values.astype(np.int16) + offset).astype(np.uint8)
 
 
 def pack_int4(values: np.ndarray) -> np.ndarray:

@@ -13,9 +13,10 @@ from onnx import TensorProto, helper, numpy_helper
 from compiler.ir.types import EmitFormat, Granularity, QType, Scheme
 from compiler.models.index import Layer
 from compiler.quant import qparams
-from compiler.quant.weights import QuantizedWeight, pack_int4, round_weight
+from compiler.quant.weights import QuantizedWeight, offset_bytes, pack_int4, round_weight
 from compiler.resolve.assignment import Assignment
 
+_UNSIGNED_OFFSET = {QType.INT4: 8, QType.INT8: 128}  # signed values into MatMulNBits' unsigned domain
 _TYPES = {QType.INT8: TensorProto.INT8, QType.UINT8: TensorProto.UINT8, QType.INT4: TensorProto.INT4,
           QType.UINT4: TensorProto.UINT4}
 MS_DOMAIN = "com.microsoft"
@@ -95,7 +96,7 @@ def matmul_nbits(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, symmetr
     zero points packed (asymmetric)."""
     bits, block = qw.qtype.bits, qw.block_size
     assert block is not None  # MatMulNBits takes blocked weights (uses_matmul_nbits)
-    q = np.ascontiguousarray(_unsigned(qw.q, qw.qtype).T)  # [N, K]
+    q = np.ascontiguousarray(offset_bytes(qw.q, _UNSIGNED_OFFSET.get(qw.qtype, 0)).T)  # [N, K]
     n, k = q.shape
     blocks = q.reshape(n, k // block, block)
     packed = pack_int4(blocks) if bits == 4 else blocks
@@ -104,22 +105,13 @@ def matmul_nbits(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, symmetr
              numpy_helper.from_array(scales, f"{weight}_scales")]
     inputs = [node.input[0], inits[0].name, inits[1].name]
     if not symmetric:
-        zp = _unsigned(qw.zero_point, qw.qtype).T  # [N, k_blocks]
+        zp = offset_bytes(qw.zero_point, _UNSIGNED_OFFSET.get(qw.qtype, 0)).T  # [N, k_blocks]
         zp = pack_int4(zp) if bits == 4 else zp
         inits.append(numpy_helper.from_array(np.ascontiguousarray(zp), f"{weight}_zero_points"))
         inputs.append(inits[-1].name)
     new = helper.make_node("MatMulNBits", inputs, list(node.output), name=f"{node.name}_Q{bits}", domain=MS_DOMAIN,
                            K=k, N=n, bits=bits, block_size=block, accuracy_level=accuracy_level)
     return inits, new
-
-
-def _unsigned(values: np.ndarray, qtype: QType) -> np.ndarray:
-    """Integers of `qtype` moved to MatMulNBits' unsigned domain (int4 + 8, int8 + 128) as uint8. Signed
-    bytes are viewed unsigned and the offset added modulo 256, which is that sum exactly, in one pass."""
-    offset = 8 if qtype is QType.INT4 else (128 if qtype is QType.INT8 else 0)
-    if values.dtype == np.int8:
-        return values.view(np.uint8) + np.uint8(offset)
-    return (values.astype(np.int16) + offset).astype(np.uint8)
 
 
 def activation_nodes(tensor_name: str, scale: np.ndarray, zp: np.ndarray, qtype: QType,
