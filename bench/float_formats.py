@@ -13,7 +13,8 @@ apply activation quantization after dequantizing), so for schemes with activatio
 schemes are also quantized by llm-compressor's `oneshot` (bench/llmc_oneshot.py, run with that interpreter)
 and measured the same way, in this environment, and their tensors compared with qrc's bit for bit. Times:
 qrc's whole compile (load, calibration, rounding, verification on 16 samples, writing); llm-compressor's
-`oneshot` call alone. Prints one markdown table.
+`oneshot` call alone. The calibrated schemes (NVFP4, MXFP4, W4AFP8) run as llm-compressor calibrates: eager
+attention (`calibrate { attention eager }`), mode full. Prints one markdown table.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ RECIPE = """recipe bench {{
     backend torch
     quantize {{ type Linear -> {scheme}  "lm_head" -> none }}
     group auto
-    calibrate {{ data npz "{npz}"  chunk 8 }}
-    memory {{ mode low_memory }}
+    calibrate {{ data npz "{npz}"  chunk 8  attention {attention} }}
+    memory {{ mode {mode} }}
     verify {{ samples 16  metric kld  at_most 10 }}
     emit "{out}"
 }}
@@ -184,7 +185,12 @@ def main() -> None:
         for scheme in args.schemes:
             out = Path(tmp) / scheme
             recipe = Path(tmp) / f"{scheme}.recipe"
-            recipe.write_text(RECIPE.format(model=float_folder, scheme=scheme, out=out, npz=npz))
+            # the calibrated schemes as llm-compressor calibrates them: eager attention, every block's inputs
+            # from the float model (mode full; low_memory takes them from the blocks already quantized)
+            calibrated = scheme in CALIBRATED
+            recipe.write_text(RECIPE.format(model=float_folder, scheme=scheme, out=out, npz=npz,
+                                            attention="eager" if calibrated else "model",
+                                            mode="full" if calibrated else "low_memory"))
             start = time.perf_counter()
             result, _ = compile_program(str(recipe), out)
             seconds = time.perf_counter() - start

@@ -264,6 +264,12 @@ CODES: tuple[CodeInfo, ...] = (
        "by the error on an integer grid, which these inputs do not have; a range from minmax, a percentile or "
        "entropy is what the global scale takes.",
        "quantize { type Linear -> NVFP4 }\ncalibrate { method mse }"),
+    _c("Q270", "an attention kernel for a model without one to choose",
+       "`calibrate { attention eager|sdpa }` sets the attention implementation a transformers model runs "
+       "calibration and verification with (llm-compressor calibrates under eager attention; transformers' default "
+       "is SDPA, whose float rounding differs in the last bits, enough to change a calibrated scale's last bit). "
+       "An exported ONNX graph and qrc's built-in models compute attention one way only.",
+       'model "builtin:tiny-llama"\ncalibrate { attention eager }'),
     _c("Q405", "tensor never finite: left unquantized (warning)",
        "A tensor whose values were all -inf, inf or NaN during calibration has no range; it stays in float "
        "instead of getting a NaN scale.",

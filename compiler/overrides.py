@@ -16,7 +16,7 @@ from compiler.syntax import ast, parse_setting
 
 # key → (grammar entry point, keyword that starts the setting)
 _BLOCK_KEYS = {
-    "calibrate": ("data", "chunk", "method", "passthrough", "workers", "bins", "experts"),
+    "calibrate": ("data", "chunk", "method", "passthrough", "workers", "bins", "experts", "attention"),
     "mixed_precision": ("choices", "metric", "budget", "samples"),
     "memory": ("mode", "ram", "vram", "disk", "ranks"),
     "verify": ("samples", "metric", "at_least", "at_most"),

@@ -390,7 +390,7 @@ W4A4_RECIPE = """recipe w4a4 {{
     scheme s = {scheme}
     quantize {{ type Linear -> s  "lm_head" -> none }}
     group auto
-    calibrate {{ data synthetic {{ samples 8  seqlen 32 }}  chunk 4 }}
+    calibrate {{ data synthetic {{ samples 8  seqlen 32 }}  chunk 4  attention {attention} }}
     memory {{ mode full }}
     verify {{ samples 4  metric cosine  at_least 0.8 }}
     emit "{out}"
@@ -398,9 +398,9 @@ W4A4_RECIPE = """recipe w4a4 {{
 """
 
 
-def _input_absmax(float_folder, batches) -> dict[str, float]:
-    """Each Linear's largest |input| over `batches`, in transformers' own float forward."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(float_folder)).eval()
+def _input_absmax(float_folder, batches, attention: str) -> dict[str, float]:
+    """Each Linear's largest |input| over `batches`, in transformers' own float forward with `attention`."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(float_folder), attn_implementation=attention).eval()
     seen: dict[str, float] = {}
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):
@@ -415,14 +415,16 @@ def _input_absmax(float_folder, batches) -> dict[str, float]:
 @pytest.mark.parametrize("scheme", ["NVFP4", "MXFP4", "W4AFP8 { group 32 }"])  # the zoo Llama has 64 inputs
 def test_w4a4_folders_run_their_quantized_inputs_in_transformers(folders, scheme, tmp_path):
     """compressed-tensors validates the config; transformers loads the folder compressed and runs it with the
-    inputs quantized (turning the input quantization off moves the logits), close to float; NVFP4's global
-    input scales are 448·6 / the largest |input| of transformers' own float forward on the calibration ids."""
+    inputs quantized (turning the input quantization off moves the logits), close to float. NVFP4 calibrates
+    under eager attention, as llm-compressor does: its global input scales are 448·6 / the largest |input| of
+    transformers' own eager float forward on the calibration ids, to the last bit."""
     from compressed_tensors.quantization import QuantizationConfig
     from safetensors import safe_open
 
     out = tmp_path / "out"
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(W4A4_RECIPE.format(model=folders["llama"], scheme=scheme, out=out))
+    attention = "eager" if scheme == "NVFP4" else "model"
+    recipe.write_text(W4A4_RECIPE.format(model=folders["llama"], scheme=scheme, out=out, attention=attention))
     result, planned = compile_program(str(recipe), out)
     assert result.verify_passed, result.verify
     assert_ran_the_plan(result, planned)
@@ -443,15 +445,18 @@ def test_w4a4_folders_run_their_quantized_inputs_in_transformers(folders, scheme
     assert cosine > 0.8 and abs(cosine - result.verify["cosine"]) < 0.1, (cosine, result.verify)
     assert float((quantized - unquantized_inputs).abs().max()) > 1e-3  # the inputs were quantized
     if scheme == "NVFP4":
+        from compressed_tensors.quantization.utils import generate_gparam
+
         from compiler.data import Batches
 
         calibration = planned.check.ir.calibration.data
-        absmax = _input_absmax(folders["llama"], Batches(calibration, planned.check.assignment.model, 8, 4))
+        absmax = _input_absmax(folders["llama"], Batches(calibration, planned.check.assignment.model, 8, 4), "eager")
+        assert any("eager attention" in op.summary for op in planned.plan.ops)
         with safe_open(str(out / "model.safetensors"), "pt") as f:
             for name, value in absmax.items():
                 if name != "lm_head":
-                    stored = float(f.get_tensor(f"{name}.input_global_scale")[0])
-                    assert stored == pytest.approx(448 * 6 / value, rel=1e-6), name
+                    expected = generate_gparam(torch.tensor([-value]), torch.tensor([value]))[0]
+                    assert f.get_tensor(f"{name}.input_global_scale")[0] == expected, name
 
 
 @pytest.mark.parametrize("metric", ["kld", "snr"])

@@ -173,3 +173,19 @@ def test_seven_and_seventy_b_gptq_plans_fit_their_budgets(recipe, budget):
     assert result.ok, render_all(result.diagnostics)
     assert result.plan.decision.mode is MemoryMode.OFFLOAD and result.plan.peak_bytes <= budget
     assert "chunk=8" in to_text(result.plan)
+
+
+def test_eager_attention_is_planned_with_its_scores():
+    """`calibrate { attention eager }` (what llm-compressor calibrates under) holds each block's attention
+    scores: the calibration's peak grows by chunk × 2 × heads × seqlen² float32, and the load op says so."""
+    sets = ("memory.mode=offload", "memory.ram=64GiB")
+    sdpa = _plan("recipes/llama-7b-w4a16-plan.recipe", *sets).plan
+    eager = _plan("recipes/llama-7b-w4a16-plan.recipe", *sets, "calibrate.attention=eager").plan
+    first = {op.kind: op for op in sdpa.ops}
+    scores = 8 * 2 * 32 * 2048 * 2048 * 4  # chunk 8, 32 heads, 2048 tokens
+    grown = [b.peak_bytes - first[b.kind].peak_bytes for b in eager.ops
+             if b.kind in (OpKind.CACHE_BLOCK_INPUTS, OpKind.RUN_BLOCK)]
+    assert len(grown) == 2 and all(g == scores for g in grown), grown
+    assert "eager attention" in eager.ops[0].summary and "attention" not in sdpa.ops[0].summary
+    bad = CliRunner().invoke(app, ["check", "recipes/tiny-llama-w4a16.recipe", "--set", "calibrate.attention=eager"])
+    assert bad.exit_code == 2 and "error[Q270]" in bad.output

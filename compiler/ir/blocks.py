@@ -6,6 +6,7 @@ from typing import Any
 
 from compiler.diagnostics import Diagnostics, did_you_mean
 from compiler.ir.types import (
+    AttentionKernel,
     Bound,
     Calibration,
     CalibrationMethod,
@@ -111,6 +112,7 @@ def elaborate_calibration(block: ast.Block | None, diags: Diagnostics) -> Calibr
         workers=_count(found, "workers", "`workers`", 1, diags),
         bins=_count(found, "bins", "`bins`", DEFAULT_BINS, diags, minimum=16),
         experts=ExpertRouting(found["experts"].value.value) if "experts" in found else ExpertRouting.ALL,
+        attention=AttentionKernel(found["attention"].value.value) if "attention" in found else AttentionKernel.MODEL,
     )
 
 

@@ -6,7 +6,16 @@ from compiler.diagnostics import Diagnostic, Diagnostics, did_you_mean, error
 from compiler.ir.elaborate import undefined_scheme_help
 from compiler.ir.patterns import PatternError, alternations, check_regex, glob_to_regex
 from compiler.ir.schemes import NONE, PRESETS
-from compiler.ir.types import Backend, CalibrationMethod, EmitFormat, MemoryMode, QType, RecipeIR, SelectorKind
+from compiler.ir.types import (
+    AttentionKernel,
+    Backend,
+    CalibrationMethod,
+    EmitFormat,
+    MemoryMode,
+    QType,
+    RecipeIR,
+    SelectorKind,
+)
 from compiler.source import Span
 
 LAYER_TYPES = ("Linear", "MatMul", "Gemm", "Conv", "Embedding")
@@ -124,6 +133,20 @@ def check_backend_features(ir: RecipeIR, diags: Diagnostics) -> None:
             diags.error("Q234", "`mode multi_gpu` needs backend torch", ir.memory.span_of("mode"),
                         "onnx runs on one device", help="use `mode auto`, or `backend torch` for several GPUs")
         _refuse_float_formats(ir, diags)
+    _check_attention(ir, diags)
+
+
+def _check_attention(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Q270: `calibrate { attention … }` picks a transformers model's attention kernel; an exported graph and
+    a built-in have one attention of their own."""
+    if ir.calibration.attention is AttentionKernel.MODEL:
+        return
+    where = ("an ONNX graph" if ir.backend is Backend.ONNX else
+             "a built-in model" if ir.model.startswith("builtin:") else None)
+    if where is not None:
+        diags.error("Q270", f"`attention {ir.calibration.attention.value}` chooses a transformers model's attention; "
+                    f"{where} has its own", ir.calibration.span_of("attention") or ir.span, "no kernel to choose",
+                    help="remove it, or compile a transformers folder with `backend torch`")
 
 
 def _refuse_float_formats(ir: RecipeIR, diags: Diagnostics) -> None:

@@ -125,7 +125,8 @@ def _calibrate(ir: RecipeIR) -> list[str]:
     c = ir.calibration
     return ["    calibrate {", f"        {_data(ir)}", f"        chunk {c.chunk}", f"        {_method(ir)}",
             f"        passthrough [{', '.join(c.passthrough)}]", f"        workers {c.workers}",
-            f"        bins {c.bins}", f"        experts {c.experts.value}", "    }"]
+            f"        bins {c.bins}", f"        experts {c.experts.value}",
+            f"        attention {c.attention.value}", "    }"]
 
 
 def _memory(ir: RecipeIR) -> list[str]:

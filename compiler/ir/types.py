@@ -114,6 +114,13 @@ class ExpertRouting(enum.Enum):
     ROUTED = "routed"  # only the tokens the router sends (an expert that saw none falls back to data-free rounding)
 
 
+class AttentionKernel(enum.Enum):
+    """The attention implementation a transformers model runs calibration and verification with."""
+    MODEL = "model"  # what its config asks for (transformers' default: SDPA)
+    EAGER = "eager"  # scores materialized, softmax in the model's dtype: what llm-compressor calibrates under
+    SDPA = "sdpa"  # torch's scaled_dot_product_attention
+
+
 class ScoreMetric(enum.Enum):
     """How layer-wise percentile scores a candidate range."""
     MAE = "mae"
@@ -352,6 +359,7 @@ class Calibration(Located):
     workers: int
     bins: int
     experts: ExpertRouting = ExpertRouting.ALL
+    attention: AttentionKernel = AttentionKernel.MODEL
 
 
 @dataclass(frozen=True, slots=True)

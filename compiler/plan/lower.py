@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compiler.ir.types import (
+    AttentionKernel,
     CalibrationMethod,
     EmitFormat,
     MemoryMode,
@@ -156,9 +157,13 @@ def load_op(ctx: Context, access: ModelAccess, how: str, resident: int, inputs: 
     w = ctx.workload
     builtin = ctx.ir.model.startswith(BUILTIN_PREFIX)
     form = f"built-in, {w.backend.value} form" if builtin else w.index.format.value
+    attention = ctx.ir.calibration.attention
+    if attention is not AttentionKernel.MODEL:
+        how += f", {attention.value} attention"
     return LoadModel(summary=f"open {ctx.ir.model} ({form}) {how}", inputs=inputs, outputs=(Buffer.MODEL,),
                      peak_bytes=ctx.costs.runtime + resident, model=ctx.ir.model,
-                     format=builtin_form if builtin else w.index.format, weights=w.weights_bytes, access=access)
+                     format=builtin_form if builtin else w.index.format, weights=w.weights_bytes, access=access,
+                     attention=attention)
 
 
 def smooth_op(ctx: Context, checked: str) -> list[PlanOp]:

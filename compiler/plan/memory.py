@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.ir.types import CalibrationMethod, MemoryMode, SensitivityMetric, TransformKind
+from compiler.ir.types import AttentionKernel, CalibrationMethod, MemoryMode, SensitivityMetric, TransformKind
 from compiler.models.index import LayerKind
 from compiler.plan.activations import needed_nodes, peak
 from compiler.plan.ops import ModeEstimate
@@ -56,15 +56,16 @@ def agreement_scratch(sample_bytes: int, positions: int) -> int:
 def block_working_set(w: Workload, scores: bool | None = None) -> int:
     """Per-sample float32 working set of one block's forward (hidden states, MLP, and the attention scores
     where they are held). `scores` None: as transformers runs the model, with SDPA (its default, and
-    what the torch backend runs) unless the config asks for eager attention; SDPA never holds the
-    scores. The ONNX backend's exported graphs compute them (True)."""
+    what the torch backend runs) unless the recipe (`calibrate { attention }`) or the config asks for eager
+    attention; SDPA never holds the scores. The ONNX backend's exported graphs compute them (True)."""
     cfg = w.index.config_value
     h = cfg("hidden_size") or w.hidden
     heads = cfg("num_attention_heads") or max(1, h // 64)
     inter = cfg("intermediate_size") or _widest_block_output(w, h)
     s = w.seqlen
     if scores is None:
-        scores = bool(cfg("eager_attention"))
+        asked = w.attention
+        scores = asked is AttentionKernel.EAGER or (asked is AttentionKernel.MODEL and bool(cfg("eager_attention")))
     return ACT_BYTES * (HIDDEN_COPIES * s * h + (2 * heads * s * s if scores else 0) + 3 * s * inter)
 
 

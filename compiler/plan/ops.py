@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from compiler.ir.printer import recipe_hash
 from compiler.ir.types import (
+    AttentionKernel,
     Backend,
     Bound,
     Calibration,
@@ -182,6 +183,7 @@ class LoadModel(PlanOp):
     format: ModelFormat  # the form opened: a built-in in the backend's own form
     weights: int
     access: ModelAccess
+    attention: AttentionKernel = carried(AttentionKernel.MODEL)  # the summary names it when the recipe does
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

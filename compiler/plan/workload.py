@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from compiler.data.batches import cache_length, sample_count, sequence_length
 from compiler.ir.types import (
+    AttentionKernel,
     Backend,
     CalibrationMethod,
     DataKind,
@@ -82,6 +83,7 @@ class Workload(Observation):
     # its targets' weights), what the transform's statistics and scratch scale with
     ranks: int = 1  # torchrun processes sharing the run: the samples above are each one's share
     data_libraries: int = 0  # what reading the samples imports beyond the backend's runtime (DATASET_LIBRARIES)
+    attention: AttentionKernel = AttentionKernel.MODEL  # `calibrate { attention }`: eager holds the scores
 
     @property
     def searched(self) -> Search:
@@ -190,7 +192,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         method=cal.method, mixed_precision=mp is not None,
         search=_search(ir, assignment), imatrix_layers=imatrix,
         verify_samples=rank_share(verify_samples, min(cal.chunk, verify_samples), ranks),
-        disk=ir.memory.disk is not None, ranks=ranks,
+        disk=ir.memory.disk is not None, ranks=ranks, attention=cal.attention,
         data_libraries=DATASET_LIBRARIES if cal.data.kind is DataKind.DATASET else 0,
         transform=ir.transform if assignment.smoothing else None,
         smoothing=tuple((m.block, m.width, sum(4 * index.layer(x).params for x in m.targets))

@@ -21,7 +21,7 @@ _QSPEC_FIELDS = {"dtype": "dtype", "granularity": "granularity", "group_size": "
                  "symmetry": "symmetry", "act_mode": "mode"}
 _KEYWORD_RULES = {"backend_kind", "rounding_kind", "policy_kind", "score_metric", "sensitivity_metric",
                   "memory_mode", "verify_metric", "bound_kind", "emit_format", "act_order", "group_scales", "scale_search",
-                  "expert_routing", "transform_kind", "switch", "rows_policy"}
+                  "expert_routing", "attention_kernel", "transform_kind", "switch", "rows_policy"}
 
 
 def _unescape(body: str) -> str:

@@ -160,7 +160,7 @@ class _Run:
         if self.file_to_file:
             self.model = open_files(op.model)
             return
-        self.model = open_model(op.model, self.assignment.model.blocks, self.plan.spans.model)
+        self.model = open_model(op.model, self.assignment.model.blocks, self.plan.spans.model, op.attention)
         if op.access is ops.ModelAccess.RESIDENT:
             self.model.materialize(list(self.model.keys))
 

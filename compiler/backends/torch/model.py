@@ -18,6 +18,7 @@ from compiler.backends import BackendError
 from compiler.backends.torch import checkpoint_names
 from compiler.backends.torch.shards import Shards
 from compiler.diagnostics import error
+from compiler.ir.types import AttentionKernel
 from compiler.models import block_fp8, builtin, resolve_path
 from compiler.source import Span
 
@@ -195,9 +196,11 @@ def _float_dtype(shards: Shards, keys: dict[str, str]) -> torch.dtype:
                                                               torch.float32)
 
 
-def open_model(ref: str, blocks: tuple[str, ...], span: Span | None) -> TorchModel:
-    """The skeleton of a built-in or an HF folder, its parameters mapped to the safetensors tensors.
-    `blocks` are the index's (checkpoint) block names; the model's are its module paths."""
+def open_model(ref: str, blocks: tuple[str, ...], span: Span | None,
+               attention: AttentionKernel = AttentionKernel.MODEL) -> TorchModel:
+    """The skeleton of a built-in or an HF folder, its parameters mapped to the safetensors tensors, running
+    the `attention` kernel the recipe asks for. `blocks` are the index's (checkpoint) block names; the model's
+    are its module paths."""
     renamed: dict[str, str] = {}
     if ref.startswith(builtin.PREFIX):
         module, folder_ckpt, config, folder = _builtin(ref), builtin_checkpoint(ref), {"qrc_builtin": ref}, None
@@ -205,6 +208,7 @@ def open_model(ref: str, blocks: tuple[str, ...], span: Span | None) -> TorchMod
     else:
         folder = resolve_path(ref)
         module, config = hf_skeleton(folder, span), json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        set_attention(module, attention, span)
         checkpoint = Shards(folder, block_fp8.block_size(config))
         renamed = checkpoint_names.module_names(module, list(checkpoint.entries),
                                                 checkpoint_names.adapt(module, ref, span))
@@ -214,6 +218,18 @@ def open_model(ref: str, blocks: tuple[str, ...], span: Span | None) -> TorchMod
     dtype = _float_dtype(checkpoint, keys)
     accepts = "use_cache" in inspect.signature(module.forward).parameters
     return TorchModel(module.eval(), checkpoint, keys, container, module_blocks, dtype, accepts, config, folder)
+
+
+def set_attention(module: nn.Module, attention: AttentionKernel, span: Span | None) -> None:
+    """Run a transformers model with `attention` (transformers' own switch: every layer and the mask builder
+    read the config it sets), unless the recipe leaves the model's choice."""
+    if attention is AttentionKernel.MODEL:
+        return
+    try:
+        module.set_attn_implementation(attention.value)  # type: ignore[operator]
+    except (AttributeError, ValueError, ImportError) as exc:  # a class without the switch, or that kernel
+        raise BackendError(error("Q270", f"{type(module).__name__} cannot run `attention {attention.value}` ({exc})",
+                                 span, "no such kernel here", help="remove `attention`, or pick the other kernel")) from None
 
 
 def _builtin(ref: str) -> nn.Module:
