@@ -10,7 +10,10 @@ import sys
 
 import numpy as np
 
+from compiler.quant.parallel import cores, parallel_map
 from compiler.quant.weights import offset_bytes, pack_int4
+
+PACK_TASK_BYTES = 1 << 20  # values one core packs at a time: its passes over them stay in its cache
 
 
 def pack_to_int32(values: np.ndarray, bits: int) -> np.ndarray:
@@ -42,13 +45,26 @@ def _pack_whole_words(values: np.ndarray, bits: int, per_word: int) -> np.ndarra
     the bytes are packed and viewed as words: a few passes over bytes instead of one per element of a word."""
     rows, cols = values.shape
     if bits in (4, 8) and sys.byteorder == "little":  # whole bytes: the words are the packed bytes, read as int32
-        unsigned = offset_bytes(values.astype(np.int8, copy=False), 1 << (bits - 1))
-        return (pack_int4(unsigned) if bits == 4 else unsigned).view(np.int32)
+        return _pack_bytes(values, bits).view(np.int32)
     v = (values.astype(np.int32) + (1 << (bits - 1))).astype(np.uint32).reshape(rows, cols // per_word, per_word)
     out = np.zeros((rows, cols // per_word), np.uint32)
     for i in range(per_word):
         out |= v[:, :, i] << np.uint32(i * bits)
     return out.view(np.int32)
+
+
+def _pack_bytes(values: np.ndarray, bits: int) -> np.ndarray:
+    """4- or 8-bit rows as packed unsigned bytes, slices of rows on every core (the rows are independent)."""
+    rows, cols = values.shape
+    out = np.empty((rows, cols * bits // 8), np.uint8)
+    step = max(1, -(-rows // max(cores(), -(-values.nbytes // PACK_TASK_BYTES))))
+
+    def pack(first: int) -> None:
+        unsigned = offset_bytes(values[first:first + step].astype(np.int8, copy=False), 1 << (bits - 1))
+        out[first:first + step] = pack_int4(unsigned) if bits == 4 else unsigned
+
+    parallel_map(pack, range(0, rows, step))
+    return out
 
 
 def unpack_from_int32(packed: np.ndarray, bits: int, cols: int) -> np.ndarray:

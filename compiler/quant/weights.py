@@ -4,8 +4,11 @@ mse clipping search (a shrink factor per channel/block, vectorised over all of t
 from __future__ import annotations
 
 import enum
+import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +76,7 @@ def sqnr_db(w: np.ndarray, qw: QuantizedWeight, slice_bytes: int = SQNR_SLICE_BY
     the blocks run along it) on every core; the scratch is a few slices'. A weight rounded with `measure`
     carries its sums already."""
     if qw.sums is not None:
-        return _decibels(*qw.sums)
+        return sqnr_from_sums(qw.sums)
     leading = w.shape[0] if w.ndim else 1
     step = max(1, slice_bytes // max(1, w.nbytes // max(leading, 1)))
     if qw.block_size and qw.axis == 0:
@@ -81,6 +84,11 @@ def sqnr_db(w: np.ndarray, qw: QuantizedWeight, slice_bytes: int = SQNR_SLICE_BY
     sums = parallel_map(lambda first: _slice_squares(w, qw, first, min(first + step, leading)),
                         range(0, leading, step) if w.ndim else [0])
     return _decibels(sum(s for s, _ in sums), sum(n for _, n in sums))
+
+
+def sqnr_from_sums(sums: tuple[float, float]) -> float:
+    """The SQNR in dB of a weight rounded with `measure`, from its (Σ w², Σ err²)."""
+    return _decibels(*sums)
 
 
 def _decibels(signal: float, noise: float) -> float:
@@ -157,28 +165,40 @@ def _error_sums(rows: np.ndarray, rounded: np.ndarray, scale: np.ndarray, zp: np
 ROUND_TASK_BYTES = 2 << 20  # float bytes one core rounds at a time: the passes over a slice stay in its cache
 
 
-def round_weight(w: np.ndarray, spec: WeightQuant, rounding: Rounding, channel_axis: int, input_axis: int,
+def round_weight(w, spec: WeightQuant, rounding: Rounding, channel_axis: int, input_axis: int,
                  convention: Convention = Convention.ORT, scale_dtype=np.float32,
-                 slice_bytes: int = 16 << 20, measure: bool = False) -> QuantizedWeight:
+                 slice_bytes: int = 16 << 20, measure: bool = False,
+                 float32: Callable[[Any], np.ndarray] | None = None) -> QuantizedWeight:
     """`quantize_weight` of a whole weight in slices of output channels rounded on every core: per-channel
     and per-group scales are independent across channels, so the bytes are those of one piece. At most
     `slice_bytes` of float weight are in flight at once (each core's slice is at most slice_bytes / cores),
     so the scratch is what the backends' plans charge for one slice. With `measure`, the SQNR's float64
-    sums are added slice by slice: their last digits may differ between machines with other core counts."""
-    w = np.asarray(w, np.float32)
-    channels = w.shape[channel_axis] if w.ndim else 1
+    sums are added slice by slice: their last digits may differ between machines with other core counts.
+    `float32`: how a slice of `w` becomes float32 numpy (default np.asarray): a weight in another type (a
+    bfloat16 torch tensor) is converted a slice at a time on the cores, while it is in cache, instead of
+    whole first."""
+    convert = float32 or (lambda part: np.asarray(part, np.float32))
+    if float32 is None:
+        w = convert(w)
+    shape = tuple(w.shape)
+    channels = shape[channel_axis] if shape else 1
     workers = cores()
     task = max(1, min(ROUND_TASK_BYTES, slice_bytes // workers))
-    slices = min(channels, max(workers, -(-w.nbytes // task)))
+    slices = min(channels, max(workers, -(-4 * math.prod(shape) // task)))
+    def rounded(part) -> QuantizedWeight:
+        # a non-finite value (which the caller refuses, Q409, seeing the sums) gives NaN scales: no warnings
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            return quantize_weight(convert(part), spec, rounding, channel_axis, input_axis, convention, scale_dtype,
+                                   measure=measure)
+
     if spec.granularity is Granularity.PER_TENSOR or slices <= 1:
-        return quantize_weight(w, spec, rounding, channel_axis, input_axis, convention, scale_dtype, measure=measure)
+        return rounded(w)
     step = -(-channels // slices)
 
     def one(first: int) -> QuantizedWeight:
-        index = [slice(None)] * w.ndim
+        index = [slice(None)] * len(shape)
         index[channel_axis] = slice(first, first + step)
-        return quantize_weight(w[tuple(index)], spec, rounding, channel_axis, input_axis, convention, scale_dtype,
-                               measure=measure)
+        return rounded(w[tuple(index)])
 
     parts = parallel_map(one, range(0, channels, step))
     scale_axis = channel_axis if spec.granularity is Granularity.GROUP else 0

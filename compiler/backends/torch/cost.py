@@ -42,7 +42,7 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
         last = w.index.layers[-1].out_features if w.index.layers else w.hidden
         work += 2 * chunk * w.seqlen * last * ACT_BYTES
     if not (w.calibrate or w.verify_samples or w.search is not None):  # nothing runs the model: file to file
-        weights, label = _file_to_file(w), "one tensor at a time, file to file (read, float32 copy, rounded)"
+        weights, label = _file_to_file(w), "one tensor at a time, file to file (read, the next read ahead, rounded)"
     elif mode is MemoryMode.OFFLOAD:
         weights, label = _offload_weights(w), "weights of one block (or of what is outside the blocks)"
     elif mode is MemoryMode.MULTI_GPU:
@@ -97,9 +97,11 @@ def _merging(w: Workload, all_blocks: bool) -> int:
 
 
 def _file_to_file(w: Workload) -> int:
-    """Data-free rounding without a model: the largest quantized tensor as read, its float32 copy and its
-    rounded values (unquantized tensors are copied in slices). Measured: float32 Llamas of 5.85 and 6.61 GiB,
-    RTN in offload, peaked at 482 and 629 MiB (bench/torch_modes.py --layers 28|32 --hidden 2048 --rounding rtn)."""
+    """Data-free rounding without a model: the largest quantized tensor as read, the next one read ahead
+    while it is rounded, and its rounded values and packed bytes, at most 4 bytes a weight each (rtn makes
+    float32 slices of it as it rounds; unquantized tensors are copied in slices). Measured: float32 Llamas of
+    5.85 and 6.61 GiB, RTN in offload, peaked at 482 and 629 MiB (bench/torch_modes.py --layers 28|32 --hidden
+    2048 --rounding rtn); a bfloat16 one of 5.90 GiB at 653 MiB against 713 planned (bench/data_free_floor.py)."""
     quantized = set(w.quantized_layers)
     largest = max((x.params for x in w.index.layers if x.name in quantized), default=0)
     return 3 * 4 * largest + COPY_SLICE

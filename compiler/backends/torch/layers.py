@@ -236,18 +236,19 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
     spec = job.scheme.quantized_weights
     if spec.qtype.is_float:  # rounded and stored by compressed-tensors (float_formats.py)
         return float_formats.quantize_scheme(weight, job.scheme, scale_dtype, shared_absmax)
+    np_dtype = str(scale_dtype).removeprefix("torch.")
+    if not job.gptq and not spec.qtype.is_kquant:
+        # rows (output channels) are independent: rounded in slices on every core, each slice made float32
+        # there (a bfloat16 weight is not copied whole first), the scratch a slice's
+        return round_weight(weight.detach().cpu(), spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype,
+                            slice_bytes=ROW_SLICE_BYTES, measure=measure, float32=lambda part: part.float().numpy())
     w = weight.detach().float().cpu().numpy()
     if spec.qtype.is_kquant:  # GGUF's own blocks, searched as llama.cpp does (its scales float16 by format)
         assert stats is not None or not job.imatrix, "the imatrix search rounds with its layer's statistics"
         return quantize_kquant(w, spec.qtype, stats.importance(job) if job.imatrix and stats is not None else None)
-    np_dtype = str(scale_dtype).removeprefix("torch.")
-    if job.gptq:
-        assert stats is not None, "GPTQ rounds with its layer's statistics"
-        return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype, str(weight.device),
-                    dampened, job.scheme.static_groups, job.scheme.mse_scales)
-    # rows (output channels) are independent: rounded in slices on every core, the scratch a slice's
-    return round_weight(w, spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype, slice_bytes=ROW_SLICE_BYTES,
-                        measure=measure)
+    assert stats is not None, "GPTQ rounds with its layer's statistics"
+    return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype, str(weight.device),
+                dampened, job.scheme.static_groups, job.scheme.mse_scales)
 
 
 def input_qparams(job: Job, stats: Statistics | None, calibration: Calibration | None, scale_dtype: torch.dtype):

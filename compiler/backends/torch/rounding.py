@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -28,7 +29,7 @@ from compiler.diagnostics import warning
 from compiler.ir.types import Calibration
 from compiler.quant.gptq import SingularHessian
 from compiler.quant.kquants import GgufBlocks
-from compiler.quant.weights import QuantizedWeight, sqnr_db
+from compiler.quant.weights import QuantizedWeight, sqnr_from_sums
 from compiler.source import Span
 
 
@@ -61,14 +62,21 @@ class Rounder:
                 _trim_after_block(jobs, number)
 
     def from_files(self, jobs: list[Job]) -> None:
-        """Data-free rounding file to file: each weight read, rounded, written and dropped; nothing runs."""
+        """Data-free rounding file to file: each weight read, rounded, written and dropped; nothing runs. The
+        next weight is read (and made float32) on a thread while this one is rounded, so the reading overlaps
+        the rounding instead of leaving the cores idle (one more weight in flight: torch/cost.py)."""
         advance = self.progress("quantize", len(jobs))
-        for number, job in enumerate(jobs):
-            weight = self.model.shards.read(job.layer.weight).float()
-            self.record_rounded(job, weight, self.round(job, weight, None, None, measure=True))
-            del weight
-            _trim_after_block(jobs, number)
-            advance()
+        read = self.model.shards.read
+        with ThreadPoolExecutor(1, thread_name_prefix="qrc-read") as reader:
+            ahead = reader.submit(read, jobs[0].layer.weight) if jobs else None
+            for number, job in enumerate(jobs):
+                assert ahead is not None
+                weight = ahead.result()  # as stored: rtn makes each slice float32 as it rounds it
+                ahead = reader.submit(read, jobs[number + 1].layer.weight) if number + 1 < len(jobs) else None
+                self.record_rounded(job, weight, self.round(job, weight, None, None, measure=True))
+                del weight
+                _trim_after_block(jobs, number)
+                advance()
 
     def from_files_shared(self, jobs: list[Job], ranks: Ranks) -> None:
         """Data-free rounding file to file, shared by torchrun's ranks: job i is rounded by rank i mod N, a round
@@ -184,18 +192,27 @@ class Rounder:
     def quantize(self, job: Job, weight: torch.Tensor, stats: Statistics | None, measure: bool = False) -> Rounded:
         """One weight rounded, refusing non-finite ones (Q409). GPTQ raises its dampening where H is not
         definite, and rounds with rtn where no dampening helps (Q418, once). `measure`: an integer rounding
-        also takes the sums of its SQNR (QuantizedWeight.sums)."""
-        refuse_nonfinite(self.model_span, job.layer, weight.detach().float().cpu().numpy())
+        also takes the sums of its SQNR (QuantizedWeight.sums), and a finite sum of squares shows every value
+        finite without a pass of its own (a non-finite one is checked value by value)."""
+        spec = job.scheme.quantized_weights
+        summed = measure and not job.gptq and not spec.qtype.is_float and not spec.qtype.is_kquant and \
+            not isinstance(self.writer, GgufWriter)
+        if not summed:
+            weight = weight.float()
+            refuse_nonfinite(self.model_span, job.layer, weight.detach().cpu().numpy())
         reference = self.writer.reference_blocks(job, weight) if isinstance(self.writer, GgufWriter) else None
         if reference is not None:
             return reference
         try:
-            return quantize_job(job, weight, stats, self.scale_dtype or self.model.dtype,
-                                lambda used: self.dampened.setdefault(job.layer.name, used),
-                                self.global_scales.absmax(job.layer.name), measure)
+            q = quantize_job(job, weight, stats, self.scale_dtype or self.model.dtype,
+                             lambda used: self.dampened.setdefault(job.layer.name, used),
+                             self.global_scales.absmax(job.layer.name), measure)
         except SingularHessian:
             self.dampened[job.layer.name] = math.inf
             return quantize_job(job.with_rtn(), weight, None, self.scale_dtype or self.model.dtype)
+        if summed and not (isinstance(q, QuantizedWeight) and q.sums is not None and math.isfinite(q.sums[0])):
+            refuse_nonfinite(self.model_span, job.layer, weight.detach().float().cpu().numpy())
+        return q
 
     def write(self, job: Job, q: Rounded, act) -> None:
         """A rounded weight's compressed tensors (and its input scale) into the output; GGUF's blocks."""
@@ -211,9 +228,9 @@ class Rounder:
         """The weight SQNR of a layer rounded from the files: from the sums its rounding took, else from its
         dequantized values."""
         if isinstance(q, QuantizedWeight) and q.sums is not None:
-            self.report.weight_sqnr[job.layer.name] = sqnr_db(original.numpy(), q)
+            self.report.weight_sqnr[job.layer.name] = sqnr_from_sums(q.sums)
         else:
-            self.record(job, original, torch.from_numpy(q.dequantize()), None)
+            self.record(job, original.float(), torch.from_numpy(q.dequantize()), None)
 
     def record(self, job: Job, original: torch.Tensor, dequantized: torch.Tensor, act) -> None:
         """The report's figures: weight SQNR, and the range a static input is quantized to."""
