@@ -3,6 +3,7 @@ random-weight Llama, the same calibration token ids, the same CPU.
 
     python bench/gptq_llmc.py --llmcompressor VENV/bin/python [--hidden 1024] [--layers 8] [--samples 32]
                               [--seqlen 256] [--groups updated_groups static_groups] [--act-order] [--heldout N]
+                              [--modes auto offload full] [--repeat N]
                               [--scales mse_scales minmax_scales] [--llmc-observers minmax mse]
 
 Each tool runs in its own process (llm-compressor in its own venv, bench/llmc_calibrated.py gptq): wall time and peak
@@ -78,6 +79,9 @@ def main() -> None:
     parser.add_argument("--act-order", action="store_true",
                         help="both tools take columns by decreasing Hessian diagonal (qrc `act_order`, which needs "
                              "static_groups; llm-compressor's default actorder=static)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs of every tool, alternating (qrc, llm-compressor, qrc, ...): the best wall time "
+                             "of each is reported, with the largest peak")
     parser.add_argument("--heldout", type=int, default=1,
                         help="sets of 16 held-out samples (other seeds): KL as mean ± standard deviation over them")
     args = parser.parse_args()
@@ -88,22 +92,28 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         npz = calibration_ids(Path(tmp), args.samples, args.seqlen)
-        rows = []
+        jobs = []
         for groups, scales, mode in itertools.product(args.groups, args.scales, args.modes):
             out = Path(tmp) / f"qrc-{mode}-{groups}-{scales}"
             recipe = Path(tmp) / f"{mode}-{groups}-{scales}.recipe"
             options = f"{groups} {scales}" + (" act_order" if args.act_order else "")
             recipe.write_text(RECIPE.format(model=folder, npz=npz, mode=mode, disk=Path(tmp) / "disk", out=out,
                                             groups=options))
-            rows.append((f"qrc {mode}, {options.replace(' ', ', ')}",
-                         *run([sys.executable, "-m", "compiler", "compile", str(recipe)]), out))
+            jobs.append((f"qrc {mode}, {options.replace(' ', ', ')}",
+                         [sys.executable, "-m", "compiler", "compile", str(recipe)], out))
         for observer in args.llmc_observers if args.llmcompressor else []:
             theirs = Path(tmp) / f"llmc-{observer}"
             method = "gptq-actorder" if args.act_order else {"minmax": "gptq", "mse": "gptq-mse"}[observer]
             name = "llm-compressor GPTQModifier" + (", actorder static" if args.act_order else "") + \
                 (", memoryless_mse observer" if observer == "mse" else "")
-            rows.append((name, *run([args.llmcompressor, str(ROOT / "bench" / "llmc_calibrated.py"),
-                                     str(folder), str(npz), method, str(theirs)]), theirs))
+            jobs.append((name, [args.llmcompressor, str(ROOT / "bench" / "llmc_calibrated.py"), str(folder),
+                                str(npz), method, str(theirs)], theirs))
+        timings: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in jobs}
+        for _ in range(args.repeat):  # alternating: a slow spell of the machine falls on every tool
+            for name, command, _ in jobs:
+                timings[name].append(run(command))
+        rows = [(name, min(s for s, _ in timings[name]), max(p for _, p in timings[name]), out)
+                for name, _, out in jobs]
         for name, seconds, peak, out in rows:
             sets = [independent(folder, out, vocab=32000, seqlen=args.seqlen, seed=99 + i) for i in range(args.heldout)]
             kl = np.array([f["kl"] for f in sets])
@@ -111,6 +121,14 @@ def main() -> None:
             f = sets[0]
             print(f"| {name} | {seconds:.1f} | {peak:,.0f} | {kl.mean():.5f}{spread} | {f['cosine']:.5f} | "
                   f"{f['top1']:.4f} | {perplexity_cell(f)} |", flush=True)
+        print()
+        for name, _, _ in jobs:
+            print(f"{name}: runs of {', '.join(f'{s:.1f}' for s, _ in timings[name])} s")
+        theirs = next((seconds for name, seconds, _, _ in rows if name.startswith("llm-compressor")), None)
+        for name, seconds, _, _ in rows if theirs else []:
+            if name.startswith("qrc"):
+                print(f"{name}: {seconds / theirs:.2f}× the wall time of {jobs[-len(args.llmc_observers)][0]} "
+                      f"(best of {args.repeat} each)")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,52 @@ def test_fp8_bits_are_the_formula_per_tensor_channel_and_block():
     assert torch.equal(block["weight"].view(torch.uint8), _fp8(w / expanded).view(torch.uint8))
 
 
+@pytest.mark.parametrize("name", ["FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "MXFP4A16", "MXFP8A16"])
+def test_rows_rounded_in_slices_on_every_core_store_the_bytes_of_one_piece(name, monkeypatch):
+    """Slices of rows (whole 128-row blocks for FP8_BLOCK) rounded on the cores join into the tensors of the
+    weight rounded whole, bit for bit; with `measure` their sums give the SQNR of the dequantized weight."""
+    from compiler.backends.torch import float_formats
+    from compiler.backends.torch.figures import weight_sqnr
+    from compiler.quant.weights import sqnr_from_sums
+
+    w = _weight(rows=300, cols=256).to(torch.bfloat16)
+    scheme = PRESETS[name]
+    monkeypatch.setattr(float_formats, "cores", lambda: 1)
+    monkeypatch.setattr(float_formats, "FLOAT_TASK_BYTES", 1 << 30)
+    whole = float_formats.quantize_scheme(w.float(), scheme, torch.bfloat16)
+    monkeypatch.setattr(float_formats, "FLOAT_TASK_BYTES", 8 << 10)  # 8 rows a slice: 38 slices (FP8_BLOCK: 3)
+    sliced = float_formats.quantize_scheme(w, scheme, torch.bfloat16, measure=True)
+    assert whole.stored.keys() == sliced.stored.keys()
+    for key, tensor in whole.stored.items():
+        assert tensor.shape == sliced.stored[key].shape, key
+        assert torch.equal(tensor.view(torch.uint8), sliced.stored[key].view(torch.uint8)), key
+    assert sliced.dequantized is None and sliced.sums is not None
+    assert sqnr_from_sums(sliced.sums) == pytest.approx(weight_sqnr(w.float(), whole.dequantized), abs=1e-4)
+
+
+def test_fp4_cpu_kernels_return_what_compressed_tensors_fallbacks_return():
+    """qrc's FP4 cast and packing (registered into compressed-tensors' dispatch) against its own CPU fallbacks,
+    on every tie between two E2M1 values, the floats either side of each, ±0, ±inf, NaN and random values."""
+    from compressed_tensors.utils.impl_backend import ImplBackend
+
+    from compiler.backends.torch import fp4_kernels
+
+    fp4_kernels.register()
+    edges = torch.tensor([0.0, -0.0, 0.25, 0.75, 1.25, 1.75, 2.0, 2.5, 3.5, 4.0, 5.0, 6.0, 7.0, 1e9, float("inf"),
+                          float("nan")])
+    up, down = (torch.nextafter(edges, torch.tensor(v)) for v in (float("inf"), -float("inf")))
+    generator = torch.Generator().manual_seed(0)
+    x = torch.cat([edges, up, down, -edges, -up, -down, torch.randn(4000, generator=generator) * 3])
+    for dtype, bits in ((torch.float32, torch.int32), (torch.float16, torch.int16)):
+        theirs = ImplBackend.call("cast_to_fp4", x.to(dtype))
+        ours = fp4_kernels.qrc_cast_to_fp4_cpu(x.to(dtype))
+        assert ours.dtype == theirs.dtype
+        assert torch.equal(ours.view(bits), theirs.view(bits)) or torch.equal(  # NaN payloads aside
+            torch.nan_to_num(ours, nan=7.0).view(bits), torch.nan_to_num(theirs, nan=7.0).view(bits))
+        values = theirs[~theirs.isnan()][:4000].reshape(50, 80)
+        assert torch.equal(fp4_kernels.qrc_pack_fp4_to_uint8_cpu(values), ImplBackend.call("pack_fp4_to_uint8", values))
+
+
 def _nearest_fp4(x):
     grid = torch.tensor(FP4_GRID)
     return grid[(x.abs()[..., None] - grid).abs().argmin(-1)] * x.sign()

@@ -84,6 +84,7 @@ class Workload(Observation):
     ranks: int = 1  # torchrun processes sharing the run: the samples above are each one's share
     data_libraries: int = 0  # what reading the samples imports beyond the backend's runtime (DATASET_LIBRARIES)
     attention: AttentionKernel = AttentionKernel.MODEL  # `calibrate { attention }`: eager holds the scores
+    float_rounded: bool = False  # a weight goes to a floating format (compressed-tensors' torch functions round it)
 
     @property
     def searched(self) -> Search:
@@ -193,6 +194,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         search=_search(ir, assignment), imatrix_layers=imatrix,
         verify_samples=rank_share(verify_samples, min(cal.chunk, verify_samples), ranks),
         disk=ir.memory.disk is not None, ranks=ranks, attention=cal.attention,
+        float_rounded=any(a.scheme.quantized_weights.qtype.is_float for a in quantized),
         data_libraries=DATASET_LIBRARIES if cal.data.kind is DataKind.DATASET else 0,
         transform=ir.transform if assignment.smoothing else None,
         smoothing=tuple((m.block, m.width, sum(4 * index.layer(x).params for x in m.targets))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -44,3 +44,19 @@ def parallel_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
     if len(work) < 2 or cores() < 2 or getattr(_inside, "active", False):
         return [fn(item) for item in work]
     return list(_executor().map(fn, work))
+
+
+def one_ahead(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+    """fn over items in order, the next call running on a thread while the caller uses this one's value (so
+    reading a weight overlaps rounding the last): at most one call ahead. An exception in a call is raised
+    where its value would have been yielded."""
+    if not items:
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="qrc-ahead") as reader:
+        ahead = reader.submit(fn, items[0])
+        for number in range(len(items)):
+            value = ahead.result()
+            if number + 1 < len(items):
+                ahead = reader.submit(fn, items[number + 1])
+            yield value
+            del value  # the caller's reference is the only one left while the next call runs

@@ -108,6 +108,12 @@ def _slice_squares(w: np.ndarray, qw: QuantizedWeight, first: int, stop: int) ->
     return _sum_of_squares(original), _sum_of_squares(error, error)
 
 
+def error_sums(original: np.ndarray, dequantized: np.ndarray) -> tuple[float, float]:
+    """(Σ w², Σ (w − dequantized)²) of float32 arrays, as `measure` takes them; `dequantized` is overwritten."""
+    np.subtract(original, dequantized, out=dequantized)
+    return _sum_of_squares(original), _sum_of_squares(dequantized, dequantized)
+
+
 def _leading_params(qw: QuantizedWeight, a: np.ndarray, first: int, stop: int) -> np.ndarray:
     """The scales (or zero points) of rows first:stop of the weight's first axis: all of them when they do
     not vary along it (per tensor, per channel of another axis), else those rows' (or blocks')."""

@@ -13,9 +13,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from compiler.backends.torch import fp4_kernels
 from compiler.backends.torch.quant_args import weight_args, weight_format
 from compiler.ir.types import ActivationQuant, Granularity, Scheme, WeightQuant
+from compiler.quant.parallel import cores, parallel_map
 from compiler.quant.qparams import FP8_MAX
+from compiler.quant.weights import error_sums
 
 
 @dataclass(frozen=True)
@@ -24,21 +27,24 @@ class FloatQuantized:
     `weight_scale`, `weight_global_scale`) and the weight they decompress to."""
 
     stored: dict[str, torch.Tensor]
-    dequantized: torch.Tensor  # float32 [out, in]
+    dequantized: torch.Tensor | None  # float32 [out, in]; None when rounded with `measure` (its sums instead)
+    sums: tuple[float, float] | None = None  # (Σ w², Σ (w − dequantized)²), taken slice by slice with `measure`
 
     def dequantize(self) -> np.ndarray:
         """The weight as a loader computes with it, float32."""
+        assert self.dequantized is not None, "a weight rounded with `measure` keeps its sums, not its values"
         return self.dequantized.numpy()
 
     # torch 2.13 pickles float8 tensors but cannot unpickle them; the ranks hand rounded weights on as pickles
     # (torch.distributed's object collectives), so float8 tensors travel as their bytes
     def __getstate__(self) -> tuple:
-        return {k: portable(v) for k, v in self.stored.items()}, self.dequantized
+        return {k: portable(v) for k, v in self.stored.items()}, self.dequantized, self.sums
 
     def __setstate__(self, state: tuple) -> None:
-        stored, dequantized = state
+        stored, dequantized, sums = state
         object.__setattr__(self, "stored", {k: restored(v) for k, v in stored.items()})  # frozen: unpickling sets it once
         object.__setattr__(self, "dequantized", dequantized)
+        object.__setattr__(self, "sums", sums)
 
 
 def portable(tensor: torch.Tensor):
@@ -57,33 +63,89 @@ def restored(value):
 
 
 def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str, scale_dtype: torch.dtype,
-                   shared_absmax: float | None = None) -> FloatQuantized:
-    """Round `weight` [out, in] (float32) with the compressed-tensors weight arguments `args` and store it in
-    format `fmt`; scales are kept in `scale_dtype` (the checkpoint's float dtype) where the format does not
-    fix their type. NVFP4's global scale comes from `shared_absmax` where fused siblings share it
-    (global_scales.py), else from the weight's own range."""
+                   shared_absmax: float | None = None, measure: bool = False) -> FloatQuantized:
+    """Round `weight` [out, in] with the compressed-tensors weight arguments `args` and store it in format
+    `fmt`; scales are kept in `scale_dtype` (the checkpoint's float dtype) where the format does not fix their
+    type. NVFP4's global scale comes from `shared_absmax` where fused siblings share it (global_scales.py),
+    else from the weight's own range. Every scale but a per-tensor one covers rows of its own, so slices of
+    rows (whole blocks of them) are rounded on every core, each made float32 there, and their tensors joined:
+    the bytes of one piece. `measure`: the SQNR's sums instead of the dequantized weight."""
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
-    from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+    from compressed_tensors.quantization.utils import generate_gparam
 
+    fp4_kernels.register()  # FP4's cast and packing on the CPU, through compressed-tensors' own dispatch
     quant_args = QuantizationArgs.model_validate(args)
-    w = weight.detach().float().cpu()
-    low, high = _ranges(w, spec)
+    w = weight.detach().cpu()
     global_scale = None
     if spec.qtype.fixed_group == 16:
         bound = torch.tensor(shared_absmax) if shared_absmax is not None else None
-        global_scale = generate_gparam(-bound, bound) if bound is not None else generate_gparam(w.min(), w.max())
-    scale, zero_point = calculate_qparams(low, high, quant_args, global_scale=global_scale)
+        global_scale = (generate_gparam(-bound, bound) if bound is not None else
+                        generate_gparam(w.min().float(), w.max().float()))
+    scheme = QuantizationScheme(targets=["Linear"], weights=quant_args)
+    compressor = BaseCompressor.load_from_registry(fmt)
+
+    def rounded(rows: torch.Tensor) -> _Piece:
+        return _round_rows(rows.float(), spec, quant_args, scheme, compressor, global_scale, scale_dtype, measure)
+
+    unit = spec.block_shape[0] if spec.granularity is Granularity.BLOCK else 1
+    step = _rows_per_slice(w, unit)
+    if spec.granularity is Granularity.PER_TENSOR or step >= w.shape[0]:
+        pieces = [rounded(w)]
+    else:
+        pieces = parallel_map(lambda first: rounded(w[first:first + step]), range(0, w.shape[0], step))
+    return _joined(pieces, global_scale is not None, measure)
+
+
+FLOAT_TASK_BYTES = 2 << 20  # float32 bytes of rows one core rounds at a time
+
+
+@dataclass(frozen=True)
+class _Piece:
+    stored: dict[str, torch.Tensor]
+    dequantized: torch.Tensor | None
+    sums: tuple[float, float] | None
+
+
+def _rows_per_slice(w: torch.Tensor, unit: int) -> int:
+    """Rows per slice: about FLOAT_TASK_BYTES of float32, whole blocks of `unit` rows, at least one slice a core."""
+    rows = w.shape[0]
+    bytes_per_row = 4 * max(1, w.shape[1] if w.ndim > 1 else 1)
+    slices = max(cores(), -(-rows * bytes_per_row // FLOAT_TASK_BYTES))
+    step = max(1, -(-rows // slices))
+    return -(-step // unit) * unit
+
+
+def _round_rows(w: torch.Tensor, spec: WeightQuant, quant_args, scheme, compressor, global_scale,
+                scale_dtype: torch.dtype, measure: bool) -> _Piece:
+    """Rows of a weight (float32) rounded and compressed by compressed-tensors, decompressed again by it."""
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    low, high = _ranges(w, spec)
+    scale, _ = calculate_qparams(low, high, quant_args, global_scale=global_scale)
     if not spec.qtype.fixed_group:  # FP8's scales are held in the model's dtype, as llm-compressor's modules do
         scale = scale.to(scale_dtype)
     state = {"weight": w, "weight_scale": scale}
     if global_scale is not None:
         state["weight_global_scale"] = global_scale
-    scheme = QuantizationScheme(targets=["Linear"], weights=quant_args)
-    compressor = BaseCompressor.load_from_registry(fmt)
     stored = {k: v.contiguous() for k, v in compressor.compress(state, scheme).items()}
-    restored = compressor.decompress(dict(stored), scheme)["weight"]
-    return FloatQuantized(stored, restored.float())
+    restored = compressor.decompress(dict(stored), scheme)["weight"].float()
+    if measure:
+        return _Piece(stored, None, error_sums(w.numpy(), restored.numpy()))
+    return _Piece(stored, restored, None)
+
+
+def _joined(pieces: list[_Piece], global_scale: bool, measure: bool) -> FloatQuantized:
+    """The slices' tensors joined along their rows (the one global scale taken once), and their sums added."""
+    head = pieces[0]
+    if len(pieces) == 1:
+        return FloatQuantized(head.stored, head.dequantized, head.sums)
+    stored = {k: v if global_scale and k == "weight_global_scale" else torch.cat([p.stored[k] for p in pieces])
+              for k, v in head.stored.items()}
+    if measure:
+        sums = (sum(p.sums[0] for p in pieces if p.sums), sum(p.sums[1] for p in pieces if p.sums))
+        return FloatQuantized(stored, None, sums)
+    return FloatQuantized(stored, torch.cat([p.dequantized for p in pieces if p.dequantized is not None]))
 
 
 def _ranges(w: torch.Tensor, spec: WeightQuant) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,11 +173,12 @@ def fp8_input_scale(low: float, high: float, scale_dtype: torch.dtype) -> float:
 
 
 def quantize_scheme(weight: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype,
-                    shared_absmax: float | None = None) -> FloatQuantized:
+                    shared_absmax: float | None = None, measure: bool = False) -> FloatQuantized:
     """`weight` rounded and stored as a floating scheme's weights say (its compressed-tensors arguments and
     format): what the rounding and the precision search both call."""
     spec = scheme.quantized_weights
-    return quantize_float(weight, spec, weight_args(spec), weight_format(scheme), scale_dtype, shared_absmax)
+    return quantize_float(weight, spec, weight_args(spec), weight_format(scheme), scale_dtype, shared_absmax,
+                          measure)
 
 
 def nvfp4_input_global_scale(low: float, high: float) -> float:

@@ -33,5 +33,11 @@ class SharedGlobalScales:
         if members is None:
             return None
         if members not in self._absmax:
-            self._absmax[members] = max(float(self.read(m).float().abs().max()) for m in members)
+            self._absmax[members] = max(_absmax(self.read(m)) for m in members)
         return self._absmax[members]
+
+
+def _absmax(weight: torch.Tensor) -> float:
+    """max |w| of a weight in its stored dtype, from its min and max (no float32 or |w| copy of it)."""
+    low, high = torch.aminmax(weight)
+    return max(-float(low), float(high))

@@ -232,10 +232,10 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
     """Round one Linear weight [out, in] with its scheme's rounding, in the torch convention. GPTQ tells
     `dampened` the dampening it had to raise to; a Hessian no dampening makes definite (SingularHessian)
     propagates to the caller, which rounds with rtn. `shared_absmax`: NVFP4 siblings' common range.
-    `measure`: rtn/mse roundings also take the sums of the weight's SQNR."""
+    `measure`: rtn/mse and the floating formats also take the sums of the weight's SQNR."""
     spec = job.scheme.quantized_weights
     if spec.qtype.is_float:  # rounded and stored by compressed-tensors (float_formats.py)
-        return float_formats.quantize_scheme(weight, job.scheme, scale_dtype, shared_absmax)
+        return float_formats.quantize_scheme(weight, job.scheme, scale_dtype, shared_absmax, measure)
     np_dtype = str(scale_dtype).removeprefix("torch.")
     if not job.gptq and not spec.qtype.is_kquant:
         # rows (output channels) are independent: rounded in slices on every core, each slice made float32

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -29,7 +28,8 @@ from compiler.diagnostics import warning
 from compiler.ir.types import Calibration
 from compiler.quant.gptq import SingularHessian
 from compiler.quant.kquants import GgufBlocks
-from compiler.quant.weights import QuantizedWeight, sqnr_from_sums
+from compiler.quant.parallel import one_ahead
+from compiler.quant.weights import sqnr_from_sums
 from compiler.source import Span
 
 
@@ -66,17 +66,13 @@ class Rounder:
         next weight is read (and made float32) on a thread while this one is rounded, so the reading overlaps
         the rounding instead of leaving the cores idle (one more weight in flight: torch/cost.py)."""
         advance = self.progress("quantize", len(jobs))
-        read = self.model.shards.read
-        with ThreadPoolExecutor(1, thread_name_prefix="qrc-read") as reader:
-            ahead = reader.submit(read, jobs[0].layer.weight) if jobs else None
-            for number, job in enumerate(jobs):
-                assert ahead is not None
-                weight = ahead.result()  # as stored: rtn makes each slice float32 as it rounds it
-                ahead = reader.submit(read, jobs[number + 1].layer.weight) if number + 1 < len(jobs) else None
-                self.record_rounded(job, weight, self.round(job, weight, None, None, measure=True))
-                del weight
-                _trim_after_block(jobs, number)
-                advance()
+        # each weight as stored: the roundings make float32 slices of it as they go
+        weights = one_ahead(self.model.shards.read, [job.layer.weight for job in jobs])
+        for number, (job, weight) in enumerate(zip(jobs, weights, strict=True)):
+            self.record_rounded(job, weight, self.round(job, weight, None, None, measure=True))
+            del weight
+            _trim_after_block(jobs, number)
+            advance()
 
     def from_files_shared(self, jobs: list[Job], ranks: Ranks) -> None:
         """Data-free rounding file to file, shared by torchrun's ranks: job i is rounded by rank i mod N, a round
@@ -194,8 +190,7 @@ class Rounder:
         definite, and rounds with rtn where no dampening helps (Q418, once). `measure`: an integer rounding
         also takes the sums of its SQNR (QuantizedWeight.sums), and a finite sum of squares shows every value
         finite without a pass of its own (a non-finite one is checked value by value)."""
-        spec = job.scheme.quantized_weights
-        summed = measure and not job.gptq and not spec.qtype.is_float and not spec.qtype.is_kquant and \
+        summed = measure and not job.gptq and not job.scheme.quantized_weights.qtype.is_kquant and \
             not isinstance(self.writer, GgufWriter)
         if not summed:
             weight = weight.float()
@@ -210,7 +205,12 @@ class Rounder:
         except SingularHessian:
             self.dampened[job.layer.name] = math.inf
             return quantize_job(job.with_rtn(), weight, None, self.scale_dtype or self.model.dtype)
-        if summed and not (isinstance(q, QuantizedWeight) and q.sums is not None and math.isfinite(q.sums[0])):
+        except Exception:
+            if summed:  # not checked first: a non-finite value is the likely cause (Q409)
+                refuse_nonfinite(self.model_span, job.layer, weight.detach().float().cpu().numpy())
+            raise
+        sums = getattr(q, "sums", None)
+        if summed and not (sums is not None and math.isfinite(sums[0])):
             refuse_nonfinite(self.model_span, job.layer, weight.detach().float().cpu().numpy())
         return q
 
@@ -227,8 +227,9 @@ class Rounder:
     def record_rounded(self, job: Job, original: torch.Tensor, q: Rounded) -> None:
         """The weight SQNR of a layer rounded from the files: from the sums its rounding took, else from its
         dequantized values."""
-        if isinstance(q, QuantizedWeight) and q.sums is not None:
-            self.report.weight_sqnr[job.layer.name] = sqnr_from_sums(q.sums)
+        sums = getattr(q, "sums", None)
+        if sums is not None:
+            self.report.weight_sqnr[job.layer.name] = sqnr_from_sums(sums)
         else:
             self.record(job, original.float(), torch.from_numpy(q.dequantize()), None)
 
