@@ -103,9 +103,7 @@ def _slice_squares(w: np.ndarray, qw: QuantizedWeight, first: int, stop: int) ->
         original = np.asarray(w[first:stop], np.float32)
         part = QuantizedWeight(qw.q[first:stop], _leading_params(qw, qw.scale, first, stop),
                                _leading_params(qw, qw.zero_point, first, stop), qw.qtype, qw.axis, qw.block_size)
-    error = part.dequantize()
-    np.subtract(original, error, out=error)  # float32 error, in the dequantized copy
-    return _sum_of_squares(original), _sum_of_squares(error, error)
+    return error_sums(original, part.dequantize())  # the float32 error, in the dequantized copy
 
 
 def error_sums(original: np.ndarray, dequantized: np.ndarray) -> tuple[float, float]:
@@ -164,8 +162,7 @@ def _error_sums(rows: np.ndarray, rounded: np.ndarray, scale: np.ndarray, zp: np
     (q − zero point) · scale in float32. `rounded` is overwritten (the error is computed in it)."""
     np.subtract(rounded, zp, out=rounded)
     rounded *= scale
-    rounded -= rows
-    return _sum_of_squares(rows), _sum_of_squares(rounded, rounded)
+    return error_sums(rows, rounded)
 
 
 ROUND_TASK_BYTES = 2 << 20  # float bytes one core rounds at a time: the passes over a slice stay in its cache

@@ -63,7 +63,7 @@ class Rounder:
 
     def from_files(self, jobs: list[Job]) -> None:
         """Data-free rounding file to file: each weight read, rounded, written and dropped; nothing runs. The
-        next weight is read (and made float32) on a thread while this one is rounded, so the reading overlaps
+        next weight is read (as stored) on a thread while this one is rounded, so the reading overlaps
         the rounding instead of leaving the cores idle (one more weight in flight: torch/cost.py)."""
         advance = self.progress("quantize", len(jobs))
         # each weight as stored: the roundings make float32 slices of it as they go
@@ -194,7 +194,7 @@ class Rounder:
             not isinstance(self.writer, GgufWriter)
         if not summed:
             weight = weight.float()
-            refuse_nonfinite(self.model_span, job.layer, weight.detach().cpu().numpy())
+            self._refuse_nonfinite(job, weight)
         reference = self.writer.reference_blocks(job, weight) if isinstance(self.writer, GgufWriter) else None
         if reference is not None:
             return reference
@@ -207,12 +207,16 @@ class Rounder:
             return quantize_job(job.with_rtn(), weight, None, self.scale_dtype or self.model.dtype)
         except Exception:
             if summed:  # not checked first: a non-finite value is the likely cause (Q409)
-                refuse_nonfinite(self.model_span, job.layer, weight.detach().float().cpu().numpy())
+                self._refuse_nonfinite(job, weight)
             raise
         sums = getattr(q, "sums", None)
         if summed and not (sums is not None and math.isfinite(sums[0])):
-            refuse_nonfinite(self.model_span, job.layer, weight.detach().float().cpu().numpy())
+            self._refuse_nonfinite(job, weight)
         return q
+
+    def _refuse_nonfinite(self, job: Job, weight: torch.Tensor) -> None:
+        """Q409 when any value of the weight is NaN or infinite (a pass over it as float32)."""
+        refuse_nonfinite(self.model_span, job.layer, weight.detach().float().cpu().numpy())
 
     def write(self, job: Job, q: Rounded, act) -> None:
         """A rounded weight's compressed tensors (and its input scale) into the output; GGUF's blocks."""
