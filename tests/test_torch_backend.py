@@ -208,6 +208,27 @@ def test_qkv_share_one_hessian_and_gate_up_another():
     assert len(stats.hessians) == 4
 
 
+@pytest.mark.parametrize("width", [96, 256, 700])
+def test_hessian_is_the_whole_symmetric_mean_of_two_xtx(width):
+    """Only the upper triangle is summed (in strips of GRAM_STRIP columns); what GPTQ reads is the whole
+    2·XᵀX / rows, exactly symmetric, whether or not the width is a multiple of the strip."""
+    from compiler.backends.torch.layers import Hessian
+
+    chunks = [torch.randn(2, 40, width), torch.randn(3, 40, width) * 3]
+    chunks[1][0, 5, 7] = float("nan")  # a row with a NaN is left out of the sums
+    hessian = Hessian(torch.zeros(width, width))
+    for chunk in chunks:
+        hessian.update(chunk)
+    rows = torch.cat([c.reshape(-1, width) for c in chunks]).double()
+    rows = rows[torch.isfinite(rows).all(dim=1)]
+    expected = (2 * rows.T @ rows / rows.shape[0]).numpy()
+    for in_place in (False, True):
+        got = hessian.mean(in_place=in_place)
+        assert hessian.rows == rows.shape[0] == 199
+        np.testing.assert_array_equal(got, got.T)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-3)
+
+
 def test_sharded_output_has_an_index_and_loads(tmp_path):
     from safetensors.torch import load_file
 

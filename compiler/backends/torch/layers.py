@@ -84,9 +84,41 @@ def finite_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return rows if bool(finite.all()) else rows[finite]  # no copy of a chunk's inputs when every row is finite
 
 
+# XᵀX is symmetric: only its upper triangle is summed, in strips of this many rows (each strip one matrix
+# product from its diagonal rightwards), then mirrored once when it is read. That is 0.58–0.62× the time of the
+# whole product on the bench Llama's 1,024- and 2,816-wide inputs (one and two threads); the Hessian sum was
+# about a fifth of a GPTQ compile's time. torch has no symmetric rank-k update (BLAS syrk) of its own.
+GRAM_STRIP = 256
+
+
+def add_upper_gram_(total: torch.Tensor, rows: torch.Tensor, alpha: float = 1.0) -> None:
+    """total += alpha·rowsᵀ·rows on the upper triangle and the diagonal strips only (the rest of `total` is left
+    as it is: mirror_upper_ fills it from the upper triangle)."""
+    width = rows.shape[1]
+    if width <= GRAM_STRIP:
+        total.addmm_(rows.T, rows, alpha=alpha)
+        return
+    for start in range(0, width, GRAM_STRIP):
+        stop = min(start + GRAM_STRIP, width)
+        total[start:stop, start:].addmm_(rows[:, start:stop].T, rows[:, start:], alpha=alpha)
+
+
+def mirror_upper_(total: torch.Tensor) -> torch.Tensor:
+    """The lower triangle of `total` set from its upper one, in place, strip by strip (no K×K temporary);
+    returns `total`, now exactly symmetric."""
+    width = total.shape[0]
+    for start in range(0, width, GRAM_STRIP):
+        stop = min(start + GRAM_STRIP, width)
+        total[stop:, start:stop] = total[start:stop, stop:].T
+        diagonal = total[start:stop, start:stop]
+        diagonal.copy_(torch.triu(diagonal) + torch.triu(diagonal, 1).T)
+    return total
+
+
 @dataclass
 class Hessian:
-    """Σ 2·xᵀx over finite input rows (float32, on the layer's device), and the row count."""
+    """Σ 2·xᵀx over finite input rows (float32, on the layer's device), and the row count. Only the upper
+    triangle is summed (add_upper_gram_); mean() returns the whole symmetric matrix."""
 
     sum: torch.Tensor
     rows: int = 0
@@ -94,14 +126,14 @@ class Hessian:
     def update(self, x: torch.Tensor) -> None:
         """Add a batch of inputs to the running XᵀX."""
         rows = finite_rows(x, torch.float32)
-        self.sum.addmm_(rows.T, rows, alpha=2.0)
+        add_upper_gram_(self.sum, rows, alpha=2.0)
         self.rows += rows.shape[0]
 
     def mean(self, in_place: bool = False) -> np.ndarray:
         """XᵀX divided by the number of rows seen (float32; the ranks' merged sum is float64). `in_place`: the
         sum itself becomes the mean (for its last reader: no K×K copy)."""
         rows = max(self.rows, 1)
-        return (self.sum.div_(rows) if in_place else self.sum / rows).float().cpu().numpy()
+        return mirror_upper_(self.sum.div_(rows) if in_place else self.sum / rows).float().cpu().numpy()
 
 
 @dataclass
