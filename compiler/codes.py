@@ -395,8 +395,8 @@ CODES: tuple[CodeInfo, ...] = (
        "Under torchrun (or with `memory { ranks N }`) the calibration and held-out samples are split over the "
        "ranks by chunk, every statistic is merged exactly before rounding, the weights are rounded on the ranks "
        "and the first rank writes the output. `transform` on the ONNX backend and `mode multi_gpu` run in one "
-       "process so far (`qrc check` refuses them with `ranks N`), as do an HF "
-       "folder's ONNX export and the ONNX backend's `offload` (refused when they would run): on every rank, "
+       "process so far (`qrc check` refuses them with `ranks N`), as does the ONNX backend's `offload` "
+       "(refused when it would run): on every rank, "
        "before any work, instead of running them N times over.",
        "memory { ranks 2 }   # in a recipe with `backend onnx` and a `transform` block"),
     _c("Q432", "a rank of the compile stopped",

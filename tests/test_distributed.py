@@ -61,9 +61,9 @@ def _launcher(ranks: int) -> list[str]:
         if ranks > 1 else [sys.executable]
 
 
-def _qrc(*args: str, ranks: int = 1) -> subprocess.CompletedProcess:
-    return subprocess.run([*_launcher(ranks), "-m", "compiler", *args], capture_output=True, text=True, env=_env(),
-                          cwd=ROOT, timeout=600)
+def _qrc(*args: str, ranks: int = 1, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*_launcher(ranks), "-m", "compiler", *args], capture_output=True, text=True,
+                          env={**_env(), **(env or {})}, cwd=ROOT, timeout=600)
 
 
 def _alone(recipe: Path, out: Path):
@@ -272,6 +272,33 @@ def test_onnx_ranks_merge_observers_and_round_weights_n_at_a_time(tmp_path, meth
     one, two = result.verify["kld"], float(found.group(1))
     print(f"ONNX GPTQ KL against float in onnxruntime: one process {one:.6f}, two ranks {two:.6f}")
     assert 0 < one and abs(two - one) <= 0.01 * one, (one, two)
+
+
+FOLDER_ON_ONNX = """recipe exported {{
+    model "{model}"
+    backend onnx
+    quantize {{ type Linear -> W8A8  "lm_head" -> none }}
+    calibrate {{ data synthetic {{ samples 16  seqlen 32 }}  chunk 4  method minmax }}
+    emit "{out}" {{ format qdq }}
+}}
+"""
+
+
+@pytest.mark.slow
+def test_an_hf_folder_is_exported_once_per_machine_and_its_onnx_compile_shared(tmp_path, llama, monkeypatch):
+    """An HF folder on the ONNX backend under torchrun: the first rank of the machine exports it into the cache
+    while the other waits, then both compile the cached graph, sharing the calibration: one process's bytes
+    (that one process takes the same cache entry: one export in all)."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(FOLDER_ON_ONNX.format(model=llama, out=tmp_path / "x.onnx"))
+    cache = tmp_path / "cache"
+    run = _qrc("compile", str(recipe), "-o", str(tmp_path / "two" / "m.onnx"), ranks=2, env={"QRC_CACHE": str(cache)})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(list((cache / "exported").iterdir())) == 1 and not list(cache.glob("**/*.tmp"))
+    monkeypatch.setenv("QRC_CACHE", str(cache))
+    alone = _alone(recipe, tmp_path / "one" / "m.onnx")
+    assert "export_onnx" in alone.skipped  # the cached entry the ranks wrote
+    _same_folders(tmp_path / "one", tmp_path / "two")
 
 
 def _free_port() -> int:

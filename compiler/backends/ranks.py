@@ -13,11 +13,13 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+from compiler.diagnostics import StageError
 
 T = TypeVar("T")
 TIMEOUT_S = 600  # a rank that stops answering ends every rank's wait after this long (QRC_RANK_TIMEOUT overrides)
@@ -156,6 +158,25 @@ def from_first(ranks: Ranks, value: T | None) -> tuple[T | None, bool]:
         return value, True
     found = all_gathered(ranks, (value if ranks.first else None, socket.gethostname()))
     return found[0][0], all(host == found[0][1] for _, host in found)
+
+
+def each_machine_first(ranks: Ranks, work: Callable[[], T]) -> T:
+    """`work` done by the first rank of each machine (torchrun's LOCAL_RANK 0) while its other ranks wait, then
+    by those others: what a cache per machine needs (one writer each; the rest find what it wrote). A
+    StageError that a first rank raised stops every rank with its diagnostic, so none waits for it."""
+    if ranks.world == 1:
+        return work()
+    writes = _index_and_count("LOCAL_RANK", "LOCAL_WORLD_SIZE")[0] == 0
+    done, failure = None, None
+    if writes:
+        try:
+            done = work()
+        except StageError as exc:
+            failure = exc.diagnostic
+    failures = [found for found in all_gathered(ranks, failure) if found is not None]
+    if failures:
+        raise StageError(failures[0])
+    return done if writes else work()  # type: ignore[return-value]  # the first rank's work returned
 
 
 def _on_group_device(tensor):

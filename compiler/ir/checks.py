@@ -198,7 +198,7 @@ def unshared(ir: RecipeIR) -> tuple[str, Span] | None:
     """What torchrun's ranks cannot share yet in this recipe (and where it is written), or None: the torch
     backend shares calibration, the mixed-precision search, AWQ and SmoothQuant, GPTQ, the KV cache and
     verification (backends/torch/sharing.py), the ONNX backend its calibration, the mixed-precision search and
-    rounding (an HF folder's export and `offload` are refused when they run); ONNX transforms and multi_gpu
+    rounding (an HF folder is exported once per machine; `offload` is refused when it runs); ONNX transforms and multi_gpu
     placement run in one process."""
     if ir.transform is not None and ir.backend is Backend.ONNX:  # torch merges the transform's statistics
         return f"transform {ir.transform.kind.value} on the ONNX backend", ir.transform.span

@@ -28,7 +28,15 @@ from compiler.backends.onnx.sensitivity import OnnxScorer
 from compiler.backends.onnx.verification import verify_offload, verify_whole
 from compiler.backends.products import Pending, Product
 from compiler.backends.program import Produced, execute_plan
-from compiler.backends.ranks import Owned, from_environment, from_first, gather_to_first, merged, merged_one
+from compiler.backends.ranks import (
+    Owned,
+    each_machine_first,
+    from_environment,
+    from_first,
+    gather_to_first,
+    merged,
+    merged_one,
+)
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
 from compiler.backends.sensitivity import Scores, assign, score_units
@@ -159,11 +167,11 @@ class _OnnxRun:
         its graph, whose layer names are the folder's."""
         from compiler.backends.onnx.export import export_folder
         from compiler.models.exports import cached_export
-        self._refuse_under_ranks("exporting an HF folder to ONNX", self.plan.spans.model)  # one cache, N writers
         advance = self.progress("export", 1)
         folder = resolve_path(op.folder)
         cached = cached_export(folder) is not None
-        self.source = export_folder(folder, self.plan.spans.model)
+        # under torchrun the export cache has one writer per machine; its other ranks then take the cached entry
+        self.source = each_machine_first(self.ranks, lambda: export_folder(folder, self.plan.spans.model))
         advance()
         resolved = resolve_export(op.resolve, self.source, self.assignment)  # checked when planning
         refuse_other_layers(self.plan.spans.model, self.assignment, resolved)
