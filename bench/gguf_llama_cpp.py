@@ -18,7 +18,8 @@ the float model's in transformers, and perplexity).
   input mean squares over the calibration windows, taken in transformers by this script and written in
   llama.cpp's imatrix GGUF format. qrc's recipe gives every tensor the type llama.cpp's file has (read back from
   it: Q6_K for the head and the v_proj/down_proj llama.cpp picks, Q4_K for the rest), `rounding imatrix`
-  (qrc's own statistics from the same windows) or `rounding rtn`.
+  (qrc's own statistics from the same windows), `rounding rtn`, or `rounding gptq` (the imatrix search's grid,
+  then GPTQ's rounding onto it, from the same windows).
 
 The converter's check of the pre-tokenizer is told "gpt-2" (it knows tokenizers by a hash of their output on a
 fixed text; this one is the repo's own, byte-level with GPT-2's split). Decode: tokens per second of a 200-token
@@ -250,6 +251,12 @@ def main() -> None:
             recipe = K_RECIPE.format(model=folder, out=files[ours], rounding=rounding, data=data,
                                      q6k=q6k_selectors(folder, files[theirs]))
             seconds[ours] = qrc_file(recipe, files[ours], work)
+        # GPTQ onto the imatrix search's grid: the same types, the same calibration windows
+        ours = "qrc Q4_K_M types, gptq"
+        files[ours] = work / "qrc-k-gptq.gguf"
+        recipe = K_RECIPE.format(model=folder, out=files[ours], rounding="gptq", data=data,
+                                 q6k=q6k_selectors(folder, files["llama.cpp Q4_K_M, imatrix"]))
+        seconds[ours] = qrc_file(recipe, files[ours], work)
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     with torch.no_grad():
         reference = [model(w[None]).logits[0].float() for w in held_out]

@@ -97,6 +97,10 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], backend: Ba
     mse_scales = _scale_search(decl.rounding, rounding, base, diags)
     if weights is not None:
         _check_floats(decl, weights, activations, rounding, diags)
+        if weights.qtype.is_kquant and rounding is Rounding.GPTQ and ((static_groups and not act_order) or not mse_scales):
+            diags.error("Q256", f"scheme `{decl.name.value}`: {weights.qtype.value}'s grid is llama.cpp's imatrix "
+                        "search of the float weight, before GPTQ rounds onto it", decl.name.span,
+                        "no other grid", help="drop `static_groups` and `minmax_scales`")
     if weights is None:
         diags.error("Q206", f"scheme `{decl.name.value}` quantizes no weights", decl.name.span, "no `weights`",
                     help="add e.g. `weights int8 per_channel symmetric`, or refine a preset: "
@@ -310,9 +314,10 @@ def _kquant_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Roundin
     if w.symmetric != (fmt is QType.Q6_K):
         return (f"{fmt.value} is {'symmetric' if fmt is QType.Q6_K else 'asymmetric (a min per sub-block)'}",
                 "drop `symmetric`/`asymmetric`")
-    if rounding not in (Rounding.RTN, Rounding.IMATRIX):
+    if rounding not in (Rounding.RTN, Rounding.IMATRIX, Rounding.GPTQ):
         return (f"{fmt.value} is rounded with llama.cpp's search (`rounding rtn`, or `rounding imatrix` weighted by "
-                f"the calibration inputs), not {rounding.value}", "write `rounding rtn` or `rounding imatrix`")
+                f"the calibration inputs, or `rounding gptq` onto the imatrix search's grid), not {rounding.value}",
+                "write `rounding rtn`, `rounding imatrix` or `rounding gptq`")
     if a is not None:
         return f"{fmt.value} is a weight format (GGUF): llama.cpp quantizes the inputs itself", "remove `activations`"
     return None

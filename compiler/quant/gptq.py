@@ -79,40 +79,93 @@ def gptq(w: np.ndarray, hessian: np.ndarray, spec: WeightQuant, act_order: bool 
     `static_groups`). Each scale is the min/max range's, or with `mse_scales` the shrink of that range with
     the least squared error over its values, each weighted by its input's mean square (diag H), searched
     over `rounding mse`'s factors; taken at the same moment."""
-    import torch
-
     w = np.array(w, np.float32)
-    h = _as_tensor(hessian, device)
-    del hessian  # this frame's reference: `h` shares the caller's array on the CPU
-    diagonal = torch.diagonal(h).cpu().numpy().copy()
-    dead = diagonal == 0
-    h.diagonal()[torch.from_numpy(dead).to(device)] = 1.0
-    w[:, dead] = 0.0
-    order = np.argsort(-diagonal, kind="stable") if act_order else None
+    factor = _Factor.of(w, hessian, act_order, device)
+    del hessian  # this frame's reference: the factor's `h` shared the caller's array on the CPU
     # how the scales are chosen (the rounding is GPTQ's): the min/max range, or the shrink of it with the least
     # squared error, each column's error weighted by its input's mean square (diag H): clipping a group costs what
     # its inputs make of it, as the output error GPTQ minimises does
-    rule = _ScaleRule(convention, scale_dtype, diagonal if mse_scales else None)
+    rule = _ScaleRule(convention, scale_dtype, factor.diagonal if mse_scales else None)
     params = _Params(rule.quantize(w, spec), spec)  # from the float weight
-    if act_order:
-        index = torch.from_numpy(order).to(device)
-        h = h.index_select(0, index).index_select(1, index)
-    owner = [h]
-    del h
-    hinv, used = _upper_inverse_factor(owner)
-    if used != DAMPENING and dampened is not None:
-        dampened(used)
+    hinv = factor.inverse(dampened)
     updated = not static_groups and not act_order and spec.granularity is Granularity.GROUP
-    columns = w if order is None else w[:, order]
-    del w  # without act-order the loop updates this frame's own copy in place
-    q = _columns(torch.from_numpy(columns).to(device), hinv, params, order, device,
-                 rule if updated else None)
-    del columns
-    if order is not None:
+    table = _ScaleTable.of(params, device)
+    regroup = (lambda group, cols: _recompute_group(params, rule, group, cols, table)) if updated else None
+    owner = [w]
+    del w  # the loop's copy is the only one left (act-order permutes it into a copy of its own)
+    return _requantize(factor.rounded(owner, hinv, table, regroup), params)
+
+
+def gptq_on_grid(w: np.ndarray, hessian: np.ndarray, scale: np.ndarray, offset: np.ndarray, lo: int, hi: int,
+                 act_order: bool = False, device: str = "cpu",
+                 dampened: Callable[[float], None] | None = None) -> np.ndarray:
+    """GPTQ's rounding of `w` [out, in] onto a grid fixed before any column is rounded: the weights of row r in
+    group g (groups of in / scale.shape[1] columns) round to scale[r, g]·level − offset[r, g], level in lo..hi
+    (GGUF's K-quants, their grid searched on the float weight as llama.cpp does; every scale positive).
+    Returns the rounded values (float32 [out, in]); `hessian` is consumed as in gptq()."""
+    import torch
+
+    w = np.array(w, np.float32)
+    factor = _Factor.of(w, hessian, act_order, device)
+    del hessian
+    hinv = factor.inverse(dampened)
+    table = _ScaleTable(torch.from_numpy(np.asarray(scale, np.float32)).to(device), torch.from_numpy(np.asarray(offset, np.float32)).to(device),
+                        w.shape[1] // scale.shape[1], lo, hi, offset=True)
+    owner = [w]
+    del w
+    return factor.rounded(owner, hinv, table, None)
+
+
+@dataclass
+class _Factor:
+    """A Hessian made ready for GPTQ's loop: its dead inputs (diagonal 0) set to 1 (their weight columns are
+    zeroed), its columns permuted by decreasing diagonal with act-order."""
+    h: Any  # torch.Tensor, dropped once factorised
+    diagonal: np.ndarray
+    order: np.ndarray | None
+    device: str
+
+    @staticmethod
+    def of(w: np.ndarray, hessian: np.ndarray, act_order: bool, device: str) -> _Factor:
+        """`w`'s dead columns are zeroed in place."""
+        import torch
+
+        h = _as_tensor(hessian, device)
+        diagonal = torch.diagonal(h).cpu().numpy().copy()
+        dead = diagonal == 0
+        h.diagonal()[torch.from_numpy(dead).to(device)] = 1.0
+        w[:, dead] = 0.0
+        order = np.argsort(-diagonal, kind="stable") if act_order else None
+        if order is not None:
+            index = torch.from_numpy(order).to(device)
+            h = h.index_select(0, index).index_select(1, index)
+        return _Factor(h, diagonal, order, device)
+
+    def inverse(self, dampened: Callable[[float], None] | None):
+        """The upper Cholesky factor of H⁻¹ (H is released: the factor held its only reference); `dampened` is
+        told a dampening raised above DAMPENING."""
+        owner = [self.h]
+        self.h = None
+        hinv, used = _upper_inverse_factor(owner)
+        if used != DAMPENING and dampened is not None:
+            dampened(used)
+        return hinv
+
+    def rounded(self, owner: list[np.ndarray], hinv, table: _ScaleTable, regroup) -> np.ndarray:
+        """The weight `owner` holds (its only reference, taken) rounded column by column onto `table` (in
+        act-order, then put back), float32 values [out, in]. Without act-order the loop updates it in place."""
+        import torch
+
+        w = owner.pop()
+        columns = w if self.order is None else w[:, self.order]
+        del w
+        q = _columns(torch.from_numpy(columns).to(self.device), hinv, table, self.order, regroup)
+        del columns
+        if self.order is None:
+            return q
         restored = np.empty_like(q)
-        restored[:, order] = q
-        q = restored
-    return _requantize(q, params)
+        restored[:, self.order] = q
+        return restored
 
 
 def _as_tensor(hessian: np.ndarray, device: str):
@@ -171,18 +224,16 @@ class _ScaleRule:
         return quantize_weight(w, spec, Rounding.MSE, 0, 1, self.convention, self.scale_dtype, importance)
 
 
-def _columns(w, hinv, params: _Params, order: np.ndarray | None, device: str,
-             regroup: _ScaleRule | None = None) -> np.ndarray:
+def _columns(w, hinv, table: _ScaleTable, order: np.ndarray | None,
+             regroup: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
     """Quantize column by column; each column's error is spread over the rest of its block of 128,
     then the block's errors over the remaining columns. With `regroup`, each group's scale and zero point
     are recomputed from its columns as they stand when the loop reaches the group's first column. Scales
     are looked up per (channel, group), never expanded to the weight's shape."""
     import torch
 
-    table = _ScaleTable.of(params, device)
-    lo, hi = _limits(params)
     q = torch.zeros_like(w)
-    size = params.spec.group_size or 0
+    size = table.group_size or 0
     step = _sub_block(size)
     for start in range(0, w.shape[1], BLOCK):
         end = min(start + BLOCK, w.shape[1])
@@ -193,11 +244,9 @@ def _columns(w, hinv, params: _Params, order: np.ndarray | None, device: str,
             stop = min(first + step, end - start)
             for j in range(first, stop):
                 if regroup is not None and (start + j) % size == 0:
-                    _recompute_group(params, regroup, (start + j) // size, _group_columns(block, w, start, j, size),
-                                     table)
+                    regroup((start + j) // size, _group_columns(block, w, start, j, size))
                 column = block[:, j]
-                s, z = table.at(start + j if order is None else int(order[start + j]))
-                quantized = (torch.clamp(torch.round(column / s) + z, lo, hi) - z) * s
+                quantized = table.rounded(column, start + j if order is None else int(order[start + j]))
                 q[:, start + j] = quantized
                 err = (column - quantized) / local[j, j]
                 block[:, j + 1:stop].addr_(err, local[j, j + 1:stop], alpha=-1)
@@ -217,11 +266,16 @@ def _sub_block(group_size: int) -> int:
 @dataclass
 class _ScaleTable:
     """Scales and zero points per (channel, group) as float32 tensors (a zero scale becomes 1: its column
-    quantizes to the zero point either way); `at(column)` gives one original column's."""
+    quantizes to the zero point either way), and the integer range; `rounded(column, index)` gives one
+    original column rounded onto its grid. With `offset`, the zero points are offsets subtracted from the
+    scaled integers instead (GGUF's K-quants: value = scale·level − offset)."""
 
     scale: Any  # torch.Tensor [out, groups] (per channel: [out, 1]; per tensor: [out, 1] filled)
     zero_point: Any
     group_size: int | None
+    lo: int
+    hi: int
+    offset: bool = False
 
     @staticmethod
     def of(params: _Params, device: str) -> _ScaleTable:
@@ -229,11 +283,21 @@ class _ScaleTable:
 
         scale, zp = _per_group(params)
         group = params.spec.group_size if params.spec.granularity is Granularity.GROUP else None
-        return _ScaleTable(torch.from_numpy(scale).to(device), torch.from_numpy(zp).to(device), group)
+        return _ScaleTable(torch.from_numpy(scale).to(device), torch.from_numpy(zp).to(device), group,
+                           *_limits(params))
 
     def at(self, column: int):
         g = column // self.group_size if self.group_size else 0
         return self.scale[:, g], self.zero_point[:, g]
+
+    def rounded(self, column, index: int):
+        """`column` (original column `index`) rounded onto its groups' grid, as float32 values."""
+        import torch
+
+        s, z = self.at(index)
+        if self.offset:  # K-quants: level = rint((x + offset) / scale)
+            return torch.clamp(torch.round((column + z) / s), self.lo, self.hi) * s - z
+        return (torch.clamp(torch.round(column / s) + z, self.lo, self.hi) - z) * s
 
 
 def _group_columns(block, w, start: int, j: int, size: int) -> np.ndarray:

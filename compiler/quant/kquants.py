@@ -41,18 +41,77 @@ class GgufBlocks:
         return self.values
 
 
+@dataclass(frozen=True)
+class KGrid:
+    """The grid of a weight in a K-quant, searched as llama.cpp does: per super-block its float16 scales and
+    6-bit (Q4_K/Q5_K) or int8 (Q6_K) sub-block scales, and so per sub-block the step and offset each weight is
+    rounded with: value = step·level − offset, level = rint((x + offset) / step) in lo..hi (Q6_K: offset 0,
+    levels −32..31, stored + 32)."""
+    qtype: QType
+    shape: tuple[int, int]  # the weight's [rows, columns]
+    d: np.ndarray  # float16 [super-blocks]
+    dmin: np.ndarray | None  # float16 [super-blocks] (Q4_K/Q5_K)
+    sub_scales: np.ndarray  # [super-blocks, sub-blocks]: uint8 6-bit scales, int8 for Q6_K
+    sub_mins: np.ndarray | None  # uint8 6-bit mins (Q4_K/Q5_K)
+    step: np.ndarray  # float32 [super-blocks, sub-blocks]
+    offset: np.ndarray  # float32 [super-blocks, sub-blocks]
+    lo: int
+    hi: int
+
+    @property
+    def group(self) -> int:
+        """Weights per sub-block (along the row)."""
+        return SUPER // self.step.shape[1]
+
+    def per_row(self, table: np.ndarray) -> np.ndarray:
+        """A [super-blocks, sub-blocks] table as [rows, column groups]."""
+        return table.reshape(self.shape[0], -1)
+
+    def levels(self, x: np.ndarray, fallback: np.ndarray | None = None) -> np.ndarray:
+        """The integers of `x` [rows, columns] on this grid; where a step is 0, `fallback`'s (else 0)."""
+        sub = np.ascontiguousarray(x, dtype=_F).reshape(self.step.shape + (self.group,))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            found = np.clip(_rint((sub + self.offset[..., None]) / self.step[..., None]), self.lo, self.hi)
+        usable = (self.step != 0)[..., None]
+        return np.where(usable, found, _F(0) if fallback is None else fallback)
+
+    def blocks(self, levels: np.ndarray) -> GgufBlocks:
+        """The GGUF blocks of these integers [super-blocks, sub-blocks, group] on this grid."""
+        rows, columns = self.shape
+        values = self.step[..., None] * levels.astype(_F) - self.offset[..., None]
+        if self.qtype is QType.Q6_K:
+            stored = (levels + _F(32)).astype(np.uint8)
+            packed = _pack_q6_k(self.d, self.sub_scales, stored)
+        else:
+            assert self.dmin is not None and self.sub_mins is not None  # Q4_K/Q5_K have mins
+            packed = _pack_q45_k(self.d, self.dmin, self.sub_scales, self.sub_mins, levels.astype(np.uint8), self.hi)
+        return GgufBlocks(self.qtype.value.upper(), packed.reshape(rows, -1), values.reshape(rows, columns))
+
+
 def quantize_kquant(w: np.ndarray, qtype: QType, importance: np.ndarray | None = None) -> GgufBlocks:
     """Round `w` [rows, columns] (columns a multiple of 256) to `qtype`; `importance` [columns]: llama.cpp's
     imatrix for this layer (None: the data-free search)."""
+    grid, searched = kquant_grid(w, qtype, importance)
+    return grid.blocks(grid.levels(w, searched))
+
+
+def kquant_grid(w: np.ndarray, qtype: QType, importance: np.ndarray | None = None) -> tuple[KGrid, np.ndarray]:
+    """The grid llama.cpp's search gives `w` [rows, columns] in `qtype` (with `importance`, the imatrix search),
+    and the integers that search found (what a sub-block whose step is 0 keeps)."""
     rows, columns = w.shape
     x = np.ascontiguousarray(w, dtype=_F).reshape(-1, SUPER)
     qw = None if importance is None else np.broadcast_to(np.asarray(importance, _F).reshape(-1, SUPER),
                                                          (rows, columns // SUPER, SUPER)).reshape(-1, SUPER)
     if qtype is QType.Q6_K:
-        packed, values = _q6_k(x, qw)
-    else:
-        packed, values = _q45_k(x, qw, 15 if qtype is QType.Q4_K else 31)
-    return GgufBlocks(qtype.value.upper(), packed.reshape(rows, -1), values.reshape(rows, columns))
+        d, sc, step, searched = _q6_k_grid(x, qw)
+        grid = KGrid(qtype, (rows, columns), d, None, sc, None, step, np.zeros_like(step), -32, 31)
+        return grid, searched
+    nmax = 15 if qtype is QType.Q4_K else 31
+    d, dmin, ls, lm, levels = _q45_k_grid(x, qw, nmax)
+    step = d.astype(_F)[:, None] * ls
+    offset = dmin.astype(_F)[:, None] * lm
+    grid = KGrid(qtype, (rows, columns), d, dmin, ls.astype(np.uint8), lm.astype(np.uint8), step, offset, 0, nmax)
+    return grid, levels
 
 
 def quantize_reference(w: np.ndarray, kind: str) -> GgufBlocks:
@@ -142,8 +201,9 @@ def _search_positive(x, w, nmax: int):
     return np.where(zero, _F(0), scale), np.where(zero[..., None], _F(0), levels)
 
 
-def _q45_k(x: np.ndarray, qw: np.ndarray | None, nmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K (nmax 15) or Q5_K (31) of super-blocks x [B, 256]: (packed [B, 144 or 176], decoded [B, 256])."""
+def _q45_k_grid(x: np.ndarray, qw: np.ndarray | None, nmax: int):
+    """Q4_K (nmax 15) or Q5_K (31) of super-blocks x [B, 256]: d, dmin (float16 [B]), the 6-bit scales and mins
+    [B, 8] and the searched integers [B, 8, 32]."""
     sub = x.reshape(-1, 8, 32)
     if qw is None:  # quantize_row_q4_K_ref / q5_K_ref
         weights = np.sqrt(_sum(sub * sub) / _F(32))[..., None] + np.abs(sub)
@@ -164,13 +224,7 @@ def _q45_k(x: np.ndarray, qw: np.ndarray | None, nmax: int) -> tuple[np.ndarray,
         d_block, ls = _search_positive(scales, block_weights, 63)
         m_block, lm = _search_positive(mins, block_weights, 63)
         d, dmin = d_block.astype(np.float16), m_block.astype(np.float16)
-    step = d.astype(_F)[:, None] * ls
-    offset = dmin.astype(_F)[:, None] * lm
-    with np.errstate(divide="ignore", invalid="ignore"):
-        again = np.clip(_rint((sub + offset[..., None]) / step[..., None]), 0, nmax)
-    levels = np.where((step != 0)[..., None], again, levels).astype(np.uint8)
-    values = step[..., None] * levels.astype(_F) - offset[..., None]
-    return _pack_q45_k(d, dmin, ls.astype(np.uint8), lm.astype(np.uint8), levels, nmax), values.reshape(-1, SUPER)
+    return d, dmin, ls, lm, levels
 
 
 def _pack_q45_k(d, dmin, ls, lm, levels, nmax: int) -> np.ndarray:
@@ -222,8 +276,9 @@ def _symmetric_scale(x, w, nmax: int):
     return np.where(zero, _F(0), scale), np.where(zero[..., None], _F(0), levels + nmax)
 
 
-def _q6_k(x: np.ndarray, qw: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Q6_K of super-blocks x [B, 256]: (packed [B, 210], decoded [B, 256])."""
+def _q6_k_grid(x: np.ndarray, qw: np.ndarray | None):
+    """Q6_K of super-blocks x [B, 256]: d (float16 [B]), the int8 sub-block scales [B, 16], the steps [B, 16]
+    (0 for an all-zero super-block) and the searched integers [B, 16, 16] (−32..31)."""
     sub = x.reshape(-1, 16, 16)
     weights = sub * sub if qw is None else qw.reshape(-1, 16, 16)
     scales, levels = _symmetric_scale(sub, weights, 32)
@@ -234,13 +289,9 @@ def _q6_k(x: np.ndarray, qw: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]
         iscale = np.where(zero, _F(0), _F(-128) / np.where(zero, _F(1), max_scale))
         d = np.where(zero, _F(0), _F(1) / np.where(zero, _F(1), iscale)).astype(np.float16)
     sc = np.minimum(_F(127), _rint(iscale[:, None] * scales)).astype(np.int8)
-    step = d.astype(_F)[:, None] * sc.astype(_F)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        again = np.clip(_rint(sub / step[..., None]), -32, 31) + 32
-    levels = np.where((step != 0)[..., None] & ~zero[:, None, None], again, levels)
-    levels = np.where(zero[:, None, None], _F(0), levels).astype(np.uint8)  # a zero block: all bytes 0, as llama.cpp
-    values = step[..., None] * (levels.astype(_F) - _F(32))
-    return _pack_q6_k(d, sc, levels), values.reshape(-1, SUPER)
+    step = np.where(zero[:, None], _F(0), d.astype(_F)[:, None] * sc.astype(_F))
+    searched = np.where(zero[:, None, None], _F(-32), levels - _F(32))  # a zero block: all bytes 0, as llama.cpp
+    return d, sc, step, searched
 
 
 def _pack_q6_k(d, sc, levels) -> np.ndarray:

@@ -22,8 +22,8 @@ from compiler.diagnostics import error
 from compiler.ir.types import ActivationMode, Calibration, Granularity, QType, Rounding, Scheme
 from compiler.models.index import Layer
 from compiler.quant import qparams
-from compiler.quant.gptq import gptq
-from compiler.quant.kquants import GgufBlocks, quantize_kquant
+from compiler.quant.gptq import gptq, gptq_on_grid
+from compiler.quant.kquants import GgufBlocks, kquant_grid, quantize_kquant
 from compiler.quant.observers import make_observer
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
 from compiler.quant.weights import Convention, QuantizedWeight, round_weight
@@ -65,6 +65,11 @@ class Job:
     def imatrix(self) -> bool:
         """A K-quant searched with its inputs' per-column mean squares (llama.cpp's importance matrix)."""
         return self.scheme.rounding is Rounding.IMATRIX
+
+    @property
+    def importance_weighted(self) -> bool:
+        """Its K-quant grid is the imatrix search's: `rounding imatrix`, and GPTQ onto a K-quant grid."""
+        return self.imatrix or (self.gptq and self.scheme.quantized_weights.qtype.is_kquant)
 
     @property
     def needs_data(self) -> bool:
@@ -211,7 +216,7 @@ class Statistics:
                 k = x.shape[-1]
                 h = self.hessians.setdefault(leader, Hessian(torch.zeros(k, k, dtype=torch.float32, device=x.device)))
                 h.update(x)
-            if job.imatrix and "squares" not in done:
+            if job.importance_weighted and "squares" not in done:
                 done.add("squares")
                 k = x.shape[-1]
                 self.squares.setdefault(leader, Squares(torch.zeros(k, dtype=torch.float64, device=x.device))).update(x)
@@ -275,12 +280,29 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
         return round_weight(weight.detach().cpu(), spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype,
                             slice_bytes=ROW_SLICE_BYTES, measure=measure, float32=lambda part: part.float().numpy())
     w = weight.detach().float().cpu().numpy()
+    if spec.qtype.is_kquant and job.gptq:
+        assert stats is not None, "GPTQ rounds with its layer's statistics"
+        return _gptq_kquant(job, w, stats.importance(job), stats.hessian(job), str(weight.device), dampened)
     if spec.qtype.is_kquant:  # GGUF's own blocks, searched as llama.cpp does (its scales float16 by format)
         assert stats is not None or not job.imatrix, "the imatrix search rounds with its layer's statistics"
         return quantize_kquant(w, spec.qtype, stats.importance(job) if job.imatrix and stats is not None else None)
     assert stats is not None, "GPTQ rounds with its layer's statistics"
     return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype, str(weight.device),
                 dampened, job.scheme.static_groups, job.scheme.mse_scales)
+
+
+def _gptq_kquant(job: Job, w: np.ndarray, importance: np.ndarray, hessian: np.ndarray, device: str,
+                 dampened) -> GgufBlocks:
+    """A K-quant rounded by GPTQ: the grid (super-block and sub-block scales, mins) is the one `rounding imatrix`
+    writes, llama.cpp's search of the float weight weighted by each input's mean square (`importance`), then
+    GPTQ rounds the columns onto that grid, each error spread over the columns not yet rounded. A sub-block
+    whose step is 0 keeps the search's integers (its values are −offset either way)."""
+    qtype = job.scheme.quantized_weights.qtype
+    grid, searched = kquant_grid(w, qtype, importance)
+    steps = np.where(grid.step != 0, grid.step, np.float32(1e-30))  # a zero step rounds every value to −offset
+    rounded = gptq_on_grid(w, hessian, grid.per_row(steps), grid.per_row(grid.offset), grid.lo, grid.hi,
+                           job.scheme.act_order, device, dampened)
+    return grid.blocks(grid.levels(rounded, searched))
 
 
 def input_qparams(job: Job, stats: Statistics | None, calibration: Calibration | None, scale_dtype: torch.dtype):
