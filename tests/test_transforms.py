@@ -118,14 +118,18 @@ def test_folding_keeps_the_float_model(models, kind):
     assert float((after - before).norm() / before.norm()) < 1e-4
 
 
-@pytest.mark.parametrize("mode", ["offload", "full"])
-def test_awq_beats_rtn_in_transformers(models, tmp_path, mode):
-    rtn, planned, rtn_out = _compile(tmp_path, models["llama"], "", mode=mode, name="rtn")
-    awq, _, awq_out = _compile(tmp_path, models["llama"], "transform awq", mode=mode, name="awq")
+@pytest.mark.parametrize("mode, scheme", [("offload", "W4A16 { group 32 }"), ("full", "W4A16 { group 32 }"),
+                                          ("full", "NVFP4A16")])
+def test_awq_beats_rtn_in_transformers(models, tmp_path, mode, scheme):
+    """AWQ in front of int4 and of NVFP4 (FP4 weights in groups of 16 with a global scale, compressed-tensors'
+    rounding): transformers loads both folders, and AWQ's is closer to the float model."""
+    rtn, planned, rtn_out = _compile(tmp_path, models["llama"], "", scheme=scheme, mode=mode, name="rtn")
+    awq, _, awq_out = _compile(tmp_path, models["llama"], "transform awq", scheme=scheme, mode=mode, name="awq")
     # 2 blocks × (input norm, post-attention norm, up → down); v → o is skipped under grouped-query attention
     assert "folded into 6 mapping(s)" in awq.transform
     kl_rtn = _transformers_kl(planned, models["llama"], rtn_out)
     kl_awq = _transformers_kl(planned, models["llama"], awq_out)
+    print(f"{scheme}, {mode}: KL in transformers rtn {kl_rtn:.5f}, awq {kl_awq:.5f}")
     assert kl_awq < 0.8 * kl_rtn, (kl_awq, kl_rtn)
     # qrc's own verify agrees with transformers' measurement of the folder it wrote
     assert abs(awq.verify["kld"] - kl_awq) < 0.1 * kl_awq + 1e-4, (awq.verify, kl_awq)

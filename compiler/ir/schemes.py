@@ -97,7 +97,8 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], backend: Ba
     mse_scales = _scale_search(decl.rounding, rounding, base, diags)
     if weights is not None:
         _check_floats(decl, weights, activations, rounding, diags)
-        if weights.qtype.is_kquant and rounding is Rounding.GPTQ and ((static_groups and not act_order) or not mse_scales):
+        other_grid = (static_groups and not act_order) or not mse_scales  # act_order implies static_groups
+        if weights.qtype.is_kquant and rounding is Rounding.GPTQ and other_grid:
             diags.error("Q256", f"scheme `{decl.name.value}`: {weights.qtype.value}'s grid is llama.cpp's imatrix "
                         "search of the float weight, before GPTQ rounds onto it", decl.name.span,
                         "no other grid", help="drop `static_groups` and `minmax_scales`")

@@ -109,8 +109,8 @@ def gptq_on_grid(w: np.ndarray, hessian: np.ndarray, scale: np.ndarray, offset: 
     factor = _Factor.of(w, hessian, act_order, device)
     del hessian
     hinv = factor.inverse(dampened)
-    table = _ScaleTable(torch.from_numpy(np.asarray(scale, np.float32)).to(device), torch.from_numpy(np.asarray(offset, np.float32)).to(device),
-                        w.shape[1] // scale.shape[1], lo, hi, offset=True)
+    steps, offsets = (torch.from_numpy(np.asarray(t, np.float32)).to(device) for t in (scale, offset))
+    table = _ScaleTable(steps, offsets, w.shape[1] // scale.shape[1], lo, hi, offset=True)
     owner = [w]
     del w
     return factor.rounded(owner, hinv, table, None)

@@ -199,9 +199,10 @@ class _Run:
         held = next((op for op in self.plan.ops if isinstance(op, ops.CaptureReference | ops.Verify)), None)
         self.jobs = jobs_of(self.model, self.assignment)
         self.costs = LayerCosts(self.model.shards.read)
-        weights = {j.layer.name: j.layer.weight for j in self.jobs}
+        # each sibling's weight as its rounding sees it (AWQ and SmoothQuant fold their scales in before)
+        where = {j.layer.name: (j.module, j.layer.weight) for j in self.jobs}
         self.global_scales = SharedGlobalScales({j.layer.name: j.scheme.quantized_weights.qtype for j in self.jobs},
-                                                lambda name: self.model.shards.read(weights[name]))
+                                                lambda name: self.model.weight_now(*where[name]))
         if not self.file_to_file:
             refuse_non_linear(self.model, self.jobs, self.plan.spans.recipe, self.assignment)
         kv = emit.kv_cache

@@ -126,6 +126,14 @@ class TorchModel:
         """Whether a parameter holds real data (not the meta device)."""
         return not self.module.get_parameter(name).is_meta
 
+    def weight_now(self, module: str, checkpoint_name: str) -> torch.Tensor:
+        """A Linear's weight as it stands: the module's own where it is loaded (a transform may have folded
+        scales into it), else the checkpoint's tensor (file to file: nothing is loaded)."""
+        name = module + ".weight"
+        if self.is_resident(name):
+            return self.module.get_parameter(name).detach()
+        return self.shards.read(checkpoint_name)
+
 
     def module_computing(self, weight: str) -> str:
         """The module that computes with checkpoint tensor `weight`: the Linear reading it (an LM head tied
