@@ -138,6 +138,29 @@ def test_awq_beats_rtn_in_transformers(models, tmp_path, mode, scheme):
     assert norm is None or "model.layers.0.input_layernorm.weight" in norm["weight_map"]
 
 
+def test_a_failed_verification_behind_awq_names_the_coarse_layer(models, tmp_path):
+    """Q501's help names the layers whose own rounding adds the most error: behind AWQ each layer's float
+    reference is its weight as AWQ folded it (a reference read unfolded from the checkpoint made every folded
+    layer look worse than a layer given a much coarser scheme)."""
+    from typer.testing import CliRunner
+
+    from compiler.cli import app
+
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n    model "{models["llama"]}"\n    transform awq\n'
+                      '    scheme coarse = W4A16 { group 64 }\n'
+                      '    quantize {\n        type Linear -> W8A16\n        "lm_head" -> none\n'
+                      '        "model.layers.1.self_attn.o_proj" -> coarse\n    }\n'
+                      '    calibrate { data synthetic { samples 16  seqlen 32 }  chunk 4 }\n'
+                      '    memory { mode low_memory }\n'
+                      '    verify { samples 8  metric cosine  at_least 0.999999 }\n'
+                      f'    emit "{tmp_path / "out"}"\n}}\n')
+    result = CliRunner().invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 2 and "Q501" in result.output, result.output
+    named = result.output.split("the layers that lose the most:")[1]
+    assert named.lstrip().startswith("`model.layers.1.self_attn.o_proj`"), result.output
+
+
 def test_smoothquant_beats_plain_w8a8(models, tmp_path):
     """Activations really quantized (qrc's verify runs the static int8 inputs): SmoothQuant moves the outlier
     channels' range into the weights."""

@@ -25,7 +25,7 @@ class LayerCosts:
     """Hooks on a block's quantized Linears for one stream pass; sums per layer name."""
 
     def __init__(self, read: Callable[[str], torch.Tensor]):
-        self.read = read  # checkpoint tensor name → the tensor (the float weight, [out, in])
+        self.read = read  # checkpoint tensor name → the float weight [out, in] (as a transform folded it)
         self.noise: dict[str, float] = {}
         self.signal: dict[str, float] = {}
         self._handles: list = []

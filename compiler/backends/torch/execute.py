@@ -198,7 +198,10 @@ class _Run:
         gathers = next((op for op in self.plan.ops if isinstance(op, ops.CalibrateChunk | ops.CacheBlockInputs)), None)
         held = next((op for op in self.plan.ops if isinstance(op, ops.CaptureReference | ops.Verify)), None)
         self.jobs = jobs_of(self.model, self.assignment)
-        self.costs = LayerCosts(self.model.shards.read)
+        module_of = {j.layer.weight: j.module for j in self.jobs}
+        # each layer's float weight as a transform left it (what its rounding approximates), read from the checkpoint
+        self.costs = LayerCosts(lambda key: self.model.shards.read(key) if self.smoother is None
+                                else self.smoother.as_folded(module_of[key], self.model.shards.read(key)))
         # each sibling's weight as its rounding sees it (AWQ and SmoothQuant fold their scales in before)
         where = {j.layer.name: (j.module, j.layer.weight) for j in self.jobs}
         self.global_scales = SharedGlobalScales({j.layer.name: j.scheme.quantized_weights.qtype for j in self.jobs},

@@ -41,6 +41,10 @@ class Smoother:
                         for name in (m.source, *m.targets)}
         self.gains: list[float] = []  # AWQ: each mapping's relative error reduction
         self.folded = 0
+        # module → what the fold multiplied its input columns by (targets) and divided its rows by (a Linear
+        # source): as_folded() gives a checkpoint weight as the transform left it
+        self.column_scales: dict[str, torch.Tensor] = {}
+        self.row_scales: dict[str, torch.Tensor] = {}
 
     def of_block(self, block: str | None) -> list[SmoothingMapping]:
         """The mappings of one block (None: those outside the blocks, run with the model's tail)."""
@@ -84,6 +88,26 @@ class Smoother:
             self.gains.append(gain)
         fold(source, m.kind, targets, scales, norm_offset(source) if m.kind is SourceKind.NORM else 0.0)
         self.folded += 1
+        factor = torch.as_tensor(scales, dtype=torch.float32)
+        for name in m.targets:
+            module = self.modules[name]
+            self.column_scales[module] = self.column_scales.get(module, torch.ones_like(factor)) * factor
+        if m.kind is not SourceKind.NORM:
+            module = self.modules[m.source]
+            self.row_scales[module] = self.row_scales.get(module, torch.ones_like(factor)) * factor
+
+    def as_folded(self, module: str, weight: torch.Tensor) -> torch.Tensor:
+        """`module`'s checkpoint weight [out, in] as the transform left it (float32 where it changed): its input
+        columns times their scales, its rows divided by theirs (what its quantized weight approximates)."""
+        columns, rows = self.column_scales.get(module), self.row_scales.get(module)
+        if columns is None and rows is None:
+            return weight
+        folded = weight.float()
+        if columns is not None:
+            folded = folded * columns.to(folded.device).view(1, -1)
+        if rows is not None:
+            folded = folded / rows.to(folded.device).view(-1, 1)
+        return folded
 
     def _rounding(self, m: SmoothingMapping) -> Callable[[np.ndarray, WeightQuant], np.ndarray]:
         """How the search rounds a target: as the run will (rtn), integers in numpy, floating formats through
