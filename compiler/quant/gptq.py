@@ -291,13 +291,12 @@ class _ScaleTable:
         return self.scale[:, g], self.zero_point[:, g]
 
     def rounded(self, column, index: int):
-        """`column` (original column `index`) rounded onto its groups' grid, as float32 values."""
-        import torch
-
+        """`column` (original column `index`) rounded onto its groups' grid, as float32 values (tensor methods,
+        in place on the one temporary: this runs once per column of every layer)."""
         s, z = self.at(index)
         if self.offset:  # K-quants: level = rint((x + offset) / scale)
-            return torch.clamp(torch.round((column + z) / s), self.lo, self.hi) * s - z
-        return (torch.clamp(torch.round(column / s) + z, self.lo, self.hi) - z) * s
+            return ((column + z) / s).round_().clamp_(self.lo, self.hi).mul_(s).sub_(z)
+        return (column / s).round_().add_(z).clamp_(self.lo, self.hi).sub_(z).mul_(s)
 
 
 def _group_columns(block, w, start: int, j: int, size: int) -> np.ndarray:
