@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 INLINE_LIMIT = 1024  # bytes: tensors larger than this live in the data file
@@ -35,17 +37,21 @@ def new_staging(destination: Path) -> Path:
 
 
 def stage(model, destination: Path, external: bool, side: dict[str, bytes] | None = None,
-          staging: Path | None = None) -> Path:
-    """Write `model` complete into a hidden folder beside `destination` (which is not touched), and the
-    `side` files (name → bytes) that go beside it; the folder. With `staging`, the folder exists and its
-    data file already holds every large initializer (DataFile): only the proto is written."""
+          staging: Path | None = None, alongside: Callable[[bytes], None] | None = None) -> Path:
+    """Write `model` (a ModelProto, or one already serialized) complete into a hidden folder beside
+    `destination` (which is not touched), and the `side` files (name → bytes) that go beside it; the folder.
+    With `staging`, the folder exists and its data file already holds every large initializer (DataFile):
+    only the proto is written. `alongside`, for a model given serialized, gets its bytes while they are
+    being written."""
     import onnx
 
     prestaged = staging is not None
     staging = staging or new_staging(destination)
     try:
         staged = staging / destination.name
-        if prestaged:
+        if isinstance(model, bytes):
+            _write_alongside(staged, model, alongside)
+        elif prestaged:
             staged.write_bytes(model.SerializeToString(deterministic=True))
         elif external:
             onnx.save(model, staged, save_as_external_data=True, all_tensors_to_one_file=True,
@@ -61,6 +67,20 @@ def stage(model, destination: Path, external: bool, side: dict[str, bytes] | Non
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return staging
+
+
+def _write_alongside(path: Path, blob: bytes, alongside: Callable[[bytes], None] | None) -> None:
+    """`blob` written to `path` on a thread (the write releases the GIL) while `alongside(blob)` runs here: a
+    load check of a 100 MB model then costs the longer of the two, not their sum."""
+    if alongside is None:
+        path.write_bytes(blob)
+        return
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        written = pool.submit(path.write_bytes, blob)
+        try:
+            alongside(blob)
+        finally:
+            written.result()
 
 
 class DataFile:

@@ -248,8 +248,9 @@ def onnx_emit(w: Workload, mode: MemoryMode) -> Phase:
         parts = (("runtime", _runtime(w)), ("float initializers copied a piece at a time", COPY_PIECE))
     else:
         parts = (("runtime", _runtime(w)), ("quantized model and its serialized copy", 2 * w.quantized_bytes))
-        if not w.verify_samples:  # nothing else opens the staged file: emitted_check.py loads it in onnxruntime
-            parts += (("onnxruntime's load check of the staged model", w.quantized_bytes),)
+        if not w.verify_samples:  # nothing else opens the staged file: emitted_check.py loads its bytes in
+            # onnxruntime while they are written; the proto goes first, so the check's own copy is the third
+            parts += (("onnxruntime's load check of the serialized model", w.quantized_bytes),)
     return Phase("emit", sum(b for _, b in parts), parts)
 
 

@@ -13,13 +13,16 @@ from compiler.diagnostics import error
 from compiler.source import Span
 
 
-def check_emitted(staged: Path, span: Span | None, offload: bool) -> None:
-    """The staged model opens in onnxruntime, or the compile stops with Q425 and nothing is written. In offload
+def check_emitted(staged: Path | bytes, span: Span | None, offload: bool) -> None:
+    """The staged model (its file, or the bytes being written to it) opens in onnxruntime, or the compile stops
+    with Q425 and nothing is written. In offload
     (a model too large to hold) the quantization nodes qrc wrote are checked against the schemas of the
     model's opset instead, without reading a weight. (ONNX's own checker is no substitute: it refuses the
     onnxruntime-only ops exporters write in the default domain, such as SimplifiedLayerNormalization.)"""
     if offload:
-        problem = _unschematic_node(onnx.load(str(staged), load_external_data=False))
+        light = (onnx.load_model_from_string(staged) if isinstance(staged, bytes)
+                 else onnx.load(str(staged), load_external_data=False))
+        problem = _unschematic_node(light)
     else:
         import onnxruntime as ort
 
@@ -27,7 +30,8 @@ def check_emitted(staged: Path, span: Span | None, offload: bool) -> None:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         no_kernel = ort.capi.onnxruntime_pybind11_state.NotImplemented
         try:
-            ort.InferenceSession(str(staged), options, providers=["CPUExecutionProvider"])
+            ort.InferenceSession(staged if isinstance(staged, bytes) else str(staged), options,
+                                 providers=["CPUExecutionProvider"])
             problem = None
         except no_kernel:  # a valid model the CPU provider has no kernel for (bfloat16 graphs): served elsewhere
             problem = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,13 +124,18 @@ class QdqEmitter(Emitter):
         """A metadata property of the model (provenance: no dates, paths or versions)."""
         self.props.append((key, value))
 
-    def finish(self) -> list[Path]:
-        """Rewrite the graph, load the kept initializers, stamp, write atomically; the files written."""
+    def finish(self, check: Callable[[Path | bytes], None] | None = None) -> list[Path]:
+        """Rewrite the graph, load the kept initializers, stamp, write atomically; the files written. `check`
+        gets the model as written: a model written whole into one file as its bytes, while they are written
+        (the two overlap), otherwise the staged file once its data file is complete."""
         missing = [w for w in self.jobs if w not in self.replacements]
         if missing:
             raise AssertionError(f"emit before {len(missing)} weights were put, e.g. {missing[0]}")
         activations = {t: (a.scale, a.zero_point, a.qtype, set(a.consumers)) for t, a in self.activations.items()}
-        model = rewrite(self.files.light, self.jobs, self.replacements, activations, self.kept, self.format)
+        light = onnx.ModelProto()
+        light.CopyFrom(self.files.light)  # weight-free: the float graph stays as it was for verification
+        model = rewrite(light, self.jobs, self.replacements, activations, self.kept, self.format)
+        del light
         if self.external:
             data = self._data()
             for tensor in model.graph.initializer:
@@ -143,7 +149,14 @@ class QdqEmitter(Emitter):
             model.metadata_props.add(key=key, value=value)
         model.producer_name, model.producer_version = "qrc", ""
         external = self.external or _serialized_bytes(model) > EXTERNAL_THRESHOLD
-        self.staging = stage(model, self.output, external, self.side, self.staging)
+        if not external and self.staging is None:  # one file: checked from its bytes while they are written
+            blob = model.SerializeToString(deterministic=True)
+            del model  # onnxruntime's parse of the bytes then reuses the proto's memory
+            self.staging = stage(blob, self.output, False, self.side, alongside=check)
+        else:
+            self.staging = stage(model, self.output, external, self.side, self.staging)
+            if check is not None:
+                check(self.staged_model)
         self.replacements.clear()  # written: the rounded values need not stay in memory while the model is verified
         self.activations.clear()
         return sorted(self.staging.iterdir())

@@ -455,13 +455,12 @@ class _OnnxRun:
                 emitter.copy_raw(tensor.name)
         for key, value in self.plan.provenance:
             emitter.metadata(key, value)
-        staged = tuple(emitter.finish())  # beside the destination until verified
-        if self.plan.first(ops.Verify) is None:  # verification opens it in onnxruntime; without it, this does
-            check_emitted(emitter.staged_model, self.plan.spans.emit, self.mode is MemoryMode.OFFLOAD)
-        # The rewrite changed `files.light` in place: put the weight-free float graph back, which also lets
-        # the quantized model (and its loaded weights) go before verification.
-        self.files.light = onnx.load(str(self.files.path), load_external_data=False)
-        release_memory()
+        offload = self.mode is MemoryMode.OFFLOAD
+        # verification opens the model in onnxruntime; without it, this check does
+        check = None if self.plan.first(ops.Verify) else (
+            lambda staged: check_emitted(staged, self.plan.spans.emit, offload))
+        staged = tuple(emitter.finish(check))  # beside the destination until verified
+        release_memory()  # the quantized model's proto and pages go before verification
         return Product(files=staged)
 
     def _layer_errors(self, op: ops.Verify, staged: Path) -> dict[str, float]:
