@@ -14,6 +14,7 @@ from compiler.ir.types import (
     CalibrationMethod,
     DataKind,
     EmitFormat,
+    QType,
     Granularity,
     RecipeIR,
     Rounding,
@@ -22,7 +23,7 @@ from compiler.ir.types import (
 )
 from compiler.models.index import LayerKind, ModelIndex
 from compiler.plan.activations import propagate
-from compiler.resolve.assignment import Assignment
+from compiler.resolve.assignment import Assignment, LayerAssignment
 from compiler.resolve.mixed import choices_of, search_units
 from compiler.resolve.sizes import quantized_bytes
 
@@ -63,6 +64,7 @@ class Workload(Observation):
     weights_bytes: int
     quantized_bytes: int
     dequantized_bytes: int  # float weights onnxruntime rebuilds from DequantizeLinear when it runs an ONNX output
+    integer_kernel_bytes: int = 0  # of those, what full optimizations fuse into integer kernels instead
     largest_layer_bytes: int
     quantized_layers: tuple[str, ...]
     calibrate: bool  # any step needs a forward pass over calibration data
@@ -143,12 +145,22 @@ def _search(ir: RecipeIR, assignment: Assignment) -> Search | None:
 
 def _dequantized_bytes(ir: RecipeIR, quantized: list) -> int:
     """The float weights of the layers an ONNX output carries as DequantizeLinear, which onnxruntime holds
-    dequantized while it runs the emitted model (MatMulNBits computes from the packed weights). Only the ONNX
-    cost model reads it."""
+    dequantized while it runs the emitted model with basic optimizations (MatMulNBits computes from the
+    packed weights). Only the ONNX cost model reads it."""
     nbits = ir.emit is not None and ir.emit.format is EmitFormat.MATMUL_NBITS
     return sum(a.layer.bytes for a in quantized if not (
         nbits and a.layer.op == "MatMul" and a.scheme.activations is None
         and a.scheme.weights.granularity is Granularity.GROUP))
+
+
+def _integer_kernel_bytes(quantized: list[LayerAssignment]) -> int:
+    """The float weights of the layers whose QDQ group onnxruntime's full optimizations fuse into an integer
+    kernel (uint8 inputs, 8-bit weights: MatMulIntegerToFloat, QLinearConv, QGemm; backends/onnx/kernels.py),
+    which computes from the int8 weights and rebuilds no float copy: a 55M W8A8 decoder's session held 63 MiB
+    for its 43 MiB of int8 weights, its W8A16 form 90."""
+    return sum(a.layer.bytes for a in quantized if a.scheme.activations is not None
+               and a.scheme.activations.qtype is QType.UINT8 and a.scheme.quantized_weights.qtype.bits == 8
+               and a.layer.op in ("MatMul", "Conv", "Gemm"))
 
 
 def observation(assignment: Assignment, passthrough: tuple[str, ...]) -> Observation:
@@ -183,6 +195,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         backend=ir.backend, index=index, weights_bytes=index.total_bytes,
         quantized_bytes=index.total_bytes - sum(a.layer.bytes - quantized_bytes(a.layer, a.scheme) for a in quantized),
         dequantized_bytes=_dequantized_bytes(ir, quantized),
+        integer_kernel_bytes=_integer_kernel_bytes(quantized),
         largest_layer_bytes=max((x.bytes for x in index.layers), default=0),
         quantized_layers=tuple(a.layer.name for a in quantized), needed=seen.needed, observed=seen.observed,
         sources=seen.sources, gptq_layers=seen.gptq_layers, hessian_inputs=seen.hessian_inputs,
