@@ -395,3 +395,23 @@ def test_gptq_dampening_raised_or_rtn_fallback_is_warned_once(tmp_path, monkeypa
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert text.count("Q418") == 1 and "dampening 0.1" in text and "rtn (no dampening made H definite)" in text
+
+
+def test_a_mapped_tensor_is_the_read_one_and_private(tmp_path):
+    """The data-free pass maps each weight's pages instead of reading them: every dtype, at offsets that are
+    not page aligned, gives the tensor `read` gives; writing into it leaves the checkpoint as it was."""
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(0)
+    tensors = {"a": torch.randn(3, 5, generator=generator), "b": torch.randn(1000, 37, generator=generator).bfloat16(),
+               "c": torch.arange(7, dtype=torch.int8), "d": torch.randn(64, 129, generator=generator).half(),
+               "e": torch.zeros(0, 4)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    before = (tmp_path / "model.safetensors").read_bytes()
+    shards = Shards(tmp_path)
+    assert any(entry.start % 4096 for entry in shards.entries.values())
+    for name, tensor in tensors.items():
+        mapped = shards.mapped(name)
+        assert mapped.dtype == tensor.dtype and torch.equal(mapped, shards.read(name)) and torch.equal(mapped, tensor)
+        mapped.zero_()  # a private page: the file does not change
+    assert (tmp_path / "model.safetensors").read_bytes() == before

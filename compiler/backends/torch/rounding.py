@@ -63,11 +63,12 @@ class Rounder:
 
     def from_files(self, jobs: list[Job]) -> None:
         """Data-free rounding file to file: each weight read, rounded, written and dropped; nothing runs. The
-        next weight is read (as stored) on a thread while this one is rounded, so the reading overlaps
-        the rounding instead of leaving the cores idle (one more weight in flight: torch/cost.py)."""
+        next weight is mapped (as stored) and its pages faulted in on a thread while this one is rounded, so the
+        reading overlaps the rounding instead of leaving the cores idle (one more weight in flight:
+        torch/cost.py)."""
         advance = self.progress("quantize", len(jobs))
         # each weight as stored: the roundings make float32 slices of it as they go
-        weights = one_ahead(self.model.shards.read, [job.layer.weight for job in jobs])
+        weights = one_ahead(self.model.shards.mapped, [job.layer.weight for job in jobs])
         for number, (job, weight) in enumerate(zip(jobs, weights, strict=True)):
             self.record_rounded(job, weight, self.round(job, weight, None, None, measure=True))
             del weight
