@@ -394,11 +394,11 @@ CODES: tuple[CodeInfo, ...] = (
     _c("Q431", "what torchrun's ranks cannot share yet",
        "Under torchrun (or with `memory { ranks N }`) the calibration and held-out samples are split over the "
        "ranks by chunk, every statistic is merged exactly before rounding, the weights are rounded on the ranks "
-       "and the first rank writes the output. `transform` on the ONNX backend and `mode multi_gpu` run in one "
+       "and the first rank writes the output. `mode multi_gpu` and `format gguf` run in one "
        "process so far (`qrc check` refuses them with `ranks N`), as does the ONNX backend's `offload` "
        "(refused when it would run): on every rank, "
        "before any work, instead of running them N times over.",
-       "memory { ranks 2 }   # in a recipe with `backend onnx` and a `transform` block"),
+       "memory { ranks 2 }   # in a recipe that emits `format gguf`"),
     _c("Q432", "a rank of the compile stopped",
        "The ranks wait for each other at every merge. When one dies or is killed (out of memory, a signal, a "
        "lost node) the others stop too, at the next merge or when torchrun ends them, instead of waiting "

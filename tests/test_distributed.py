@@ -284,6 +284,51 @@ FOLDER_ON_ONNX = """recipe exported {{
 """
 
 
+ONNX_TRANSFORM = """recipe smoothed {{
+    model "builtin:tiny-llama"
+    backend onnx
+    transform {transform}
+    scheme s = {scheme}
+    quantize {{ type Linear -> s  "lm_head" -> none }}
+    group auto
+    calibrate {{ data synthetic {{ samples 16  seqlen 64 }}  chunk 4 }}
+    memory {{ mode {mode} }}
+    verify {{ samples 8  metric kld  at_most 1.0 }}
+    emit "{out}" {{ format qdq }}
+}}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["full", "low_memory"])
+def test_onnx_smoothquant_over_ranks_writes_one_process_bytes(tmp_path, mode):
+    """ONNX SmoothQuant under torchrun: each rank observes the norms' outputs on its chunks, the maxima merge
+    exactly, and every rank folds the same copy: one process's bytes (until 2026-11-27, refused with Q431)."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(ONNX_TRANSFORM.format(transform="smoothquant { alpha 0.5 }", scheme="W8A8", mode=mode,
+                                            out=tmp_path / "x.onnx"))
+    _one_and_two(recipe, tmp_path, "m.onnx")
+
+
+@pytest.mark.slow
+def test_onnx_awq_over_ranks_is_deterministic_and_as_good_as_one_process(tmp_path):
+    """ONNX AWQ under torchrun: the channels' sums and XᵀX are added over the ranks in rank order, so two runs on
+    two ranks write the same bytes, and the KL against float that onnxruntime measures on the emitted file is one
+    process's within 1%."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(ONNX_TRANSFORM.format(transform="awq { grid 20  duo_scaling }", scheme="W4A16 { group 32 }",
+                                            mode="full", out=tmp_path / "x.onnx"))
+    alone = _alone(recipe, tmp_path / "one" / "m.onnx")
+    runs = [_qrc("compile", str(recipe), "-o", str(tmp_path / name / "m.onnx"), ranks=2) for name in ("two", "again")]
+    assert all(run.returncode == 0 for run in runs), runs[0].stderr[-3000:]
+    _same_folders(tmp_path / "two", tmp_path / "again")
+    found = re.search(r"kld ([0-9.e-]+)", runs[0].stdout.replace("\n", " "))
+    assert found is not None, runs[0].stdout[-2000:]
+    one, two = alone.verify["kld"], float(found.group(1))
+    print(f"ONNX AWQ KL against float in onnxruntime: one process {one:.6f}, two ranks {two:.6f}")
+    assert 0 < one and abs(two - one) <= 0.01 * one, (one, two)
+
+
 @pytest.mark.slow
 def test_an_hf_folder_is_exported_once_per_machine_and_its_onnx_compile_shared(tmp_path, llama, monkeypatch):
     """An HF folder on the ONNX backend under torchrun: the first rank of the machine exports it into the cache
@@ -400,12 +445,12 @@ def test_plan_shows_each_ranks_share_and_peak():
     assert "ranks 2" in plan.plan.recipe_text and "ranks" not in one.plan.recipe_text
 
 
-@pytest.mark.parametrize("backend, line, memory, what", [
-    ("torch", "", "mode multi_gpu  vram 2 x 80 GiB", "mode multi_gpu"),
-    ("onnx", "transform smoothquant { alpha 0.5 }", "", "transform smoothquant on the ONNX backend")])
-def test_check_refuses_what_the_ranks_cannot_share(backend, line, memory, what):
-    text = f'recipe r {{\n    model "builtin:tiny-llama"\n    backend {backend}\n    {line}\n' \
-           f'    quantize {{ type Linear -> W8A8 }}\n    memory {{ {memory}  ranks 2 }}\n}}\n'
+@pytest.mark.parametrize("backend, scheme, memory, emit, what", [
+    ("torch", "W8A8", "mode multi_gpu  vram 2 x 80 GiB", "", "mode multi_gpu"),
+    ("torch", "g", "", 'emit "m.gguf" { format gguf }', "format gguf")])
+def test_check_refuses_what_the_ranks_cannot_share(backend, scheme, memory, emit, what):
+    text = f'recipe r {{\n    model "builtin:tiny-llama"\n    backend {backend}\n    scheme g = W4A16 {{ group 32 }}\n' \
+           f'    quantize {{ type Linear -> {scheme} }}\n    memory {{ {memory}  ranks 2 }}\n    {emit}\n}}\n'
     result = check_source(Source("r.recipe", text))
     q431 = [d for d in result.diagnostics if d.code == "Q431"]
     assert len(q431) == 1 and what in q431[0].message and q431[0].span is not None and q431[0].help, result.diagnostics

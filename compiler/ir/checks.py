@@ -197,11 +197,9 @@ def check_mixed_precision(ir: RecipeIR, diags: Diagnostics) -> None:
 def unshared(ir: RecipeIR) -> tuple[str, Span] | None:
     """What torchrun's ranks cannot share yet in this recipe (and where it is written), or None: the torch
     backend shares calibration, the mixed-precision search, AWQ and SmoothQuant, GPTQ, the KV cache and
-    verification (backends/torch/sharing.py), the ONNX backend its calibration, the mixed-precision search and
-    rounding (an HF folder is exported once per machine; `offload` is refused when it runs); ONNX transforms and multi_gpu
-    placement run in one process."""
-    if ir.transform is not None and ir.backend is Backend.ONNX:  # torch merges the transform's statistics
-        return f"transform {ir.transform.kind.value} on the ONNX backend", ir.transform.span
+    verification (backends/torch/sharing.py), the ONNX backend its calibration, AWQ and SmoothQuant, the
+    mixed-precision search and rounding (an HF folder is exported once per machine; `offload` is refused when it
+    runs); multi_gpu placement and the GGUF writer run in one process."""
     if ir.memory.mode is MemoryMode.MULTI_GPU:
         return "mode multi_gpu", ir.memory.span_of("mode") or ir.span
     if ir.emit is not None and ir.emit.format is EmitFormat.GGUF:  # its writer takes no tensors from other ranks

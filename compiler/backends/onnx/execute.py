@@ -211,7 +211,7 @@ class _OnnxRun:
         batches = self._batches(op.calibration)
         advance = self.progress(t.kind.value, len(batches) * (1 if self.mode is not MemoryMode.OFFLOAD
                                                               else len(self._segments())))
-        smoothed, gains = smooth(t, self.assignment, self.files, self.mode, batches, self.disk, advance)
+        smoothed, gains = smooth(t, self.assignment, self.files, self.mode, batches, self.disk, advance, self.ranks)
         self.files.close()
         self.files = smoothed
         return Product(transform=transform_summary(t, len(self.assignment.smoothing), gains))

@@ -22,6 +22,7 @@ from compiler.backends.onnx.calibrate import augmented_model, session, session_f
 from compiler.backends.onnx.files import ModelFiles
 from compiler.backends.onnx.rewrite import weight_axes, weight_nodes
 from compiler.backends.onnx.segments import run_segments
+from compiler.backends.ranks import Ranks, merged
 from compiler.backends.result import BackendError, refuse_changed_output
 from compiler.ir.types import MemoryMode, Rounding, Transform, TransformKind, WeightQuant
 from compiler.quant.smoothing import ChannelStats, awq_scales, smoothquant_scales
@@ -46,8 +47,10 @@ class Scaling:
 
 
 def smooth(t: Transform, assignment: Assignment, files: ModelFiles, mode: MemoryMode, batches, disk: Path | None,
-           advance: Callable[[], None]) -> tuple[ModelFiles, list[float]]:
-    """The smoothed copy of the model by the transform `t`, and AWQ's relative error reduction per mapping."""
+           advance: Callable[[], None], ranks: Ranks | None = None) -> tuple[ModelFiles, list[float]]:
+    """The smoothed copy of the model by the transform `t`, and AWQ's relative error reduction per mapping.
+    Under torchrun `batches` are this rank's chunks: every rank's statistics are merged in rank order (the
+    maxima exactly, the sums in that order), so each rank makes the same copy."""
     index = assignment.model
     norms = {n.name: n for n in index.norms}
     by_output = {norms[m.source].output: m for m in assignment.smoothing}
@@ -73,10 +76,12 @@ def smooth(t: Transform, assignment: Assignment, files: ModelFiles, mode: Memory
                 on_value(name, value)
             advance()
         del sess
+    stats = merged(ranks or Ranks(), stats)
     plan, gains = _scalings(t, assignment, files, stats)
     smoothed = rewrite_initializers(files, plan)
-    if mode is not MemoryMode.OFFLOAD:  # the graph made the fold exact; one chunk through both says it is
-        _check_unchanged(t, assignment, files.path, smoothed, next(iter(batches)))
+    first = next(iter(batches), None)  # a rank given no chunk leaves the check to the others
+    if mode is not MemoryMode.OFFLOAD and first is not None:  # the graph made the fold exact; one chunk through
+        _check_unchanged(t, assignment, files.path, smoothed, first)  # both says it is
     return smoothed, gains
 
 
