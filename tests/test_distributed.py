@@ -353,23 +353,32 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_nodes_on_one_host_write_one_process_bytes(tmp_path):
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_two_nodes_on_one_host_write_one_process_bytes(tmp_path, backend, llama):
     """`torchrun --nnodes 2`: two launchers meet at a rendezvous on 127.0.0.1, one rank each, as two machines
-    would; the output is one process's, written by the first node's rank alone."""
+    would; the output is one process's, written by the first node's rank alone. The second node verifies its
+    share of the held-out samples on a copy of the staged output the first sends it: the printed figure is
+    one process's, measured on the emitted model."""
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(OBSERVED.format(model="builtin:tiny-llama", rounding="rtn", method="entropy", base="W8A8",
-                                      head="W8A16", mode="low_memory", disk=tmp_path / "cache", out=tmp_path / "x",
-                                      kv=""))
-    _alone(recipe, tmp_path / "one")
+    if backend == "torch":
+        recipe.write_text(OBSERVED.format(model=llama, rounding="rtn", method="entropy", base="W8A8", head="W8A16",
+                                          mode="low_memory", disk=tmp_path / "cache", out=tmp_path / "x", kv=""))
+    else:
+        recipe.write_text(ONNX.format(base="W8A8", rounding="rtn", method="entropy", mode="full", out=tmp_path / "x"))
+    file = "m.onnx" if backend == "onnx" else ""
+    alone = _alone(recipe, tmp_path / "one" / file)
     port = _free_port()
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
          "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=qrc-test", "-m", "compiler",
-         "compile", str(recipe), "-o", str(tmp_path / "two")], env=_env(), cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+         "compile", str(recipe), "-o", str(tmp_path / "two" / file)], env={**_env(), "COLUMNS": "250"}, cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     outputs = [node.communicate(timeout=600) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-2000:] + outputs[1][1][-2000:]
     _same_folders(tmp_path / "one", tmp_path / "two")
+    summary = " ".join(outputs[0][0].replace("│", " ").split())  # the summary table's cells, unwrapped
+    assert f"cosine {alone.verify['cosine']:.4g}" in summary, (alone.verify, summary)
+    assert "qrc's model" not in summary and "shared by 2 torchrun ranks" in summary, summary
 
 
 def _rank_pid(rank: int, marker: str) -> int | None:

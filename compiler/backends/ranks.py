@@ -5,8 +5,9 @@ On the torch backend a compile is shared: the calibration and held-out samples a
 statistic is merged exactly on every rank before anything is rounded (torch/sharing.py), the layers of a block
 are rounded by the rank each is assigned to and handed to all, and the first rank writes the output. On the
 ONNX backend the calibration chunks are split the same way and the observers and Hessians merged; the weights
-are rounded N at a time, one per rank, and written by the first rank, which also verifies. What cannot be
-shared yet is refused (Q431) rather than run N times over."""
+are rounded N at a time, one per rank, and written by the first rank. Both verify the staged output on every
+rank, a copy of it sent to ranks on other machines. What cannot be shared yet is refused (Q431) rather than run
+N times over."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import datetime
 import os
 import socket
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -151,13 +152,56 @@ def all_gathered(ranks: Ranks, value: T) -> list[T]:
     return found
 
 
+def machine() -> tuple[str, str]:
+    """This process's machine, as far as files go: its host and torchrun's node (GROUP_RANK). Two launchers on
+    one host (how a test runs two nodes) count as two machines, which share nothing but the process group."""
+    return socket.gethostname(), os.environ.get("GROUP_RANK", "0")
+
+
 def from_first(ranks: Ranks, value: T | None) -> tuple[T | None, bool]:
     """The first rank's `value` on every rank, and whether every rank runs on the first rank's machine (so that
     a path the first rank names is a file the others can open)."""
     if ranks.world == 1:
         return value, True
-    found = all_gathered(ranks, (value if ranks.first else None, socket.gethostname()))
-    return found[0][0], all(host == found[0][1] for _, host in found)
+    found = all_gathered(ranks, (value if ranks.first else None, machine()))
+    return found[0][0], all(where == found[0][1] for _, where in found)
+
+
+FILE_PIECE = 64 << 20  # bytes of a file in flight at once when the first rank sends it to other machines
+
+
+def staged_everywhere(ranks: Ranks, folder: Path | None, scratch: Path) -> Path:
+    """The first rank's staged `folder` (every file under it) where this rank can open it: the folder
+    itself on the first rank's machine, else a copy under `scratch`, sent over the process group a piece at a
+    time (every rank takes part; only those on other machines write). `folder` is the first rank's; the other
+    ranks pass None."""
+    listing = [(p.relative_to(folder).as_posix(), p.stat().st_size) for p in sorted(folder.rglob("*"))
+               if p.is_file()] if folder else None
+    found = all_gathered(ranks, (folder, listing, machine()))
+    first_folder, files, first_machine = found[0]
+    assert first_folder is not None and files is not None, "the first rank names its staged folder"
+    elsewhere = [where != first_machine for _, _, where in found]
+    if not any(elsewhere):
+        return first_folder
+    import torch
+    import torch.distributed as dist
+
+    mine = scratch / first_folder.name
+    for name, size in files:
+        if elsewhere[ranks.rank]:
+            (mine / name).parent.mkdir(parents=True, exist_ok=True)
+        with ExitStack() as stack:
+            source = stack.enter_context(open(first_folder / name, "rb")) if ranks.first else None
+            target = stack.enter_context(open(mine / name, "wb")) if elsewhere[ranks.rank] else None
+            for start in range(0, size, FILE_PIECE):
+                length = min(FILE_PIECE, size - start)
+                piece = torch.frombuffer(bytearray(source.read(length)), dtype=torch.uint8) if source \
+                    else torch.empty(length, dtype=torch.uint8)
+                piece = _on_group_device(piece)
+                dist.broadcast(piece, src=0)
+                if target is not None:
+                    target.write(piece.cpu().numpy().tobytes())
+    return mine if elsewhere[ranks.rank] else first_folder
 
 
 def each_machine_first(ranks: Ranks, work: Callable[[], T]) -> T:

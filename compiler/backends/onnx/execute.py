@@ -32,10 +32,10 @@ from compiler.backends.ranks import (
     Owned,
     each_machine_first,
     from_environment,
-    from_first,
     gather_to_first,
     merged,
     merged_one,
+    staged_everywhere,
 )
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
@@ -483,23 +483,25 @@ class _OnnxRun:
         """Measured on the staged model; then it goes into place (a failed verification leaves it there,
         beside its figures), so an interrupt before this point leaves nothing at the destination. Under torchrun
         the first rank stages the model: ranks on its machine open that file and each runs its share of the
-        held-out chunks, the sums merged in rank order; across machines the first rank verifies alone."""
-        staged, shared = from_first(self.ranks, self.emitter.staged_model if self.ranks.first else None)
-        if not (self.ranks.first or shared):
-            return Product()
-        assert staged is not None  # the first rank's emitter staged it
+        held-out chunks, the sums merged in rank order; ranks on other machines run a copy the first rank sends
+        them (ranks.staged_everywhere), removed after."""
         if self.mode is MemoryMode.OFFLOAD:  # one process only (Q431 under torchrun)
+            staged = self.emitter.staged_model
             batches = held_out_batches(op, self.assignment.model, self.pending.warnings, chunk=1)  # a sample at a time
             agreement = verify_offload(self.assignment, self.files, staged, batches, self.disk, self.progress)
         else:
-            batches = held_out_batches(op, self.assignment.model, self.pending.warnings)
-            agreement = verify_whole(self.files.path, staged, Owned(batches, self.ranks) if shared else batches,
-                                     self.progress)
-            agreement = merged_one(self.ranks, agreement) if shared else agreement
+            with tempfile.TemporaryDirectory(prefix="qrc-staged-") as scratch:
+                here = staged_everywhere(self.ranks, self.emitter.staged_model.parent if self.ranks.first else None,
+                                         Path(scratch))
+                staged = here / self.output.name
+                batches = held_out_batches(op, self.assignment.model, self.pending.warnings)
+                agreement = verify_whole(self.files.path, staged, Owned(batches, self.ranks), self.progress)
+            agreement = merged_one(self.ranks, agreement)
+            staged = self.emitter.staged_model if self.ranks.first else staged
         failed = not passes(agreement.value(op.metric), op.bound, op.threshold)
         errors = self._layer_errors(op, staged) if failed and self.ranks.first else {}  # Q501's help: the first's
         measured_on = "the emitted model, run by onnxruntime" + (
-            f", its held-out samples shared by {self.ranks.world} torchrun ranks" if self.ranks.world > 1 and shared else "")
+            f", its held-out samples shared by {self.ranks.world} torchrun ranks" if self.ranks.world > 1 else "")
         verdict = judge(op, self.plan.spans.verify, self.output, agreement, measured_on, errors,
                         self.ranks.first)  # the model goes into place after the last op
         return Product(verification=verdict)

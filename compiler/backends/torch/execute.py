@@ -11,6 +11,7 @@ streams side by side through the same blocks, so it never needs a second copy of
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,7 @@ from compiler.backends.agreement import Agreement, passes
 from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.products import Pending, Product
 from compiler.backends.program import Produced, execute_plan
-from compiler.backends.ranks import Owned, current, from_first, merged_one
+from compiler.backends.ranks import Owned, current, merged_one, staged_everywhere
 from compiler.backends.release import freeze_long_lived, keep_large_blocks_mapped, release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge
 from compiler.backends.sensitivity import Scores, assign, score_units
@@ -293,10 +294,9 @@ class _Run:
         if held is None:
             return None
         batches = list(held_out_batches(held, self.index, self.pending.warnings))
-        # the first rank stages the emitted folder: ranks on its machine open it there, each running its own
-        # held-out chunks; ranks on several machines share the run of qrc's model instead
-        _, on_first_machine = from_first(self.ranks, None)
-        self.emitted = can_verify_artifact(self.model) and on_first_machine and not self.gguf
+        # the first rank stages the emitted folder: every rank opens it (ranks on other machines a copy the first
+        # sends them), each running its own held-out chunks
+        self.emitted = can_verify_artifact(self.model) and not self.gguf
         quantized = None if self.emitted else self._stream("verify (quantized)", batches)
         return self._stream("verify (float)", batches), quantized, Agreement()
 
@@ -526,11 +526,14 @@ class _Run:
         against the float outputs: those kept before rounding (full), or the float stream's last hidden
         states through the float model's tail (its weights read again from the checkpoint: the tail may
         have been rounded in place). Under torchrun each rank runs its own held-out chunks through the folder the
-        first rank staged."""
+        first rank staged (on another machine, through the copy the first sends: ranks.staged_everywhere)."""
+        with tempfile.TemporaryDirectory(prefix="qrc-staged-") as scratch:
+            staged = staged_everywhere(self.ranks, self.writer.temp if isinstance(self.writer, FolderWriter) else None,
+                                       Path(scratch))
+            self._run_emitted(open_artifact(staged, self.model, self.plan.spans.emit), float_stream, agreement)
+
+    def _run_emitted(self, artifact, float_stream: streams.Stream, agreement: Agreement) -> None:
         span = self.plan.spans.emit
-        staged, _ = from_first(self.ranks, self.writer.temp if isinstance(self.writer, FolderWriter) else None)
-        assert staged is not None  # the first rank's writer staged the folder, on this machine (_verify_streams)
-        artifact = open_artifact(staged, self.model, span)
         model = self.model
         if self.reference:
             reference = iter(self.reference)
