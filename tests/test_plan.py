@@ -98,8 +98,8 @@ def test_mode_selection(requested, estimates, ram, vram, expected):
 
 
 @pytest.mark.parametrize("recipe, overrides", [
-    ("recipes/tiny-llama-w8a8.recipe", ("memory.ram=140MiB", "memory.mode=full")),
-    ("recipes/tiny-bert-lwp.recipe", ("memory.ram=138MiB",)),
+    ("recipes/tiny-llama-w8a8.recipe", ("memory.ram=124MiB", "memory.mode=full")),
+    ("recipes/tiny-bert-lwp.recipe", ("memory.ram=122MiB",)),
     ("recipes/llama-7b-w4a16-plan.recipe", ("memory.ram=6GiB",)),
 ])
 def test_q301_suggested_chunk_fits_when_replanned(recipe, overrides):

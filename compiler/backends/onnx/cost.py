@@ -28,7 +28,10 @@ from compiler.plan.ops import ModeEstimate
 from compiler.plan.target import PhaseName
 from compiler.plan.workload import Workload
 
-RUNTIME = 128 * MiB  # interpreter, libraries, session set-up (measured)
+# interpreter, libraries, session set-up: the RSS of a compile entering verification, 113-115 MiB measured on
+# calibrated W8A8 compiles of the built-in Llamas and an exported decoder (82 MiB without calibration). It was 128
+# while the rewritten model, its weights loaded, outlived emission (until 2026-11-27)
+RUNTIME = 112 * MiB
 SESSION_COPIES = 1  # weights live once, in the session (read from external data, prepacking off)
 # torch, transformers and the TorchScript exporter's tracing state for an export: measured with VmHWM on
 # all-MiniLM-L6-v2 (87 MB of weights): a 1.13 GiB peak, of which the model and its exported proto are ~0.17 GiB
@@ -224,9 +227,11 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
             kept = set(graph.outputs)
             act = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen, w.past).bytes
         # the whole model's session is fully optimized: uint8-input layers run as integer kernels
+        # the two models run one after the other (verification.py): the float one's first output waits
         parts = (("runtime", runtime), ("float session", w.weights_bytes), ("quantized session", w.quantized_bytes),
                  ("its QDQ weights dequantized (DequantizeLinear outputs)", w.dequantized_bytes - w.integer_kernel_bytes),
-                 ("activations of one chunk, both models", 2 * act),
+                 ("activations of one chunk", act),
+                 ("the float model's first output, kept while the quantized one runs", _first_output(w, chunk)),
                  ("comparing one sample", agreement_scratch(_first_output(w, 1), w.seqlen)))
     return Phase("verify", sum(b for _, b in parts), parts)
 
