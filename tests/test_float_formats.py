@@ -522,3 +522,18 @@ def test_mixed_precision_scores_floating_choices_with_their_own_rounding(metric,
     assert_ran_the_plan(result, planned)
     config = json.loads((out / "config.json").read_text())["quantization_config"]
     assert set(config["config_groups"]) == {"NVFP4", "W8A16"}
+
+
+@pytest.mark.parametrize("scheme", ["NVFP4A16", "NVFP4"])
+def test_nvfp4_file_to_file_on_a_built_in_takes_its_global_scale_from_the_checkpoint(tmp_path, scheme):
+    """A weight-only NVFP4 compile of a built-in runs file to file (nothing needs its calibration data): the
+    shared global scale reads each weight from the checkpoint, as there is no loaded module to read it from
+    (found by tests/test_properties.py: it was an AttributeError, a traceback)."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n model "builtin:tiny-llama?layers=1&hidden=64&intermediate=128&vocab=128"\n'
+                      f' backend torch\n scheme s = {scheme}\n quantize {{ type Linear -> s  "lm_head" -> none }}\n'
+                      f' calibrate {{ data synthetic {{ samples 1  seqlen 8 }}  chunk 1 }}\n'
+                      f' emit "{tmp_path / "out"}"\n}}\n')
+    result = CliRunner().invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "model.safetensors").exists()

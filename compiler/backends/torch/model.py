@@ -129,10 +129,11 @@ class TorchModel:
     def weight_now(self, module: str, checkpoint_name: str) -> torch.Tensor:
         """A Linear's weight as it stands: the module's own where it is loaded (a transform may have folded
         scales into it), else the checkpoint's tensor (file to file: nothing is loaded)."""
-        name = module + ".weight"
-        if self.is_resident(name):
-            return self.module.get_parameter(name).detach()
-        return self.shards.read(checkpoint_name)
+        try:
+            parameter = self.module.get_parameter(module + ".weight")
+        except AttributeError:  # file to file: a stand-in without the model's modules
+            return self.shards.read(checkpoint_name)
+        return self.shards.read(checkpoint_name) if parameter.is_meta else parameter.detach()
 
 
     def module_computing(self, weight: str) -> str:
