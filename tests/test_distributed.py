@@ -169,24 +169,34 @@ def test_gptq_over_ranks_is_deterministic_and_as_good_as_one_process(tmp_path, l
 
 TRANSFORM = """recipe smoothed {{
     model "{model}"
-    backend torch
+    backend {backend}
     transform {transform}
     scheme s = {scheme}
     quantize {{ type Linear -> s  "lm_head" -> none }}
     group auto
     calibrate {{ data synthetic {{ samples 16  seqlen 64 }}  chunk 4 }}
     memory {{ mode {mode} }}
-    emit "{out}" {{ format safetensors }}
+    {verify}
+    emit "{out}" {{ format {format} }}
 }}
 """
+
+
+def _transformed(model: str, transform: str, scheme: str, mode: str, out: Path, backend: str = "torch") -> str:
+    """TRANSFORM on the torch backend (a safetensors folder), or on ONNX (QDQ, verified: the figure the ranks
+    share)."""
+    onnx = backend == "onnx"
+    return TRANSFORM.format(model=model, backend=backend, transform=transform, scheme=scheme, mode=mode, out=out,
+                            verify="verify { samples 8  metric kld  at_most 1.0 }" if onnx else "",
+                            format="qdq" if onnx else "safetensors")
 
 
 @pytest.mark.slow
 def test_smoothquant_over_ranks_writes_one_process_bytes(tmp_path):
     """SmoothQuant's scales come from each channel's maximum, which merges exactly over the ranks."""
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(TRANSFORM.format(model="builtin:tiny-llama", transform="smoothquant { alpha 0.5 }",
-                                       scheme="W8A8 { rounding rtn }", mode="low_memory", out=tmp_path / "x"))
+    recipe.write_text(_transformed("builtin:tiny-llama", "smoothquant { alpha 0.5 }", "W8A8 { rounding rtn }",
+                                   "low_memory", tmp_path / "x"))
     _one_and_two(recipe, tmp_path)
 
 
@@ -195,8 +205,8 @@ def test_awq_over_ranks_is_deterministic_and_as_good_as_one_process(tmp_path, ll
     """AWQ's search reads the channels' sums and XᵀX, added over the ranks in rank order: two runs on two ranks
     write the same bytes, and their KL against float (transformers) is one process's within 1%."""
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(TRANSFORM.format(model=llama, transform="awq { grid 20  duo_scaling }",
-                                       scheme="W4A16 { group 32 }", mode="offload", out=tmp_path / "x"))
+    recipe.write_text(_transformed(llama, "awq { grid 20  duo_scaling }", "W4A16 { group 32 }", "offload",
+                                   tmp_path / "x"))
     _alone(recipe, tmp_path / "one")
     for name in ("two", "again"):
         run = _qrc("compile", str(recipe), "-o", str(tmp_path / name), ranks=2)
@@ -284,29 +294,14 @@ FOLDER_ON_ONNX = """recipe exported {{
 """
 
 
-ONNX_TRANSFORM = """recipe smoothed {{
-    model "builtin:tiny-llama"
-    backend onnx
-    transform {transform}
-    scheme s = {scheme}
-    quantize {{ type Linear -> s  "lm_head" -> none }}
-    group auto
-    calibrate {{ data synthetic {{ samples 16  seqlen 64 }}  chunk 4 }}
-    memory {{ mode {mode} }}
-    verify {{ samples 8  metric kld  at_most 1.0 }}
-    emit "{out}" {{ format qdq }}
-}}
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["full", "low_memory"])
 def test_onnx_smoothquant_over_ranks_writes_one_process_bytes(tmp_path, mode):
     """ONNX SmoothQuant under torchrun: each rank observes the norms' outputs on its chunks, the maxima merge
     exactly, and every rank folds the same copy: one process's bytes (until 2026-11-27, refused with Q431)."""
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(ONNX_TRANSFORM.format(transform="smoothquant { alpha 0.5 }", scheme="W8A8", mode=mode,
-                                            out=tmp_path / "x.onnx"))
+    recipe.write_text(_transformed("builtin:tiny-llama", "smoothquant { alpha 0.5 }", "W8A8", mode,
+                                   tmp_path / "x.onnx", backend="onnx"))
     _one_and_two(recipe, tmp_path, "m.onnx")
 
 
@@ -316,8 +311,8 @@ def test_onnx_awq_over_ranks_is_deterministic_and_as_good_as_one_process(tmp_pat
     two ranks write the same bytes, and the KL against float that onnxruntime measures on the emitted file is one
     process's within 1%."""
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(ONNX_TRANSFORM.format(transform="awq { grid 20  duo_scaling }", scheme="W4A16 { group 32 }",
-                                            mode="full", out=tmp_path / "x.onnx"))
+    recipe.write_text(_transformed("builtin:tiny-llama", "awq { grid 20  duo_scaling }", "W4A16 { group 32 }", "full",
+                                   tmp_path / "x.onnx", backend="onnx"))
     alone = _alone(recipe, tmp_path / "one" / "m.onnx")
     runs = [_qrc("compile", str(recipe), "-o", str(tmp_path / name / "m.onnx"), ranks=2) for name in ("two", "again")]
     assert all(run.returncode == 0 for run in runs), runs[0].stderr[-3000:]
