@@ -158,15 +158,6 @@ def machine() -> tuple[str, str]:
     return socket.gethostname(), os.environ.get("GROUP_RANK", "0")
 
 
-def from_first(ranks: Ranks, value: T | None) -> tuple[T | None, bool]:
-    """The first rank's `value` on every rank, and whether every rank runs on the first rank's machine (so that
-    a path the first rank names is a file the others can open)."""
-    if ranks.world == 1:
-        return value, True
-    found = all_gathered(ranks, (value if ranks.first else None, machine()))
-    return found[0][0], all(where == found[0][1] for _, where in found)
-
-
 FILE_PIECE = 64 << 20  # bytes of a file in flight at once when the first rank sends it to other machines
 
 

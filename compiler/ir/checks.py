@@ -106,7 +106,7 @@ def check_emit(ir: RecipeIR, diags: Diagnostics) -> None:
 
 
 def _check_matmul_nbits(ir: RecipeIR, diags: Diagnostics) -> None:
-    for scheme in _used_schemes(ir):
+    for scheme in ir.used_schemes:
         weights = scheme.weights
         if weights is None or scheme.activations is not None:
             continue  # float layers stay float; activation-quantized ones are emitted as QDQ
@@ -117,13 +117,6 @@ def _check_matmul_nbits(ir: RecipeIR, diags: Diagnostics) -> None:
                         scheme.span or (ir.emit.span_of("format") if ir.emit else None), "not a MatMulNBits block size",
                         help="MatMulNBits needs `group N` with N a power of two ≥ 16 (32, 64, 128); "
                         "or emit `format qdq`")
-
-
-def _used_schemes(ir: RecipeIR):
-    names = {r.scheme for r in ir.rules}
-    if ir.mixed_precision:
-        names.update(ir.mixed_precision.choices)
-    return [s for s in ir.schemes if s.name in names]
 
 
 def check_backend_features(ir: RecipeIR, diags: Diagnostics) -> None:
@@ -156,7 +149,7 @@ def _refuse_float_formats(ir: RecipeIR, diags: Diagnostics) -> None:
     if ir.kv_cache is not None:
         diags.error("Q257", "`kv_cache { fp8 }` is written by the torch backend, not the ONNX one", ir.kv_cache.span,
                     "KV cache on onnx", help="use `backend torch`; onnxruntime-genai keeps its cache in the model's dtype")
-    for scheme in _used_schemes(ir):
+    for scheme in ir.used_schemes:
         types = {t for t in (scheme.quantized_weights.qtype, scheme.activations and scheme.activations.qtype)
                  if t and (t.is_float or t.is_kquant)}
         if types:
@@ -233,7 +226,7 @@ def check_fp4_input_method(ir: RecipeIR, diags: Diagnostics) -> None:
     method = ir.calibration.method
     if method not in _GRID_SEARCHES:
         return
-    for scheme in _used_schemes(ir):
+    for scheme in ir.used_schemes:
         act = scheme.activations
         if act is not None and act.qtype is QType.NVFP4:
             diags.error("Q269", f"scheme `{scheme.name}`: NVFP4 inputs take their global scale from the inputs' "

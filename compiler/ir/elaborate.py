@@ -80,9 +80,8 @@ def _with_default_method(ir: RecipeIR) -> RecipeIR:
     calibration = ir.calibration
     if calibration.span_of("method") is not None:
         return ir
-    names = {r.scheme for r in ir.rules} | set(ir.mixed_precision.choices if ir.mixed_precision else ())
     integer_inputs = any(s.activations is not None and s.activations.calibrated and not s.activations.qtype.is_float
-                         for s in ir.schemes if s.name in names)
+                         for s in ir.used_schemes)
     if not integer_inputs:
         return ir
     return dataclasses.replace(ir, calibration=dataclasses.replace(calibration, method=CalibrationMethod.PERCENTILE))

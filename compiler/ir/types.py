@@ -457,3 +457,9 @@ class RecipeIR:
         if name == NONE.name:
             return NONE
         return next(s for s in self.schemes if s.name == name)
+
+    @property
+    def used_schemes(self) -> list[Scheme]:
+        """The schemes a rule or the mixed-precision search's choices name (declared ones may go unused)."""
+        names = {r.scheme for r in self.rules} | set(self.mixed_precision.choices if self.mixed_precision else ())
+        return [s for s in self.schemes if s.name in names]

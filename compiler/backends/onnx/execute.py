@@ -486,20 +486,20 @@ class _OnnxRun:
         held-out chunks, the sums merged in rank order; ranks on other machines run a copy the first rank sends
         them (ranks.staged_everywhere), removed after."""
         if self.mode is MemoryMode.OFFLOAD:  # one process only (Q431 under torchrun)
-            staged = self.emitter.staged_model
             batches = held_out_batches(op, self.assignment.model, self.pending.warnings, chunk=1)  # a sample at a time
-            agreement = verify_offload(self.assignment, self.files, staged, batches, self.disk, self.progress)
+            agreement = verify_offload(self.assignment, self.files, self.emitter.staged_model, batches, self.disk,
+                                       self.progress)
         else:
             with tempfile.TemporaryDirectory(prefix="qrc-staged-") as scratch:
                 here = staged_everywhere(self.ranks, self.emitter.staged_model.parent if self.ranks.first else None,
                                          Path(scratch))
-                staged = here / self.output.name
                 batches = held_out_batches(op, self.assignment.model, self.pending.warnings)
-                agreement = verify_whole(self.files.path, staged, Owned(batches, self.ranks), self.progress)
+                agreement = verify_whole(self.files.path, here / self.output.name, Owned(batches, self.ranks),
+                                         self.progress)
             agreement = merged_one(self.ranks, agreement)
-            staged = self.emitter.staged_model if self.ranks.first else staged
         failed = not passes(agreement.value(op.metric), op.bound, op.threshold)
-        errors = self._layer_errors(op, staged) if failed and self.ranks.first else {}  # Q501's help: the first's
+        # Q501's help: the first rank's, on the model it staged
+        errors = self._layer_errors(op, self.emitter.staged_model) if failed and self.ranks.first else {}
         measured_on = "the emitted model, run by onnxruntime" + (
             f", its held-out samples shared by {self.ranks.world} torchrun ranks" if self.ranks.world > 1 else "")
         verdict = judge(op, self.plan.spans.verify, self.output, agreement, measured_on, errors,

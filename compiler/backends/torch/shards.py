@@ -76,7 +76,7 @@ class Shards:
         except OSError:  # before Linux 5.14: the pages fault in as the rounding reads them
             pass
         dtype = DTYPES[entry.dtype]
-        count = (entry.end - entry.start) // torch.empty((), dtype=dtype).element_size()
+        count = (entry.end - entry.start) // dtype.itemsize
         return torch.frombuffer(pages, dtype=dtype, count=count, offset=entry.start - first).reshape(entry.shape)
 
     def _read(self, name: str) -> torch.Tensor:
