@@ -10,6 +10,13 @@ import gc
 def release_memory() -> None:
     """Collect garbage and give freed heap pages back to the OS (glibc's malloc_trim)."""
     gc.collect()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Give freed heap pages back to the OS, in every arena: the rounding threads' arenas keep what their
+    temporaries freed, which glibc never returns on its own (measured: 150 MiB over rounding the 112 layers
+    of a 4-block MoE in place, all of it returned by a trim)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim

@@ -105,19 +105,21 @@ def hessian_bytes(w: Workload, all_blocks: bool = False) -> int:
     return sum(sizes) if all_blocks else max(sizes, default=0)
 
 
-def transform_bytes(w: Workload, all_blocks: bool = False) -> int:
-    """An outlier transform's state for one block's mappings (or every block's, `full`): per mapping the
-    per-channel |x| maximum (float32) and sum (float64), and for AWQ the inputs' XᵀX (float32, K×K); plus the
-    scratch of scaling one mapping: SmoothQuant its targets' |W| maxima (one float32 copy of their weights),
-    AWQ's search five (the weight, its scaled and rounded forms, the error, the error times XᵀX)."""
+def transform_bytes(w: Workload, all_blocks: bool = False, tail: bool = False) -> int:
+    """An outlier transform's state for one block's mappings (or every block's, `full`; or, `tail`, only
+    those outside the blocks, all that is left once the blocks are done): per mapping the per-channel |x|
+    maximum (float32) and sum (float64), and for AWQ the inputs' XᵀX (float32, K×K); plus the scratch of
+    scaling one mapping: SmoothQuant its targets' |W| maxima (one float32 copy of their weights), AWQ's
+    search five (the weight, its scaled and rounded forms, the error, the error times XᵀX)."""
     if w.transform is None:
         return 0
     awq = w.transform.kind is TransformKind.AWQ
+    mappings = [m for m in w.smoothing if m[0] is None] if tail else list(w.smoothing)
     per_block: dict[str | None, int] = {}
-    for block, width, _ in w.smoothing:
+    for block, width, _ in mappings:
         per_block[block] = per_block.get(block, 0) + 12 * width + (4 * width * width if awq else 0)
     state = sum(per_block.values()) if all_blocks else max(per_block.values(), default=0)
-    largest = max((weights for _, _, weights in w.smoothing), default=0)
+    largest = max((weights for _, _, weights in mappings), default=0)
     return state + (5 if awq else 1) * largest
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compiler.ir.types import Backend, EmitFormat, MemoryMode, SensitivityMetric
-from compiler.models.index import LayerKind
+from compiler.models.index import LayerKind, ModelFormat
 from compiler.plan.memory import (
     ACT_BYTES,
     MiB,
@@ -24,7 +24,9 @@ from compiler.plan.ops import ModeEstimate
 from compiler.plan.target import PhaseName
 from compiler.plan.workload import Workload
 
-RUNTIME = 400 * MiB  # interpreter, torch and its libraries
+# interpreter, torch, transformers and compressed-tensors (imported to check the output's config before any work);
+# measured at the first op: 423-425 MiB for built-ins, 414-442 before an HF folder's weights (2026-11-27)
+RUNTIME = 424 * MiB
 CACHE_COPIES = {MemoryMode.FULL: 0, MemoryMode.LOW_MEMORY: 2, MemoryMode.OFFLOAD: 2, MemoryMode.MULTI_GPU: 2}
 VRAM_SLACK = 1.2  # Olive's factor over the computed GPU footprint
 CUDA_HOST = 800 * MiB  # host memory of the CUDA context and kernel libraries (measured on an H100: +0.75 GiB RSS)
@@ -34,16 +36,19 @@ COPY_SLICE = 16 << 20  # unquantized tensors are copied to the output in slices 
 FLOAT_SCRATCH = 128 * MiB
 
 
-def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
-    """The block-wise phase: weights held, block caches, one block's working set, GPTQ Hessians and scratch."""
+def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -> Phase:
+    """The block-wise phase: weights held, block caches, one block's working set, GPTQ Hessians and scratch;
+    `tail`: once the blocks are done, when a transform's statistics are left only for mappings outside them."""
     cache_ps = w.seqlen * w.hidden * dtype_bytes(w)
     copies = CACHE_COPIES[mode]
     held = chunk if (mode is MemoryMode.OFFLOAD and w.disk) else w.samples
     cache = copies * held * cache_ps if w.calibrate else 0
+    last = w.index.layers[-1].out_features if w.index.layers else w.hidden
     work = chunk * block_working_set(w) if w.calibrate else 0
-    if mode is MemoryMode.FULL and w.calibrate:  # the whole model runs: its outputs (logits) and a copy
-        last = w.index.layers[-1].out_features if w.index.layers else w.hidden
-        work += 2 * chunk * w.seqlen * last * ACT_BYTES
+    if mode is MemoryMode.FULL and (w.calibrate or w.verify_samples):  # the whole model runs on a chunk (of
+        # calibration, or of the held-out samples before and after rounding): its outputs (logits) and a copy
+        runs = chunk if w.calibrate else min(chunk, w.verify_samples)
+        work = runs * block_working_set(w) + 2 * runs * w.seqlen * last * ACT_BYTES
     if not (w.calibrate or w.verify_samples or w.search is not None):  # nothing runs the model: file to file
         weights, label = _file_to_file(w), "one tensor at a time, file to file (read, the next read ahead, rounded)"
     elif mode is MemoryMode.OFFLOAD:
@@ -64,13 +69,14 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
              ("GPTQ Hessians", hessian_bytes(w, all_blocks=mode is MemoryMode.FULL) if on_cpu else 0),
              ("GPTQ rounding scratch beyond the working set", rounding),
              (f"{w.transform.kind.value if w.transform else 'transform'} statistics (+ scratch of one mapping)",
-              transform_bytes(w, all_blocks=mode is MemoryMode.FULL)))
+              transform_bytes(w, all_blocks=mode is MemoryMode.FULL, tail=tail)))
     if w.ranks > 1 and w.gptq and mode is not MemoryMode.MULTI_GPU:
         parts += ((f"the {w.ranks} ranks' Hessians while they merge", _merging(w, mode is MemoryMode.FULL)),)
     if mode is MemoryMode.FULL and w.verify_samples:  # CaptureReference keeps them through calibration
-        last = w.index.layers[-1].out_features if w.index.layers else w.hidden
+        per_sample = w.seqlen * last * 4
         parts += ((f"float outputs kept for verification ({w.verify_samples} samples)",
-                   w.verify_samples * w.seqlen * last * 4),)
+                   w.verify_samples * per_sample),
+                  ("the agreement's scratch (one sample)", agreement_scratch(per_sample, w.seqlen)))
     return Phase("block-wise compile", sum(b for _, b in parts), parts)
 
 
@@ -79,14 +85,17 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     held-out sample when the tail has layers to round between the float and quantized passes (else one
     chunk's), one chunk of quantized logits, and the agreement's scratch (about seven float32 arrays of up to
     256 positions of one sample: the two logits, their difference, two log-softmaxes, a mask, a product)."""
-    base = torch_phase(w, mode, chunk)
+    base = torch_phase(w, mode, chunk, tail=True)
     layers = w.index.layers
     vocab = layers[-1].out_features if layers else w.hidden
     per_sample = w.seqlen * vocab * 4  # logits are compared in float32
     verify_chunk = min(chunk, w.verify_samples)
     held = w.verify_samples if _tail_rounds(w) else verify_chunk
     sizes = w.block_bytes()
-    emitted = max(max(sizes.values(), default=0), sizes.get("(outside blocks)", 0))
+    # an HF folder's output is verified as transformers loads it, a block at a time; a built-in's has no loader
+    # outside qrc, so its verification runs qrc's own model (lowering.lower_verify)
+    loaded = w.index.format is ModelFormat.HF
+    emitted = max(max(sizes.values(), default=0), sizes.get("(outside blocks)", 0)) if loaded else 0
     parts = base.parts + ((f"verification logits ({held} float + {verify_chunk} quantized samples, scratch)",
                            (held + verify_chunk) * per_sample + agreement_scratch(per_sample, w.seqlen)),
                           ("the emitted model as loaded (one block, or what is outside the blocks)", emitted))

@@ -12,7 +12,7 @@ import torch
 
 from compiler.backends.products import Pending
 from compiler.backends.ranks import Ranks, all_gathered, gather_to_first
-from compiler.backends.release import release_memory
+from compiler.backends.release import release_memory, trim_heap
 from compiler.backends.result import refuse_nonfinite
 from compiler.backends.torch.compressed import layer_tensors
 from compiler.backends.torch.fallbacks import sibling_range
@@ -103,7 +103,11 @@ class Rounder:
             share_statistics(stats, self.ranks)  # every rank's observers (once per Statistics)
         prepared = [self._prepare(job, stats) for job in jobs]
         rounded, owner = self._shared(prepared, stats) if self.ranks.world > 1 else ({}, {})
+        block = prepared[0][0].layer.block if prepared else None
         for job, act in prepared:
+            if job.layer.block != block:  # a block's temporaries freed: back to the OS, as block-wise runs do
+                trim_heap()
+                block = job.layer.block
             module = self._linear(job)
             mine = owner.get(job.layer.name, self.ranks.rank) == self.ranks.rank
             if rounded:
