@@ -13,8 +13,6 @@ from compiler.ir.types import (
     Backend,
     CalibrationMethod,
     DataKind,
-    EmitFormat,
-    Granularity,
     QType,
     RecipeIR,
     Rounding,
@@ -64,6 +62,7 @@ class Workload(Observation):
     weights_bytes: int
     quantized_bytes: int
     dequantized_bytes: int  # float weights onnxruntime rebuilds from DequantizeLinear when it runs an ONNX output
+    dequantized_largest: int = 0  # the largest of them
     integer_kernel_bytes: int = 0  # of those, what full optimizations fuse into integer kernels instead
     largest_layer_bytes: int
     quantized_layers: tuple[str, ...]
@@ -143,14 +142,13 @@ def _search(ir: RecipeIR, assignment: Assignment) -> Search | None:
                   sum(x.params for x in layers), max(x.params for x in layers), tuple(x.name for x in layers))
 
 
-def _dequantized_bytes(ir: RecipeIR, quantized: list) -> int:
-    """The float weights of the layers an ONNX output carries as DequantizeLinear, which onnxruntime holds
-    dequantized while it runs the emitted model with basic optimizations (MatMulNBits computes from the
-    packed weights). Only the ONNX cost model reads it."""
-    nbits = ir.emit is not None and ir.emit.format is EmitFormat.MATMUL_NBITS
-    return sum(a.layer.bytes for a in quantized if not (
-        nbits and a.layer.op == "MatMul" and a.scheme.activations is None
-        and a.scheme.weights.granularity is Granularity.GROUP))
+def _dequantized(quantized: list) -> list[int]:
+    """The float bytes of the layers an ONNX output carries as DequantizeLinear before a float op, whose
+    weights onnxruntime dequantizes while it runs the emitted model. A weight-only MatMul is not among them:
+    onnxruntime's optimizer fuses it into MatMulNBits, which computes from the packed weights, in either
+    output format (backends/onnx/kernels.py, checked by tests/test_onnx_kernels.py). Only the ONNX cost model
+    reads them."""
+    return [a.layer.bytes for a in quantized if not (a.layer.op == "MatMul" and a.scheme.activations is None)]
 
 
 def _integer_kernel_bytes(quantized: list[LayerAssignment]) -> int:
@@ -194,7 +192,8 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
     return Workload(
         backend=ir.backend, index=index, weights_bytes=index.total_bytes,
         quantized_bytes=index.total_bytes - sum(a.layer.bytes - quantized_bytes(a.layer, a.scheme) for a in quantized),
-        dequantized_bytes=_dequantized_bytes(ir, quantized),
+        dequantized_bytes=sum(_dequantized(quantized)),
+        dequantized_largest=max(_dequantized(quantized), default=0),
         integer_kernel_bytes=_integer_kernel_bytes(quantized),
         largest_layer_bytes=max((x.bytes for x in index.layers), default=0),
         quantized_layers=tuple(a.layer.name for a in quantized), needed=seen.needed, observed=seen.observed,

@@ -36,28 +36,35 @@ def augmented_model(model: onnx.ModelProto, graph_summary, observed: tuple[str, 
     return aug
 
 
-def session_from_path(path: Path):
-    """An onnxruntime CPU session read from a file (weights from its external data, never via Python)."""
+def session_from_path(path: Path, arena: bool = True, as_served: bool = False):
+    """An onnxruntime CPU session read from a file (weights from its external data, never via Python).
+    Without `arena`, its activations are allocated and freed as they come instead of in onnxruntime's arena,
+    which grows by powers of two and keeps what it took (verification's two sessions: 33-37 MiB of the promise
+    model's peak). `as_served`: every graph optimization, as a default session runs the model (integer
+    kernels for QDQ groups, MatMulNBits for weight-only MatMuls); else basic ones only, because fusions would
+    round differently in a whole graph and in a block of it, and every memory mode must observe the same
+    values."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    # Basic optimisations only: fusions would round differently in a whole graph and in a block of it,
-    # and every memory mode must observe the same values.
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.enable_cpu_mem_arena = arena
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL if as_served else \
+        ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     # Prepacking makes a second, kernel-specific copy of every MatMul weight: memory we did not plan.
     options.add_session_config_entry("session.disable_prepacking", "1")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def session(model: onnx.ModelProto, model_dir: Path):
+def session(model: onnx.ModelProto, model_dir: Path, arena: bool = True):
     """A session for a weight-free proto whose initializers point into `model_dir`: the proto is written
-    next to the data as a temporary file, which is removed as soon as the session exists."""
+    next to the data as a temporary file, which is removed as soon as the session exists (`arena`: as in
+    session_from_path)."""
     fd, tmp = tempfile.mkstemp(dir=model_dir, prefix=".qrc-session-", suffix=".onnx")
     os.close(fd)
     try:
         Path(tmp).write_bytes(model.SerializeToString())
-        return session_from_path(Path(tmp))
+        return session_from_path(Path(tmp), arena)
     finally:
         Path(tmp).unlink(missing_ok=True)
 

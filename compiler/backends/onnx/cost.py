@@ -48,6 +48,7 @@ SLICE_BYTES = 16 << 20  # large weights are rounded in slices of output channels
 # GPTQ's column loop runs in torch (compiler/quant/gptq.py): importing it raised max RSS from 47 to 241 MiB
 TORCH_LIBRARIES = 200 * MiB
 EXTERNAL_THRESHOLD = 1 << 30  # an output above this keeps its weights in `<model>.data` (protobuf stops at 2 GiB)
+DEQUANTIZED_TOGETHER = 3  # q/k/v: the most layers that read one input in a transformer block
 HESSIAN_SUM = 8  # bytes per Hessian element: sums are float64 (compiler/quant/gptq.py HessianObserver)
 
 
@@ -56,7 +57,7 @@ HESSIAN_SUM = 8  # bytes per Hessian element: sums are float64 (compiler/quant/g
 def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1) -> Phase:
     """The calibration phase: one session with the observed tensors as outputs, or one segment at a time (offload)."""
     graph = w.index.graph
-    runtime = _runtime(w)
+    runtime = _runtime(w, rounding_yet=mode is MemoryMode.OFFLOAD)  # offload rounds GPTQ layers block by block
     parts: tuple[tuple[str, int], ...]
     if mode is MemoryMode.OFFLOAD:
         seg_weights, seg_act = _largest_segment(w, chunk)
@@ -83,10 +84,13 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
     return Phase("calibrate", sum(b for _, b in parts), parts)
 
 
-def _runtime(w: Workload) -> int:
-    # torch is imported for GPTQ's column loop, and under torchrun for torch.distributed (backends/ranks.py): a
-    # 2-rank W8A8 compile of the tiny Llama measured 303 MiB per rank against 137 planned without it
-    return RUNTIME + (TORCH_LIBRARIES if w.hessian_inputs or w.ranks > 1 else 0) + w.data_libraries
+def _runtime(w: Workload, rounding_yet: bool = True) -> int:
+    """The runtime, and torch where it is imported by then: under torchrun for torch.distributed
+    (backends/ranks.py; a 2-rank W8A8 compile of the tiny Llama measured 303 MiB per rank against 137 planned
+    without it), and for GPTQ's column loop once a layer is rounded (`rounding_yet`; full and low_memory
+    calibrate before: the 4-block GPTQ promise model peaked at 329 MiB there, against 554 planned with it)."""
+    torch = w.ranks > 1 or (bool(w.hessian_inputs) and rounding_yet)
+    return RUNTIME + (TORCH_LIBRARIES if torch else 0) + w.data_libraries
 
 
 def _hessians(w: Workload, tensors: tuple[str, ...] | None = None) -> int:
@@ -216,11 +220,14 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
         dequantized = block_weights * w.dequantized_bytes // max(w.weights_bytes, 1)
         # the float model runs first over every sample; its first output is kept for each (in RAM unless `disk`)
         cached = _first_output(w, 1 if w.disk else max(w.verify_samples, 1))
+        # sessions run without onnxruntime's arena (calibrate.session_from_path): what a run allocates is
+        # freed when it returns, before its outputs are compared
+        running = dequantized + block_act
+        comparing = 2 * outputs + agreement_scratch(_first_output(w, 1), w.seqlen)
         parts = (("runtime", runtime), ("weights of one segment", block_weights),
-                 ("its QDQ weights dequantized at run time (DequantizeLinear outputs)", dequantized),
-                 ("segment activations", block_act), ("outputs of one sample, both models", 2 * outputs),
                  ("the float model's first output, kept for every held-out sample", cached),
-                 ("comparing one sample", agreement_scratch(_first_output(w, 1), w.seqlen)))
+                 ("its QDQ weights dequantized at run time and the segment's activations, or (the larger) both "
+                  "models' outputs of one sample and comparing them", max(running, comparing)))
     else:
         act = _no_graph(w, chunk) + _first_output(w, chunk)
         if graph:
@@ -228,12 +235,22 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
             act = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen, w.past).bytes
         # the whole model's session is fully optimized: uint8-input layers run as integer kernels
         # the two models run one after the other (verification.py): the float one's first output waits
+        # without onnxruntime's arena a run's activations are freed when it returns, before the comparison
+        comparing = _first_output(w, chunk) + agreement_scratch(_first_output(w, 1), w.seqlen)
         parts = (("runtime", runtime), ("float session", w.weights_bytes), ("quantized session", w.quantized_bytes),
-                 ("its QDQ weights dequantized (DequantizeLinear outputs)", w.dequantized_bytes - w.integer_kernel_bytes),
-                 ("activations of one chunk", act),
+                 ("its QDQ weights dequantized as the layers run (DequantizeLinear outputs)", _dequantized_live(w)),
                  ("the float model's first output, kept while the quantized one runs", _first_output(w, chunk)),
-                 ("comparing one sample", agreement_scratch(_first_output(w, 1), w.seqlen)))
+                 ("activations of one chunk, or (the larger) the quantized model's first output and comparing it",
+                  max(act, comparing)))
     return Phase("verify", sum(b for _, b in parts), parts)
+
+
+def _dequantized_live(w: Workload) -> int:
+    """The dequantized weights alive at once while a whole-model session without an arena runs: each
+    DequantizeLinear output lives from its node to its reader, so the layers reading one input (q/k/v) hold
+    theirs together (the W8A8 promise model with int8 inputs, 20 layers dequantizing 45 MiB: 10 MiB above
+    the same model with integer kernels)."""
+    return min(w.dequantized_bytes - w.integer_kernel_bytes, DEQUANTIZED_TOGETHER * w.dequantized_largest)
 
 
 def export_peak(w: Workload) -> int:

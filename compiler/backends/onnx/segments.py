@@ -18,6 +18,7 @@ import onnx
 from onnx import helper
 
 from compiler.backends.onnx.calibrate import session
+from compiler.backends.release import trim_heap
 from compiler.data import Batches
 from compiler.models.graph import GraphSummary
 from compiler.plan.activations import segment_runs
@@ -157,7 +158,8 @@ def run_segments(model: onnx.ModelProto, model_dir: Path, summary: GraphSummary,
             outputs = list(dict.fromkeys(crossing + reported))
             if not outputs:
                 continue
-            sess = session(_subgraph(model, summary, segment, outputs), model_dir)
+            # no arena: offload is the mode for tight memory, and one segment's sessions follow another's
+            sess = session(_subgraph(model, summary, segment, outputs), model_dir, arena=False)
             feeds_needed = [i.name for i in sess.get_inputs()]
             for chunk, feed in enumerate(batches):
                 inputs = {n: feed[n] if n in graph_inputs else cache.get(n, chunk) for n in feeds_needed}
@@ -168,6 +170,7 @@ def run_segments(model: onnx.ModelProto, model_dir: Path, summary: GraphSummary,
                         cache.put(name, chunk, value)
                 on_chunk()
             del sess
+            trim_heap()  # the segment's freed activations, not kept for the next (its own sizes differ)
             on_segment(reported)
             if resume:  # record the segment before deleting what it consumed
                 resume.save(index + 1)

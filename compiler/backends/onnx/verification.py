@@ -12,7 +12,7 @@ from compiler.backends.onnx.files import ModelFiles, open_model
 
 def verify_whole(source: Path, output: Path, batches, progress) -> Agreement:
     """Both models whole in onnxruntime sessions, chunk by chunk, at their first output."""
-    reference, candidate = session_from_path(source), session_from_path(output)
+    reference, candidate = (session_from_path(path, arena=False, as_served=True) for path in (source, output))
     inputs = {i.name for i in reference.get_inputs()}
     first = reference.get_outputs()[0].name
     agreement, advance = Agreement(), progress("verify", len(batches))
