@@ -136,6 +136,9 @@ class QdqEmitter(Emitter):
         light.CopyFrom(self.files.light)  # weight-free: the float graph stays as it was for verification
         model = rewrite(light, self.jobs, self.replacements, activations, self.kept, self.format)
         del light
+        # in the model now: the rounded values need not stay beside it while it is serialized, checked, verified
+        self.replacements.clear()
+        self.activations.clear()
         if self.external:
             data = self._data()
             for tensor in model.graph.initializer:
@@ -157,8 +160,6 @@ class QdqEmitter(Emitter):
             self.staging = stage(model, self.output, external, self.side, self.staging)
             if check is not None:
                 check(self.staged_model)
-        self.replacements.clear()  # written: the rounded values need not stay in memory while the model is verified
-        self.activations.clear()
         return sorted(self.staging.iterdir())
 
     @property

@@ -322,6 +322,7 @@ class _OnnxRun:
         refuse_nonfinite(self.plan.spans.model, job.layer, w)
         qw = self._round(node, init.name, w, job)
         self.sqnr[init.name] = sqnr_db(w, qw)
+        del w  # the float weight goes before the emitter copies the rounded one into its proto
         self._open_emitter().put(init.name, qw)
 
     def _round(self, node: onnx.NodeProto, weight: str, w: np.ndarray, job: rewrite.WeightJob) -> QuantizedWeight:
@@ -449,6 +450,7 @@ class _OnnxRun:
         rank: the others write nothing)."""
         if not self.ranks.first:
             return Product()
+        release_memory()  # what rounding freed goes back before the output model is built beside it
         emitter = self.emitter
         for tensor in self.files.light.graph.initializer:
             if tensor.name not in emitter.jobs:
