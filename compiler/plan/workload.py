@@ -182,6 +182,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
     """The workload of a recipe resolved against its model."""
     index = assignment.model
     quantized = [a for a in assignment.layers if not a.scheme.is_none]
+    dequantized = _dequantized(quantized)
     seen = observation(assignment, ir.calibration.passthrough)
     gptq = bool(seen.gptq_layers)
     imatrix = tuple(a.layer.name for a in quantized if a.scheme.rounding is Rounding.IMATRIX)
@@ -192,8 +193,8 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
     return Workload(
         backend=ir.backend, index=index, weights_bytes=index.total_bytes,
         quantized_bytes=index.total_bytes - sum(a.layer.bytes - quantized_bytes(a.layer, a.scheme) for a in quantized),
-        dequantized_bytes=sum(_dequantized(quantized)),
-        dequantized_largest=max(_dequantized(quantized), default=0),
+        dequantized_bytes=sum(dequantized),
+        dequantized_largest=max(dequantized, default=0),
         integer_kernel_bytes=_integer_kernel_bytes(quantized),
         largest_layer_bytes=max((x.bytes for x in index.layers), default=0),
         quantized_layers=tuple(a.layer.name for a in quantized), needed=seen.needed, observed=seen.observed,

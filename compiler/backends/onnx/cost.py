@@ -57,7 +57,7 @@ HESSIAN_SUM = 8  # bytes per Hessian element: sums are float64 (compiler/quant/g
 def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1) -> Phase:
     """The calibration phase: one session with the observed tensors as outputs, or one segment at a time (offload)."""
     graph = w.index.graph
-    runtime = _runtime(w, rounding_yet=mode is MemoryMode.OFFLOAD)  # offload rounds GPTQ layers block by block
+    runtime = _runtime(w, after_rounding=mode is MemoryMode.OFFLOAD)  # offload rounds GPTQ layers block by block
     parts: tuple[tuple[str, int], ...]
     if mode is MemoryMode.OFFLOAD:
         seg_weights, seg_act = _largest_segment(w, chunk)
@@ -84,12 +84,12 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
     return Phase("calibrate", sum(b for _, b in parts), parts)
 
 
-def _runtime(w: Workload, rounding_yet: bool = True) -> int:
+def _runtime(w: Workload, after_rounding: bool = True) -> int:
     """The runtime, and torch where it is imported by then: under torchrun for torch.distributed
     (backends/ranks.py; a 2-rank W8A8 compile of the tiny Llama measured 303 MiB per rank against 137 planned
-    without it), and for GPTQ's column loop once a layer is rounded (`rounding_yet`; full and low_memory
+    without it), and for GPTQ's column loop once a layer is rounded (`after_rounding`; full and low_memory
     calibrate before: the 4-block GPTQ promise model peaked at 329 MiB there, against 554 planned with it)."""
-    torch = w.ranks > 1 or (bool(w.hessian_inputs) and rounding_yet)
+    torch = w.ranks > 1 or (bool(w.hessian_inputs) and after_rounding)
     return RUNTIME + (TORCH_LIBRARIES if torch else 0) + w.data_libraries
 
 

@@ -76,7 +76,7 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
         per_sample = w.seqlen * last * 4
         parts += ((f"float outputs kept for verification ({w.verify_samples} samples)",
                    w.verify_samples * per_sample),
-                  ("the agreement's scratch (one sample)", agreement_scratch(per_sample, w.seqlen)))
+                  ("comparing one sample", agreement_scratch(per_sample, w.seqlen)))
     return Phase("block-wise compile", sum(b for _, b in parts), parts)
 
 
