@@ -450,7 +450,6 @@ class _OnnxRun:
         rank: the others write nothing)."""
         if not self.ranks.first:
             return Product()
-        release_memory()  # what rounding freed goes back before the output model is built beside it
         emitter = self.emitter
         for tensor in self.files.light.graph.initializer:
             if tensor.name not in emitter.jobs:
