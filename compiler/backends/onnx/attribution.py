@@ -18,6 +18,21 @@ from compiler.resolve.assignment import Assignment
 TENSORS_PER_PASS = 16  # layer tensors held at once: a pass over the samples per group keeps memory to a few
 
 
+def staged_layer_errors(assignment: Assignment, files: ModelFiles, staged: Path, batches,
+                        offload_disk: Path | None) -> dict[str, float]:
+    """Each quantized layer's added error in the staged model: whole, or (with `offload_disk`) segment by
+    segment, the layer tensors cached under that folder."""
+    if offload_disk is None:
+        return layer_errors(assignment, files, staged, batches)
+    from compiler.backends.onnx.files import open_model
+
+    emitted = open_model(staged)
+    try:
+        return layer_errors_offload(assignment, files, emitted, batches, offload_disk)
+    finally:
+        emitted.close()
+
+
 def layer_errors(assignment: Assignment, files: ModelFiles, staged: Path, batches) -> dict[str, float]:
     """Layer name → the relative error (‖ŷ − y‖² / ‖y‖²) it adds, on `batches`; largest first."""
     tensors = _layer_tensors(assignment, files.light)

@@ -22,6 +22,7 @@ from compiler.backends.onnx.files import ModelFiles, load_remaining
 from compiler.backends.onnx.rewrite import (
     Replacement,
     WeightJob,
+    activation_consumers,
     replacement,
     rewrite,
     uses_matmul_nbits,
@@ -30,7 +31,9 @@ from compiler.backends.onnx.rewrite import (
 )
 from compiler.ir.types import EmitFormat, Granularity, QType
 from compiler.models.onnx_write import DataFile, commit, new_staging, stage
+from compiler.quant import qparams
 from compiler.quant.weights import QuantizedWeight
+from compiler.resolve.assignment import Assignment
 
 
 def _serialized_bytes(model: onnx.ModelProto) -> int:
@@ -56,6 +59,22 @@ class ActivationQParams:
     zero_point: np.ndarray
     qtype: QType
     consumers: frozenset[str]
+
+
+def activation_specs(assignment: Assignment, light: onnx.ModelProto,
+                     bounds: dict[str, tuple[float, float]]) -> dict[str, ActivationQParams]:
+    """The scale, zero point and consumer nodes of each activation-quantized layer's input, from its calibrated
+    range (`bounds`; an input without one stays float)."""
+    consumers = activation_consumers(assignment, light)
+    specs: dict[str, ActivationQParams] = {}
+    for a in assignment.layers:
+        act, tensor = a.scheme.activations, a.layer.input
+        if a.scheme.is_none or act is None or tensor in specs or tensor not in bounds:
+            continue
+        lo, hi = bounds[tensor]
+        scale, zp = qparams.scale_zero_point(np.array(lo), np.array(hi), act.qtype, act.symmetric)
+        specs[tensor] = ActivationQParams(scale, zp, act.qtype, frozenset(consumers[tensor]))
+    return specs
 
 
 class QdqEmitter(Emitter):

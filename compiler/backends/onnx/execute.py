@@ -19,7 +19,7 @@ from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.onnx import rewrite
 from compiler.backends.onnx.calibrate import calibrate, observe
 from compiler.backends.onnx.emitted_check import check_emitted
-from compiler.backends.onnx.emitters import ActivationQParams, QdqEmitter, emitter_for
+from compiler.backends.onnx.emitters import QdqEmitter, activation_specs, emitter_for
 from compiler.backends.onnx.exported_model import refuse_other_layers, resolve_export
 from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.genai import side_files
@@ -47,7 +47,6 @@ from compiler.models.graph import GraphSummary
 from compiler.plan import ops
 from compiler.plan.ops import Plan
 from compiler.plan.workload import Observation, observation
-from compiler.quant import qparams
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
 from compiler.quant.smoothing import transform_summary
 from compiler.quant.weights import QuantizedWeight, sqnr_db
@@ -400,7 +399,7 @@ class _OnnxRun:
         emitter = self._open_emitter()
         warnings = (dampened_warning(self.plan.spans.recipe, self.rounder.dampened),) \
             if self._rounder is not None and self._rounder.dampened else ()
-        for tensor, qparams_ in self._activation_specs().items():
+        for tensor, qparams_ in activation_specs(self.assignment, self.files.light, self.bounds).items():
             emitter.put(tensor, qparams_)
         sqnr = tuple((a.layer.name, self.sqnr[a.layer.weight]) for a in self.assignment.layers
                      if a.layer.weight in self.sqnr)
@@ -432,19 +431,6 @@ class _OnnxRun:
             for _ in pairs[start:start + self.ranks.world]:
                 advance()
 
-    def _activation_specs(self) -> dict[str, ActivationQParams]:
-        """The scale, zero point and consumer nodes of each activation-quantized layer's input."""
-        consumers = rewrite.activation_consumers(self.assignment, self.files.light)
-        specs: dict[str, ActivationQParams] = {}
-        for a in self.assignment.layers:
-            act, tensor = a.scheme.activations, a.layer.input
-            if a.scheme.is_none or act is None or tensor in specs or tensor not in self.bounds:
-                continue
-            lo, hi = self.bounds[tensor]
-            scale, zp = qparams.scale_zero_point(np.array(lo), np.array(hi), act.qtype, act.symmetric)
-            specs[tensor] = ActivationQParams(scale, zp, act.qtype, frozenset(consumers[tensor]))
-        return specs
-
     def emit(self, op: ops.Emit) -> Product:
         """Float initializers kept as they are, provenance stamped, the file written atomically (by the first
         rank: the others write nothing)."""
@@ -467,18 +453,13 @@ class _OnnxRun:
     def _layer_errors(self, op: ops.Verify, staged: Path) -> dict[str, float]:
         """Each quantized layer's added error on a few held-out samples (offload: segment by segment, the
         layer tensors cached on disk)."""
-        from compiler.backends.onnx.attribution import layer_errors, layer_errors_offload
+        from compiler.backends.onnx.attribution import staged_layer_errors
 
         samples = held_out_batches(op, self.assignment.model, self.pending.warnings, chunk=1)
         samples = dataclasses.replace(samples, samples=min(samples.samples, 4))
-        if self.mode is not MemoryMode.OFFLOAD:
-            return layer_errors(self.assignment, self.files, staged, samples)
-        emitted = open_model(staged)
-        try:
-            return layer_errors_offload(self.assignment, self.files, emitted, samples,
-                                        self.disk or Path(tempfile.gettempdir()))
-        finally:
-            emitted.close()
+        offload = self.mode is MemoryMode.OFFLOAD
+        return staged_layer_errors(self.assignment, self.files, staged, samples,
+                                   (self.disk or Path(tempfile.gettempdir())) if offload else None)
 
     def verify(self, op: ops.Verify) -> Product:
         """Measured on the staged model; then it goes into place (a failed verification leaves it there,
