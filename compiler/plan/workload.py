@@ -21,6 +21,7 @@ from compiler.ir.types import (
 )
 from compiler.models.index import LayerKind, ModelIndex
 from compiler.plan.activations import propagate
+from compiler.quant import fused_rtn
 from compiler.resolve.assignment import Assignment, LayerAssignment
 from compiler.resolve.mixed import choices_of, search_units
 from compiler.resolve.sizes import quantized_bytes
@@ -86,6 +87,8 @@ class Workload(Observation):
     data_libraries: int = 0  # what reading the samples imports beyond the backend's runtime (DATASET_LIBRARIES)
     attention: AttentionKernel = AttentionKernel.MODEL  # `calibrate { attention }`: eager holds the scores
     float_rounded: bool = False  # a weight goes to a floating format (compressed-tensors' torch functions round it)
+    kernel_rounded: bool = False  # a weight is rounded by the compiled rtn loop (torch backend: quant/fused_rtn.py)
+    sliced_rounded: bool = False  # an integer weight is rounded outside it, from float32 slices (mse, float16 scales)
 
     @property
     def searched(self) -> Search:
@@ -208,11 +211,19 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         verify_samples=rank_share(verify_samples, min(cal.chunk, verify_samples), ranks),
         disk=ir.memory.disk is not None, ranks=ranks, attention=cal.attention,
         float_rounded=any(a.scheme.quantized_weights.qtype.is_float for a in quantized),
+        kernel_rounded=any(_kernel_rounded(a) for a in quantized),
+        sliced_rounded=any(a.scheme.rounding in (Rounding.RTN, Rounding.MSE) and not _kernel_rounded(a)
+                           and not a.scheme.quantized_weights.qtype.is_float for a in quantized),
         data_libraries=DATASET_LIBRARIES if cal.data.kind is DataKind.DATASET else 0,
         transform=ir.transform if assignment.smoothing else None,
         smoothing=tuple((m.block, m.width, sum(4 * index.layer(x).params for x in m.targets))
                         for m in assignment.smoothing),
     )
+
+
+def _kernel_rounded(a: LayerAssignment) -> bool:
+    """Whether the torch backend rounds this layer's weight with the compiled rtn loop."""
+    return fused_rtn.applies(a.scheme.quantized_weights, a.scheme.rounding, a.layer.dtype)
 
 
 def rank_share(samples: int, chunk: int, ranks: int) -> int:

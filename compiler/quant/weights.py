@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 import math
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -131,12 +132,14 @@ def _sum_of_squares(a: np.ndarray, scratch: np.ndarray | None = None) -> float:
 
 def quantize_weight(w: np.ndarray, spec: WeightQuant, rounding: Rounding, channel_axis: int, input_axis: int,
                     convention: Convention = Convention.ORT, scale_dtype=np.float32,
-                    importance: np.ndarray | None = None, measure: bool = False) -> QuantizedWeight:
+                    importance: np.ndarray | None = None, measure: bool = False,
+                    out: np.ndarray | None = None) -> QuantizedWeight:
     """Quantize `w` (float32). `channel_axis` is the output-channel axis, `input_axis` the axis groups run
     along; `scale_dtype` is what the scales are stored as (torch convention: the model's float dtype).
     `importance` (mse only; a 2-D `w` laid out [out, in]): one weight per input column for the squared
     errors the search compares, e.g. the mean square of each input (GPTQ's Hessian diagonal). `measure`:
-    also the sums the SQNR is made of, taken while the rows are in cache (`QuantizedWeight.sums`)."""
+    also the sums the SQNR is made of, taken while the rows are in cache (`QuantizedWeight.sums`). `out`: an
+    integer array of w's shape (and `_integer_dtype`) the values are stored in instead of a new one."""
     w = np.asarray(w, np.float32)
     blocks = _Blocks.of(w, spec, channel_axis, input_axis)
     view, rules = blocks.view, _Rules(spec, convention, scale_dtype)
@@ -147,7 +150,12 @@ def quantize_weight(w: np.ndarray, spec: WeightQuant, rounding: Rounding, channe
     scale32, zp32 = scale[:, None].astype(np.float32), zp[:, None].astype(np.float32)
     rounded = rules.round_into(view, scale32, zp32, np.empty(view.shape, np.float32))
     signed_mlas = spec.qtype is QType.INT4 and convention is Convention.ORT
-    q = rounded.astype(np.int8 if signed_mlas else np.uint8 if rules.mlas else qparams.NP_TYPES[spec.qtype])
+    q: np.ndarray
+    if out is None:
+        q = rounded.astype(_integer_dtype(spec, convention))
+    else:
+        q = _reshaped(out, view.shape)
+        q[...] = rounded
     sums = _error_sums(view, rounded, scale32, zp32) if measure else None  # `rounded` is its scratch
     zp = zp.astype(np.int32)
     if signed_mlas:  # MLAS works in [0, 15]; signed is that minus 8
@@ -171,46 +179,80 @@ ROUND_TASK_BYTES = 2 << 20  # float bytes one core rounds at a time: the passes 
 def round_weight(w, spec: WeightQuant, rounding: Rounding, channel_axis: int, input_axis: int,
                  convention: Convention = Convention.ORT, scale_dtype=np.float32,
                  slice_bytes: int = 16 << 20, measure: bool = False,
-                 float32: Callable[[Any], np.ndarray] | None = None) -> QuantizedWeight:
+                 float32: Callable[[Any, np.ndarray], np.ndarray] | None = None) -> QuantizedWeight:
     """`quantize_weight` of a whole weight in slices of output channels rounded on every core: per-channel
     and per-group scales are independent across channels, so the bytes are those of one piece. At most
     `slice_bytes` of float weight are in flight at once (each core's slice is at most slice_bytes / cores),
     so the scratch is what the backends' plans charge for one slice. With `measure`, the SQNR's float64
     sums are added slice by slice: their last digits may differ between machines with other core counts.
-    `float32`: how a slice of `w` becomes float32 numpy (default np.asarray): a weight in another type (a
-    bfloat16 torch tensor) is converted a slice at a time on the cores, while it is in cache, instead of
-    whole first."""
-    convert = float32 or (lambda part: np.asarray(part, np.float32))
+    `float32(part, scratch)`: writes a slice of `w` (a weight in another type: a bfloat16 torch tensor) as
+    float32 into `scratch` (a flat float32 array of its size) and returns it in the slice's shape; each core
+    converts its slice while it is in cache, into scratch it reuses (fresh memory for every slice would be
+    faulted in afresh), instead of the whole weight first. Slices of the first axis are rounded into one
+    integer array (no copy to join them)."""
     if float32 is None:
-        w = convert(w)
+        w = np.asarray(w, np.float32)
     shape = tuple(w.shape)
     channels = shape[channel_axis] if shape else 1
     workers = cores()
     task = max(1, min(ROUND_TASK_BYTES, slice_bytes // workers))
     slices = min(channels, max(workers, -(-4 * math.prod(shape) // task)))
-    def rounded(part) -> QuantizedWeight:
+    joined = channel_axis == 0 and len(shape) > 1 and spec.granularity is not Granularity.PER_TENSOR
+    q = np.empty(shape, _integer_dtype(spec, convention)) if joined else None
+
+    def rounded(part, out: np.ndarray | None = None) -> QuantizedWeight:
+        values = part if float32 is None else float32(part, _scratch(math.prod(part.shape), task))
         # a non-finite value (which the caller refuses, Q409, seeing the sums) gives NaN scales: no warnings
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            return quantize_weight(convert(part), spec, rounding, channel_axis, input_axis, convention, scale_dtype,
-                                   measure=measure)
+            return quantize_weight(values, spec, rounding, channel_axis, input_axis, convention, scale_dtype,
+                                   measure=measure, out=out)
 
     if spec.granularity is Granularity.PER_TENSOR or slices <= 1:
-        return rounded(w)
+        return rounded(w, q)
     step = -(-channels // slices)
 
     def one(first: int) -> QuantizedWeight:
         index = [slice(None)] * len(shape)
         index[channel_axis] = slice(first, first + step)
-        return rounded(w[tuple(index)])
+        return rounded(w[tuple(index)], None if q is None else q[first:first + step])
 
     parts = parallel_map(one, range(0, channels, step))
     scale_axis = channel_axis if spec.granularity is Granularity.GROUP else 0
     head = parts[0]
     sums = (sum(p.sums[0] for p in parts if p.sums), sum(p.sums[1] for p in parts if p.sums)) if measure else None
-    return QuantizedWeight(np.concatenate([p.q for p in parts], axis=channel_axis),
+    return QuantizedWeight(q if q is not None else np.concatenate([p.q for p in parts], axis=channel_axis),
                            np.concatenate([p.scale for p in parts], axis=scale_axis),
                            np.concatenate([p.zero_point for p in parts], axis=scale_axis), head.qtype, head.axis,
                            head.block_size, sums)
+
+
+_scratches = threading.local()
+
+
+def _scratch(count: int, task_bytes: int) -> np.ndarray:
+    """A flat float32 array of `count` values for the calling thread: the one it used last when both fit in
+    a task's bytes (so a thread keeps at most one task of scratch), else a new one."""
+    if 4 * count > task_bytes:
+        return np.empty(count, np.float32)
+    kept = getattr(_scratches, "array", None)
+    if kept is None or kept.size < count:
+        kept = _scratches.array = np.empty(max(count, task_bytes // 4), np.float32)
+    return kept[:count]
+
+
+def _integer_dtype(spec: WeightQuant, convention: Convention) -> type:
+    """What a rounded weight's integers are stored in: MLAS's 4-bit values (ONNX int4 and uint4) are rounded
+    in [0, 15] (int4 is then shifted to signed), every other type in its own numpy type."""
+    if spec.qtype.bits == 4 and convention is Convention.ORT:
+        return np.int8 if spec.qtype is QType.INT4 else np.uint8
+    return qparams.NP_TYPES[spec.qtype]
+
+
+def _reshaped(out: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """`out` seen in `shape` without a copy (numpy refuses to assign a shape that would need one)."""
+    view = out.view()
+    view.shape = shape
+    return view
 
 
 def _column_weights(importance: np.ndarray, w: np.ndarray, spec: WeightQuant) -> np.ndarray:
@@ -248,7 +290,7 @@ class _Blocks:
             front = np.ascontiguousarray(np.moveaxis(w, channel_axis, 0)) if moved else w
             return cls(front.reshape(shape[channel_axis], -1, 1), shape, moved, channel_axis, None)
         size = spec.group
-        before, after = int(np.prod(shape[:input_axis])), int(np.prod(shape[input_axis + 1:]))
+        before, after = math.prod(shape[:input_axis]), math.prod(shape[input_axis + 1:])
         return cls(w.reshape(before * shape[input_axis] // size, size, after), shape, None, input_axis, size)
 
     def restore(self, q: np.ndarray) -> np.ndarray:

@@ -31,6 +31,11 @@ CACHE_COPIES = {MemoryMode.FULL: 0, MemoryMode.LOW_MEMORY: 2, MemoryMode.OFFLOAD
 VRAM_SLACK = 1.2  # Olive's factor over the computed GPU footprint
 CUDA_HOST = 800 * MiB  # host memory of the CUDA context and kernel libraries (measured on an H100: +0.75 GiB RSS)
 COPY_SLICE = 16 << 20  # unquantized tensors are copied to the output in slices of this size
+# numba and the compiled rtn loop (quant/round_kernels.py), loaded at the first weight it rounds. Measured in a
+# process that had imported torch and transformers: numba 53 MiB, the module 11, loading the cached code 61.
+# Counted at 100, the memory-promise compiles that load it measure 0.95-1.02x their plans (at 125: 0.92-0.99x;
+# some of its pages are shared with what torch loaded)
+ROUNDING_KERNELS = 100 * MiB
 # compressed-tensors' temporaries while the cores round slices of rows to a floating format (measured file to
 # file on a 5.9 GiB bfloat16 Llama: NVFP4A16 840 MiB, MXFP4A16 791, FP8_BLOCK 758, W4A16 730, plan without it 713)
 FLOAT_SCRATCH = 128 * MiB
@@ -57,7 +62,7 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
         weights, label = 0, "weights (on the GPUs)"
     else:
         weights, label = w.weights_bytes + max(w.block_bytes().values(), default=0), "weights"
-    runtime = RUNTIME + w.data_libraries + (CUDA_HOST if mode is MemoryMode.MULTI_GPU else 0)
+    runtime = RUNTIME + _libraries(w) + (CUDA_HOST if mode is MemoryMode.MULTI_GPU else 0)
     on_cpu = mode is not MemoryMode.MULTI_GPU
     work = work if on_cpu else 0
     # GPTQ rounds a block's layers once its forward is done, so its scratch reuses the memory the forward's
@@ -102,6 +107,11 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     return Phase("verification at the output", sum(b for _, b in parts), parts)
 
 
+def _libraries(w: Workload) -> int:
+    """What the run imports beyond the backend's runtime: the dataset readers, the compiled rounding loop."""
+    return w.data_libraries + (ROUNDING_KERNELS if w.kernel_rounded else 0)
+
+
 def _merging(w: Workload, all_blocks: bool) -> int:
     """Merging the ranks' GPTQ Hessians (torch/sharing.py) holds, besides this rank's float32 sums, every rank's
     as sent and as received (2 per rank) and their float64 sum (2 more)."""
@@ -109,14 +119,19 @@ def _merging(w: Workload, all_blocks: bool) -> int:
 
 
 def _file_to_file(w: Workload) -> int:
-    """Data-free rounding without a model: the largest quantized tensor as read, the next one read ahead
-    while it is rounded, and its rounded values and packed bytes, at most 4 bytes a weight each (rtn makes
-    float32 slices of it as it rounds; unquantized tensors are copied in slices). Measured: float32 Llamas of
-    5.85 and 6.61 GiB, RTN in offload, peaked at 482 and 629 MiB (bench/torch_modes.py --layers 28|32 --hidden
-    2048 --rounding rtn); a bfloat16 one of 5.90 GiB at 653 MiB against 713 planned (bench/data_free_floor.py)."""
-    quantized = set(w.quantized_layers)
-    largest = max((x.params for x in w.index.layers if x.name in quantized), default=0)
-    return 3 * 4 * largest + COPY_SLICE + (FLOAT_SCRATCH if w.float_rounded else 0)
+    """Data-free rounding without a model: the largest quantized tensor as read (mapped), the next one read
+    ahead while it is rounded, and what rounding it makes: from the compiled loop its integers (a byte a
+    weight) and the packing's unsigned copy and packed bytes (under 2 more); from float32 slices (mse, a
+    float16 model's scales) up to 4 bytes a weight each for the float copy, the integers and the packed
+    bytes. Unquantized tensors are copied in slices. Measured: a bfloat16 Llama of 5.90 GiB, W4A16 rtn, at
+    734 MiB (bench/data_free_floor.py); float32 Llamas of 5.85 and 6.61 GiB, RTN in offload, at 482 and 629
+    MiB before the compiled loop (bench/torch_modes.py --layers 28|32 --hidden 2048 --rounding rtn)."""
+    quantized = [x for x in w.index.layers if x.name in set(w.quantized_layers)]
+    largest = max(quantized, key=lambda x: x.params, default=None)
+    if largest is None:
+        return COPY_SLICE
+    rounding = 3 * 4 * largest.params if w.sliced_rounded or w.float_rounded else 2 * largest.bytes + 3 * largest.params
+    return rounding + COPY_SLICE + (FLOAT_SCRATCH if w.float_rounded else 0)
 
 
 def _offload_weights(w: Workload) -> int:
@@ -184,17 +199,17 @@ class TorchCosts:
         if w.verify_samples and mode is not MemoryMode.FULL:
             phases.append(verify_tail_phase(w, mode, chunk))
         if w.search is not None:
-            phases.append(score_phase(w, min(chunk, w.search.samples), RUNTIME + w.data_libraries, True, True))
+            phases.append(score_phase(w, min(chunk, w.search.samples), RUNTIME + _libraries(w), True, True))
         return mode_estimate(mode, phases, passes, torch_vram(w, chunk) if mode is MemoryMode.MULTI_GPU else 0)
 
     def phase(self, w: Workload, mode: MemoryMode, chunk: int, passes: int, phase: PhaseName) -> int:
         """Calibration, rounding and verification share the block-wise phase; emission streams."""
         if phase is PhaseName.SCORE:
-            return score_phase(w, min(chunk, w.searched.samples), RUNTIME + w.data_libraries, True, True).bytes
+            return score_phase(w, min(chunk, w.searched.samples), RUNTIME + _libraries(w), True, True).bytes
         if phase is PhaseName.EXPORT:  # the torch backend reads folders as they are
-            return RUNTIME + w.data_libraries
+            return RUNTIME + _libraries(w)
         if phase is PhaseName.EMIT:  # rounded tensors went out with their block; the rest is copied as bytes
-            return RUNTIME + w.data_libraries + COPY_SLICE
+            return RUNTIME + _libraries(w) + COPY_SLICE
         if phase in (PhaseName.VERIFY, PhaseName.QUANTIZE) and w.verify_samples and mode is not MemoryMode.FULL:
             return verify_tail_phase(w, mode, chunk).bytes  # the tail runs the held-out samples to the logits
         return torch_phase(w, mode, chunk).bytes

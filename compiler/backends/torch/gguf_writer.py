@@ -131,11 +131,10 @@ class GgufWriter(Emitter):
         """Nothing: the key-values are in the header, written first."""
 
     def finish(self) -> list[Path]:
-        """Check every tensor was written; the file stays staged until `commit`."""
+        """Check every tensor was written; the file stays staged until `commit` (not fsynced: FolderWriter.finish)."""
         if self.missing:
             raise ValueError(f"{len(self.missing)} tensors were never written (e.g. {sorted(self.missing)[0]})")
         assert self.fd is not None
-        os.fsync(self.fd)
         os.close(self.fd)
         self.fd = None
         return [self.temp]

@@ -21,7 +21,7 @@ from compiler.backends.torch.quant_args import input_args, static_input
 from compiler.diagnostics import error
 from compiler.ir.types import ActivationMode, Calibration, Granularity, QType, Rounding, Scheme
 from compiler.models.index import Layer
-from compiler.quant import qparams
+from compiler.quant import fused_rtn, qparams
 from compiler.quant.gptq import gptq, gptq_on_grid
 from compiler.quant.kquants import GgufBlocks, kquant_grid, quantize_kquant
 from compiler.quant.observers import make_observer
@@ -275,10 +275,14 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
         return float_formats.quantize_scheme(weight, job.scheme, scale_dtype, shared_absmax, measure)
     np_dtype = str(scale_dtype).removeprefix("torch.")
     if not job.gptq and not spec.qtype.is_kquant:
-        # rows (output channels) are independent: rounded in slices on every core, each slice made float32
-        # there (a bfloat16 weight is not copied whole first), the scratch a slice's
+        # rows (output channels) are independent: rounded in slices on every core, from the float's bits
+        # where the fused kernel applies, else each slice made float32 there (a bfloat16 weight is not copied
+        # whole first), the scratch a slice's
+        bits = _float_bits(weight.detach().cpu())
+        if bits is not None and fused_rtn.applies(spec, job.scheme.rounding, np_dtype):
+            return fused_rtn.round_bits(bits, spec, np_dtype, measure)
         return round_weight(weight.detach().cpu(), spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype,
-                            slice_bytes=ROW_SLICE_BYTES, measure=measure, float32=lambda part: part.float().numpy())
+                            slice_bytes=ROW_SLICE_BYTES, measure=measure, float32=_into_float32)
     w = weight.detach().float().cpu().numpy()
     if spec.qtype.is_kquant and job.gptq:
         assert stats is not None, "GPTQ rounds with its layer's statistics"
@@ -289,6 +293,21 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
     assert stats is not None, "GPTQ rounds with its layer's statistics"
     return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype, str(weight.device),
                 dampened, job.scheme.static_groups, job.scheme.mse_scales)
+
+
+def _float_bits(weight: torch.Tensor) -> np.ndarray | None:
+    """A bfloat16 or float32 CPU weight's bits as numpy (uint16, uint32; no copy of a contiguous one), else None."""
+    kinds = {torch.bfloat16: (torch.int16, np.uint16), torch.float32: (torch.int32, np.uint32)}
+    if weight.dtype not in kinds or weight.device.type != "cpu":
+        return None
+    signed, unsigned = kinds[weight.dtype]
+    return weight.contiguous().view(signed).numpy().view(unsigned)
+
+
+def _into_float32(part: torch.Tensor, scratch: np.ndarray) -> np.ndarray:
+    """A slice of a weight (any float dtype) as float32 in `scratch`, round_weight's reused per-core array."""
+    torch.from_numpy(scratch).view(part.shape).copy_(part)
+    return scratch.reshape(part.shape)
 
 
 def _gptq_kquant(job: Job, w: np.ndarray, importance: np.ndarray, hessian: np.ndarray, device: str,

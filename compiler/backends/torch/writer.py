@@ -95,12 +95,14 @@ class FolderWriter(Emitter):
         shutil.copyfile(source, path)
 
     def finish(self) -> list[Path]:
-        """Check every tensor was written and flush the files; the folder stays staged (its files returned)
-        until `commit`, so verification can run before anything appears at the destination."""
+        """Check every tensor was written and close the files; the folder stays staged (its files returned)
+        until `commit`, so verification can run before anything appears at the destination. The files are not
+        fsynced: like transformers' save_pretrained, the bytes reach the disk when the kernel writes them back
+        (forcing it cost 0.6 s of a 17 s data-free compile, waiting on the disk, and readers see the page cache
+        either way)."""
         if self.missing:
             raise ValueError(f"{len(self.missing)} tensors were never written (e.g. {sorted(self.missing)[0]})")
         for _, fd, _ in self.files:
-            os.fsync(fd)
             os.close(fd)
         self.files = []
         return sorted(p for p in self.temp.rglob("*") if p.is_file())

@@ -1,0 +1,51 @@
+"""compressed-tensors' rtn straight from a weight's float bits: slices of rows on every core, each group's
+range, scale, integers and error taken in one pass (round_kernels.round_groups). The torch backend's rtn of
+a bfloat16 or float32 weight, the whole of data-free rounding's arithmetic; weights.quantize_weight is the
+same rule in numpy (the reference the kernel is tested against) and rounds everything else."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.ir.types import Granularity, Rounding, WeightQuant
+from compiler.quant import qparams
+from compiler.quant.parallel import parallel_map
+from compiler.quant.weights import QuantizedWeight
+
+TASK_WEIGHTS = 1 << 20  # weights one call rounds: ~0.6 ms of work against ~20 µs of Python around it
+SCALE_DTYPES = ("float32", "bfloat16")  # what the kernel rounds scales to (a float16 model's: weights.py)
+
+
+def applies(spec: WeightQuant, rounding: Rounding, scale_dtype: str) -> bool:
+    """Whether `round_bits` rounds this scheme: rtn of integers in groups or per channel, scales stored in
+    float32 or bfloat16 (the torch convention's other cases round in weights.py)."""
+    return (rounding is Rounding.RTN and not spec.qtype.is_float and not spec.qtype.is_kquant
+            and spec.granularity in (Granularity.GROUP, Granularity.PER_CHANNEL) and scale_dtype in SCALE_DTYPES)
+
+
+def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str, measure: bool = False) -> QuantizedWeight:
+    """An [out, in] weight given as its float bits (uint16: bfloat16, uint32: float32) rounded with the torch
+    convention (qparams.torch_scale_zero_point, then round half to even and clip to the type's full range), as
+    weights.round_weight(…, Convention.TORCH) returns it: the integers [out, in], scales and zero points
+    [out, in / group] (per channel: [out]). `measure`: with the sums of the weight's SQNR."""
+    from compiler.quant import round_kernels  # numba: only where weights are rounded (not check/plan)
+
+    rows, cols = bits.shape
+    group = spec.group if spec.granularity is Granularity.GROUP else cols
+    q = np.empty((rows, cols), qparams.NP_TYPES[spec.qtype])
+    scale = np.empty((rows, cols // group), np.float32)
+    zp = np.empty((rows, cols // group), np.float32)
+    lo, hi = (np.float32(v) for v in qparams.full_range(spec.qtype))
+    shift = np.uint32(16 if bits.dtype == np.uint16 else 0)
+    step = max(1, TASK_WEIGHTS // max(cols, 1))
+
+    def one(first: int) -> tuple[float, float]:
+        part = slice(first, first + step)
+        return round_kernels.round_groups(bits[part], shift, group, lo, hi, spec.symmetric,
+                                          scale_dtype == "bfloat16", q[part], scale[part], zp[part])
+
+    sums = parallel_map(one, range(0, rows, step))
+    totals = (sum(s for s, _ in sums), sum(e for _, e in sums)) if measure else None
+    if spec.granularity is Granularity.GROUP:
+        return QuantizedWeight(q, scale, zp.astype(np.int32), spec.qtype, 1, group, totals)
+    return QuantizedWeight(q, scale.reshape(-1), zp.reshape(-1).astype(np.int32), spec.qtype, 0, None, totals)

@@ -1,0 +1,134 @@
+"""The torch backend's rtn of a weight in one pass, compiled by numba: each group's range, scale, zero point,
+integers and squared error taken while its values are in L1.
+
+Why our own loop: rounding with numpy is a dozen whole-array passes over a slice (min, max, divide, round,
+add, clip, cast, then subtract, multiply, subtract, square and sum for the error), about 7 ns a weight per
+core, and data-free rounding of a checkpoint was bounded by that, not by reading and writing it. This loop
+reads the weight's bits as stored (bfloat16 or float32, no float32 copy) at about 0.6 ns a weight.
+
+It does numpy's float32 arithmetic in numpy's order, so the integers and scales are bit-identical to the
+rule in qparams.torch_scale_zero_point and weights.quantize_weight (tests/test_round_kernels.py compares
+both with compressed-tensors' rule written out). Floating-point flags: the rounding is compiled without
+reassociation or contraction, so each value's division, rounding and clip are the IEEE operations numpy
+performs; only the sums may be reassociated (summed in float32 runs, then in float64: they feed the SQNR,
+whose last digits already depend on the slicing). A NaN or an infinity anywhere still gives a non-finite
+Σ w², which is what the callers refuse a weight by (Q409).
+
+numba compiles the loop at its first call on a machine and caches the machine code on disk (`cache=True`):
+later processes load it. Importing numba and loading the code costs about 125 MiB of RSS, which the torch
+plans count (torch/cost.py: ROUNDING_KERNELS)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+_SUMS = {"reassoc", "nsz", "nnan", "ninf", "contract"}  # reductions only: order and NaN-freedom assumed
+_EXACT = {"nnan", "ninf", "nsz"}  # no reassociation, no contraction: IEEE per value
+_TINY = np.float32(np.finfo(np.float32).tiny)  # a zero range's scale (bfloat16 shares float32's exponent range)
+
+
+def _float_of_bits(typingctx, bits):
+    """The float32 whose bits are the low 32 of an integer (a bit cast, no conversion)."""
+    def codegen(context, builder, signature, args):
+        value = args[0]
+        if value.type.width != 32:
+            value = builder.trunc(value, ir.IntType(32))
+        return builder.bitcast(value, ir.FloatType())
+    return types.float32(bits), codegen
+
+
+def _bits_of_float(typingctx, value):
+    """A float32's bits as uint32 (a bit cast)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(value), codegen
+
+
+# compiled-code intrinsics: called with the value only (numba supplies the typing context)
+_float_of: Any = intrinsic(_float_of_bits)
+_bits_of: Any = intrinsic(_bits_of_float)
+
+
+@njit(nogil=True, cache=True, fastmath=_SUMS)
+def _sum_of_squares(values: np.ndarray) -> float:
+    squares = np.float32(0.0)
+    for i in range(values.shape[0]):
+        squares += values[i] * values[i]
+    return np.float64(squares)
+
+
+@njit(nogil=True, cache=True)
+def _float_range(bits: np.ndarray) -> tuple:
+    """min and max of float32 values given as their bits, compared as integers ordered like the floats (a
+    negative float's magnitude bits flipped): vector integer min/max, where float min/max would not vectorize."""
+    lo = np.int32(0x7FFFFFFF)
+    hi = np.int32(-0x80000000)
+    for i in range(bits.shape[0]):
+        s = np.int32(bits[i])
+        key = s ^ ((s >> np.int32(31)) & np.int32(0x7FFFFFFF))
+        lo = key if key < lo else lo
+        hi = key if key > hi else hi
+    return (_float_of(lo ^ ((lo >> np.int32(31)) & np.int32(0x7FFFFFFF))),
+            _float_of(hi ^ ((hi >> np.int32(31)) & np.int32(0x7FFFFFFF))))
+
+
+@njit(nogil=True, cache=True)
+def _to_bfloat16(x: np.float32) -> np.float32:
+    """A positive float32 rounded to the nearest bfloat16 (ties to even), as float32: torch's conversion."""
+    b = _bits_of(x)
+    return _float_of((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000))
+
+
+@njit(nogil=True, cache=True, fastmath=_EXACT)
+def _round_run(values, scale, zp, lo, hi, out, errors) -> None:
+    """round(v / scale) half to even plus the zero point, clipped to [lo, hi], into `out`; each value's error
+    as dequantized, v − (q − zero point) · scale, into `errors`."""
+    for i in range(values.shape[0]):
+        v = values[i]
+        x = min(max(np.rint(v / scale) + zp, lo), hi)
+        out[i] = x
+        errors[i] = v - (x - zp) * scale
+
+
+@njit(nogil=True, cache=True, fastmath=_EXACT)
+def round_groups(bits, shift, group, lo, hi, symmetric, bfloat16_scales, out, scale, zp) -> tuple:
+    """compressed-tensors' rtn of an [out, in] weight given as its float bits (uint16 bfloat16 with `shift`
+    16, uint32 float32 with 0), in groups of `group` along each row (the row's length: per channel): each
+    group's range with 0 in it, scale absmax / (range / 2) (symmetric, zero point 0) or (max − min) / range
+    with zero point clip(round(lo − min / scale)), a zero scale made the smallest normal, rounded to
+    bfloat16 if `bfloat16_scales` (where it is stored), then the integers into `out` ([out, in], any integer
+    type), scales and zero points (float32) into `scale` and `zp` ([out, in / group]). Returns (Σ w², Σ (w −
+    dequantized)²). qparams.torch_scale_zero_point and weights.quantize_weight are the same rules."""
+    rows, cols = bits.shape
+    words = np.empty(group, np.uint32)
+    values = words.view(np.float32)
+    errors = np.empty(group, np.float32)
+    half, span = (hi - lo) / np.float32(2.0), hi - lo
+    squares = 0.0
+    error = 0.0
+    for r in range(rows):
+        source, target = bits[r], out[r]
+        for g in range(cols // group):
+            start = g * group
+            run = source[start:start + group]
+            for i in range(group):
+                words[i] = np.uint32(run[i]) << shift
+            mn, mx = _float_range(words)
+            squares += _sum_of_squares(values)
+            mn, mx = min(mn, np.float32(0.0)), max(mx, np.float32(0.0))
+            s = max(abs(mn), abs(mx)) / half if symmetric else (mx - mn) / span
+            s = s if s > 0 else _TINY
+            if bfloat16_scales:
+                s = _to_bfloat16(s)
+                s = s if s > 0 else _TINY
+            z = np.float32(0.0) if symmetric else min(max(np.rint(lo - mn / s), lo), hi)
+            scale[r, g] = s
+            zp[r, g] = z
+            _round_run(values, s, z, lo, hi, target[start:start + group], errors)
+            error += _sum_of_squares(errors)
+    return squares, error
