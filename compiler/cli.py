@@ -5,7 +5,10 @@ Exit codes: 0 clean, 1 warnings only under `--strict`, 2 errors.
 
 from __future__ import annotations
 
+import atexit
 import inspect as _inspect_module
+import os
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -296,5 +299,20 @@ _flowing_help()
 
 
 def main() -> None:  # console script entry point
-    """Run the `qrc` command line."""
-    app()
+    """Run the `qrc` command line. A command that imported torch ends without the interpreter's teardown:
+    once the exit handlers have run and the streams are flushed, nothing is left to do but free torch's and
+    transformers' objects one by one, which took 1.4 s of every compile (6.4 s against 5.0 for a data-free
+    compile of a one-layer model); the files qrc writes are closed by then (the output is committed, the
+    report written)."""
+    try:
+        app()
+    except SystemExit as done:
+        if "torch" not in sys.modules:
+            raise
+        code = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
+        if isinstance(done.code, str):
+            print(done.code, file=sys.stderr)
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
