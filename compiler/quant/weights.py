@@ -231,8 +231,9 @@ _scratches = threading.local()
 
 def _scratch(count: int, task_bytes: int) -> np.ndarray:
     """A flat float32 array of `count` values for the calling thread: the one it used last when both fit in
-    a task's bytes (so a thread keeps at most one task of scratch), else a new one."""
-    if 4 * count > task_bytes:
+    two tasks' bytes (a slice is a task's rows rounded up to whole rows, so a thread keeps at most that), else
+    a new one (a per-tensor weight rounded whole)."""
+    if 4 * count > 2 * task_bytes:
         return np.empty(count, np.float32)
     kept = getattr(_scratches, "array", None)
     if kept is None or kept.size < count:

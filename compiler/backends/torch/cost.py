@@ -39,6 +39,9 @@ ROUNDING_KERNELS = 100 * MiB
 # compressed-tensors' temporaries while the cores round slices of rows to a floating format (measured file to
 # file on a 5.9 GiB bfloat16 Llama: NVFP4A16 840 MiB, MXFP4A16 791, FP8_BLOCK 758, W4A16 730, plan without it 713)
 FLOAT_SCRATCH = 128 * MiB
+# rtn/mse outside the compiled loop (weights.round_weight): each core's float32 slice, its rounded values and
+# the mse search's squared errors, about 4 slices of layers.ROW_SLICE_BYTES (4 MiB; that module imports torch)
+SLICE_SCRATCH = 16 * MiB
 
 
 def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -> Phase:
@@ -120,18 +123,20 @@ def _merging(w: Workload, all_blocks: bool) -> int:
 
 def _file_to_file(w: Workload) -> int:
     """Data-free rounding without a model: the largest quantized tensor as read (mapped), the next one read
-    ahead while it is rounded, and what rounding it makes: from the compiled loop its integers (a byte a
-    weight) and the packing's unsigned copy and packed bytes (under 2 more); from float32 slices (mse, a
-    float16 model's scales) up to 4 bytes a weight each for the float copy, the integers and the packed
-    bytes. Unquantized tensors are copied in slices. Measured: a bfloat16 Llama of 5.90 GiB, W4A16 rtn, at
-    734 MiB (bench/data_free_floor.py); float32 Llamas of 5.85 and 6.61 GiB, RTN in offload, at 482 and 629
-    MiB before the compiled loop (bench/torch_modes.py --layers 28|32 --hidden 2048 --rounding rtn)."""
+    ahead while it is rounded, its integers (a byte a weight) and the packing's unsigned copy and packed
+    bytes (under 2 more); rounded outside the compiled loop (mse, a float16 model's scales), also each core's
+    float32 slice and the search's scratch (SLICE_SCRATCH); to a floating format, up to 4 bytes a weight
+    each for the float copy, the values and the packed bytes, and compressed-tensors' temporaries.
+    Unquantized tensors are copied in slices. Measured on a bfloat16 Llama of 5.90 GiB
+    (bench/data_free_floor.py, and the same with `rounding mse`): W4A16 rtn 734 MiB against 713 planned, mse
+    647 against 629."""
     quantized = [x for x in w.index.layers if x.name in set(w.quantized_layers)]
     largest = max(quantized, key=lambda x: x.params, default=None)
     if largest is None:
         return COPY_SLICE
-    rounding = 3 * 4 * largest.params if w.sliced_rounded or w.float_rounded else 2 * largest.bytes + 3 * largest.params
-    return rounding + COPY_SLICE + (FLOAT_SCRATCH if w.float_rounded else 0)
+    if w.float_rounded:
+        return 3 * 4 * largest.params + COPY_SLICE + FLOAT_SCRATCH
+    return 2 * largest.bytes + 3 * largest.params + COPY_SLICE + (SLICE_SCRATCH if w.sliced_rounded else 0)
 
 
 def _offload_weights(w: Workload) -> int:

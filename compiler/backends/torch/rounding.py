@@ -252,5 +252,9 @@ class Rounder:
 def _trim_after_block(jobs: list[Job], number: int, collect: bool = True) -> None:
     """After the last job of a block, give freed memory back (glibc keeps freed pages otherwise; trimming
     after every layer costs more than it saves), collecting garbage first if `collect`."""
-    if number + 1 == len(jobs) or jobs[number + 1].layer.block != jobs[number].layer.block:
-        release_memory() if collect else trim_heap()
+    if number + 1 < len(jobs) and jobs[number + 1].layer.block == jobs[number].layer.block:
+        return
+    if collect:
+        release_memory()
+    else:
+        trim_heap()
