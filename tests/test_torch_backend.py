@@ -415,3 +415,36 @@ def test_a_mapped_tensor_is_the_read_one_and_private(tmp_path):
         assert mapped.dtype == tensor.dtype and torch.equal(mapped, shards.read(name)) and torch.equal(mapped, tensor)
         mapped.zero_()  # a private page: the file does not change
     assert (tmp_path / "model.safetensors").read_bytes() == before
+
+
+@pytest.mark.parametrize("scheme", ["W4A16", "NVFP4A16"])
+def test_data_free_config_names_match_the_task_and_the_base_class(scheme, tmp_path, monkeypatch):
+    """A file-to-file compile checks its config before any work with names made while transformers' model
+    class is still being imported on a thread; the folder written carries the names made again once it is:
+    each layer matched under the task class's name and the base class's (its `model.` prefix dropped)."""
+    transformers = pytest.importorskip("transformers")
+    import threading
+
+    from compressed_tensors.utils.match import match_named_modules
+
+    from compiler.backends.torch import loader_names, rounding
+
+    rounded = threading.Event()  # the class "finishes importing" only once every weight is rounded
+    importing, from_files = loader_names._model_class, rounding.Rounder.from_files
+    monkeypatch.setattr(loader_names, "_model_class", lambda name: rounded.wait(60) and importing(name))
+    monkeypatch.setattr(loader_names, "_IMPORTS", {})  # no class imported by an earlier compile
+    monkeypatch.setattr(rounding.Rounder, "from_files", lambda self, jobs: (from_files(self, jobs), rounded.set()))
+    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "llama")
+    out = tmp_path / "out"
+    recipe = _write_recipe(tmp_path, f'recipe r {{ model "{tmp_path / "llama"}"  backend torch\n'
+                                     f'  quantize {{ type Linear -> {scheme}  "lm_head" -> none }}  emit "{out}" }}')
+    result = runner.invoke(app, ["compile", recipe])
+    assert result.exit_code == 0, result.output
+    quantization = json.loads((out / "config.json").read_text())["quantization_config"]
+    targets = next(iter(quantization["config_groups"].values()))["targets"]
+    for model in (transformers.LlamaForCausalLM(config), transformers.LlamaModel(config)):
+        matched = [name for name, _ in match_named_modules(model, targets, quantization["ignore"])]
+        assert len(matched) == 14, matched  # 7 Linears in each of 2 blocks, lm_head ignored

@@ -434,7 +434,7 @@ def test_a_folder_transformers_would_open_with_missing_weights_is_q426_and_nothi
     while verify passes."""
     from compiler.backends.torch import loader_names, output_layout
 
-    def checkpoint_paths(model, quantized, floating, schemes):
+    def checkpoint_paths(model, quantized, floating, schemes, provisional=False):
         return loader_names.LoaderNames({name: name for name in quantized}, tuple(floating))
     monkeypatch.setattr(output_layout, "loader_names", checkpoint_paths)
     folder = build("llava", tmp_path / "llava")

@@ -21,7 +21,7 @@ from compiler.ir.types import (
 )
 from compiler.models.index import LayerKind, ModelIndex
 from compiler.plan.activations import propagate
-from compiler.quant import fused_rtn
+from compiler.quant import fused_float, fused_rtn
 from compiler.resolve.assignment import Assignment, LayerAssignment
 from compiler.resolve.mixed import choices_of, search_units
 from compiler.resolve.sizes import quantized_bytes
@@ -88,6 +88,8 @@ class Workload(Observation):
     attention: AttentionKernel = AttentionKernel.MODEL  # `calibrate { attention }`: eager holds the scores
     float_rounded: bool = False  # a weight goes to a floating format (compressed-tensors' torch functions round it)
     kernel_rounded: bool = False  # a weight is rounded by the compiled rtn loop (torch backend: quant/fused_rtn.py)
+    float_kernel_rounded: bool = False  # every floating-format weight fits the compiled loop (quant/fused_float.py),
+    # which rounds them when nothing runs the model (file to file)
     sliced_rounded: bool = False  # an integer weight is rounded outside it, from float32 slices (mse, float16 scales)
 
     @property
@@ -212,6 +214,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         disk=ir.memory.disk is not None, ranks=ranks, attention=cal.attention,
         float_rounded=any(a.scheme.quantized_weights.qtype.is_float for a in quantized),
         kernel_rounded=any(_kernel_rounded(a) for a in quantized),
+        float_kernel_rounded=all(_float_kernel_rounded(a) for a in quantized if a.scheme.quantized_weights.qtype.is_float),
         sliced_rounded=any(a.scheme.rounding in (Rounding.RTN, Rounding.MSE) and not _kernel_rounded(a)
                            and not a.scheme.quantized_weights.qtype.is_float for a in quantized),
         data_libraries=DATASET_LIBRARIES if cal.data.kind is DataKind.DATASET else 0,
@@ -224,6 +227,11 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
 def _kernel_rounded(a: LayerAssignment) -> bool:
     """Whether the torch backend rounds this layer's weight with the compiled rtn loop."""
     return fused_rtn.applies(a.scheme.quantized_weights, a.scheme.rounding, a.layer.dtype)
+
+
+def _float_kernel_rounded(a: LayerAssignment) -> bool:
+    """Whether the torch backend's file-to-file rounding takes this floating-format layer through the compiled loop."""
+    return fused_float.applies(a.scheme.quantized_weights, a.layer.dtype, a.layer.shape)
 
 
 def rank_share(samples: int, chunk: int, ranks: int) -> int:

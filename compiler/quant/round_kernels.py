@@ -27,7 +27,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-_SUMS = {"reassoc", "nsz", "nnan", "ninf", "contract"}  # reductions only: order and NaN-freedom assumed
+SUMS = {"reassoc", "nsz", "nnan", "ninf", "contract"}  # reductions only: order and NaN-freedom assumed
 _EXACT = {"nnan", "ninf", "nsz"}  # no reassociation, no contraction: IEEE per value
 _TINY = np.float32(np.finfo(np.float32).tiny)  # a zero range's scale (bfloat16 shares float32's exponent range)
 
@@ -50,12 +50,13 @@ def _bits_of_float(typingctx, value):
 
 
 # compiled-code intrinsics: called with the value only (numba supplies the typing context)
-_float_of: Any = intrinsic(_float_of_bits)
-_bits_of: Any = intrinsic(_bits_of_float)
+float_of: Any = intrinsic(_float_of_bits)
+bits_of: Any = intrinsic(_bits_of_float)
 
 
-@njit(nogil=True, cache=True, fastmath=_SUMS)
-def _sum_of_squares(values: np.ndarray) -> float:
+@njit(nogil=True, cache=True, fastmath=SUMS)
+def sum_of_squares(values: np.ndarray) -> float:
+    """Σ v² of a float32 array (summed in float32 lanes, then float64)."""
     squares = np.float32(0.0)
     for i in range(values.shape[0]):
         squares += values[i] * values[i]
@@ -73,15 +74,15 @@ def _float_range(bits: np.ndarray) -> tuple:
         key = s ^ ((s >> np.int32(31)) & np.int32(0x7FFFFFFF))
         lo = key if key < lo else lo
         hi = key if key > hi else hi
-    return (_float_of(lo ^ ((lo >> np.int32(31)) & np.int32(0x7FFFFFFF))),
-            _float_of(hi ^ ((hi >> np.int32(31)) & np.int32(0x7FFFFFFF))))
+    return (float_of(lo ^ ((lo >> np.int32(31)) & np.int32(0x7FFFFFFF))),
+            float_of(hi ^ ((hi >> np.int32(31)) & np.int32(0x7FFFFFFF))))
 
 
 @njit(nogil=True, cache=True)
-def _to_bfloat16(x: np.float32) -> np.float32:
-    """A positive float32 rounded to the nearest bfloat16 (ties to even), as float32: torch's conversion."""
-    b = _bits_of(x)
-    return _float_of((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000))
+def to_bfloat16(x: np.float32) -> np.float32:
+    """A finite float32 rounded to the nearest bfloat16 (ties to even), as float32: torch's conversion."""
+    b = bits_of(x)
+    return float_of((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000))
 
 
 @njit(nogil=True, cache=True, fastmath=_EXACT)
@@ -119,16 +120,16 @@ def round_groups(bits, shift, group, lo, hi, symmetric, bfloat16_scales, out, sc
             for i in range(group):
                 words[i] = np.uint32(run[i]) << shift
             mn, mx = _float_range(words)
-            squares += _sum_of_squares(values)
+            squares += sum_of_squares(values)
             mn, mx = min(mn, np.float32(0.0)), max(mx, np.float32(0.0))
             s = max(abs(mn), abs(mx)) / half if symmetric else (mx - mn) / span
             s = s if s > 0 else _TINY
             if bfloat16_scales:
-                s = _to_bfloat16(s)
+                s = to_bfloat16(s)
                 s = s if s > 0 else _TINY
             z = np.float32(0.0) if symmetric else min(max(np.rint(lo - mn / s), lo), hi)
             scale[r, g] = s
             zp[r, g] = z
             _round_run(values, s, z, lo, hi, target[start:start + group], errors)
-            error += _sum_of_squares(errors)
+            error += sum_of_squares(errors)
     return squares, error

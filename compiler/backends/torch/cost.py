@@ -125,15 +125,20 @@ def _file_to_file(w: Workload) -> int:
     """Data-free rounding without a model: the largest quantized tensor as read (mapped), the next one read
     ahead while it is rounded, its integers (a byte a weight) and the packing's unsigned copy and packed
     bytes (under 2 more); rounded outside the compiled loop (mse, a float16 model's scales), also each core's
-    float32 slice and the search's scratch (SLICE_SCRATCH); to a floating format, up to 4 bytes a weight
-    each for the float copy, the values and the packed bytes, and compressed-tensors' temporaries.
+    float32 slice and the search's scratch (SLICE_SCRATCH). To a floating format by the compiled loop
+    (quant/fused_float.py): the codes (at most a byte a weight) and the loop itself (ROUNDING_KERNELS, unless
+    the runtime counts it already); by compressed-tensors' functions (a float16 model): up to 4 bytes a
+    weight each for the float copy, the values and the packed bytes, and their temporaries.
     Unquantized tensors are copied in slices. Measured on a bfloat16 Llama of 5.90 GiB
     (bench/data_free_floor.py, and the same with `rounding mse`): W4A16 rtn 734 MiB against 713 planned, mse
-    647 against 629."""
+    647 against 629; FP8_BLOCK 705 against 664."""
     names = set(w.quantized_layers)
     largest = max((x for x in w.index.layers if x.name in names), key=lambda x: x.params, default=None)
     if largest is None:
         return COPY_SLICE
+    if w.float_rounded and w.float_kernel_rounded:
+        loop = 0 if w.kernel_rounded else ROUNDING_KERNELS
+        return 2 * largest.bytes + largest.params + COPY_SLICE + loop
     if w.float_rounded:
         return 3 * 4 * largest.params + COPY_SLICE + FLOAT_SCRATCH
     return 2 * largest.bytes + 3 * largest.params + COPY_SLICE + (SLICE_SCRATCH if w.sliced_rounded else 0)

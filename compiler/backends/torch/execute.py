@@ -43,8 +43,9 @@ from compiler.backends.torch.layers import (
     refuse_non_linear,
 )
 from compiler.backends.torch.load_check import check_loads
+from compiler.backends.torch.loader_names import prefetch_model_class
 from compiler.backends.torch.model import TorchModel, open_files, open_model
-from compiler.backends.torch.output_layout import copy_unquantized, open_output, write_metadata
+from compiler.backends.torch.output_layout import copy_unquantized, open_output, output_config, write_metadata
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.sharing import share_costs, share_kv
@@ -160,6 +161,7 @@ class _Run:
         self.index = self.assignment.model
         if self.file_to_file:
             self.model = open_files(op.model)
+            prefetch_model_class(self.model.config)  # on a thread, while the rounding runs
             return
         self.model = open_model(op.model, self.assignment.model.blocks, self.plan.spans.model, op.attention)
         if op.access is ops.ModelAccess.RESIDENT:
@@ -206,7 +208,7 @@ class _Run:
         # each sibling's weight as its rounding sees it (AWQ and SmoothQuant fold their scales in before)
         where = {j.layer.name: (j.module, j.layer.weight) for j in self.jobs}
         self.global_scales = SharedGlobalScales({j.layer.name: j.scheme.quantized_weights.qtype for j in self.jobs},
-                                                lambda name: self.model.weight_now(*where[name]))
+                                                lambda name: self.model.weight_now(*where[name]), self.file_to_file)
         if not self.file_to_file:
             refuse_non_linear(self.model, self.jobs, self.plan.spans.recipe, self.assignment)
         kv = emit.kv_cache
@@ -216,7 +218,8 @@ class _Run:
             self.writer, skipped = GgufWriter(self.output, self.model, self.jobs), None
         else:
             self.config, self.writer, skipped = open_output(self.output, self.model, self.jobs, self.assignment,
-                                                            kv, attention, self.plan.spans.recipe, self.ranks.first)
+                                                            kv, attention, self.plan.spans.recipe, self.ranks.first,
+                                                            provisional=self.file_to_file)
             freeze_long_lived()  # the output's layout imported transformers' model classes: later collections skip them
         calibration = gathers.calibration if gathers is not None else None
         # GGUF's blocks carry float16 scales: rounded with them, qrc's model computes what llama.cpp decodes
@@ -470,6 +473,9 @@ class _Run:
             self.writer.copy_unquantized(self.model, self.jobs)
         elif isinstance(self.writer, FolderWriter):  # the first rank writes the output; the others hand tensors on
             copy_unquantized(self.writer, self.model, self.jobs)
+            if self.file_to_file:  # its names were made before the prefetched model class was imported
+                self.config = output_config(self.model, self.jobs, self.assignment,
+                                            self.config["quantization_config"]["kv_cache_scheme"])
             refused = write_metadata(self.writer, self.model, self.config, self.plan.recipe_text)
         if refused:
             warnings.append(warning(

@@ -15,7 +15,8 @@ import torch
 
 from compiler.backends.torch import fp4_kernels
 from compiler.backends.torch.quant_args import weight_args, weight_format
-from compiler.ir.types import ActivationQuant, Granularity, Scheme, WeightQuant
+from compiler.ir.types import ActivationQuant, Granularity, QType, Scheme, WeightQuant
+from compiler.quant import fused_float
 from compiler.quant.parallel import cores, parallel_map
 from compiler.quant.qparams import FP8_MAX
 from compiler.quant.weights import error_sums
@@ -63,13 +64,15 @@ def restored(value):
 
 
 def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str, scale_dtype: torch.dtype,
-                   shared_absmax: float | None = None, measure: bool = False) -> FloatQuantized:
+                   shared_absmax: float | None = None, measure: bool = False, kernel: bool = True) -> FloatQuantized:
     """Round `weight` [out, in] with the compressed-tensors weight arguments `args` and store it in format
     `fmt`; scales are kept in `scale_dtype` (the checkpoint's float dtype) where the format does not fix their
     type. NVFP4's global scale comes from `shared_absmax` where fused siblings share it (global_scales.py),
     else from the weight's own range. Every scale but a per-tensor one covers rows of its own, so slices of
     rows (whole blocks of them) are rounded on every core, each made float32 there, and their tensors joined:
-    the bytes of one piece. `measure`: the SQNR's sums instead of the dequantized weight."""
+    the bytes of one piece. `measure`: the SQNR's sums instead of the dequantized weight, and the formats
+    fused_float rounds are rounded there (the same bits; `kernel=False`: compressed-tensors' functions only,
+    the reference tests/test_float_kernels.py holds the loop to)."""
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from compressed_tensors.quantization.utils import generate_gparam
@@ -78,10 +81,15 @@ def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str
     quant_args = QuantizationArgs.model_validate(args)
     w = weight.detach().cpu()
     global_scale = None
-    if spec.qtype.fixed_group == 16:
-        bound = torch.tensor(shared_absmax) if shared_absmax is not None else None
+    if spec.qtype.fixed_group == 16:  # generate_gparam takes the range's largest magnitude only
+        largest = shared_absmax if shared_absmax is not None or not (measure and kernel) else absmax(w, True)
+        bound = torch.tensor(largest) if largest is not None else None
         global_scale = (generate_gparam(-bound, bound) if bound is not None else
                         generate_gparam(w.min().float(), w.max().float()))
+    if measure and kernel:
+        compiled = _compiled(w, spec, scale_dtype, global_scale)
+        if compiled is not None:
+            return compiled
     scheme = QuantizationScheme(targets=["Linear"], weights=quant_args)
     compressor = BaseCompressor.load_from_registry(fmt)
 
@@ -95,6 +103,48 @@ def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str
     else:
         pieces = parallel_map(lambda first: rounded(w[first:first + step]), range(0, w.shape[0], step))
     return _joined(pieces, global_scale is not None, measure)
+
+
+def absmax(weight: torch.Tensor, compiled: bool) -> float:
+    """max |w| of a weight in its stored dtype: from its bits on every core (bfloat16, float32) where
+    `compiled` (where the compiled loops round: file to file), else from its min and max (no float32 or |w|
+    copy of it either way; and no compiled code loaded, 100 MiB, where the weights round without it)."""
+    bits = float_bits(weight) if compiled else None
+    if bits is not None:
+        return fused_float.absmax(bits)
+    low, high = torch.aminmax(weight)
+    return max(-float(low), float(high))
+
+
+def float_bits(weight: torch.Tensor) -> np.ndarray | None:
+    """A bfloat16 or float32 CPU weight's bits as numpy (uint16, uint32; no copy of a contiguous one), else None."""
+    kinds = {torch.bfloat16: (torch.int16, np.uint16), torch.float32: (torch.int32, np.uint32)}
+    if weight.dtype not in kinds or weight.device.type != "cpu":
+        return None
+    signed, unsigned = kinds[weight.dtype]
+    return weight.contiguous().view(signed).numpy().view(unsigned)
+
+
+def _compiled(w: torch.Tensor, spec: WeightQuant, scale_dtype: torch.dtype,
+              global_scale: torch.Tensor | None) -> FloatQuantized | None:
+    """`w` rounded by fused_float's loop, its tensors as compressed-tensors' compressor stores them (the same
+    names, dtypes, shapes and order); None where the loop does not take it."""
+    bits, dtype_name = float_bits(w), str(scale_dtype).removeprefix("torch.")
+    if bits is None or not fused_float.applies(spec, dtype_name, tuple(w.shape)):
+        return None
+    done = fused_float.round_bits(bits, spec, dtype_name, None if global_scale is None else float(global_scale))
+    if done is None:
+        return None
+    scales = torch.from_numpy(done.scales)
+    if spec.qtype is QType.FP8:
+        stored = {"weight_scale": scales.to(scale_dtype),
+                  "weight": torch.from_numpy(done.codes).view(torch.float8_e4m3fn)}
+    else:
+        stored = {"weight_packed": torch.from_numpy(done.codes),
+                  "weight_scale": scales.view(torch.float8_e4m3fn) if spec.qtype is QType.NVFP4 else scales}
+        if global_scale is not None:
+            stored = {"weight_global_scale": global_scale, **stored}
+    return FloatQuantized(stored, None, done.sums)
 
 
 FLOAT_TASK_BYTES = 2 << 20  # float32 bytes of rows one core rounds at a time

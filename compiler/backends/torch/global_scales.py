@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 
+from compiler.backends.torch.float_formats import absmax
 from compiler.ir.types import QType
 from compiler.resolve.groups import auto_gate_up_instances, auto_qkv_instances
 
@@ -20,13 +21,14 @@ class SharedGlobalScales:
     rounded (from the weights as a transform left them: a scale read from the checkpoint before AWQ folded its
     scales in made NVFP4 behind AWQ 3.7× worse in KL than without AWQ, tests/test_transforms.py)."""
 
-    def __init__(self, layers: dict[str, QType], read: Callable[[str], torch.Tensor]):
+    def __init__(self, layers: dict[str, QType], read: Callable[[str], torch.Tensor], compiled: bool = False):
         names = [name for name, qtype in layers.items() if qtype is QType.NVFP4]
         self.siblings: dict[str, tuple[str, ...]] = {}
         for instance in auto_qkv_instances(names) + auto_gate_up_instances(names):
             if len(instance.members) > 1:
                 self.siblings.update({member: instance.members for member in instance.members})
         self.read = read  # layer name → its float weight as it is about to be rounded
+        self.compiled = compiled  # ranges taken by the compiled loop (file to file, where it rounds too)
         self._absmax: dict[tuple[str, ...], float] = {}
 
     def absmax(self, layer: str) -> float | None:
@@ -35,11 +37,5 @@ class SharedGlobalScales:
         if members is None:
             return None
         if members not in self._absmax:
-            self._absmax[members] = max(_absmax(self.read(m)) for m in members)
+            self._absmax[members] = max(absmax(self.read(m), self.compiled) for m in members)
         return self._absmax[members]
-
-
-def _absmax(weight: torch.Tensor) -> float:
-    """max |w| of a weight in its stored dtype, from its min and max (no float32 or |w| copy of it)."""
-    low, high = torch.aminmax(weight)
-    return max(-float(low), float(high))

@@ -278,7 +278,7 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
         # rows (output channels) are independent: rounded in slices on every core, from the float's bits
         # where the fused kernel applies, else each slice made float32 there (a bfloat16 weight is not copied
         # whole first), the scratch a slice's
-        bits = _float_bits(weight.detach().cpu())
+        bits = float_formats.float_bits(weight.detach().cpu())
         if bits is not None and fused_rtn.applies(spec, job.scheme.rounding, np_dtype):
             return fused_rtn.round_bits(bits, spec, np_dtype, measure)
         return round_weight(weight.detach().cpu(), spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype,
@@ -293,15 +293,6 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
     assert stats is not None, "GPTQ rounds with its layer's statistics"
     return gptq(w, stats.hessian(job), spec, job.scheme.act_order, Convention.TORCH, np_dtype, str(weight.device),
                 dampened, job.scheme.static_groups, job.scheme.mse_scales)
-
-
-def _float_bits(weight: torch.Tensor) -> np.ndarray | None:
-    """A bfloat16 or float32 CPU weight's bits as numpy (uint16, uint32; no copy of a contiguous one), else None."""
-    kinds = {torch.bfloat16: (torch.int16, np.uint16), torch.float32: (torch.int32, np.uint32)}
-    if weight.dtype not in kinds or weight.device.type != "cpu":
-        return None
-    signed, unsigned = kinds[weight.dtype]
-    return weight.contiguous().view(signed).numpy().view(unsigned)
 
 
 def _into_float32(part: torch.Tensor, scratch: np.ndarray) -> np.ndarray:

@@ -131,8 +131,8 @@ class TorchModel:
         scales into it), else the checkpoint's tensor (file to file: nothing is loaded)."""
         try:
             parameter = self.module.get_parameter(module + ".weight")
-        except AttributeError:  # file to file: a stand-in without the model's modules
-            return self.shards.read(checkpoint_name)
+        except AttributeError:  # file to file: a stand-in without the model's modules; mapped, not copied (the
+            return self.shards.mapped(checkpoint_name)  # page cache keeps it for its rounding a moment later)
         return self.shards.read(checkpoint_name) if parameter.is_meta else parameter.detach()
 
 

@@ -62,13 +62,16 @@ def copy_unquantized(writer: FolderWriter, model: TorchModel, jobs: list[Job]) -
             writer.copy_raw(key, entry.file, entry.start, entry.end)
 
 
-def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment, kv_cache_scheme: dict | None = None) -> dict:
+def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment, kv_cache_scheme: dict | None = None,
+                  provisional: bool = False) -> dict:
     """config.json as the output folder has it: the quantization config (one group per scheme, the Linear
     layers left in float ignored, named so that every loader matches them: loader_names.py; the KV cache's
-    scheme), untied where a tied head was quantized."""
+    scheme), untied where a tied head was quantized. `provisional`: names made without waiting for a
+    prefetched model class (loader_names), for the check before any work."""
     done = {j.layer.name for j in jobs}
     floating = [a.layer.name for a in assignment.layers if a.layer.kind is LayerKind.LINEAR and a.layer.name not in done]
-    names = loader_names(model, {j.layer.name: j.module for j in jobs}, floating, len({j.scheme.name for j in jobs}))
+    names = loader_names(model, {j.layer.name: j.module for j in jobs}, floating, len({j.scheme.name for j in jobs}),
+                         provisional)
     config = dict(model.config)
     config["quantization_config"] = quantization_config([(j.layer, j.scheme) for j in jobs], list(names.ignore),
                                                         names.targets)
@@ -79,15 +82,16 @@ def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment, kv
 
 
 def open_output(output: Path, model: TorchModel, jobs: list[Job], assignment: Assignment, kv: KvCache | None,
-                attention: list[str], span: Span | None,
-                writes: bool = True) -> tuple[dict, FolderWriter | RankCollector, Diagnostic | None]:
+                attention: list[str], span: Span | None, writes: bool = True,
+                provisional: bool = False) -> tuple[dict, FolderWriter | RankCollector, Diagnostic | None]:
     """Before any work: config.json's content, checked with compressed-tensors' schema (Q420; Q400 when the
     package is missing but the floating formats or a KV cache need it), and the writer with every output
     tensor laid out (`attention`: the modules whose KV scales `kv_cache` adds). Also returns Q421 when the
     schema check was skipped; its diagnostics point at `span`. `writes` False (a rank but the first under
-    torchrun): a collector that hands its tensors on, and no file."""
+    torchrun): a collector that hands its tensors on, and no file. `provisional`: the config's names may be
+    made again at the end (output_config), once a prefetched model class is imported."""
     # the KV cache's arguments are those of an activation spec (vLLM takes float 8-bit symmetric per tensor)
-    config = output_config(model, jobs, assignment, input_args(kv.quant) if kv else None)
+    config = output_config(model, jobs, assignment, input_args(kv.quant) if kv else None, provisional)
     floats = any(j.scheme.quantized_weights.qtype.is_float for j in jobs) or kv is not None
     skipped = check_config(config["quantization_config"], span, floats)
     if not writes:

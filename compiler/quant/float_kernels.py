@@ -1,0 +1,223 @@
+"""The floating formats' rounding of a weight compiled by numba: FP8 (e4m3) per channel or in 2-D blocks,
+NVFP4 and MXFP4 (e2m1 in groups along a row), each scale, the stored codes and the squared error of what
+compressed-tensors' decompressor gives back, from the weight's float bits.
+
+Why our own loop: compressed-tensors' functions are a dozen whole-array passes each (ranges, scales, a
+division, a clamp, a cast, a pack, then unpacking and dequantizing again for the error), 7–13 ns a weight
+on two cores, 2.6–7× the time of only reading and writing a checkpoint. These take about 1 ns.
+
+The bits are compressed-tensors' (0.20) to the last one; tests/test_float_kernels.py compares every stored
+tensor with its own functions (float_formats.quantize_float with `kernel=False`). What that takes:
+- FP8: scale = absmax / 448 in float32, a zero scale made float32's eps, then rounded to the stored dtype
+  (the model's); values v / scale (no zero point is added: -0 stays -0), clamped to ±448, cast round to
+  nearest even (torch's e4m3fn conversion, subnormals included).
+- NVFP4: scale = global · (absmax / 6) rounded to e4m3 (0 → 0.125), values divided by scale / global
+  (no zero point added: -0 stays), clamped to ±6 and rounded to e2m1 (its thresholds' tie directions),
+  packed two to a byte, the first in the low nibble, sign bit set for values below 0.
+- MXFP4: absmax rounded to a power of two (a carry at e2m1's mantissa width), exponent − 2 as the e8m0
+  scale (clamped at 0), values divided by 2^(e − 127).
+The error is taken against what decompression returns: FP8 codes times the stored scale in the scale's
+dtype; FP4 values times the divisor, rounded to bfloat16 (its unpacking's dtype).
+
+No fast-math in the rounding: IEEE per value, signed zeros kept (a -0 weight's code has its sign). A scale that is
+zero, infinite or NaN after rounding (a non-finite weight, or ranges beneath bfloat16's subnormals) is not
+rounded here: the count of such scales is returned and the caller hands that weight to compressed-tensors,
+which then decides (a non-finite weight's Σ w² is what Q409 refuses)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from compiler.quant.round_kernels import SUMS as _SUMS
+from compiler.quant.round_kernels import bits_of, float_of, sum_of_squares, to_bfloat16
+
+_E4M3_MAX = np.float32(448.0)
+_E4M3_MAX_BITS = np.uint32(0x43E00000)  # 448.0
+_E4M3_MIN_NORMAL_BITS = np.uint32(0x3C800000)  # 2^-6
+_E4M3_BIAS_SHIFT = np.uint32((127 - 7) << 3)  # float32's exponent bias against e4m3's, with 3 mantissa bits
+_FLOAT32_EPS = np.float32(np.finfo(np.float32).eps)  # FP8's zero scale (its scale dtype unset: float32's eps)
+_NVFP4_ZERO_SCALE, _NVFP4_ZERO_CODE = np.float32(0.125), np.uint8(0x20)  # e4m3's eps, and its code
+_E2M1_MAX = np.float32(6.0)
+_T0, _T1, _T2, _T3, _T4, _T5, _T6 = (np.float32(t) for t in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0))  # e2m1's steps
+_INF = np.float32(np.inf)
+
+
+@njit(nogil=True, cache=True)
+def _e4m3(x: np.float32) -> tuple:
+    """A float32 no larger than 448 in magnitude (or larger: clamped) to float8_e4m3fn, nearest even: its
+    code and its value as float32, sign kept. Both roundings are taken and one selected, without branches,
+    so that the loops calling it vectorize."""
+    b = bits_of(x)
+    sign = b & np.uint32(0x80000000)
+    a = min(b & np.uint32(0x7FFFFFFF), _E4M3_MAX_BITS)  # 448 rounds to itself
+    steps = np.rint(float_of(a) * np.float32(512.0))  # subnormal: multiples of 2^-9, the scaling exact
+    rounded = (a + np.uint32(0x7FFFF) + ((a >> np.uint32(20)) & np.uint32(1))) & np.uint32(0xFFF00000)  # normal
+    subnormal = a < _E4M3_MIN_NORMAL_BITS
+    code = np.uint32(steps) if subnormal else (rounded >> np.uint32(20)) - _E4M3_BIAS_SHIFT
+    magnitude = steps * np.float32(1.0 / 512.0) if subnormal else float_of(rounded)
+    return np.uint8(code | (sign >> np.uint32(24))), float_of(bits_of(magnitude) | sign)
+
+
+@njit(nogil=True, cache=True)
+def _magnitude(word: np.uint32) -> np.uint32:
+    return word & np.uint32(0x7FFFFFFF)
+
+
+@njit(nogil=True, cache=True, fastmath=_SUMS)
+def _squares(row, shift) -> float:
+    """Σ v² of a row given as float bits (summed in float32 lanes, then float64: the SQNR's last digits)."""
+    total = np.float32(0.0)
+    for c in range(row.shape[0]):
+        v = float_of(np.uint32(row[c]) << shift)
+        total += v * v
+    return np.float64(total)
+
+
+def magnitude_value(peak: int) -> float:
+    """The float32 magnitude whose bits `peak` gives (as `peak` returns them)."""
+    return float(np.uint32(peak).view(np.float32))
+
+
+@njit(nogil=True, cache=True)
+def peak(run, shift) -> np.uint32:
+    """The largest magnitude's bits among a run of float bits, as an unsigned integer (ordered like the
+    magnitudes; a NaN's bits above infinity's)."""
+    peak = np.uint32(0)
+    for c in range(run.shape[0]):
+        peak = max(peak, _magnitude(np.uint32(run[c]) << shift))
+    return peak
+
+
+@njit(nogil=True, cache=True)
+def _fp8_run(run, shift, s, bfloat16_scales, codes, errors) -> None:
+    """A run of one scale's values: each over `s` cast to e4m3 into `codes`, its error against the code
+    dequantized in the scale's dtype into `errors`. One flat loop over the run: the form LLVM vectorizes
+    (a loop nested in a loop over groups of a size known only at run time was 3× slower)."""
+    for c in range(run.shape[0]):
+        v = float_of(np.uint32(run[c]) << shift)
+        code, q = _e4m3(v / s)
+        codes[c] = code
+        d = q * s
+        rounded = to_bfloat16(d)  # both taken, one kept: a select, not a branch in the loop
+        errors[c] = v - (rounded if bfloat16_scales else d)
+
+
+@njit(nogil=True, cache=True)
+def round_fp8(bits, shift, band, group, bfloat16_scales, codes, scales) -> tuple:
+    """compressed-tensors' FP8 of an [out, in] weight given as its float bits (uint16 bfloat16 with `shift`
+    16, uint32 float32 with 0): a scale per tile of `band` rows × `group` columns (per channel: 1 × in;
+    FP8_BLOCK: 128 × 128, the edges' tiles smaller), into `scales` (float32, rounded to bfloat16 if
+    `bfloat16_scales`); the e4m3 codes into `codes` (uint8 [out, in]). Returns (Σ w², Σ (w − dequantized)²,
+    the number of scales not rounded here: when it is not 0, nothing else is valid)."""
+    rows, cols = bits.shape
+    groups = -(-cols // group)
+    peaks = np.empty(groups, np.uint32)
+    errors = np.empty(cols, np.float32)
+    squares, error = 0.0, 0.0
+    for first in range(0, rows, band):
+        last = min(first + band, rows)
+        peaks[:] = 0
+        for r in range(first, last):
+            for g in range(groups):
+                peaks[g] = max(peaks[g], peak(bits[r, g * group:g * group + group], shift))
+        for g in range(groups):
+            s = float_of(peaks[g]) / _E4M3_MAX
+            s = s if s != 0 else _FLOAT32_EPS
+            if bfloat16_scales:
+                s = to_bfloat16(s)
+            if not (s > 0 and s < _INF):
+                return 0.0, 0.0, 1
+            scales[first // band, g] = s
+        for r in range(first, last):
+            for g in range(groups):
+                part = slice(g * group, g * group + group)
+                _fp8_run(bits[r, part], shift, scales[first // band, g], bfloat16_scales, codes[r, part],
+                         errors[part])
+            squares += _squares(bits[r], shift)
+            error += sum_of_squares(errors)
+    return squares, error, 0
+
+
+@njit(nogil=True, cache=True)
+def _group_scale(peak, global_scale) -> tuple:
+    """A group's stored scale (NVFP4: its e4m3 code; MXFP4: its e8m0 exponent) and the divisor of its
+    values, from the group's absmax; NVFP4 when `global_scale` > 0."""
+    absmax = float_of(peak)
+    if global_scale > 0:
+        code, s = _e4m3(global_scale * (absmax / _E2M1_MAX))
+        if s == 0:
+            code, s = _NVFP4_ZERO_CODE, _NVFP4_ZERO_SCALE
+        return code, s / global_scale
+    power = (peak + np.uint32(0x200000)) >> np.uint32(23)  # rounded up past 1.75 × 2^e: e2m1's mantissa carry
+    exponent = np.int64(power) - 2 if power < 255 else np.int64(255)
+    exponent = max(exponent, np.int64(0))
+    divisor = float_of(np.uint32(exponent) << np.uint32(23)) if exponent > 0 else float_of(np.uint32(0x00400000))
+    return np.uint8(exponent), divisor
+
+
+@njit(nogil=True, cache=True, inline="always")  # into each group size's loop, where `group` is a constant
+def _fp4_group(row, shift, start, group, divisor, codes, errors) -> None:
+    """One group: each value over `divisor`, clamped to ±6 and rounded to e2m1 (ties as compressed-tensors'
+    thresholds break them: > at 0.25, 1.25, 2.5, 5; >= at 0.75, 1.75, 3.5), its 4-bit code into `codes`
+    (sign bit for values below 0: -0 has none); the error against it dequantized in bfloat16 into `errors`."""
+    for i in range(group):
+        c = start + i
+        v = float_of(np.uint32(row[c]) << shift)
+        x = min(max(v / divisor, -_E2M1_MAX), _E2M1_MAX)
+        m = abs(x)
+        index = (np.uint8(m > _T0) + np.uint8(m >= _T1) + np.uint8(m > _T2) + np.uint8(m >= _T3)
+                 + np.uint8(m > _T4) + np.uint8(m >= _T5) + np.uint8(m > _T6))
+        negative = x < 0
+        codes[c] = index | (np.uint8(negative) << np.uint8(3))
+        half = np.float32(index) * np.float32(0.5)  # e2m1's values: index / 2 up to 2, then 3, 4, 6
+        q = half if index <= 4 else (half + half - np.float32(2.0) if index < 7 else _E2M1_MAX)
+        errors[c] = v - to_bfloat16((-q if negative else q) * divisor)
+
+
+def _fp4_rows(group: int):
+    """round_fp4's loop compiled for one group size, which it knows as a constant: with the group's length
+    known only at run time its per-group loops did not vectorize (about 5 ns a weight against 1.5)."""
+
+    @njit(nogil=True, cache=True)
+    def rows_of_groups(bits, shift, global_scale, packed, scales) -> tuple:
+        rows, cols = bits.shape
+        groups = cols // group
+        peaks = np.empty(groups, np.uint32)
+        divisors = np.empty(groups, np.float32)
+        codes = np.empty(cols, np.uint8)
+        errors = np.empty(cols, np.float32)
+        squares, error = 0.0, 0.0
+        for r in range(rows):
+            row = bits[r]
+            for g in range(groups):  # three passes over a row: its groups' ranges, their scales, their values
+                start = g * group
+                peak = np.uint32(0)
+                for i in range(group):
+                    peak = max(peak, _magnitude(np.uint32(row[start + i]) << shift))
+                peaks[g] = peak
+            for g in range(groups):
+                code, divisors[g] = _group_scale(peaks[g], global_scale)
+                scales[r, g] = code
+            if peaks.max() >= np.uint32(0x7F800000) or not divisors.max() < _INF:  # a non-finite value or scale
+                return 0.0, 0.0, 1
+            for g in range(groups):
+                _fp4_group(row, shift, g * group, group, divisors[g], codes, errors)
+            for k in range(cols // 2):
+                packed[r, k] = codes[2 * k] | (codes[2 * k + 1] << np.uint8(4))
+            squares += _squares(row, shift)
+            error += sum_of_squares(errors)
+        return squares, error, 0
+
+    return rows_of_groups
+
+
+_FP4_ROWS = {16: _fp4_rows(16), 32: _fp4_rows(32)}  # NVFP4's and MXFP4's groups
+
+
+def round_fp4(bits, shift, group, global_scale, packed, scales) -> tuple:
+    """compressed-tensors' NVFP4 (`global_scale` > 0, float32; `group` 16) or MXFP4 (`global_scale` 0;
+    `group` 32) of an [out, in] weight given as its float bits (as round_fp8): each group's scale code into
+    `scales` (uint8 [out, in / group]: e4m3 codes for NVFP4, e8m0 exponents for MXFP4), the e2m1 codes two
+    to a byte into `packed` (uint8 [out, in / 2]). Returns as round_fp8."""
+    return _FP4_ROWS[group](bits, shift, global_scale, packed, scales)
