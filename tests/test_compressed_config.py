@@ -110,6 +110,16 @@ def test_without_compressed_tensors_the_check_is_skipped_with_q421_or_refused_fo
     with pytest.raises(BackendError) as caught:
         check_config(_config(PRESETS["FP8_DYNAMIC"]), ir.span, needs_package=True)
     assert caught.value.diagnostic.code == "Q400"
+    # a file-to-file run asks before any work whether the package is there, without importing it
+    import importlib.util
+
+    from compiler.backends.torch.config_schema import require_package
+
+    require_package(ir.span)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None)
+    with pytest.raises(BackendError) as caught:
+        require_package(ir.span)
+    assert caught.value.diagnostic.code == "Q400"
 
 
 @pytest.mark.parametrize("scheme, rejected", [("W4A16", False), ("FP8_DYNAMIC", False), ("NVFP4A16", False),

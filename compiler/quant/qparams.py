@@ -8,6 +8,7 @@ import numpy as np
 from compiler.ir.types import QType
 
 FP8_MAX = 448  # the largest finite float8_e4m3fn (a whole number, so FP8 has a range like the integers)
+FP4_MAX = 6  # the largest e2m1 value (NVFP4, MXFP4)
 # integer ranges; FP8's is its finite range (what a static FP8 input's scale maps its calibrated range onto)
 _RANGES = {QType.INT8: (-128, 127), QType.UINT8: (0, 255), QType.INT4: (-8, 7), QType.UINT4: (0, 15),
            QType.FP8: (-FP8_MAX, FP8_MAX)}

@@ -1,13 +1,23 @@
 """The emitted `quantization_config`, checked with compressed-tensors' own pydantic models before any work
 starts (the loaders of transformers and vLLM parse it with the same models). A config they reject is a qrc
 bug, refused with Q420 instead of a folder that fails where it is served; without the package, Q421 says
-the check was skipped."""
+the check was skipped. A file-to-file run checks it at the end instead, on the names it writes (its import of
+compressed-tensors then overlaps the rounding: loader_names.prefetch_model_class)."""
 
 from __future__ import annotations
+
+import importlib.util
 
 from compiler.backends import BackendError
 from compiler.diagnostics import Diagnostic, error, warning
 from compiler.source import Span
+
+
+def require_package(span: Span | None) -> None:
+    """Q400 when compressed-tensors is not installed, found without importing it (its import, which imports
+    transformers, takes seconds: a file-to-file run checks its config at the end, on the names it writes)."""
+    if importlib.util.find_spec("compressed_tensors") is None:
+        raise BackendError(_missing(span))
 
 
 def check_config(config: dict, span: Span | None, needs_package: bool = False) -> Diagnostic | None:
@@ -18,9 +28,7 @@ def check_config(config: dict, span: Span | None, needs_package: bool = False) -
         from compressed_tensors.quantization import QuantizationConfig
     except ImportError:
         if needs_package:
-            raise BackendError(error(
-                "Q400", "the floating formats (FP8, NVFP4, MX) are written with compressed-tensors, which is not "
-                "installed", span, "compressed-tensors missing", help="pip install -e '.[hf]'")) from None
+            raise BackendError(_missing(span)) from None
         return warning("Q421", "compressed-tensors is not installed: the quantization_config was not checked against "
                        "its schema", span, "schema check skipped",
                        help="pip install 'qrc[hf]' (it brings compressed-tensors, which transformers and vLLM load "
@@ -34,6 +42,11 @@ def check_config(config: dict, span: Span | None, needs_package: bool = False) -
             help="this is a qrc bug; please report it with the recipe. Meanwhile give the layers of the scheme it "
             "names another scheme")) from exc
     return None
+
+
+def _missing(span: Span | None) -> Diagnostic:
+    return error("Q400", "the floating formats (FP8, NVFP4, MX) are written with compressed-tensors, which is not "
+                 "installed", span, "compressed-tensors missing", help="pip install -e '.[hf]'")
 
 
 def _first_line(exc: Exception) -> str:

@@ -45,7 +45,7 @@ from compiler.backends.torch.layers import (
 from compiler.backends.torch.load_check import check_loads
 from compiler.backends.torch.loader_names import prefetch_model_class
 from compiler.backends.torch.model import TorchModel, open_files, open_model
-from compiler.backends.torch.output_layout import copy_unquantized, open_output, output_config, write_metadata
+from compiler.backends.torch.output_layout import copy_unquantized, final_config, open_output, write_metadata
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.sharing import share_costs, share_kv
@@ -161,7 +161,7 @@ class _Run:
         self.index = self.assignment.model
         if self.file_to_file:
             self.model = open_files(op.model)
-            prefetch_model_class(self.model.config)  # on a thread, while the rounding runs
+            prefetch_model_class(self.model.config)  # on a thread, while the weights round
             return
         self.model = open_model(op.model, self.assignment.model.blocks, self.plan.spans.model, op.attention)
         if op.access is ops.ModelAccess.RESIDENT:
@@ -474,8 +474,9 @@ class _Run:
         elif isinstance(self.writer, FolderWriter):  # the first rank writes the output; the others hand tensors on
             copy_unquantized(self.writer, self.model, self.jobs)
             if self.file_to_file:  # its names were made before the prefetched model class was imported
-                self.config = output_config(self.model, self.jobs, self.assignment,
-                                            self.config["quantization_config"]["kv_cache_scheme"])
+                self.config, skipped = final_config(self.model, self.jobs, self.assignment, self.config,
+                                                    self.plan.spans.recipe)
+                warnings.extend([skipped] if skipped is not None else [])
             refused = write_metadata(self.writer, self.model, self.config, self.plan.recipe_text)
         if refused:
             warnings.append(warning(

@@ -18,7 +18,7 @@ from compiler.backends.torch.quant_args import weight_args, weight_format
 from compiler.ir.types import ActivationQuant, Granularity, QType, Scheme, WeightQuant
 from compiler.quant import fused_float
 from compiler.quant.parallel import cores, parallel_map
-from compiler.quant.qparams import FP8_MAX
+from compiler.quant.qparams import FP4_MAX, FP8_MAX
 from compiler.quant.weights import error_sums
 
 
@@ -73,23 +73,22 @@ def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str
     the bytes of one piece. `measure`: the SQNR's sums instead of the dequantized weight, and the formats
     fused_float rounds are rounded there (the same bits; `kernel=False`: compressed-tensors' functions only,
     the reference tests/test_float_kernels.py holds the loop to)."""
+    w = weight.detach().cpu()
+    if measure and kernel:  # before compressed-tensors' import: data-free rounding then starts without it
+        compiled = _compiled(w, spec, scale_dtype, shared_absmax)
+        if compiled is not None:
+            return compiled
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from compressed_tensors.quantization.utils import generate_gparam
 
     fp4_kernels.register()  # FP4's cast and packing on the CPU, through compressed-tensors' own dispatch
     quant_args = QuantizationArgs.model_validate(args)
-    w = weight.detach().cpu()
     global_scale = None
-    if spec.qtype.fixed_group == 16:  # generate_gparam takes the range's largest magnitude only
-        largest = shared_absmax if shared_absmax is not None or not (measure and kernel) else absmax(w, True)
-        bound = torch.tensor(largest) if largest is not None else None
+    if spec.qtype.fixed_group == 16:
+        bound = torch.tensor(shared_absmax) if shared_absmax is not None else None
         global_scale = (generate_gparam(-bound, bound) if bound is not None else
                         generate_gparam(w.min().float(), w.max().float()))
-    if measure and kernel:
-        compiled = _compiled(w, spec, scale_dtype, global_scale)
-        if compiled is not None:
-            return compiled
     scheme = QuantizationScheme(targets=["Linear"], weights=quant_args)
     compressor = BaseCompressor.load_from_registry(fmt)
 
@@ -103,6 +102,15 @@ def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str
     else:
         pieces = parallel_map(lambda first: rounded(w[first:first + step]), range(0, w.shape[0], step))
     return _joined(pieces, global_scale is not None, measure)
+
+
+def nvfp4_global_scale(absmax: float) -> torch.Tensor:
+    """compressed-tensors' generate_gparam for a range whose largest magnitude is `absmax`, written out: 448 ·
+    6 / absmax in float32 (absmax at least float32's tiny; a NaN or infinite result made 1), shape [1].
+    Data-free rounding then needs no import of compressed-tensors, which imports transformers (seconds),
+    before its first weight; tests/test_float_kernels.py compares the two bit for bit."""
+    bound = torch.tensor([absmax], dtype=torch.float32).clamp(min=torch.finfo(torch.float32).tiny)
+    return torch.nan_to_num(FP8_MAX * FP4_MAX / bound, nan=1.0, posinf=1.0, neginf=1.0)
 
 
 def absmax(weight: torch.Tensor, compiled: bool) -> float:
@@ -126,12 +134,15 @@ def float_bits(weight: torch.Tensor) -> np.ndarray | None:
 
 
 def _compiled(w: torch.Tensor, spec: WeightQuant, scale_dtype: torch.dtype,
-              global_scale: torch.Tensor | None) -> FloatQuantized | None:
+              shared_absmax: float | None) -> FloatQuantized | None:
     """`w` rounded by fused_float's loop, its tensors as compressed-tensors' compressor stores them (the same
     names, dtypes, shapes and order); None where the loop does not take it."""
     bits, dtype_name = float_bits(w), str(scale_dtype).removeprefix("torch.")
     if bits is None or not fused_float.applies(spec, dtype_name, tuple(w.shape)):
         return None
+    global_scale = None
+    if spec.qtype is QType.NVFP4:
+        global_scale = nvfp4_global_scale(shared_absmax if shared_absmax is not None else fused_float.absmax(bits))
     done = fused_float.round_bits(bits, spec, dtype_name, None if global_scale is None else float(global_scale))
     if done is None:
         return None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from compiler.backends.emitter import Spec
 from compiler.backends.torch.compressed import TensorSpec, layer_specs, quantization_config
-from compiler.backends.torch.config_schema import check_config
+from compiler.backends.torch.config_schema import check_config, require_package
 from compiler.backends.torch.kv_cache import kv_specs
 from compiler.backends.torch.layers import Job
 from compiler.backends.torch.loader_names import loader_names
@@ -88,16 +88,36 @@ def open_output(output: Path, model: TorchModel, jobs: list[Job], assignment: As
     package is missing but the floating formats or a KV cache need it), and the writer with every output
     tensor laid out (`attention`: the modules whose KV scales `kv_cache` adds). Also returns Q421 when the
     schema check was skipped; its diagnostics point at `span`. `writes` False (a rank but the first under
-    torchrun): a collector that hands its tensors on, and no file. `provisional`: the config's names may be
-    made again at the end (output_config), once a prefetched model class is imported."""
+    torchrun): a collector that hands its tensors on, and no file. `provisional` (file to file): the config's
+    names are made again, and checked, at the end (final_config), once a prefetched model class is imported;
+    here only Q400."""
     # the KV cache's arguments are those of an activation spec (vLLM takes float 8-bit symmetric per tensor)
     config = output_config(model, jobs, assignment, input_args(kv.quant) if kv else None, provisional)
-    floats = any(j.scheme.quantized_weights.qtype.is_float for j in jobs) or kv is not None
-    skipped = check_config(config["quantization_config"], span, floats)
+    floats = _needs_package(jobs, config)
+    if provisional:  # checked at the end (final_config), on the names then made
+        skipped = None
+        if floats:
+            require_package(span)
+    else:
+        skipped = check_config(config["quantization_config"], span, floats)
     if not writes:
         return config, RankCollector(), skipped
     writer = FolderWriter(output, output_specs(model, jobs) + kv_specs(attention, model.dtype))
     return config, writer, skipped
+
+
+def final_config(model: TorchModel, jobs: list[Job], assignment: Assignment, provisional: dict,
+                 span: Span | None) -> tuple[dict, Diagnostic | None]:
+    """A file-to-file run's config.json with its final names (the prefetched model class imported by now)
+    and compressed-tensors' check of it, as open_output does for the others: Q420 raised, Q421 returned."""
+    config = output_config(model, jobs, assignment, provisional["quantization_config"]["kv_cache_scheme"])
+    return config, check_config(config["quantization_config"], span, _needs_package(jobs, config))
+
+
+def _needs_package(jobs: list[Job], config: dict) -> bool:
+    """Whether compressed-tensors writes part of the output: the floating formats, a KV cache's scales."""
+    return (any(j.scheme.quantized_weights.qtype.is_float for j in jobs)
+            or config["quantization_config"]["kv_cache_scheme"] is not None)
 
 
 def write_metadata(writer: FolderWriter, model: TorchModel, config: dict, recipe_text: str) -> list[str]:
