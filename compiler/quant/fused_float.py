@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiler.ir.types import Granularity, QType, WeightQuant
+from compiler.quant.fused_rtn import bit_shift
 from compiler.quant.parallel import parallel_map
 
 TASK_WEIGHTS = 1 << 20  # weights one call rounds: ~1 ms of work against ~20 µs of Python around it
@@ -44,7 +45,7 @@ def absmax(bits: np.ndarray) -> float:
     from compiler.quant import float_kernels
 
     flat = bits.reshape(-1)
-    shift = np.uint32(16 if bits.dtype == np.uint16 else 0)
+    shift = bit_shift(bits)
     peaks = parallel_map(lambda first: float_kernels.peak(flat[first:first + TASK_WEIGHTS], shift),
                          range(0, flat.shape[0], TASK_WEIGHTS))
     return float_kernels.magnitude_value(int(max(peaks, default=0)))
@@ -58,7 +59,7 @@ def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str,
     from compiler.quant import float_kernels  # numba: only where weights are rounded (not check/plan)
 
     rows, cols = bits.shape
-    shift = np.uint32(16 if bits.dtype == np.uint16 else 0)
+    shift = bit_shift(bits)
     if spec.qtype is QType.FP8:
         band, group = spec.block_shape if spec.granularity is Granularity.BLOCK else (1, cols)
         codes = np.empty((rows, cols), np.uint8)
