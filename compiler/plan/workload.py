@@ -93,6 +93,12 @@ class Workload(Observation):
     sliced_rounded: bool = False  # an integer weight is rounded outside it, from float32 slices (mse, float16 scales)
 
     @property
+    def histograms(self) -> bool:
+        """Whether static inputs are observed by histograms (every calibration method but minmax), which the
+        torch backend bins with a compiled loop (quant/histogram_kernel.py)."""
+        return bool(self.observed) and self.method is not CalibrationMethod.MINMAX
+
+    @property
     def searched(self) -> Search:
         """The mixed-precision search, for a workload that has one (its score op exists only then)."""
         if self.search is None:

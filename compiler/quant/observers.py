@@ -58,6 +58,7 @@ class HistogramObserver:
     counts: np.ndarray | None = None
     exponent: int = 0  # the range is [-2^exponent, 2^exponent]
     minmax: MinMaxObserver = field(default_factory=MinMaxObserver)
+    compiled: bool = False  # batches binned by quant/histogram_kernel.py (numba; the same counts)
 
     def __post_init__(self) -> None:
         if self.bins % 2 or self.bins < 16:
@@ -80,6 +81,8 @@ class HistogramObserver:
 
     def update(self, x: np.ndarray) -> None:
         """Add a batch, widening the range first when needed."""
+        if self.compiled and self._compiled_update(x):
+            return
         finite = _finite(x, self.minmax)
         if not finite.size:
             return
@@ -90,8 +93,30 @@ class HistogramObserver:
         counts, _ = np.histogram(finite, self.bins, range=(-th, th))
         self.counts += counts
 
+    def _compiled_update(self, x: np.ndarray) -> bool:
+        """update() by the compiled loop; False, with nothing added, where numpy's rule must decide (a
+        non-finite value, edges the loop does not take)."""
+        from compiler.quant import histogram_kernel  # numba: only where a run asked for it
+
+        flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        if not flat.size:
+            return True
+        seen = histogram_kernel.finite_range(flat)
+        if seen is None:
+            return False
+        lo, hi = min(self.minmax.min, seen[0]), max(self.minmax.max, seen[1])
+        needed = _exponent(max(abs(lo), abs(hi)))
+        if not histogram_kernel.exact_edges(self.bins, needed if self.counts is None else max(needed, self.exponent)):
+            return False
+        self.minmax.min, self.minmax.max = lo, hi
+        self.minmax.finite += flat.size
+        self._cover(max(abs(lo), abs(hi)))
+        assert self.counts is not None  # made by _cover
+        histogram_kernel.add_counts(flat, self.threshold, self.counts)
+        return True
+
     def _cover(self, absmax: float) -> None:
-        needed = math.frexp(absmax)[1] if absmax > 0 else -126  # 2^needed ≥ absmax
+        needed = _exponent(absmax)
         if self.counts is None:
             self.counts, self.exponent = np.zeros(self.bins, np.int64), needed
         while self.exponent < needed:
@@ -145,6 +170,12 @@ class HistogramObserver:
         return max(-th, self.minmax.min), min(th, self.minmax.max)
 
 
-def make_observer(histogram: bool, bins: int = DEFAULT_BINS):
-    """A histogram observer for histogram methods, else a min/max one."""
-    return HistogramObserver(bins) if histogram else MinMaxObserver()
+def _exponent(absmax: float) -> int:
+    """The smallest e with 2^e > absmax (a zero range: float32's smallest normal exponent)."""
+    return math.frexp(absmax)[1] if absmax > 0 else -126
+
+
+def make_observer(histogram: bool, bins: int = DEFAULT_BINS, compiled: bool = False):
+    """A histogram observer for histogram methods, else a min/max one. `compiled`: its batches binned by the
+    compiled loop (the same counts; numba loaded, which the torch backend's plans count)."""
+    return HistogramObserver(bins, compiled=compiled) if histogram else MinMaxObserver()

@@ -64,7 +64,7 @@ def sum_of_squares(values: np.ndarray) -> float:
 
 
 @njit(nogil=True, cache=True)
-def _float_range(bits: np.ndarray) -> tuple:
+def float_range(bits: np.ndarray) -> tuple:
     """min and max of float32 values given as their bits, compared as integers ordered like the floats (a
     negative float's magnitude bits flipped): vector integer min/max, where float min/max would not vectorize."""
     lo = np.int32(0x7FFFFFFF)
@@ -119,7 +119,7 @@ def round_groups(bits, shift, group, lo, hi, symmetric, bfloat16_scales, out, sc
             run = source[start:start + group]
             for i in range(group):
                 words[i] = np.uint32(run[i]) << shift
-            mn, mx = _float_range(words)
+            mn, mx = float_range(words)
             squares += sum_of_squares(values)
             mn, mx = min(mn, np.float32(0.0)), max(mx, np.float32(0.0))
             s = max(abs(mn), abs(mx)) / half if symmetric else (mx - mn) / span

@@ -31,7 +31,8 @@ CACHE_COPIES = {MemoryMode.FULL: 0, MemoryMode.LOW_MEMORY: 2, MemoryMode.OFFLOAD
 VRAM_SLACK = 1.2  # Olive's factor over the computed GPU footprint
 CUDA_HOST = 800 * MiB  # host memory of the CUDA context and kernel libraries (measured on an H100: +0.75 GiB RSS)
 COPY_SLICE = 16 << 20  # unquantized tensors are copied to the output in slices of this size
-# numba and the compiled rtn loop (quant/round_kernels.py), loaded at the first weight it rounds. Measured in a
+# numba and the compiled loops (quant/round_kernels.py, quant/histogram_kernel.py), loaded at the first weight
+# rounded or the first input binned. Measured in a
 # process that had imported torch and transformers: numba 53 MiB, the module 11, loading the cached code 61.
 # Counted at 100, the memory-promise compiles that load it measure 0.95-1.02x their plans (at 125: 0.92-0.99x;
 # some of its pages are shared with what torch loaded)
@@ -111,8 +112,9 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
 
 
 def _libraries(w: Workload) -> int:
-    """What the run imports beyond the backend's runtime: the dataset readers, the compiled rounding loop."""
-    return w.data_libraries + (ROUNDING_KERNELS if w.kernel_rounded else 0)
+    """What the run imports beyond the backend's runtime: the dataset readers, numba's compiled loops (rtn
+    rounding, the input histograms)."""
+    return w.data_libraries + (ROUNDING_KERNELS if w.kernel_rounded or w.histograms else 0)
 
 
 def _merging(w: Workload, all_blocks: bool) -> int:

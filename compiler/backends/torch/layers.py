@@ -223,7 +223,7 @@ class Statistics:
             if job.static_input and "observer" not in done:
                 done.add("observer")
                 histogram = self.calibration.method in HISTOGRAM_METHODS
-                observer = self.observers.setdefault(leader, make_observer(histogram, self.calibration.bins))
+                observer = self.observers.setdefault(leader, make_observer(histogram, self.calibration.bins, compiled=True))
                 observer.update(x.detach().float().cpu().numpy())
         return hook
 
