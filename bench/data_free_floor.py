@@ -8,13 +8,15 @@ The checkpoint is transformers' seeded random init of a Llama in bfloat16, saved
 under $QRC_CACHE/bench/. For each scheme, qrc compiles it (`type Linear -> SCHEME`, lm_head float, no
 calibration, no verification) and the floor runs: read every tensor of every shard with safetensors, then
 write the bytes qrc's output holds with safetensors, shard by shard. Each runs in its own process, `--repeat`
-times alternating (qrc, floor, qrc, ...), with the page cache hot (an untimed read first); the best of each
+times alternating (qrc, floor, qrc, ...), with the page cache hot (an untimed read first) and no dirty pages
+left by the run before (an untimed sync); the best of each
 is reported with its peak RSS, the ratio and qrc's rate in GB/s of checkpoint read.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -72,7 +74,10 @@ def checkpoint(hidden: int, layers: int, shard: str) -> Path:
 
 
 def run(argv: list[str]) -> tuple[float, int]:
-    """A child process: (wall seconds, peak RSS bytes from GNU time's max resident set)."""
+    """A child process: (wall seconds, peak RSS bytes from GNU time's max resident set). Every run starts with
+    no dirty pages (os.sync, untimed): otherwise the kernel writes the last run's output back to disk while
+    this one runs, and the two cores it takes from made the floor vary 6-11 s between runs of one checkpoint."""
+    os.sync()
     start = time.perf_counter()
     done = subprocess.run(["/usr/bin/time", "-f", "MAXRSS %M", *argv], capture_output=True, text=True, cwd=ROOT)
     seconds = time.perf_counter() - start

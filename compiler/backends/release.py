@@ -3,8 +3,10 @@ that phase's own (glibc otherwise keeps freed heap pages, and the peak of one ph
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
+from collections.abc import Iterator
 
 
 def release_memory() -> None:
@@ -31,6 +33,23 @@ def freeze_long_lived() -> None:
     counting still frees frozen objects; only cycles among them wait for `thaw`."""
     gc.collect()
     gc.freeze()
+
+
+@contextlib.contextmanager
+def collections_paused() -> Iterator[None]:
+    """Run a block of imports without cyclic garbage collections, then exempt everything alive from later ones
+    (gc.freeze). Importing transformers and compressed-tensors makes about 400,000 long-lived objects, and the
+    collections their allocations trigger rescan all of them: on a data-free compile of a 5.9 GiB checkpoint,
+    whose imports run beside the rounding, 7% of the CPU samples were the collector (wall 0.5-1.6 s less
+    with it paused). Nothing those imports make is garbage worth a scan."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 def thaw() -> None:

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiler.ir.types import Granularity, QType, WeightQuant
-from compiler.quant.fused_rtn import bit_shift
 from compiler.quant.parallel import parallel_map
 
 TASK_WEIGHTS = 1 << 20  # weights one call rounds: ~1 ms of work against ~20 µs of Python around it
@@ -45,8 +44,7 @@ def absmax(bits: np.ndarray) -> float:
     from compiler.quant import float_kernels
 
     flat = bits.reshape(-1)
-    shift = bit_shift(bits)
-    peaks = parallel_map(lambda first: float_kernels.peak(flat[first:first + TASK_WEIGHTS], shift),
+    peaks = parallel_map(lambda first: float_kernels.peak(flat[first:first + TASK_WEIGHTS]),
                          range(0, flat.shape[0], TASK_WEIGHTS))
     return float_kernels.magnitude_value(int(max(peaks, default=0)))
 
@@ -59,14 +57,13 @@ def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str,
     from compiler.quant import float_kernels  # numba: only where weights are rounded (not check/plan)
 
     rows, cols = bits.shape
-    shift = bit_shift(bits)
     if spec.qtype is QType.FP8:
         band, group = spec.block_shape if spec.granularity is Granularity.BLOCK else (1, cols)
         codes = np.empty((rows, cols), np.uint8)
         scales = np.empty((-(-rows // band), -(-cols // group)), np.float32)
 
         def rounded(part: slice) -> tuple:
-            return float_kernels.round_fp8(bits[part], shift, band, group, scale_dtype == "bfloat16", codes[part],
+            return float_kernels.round_fp8(bits[part], band, group, scale_dtype == "bfloat16", codes[part],
                                            scales[part.start // band:-(-part.stop // band)])
     else:
         band, group = 1, spec.qtype.fixed_group or 0
@@ -75,7 +72,7 @@ def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str,
         nvfp4 = np.float32(global_scale if spec.qtype is QType.NVFP4 and global_scale is not None else 0.0)
 
         def rounded(part: slice) -> tuple:
-            return float_kernels.round_fp4(bits[part], shift, group, nvfp4, codes[part], scales[part])
+            return float_kernels.round_fp4(bits[part], group, nvfp4, codes[part], scales[part])
 
     step = -(-max(1, TASK_WEIGHTS // max(cols, 1)) // band) * band  # whole bands of rows
     sums = parallel_map(lambda first: rounded(slice(first, min(first + step, rows))), range(0, rows, step))

@@ -23,11 +23,6 @@ def applies(spec: WeightQuant, rounding: Rounding, scale_dtype: str) -> bool:
             and spec.granularity in (Granularity.GROUP, Granularity.PER_CHANNEL) and scale_dtype in SCALE_DTYPES)
 
 
-def bit_shift(bits: np.ndarray) -> np.uint32:
-    """How far a weight's bits move up to be float32's: 16 for bfloat16 (uint16), 0 for float32 (uint32)."""
-    return np.uint32(16 if bits.dtype == np.uint16 else 0)
-
-
 def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str, measure: bool = False) -> QuantizedWeight:
     """An [out, in] weight given as its float bits (uint16: bfloat16, uint32: float32) rounded with the torch
     convention (qparams.torch_scale_zero_point, then round half to even and clip to the type's full range), as
@@ -41,12 +36,11 @@ def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str, measure: b
     scale = np.empty((rows, cols // group), np.float32)
     zp = np.empty((rows, cols // group), np.float32)
     lo, hi = (np.float32(v) for v in qparams.full_range(spec.qtype))
-    shift = bit_shift(bits)
     step = max(1, TASK_WEIGHTS // max(cols, 1))
 
     def one(first: int) -> tuple[float, float]:
         part = slice(first, first + step)
-        return round_kernels.round_groups(bits[part], shift, group, lo, hi, spec.symmetric,
+        return round_kernels.round_groups(bits[part], group, lo, hi, spec.symmetric,
                                           scale_dtype == "bfloat16", q[part], scale[part], zp[part])
 
     sums = parallel_map(one, range(0, rows, step))

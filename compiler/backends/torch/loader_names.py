@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from compiler.backends.release import collections_paused
 from compiler.backends.torch.experts import Experts
 from compiler.backends.torch.model import TorchModel
 
@@ -95,12 +96,13 @@ def prefetch_model_class(config: dict) -> None:
         return
     found: list = []
     def run() -> None:
-        with contextlib.suppress(Exception):  # a failed import is retried, and reported, where it is needed
-            importlib.import_module("compressed_tensors")  # first: it imports transformers, whose integration
-            # imports it back; in this one order on this one thread, the main thread (which imports either
-            # only after, or waits on its lock) never meets a half-initialised module
-        with contextlib.suppress(Exception):
-            found.append(_model_class(name))
+        with collections_paused():
+            with contextlib.suppress(Exception):  # a failed import is retried, and reported, where it is needed
+                importlib.import_module("compressed_tensors")  # first: it imports transformers, whose
+                # integration imports it back; in this one order on this one thread, the main thread (which
+                # imports either only after, or waits on its lock) never meets a half-initialised module
+            with contextlib.suppress(Exception):
+                found.append(_model_class(name))
     thread = threading.Thread(target=run, name="qrc-import", daemon=True)
     _IMPORTS[name] = (thread, found)
     thread.start()
