@@ -443,6 +443,33 @@ def test_a_folder_transformers_would_open_with_missing_weights_is_q426_and_nothi
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 
+def test_a_data_free_folder_with_missing_weights_is_q426_from_the_check_beside_the_rounding(tmp_path, monkeypatch):
+    """File to file, the load check runs on a thread while the weights round (torch/early_check.py): what it
+    finds is raised where the compile would have raised it, and nothing is written."""
+    from compiler.backends.torch import early_check, loader_names, output_layout
+
+    def checkpoint_paths(model, quantized, floating, schemes, provisional=False):
+        return loader_names.LoaderNames({name: name for name in quantized}, tuple(floating))
+    monkeypatch.setattr(output_layout, "loader_names", checkpoint_paths)
+    started = []
+    monkeypatch.setattr(early_check.EarlyCheck, "__init__", _recorded(early_check.EarlyCheck.__init__, started))
+    folder = build("llava", tmp_path / "llava")
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{ model "{folder}"  backend torch  {PLAIN_SCHEME}\n'
+                      f'  quantize {{ type Linear -> s  "*lm_head" -> none }}  emit "{tmp_path / "out"}" }}')
+    result = CliRunner().invoke(app, ["compile", str(recipe)])
+    assert started, result.output
+    assert result.exit_code == 2 and "Q426" in result.output and "missing" in result.output, result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+def _recorded(init, calls: list):
+    def recording(self, *args, **kwargs):
+        calls.append(args)
+        init(self, *args, **kwargs)
+    return recording
+
+
 @pytest.mark.parametrize("mode", ["full", "offload"])
 def test_verify_measures_the_emitted_folder_not_qrcs_model(mode, tmp_path, monkeypatch):
     """Bytes written wrong while qrc's own rounded model is right (one layer's scales written ×4): verify

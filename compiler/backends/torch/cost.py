@@ -40,6 +40,10 @@ ROUNDING_KERNELS = 100 * MiB
 # compressed-tensors' temporaries while the cores round slices of rows to a floating format (measured file to
 # file on a 5.9 GiB bfloat16 Llama: NVFP4A16 840 MiB, MXFP4A16 791, FP8_BLOCK 758, W4A16 730, plan without it 713)
 FLOAT_SCRATCH = 128 * MiB
+# transformers' load check of the staged folder (torch/early_check.py), which a file-to-file run makes while its
+# weights round: the meta-device models it builds and the modules their loading imports (measured on the 5.9
+# GiB bfloat16 Llama, NVFP4A16: 735-745 MiB peak against 714 with the check at the end, when nothing else was held)
+LOAD_CHECK = 40 * MiB
 # rtn/mse outside the compiled loop (weights.round_weight): each core's float32 slice, its rounded values and
 # the mse search's squared errors, about 4 slices of layers.ROW_SLICE_BYTES (4 MiB; that module imports torch)
 SLICE_SCRATCH = 16 * MiB
@@ -130,20 +134,21 @@ def _file_to_file(w: Workload) -> int:
     float32 slice and the search's scratch (SLICE_SCRATCH). To a floating format by the compiled loop
     (quant/fused_float.py): the codes (at most a byte a weight) and the loop itself (ROUNDING_KERNELS, unless
     the runtime counts it already); by compressed-tensors' functions (a float16 model): up to 4 bytes a
-    weight each for the float copy, the values and the packed bytes, and their temporaries.
-    Unquantized tensors are copied in slices. Measured on a bfloat16 Llama of 5.90 GiB
-    (bench/data_free_floor.py, and the same with `rounding mse`): W4A16 rtn 734 MiB against 713 planned, mse
-    647 against 629; FP8_BLOCK 705 against 664."""
+    weight each for the float copy, the values and the packed bytes, and their temporaries. An HF folder's
+    load check runs meanwhile (LOAD_CHECK). Unquantized tensors are copied in slices. Measured on a bfloat16
+    Llama of 5.90 GiB (bench/data_free_floor.py, and the same with `rounding mse`), before the check ran
+    meanwhile: W4A16 rtn 734 MiB against 713 planned, mse 647 against 629; FP8_BLOCK 705 against 664."""
     names = set(w.quantized_layers)
     largest = max((x for x in w.index.layers if x.name in names), key=lambda x: x.params, default=None)
+    check = LOAD_CHECK if w.index.format is ModelFormat.HF else 0  # only a folder transformers opens is checked
     if largest is None:
-        return COPY_SLICE
+        return COPY_SLICE + check
     if w.float_rounded and w.float_kernel_rounded:
         loop = 0 if w.kernel_rounded else ROUNDING_KERNELS
-        return 2 * largest.bytes + largest.params + COPY_SLICE + loop
+        return 2 * largest.bytes + largest.params + COPY_SLICE + loop + check
     if w.float_rounded:
-        return 3 * 4 * largest.params + COPY_SLICE + FLOAT_SCRATCH
-    return 2 * largest.bytes + 3 * largest.params + COPY_SLICE + (SLICE_SCRATCH if w.sliced_rounded else 0)
+        return 3 * 4 * largest.params + COPY_SLICE + FLOAT_SCRATCH + check
+    return 2 * largest.bytes + 3 * largest.params + COPY_SLICE + (SLICE_SCRATCH if w.sliced_rounded else 0) + check
 
 
 def _offload_weights(w: Workload) -> int:

@@ -31,6 +31,7 @@ from compiler.backends.torch import streams
 from compiler.backends.torch.artifact import can_verify_artifact, open_artifact
 from compiler.backends.torch.attribution import LayerCosts, jobs_in
 from compiler.backends.torch.devices import place
+from compiler.backends.torch.early_check import EarlyCheck
 from compiler.backends.torch.emitted_verify import hidden_cache, run_emitted
 from compiler.backends.torch.fallbacks import unseen_warning
 from compiler.backends.torch.gguf_writer import GgufWriter
@@ -45,7 +46,7 @@ from compiler.backends.torch.layers import (
 from compiler.backends.torch.load_check import check_loads
 from compiler.backends.torch.loader_names import prefetch_model_class
 from compiler.backends.torch.model import TorchModel, open_files, open_model
-from compiler.backends.torch.output_layout import copy_unquantized, final_config, open_output, write_metadata
+from compiler.backends.torch.output_layout import copy_unquantized, open_output, write_metadata
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.sharing import share_costs, share_kv
@@ -117,6 +118,7 @@ class _Run:
         self._costs: LayerCosts | None = None
         self._rounder: Rounder | None = None
         self.smoother: Smoother | None = None  # `transform`: folds its scales before each block's calibration
+        self.early: EarlyCheck | None = None  # file to file: the final config and the load check, on a thread
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode, ops.ScoreSensitivity: self.score,
@@ -221,6 +223,9 @@ class _Run:
                                                             kv, attention, self.plan.spans.recipe, self.ranks.first,
                                                             provisional=self.file_to_file)
             freeze_long_lived()  # the output's layout imported transformers' model classes: later collections skip them
+            if self.file_to_file and isinstance(self.writer, FolderWriter):  # while the weights round
+                self.early = EarlyCheck(self.model, self.jobs, self.assignment, self.config, self.writer,
+                                        (self.plan.spans.recipe, self.plan.spans.emit))
         calibration = gathers.calibration if gathers is not None else None
         # GGUF's blocks carry float16 scales: rounded with them, qrc's model computes what llama.cpp decodes
         self.rounder = Rounder(calibration, self.plan.spans.model, self.model, self.writer, self.global_scales,
@@ -473,10 +478,10 @@ class _Run:
             self.writer.copy_unquantized(self.model, self.jobs)
         elif isinstance(self.writer, FolderWriter):  # the first rank writes the output; the others hand tensors on
             copy_unquantized(self.writer, self.model, self.jobs)
-            if self.file_to_file:  # its names were made before the prefetched model class was imported
-                self.config, skipped = final_config(self.model, self.jobs, self.assignment, self.config,
-                                                    self.plan.spans.recipe)
-                warnings.extend([skipped] if skipped is not None else [])
+            checked = self.early.collect() if self.early is not None else None  # the final names (early_check.py)
+            if checked is not None:
+                self.config = checked.config
+                warnings.extend(w for w in (checked.config_warning,) if w is not None)
             refused = write_metadata(self.writer, self.model, self.config, self.plan.recipe_text)
         if refused:
             warnings.append(warning(
@@ -486,7 +491,8 @@ class _Run:
         staged = tuple(self.writer.finish())
         if self.model.folder is not None and isinstance(self.writer, FolderWriter):  # what transformers makes of
             # the folder, before it goes into place (the first rank's: the others write nothing)
-            skipped = check_loads(self.writer.temp, self.model.folder, self.plan.spans.emit)
+            skipped = (self.early.collect().load_warning if self.early is not None
+                       else check_loads(self.writer.temp, self.model.folder, self.plan.spans.emit))
             if skipped is not None:
                 warnings.append(skipped)
                 self.unopened = skipped.message  # verification still decodes the folder, and says how

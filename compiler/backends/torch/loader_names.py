@@ -108,6 +108,14 @@ def prefetch_model_class(config: dict) -> None:
     thread.start()
 
 
+def await_prefetch(config: dict) -> None:
+    """Wait until prefetch_model_class's imports for this config are done (at once when none was started): a
+    thread importing compressed-tensors or transformers meanwhile would meet a half-initialised module."""
+    thread, _ = _IMPORTS.get(_architecture(config) or "", (None, []))
+    if thread is not None:
+        thread.join()
+
+
 def _class_prefix(config: dict, wait: bool = True) -> str | None:
     """The base-model prefix of the class config.json names (a file-to-file run builds no model; the class
     attribute is read without building one). Not `wait`: None while a prefetch is still importing it."""

@@ -120,11 +120,16 @@ def _needs_package(jobs: list[Job], config: dict) -> bool:
             or config["quantization_config"]["kv_cache_scheme"] is not None)
 
 
+def config_text(config: dict) -> str:
+    """config.json as written."""
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
 def write_metadata(writer: FolderWriter, model: TorchModel, config: dict, recipe_text: str) -> list[str]:
     """config.json (from output_config), the recipe, and the model folder's other files (tokenizer,
     generation config, …): regular files resolving inside the folder only (models/side_files.py). Returns
     the side files not copied because they link outside it."""
-    writer.metadata("config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+    writer.metadata("config.json", config_text(config))
     writer.metadata("qrc.recipe", recipe_text)
     folder = model.folder
     refused: list[str] = []
