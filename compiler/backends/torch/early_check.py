@@ -10,6 +10,7 @@ where the run would have raised it (at emit, before anything goes into place), a
 
 from __future__ import annotations
 
+import gc
 import threading
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ class EarlyCheck:
                 writer.metadata("config.json", config_text(config))
                 loaded = check_loads(writer.temp, source, emit_span) if source is not None else None
                 self._outcome = Checked(config, config_warning, loaded)
+                gc.collect()  # the meta models' cycles (~40 MiB), here: the imports are frozen, so it is brief
             except BaseException as exc:  # noqa: BLE001  # handed to the main thread, raised there
                 self._outcome = exc
 
