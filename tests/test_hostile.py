@@ -116,8 +116,17 @@ def test_nonfinite_onnx_weight_is_refused_and_nothing_written(tmp_path):
                             tmp_path / "out.onnx", "Q409", "2 non-finite")
 
 
-def test_nonfinite_torch_weight_is_refused_and_nothing_written(tmp_path):
+@pytest.mark.parametrize("memory", ["    memory { mode offload }\n", ""])  # the second: file to file
+def test_nonfinite_torch_weight_is_refused_and_nothing_written(tmp_path, memory, monkeypatch):
+    """Also file to file, where the load check runs on a thread meanwhile (here made to finish after the
+    failure): it must not write into the staged folder once the failed run removed it."""
     pytest.importorskip("transformers")
+    import time
+
+    from compiler.backends.torch import early_check
+
+    final_config = early_check.final_config
+    monkeypatch.setattr(early_check, "final_config", lambda *args: (time.sleep(1.0), final_config(*args))[1])
     from safetensors.torch import load_file, save_file
     from zoo import build
 
@@ -126,8 +135,9 @@ def test_nonfinite_torch_weight_is_refused_and_nothing_written(tmp_path):
     tensors["model.layers.1.mlp.up_proj.weight"][0, 0] = float("nan")
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     _refused_without_output(tmp_path, f'    model "{folder}"\n    backend torch\n    scheme w4 = W4A16 {{ group 32 }}\n'
-                            '    quantize { type Linear -> w4 }\n    memory { mode offload }\n', tmp_path / "out",
+                            f'    quantize {{ type Linear -> w4 }}\n{memory}', tmp_path / "out",
                             "Q409", "up_proj")
+    time.sleep(1.5)  # a thread still running would have written by now
     assert not list(tmp_path.glob(".out*"))  # no temporary folder left either
 
 

@@ -56,9 +56,13 @@ class EarlyCheck:
         self._thread = threading.Thread(target=run, name="qrc-check", daemon=True)
         self._thread.start()
 
+    def join(self) -> None:
+        """Wait for the thread (a run stopping early: it must not write into a staged folder being removed)."""
+        self._thread.join()
+
     def collect(self) -> Checked:
         """The outcome, once the thread is done; what it raised is raised here."""
-        self._thread.join()
+        self.join()
         if isinstance(self._outcome, BaseException):
             raise self._outcome
         assert self._outcome is not None  # set by the thread before it ends

@@ -139,6 +139,8 @@ class _Run:
 
     def close(self) -> None:
         """Remove the caches and hooks, and the staged output unless it was committed."""
+        if self.early is not None:
+            self.early.join()  # before the staged folder goes: the thread writes its config.json there
         if self._writer is not None:
             self._writer.abort()  # after a commit there is nothing left to remove
         for cache in self.caches:
