@@ -61,11 +61,10 @@ def _parts(size: int) -> list[slice]:
 def finite_range(values: np.ndarray) -> tuple[float, float] | None:
     """(min, max) of a contiguous float32 vector when all of it is finite, else None."""
     bits = values.view(np.uint32)
-    parts = _parts(values.size)
-    if sum(parallel_map(lambda part: _nonfinite(bits[part]), parts)):
+    seen = parallel_map(lambda part: (_nonfinite(bits[part]), *float_range(bits[part])), _parts(values.size))
+    if any(bad for bad, _, _ in seen):
         return None
-    ranges = parallel_map(lambda part: float_range(bits[part]), parts)
-    return float(min(lo for lo, _ in ranges)), float(max(hi for _, hi in ranges))
+    return float(min(lo for _, lo, _ in seen)), float(max(hi for _, _, hi in seen))
 
 
 def add_counts(values: np.ndarray, threshold: float, counts: np.ndarray) -> None:

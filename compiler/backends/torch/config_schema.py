@@ -1,7 +1,7 @@
 """The emitted `quantization_config`, checked with compressed-tensors' own pydantic models before any work
 starts (the loaders of transformers and vLLM parse it with the same models). A config they reject is a qrc
 bug, refused with Q420 instead of a folder that fails where it is served; without the package, Q421 says
-the check was skipped. A file-to-file run checks it at the end instead, on the names it writes (its import of
+the check was skipped. A file-to-file run checks it later instead, on the names it writes (torch/early_check.py; its import of
 compressed-tensors then overlaps the rounding: loader_names.prefetch_model_class)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from compiler.source import Span
 
 def require_package(span: Span | None) -> None:
     """Q400 when compressed-tensors is not installed, found without importing it (its import, which imports
-    transformers, takes seconds: a file-to-file run checks its config at the end, on the names it writes)."""
+    transformers, takes seconds: a file-to-file run checks its config later, on the names it writes)."""
     if importlib.util.find_spec("compressed_tensors") is None:
         raise BackendError(_missing(span))
 

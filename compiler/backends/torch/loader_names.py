@@ -50,7 +50,7 @@ def loader_names(model: TorchModel, quantized: dict[str, str], floating: list[st
     """Targets and ignore list for `quantized` (checkpoint layer name → its module in the task class) and the
     Linear layers left `floating` (checkpoint names), with `schemes` groups. `provisional`: without waiting
     for a prefetched class (the names then lack its base-model prefix: for checking the config's form early;
-    the output's are made again at the end)."""
+    the output's are made again once the class is imported)."""
     root = model.module
     prefix = getattr(root, "base_model_prefix", "") or _class_prefix(model.config, wait=not provisional) or ""
     in_experts = _expert_modules(root)
@@ -90,7 +90,7 @@ def prefetch_model_class(config: dict) -> None:
     needs the class's base-model prefix for the output's names, and its load check the class; importing it
     (2–3 s of transformers' modules, mostly holding the GIL) then overlaps the rounding, whose threads and
     I/O leave a core idle, instead of preceding it (measured on a 5.9 GiB checkpoint: 1.5 s of 12.9 saved).
-    compressed-tensors is imported here too (the config's check at the end, the floating formats' rounding)."""
+    compressed-tensors is imported here too (the config's check beside the rounding: early_check.py)."""
     name = _architecture(config)
     if name is None or name in _IMPORTS:
         return

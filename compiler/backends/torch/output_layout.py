@@ -89,12 +89,12 @@ def open_output(output: Path, model: TorchModel, jobs: list[Job], assignment: As
     tensor laid out (`attention`: the modules whose KV scales `kv_cache` adds). Also returns Q421 when the
     schema check was skipped; its diagnostics point at `span`. `writes` False (a rank but the first under
     torchrun): a collector that hands its tensors on, and no file. `provisional` (file to file): the config's
-    names are made again, and checked, at the end (final_config), once a prefetched model class is imported;
+    names are made again, and checked, once a prefetched model class is imported (final_config, early_check.py);
     here only Q400."""
     # the KV cache's arguments are those of an activation spec (vLLM takes float 8-bit symmetric per tensor)
     config = output_config(model, jobs, assignment, input_args(kv.quant) if kv else None, provisional)
     floats = _needs_package(jobs, config)
-    if provisional:  # checked at the end (final_config), on the names then made
+    if provisional:  # checked later (final_config), on the names then made
         skipped = None
         if floats:
             require_package(span)
