@@ -2,11 +2,12 @@
 built) comes to only reading a checkpoint and writing as many bytes as qrc wrote.
 
     python bench/data_free_floor.py [--hidden 2048] [--layers 16] [--shard 2GB]
-                                    [--schemes W4A16 W8A16 FP8_DYNAMIC FP8_BLOCK NVFP4A16 MXFP4A16] [--repeat 3]
+                                    [--schemes W4A16 W8A16 FP8_DYNAMIC FP8_BLOCK NVFP4A16 MXFP4A16 W4A16+mse
+                                               W8A16+mse] [--repeat 3]
 
 The checkpoint is transformers' seeded random init of a Llama in bfloat16, saved once (sharded at `--shard`)
 under $QRC_CACHE/bench/. For each scheme, qrc compiles it (`type Linear -> SCHEME`, lm_head float, no
-calibration, no verification) and the floor runs: read every tensor of every shard with safetensors, then
+calibration, no verification; `NAME+mse`: the scheme with `rounding mse`, the clipping search) and the floor runs: read every tensor of every shard with safetensors, then
 write the bytes qrc's output holds with safetensors, shard by shard. Each runs in its own process, `--repeat`
 times alternating (qrc, floor, qrc, ...), with the page cache hot (an untimed read first) and no dirty pages
 left by the run before (an untimed sync); the best of each
@@ -27,10 +28,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMES = ("W4A16", "W8A16", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "MXFP4A16")
+SEARCHED = ("W4A16+mse", "W8A16+mse")  # the integer schemes with the mse clipping search (not run by default)
 RECIPE = """recipe bench {{
     model "{model}"
     backend torch
-    quantize {{ type Linear -> {scheme}  "lm_head" -> none }}
+    scheme chosen = {scheme} {{ rounding {rounding} }}
+    quantize {{ type Linear -> chosen  "lm_head" -> none }}
     emit "{out}"
 }}
 """
@@ -95,7 +98,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--shard", default="2GB", help="max_shard_size of the checkpoint")
-    parser.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES)
+    parser.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES + SEARCHED)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     folder = checkpoint(args.hidden, args.layers, args.shard)
@@ -113,7 +116,8 @@ def main() -> None:
         for scheme in args.schemes:
             out, floor_out = tmp / f"qrc-{scheme}", tmp / "floor"
             recipe = tmp / f"{scheme}.recipe"
-            recipe.write_text(RECIPE.format(model=folder, scheme=scheme, out=out))
+            name, _, searched = scheme.partition("+")
+            recipe.write_text(RECIPE.format(model=folder, scheme=name, rounding=searched or "rtn", out=out))
             qrc_runs, floor_runs = [], []
             for _ in range(args.repeat):
                 shutil.rmtree(out, ignore_errors=True)

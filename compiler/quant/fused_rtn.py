@@ -1,7 +1,8 @@
 """compressed-tensors' rtn straight from a weight's float bits: slices of rows on every core, each group's
-range, scale, integers and error taken in one pass (round_kernels.round_groups). The torch backend's rtn of
-a bfloat16 or float32 weight, the whole of data-free rounding's arithmetic; weights.quantize_weight is the
-same rule in numpy (the reference the kernel is tested against) and rounds everything else."""
+range, scale, integers and error taken in one pass (round_kernels.round_groups), or its scale chosen by the
+mse search first (mse_kernel.mse_groups). The torch backend's rtn and mse of a bfloat16 or float32 weight,
+the whole of data-free rounding's arithmetic; weights.quantize_weight is the same rule in numpy (the
+reference the kernels are tested against) and rounds everything else."""
 
 from __future__ import annotations
 
@@ -10,25 +11,28 @@ import numpy as np
 from compiler.ir.types import Granularity, Rounding, WeightQuant
 from compiler.quant import qparams
 from compiler.quant.parallel import parallel_map
-from compiler.quant.weights import QuantizedWeight
+from compiler.quant.weights import MSE_GRID, QuantizedWeight
 
 TASK_WEIGHTS = 1 << 20  # weights one call rounds: ~0.6 ms of work against ~20 µs of Python around it
 SCALE_DTYPES = ("float32", "bfloat16")  # what the kernel rounds scales to (a float16 model's: weights.py)
 
 
 def applies(spec: WeightQuant, rounding: Rounding, scale_dtype: str) -> bool:
-    """Whether `round_bits` rounds this scheme: rtn of integers in groups or per channel, scales stored in
-    float32 or bfloat16 (the torch convention's other cases round in weights.py)."""
-    return (rounding is Rounding.RTN and not spec.qtype.is_float and not spec.qtype.is_kquant
+    """Whether `round_bits` rounds this scheme: rtn or mse (without importance weights) of integers in groups
+    or per channel, scales stored in float32 or bfloat16 (the torch convention's other cases round in
+    weights.py)."""
+    return (rounding in (Rounding.RTN, Rounding.MSE) and not spec.qtype.is_float and not spec.qtype.is_kquant
             and spec.granularity in (Granularity.GROUP, Granularity.PER_CHANNEL) and scale_dtype in SCALE_DTYPES)
 
 
-def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str, measure: bool = False) -> QuantizedWeight:
+def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str, measure: bool = False,
+               rounding: Rounding = Rounding.RTN) -> QuantizedWeight:
     """An [out, in] weight given as its float bits (uint16: bfloat16, uint32: float32) rounded with the torch
-    convention (qparams.torch_scale_zero_point, then round half to even and clip to the type's full range), as
-    weights.round_weight(…, Convention.TORCH) returns it: the integers [out, in], scales and zero points
-    [out, in / group] (per channel: [out]). `measure`: with the sums of the weight's SQNR."""
-    from compiler.quant import round_kernels  # numba: only where weights are rounded (not check/plan)
+    convention (qparams.torch_scale_zero_point of its range, or of the range shrunk by the mse search, then
+    round half to even and clip to the type's full range), as weights.round_weight(…, Convention.TORCH)
+    returns it: the integers [out, in], scales and zero points [out, in / group] (per channel: [out]).
+    `measure`: with the sums of the weight's SQNR."""
+    from compiler.quant import mse_kernel, round_kernels  # numba: only where weights are rounded (not check/plan)
 
     rows, cols = bits.shape
     group = spec.group if spec.granularity is Granularity.GROUP else cols
@@ -36,12 +40,17 @@ def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str, measure: b
     scale = np.empty((rows, cols // group), np.float32)
     zp = np.empty((rows, cols // group), np.float32)
     lo, hi = (np.float32(v) for v in qparams.full_range(spec.qtype))
-    step = max(1, TASK_WEIGHTS // max(cols, 1))
+    mse = rounding is Rounding.MSE
+    step = max(1, (TASK_WEIGHTS // len(MSE_GRID) if mse else TASK_WEIGHTS) // max(cols, 1))
+    alphas = np.array(MSE_GRID, np.float64)
 
     def one(first: int) -> tuple[float, float]:
-        part = slice(first, first + step)
-        return round_kernels.round_groups(bits[part], group, lo, hi, spec.symmetric,
-                                          scale_dtype == "bfloat16", q[part], scale[part], zp[part])
+        part, bfloat16_scales = slice(first, first + step), scale_dtype == "bfloat16"
+        if mse:
+            return mse_kernel.mse_groups(bits[part], group, lo, hi, spec.symmetric, bfloat16_scales, alphas,
+                                         q[part], scale[part], zp[part])
+        return round_kernels.round_groups(bits[part], group, lo, hi, spec.symmetric, bfloat16_scales,
+                                          q[part], scale[part], zp[part])
 
     sums = parallel_map(one, range(0, rows, step))
     totals = (sum(s for s, _ in sums), sum(e for _, e in sums)) if measure else None

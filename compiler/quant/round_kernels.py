@@ -28,7 +28,7 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 
 SUMS = {"reassoc", "nsz", "nnan", "ninf", "contract"}  # reductions only: order and NaN-freedom assumed
-_EXACT = {"nnan", "ninf", "nsz"}  # no reassociation, no contraction: IEEE per value
+EXACT = {"nnan", "ninf", "nsz"}  # no reassociation, no contraction: IEEE per value
 _TINY = np.float32(np.finfo(np.float32).tiny)  # a zero range's scale (bfloat16 shares float32's exponent range)
 
 
@@ -102,8 +102,24 @@ def to_bfloat16(x: np.float32) -> np.float32:
     return float_of((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000))
 
 
-@njit(nogil=True, cache=True, fastmath=_EXACT)
-def _round_run(values, scale, zp, lo, hi, out, errors) -> None:
+@njit(nogil=True, cache=True, fastmath=EXACT)
+def scale_zero_point(mn, mx, lo, hi, symmetric, bfloat16_scales) -> tuple:
+    """compressed-tensors' scale and zero point of a range (float32; qparams.torch_scale_zero_point's rule):
+    0 put in the range, absmax / ((hi − lo) / 2) with zero point 0 (symmetric) or (max − min) / (hi − lo) with
+    zero point clip(round(lo − min / scale)), a zero scale made the smallest normal, rounded to bfloat16 if
+    `bfloat16_scales` (where it is stored) and kept positive."""
+    mn, mx = min(mn, np.float32(0.0)), max(mx, np.float32(0.0))
+    s = max(abs(mn), abs(mx)) / ((hi - lo) / np.float32(2.0)) if symmetric else (mx - mn) / (hi - lo)
+    s = s if s > 0 else _TINY
+    if bfloat16_scales:
+        s = to_bfloat16(s)
+        s = s if s > 0 else _TINY
+    z = np.float32(0.0) if symmetric else min(max(np.rint(lo - mn / s), lo), hi)
+    return s, z
+
+
+@njit(nogil=True, cache=True, fastmath=EXACT)
+def round_run(values, scale, zp, lo, hi, out, errors) -> None:
     """round(v / scale) half to even plus the zero point, clipped to [lo, hi], into `out`; each value's error
     as dequantized, v − (q − zero point) · scale, into `errors`."""
     for i in range(values.shape[0]):
@@ -113,7 +129,7 @@ def _round_run(values, scale, zp, lo, hi, out, errors) -> None:
         errors[i] = v - (x - zp) * scale
 
 
-@njit(nogil=True, cache=True, fastmath=_EXACT)
+@njit(nogil=True, cache=True, fastmath=EXACT)
 def round_groups(bits, group, lo, hi, symmetric, bfloat16_scales, out, scale, zp) -> tuple:
     """compressed-tensors' rtn of an [out, in] weight given as its float bits (uint16 bfloat16, uint32
     float32; stored_word), in groups of `group` along each row (the row's length: per channel): each
@@ -126,7 +142,6 @@ def round_groups(bits, group, lo, hi, symmetric, bfloat16_scales, out, scale, zp
     words = np.empty(group, np.uint32)
     values = words.view(np.float32)
     errors = np.empty(group, np.float32)
-    half, span = (hi - lo) / np.float32(2.0), hi - lo
     squares = 0.0
     error = 0.0
     for r in range(rows):
@@ -138,15 +153,9 @@ def round_groups(bits, group, lo, hi, symmetric, bfloat16_scales, out, scale, zp
                 words[i] = stored_word(run[i])
             mn, mx = float_range(words)
             squares += sum_of_squares(values)
-            mn, mx = min(mn, np.float32(0.0)), max(mx, np.float32(0.0))
-            s = max(abs(mn), abs(mx)) / half if symmetric else (mx - mn) / span
-            s = s if s > 0 else _TINY
-            if bfloat16_scales:
-                s = to_bfloat16(s)
-                s = s if s > 0 else _TINY
-            z = np.float32(0.0) if symmetric else min(max(np.rint(lo - mn / s), lo), hi)
+            s, z = scale_zero_point(mn, mx, lo, hi, symmetric, bfloat16_scales)
             scale[r, g] = s
             zp[r, g] = z
-            _round_run(values, s, z, lo, hi, target[start:start + group], errors)
+            round_run(values, s, z, lo, hi, target[start:start + group], errors)
             error += sum_of_squares(errors)
     return squares, error

@@ -280,7 +280,7 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
         # whole first), the scratch a slice's
         bits = float_formats.float_bits(weight.detach().cpu())
         if bits is not None and fused_rtn.applies(spec, job.scheme.rounding, np_dtype):
-            return fused_rtn.round_bits(bits, spec, np_dtype, measure)
+            return fused_rtn.round_bits(bits, spec, np_dtype, measure, job.scheme.rounding)
         return round_weight(weight.detach().cpu(), spec, job.scheme.rounding, 0, 1, Convention.TORCH, np_dtype,
                             slice_bytes=ROW_SLICE_BYTES, measure=measure, float32=_into_float32)
     w = weight.detach().float().cpu().numpy()

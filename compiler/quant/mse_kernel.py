@@ -1,0 +1,192 @@
+"""The torch backend's mse clipping search of a weight, compiled by numba: per group (or channel) the range
+found once, then each shrink factor of weights.MSE_GRID tried on values still in L1 and the one with the
+lowest squared error kept, then the integers rounded with it.
+
+Why our own loop: numpy's search (weights._mse_params) is eleven candidates of a dozen whole-array passes
+each; data-free mse of a 6 GiB checkpoint took 52 s against 9 s for rtn (round_kernels.round_groups).
+
+The choice between two candidates can hinge on the last bit of their errors, so this loop computes each
+error exactly as numpy does: the same float32 operations per value (no reassociation, no contraction), and
+the float64 sum in the order numpy's `sum(axis=1, dtype=float64)` adds a float32 run in: runs of
+NUMPY_BUFFER values (its casting buffer), each summed pairwise (`numpy_order_sum`). tests/test_mse_kernel.py
+holds that order against numpy's own sum, and the whole search against weights.quantize_weight."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from compiler.quant.round_kernels import EXACT, float_range, round_run, scale_zero_point, stored_word, sum_of_squares
+
+NUMPY_BUFFER = 8192  # numpy's default ufunc buffer (np.getbufsize()): a cast reduction adds this many at a time
+ROWS = 4  # candidates whose errors are summed together (lane_sums)
+_LEAF = 128  # numpy's pairwise summation: runs up to this long are added in 8 interleaved partial sums
+
+
+def _lane_sums(typingctx, rows, start, whole):
+    """Σ of each row's `whole` values (a multiple of 8, at least 8) from column `start`, for the ROWS rows of
+    a C-contiguous float32 array, as numpy's pairwise leaf adds a run: eight float64 running sums (value i
+    into sum i mod 8) combined as ((0+1)+(2+3))+((4+5)+(6+7)). Written as LLVM vector code: a row's eight
+    sums are the lanes of one <8 x double>, which LLVM does not make of eight scalar sums itself, and the
+    rows' sums are independent chains, so the adds' latency overlaps (one row alone waits on each add)."""
+    if not (isinstance(rows, types.Array) and rows.ndim == 2 and rows.layout == "C"
+            and rows.dtype == types.float32):
+        return None
+
+    def codegen(context, builder, signature, args):
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        stride = cgutils.unpack_tuple(builder, array.shape)[1]
+        index, lanes, wide = ir.IntType(64), ir.VectorType(ir.FloatType(), 8), ir.VectorType(ir.DoubleType(), 8)
+        firsts = [builder.gep(array.data, [builder.add(builder.mul(stride, ir.Constant(index, row)), args[1])])
+                  for row in range(ROWS)]
+
+        def load(row, at):
+            pointer = builder.bitcast(builder.gep(firsts[row], [at]), lanes.as_pointer())
+            return builder.fpext(builder.load(pointer, align=4), wide)
+
+        entry, initial = builder.block, [load(row, ir.Constant(index, 0)) for row in range(ROWS)]
+        head, body, done = (builder.append_basic_block(f"lanes.{name}") for name in ("head", "body", "done"))
+        builder.branch(head)
+        builder.position_at_end(head)
+        at, sums = builder.phi(index), [builder.phi(wide) for _ in range(ROWS)]
+        at.add_incoming(ir.Constant(index, 8), entry)
+        for row in range(ROWS):
+            sums[row].add_incoming(initial[row], entry)
+        builder.cbranch(builder.icmp_signed("<", at, args[2]), body, done)
+        builder.position_at_end(body)
+        at.add_incoming(builder.add(at, ir.Constant(index, 8)), body)
+        for row in range(ROWS):
+            sums[row].add_incoming(builder.fadd(sums[row], load(row, at)), body)
+        builder.branch(head)
+        builder.position_at_end(done)
+        totals = []
+        for row in range(ROWS):
+            r = [builder.extract_element(sums[row], ir.Constant(ir.IntType(32), lane)) for lane in range(8)]
+            totals.append(builder.fadd(builder.fadd(builder.fadd(r[0], r[1]), builder.fadd(r[2], r[3])),
+                                       builder.fadd(builder.fadd(r[4], r[5]), builder.fadd(r[6], r[7]))))
+        return context.make_tuple(builder, signature.return_type, totals)
+    return types.UniTuple(types.float64, ROWS)(rows, types.int64, types.int64), codegen
+
+
+lane_sums: Any = intrinsic(_lane_sums)  # compiled code only
+
+
+@njit(nogil=True, cache=True)
+def _leaf(rows, start, n) -> tuple:
+    """numpy's pairwise sum of rows[:, start:start + n] (float32, n ≤ 128), each row in float64: under 8
+    values in order, else in eight running sums (`lane_sums`) and then the rest in order."""
+    whole = n - n % 8 if n >= 8 else 0
+    t0, t1, t2, t3 = lane_sums(rows, start, whole) if whole else (0.0, 0.0, 0.0, 0.0)
+    for i in range(start + whole, start + n):
+        t0 += np.float64(rows[0, i])
+        t1 += np.float64(rows[1, i])
+        t2 += np.float64(rows[2, i])
+        t3 += np.float64(rows[3, i])
+    return t0, t1, t2, t3
+
+
+@njit(nogil=True, cache=True)
+def _pairwise(rows, start, n) -> tuple:
+    """numpy's pairwise sum of each row's values[start:start + n] in float64: runs up to 128 as one `_leaf`;
+    longer runs split at half rounded down to a multiple of 8, each half summed so and then added."""
+    if n <= _LEAF:
+        return _leaf(rows, start, n)
+    half = n // 2
+    half -= half % 8
+    a0, a1, a2, a3 = _pairwise(rows, start, half)
+    b0, b1, b2, b3 = _pairwise(rows, start + half, n - half)
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+@njit(nogil=True, cache=True)
+def numpy_order_sums(rows) -> tuple:
+    """Σ of each row of a [ROWS, n] float32 array in float64, bit for bit what numpy's `sum(axis=1,
+    dtype=np.float64)` gives for a row: a running total (from 0) plus the pairwise sum of each
+    NUMPY_BUFFER-long run."""
+    n = rows.shape[1]
+    if n <= _LEAF:  # a group's errors: no recursive call
+        return _leaf(rows, 0, n)
+    t0, t1, t2, t3 = 0.0, 0.0, 0.0, 0.0
+    for start in range(0, n, NUMPY_BUFFER):
+        s0, s1, s2, s3 = _pairwise(rows, start, min(NUMPY_BUFFER, n - start))
+        t0, t1, t2, t3 = t0 + s0, t1 + s1, t2 + s2, t3 + s3
+    return t0, t1, t2, t3
+
+
+@njit(nogil=True, cache=True, fastmath=EXACT)
+def _squared_errors(values, s, z, lo, hi, squares) -> None:
+    """Each value's squared error (float32) once rounded with scale `s` and zero point `z`: ((clip(round(v /
+    s) + z) − z) · s − v)², weights._Rules.squared_error's operations in its order."""
+    for i in range(values.shape[0]):
+        v = values[i]
+        x = min(max(np.rint(v / s) + z, lo), hi)
+        d = (x - z) * s - v
+        squares[i] = d * d
+
+
+@njit(nogil=True, cache=True, fastmath=EXACT)
+def _candidates(low, high, alphas, lo, hi, symmetric, bfloat16_scales, scales, zero_points) -> None:
+    """Each shrink factor's scale and zero point ([factor, group]) for the groups' ranges `low`, `high`
+    (float32): the factor times the range in float64, stored as float32, as weights._mse_params computes
+    it; one loop over the groups per factor, so it runs in vector lanes."""
+    for k in range(alphas.shape[0]):
+        alpha = alphas[k]
+        for g in range(low.shape[0]):
+            scales[k, g], zero_points[k, g] = scale_zero_point(
+                np.float32(np.float64(low[g]) * alpha), np.float32(np.float64(high[g]) * alpha), lo, hi,
+                symmetric, bfloat16_scales)
+
+
+@njit(nogil=True, cache=True, fastmath=EXACT)
+def _best(values, scales, zero_points, lo, hi, squares) -> int:
+    """The candidate (a row of `scales`, `zero_points` for this group) whose squared error is lowest: the
+    first on a tie, the first if none is below infinity (weights._mse_params's strict `<`). `squares`: a
+    [ROWS, len(values)] scratch, ROWS candidates' squared errors summed at a time (rows past the last
+    candidate are left as they are and not compared)."""
+    best, chosen = np.inf, 0
+    for first in range(0, scales.shape[0], ROWS):
+        count = min(ROWS, scales.shape[0] - first)
+        for row in range(count):
+            _squared_errors(values, scales[first + row], zero_points[first + row], lo, hi, squares[row])
+        errors = numpy_order_sums(squares)
+        for row in range(count):
+            if errors[row] < best:
+                best, chosen = errors[row], first + row
+    return chosen
+
+
+@njit(nogil=True, cache=True, fastmath=EXACT)
+def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, alphas, out, scale, zp) -> tuple:
+    """round_kernels.round_groups with the scale and zero point of each group chosen by the mse search over
+    the shrink factors `alphas` (float64, weights.MSE_GRID) instead of the full range: the same arguments,
+    outputs and returned sums (Σ w², Σ (w − dequantized)² of the chosen rounding)."""
+    rows, cols = bits.shape
+    groups = cols // group
+    words = np.empty(cols, np.uint32)
+    values = words.view(np.float32)
+    low, high = np.empty(groups, np.float32), np.empty(groups, np.float32)
+    scales, zero_points = np.empty((alphas.shape[0], groups), np.float32), np.empty((alphas.shape[0], groups), np.float32)
+    errors = np.empty(group, np.float32)
+    squares_scratch = np.zeros((ROWS, group), np.float32)
+    squares = 0.0
+    error = 0.0
+    for r in range(rows):
+        source, target = bits[r], out[r]
+        for i in range(cols):
+            words[i] = stored_word(source[i])
+        squares += sum_of_squares(values)
+        for g in range(groups):
+            low[g], high[g] = float_range(words[g * group:(g + 1) * group])
+        _candidates(low, high, alphas, lo, hi, symmetric, bfloat16_scales, scales, zero_points)
+        for g in range(groups):
+            run = values[g * group:(g + 1) * group]
+            k = _best(run, scales[:, g], zero_points[:, g], lo, hi, squares_scratch)
+            scale[r, g], zp[r, g] = scales[k, g], zero_points[k, g]
+            round_run(run, scale[r, g], zp[r, g], lo, hi, target[g * group:(g + 1) * group], errors)
+            error += sum_of_squares(errors)
+    return squares, error
