@@ -110,3 +110,41 @@ def test_an_exact_tie_keeps_the_wider_range(symmetric, scales, group):
     assert np.array_equal(numpy_search.scale, full_range.scale)
     assert np.array_equal(compiled.scale, full_range.scale)
     assert np.array_equal(compiled.q, numpy_search.q)
+
+
+NEAR_TIES = [  # groups whose two best shrink factors' float64 errors differ in the last digits only (found by
+    # search): a float32 sum can order them either way, so the kernel must sum these as numpy does
+    (True, [-0.04296875, -0.107421875, -0.044921875, -0.01171875, -0.025390625, 0.0859375, -0.021484375, -0.009765625,
+            -0.1015625, -0.05078125, -0.08984375, -0.0390625, -0.064453125, 0.04296875, 0.001952406601049006,
+            0.07421875, 0.087890625, -0.078125, -0.095703125, 0.052734375, -0.1015625, -0.009765625, -0.10546875,
+            0.068359375, 0.091796875, -0.052734375, -0.072265625, 0.107421875, 0.060546875, 0.005859375, 0.0546875,
+            -0.048828125]),
+    (False, [0.01953125, 0.015625, -0.01953125, -0.01953125, -0.001953125, -0.00390625, 0.0, 0.0078125, 0.0078125,
+             -0.015625, 0.01171875, -0.005859375, 0.025390625, -0.02734375, -0.009765625, -0.0234375, 0.017578125,
+             0.0, 0.0078125, 0.02734375, -0.02734375, -0.005859375, 0.03125, 0.03125, 0.005859375, 0.0078125,
+             0.017578125, 0.03125, 0.029296875, 0.025390625, -0.02734375, -0.02734375]),
+]
+
+
+@pytest.mark.parametrize(("symmetric", "group"), NEAR_TIES)
+def test_a_near_tie_is_decided_by_numpys_sums(symmetric, group):
+    spec = WeightQuant(QType.INT4, Granularity.GROUP, 32, symmetric)
+    w = np.array([group], np.float32)
+    compiled = fused_rtn.round_bits(w.view(np.uint32), spec, "float32", rounding=Rounding.MSE)
+    numpy_search = quantize_weight(w, spec, Rounding.MSE, 0, 1, Convention.TORCH, "float32")
+    assert np.array_equal(compiled.scale, numpy_search.scale)
+    assert np.array_equal(compiled.q, numpy_search.q)
+
+
+def test_candidates_within_the_estimates_error_are_all_summed_exactly():
+    """A float32 estimate is within n·2⁻²⁴ of its exact sum: candidates closer than that to the lowest could be
+    the lowest, and must all be summed in numpy's order; those further off cannot, and need not be."""
+    n, tolerance = 128, 128 * 2.0 ** -24
+    estimates = np.array([1.0 + 2 * tolerance, 1.0, 1.0 + tolerance, 1.0 + 5 * tolerance, np.inf, 2.0])
+    contenders = np.empty(estimates.shape[0], np.int64)
+    found = mse_kernel.contenders_of(estimates, n, contenders)
+    assert contenders[:found].tolist() == [0, 1, 2]
+    every = np.full(4, np.inf)
+    assert mse_kernel.contenders_of(every, n, contenders) == 4  # all overflowed: every one summed exactly
+    for nan in ([1.0, np.nan], [np.nan, 1.0]):  # NaN: the caller sums every candidate (numpy skips NaN errors)
+        assert mse_kernel.contenders_of(np.array(nan), n, contenders) == 0

@@ -25,6 +25,7 @@ from compiler.quant.round_kernels import EXACT, float_range, round_run, scale_ze
 
 NUMPY_BUFFER = 8192  # numpy's default ufunc buffer (np.getbufsize()): a cast reduction adds this many at a time
 ROWS = 4  # candidates whose errors are summed together (lane_sums)
+_ANY_ORDER = {"reassoc", "nsz"}  # the estimates' sums: reordered into vector lanes, infinities and NaN kept
 _LEAF = 128  # numpy's pairwise summation: runs up to this long are added in 8 interleaved partial sums
 
 
@@ -119,14 +120,22 @@ def numpy_order_sums(rows) -> tuple:
 
 
 @njit(nogil=True, cache=True, fastmath=EXACT)
-def _squared_errors(values, s, z, lo, hi, squares) -> None:
-    """Each value's squared error (float32) once rounded with scale `s` and zero point `z`: ((clip(round(v /
-    s) + z) − z) · s − v)², weights._Rules.squared_error's operations in its order."""
+def _squared_errors(values, s, z, lo, hi, squares, row) -> None:
+    """Each value's squared error (float32) once rounded with scale `s` and zero point `z`, into
+    squares[row]: ((clip(round(v / s) + z) − z) · s − v)², weights._Rules.squared_error's operations in its
+    order. A zero point of 0 (symmetric) skips adding and taking it: the same values (only a zero's sign could
+    differ, which its square loses)."""
+    if z == 0:
+        for i in range(values.shape[0]):
+            v = values[i]
+            d = min(max(np.rint(v / s), lo), hi) * s - v
+            squares[row, i] = d * d
+        return
     for i in range(values.shape[0]):
         v = values[i]
         x = min(max(np.rint(v / s) + z, lo), hi)
         d = (x - z) * s - v
-        squares[i] = d * d
+        squares[row, i] = d * d
 
 
 @njit(nogil=True, cache=True, fastmath=EXACT)
@@ -142,25 +151,68 @@ def _candidates(low, high, alphas, lo, hi, symmetric, bfloat16_scales, scales, z
                 symmetric, bfloat16_scales)
 
 
-@njit(nogil=True, cache=True, fastmath=EXACT)
-def _best(values, scales, zero_points, lo, hi, squares) -> int:
-    """The candidate (a row of `scales`, `zero_points` for this group) whose squared error is lowest: the
-    first on a tie, the first if none is below infinity (weights._mse_params's strict `<`). `squares`: a
-    [ROWS, len(values)] scratch, ROWS candidates' squared errors summed at a time (rows past the last
-    candidate are left as they are and not compared)."""
+@njit(nogil=True, cache=True, fastmath=_ANY_ORDER)
+def _estimate(squares, row) -> float:
+    """Σ squares[row] in float32 lanes, in whatever order vectorizes: the terms are ≥ 0, so it is within
+    (n − 1)·2⁻²⁴ of the exact sum, relatively (an overflow to infinity included)."""
+    total = np.float32(0.0)
+    for i in range(squares.shape[1]):
+        total += squares[row, i]
+    return np.float64(total)
+
+
+@njit(nogil=True, cache=True)  # no fast-math flags: estimates that are infinite or NaN compare as they are
+def contenders_of(estimates, n, contenders) -> int:
+    """How many candidates could have the lowest exact error, given their errors' float32 `estimates` over `n`
+    terms each; their indices into `contenders`, in order. An estimate is within δ = n·2⁻²⁴ of its exact sum,
+    so a candidate whose estimate exceeds the lowest by more than (1 + 4δ) has a larger exact sum (its own
+    error and the lowest's both taken against it), and is left out. 0 where an estimate is NaN."""
+    lowest = np.inf
+    for k in range(estimates.shape[0]):
+        if np.isnan(estimates[k]):
+            return 0
+        lowest = min(lowest, estimates[k])
+    bound = lowest * (1.0 + 4.0 * n * 2.0 ** -24)
+    found = 0
+    for k in range(estimates.shape[0]):
+        if estimates[k] <= bound:
+            contenders[found] = k
+            found += 1
+    return found
+
+
+@njit(nogil=True, cache=True)  # no fast-math flags: estimates that are infinite or NaN compare as they are
+def _best(values, scales, zero_points, lo, hi, squares, estimates, contenders, rows) -> int:
+    """The candidate (a row of `scales`, `zero_points` for this group) whose squared error, summed in numpy's
+    order, is lowest: the first on a tie, the first if none is below infinity (weights._mse_params's strict
+    `<`). Every candidate's errors are estimated in float32; only the candidates within the estimates'
+    error of the lowest one can be lowest, and only those (usually one: then it is chosen) are summed in
+    numpy's order, four at a time through `rows` ([ROWS, len(values)]). `squares` [candidates,
+    len(values)], `estimates` and `contenders` [candidates] are scratch."""
+    count, n = scales.shape[0], values.shape[0]
+    for k in range(count):
+        _squared_errors(values, scales[k], zero_points[k], lo, hi, squares, k)
+        estimates[k] = _estimate(squares, k)
+    found = contenders_of(estimates, n, contenders)
+    if found == 1:
+        return contenders[0]
+    if found == 0:  # a NaN among the estimates: numpy's choice over every candidate
+        for k in range(count):
+            contenders[k] = k
+        found = count
     best, chosen = np.inf, 0
-    for first in range(0, scales.shape[0], ROWS):
-        count = min(ROWS, scales.shape[0] - first)
-        for row in range(count):
-            _squared_errors(values, scales[first + row], zero_points[first + row], lo, hi, squares[row])
-        errors = numpy_order_sums(squares)
-        for row in range(count):
+    for first in range(0, found, ROWS):
+        batch = min(ROWS, found - first)
+        for row in range(batch):
+            rows[row, :] = squares[contenders[first + row]]
+        errors = numpy_order_sums(rows)
+        for row in range(batch):
             if errors[row] < best:
-                best, chosen = errors[row], first + row
+                best, chosen = errors[row], contenders[first + row]
     return chosen
 
 
-@njit(nogil=True, cache=True, fastmath=EXACT)
+@njit(nogil=True, cache=True)  # its loops carry their own flags; NaN checks in _best must stay
 def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, alphas, out, scale, zp) -> tuple:
     """round_kernels.round_groups with the scale and zero point of each group chosen by the mse search over
     the shrink factors `alphas` (float64, weights.MSE_GRID) instead of the full range: the same arguments,
@@ -172,7 +224,9 @@ def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, alphas, out, sca
     low, high = np.empty(groups, np.float32), np.empty(groups, np.float32)
     scales, zero_points = np.empty((alphas.shape[0], groups), np.float32), np.empty((alphas.shape[0], groups), np.float32)
     errors = np.empty(group, np.float32)
-    squares_scratch = np.zeros((ROWS, group), np.float32)
+    squares_scratch = np.empty((alphas.shape[0], group), np.float32)
+    estimates, contenders = np.empty(alphas.shape[0]), np.empty(alphas.shape[0], np.int64)
+    sums_scratch = np.zeros((ROWS, group), np.float32)
     squares = 0.0
     error = 0.0
     for r in range(rows):
@@ -185,7 +239,7 @@ def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, alphas, out, sca
         _candidates(low, high, alphas, lo, hi, symmetric, bfloat16_scales, scales, zero_points)
         for g in range(groups):
             run = values[g * group:(g + 1) * group]
-            k = _best(run, scales[:, g], zero_points[:, g], lo, hi, squares_scratch)
+            k = _best(run, scales[:, g], zero_points[:, g], lo, hi, squares_scratch, estimates, contenders, sums_scratch)
             scale[r, g], zp[r, g] = scales[k, g], zero_points[k, g]
             round_run(run, scale[r, g], zp[r, g], lo, hi, target[g * group:(g + 1) * group], errors)
             error += sum_of_squares(errors)
