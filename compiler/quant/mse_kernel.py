@@ -5,11 +5,17 @@ lowest squared error kept, then the integers rounded with it.
 Why our own loop: numpy's search (weights._mse_params) is eleven candidates of a dozen whole-array passes
 each; data-free mse of a 6 GiB checkpoint took 52 s against 9 s for rtn (round_kernels.round_groups).
 
-The choice between two candidates can hinge on the last bit of their errors, so this loop computes each
-error exactly as numpy does: the same float32 operations per value (no reassociation, no contraction), and
-the float64 sum in the order numpy's `sum(axis=1, dtype=float64)` adds a float32 run in: runs of
-NUMPY_BUFFER values (its casting buffer), each summed pairwise (`numpy_order_sum`). tests/test_mse_kernel.py
-holds that order against numpy's own sum, and the whole search against weights.quantize_weight."""
+The choice between two candidates can hinge on the last bit of their errors, so the loop decides as numpy
+does: each value's squared error by the same float32 operations (no reassociation, no contraction), each
+candidate's sum estimated in float32 lanes, and where another candidate's estimate is within the estimates'
+error of the lowest (ties, near-ties: rare), those candidates summed in float64 in the order numpy's
+`sum(axis=1, dtype=float64)` adds a float32 run in: runs of NUMPY_BUFFER values (its casting buffer), each
+summed pairwise (`numpy_order_sums`). tests/test_mse_kernel.py holds that order against numpy's own sum,
+the bound, exact and near ties, and whole weights against weights.quantize_weight.
+
+numba compiles a function without fast-math flags of its own with its caller's: a NaN test in `_best` called
+from a loop compiled with `nnan` was folded away. So the loops that need flags carry them, and the driver
+(`mse_groups`) carries none."""
 
 from __future__ import annotations
 
@@ -212,7 +218,7 @@ def _best(values, scales, zero_points, lo, hi, squares, estimates, contenders, r
     return chosen
 
 
-@njit(nogil=True, cache=True)  # its loops carry their own flags; NaN checks in _best must stay
+@njit(nogil=True, cache=True)  # no flags: its callees without their own would take them (module docstring)
 def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, alphas, out, scale, zp) -> tuple:
     """round_kernels.round_groups with the scale and zero point of each group chosen by the mse search over
     the shrink factors `alphas` (float64, weights.MSE_GRID) instead of the full range: the same arguments,
