@@ -32,7 +32,7 @@ def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str, measure: b
     round half to even and clip to the type's full range), as weights.round_weight(…, Convention.TORCH)
     returns it: the integers [out, in], scales and zero points [out, in / group] (per channel: [out]).
     `measure`: with the sums of the weight's SQNR."""
-    from compiler.quant import mse_kernel, round_kernels  # numba: only where weights are rounded (not check/plan)
+    from compiler.quant import round_kernels  # numba: only where weights are rounded (not check/plan)
 
     rows, cols = bits.shape
     group = spec.group if spec.granularity is Granularity.GROUP else cols
@@ -41,6 +41,8 @@ def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str, measure: b
     zp = np.empty((rows, cols // group), np.float32)
     lo, hi = (np.float32(v) for v in qparams.full_range(spec.qtype))
     mse = rounding is Rounding.MSE
+    if mse:  # its own module: rtn's runs do not import it (0.17 s)
+        from compiler.quant import mse_kernel
     step = max(1, (TASK_WEIGHTS // len(MSE_GRID) if mse else TASK_WEIGHTS) // max(cols, 1))
     alphas = np.array(MSE_GRID, np.float64)
 
