@@ -7,11 +7,11 @@ built) comes to only reading a checkpoint and writing as many bytes as qrc wrote
 
 The checkpoint is transformers' seeded random init of a Llama in bfloat16, saved once (sharded at `--shard`)
 under $QRC_CACHE/bench/. For each scheme, qrc compiles it (`type Linear -> SCHEME`, lm_head float, no
-calibration, no verification; `NAME+mse`: the scheme with `rounding mse`, the clipping search) and the floor runs: read every tensor of every shard with safetensors, then
-write the bytes qrc's output holds with safetensors, shard by shard. Each runs in its own process, `--repeat`
-times alternating (qrc, floor, qrc, ...), with the page cache hot (an untimed read first) and no dirty pages
-left by the run before (an untimed sync); the best of each
-is reported with its peak RSS, the ratio and qrc's rate in GB/s of checkpoint read.
+calibration, no verification; `NAME+mse`: the scheme with `rounding mse`, the clipping search) and the floor
+runs: read every tensor of every shard with safetensors, then write the bytes qrc's output holds with
+safetensors, shard by shard. Each runs in its own process, `--repeat` times alternating (qrc, floor, qrc,
+...), with the page cache hot (an untimed read first) and no dirty pages left by the run before (an untimed
+sync); the best of each is reported with its peak RSS, the ratio and qrc's rate in GB/s of checkpoint read.
 """
 
 from __future__ import annotations

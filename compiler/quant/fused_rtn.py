@@ -43,8 +43,8 @@ def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str, measure: b
     mse = rounding is Rounding.MSE
     if mse:  # its own module: rtn's runs do not import it (0.17 s)
         from compiler.quant import mse_kernel
+        alphas = np.array(MSE_GRID, np.float64)
     step = max(1, (TASK_WEIGHTS // len(MSE_GRID) if mse else TASK_WEIGHTS) // max(cols, 1))
-    alphas = np.array(MSE_GRID, np.float64)
 
     def one(first: int) -> tuple[float, float]:
         part, bfloat16_scales = slice(first, first + step), scale_dtype == "bfloat16"
