@@ -13,6 +13,7 @@ from compiler.ir.types import Granularity, QType, Rounding, WeightQuant
 from compiler.quant import fused_rtn, mse_kernel
 from compiler.quant.weights import Convention, quantize_weight
 
+ROWS = 4  # rows of each length
 LENGTHS = (1, 5, 7, 8, 9, 15, 16, 96, 127, 128, 129, 136, 200, 256, 1000, 3072, 8191, 8192, 8193, 8448, 20000)
 
 
@@ -25,9 +26,9 @@ def spread_squares(rows: int, n: int, seed: int) -> np.ndarray:
 
 @pytest.mark.parametrize("n", LENGTHS)
 def test_sums_are_numpys_float64_sums_bit_for_bit(n):
-    rows = spread_squares(mse_kernel.ROWS, n, n)
-    expected = rows.reshape(mse_kernel.ROWS, n, 1).sum(axis=1, dtype=np.float64)[:, 0]  # as the search sums
-    assert list(mse_kernel.numpy_order_sums(rows)) == expected.tolist()
+    rows = spread_squares(ROWS, n, n)
+    expected = rows.reshape(ROWS, n, 1).sum(axis=1, dtype=np.float64)[:, 0]  # as the search sums
+    assert [mse_kernel.numpy_order_sum(rows, row) for row in range(ROWS)] == expected.tolist()
 
 
 def test_the_data_tells_summation_orders_apart():
@@ -35,8 +36,8 @@ def test_the_data_tells_summation_orders_apart():
     catch a kernel that summed in any simpler order."""
     differing = 0
     for n in (200, 3072, 8448, 20000):
-        rows = spread_squares(mse_kernel.ROWS, n, n)
-        expected = rows.reshape(mse_kernel.ROWS, n, 1).sum(axis=1, dtype=np.float64)[:, 0]
+        rows = spread_squares(ROWS, n, n)
+        expected = rows.reshape(ROWS, n, 1).sum(axis=1, dtype=np.float64)[:, 0]
         sequential = [float(np.cumsum(row.astype(np.float64))[-1]) for row in rows]
         differing += sum(a != b for a, b in zip(sequential, expected.tolist(), strict=True))
     assert differing >= 8

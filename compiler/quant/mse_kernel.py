@@ -10,7 +10,7 @@ does: each value's squared error by the same float32 operations (no reassociatio
 candidate's sum estimated in float32 lanes, and where another candidate's estimate is within the estimates'
 error of the lowest (ties, near-ties: rare), those candidates summed in float64 in the order numpy's
 `sum(axis=1, dtype=float64)` adds a float32 run in: runs of NUMPY_BUFFER values (its casting buffer), each
-summed pairwise (`numpy_order_sums`). tests/test_mse_kernel.py holds that order against numpy's own sum,
+summed pairwise (`numpy_order_sum`). tests/test_mse_kernel.py holds that order against numpy's own sum,
 the bound, exact and near ties, and whole weights against weights.quantize_weight.
 
 numba compiles a function without fast-math flags of its own with its caller's: a NaN test in `_best` called
@@ -30,17 +30,15 @@ from numba.extending import intrinsic
 from compiler.quant.round_kernels import EXACT, float_range, round_run, scale_zero_point, stored_word, sum_of_squares
 
 NUMPY_BUFFER = 8192  # numpy's default ufunc buffer (np.getbufsize()): a cast reduction adds this many at a time
-ROWS = 4  # candidates whose errors are summed together (lane_sums)
 _ANY_ORDER = {"reassoc", "nsz"}  # the estimates' sums: reordered into vector lanes, infinities and NaN kept
 _LEAF = 128  # numpy's pairwise summation: runs up to this long are added in 8 interleaved partial sums
 
 
-def _lane_sums(typingctx, rows, start, whole):
-    """Σ of each row's `whole` values (a multiple of 8, at least 8) from column `start`, for the ROWS rows of
-    a C-contiguous float32 array, as numpy's pairwise leaf adds a run: eight float64 running sums (value i
-    into sum i mod 8) combined as ((0+1)+(2+3))+((4+5)+(6+7)). Written as LLVM vector code: a row's eight
-    sums are the lanes of one <8 x double>, which LLVM does not make of eight scalar sums itself, and the
-    rows' sums are independent chains, so the adds' latency overlaps (one row alone waits on each add)."""
+def _lane_sums(typingctx, rows, row, start, whole):
+    """Σ of rows[row, start:start + whole] (`whole` a multiple of 8, at least 8; a C-contiguous float32 array)
+    as numpy's pairwise leaf adds a run: eight float64 running sums (value i into sum i mod 8) combined as
+    ((0+1)+(2+3))+((4+5)+(6+7)). Written as LLVM vector code: the eight sums are the lanes of one
+    <8 x double>, which LLVM does not make of eight scalar sums itself (0.30 against 0.10 ns a value)."""
     if not (isinstance(rows, types.Array) and rows.ndim == 2 and rows.layout == "C"
             and rows.dtype == types.float32):
         return None
@@ -49,80 +47,59 @@ def _lane_sums(typingctx, rows, start, whole):
         array = context.make_array(signature.args[0])(context, builder, args[0])
         stride = cgutils.unpack_tuple(builder, array.shape)[1]
         index, lanes, wide = ir.IntType(64), ir.VectorType(ir.FloatType(), 8), ir.VectorType(ir.DoubleType(), 8)
-        firsts = [builder.gep(array.data, [builder.add(builder.mul(stride, ir.Constant(index, row)), args[1])])
-                  for row in range(ROWS)]
+        first = builder.gep(array.data, [builder.add(builder.mul(stride, args[1]), args[2])])
 
-        def load(row, at):
-            pointer = builder.bitcast(builder.gep(firsts[row], [at]), lanes.as_pointer())
+        def load(at):
+            pointer = builder.bitcast(builder.gep(first, [at]), lanes.as_pointer())
             return builder.fpext(builder.load(pointer, align=4), wide)
 
-        entry, initial = builder.block, [load(row, ir.Constant(index, 0)) for row in range(ROWS)]
+        entry, initial = builder.block, load(ir.Constant(index, 0))
         head, body, done = (builder.append_basic_block(f"lanes.{name}") for name in ("head", "body", "done"))
         builder.branch(head)
         builder.position_at_end(head)
-        at, sums = builder.phi(index), [builder.phi(wide) for _ in range(ROWS)]
+        at, sums = builder.phi(index), builder.phi(wide)
         at.add_incoming(ir.Constant(index, 8), entry)
-        for row in range(ROWS):
-            sums[row].add_incoming(initial[row], entry)
-        builder.cbranch(builder.icmp_signed("<", at, args[2]), body, done)
+        sums.add_incoming(initial, entry)
+        builder.cbranch(builder.icmp_signed("<", at, args[3]), body, done)
         builder.position_at_end(body)
         at.add_incoming(builder.add(at, ir.Constant(index, 8)), body)
-        for row in range(ROWS):
-            sums[row].add_incoming(builder.fadd(sums[row], load(row, at)), body)
+        sums.add_incoming(builder.fadd(sums, load(at)), body)
         builder.branch(head)
         builder.position_at_end(done)
-        totals = []
-        for row in range(ROWS):
-            r = [builder.extract_element(sums[row], ir.Constant(ir.IntType(32), lane)) for lane in range(8)]
-            totals.append(builder.fadd(builder.fadd(builder.fadd(r[0], r[1]), builder.fadd(r[2], r[3])),
-                                       builder.fadd(builder.fadd(r[4], r[5]), builder.fadd(r[6], r[7]))))
-        return context.make_tuple(builder, signature.return_type, totals)
-    return types.UniTuple(types.float64, ROWS)(rows, types.int64, types.int64), codegen
+        r = [builder.extract_element(sums, ir.Constant(ir.IntType(32), lane)) for lane in range(8)]
+        return builder.fadd(builder.fadd(builder.fadd(r[0], r[1]), builder.fadd(r[2], r[3])),
+                            builder.fadd(builder.fadd(r[4], r[5]), builder.fadd(r[6], r[7])))
+    return types.float64(rows, types.int64, types.int64, types.int64), codegen
 
 
 lane_sums: Any = intrinsic(_lane_sums)  # compiled code only
 
 
 @njit(nogil=True, cache=True)
-def _leaf(rows, start, n) -> tuple:
-    """numpy's pairwise sum of rows[:, start:start + n] (float32, n ≤ 128), each row in float64: under 8
-    values in order, else in eight running sums (`lane_sums`) and then the rest in order."""
+def _pairwise(rows, row, start, n) -> float:
+    """numpy's pairwise sum of rows[row, start:start + n] (float32) in float64: under 8 values in order; up to
+    128 in eight running sums (`lane_sums`), then the rest in order; longer runs split at half rounded down to
+    a multiple of 8, each half summed so and then added."""
+    if n > _LEAF:
+        half = n // 2
+        half -= half % 8
+        return _pairwise(rows, row, start, half) + _pairwise(rows, row, start + half, n - half)
     whole = n - n % 8 if n >= 8 else 0
-    t0, t1, t2, t3 = lane_sums(rows, start, whole) if whole else (0.0, 0.0, 0.0, 0.0)
+    total = lane_sums(rows, row, start, whole) if whole else 0.0
     for i in range(start + whole, start + n):
-        t0 += np.float64(rows[0, i])
-        t1 += np.float64(rows[1, i])
-        t2 += np.float64(rows[2, i])
-        t3 += np.float64(rows[3, i])
-    return t0, t1, t2, t3
+        total += np.float64(rows[row, i])
+    return total
 
 
 @njit(nogil=True, cache=True)
-def _pairwise(rows, start, n) -> tuple:
-    """numpy's pairwise sum of each row's values[start:start + n] in float64: runs up to 128 as one `_leaf`;
-    longer runs split at half rounded down to a multiple of 8, each half summed so and then added."""
-    if n <= _LEAF:
-        return _leaf(rows, start, n)
-    half = n // 2
-    half -= half % 8
-    a0, a1, a2, a3 = _pairwise(rows, start, half)
-    b0, b1, b2, b3 = _pairwise(rows, start + half, n - half)
-    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
-
-
-@njit(nogil=True, cache=True)
-def numpy_order_sums(rows) -> tuple:
-    """Σ of each row of a [ROWS, n] float32 array in float64, bit for bit what numpy's `sum(axis=1,
-    dtype=np.float64)` gives for a row: a running total (from 0) plus the pairwise sum of each
+def numpy_order_sum(rows, row) -> float:
+    """Σ of rows[row] (a [k, n] float32 array) in float64, bit for bit what numpy's `sum(axis=1,
+    dtype=np.float64)` gives for that row: a running total (from 0) plus the pairwise sum of each
     NUMPY_BUFFER-long run."""
-    n = rows.shape[1]
-    if n <= _LEAF:  # a group's errors: no recursive call
-        return _leaf(rows, 0, n)
-    t0, t1, t2, t3 = 0.0, 0.0, 0.0, 0.0
+    n, total = rows.shape[1], 0.0
     for start in range(0, n, NUMPY_BUFFER):
-        s0, s1, s2, s3 = _pairwise(rows, start, min(NUMPY_BUFFER, n - start))
-        t0, t1, t2, t3 = t0 + s0, t1 + s1, t2 + s2, t3 + s3
-    return t0, t1, t2, t3
+        total += _pairwise(rows, row, start, min(NUMPY_BUFFER, n - start))
+    return total
 
 
 @njit(nogil=True, cache=True, fastmath=EXACT)
@@ -188,13 +165,13 @@ def contenders_of(estimates, n, contenders) -> int:
 
 
 @njit(nogil=True, cache=True)  # no fast-math flags: estimates that are infinite or NaN compare as they are
-def _best(values, scales, zero_points, lo, hi, squares, estimates, contenders, rows) -> int:
+def _best(values, scales, zero_points, lo, hi, squares, estimates, contenders) -> int:
     """The candidate (a row of `scales`, `zero_points` for this group) whose squared error, summed in numpy's
     order, is lowest: the first on a tie, the first if none is below infinity (weights._mse_params's strict
     `<`). Every candidate's errors are estimated in float32; only the candidates within the estimates'
     error of the lowest one can be lowest, and only those (usually one: then it is chosen) are summed in
-    numpy's order, four at a time through `rows` ([ROWS, len(values)]). `squares` [candidates,
-    len(values)], `estimates` and `contenders` [candidates] are scratch."""
+    numpy's order. `squares` [candidates, len(values)], `estimates` and `contenders` [candidates] are
+    scratch."""
     count, n = scales.shape[0], values.shape[0]
     for k in range(count):
         _squared_errors(values, scales[k], zero_points[k], lo, hi, squares, k)
@@ -207,14 +184,10 @@ def _best(values, scales, zero_points, lo, hi, squares, estimates, contenders, r
             contenders[k] = k
         found = count
     best, chosen = np.inf, 0
-    for first in range(0, found, ROWS):
-        batch = min(ROWS, found - first)
-        for row in range(batch):
-            rows[row, :] = squares[contenders[first + row]]
-        errors = numpy_order_sums(rows)
-        for row in range(batch):
-            if errors[row] < best:
-                best, chosen = errors[row], contenders[first + row]
+    for k in contenders[:found]:
+        error = numpy_order_sum(squares, k)
+        if error < best:
+            best, chosen = error, k
     return chosen
 
 
@@ -232,7 +205,6 @@ def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, alphas, out, sca
     errors = np.empty(group, np.float32)
     squares_scratch = np.empty((alphas.shape[0], group), np.float32)
     estimates, contenders = np.empty(alphas.shape[0]), np.empty(alphas.shape[0], np.int64)
-    sums_scratch = np.zeros((ROWS, group), np.float32)
     squares = 0.0
     error = 0.0
     for r in range(rows):
@@ -245,7 +217,7 @@ def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, alphas, out, sca
         _candidates(low, high, alphas, lo, hi, symmetric, bfloat16_scales, scales, zero_points)
         for g in range(groups):
             run = values[g * group:(g + 1) * group]
-            k = _best(run, scales[:, g], zero_points[:, g], lo, hi, squares_scratch, estimates, contenders, sums_scratch)
+            k = _best(run, scales[:, g], zero_points[:, g], lo, hi, squares_scratch, estimates, contenders)
             scale[r, g], zp[r, g] = scales[k, g], zero_points[k, g]
             round_run(run, scale[r, g], zp[r, g], lo, hi, target[g * group:(g + 1) * group], errors)
             error += sum_of_squares(errors)

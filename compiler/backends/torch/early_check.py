@@ -67,4 +67,3 @@ class EarlyCheck:
             raise self._outcome
         assert self._outcome is not None  # set by the thread before it ends
         return self._outcome
-

@@ -479,14 +479,15 @@ class _Run:
             warnings.append(dampened_warning(self.plan.spans.recipe, self.rounder.dampened))
         self._write_kv_scales("")  # any module calibration did not reach (none in the models qrc runs)
         refused: list[str] = []
+        checked = self.early.collect() if self.early is not None else None  # file to file (early_check.py)
         if isinstance(self.writer, GgufWriter):
             self.writer.copy_unquantized(self.model, self.jobs)
         elif isinstance(self.writer, FolderWriter):  # the first rank writes the output; the others hand tensors on
             copy_unquantized(self.writer, self.model, self.jobs)
-            checked = self.early.collect() if self.early is not None else None  # the final names (early_check.py)
-            if checked is not None:
+            if checked is not None:  # the config with the final names
                 self.config = checked.config
-                warnings.extend(w for w in (checked.config_warning,) if w is not None)
+                if checked.config_warning is not None:
+                    warnings.append(checked.config_warning)
             refused = write_metadata(self.writer, self.model, self.config, self.plan.recipe_text)
         if refused:
             warnings.append(warning(
@@ -496,7 +497,7 @@ class _Run:
         staged = tuple(self.writer.finish())
         if self.model.folder is not None and isinstance(self.writer, FolderWriter):  # what transformers makes of
             # the folder, before it goes into place (the first rank's: the others write nothing)
-            skipped = (self.early.collect().load_warning if self.early is not None
+            skipped = (checked.load_warning if checked is not None
                        else check_loads(self.writer.temp, self.model.folder, self.plan.spans.emit))
             if skipped is not None:
                 warnings.append(skipped)
