@@ -137,15 +137,85 @@ def test_a_near_tie_is_decided_by_numpys_sums(symmetric, group):
     assert np.array_equal(compiled.q, numpy_search.q)
 
 
-def test_candidates_within_the_estimates_error_are_all_summed_exactly():
-    """A float32 estimate is within n·2⁻²⁴ of its exact sum: candidates closer than that to the lowest could be
-    the lowest, and must all be summed in numpy's order; those further off cannot, and need not be."""
-    n, tolerance = 128, 128 * 2.0 ** -24
-    estimates = np.array([1.0 + 2 * tolerance, 1.0, 1.0 + tolerance, 1.0 + 5 * tolerance, np.inf, 2.0])
-    contenders = np.empty(estimates.shape[0], np.int64)
-    found = mse_kernel.contenders_of(estimates, n, contenders)
-    assert contenders[:found].tolist() == [0, 1, 2]
-    every = np.full(4, np.inf)
-    assert mse_kernel.contenders_of(every, n, contenders) == 4  # all overflowed: every one summed exactly
-    for nan in ([1.0, np.nan], [np.nan, 1.0]):  # NaN: the caller sums every candidate (numpy skips NaN errors)
-        assert mse_kernel.contenders_of(np.array(nan), n, contenders) == 0
+def reciprocal_mismatches(scale: np.float32, count: int) -> np.ndarray:
+    """`count` values (largest quotients first) that v · (1/scale) rounds to the other side of a half-integer
+    than v / scale does, found next to each half-integer step of an int8 scale."""
+    reciprocal = np.float32(1.0) / scale
+    found = []
+    for step in range(-126, 126):
+        middle = np.float32(np.float32(step + 0.5) * scale)
+        for ulps in range(-4, 5):
+            v = np.float32(middle + ulps * np.spacing(middle))
+            if np.rint(np.float32(v / scale)) != np.rint(np.float32(v * reciprocal)):
+                found.append(v)
+    return np.array(sorted(found, key=abs, reverse=True)[:count], np.float32)
+
+
+def numpys_error(values: np.ndarray, scale: np.float32, lo: np.float32, hi: np.float32) -> float:
+    """weights._Rules.squared_error's error of one symmetric group, summed as the search sums it."""
+    d = np.clip(np.rint(values / scale), lo, hi) * scale - values
+    return float(np.square(d).reshape(1, -1, 1).sum(axis=1, dtype=np.float64)[0, 0])
+
+
+def test_the_bounds_hold_where_the_reciprocal_rounds_differently():
+    """A group whose every value the estimate rounds by the other neighbour (v · (1/s) against numpy's v / s):
+    its estimate is off by more than the summation's slack alone allows, and the bounds still hold."""
+    n, lo, hi = 96, np.float32(-128), np.float32(127)
+    scale = np.float32(0.09277344)  # a bfloat16 scale with many such values
+    values = reciprocal_mismatches(scale, n)
+    assert values.size == n
+    candidates = (mse_kernel.CANDIDATES, 1)
+    estimates = np.empty(candidates, np.float32)
+    mse_kernel.row_estimates(values, n, np.full(candidates, scale, np.float32),
+                             np.full(candidates, np.float32(1.0) / scale, np.float32),
+                             np.zeros(candidates, np.float32), lo, hi, estimates)
+    exact = numpys_error(values, scale, lo, hi)
+    lower, upper = mse_kernel.error_bounds(estimates[0, 0], scale, np.float32(0.0), lo, hi, n)
+    assert lower <= exact <= upper
+    summation_slack = 4.0 * (n // 16 + 4 + 2) * 2.0 ** -24
+    assert exact < float(estimates[0, 0]) * (1.0 - summation_slack)  # the quotients' margin was needed
+
+
+def test_odd_lengths_and_groups_under_the_vector_width_equal_numpys_search():
+    """Per-channel rows whose length leaves values past the last run of 16 (one at a time), and rows shorter
+    than 16 (no run at all)."""
+    for cols in (5, 17, 200, 1000):
+        for symmetric in (True, False):
+            spec = WeightQuant(QType.INT4, Granularity.PER_CHANNEL, None, symmetric)
+            w = mixed_weight(9, cols, torch.float32, cols) if cols >= 64 else \
+                torch.randn(9, cols, generator=torch.Generator().manual_seed(cols)) * 0.05
+            compiled = fused_rtn.round_bits(w.numpy().view(np.uint32), spec, "float32", rounding=Rounding.MSE)
+            numpy_search = quantize_weight(w.numpy(), spec, Rounding.MSE, 0, 1, Convention.TORCH, "float32")
+            assert np.array_equal(compiled.q, numpy_search.q)
+            assert np.array_equal(compiled.scale, numpy_search.scale)
+            assert np.array_equal(compiled.zero_point, numpy_search.zero_point)
+
+
+@pytest.mark.parametrize(("estimate", "scale"), [(np.inf, 0.01), (np.nan, 0.01), (1.0, 2.0 ** -61), (1.0, 2.0 ** 61)])
+def test_an_estimate_without_a_bound_sends_the_group_to_exact_sums(estimate, scale):
+    """An estimate that overflowed or is NaN, or a scale whose reciprocal is not normal: no bound, so every
+    factor of that group is summed in numpy's order."""
+    lower, upper = mse_kernel.error_bounds(np.float32(estimate), np.float32(scale), np.float32(0.0),
+                                           np.float32(-8), np.float32(7), 128)
+    assert (lower, upper) == (-np.inf, np.inf)
+
+
+def test_the_bounds_hold_where_clipping_dominates_the_error():
+    """Groups whose values mostly lie beyond a small scale's range: their errors are large against s², so the
+    estimate's float32 summation error outgrows the quotients' margin and the relative slack must cover it."""
+    n, lo, hi, candidates = 128, np.float32(-8), np.float32(7), (mse_kernel.CANDIDATES, 1)
+    rng = np.random.default_rng(1)
+    beyond_margin = 0
+    for _ in range(200):
+        values = (rng.standard_normal(n) * np.exp(rng.standard_normal(n))).astype(np.float32)
+        scale = np.float32(np.abs(values).max() / 7.5 * 0.1)
+        estimates = np.empty(candidates, np.float32)
+        mse_kernel.row_estimates(values, n, np.full(candidates, scale, np.float32),
+                                 np.full(candidates, np.float32(1.0) / scale, np.float32),
+                                 np.zeros(candidates, np.float32), lo, hi, estimates)
+        exact = numpys_error(values, scale, lo, hi)
+        lower, upper = mse_kernel.error_bounds(estimates[0, 0], scale, np.float32(0.0), lo, hi, n)
+        assert lower <= exact <= upper
+        margin = n * 16 * 2.0 ** -24 * (8 + 1) * float(scale) ** 2
+        beyond_margin += abs(float(estimates[0, 0]) - exact) > margin
+    assert beyond_margin >= 3

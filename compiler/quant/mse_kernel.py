@@ -1,21 +1,26 @@
 """The torch backend's mse clipping search of a weight, compiled by numba: per group (or channel) the range
-found once, then each shrink factor of weights.MSE_GRID tried on values still in L1 and the one with the
-lowest squared error kept, then the integers rounded with it.
+found once, every shrink factor of weights.MSE_GRID tried on the values while they are in L1, the one with
+the lowest squared error kept, and the integers rounded with it.
 
 Why our own loop: numpy's search (weights._mse_params) is eleven candidates of a dozen whole-array passes
 each; data-free mse of a 6 GiB checkpoint took 52 s against 9 s for rtn (round_kernels.round_groups).
 
-The choice between two candidates can hinge on the last bit of their errors, so the loop decides as numpy
-does: each value's squared error by the same float32 operations (no reassociation, no contraction), each
-candidate's sum estimated in float32 lanes, and where another candidate's estimate is within the estimates'
-error of the lowest (ties, near-ties: rare), those candidates summed in float64 in the order numpy's
-`sum(axis=1, dtype=float64)` adds a float32 run in: runs of NUMPY_BUFFER values (its casting buffer), each
-summed pairwise (`numpy_order_sum`). tests/test_mse_kernel.py holds that order against numpy's own sum,
-the bound, exact and near ties, and whole weights against weights.quantize_weight.
+The choice between two factors can hinge on the last bit of their errors, so the loop decides as numpy
+does, in two steps:
+- Estimate every factor's error in vector code (`lane_estimates`): the quotient by a multiplication with
+  the scale's reciprocal instead of numpy's division (the slowest operation), float32 partial sums. The
+  estimate is within known bounds of numpy's error (`error_bounds`: the summation's rounding, and a
+  quotient that rounds to the other side of a half-integer).
+- A factor whose lower bound is above another's upper bound cannot be the lowest. Where more than one is
+  left (near-ties, exact ties: rare), those are summed exactly as numpy does: the same float32 operations
+  per value, then float64 in the order numpy's `sum(axis=1, dtype=float64)` adds a float32 run (runs of
+  NUMPY_BUFFER values, its casting buffer, each summed pairwise: `numpy_order_sum`).
+tests/test_mse_kernel.py holds that order against numpy's own sum, the bounds against numpy's errors on
+data that needs each part of them, exact and near ties, and whole weights against weights.quantize_weight.
 
-numba compiles a function without fast-math flags of its own with its caller's: a NaN test in `_best` called
-from a loop compiled with `nnan` was folded away. So the loops that need flags carry them, and the driver
-(`mse_groups`) carries none."""
+numba compiles a function without fast-math flags of its own with its caller's flags: a NaN test called
+from a loop compiled with `nnan` was folded away. So the loops that need flags carry them, and the
+functions that compare bounds and the driver (`mse_groups`) carry none."""
 
 from __future__ import annotations
 
@@ -28,10 +33,12 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from compiler.quant.round_kernels import EXACT, float_range, round_run, scale_zero_point, stored_word, sum_of_squares
+from compiler.quant.weights import MSE_GRID
 
 NUMPY_BUFFER = 8192  # numpy's default ufunc buffer (np.getbufsize()): a cast reduction adds this many at a time
-_ANY_ORDER = {"reassoc", "nsz"}  # the estimates' sums: reordered into vector lanes, infinities and NaN kept
 _LEAF = 128  # numpy's pairwise summation: runs up to this long are added in 8 interleaved partial sums
+CANDIDATES = len(MSE_GRID)  # the shrink factors the vector code keeps in registers at once
+LANES = 16  # float32 lanes of one AVX-512 register (LLVM splits them on narrower machines)
 
 
 def _lane_sums(typingctx, rows, row, start, whole):
@@ -121,70 +128,173 @@ def _squared_errors(values, s, z, lo, hi, squares, row) -> None:
         squares[row, i] = d * d
 
 
-@njit(nogil=True, cache=True, fastmath=EXACT)
-def _candidates(low, high, alphas, lo, hi, symmetric, bfloat16_scales, scales, zero_points) -> None:
-    """Each shrink factor's scale and zero point ([factor, group]) for the groups' ranges `low`, `high`
-    (float32): the factor times the range in float64, stored as float32, as weights._mse_params computes
-    it; one loop over the groups per factor, so it runs in vector lanes."""
+@njit(nogil=True, cache=True, fastmath=EXACT, error_model="numpy")  # numpy's: no zero test per division
+def _candidates(low, high, alphas, lo, hi, symmetric, bfloat16_scales, scales, reciprocals, zero_points) -> None:
+    """Each shrink factor's scale, its float32 reciprocal and zero point ([factor, group]) for the groups'
+    ranges `low`, `high` (float32): the factor times the range in float64, stored as float32, as
+    weights._mse_params computes it; one loop over the groups per factor, so it runs in vector lanes."""
     for k in range(alphas.shape[0]):
         alpha = alphas[k]
         for g in range(low.shape[0]):
             scales[k, g], zero_points[k, g] = scale_zero_point(
                 np.float32(np.float64(low[g]) * alpha), np.float32(np.float64(high[g]) * alpha), lo, hi,
                 symmetric, bfloat16_scales)
+            reciprocals[k, g] = np.float32(1.0) / scales[k, g]
 
 
-@njit(nogil=True, cache=True, fastmath=_ANY_ORDER)
-def _estimate(squares, row) -> float:
-    """Σ squares[row] in float32 lanes, in whatever order vectorizes: the terms are ≥ 0, so it is within
-    (n − 1)·2⁻²⁴ of the exact sum, relatively (an overflow to infinity included)."""
-    total = np.float32(0.0)
-    for i in range(squares.shape[1]):
-        total += squares[row, i]
-    return np.float64(total)
+def _lane_estimates(typingctx, values, start, whole, scales, reciprocals, zero_points, g, lo, hi, estimates):
+    """Every shrink factor k's error estimate for group g over values[start:start + whole] (`whole` a multiple
+    of LANES), into estimates[k, g]: each value's quotient taken as v · reciprocals[k, g] (a multiplication:
+    the division was the search's slowest operation), rounded half to even, clipped to [lo − z, hi − z] (z =
+    zero_points[k, g]: the same integers as adding z, clipping to [lo, hi] and taking z away, all exact),
+    dequantized as numpy does ((x − z) · s − v in float32, no contraction), and its square added by a fused
+    multiply-add to one of LANES float32 partial sums per factor; the partial sums are then added pairwise.
+    Every factor's sums stay in registers while each run of LANES values is loaded once. LLVM vector code,
+    because numba vectorizes a loop over one group's values only with its sum reassociated, and such a short
+    loop's reduction cost more than its arithmetic (about 190 ns a group of 128)."""
+    if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C"
+               for a in (values, scales, reciprocals, zero_points, estimates)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+        vector = ir.VectorType(f32, LANES)
+        undefined = ir.Constant(vector, ir.Undefined)
+        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (3, 4, 5, 9)]
+        groups = cgutils.unpack_tuple(builder, arrays[0].shape)[1]
+
+        def splat(x):
+            one = builder.insert_element(undefined, x, ir.Constant(i32, 0))
+            return builder.shuffle_vector(one, undefined, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
+
+        def at(array, k):
+            return builder.gep(array.data, [builder.add(builder.mul(ir.Constant(i64, k), groups), args[6])])
+
+        s, r, z = ([builder.load(at(array, k)) for k in range(CANDIDATES)] for array in arrays[:3])
+        s, r = [splat(x) for x in s], [splat(x) for x in r]
+        low, high = ([splat(builder.fsub(bound, zk)) for zk in z] for bound in (args[7], args[8]))
+        rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector]),
+                                              f"llvm.rint.v{LANES}f32")
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector] * 3),
+                                             f"llvm.fma.v{LANES}f32")
+        first = builder.gep(context.make_array(signature.args[0])(context, builder, args[0]).data, [args[1]])
+        entry = builder.block
+        head, body, done = (builder.append_basic_block(f"estimates.{name}") for name in ("head", "body", "done"))
+        builder.branch(head)
+        builder.position_at_end(head)
+        offset = builder.phi(i64)
+        offset.add_incoming(ir.Constant(i64, 0), entry)
+        sums = [builder.phi(vector) for _ in range(CANDIDATES)]
+        for total in sums:
+            total.add_incoming(ir.Constant(vector, [0.0] * LANES), entry)
+        builder.cbranch(builder.icmp_signed("<", offset, args[2]), body, done)
+        builder.position_at_end(body)
+        v = builder.load(builder.bitcast(builder.gep(first, [offset]), vector.as_pointer()), align=4)
+        for k, total in enumerate(sums):
+            x = builder.call(rint, [builder.fmul(v, r[k])])
+            x = builder.select(builder.fcmp_ordered("<", x, low[k]), low[k], x)
+            x = builder.select(builder.fcmp_ordered(">", x, high[k]), high[k], x)
+            d = builder.fsub(builder.fmul(x, s[k]), v)
+            total.add_incoming(builder.call(fma, [d, d, total]), body)
+        offset.add_incoming(builder.add(offset, ir.Constant(i64, LANES)), body)
+        builder.branch(head)
+        builder.position_at_end(done)
+        for k, total in enumerate(sums):
+            width, partial = LANES, total
+            while width > 1:
+                width //= 2
+                halves = [builder.shuffle_vector(partial, partial, ir.Constant(ir.VectorType(i32, width),
+                                                                              list(range(begin, begin + width))))
+                          for begin in (0, width)]
+                partial = builder.fadd(*halves)
+            builder.store(builder.extract_element(partial, ir.Constant(i32, 0)), at(arrays[3], k))
+        return context.get_dummy_value()
+    return types.void(values, start, whole, scales, reciprocals, zero_points, g, lo, hi, estimates), codegen
 
 
-@njit(nogil=True, cache=True)  # no fast-math flags: estimates that are infinite or NaN compare as they are
-def contenders_of(estimates, n, contenders) -> int:
-    """How many candidates could have the lowest exact error, given their errors' float32 `estimates` over `n`
-    terms each; their indices into `contenders`, in order. An estimate is within δ = n·2⁻²⁴ of its exact sum,
-    so a candidate whose estimate exceeds the lowest by more than (1 + 4δ) has a larger exact sum (its own
-    error and the lowest's both taken against it), and is left out. 0 where an estimate is NaN."""
-    lowest = np.inf
-    for k in range(estimates.shape[0]):
-        if np.isnan(estimates[k]):
-            return 0
-        lowest = min(lowest, estimates[k])
-    bound = lowest * (1.0 + 4.0 * n * 2.0 ** -24)
-    found = 0
-    for k in range(estimates.shape[0]):
-        if estimates[k] <= bound:
-            contenders[found] = k
-            found += 1
-    return found
+lane_estimates: Any = intrinsic(_lane_estimates)  # compiled code only
 
 
-@njit(nogil=True, cache=True)  # no fast-math flags: estimates that are infinite or NaN compare as they are
-def _best(values, scales, zero_points, lo, hi, squares, estimates, contenders) -> int:
-    """The candidate (a row of `scales`, `zero_points` for this group) whose squared error, summed in numpy's
-    order, is lowest: the first on a tie, the first if none is below infinity (weights._mse_params's strict
-    `<`). Every candidate's errors are estimated in float32; only the candidates within the estimates'
-    error of the lowest one can be lowest, and only those (usually one: then it is chosen) are summed in
-    numpy's order. `squares` [candidates, len(values)], `estimates` and `contenders` [candidates] are
-    scratch."""
-    count, n = scales.shape[0], values.shape[0]
+@njit(nogil=True, cache=True, fastmath=EXACT)
+def row_estimates(values, group, scales, reciprocals, zero_points, lo, hi, estimates) -> None:
+    """Every factor's error estimate for every group of a row of values (float32), into estimates[factor,
+    group]: runs of LANES by the vector code (`lane_estimates`), the rest one value at a time by the same
+    operations (a sum of squares rounded before it is added: within the same bound)."""
+    whole = group - group % LANES
+    for g in range(values.shape[0] // group):
+        start = g * group
+        lane_estimates(values, start, whole, scales, reciprocals, zero_points, g, lo, hi, estimates)
+        for k in range(estimates.shape[0] if whole < group else 0):
+            s, r, z = scales[k, g], reciprocals[k, g], zero_points[k, g]
+            total = estimates[k, g]
+            for i in range(start + whole, start + group):
+                d = min(max(np.rint(values[i] * r), lo - z), hi - z) * s - values[i]
+                total += d * d
+            estimates[k, g] = total
+
+
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")  # no fast-math flags (module docstring)
+def error_bounds(estimate, scale, zero_point, lo, hi, n) -> tuple:
+    """Where numpy's error E of a group of n values lies, given the estimate Ê from `row_estimates` (u = 2⁻²⁴):
+    - Ê's sum: each term passes at most d = ⌊n / LANES⌋ + log2(LANES) + n mod LANES float32 additions, a
+      fused square being exact before them: |Ê − Σ| ≤ (d + 1)·u·Σ.
+    - Ê's quotients: v·(1/s) can round to the other neighbour of a half-integer than numpy's v / s. Both are
+      within 3u·M of the true quotient (M = max(|lo − z|, |hi − z|), the largest |x − z| left unclipped), so
+      that value's squared error moves by at most 6u·M·s², plus the float32 dequantization's own error
+      (u·(M + 1)·s²): under 10u·(M + 1)·s² a value; the bound takes 16.
+    - E's float64 sum: within n·2⁻⁵³, inside the slack.
+    So E ∈ [Ê·(1 − γ) − a, Ê·(1 + γ) + a], γ = 4·(d + 2)·u, a = n·16u·(M + 1)·s². The quotient bound needs a
+    normal reciprocal: for a scale outside [2⁻⁶⁰, 2⁶⁰], or an estimate that is not finite, (−∞, ∞)."""
+    s, z = np.float64(scale), np.float64(zero_point)
+    if not (estimate < np.inf and 2.0 ** -60 <= s <= 2.0 ** 60):
+        return -np.inf, np.inf
+    depth = n // LANES + 4 + n % LANES
+    slack = 4.0 * (depth + 2) * 2.0 ** -24
+    margin = n * 16.0 * 2.0 ** -24 * (max(abs(lo - z), abs(hi - z)) + 1.0) * s * s
+    return estimate * (1.0 - slack) - margin, estimate * (1.0 + slack) + margin
+
+
+@njit(nogil=True, cache=True, error_model="numpy")  # no fast-math flags: NaN and infinity compare as they are
+def _possible(estimates, scales, zero_points, lo, hi, n, lowest_upper, possible, counts) -> None:
+    """Which factors could have a group's lowest error (possible[k, g]: its lower bound is not above every
+    factor's upper bound, `error_bounds`) and how many (counts[g]; 0 where a bound is unbounded: every
+    factor is then summed exactly). One loop over the groups per factor, so it runs in vector lanes."""
+    count, groups = estimates.shape
+    lowest_upper[:] = np.inf
+    counts[:] = 0
     for k in range(count):
-        _squared_errors(values, scales[k], zero_points[k], lo, hi, squares, k)
-        estimates[k] = _estimate(squares, k)
-    found = contenders_of(estimates, n, contenders)
-    if found == 1:
-        return contenders[0]
-    if found == 0:  # a NaN among the estimates: numpy's choice over every candidate
-        for k in range(count):
-            contenders[k] = k
-        found = count
+        for g in range(groups):
+            lower, upper = error_bounds(estimates[k, g], scales[k, g], zero_points[k, g], lo, hi, n)
+            lowest_upper[g] = min(lowest_upper[g], upper)
+            counts[g] -= count if lower == -np.inf else 0  # stays below 1 after every factor is counted
+    for k in range(count):
+        for g in range(groups):
+            lower, _ = error_bounds(estimates[k, g], scales[k, g], zero_points[k, g], lo, hi, n)
+            possible[k, g] = lower <= lowest_upper[g]
+            counts[g] += possible[k, g]
+    for g in range(groups):
+        counts[g] = max(counts[g], 0)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _first(possible, g) -> int:
+    """The first factor possible for group g."""
+    k = 0
+    while not possible[k, g]:
+        k += 1
+    return k
+
+
+@njit(nogil=True, cache=True)  # no fast-math flags: errors that are infinite or NaN compare as they are
+def _chosen(run, scales, zero_points, g, lo, hi, possible, count, squares) -> int:
+    """The factor for group g with the lowest error summed as numpy sums it, among the possible ones (every one
+    where `count` is 0): the first on a tie, the first if none is below infinity (weights._mse_params's strict
+    `<`). `squares` [factors, len(run)] is scratch."""
     best, chosen = np.inf, 0
-    for k in contenders[:found]:
+    for k in range(scales.shape[0]):
+        if count and not possible[k, g]:
+            continue
+        _squared_errors(run, scales[k, g], zero_points[k, g], lo, hi, squares, k)
         error = numpy_order_sum(squares, k)
         if error < best:
             best, chosen = error, k
@@ -194,17 +304,20 @@ def _best(values, scales, zero_points, lo, hi, squares, estimates, contenders) -
 @njit(nogil=True, cache=True)  # no flags: its callees without their own would take them (module docstring)
 def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, alphas, out, scale, zp) -> tuple:
     """round_kernels.round_groups with the scale and zero point of each group chosen by the mse search over
-    the shrink factors `alphas` (float64, weights.MSE_GRID) instead of the full range: the same arguments,
-    outputs and returned sums (Σ w², Σ (w − dequantized)² of the chosen rounding)."""
+    the shrink factors `alphas` (float64, weights.MSE_GRID: CANDIDATES of them) instead of the full range: the
+    same arguments, outputs and returned sums (Σ w², Σ (w − dequantized)² of the chosen rounding)."""
     rows, cols = bits.shape
-    groups = cols // group
+    groups, count = cols // group, alphas.shape[0]
+    if count != CANDIDATES:
+        raise ValueError("mse_groups searches weights.MSE_GRID's shrink factors")
     words = np.empty(cols, np.uint32)
     values = words.view(np.float32)
     low, high = np.empty(groups, np.float32), np.empty(groups, np.float32)
-    scales, zero_points = np.empty((alphas.shape[0], groups), np.float32), np.empty((alphas.shape[0], groups), np.float32)
-    errors = np.empty(group, np.float32)
-    squares_scratch = np.empty((alphas.shape[0], group), np.float32)
-    estimates, contenders = np.empty(alphas.shape[0]), np.empty(alphas.shape[0], np.int64)
+    scales, reciprocals = np.empty((count, groups), np.float32), np.empty((count, groups), np.float32)
+    zero_points, estimates = np.empty((count, groups), np.float32), np.empty((count, groups), np.float32)
+    possible, counts = np.empty((count, groups), np.bool_), np.empty(groups, np.int64)
+    lowest_upper = np.empty(groups)
+    errors, squares_scratch = np.empty(group, np.float32), np.empty((count, group), np.float32)
     squares = 0.0
     error = 0.0
     for r in range(rows):
@@ -214,10 +327,13 @@ def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, alphas, out, sca
         squares += sum_of_squares(values)
         for g in range(groups):
             low[g], high[g] = float_range(words[g * group:(g + 1) * group])
-        _candidates(low, high, alphas, lo, hi, symmetric, bfloat16_scales, scales, zero_points)
+        _candidates(low, high, alphas, lo, hi, symmetric, bfloat16_scales, scales, reciprocals, zero_points)
+        row_estimates(values, group, scales, reciprocals, zero_points, lo, hi, estimates)
+        _possible(estimates, scales, zero_points, lo, hi, group, lowest_upper, possible, counts)
         for g in range(groups):
             run = values[g * group:(g + 1) * group]
-            k = _best(run, scales[:, g], zero_points[:, g], lo, hi, squares_scratch, estimates, contenders)
+            k = _first(possible, g) if counts[g] == 1 else \
+                _chosen(run, scales, zero_points, g, lo, hi, possible, counts[g], squares_scratch)
             scale[r, g], zp[r, g] = scales[k, g], zero_points[k, g]
             round_run(run, scale[r, g], zp[r, g], lo, hi, target[g * group:(g + 1) * group], errors)
             error += sum_of_squares(errors)
