@@ -157,6 +157,24 @@ def numpys_error(values: np.ndarray, scale: np.float32, lo: np.float32, hi: np.f
     return float(np.square(d).reshape(1, -1, 1).sum(axis=1, dtype=np.float64)[0, 0])
 
 
+U = 2.0 ** -24  # float32's unit roundoff
+
+
+def estimate_of(values: np.ndarray, scale: np.float32, lo: np.float32, hi: np.float32) -> float:
+    """row_estimates' S for one symmetric group at one scale (every factor given the same scale)."""
+    candidates = (mse_kernel.CANDIDATES, 1)
+    estimates = np.empty(candidates, np.float32)
+    mse_kernel.row_estimates(values, values.size, np.full(candidates, scale, np.float32),
+                             np.full(candidates, np.float32(1.0) / scale, np.float32),
+                             np.zeros(candidates, np.float32), lo, hi, estimates)
+    return float(estimates[0, 0])
+
+
+def relative_slack(n: int) -> float:
+    """error_bounds' ρ, as its docstring gives it."""
+    return 2.0 * (n // 16 + 4 + n % 16 + 4) * U + n * 2.0 ** -52
+
+
 def test_the_bounds_hold_where_the_reciprocal_rounds_differently():
     """A group whose every value the estimate rounds by the other neighbour (v · (1/s) against numpy's v / s):
     its estimate is off by more than the summation's slack alone allows, and the bounds still hold."""
@@ -164,16 +182,29 @@ def test_the_bounds_hold_where_the_reciprocal_rounds_differently():
     scale = np.float32(0.09277344)  # a bfloat16 scale with many such values
     values = reciprocal_mismatches(scale, n)
     assert values.size == n
-    candidates = (mse_kernel.CANDIDATES, 1)
-    estimates = np.empty(candidates, np.float32)
-    mse_kernel.row_estimates(values, n, np.full(candidates, scale, np.float32),
-                             np.full(candidates, np.float32(1.0) / scale, np.float32),
-                             np.zeros(candidates, np.float32), lo, hi, estimates)
+    estimate = estimate_of(values, scale, lo, hi)
     exact = numpys_error(values, scale, lo, hi)
-    lower, upper = mse_kernel.error_bounds(estimates[0, 0], scale, np.float32(0.0), lo, hi, n)
+    lower, upper = mse_kernel.error_bounds(np.float32(estimate), scale, np.float32(0.0), lo, hi, n,
+                                           np.abs(values).max())
     assert lower <= exact <= upper
-    summation_slack = 4.0 * (n // 16 + 4 + 2) * 2.0 ** -24
-    assert exact < float(estimates[0, 0]) * (1.0 - summation_slack)  # the quotients' margin was needed
+    root = float(scale) * np.sqrt(estimate)
+    assert abs(np.sqrt(exact) - root) > root * relative_slack(n)  # the quotients' width was needed
+
+
+def test_a_row_whose_quotients_round_differently_gets_numpys_choice():
+    """Per channel, a row whose full range gives the scale its values were picked for (127.5 · s is its largest
+    value): every quotient of the widest factor is one the reciprocal rounds the other way, and the choice
+    is still numpy's."""
+    scale = np.float32(0.09277344)
+    row = np.concatenate([reciprocal_mismatches(scale, 95), [np.float32(127.5) * scale]]).astype(np.float32)
+    spec = WeightQuant(QType.INT8, Granularity.PER_CHANNEL, None, True)
+    w = row.reshape(1, -1)
+    compiled = fused_rtn.round_bits(w.view(np.uint32), spec, "bfloat16", rounding=Rounding.MSE)
+    numpy_search = quantize_weight(w, spec, Rounding.MSE, 0, 1, Convention.TORCH, "bfloat16")
+    full_range = quantize_weight(w, spec, Rounding.RTN, 0, 1, Convention.TORCH, "bfloat16")
+    assert full_range.scale[0] == scale
+    assert np.array_equal(compiled.scale, numpy_search.scale)
+    assert np.array_equal(compiled.q, numpy_search.q)
 
 
 def test_odd_lengths_and_groups_under_the_vector_width_equal_numpys_search():
@@ -191,31 +222,26 @@ def test_odd_lengths_and_groups_under_the_vector_width_equal_numpys_search():
             assert np.array_equal(compiled.zero_point, numpy_search.zero_point)
 
 
-@pytest.mark.parametrize(("estimate", "scale"), [(np.inf, 0.01), (np.nan, 0.01), (1.0, 2.0 ** -61), (1.0, 2.0 ** 61)])
-def test_an_estimate_without_a_bound_sends_the_group_to_exact_sums(estimate, scale):
-    """An estimate that overflowed or is NaN, or a scale whose reciprocal is not normal: no bound, so every
-    factor of that group is summed in numpy's order."""
+@pytest.mark.parametrize(("estimate", "scale", "peak"), [(np.inf, 0.01, 1.0), (np.nan, 0.01, 1.0),
+                                                   (1.0, 2.0 ** -61, 1.0), (1.0, 2.0 ** 61, 1.0), (1.0, 0.01, np.inf)])
+def test_an_estimate_without_a_bound_sends_the_group_to_exact_sums(estimate, scale, peak):
+    """An estimate that overflowed or is NaN, a scale whose reciprocal is not normal, or a non-finite value:
+    no bound, so every factor of that group is summed in numpy's order."""
     lower, upper = mse_kernel.error_bounds(np.float32(estimate), np.float32(scale), np.float32(0.0),
-                                           np.float32(-8), np.float32(7), 128)
+                                           np.float32(-8), np.float32(7), 128, np.float32(peak))
     assert (lower, upper) == (-np.inf, np.inf)
 
 
 def test_the_bounds_hold_where_clipping_dominates_the_error():
     """Groups whose values mostly lie beyond a small scale's range: their errors are large against s², so the
-    estimate's float32 summation error outgrows the quotients' margin and the relative slack must cover it."""
-    n, lo, hi, candidates = 128, np.float32(-8), np.float32(7), (mse_kernel.CANDIDATES, 1)
+    quotients' part of the bounds grows with the clipped values' error."""
+    n, lo, hi = 128, np.float32(-8), np.float32(7)
     rng = np.random.default_rng(1)
-    beyond_margin = 0
     for _ in range(200):
         values = (rng.standard_normal(n) * np.exp(rng.standard_normal(n))).astype(np.float32)
-        scale = np.float32(np.abs(values).max() / 7.5 * 0.1)
-        estimates = np.empty(candidates, np.float32)
-        mse_kernel.row_estimates(values, n, np.full(candidates, scale, np.float32),
-                                 np.full(candidates, np.float32(1.0) / scale, np.float32),
-                                 np.zeros(candidates, np.float32), lo, hi, estimates)
+        peak = np.abs(values).max()
+        scale = np.float32(peak / 7.5 * 0.1)
+        estimate = estimate_of(values, scale, lo, hi)
         exact = numpys_error(values, scale, lo, hi)
-        lower, upper = mse_kernel.error_bounds(estimates[0, 0], scale, np.float32(0.0), lo, hi, n)
+        lower, upper = mse_kernel.error_bounds(np.float32(estimate), scale, np.float32(0.0), lo, hi, n, peak)
         assert lower <= exact <= upper
-        margin = n * 16 * 2.0 ** -24 * (8 + 1) * float(scale) ** 2
-        beyond_margin += abs(float(estimates[0, 0]) - exact) > margin
-    assert beyond_margin >= 3

@@ -8,9 +8,9 @@ each; data-free mse of a 6 GiB checkpoint took 52 s against 9 s for rtn (round_k
 The choice between two factors can hinge on the last bit of their errors, so the loop decides as numpy
 does, in two steps:
 - Estimate every factor's error in vector code (`lane_estimates`): the quotient by a multiplication with
-  the scale's reciprocal instead of numpy's division (the slowest operation), float32 partial sums. The
-  estimate is within known bounds of numpy's error (`error_bounds`: the summation's rounding, and a
-  quotient that rounds to the other side of a half-integer).
+  the scale's reciprocal instead of numpy's division (the slowest operation), the error measured in units of
+  the scale, float32 partial sums. The estimate is within known bounds of numpy's error (`error_bounds`: the
+  summation's rounding, the reciprocal's, and a quotient that rounds to the other side of a half-integer).
 - A factor whose lower bound is above another's upper bound cannot be the lowest. Where more than one is
   left (near-ties, exact ties: rare), those are summed exactly as numpy does: the same float32 operations
   per value, then float64 in the order numpy's `sum(axis=1, dtype=float64)` adds a float32 run (runs of
@@ -144,14 +144,14 @@ def _candidates(low, high, alphas, lo, hi, symmetric, bfloat16_scales, scales, r
 
 def _lane_estimates(typingctx, values, start, whole, scales, reciprocals, zero_points, g, lo, hi, estimates):
     """Every shrink factor k's error estimate for group g over values[start:start + whole] (`whole` a multiple
-    of LANES), into estimates[k, g]: each value's quotient taken as v · reciprocals[k, g] (a multiplication:
-    the division was the search's slowest operation), rounded half to even, clipped to [lo − z, hi − z] (z =
-    zero_points[k, g]: the same integers as adding z, clipping to [lo, hi] and taking z away, all exact),
-    dequantized as numpy does ((x − z) · s − v in float32, no contraction), and its square added by a fused
-    multiply-add to one of LANES float32 partial sums per factor; the partial sums are then added pairwise.
-    Every factor's sums stay in registers while each run of LANES values is loaded once. LLVM vector code,
-    because numba vectorizes a loop over one group's values only with its sum reassociated, and such a short
-    loop's reduction cost more than its arithmetic (about 190 ns a group of 128)."""
+    of LANES), in units of its scale squared, into estimates[k, g]: each value's quotient taken as y = v ·
+    reciprocals[k, g] (a multiplication: the division was the search's slowest operation), rounded half to
+    even and clipped to [lo − z, hi − z] (z = zero_points[k, g]: the same integers as adding z, clipping to
+    [lo, hi] and taking z away, all exact), and (x − y)², the error over s², added by a fused multiply-add to
+    one of LANES float32 partial sums per factor; the partial sums are then added pairwise. Six operations a
+    value and factor. Every factor's sums stay in registers while each run of LANES values is loaded once. LLVM
+    vector code, because numba vectorizes a loop over one group's values only with its sum reassociated, and
+    such a short loop's reduction cost more than its arithmetic (about 190 ns a group of 128)."""
     if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C"
                for a in (values, scales, reciprocals, zero_points, estimates)):
         return None
@@ -170,8 +170,8 @@ def _lane_estimates(typingctx, values, start, whole, scales, reciprocals, zero_p
         def at(array, k):
             return builder.gep(array.data, [builder.add(builder.mul(ir.Constant(i64, k), groups), args[6])])
 
-        s, r, z = ([builder.load(at(array, k)) for k in range(CANDIDATES)] for array in arrays[:3])
-        s, r = [splat(x) for x in s], [splat(x) for x in r]
+        r, z = ([builder.load(at(array, k)) for k in range(CANDIDATES)] for array in arrays[1:3])
+        r = [splat(x) for x in r]
         low, high = ([splat(builder.fsub(bound, zk)) for zk in z] for bound in (args[7], args[8]))
         rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector]),
                                               f"llvm.rint.v{LANES}f32")
@@ -191,11 +191,12 @@ def _lane_estimates(typingctx, values, start, whole, scales, reciprocals, zero_p
         builder.position_at_end(body)
         v = builder.load(builder.bitcast(builder.gep(first, [offset]), vector.as_pointer()), align=4)
         for k, total in enumerate(sums):
-            x = builder.call(rint, [builder.fmul(v, r[k])])
+            y = builder.fmul(v, r[k])
+            x = builder.call(rint, [y])
             x = builder.select(builder.fcmp_ordered("<", x, low[k]), low[k], x)
             x = builder.select(builder.fcmp_ordered(">", x, high[k]), high[k], x)
-            d = builder.fsub(builder.fmul(x, s[k]), v)
-            total.add_incoming(builder.call(fma, [d, d, total]), body)
+            t = builder.fsub(x, y)
+            total.add_incoming(builder.call(fma, [t, t, total]), body)
         offset.add_incoming(builder.add(offset, ir.Constant(i64, LANES)), body)
         builder.branch(head)
         builder.position_at_end(done)
@@ -217,60 +218,69 @@ lane_estimates: Any = intrinsic(_lane_estimates)  # compiled code only
 
 @njit(nogil=True, cache=True, fastmath=EXACT)
 def row_estimates(values, group, scales, reciprocals, zero_points, lo, hi, estimates) -> None:
-    """Every factor's error estimate for every group of a row of values (float32), into estimates[factor,
-    group]: runs of LANES by the vector code (`lane_estimates`), the rest one value at a time by the same
-    operations (a sum of squares rounded before it is added: within the same bound)."""
+    """Every factor's error estimate for every group of a row of values (float32), in units of its scale
+    squared, into estimates[factor, group]: runs of LANES by the vector code (`lane_estimates`), the rest one
+    value at a time by the same operations (a square rounded before it is added: within the same bound)."""
     whole = group - group % LANES
     for g in range(values.shape[0] // group):
         start = g * group
         lane_estimates(values, start, whole, scales, reciprocals, zero_points, g, lo, hi, estimates)
         for k in range(estimates.shape[0] if whole < group else 0):
-            s, r, z = scales[k, g], reciprocals[k, g], zero_points[k, g]
+            r, z = reciprocals[k, g], zero_points[k, g]
             total = estimates[k, g]
             for i in range(start + whole, start + group):
-                d = min(max(np.rint(values[i] * r), lo - z), hi - z) * s - values[i]
-                total += d * d
+                y = values[i] * r
+                t = min(max(np.rint(y), lo - z), hi - z) - y
+                total += t * t
             estimates[k, g] = total
 
 
 @njit(nogil=True, cache=True, error_model="numpy", inline="always")  # no fast-math flags (module docstring)
-def error_bounds(estimate, scale, zero_point, lo, hi, n) -> tuple:
-    """Where numpy's error E of a group of n values lies, given the estimate Ê from `row_estimates` (u = 2⁻²⁴):
-    - Ê's sum: each term passes at most d = ⌊n / LANES⌋ + log2(LANES) + n mod LANES float32 additions, a
-      fused square being exact before them: |Ê − Σ| ≤ (d + 1)·u·Σ.
-    - Ê's quotients: v·(1/s) can round to the other neighbour of a half-integer than numpy's v / s. Both are
-      within 3u·M of the true quotient (M = max(|lo − z|, |hi − z|), the largest |x − z| left unclipped), so
-      that value's squared error moves by at most 6u·M·s², plus the float32 dequantization's own error
-      (u·(M + 1)·s²): under 10u·(M + 1)·s² a value; the bound takes 16.
-    - E's float64 sum: within n·2⁻⁵³, inside the slack.
-    So E ∈ [Ê·(1 − γ) − a, Ê·(1 + γ) + a], γ = 4·(d + 2)·u, a = n·16u·(M + 1)·s². The quotient bound needs a
-    normal reciprocal: for a scale outside [2⁻⁶⁰, 2⁶⁰], or an estimate that is not finite, (−∞, ∞)."""
+def error_bounds(estimate, scale, zero_point, lo, hi, n, peak) -> tuple:
+    """Where numpy's error E of a group of n values (largest magnitude `peak`) lies, given `row_estimates`'
+    estimate S = Σ t² (t = x − v·(1/s), float32) for one scale s. With u = 2⁻²⁴, M = max(|lo − z|, |hi − z|)
+    (the largest |x − z| left unclipped) and V = peak / s, compare √E = ‖d‖ (numpy's float32 errors d) with
+    ‖s·t‖ = s·√S, value by value in magnitude:
+    - the same integer: numpy's dequantization rounds twice (u·M·s + u·|d|) and y = v·(1/s) is within 2u·V of
+      v / s: ||d| − |s·t|| ≤ u·s·(2V + M) + 2u·|d|;
+    - the other neighbour of a half-integer (v·(1/s) and numpy's v / s, both within 3u·|v / s| of the true
+      quotient, fell on either side of it; both unclipped, so |v / s| ≤ M + ½): both magnitudes are within
+      u·s·(8M + 4) + u·s·(M + 1) of s/2, so ||d| − |s·t|| ≤ u·s·(9M + 5).
+    So ‖d‖ and s·‖t‖ are within w = √n·u·s·(12M + 3V + 8) (the two cases' sum, rounded up) plus 2u·‖d‖ of each
+    other (the triangle inequality). S's float32 sum is within (depth·u)·Σ of the exact one (a term passes at
+    most depth = ⌊n / LANES⌋ + log2(LANES) + n mod LANES additions, a fused square exact before them), numpy's
+    squares and float64 sum within u and n·2⁻⁵³: all inside ρ = 2·(depth + 4)·u + n·2⁻⁵². So
+    √E ∈ [s·√S·(1 − ρ) − w, s·√S·(1 + ρ) + w], squared here. A scale outside [2⁻⁶⁰, 2⁶⁰] (whose reciprocal the
+    quotient bound needs normal), or an S or peak that is not finite: (−∞, ∞)."""
     s, z = np.float64(scale), np.float64(zero_point)
-    if not (estimate < np.inf and 2.0 ** -60 <= s <= 2.0 ** 60):
+    if not (estimate < np.inf and peak < np.inf and 2.0 ** -60 <= s <= 2.0 ** 60):
         return -np.inf, np.inf
     depth = n // LANES + 4 + n % LANES
-    slack = 4.0 * (depth + 2) * 2.0 ** -24
-    margin = n * 16.0 * 2.0 ** -24 * (max(abs(lo - z), abs(hi - z)) + 1.0) * s * s
-    return estimate * (1.0 - slack) - margin, estimate * (1.0 + slack) + margin
+    relative = 2.0 * (depth + 4) * 2.0 ** -24 + n * 2.0 ** -52
+    unclipped = max(abs(lo - z), abs(hi - z))
+    width = np.sqrt(np.float64(n)) * 2.0 ** -24 * s * (12.0 * unclipped + 3.0 * np.float64(peak) / s + 8.0)
+    root = s * np.sqrt(np.float64(estimate))
+    return max(root * (1.0 - relative) - width, 0.0) ** 2, (root * (1.0 + relative) + width) ** 2
 
 
 @njit(nogil=True, cache=True, error_model="numpy")  # no fast-math flags: NaN and infinity compare as they are
-def _possible(estimates, scales, zero_points, lo, hi, n, lowest_upper, possible, counts) -> None:
+def _possible(estimates, scales, zero_points, low, high, lo, hi, n, lowers, lowest_upper, possible, counts) -> None:
     """Which factors could have a group's lowest error (possible[k, g]: its lower bound is not above every
     factor's upper bound, `error_bounds`) and how many (counts[g]; 0 where a bound is unbounded: every
-    factor is then summed exactly). One loop over the groups per factor, so it runs in vector lanes."""
+    factor is then summed exactly). One loop over the groups per factor, so it runs in vector lanes;
+    `lowers` [factor, group] and `lowest_upper` [group] (float64) are scratch."""
     count, groups = estimates.shape
     lowest_upper[:] = np.inf
     counts[:] = 0
     for k in range(count):
         for g in range(groups):
-            lower, upper = error_bounds(estimates[k, g], scales[k, g], zero_points[k, g], lo, hi, n)
+            lowers[k, g], upper = error_bounds(estimates[k, g], scales[k, g], zero_points[k, g], lo, hi, n,
+                                               max(abs(low[g]), abs(high[g])))
             lowest_upper[g] = min(lowest_upper[g], upper)
-            counts[g] -= count if lower == -np.inf else 0  # stays below 1 after every factor is counted
+            counts[g] -= count if lowers[k, g] == -np.inf else 0  # stays below 1 after every factor is counted
     for k in range(count):
         for g in range(groups):
-            lower, _ = error_bounds(estimates[k, g], scales[k, g], zero_points[k, g], lo, hi, n)
-            possible[k, g] = lower <= lowest_upper[g]
+            possible[k, g] = lowers[k, g] <= lowest_upper[g]
             counts[g] += possible[k, g]
     for g in range(groups):
         counts[g] = max(counts[g], 0)
@@ -316,7 +326,7 @@ def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, alphas, out, sca
     scales, reciprocals = np.empty((count, groups), np.float32), np.empty((count, groups), np.float32)
     zero_points, estimates = np.empty((count, groups), np.float32), np.empty((count, groups), np.float32)
     possible, counts = np.empty((count, groups), np.bool_), np.empty(groups, np.int64)
-    lowest_upper = np.empty(groups)
+    lowers, lowest_upper = np.empty((count, groups)), np.empty(groups)
     errors, squares_scratch = np.empty(group, np.float32), np.empty((count, group), np.float32)
     squares = 0.0
     error = 0.0
@@ -329,7 +339,7 @@ def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, alphas, out, sca
             low[g], high[g] = float_range(words[g * group:(g + 1) * group])
         _candidates(low, high, alphas, lo, hi, symmetric, bfloat16_scales, scales, reciprocals, zero_points)
         row_estimates(values, group, scales, reciprocals, zero_points, lo, hi, estimates)
-        _possible(estimates, scales, zero_points, lo, hi, group, lowest_upper, possible, counts)
+        _possible(estimates, scales, zero_points, low, high, lo, hi, group, lowers, lowest_upper, possible, counts)
         for g in range(groups):
             run = values[g * group:(g + 1) * group]
             k = _first(possible, g) if counts[g] == 1 else \
