@@ -15,8 +15,9 @@ does, in two steps:
   left (near-ties, exact ties: rare), those are summed exactly as numpy does: the same float32 operations
   per value, then float64 in the order numpy's `sum(axis=1, dtype=float64)` adds a float32 run (runs of
   NUMPY_BUFFER values, its casting buffer, each summed pairwise: `numpy_order_sum`).
-tests/test_mse_kernel.py holds that order against numpy's own sum, the bounds against numpy's errors on
-data that needs each part of them, exact and near ties, and whole weights against weights.quantize_weight.
+tests/test_mse_kernel.py holds that order against numpy's own sum, the bounds against numpy's errors where
+every reciprocal rounds the other way and where clipping dominates, exact and near ties, and whole weights
+against weights.quantize_weight.
 
 numba compiles a function without fast-math flags of its own with its caller's flags: a NaN test called
 from a loop compiled with `nnan` was folded away. So the loops that need flags carry them, and the
