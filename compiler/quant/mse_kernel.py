@@ -153,9 +153,10 @@ def _lane_estimates(typingctx, values, start, whole, scales, reciprocals, zero_p
     value and factor. Every factor's sums stay in registers while each run of LANES values is loaded once. LLVM
     vector code, because numba vectorizes a loop over one group's values only with its sum reassociated, and
     such a short loop's reduction cost more than its arithmetic (about 190 ns a group of 128)."""
-    if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C"
-               for a in (values, scales, reciprocals, zero_points, estimates)):
-        return None
+    if not (all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C"
+                for a in (values, scales, reciprocals, zero_points, estimates))
+            and lo == types.float32 and hi == types.float32 and all(i == types.int64 for i in (start, whole, g))):
+        return None  # the code below is written for these types only: anything else fails to type, not to run
 
     def codegen(context, builder, signature, args):
         f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
