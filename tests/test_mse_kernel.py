@@ -164,8 +164,7 @@ def estimate_of(values: np.ndarray, scale: np.float32, lo: np.float32, hi: np.fl
     """row_estimates' S for one symmetric group at one scale (every factor given the same scale)."""
     candidates = (mse_kernel.CANDIDATES, 1)
     estimates = np.empty(candidates, np.float32)
-    mse_kernel.row_estimates(values, values.size, np.full(candidates, scale, np.float32),
-                             np.full(candidates, np.float32(1.0) / scale, np.float32),
+    mse_kernel.row_estimates(values, values.size, np.full(candidates, np.float32(1.0) / scale, np.float32),
                              np.zeros(candidates, np.float32), lo, hi, estimates)
     return float(estimates[0, 0])
 

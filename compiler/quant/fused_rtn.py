@@ -11,9 +11,9 @@ import numpy as np
 from compiler.ir.types import Granularity, Rounding, WeightQuant
 from compiler.quant import qparams
 from compiler.quant.parallel import parallel_map
-from compiler.quant.weights import MSE_GRID, QuantizedWeight
+from compiler.quant.weights import QuantizedWeight
 
-TASK_WEIGHTS = 1 << 20  # weights one call rounds: ~0.6 ms of rtn (~4 ms of mse: smaller tasks measured 0.6–1.0 s
+TASK_WEIGHTS = 1 << 20  # weights one call rounds: ~0.6 ms of rtn (~2 ms of mse: smaller tasks measured 0.6–1.0 s
 # slower on a 5.9 GiB checkpoint, in their dispatch) against ~20 µs of Python around it
 SCALE_DTYPES = ("float32", "bfloat16")  # what the kernel rounds scales to (a float16 model's: weights.py)
 
@@ -41,19 +41,16 @@ def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str, measure: b
     scale = np.empty((rows, cols // group), np.float32)
     zp = np.empty((rows, cols // group), np.float32)
     lo, hi = (np.float32(v) for v in qparams.full_range(spec.qtype))
-    mse = rounding is Rounding.MSE
-    if mse:  # its own module: rtn's runs do not import it (0.17 s)
+    kernel = round_kernels.round_groups
+    if rounding is Rounding.MSE:  # its own module: rtn's runs do not import it (0.17 s)
         from compiler.quant import mse_kernel
-        alphas = np.array(MSE_GRID, np.float64)
+        kernel = mse_kernel.mse_groups
     step = max(1, TASK_WEIGHTS // max(cols, 1))
 
     def one(first: int) -> tuple[float, float]:
-        part, bfloat16_scales = slice(first, first + step), scale_dtype == "bfloat16"
-        if mse:
-            return mse_kernel.mse_groups(bits[part], group, lo, hi, spec.symmetric, bfloat16_scales, alphas,
-                                         q[part], scale[part], zp[part])
-        return round_kernels.round_groups(bits[part], group, lo, hi, spec.symmetric, bfloat16_scales,
-                                          q[part], scale[part], zp[part])
+        part = slice(first, first + step)
+        return kernel(bits[part], group, lo, hi, spec.symmetric, scale_dtype == "bfloat16", q[part], scale[part],
+                      zp[part])
 
     sums = parallel_map(one, range(0, rows, step))
     totals = (sum(s for s, _ in sums), sum(e for _, e in sums)) if measure else None

@@ -38,6 +38,7 @@ from compiler.quant.weights import MSE_GRID
 
 NUMPY_BUFFER = 8192  # numpy's default ufunc buffer (np.getbufsize()): a cast reduction adds this many at a time
 _LEAF = 128  # numpy's pairwise summation: runs up to this long are added in 8 interleaved partial sums
+ALPHAS = np.array(MSE_GRID, np.float64)  # the shrink factors, a constant of the compiled code
 CANDIDATES = len(MSE_GRID)  # the shrink factors the vector code keeps in registers at once
 LANES = 16  # float32 lanes of one AVX-512 register (LLVM splits them on narrower machines)
 
@@ -143,7 +144,7 @@ def _candidates(low, high, alphas, lo, hi, symmetric, bfloat16_scales, scales, r
             reciprocals[k, g] = np.float32(1.0) / scales[k, g]
 
 
-def _lane_estimates(typingctx, values, start, whole, scales, reciprocals, zero_points, g, lo, hi, estimates):
+def _lane_estimates(typingctx, values, start, whole, reciprocals, zero_points, g, lo, hi, estimates):
     """Every shrink factor k's error estimate for group g over values[start:start + whole] (`whole` a multiple
     of LANES), in units of its scale squared, into estimates[k, g]: each value's quotient taken as y = v ·
     reciprocals[k, g] (a multiplication: the division was the search's slowest operation), rounded half to
@@ -154,7 +155,7 @@ def _lane_estimates(typingctx, values, start, whole, scales, reciprocals, zero_p
     vector code, because numba vectorizes a loop over one group's values only with its sum reassociated, and
     such a short loop's reduction cost more than its arithmetic (about 190 ns a group of 128)."""
     if not (all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C"
-                for a in (values, scales, reciprocals, zero_points, estimates))
+                for a in (values, reciprocals, zero_points, estimates))
             and lo == types.float32 and hi == types.float32 and all(i == types.int64 for i in (start, whole, g))):
         return None  # the code below is written for these types only: anything else fails to type, not to run
 
@@ -162,7 +163,7 @@ def _lane_estimates(typingctx, values, start, whole, scales, reciprocals, zero_p
         f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
         vector = ir.VectorType(f32, LANES)
         undefined = ir.Constant(vector, ir.Undefined)
-        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (3, 4, 5, 9)]
+        arrays = [context.make_array(signature.args[i])(context, builder, args[i]) for i in (3, 4, 8)]
         groups = cgutils.unpack_tuple(builder, arrays[0].shape)[1]
 
         def splat(x):
@@ -170,11 +171,11 @@ def _lane_estimates(typingctx, values, start, whole, scales, reciprocals, zero_p
             return builder.shuffle_vector(one, undefined, ir.Constant(ir.VectorType(i32, LANES), [0] * LANES))
 
         def at(array, k):
-            return builder.gep(array.data, [builder.add(builder.mul(ir.Constant(i64, k), groups), args[6])])
+            return builder.gep(array.data, [builder.add(builder.mul(ir.Constant(i64, k), groups), args[5])])
 
-        r, z = ([builder.load(at(array, k)) for k in range(CANDIDATES)] for array in arrays[1:3])
+        r, z = ([builder.load(at(array, k)) for k in range(CANDIDATES)] for array in arrays[:2])
         r = [splat(x) for x in r]
-        low, high = ([splat(builder.fsub(bound, zk)) for zk in z] for bound in (args[7], args[8]))
+        low, high = ([splat(builder.fsub(bound, zk)) for zk in z] for bound in (args[6], args[7]))
         rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector]),
                                               f"llvm.rint.v{LANES}f32")
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector] * 3),
@@ -210,23 +211,23 @@ def _lane_estimates(typingctx, values, start, whole, scales, reciprocals, zero_p
                                                                               list(range(begin, begin + width))))
                           for begin in (0, width)]
                 partial = builder.fadd(*halves)
-            builder.store(builder.extract_element(partial, ir.Constant(i32, 0)), at(arrays[3], k))
+            builder.store(builder.extract_element(partial, ir.Constant(i32, 0)), at(arrays[2], k))
         return context.get_dummy_value()
-    return types.void(values, start, whole, scales, reciprocals, zero_points, g, lo, hi, estimates), codegen
+    return types.void(values, start, whole, reciprocals, zero_points, g, lo, hi, estimates), codegen
 
 
 lane_estimates: Any = intrinsic(_lane_estimates)  # compiled code only
 
 
 @njit(nogil=True, cache=True, fastmath=EXACT)
-def row_estimates(values, group, scales, reciprocals, zero_points, lo, hi, estimates) -> None:
+def row_estimates(values, group, reciprocals, zero_points, lo, hi, estimates) -> None:
     """Every factor's error estimate for every group of a row of values (float32), in units of its scale
     squared, into estimates[factor, group]: runs of LANES by the vector code (`lane_estimates`), the rest one
     value at a time by the same operations (a square rounded before it is added: within the same bound)."""
     whole = group - group % LANES
     for g in range(values.shape[0] // group):
         start = g * group
-        lane_estimates(values, start, whole, scales, reciprocals, zero_points, g, lo, hi, estimates)
+        lane_estimates(values, start, whole, reciprocals, zero_points, g, lo, hi, estimates)
         for k in range(estimates.shape[0] if whole < group else 0):
             r, z = reciprocals[k, g], zero_points[k, g]
             total = estimates[k, g]
@@ -314,22 +315,20 @@ def _chosen(run, scales, zero_points, g, lo, hi, possible, count, squares) -> in
 
 
 @njit(nogil=True, cache=True)  # no flags: its callees without their own would take them (module docstring)
-def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, alphas, out, scale, zp) -> tuple:
+def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, out, scale, zp) -> tuple:
     """round_kernels.round_groups with the scale and zero point of each group chosen by the mse search over
-    the shrink factors `alphas` (float64, weights.MSE_GRID: CANDIDATES of them) instead of the full range: the
-    same arguments, outputs and returned sums (Σ w², Σ (w − dequantized)² of the chosen rounding)."""
+    the shrink factors weights.MSE_GRID instead of the full range: the same arguments, outputs and returned
+    sums (Σ w², Σ (w − dequantized)² of the chosen rounding)."""
     rows, cols = bits.shape
-    groups, count = cols // group, alphas.shape[0]
-    if count != CANDIDATES:
-        raise ValueError("mse_groups searches weights.MSE_GRID's shrink factors")
+    groups = cols // group
     words = np.empty(cols, np.uint32)
     values = words.view(np.float32)
     low, high = np.empty(groups, np.float32), np.empty(groups, np.float32)
-    scales, reciprocals = np.empty((count, groups), np.float32), np.empty((count, groups), np.float32)
-    zero_points, estimates = np.empty((count, groups), np.float32), np.empty((count, groups), np.float32)
-    possible, counts = np.empty((count, groups), np.bool_), np.empty(groups, np.int64)
-    lowers, lowest_upper = np.empty((count, groups)), np.empty(groups)
-    errors, squares_scratch = np.empty(group, np.float32), np.empty((count, group), np.float32)
+    scales, reciprocals = np.empty((CANDIDATES, groups), np.float32), np.empty((CANDIDATES, groups), np.float32)
+    zero_points, estimates = np.empty((CANDIDATES, groups), np.float32), np.empty((CANDIDATES, groups), np.float32)
+    possible, counts = np.empty((CANDIDATES, groups), np.bool_), np.empty(groups, np.int64)
+    lowers, lowest_upper = np.empty((CANDIDATES, groups)), np.empty(groups)
+    errors, squares_scratch = np.empty(group, np.float32), np.empty((CANDIDATES, group), np.float32)
     squares = 0.0
     error = 0.0
     for r in range(rows):
@@ -339,8 +338,8 @@ def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, alphas, out, sca
         squares += sum_of_squares(values)
         for g in range(groups):
             low[g], high[g] = float_range(words[g * group:(g + 1) * group])
-        _candidates(low, high, alphas, lo, hi, symmetric, bfloat16_scales, scales, reciprocals, zero_points)
-        row_estimates(values, group, scales, reciprocals, zero_points, lo, hi, estimates)
+        _candidates(low, high, ALPHAS, lo, hi, symmetric, bfloat16_scales, scales, reciprocals, zero_points)
+        row_estimates(values, group, reciprocals, zero_points, lo, hi, estimates)
         _possible(estimates, scales, zero_points, low, high, lo, hi, group, lowers, lowest_upper, possible, counts)
         for g in range(groups):
             run = values[g * group:(g + 1) * group]
