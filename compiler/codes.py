@@ -395,8 +395,7 @@ CODES: tuple[CodeInfo, ...] = (
        "Under torchrun (or with `memory { ranks N }`) the calibration and held-out samples are split over the "
        "ranks by chunk, every statistic is merged exactly before rounding, the weights are rounded on the ranks "
        "and the first rank writes the output. `mode multi_gpu` and `format gguf` run in one "
-       "process so far (`qrc check` refuses them with `ranks N`), as does the ONNX backend's `offload` "
-       "(refused when it would run): on every rank, "
+       "process so far: `qrc check` refuses them with `ranks N`, and under torchrun every rank refuses them "
        "before any work, instead of running them N times over.",
        "memory { ranks 2 }   # in a recipe that emits `format gguf`"),
     _c("Q432", "a rank of the compile stopped",

@@ -256,7 +256,7 @@ ONNX = """recipe onnx_shared {{
 @pytest.mark.parametrize("method, mode, base, rounding", [
     ("minmax", "full", "W8A8", "rtn"), ("percentile 99.9", "low_memory", "W8A8", "mse"),
     ("mse", "full", "W8A8", "rtn"), ("layerwise_percentile", "low_memory", "W8A8", "rtn"),
-    ("minmax", "full", "W4A16", "gptq")])
+    ("minmax", "full", "W4A16", "gptq"), ("entropy", "offload", "W8A8", "rtn"), ("minmax", "offload", "W4A16", "gptq")])
 def test_onnx_ranks_merge_observers_and_round_weights_n_at_a_time(tmp_path, method, mode, base, rounding):
     """ONNX: the calibration chunks split over the ranks and the observers merged exactly give one process's
     bytes; GPTQ's Hessians (float64 sums, merged in rank order) give a model whose KL against float, as
@@ -295,7 +295,7 @@ FOLDER_ON_ONNX = """recipe exported {{
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["full", "low_memory"])
+@pytest.mark.parametrize("mode", ["full", "low_memory", "offload"])
 def test_onnx_smoothquant_over_ranks_writes_one_process_bytes(tmp_path, mode):
     """ONNX SmoothQuant under torchrun: each rank observes the norms' outputs on its chunks, the maxima merge
     exactly, and every rank folds the same copy: one process's bytes (until 2026-11-27, refused with Q431)."""
@@ -395,22 +395,24 @@ RESUMABLE = """recipe long {{
     backend onnx
     quantize {{ "*" -> W8A8  "lm_head" -> W8A16  re"model\\.embed_tokens" -> none }}
     calibrate {{ data synthetic {{ samples 48  seqlen 128 }}  chunk 2  method entropy }}
-    memory {{ mode full  disk "{disk}" }}
+    memory {{ mode {mode}  disk "{disk}" }}
     emit "{out}" {{ format qdq }}
 }}
 """
 
 
 @pytest.mark.slow
-def test_a_killed_rank_stops_every_rank_and_a_relaunch_resumes(tmp_path):
+@pytest.mark.parametrize("mode", ["full", "offload"])
+def test_a_killed_rank_stops_every_rank_and_a_relaunch_resumes(tmp_path, mode):
     """Rank 1 is killed (SIGKILL) while the ranks calibrate: rank 0 stops within seconds with Q432 naming
-    rank 1, and the destination never appears. Each rank saved its own share's observers after every chunk,
-    so the same launch again resumes each rank where it stopped, and writes one process's bytes."""
+    rank 1, and the destination never appears. Each rank saved its own share's observers after every chunk
+    (offload: after every block, its boundary values kept on disk), so the same launch again resumes each rank
+    where it stopped, and writes one process's bytes."""
     from compiler.backends.onnx.resume import ResumeState
 
     disk, out = tmp_path / "cache", tmp_path / "out" / "m.onnx"
     recipe = tmp_path / "long.recipe"
-    recipe.write_text(RESUMABLE.format(disk=disk, out=out))
+    recipe.write_text(RESUMABLE.format(disk=disk, out=out, mode=mode))
     launch = subprocess.Popen([*_launcher(2), "-m", "compiler", "compile", str(recipe)], env=_env(), cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300

@@ -23,7 +23,7 @@ from compiler.backends.onnx.emitters import QdqEmitter, activation_specs, emitte
 from compiler.backends.onnx.exported_model import refuse_other_layers, resolve_export
 from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.genai import side_files
-from compiler.backends.onnx.hessians import GptqRounder, hessian_observers, uses_gptq
+from compiler.backends.onnx.hessians import PREFIX, GptqRounder, hessian_observers, uses_gptq
 from compiler.backends.onnx.sensitivity import OnnxScorer
 from compiler.backends.onnx.verification import verify_offload, verify_whole
 from compiler.backends.products import Pending, Product
@@ -51,7 +51,6 @@ from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
 from compiler.quant.smoothing import transform_summary
 from compiler.quant.weights import QuantizedWeight, sqnr_db
 from compiler.resolve.assignment import Assignment
-from compiler.source import Span
 
 Progress = Callable[[str, int], Callable[[], None]]  # (stage, total) → advance-by-one
 
@@ -108,6 +107,7 @@ class _OnnxRun:
         self._emitter: QdqEmitter | None = None
         self._rounder: GptqRounder | None = None
         self.sqnr: dict[str, float] = {}  # weight → its SQNR in dB, as each is rounded
+        self.rounded_early: set[str] = set()  # offload: the GPTQ weights rounded as their segments finished
         self.ranks = from_environment()  # torchrun's ranks (backends/ranks.py); one outside torchrun
 
     def handlers(self) -> dict[type, Callable]:
@@ -153,14 +153,6 @@ class _OnnxRun:
                 if not a.scheme.is_none}
 
     # ---- model ------------------------------------------------------------------------------------
-    def _refuse_under_ranks(self, what: str, span: Span | None) -> None:
-        """Q431 on every rank, before any work, for what torchrun's ranks cannot share on ONNX yet."""
-        if self.ranks.world > 1:
-            raise BackendError(error(
-                "Q431", f"{what} cannot be shared by torchrun's {self.ranks.world} ranks yet", span,
-                "not shared over ranks", help="the ONNX backend shares calibration in `full` and `low_memory` on an "
-                "ONNX file or a built-in model; run this without torchrun, or use `backend torch`"))
-
     def export(self, op: ops.ExportOnnx) -> Product:
         """The folder's ONNX export (made now, or taken from the cache); the recipe is resolved again against
         its graph, whose layer names are the folder's."""
@@ -183,8 +175,6 @@ class _OnnxRun:
         self.files = open_model(self.source)
 
     def select_mode(self, op: ops.SelectMemoryMode) -> None:
-        if op.mode is MemoryMode.OFFLOAD:  # its segments round GPTQ layers as they finish: not shared yet
-            self._refuse_under_ranks("`mode offload` on the ONNX backend", self.plan.spans.mode or self.plan.spans.recipe)
         self.mode, self.disk = op.mode, op.disk
 
     # ---- mixed precision ----------------------------------------------------------------------------
@@ -285,21 +275,33 @@ class _OnnxRun:
         run_segments(files.light, files.base_dir, self.graph, batches, set(w.fetched),
                      lambda name, value: observe(self.observers, name, value), self.disk, advance, resume,
                      self._round_segment)
+        # every rank's chunks, merged exactly in rank order, into the dict the rounder holds (GPTQ's Hessians were
+        # merged, used and freed as their segments finished: none is left here)
+        self.observers.update(merged(self.ranks, self.observers))
         if state is not None:
             state.remove()
         self._ranges_if_ready(op, cal)
 
     def _round_segment(self, reported: list[str]) -> None:
         """offload: the GPTQ layers whose input a finished segment produced are rounded now, so only one
-        segment's Hessians are ever held; the emitter writes them to the output's data file at once."""
+        segment's Hessians are ever held; the emitter writes them to the output's data file at once. Under
+        torchrun those Hessians are first summed over the ranks (every rank reaches each segment's end: the
+        segments are the graph's), then the layers are rounded N at a time as in `quantize`."""
         done = set(reported)
         jobs = self.rounder.jobs
         finished = {name for name, job in jobs.items() if uses_gptq(job) and job.layer.input in done}
         if not finished:
             return
+        self.rounded_early |= finished
         inits = {t.name: t for t in self.files.light.graph.initializer if t.name in finished}
-        for node, weight in rewrite.weight_nodes(self.files.light, finished):
-            self._put(node, inits[weight], jobs[weight])
+        pairs = rewrite.weight_nodes(self.files.light, finished)
+        if self.ranks.world > 1:
+            held = {PREFIX + jobs[weight].layer.input for weight in finished}
+            self.observers.update(merged(self.ranks, {key: self.observers[key] for key in held}))
+            self._quantize_shared(pairs, inits, jobs, lambda: None)
+        else:
+            for node, weight in pairs:
+                self._put(node, inits[weight], jobs[weight])
         release_memory()
 
     def _open_emitter(self) -> QdqEmitter:
@@ -386,16 +388,18 @@ class _OnnxRun:
         release_memory()
         jobs = self.jobs()
         inits = {t.name: t for t in self.files.light.graph.initializer}
-        advance = self.progress("quantize", len(jobs))
-        pairs = rewrite.weight_nodes(self.files.light, jobs)  # the emitter's order, known on every rank
+        # the emitter's order, known on every rank; offload rounded its GPTQ layers as their segments finished
+        pairs = [(node, weight) for node, weight in rewrite.weight_nodes(self.files.light, jobs)
+                 if weight not in self.rounded_early]
+        advance = self.progress("quantize", len(pairs))
         if self.ranks.world > 1:
             self._quantize_shared(pairs, inits, jobs, advance)
             if not self.ranks.first:
                 return Product()
-        for node, weight in pairs:
-            if weight not in self.sqnr:  # offload rounded GPTQ layers as their segments finished
+        else:
+            for node, weight in pairs:
                 self._put(node, inits[weight], jobs[weight])
-            advance()
+                advance()
         emitter = self._open_emitter()
         warnings = (dampened_warning(self.plan.spans.recipe, self.rounder.dampened),) \
             if self._rounder is not None and self._rounder.dampened else ()
@@ -467,18 +471,17 @@ class _OnnxRun:
         the first rank stages the model: ranks on its machine open that file and each runs its share of the
         held-out chunks, the sums merged in rank order; ranks on other machines run a copy the first rank sends
         them (ranks.staged_everywhere), removed after."""
-        if self.mode is MemoryMode.OFFLOAD:  # one process only (Q431 under torchrun)
-            batches = held_out_batches(op, self.assignment.model, self.pending.warnings, chunk=1)  # a sample at a time
-            agreement = verify_offload(self.assignment, self.files, self.emitter.staged_model, batches, self.disk,
-                                       self.progress)
-        else:
-            with tempfile.TemporaryDirectory(prefix="qrc-staged-") as scratch:
-                here = staged_everywhere(self.ranks, self.emitter.staged_model.parent if self.ranks.first else None,
-                                         Path(scratch))
+        with tempfile.TemporaryDirectory(prefix="qrc-staged-") as scratch:
+            here = staged_everywhere(self.ranks, self.emitter.staged_model.parent if self.ranks.first else None,
+                                     Path(scratch)) / self.output.name
+            if self.mode is MemoryMode.OFFLOAD:  # a sample at a time
+                batches = held_out_batches(op, self.assignment.model, self.pending.warnings, chunk=1)
+                agreement = verify_offload(self.assignment, self.files, here, Owned(batches, self.ranks), self.disk,
+                                           self.progress)
+            else:
                 batches = held_out_batches(op, self.assignment.model, self.pending.warnings)
-                agreement = verify_whole(self.files.path, here / self.output.name, Owned(batches, self.ranks),
-                                         self.progress)
-            agreement = merged_one(self.ranks, agreement)
+                agreement = verify_whole(self.files.path, here, Owned(batches, self.ranks), self.progress)
+        agreement = merged_one(self.ranks, agreement)
         failed = not passes(agreement.value(op.metric), op.bound, op.threshold)
         # Q501's help: the first rank's, on the model it staged
         errors = self._layer_errors(op, self.emitter.staged_model) if failed and self.ranks.first else {}
