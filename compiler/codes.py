@@ -394,10 +394,10 @@ CODES: tuple[CodeInfo, ...] = (
     _c("Q431", "what torchrun's ranks cannot share yet",
        "Under torchrun (or with `memory { ranks N }`) the calibration and held-out samples are split over the "
        "ranks by chunk, every statistic is merged exactly before rounding, the weights are rounded on the ranks "
-       "and the first rank writes the output. `mode multi_gpu` and `format gguf` run in one "
-       "process so far: `qrc check` refuses them with `ranks N`, and under torchrun every rank refuses them "
-       "before any work, instead of running them N times over.",
-       "memory { ranks 2 }   # in a recipe that emits `format gguf`"),
+       "and the first rank writes the output (safetensors, ONNX or GGUF). `mode multi_gpu` runs in one "
+       "process so far: `qrc check` refuses it with `ranks N`, and under torchrun every rank refuses it "
+       "before any work, instead of running it N times over.",
+       "memory { mode multi_gpu  vram 2 x 80 GiB  ranks 2 }"),
     _c("Q432", "a rank of the compile stopped",
        "The ranks wait for each other at every merge. When one dies or is killed (out of memory, a signal, a "
        "lost node) the others stop too, at the next merge or when torchrun ends them, instead of waiting "

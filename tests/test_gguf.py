@@ -252,7 +252,7 @@ def test_gguf_blocks_decode_to_qrc_rounding(decoders, tmp_path):
 
 @pytest.mark.parametrize("case, code", [
     ("group", "Q438"), ("activations", "Q438"), ("builtin", "Q439"), ("no_tokenizer", "Q439"), ("family", "Q439"),
-    ("onnx", "Q220"), ("ranks", "Q431"), ("kv_cache", "Q438"), ("k_rows", "Q438")])
+    ("onnx", "Q220"), ("kv_cache", "Q438"), ("k_rows", "Q438")])
 def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
     """Each refusal comes from `qrc check`, with its code and exit 2, before any weight is read."""
     folder = decoders("llama")
@@ -274,8 +274,6 @@ def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
         model = str(build("phi3", tmp_path / "phi3"))
     elif case == "onnx":
         backend = "onnx"
-    elif case == "ranks":
-        extra = "memory { ranks 2 }"
     elif case == "kv_cache":
         extra = "kv_cache { fp8 }"
     elif case == "k_rows":  # the zoo model's rows of 64 and 128 weights are no whole super-block of 256

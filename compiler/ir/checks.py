@@ -189,14 +189,12 @@ def check_mixed_precision(ir: RecipeIR, diags: Diagnostics) -> None:
 
 def unshared(ir: RecipeIR) -> tuple[str, Span] | None:
     """What torchrun's ranks cannot share yet in this recipe (and where it is written), or None: the torch
-    backend shares calibration, the mixed-precision search, AWQ and SmoothQuant, GPTQ, the KV cache and
-    verification (backends/torch/sharing.py), the ONNX backend its calibration, AWQ and SmoothQuant, the
-    mixed-precision search and rounding (an HF folder is exported once per machine; `offload` is refused when it
-    runs); multi_gpu placement and the GGUF writer run in one process."""
+    backend shares calibration, the mixed-precision search, AWQ and SmoothQuant, GPTQ, the KV cache,
+    verification (backends/torch/sharing.py) and the rounding of safetensors and GGUF outputs, the ONNX backend
+    its calibration in every mode, AWQ and SmoothQuant, the mixed-precision search and rounding (an HF folder is
+    exported once per machine); multi_gpu placement runs in one process."""
     if ir.memory.mode is MemoryMode.MULTI_GPU:
         return "mode multi_gpu", ir.memory.span_of("mode") or ir.span
-    if ir.emit is not None and ir.emit.format is EmitFormat.GGUF:  # its writer takes no tensors from other ranks
-        return "format gguf", ir.emit.span_of("format") or ir.span
     return None
 
 

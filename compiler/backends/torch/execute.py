@@ -34,7 +34,7 @@ from compiler.backends.torch.devices import place
 from compiler.backends.torch.early_check import EarlyCheck
 from compiler.backends.torch.emitted_verify import hidden_cache, run_emitted
 from compiler.backends.torch.fallbacks import unseen_warning
-from compiler.backends.torch.gguf_writer import GgufWriter
+from compiler.backends.torch.gguf_writer import GgufLayout, GgufWriter
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.kv_cache import KvCacheQuantizer, KvMode
 from compiler.backends.torch.layers import (
@@ -168,7 +168,8 @@ class _Run:
         self.index = self.assignment.model
         if self.file_to_file:
             self.model = open_files(op.model)
-            prefetch_model_class(self.model.config)  # on a thread, while the weights round
+            if not self.gguf:  # for the load check, on a thread while the weights round (a GGUF file has none)
+                prefetch_model_class(self.model.config)
             return
         self.model = open_model(op.model, self.assignment.model.blocks, self.plan.spans.model, op.attention)
         if op.access is ops.ModelAccess.RESIDENT:
@@ -221,8 +222,10 @@ class _Run:
         kv = emit.kv_cache
         attention = attention_modules([layer.name for layer in self.index.layers]) if kv is not None else []
         self.kv = KvCacheQuantizer(self.model.module, attention, kv, self.model.dtype)
-        if self.gguf:  # one rank (Q431): its header is written now, with every tensor's place
-            self.writer, skipped = GgufWriter(self.output, self.model, self.jobs), None
+        layout = GgufLayout(self.model, self.jobs) if self.gguf else None
+        if layout is not None:  # the first rank writes the header now, with every tensor's place
+            self.writer = GgufWriter(self.output, self.model, layout) if self.ranks.first else RankCollector()
+            skipped = None
         else:
             self.config, self.writer, skipped = open_output(self.output, self.model, self.jobs, self.assignment,
                                                             kv, attention, self.plan.spans.recipe, self.ranks.first,
@@ -235,7 +238,7 @@ class _Run:
         # GGUF's blocks carry float16 scales: rounded with them, qrc's model computes what llama.cpp decodes
         self.rounder = Rounder(calibration, self.plan.spans.model, self.model, self.writer, self.global_scales,
                                self.pending, self.progress, ranks=self.ranks,
-                               scale_dtype=torch.float16 if self.gguf else self.model.dtype)
+                               scale_dtype=torch.float16 if self.gguf else self.model.dtype, gguf=layout)
         if skipped is not None:
             self.pending.warnings.append(skipped)
         if self.disk is not None:

@@ -52,24 +52,61 @@ class GgufTensor:
         return int(np.prod(self.shape)) // block * size
 
 
-class GgufWriter(Emitter):
-    """The GGUF emitter (compiler.backends.emitter.Emitter) of a Llama/Qwen decoder: checkpoint tensors by
-    their transformers names, rounded layers by their job."""
+class GgufLayout:
+    """Every tensor of a Llama/Qwen decoder's GGUF file by its transformers name (checkpoint tensors, and the
+    rounded layers by their job), and each one's bytes there. It opens no file, so every torchrun rank has one:
+    the ranks but the first encode what they round and hand the bytes to the first, whose GgufWriter writes
+    them where the layout puts them (the bytes of one process)."""
 
-    def __init__(self, destination: Path, model: TorchModel, jobs: list[Job]):
+    def __init__(self, model: TorchModel, jobs: list[Job]):
         assert model.folder is not None  # gguf_check: an HF folder
-        self.destination = destination
+        self.config = text_config(model.config)
+        self.arch = ARCHITECTURES[model.config["model_type"]]
+        self.tensors = _layout(model, jobs, self.config, self.arch)  # transformers name → its GGUF tensor
+
+    def float_bytes(self, name: str, tensor: torch.Tensor) -> np.ndarray:
+        """A float tensor of the checkpoint (by its transformers name) in its GGUF type, as bytes."""
+        t = self.tensors[name]
+        assert t.type in _TORCH, f"{name}: a float tensor where the layout has {t.type.value}"
+        data = tensor.detach().cpu().to(_TORCH[t.type]).contiguous()
+        if t.heads:
+            data = _rope_rows(data, t.heads)
+        return data.reshape(-1).view(torch.uint8).numpy()
+
+    def rounded_bytes(self, job: Job, q: QuantizedWeight | GgufBlocks) -> np.ndarray:
+        """A rounded layer's blocks (their float16 scales and integers: the values qrc's model computes with)."""
+        t = self.tensors[job.output_weight]
+        rows = q.packed if isinstance(q, GgufBlocks) else _blocks(q, t.type)
+        if t.heads:
+            rows = _rope_rows(torch.from_numpy(rows), t.heads).numpy()
+        return rows.reshape(-1)
+
+    def reference_blocks(self, job: Job, weight: torch.Tensor) -> GgufBlocks | None:
+        """Q4_0 and Q8_0 rounded with rtn: llama.cpp's own reference rounding of them (its Q4_0 uses all 16
+        levels, where qrc's symmetric int4 grid uses 15), so the file is the one llama-quantize writes; None for
+        the other roundings and types (qrc's)."""
+        kind = self.tensors[job.output_weight].type
+        if job.scheme.rounding is not Rounding.RTN or kind not in (GgufType.Q4_0, GgufType.Q8_0):
+            return None
+        return quantize_reference(weight.detach().float().cpu().numpy(), kind.value)
+
+
+class GgufWriter(Emitter):
+    """The GGUF emitter (compiler.backends.emitter.Emitter) of a `layout`: its header written first, then each
+    tensor at its offset as it comes."""
+
+    def __init__(self, destination: Path, model: TorchModel, layout: GgufLayout):
+        assert model.folder is not None  # gguf_check: an HF folder
+        self.destination, self.layout = destination, layout
         destination.parent.mkdir(parents=True, exist_ok=True)
-        config = text_config(model.config)
-        arch = ARCHITECTURES[model.config["model_type"]]
-        self.tensors = _layout(model, jobs, config, arch)  # transformers name → its GGUF tensor
+        self.tensors = layout.tensors
         fd, temp = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.qrc-tmp-", suffix=".gguf")
         os.close(fd)
         self.temp = Path(temp)
         os.chmod(self.temp, 0o644)  # as the safetensors writer's files (mkstemp makes it private)
-        header = gguf.GGUFWriter(self.temp, arch)
+        header = gguf.GGUFWriter(self.temp, layout.arch)
         add_hparams(header, model.config, model.folder.name, _file_type(self.tensors.values()))
-        add_tokenizer(header, model.folder, int(config["vocab_size"]))
+        add_tokenizer(header, model.folder, int(layout.config["vocab_size"]))
         for t in self.tensors.values():
             header.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=_GGML[t.type])
         header.write_header_to_file()
@@ -93,30 +130,17 @@ class GgufWriter(Emitter):
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         """A float tensor of the checkpoint (by its transformers name), in its GGUF type."""
-        t = self.tensors[name]
-        assert t.type in _TORCH, f"{name}: a float tensor where the layout has {t.type.value}"
-        data = tensor.detach().cpu().to(_TORCH[t.type]).contiguous()
-        if t.heads:
-            data = _rope_rows(data, t.heads)
-        self._write(name, data.reshape(-1).view(torch.uint8).numpy())
+        self.put_encoded(name, self.layout.float_bytes(name, tensor))
 
-    def put_rounded(self, job: Job, q: QuantizedWeight | GgufBlocks) -> None:
-        """A rounded layer's blocks (their float16 scales and integers: the values qrc's model computes with)."""
-        name = job.output_weight
-        t = self.tensors[name]
-        rows = q.packed if isinstance(q, GgufBlocks) else _blocks(q, t.type)
-        if t.heads:
-            rows = _rope_rows(torch.from_numpy(rows), t.heads).numpy()
-        self._write(name, rows.reshape(-1))
-
-    def reference_blocks(self, job: Job, weight: torch.Tensor) -> GgufBlocks | None:
-        """Q4_0 and Q8_0 rounded with rtn: llama.cpp's own reference rounding of them (its Q4_0 uses all 16
-        levels, where qrc's symmetric int4 grid uses 15), so the file is the one llama-quantize writes; None for
-        the other roundings and types (qrc's)."""
-        kind = self.tensors[job.output_weight].type
-        if job.scheme.rounding is not Rounding.RTN or kind not in (GgufType.Q4_0, GgufType.Q8_0):
-            return None
-        return quantize_reference(weight.detach().float().cpu().numpy(), kind.value)
+    def put_encoded(self, name: str, data: np.ndarray) -> None:
+        """A tensor's bytes as the layout encoded them (here, or on another rank), at its offset."""
+        assert self.fd is not None
+        if data.nbytes != self.tensors[name].nbytes:
+            raise ValueError(f"{name}: {data.nbytes} bytes where the layout has {self.tensors[name].nbytes}")
+        written, offset = 0, self.where[name]
+        while written < data.nbytes:
+            written += os.pwrite(self.fd, data[written:].data, offset + written)
+        self.missing.discard(name)
 
     def copy_unquantized(self, model: TorchModel, jobs: list[Job]) -> None:
         """Every checkpoint tensor no layer replaced, read and written in its GGUF type."""
@@ -150,16 +174,6 @@ class GgufWriter(Emitter):
             os.close(self.fd)
             self.fd = None
         self.temp.unlink(missing_ok=True)
-
-    def _write(self, name: str, data: np.ndarray) -> None:
-        assert self.fd is not None
-        if data.nbytes != self.tensors[name].nbytes:
-            raise ValueError(f"{name}: {data.nbytes} bytes where the layout has {self.tensors[name].nbytes}")
-        written, offset = 0, self.where[name]
-        while written < data.nbytes:
-            written += os.pwrite(self.fd, data[written:].data, offset + written)
-        self.missing.discard(name)
-
 
 def _layout(model: TorchModel, jobs: list[Job], config: dict, arch: str) -> dict[str, GgufTensor]:
     """Each output tensor by its transformers name: checkpoint tensors under llama.cpp's names, the rounded

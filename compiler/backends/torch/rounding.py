@@ -18,7 +18,7 @@ from compiler.backends.torch.compressed import layer_tensors
 from compiler.backends.torch.fallbacks import sibling_range
 from compiler.backends.torch.figures import input_range, weight_sqnr
 from compiler.backends.torch.float_formats import FloatQuantized
-from compiler.backends.torch.gguf_writer import GgufWriter
+from compiler.backends.torch.gguf_writer import GgufLayout, GgufWriter
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.layers import Job, Rounded, Statistics, apply_quantized, input_qparams, quantize_job
 from compiler.backends.torch.model import TorchModel
@@ -50,6 +50,7 @@ class Rounder:
     hooks: list = field(default_factory=list)  # the modules' input quantizers, removed when the run closes
     ranks: Ranks = field(default_factory=Ranks)  # torchrun's ranks share the rounding of each call (one outside)
     scale_dtype: torch.dtype | None = None  # what the scales are rounded to (None: the model's dtype)
+    gguf: GgufLayout | None = None  # `format gguf`: the file's layout, which encodes each rounded layer (every rank)
 
     def streamed(self, jobs: list[Job], stats: Statistics | None, offload: bool) -> None:
         """Round layers whose weights may not be resident (offload): each read, rounded, written, dropped."""
@@ -137,10 +138,13 @@ class Rounder:
         names = [job.layer.name for job in jobs]
         figures = ({n: self.report.weight_sqnr.pop(n) for n in names if n in self.report.weight_sqnr},
                    {n: self.report.input_ranges.pop(n) for n in names if n in self.report.input_ranges})
-        tensors = self.writer.take() if isinstance(self.writer, RankCollector) else {}
-        for handed, (sqnr, ranges) in gather_to_first(self.ranks, (tensors, figures)):
-            for name, tensor in RankCollector.unpack(handed).items():
+        handed = self.writer.take() if isinstance(self.writer, RankCollector) else ({}, {})
+        for (tensors, encoded), (sqnr, ranges) in gather_to_first(self.ranks, (handed, figures)):
+            for name, tensor in RankCollector.unpack(tensors).items():
                 self.writer.put(name, tensor)
+            for name, data in encoded.items():
+                assert isinstance(self.writer, GgufWriter)  # only GGUF's blocks travel encoded
+                self.writer.put_encoded(name, data)
             self.report.weight_sqnr.update(sqnr)
             self.report.input_ranges.update(ranges)
 
@@ -195,12 +199,11 @@ class Rounder:
         definite, and rounds with rtn where no dampening helps (Q418, once). `measure`: an integer rounding
         also takes the sums of its SQNR (QuantizedWeight.sums), and a finite sum of squares shows every value
         finite without a pass of its own (a non-finite one is checked value by value)."""
-        summed = measure and not job.gptq and not job.scheme.quantized_weights.qtype.is_kquant and \
-            not isinstance(self.writer, GgufWriter)
+        summed = measure and not job.gptq and not job.scheme.quantized_weights.qtype.is_kquant and self.gguf is None
         if not summed:
             weight = weight.float()
             self._refuse_nonfinite(job, weight)
-        reference = self.writer.reference_blocks(job, weight) if isinstance(self.writer, GgufWriter) else None
+        reference = self.gguf.reference_blocks(job, weight) if self.gguf is not None else None
         if reference is not None:
             return reference
         try:
@@ -225,9 +228,10 @@ class Rounder:
 
     def write(self, job: Job, q: Rounded, act) -> None:
         """A rounded weight's compressed tensors (and its input scale) into the output; GGUF's blocks."""
-        if isinstance(self.writer, GgufWriter):
+        if self.gguf is not None:  # encoded here, on the rank that rounded it
             assert not isinstance(q, FloatQuantized)  # gguf_check: integer schemes and K-quants only
-            self.writer.put_rounded(job, q)
+            assert not isinstance(self.writer, FolderWriter)  # a GgufWriter, or a collector on the other ranks
+            self.writer.put_encoded(job.output_weight, self.gguf.rounded_bytes(job, q))
             return
         assert not isinstance(q, GgufBlocks)  # check_supported: K-quants are written in GGUF only
         for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():

@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from compiler.backends.emitter import Emitter
@@ -166,6 +167,7 @@ class RankCollector(Emitter):
     def __init__(self) -> None:
         self.missing: set[str] = set()  # what copy_unquantized would copy: the first rank copies everything
         self.tensors: dict[str, torch.Tensor] = {}
+        self.encoded: dict[str, np.ndarray] = {}  # GGUF: each rounded layer's bytes as gguf_writer.GgufLayout encodes them
 
     def specs(self) -> list[TensorSpec]:
         """None: the first rank lays the output out."""
@@ -175,11 +177,17 @@ class RankCollector(Emitter):
         """Keep a rounded tensor until the first rank takes it."""
         self.tensors[name] = tensor.detach().cpu()
 
-    def take(self) -> dict[str, object]:
+    def put_encoded(self, name: str, data: np.ndarray) -> None:
+        """Keep a tensor's bytes in the output's own encoding (GGUF's blocks) until the first rank takes them."""
+        self.encoded[name] = data
+
+    def take(self) -> tuple[dict[str, object], dict[str, np.ndarray]]:
         """The tensors kept since the last take, ready to travel to the first rank pickled (float8 as its bytes:
-        torch 2.13 pickles float8 tensors but cannot unpickle them); `unpack` gives them back."""
+        torch 2.13 pickles float8 tensors but cannot unpickle them; `unpack` gives them back), and the encoded
+        ones."""
         taken, self.tensors = self.tensors, {}
-        return {name: portable(tensor) for name, tensor in taken.items()}
+        encoded, self.encoded = self.encoded, {}
+        return {name: portable(tensor) for name, tensor in taken.items()}, encoded
 
     @staticmethod
     def unpack(handed: dict[str, object]) -> dict[str, torch.Tensor]:
