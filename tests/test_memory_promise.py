@@ -1,6 +1,6 @@
 """The memory promise, guarded at small scale: for every memory mode of both backends, with an outlier
 transform, the floating formats, an MoE folder calibrated through all its experts and the same folder rounded
-with no data (file to file), a compile's measured peak RSS (the larger of the sampled RSS and the kernel's
+with no data (file to file), GGUF files (file to file and calibrated), a compile's measured peak RSS (the larger of the sampled RSS and the kernel's
 high-water mark) is within ±10% of the plan's (measured 0.94–1.06× on 2026-11-27). Each compile runs in its
 own process, so the measurement is the compile's alone, as a user runs it."""
 
@@ -102,6 +102,53 @@ def test_data_free_peak_is_within_a_tenth_of_the_plan(moe, tmp_path, scheme):
                                             capture_output=True, env={"COLUMNS": "200", **_python_env()}).stdout
     ratio = float(re.search(r"planned \(([\d.]+)×\)", done.stdout).group(1))
     print(f"measured/planned data-free {scheme}: {ratio:.2f}×")
+    assert 0.9 <= ratio <= 1.1, done.stdout
+
+
+GGUF = """recipe promise {{
+    model "{model}"
+    backend torch
+    scheme q {{ {weights} }}
+    quantize {{ type Linear -> q  "lm_head" -> none }}
+    {data}
+    memory {{ mode {mode} }}
+    emit "{out}" {{ format gguf }}
+}}
+"""
+GGUF_DATA = "calibrate { data synthetic { samples 16  seqlen 128 }  chunk 4 }  verify { samples 4  metric kld  at_most 1 }"
+
+
+@pytest.fixture(scope="module")
+def tokenized(tmp_path_factory):
+    """A random Llama with a tokenizer (what a GGUF file carries), rows of 512 and 1536 weights (whole K-quant
+    super-blocks), 49 MiB of float32."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from zoo import add_tokenizer
+
+    folder = tmp_path_factory.mktemp("gguf-llama")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=320, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                                      num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                                      tie_word_embeddings=False)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return add_tokenizer(folder, 320)
+
+
+@pytest.mark.parametrize("weights, mode, data", [
+    ("weights int4 group 32 symmetric", "low_memory", ""), ("weights q4_k", "low_memory", ""),
+    ("weights int4 group 32 symmetric  rounding gptq", "low_memory", GGUF_DATA),
+    ("weights q4_k  rounding imatrix", "offload", GGUF_DATA)], ids=["Q4_0", "Q4_K", "Q4_0-gptq", "Q4_K-imatrix"])
+def test_gguf_peak_is_within_a_tenth_of_the_plan(tokenized, tmp_path, weights, mode, data):
+    """A GGUF file: file to file it imports neither transformers nor compressed-tensors, and llama.cpp's reference
+    rounding and qrc's K-quants hold float32 temporaries of their own; calibrated, it runs as a folder output does."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(GGUF.format(model=tokenized, weights=weights, data=data, mode=mode, out=tmp_path / "m.gguf"))
+    done = subprocess.run([sys.executable, "-m", "compiler", "compile", str(recipe)], capture_output=True, text=True,
+                          env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", **_python_env()})
+    assert done.returncode == 0, done.stdout + done.stderr
+    ratio = float(re.search(r"planned \(([\d.]+)×\)", done.stdout).group(1))
+    print(f"measured/planned GGUF {weights} {mode}: {ratio:.2f}×")
     assert 0.9 <= ratio <= 1.1, done.stdout
 
 

@@ -161,7 +161,7 @@ def load_op(ctx: Context, access: ModelAccess, how: str, resident: int, inputs: 
     if attention is not AttentionKernel.MODEL:
         how += f", {attention.value} attention"
     return LoadModel(summary=f"open {ctx.ir.model} ({form}) {how}", inputs=inputs, outputs=(Buffer.MODEL,),
-                     peak_bytes=ctx.costs.runtime + resident, model=ctx.ir.model,
+                     peak_bytes=ctx.costs.runtime(ctx.workload) + resident, model=ctx.ir.model,
                      format=builtin_form if builtin else w.index.format, weights=w.weights_bytes, access=access,
                      attention=attention)
 
@@ -232,7 +232,7 @@ def lower_mode(ctx: Context) -> list[PlanOp]:
     """`select_memory_mode`: the decision, with its numbers."""
     d = ctx.decision
     return [SelectMemoryMode(summary=d.reason, inputs=(Buffer.MODEL,), outputs=(Buffer.MEMORY_MODE,),
-                             peak_bytes=ctx.costs.runtime, mode=ctx.mode, requested=d.requested,
+                             peak_bytes=ctx.costs.runtime(ctx.workload), mode=ctx.mode, requested=d.requested,
                              estimate=ctx.estimate.peak_ram, ram_budget=d.ram_budget, vram=ctx.ir.memory.vram,
                              disk=Path(ctx.ir.memory.disk) if ctx.ir.memory.disk else None)]
 
@@ -264,7 +264,7 @@ def mixed_precision_pass(kld_words: KldWords) -> Pass:
         assign = AssignPrecision(summary="greedy: the most loss saved per extra bit first, never above "
                                  f"{mp.budget_bits:g} bits per weight (scales included); a group is one unit, so "
                                  "it never ends mixed", inputs=(Buffer.SENSITIVITY,), outputs=(Buffer.PRECISION,),
-                                 peak_bytes=ctx.costs.runtime, budget_bits=mp.budget_bits, choices=choices_of(ctx.ir),
+                                 peak_bytes=ctx.costs.runtime(ctx.workload), budget_bits=mp.budget_bits, choices=choices_of(ctx.ir),
                                  metric=search.metric, resolve=resolver(ctx.ir))
         return [score, assign]
     return lower_mixed_precision

@@ -31,9 +31,8 @@ class CostModel(Protocol):
         """The backend this cost model describes."""
         ...
 
-    @property
-    def runtime(self) -> int:
-        """Interpreter, libraries and session set-up, resident throughout."""
+    def runtime(self, w: Workload) -> int:
+        """Interpreter, libraries and session set-up, resident throughout (what a run of `w` imports)."""
         ...
 
     @property

@@ -13,6 +13,7 @@ from compiler.ir.types import (
     Backend,
     CalibrationMethod,
     DataKind,
+    EmitFormat,
     QType,
     RecipeIR,
     Rounding,
@@ -91,6 +92,8 @@ class Workload(Observation):
     float_kernel_rounded: bool = False  # every floating-format weight fits the compiled loop (quant/fused_float.py),
     # which rounds them when nothing runs the model (file to file)
     sliced_rounded: bool = False  # an integer weight is rounded outside it, from float32 slices (mse, float16 scales)
+    gguf: bool = False  # one GGUF file for llama.cpp: no compressed-tensors, and no folder for transformers to check
+    kquant_rounded: bool = False  # a weight goes to a K-quant (qrc's numpy search of llama.cpp's scales)
 
     @property
     def histograms(self) -> bool:
@@ -201,6 +204,8 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
     cal = ir.calibration
     ranks = ir.memory.ranks
     verify_samples = ir.verify.samples if ir.verify else 0
+    # GGUF's blocks carry float16 scales, which the torch backend rounds with (torch/execute.py): not the compiled loop's
+    scales = "float16" if ir.emit is not None and ir.emit.format is EmitFormat.GGUF else None
     return Workload(
         backend=ir.backend, index=index, weights_bytes=index.total_bytes,
         quantized_bytes=index.total_bytes - sum(a.layer.bytes - quantized_bytes(a.layer, a.scheme) for a in quantized),
@@ -219,10 +224,12 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         verify_samples=rank_share(verify_samples, min(cal.chunk, verify_samples), ranks),
         disk=ir.memory.disk is not None, ranks=ranks, attention=cal.attention,
         float_rounded=any(a.scheme.quantized_weights.qtype.is_float for a in quantized),
-        kernel_rounded=any(_kernel_rounded(a) for a in quantized),
+        kernel_rounded=any(_kernel_rounded(a, scales) for a in quantized),
         float_kernel_rounded=all(_float_kernel_rounded(a) for a in quantized if a.scheme.quantized_weights.qtype.is_float),
-        sliced_rounded=any(a.scheme.rounding in (Rounding.RTN, Rounding.MSE) and not _kernel_rounded(a)
+        sliced_rounded=any(a.scheme.rounding in (Rounding.RTN, Rounding.MSE) and not _kernel_rounded(a, scales)
                            and not a.scheme.quantized_weights.qtype.is_float for a in quantized),
+        gguf=scales is not None,
+        kquant_rounded=any(a.scheme.quantized_weights.qtype.is_kquant for a in quantized),
         data_libraries=DATASET_LIBRARIES if cal.data.kind is DataKind.DATASET else 0,
         transform=ir.transform if assignment.smoothing else None,
         smoothing=tuple((m.block, m.width, sum(4 * index.layer(x).params for x in m.targets))
@@ -230,9 +237,10 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
     )
 
 
-def _kernel_rounded(a: LayerAssignment) -> bool:
-    """Whether the torch backend rounds this layer's weight with the compiled rtn loop."""
-    return fused_rtn.applies(a.scheme.quantized_weights, a.scheme.rounding, a.layer.dtype)
+def _kernel_rounded(a: LayerAssignment, scales: str | None = None) -> bool:
+    """Whether the torch backend rounds this layer's weight with the compiled rtn loop, its scales stored in the
+    layer's dtype or in `scales`."""
+    return fused_rtn.applies(a.scheme.quantized_weights, a.scheme.rounding, scales or a.layer.dtype)
 
 
 def _float_kernel_rounded(a: LayerAssignment) -> bool:

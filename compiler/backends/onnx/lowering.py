@@ -55,7 +55,7 @@ def lower_export(ctx: Context) -> list[PlanOp]:
         return [ExportOnnx(summary=f"the export of {ctx.ir.model} is in the cache (made by an earlier compile, "
                            "keyed by the folder's file names, sizes and mtimes): nothing to export; later ops read "
                            "its graph, layer names unchanged", inputs=(Buffer.RECIPE,), outputs=(Buffer.ONNX_MODEL,),
-                           peak_bytes=ctx.costs.runtime, folder=ctx.ir.model, exporter="torch.onnx", resolve=resolver(ctx.ir))]
+                           peak_bytes=ctx.costs.runtime(ctx.workload), folder=ctx.ir.model, exporter="torch.onnx", resolve=resolver(ctx.ir))]
     return [ExportOnnx(summary=f"export the folder {ctx.ir.model} to ONNX with torch.onnx (once: cached by the "
                        "folder's file names, sizes and mtimes); later ops read the exported graph, layer names unchanged",
                        inputs=(Buffer.RECIPE,), outputs=(Buffer.ONNX_MODEL,), peak_bytes=ctx.phase(PhaseName.EXPORT),
@@ -116,13 +116,13 @@ def lower_ranges(ctx: Context) -> list[PlanOp]:
                   CalibrationMethod.LAYERWISE_PERCENTILE: "candidates " + ", ".join(f"{c:g}" for c in cal.candidates)
                   + f" scored by {cal.score_metric.value}"}.get(cal.method, cal.method.value)
         ops.append(SearchPercentile(summary=f"ranges from {cal.bins}-bin histograms ({detail})", inputs=(Buffer.HISTOGRAMS,),
-                                    outputs=(Buffer.RANGES,), peak_bytes=ctx.costs.runtime + memory.observer_bytes(w),
+                                    outputs=(Buffer.RANGES,), peak_bytes=ctx.costs.runtime(ctx.workload) + memory.observer_bytes(w),
                                     method=cal.method, bins=cal.bins, tensors=len(w.observed), calibration=cal))
     if cal.passthrough:
         which = (f"({w.inherited} of {len(w.needed)} needed tensors not observed)" if w.index.graph is not None else
                  "(which ones the exported graph shows)")
         ops.append(PropagateRanges(summary=f"outputs of {', '.join(cal.passthrough)} inherit their producer's range "
-                                   + which, inputs=(Buffer.RANGES,), outputs=(Buffer.RANGES,), peak_bytes=ctx.costs.runtime,
+                                   + which, inputs=(Buffer.RANGES,), outputs=(Buffer.RANGES,), peak_bytes=ctx.costs.runtime(ctx.workload),
                                    inherited=w.inherited, needed=len(w.needed), observed=len(w.observed),
                                    calibration=cal))
     return ops

@@ -27,6 +27,14 @@ from compiler.plan.workload import Workload
 # interpreter, torch, transformers and compressed-tensors (imported to check the output's config before any work);
 # measured at the first op: 423-425 MiB for built-ins, 414-442 before an HF folder's weights (2026-11-27)
 RUNTIME = 424 * MiB
+# a GGUF file written file to file imports neither transformers nor compressed-tensors: interpreter, torch, numpy
+# and the gguf package, measured at 254-264 MiB compiling a 2.4 MiB Llama (2026-11-27)
+GGUF_FILES_RUNTIME = 256 * MiB
+# GGUF's rounding file to file, bytes a weight of the largest layer beyond a copy slice: the weight as float32 and
+# the blocks' float32 temporaries. llama.cpp's reference Q4_0/Q8_0 (the gguf package's numpy port), measured on
+# random Llamas whose largest layers hold 0.79M and 3.1M weights: 37 and 95 MiB above the runtime (26 a weight);
+# qrc's K-quants, which search candidate scales: Q4_K 40 and Q6_K 45 a weight on the 3.1M one
+GGUF_ROUNDING, GGUF_KQUANT_ROUNDING = 26, 46
 CACHE_COPIES = {MemoryMode.FULL: 0, MemoryMode.LOW_MEMORY: 2, MemoryMode.OFFLOAD: 2, MemoryMode.MULTI_GPU: 2}
 VRAM_SLACK = 1.2  # Olive's factor over the computed GPU footprint
 CUDA_HOST = 800 * MiB  # host memory of the CUDA context and kernel libraries (measured on an H100: +0.75 GiB RSS)
@@ -62,7 +70,7 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
         # calibration, or of the held-out samples before and after rounding): its outputs (logits) and a copy
         runs = chunk if w.calibrate else min(chunk, w.verify_samples)
         work = runs * block_working_set(w) + 2 * runs * w.seqlen * last * ACT_BYTES
-    if not (w.calibrate or w.verify_samples or w.search is not None):  # nothing runs the model: file to file
+    if _files_only(w):
         weights, label = _file_to_file(w), "one tensor at a time, file to file (read, the next read ahead, rounded)"
     elif mode is MemoryMode.OFFLOAD:
         weights, label = _offload_weights(w), "weights of one block (or of what is outside the blocks)"
@@ -70,12 +78,13 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
         weights, label = 0, "weights (on the GPUs)"
     else:
         weights, label = w.weights_bytes + max(w.block_bytes().values(), default=0), "weights"
-    runtime = RUNTIME + _libraries(w) + (CUDA_HOST if mode is MemoryMode.MULTI_GPU else 0)
+    runtime = _runtime(w) + (CUDA_HOST if mode is MemoryMode.MULTI_GPU else 0)
     on_cpu = mode is not MemoryMode.MULTI_GPU
     work = work if on_cpu else 0
-    # GPTQ rounds a block's layers once its forward is done, so its scratch reuses the memory the forward's
-    # working set freed: only what it needs beyond that is added (measured: bench/gptq_memory.py --working-set)
-    rounding = max(0, gptq_scratch(w) - work) if on_cpu else 0
+    # GPTQ (or a K-quant's search) rounds a block's layers once its forward is done, so its scratch reuses the
+    # memory the forward's working set freed: only what it needs beyond that is added (measured:
+    # bench/gptq_memory.py --working-set). File to file, the weights' term counts the rounding
+    rounding = max(0, max(gptq_scratch(w), _kquant_scratch(w)) - work) if on_cpu and not _files_only(w) else 0
     parts: tuple[tuple[str, int], ...] = (("runtime" + ("" if on_cpu else " with CUDA"), runtime), (label, weights),
              (f"block caches ({copies} copies)", cache),
              (f"block working set ({chunk} samples)", work),
@@ -115,6 +124,23 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     return Phase("verification at the output", sum(b for _, b in parts), parts)
 
 
+def _kquant_scratch(w: Workload) -> int:
+    """A K-quant's search while it rounds the largest layer (GGUF_KQUANT_ROUNDING), 0 without K-quants."""
+    names = set(w.quantized_layers)
+    return GGUF_KQUANT_ROUNDING * max((x.params for x in w.index.layers if x.name in names), default=0) \
+        if w.kquant_rounded else 0
+
+
+def _files_only(w: Workload) -> bool:
+    """Nothing runs the model: its weights are rounded file to file."""
+    return not (w.calibrate or w.verify_samples or w.search is not None)
+
+
+def _runtime(w: Workload) -> int:
+    """The interpreter and what the run imports (TorchCosts.runtime), and the libraries."""
+    return COSTS.runtime(w) + _libraries(w)
+
+
 def _libraries(w: Workload) -> int:
     """What the run imports beyond the backend's runtime: the dataset readers, numba's compiled loops (rtn
     rounding, the input histograms)."""
@@ -140,9 +166,12 @@ def _file_to_file(w: Workload) -> int:
     meanwhile: W4A16 rtn 734 MiB against 713 planned, mse 647 against 629; FP8_BLOCK 705 against 664."""
     names = set(w.quantized_layers)
     largest = max((x for x in w.index.layers if x.name in names), key=lambda x: x.params, default=None)
-    check = LOAD_CHECK if w.index.format is ModelFormat.HF else 0  # only a folder transformers opens is checked
+    # only a folder transformers opens is checked
+    check = LOAD_CHECK if w.index.format is ModelFormat.HF and not w.gguf else 0
     if largest is None:
         return COPY_SLICE + check
+    if w.gguf:
+        return max(_kquant_scratch(w), GGUF_ROUNDING * largest.params) + COPY_SLICE
     if w.float_rounded and w.float_kernel_rounded:
         loop = 0 if w.kernel_rounded else ROUNDING_KERNELS
         return 2 * largest.bytes + largest.params + COPY_SLICE + loop + check
@@ -196,8 +225,11 @@ class TorchCosts:
     """The torch backend as the planner sees it (compiler.plan.target.CostModel)."""
 
     backend: Backend = Backend.TORCH
-    runtime: int = RUNTIME
     default_format: EmitFormat = EmitFormat.SAFETENSORS
+
+    def runtime(self, w: Workload) -> int:
+        """The interpreter and what the run imports (a GGUF file written file to file imports less)."""
+        return GGUF_FILES_RUNTIME if w.gguf and _files_only(w) else RUNTIME
 
     def observer_groups(self, w: Workload) -> int:
         """Block-wise runs observe one block at a time, in one pass."""
@@ -224,9 +256,9 @@ class TorchCosts:
         if phase is PhaseName.SCORE:
             return score_phase(w, min(chunk, w.searched.samples), RUNTIME + _libraries(w), True, True).bytes
         if phase is PhaseName.EXPORT:  # the torch backend reads folders as they are
-            return RUNTIME + _libraries(w)
+            return _runtime(w)
         if phase is PhaseName.EMIT:  # rounded tensors went out with their block; the rest is copied as bytes
-            return RUNTIME + _libraries(w) + COPY_SLICE
+            return _runtime(w) + COPY_SLICE
         if phase in (PhaseName.VERIFY, PhaseName.QUANTIZE) and w.verify_samples and mode is not MemoryMode.FULL:
             return verify_tail_phase(w, mode, chunk).bytes  # the tail runs the held-out samples to the logits
         return torch_phase(w, mode, chunk).bytes
