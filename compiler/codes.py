@@ -284,10 +284,12 @@ CODES: tuple[CodeInfo, ...] = (
        "(low_memory) instead, and says why.",
        "memory { mode multi_gpu  vram [80 GiB, 80 GiB] }   # on a machine without GPUs"),
     _c("Q408", "resume state ignored (warning)",
-       "With `disk`, calibration saves its observers after each segment so a killed compile resumes. The state "
-       "is data only (integer histograms and JSON, format-versioned) and validated when read; a file that is "
-       "not such a state, damaged, or from another version is ignored and replaced: nothing from the cache "
-       "folder is ever executed.",
+       "With `disk`, calibration saves its observers after each segment (ONNX), or each finished block with the "
+       "hidden states entering the next (torch, `offload`), so a killed compile resumes. The state is data only "
+       "(integer histograms, safetensors and JSON, format-versioned) and validated when read; a file that is not "
+       "such a state, damaged, from another version, one whose hidden states or staged output are gone, or "
+       "torchrun's ranks that stopped after different blocks: it is ignored and replaced, and the run starts "
+       "over. Nothing from the cache folder is ever executed.",
        'memory { disk "cache" }   # with a foreign file at cache/checkpoints/calibration-….npz'),
     _c("Q409", "non-finite weights",
        "A weight with NaN or infinite values has no finite range: its scale would be NaN or infinite and the "

@@ -242,7 +242,7 @@ def summary(result, planned: PlanResult) -> Table:
         table.add_row("per rank", ", ".join(f"rank {r} {human_bytes(b)} ({b / planned_peak if planned_peak else 0:.2f}×)"
                                            for r, b in enumerate(result.rank_peaks)))
     for note in result.notes:
-        table.add_row("placement", note)
+        table.add_row("note", note)  # multi_gpu's placement, a resumed run
     if result.transform:
         table.add_row("transform", result.transform)
     if result.search is not None:

@@ -3,7 +3,8 @@ ranks: each runs its share of the sample chunks, the statistics are merged exact
 rounded on the ranks and the first writes the folder. For every observer method (and rtn, mse, data-free) the
 folder is byte for byte what one process writes; GPTQ is deterministic for a rank count and as good as one
 process's (KL against float, measured in transformers). Two "nodes" on 127.0.0.1 give the same bytes; a killed
-rank stops every rank with Q432 and nothing written, and a relaunch resumes each rank's calibration (ONNX).
+rank stops every rank with Q432 and nothing written, and a relaunch resumes each rank's calibration (ONNX) or
+starts after the last block every rank finished (torch, offload).
 `qrc check` and `qrc plan` know `memory { ranks N }`."""
 
 from __future__ import annotations
@@ -481,6 +482,90 @@ def test_a_killed_rank_stops_every_rank_and_a_relaunch_resumes(tmp_path, mode):
     assert not any(disk.glob("checkpoints/calibration-*.npz"))  # a finished calibration leaves no state
     _alone(recipe, tmp_path / "one" / "m.onnx")
     _same_folders(tmp_path / "one", out.parent)
+
+
+TORCH_RESUMABLE = """recipe resumable {{
+    model "builtin:tiny-llama?layers=8&hidden=512&heads=8&kv_heads=2&vocab=32000&intermediate=1536"
+    backend torch
+    scheme w4 = W4A16 {{ group 32  rounding gptq }}
+    quantize {{ type Linear -> w4  "lm_head" -> none }}
+    calibrate {{ data synthetic {{ samples 32  seqlen 128 }}  chunk 4 }}
+    memory {{ mode offload  disk "{disk}" }}
+    verify {{ samples 8  metric kld  at_most 0.5 }}
+    emit "{out}" {{ format safetensors }}
+}}
+"""
+
+
+def _finished_blocks(disk: Path) -> list[int]:
+    """How many blocks each saved torch resume state (one per rank) says were finished."""
+    import json
+
+    found = []
+    for path in disk.glob("checkpoints/blocks-*/state.json"):
+        try:
+            found.append(json.loads(path.read_text())["done"])
+        except (OSError, ValueError):  # being replaced just now
+            pass
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_killed_torch_compile_resumes_after_its_last_finished_block(tmp_path, ranks):
+    """GPTQ in offload with `disk` on torch, killed (SIGKILL: no clean-up at all; under torchrun, rank 1) once every
+    rank recorded three finished blocks: nothing appears at the destination, and the same launch again starts at
+    block 4 from the hidden states the killed run left, and writes the bytes an uninterrupted run writes (GPTQ
+    rounds each block from the quantized outputs of the blocks before, so those states must be exact). The state
+    and the staged folder go once the output is in place."""
+    disk, out = tmp_path / "cache", tmp_path / "out"
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(TORCH_RESUMABLE.format(disk=disk, out=out))
+    if ranks == 1:
+        _alone(recipe, tmp_path / "one")
+    else:
+        reference = _qrc("compile", str(recipe), "-o", str(tmp_path / "one"), ranks=2)
+        assert reference.returncode == 0, reference.stderr[-3000:]
+    assert not any(disk.glob("checkpoints/blocks-*"))  # a finished compile leaves no state
+    launch = subprocess.Popen([*_launcher(ranks), "-m", "compiler", "compile", str(recipe)], env=_env(), cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and launch.poll() is None:
+        done = _finished_blocks(disk)
+        if len(done) == ranks and min(done) >= 3:
+            break
+        time.sleep(0.1)
+    victim = _rank_pid(1, str(recipe)) if ranks == 2 else launch.pid
+    assert victim is not None and launch.poll() is None, launch.communicate()[1][-2000:]
+    os.kill(victim, 9)
+    launch.communicate(timeout=300)
+    assert launch.returncode != 0 and not out.exists()
+    assert min(_finished_blocks(disk)) >= 3 and any(tmp_path.glob(".out.qrc-resume-*"))
+    again = _qrc("compile", str(recipe), ranks=ranks, env={"COLUMNS": "250"})
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert re.search(r"resumed after block [3-8] of 8", again.stdout), again.stdout[-3000:]
+    _same_folders(tmp_path / "one", out)
+    assert not any(disk.glob("checkpoints/blocks-*")) and not any(tmp_path.glob(".out.qrc-*"))
+
+
+def test_a_torch_resume_state_that_is_not_one_is_ignored(tmp_path):
+    """A state file that is not a state (foreign, damaged, another version) or names hidden states that are gone:
+    Q408, the run starts over, and the folder is emptied for the state it will save."""
+    from compiler.backends.ranks import Ranks
+    from compiler.backends.torch.resume import BlockResume
+
+    identity = ("recipe", "model", "out")
+    first = BlockResume.open(tmp_path, tmp_path / "out", identity, Ranks(), None, [])
+    state = first.folder / "state.json"
+    for text in ("not json", '{"format": "qrc-torch-blocks-v0", "done": 2}',
+                 '{"format": "qrc-torch-blocks-v1", "done": 2, "caches": {"calibration": "gone"}, "finished": {}}',
+                 '{"format": "qrc-torch-blocks-v1", "done": -1, "caches": {}, "finished": {}}'):
+        state.write_text(text)
+        first.staged.mkdir(exist_ok=True)
+        warnings: list = []
+        again = BlockResume.open(tmp_path, tmp_path / "out", identity, Ranks(), None, warnings)
+        assert again.start == 0 and [w.code for w in warnings] == ["Q408"], (text, warnings)
+        assert not state.exists() and not first.staged.exists()
 
 
 # ---- `memory { ranks N }` in check and plan (no launch) ---------------------------------------------------

@@ -47,6 +47,7 @@ from compiler.backends.torch.load_check import check_loads
 from compiler.backends.torch.loader_names import prefetch_model_class
 from compiler.backends.torch.model import TorchModel, open_files, open_model
 from compiler.backends.torch.output_layout import copy_unquantized, open_output, write_metadata
+from compiler.backends.torch.resume import BlockResume, Finished
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.sharing import share_costs, share_kv
@@ -119,6 +120,7 @@ class _Run:
         self._rounder: Rounder | None = None
         self.smoother: Smoother | None = None  # `transform`: folds its scales before each block's calibration
         self.early: EarlyCheck | None = None  # file to file: the final config and the load check, on a thread
+        self.resume: BlockResume | None = None  # offload with `disk`: how far an earlier run got (resume.py)
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode, ops.ScoreSensitivity: self.score,
@@ -133,9 +135,12 @@ class _Run:
         return self.pending.take()
 
     def commit(self) -> list[Path]:
-        """The staged folder into place (program.py calls this once every op ran)."""
+        """The staged folder into place (program.py calls this once every op ran); a resume state goes."""
         self._ready()
-        return self.writer.commit()
+        files = self.writer.commit()
+        if self.resume is not None:
+            self.resume.remove()
+        return files
 
     def close(self) -> None:
         """Remove the caches and hooks, and the staged output unless it was committed."""
@@ -144,7 +149,8 @@ class _Run:
         if self._writer is not None:
             self._writer.abort()  # after a commit there is nothing left to remove
         for cache in self.caches:
-            cache.close()
+            if self.resume is None or not self.resume.keeps(cache.folder):  # a resume state's stays
+                cache.close()
         for hook in self._rounder.hooks if self._rounder is not None else []:
             hook.remove()
         if self._kv is not None:
@@ -227,9 +233,14 @@ class _Run:
             self.writer = GgufWriter(self.output, self.model, layout) if self.ranks.first else RankCollector()
             skipped = None
         else:
-            self.config, self.writer, skipped = open_output(self.output, self.model, self.jobs, self.assignment,
-                                                            kv, attention, self.plan.spans.recipe, self.ranks.first,
-                                                            provisional=self.file_to_file)
+            self.resume = self._open_resume()
+            resumed = self.resume is not None and self.resume.start > 0
+            self.config, self.writer, skipped = open_output(
+                self.output, self.model, self.jobs, self.assignment, kv, attention, self.plan.spans.recipe,
+                self.ranks.first, provisional=self.file_to_file, staged=self.resume.staged if self.resume else None,
+                reopen=resumed)
+            if resumed and isinstance(self.writer, FolderWriter):
+                self.writer.keep = True
             freeze_long_lived()  # the output's layout imported transformers' model classes: later collections skip them
             if self.file_to_file and isinstance(self.writer, FolderWriter):  # while the weights round
                 self.early = EarlyCheck(self.model, self.jobs, self.assignment, self.config, self.writer,
@@ -299,8 +310,12 @@ class _Run:
         self.kv.write_scales(prefix, self.writer)
 
     # ---- inputs -----------------------------------------------------------------------------------
+    def _cache_folder(self) -> Path | None:
+        """Where the hidden states between blocks go: the resume state's folder, `disk` in offload, else RAM."""
+        return self.resume.folder if self.resume is not None else self.disk if self.offload else None
+
     def _stream(self, name: str, batches) -> streams.Stream:
-        cache = streams.HiddenCache(self.model.dtype, self.disk if self.offload else None)
+        cache = streams.HiddenCache(self.model.dtype, self._cache_folder())
         self.caches.append(cache)
         # under torchrun each rank runs its own chunks (by index: rank i mod N) and the ranks merge what they
         # measured (sharing.py)
@@ -355,14 +370,86 @@ class _Run:
         if self.offload:
             release_memory()
 
-    def run_blocks(self, op: ops.RunBlock) -> None:
-        """Per block: its weights, statistics from the calibration stream, rounding, then every stream on."""
+    def run_blocks(self, op: ops.RunBlock) -> Product | None:
+        """Per block: its weights, statistics from the calibration stream, rounding, then every stream on. A
+        resumable run records each finished block before the hidden states that entered it go."""
         advance = self.progress("blocks", len(self.model.blocks))
+        start = self._resumed()
         for number, name in enumerate(self.model.blocks):
-            self._block(number, name, op.calibration, self.devices.get(name, "cpu"))
+            if number >= start:
+                entered = self._block(number, name, op.calibration, self.devices.get(name, "cpu"))
+                self._save_progress(number + 1)
+                for cache in entered:
+                    cache.close()
             advance()
+        if not start:
+            return None
+        assert self.resume is not None  # it started after block 0
+        return Product(notes=(f"resumed after block {start} of {len(self.model.blocks)}: the earlier run's state in "
+                              f"{self.resume.folder}",))
 
-    def _block(self, number: int, name: str, calibration: Calibration | None, device) -> None:
+    # ---- resuming (offload with `disk`: resume.py) --------------------------------------------------
+    def _open_resume(self) -> BlockResume | None:
+        """The resume state of a block-wise offload run with `disk` (None for other runs)."""
+        if not (self.offload and self.disk is not None and any(isinstance(op, ops.RunBlock) for op in self.plan.ops)):
+            return None
+        folder = self.model.folder
+        files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob("*.safetensors")) \
+            if folder is not None else []
+        identity = (self.plan.recipe_text, str(folder), repr(files), str(self.output.resolve()))
+        return BlockResume.open(self.disk, self.output, identity, self.ranks, self.plan.spans.disk,
+                                self.pending.warnings)
+
+    def _streams(self) -> list[streams.Stream]:
+        """The streams the blocks run: calibration, verification's float and quantized."""
+        verify = self.verify_streams
+        return [s for s in (self.cal, verify and verify[0], verify and verify[1]) if s is not None]
+
+    def _resumed(self) -> int:
+        """The blocks an earlier run finished (0 without one): each stream takes the hidden states it left, and
+        what those blocks reported is reported again."""
+        if self.resume is None or self.resume.saved is None:
+            return 0
+        for stream in self._streams():
+            folder = self.resume.cache(stream.name)
+            assert folder is not None, stream.name  # the same recipe runs the same streams
+            stream.hidden.close()
+            stream.hidden = streams.HiddenCache.existing(stream.hidden.dtype, folder)
+            self.caches.append(stream.hidden)
+        done = self.resume.saved.finished
+        self.pending.weight_sqnr.update(done.sqnr)
+        self.pending.input_ranges.update({name: (low, high) for name, (low, high) in done.ranges.items()})
+        self.rounder.dampened.update(done.dampened)
+        unseen = set(done.unseen)
+        self.rounder.unseen.extend(j for j in self.jobs if j.layer.name in unseen)
+        self.costs.noise.update(done.noise)
+        self.costs.signal.update(done.signal)
+        for name, (k, v) in done.kv.items():
+            self.kv.state[name].scales = (k, v)
+        if self.smoother is not None:
+            self.smoother.gains.extend(done.gains)
+            self.smoother.folded += done.folded
+        if isinstance(self.writer, FolderWriter):
+            self.writer.missing -= set(done.written)
+        return self.resume.saved.done
+
+    def _save_progress(self, done: int) -> None:
+        """Record `done` finished blocks (resumable runs only)."""
+        if self.resume is None:
+            return
+        smoother, writer = self.smoother, self.writer
+        finished = Finished(
+            dict(self.pending.weight_sqnr), {n: list(r) for n, r in self.pending.input_ranges.items()},
+            dict(self.rounder.dampened), [j.layer.name for j in self.rounder.unseen], dict(self.costs.noise),
+            dict(self.costs.signal), {n: list(s.scales) for n, s in self.kv.state.items() if s.scales is not None},
+            list(smoother.gains) if smoother else [], smoother.folded if smoother else 0,
+            writer.written() if isinstance(writer, FolderWriter) else [])
+        self.resume.save(done, {s.name: s.hidden.folder for s in self._streams() if s.hidden.folder}, finished)
+        if isinstance(writer, FolderWriter):
+            writer.keep = True
+
+    def _block(self, number: int, name: str, calibration: Calibration | None, device) -> list[streams.HiddenCache]:
+        """One block run and rounded; the caches of the hidden states that entered it (closed by the caller)."""
         model, cal, verify, offload = self.model, self.cal, self.verify_streams, self.offload
         params = model.parameters_of(name)
         if offload or device != "cpu":
@@ -390,17 +477,19 @@ class _Run:
                 outputs["quant"] = self._next(block, number, verify[1], device)
         for hook in hooks:
             hook.remove()
+        entered = []
         for key, stream in (("cal", cal), ("float", verify and verify[0]), ("quant", verify and verify[1])):
             if key in outputs:
                 assert stream is not None  # it produced outputs
-                stream.hidden.close()
+                entered.append(stream.hidden)
                 stream.hidden = outputs[key]
         if offload or device != "cpu":
             model.release(params)
         release_memory()
+        return entered
 
     def _next(self, block, number: int, stream, device) -> streams.HiddenCache:
-        out = streams.HiddenCache(stream.hidden.dtype, self.disk if self.mode is MemoryMode.OFFLOAD else None)
+        out = streams.HiddenCache(stream.hidden.dtype, self._cache_folder())
         self.caches.append(out)
         with torch.no_grad():
             streams.run_block(block, number, stream, device, out)

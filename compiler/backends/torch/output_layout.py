@@ -82,15 +82,17 @@ def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment, kv
 
 
 def open_output(output: Path, model: TorchModel, jobs: list[Job], assignment: Assignment, kv: KvCache | None,
-                attention: list[str], span: Span | None, writes: bool = True,
-                provisional: bool = False) -> tuple[dict, FolderWriter | RankCollector, Diagnostic | None]:
+                attention: list[str], span: Span | None, writes: bool = True, provisional: bool = False,
+                staged: Path | None = None, reopen: bool = False
+                ) -> tuple[dict, FolderWriter | RankCollector, Diagnostic | None]:
     """Before any work: config.json's content, checked with compressed-tensors' schema (Q420; Q400 when the
     package is missing but the floating formats or a KV cache need it), and the writer with every output
     tensor laid out (`attention`: the modules whose KV scales `kv_cache` adds). Also returns Q421 when the
     schema check was skipped; its diagnostics point at `span`. `writes` False (a rank but the first under
     torchrun): a collector that hands its tensors on, and no file. `provisional` (file to file): the config's
     names are made again, and checked, once a prefetched model class is imported (final_config, early_check.py);
-    here only Q400."""
+    here only Q400. `staged`, `reopen`: a resumable run's staging folder, and whether an earlier run began it
+    (FolderWriter)."""
     # the KV cache's arguments are those of an activation spec (vLLM takes float 8-bit symmetric per tensor)
     config = output_config(model, jobs, assignment, input_args(kv.quant) if kv else None, provisional)
     floats = _needs_package(jobs, config)
@@ -102,7 +104,8 @@ def open_output(output: Path, model: TorchModel, jobs: list[Job], assignment: As
         skipped = check_config(config["quantization_config"], span, floats)
     if not writes:
         return config, RankCollector(), skipped
-    writer = FolderWriter(output, output_specs(model, jobs) + kv_specs(attention, model.dtype))
+    writer = FolderWriter(output, output_specs(model, jobs) + kv_specs(attention, model.dtype), staged=staged,
+                          reopen=reopen)
     return config, writer, skipped
 
 

@@ -33,6 +33,18 @@ class HiddenCache:
         self._ram: dict[int, torch.Tensor] = {}
         self._dir = Path(tempfile.mkdtemp(prefix="qrc-hidden-", dir=folder)) if folder is not None else None
 
+    @classmethod
+    def existing(cls, dtype: torch.dtype, folder: Path) -> HiddenCache:
+        """The chunks an earlier run left in `folder` (what a resumed run's state points at: torch/resume.py)."""
+        cache = cls(dtype)
+        cache._dir = folder
+        return cache
+
+    @property
+    def folder(self) -> Path | None:
+        """Where the chunks are on disk (None: in RAM)."""
+        return self._dir
+
     def put(self, chunk: int, hidden: torch.Tensor) -> None:
         """Keep one chunk's hidden states."""
         value = hidden.detach().to("cpu", self.dtype)

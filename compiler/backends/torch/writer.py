@@ -26,20 +26,25 @@ class FolderWriter(Emitter):
     """The compressed-tensors emitter (compiler.backends.emitter.Emitter): sharded safetensors laid out from
     the specs, each tensor written at its offset when it exists, the folder renamed into place."""
 
-    def __init__(self, destination: Path, specs: list[TensorSpec], shard_bytes: int = SHARD_BYTES):
+    def __init__(self, destination: Path, specs: list[TensorSpec], shard_bytes: int = SHARD_BYTES,
+                 staged: Path | None = None, reopen: bool = False):
+        """`staged`: the staging folder of a resumable run (torch/resume.py), kept when the run stops; `reopen`:
+        an earlier run's, whose tensors written so far stay (its headers must be this layout's)."""
         self.destination = destination
         destination.parent.mkdir(parents=True, exist_ok=True)
         # a name of its own per run: a second compile into the same place never writes into this one's files
-        self.temp = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.qrc-tmp-"))
+        self.temp = staged or Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.qrc-tmp-"))
+        self.temp.mkdir(exist_ok=True)
+        self.keep = False  # a resumable run's state points at the staged folder: `abort` leaves it
         shards = _shards(specs, shard_bytes)
         names = (["model.safetensors"] if len(shards) == 1 else
                  [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
         self.where: dict[str, tuple[int, int, TensorSpec]] = {}  # name → (file descriptor, offset, spec)
         self.files, self.missing = [], {s.name for s in specs}
         for name, shard in zip(names, shards, strict=True):
-            fd = os.open(self.temp / name, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(self.temp / name, os.O_RDWR | os.O_CREAT | (0 if reopen else os.O_TRUNC), 0o644)
             self.files.append((name, fd, shard))
-            data_start, offsets = _write_header(fd, shard)
+            data_start, offsets = _write_header(fd, shard, reopen)
             for spec, offset in zip(shard, offsets, strict=True):
                 self.where[spec.name] = (fd, data_start + offset, spec)
         if len(shards) > 1:
@@ -120,11 +125,16 @@ class FolderWriter(Emitter):
         return sorted(p for p in self.destination.rglob("*") if p.is_file())
 
     def abort(self) -> None:
-        """Remove the temporary folder: nothing appears at the destination."""
+        """Remove the temporary folder (unless a resume state keeps it): nothing appears at the destination."""
         for _, fd, _ in self.files:
             os.close(fd)
         self.files = []
-        shutil.rmtree(self.temp, ignore_errors=True)
+        if not self.keep:
+            shutil.rmtree(self.temp, ignore_errors=True)
+
+    def written(self) -> list[str]:
+        """The tensors written so far."""
+        return sorted(set(self.where) - self.missing)
 
 
 def _shards(specs: list[TensorSpec], limit: int) -> list[list[TensorSpec]]:
@@ -140,8 +150,9 @@ def _shards(specs: list[TensorSpec], limit: int) -> list[list[TensorSpec]]:
     return shards + [current] if current or not shards else shards
 
 
-def _write_header(fd: int, shard: list[TensorSpec]) -> tuple[int, list[int]]:
-    """Header (keys sorted, data in the same order), padded with spaces to 8 bytes; the file is sized."""
+def _write_header(fd: int, shard: list[TensorSpec], reopen: bool = False) -> tuple[int, list[int]]:
+    """Header (keys sorted, data in the same order), padded with spaces to 8 bytes; the file is sized. `reopen`:
+    the file an earlier run began must start with this header (its tensors so far are kept)."""
     ordered = sorted(shard, key=lambda s: s.name)
     header: dict[str, dict] = {"__metadata__": {"format": "pt"}}
     offsets: dict[str, int] = {}
@@ -153,8 +164,13 @@ def _write_header(fd: int, shard: list[TensorSpec]) -> tuple[int, list[int]]:
         position += nbytes(spec)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    os.pwrite(fd, len(text).to_bytes(8, "little") + text, 0)
+    head = len(text).to_bytes(8, "little") + text
     data_start = 8 + len(text)
+    if reopen:
+        if os.pread(fd, len(head), 0) != head or os.fstat(fd).st_size != data_start + position:
+            raise ValueError("the staged output an earlier run left has another layout")
+        return data_start, [offsets[s.name] for s in shard]
+    os.pwrite(fd, head, 0)
     os.ftruncate(fd, data_start + position)
     return data_start, [offsets[s.name] for s in shard]
 
