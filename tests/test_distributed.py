@@ -100,6 +100,20 @@ def _one_and_two(recipe: Path, where: Path, file: str = "") -> subprocess.Comple
     return run
 
 
+def _deterministic_and_within_a_percent(recipe: Path, where: Path, file: str, what: str) -> None:
+    """`recipe` compiled alone (where/one/`file`) and twice on two ranks (where/two, where/again): the two ranks'
+    runs write the same bytes, and the KL against float they verify is one process's within 1%."""
+    alone = _alone(recipe, where / "one" / file)
+    runs = [_qrc("compile", str(recipe), "-o", str(where / name / file), ranks=2) for name in ("two", "again")]
+    assert all(run.returncode == 0 for run in runs), runs[0].stderr[-3000:]
+    _same_folders(where / "two", where / "again")
+    found = re.search(r"kld ([0-9.e-]+)", runs[0].stdout.replace("\n", " "))
+    assert found is not None, runs[0].stdout[-2000:]
+    one, two = alone.verify["kld"], float(found.group(1))
+    print(f"{what}: one process {one:.6f}, two ranks {two:.6f}")
+    assert 0 < one and abs(two - one) <= 0.01 * one, (one, two)
+
+
 @pytest.mark.slow
 def test_two_ranks_write_the_bytes_one_process_writes(tmp_path):
     recipe = tmp_path / "r.recipe"
@@ -225,15 +239,7 @@ def test_gguf_over_ranks(tmp_path, tokenized_llama, rounding, data):
     if rounding == "rtn":
         _one_and_two(recipe, tmp_path, "m.gguf")
         return
-    alone = _alone(recipe, tmp_path / "one" / "m.gguf")
-    runs = [_qrc("compile", str(recipe), "-o", str(tmp_path / name / "m.gguf"), ranks=2) for name in ("two", "again")]
-    assert all(run.returncode == 0 for run in runs), runs[0].stderr[-3000:]
-    _same_folders(tmp_path / "two", tmp_path / "again")
-    found = re.search(r"kld ([0-9.e-]+)", runs[0].stdout.replace("\n", " "))
-    assert found is not None, runs[0].stdout[-2000:]
-    one, two = alone.verify["kld"], float(found.group(1))
-    print(f"GGUF GPTQ KL against float: one process {one:.6f}, two ranks {two:.6f}")
-    assert 0 < one and abs(two - one) <= 0.01 * one, (one, two)
+    _deterministic_and_within_a_percent(recipe, tmp_path, "m.gguf", "GGUF GPTQ KL against float")
 
 
 @pytest.mark.slow
@@ -358,15 +364,7 @@ def test_onnx_awq_over_ranks_is_deterministic_and_as_good_as_one_process(tmp_pat
     recipe = tmp_path / "r.recipe"
     recipe.write_text(_transformed("builtin:tiny-llama", "awq { grid 20  duo_scaling }", "W4A16 { group 32 }", "full",
                                    tmp_path / "x.onnx", backend="onnx"))
-    alone = _alone(recipe, tmp_path / "one" / "m.onnx")
-    runs = [_qrc("compile", str(recipe), "-o", str(tmp_path / name / "m.onnx"), ranks=2) for name in ("two", "again")]
-    assert all(run.returncode == 0 for run in runs), runs[0].stderr[-3000:]
-    _same_folders(tmp_path / "two", tmp_path / "again")
-    found = re.search(r"kld ([0-9.e-]+)", runs[0].stdout.replace("\n", " "))
-    assert found is not None, runs[0].stdout[-2000:]
-    one, two = alone.verify["kld"], float(found.group(1))
-    print(f"ONNX AWQ KL against float in onnxruntime: one process {one:.6f}, two ranks {two:.6f}")
-    assert 0 < one and abs(two - one) <= 0.01 * one, (one, two)
+    _deterministic_and_within_a_percent(recipe, tmp_path, "m.onnx", "ONNX AWQ KL against float in onnxruntime")
 
 
 @pytest.mark.slow
