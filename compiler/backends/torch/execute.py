@@ -47,7 +47,7 @@ from compiler.backends.torch.load_check import check_loads
 from compiler.backends.torch.loader_names import prefetch_model_class
 from compiler.backends.torch.model import TorchModel, open_files, open_model
 from compiler.backends.torch.output_layout import copy_unquantized, open_output, write_metadata
-from compiler.backends.torch.resume import BlockResume, Finished
+from compiler.backends.torch.resume import BlockResume, checkpoint_identity, finished, restore
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.sharing import share_costs, share_kv
@@ -393,10 +393,7 @@ class _Run:
         """The resume state of a block-wise offload run with `disk` (None for other runs)."""
         if not (self.offload and self.disk is not None and any(isinstance(op, ops.RunBlock) for op in self.plan.ops)):
             return None
-        folder = self.model.folder
-        files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob("*.safetensors")) \
-            if folder is not None else []
-        identity = (self.plan.recipe_text, str(folder), repr(files), str(self.output.resolve()))
+        identity = (self.plan.recipe_text, checkpoint_identity(self.model.folder), str(self.output.resolve()))
         return BlockResume.open(self.disk, self.output, identity, self.ranks, self.plan.spans.disk,
                                 self.pending.warnings)
 
@@ -410,43 +407,18 @@ class _Run:
         what those blocks reported is reported again."""
         if self.resume is None or self.resume.saved is None:
             return 0
-        for stream in self._streams():
-            folder = self.resume.cache(stream.name)
-            assert folder is not None, stream.name  # the same recipe runs the same streams
-            stream.hidden.close()
-            stream.hidden = streams.HiddenCache.existing(stream.hidden.dtype, folder)
-            self.caches.append(stream.hidden)
-        done = self.resume.saved.finished
-        self.pending.weight_sqnr.update(done.sqnr)
-        self.pending.input_ranges.update({name: (low, high) for name, (low, high) in done.ranges.items()})
-        self.rounder.dampened.update(done.dampened)
-        unseen = set(done.unseen)
-        self.rounder.unseen.extend(j for j in self.jobs if j.layer.name in unseen)
-        self.costs.noise.update(done.noise)
-        self.costs.signal.update(done.signal)
-        for name, (k, v) in done.kv.items():
-            self.kv.state[name].scales = (k, v)
-        if self.smoother is not None:
-            self.smoother.gains.extend(done.gains)
-            self.smoother.folded += done.folded
-        if isinstance(self.writer, FolderWriter):
-            self.writer.missing -= set(done.written)
-        return self.resume.saved.done
+        self.caches.extend(self.resume.adopt(self._streams()))
+        restore(self.resume.saved.finished, self.rounder, self.jobs, self.costs, self.kv, self.smoother)
+        return self.resume.start
 
     def _save_progress(self, done: int) -> None:
         """Record `done` finished blocks (resumable runs only)."""
         if self.resume is None:
             return
-        smoother, writer = self.smoother, self.writer
-        finished = Finished(
-            dict(self.pending.weight_sqnr), {n: list(r) for n, r in self.pending.input_ranges.items()},
-            dict(self.rounder.dampened), [j.layer.name for j in self.rounder.unseen], dict(self.costs.noise),
-            dict(self.costs.signal), {n: list(s.scales) for n, s in self.kv.state.items() if s.scales is not None},
-            list(smoother.gains) if smoother else [], smoother.folded if smoother else 0,
-            writer.written() if isinstance(writer, FolderWriter) else [])
-        self.resume.save(done, {s.name: s.hidden.folder for s in self._streams() if s.hidden.folder}, finished)
-        if isinstance(writer, FolderWriter):
-            writer.keep = True
+        self.resume.save(done, {s.name: s.hidden.folder for s in self._streams() if s.hidden.folder},
+                         finished(self.rounder, self.costs, self.kv, self.smoother))
+        if isinstance(self.writer, FolderWriter):
+            self.writer.keep = True
 
     def _block(self, number: int, name: str, calibration: Calibration | None, device) -> list[streams.HiddenCache]:
         """One block run and rounded; the caches of the hidden states that entered it (closed by the caller)."""

@@ -18,6 +18,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from compiler.backends.ranks import Ranks, all_gathered
+from compiler.backends.torch.attribution import LayerCosts
+from compiler.backends.torch.kv_cache import KvCacheQuantizer
+from compiler.backends.torch.layers import Job
+from compiler.backends.torch.rounding import Rounder
+from compiler.backends.torch.smoother import Smoother
+from compiler.backends.torch.streams import HiddenCache, Stream
+from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import Diagnostic, warning
 from compiler.source import Span
 
@@ -102,10 +109,16 @@ class BlockResume:
         os.replace(temp, self.folder / STATE)
         self.saved = saved
 
-    def cache(self, stream: str) -> Path | None:
-        """The folder of `stream`'s hidden states that the state points at (None: it has none)."""
-        name = self.saved.caches.get(stream) if self.saved else None
-        return self.folder / name if name else None
+    def adopt(self, streams: list[Stream]) -> list[HiddenCache]:
+        """Each stream's hidden states replaced by those the state points at (the same recipe runs the same
+        streams); the caches taken."""
+        assert self.saved is not None, "a state was found"
+        taken = []
+        for stream in streams:
+            stream.hidden.close()
+            stream.hidden = HiddenCache.existing(stream.hidden.dtype, self.folder / self.saved.caches[stream.name])
+            taken.append(stream.hidden)
+        return taken
 
     def keeps(self, folder: Path | None) -> bool:
         """Whether the state points at this cache folder (left in place when the run stops)."""
@@ -115,6 +128,15 @@ class BlockResume:
         """The compile finished: its state goes."""
         shutil.rmtree(self.folder, ignore_errors=True)
         self.saved = None
+
+
+def checkpoint_identity(folder: Path | None) -> str:
+    """The model folder's weight files as they are now (names, sizes, modification times): a state saved on
+    other weights at the same path is another run's. A built-in (None) is its name in the recipe."""
+    if folder is None:
+        return ""
+    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.glob("*.safetensors"))
+    return f"{folder} {files}"
 
 
 def _load(folder: Path) -> tuple[Saved | None, str]:
@@ -137,3 +159,34 @@ def _load(folder: Path) -> tuple[Saved | None, str]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return None, f"it could not be read ({type(exc).__name__})"
     return Saved(done, dict(caches), finished), ""
+
+
+def finished(rounder: Rounder, costs: LayerCosts, kv: KvCacheQuantizer, smoother: Smoother | None) -> Finished:
+    """What the run reported so far (the figures since its blocks began, including those restored), as data."""
+    report, writer = rounder.report, rounder.writer
+    return Finished(
+        dict(report.weight_sqnr), {n: list(r) for n, r in report.input_ranges.items()}, dict(rounder.dampened),
+        [j.layer.name for j in rounder.unseen], dict(costs.noise), dict(costs.signal),
+        {n: list(state.scales) for n, state in kv.state.items() if state.scales is not None},
+        list(smoother.gains) if smoother else [], smoother.folded if smoother else 0,
+        writer.written() if isinstance(writer, FolderWriter) else [])
+
+
+def restore(done: Finished, rounder: Rounder, jobs: list[Job], costs: LayerCosts, kv: KvCacheQuantizer,
+            smoother: Smoother | None) -> None:
+    """What an earlier run's finished blocks reported, reported again by this one (the blocks are skipped); the
+    tensors they wrote count as written."""
+    rounder.report.weight_sqnr.update(done.sqnr)
+    rounder.report.input_ranges.update({name: (low, high) for name, (low, high) in done.ranges.items()})
+    rounder.dampened.update(done.dampened)
+    unseen = set(done.unseen)
+    rounder.unseen.extend(j for j in jobs if j.layer.name in unseen)
+    costs.noise.update(done.noise)
+    costs.signal.update(done.signal)
+    for name, (k, v) in done.kv.items():
+        kv.state[name].scales = (k, v)
+    if smoother is not None:
+        smoother.gains.extend(done.gains)
+        smoother.folded += done.folded
+    if isinstance(rounder.writer, FolderWriter):
+        rounder.writer.missing -= set(done.written)
