@@ -566,6 +566,23 @@ def test_a_torch_resume_state_that_is_not_one_is_ignored(tmp_path):
         assert not state.exists() and not first.staged.exists()
 
 
+def test_a_new_recipe_into_the_same_destination_removes_what_a_killed_one_left(tmp_path):
+    """The hidden states and the staged output of a killed run are removed when a run with another recipe (or
+    model, or rank count) writes to the same destination: they could never be resumed. Another destination's
+    stay."""
+    from compiler.backends.ranks import Ranks
+    from compiler.backends.torch.resume import BlockResume
+
+    old = BlockResume.open(tmp_path, tmp_path / "out", ("recipe 1", "model", "out"), Ranks(), None, [])
+    elsewhere = BlockResume.open(tmp_path, tmp_path / "other", ("recipe 1", "model", "other"), Ranks(), None, [])
+    for resume in (old, elsewhere):
+        resume.staged.mkdir()
+        (resume.folder / "qrc-hidden-x").mkdir()
+    new = BlockResume.open(tmp_path, tmp_path / "out", ("recipe 2", "model", "out"), Ranks(), None, [])
+    assert not old.folder.exists() and not old.staged.exists()
+    assert elsewhere.folder.exists() and elsewhere.staged.exists() and new.folder.exists()
+
+
 # ---- `memory { ranks N }` in check and plan (no launch) ---------------------------------------------------
 
 def test_plan_shows_each_ranks_share_and_peak():

@@ -30,6 +30,7 @@ from compiler.source import Span
 
 FORMAT = "qrc-torch-blocks-v1"
 STATE = "state.json"
+OWNER = "owner.json"  # the destination, run and rank count a state folder belongs to (superseded ones are removed)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,9 @@ class BlockResume:
         shared = hashlib.sha256("\x00".join(identity).encode()).hexdigest()[:24]
         folder = disk / "checkpoints" / f"blocks-{key}"
         staged = destination.parent / f".{destination.name}.qrc-resume-{shared}"
+        owner = {"destination": str(destination.resolve()), "run": shared, "world": ranks.world}
+        if ranks.first:
+            _remove_superseded(disk, staged, owner)
         saved, problem = _load(folder)
         if saved is not None and ranks.first and not staged.is_dir():
             saved, problem = None, f"the staged output `{staged}` is gone"
@@ -95,6 +99,7 @@ class BlockResume:
             if ranks.first:
                 shutil.rmtree(staged, ignore_errors=True)
         folder.mkdir(parents=True, exist_ok=True)
+        (folder / OWNER).write_text(json.dumps(owner), encoding="utf-8")
         return BlockResume(folder, staged, saved)
 
     def save(self, done: int, caches: dict[str, Path], finished: Finished) -> None:
@@ -128,6 +133,22 @@ class BlockResume:
         """The compile finished: its state goes."""
         shutil.rmtree(self.folder, ignore_errors=True)
         self.saved = None
+
+
+def _remove_superseded(disk: Path, staged: Path, owner: dict) -> None:
+    """What earlier runs into the same destination left that this one replaces: their states (another recipe,
+    model or rank count: `owner` differs but for the destination) and their staged folders beside it. A run
+    that changed its recipe after a kill would otherwise leave its hidden states and partial output behind."""
+    for folder in (disk / "checkpoints").glob("blocks-*"):
+        try:
+            theirs = json.loads((folder / OWNER).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # not a state this version made: left alone
+        if isinstance(theirs, dict) and theirs.get("destination") == owner["destination"] and theirs != owner:
+            shutil.rmtree(folder, ignore_errors=True)
+    for other in staged.parent.glob(staged.name.rsplit("-", 1)[0] + "-*"):
+        if other != staged and other.is_dir():
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def checkpoint_identity(folder: Path | None) -> str:
