@@ -179,6 +179,28 @@ def test_resume_after_kill_gives_identical_bytes(tmp_path, mode):
     assert not any(disk.glob("boundary-*/*.npy"))  # nor block caches
 
 
+def test_a_new_recipe_removes_the_resume_states_a_killed_one_left(tmp_path):
+    """A run with another recipe (or model, or rank count) into the same destination removes the states and the
+    kept block boundaries a killed run left there; its own, and another destination's, stay."""
+    from compiler.backends.onnx.resume import ResumeState, owner, remove_superseded
+
+    disk, out = tmp_path / "disk", tmp_path / "m.onnx"
+    states = {}
+    for name, recipe, destination in (("old", "recipe 1", out), ("mine", "recipe 2", out),
+                                      ("elsewhere", "recipe 1", tmp_path / "other.onnx")):
+        state = ResumeState.for_run(disk, recipe, name)
+        state.save(1, {})
+        state.claim(owner(destination, recipe, "model", world=1))
+        (disk / f"boundary-{state.path.stem}").mkdir()
+        states[name] = state
+    remove_superseded(disk, owner(out, "recipe 2", "model", world=1))
+    assert [n for n, state in states.items() if state.exists()] == ["mine", "elsewhere"]
+    assert sorted(p.name.removeprefix("boundary-") for p in disk.glob("boundary-*")) == sorted(
+        states[n].path.stem for n in ("mine", "elsewhere"))
+    states["mine"].remove()
+    assert not any(disk.glob(f"checkpoints/{states['mine'].path.stem}*"))
+
+
 def _files(model: Path) -> list:
     """The model's bytes, or for a model with external data (offload writes one) the data file's bytes
     and the canonical dump (the .onnx itself names its data file, so it differs by name only)."""

@@ -108,6 +108,7 @@ class _OnnxRun:
         self._rounder: GptqRounder | None = None
         self.sqnr: dict[str, float] = {}  # weight → its SQNR in dB, as each is rounded
         self.rounded_early: set[str] = set()  # offload: the GPTQ weights rounded as their segments finished
+        self.owner: dict = {}  # with `disk`: whose its resume states are (onnx/resume.py)
         self.ranks = from_environment()  # torchrun's ranks (backends/ranks.py); one outside torchrun
 
     def handlers(self) -> dict[type, Callable]:
@@ -176,6 +177,14 @@ class _OnnxRun:
 
     def select_mode(self, op: ops.SelectMemoryMode) -> None:
         self.mode, self.disk = op.mode, op.disk
+        if self.disk is None:
+            return
+        from compiler.backends.onnx.resume import owner, remove_superseded
+
+        # whose resume states this run's are: its recipe and model as given (a transform's copy is made later)
+        self.owner = owner(self.output, self.plan.recipe_text, str(self.files.path), world=self.ranks.world)
+        if self.ranks.first:  # what a killed run with another recipe left here goes
+            remove_superseded(self.disk, self.owner)
 
     # ---- mixed precision ----------------------------------------------------------------------------
     def score(self, op: ops.ScoreSensitivity) -> None:
@@ -349,6 +358,7 @@ class _OnnxRun:
                 "Q408", f"resume state `{state.path}` is not valid calibration state; starting over",
                 self.plan.spans.disk, "ignored", help="nothing in it was used; it is replaced as the run goes"))
             state.remove()
+        state.claim(self.owner)
         return state
 
     # ---- ranges -------------------------------------------------------------------------------------
