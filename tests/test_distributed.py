@@ -483,16 +483,33 @@ def test_a_killed_rank_stops_every_rank_and_a_relaunch_resumes(tmp_path, mode):
 
 
 TORCH_RESUMABLE = """recipe resumable {{
-    model "builtin:tiny-llama?layers=8&hidden=512&heads=8&kv_heads=2&vocab=32000&intermediate=1536"
+    model "{model}"
     backend torch
-    scheme w4 = W4A16 {{ group 32  rounding gptq }}
+    scheme w4 {{ weights int4 group 32 symmetric  rounding gptq }}
     quantize {{ type Linear -> w4  "lm_head" -> none }}
     calibrate {{ data synthetic {{ samples 32  seqlen 128 }}  chunk 4 }}
     memory {{ mode offload  disk "{disk}" }}
     verify {{ samples 8  metric kld  at_most 0.5 }}
-    emit "{out}" {{ format safetensors }}
+    emit "{out}" {{ format {format} }}
 }}
 """
+EIGHT_BLOCKS = "builtin:tiny-llama?layers=8&hidden=512&heads=8&kv_heads=2&vocab=32000&intermediate=1536"
+
+
+@pytest.fixture(scope="module")
+def eight_blocks_tokenized(tmp_path_factory) -> Path:
+    """A random Llama of 8 blocks with a tokenizer: what a GGUF file needs."""
+    import torch
+    import transformers
+    from zoo import add_tokenizer
+
+    folder = tmp_path_factory.mktemp("resume-gguf") / "llama"
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=320, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                                      num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                                      tie_word_embeddings=False)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return add_tokenizer(folder, 320)
 
 
 def _finished_blocks(disk: Path) -> list[int]:
@@ -509,21 +526,24 @@ def _finished_blocks(disk: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_a_killed_torch_compile_resumes_after_its_last_finished_block(tmp_path, ranks):
+@pytest.mark.parametrize("ranks, format", [(1, "safetensors"), (2, "safetensors"), (1, "gguf")])
+def test_a_killed_torch_compile_resumes_after_its_last_finished_block(tmp_path, request, ranks, format):
     """GPTQ in offload with `disk` on torch, killed (SIGKILL: no clean-up at all; under torchrun, rank 1) once every
     rank recorded three finished blocks: nothing appears at the destination, and the same launch again starts at
     block 4 from the hidden states the killed run left, and writes the bytes an uninterrupted run writes (GPTQ
     rounds each block from the quantized outputs of the blocks before, so those states must be exact). The state
-    and the staged folder go once the output is in place."""
-    disk, out = tmp_path / "cache", tmp_path / "out"
+    and the staged output (a folder, or the GGUF file) go once the output is in place."""
+    gguf = format == "gguf"
+    disk, out = tmp_path / "cache", tmp_path / "out" / "m.gguf" if gguf else tmp_path / "out"
+    model = request.getfixturevalue("eight_blocks_tokenized") if gguf else EIGHT_BLOCKS
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(TORCH_RESUMABLE.format(disk=disk, out=out))
+    recipe.write_text(TORCH_RESUMABLE.format(model=model, disk=disk, out=out, format=format))
+    reference = tmp_path / "one" / out.name if gguf else tmp_path / "one"
     if ranks == 1:
-        _alone(recipe, tmp_path / "one")
+        _alone(recipe, reference)
     else:
-        reference = _qrc("compile", str(recipe), "-o", str(tmp_path / "one"), ranks=2)
-        assert reference.returncode == 0, reference.stderr[-3000:]
+        launched = _qrc("compile", str(recipe), "-o", str(reference), ranks=2)
+        assert launched.returncode == 0, launched.stderr[-3000:]
     assert not any(disk.glob("checkpoints/blocks-*"))  # a finished compile leaves no state
     launch = subprocess.Popen([*_launcher(ranks), "-m", "compiler", "compile", str(recipe)], env=_env(), cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -538,12 +558,12 @@ def test_a_killed_torch_compile_resumes_after_its_last_finished_block(tmp_path, 
     os.kill(victim, 9)
     launch.communicate(timeout=300)
     assert launch.returncode != 0 and not out.exists()
-    assert min(_finished_blocks(disk)) >= 3 and any(tmp_path.glob(".out.qrc-resume-*"))
+    assert min(_finished_blocks(disk)) >= 3 and any(out.parent.glob(f".{out.name}.qrc-resume-*"))
     again = _qrc("compile", str(recipe), ranks=ranks, env={"COLUMNS": "250"})
     assert again.returncode == 0, again.stderr[-3000:]
     assert re.search(r"resumed after block [3-8] of 8", again.stdout), again.stdout[-3000:]
-    _same_folders(tmp_path / "one", out)
-    assert not any(disk.glob("checkpoints/blocks-*")) and not any(tmp_path.glob(".out.qrc-*"))
+    _same_folders(tmp_path / "one", out.parent if gguf else out)
+    assert not any(disk.glob("checkpoints/blocks-*")) and not any(out.parent.glob(f".{out.name}.qrc-*"))
 
 
 def test_a_torch_resume_state_that_is_not_one_is_ignored(tmp_path):

@@ -229,22 +229,23 @@ class _Run:
         attention = attention_modules([layer.name for layer in self.index.layers]) if kv is not None else []
         self.kv = KvCacheQuantizer(self.model.module, attention, kv, self.model.dtype)
         layout = GgufLayout(self.model, self.jobs) if self.gguf else None
+        self.resume = self._open_resume()
+        staged = self.resume.staged if self.resume is not None else None
+        resumed = self.resume is not None and self.resume.start > 0
         if layout is not None:  # the first rank writes the header now, with every tensor's place
-            self.writer = GgufWriter(self.output, self.model, layout) if self.ranks.first else RankCollector()
+            self.writer = GgufWriter(self.output, self.model, layout, staged, resumed) if self.ranks.first \
+                else RankCollector()
             skipped = None
         else:
-            self.resume = self._open_resume()
-            resumed = self.resume is not None and self.resume.start > 0
             self.config, self.writer, skipped = open_output(
                 self.output, self.model, self.jobs, self.assignment, kv, attention, self.plan.spans.recipe,
-                self.ranks.first, provisional=self.file_to_file, staged=self.resume.staged if self.resume else None,
-                reopen=resumed)
-            if resumed and isinstance(self.writer, FolderWriter):
-                self.writer.keep = True
+                self.ranks.first, provisional=self.file_to_file, staged=staged, reopen=resumed)
             freeze_long_lived()  # the output's layout imported transformers' model classes: later collections skip them
             if self.file_to_file and isinstance(self.writer, FolderWriter):  # while the weights round
                 self.early = EarlyCheck(self.model, self.jobs, self.assignment, self.config, self.writer,
                                         (self.plan.spans.recipe, self.plan.spans.emit))
+        if resumed and isinstance(self.writer, FolderWriter | GgufWriter):
+            self.writer.keep = True
         calibration = gathers.calibration if gathers is not None else None
         # GGUF's blocks carry float16 scales: rounded with them, qrc's model computes what llama.cpp decodes
         self.rounder = Rounder(calibration, self.plan.spans.model, self.model, self.writer, self.global_scales,
@@ -417,7 +418,7 @@ class _Run:
             return
         self.resume.save(done, {s.name: s.hidden.folder for s in self._streams() if s.hidden.folder},
                          finished(self.rounder, self.costs, self.kv, self.smoother))
-        if isinstance(self.writer, FolderWriter):
+        if isinstance(self.writer, FolderWriter | GgufWriter):
             self.writer.keep = True
 
     def _block(self, number: int, name: str, calibration: Calibration | None, device) -> list[streams.HiddenCache]:

@@ -95,7 +95,10 @@ class GgufWriter(Emitter):
     """The GGUF emitter (compiler.backends.emitter.Emitter) of a `layout`: its header written first, then each
     tensor at its offset as it comes."""
 
-    def __init__(self, destination: Path, model: TorchModel, layout: GgufLayout):
+    def __init__(self, destination: Path, model: TorchModel, layout: GgufLayout, staged: Path | None = None,
+                 reopen: bool = False):
+        """`staged`: the staged file of a resumable run (torch/resume.py), kept when the run stops; `reopen`: an
+        earlier run's, whose tensors written so far stay (its header must be this one, byte for byte)."""
         assert model.folder is not None  # gguf_check: an HF folder
         self.destination, self.layout = destination, layout
         destination.parent.mkdir(parents=True, exist_ok=True)
@@ -120,8 +123,17 @@ class GgufWriter(Emitter):
         for key, t in self.tensors.items():  # the offsets write_ti_data_to_file wrote, in its order
             self.where[key] = offset
             offset += gguf.GGUFWriter.ggml_pad(t.nbytes, pad)
+        self.keep = False  # a resumable run's state points at the staged file: `abort` leaves it
+        if staged is not None:
+            if reopen:
+                _same_start(self.temp, staged, position, offset)
+                self.temp.unlink()
+            else:
+                self.temp.replace(staged)
+            self.temp = staged
         self.fd: int | None = os.open(self.temp, os.O_RDWR)
-        os.ftruncate(self.fd, offset)
+        if not reopen:
+            os.ftruncate(self.fd, offset)
         self.missing = set(self.tensors)
 
     def specs(self) -> list[Spec[GgufType]]:
@@ -169,11 +181,26 @@ class GgufWriter(Emitter):
         return [self.destination]
 
     def abort(self) -> None:
-        """Remove the staged file: nothing appears at the destination."""
+        """Remove the staged file (unless a resume state keeps it): nothing appears at the destination."""
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-        self.temp.unlink(missing_ok=True)
+        if not self.keep:
+            self.temp.unlink(missing_ok=True)
+
+    def written(self) -> list[str]:
+        """The tensors written so far (by transformers name)."""
+        return sorted(set(self.tensors) - self.missing)
+
+
+def _same_start(header: Path, staged: Path, length: int, size: int) -> None:
+    """An earlier run's staged file begins with the same `length` bytes as `header` (the header, key-values and
+    tensor infos this run wrote) and has the whole file's `size`: else it is another layout's."""
+    with open(header, "rb") as mine, open(staged, "rb") as theirs:
+        same = mine.read(length) == theirs.read(length)
+    if not same or staged.stat().st_size != size:
+        raise ValueError("the staged GGUF file an earlier run left has another layout")
+
 
 def _layout(model: TorchModel, jobs: list[Job], config: dict, arch: str) -> dict[str, GgufTensor]:
     """Each output tensor by its transformers name: checkpoint tensors under llama.cpp's names, the rounded

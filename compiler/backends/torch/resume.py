@@ -1,11 +1,11 @@
 """Resumable block-wise compiles on the torch backend. In `mode offload` with `memory { disk }` the hidden states
 between blocks are on disk anyway; after each block the run records how far it got (state.json: data only,
-format-versioned) beside the hidden states entering the next block, and keeps the staged output folder, so a
-compile that was killed, ran out of memory or lost a rank starts again after the last block it finished and
-writes the bytes an uninterrupted run writes.
+format-versioned) beside the hidden states entering the next block, and keeps the staged output (a folder, or
+a GGUF file), so a compile that was killed, ran out of memory or lost a rank starts again after the last block it
+finished and writes the bytes an uninterrupted run writes.
 
 Under torchrun each rank keeps its own state (its own chunks' hidden states; the first rank also the staged
-folder). The ranks resume only from a block every one of them finished, else all start over (Q408)."""
+output). The ranks resume only from a block every one of them finished, else all start over (Q408)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from compiler.backends.ranks import Ranks, all_gathered
 from compiler.backends.torch.attribution import LayerCosts
+from compiler.backends.torch.gguf_writer import GgufWriter
 from compiler.backends.torch.kv_cache import KvCacheQuantizer
 from compiler.backends.torch.layers import Job
 from compiler.backends.torch.rounding import Rounder
@@ -77,7 +78,7 @@ class BlockResume:
              warnings: list[Diagnostic]) -> BlockResume:
         """The state of the run `identity` names (recipe, model files, output, this rank's share) under `disk`,
         agreed over the ranks: a state every rank holds for the same block, else none (a fresh folder). The
-        first rank's staged output folder is part of its state."""
+        first rank's staged output (a folder, or a GGUF file) is part of its state."""
         key = hashlib.sha256("\x00".join((*identity, f"rank {ranks.rank} of {ranks.world}")).encode()).hexdigest()[:24]
         shared = hashlib.sha256("\x00".join(identity).encode()).hexdigest()[:24]
         folder = disk / "checkpoints" / f"blocks-{key}"
@@ -86,7 +87,7 @@ class BlockResume:
         if ranks.first:
             _remove_superseded(disk, staged, owner)
         saved, problem = _load(folder)
-        if saved is not None and ranks.first and not staged.is_dir():
+        if saved is not None and ranks.first and not staged.exists():
             saved, problem = None, f"the staged output `{staged}` is gone"
         dones = all_gathered(ranks, saved.done if saved else 0)
         if saved is not None and len(set(dones)) > 1:
@@ -97,7 +98,7 @@ class BlockResume:
         if saved is None:
             shutil.rmtree(folder, ignore_errors=True)
             if ranks.first:
-                shutil.rmtree(staged, ignore_errors=True)
+                _remove(staged)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / OWNER).write_text(json.dumps(owner), encoding="utf-8")
         return BlockResume(folder, staged, saved)
@@ -147,8 +148,16 @@ def _remove_superseded(disk: Path, staged: Path, owner: dict) -> None:
         if isinstance(theirs, dict) and theirs.get("destination") == owner["destination"] and theirs != owner:
             shutil.rmtree(folder, ignore_errors=True)
     for other in staged.parent.glob(staged.name.rsplit("-", 1)[0] + "-*"):
-        if other != staged and other.is_dir():
-            shutil.rmtree(other, ignore_errors=True)
+        if other != staged:
+            _remove(other)
+
+
+def _remove(staged: Path) -> None:
+    """A staged output: a folder (safetensors) or one file (GGUF)."""
+    if staged.is_dir():
+        shutil.rmtree(staged, ignore_errors=True)
+    else:
+        staged.unlink(missing_ok=True)
 
 
 def checkpoint_identity(folder: Path | None) -> str:
@@ -190,7 +199,7 @@ def finished(rounder: Rounder, costs: LayerCosts, kv: KvCacheQuantizer, smoother
         [j.layer.name for j in rounder.unseen], dict(costs.noise), dict(costs.signal),
         {n: list(state.scales) for n, state in kv.state.items() if state.scales is not None},
         list(smoother.gains) if smoother else [], smoother.folded if smoother else 0,
-        writer.written() if isinstance(writer, FolderWriter) else [])
+        writer.written() if isinstance(writer, FolderWriter | GgufWriter) else [])
 
 
 def restore(done: Finished, rounder: Rounder, jobs: list[Job], costs: LayerCosts, kv: KvCacheQuantizer,
@@ -209,5 +218,5 @@ def restore(done: Finished, rounder: Rounder, jobs: list[Job], costs: LayerCosts
     if smoother is not None:
         smoother.gains.extend(done.gains)
         smoother.folded += done.folded
-    if isinstance(rounder.writer, FolderWriter):
+    if isinstance(rounder.writer, FolderWriter | GgufWriter):
         rounder.writer.missing -= set(done.written)
