@@ -499,17 +499,9 @@ EIGHT_BLOCKS = "builtin:tiny-llama?layers=8&hidden=512&heads=8&kv_heads=2&vocab=
 @pytest.fixture(scope="module")
 def eight_blocks_tokenized(tmp_path_factory) -> Path:
     """A random Llama of 8 blocks with a tokenizer: what a GGUF file needs."""
-    import torch
-    import transformers
-    from zoo import add_tokenizer
+    from zoo import tokenized_llama
 
-    folder = tmp_path_factory.mktemp("resume-gguf") / "llama"
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=320, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-                                      num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-                                      tie_word_embeddings=False)
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    return add_tokenizer(folder, 320)
+    return tokenized_llama(tmp_path_factory.mktemp("resume-gguf") / "llama", 8)
 
 
 def _finished_blocks(disk: Path) -> list[int]:

@@ -120,19 +120,11 @@ GGUF_DATA = "calibrate { data synthetic { samples 16  seqlen 128 }  chunk 4 }  v
 
 @pytest.fixture(scope="module")
 def tokenized(tmp_path_factory):
-    """A random Llama with a tokenizer (what a GGUF file carries), rows of 512 and 1536 weights (whole K-quant
-    super-blocks), 49 MiB of float32."""
-    transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
-    from zoo import add_tokenizer
+    """A random Llama of 4 blocks with a tokenizer (what a GGUF file carries), 49 MiB of float32."""
+    pytest.importorskip("transformers")
+    from zoo import tokenized_llama
 
-    folder = tmp_path_factory.mktemp("gguf-llama")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=320, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                                      num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-                                      tie_word_embeddings=False)
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    return add_tokenizer(folder, 320)
+    return tokenized_llama(tmp_path_factory.mktemp("gguf-llama"), 4)
 
 
 @pytest.mark.parametrize("weights, mode, data", [
