@@ -47,7 +47,7 @@ def build_plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: 
         return None
     passes = passes if decision.mode is MemoryMode.LOW_MEMORY else 1  # only low_memory splits the observers
     ctx = Context(ir, assignment, w, decision, estimates[decision.mode], passes, costs)
-    notes = _notes(w, costs)
+    notes = _notes(w, costs, decision.mode)
     return Plan(ir.name, ir.source_name, ir.model, ir.backend, len(assignment.layers),
                 len(w.quantized_layers), decision, lower(ctx, lowering), notes, spans_of(ir), print_ir(written),
                 ir.memory.ranks)
@@ -63,11 +63,11 @@ def spans_of(ir: RecipeIR) -> Spans:
                  verify=(ir.verify.span_of("bound") or ir.verify.span_of("metric") if ir.verify else None) or ir.span)
 
 
-def _notes(w: Workload, costs: CostModel) -> tuple[str, ...]:
+def _notes(w: Workload, costs: CostModel, mode: MemoryMode) -> tuple[str, ...]:
     notes = []
     if not w.calibrate:
         notes.append("no calibration pass: every scheme is weight-only and data-free")
     if w.index.graph is not None and w.index.format is ModelFormat.HF:
         notes.append("activation estimates walk the graph of the folder's cached ONNX export (the graph the "
                      "compile runs)")
-    return tuple(notes) + costs.notes(w)
+    return tuple(notes) + costs.notes(w, mode)

@@ -45,8 +45,9 @@ class CostModel(Protocol):
         the backend observes block by block instead."""
         ...
 
-    def notes(self, w: Workload) -> tuple[str, ...]:
-        """What the plan should say about how this backend estimated the workload."""
+    def notes(self, w: Workload, mode: MemoryMode) -> tuple[str, ...]:
+        """What the plan should say about how this backend estimated the workload, and about a run in `mode`
+        (whether a killed one resumes)."""
         ...
 
     def estimate(self, w: Workload, mode: MemoryMode, chunk: int, passes: int = 1,

@@ -292,12 +292,18 @@ class OnnxCosts:
         """low_memory may observe each tensor in a pass of its own."""
         return len(w.observed)
 
-    def notes(self, w: Workload) -> tuple[str, ...]:
-        """A folder not exported yet is estimated from its config."""
+    def notes(self, w: Workload, mode: MemoryMode) -> tuple[str, ...]:
+        """A folder not exported yet is estimated from its config; whether a killed run resumes (with `disk`, its
+        observers saved after every chunk, or every block in offload; not offload's GPTQ: onnx/resume.py)."""
+        notes = []
         if w.index.graph is None:
-            return ("no graph shapes for this model: activation estimates are from its config (one block's "
-                    "working set per sample)",)
-        return ()
+            notes.append("no graph shapes for this model: activation estimates are from its config (one block's "
+                         "working set per sample)")
+        if w.disk and w.calibrate and not (mode is MemoryMode.OFFLOAD and w.gptq):
+            unit = "block" if mode is MemoryMode.OFFLOAD else "chunk"
+            notes.append(f"resumable: the observers are saved under `disk` after every {unit}, and the same compile "
+                         "run again after a kill goes on from there")
+        return tuple(notes)
 
     def estimate(self, w: Workload, mode: MemoryMode, chunk: int, passes: int = 1,
                  gpus: tuple[int, ...] = ()) -> ModeEstimate:

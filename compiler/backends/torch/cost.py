@@ -235,8 +235,11 @@ class TorchCosts:
         """Block-wise runs observe one block at a time, in one pass."""
         return 1
 
-    def notes(self, w: Workload) -> tuple[str, ...]:
-        """Nothing to add."""
+    def notes(self, w: Workload, mode: MemoryMode) -> tuple[str, ...]:
+        """Whether a killed run resumes: block by block in offload with `disk` (torch/resume.py)."""
+        if mode is MemoryMode.OFFLOAD and w.disk and not _files_only(w):
+            return ("resumable: each finished block is recorded under `disk`, and the same compile run again "
+                    "after a kill starts after the last one",)
         return ()
 
     def estimate(self, w: Workload, mode: MemoryMode, chunk: int, passes: int = 1,
