@@ -182,7 +182,8 @@ def test_resume_after_kill_gives_identical_bytes(tmp_path, mode):
 def test_a_new_recipe_removes_the_resume_states_a_killed_one_left(tmp_path):
     """A run with another recipe (or model, or rank count) into the same destination removes the states and the
     kept block boundaries a killed run left there; its own, and another destination's, stay."""
-    from compiler.backends.onnx.resume import ResumeState, owner, remove_superseded
+    from compiler.backends.onnx.resume import ResumeState, remove_superseded
+    from compiler.backends.owners import owner
 
     disk, out = tmp_path / "disk", tmp_path / "m.onnx"
     states = {}

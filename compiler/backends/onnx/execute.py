@@ -179,7 +179,8 @@ class _OnnxRun:
         self.mode, self.disk = op.mode, op.disk
         if self.disk is None:
             return
-        from compiler.backends.onnx.resume import owner, remove_superseded
+        from compiler.backends.onnx.resume import remove_superseded
+        from compiler.backends.owners import owner
 
         # whose resume states this run's are: its recipe and model as given (a transform's copy is made later)
         self.owner = owner(self.output, self.plan.recipe_text, str(self.files.path), world=self.ranks.world)

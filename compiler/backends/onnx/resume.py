@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from compiler.backends.owners import claim, superseded
 from compiler.quant.gptq import HessianObserver
 from compiler.quant.observers import HistogramObserver, MinMaxObserver
 
@@ -72,11 +73,10 @@ class ResumeState:
         self.path.unlink(missing_ok=True)
         self._owner().unlink(missing_ok=True)
 
-    def claim(self, owner: dict) -> None:
-        """Record whose state this is (`owner`: the destination, the run and its rank count), so that a later
-        run into the same destination with another recipe or model removes it (remove_superseded)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._owner().write_text(json.dumps(owner), encoding="utf-8")
+    def claim(self, mine: dict) -> None:
+        """Record whose state this is (backends/owners.py), so that a later run into the same destination with
+        another recipe or model removes it (remove_superseded)."""
+        claim(self._owner(), mine)
 
     def _owner(self) -> Path:
         return self.path.with_name(self.path.stem + OWNER_SUFFIX)
@@ -86,22 +86,12 @@ class ResumeState:
         return self.path.exists()
 
 
-def owner(destination: Path, *run: str, world: int) -> dict:
-    """Who a state belongs to: the destination, the run (its recipe and model) and the rank count."""
-    return {"destination": str(destination.resolve()), "run": hashlib.sha256("\x00".join(run).encode()).hexdigest(),
-            "world": world}
-
-
 def remove_superseded(disk: Path, mine: dict) -> None:
     """The states (and offload's kept block boundaries) that earlier runs into the same destination left, where
     the recipe, model or rank count differs from `mine`: they could never be resumed, and the boundaries can
     be large."""
     for path in (disk / "checkpoints").glob("calibration-*" + OWNER_SUFFIX):
-        try:
-            theirs = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        if isinstance(theirs, dict) and theirs.get("destination") == mine["destination"] and theirs != mine:
+        if superseded(path, mine):
             stem = path.name.removesuffix(OWNER_SUFFIX)
             (path.parent / f"{stem}.npz").unlink(missing_ok=True)
             shutil.rmtree(disk / f"boundary-{stem}", ignore_errors=True)  # segments.BoundaryCache's folder

@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from compiler.backends.owners import claim, owner, superseded
 from compiler.backends.ranks import Ranks, all_gathered
 from compiler.backends.torch.attribution import LayerCosts
 from compiler.backends.torch.gguf_writer import GgufWriter
@@ -31,7 +32,7 @@ from compiler.source import Span
 
 FORMAT = "qrc-torch-blocks-v1"
 STATE = "state.json"
-OWNER = "owner.json"  # the destination, run and rank count a state folder belongs to (superseded ones are removed)
+OWNER = "owner.json"  # whose a state folder is (backends/owners.py)
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,9 @@ class BlockResume:
         shared = hashlib.sha256("\x00".join(identity).encode()).hexdigest()[:24]
         folder = disk / "checkpoints" / f"blocks-{key}"
         staged = destination.parent / f".{destination.name}.qrc-resume-{shared}"
-        owner = {"destination": str(destination.resolve()), "run": shared, "world": ranks.world}
+        mine = owner(destination, *identity, world=ranks.world)
         if ranks.first:
-            _remove_superseded(disk, staged, owner)
+            _remove_superseded(disk, staged, mine)
         saved, problem = _load(folder)
         if saved is not None and ranks.first and not staged.exists():
             saved, problem = None, f"the staged output `{staged}` is gone"
@@ -100,7 +101,7 @@ class BlockResume:
             if ranks.first:
                 _remove(staged)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / OWNER).write_text(json.dumps(owner), encoding="utf-8")
+        claim(folder / OWNER, mine)
         return BlockResume(folder, staged, saved)
 
     def save(self, done: int, caches: dict[str, Path], finished: Finished) -> None:
@@ -136,16 +137,11 @@ class BlockResume:
         self.saved = None
 
 
-def _remove_superseded(disk: Path, staged: Path, owner: dict) -> None:
-    """What earlier runs into the same destination left that this one replaces: their states (another recipe,
-    model or rank count: `owner` differs but for the destination) and their staged folders beside it. A run
-    that changed its recipe after a kill would otherwise leave its hidden states and partial output behind."""
+def _remove_superseded(disk: Path, staged: Path, mine: dict) -> None:
+    """What earlier runs into the same destination left that this one supersedes (backends/owners.py): their
+    state folders and their staged outputs beside it."""
     for folder in (disk / "checkpoints").glob("blocks-*"):
-        try:
-            theirs = json.loads((folder / OWNER).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue  # not a state this version made: left alone
-        if isinstance(theirs, dict) and theirs.get("destination") == owner["destination"] and theirs != owner:
+        if superseded(folder / OWNER, mine):
             shutil.rmtree(folder, ignore_errors=True)
     for other in staged.parent.glob(staged.name.rsplit("-", 1)[0] + "-*"):
         if other != staged:
