@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from compiler.backends.ranks import from_environment, joined, lost_ranks_message
+from compiler.backends.ranks import Ranks, from_environment, joined, lost_ranks_message
 from compiler.backends.registry import spec_for
 from compiler.backends.spec import OutputKind
 from compiler.diagnostics import Diagnostic, StageError, error, warning
@@ -96,8 +96,14 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
         raise CompileFailed((error("Q417", problem, ir.span, "cannot write the output",
                                    help=f"write to a folder you can write with {human_bytes(needed)} free (`-o PATH`)"),))
 
-    execute = spec.load_executor()
-    # one rank holds the destination: the others write nothing (compiler/backends/ranks.py)
+    with spec.prepare(planned.program, ranks.first):  # before the backend's imports, what can run beside them
+        execute = spec.load_executor()
+        return _locked(execute, ir, planned, destination, console, needed, ranks)
+
+
+def _locked(execute, ir, planned: PlanResult, destination: Path, console: Console, needed: int, ranks: Ranks):
+    """The compile with the destination held: one rank holds it, the others write nothing
+    (compiler/backends/ranks.py)."""
     with destination_lock(destination) if ranks.first else nullcontext(None) as held, joined(ranks) as peers:
         if held is not None:
             raise CompileFailed((error("Q429", f"another qrc compile is writing `{destination}` ({held})", ir.span,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -419,21 +421,16 @@ def test_a_mapped_tensor_is_the_read_one_and_private(tmp_path):
 
 @pytest.mark.parametrize("scheme", ["W4A16", "NVFP4A16"])
 def test_data_free_config_names_match_the_task_and_the_base_class(scheme, tmp_path, monkeypatch):
-    """A file-to-file compile checks its config before any work with names made while transformers' model
-    class is still being imported on a thread; the folder written carries the names made again once it is:
-    each layer matched under the task class's name and the base class's (its `model.` prefix dropped)."""
+    """A file-to-file compile checks its config's form before any work with names made before the model class's
+    base-model prefix is known (the check process imports transformers and reports it: check_process.py); the
+    folder written carries the names made again once it is: each layer matched under the task class's name
+    and the base class's (its `model.` prefix dropped)."""
     transformers = pytest.importorskip("transformers")
-    import threading
-
     from compressed_tensors.utils.match import match_named_modules
 
-    from compiler.backends.torch import loader_names, rounding
+    from compiler.backends.torch import loader_names
 
-    rounded = threading.Event()  # the class "finishes importing" only once every weight is rounded
-    importing, from_files = loader_names._model_class, rounding.Rounder.from_files
-    monkeypatch.setattr(loader_names, "_model_class", lambda name: rounded.wait(60) and importing(name))
-    monkeypatch.setattr(loader_names, "_IMPORTS", {})  # no class imported by an earlier compile
-    monkeypatch.setattr(rounding.Rounder, "from_files", lambda self, jobs: (from_files(self, jobs), rounded.set()))
+    monkeypatch.setattr(loader_names, "_PREFIXES", {})  # no prefix known from an earlier compile
     config = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
     torch.manual_seed(0)
@@ -448,3 +445,31 @@ def test_data_free_config_names_match_the_task_and_the_base_class(scheme, tmp_pa
     for model in (transformers.LlamaForCausalLM(config), transformers.LlamaModel(config)):
         matched = [name for name, _ in match_named_modules(model, targets, quantization["ignore"])]
         assert len(matched) == 14, matched  # 7 Linears in each of 2 blocks, lm_head ignored
+
+
+IMPORTS_AFTER_COMPILE = """import atexit, sys
+atexit.register(lambda: print("imported:", sorted(m for m in ("transformers", "compressed_tensors") if m in sys.modules)))
+sys.argv = ["qrc", "compile", sys.argv[1]]
+from compiler.cli import main
+main()
+"""
+
+
+def test_a_data_free_compile_leaves_transformers_to_its_check_process(tmp_path):
+    """Rounding file to file, the compile imports neither transformers nor compressed-tensors (their imports
+    held its interpreter's lock for seconds beside the rounding): its check process does, and the folder is
+    still checked and loads."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "llama")
+    out = tmp_path / "out"
+    recipe = _write_recipe(tmp_path, f'recipe r {{ model "{tmp_path / "llama"}"  backend torch\n'
+                                     f'  quantize {{ type Linear -> W4A16  "lm_head" -> none }}  emit "{out}" }}')
+    done = subprocess.run([sys.executable, "-c", IMPORTS_AFTER_COMPILE, recipe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "imported: []" in done.stdout, done.stdout
+    assert "Q427" not in done.stdout  # the load check ran (in the check process) and found the folder whole
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info

@@ -3,6 +3,7 @@ download), compiled W4A16 (offload) and W8A8 (low_memory), verified, and loaded 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -443,10 +444,19 @@ def test_a_folder_transformers_would_open_with_missing_weights_is_q426_and_nothi
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 
-def test_a_data_free_folder_with_missing_weights_is_q426_from_the_check_beside_the_rounding(tmp_path, monkeypatch):
-    """File to file, the load check runs on a thread while the weights round (torch/early_check.py): what it
-    finds is raised where the compile would have raised it, and nothing is written."""
+@pytest.mark.parametrize("check_process", ["started", "unstartable", "died"])
+def test_a_data_free_folder_with_missing_weights_is_q426_from_the_check_beside_the_rounding(tmp_path, monkeypatch,
+                                                                                              check_process):
+    """File to file, the load check runs in a process of its own while the weights round (torch/early_check.py,
+    check_process.py), or, where that process cannot start or dies, in the compile's: what it finds is raised
+    where the compile would have raised it, and nothing is written."""
+    from compiler.backends.torch import check_process as process
     from compiler.backends.torch import early_check, loader_names, output_layout
+
+    if check_process == "unstartable":
+        monkeypatch.setattr(process, "WORKER", (str(tmp_path / "no-such-python"),))
+    elif check_process == "died":
+        monkeypatch.setattr(process, "WORKER", (sys.executable, "-c", "raise SystemExit(3)"))
 
     def checkpoint_paths(model, quantized, floating, schemes, provisional=False):
         return loader_names.LoaderNames({name: name for name in quantized}, tuple(floating))

@@ -7,11 +7,13 @@ from __future__ import annotations
 import enum
 import importlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import Backend, EmitFormat, RecipeIR
 from compiler.plan.lower import Pass
+from compiler.plan.ops import Plan
 from compiler.plan.target import CostModel
 from compiler.resolve.assignment import Assignment
 
@@ -19,6 +21,11 @@ from compiler.resolve.assignment import Assignment
 def as_checked(ir: RecipeIR, assignment: Assignment) -> Assignment:
     """The default `planned`: the plan is built on the assignment `qrc check` resolved."""
     return assignment
+
+
+def nothing_to_prepare(plan: Plan, writes: bool) -> AbstractContextManager[None]:
+    """The default `prepare`: nothing starts before the backend is imported."""
+    return nullcontext()
 
 
 class OutputKind(enum.Enum):
@@ -44,6 +51,9 @@ class BackendSpec:
     # checked (the ONNX backend: an HF folder's cached export); reads no weights
     planned: Callable[[RecipeIR, Assignment], Assignment] = as_checked
     file_formats: tuple[EmitFormat, ...] = ()  # formats written as one file where `output` is a folder (GGUF)
+    # entered around a compile of `plan` before the executor is imported (`writes`: this rank writes the output),
+    # to start what can run beside that import (the torch backend's check process: torch/check_process.py)
+    prepare: Callable[[Plan, bool], AbstractContextManager[None]] = nothing_to_prepare
 
     def output_for(self, fmt: EmitFormat | None) -> OutputKind:
         """What the backend writes at the destination for `fmt`."""

@@ -1,8 +1,8 @@
 """The emitted `quantization_config`, checked with compressed-tensors' own pydantic models before any work
 starts (the loaders of transformers and vLLM parse it with the same models). A config they reject is a qrc
 bug, refused with Q420 instead of a folder that fails where it is served; without the package, Q421 says
-the check was skipped. A file-to-file run checks it later instead, on the names it writes (torch/early_check.py; its import of
-compressed-tensors then overlaps the rounding: loader_names.prefetch_model_class)."""
+the check was skipped. A file-to-file run checks it later instead, on the names it writes, in a process of its
+own beside the rounding (torch/early_check.py, torch/check_process.py)."""
 
 from __future__ import annotations
 

@@ -27,9 +27,13 @@ from compiler.plan.workload import Workload
 # interpreter, torch, transformers and compressed-tensors (imported to check the output's config before any work);
 # measured at the first op: 423-425 MiB for built-ins, 414-442 before an HF folder's weights (2026-11-27)
 RUNTIME = 424 * MiB
-# a GGUF file written file to file imports neither transformers nor compressed-tensors: interpreter, torch, numpy
-# and the gguf package, measured at 254-264 MiB compiling a 2.4 MiB Llama (2026-11-27)
-GGUF_FILES_RUNTIME = 256 * MiB
+# a run file to file imports neither transformers nor compressed-tensors: interpreter, torch, numpy, safetensors
+# and the gguf package, measured at 254-264 MiB compiling a 2.4 MiB Llama to GGUF (2026-11-27)
+FILES_RUNTIME = 256 * MiB
+# a folder written file to file has its config and load check made in a process of its own (torch/check_process.py):
+# an interpreter with torch, transformers and compressed-tensors, and the meta-device models of the load check.
+# Its peak (VmHWM) measured 402 MiB for the schema check alone, 448 with the load check of a 28-block Llama
+CHECK_PROCESS = 440 * MiB
 # GGUF's rounding file to file, bytes a weight of the largest layer beyond a copy slice: the weight as float32 and
 # the blocks' float32 temporaries. llama.cpp's reference Q4_0/Q8_0 (the gguf package's numpy port), measured on
 # random Llamas whose largest layers hold 0.79M and 3.1M weights: 37 and 95 MiB above the runtime (26 a weight);
@@ -48,10 +52,6 @@ ROUNDING_KERNELS = 100 * MiB
 # compressed-tensors' temporaries while the cores round slices of rows to a floating format (measured file to
 # file on a 5.9 GiB bfloat16 Llama: NVFP4A16 840 MiB, MXFP4A16 791, FP8_BLOCK 758, W4A16 730, plan without it 713)
 FLOAT_SCRATCH = 128 * MiB
-# transformers' load check of the staged folder (torch/early_check.py), which a file-to-file run makes while its
-# weights round: the meta-device models it builds and the modules their loading imports (measured on the 5.9
-# GiB bfloat16 Llama, NVFP4A16: 735-745 MiB peak against 714 with the check at the end, when nothing else was held)
-LOAD_CHECK = 40 * MiB
 # rtn/mse outside the compiled loop (weights.round_weight): each core's float32 slice, its rounded values and
 # the mse search's squared errors, about 4 slices of layers.ROW_SLICE_BYTES (4 MiB; that module imports torch)
 SLICE_SCRATCH = 16 * MiB
@@ -160,24 +160,21 @@ def _file_to_file(w: Workload) -> int:
     float32 slice and the search's scratch (SLICE_SCRATCH). To a floating format by the compiled loop
     (quant/fused_float.py): the codes (at most a byte a weight) and the loop itself (ROUNDING_KERNELS, unless
     the runtime counts it already); by compressed-tensors' functions (a float16 model): up to 4 bytes a
-    weight each for the float copy, the values and the packed bytes, and their temporaries. An HF folder's
-    load check runs meanwhile (LOAD_CHECK). Unquantized tensors are copied in slices. Measured on a bfloat16
-    Llama of 5.90 GiB (bench/data_free_floor.py, and the same with `rounding mse`), before the check ran
-    meanwhile: W4A16 rtn 734 MiB against 713 planned, mse 647 against 629; FP8_BLOCK 705 against 664."""
+    weight each for the float copy, the values and the packed bytes, and their temporaries. The config and
+    load check run in a process of their own (the runtime: CHECK_PROCESS). Unquantized tensors are copied in
+    slices."""
     names = set(w.quantized_layers)
     largest = max((x for x in w.index.layers if x.name in names), key=lambda x: x.params, default=None)
-    # only a folder transformers opens is checked
-    check = LOAD_CHECK if w.index.format is ModelFormat.HF and not w.gguf else 0
     if largest is None:
-        return COPY_SLICE + check
+        return COPY_SLICE
     if w.gguf:
         return max(_kquant_scratch(w), GGUF_ROUNDING * largest.params) + COPY_SLICE
     if w.float_rounded and w.float_kernel_rounded:
         loop = 0 if w.kernel_rounded else ROUNDING_KERNELS
-        return 2 * largest.bytes + largest.params + COPY_SLICE + loop + check
+        return 2 * largest.bytes + largest.params + COPY_SLICE + loop
     if w.float_rounded:
-        return 3 * 4 * largest.params + COPY_SLICE + FLOAT_SCRATCH + check
-    return 2 * largest.bytes + 3 * largest.params + COPY_SLICE + (SLICE_SCRATCH if w.sliced_rounded else 0) + check
+        return 3 * 4 * largest.params + COPY_SLICE + FLOAT_SCRATCH
+    return 2 * largest.bytes + 3 * largest.params + COPY_SLICE + (SLICE_SCRATCH if w.sliced_rounded else 0)
 
 
 def _offload_weights(w: Workload) -> int:
@@ -228,8 +225,10 @@ class TorchCosts:
     default_format: EmitFormat = EmitFormat.SAFETENSORS
 
     def runtime(self, w: Workload) -> int:
-        """The interpreter and what the run imports (a GGUF file written file to file imports less)."""
-        return GGUF_FILES_RUNTIME if w.gguf and _files_only(w) else RUNTIME
+        """The interpreter and what the run imports: file to file less, but a folder's check process beside it."""
+        if not _files_only(w):
+            return RUNTIME
+        return FILES_RUNTIME + (0 if w.gguf else CHECK_PROCESS)
 
     def observer_groups(self, w: Workload) -> int:
         """Block-wise runs observe one block at a time, in one pass."""

@@ -30,6 +30,7 @@ from compiler.backends.sensitivity import Scores, assign, score_units
 from compiler.backends.torch import streams
 from compiler.backends.torch.artifact import can_verify_artifact, open_artifact
 from compiler.backends.torch.attribution import LayerCosts, jobs_in
+from compiler.backends.torch.check_process import CheckProcess, adopt
 from compiler.backends.torch.devices import place
 from compiler.backends.torch.early_check import EarlyCheck
 from compiler.backends.torch.emitted_verify import hidden_cache, run_emitted
@@ -44,7 +45,6 @@ from compiler.backends.torch.layers import (
     refuse_non_linear,
 )
 from compiler.backends.torch.load_check import check_loads
-from compiler.backends.torch.loader_names import prefetch_model_class
 from compiler.backends.torch.model import TorchModel, open_files, open_model
 from compiler.backends.torch.output_layout import copy_unquantized, open_output, write_metadata
 from compiler.backends.torch.resume import BlockResume, checkpoint_identity, finished, restore
@@ -120,6 +120,7 @@ class _Run:
         self._rounder: Rounder | None = None
         self.smoother: Smoother | None = None  # `transform`: folds its scales before each block's calibration
         self.early: EarlyCheck | None = None  # file to file: the final config and the load check, on a thread
+        self.check_process: CheckProcess | None = None  # where that thread has them made (check_process.py)
         self.resume: BlockResume | None = None  # offload with `disk`: how far an earlier run got (resume.py)
 
     def handlers(self) -> dict[type, Callable]:
@@ -146,6 +147,8 @@ class _Run:
         """Remove the caches and hooks, and the staged output unless it was committed."""
         if self.early is not None:
             self.early.join()  # before the staged folder goes: the thread writes its config.json there
+        if self.check_process is not None:  # also where no check started (a rank that writes nothing)
+            self.check_process.stop()
         if self._writer is not None:
             self._writer.abort()  # after a commit there is nothing left to remove
         for cache in self.caches:
@@ -174,8 +177,9 @@ class _Run:
         self.index = self.assignment.model
         if self.file_to_file:
             self.model = open_files(op.model)
-            if not self.gguf:  # for the load check, on a thread while the weights round (a GGUF file has none)
-                prefetch_model_class(self.model.config)
+            if not self.gguf and self.ranks.first:  # the config and load check (a GGUF file has none) run in a
+                self.check_process = adopt(op.model, self.model.config)  # process of their own meanwhile
+                self.check_process.follow()
             return
         self.model = open_model(op.model, self.assignment.model.blocks, self.plan.spans.model, op.attention)
         if op.access is ops.ModelAccess.RESIDENT:
@@ -242,8 +246,9 @@ class _Run:
                 self.ranks.first, provisional=self.file_to_file, staged=staged, reopen=resumed)
             freeze_long_lived()  # the output's layout imported transformers' model classes: later collections skip them
             if self.file_to_file and isinstance(self.writer, FolderWriter):  # while the weights round
+                assert self.check_process is not None  # load() started it: this is the first rank's folder
                 self.early = EarlyCheck(self.model, self.jobs, self.assignment, self.config, self.writer,
-                                        (self.plan.spans.recipe, self.plan.spans.emit))
+                                        (self.plan.spans.recipe, self.plan.spans.emit), self.check_process)
         if resumed and isinstance(self.writer, FolderWriter | GgufWriter):
             self.writer.keep = True
         calibration = gathers.calibration if gathers is not None else None

@@ -3,7 +3,8 @@ folder's `architectures`) and the base class (`AutoModel`, what embedding users 
 so no weight is read and the check costs a fraction of a second. A key either loader finds missing or
 unexpected (beyond the float folder's own, a base class's head) means the folder would load with random or
 unquantized weights while verification, which measures qrc's model, passes: the compile stops with Q426
-naming the keys, and nothing is written to the destination."""
+naming the keys, and nothing is written to the destination. The float folder is opened only when the staged
+one reports something (to tell the folder's own gaps from qrc's): a clean report needs no comparison."""
 
 from __future__ import annotations
 
@@ -51,15 +52,15 @@ def _check(transformers, staged: Path, source: Path, span: Span | None) -> Diagn
         if auto is None:
             continue
         try:
-            expected = _report(auto, source, auto is task)
-        except Exception as exc:  # transformers cannot build this architecture here (file-to-file runs allow it)
-            return _skipped(span, f"{auto.__name__} cannot open the source folder either ({type(exc).__name__})",
-                            "the folder is written as the recipe says; load it where its architecture is known")
-        try:
             found = _report(auto, staged, auto is task)
         except Exception as exc:  # e.g. transformers 5 cannot fuse int8 experts back into its 3-D parameters
-            return _skipped(span, f"{auto.__name__} cannot open it: {(str(exc).strip().splitlines() or [''])[0][:160]}",
-                            "transformers' limit, not the folder's: vLLM reads such folders tensor by tensor")
+            return _unopened(auto, source, span, exc)
+        if not found:  # nothing wrong: the float folder's own report could only take from it (a fifth of the check)
+            continue
+        try:
+            expected = _report(auto, source, auto is task)
+        except Exception as exc:  # transformers cannot build this architecture here (file-to-file runs allow it)
+            return _source_unopened(auto, span, exc)
         wrong = found - expected
         if wrong:
             listed = ", ".join(sorted(wrong)[:4]) + (f" and {len(wrong) - 4} more" if len(wrong) > 4 else "")
@@ -69,6 +70,21 @@ def _check(transformers, staged: Path, source: Path, span: Span | None) -> Diagn
                 help="this is a qrc bug (its quantization_config does not name the modules transformers builds); "
                 "please report it with the recipe. Nothing was written to the destination"))
     return None
+
+
+def _unopened(auto, source: Path, span: Span | None, exc: Exception) -> Diagnostic:
+    """Q427 for a folder `auto` cannot open: the architecture's fault where the float folder fails too."""
+    try:
+        _report(auto, source, False)
+    except Exception as source_exc:  # transformers cannot build this architecture here (file-to-file runs allow it)
+        return _source_unopened(auto, span, source_exc)
+    return _skipped(span, f"{auto.__name__} cannot open it: {(str(exc).strip().splitlines() or [''])[0][:160]}",
+                    "transformers' limit, not the folder's: vLLM reads such folders tensor by tensor")
+
+
+def _source_unopened(auto, span: Span | None, exc: Exception) -> Diagnostic:
+    return _skipped(span, f"{auto.__name__} cannot open the source folder either ({type(exc).__name__})",
+                    "the folder is written as the recipe says; load it where its architecture is known")
 
 
 def _skipped(span: Span | None, why: str, help: str) -> Diagnostic:

@@ -25,15 +25,11 @@ classes: a name that matches wrongly is Q426 there, not a model that loads with 
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import re
-import threading
 from dataclasses import dataclass
 
 from torch import nn
 
-from compiler.backends.release import collections_paused
 from compiler.backends.torch.experts import Experts
 from compiler.backends.torch.model import TorchModel
 
@@ -48,9 +44,9 @@ class LoaderNames:
 def loader_names(model: TorchModel, quantized: dict[str, str], floating: list[str], schemes: int,
                  provisional: bool = False) -> LoaderNames:
     """Targets and ignore list for `quantized` (checkpoint layer name → its module in the task class) and the
-    Linear layers left `floating` (checkpoint names), with `schemes` groups. `provisional`: without waiting
-    for a prefetched class (the names then lack its base-model prefix: for checking the config's form early;
-    the output's are made again once the class is imported)."""
+    Linear layers left `floating` (checkpoint names), with `schemes` groups. `provisional`: without importing
+    the class here (the names may lack its base-model prefix: for checking the config's form early; a
+    file-to-file run makes the output's again once its check process reported the prefix)."""
     root = model.module
     prefix = getattr(root, "base_model_prefix", "") or _class_prefix(model.config, wait=not provisional) or ""
     in_experts = _expert_modules(root)
@@ -82,53 +78,29 @@ def _named(checkpoint: str, module: str, prefix: str, modules: dict, in_experts:
     return f"re:^(?:{pattern})$"
 
 
-_IMPORTS: dict[str, tuple[threading.Thread, list]] = {}  # architecture → its import thread, the class it found
+_PREFIXES: dict[str, str] = {}  # architecture → the base-model prefix a check process found (check_process.py)
 
 
-def prefetch_model_class(config: dict) -> None:
-    """Import the class config.json names on a thread of its own: a file-to-file run builds no model but
-    needs the class's base-model prefix for the output's names, and its load check the class; importing it
-    (2–3 s of transformers' modules, mostly holding the GIL) then overlaps the rounding, whose threads and
-    I/O leave a core idle, instead of preceding it (measured on a 5.9 GiB checkpoint: 1.5 s of 12.9 saved).
-    compressed-tensors is imported here too (the config's check beside the rounding: early_check.py)."""
+def record_class_prefix(config: dict, prefix: str) -> None:
+    """The base-model prefix of the class config.json names, as found in another process (a file-to-file
+    run's check process imports transformers so that this one does not)."""
     name = _architecture(config)
-    if name is None or name in _IMPORTS:
-        return
-    found: list = []
-    def run() -> None:
-        with collections_paused():
-            with contextlib.suppress(Exception):  # a failed import is retried, and reported, where it is needed
-                importlib.import_module("compressed_tensors")  # first: it imports transformers, whose
-                # integration imports it back; in this one order on this one thread, the main thread (which
-                # imports either only after, or waits on its lock) never meets a half-initialised module
-            with contextlib.suppress(Exception):
-                found.append(_model_class(name))
-    thread = threading.Thread(target=run, name="qrc-import", daemon=True)
-    _IMPORTS[name] = (thread, found)
-    thread.start()
-
-
-def await_prefetch(config: dict) -> None:
-    """Wait until prefetch_model_class's imports for this config are done (at once when none was started): a
-    thread importing compressed-tensors or transformers meanwhile would meet a half-initialised module."""
-    thread, _ = _IMPORTS.get(_architecture(config) or "", (None, []))
-    if thread is not None:
-        thread.join()
+    if name is not None:
+        _PREFIXES[name] = prefix
 
 
 def _class_prefix(config: dict, wait: bool = True) -> str | None:
     """The base-model prefix of the class config.json names (a file-to-file run builds no model; the class
-    attribute is read without building one). Not `wait`: None while a prefetch is still importing it."""
+    attribute is read without building one). Not `wait`: None unless a check process reported it (importing
+    transformers here takes seconds)."""
     name = _architecture(config)
     if name is None:
         return ""
-    thread, found = _IMPORTS.get(name, (None, []))
-    if not wait and (thread is None or thread.is_alive()):
+    if name in _PREFIXES:
+        return _PREFIXES[name]
+    if not wait:
         return None
-    if thread is not None:
-        thread.join()
-    cls = found[0] if found else _model_class(name)  # not prefetched, or its thread failed: here
-    return getattr(cls, "base_model_prefix", "") or ""
+    return getattr(_model_class(name), "base_model_prefix", "") or ""
 
 
 def _architecture(config: dict) -> str | None:

@@ -67,7 +67,7 @@ def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment, kv
     """config.json as the output folder has it: the quantization config (one group per scheme, the Linear
     layers left in float ignored, named so that every loader matches them: loader_names.py; the KV cache's
     scheme), untied where a tied head was quantized. `provisional`: names made without waiting for a
-    prefetched model class (loader_names), for the check before any work."""
+    model class's base-model prefix (loader_names), for the check before any work."""
     done = {j.layer.name for j in jobs}
     floating = [a.layer.name for a in assignment.layers if a.layer.kind is LayerKind.LINEAR and a.layer.name not in done]
     names = loader_names(model, {j.layer.name: j.module for j in jobs}, floating, len({j.scheme.name for j in jobs}),
@@ -90,12 +90,12 @@ def open_output(output: Path, model: TorchModel, jobs: list[Job], assignment: As
     tensor laid out (`attention`: the modules whose KV scales `kv_cache` adds). Also returns Q421 when the
     schema check was skipped; its diagnostics point at `span`. `writes` False (a rank but the first under
     torchrun): a collector that hands its tensors on, and no file. `provisional` (file to file): the config's
-    names are made again, and checked, once a prefetched model class is imported (final_config, early_check.py);
+    names are made again, and checked, once the model class's prefix is known (final_config, early_check.py);
     here only Q400. `staged`, `reopen`: a resumable run's staging folder, and whether an earlier run began it
     (FolderWriter)."""
     # the KV cache's arguments are those of an activation spec (vLLM takes float 8-bit symmetric per tensor)
     config = output_config(model, jobs, assignment, input_args(kv.quant) if kv else None, provisional)
-    floats = _needs_package(jobs, config)
+    floats = needs_package(jobs, config)
     if provisional:  # checked later (final_config), on the names then made
         skipped = None
         if floats:
@@ -111,13 +111,19 @@ def open_output(output: Path, model: TorchModel, jobs: list[Job], assignment: As
 
 def final_config(model: TorchModel, jobs: list[Job], assignment: Assignment, provisional: dict,
                  span: Span | None) -> tuple[dict, Diagnostic | None]:
-    """A file-to-file run's config.json with its final names (the prefetched model class imported by now)
-    and compressed-tensors' check of it, as open_output does for the others: Q420 raised, Q421 returned."""
-    config = output_config(model, jobs, assignment, provisional["quantization_config"]["kv_cache_scheme"])
-    return config, check_config(config["quantization_config"], span, _needs_package(jobs, config))
+    """A file-to-file run's config.json with its final names and compressed-tensors' check of it, as
+    open_output does for the others: Q420 raised, Q421 returned."""
+    config = renamed_config(model, jobs, assignment, provisional)
+    return config, check_config(config["quantization_config"], span, needs_package(jobs, config))
 
 
-def _needs_package(jobs: list[Job], config: dict) -> bool:
+def renamed_config(model: TorchModel, jobs: list[Job], assignment: Assignment, provisional: dict) -> dict:
+    """A file-to-file run's config.json with its final names (made with the model class's base-model prefix,
+    which a check process reported or this process imports now: loader_names)."""
+    return output_config(model, jobs, assignment, provisional["quantization_config"]["kv_cache_scheme"])
+
+
+def needs_package(jobs: list[Job], config: dict) -> bool:
     """Whether compressed-tensors writes part of the output: the floating formats, a KV cache's scales."""
     return (any(j.scheme.quantized_weights.qtype.is_float for j in jobs)
             or config["quantization_config"]["kv_cache_scheme"] is not None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from compiler.backends.spec import BackendSpec, OutputKind
+from compiler.backends.torch.check_process import prepared
 from compiler.backends.torch.cost import COSTS
 from compiler.backends.torch.lowering import LOWERING
 from compiler.backends.torch.support import check_supported
@@ -18,4 +19,5 @@ SPEC = BackendSpec(
     lowering=LOWERING,
     check=check_supported,
     executor="compiler.backends.torch.execute:execute",
+    prepare=prepared,
 )

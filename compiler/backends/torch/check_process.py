@@ -1,0 +1,142 @@
+"""A file-to-file run's config and load check in a process of its own (check_worker.py is the child).
+
+Why a process and not a thread: the check imports compressed-tensors and transformers and has transformers
+open the staged folder, seconds of Python that hold the interpreter's lock. On a thread beside the rounding,
+the main thread and the rounding threads, which need that lock between two slices of a weight, waited for
+it: on a 5.9 GiB bfloat16 Llama (2 cores), W4A16 took 18.4-19.4 s with the check on a thread against 13.8-14.8
+with it in a child started before this process imports torch (bench/data_free_floor.py). The child costs
+its own interpreter and torch (about 450 MiB, which the plan counts: torch/cost.py CHECK_PROCESS, and the
+measured peak includes: rss.following), and it is started once the plan is known, before torch is imported
+here (`prepared`, which `qrc compile` enters), or else when the run opens the model (`adopt`).
+
+Every failure of the child (it could not start, it died, it answered nonsense) makes `prefix` or `check`
+return None, and the run checks in its own process instead: the same checks, only slower."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+from compiler.backends.rss import following
+from compiler.ir.types import EmitFormat
+from compiler.models import ModelError, builtin, resolve_path
+from compiler.plan import ops
+
+WORKER = (sys.executable, "-m", "compiler.backends.torch.check_worker")  # the child's command, then the class
+_STARTED: dict[str, CheckProcess] = {}  # model reference → the child started for it, until a run adopts it
+
+
+class CheckProcess:
+    """The child for one model: its class's base-model prefix, then one check of a staged folder."""
+
+    def __init__(self, architecture: str):
+        self._prefix: str | None = None
+        self._read_prefix = False
+        self._followed = contextlib.ExitStack()
+        self._stopping = threading.Lock()  # the run's thread and the main thread may both stop it
+        try:
+            self._child: subprocess.Popen | None = subprocess.Popen(
+                [*WORKER, architecture],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:  # no process could be started: the run checks in its own
+            self._child = None
+
+    def follow(self) -> None:
+        """From now on the compile's memory samplers count the child's RSS (rss.following)."""
+        if self._child is not None and self._child.poll() is None:
+            self._followed.enter_context(following(self._child.pid))
+
+    def prefix(self) -> str | None:
+        """The base-model prefix the child found ('' for none), once its imports are done; None if it failed."""
+        if not self._read_prefix:
+            self._read_prefix = True
+            answer = self._line()
+            self._prefix = answer.get("prefix") if answer is not None else None
+        return self._prefix if isinstance(self._prefix, str) else None
+
+    def check(self, request: dict) -> dict | None:
+        """Send the request (check_worker.py), return the answer; None if the child failed."""
+        if self.prefix() is None or self._child is None or self._child.stdin is None:
+            return None
+        try:
+            self._child.stdin.write(json.dumps(request) + "\n")
+            self._child.stdin.flush()
+        except OSError:
+            return None
+        answer = self._line()
+        return answer if answer is not None and "raised" in answer else None
+
+    def stop(self) -> None:
+        """End the child (at once if it is still working: the run stopped early) and stop following it."""
+        with self._stopping:
+            if self._child is not None:
+                if self._child.poll() is None:
+                    self._child.kill()
+                self._child.wait()
+                for stream in (self._child.stdin, self._child.stdout):
+                    if stream is not None:
+                        with contextlib.suppress(OSError, ValueError):
+                            stream.close()
+            self._followed.close()
+
+    def _line(self) -> dict | None:
+        if self._child is None or self._child.stdout is None:
+            return None
+        try:
+            answer = json.loads(self._child.stdout.readline() or "null")
+        except (OSError, ValueError):
+            return None
+        return answer if isinstance(answer, dict) else None
+
+
+def architecture_of(config: dict) -> str:
+    """The class config.json names ('' for none)."""
+    names = config.get("architectures") or []
+    return names[0] if names and isinstance(names[0], str) else ""
+
+
+def adopt(model: str, config: dict) -> CheckProcess:
+    """The child started for `model` by `prepared`, or one started now."""
+    started = _STARTED.pop(model, None)
+    return started if started is not None else CheckProcess(architecture_of(config))
+
+
+@contextlib.contextmanager
+def prepared(plan: ops.Plan, writes: bool) -> Iterator[None]:
+    """Around a compile: a plan that rounds a folder file to file and writes it (the first rank) gets its
+    check process now, before the backend imports torch, so that the child's imports overlap this one's.
+    Whatever the run did not adopt and stop is stopped when the compile ends."""
+    model = _checked_model(plan) if writes else None
+    if model is not None and model not in _STARTED:
+        _STARTED[model] = CheckProcess(architecture_of(_config(model)))
+    try:
+        yield
+    finally:
+        if model is not None and model in _STARTED:
+            _STARTED.pop(model).stop()
+
+
+def _checked_model(plan: ops.Plan) -> str | None:
+    """The model reference of a file-to-file plan that emits safetensors (a GGUF file has no such check)."""
+    load, emit = plan.first(ops.LoadModel), plan.first(ops.Emit)
+    if not isinstance(load, ops.LoadModel) or not isinstance(emit, ops.Emit):
+        return None
+    if load.access is not ops.ModelAccess.FILES or emit.format is EmitFormat.GGUF:
+        return None
+    return load.model
+
+
+def _config(model: str) -> dict:
+    """config.json of a folder reference ({} for a built-in or an unreadable file: the child then imports
+    only, and the run's own reading reports what is wrong)."""
+    if model.startswith(builtin.PREFIX):
+        return {}
+    try:
+        config = json.loads((resolve_path(model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, ModelError):
+        return {}
+    return config if isinstance(config, dict) else {}
