@@ -12,6 +12,8 @@ runs: read every tensor of every shard with safetensors, then write the bytes qr
 safetensors, shard by shard. Each runs in its own process, `--repeat` times alternating (qrc, floor, qrc,
 ...), with the page cache hot (an untimed read first) and no dirty pages left by the run before (an untimed
 sync); the best of each is reported with its peak RSS, the ratio and qrc's rate in GB/s of checkpoint read.
+qrc's peak is given twice: its compile process's (GNU time), and what the compile itself measured with its
+check process (torch/check_process.py) beside that plan's estimate.
 """
 
 from __future__ import annotations
@@ -76,17 +78,28 @@ def checkpoint(hidden: int, layers: int, shard: str) -> Path:
     return folder
 
 
-def run(argv: list[str]) -> tuple[float, int]:
-    """A child process: (wall seconds, peak RSS bytes from GNU time's max resident set). Every run starts with
-    no dirty pages (os.sync, untimed): otherwise the kernel writes the last run's output back to disk while
-    this one runs, and the two cores it takes from made the floor vary 6-11 s between runs of one checkpoint."""
+def run(argv: list[str]) -> tuple[float, int, str]:
+    """A child process: (wall seconds, peak RSS bytes from GNU time's max resident set, its output). Every run
+    starts with no dirty pages (os.sync, untimed): otherwise the kernel writes the last run's output back to
+    disk while this one runs, and the two cores it takes from made the floor vary 6-11 s between runs of one
+    checkpoint."""
     os.sync()
     start = time.perf_counter()
-    done = subprocess.run(["/usr/bin/time", "-f", "MAXRSS %M", *argv], capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(["/usr/bin/time", "-f", "MAXRSS %M", *argv], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "COLUMNS": "200"})
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{argv[:3]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    return seconds, int(re.search(r"MAXRSS (\d+)", done.stderr).group(1)) * 1024
+    return seconds, int(re.search(r"MAXRSS (\d+)", done.stderr).group(1)) * 1024, done.stdout
+
+
+def reported_peaks(summary: str) -> tuple[float, float]:
+    """The compile's own peak (its process and its check process together) and its plan's, in MiB."""
+    found = re.search(r"peak RSS\W+([\d.]+) (MiB|GiB) measured vs ([\d.]+) (MiB|GiB) planned", summary)
+    if found is None:
+        return float("nan"), float("nan")
+    scale = {"MiB": 1.0, "GiB": 1024.0}
+    return float(found.group(1)) * scale[found.group(2)], float(found.group(3)) * scale[found.group(4)]
 
 
 def size(folder: Path) -> int:
@@ -109,8 +122,9 @@ def main() -> None:
                 pass
     shards = len(list(folder.glob("*.safetensors")))
     print(f"checkpoint {folder.name}: {read / 2**30:.2f} GiB bfloat16 in {shards} shard(s)\n")
-    print("| scheme | qrc s | floor s | qrc / floor | qrc GB/s | qrc peak MiB | floor peak MiB | output GiB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| scheme | qrc s | floor s | qrc / floor | qrc GB/s | qrc peak MiB | with its check process MiB | planned MiB "
+          "| floor peak MiB | output GiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp_dir:
         tmp = Path(tmp_dir)
         for scheme in args.schemes:
@@ -125,9 +139,11 @@ def main() -> None:
                 written = size(out)
                 shutil.rmtree(floor_out, ignore_errors=True)
                 floor_runs.append(run([sys.executable, "-c", FLOOR, str(folder), str(floor_out), str(written / read)]))
-            (qrc_s, qrc_peak), (floor_s, floor_peak) = min(qrc_runs), min(floor_runs)
+            (qrc_s, qrc_peak, summary), (floor_s, floor_peak, _) = min(qrc_runs), min(floor_runs)
+            together, planned = reported_peaks(summary)
             print(f"| {scheme} | {qrc_s:.1f} | {floor_s:.1f} | {qrc_s / floor_s:.2f}× | {read / qrc_s / 1e9:.2f} | "
-                  f"{qrc_peak / 2**20:.0f} | {floor_peak / 2**20:.0f} | {written / 2**30:.2f} |", flush=True)
+                  f"{qrc_peak / 2**20:.0f} | {together:.0f} | {planned:.0f} | {floor_peak / 2**20:.0f} | "
+                  f"{written / 2**30:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
