@@ -431,13 +431,7 @@ def test_data_free_config_names_match_the_task_and_the_base_class(scheme, tmp_pa
     from compiler.backends.torch import loader_names
 
     monkeypatch.setattr(loader_names, "_PREFIXES", {})  # no prefix known from an earlier compile
-    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "llama")
-    out = tmp_path / "out"
-    recipe = _write_recipe(tmp_path, f'recipe r {{ model "{tmp_path / "llama"}"  backend torch\n'
-                                     f'  quantize {{ type Linear -> {scheme}  "lm_head" -> none }}  emit "{out}" }}')
+    config, recipe, out = _data_free_llama(transformers, tmp_path, scheme)
     result = runner.invoke(app, ["compile", recipe])
     assert result.exit_code == 0, result.output
     quantization = json.loads((out / "config.json").read_text())["quantization_config"]
@@ -445,6 +439,19 @@ def test_data_free_config_names_match_the_task_and_the_base_class(scheme, tmp_pa
     for model in (transformers.LlamaForCausalLM(config), transformers.LlamaModel(config)):
         matched = [name for name, _ in match_named_modules(model, targets, quantization["ignore"])]
         assert len(matched) == 14, matched  # 7 Linears in each of 2 blocks, lm_head ignored
+
+
+def _data_free_llama(transformers, tmp_path, scheme: str):
+    """A random bfloat16 Llama of 2 blocks and a recipe rounding its Linears but lm_head to `scheme` with no data:
+    (its config, the recipe's path, the output folder)."""
+    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "llama")
+    out = tmp_path / "out"
+    recipe = _write_recipe(tmp_path, f'recipe r {{ model "{tmp_path / "llama"}"  backend torch\n'
+                                     f'  quantize {{ type Linear -> {scheme}  "lm_head" -> none }}  emit "{out}" }}')
+    return config, recipe, out
 
 
 IMPORTS_AFTER_COMPILE = """import atexit, sys
@@ -460,13 +467,7 @@ def test_a_data_free_compile_leaves_transformers_to_its_check_process(tmp_path):
     held its interpreter's lock for seconds beside the rounding): its check process does, and the folder is
     still checked and loads."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "llama")
-    out = tmp_path / "out"
-    recipe = _write_recipe(tmp_path, f'recipe r {{ model "{tmp_path / "llama"}"  backend torch\n'
-                                     f'  quantize {{ type Linear -> W4A16  "lm_head" -> none }}  emit "{out}" }}')
+    _, recipe, out = _data_free_llama(transformers, tmp_path, "W4A16")
     done = subprocess.run([sys.executable, "-c", IMPORTS_AFTER_COMPILE, recipe], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "imported: []" in done.stdout, done.stdout
