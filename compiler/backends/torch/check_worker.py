@@ -20,6 +20,7 @@ from pathlib import Path
 
 from compiler.backends import BackendError
 from compiler.backends.release import collections_paused
+from compiler.backends.rss import own_high_water_mark
 from compiler.diagnostics import Diagnostic
 
 
@@ -63,7 +64,7 @@ def _checked(request: dict) -> dict:
             found["load"] = _plain(check_loads(Path(request["staged"]), Path(request["source"]), None))
     except BackendError as exc:
         found["raised"] = _plain(exc.diagnostic)
-    found["peak"] = _high_water()
+    found["peak"] = own_high_water_mark()
     return found
 
 
@@ -72,15 +73,6 @@ def _plain(diagnostic: Diagnostic | None) -> dict | None:
         return None
     return {"code": diagnostic.code, "message": diagnostic.message, "label": diagnostic.label,
             "help": diagnostic.help, "error": diagnostic.is_error}
-
-
-def _high_water() -> int:
-    """VmHWM in bytes (0 where /proc is not there)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def _answer(message: dict) -> None:

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 
 from compiler.backends import BackendError
-from compiler.backends.rss import record_child_peak
+from compiler.backends.rss import own_rss, record_child_peak
 from compiler.backends.torch.check_process import CheckProcess
 from compiler.backends.torch.layers import Job
 from compiler.backends.torch.load_check import check_loads
@@ -60,7 +60,7 @@ class EarlyCheck:
                                     "source": str(source) if source is not None else None})
             if answer is None:
                 return None
-            record_child_peak(int(answer.get("peak") or 0), _resident())
+            record_child_peak(int(answer.get("peak") or 0), own_rss())
             raised = answer["raised"]
             if raised is not None:
                 raise BackendError(_located(raised, emit_span if raised["code"] == "Q426" else recipe_span))
@@ -108,11 +108,4 @@ def _diagnostic(plain: dict | None, span: Span | None) -> Diagnostic | None:
 def _located(plain: dict, span: Span | None) -> Diagnostic:
     severity = Severity.ERROR if plain["error"] else Severity.WARNING
     return Diagnostic(plain["code"], severity, plain["message"], span, plain["label"], plain["help"])
-
-
-def _resident() -> int:
-    """This process's RSS now (while the check process ran, for its peak: rss.record_child_peak)."""
-    import psutil
-
-    return psutil.Process().memory_info().rss
 

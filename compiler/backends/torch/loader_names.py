@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from compiler.backends.torch.check_process import architecture_of
 from compiler.backends.torch.experts import Experts
 from compiler.backends.torch.model import TorchModel
 
@@ -84,8 +85,8 @@ _PREFIXES: dict[str, str] = {}  # architecture → the base-model prefix a check
 def record_class_prefix(config: dict, prefix: str) -> None:
     """The base-model prefix of the class config.json names, as found in another process (a file-to-file
     run's check process imports transformers so that this one does not)."""
-    name = _architecture(config)
-    if name is not None:
+    name = architecture_of(config)
+    if name:
         _PREFIXES[name] = prefix
 
 
@@ -93,19 +94,14 @@ def _class_prefix(config: dict, wait: bool = True) -> str | None:
     """The base-model prefix of the class config.json names (a file-to-file run builds no model; the class
     attribute is read without building one). Not `wait`: None unless a check process reported it (importing
     transformers here takes seconds)."""
-    name = _architecture(config)
-    if name is None:
+    name = architecture_of(config)
+    if not name:
         return ""
     if name in _PREFIXES:
         return _PREFIXES[name]
     if not wait:
         return None
     return getattr(_model_class(name), "base_model_prefix", "") or ""
-
-
-def _architecture(config: dict) -> str | None:
-    names = config.get("architectures") or []
-    return names[0] if names and isinstance(names[0], str) else None
 
 
 def _model_class(name: str):
