@@ -411,6 +411,13 @@ CODES: tuple[CodeInfo, ...] = (
        "The model is left in place with a `.verify.json` report of the figures, so it can be inspected.",
        "verify { metric cosine at_least 0.999 }"),
     # ---- warnings ---------------------------------------------------------------------------------
+    _c("Q502", "verified where int8 weights' integer kernel saturates (warning)",
+       "onnxruntime runs a MatMul with uint8 activations and int8 weights with its U8S8 kernel. On x86 CPUs "
+       "without VNNI (AVX2, AVX-512 without VNNI) that kernel adds pairs of products in 16 bits with saturation, "
+       "so the served model can be less accurate there than on a CPU with VNNI. Verification runs the model as "
+       "onnxruntime serves it on this CPU, so its figures include that loss; the warning says so. uint8 weights "
+       "(`weights uint8 per_channel asymmetric`, the U8U8 kernel) add in 32 bits on every x86 CPU.",
+       'quantize { "*" -> W8A8 }   # verified on an AVX2 CPU'),
     _c("Q235", "group size does not divide a layer's input features",
        "Group-wise quantization splits each row into blocks of `group N` input features; a layer whose "
        "input features are not a multiple of N cannot be split evenly.",

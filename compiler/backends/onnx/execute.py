@@ -24,6 +24,7 @@ from compiler.backends.onnx.exported_model import refuse_other_layers, resolve_e
 from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.genai import side_files
 from compiler.backends.onnx.hessians import PREFIX, GptqRounder, hessian_observers, uses_gptq
+from compiler.backends.onnx.host_cpu import saturation_warning
 from compiler.backends.onnx.sensitivity import OnnxScorer
 from compiler.backends.onnx.verification import verify_offload, verify_whole
 from compiler.backends.products import Pending, Product
@@ -500,5 +501,10 @@ class _OnnxRun:
             f", its held-out samples shared by {self.ranks.world} torchrun ranks" if self.ranks.world > 1 else "")
         verdict = judge(op, self.plan.spans.verify, self.output, agreement, measured_on, errors,
                         self.ranks.first)  # the model goes into place after the last op
+        emit = self.plan.first(ops.Emit)
+        assert isinstance(emit, ops.Emit)  # every plan emits (plan/verify.py)
+        saturation = saturation_warning(self.assignment, emit.format, self.plan.spans.verify)
+        if saturation is not None and self.ranks.first:
+            self.pending.warnings.append(saturation)
         return Product(verification=verdict)
 
