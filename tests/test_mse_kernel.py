@@ -165,13 +165,14 @@ def estimate_of(values: np.ndarray, scale: np.float32, lo: np.float32, hi: np.fl
     candidates = (mse_kernel.CANDIDATES, 1)
     estimates = np.empty(candidates, np.float32)
     mse_kernel.row_estimates(values, values.size, np.full(candidates, np.float32(1.0) / scale, np.float32),
-                             np.zeros(candidates, np.float32), lo, hi, estimates)
+                             np.zeros(candidates, np.float32), lo, hi, True, estimates)
     return float(estimates[0, 0])
 
 
 def relative_slack(n: int) -> float:
     """error_bounds' ρ, as its docstring gives it."""
-    return 2.0 * (n // 16 + 4 + n % 16 + 4) * U + n * 2.0 ** -52
+    lanes = mse_kernel.LANES
+    return 2.0 * (n // lanes + lanes.bit_length() - 1 + n % lanes + 4) * U + n * 2.0 ** -52
 
 
 def test_the_bounds_hold_where_the_reciprocal_rounds_differently():

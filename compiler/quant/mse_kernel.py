@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 from llvmlite import ir
+from llvmlite.binding import get_host_cpu_features
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -40,7 +41,10 @@ NUMPY_BUFFER = 8192  # numpy's default ufunc buffer (np.getbufsize()): a cast re
 _LEAF = 128  # numpy's pairwise summation: runs up to this long are added in 8 interleaved partial sums
 ALPHAS = np.array(MSE_GRID, np.float64)  # the shrink factors, a constant of the compiled code
 CANDIDATES = len(MSE_GRID)  # the shrink factors the vector code keeps in registers at once
-LANES = 16  # float32 lanes of one AVX-512 register (LLVM splits them on narrower machines)
+# float32 lanes of one vector register: with 16 on AVX2 (two registers each) the factors' sums did not fit in its
+# sixteen registers and went through memory every step (1.5 against 1.1 ns a value here)
+LANES = 16 if "+avx512f" in get_host_cpu_features().flatten() else 8
+_LANE_SUM_DEPTH = LANES.bit_length() - 1  # the additions that combine one factor's LANES partial sums
 
 
 def _lane_sums(typingctx, rows, row, start, whole):
@@ -138,13 +142,19 @@ def _candidates(low, high, alphas, lo, hi, symmetric, bfloat16_scales, scales, r
     for k in range(alphas.shape[0]):
         alpha = alphas[k]
         for g in range(low.shape[0]):
-            scales[k, g], zero_points[k, g] = scale_zero_point(
-                np.float32(np.float64(low[g]) * alpha), np.float32(np.float64(high[g]) * alpha), lo, hi,
-                symmetric, bfloat16_scales)
-            reciprocals[k, g] = np.float32(1.0) / scales[k, g]
+            s, z = scale_zero_point(np.float32(np.float64(low[g]) * alpha), np.float32(np.float64(high[g]) * alpha),
+                                    lo, hi, symmetric, bfloat16_scales)
+            scales[k, g], zero_points[k, g], reciprocals[k, g] = s, z, np.float32(1.0) / s  # s from a register
 
 
-def _lane_estimates(typingctx, values, start, whole, reciprocals, zero_points, g, lo, hi, estimates):
+def _lane_estimates(shared_bounds: bool):
+    """`lane_estimates`' typing and code (below), for a numba intrinsic."""
+    def typing(typingctx, values, start, whole, reciprocals, zero_points, g, lo, hi, estimates):
+        return _typed_estimates(values, start, whole, reciprocals, zero_points, g, lo, hi, estimates, shared_bounds)
+    return typing
+
+
+def _typed_estimates(values, start, whole, reciprocals, zero_points, g, lo, hi, estimates, shared_bounds):
     """Every shrink factor k's error estimate for group g over values[start:start + whole] (`whole` a multiple
     of LANES), in units of its scale squared, into estimates[k, g]: each value's quotient taken as y = v ·
     reciprocals[k, g] (a multiplication: the division was the search's slowest operation), rounded half to
@@ -153,7 +163,8 @@ def _lane_estimates(typingctx, values, start, whole, reciprocals, zero_points, g
     one of LANES float32 partial sums per factor; the partial sums are then added pairwise. Six operations a
     value and factor. Every factor's sums stay in registers while each run of LANES values is loaded once. LLVM
     vector code, because numba vectorizes a loop over one group's values only with its sum reassociated, and
-    such a short loop's reduction cost more than its arithmetic (about 190 ns a group of 128)."""
+    such a short loop's reduction cost more than its arithmetic (about 190 ns a group of 128). `shared_bounds`
+    (symmetric: every z is 0) clips every factor to the same [lo, hi], which holds two registers, not 2 × 11."""
     if not (all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C"
                 for a in (values, reciprocals, zero_points, estimates))
             and lo == types.float32 and hi == types.float32 and all(i == types.int64 for i in (start, whole, g))):
@@ -175,7 +186,8 @@ def _lane_estimates(typingctx, values, start, whole, reciprocals, zero_points, g
 
         r, z = ([builder.load(at(array, k)) for k in range(CANDIDATES)] for array in arrays[:2])
         r = [splat(x) for x in r]
-        low, high = ([splat(builder.fsub(bound, zk)) for zk in z] for bound in (args[6], args[7]))
+        low, high = (([splat(bound)] * CANDIDATES if shared_bounds else [splat(builder.fsub(bound, zk)) for zk in z])
+                     for bound in (args[6], args[7]))
         rint = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector]),
                                               f"llvm.rint.v{LANES}f32")
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector] * 3),
@@ -216,18 +228,23 @@ def _lane_estimates(typingctx, values, start, whole, reciprocals, zero_points, g
     return types.void(values, start, whole, reciprocals, zero_points, g, lo, hi, estimates), codegen
 
 
-lane_estimates: Any = intrinsic(_lane_estimates)  # compiled code only
+# compiled code only
+lane_estimates: Any = intrinsic(_lane_estimates(shared_bounds=False))
+symmetric_lane_estimates: Any = intrinsic(_lane_estimates(shared_bounds=True))
 
 
 @njit(nogil=True, cache=True, fastmath=EXACT)
-def row_estimates(values, group, reciprocals, zero_points, lo, hi, estimates) -> None:
+def row_estimates(values, group, reciprocals, zero_points, lo, hi, symmetric, estimates) -> None:
     """Every factor's error estimate for every group of a row of values (float32), in units of its scale
     squared, into estimates[factor, group]: runs of LANES by the vector code (`lane_estimates`), the rest one
     value at a time by the same operations (a square rounded before it is added: within the same bound)."""
     whole = group - group % LANES
     for g in range(values.shape[0] // group):
         start = g * group
-        lane_estimates(values, start, whole, reciprocals, zero_points, g, lo, hi, estimates)
+        if symmetric:  # every zero point 0
+            symmetric_lane_estimates(values, start, whole, reciprocals, zero_points, g, lo, hi, estimates)
+        else:
+            lane_estimates(values, start, whole, reciprocals, zero_points, g, lo, hi, estimates)
         for k in range(estimates.shape[0] if whole < group else 0):
             r, z = reciprocals[k, g], zero_points[k, g]
             total = estimates[k, g]
@@ -255,36 +272,70 @@ def error_bounds(estimate, scale, zero_point, lo, hi, n, peak) -> tuple:
     squares and float64 sum within u and n·2⁻⁵³: all inside ρ = 2·(depth + 4)·u + n·2⁻⁵². So
     √E ∈ [s·√S·(1 − ρ) − w, s·√S·(1 + ρ) + w], squared here. A scale outside [2⁻⁶⁰, 2⁶⁰] (whose reciprocal the
     quotient bound needs normal), or an S or peak that is not finite: (−∞, ∞)."""
-    s, z = np.float64(scale), np.float64(zero_point)
-    if not (estimate < np.inf and peak < np.inf and 2.0 ** -60 <= s <= 2.0 ** 60):
+    if not bounded(estimate, scale, peak):
         return -np.inf, np.inf
-    depth = n // LANES + 4 + n % LANES
-    relative = 2.0 * (depth + 4) * 2.0 ** -24 + n * 2.0 ** -52
-    unclipped = max(abs(lo - z), abs(hi - z))
-    width = np.sqrt(np.float64(n)) * 2.0 ** -24 * s * (12.0 * unclipped + 3.0 * np.float64(peak) / s + 8.0)
-    root = s * np.sqrt(np.float64(estimate))
+    relative, width = slack(n), quotient_width(scale, zero_point, lo, hi, n, peak)
+    root = np.float64(scale) * np.sqrt(np.float64(estimate))
     return max(root * (1.0 - relative) - width, 0.0) ** 2, (root * (1.0 + relative) + width) ** 2
 
 
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def bounded(estimate, scale, peak) -> bool:
+    """Whether `error_bounds` bounds an estimate: S and the peak finite, the scale within [2⁻⁶⁰, 2⁶⁰]."""
+    s = np.float64(scale)  # `&`, not `and`: no branches, so the callers' loops stay vector code
+    return (estimate < np.inf) & (peak < np.inf) & (s >= 2.0 ** -60) & (s <= 2.0 ** 60)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def slack(n) -> float:
+    """`error_bounds`' ρ for a group of n values: the float32 and float64 sums' relative slack."""
+    depth = n // LANES + _LANE_SUM_DEPTH + n % LANES
+    return 2.0 * (depth + 4) * 2.0 ** -24 + n * 2.0 ** -52
+
+
+@njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def quotient_width(scale, zero_point, lo, hi, n, peak) -> float:
+    """`error_bounds`' w = √n·u·s·(12M + 3V + 8), written √n·u·(s·(12M + 8) + 3·peak): no division."""
+    s, z = np.float64(scale), np.float64(zero_point)
+    unclipped = max(abs(lo - z), abs(hi - z))
+    return np.sqrt(np.float64(n)) * 2.0 ** -24 * (s * (12.0 * unclipped + 8.0) + 3.0 * np.float64(peak))
+
+
+_MARGIN = 1.0 + 2.0 ** -40  # covers the float64 rounding of _possible's squared comparison, which takes no root
+
+
 @njit(nogil=True, cache=True, error_model="numpy")  # no fast-math flags: NaN and infinity compare as they are
-def _possible(estimates, scales, zero_points, low, high, lo, hi, n, lowers, lowest_upper, possible, counts) -> None:
-    """Which factors could have a group's lowest error (possible[k, g]: its lower bound is not above every
-    factor's upper bound, `error_bounds`) and how many (counts[g]; 0 where a bound is unbounded: every
-    factor is then summed exactly). One loop over the groups per factor, so it runs in vector lanes;
-    `lowers` [factor, group] and `lowest_upper` [group] (float64) are scratch."""
+def _possible(estimates, scales, zero_points, low, high, lo, hi, n, least, root_bound, possible, counts) -> None:
+    """Which factors could have a group's lowest error (possible[k, g]) and how many (counts[g]; 0 where a
+    factor is not `bounded`: every factor is then summed exactly). The factor with the least s²·S bounds the
+    lowest error from above (`error_bounds`' upper bound U, its root √U into root_bound[g]); a factor whose
+    lower bound is above U cannot be the lowest. That test is taken squared, s²·S·(1 − ρ)² > (√U + w)² (and
+    a margin), so a row takes one square root a group, not one a factor and group (they were a tenth of the
+    search's time). Loops over the groups per factor, so they run in vector lanes; `least` [group] (float64)
+    is scratch."""
     count, groups = estimates.shape
-    lowest_upper[:] = np.inf
+    relative = slack(n)
+    least[:] = np.inf
     counts[:] = 0
+    for k in range(count):  # the least s²·S, its factor's index kept in counts until the bound is taken
+        for g in range(groups):
+            s = np.float64(scales[k, g])
+            approximate = s * s * np.float64(estimates[k, g])
+            counts[g] = k if approximate < least[g] else counts[g]
+            least[g] = min(least[g], approximate)
+    for g in range(groups):
+        k, peak = counts[g], max(abs(low[g]), abs(high[g]))
+        width = quotient_width(scales[k, g], zero_points[k, g], lo, hi, n, peak)
+        root_bound[g] = np.float64(scales[k, g]) * np.sqrt(np.float64(estimates[k, g])) * (1.0 + relative) + width
+        counts[g] = 0
     for k in range(count):
         for g in range(groups):
-            lowers[k, g], upper = error_bounds(estimates[k, g], scales[k, g], zero_points[k, g], lo, hi, n,
-                                               max(abs(low[g]), abs(high[g])))
-            lowest_upper[g] = min(lowest_upper[g], upper)
-            counts[g] -= count if lowers[k, g] == -np.inf else 0  # stays below 1 after every factor is counted
-    for k in range(count):
-        for g in range(groups):
-            possible[k, g] = lowers[k, g] <= lowest_upper[g]
-            counts[g] += possible[k, g]
+            s, peak = np.float64(scales[k, g]), max(abs(low[g]), abs(high[g]))
+            width = quotient_width(scales[k, g], zero_points[k, g], lo, hi, n, peak)
+            above = s * s * np.float64(estimates[k, g]) * (1.0 - relative) ** 2 > (root_bound[g] + width) ** 2 * _MARGIN
+            possible[k, g] = not above
+            counts[g] += 1 if possible[k, g] else 0
+            counts[g] -= 0 if bounded(estimates[k, g], scales[k, g], peak) else count  # below 1 once all are counted
     for g in range(groups):
         counts[g] = max(counts[g], 0)
 
@@ -327,7 +378,7 @@ def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, out, scale, zp) 
     scales, reciprocals = np.empty((CANDIDATES, groups), np.float32), np.empty((CANDIDATES, groups), np.float32)
     zero_points, estimates = np.empty((CANDIDATES, groups), np.float32), np.empty((CANDIDATES, groups), np.float32)
     possible, counts = np.empty((CANDIDATES, groups), np.bool_), np.empty(groups, np.int64)
-    lowers, lowest_upper = np.empty((CANDIDATES, groups)), np.empty(groups)
+    least, root_bound = np.empty(groups), np.empty(groups)
     errors, squares_scratch = np.empty(group, np.float32), np.empty((CANDIDATES, group), np.float32)
     squares = 0.0
     error = 0.0
@@ -339,8 +390,8 @@ def mse_groups(bits, group, lo, hi, symmetric, bfloat16_scales, out, scale, zp) 
         for g in range(groups):
             low[g], high[g] = float_range(words[g * group:(g + 1) * group])
         _candidates(low, high, ALPHAS, lo, hi, symmetric, bfloat16_scales, scales, reciprocals, zero_points)
-        row_estimates(values, group, reciprocals, zero_points, lo, hi, estimates)
-        _possible(estimates, scales, zero_points, low, high, lo, hi, group, lowers, lowest_upper, possible, counts)
+        row_estimates(values, group, reciprocals, zero_points, lo, hi, symmetric, estimates)
+        _possible(estimates, scales, zero_points, low, high, lo, hi, group, least, root_bound, possible, counts)
         for g in range(groups):
             run = values[g * group:(g + 1) * group]
             k = _first(possible, g) if counts[g] == 1 else \

@@ -109,7 +109,7 @@ def scale_zero_point(mn, mx, lo, hi, symmetric, bfloat16_scales) -> tuple:
     zero point clip(round(lo − min / scale)), a zero scale made the smallest normal, rounded to bfloat16 if
     `bfloat16_scales` (where it is stored) and kept positive."""
     mn, mx = min(mn, np.float32(0.0)), max(mx, np.float32(0.0))
-    s = max(abs(mn), abs(mx)) / ((hi - lo) / np.float32(2.0)) if symmetric else (mx - mn) / (hi - lo)
+    s = max(-mn, mx) / ((hi - lo) * np.float32(0.5)) if symmetric else (mx - mn) / (hi - lo)
     s = s if s > 0 else _TINY
     if bfloat16_scales:
         s = to_bfloat16(s)
