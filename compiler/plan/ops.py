@@ -409,3 +409,10 @@ class Plan:
     def first(self, op_type: type) -> PlanOp | None:
         """The first op of this type, if the plan has one."""
         return next((op for op in self.ops if isinstance(op, op_type)), None)
+
+    @property
+    def emit(self) -> Emit:
+        """The plan's emit op: every plan has one (plan/verify.py)."""
+        op = self.first(Emit)
+        assert isinstance(op, Emit)
+        return op

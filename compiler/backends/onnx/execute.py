@@ -320,8 +320,7 @@ class _OnnxRun:
         too, so verification can open it without loading them; a large output streams its weights to the
         data file as they are rounded."""
         if self._emitter is None:
-            emit = self.plan.first(ops.Emit)
-            assert isinstance(emit, ops.Emit)  # every plan emits (plan/verify.py)
+            emit = self.plan.emit
             self.emitter = emitter_for(emit.format, self.files, self.jobs(), self.output, emit.streams_weights,
                                        emit.accuracy_level)
             self.emitter.side = side_files(self.source, self.output.name, self.assignment.model)
@@ -501,9 +500,7 @@ class _OnnxRun:
             f", its held-out samples shared by {self.ranks.world} torchrun ranks" if self.ranks.world > 1 else "")
         verdict = judge(op, self.plan.spans.verify, self.output, agreement, measured_on, errors,
                         self.ranks.first)  # the model goes into place after the last op
-        emit = self.plan.first(ops.Emit)
-        assert isinstance(emit, ops.Emit)  # every plan emits (plan/verify.py)
-        saturation = saturation_warning(self.assignment, emit.format, self.plan.spans.verify)
+        saturation = saturation_warning(self.assignment, self.plan.emit.format, self.plan.spans.verify)
         if saturation is not None and self.ranks.first:
             self.pending.warnings.append(saturation)
         return Product(verification=verdict)

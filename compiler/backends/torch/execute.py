@@ -214,8 +214,7 @@ class _Run:
         the op that runs them first."""
         if self._writer is not None:
             return
-        emit = self.plan.first(ops.Emit)
-        assert isinstance(emit, ops.Emit)  # every plan emits (plan/verify.py)
+        emit = self.plan.emit
         gathers = next((op for op in self.plan.ops if isinstance(op, ops.CalibrateChunk | ops.CacheBlockInputs)), None)
         held = next((op for op in self.plan.ops if isinstance(op, ops.CaptureReference | ops.Verify)), None)
         self.jobs = jobs_of(self.model, self.assignment)
