@@ -27,8 +27,13 @@ decides (a non-finite weight's Σ w² is what Q409 refuses)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from compiler.quant.round_kernels import SUMS as _SUMS
 from compiler.quant.round_kernels import bits_of, float_of, stored_word, sum_of_squares, to_bfloat16
@@ -63,6 +68,34 @@ def _e4m3(x: np.float32) -> tuple:
 @njit(nogil=True, cache=True)
 def _magnitude(word: np.uint32) -> np.uint32:
     return word & np.uint32(0x7FFFFFFF)
+
+
+def _group_peak(typingctx, row, start, width):
+    """`peak` of row[start:start + width] (a C-contiguous uint16 or uint32 row; `width` a literal): the
+    run's words loaded as one vector, moved to float32's bits, the sign masked off, and the largest taken by
+    one vector reduction. Written as LLVM vector code because LLVM vectorized `peak`'s loop, unrolled into
+    a row's loop over groups, across the groups, gathering a word of each group at a time (0.48 against 0.21
+    ns a weight for NVFP4's groups of 16)."""
+    if not (isinstance(row, types.Array) and row.ndim == 1 and row.layout == "C"
+            and row.dtype in (types.uint16, types.uint32) and isinstance(width, types.IntegerLiteral)):
+        return None  # anything else fails to type, not to run
+    count, wide = width.literal_value, row.dtype == types.uint32
+
+    def codegen(context, builder, signature, args):
+        array = context.make_array(signature.args[0])(context, builder, args[0])
+        lanes = ir.VectorType(ir.IntType(32), count)
+        stored = ir.VectorType(ir.IntType(32 if wide else 16), count)
+        words = builder.load(builder.bitcast(builder.gep(array.data, [args[1]]), stored.as_pointer()), align=2)
+        if not wide:  # a bfloat16's bits are float32's top half (stored_word)
+            words = builder.shl(builder.zext(words, lanes), ir.Constant(lanes, [16] * count))
+        magnitudes = builder.and_(words, ir.Constant(lanes, [0x7FFFFFFF] * count))
+        largest = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), [lanes]),
+                                                 f"llvm.vector.reduce.umax.v{count}i32")
+        return builder.call(largest, [magnitudes])
+    return types.uint32(row, start, width), codegen
+
+
+group_peak: Any = intrinsic(_group_peak)  # compiled code only
 
 
 @njit(nogil=True, cache=True, fastmath=_SUMS)
@@ -243,11 +276,7 @@ def _fp4_rows(group: int):
         for r in range(rows):
             row = bits[r]
             for g in range(groups):  # three passes over a row: its groups' ranges, their scales, their values
-                start = g * group
-                peak = np.uint32(0)
-                for i in range(group):
-                    peak = max(peak, _magnitude(stored_word(row[start + i])))
-                peaks[g] = peak
+                peaks[g] = group_peak(row, g * group, group)
             for g in range(groups):
                 code, divisors[g] = _group_scale(peaks[g], global_scale)
                 scales[r, g] = code
