@@ -435,7 +435,7 @@ def test_a_folder_transformers_would_open_with_missing_weights_is_q426_and_nothi
     while verify passes."""
     from compiler.backends.torch import loader_names, output_layout
 
-    def checkpoint_paths(model, quantized, floating, schemes, provisional=False):
+    def checkpoint_paths(model, quantized, floating, groups, layers, provisional=False):
         return loader_names.LoaderNames({name: name for name in quantized}, tuple(floating))
     monkeypatch.setattr(output_layout, "loader_names", checkpoint_paths)
     folder = build("llava", tmp_path / "llava")
@@ -458,7 +458,7 @@ def test_a_data_free_folder_with_missing_weights_is_q426_from_the_check_beside_t
     elif check_process == "died":
         monkeypatch.setattr(process, "WORKER", (sys.executable, "-c", "raise SystemExit(3)"))
 
-    def checkpoint_paths(model, quantized, floating, schemes, provisional=False):
+    def checkpoint_paths(model, quantized, floating, groups, layers, provisional=False):
         return loader_names.LoaderNames({name: name for name in quantized}, tuple(floating))
     monkeypatch.setattr(output_layout, "loader_names", checkpoint_paths)
     started = []

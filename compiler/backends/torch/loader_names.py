@@ -19,6 +19,11 @@ So the config uses forms every loader matches:
   the checkpoint's name (transformers fuses experts into 3-D parameters, so no module carries that name in
   any loader; vLLM reads the checkpoint's). A file-to-file run builds no model: its layers are named by
   their checkpoint names with the prefix of the class config.json names made optional.
+  Layers that differ only in their indices (`layers.0.mlp.down_proj` … `layers.27.mlp.down_proj`) share one
+  pattern with `\\d+` in place of the indices when every layer of that form is in the same group (or every
+  one is ignored): one target a projection, not one a layer. Loaders match every module against every
+  target, and Python's regex cache holds 512 patterns: a target a layer made transformers' meta-device load
+  of a 28-block Llama 2.2 s against 1.1, and grows with the layers times the targets (MoE experts).
 
 Before the folder goes into place, load_check.py has transformers open it on the meta device with both
 classes: a name that matches wrongly is Q426 there, not a model that loads with random weights."""
@@ -26,6 +31,7 @@ classes: a name that matches wrongly is Q426 there, not a model that loads with 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from torch import nn
@@ -42,12 +48,15 @@ class LoaderNames:
     ignore: tuple[str, ...]
 
 
-def loader_names(model: TorchModel, quantized: dict[str, str], floating: list[str], schemes: int,
-                 provisional: bool = False) -> LoaderNames:
+def loader_names(model: TorchModel, quantized: dict[str, str], floating: list[str], groups: dict[str, str],
+                 layers: Iterable[str], provisional: bool = False) -> LoaderNames:
     """Targets and ignore list for `quantized` (checkpoint layer name → its module in the task class) and the
-    Linear layers left `floating` (checkpoint names), with `schemes` groups. `provisional`: without importing
-    the class here (the names may lack its base-model prefix: for checking the config's form early; a
-    file-to-file run makes the output's again once its check process reported the prefix)."""
+    Linear layers left `floating` (checkpoint names); `groups` gives each quantized layer's config group,
+    `layers` every layer of the model (any kind: a pattern for many is made only where it matches none
+    outside them). `provisional`: without importing the class here (the names may lack its base-model prefix:
+    for checking the config's form early; a file-to-file run makes the output's again once its check process
+    reported the prefix)."""
+    schemes = len(set(groups.values()))
     root = model.module
     prefix = getattr(root, "base_model_prefix", "") or _class_prefix(model.config, wait=not provisional) or ""
     in_experts = _expert_modules(root)
@@ -60,9 +69,37 @@ def loader_names(model: TorchModel, quantized: dict[str, str], floating: list[st
         others = [name for name, m in modules.items() if isinstance(m, nn.Linear) and name not in chosen]
         forms = {form for name in others for form in _forms(name, prefix)}
         return LoaderNames({name: "Linear" for name in quantized}, tuple(sorted(forms)))
+    every = {*layers, *quantized, *floating}
     targets = {name: _named(name, module, prefix, modules, in_experts) for name, module in quantized.items()}
-    ignored = {_named(name, _module_of(model, name) or name, prefix, modules, in_experts) for name in floating}
-    return LoaderNames(targets, tuple(sorted(ignored)))
+    ignored = {name: _named(name, _module_of(model, name) or name, prefix, modules, in_experts) for name in floating}
+    shared = _shared({k: v for k, v in targets.items() if quantized[k] not in in_experts}, groups, every)
+    return LoaderNames({**targets, **shared}, tuple(sorted(set(_shared(ignored, {}, every).values()))))
+
+
+_NAME_INDEX = re.compile(r"(?<=\.)\d+(?=\.)")  # an index between two dots of a layer's name
+_PATTERN_INDEX = re.compile(r"(?<=\\\.)\d+(?=\\\.)")  # the same in its pattern (the dots escaped)
+
+
+def _shared(named: dict[str, str], groups: dict[str, str], every: set[str]) -> dict[str, str]:
+    """`named` (layer → its target) with one pattern for the layers of a form (their name with each index
+    replaced) where every layer of that form in `every` is in `named`, in one of `groups` (all in none when
+    it is empty), and their targets differ only in those indices."""
+    forms: dict[str, list[str]] = {}
+    for name in every:
+        forms.setdefault(_NAME_INDEX.sub("#", name), []).append(name)
+    shared = dict(named)
+    for members in forms.values():
+        if len(members) < 2 or any(m not in named for m in members) or len({groups.get(m) for m in members}) > 1:
+            continue
+        patterns = {_PATTERN_INDEX.sub(r"\\d+", _as_pattern(named[m])) for m in members}
+        if len(patterns) == 1:
+            shared.update(dict.fromkeys(members, patterns.pop()))
+    return shared
+
+
+def _as_pattern(target: str) -> str:
+    """A target as a `re:` pattern matching what it matches (a plain name: itself only)."""
+    return target if target.startswith("re:") else f"re:^(?:{re.escape(target)})$"
 
 
 def _named(checkpoint: str, module: str, prefix: str, modules: dict, in_experts: set[str]) -> str:

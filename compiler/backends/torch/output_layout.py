@@ -70,7 +70,8 @@ def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment, kv
     model class's base-model prefix (loader_names), for the check before any work."""
     done = {j.layer.name for j in jobs}
     floating = [a.layer.name for a in assignment.layers if a.layer.kind is LayerKind.LINEAR and a.layer.name not in done]
-    names = loader_names(model, {j.layer.name: j.module for j in jobs}, floating, len({j.scheme.name for j in jobs}),
+    names = loader_names(model, {j.layer.name: j.module for j in jobs}, floating,
+                         {j.layer.name: j.scheme.name for j in jobs}, (a.layer.name for a in assignment.layers),
                          provisional)
     config = dict(model.config)
     config["quantization_config"] = quantization_config([(j.layer, j.scheme) for j in jobs], list(names.ignore),
