@@ -436,6 +436,7 @@ def test_data_free_config_names_match_the_task_and_the_base_class(scheme, tmp_pa
     assert result.exit_code == 0, result.output
     quantization = json.loads((out / "config.json").read_text())["quantization_config"]
     targets = next(iter(quantization["config_groups"].values()))["targets"]
+    assert len(targets) == 7, targets  # one pattern a projection for both blocks (loaders match modules × targets)
     for model in (transformers.LlamaForCausalLM(config), transformers.LlamaModel(config)):
         matched = [name for name, _ in match_named_modules(model, targets, quantization["ignore"])]
         assert len(matched) == 14, matched  # 7 Linears in each of 2 blocks, lm_head ignored
@@ -474,3 +475,29 @@ def test_a_data_free_compile_leaves_transformers_to_its_check_process(tmp_path):
     assert "Q427" not in done.stdout  # the load check ran (in the check process) and found the folder whole
     _, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+
+
+def test_a_write_failing_midway_through_a_data_free_compile_is_q417_and_leaves_nothing(tmp_path, monkeypatch):
+    """The file-to-file path writes each rounded weight on a thread of its own while the next is rounded: a write
+    that fails there (the disk filled up) still stops the compile with Q417 and exit 2, no traceback, and
+    nothing at the destination."""
+    import errno
+    import os
+
+    transformers = pytest.importorskip("transformers")
+    from compiler.backends.torch import writer
+
+    _, recipe, out = _data_free_llama(transformers, tmp_path, "W4A16")
+    writes, pwrite = [], os.pwrite
+
+    def failing(fd, data, offset):
+        writes.append(offset)
+        if len(writes) == 12:  # headers and a few weights in
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return pwrite(fd, data, offset)
+
+    monkeypatch.setattr(writer.os, "pwrite", failing)
+    result = runner.invoke(app, ["compile", recipe])
+    assert result.exit_code == 2, result.output
+    assert "Q417" in result.output and "Traceback" not in result.output, result.output
+    assert not out.exists()
