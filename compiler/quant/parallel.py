@@ -3,6 +3,7 @@ slices of a weight rounded on threads run side by side; a thread pool needs no c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -60,3 +61,22 @@ def one_ahead(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
                 ahead = reader.submit(fn, items[number + 1])
             yield value
             del value  # the caller's reference is the only one left while the next call runs
+
+
+@contextlib.contextmanager
+def one_behind(name: str) -> Iterator[Callable[[Callable[[], object]], None]]:
+    """A function that runs calls on a thread of their own, in order, one at a time: each call waits for the
+    one before to finish (so at most one is running while the caller goes on: writing a rounded weight
+    overlaps rounding the next). A call's exception is raised at the next call or on leaving; leaving waits
+    for the last call even when the body raised."""
+    with ThreadPoolExecutor(1, thread_name_prefix=name) as worker:
+        pending: list = []
+
+        def submit(call: Callable[[], object]) -> None:
+            if pending:
+                pending.pop().result()
+            pending.append(worker.submit(call))
+
+        yield submit
+        if pending:
+            pending.pop().result()

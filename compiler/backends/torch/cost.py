@@ -160,9 +160,10 @@ def _file_to_file(w: Workload) -> int:
     float32 slice and the search's scratch (SLICE_SCRATCH). To a floating format by the compiled loop
     (quant/fused_float.py): the codes (at most a byte a weight) and the loop itself (ROUNDING_KERNELS, unless
     the runtime counts it already); by compressed-tensors' functions (a float16 model): up to 4 bytes a
-    weight each for the float copy, the values and the packed bytes, and their temporaries. The config and
-    load check run in a process of their own (the runtime: CHECK_PROCESS). Unquantized tensors are copied in
-    slices."""
+    weight each for the float copy, the values and the packed bytes, and their temporaries. The weight
+    before is still being written while one is rounded (rounding.from_files): its stored form, a byte a weight
+    more. The config and load check run in a process of their own (the runtime: CHECK_PROCESS). Unquantized
+    tensors are copied in slices."""
     names = set(w.quantized_layers)
     largest = max((x for x in w.index.layers if x.name in names), key=lambda x: x.params, default=None)
     if largest is None:
@@ -171,10 +172,10 @@ def _file_to_file(w: Workload) -> int:
         return max(_kquant_scratch(w), GGUF_ROUNDING * largest.params) + COPY_SLICE
     if w.float_rounded and w.float_kernel_rounded:
         loop = 0 if w.kernel_rounded else ROUNDING_KERNELS
-        return 2 * largest.bytes + largest.params + COPY_SLICE + loop
+        return 2 * largest.bytes + 2 * largest.params + COPY_SLICE + loop
     if w.float_rounded:
-        return 3 * 4 * largest.params + COPY_SLICE + FLOAT_SCRATCH
-    return 2 * largest.bytes + 3 * largest.params + COPY_SLICE + (SLICE_SCRATCH if w.sliced_rounded else 0)
+        return 3 * 4 * largest.params + largest.params + COPY_SLICE + FLOAT_SCRATCH
+    return 2 * largest.bytes + 4 * largest.params + COPY_SLICE + (SLICE_SCRATCH if w.sliced_rounded else 0)
 
 
 def _offload_weights(w: Workload) -> int:

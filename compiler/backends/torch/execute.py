@@ -526,7 +526,12 @@ class _Run:
             case ops.QuantizeStrategy.FILE_TO_FILE if self.ranks.world > 1:
                 self.rounder.from_files_shared(jobs, self.ranks)
             case ops.QuantizeStrategy.FILE_TO_FILE:
-                self.rounder.from_files(jobs)
+                # the bytes copied unchanged, beside the rounding rather than after it (an FP8 source's weights left
+                # float are dequantized at emit, as before: here their float32 copy would add to the rounding's peak)
+                writer = self.writer
+                copies = ((lambda: copy_unquantized(writer, self.model, self.jobs))
+                          if isinstance(writer, FolderWriter) and not self.model.shards.scaled else None)
+                self.rounder.from_files(jobs, copies)
             case ops.QuantizeStrategy.TAIL:
                 self._tail(self.cal, self.verify_streams, jobs, self.offload, op.calibration)
             case ops.QuantizeStrategy.IN_PLACE:

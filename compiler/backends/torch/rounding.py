@@ -4,6 +4,7 @@ compile summary reports about it (dampened GPTQ layers, experts no token reached
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from compiler.diagnostics import warning
 from compiler.ir.types import Calibration
 from compiler.quant.gptq import SingularHessian
 from compiler.quant.kquants import GgufBlocks
-from compiler.quant.parallel import one_ahead
+from compiler.quant.parallel import one_ahead, one_behind
 from compiler.quant.weights import sqnr_from_sums
 from compiler.source import Span
 
@@ -62,19 +63,27 @@ class Rounder:
                 self.model.release(self.model.parameters_of(job.module))
                 _trim_after_block(jobs, number)
 
-    def from_files(self, jobs: list[Job]) -> None:
+    def from_files(self, jobs: list[Job], copies: Callable[[], None] | None = None) -> None:
         """Data-free rounding file to file: each weight read, rounded, written and dropped; nothing runs. The
         next weight is mapped (as stored) and its pages faulted in on a thread while this one is rounded, so the
         reading overlaps the rounding instead of leaving the cores idle (one more weight in flight:
-        torch/cost.py)."""
+        torch/cost.py). `copies`: what else the output takes from the files unchanged, written on a thread of
+        its own beside the rounding (the writer places each tensor by offset, so the order does not matter)."""
         advance = self.progress("quantize", len(jobs))
         # each weight as stored: the roundings make float32 slices of it as they go
         weights = one_ahead(self.model.shards.mapped, [job.layer.weight for job in jobs])
-        for number, (job, weight) in enumerate(zip(jobs, weights, strict=True)):
-            self.record_rounded(job, weight, self.round(job, weight, None, None, measure=True))
-            del weight
-            _trim_after_block(jobs, number, collect=False)  # no cycles here: a collection would scan every
-            advance()  # object transformers' classes made (29 ms a block, 0.8 s of a 5.9 GiB checkpoint's 10 s)
+        # its tensors packed and written on a thread of their own while the next weight is rounded: in this
+        # thread the cores waited for each write (one more rounded weight in flight: torch/cost.py)
+        with one_behind("qrc-copy") as copy, one_behind("qrc-write") as write:
+            if copies is not None:
+                copy(copies)
+            for number, (job, weight) in enumerate(zip(jobs, weights, strict=True)):
+                q = self.quantize(job, weight, None, measure=True)
+                write(functools.partial(self.write, job, q, None))
+                self.record_rounded(job, weight, q)
+                del weight, q
+                _trim_after_block(jobs, number, collect=False)  # no cycles here: a collection would scan every
+                advance()  # object transformers' classes made (29 ms a block, 0.8 s of a 5.9 GiB checkpoint's 10 s)
 
     def from_files_shared(self, jobs: list[Job], ranks: Ranks) -> None:
         """Data-free rounding file to file, shared by torchrun's ranks: job i is rounded by rank i mod N, a round
