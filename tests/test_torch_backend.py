@@ -480,7 +480,7 @@ def test_a_data_free_compile_leaves_transformers_to_its_check_process(tmp_path):
 def test_a_write_failing_midway_through_a_data_free_compile_is_q417_and_leaves_nothing(tmp_path, monkeypatch):
     """The file-to-file path writes each rounded weight on a thread of its own while the next is rounded: a write
     that fails there (the disk filled up) still stops the compile with Q417 and exit 2, no traceback, and
-    nothing at the destination."""
+    nothing at the destination; torch's thread count, one while the weights were rounded, is as it was."""
     import errno
     import os
 
@@ -497,7 +497,9 @@ def test_a_write_failing_midway_through_a_data_free_compile_is_q417_and_leaves_n
         return pwrite(fd, data, offset)
 
     monkeypatch.setattr(writer.os, "pwrite", failing)
+    threads = torch.get_num_threads()
     result = runner.invoke(app, ["compile", recipe])
     assert result.exit_code == 2, result.output
     assert "Q417" in result.output and "Traceback" not in result.output, result.output
     assert not out.exists()
+    assert torch.get_num_threads() == threads  # the rounding ran torch on one thread, and gave the count back

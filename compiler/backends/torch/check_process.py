@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -38,9 +39,11 @@ class CheckProcess:
         self._read_prefix = False
         self._followed = contextlib.ExitStack()
         self._stopping = threading.Lock()  # the run's thread and the main thread may both stop it
+        # one OpenMP thread: the child loads on the meta device, so a team's idle workers would only spin on the
+        # cores the rounding uses
         try:
             self._child: subprocess.Popen | None = subprocess.Popen(
-                [*WORKER, architecture],
+                [*WORKER, architecture], env={**os.environ, "OMP_NUM_THREADS": "1"},
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:  # no process could be started: the run checks in its own
             self._child = None
