@@ -54,9 +54,15 @@ def _pack_whole_words(values: np.ndarray, bits: int, per_word: int) -> np.ndarra
 
 
 def _pack_bytes(values: np.ndarray, bits: int) -> np.ndarray:
-    """4- or 8-bit rows as packed unsigned bytes, slices of rows on every core (the rows are independent)."""
+    """4- or 8-bit rows as packed unsigned bytes: int8 4-bit rows in one compiled pass, else slices of rows on
+    every core (the rows are independent)."""
     rows, cols = values.shape
     out = np.empty((rows, cols * bits // 8), np.uint8)
+    if bits == 4 and values.dtype == np.int8 and values.flags.c_contiguous:
+        from compiler.quant.round_kernels import pack_nibbles  # numba: only where weights are written
+
+        pack_nibbles(values.view(np.uint16), out)  # 0.12 ns a value: not worth sharing out over the cores
+        return out
     step = max(1, -(-rows // max(cores(), -(-values.nbytes // PACK_TASK_BYTES))))
 
     def pack(first: int) -> None:
