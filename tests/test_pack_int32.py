@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -28,3 +30,17 @@ def test_matches_compressed_tensors(bits):
     assert np.array_equal(pack_to_int32(values, bits), theirs)
     back = helpers.unpack_from_int32(torch.from_numpy(pack_to_int32(values, bits)), bits, torch.Size(values.shape))
     assert np.array_equal(back.numpy(), values)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_four_bit_rows_pack_alike_with_and_without_the_compiled_pass(compiled, monkeypatch):
+    """4-bit int8 rows take round_kernels.pack_nibbles where the run has loaded it, numpy's passes where it has
+    not: both give compressed-tensors' packing."""
+    torch = pytest.importorskip("torch")
+    helpers = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
+    if compiled:
+        import compiler.quant.round_kernels  # noqa: F401
+    else:
+        monkeypatch.delitem(sys.modules, "compiler.quant.round_kernels", raising=False)
+    values = np.random.RandomState(7).randint(-8, 8, (16, 256)).astype(np.int8)
+    assert np.array_equal(pack_to_int32(values, 4), helpers.pack_to_int32(torch.from_numpy(values), 4).numpy())

@@ -54,14 +54,15 @@ def _pack_whole_words(values: np.ndarray, bits: int, per_word: int) -> np.ndarra
 
 
 def _pack_bytes(values: np.ndarray, bits: int) -> np.ndarray:
-    """4- or 8-bit rows as packed unsigned bytes: int8 4-bit rows in one compiled pass, else slices of rows on
-    every core (the rows are independent)."""
+    """4- or 8-bit rows as packed unsigned bytes: int8 4-bit rows in one compiled pass where the run has loaded
+    the compiled rounding (round_kernels), else slices of rows on every core (the rows are independent)."""
     rows, cols = values.shape
     out = np.empty((rows, cols * bits // 8), np.uint8)
-    if bits == 4 and values.dtype == np.int8 and values.flags.c_contiguous:
-        from compiler.quant.round_kernels import pack_nibbles  # numba: only where weights are written
-
-        pack_nibbles(values.view(np.uint16), out)  # 0.12 ns a value: not worth sharing out over the cores
+    kernels = sys.modules.get("compiler.quant.round_kernels")  # importing numba costs 100 MiB of RSS, which the
+    # torch plans count only for the runs that round with it (torch/cost.py: ROUNDING_KERNELS); GPTQ's measured
+    # 1.14x its plan when its packing imported it (bench/plan_vs_measured.py)
+    if kernels is not None and bits == 4 and values.dtype == np.int8 and values.flags.c_contiguous:
+        kernels.pack_nibbles(values.view(np.uint16), out)  # 0.12 ns a value: not worth sharing out over the cores
         return out
     step = max(1, -(-rows // max(cores(), -(-values.nbytes // PACK_TASK_BYTES))))
 
