@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -104,7 +105,7 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
 def _locked(execute, ir, planned: PlanResult, destination: Path, console: Console, needed: int, ranks: Ranks):
     """The compile with the destination held: one rank holds it, the others write nothing
     (compiler/backends/ranks.py)."""
-    with destination_lock(destination) if ranks.first else nullcontext(None) as held, joined(ranks) as peers:
+    with _held(destination, ir, needed) if ranks.first else nullcontext(None) as held, joined(ranks) as peers:
         if held is not None:
             raise CompileFailed((error("Q429", f"another qrc compile is writing `{destination}` ({held})", ir.span,
                                        "destination busy", help="wait for it to finish, or write to another path "
@@ -120,6 +121,21 @@ def _locked(execute, ir, planned: PlanResult, destination: Path, console: Consol
             if ranks.world > 1 and _distributed(exc):
                 raise _rank_lost(ranks, peers, planned, exc) from None
             raise
+
+
+@contextmanager
+def _held(destination: Path, ir, needed: int) -> Iterator[str | None]:
+    """outputs.destination_lock, with a failure to take it (the disk filled after the free-space check, before
+    the lock file took this process's id) a Q417 like the check's own rather than a traceback."""
+    with ExitStack() as stack:
+        try:
+            held = stack.enter_context(destination_lock(destination))
+        except OSError as exc:
+            raise CompileFailed((error("Q417", f"`{destination}` could not be taken for this compile: "
+                                       f"{exc.strerror or exc}", ir.span, "cannot write the output",
+                                       help=f"write to a folder you can write with {human_bytes(needed)} free "
+                                       "(`-o PATH`); nothing was written"),)) from None
+        yield held
 
 
 def _distributed(exc: BaseException) -> bool:

@@ -40,6 +40,24 @@ def test_a_destination_another_compile_holds_is_q429_and_left_alone(tmp_path):
     assert not out.exists() and not _leftovers(tmp_path)
 
 
+def test_a_disk_that_fills_as_the_destination_is_taken_is_q417_and_leaves_nothing(tmp_path, monkeypatch):
+    """The free-space check passed, then the disk filled before the lock file took this compile's process id:
+    Q417 and exit 2, no traceback, nothing at the destination and no lock file left beside it."""
+    import errno
+
+    from compiler import outputs
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(outputs.os, "pwrite", full)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["compile", TORCH_RECIPE, "-o", str(out)])
+    assert result.exit_code == 2 and "Q417" in result.output and "Traceback" not in result.output, result.output
+    assert "No space left on device" in result.output, result.output
+    assert not out.exists() and not _leftovers(tmp_path)
+
+
 @pytest.mark.parametrize("recipe", [TORCH_RECIPE, ONNX_RECIPE])
 @pytest.mark.slow
 def test_two_concurrent_compiles_leave_one_complete_model(recipe, tmp_path):
