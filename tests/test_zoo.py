@@ -3,7 +3,11 @@ download), compiled W4A16 (offload) and W8A8 (low_memory), verified, and loaded 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -444,12 +448,12 @@ def test_a_folder_transformers_would_open_with_missing_weights_is_q426_and_nothi
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("check_process", ["started", "unstartable", "died"])
+@pytest.mark.parametrize("check_process", ["started", "unstartable", "died", "hung"])
 def test_a_data_free_folder_with_missing_weights_is_q426_from_the_check_beside_the_rounding(tmp_path, monkeypatch,
                                                                                               check_process):
     """File to file, the load check runs in a process of its own while the weights round (torch/early_check.py,
-    check_process.py), or, where that process cannot start or dies, in the compile's: what it finds is raised
-    where the compile would have raised it, and nothing is written."""
+    check_process.py), or, where that process cannot start, dies or gives no answer in time, in the compile's: what
+    it finds is raised where the compile would have raised it, and nothing is written."""
     from compiler.backends.torch import check_process as process
     from compiler.backends.torch import early_check, loader_names, output_layout
 
@@ -457,6 +461,11 @@ def test_a_data_free_folder_with_missing_weights_is_q426_from_the_check_beside_t
         monkeypatch.setattr(process, "WORKER", (str(tmp_path / "no-such-python"),))
     elif check_process == "died":
         monkeypatch.setattr(process, "WORKER", (sys.executable, "-c", "raise SystemExit(3)"))
+    elif check_process == "hung":  # a child that never answers: the run ends it after ANSWER_SECONDS
+        monkeypatch.setattr(process, "WORKER", (sys.executable, "-c", "import os, sys, time; open(sys.argv[1], 'w')"
+                                                ".write(str(os.getpid())); time.sleep(600)", str(tmp_path / "pid")))
+        monkeypatch.setattr(process, "ANSWER_SECONDS", 2.0)
+        rescue = _rescue_after(120.0, tmp_path / "pid")  # the test's own watchdog, if the run waited on
 
     def checkpoint_paths(model, quantized, floating, groups, layers, provisional=False):
         return loader_names.LoaderNames({name: name for name in quantized}, tuple(floating))
@@ -471,6 +480,25 @@ def test_a_data_free_folder_with_missing_weights_is_q426_from_the_check_beside_t
     assert started, result.output
     assert result.exit_code == 2 and "Q426" in result.output and "missing" in result.output, result.output
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+    if check_process == "hung":
+        rescue.cancel()
+        assert not rescue.killed, "the run waited on a check process that never answered"
+
+
+class _Rescue(threading.Timer):
+    killed = False
+
+
+def _rescue_after(seconds: float, pid_file: Path) -> _Rescue:
+    """Kills the process whose id `pid_file` holds after `seconds`, and records that it had to."""
+    def kill() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            rescue.killed = True
+    rescue = _Rescue(seconds, kill)
+    rescue.daemon = True
+    rescue.start()
+    return rescue
 
 
 def _recorded(init, calls: list):

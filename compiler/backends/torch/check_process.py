@@ -9,7 +9,7 @@ its own interpreter and torch (about 450 MiB, which the plan counts: torch/cost.
 measured peak includes: rss.following), and it is started once the plan is known, before torch is imported
 here (`prepared`, which `qrc compile` enters), or else when the run opens the model (`adopt`).
 
-Every failure of the child (it could not start, it died, it answered nonsense) makes `prefix` or `check`
+Every failure of the child (it could not start, it died, it answered nonsense or not in time) makes `prefix` or `check`
 return None, and the run checks in its own process instead: the same checks, only slower."""
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ from compiler.plan import ops
 
 WORKER = (sys.executable, "-m", "compiler.backends.torch.check_worker")  # the child's command, then the class
 _STARTED: dict[str, CheckProcess] = {}  # model reference → the child started for it, until a run adopts it
+# the longest the run waits for one answer before it ends the child and checks in its own process: the imports
+# take about 9 s on 2 cores and the meta-device load of a staged folder seconds, so a child this late is stuck
+# (a lock, a stalled file system), and waiting on would hang the compile after its weights are written
+ANSWER_SECONDS = 300.0
 
 
 class CheckProcess:
@@ -87,12 +91,19 @@ class CheckProcess:
             self._followed.close()
 
     def _line(self) -> dict | None:
-        if self._child is None or self._child.stdout is None:
+        """The child's next answer; None if it failed, or gave none within ANSWER_SECONDS (then it is ended)."""
+        child = self._child
+        if child is None or child.stdout is None:
             return None
+        deadline = threading.Timer(ANSWER_SECONDS, child.kill)  # its stdout then ends: readline returns ''
+        deadline.daemon = True
+        deadline.start()
         try:
-            answer = json.loads(self._child.stdout.readline() or "null")
+            answer = json.loads(child.stdout.readline() or "null")
         except (OSError, ValueError):
             return None
+        finally:
+            deadline.cancel()
         return answer if isinstance(answer, dict) else None
 
 
