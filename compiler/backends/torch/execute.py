@@ -11,7 +11,6 @@ streams side by side through the same blocks, so it never needs a second copy of
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,44 +18,35 @@ from pathlib import Path
 import torch
 
 from compiler import data
-from compiler.backends.agreement import Agreement, passes
+from compiler.backends.agreement import Agreement
 from compiler.backends.gptq_warning import dampened_warning
-from compiler.backends.products import Pending, Product
-from compiler.backends.program import Produced, execute_plan
-from compiler.backends.ranks import Owned, current, merged_one, staged_everywhere
+from compiler.backends.products import Product
+from compiler.backends.program import execute_plan
 from compiler.backends.release import freeze_long_lived, keep_large_blocks_mapped, release_memory, trim_heap
-from compiler.backends.result import CompileResult, held_out_batches, judge
-from compiler.backends.sensitivity import Scores, assign, score_units
+from compiler.backends.result import CompileResult, held_out_batches
+from compiler.backends.sensitivity import assign, score_units
 from compiler.backends.torch import streams
-from compiler.backends.torch.artifact import can_verify_artifact, open_artifact
-from compiler.backends.torch.attribution import LayerCosts, jobs_in
-from compiler.backends.torch.check_process import CheckProcess, adopt
+from compiler.backends.torch.artifact import can_verify_artifact
+from compiler.backends.torch.attribution import LayerCosts
+from compiler.backends.torch.check_process import adopt
 from compiler.backends.torch.devices import place
 from compiler.backends.torch.early_check import EarlyCheck
-from compiler.backends.torch.emitted_verify import hidden_cache, run_emitted
 from compiler.backends.torch.fallbacks import unseen_warning
 from compiler.backends.torch.gguf_writer import GgufLayout, GgufWriter
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.kv_cache import KvCacheQuantizer, KvMode
-from compiler.backends.torch.layers import (
-    Job,
-    Statistics,
-    jobs_of,
-    refuse_non_linear,
-)
+from compiler.backends.torch.layers import Statistics, jobs_of, refuse_non_linear
 from compiler.backends.torch.load_check import check_loads
-from compiler.backends.torch.model import TorchModel, open_files, open_model
+from compiler.backends.torch.model import open_files, open_model
 from compiler.backends.torch.output_layout import copy_unquantized, open_output, write_metadata
-from compiler.backends.torch.resume import BlockResume, checkpoint_identity, finished, restore
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.sensitivity import TorchScorer
-from compiler.backends.torch.sharing import share_costs, share_kv
 from compiler.backends.torch.smoother import Smoother
+from compiler.backends.torch.verifying import Verifying
 from compiler.backends.torch.writer import FolderWriter, RankCollector
 from compiler.diagnostics import warning
 from compiler.exhaustive import assert_never
-from compiler.ir.types import Calibration, EmitFormat, MemoryMode
-from compiler.models.index import ModelIndex
+from compiler.ir.types import MemoryMode
 from compiler.models.names import attention_modules
 from compiler.plan import ops
 from compiler.plan.ops import Plan
@@ -71,57 +61,10 @@ def execute(plan: Plan, assignment: Assignment, output: Path, progress) -> Compi
                         lambda guarded_progress, start: _Run(assignment, plan, output, guarded_progress, start))
 
 
-class _Run:
-    """The state the ops share: the model skeleton, the assignment (the search may change it), the jobs and
-    the output writer (made once the assignment is final), and the sample streams. Each handler reads its op;
-    what the ops share (the streams, the writer) is made once from the ops that need it."""
-
-    model = Produced[TorchModel]()  # load_model
-    index = Produced[ModelIndex]()  # load_model
-    writer = Produced[FolderWriter | RankCollector | GgufWriter]()  # the first op that needs the jobs (_ready); a
-    # collector on torchrun's ranks but the first (compiler/backends/ranks.py)
-    global_scales = Produced[SharedGlobalScales]()
-    kv = Produced[KvCacheQuantizer]()  # `kv_cache`: observes, then rounds, the attention caches (without it: no module)
-    costs = Produced[LayerCosts]()  # each layer's own error on the held-out samples
-    rounder = Produced[Rounder]()  # rounds into the writer
-
-    def __init__(self, assignment: Assignment, plan: Plan, output: Path, progress, start: float):
-        self.assignment, self.plan = assignment, plan
-        self.output, self.progress, self.start = output, progress, start
-        self.pending = Pending()  # what the rounder and the streams report between ops (program.py drains it)
-        self.mode = plan.mode
-        emit = plan.first(ops.Emit)
-        self.gguf = isinstance(emit, ops.Emit) and emit.format is EmitFormat.GGUF  # one file for llama.cpp
-        self.access = ops.ModelAccess.RESIDENT  # set by load_model
-        self._model: TorchModel | None = None
-        self._index: ModelIndex | None = None
-        self.scores: Scores | None = None
-        self.devices: dict = {}
-        self.jobs: list[Job] = []
-        self._writer: FolderWriter | RankCollector | GgufWriter | None = None
-        self.ranks = current()  # one rank outside torchrun
-        self._global_scales: SharedGlobalScales | None = None
-        self._kv: KvCacheQuantizer | None = None
-        self.config: dict = {}  # the output's config.json, its quantization_config checked before any work
-        self.stats: Statistics | None = None
-        self.cal: streams.Stream | None = None
-        # the float stream, qrc's quantized stream (None when the emitted folder is what verification runs),
-        # and the comparison
-        self.verify_streams: tuple[streams.Stream, streams.Stream | None, Agreement] | None = None
-        self.emitted = False  # verification runs the emitted folder as it loads (artifact.py), not qrc's model
-        self.unopened = ""  # why transformers' own loader could not open the staged folder (Q427), if it could not
-        # the float outputs kept before rounding (full); a list also where this rank has no held-out chunk, so
-        # that every rank takes the same path at verification (its collectives)
-        self.reference: list | None = None
-        self.tail_done = False
-        self.disk: Path | None = None  # `memory { disk }`, from select_memory_mode
-        self.caches: list[streams.HiddenCache] = []
-        self._costs: LayerCosts | None = None
-        self._rounder: Rounder | None = None
-        self.smoother: Smoother | None = None  # `transform`: folds its scales before each block's calibration
-        self.early: EarlyCheck | None = None  # file to file: the final config and the load check, on a thread
-        self.check_process: CheckProcess | None = None  # where that thread has them made (check_process.py)
-        self.resume: BlockResume | None = None  # offload with `disk`: how far an earlier run got (resume.py)
+class _Run(Verifying):
+    """The plan's ops on the state they share (run_state.py): the model, the search, calibrating the resident
+    model, rounding, the emitted folder; the block-wise ops and verification come from blockwise.py and
+    verifying.py."""
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode, ops.ScoreSensitivity: self.score,
@@ -162,13 +105,6 @@ class _Run:
             trim_heap()  # now would only rescan the thawed imports (0.3 s)
         else:
             release_memory()
-
-    # ---- model, memory mode, search ---------------------------------------------------------------
-    @property
-    def file_to_file(self) -> bool:
-        """Nothing runs the model (the plan opened its files only): no model definition is built, so an
-        architecture transformers cannot build here still compiles."""
-        return self.access is ops.ModelAccess.FILES
 
     def load(self, op: ops.LoadModel) -> None:
         """The skeleton on the meta device (every weight read now when the mode keeps the model resident),
@@ -269,16 +205,6 @@ class _Run:
             self.cal = self._stream("calibration", data.calibration_batches(cal.data, self.index, cal.chunk))
         self.verify_streams = self._verify_streams(held)
 
-    def _jobs_named(self, names: tuple[str, ...]) -> list[Job]:
-        wanted = set(names)
-        return [j for j in self.jobs if j.layer.name in wanted]
-
-    # ---- full: the model resident, run whole ------------------------------------------------------
-    def _materialize_all(self) -> None:
-        missing = [p for p in self.model.keys if not self.model.is_resident(p)]
-        if missing:
-            self.model.materialize(missing)
-
     def capture_reference(self, op: ops.CaptureReference) -> None:
         self._ready()
         self._materialize_all()
@@ -309,23 +235,6 @@ class _Run:
         self.stats = stats
         self._write_kv_scales("")
 
-    def _write_kv_scales(self, prefix: str) -> None:
-        """The KV-cache scales of the modules under `prefix`, from every rank's maxima (sharing.py)."""
-        share_kv(self.kv, self.ranks)
-        self.kv.write_scales(prefix, self.writer)
-
-    # ---- inputs -----------------------------------------------------------------------------------
-    def _cache_folder(self) -> Path | None:
-        """Where the hidden states between blocks go: the resume state's folder, `disk` in offload, else RAM."""
-        return self.resume.folder if self.resume is not None else self.disk if self.offload else None
-
-    def _stream(self, name: str, batches) -> streams.Stream:
-        cache = streams.HiddenCache(self.model.dtype, self._cache_folder())
-        self.caches.append(cache)
-        # under torchrun each rank runs its own chunks (by index: rank i mod N) and the ranks merge what they
-        # measured (sharing.py)
-        return streams.Stream(name, [streams.torch_feed(f) for f in Owned(batches, self.ranks)], cache)
-
     def _verify_streams(self, held: ops.CaptureReference | ops.Verify | None):
         if held is None:
             return None
@@ -335,186 +244,6 @@ class _Run:
         self.emitted = can_verify_artifact(self.model) and not self.gguf
         quantized = None if self.emitted else self._stream("verify (quantized)", batches)
         return self._stream("verify (float)", batches), quantized, Agreement()
-
-    def _verification(self) -> tuple[streams.Stream, streams.Stream | None, Agreement]:
-        """The float stream, qrc's quantized one (None when the emitted folder is verified), the comparison."""
-        assert self.verify_streams is not None, "made with the jobs when the plan verifies"
-        return self.verify_streams
-
-    def _call(self, feed: dict):
-        with torch.no_grad():
-            return self.model.forward(feed)
-
-    def _new_forward(self):
-        if self.stats is not None:
-            self.stats.new_forward()
-
-    # ---- block-wise: low_memory, offload, multi_gpu ------------------------------------------------
-    @property
-    def offload(self) -> bool:
-        return self.mode is MemoryMode.OFFLOAD
-
-    def cache_block_inputs(self, op: ops.CacheBlockInputs) -> None:
-        """Run every stream up to the blocks and cache their inputs; round the layers before the blocks (the
-        op's layers) first, so the quantized verification stream starts from them. Block-wise with weights
-        off the CPU (offload, GPUs), what runs before the blocks is read as it runs and dropped after."""
-        self._ready()
-        model, verify = self.model, self.verify_streams
-        before = self._jobs_named(op.layers)
-        container = model.block_modules()
-        on_use = self.offload or bool(self.devices)
-        with model.read_on_use(model.outside() if on_use else [], release=self.offload):
-            with Statistics(model.module, before, op.calibration) as stats:
-                self.stats = stats
-                for s in filter(None, (self.cal, verify and verify[0])):
-                    streams.capture(container, s, self._call, self._new_forward)
-                self.stats = None
-            self.rounder.in_place(before, stats)
-            if verify is not None and verify[1] is not None:
-                streams.capture(container, verify[1], self._call)
-        if self.offload:
-            release_memory()
-
-    def run_blocks(self, op: ops.RunBlock) -> Product | None:
-        """Per block: its weights, statistics from the calibration stream, rounding, then every stream on. A
-        resumable run records each finished block before the hidden states that entered it go."""
-        advance = self.progress("blocks", len(self.model.blocks))
-        start = self._resumed()
-        for number, name in enumerate(self.model.blocks):
-            if number >= start:
-                entered = self._block(number, name, op.calibration, self.devices.get(name, "cpu"))
-                self._save_progress(number + 1)
-                for cache in entered:
-                    cache.close()
-            advance()
-        if not start:
-            return None
-        assert self.resume is not None  # it started after block 0
-        return Product(notes=(f"resumed after block {start} of {len(self.model.blocks)}: the earlier run's state in "
-                              f"{self.resume.folder}",))
-
-    # ---- resuming (offload with `disk`: resume.py) --------------------------------------------------
-    def _open_resume(self) -> BlockResume | None:
-        """The resume state of a block-wise offload run with `disk` (None for other runs)."""
-        if not (self.offload and self.disk is not None and any(isinstance(op, ops.RunBlock) for op in self.plan.ops)):
-            return None
-        identity = (self.plan.recipe_text, checkpoint_identity(self.model.folder), str(self.output.resolve()))
-        return BlockResume.open(self.disk, self.output, identity, self.ranks, self.plan.spans.disk,
-                                self.pending.warnings)
-
-    def _streams(self) -> list[streams.Stream]:
-        """The streams the blocks run: calibration, verification's float and quantized."""
-        verify = self.verify_streams
-        return [s for s in (self.cal, verify and verify[0], verify and verify[1]) if s is not None]
-
-    def _resumed(self) -> int:
-        """The blocks an earlier run finished (0 without one): each stream takes the hidden states it left, and
-        what those blocks reported is reported again."""
-        if self.resume is None or self.resume.saved is None:
-            return 0
-        self.caches.extend(self.resume.adopt(self._streams()))
-        restore(self.resume.saved.finished, self.rounder, self.jobs, self.costs, self.kv, self.smoother)
-        return self.resume.start
-
-    def _save_progress(self, done: int) -> None:
-        """Record `done` finished blocks (resumable runs only)."""
-        if self.resume is None:
-            return
-        self.resume.save(done, {s.name: s.hidden.folder for s in self._streams() if s.hidden.folder},
-                         finished(self.rounder, self.costs, self.kv, self.smoother))
-        if isinstance(self.writer, FolderWriter | GgufWriter):
-            self.writer.keep = True
-
-    def _block(self, number: int, name: str, calibration: Calibration | None, device) -> list[streams.HiddenCache]:
-        """One block run and rounded; the caches of the hidden states that entered it (closed by the caller)."""
-        model, cal, verify, offload = self.model, self.cal, self.verify_streams, self.offload
-        params = model.parameters_of(name)
-        if offload or device != "cpu":
-            model.materialize(params, device)
-        block = model.block_modules()[number]
-        jobs = [j for j in self.jobs if j.module.startswith(name + ".")]
-        if self.smoother is not None and cal is not None:
-            with torch.no_grad():
-                self.smoother.run(self.smoother.of_block(name),
-                                  lambda: streams.run_block(block, number, cal, device, None),
-                                  lambda: streams.run_chunk(block, number, cal, device, 0))
-        with Statistics(model.module, jobs, calibration) as stats, self.kv.running(KvMode.OBSERVE):
-            if cal is not None:
-                streams.run_block(block, number, cal, device, None, stats.new_forward)
-        outputs = {}
-        if verify is not None:
-            with self.kv.running(KvMode.PASS):
-                outputs["float"] = self._next(block, number, verify[0], device)
-        hooks = self.rounder.in_place(jobs, stats)
-        self._write_kv_scales(name + ".")
-        if cal is not None:
-            outputs["cal"] = self._next(block, number, cal, device)
-        if verify is not None and verify[1] is not None:
-            with self.costs.watching(self.model.module, jobs):
-                outputs["quant"] = self._next(block, number, verify[1], device)
-        for hook in hooks:
-            hook.remove()
-        entered = []
-        for key, stream in (("cal", cal), ("float", verify and verify[0]), ("quant", verify and verify[1])):
-            if key in outputs:
-                assert stream is not None  # it produced outputs
-                entered.append(stream.hidden)
-                stream.hidden = outputs[key]
-        if offload or device != "cpu":
-            model.release(params)
-        release_memory()
-        return entered
-
-    def _next(self, block, number: int, stream, device) -> streams.HiddenCache:
-        out = streams.HiddenCache(stream.hidden.dtype, self._cache_folder())
-        self.caches.append(out)
-        with torch.no_grad():
-            streams.run_block(block, number, stream, device, out)
-        return out
-
-    def _tail(self, cal, verify, jobs: list[Job], offload: bool, calibration: Calibration | None) -> None:
-        """What comes after the blocks runs on the streams' last hidden states: statistics for its layers,
-        rounding, and the verification comparison at the model's output. Without verification, and with no
-        layer there that needs data, nothing runs: its layers are rounded one at a time."""
-        model = self.model
-        smoothed = self.smoother.of_block(None) if self.smoother is not None and cal is not None else []
-        if verify is not None and verify[1] is None:  # the emitted folder is compared at the Verify op
-            verify = None
-        if verify is None and not (cal is not None and any(j.needs_data for j in jobs)) and not smoothed:
-            self.rounder.streamed(jobs, None, offload)
-            return
-        self.tail_done = True
-        missing = [p for p in model.outside() if not model.is_resident(p)]
-        model.materialize(missing)
-        container = model.block_modules()
-        if smoothed and self.smoother is not None:
-            with torch.no_grad():
-                self.smoother.run(smoothed, lambda: list(streams.replay_tail(container, cal, self._call, lazy=True)),
-                                  lambda: streams.first_tail_output(container, cal, self._call))
-        with Statistics(model.module, jobs, calibration) as stats:
-            self.stats = stats
-            if cal is not None and any(j.needs_data for j in jobs):
-                for _ in streams.replay_tail(container, cal, self._call, stats.new_forward, lazy=True):
-                    pass  # the hooks gathered what they need; the logits are dropped chunk by chunk
-            self.stats = None
-        if verify is not None and not jobs:  # nothing to round here: float and quantized logits chunk by chunk
-            for ref, cand, feed in zip(streams.replay_tail(container, verify[0], self._call, lazy=True),
-                                       streams.replay_tail(container, verify[1], self._call, lazy=True),
-                                       verify[1].feeds, strict=True):
-                verify[2].update(ref.float().numpy(), cand.float().numpy(), *streams.tokens_of(feed))
-        # the float logits are kept while the tail's layers are rounded; the quantized ones come one at a time
-        reference = streams.replay_tail(container, verify[0], self._call) if verify is not None and jobs else None
-        hooks = self.rounder.in_place(jobs, stats)
-        if reference is not None:
-            with self.costs.watching(self.model.module, jobs):
-                candidate = streams.replay_tail(container, verify[1], self._call, lazy=True)
-                for ref, cand, feed in zip(reference, candidate, verify[1].feeds, strict=True):
-                    verify[2].update(ref.float().numpy(), cand.float().numpy(), *streams.tokens_of(feed))
-            del reference
-        for hook in hooks:
-            hook.remove()
-        if offload:
-            model.release(missing)
 
     # ---- the ops after calibration ------------------------------------------------------------------
     def quantize(self, op: ops.QuantizeWeights) -> None:
@@ -578,73 +307,3 @@ class _Run:
                 self.unopened = skipped.message  # verification still decodes the folder, and says how
         return Product(warnings=tuple(warnings), calibration_seconds=calibrated, files=staged,
                        transform=self.smoother.summary() if self.smoother is not None else None)
-
-    def verify(self, op: ops.Verify) -> Product:
-        """Compare at the model's output: the quantized model against the kept float outputs (full), or the
-        two streams through the tail (block-wise), unless rounding the tail already did."""
-        float_stream, quantized, agreement = self._verification()
-        if self.emitted:
-            self._verify_emitted(float_stream, agreement)
-            measured_on = (
-                "the emitted folder, loaded as transformers loads it (compressed-tensors)" if not self.unopened else
-                "the emitted folder's tensors, decoded layer by layer by compressed-tensors (Q427: transformers "
-                "itself did not open it)")
-        elif self.reference is not None:
-            assert quantized is not None  # qrc's own model is verified: its quantized stream exists
-            advance = self.progress("verify", len(quantized))
-            with self.costs.watching(self.model.module, self.jobs):
-                for feed, ref in zip(quantized.feeds, self.reference, strict=True):
-                    agreement.update(ref.numpy(), self._call(feed).float().numpy(), *streams.tokens_of(feed))
-                    advance()
-        elif not self.tail_done:
-            self._tail(None, self.verify_streams, [], self.offload, None)
-        if self.ranks.world > 1:  # every rank's held-out chunks
-            agreement = merged_one(self.ranks, agreement)
-            share_costs(self.costs, self.ranks)
-            shared = f"its held-out samples shared by {self.ranks.world} torchrun ranks"
-            measured_on = f"{measured_on}, {shared}" if self.emitted else f"qrc's model, {shared}"
-        elif self.gguf:
-            measured_on = ("qrc's model, rounded to the GGUF's blocks (its float16 scales and integers, the values "
-                           "llama.cpp decodes)")
-        elif not self.emitted:
-            measured_on = "qrc's model (a built-in has no loader outside qrc)" if self.model.folder is None \
-                else "qrc's model (compressed-tensors is not installed to load the emitted folder)"
-        # Q501's help names the worst layers
-        errors = {} if passes(agreement.value(op.metric), op.bound, op.threshold) else self.costs.added()
-        verdict = judge(op, self.plan.spans.verify, self.output, agreement, measured_on, errors, self.ranks.first)
-        return Product(verification=verdict)  # the model goes into place after the last op
-
-    def _verify_emitted(self, float_stream: streams.Stream, agreement: Agreement) -> None:
-        """The held-out samples through the staged folder as transformers and compressed-tensors load it,
-        against the float outputs: those kept before rounding (full), or the float stream's last hidden
-        states through the float model's tail (its weights read again from the checkpoint: the tail may
-        have been rounded in place). Under torchrun each rank runs its own held-out chunks through the folder the
-        first rank staged (on another machine, through the copy the first sends: ranks.staged_everywhere)."""
-        with tempfile.TemporaryDirectory(prefix="qrc-staged-") as scratch:
-            staged = staged_everywhere(self.ranks, self.writer.temp if isinstance(self.writer, FolderWriter) else None,
-                                       Path(scratch))
-            self._run_emitted(open_artifact(staged, self.model, self.plan.spans.emit), float_stream, agreement)
-
-    def _run_emitted(self, artifact, float_stream: streams.Stream, agreement: Agreement) -> None:
-        span = self.plan.spans.emit
-        model = self.model
-        if self.reference:
-            reference = iter(self.reference)
-            model.release([p for p in model.keys if model.is_resident(p)])  # qrc's model is done with
-        else:
-            for hook in self.rounder.hooks:  # the tail's input quantizers: its float outputs are wanted here
-                hook.remove()
-            self.rounder.hooks.clear()
-            model.materialize(model.outside())
-            reference = streams.replay_tail(model.block_modules(), float_stream, self._call, lazy=True)
-        disk = self.disk if self.offload else None
-        run_emitted(span, artifact, float_stream.feeds, reference, agreement, hidden_cache(model.dtype, disk),
-                    self.devices, self._costs_in, self.progress)
-        self.reference = None
-        if self.offload:
-            model.release([p for p in model.outside() if model.is_resident(p)])
-
-    def _costs_in(self, scope: str | None, artifact):
-        """While the emitted model runs a scope (a block, None: outside the blocks, "": everything): each
-        quantized layer's own output error there."""
-        return self.costs.watching(artifact.module, jobs_in(self.jobs, scope, self.model.container))
