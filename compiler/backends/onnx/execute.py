@@ -10,50 +10,36 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import onnx
 
-from compiler import data
 from compiler.backends import BackendError
 from compiler.backends.agreement import passes
 from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.onnx import rewrite
 from compiler.backends.onnx.calibrate import calibrate, observe
 from compiler.backends.onnx.emitted_check import check_emitted
-from compiler.backends.onnx.emitters import QdqEmitter, activation_specs, emitter_for
+from compiler.backends.onnx.emitters import activation_specs
 from compiler.backends.onnx.exported_model import refuse_other_layers, resolve_export
-from compiler.backends.onnx.files import ModelFiles, open_model
-from compiler.backends.onnx.genai import side_files
+from compiler.backends.onnx.files import open_model
 from compiler.backends.onnx.hessians import PREFIX, GptqRounder, hessian_observers, uses_gptq
 from compiler.backends.onnx.host_cpu import saturation_warning
+from compiler.backends.onnx.run_state import OnnxRunState, Progress
 from compiler.backends.onnx.sensitivity import OnnxScorer
 from compiler.backends.onnx.verification import verify_offload, verify_whole
-from compiler.backends.products import Pending, Product
-from compiler.backends.program import Produced, execute_plan
-from compiler.backends.ranks import (
-    Owned,
-    each_machine_first,
-    from_environment,
-    gather_to_first,
-    merged,
-    merged_one,
-    staged_everywhere,
-)
+from compiler.backends.products import Product
+from compiler.backends.program import execute_plan
+from compiler.backends.ranks import Owned, each_machine_first, gather_to_first, merged, merged_one, staged_everywhere
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
-from compiler.backends.sensitivity import Scores, assign, score_units
+from compiler.backends.sensitivity import assign, score_units
 from compiler.diagnostics import error, warning
-from compiler.ir.types import Calibration, MemoryMode, Rounding
+from compiler.ir.types import Calibration, MemoryMode
 from compiler.models import builtin, resolve_path
-from compiler.models.graph import GraphSummary
 from compiler.plan import ops
 from compiler.plan.ops import Plan
-from compiler.plan.workload import Observation, observation
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
 from compiler.quant.smoothing import transform_summary
 from compiler.quant.weights import QuantizedWeight, sqnr_db
 from compiler.resolve.assignment import Assignment
-
-Progress = Callable[[str, int], Callable[[], None]]  # (stage, total) → advance-by-one
 
 
 def model_path(ref: str) -> Path:
@@ -82,35 +68,8 @@ def execute(plan: Plan, assignment: Assignment, output: Path, progress: Progress
             "time")) from None
 
 
-class _OnnxRun:
-    """The state the ops share: the model files, the assignment (the search may change it), observers and
-    the activation ranges. Each handler reads its op (and the plan's spans for its diagnostics)."""
-
-    source = Produced[Path]()  # the .onnx file: the export's, or the model's (export_onnx, load_model)
-    files = Produced[ModelFiles]()  # load_model
-    emitter = Produced[QdqEmitter]()  # made when the first weight is rounded
-    rounder = Produced[GptqRounder]()  # GPTQ: Hessians held until their layers are rounded (calibration)
-
-    def __init__(self, assignment: Assignment, plan: Plan, output: Path, progress: Progress,
-                 start: float):
-        self.assignment, self.plan, self.output = assignment, plan, output
-        self.progress, self.start = progress, start
-        self.pending = Pending()  # what the run's machinery reports between ops (program.py drains it)
-        self._source: Path | None = None
-        self._files: ModelFiles | None = None
-        self.mode = plan.mode
-        self.disk: Path | None = None  # `memory { disk }`, from select_memory_mode
-        self._observed: tuple[Assignment, Observation] | None = None  # observation()'s, for its assignment
-        self.scores: Scores | None = None
-        self.observers: dict = {}
-        self.bounds: dict[str, tuple[float, float]] = {}  # layer input → its quantized range
-        self.offload_resume: tuple = (None, None)  # (resume state, Resume) of offload, from cache_block_inputs
-        self._emitter: QdqEmitter | None = None
-        self._rounder: GptqRounder | None = None
-        self.sqnr: dict[str, float] = {}  # weight → its SQNR in dB, as each is rounded
-        self.rounded_early: set[str] = set()  # offload: the GPTQ weights rounded as their segments finished
-        self.owner: dict = {}  # with `disk`: whose its resume states are (onnx/resume.py)
-        self.ranks = from_environment()  # torchrun's ranks (backends/ranks.py); one outside torchrun
+class _OnnxRun(OnnxRunState):
+    """The plan's ops, one handler each, on the state they share (run_state.py)."""
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.ExportOnnx: self.export, ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode,
@@ -134,25 +93,6 @@ class _OnnxRun:
             self._emitter.abort()
         if self._files is not None:
             self._files.close()
-
-    @property
-    def graph(self) -> GraphSummary:
-        """The graph of the model being compiled (an ONNX model's index always has it)."""
-        graph = self.assignment.model.graph
-        assert graph is not None
-        return graph
-
-    def observation(self, calibration: Calibration) -> Observation:
-        """What calibration observes for the current assignment (a search may have changed it): worked out once
-        per assignment, since passthrough propagation walks the whole graph."""
-        if self._observed is None or self._observed[0] is not self.assignment:
-            self._observed = (self.assignment, observation(self.assignment, calibration.passthrough))
-        return self._observed[1]
-
-    def jobs(self) -> dict[str, rewrite.WeightJob]:
-        """Every weight to quantize (by initializer name), with its layer and scheme."""
-        return {a.layer.weight: rewrite.WeightJob(a.layer, a.scheme) for a in self.assignment.layers
-                if not a.scheme.is_none}
 
     # ---- model ------------------------------------------------------------------------------------
     def export(self, op: ops.ExportOnnx) -> Product:
@@ -198,11 +138,6 @@ class _OnnxRun:
         return Product(assignment=self.assignment, search=search)
 
     # ---- calibration --------------------------------------------------------------------------------
-    def _batches(self, calibration: Calibration):
-        """The calibration chunks this rank runs: chunk i on rank i mod N (all of them outside torchrun)."""
-        batches = data.calibration_batches(calibration.data, self.assignment.model, calibration.chunk)
-        return batches if self.ranks.world == 1 else Owned(batches, self.ranks)
-
     def smooth(self, op: ops.Smooth) -> Product:
         """`transform`: before anything is observed or rounded, the model is replaced by its smoothed copy."""
         t = op.settings
@@ -215,11 +150,6 @@ class _OnnxRun:
         self.files.close()
         self.files = smoothed
         return Product(transform=transform_summary(t, len(self.assignment.smoothing), gains))
-
-    def _segments(self):
-        from compiler.backends.onnx.segments import cut
-
-        return cut(self.files.light)
 
     def calibrate(self, op: ops.CalibrateChunk) -> None:
         """Every chunk, `op.passes` times: low_memory splits the observed tensors into groups."""
@@ -314,53 +244,6 @@ class _OnnxRun:
             for node, weight in pairs:
                 self._put(node, inits[weight], jobs[weight])
         release_memory()
-
-    def _open_emitter(self) -> QdqEmitter:
-        """The emitter, made when the first weight is rounded. offload keeps the weights out of the .onnx
-        too, so verification can open it without loading them; a large output streams its weights to the
-        data file as they are rounded."""
-        if self._emitter is None:
-            emit = self.plan.emit
-            self.emitter = emitter_for(emit.format, self.files, self.jobs(), self.output, emit.streams_weights,
-                                       emit.accuracy_level)
-            self.emitter.side = side_files(self.source, self.output.name, self.assignment.model)
-        return self.emitter
-
-    def _put(self, node: onnx.NodeProto, init: onnx.TensorProto, job: rewrite.WeightJob) -> None:
-        """Read one weight from the data file (refusing non-finite ones, Q409), round it, record its SQNR and
-        hand it to the emitter; nothing of it stays here."""
-        w = self.files.array(init)
-        refuse_nonfinite(self.plan.spans.model, job.layer, w)
-        qw = self._round(node, init.name, w, job)
-        self.sqnr[init.name] = sqnr_db(w, qw)
-        del w  # the float weight goes before the emitter copies the rounded one into its proto
-        self._open_emitter().put(init.name, qw)
-
-    def _round(self, node: onnx.NodeProto, weight: str, w: np.ndarray, job: rewrite.WeightJob) -> QuantizedWeight:
-        """One weight rounded: GPTQ with its Hessian where the scheme says so (rtn where no dampening makes
-        that definite), else the scheme's rounding."""
-        if uses_gptq(job) and self._rounder is not None and self._rounder.ready(job.layer.input):
-            rtn = rewrite.WeightJob(job.layer, dataclasses.replace(job.scheme, rounding=Rounding.RTN))
-            return self.rounder.round(weight, w, node, lambda: rewrite.quantize_for(w, node, rtn))
-        return rewrite.quantize_for(w, node, job)
-
-    def _resume_state(self, number: int, group: tuple[str, ...]):
-        if self.disk is None:
-            return None
-        from compiler.backends.onnx.resume import ResumeState
-
-        # under torchrun a rank's state is its own share of the chunks: one file per rank of this world, so a
-        # relaunch on as many ranks resumes each where it stopped
-        share = (f"rank {self.ranks.rank} of {self.ranks.world}",) if self.ranks.world > 1 else ()
-        state = ResumeState.for_run(self.disk, self.plan.recipe_text, str(self.files.path), str(number), *group,
-                                    *share)
-        if state.exists() and state.load() is None:  # foreign, damaged or older: never trusted, never executed
-            self.pending.warnings.append(warning(
-                "Q408", f"resume state `{state.path}` is not valid calibration state; starting over",
-                self.plan.spans.disk, "ignored", help="nothing in it was used; it is replaced as the run goes"))
-            state.remove()
-        state.claim(self.owner)
-        return state
 
     # ---- ranges -------------------------------------------------------------------------------------
     def _ranges_if_ready(self, op: ops.PlanOp, calibration: Calibration) -> None:
@@ -504,4 +387,3 @@ class _OnnxRun:
         if saturation is not None and self.ranks.first:
             self.pending.warnings.append(saturation)
         return Product(verification=verdict)
-
