@@ -1,5 +1,5 @@
 """The README is a door and docs/ holds the rest: the README stays short, the diagnostics catalogue is
-generated from compiler/codes.py (so it cannot drift), every recipe the docs show checks clean, every recipe
+generated from compiler/codes/ (so it cannot drift), every recipe the docs show checks clean, every recipe
 file they name exists and checks, and every relative link points at a file."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ ITEMS = ("model", "backend", "scheme", "kv_cache", "transform", "quantize", "gro
 def catalogue() -> str:
     """docs/diagnostics.md, rendered from the code table behind `qrc explain`."""
     out = ["# Diagnostic codes", "",
-           "Generated from `compiler/codes.py` (`python -m pytest tests/test_docs.py --update-golden` rewrites it);",
+           "Generated from `compiler/codes/` (`python -m pytest tests/test_docs.py --update-golden` rewrites it);",
            "`qrc explain CODE` prints the same. Codes are stable. Every diagnostic says where the problem is and",
            "what to do; errors end `qrc` with exit code 2, warnings with 0 (1 with `--strict`).", ""]
     for digit, name in CLASSES.items():

@@ -9,8 +9,8 @@ its own interpreter and torch (about 450 MiB, which the plan counts: torch/cost.
 measured peak includes: rss.following), and it is started once the plan is known, before torch is imported
 here (`prepared`, which `qrc compile` enters), or else when the run opens the model (`adopt`).
 
-Every failure of the child (it could not start, it died, it answered nonsense or not in time) makes `prefix` or `check`
-return None, and the run checks in its own process instead: the same checks, only slower."""
+Every failure of the child (it could not start, it died, it answered nonsense or not in time) makes `prefix`
+or `check` return None, and the run checks in its own process instead: the same checks, only slower."""
 
 from __future__ import annotations
 

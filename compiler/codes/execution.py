@@ -1,0 +1,147 @@
+"""Diagnostic codes, Q3xx and Q4xx: the plan and its memory, then the backends as they run (models, data files, outputs, ranks)."""
+
+from __future__ import annotations
+
+from compiler.codes.info import CodeInfo
+
+EXECUTION: tuple[CodeInfo, ...] = (
+    CodeInfo("Q301", "the plan does not fit the memory budget",
+             "qrc estimates the peak memory of every mode before any work starts. An explicit mode, or every "
+             "mode under `auto`, that exceeds the budget (`ram`, or 85% of free memory) is refused instead of "
+             "running out of memory an hour into calibration. The help names a way out that does fit: a "
+             "smaller `chunk`, `mode offload`, or a `disk` cache; or, when even one sample cannot fit, the "
+             "tensor that is too large.",
+             "memory { mode full  ram 1 GiB }   # on a model whose weights alone exceed 1 GiB"),
+    CodeInfo("Q302", "the run went above its ram budget",
+             "With `ram` in the recipe, qrc samples its own resident memory while it compiles and stops (writing "
+             "nothing) the moment it is above the budget, instead of overrunning it. The plan's estimate is within "
+             "±25% of what runs; a model that measures above it needs more `ram`, a smaller `chunk`, or offload.",
+             'memory { ram 600 MiB }   # a compile whose real peak is 700 MiB'),
+    CodeInfo("Q400", "backend dependency not installed",
+             "The torch backend opens HF-style folders with transformers, and the ONNX backend exports them with "
+             "torch.onnx (decoders through its dynamo exporter, which needs onnxscript): optional dependencies "
+             "(`pip install -e '.[hf]'`). Checking and planning never need them.",
+             'model "path/to/hf-folder"  backend torch   # without transformers installed'),
+    CodeInfo("Q404", "model checkpoint cannot be read",
+             "The torch backend reads weights from the folder's safetensors files, one block at a time. A file "
+             "with a broken header, a truncated tensor, a parameter of the architecture that no file holds, or "
+             "blocks that are not one ModuleList stop the compile before any weight is quantized.",
+             "model.safetensors cut short by an interrupted download"),
+    CodeInfo("Q401", "calibration data cannot be read",
+             "The file named in `data npz`, `data text` or `data dataset` is missing or unreadable (not a numpy "
+             "archive, not UTF-8 text, not a dataset format qrc reads). qrc reads no network: a Hub dataset name "
+             "works only when the Hugging Face cache already holds it.",
+             'data npz "calib.npz"   # no such file'),
+    CodeInfo("Q402", "calibration data lacks a model input",
+             "An npz file needs one array per model input, named like the input, samples on axis 0.",
+             "numpy.savez('calib.npz', input_ids=ids)   # the model also takes attention_mask"),
+    CodeInfo("Q403", "calibration data has the wrong dtype or shape",
+             "Each array must have the input's dtype and, after the samples axis, the input's fixed dimensions.",
+             "input_ids saved as float32 for an int64 input"),
+    CodeInfo("Q434", "dataset column missing or of the wrong kind",
+             "`data dataset` reads one column of each row: `text` (strings) or `messages` (a list of {role, content} "
+             "turns). A column the rows lack, or one holding something else, would calibrate on nothing; `qrc check` "
+             "reads the column names from the file's schema or first row.",
+             'data dataset "chat.jsonl" { messages "conversation" }   # the rows have `messages`'),
+    CodeInfo("Q435", "dataset split missing or empty",
+             "The split named by `split` (default `train`) must exist and have rows: Parquet metadata, a CSV or JSONL "
+             "file's first row and a save_to_disk folder's split list tell at check time.",
+             'data dataset "saved/" { split "validation" }   # saved with train and test only'),
+    CodeInfo("Q436", "tokenizer has no chat template",
+             "Chat rows (`messages`) are rendered through the tokenizer's own chat template, as the model was trained "
+             "on them; a tokenizer without one (or a lone tokenizer.json) cannot render them.",
+             'data dataset "chat.jsonl" { messages "messages"  tokenizer "tokenizer.json" }'),
+    CodeInfo("Q437", "int8 activations on the ONNX backend: slower than float on x86 CPUs (warning)",
+             "onnxruntime's x86 CPU integer kernels multiply uint8 activations by int8 weights. It rewrites an int8 "
+             "activation to uint8 only where a single MatMul reads it; q/k/v and gate/up share their input, so those "
+             "MatMuls dequantize their weights and run in float on every forward (a 55M decoder: 97 ms against 25.6 "
+             "ms float and 16.8 ms with uint8). On ONNX the presets and a bare `activations …` write uint8, whose "
+             "asymmetric grid is int8's shifted by 128; `qrc plan` lists the kernels each layer gets.",
+             "scheme s = W8A8 { activations int8 }   # on an .onnx model"),
+    CodeInfo("Q438", "a scheme that is no GGUF type",
+             "A GGUF file stores each weight in one of llama.cpp's types, and its kernels read only those blocks: "
+             "Q8_0 is int8 in groups of 32 with one float16 scale each (symmetric), Q4_0 the same in int4. A group size, "
+             "an asymmetric grid, quantized inputs or a KV cache setting have no place in the file; llama.cpp quantizes "
+             "its inputs itself and sets its cache's type at run time.",
+             "scheme w4 { weights int4 group 128 symmetric }   # with emit … { format gguf }"),
+    CodeInfo("Q439", "a model the GGUF writer cannot hold",
+             "qrc writes GGUF for the decoders whose llama.cpp graph it knows (Llama, Mistral, Qwen2, Qwen3) from a "
+             "transformers folder, and puts the folder's tokenizer in the file so that llama.cpp needs nothing else: a "
+             "byte-level BPE tokenizer.json whose pre-tokenizer llama.cpp knows by name (GPT-2's, Llama 3's, Qwen2's). "
+             "Other families, built-in models, RoPE scaling and SentencePiece tokenizers are refused before any work.",
+             'model "builtin:tiny-llama"   # with emit "out.gguf" { format gguf }'),
+    CodeInfo("Q269", "a calibration method NVFP4 inputs cannot use",
+             "NVFP4 rounds each block of 16 inputs at run time under one global scale per layer, set from the inputs' "
+             "calibrated range (448·6 / its absolute maximum). `mse` and `layerwise_percentile` choose a clipping range "
+             "by the error on an integer grid, which these inputs do not have; a range from minmax, a percentile or "
+             "entropy is what the global scale takes.",
+             "quantize { type Linear -> NVFP4 }\ncalibrate { method mse }"),
+    CodeInfo("Q270", "an attention kernel for a model without one to choose",
+             "`calibrate { attention eager|sdpa }` sets the attention implementation a transformers model runs "
+             "calibration and verification with (llm-compressor calibrates under eager attention; transformers' default "
+             "is SDPA, whose float rounding differs in the last bits, enough to change a calibrated scale's last bit). "
+             "An exported ONNX graph and qrc's built-in models compute attention one way only.",
+             'model "builtin:tiny-llama"\ncalibrate { attention eager }'),
+    CodeInfo("Q405", "tensor never finite: left unquantized (warning)",
+             "A tensor whose values were all -inf, inf or NaN during calibration has no range; it stays in float "
+             "instead of getting a NaN scale.",
+             "a layer whose input is an attention mask made of -inf"),
+    CodeInfo("Q406", "verification reuses calibration samples (warning)",
+             "An npz file with too few samples cannot hold out separate verification samples; the figures are "
+             "then optimistic.",
+             'data npz "calib.npz" { samples 128 }   # the file has exactly 128'),
+    CodeInfo("Q407", "multi_gpu fell back to low_memory (warning)",
+             "multi_gpu places every block whole on one GPU. When no GPU is visible, or the recipe's `vram` "
+             "cannot hold the blocks without splitting one, the compile runs block by block on the CPU "
+             "(low_memory) instead, and says why.",
+             "memory { mode multi_gpu  vram [80 GiB, 80 GiB] }   # on a machine without GPUs"),
+    CodeInfo("Q408", "resume state ignored (warning)",
+             "With `disk`, calibration saves its observers after each segment (ONNX), or each finished block with the "
+             "hidden states entering the next (torch, `offload`), so a killed compile resumes. The state is data only "
+             "(integer histograms, safetensors and JSON, format-versioned) and validated when read; a file that is not "
+             "such a state, damaged, from another version, one whose hidden states or staged output are gone, or "
+             "torchrun's ranks that stopped after different blocks: it is ignored and replaced, and the run starts "
+             "over. Nothing from the cache folder is ever executed.",
+             'memory { disk "cache" }   # with a foreign file at cache/checkpoints/calibration-….npz'),
+    CodeInfo("Q409", "non-finite weights",
+             "A weight with NaN or infinite values has no finite range: its scale would be NaN or infinite and the "
+             "emitted model would compute garbage. The compile stops before anything is written; give the layer "
+             "`-> none` to keep it as it is, or repair the checkpoint.",
+             'quantize { type Linear -> W8A8 }   # a checkpoint where fc1.weight holds a NaN'),
+    CodeInfo("Q410", "dynamic or per-token activations on the ONNX backend",
+             "The ONNX backend emits static per-tensor QuantizeLinear/DequantizeLinear pairs.",
+             "scheme s { weights int8  activations int8 dynamic }"),
+    CodeInfo("Q411", "scheme or format the torch backend cannot emit",
+             "The torch backend writes compressed-tensors safetensors: Linear layers only, signed integer "
+             "types (asymmetric instead of unsigned), groups that divide the input features, dynamic "
+             "activations symmetric, per-token activations dynamic.",
+             "backend torch  …  \"model.embed_tokens\" -> W8A16   # an Embedding"),
+    CodeInfo("Q415", "model folder the ONNX backend cannot export",
+             "An HF-style folder compiled with `backend onnx` is first exported to ONNX; the exporter knows BERT-family "
+             "folders only so far. `qrc check` refuses other families before any work.",
+             'model "path/to/llama-folder"  backend onnx'),
+    CodeInfo("Q416", "output path would replace an input",
+             "The output path is the model file, lies inside the model's folder, contains the model, or is a symbolic "
+             "link. Writing there could destroy the float model (or what the link points to), so qrc refuses before "
+             "any work, for the recipe's `emit` path at `qrc check` and for `-o` at `qrc compile`.",
+             'model "m.onnx"   emit "m.onnx"'),
+    CodeInfo("Q417", "the output cannot be written",
+             "The destination's folder is read-only, is not a folder, or has less free space than the plan says the "
+             "output takes; or writing failed while the compile ran (disk full). qrc checks before any work, and a "
+             "failed write leaves nothing at the destination.",
+             'qrc compile r.recipe -o /read-only/out.onnx'),
+    CodeInfo("Q412", "no output path",
+             "A compile writes a model: the recipe needs `emit \"PATH\"` or the command line `-o PATH`.",
+             "qrc compile r.recipe   # and no emit in r.recipe"),
+    CodeInfo("Q413", "output path of the wrong kind",
+             "The ONNX backend writes one .onnx file (plus .onnx.data for large models); the torch backend "
+             "writes a folder. An existing path of the other kind is not overwritten.",
+             "qrc compile r.recipe -o out/"),
+    CodeInfo("Q419", "onnxruntime cannot run the model on this data",
+             "Calibration and verification run the model in onnxruntime on the recipe's samples. Some graphs accept "
+             "only some shapes: onnxruntime-genai's builder writes GroupQueryAttention, which takes a filled cache "
+             "(past > 0) with several new tokens only one sample at a time. Such a combination is refused at "
+             "`check`; any other error onnxruntime raises on the data ends the compile with its message, and "
+             "nothing is written.",
+             'calibrate { data npz "cache.npz"  chunk 8 }   # past 96, 4 new tokens, a builder decoder'),
+)
