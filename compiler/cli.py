@@ -91,6 +91,19 @@ def _check_report_path(path: Path | None) -> None:
         raise typer.Exit(2)
 
 
+def _check_report_against_inputs(path: Path, ir) -> None:
+    """Q239 when the report would replace the recipe, the model or another file the recipe reads (`qrc compile`
+    checks the same in compile_run, with the compiled model among them)."""
+    from compiler.diagnostics import error
+    from compiler.outputs import output_conflict, read_paths
+
+    clash = output_conflict(path, ir.model, read_paths(ir))
+    if clash:
+        print_diagnostics((error("Q239", f"report {clash}", None, "would replace a file of the plan",
+                                 help="write the report to a path of its own (e.g. `--report out/report.html`)"),))
+        raise typer.Exit(2)
+
+
 def _stderr() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -211,6 +224,7 @@ def plan(
     result = plan_file(recipe, tuple(set_ or ()))
     print_diagnostics(result.diagnostics)
     if result.plan is not None and result.ok and report is not None:
+        _check_report_against_inputs(report, result.check.recipe)
         _write_report(report, result)
     if result.plan is not None and result.ok:
         if fmt is Format.json:
@@ -231,18 +245,27 @@ def compile_(
                                                   "the recipe's `emit` path).")] = None,
     set_: SetOption = None,
     report: ReportOption = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the output path even where qrc did not "
+                                            "write what is there (a folder of other files, another program's "
+                                            "file): it is deleted. Without it, such a path is refused (Q440) and "
+                                            "only an earlier qrc output is replaced.")] = False,
 ) -> None:
     """Compile: check, plan, calibrate, quantize, emit (atomically) and verify. Prints progress per stage
     and a summary with the measured peak memory beside the planned estimate."""
     from compiler.backends.ranks import from_environment
     from compiler.compile_run import CompileFailed, compile_recipe, summary
+    from compiler.diagnostics import StageError
 
     _check_report_path(report)
-    ranks = from_environment()
+    try:
+        ranks = from_environment()
+    except StageError as exc:  # RANK / WORLD_SIZE junk: Q443
+        print_diagnostics((exc.diagnostic,))
+        raise typer.Exit(2) from None
     first = ranks.first  # under torchrun the first rank speaks for all (backends/ranks.py)
     console = _stderr() if first else Console(stderr=True, quiet=True)
     try:
-        result, planned = compile_recipe(recipe, tuple(set_ or ()), output, console, report)
+        result, planned = compile_recipe(recipe, tuple(set_ or ()), output, console, report, overwrite)
     except CompileFailed as failed:
         if not first:  # a failure of its own run (the first rank cannot know it): one line, naming the rank
             worst = next((d for d in failed.diagnostics if d.severity.value == "error"), None)

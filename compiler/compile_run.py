@@ -22,9 +22,17 @@ from compiler.inspect_table import totals
 from compiler.ir.checks import unshared_error
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
-from compiler.outputs import destination_lock, output_conflict, read_paths, unwritable
+from compiler.outputs import (
+    destination_lock,
+    foreign_destination,
+    normalized_output,
+    output_conflict,
+    read_paths,
+    unwritable,
+)
 from compiler.plan.ops import Emit
 from compiler.plan.workload import workload
+from compiler.safe_files import UnsafePath
 
 
 class CompileFailed(Exception):
@@ -38,14 +46,18 @@ class CompileFailed(Exception):
 
 
 def output_path(result: PlanResult, override: Path | None) -> Path:
-    """Where the model goes: `-o PATH`, else the recipe's emit path (Q412 when neither)."""
+    """Where the model goes: `-o PATH`, else the recipe's emit path (Q412 when neither; Q413 for a path with no
+    name, such as `/`)."""
     ir = result.check.recipe
-    if override is not None:
-        return override
-    if ir.emit is None:
+    if override is None and ir.emit is None:
         raise CompileFailed((error("Q412", f"recipe `{ir.name}` says nowhere to write the model", ir.span, "no `emit`",
                                    help='add `emit "out/model.onnx"` or pass `-o PATH`'),))
-    return Path(ir.emit.path)
+    given = override if override is not None else Path(ir.emit.path)
+    destination = normalized_output(given)
+    if destination is None:
+        raise CompileFailed((error("Q413", f"output `{given}` has no name of its own", ir.span, "not an output path",
+                                   help="give a new file or folder path (`-o out/model`)"),))
+    return destination
 
 
 @contextmanager
@@ -62,13 +74,17 @@ def _terminate_as_interrupt():
 
 
 def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None, console: Console,
-                   report: Path | None = None):
+                   report: Path | None = None, overwrite: bool = False):
     """Run a compile; returns (result, planned). Raises CompileFailed with the diagnostics on errors.
     `report`: where the CLI will write its report, checked against every path the compile reads and writes.
+    `overwrite`: replace a destination qrc did not write (else Q440 before any work).
 
     The plan is the program: the recipe's backend (from the registry) runs its ops in order. Under torchrun
     it is planned for the ranks torchrun started (each rank's share), whatever `ranks` the recipe gives."""
-    ranks = from_environment()
+    try:
+        ranks = from_environment()
+    except StageError as exc:  # RANK / WORLD_SIZE that name no rank
+        raise CompileFailed((exc.diagnostic,)) from None
     planned = _planned_for(recipe, overrides, ranks.world)
     if not planned.ok:
         raise CompileFailed(planned.diagnostics)
@@ -91,6 +107,11 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
         what = "a folder" if destination.is_dir() else "a file"
         raise CompileFailed((error("Q413", f"output `{destination}` is {what}", ir.span, "wrong kind of output",
                                    help=f"give {spec.output_help}"),))
+    foreign = None if overwrite else foreign_destination(destination)
+    if foreign:  # a compile replaces its destination whole: only what an earlier compile wrote
+        raise CompileFailed((error("Q440", foreign, ir.span, "would delete files qrc did not write",
+                                   help="write to a new path (`-o PATH`), or pass `--overwrite` to replace it and "
+                                   "everything in it on purpose; nothing was written"),))
     needed = _output_bytes(planned)
     problem = unwritable(destination, needed)
     if problem:
@@ -105,6 +126,13 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
 def _locked(execute, ir, planned: PlanResult, destination: Path, console: Console, needed: int, ranks: Ranks):
     """The compile with the destination held: one rank holds it, the others write nothing
     (compiler/backends/ranks.py)."""
+    try:
+        return _joined(execute, ir, planned, destination, console, needed, ranks)
+    except StageError as exc:  # the ranks could not form their process group (Q444), before any work
+        raise CompileFailed(planned.diagnostics + (exc.diagnostic,), None, planned, running=True) from None
+
+
+def _joined(execute, ir, planned: PlanResult, destination: Path, console: Console, needed: int, ranks: Ranks):
     with _held(destination, ir, needed) if ranks.first else nullcontext(None) as held, joined(ranks) as peers:
         if held is not None:
             raise CompileFailed((error("Q429", f"another qrc compile is writing `{destination}` ({held})", ir.span,
@@ -130,12 +158,21 @@ def _held(destination: Path, ir, needed: int) -> Iterator[str | None]:
     with ExitStack() as stack:
         try:
             held = stack.enter_context(destination_lock(destination))
+        except UnsafePath as exc:
+            raise CompileFailed((unsafe_path_error(exc, ir.span),)) from None
         except OSError as exc:
             raise CompileFailed((error("Q417", f"`{destination}` could not be taken for this compile: "
                                        f"{exc.strerror or exc}", ir.span, "cannot write the output",
                                        help=f"write to a folder you can write with {human_bytes(needed)} free "
                                        "(`-o PATH`); nothing was written"),)) from None
         yield held
+
+
+def unsafe_path_error(exc: UnsafePath, span) -> Diagnostic:
+    """Q441: a path the compile writes holds a link, a FIFO or a device; what it points to was not touched."""
+    return error("Q441", exc.reason, span, "refused to write through it",
+                 help="remove it (it was not written by this compile, and what it points to is untouched), or "
+                 "write to another path (`-o PATH`)")
 
 
 def _distributed(exc: BaseException) -> bool:
@@ -200,6 +237,9 @@ def _execute(execute, ir, planned: PlanResult, destination: Path, console: Conso
             result = execute(planned.program, planned.assignment, destination, progress)
         except StageError as exc:  # a backend's failure, or its data's
             raise CompileFailed(planned.diagnostics + (exc.diagnostic,), getattr(exc, "result", None), planned,
+                                running=True) from None
+        except UnsafePath as exc:  # a link or a FIFO planted where the run writes (a lock, a state, a cache)
+            raise CompileFailed(planned.diagnostics + (unsafe_path_error(exc, ir.span),), None, planned,
                                 running=True) from None
         except OSError as exc:  # disk full, a folder made read-only meanwhile: the backends left no partial output
             where = exc.filename or destination

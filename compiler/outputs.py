@@ -13,6 +13,7 @@ from pathlib import Path
 
 from compiler.ir.values import human_bytes
 from compiler.models import local_path
+from compiler.safe_files import open_regular
 
 
 def _model_paths(ref: str) -> list[Path]:
@@ -62,6 +63,13 @@ def read_paths(ir) -> list[tuple[str, Path]]:
         tokenizer = resolve_tokenizer(data, ir.model)
         if tokenizer is not None:
             found.append(("tokenizer", tokenizer))
+    elif data.kind is DataKind.DATASET and data.tokenizer:  # a tokenizer folder (or file) of `data dataset`
+        try:
+            tokenizer_path = resolve_path(data.tokenizer)
+        except ModelError:
+            tokenizer_path = None
+        if tokenizer_path is not None and tokenizer_path.exists():
+            found.append(("tokenizer", tokenizer_path))
     return found
 
 
@@ -79,6 +87,8 @@ def output_conflict(output: Path, model_ref: str, reads: list[tuple[str, Path]] 
             return f"`{output}` is the {what} `{path}`"
         if target in source.parents:
             return f"`{output}` contains the {what} `{path}`"
+        if source.is_dir() and source in target.parents:  # a tokenizer folder's files are read too
+            return f"`{output}` is inside the {what} `{path}`"
     for path in _model_paths(model_ref):
         source = path.resolve()
         if target == source:
@@ -88,6 +98,55 @@ def output_conflict(output: Path, model_ref: str, reads: list[tuple[str, Path]] 
         if target in source.parents:
             return f"`{output}` contains the model `{path}`"
     return None
+
+
+PROVENANCE_MARK = b"qrc.recipe_sha256"  # the key every model qrc writes records (Plan.provenance)
+_MARK_SCAN = 64 << 20  # bytes read at each end of a file: GGUF keeps its key-values first, ONNX its metadata last
+OWN_FOLDER_MARK = "qrc.recipe"  # the recipe every folder qrc writes holds at its top
+
+
+def foreign_destination(destination: Path) -> str | None:
+    """Why replacing `destination` would lose something qrc did not write, or None when nothing would be lost:
+    nothing is there, an empty folder, a folder qrc wrote (its `qrc.recipe` at the top), or a model file qrc
+    wrote (its provenance key in the file's head or tail)."""
+    try:
+        if not destination.exists():
+            return None
+        if destination.is_dir():
+            entries = sorted(entry.name for entry in destination.iterdir())
+            marker = destination / OWN_FOLDER_MARK
+            if not entries or (marker.is_file() and not marker.is_symlink()):
+                return None
+            shown = ", ".join(f"`{name}`" for name in entries[:3]) + (", …" if len(entries) > 3 else "")
+            count = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}"
+            return f"`{destination}` is a folder qrc did not write ({count}: {shown})"
+        if destination.is_file() and _carries_mark(destination):
+            return None
+    except OSError as exc:
+        return f"`{destination}` cannot be read to tell whether qrc wrote it ({exc.strerror or exc})"
+    return f"`{destination}` is a file qrc did not write"
+
+
+def _carries_mark(path: Path) -> bool:
+    """Whether qrc's provenance key is in the first or the last _MARK_SCAN bytes of the file at `path`."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        head = handle.read(_MARK_SCAN)
+        if PROVENANCE_MARK in head:
+            return True
+        if size <= _MARK_SCAN:
+            return False
+        handle.seek(max(size - _MARK_SCAN, _MARK_SCAN - len(PROVENANCE_MARK)))
+        return PROVENANCE_MARK in handle.read()
+
+
+def normalized_output(path: Path) -> Path | None:
+    """`path`, made absolute where it ends in `.` or `..` (so that `-o .` names the folder it means); None for a
+    path with no name of its own (the file system's root), where no output can be staged beside it."""
+    if path.name not in ("", ".", ".."):
+        return path
+    absolute = Path(os.path.abspath(path))
+    return absolute if absolute.name else None
 
 
 @contextmanager
@@ -104,7 +163,7 @@ def destination_lock(destination: Path) -> Iterator[str | None]:
     destination.parent.mkdir(parents=True, exist_ok=True)
     path = destination.with_name(f".{destination.name}.qrc-lock")
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_regular(path)  # a link or a FIFO planted at the lock's name is refused, never written through
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -113,7 +172,7 @@ def destination_lock(destination: Path) -> Iterator[str | None]:
             yield f"process {holder}" if holder else "another process"
             return
         try:  # the holder before us may have removed the file after we opened it: lock the one in place
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            same = os.fstat(fd).st_ino == os.lstat(path).st_ino
         except FileNotFoundError:
             same = False
         if same:
@@ -125,6 +184,9 @@ def destination_lock(destination: Path) -> Iterator[str | None]:
         yield None
     finally:
         try:
-            os.unlink(path)
+            if os.lstat(path).st_ino == os.fstat(fd).st_ino:  # only the file this run locked, not one put in its place
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
         finally:
             os.close(fd)

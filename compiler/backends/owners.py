@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
+
+from compiler.safe_files import read_own, replace_file, what_is
 
 
 def owner(destination: Path, *run: str, world: int) -> dict:
@@ -18,15 +21,16 @@ def owner(destination: Path, *run: str, world: int) -> dict:
 
 def claim(path: Path, mine: dict) -> None:
     """Record `mine` as the owner of the state beside `path` (its owner file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(mine), encoding="utf-8")
+    if what_is(path) is not None:  # a link, FIFO or folder planted in qrc's own state folder: removed, never followed
+        shutil.rmtree(path) if what_is(path) == "a folder" else path.unlink()
+    replace_file(path, json.dumps(mine))
 
 
 def superseded(path: Path, mine: dict) -> bool:
     """Whether the owner file at `path` names this run's destination but another run or rank count. A file that
     is not an owner record (another version's, damaged) is left alone."""
     try:
-        theirs = json.loads(path.read_text(encoding="utf-8"))
+        theirs = json.loads(read_own(path, 1 << 20))  # never through a link, never blocked on a FIFO
     except (OSError, ValueError):
         return False
     return isinstance(theirs, dict) and theirs.get("destination") == mine["destination"] and theirs != mine

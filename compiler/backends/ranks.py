@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from compiler.diagnostics import StageError
+from compiler.diagnostics import StageError, error
+from compiler.env_numbers import env_index, env_number
 
 T = TypeVar("T")
 TIMEOUT_S = 600  # a rank that stops answering ends every rank's wait after this long (QRC_RANK_TIMEOUT overrides)
@@ -58,18 +59,20 @@ class Owned:
 
 
 def from_environment() -> Ranks:
-    """The ranks torchrun describes in the environment (RANK, WORLD_SIZE); one rank without it."""
+    """The ranks torchrun describes in the environment (RANK, WORLD_SIZE); one rank without it. Junk or a rank
+    outside the count is Q443 (StageError), not a silent single run."""
     rank, world = _index_and_count("RANK", "WORLD_SIZE")
-    return Ranks(rank, world) if 0 <= rank < world else Ranks()
+    if world < 1 or rank >= world:
+        raise StageError(error("Q443", f"environment variables RANK={rank} and WORLD_SIZE={world} name no rank",
+                               None, "out of range", help="RANK runs from 0 to WORLD_SIZE - 1 (torchrun sets both); "
+                               "unset both for one process"))
+    return Ranks(rank, world)
 
 
 def _index_and_count(index: str, count: str) -> tuple[int, int]:
     """A process's index and the count, from torchrun's environment variables of those names (0 of 1 where
-    they are missing or not numbers)."""
-    try:
-        return int(os.environ.get(index, "0")), int(os.environ.get(count, "1"))
-    except ValueError:
-        return 0, 1
+    they are unset; Q443 where they are not whole numbers)."""
+    return env_index(index, 0), env_index(count, 1)
 
 
 def current() -> Ranks:
@@ -111,12 +114,20 @@ def joined(ranks: Ranks) -> Iterator[list[Peer]]:
     import torch
     import torch.distributed as dist
 
-    timeout = datetime.timedelta(seconds=float(os.environ.get("QRC_RANK_TIMEOUT", TIMEOUT_S)))
+    timeout = datetime.timedelta(seconds=env_number("QRC_RANK_TIMEOUT", TIMEOUT_S, low=1, high=7 * 86400))
     local_rank, local_world = _index_and_count("LOCAL_RANK", "LOCAL_WORLD_SIZE")
     backend = group_backend(torch.cuda.device_count() if torch.cuda.is_available() else 0, local_world)
     if backend == "nccl":  # each rank moves its collectives through its own GPU (nccl refuses two ranks on one)
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend, timeout=timeout)
+    try:
+        dist.init_process_group(backend, timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - a peer that never came, no MASTER_ADDR, a refused port: torch's many types
+        said = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise StageError(error("Q444", f"rank {ranks.rank} of {ranks.world} could not join the others "
+                               f"({type(exc).__name__}: {said})", None, "no process group",
+                               help="start every rank with torchrun (it sets MASTER_ADDR, MASTER_PORT, RANK and "
+                               "WORLD_SIZE) and check that each one started; QRC_RANK_TIMEOUT sets how long a rank "
+                               "waits for the others; nothing was written")) from None
     try:
         yield all_gathered(ranks, Peer(ranks.rank, socket.gethostname(), os.getpid()))
     finally:

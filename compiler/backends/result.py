@@ -14,6 +14,7 @@ from compiler.backends.sensitivity import SearchResult
 from compiler.diagnostics import Diagnostic, error, warning
 from compiler.plan.ops import CaptureReference, Plan, PlanOp, Verify
 from compiler.resolve.assignment import Assignment
+from compiler.safe_files import replace_file
 from compiler.source import Span
 
 
@@ -90,11 +91,12 @@ def judge(v: Verify, span: Span | None, output: Path, agreement: Agreement, meas
     if not writes:
         pass
     elif passed:
-        report.unlink(missing_ok=True)  # the figures of an earlier, failed compile no longer describe this model
+        if report.is_file() and not report.is_symlink():  # an earlier failed compile's figures no longer hold
+            report.unlink()
     else:
-        report.write_text(json.dumps({"metric": v.metric.value, "bound": v.bound.value, "threshold": v.threshold,
-                                      "value": value, "figures": figures, "measured_on": measured_on},
-                                     indent=2) + "\n")
+        replace_file(report, json.dumps({"metric": v.metric.value, "bound": v.bound.value, "threshold": v.threshold,
+                                         "value": value, "figures": figures, "measured_on": measured_on},
+                                        indent=2) + "\n")
         failure = error("Q501", f"verification failed: {v.metric.value} = {value:.6g}, the recipe asks "
                         f"{v.bound.value} {v.threshold:g}", span, "not met",
                         help=_q501_help(output, report, layer_errors))

@@ -18,8 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from compiler.plan.ops import AssignPrecision, ScoreSensitivity
 from compiler.quant.weights import Convention, quantize_weight
 from compiler.resolve import mixed
 from compiler.resolve.assignment import Assignment
+from compiler.safe_files import read_own, replace_file
 
 CACHE_VERSION = "qrc-sensitivity-v1"
 
@@ -181,7 +180,7 @@ def cache_root(disk: Path | None) -> Path:
 def _load(path: Path, units: Sequence[mixed.Unit], count: int) -> dict[str, list[float]] | None:
     """The cached scores, or None when missing or not what this search needs (then it scores again)."""
     try:
-        found = json.loads(path.read_text())
+        found = json.loads(read_own(path))
         losses = {u.name: [float(x) for x in found[u.name]] for u in units}
     except (OSError, ValueError, TypeError, KeyError):
         return None
@@ -191,11 +190,7 @@ def _load(path: Path, units: Sequence[mixed.Unit], count: int) -> dict[str, list
 def _save(path: Path, losses: Mapping[str, Sequence[float]]) -> None:
     """Write the scores atomically; a cache that cannot be written only costs the next compile time."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".scores-", suffix=".json")
-        with os.fdopen(fd, "w") as handle:
-            json.dump(losses, handle, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        replace_file(path, json.dumps(losses, indent=1, sort_keys=True))
     except OSError:
         pass
 

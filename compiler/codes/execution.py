@@ -130,6 +130,39 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "output takes; or writing failed while the compile ran (disk full). qrc checks before any work, and a "
              "failed write leaves nothing at the destination.",
              'qrc compile r.recipe -o /read-only/out.onnx'),
+    CodeInfo("Q440", "the output path holds files qrc did not write",
+             "A compile replaces its destination whole, so it replaces only what an earlier qrc compile wrote: a "
+             "folder with qrc's `qrc.recipe` at its top, or a model file carrying qrc's provenance key. A folder of "
+             "other files, or another program's file, is refused before any work; `qrc compile --overwrite` "
+             "replaces it on purpose.",
+             "qrc compile r.recipe -o ~/thesis   # a folder of your own files"),
+    CodeInfo("Q441", "a file qrc writes is a link, a FIFO or a device",
+             "Every file qrc creates or rewrites (the output, its staging, the destination lock, resume states and "
+             "their owner records, reports, `.verify.json`, caches) is opened without following a link and must be "
+             "a regular file: a symbolic link planted at one of those names (in a shared scratch folder, say) would "
+             "otherwise make the compile write what it points to. The compile stops and the link's target is left "
+             "as it was.",
+             "ln -s ~/.bashrc out/.model.qrc-lock; qrc compile r.recipe -o out/model"),
+    CodeInfo("Q442", "a chat template failed",
+             "Chat rows (`messages`) are rendered through the tokenizer's own chat template, which is code from a "
+             "download. qrc renders it in Jinja's sandbox in a child process with a deadline per row "
+             "(QRC_TEMPLATE_SECONDS, default 10 s), a cap on the rendered text (QRC_TEMPLATE_CHARS, default 4,000,000 "
+             "characters) and on the child's memory (QRC_TEMPLATE_MEMORY, default 1 GiB). A syntax error, "
+             "`raise_exception(...)`, an undefined name, an include, a sandbox escape refused, a loop past the "
+             "deadline or an output past a cap stops the compile with the template file, its line where Jinja "
+             "gives one, and the dataset row; nothing is written.",
+             "{% for i in range(100000) %}{% for j in range(100000) %}…   # in chat_template.jinja"),
+    CodeInfo("Q443", "an environment variable qrc reads is not a number in range",
+             "qrc reads a few numbers from the environment: torchrun's RANK, WORLD_SIZE, LOCAL_RANK and "
+             "LOCAL_WORLD_SIZE, QRC_RANK_TIMEOUT, and the chat template limits QRC_TEMPLATE_SECONDS, "
+             "QRC_TEMPLATE_CHARS and QRC_TEMPLATE_MEMORY. Junk, NaN, infinity or a value out of range is refused "
+             "with the variable's name and range instead of a silent default or a traceback.",
+             "QRC_RANK_TIMEOUT=nan qrc compile r.recipe"),
+    CodeInfo("Q444", "the ranks could not form their process group",
+             "Under torchrun every rank joins one process group before any work. A peer that never started, no "
+             "MASTER_ADDR, or a port that cannot be reached stops this rank with what torch reported; nothing is "
+             "written.",
+             "RANK=0 WORLD_SIZE=2 qrc compile r.recipe   # without torchrun"),
     CodeInfo("Q412", "no output path",
              "A compile writes a model: the recipe needs `emit \"PATH\"` or the command line `-o PATH`.",
              "qrc compile r.recipe   # and no emit in r.recipe"),

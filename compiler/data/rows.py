@@ -22,9 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from compiler.data.dataset_schema import MISSING_HELP, local_folder, saved_folder, tokenizer_location
+from compiler.data.dataset_schema import MISSING_HELP, TEMPLATE_FILES, local_folder, saved_folder, tokenizer_location
+from compiler.data.templates import TemplateRenderer
 from compiler.diagnostics import Diagnostic, StageError, error
 from compiler.ir.types import DataSource, RowPolicy
+from compiler.models.side_files import linked_outside
 
 # the builder `datasets` reads each file suffix with
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
@@ -47,8 +49,12 @@ def dataset_rows(source: DataSource, model_ref: str, needed: int) -> TokenRows:
     """The first `needed` samples of `source` (fewer when the dataset runs out), tokenised."""
     assert source.rows is not None and source.path is not None  # `data dataset "PATH"` (elaboration)
     tokenizer = load_tokenizer(source, model_ref)
-    texts = _texts(source, _open(source), tokenizer)
-    return _samples(texts, tokenizer, source, needed)
+    if not source.rows.messages:
+        return _samples(_texts(source, _open(source), None), tokenizer, source, needed)
+    location = tokenizer_location(source, model_ref)
+    assert location is not None  # load_tokenizer found it
+    with TemplateRenderer(tokenizer, location, source.span_of("messages") or source.span_of("data")) as renderer:
+        return _samples(_texts(source, _open(source), renderer), tokenizer, source, needed)
 
 
 # ---- opening ----------------------------------------------------------------------------------------------
@@ -205,8 +211,9 @@ def _fetched(source: DataSource, rows, wanted: set[int]) -> dict[int, Any]:
     return found
 
 
-def _texts(source: DataSource, rows, tokenizer) -> Iterator[str]:
-    """Each row as the text the model reads: its text column, or its messages through the chat template."""
+def _texts(source: DataSource, rows, renderer: TemplateRenderer | None) -> Iterator[str]:
+    """Each row as the text the model reads: its text column, or its messages through the chat template
+    (`renderer`: in a child process, under a deadline and size caps)."""
     assert source.rows is not None
     for number, value in enumerate(_ordered(source, rows)):
         if source.rows.messages:
@@ -214,8 +221,10 @@ def _texts(source: DataSource, rows, tokenizer) -> Iterator[str]:
                 raise StageError(error(
                     "Q434", f"dataset `{source.path}`: column `{source.rows.field}` of row {number} is not a list of "
                     "chat messages", source.span_of("messages"), "not messages",
-                    help='each row needs a list of {"role": ..., "content": ...}; use `text` for a text column'))
-            yield tokenizer.apply_chat_template(value, tokenize=False)
+                    help='each row needs a non-empty list of {"role": ..., "content": ...}; use `text` for a text '
+                    "column"))
+            assert renderer is not None
+            yield renderer.render(value, number)
         elif isinstance(value, str):
             yield value
         elif value is not None:
@@ -226,7 +235,8 @@ def _texts(source: DataSource, rows, tokenizer) -> Iterator[str]:
 
 
 def _is_chat(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in value)
 
 
 # ---- tokenising -------------------------------------------------------------------------------------------
@@ -244,6 +254,13 @@ def load_tokenizer(source: DataSource, model_ref: str):
     except ImportError:
         raise StageError(error("Q400", "`data dataset` needs transformers for its tokenizer", span, "missing package",
                                help="pip install -e '.[hf]'")) from None
+    outside = linked_outside(location, [location / name for name in (*TEMPLATE_FILES, "tokenizer.json",
+                                                                      "tokenizer_config.json")]) \
+        if location.is_dir() else []
+    if outside:  # transformers would read what the link points to: /etc/passwd as the chat template
+        raise StageError(error("Q401", f"`{outside[0]}` links outside the tokenizer folder `{location}`", span,
+                               "links outside", help="copy the file into the folder; qrc reads no file a tokenizer "
+                               "folder only links to"))
     try:
         if location.is_dir():
             tokenizer = PreTrainedTokenizerFast.from_pretrained(str(location), local_files_only=True)

@@ -3,13 +3,11 @@ qrc drew itself is inserted as markup) and write it atomically."""
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
 
-from compiler.models.onnx_write import file_mode
 from compiler.report.content import Report
+from compiler.safe_files import replace_file
 
 FORMATS = {".md": "report.md.j2", ".html": "report.html.j2", ".htm": "report.html.j2"}
 
@@ -43,15 +41,5 @@ def render(report: Report, suffix: str) -> str:
 
 
 def write(report: Report, path: Path) -> None:
-    """The report file appears whole or not at all."""
-    text = render(report, path.suffix)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, file_mode())  # like any file the user writes (mkstemp makes it 0600)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """The report file appears whole or not at all, and never through a link or into a FIFO at its path."""
+    replace_file(path, render(report, path.suffix))

@@ -20,6 +20,7 @@ from compiler.backends.onnx.genai import TOKENIZER_FILES
 from compiler.diagnostics import error
 from compiler.models.exports import cached_export, export_path, metadata_key
 from compiler.models.side_files import copyable
+from compiler.safe_files import read_own, replace_file
 
 _OUTPUTS = {"bert": ["last_hidden_state", "pooler_output"]}
 
@@ -45,7 +46,7 @@ def export_folder(folder: Path, span=None) -> Path:
                 shutil.copyfile(folder / name, target.parent / name)
         os.replace(staging / "model.onnx.data", target.parent / "model.onnx.data")
         os.replace(staging / "model.onnx", target)
-        (target.parent / STAMP).write_text(json.dumps(_stamp(folder, target)))
+        replace_file(target.parent / STAMP, json.dumps(_stamp(folder, target)))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
@@ -76,7 +77,7 @@ def _reusable(found: Path, folder: Path) -> bool:
     if found.is_symlink() or data.is_symlink() or not data.is_file():
         return False
     try:
-        if json.loads((found.parent / STAMP).read_text()) != _stamp(folder, found):
+        if json.loads(read_own(found.parent / STAMP)) != _stamp(folder, found):
             return False
         index_onnx(found, str(folder))
         shapes = tensor_shapes(folder, str(folder))

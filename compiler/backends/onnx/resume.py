@@ -22,6 +22,7 @@ import numpy as np
 from compiler.backends.owners import claim, superseded
 from compiler.quant.gptq import HessianObserver
 from compiler.quant.observers import HistogramObserver, MinMaxObserver
+from compiler.safe_files import open_regular, own_folder, refuse_unless_regular
 
 FORMAT = "qrc-resume-v2"
 OWNER_SUFFIX = ".owner.json"  # beside each state: whose it is (remove_superseded)
@@ -43,7 +44,8 @@ class ResumeState:
         """(segments done, observers) from an earlier, interrupted run; None when there is none or it is not
         a valid state of this format (then the run starts over)."""
         try:
-            with np.load(self.path, allow_pickle=False) as archive:
+            with os.fdopen(open_regular(self.path, os.O_RDONLY, create=False), "rb") as handle, \
+                    np.load(handle, allow_pickle=False) as archive:  # never through a link or from a FIFO
                 meta = json.loads(str(archive["meta"]))
                 if meta.get("format") != FORMAT:
                     return None
@@ -57,7 +59,8 @@ class ResumeState:
 
     def save(self, done: int, observers: dict) -> None:
         """Write the observers after `done` segments atomically."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        own_folder(self.path.parent)
+        refuse_unless_regular(self.path)
         arrays: dict[str, np.ndarray] = {}
         described = []
         for i, (name, observer) in enumerate(observers.items()):

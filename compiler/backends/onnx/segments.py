@@ -22,6 +22,7 @@ from compiler.backends.release import trim_heap
 from compiler.data import Batches
 from compiler.models.graph import GraphSummary
 from compiler.plan.activations import segment_runs
+from compiler.safe_files import own_folder
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,9 @@ class BoundaryCache:
     def __post_init__(self) -> None:
         if self.folder is None:
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
+        own_folder(self.folder)  # the cache folders qrc names are never links elsewhere (Q441)
         if self.key:
-            self._scratch = self.folder / f"boundary-{self.key}"
-            self._scratch.mkdir(exist_ok=True)
+            self._scratch = own_folder(self.folder / f"boundary-{self.key}")
         else:
             self._scratch = Path(tempfile.mkdtemp(dir=self.folder, prefix="boundary-"))
 

@@ -51,6 +51,7 @@ from compiler.models.names import attention_modules
 from compiler.plan import ops
 from compiler.plan.ops import Plan
 from compiler.resolve.assignment import Assignment
+from compiler.safe_files import own_folder
 
 
 def execute(plan: Plan, assignment: Assignment, output: Path, progress) -> CompileResult:
@@ -172,7 +173,8 @@ class _Run(Verifying):
         staged = self.resume.staged if self.resume is not None else None
         resumed = self.resume is not None and self.resume.start > 0
         if layout is not None:  # the first rank writes the header now, with every tensor's place
-            self.writer = GgufWriter(self.output, self.model, layout, staged, resumed) if self.ranks.first \
+            self.writer = GgufWriter(self.output, self.model, layout, staged, resumed,
+                                     self.plan.provenance) if self.ranks.first \
                 else RankCollector()
             skipped = None
         else:
@@ -194,7 +196,7 @@ class _Run(Verifying):
         if skipped is not None:
             self.pending.warnings.append(skipped)
         if self.disk is not None:
-            self.disk.mkdir(parents=True, exist_ok=True)
+            own_folder(self.disk)
         if self.assignment.smoothing and gathers is not None and gathers.transform is not None:
             writer = self.writer if isinstance(self.writer, FolderWriter | GgufWriter) else None  # the first rank writes
             self.smoother = Smoother(gathers.transform, gathers.calibration, self.model, self.index,

@@ -26,6 +26,7 @@ from compiler.backends.torch.model import TorchModel
 from compiler.ir.types import Rounding
 from compiler.quant.kquants import GgufBlocks, quantize_reference
 from compiler.quant.weights import QuantizedWeight
+from compiler.safe_files import open_regular
 
 _GGML = {t: gguf.GGMLQuantizationType[t.value] for t in GgufType}
 _FLOATS = {torch.float32: GgufType.F32, torch.float16: GgufType.F16, torch.bfloat16: GgufType.BF16}
@@ -96,9 +97,11 @@ class GgufWriter(Emitter):
     tensor at its offset as it comes."""
 
     def __init__(self, destination: Path, model: TorchModel, layout: GgufLayout, staged: Path | None = None,
-                 reopen: bool = False):
+                 reopen: bool = False, provenance: tuple[tuple[str, str], ...] = ()):
         """`staged`: the staged file of a resumable run (torch/resume.py), kept when the run stops; `reopen`: an
-        earlier run's, whose tensors written so far stay (its header must be this one, byte for byte)."""
+        earlier run's, whose tensors written so far stay (its header must be this one, byte for byte).
+        `provenance`: the plan's (recipe name and hash), key-values of the header: they also mark the file as
+        qrc's, so a later compile may replace it (outputs.foreign_destination)."""
         assert model.folder is not None  # gguf_check: an HF folder
         self.destination, self.layout = destination, layout
         destination.parent.mkdir(parents=True, exist_ok=True)
@@ -110,6 +113,8 @@ class GgufWriter(Emitter):
         header = gguf.GGUFWriter(self.temp, layout.arch)
         add_hparams(header, model.config, model.folder.name, _file_type(self.tensors.values()))
         add_tokenizer(header, model.folder, int(layout.config["vocab_size"]))
+        for key, value in provenance:
+            header.add_string(key, value)
         for t in self.tensors.values():
             header.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=_GGML[t.type])
         header.write_header_to_file()
@@ -131,7 +136,7 @@ class GgufWriter(Emitter):
             else:
                 self.temp.replace(staged)
             self.temp = staged
-        self.fd: int | None = os.open(self.temp, os.O_RDWR)
+        self.fd: int | None = open_regular(self.temp, os.O_RDWR, create=False)
         if not reopen:
             os.ftruncate(self.fd, offset)
         self.missing = set(self.tensors)

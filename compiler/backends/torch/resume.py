@@ -28,6 +28,7 @@ from compiler.backends.torch.smoother import Smoother
 from compiler.backends.torch.streams import HiddenCache, Stream
 from compiler.backends.torch.writer import FolderWriter
 from compiler.diagnostics import Diagnostic, warning
+from compiler.safe_files import own_folder, read_own
 from compiler.source import Span
 
 FORMAT = "qrc-torch-blocks-v1"
@@ -100,7 +101,7 @@ class BlockResume:
             shutil.rmtree(folder, ignore_errors=True)
             if ranks.first:
                 _remove(staged)
-        folder.mkdir(parents=True, exist_ok=True)
+        own_folder(folder, within=disk)  # a link planted in the state folder's place is refused (Q441)
         claim(folder / OWNER, mine)
         return BlockResume(folder, staged, saved)
 
@@ -172,7 +173,7 @@ def _load(folder: Path) -> tuple[Saved | None, str]:
     if not path.exists():
         return None, ""
     try:
-        found = json.loads(path.read_text(encoding="utf-8"))
+        found = json.loads(read_own(path, 16 << 20))  # a link or a FIFO there is not a state
         if found.get("format") != FORMAT:
             return None, "it is not a state of this version"
         done, caches = found["done"], found["caches"]

@@ -18,6 +18,7 @@ from compiler.backends.torch.compressed import TensorSpec, nbytes
 from compiler.backends.torch.cost import COPY_SLICE  # the estimate and the copy share it
 from compiler.backends.torch.float_formats import portable, restored
 from compiler.backends.torch.shards import CODES
+from compiler.safe_files import copy_regular, open_regular, own_folder, replace_file
 
 SHARD_BYTES = 2 << 30  # above this the weights are split into model-0000i-of-0000n.safetensors
 
@@ -34,7 +35,7 @@ class FolderWriter(Emitter):
         destination.parent.mkdir(parents=True, exist_ok=True)
         # a name of its own per run: a second compile into the same place never writes into this one's files
         self.temp = staged or Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.qrc-tmp-"))
-        self.temp.mkdir(exist_ok=True)
+        own_folder(self.temp)  # a resumed run's staged folder: never one a link stands in for
         self.keep = False  # a resumable run's state points at the staged folder: `abort` leaves it
         shards = _shards(specs, shard_bytes)
         names = (["model.safetensors"] if len(shards) == 1 else
@@ -42,7 +43,7 @@ class FolderWriter(Emitter):
         self.where: dict[str, tuple[int, int, TensorSpec]] = {}  # name → (file descriptor, offset, spec)
         self.files, self.missing = [], {s.name for s in specs}
         for name, shard in zip(names, shards, strict=True):
-            fd = os.open(self.temp / name, os.O_RDWR | os.O_CREAT | (0 if reopen else os.O_TRUNC), 0o644)
+            fd = open_regular(self.temp / name, os.O_RDWR | (0 if reopen else os.O_TRUNC))
             self.files.append((name, fd, shard))
             data_start, offsets = _write_header(fd, shard, reopen)
             for spec, offset in zip(shard, offsets, strict=True):
@@ -50,7 +51,7 @@ class FolderWriter(Emitter):
         if len(shards) > 1:
             weight_map = {s.name: name for name, _, shard in self.files for s in shard}
             index = {"metadata": {"total_size": sum(nbytes(s) for s in specs)}, "weight_map": dict(sorted(weight_map.items()))}
-            (self.temp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+            replace_file(self.temp / "model.safetensors.index.json", json.dumps(index, indent=2) + "\n", 0o644)
 
     def specs(self) -> list[TensorSpec]:
         """Every tensor of the folder, in shard order."""
@@ -90,15 +91,11 @@ class FolderWriter(Emitter):
 
     def metadata(self, relative: str, text: str) -> None:
         """Write a text file of the folder (config.json, qrc.recipe)."""
-        path = self.temp / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        replace_file(self.temp / relative, text, 0o644)
 
     def copy_file(self, source: Path, relative: str) -> None:
         """Copy another file of the source folder (tokenizer, generation config)."""
-        path = self.temp / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, path)
+        copy_regular(source, own_folder((self.temp / relative).parent) / Path(relative).name)
 
     def finish(self) -> list[Path]:
         """Check every tensor was written and close the files; the folder stays staged (its files returned)

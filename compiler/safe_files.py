@@ -1,0 +1,152 @@
+"""Every file qrc creates or rewrites is opened here, so that what someone else put in its place (a symbolic
+link, dangling or not, a FIFO, a device, a folder) is refused instead of written through: a link to
+`~/.bashrc` in a shared scratch folder must never make a compile truncate it.
+
+Three ways to write, by what the path is to qrc:
+- `open_new`: a file that must not exist at all (O_CREAT | O_EXCL | O_NOFOLLOW: the kernel refuses a link, even
+  a dangling one, and anything else already there);
+- `open_regular`: a file qrc may find again (its lock): opened without following a link, and the opened
+  descriptor checked to be a regular file (a FIFO opens without blocking, then is refused);
+- `replace_file`: a file rewritten whole (resume states, owner records, reports): staged in a new file beside it
+  and renamed over it. A rename replaces the directory entry, never what a link points to, and what it replaces
+  must be a regular file or nothing.
+
+Folders qrc creates for itself (caches, checkpoints) go through `own_folder`, which refuses a link in their
+place. No module here imports anything of qrc's: it is the lowest layer."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+class UnsafePath(OSError):
+    """A path qrc was about to write holds something it must not write through or replace. An OSError, so
+    every place that turns a failed write into a diagnostic reports it; `reason` says what was found."""
+
+    def __init__(self, path: Path | str, reason: str):
+        super().__init__(errno.EPERM, reason, str(path))
+        self.reason = reason
+
+
+def what_is(path: Path | str) -> str | None:
+    """What is at `path` without following a link: None for nothing or a regular file, else a phrase ("a
+    symbolic link", "a FIFO", "a folder", "a device or socket") for a place a file may not be written."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return "a device or socket"
+
+
+def refuse_unless_regular(path: Path | str) -> None:
+    """UnsafePath when `path` holds anything but a regular file (nothing there is fine)."""
+    found = what_is(path)
+    if found is not None:
+        raise UnsafePath(path, f"`{path}` is {found}: qrc writes only regular files it creates")
+
+
+def open_new(path: Path | str, flags: int = os.O_WRONLY, mode: int = 0o644) -> int:
+    """A descriptor of a file created by this call; UnsafePath when anything is at `path` already."""
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode)
+    except FileExistsError:
+        raise UnsafePath(path, f"`{path}` exists ({what_is(path) or 'a file'}): qrc creates it new") from None
+
+
+def open_regular(path: Path | str, flags: int = os.O_RDWR, mode: int = 0o644, create: bool = True) -> int:
+    """A descriptor of the regular file at `path` (created when missing and `create`), never through a link;
+    UnsafePath when a link, a FIFO, a device or a folder is there."""
+    try:
+        fd = os.open(path, flags | (os.O_CREAT if create else 0) | _NOFOLLOW | _NONBLOCK | _CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EMLINK):
+            raise UnsafePath(path, f"`{path}` is {what_is(path) or 'not a regular file'}: qrc writes only regular "
+                             "files") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePath(path, f"`{path}` is {what_is(path) or 'not a regular file'}: qrc writes only regular files")
+    return fd
+
+
+def replace_file(path: Path | str, data: bytes | str, mode: int | None = None) -> None:
+    """Write `data` (text as UTF-8) to `path` whole: a new file beside it, renamed over it, so a reader sees the
+    old file or the new one. What is at `path` must be a regular file or nothing; `mode` defaults to the
+    umask's (mkstemp's files start at 0600)."""
+    path = Path(path)
+    refuse_unless_regular(path)
+    own_folder(path.parent)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".qrc-tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.chmod(temp, file_mode() if mode is None else mode)
+        refuse_unless_regular(path)  # a link put there while the file was written is not replaced either
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def own_folder(path: Path | str, within: Path | str | None = None) -> Path:
+    """Make the folder `path` (and its missing parents) where none is; UnsafePath when `path` is a link or not a
+    folder, or, with `within`, when any folder between `within` and `path` is (a cache's `checkpoints` folder
+    linked elsewhere would put qrc's files there). Folders above (a scratch disk mounted through a link) may be
+    links: only those qrc names itself must be what they seem."""
+    path = Path(path)
+    chain = [path]
+    if within is not None and Path(within) in path.parents:
+        chain = [parent for parent in path.parents if Path(within) in parent.parents][::-1] + [path]
+    for folder in chain:
+        found = what_is(folder)
+        if found is None and folder.exists():  # a regular file
+            found = "a file"
+        if found is not None and found != "a folder":
+            raise UnsafePath(folder, f"`{folder}` is {found}, where qrc keeps a folder of its own")
+        folder.mkdir(parents=True, exist_ok=True)
+        if what_is(folder) != "a folder":  # made a link between the check and here
+            raise UnsafePath(folder, f"`{folder}` is not a folder")
+    return path
+
+
+def file_mode() -> int:
+    """The mode a file the user writes gets under the current umask."""
+    current = os.umask(0)
+    os.umask(current)
+    return 0o666 & ~current
+
+
+def copy_regular(source: Path | str, path: Path | str) -> None:
+    """Copy the file `source` to `path`, which must be a regular file or nothing (never written through a link)."""
+    with open(source, "rb") as reading:
+        fd = open_regular(path, os.O_WRONLY | os.O_TRUNC)
+        with os.fdopen(fd, "wb") as writing:
+            while piece := reading.read(16 << 20):
+                writing.write(piece)
+
+
+def read_own(path: Path | str, limit: int = 64 << 20) -> bytes:
+    """The bytes of a file qrc wrote for itself (a resume state, an owner record, a cache's stamp), read without
+    following a link or blocking on a FIFO; UnsafePath when it is not a regular file, ValueError above `limit`."""
+    fd = open_regular(path, os.O_RDONLY, create=False)
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"`{path}` is larger than {limit} bytes")
+    return data
