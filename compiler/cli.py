@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from compiler.codes import BY_CODE, CODES
-from compiler.diagnostics import Diagnostic, Diagnostics, Severity, render, summary
+from compiler.diagnostics import Diagnostic, Diagnostics, Severity, printable, render, summary
 from compiler.diagnostics import summary as summary_line
 from compiler.frontend import check_file
 from compiler.ir.printer import print_ir
@@ -68,7 +68,7 @@ def _write_report(path: Path, planned, result=None) -> None:
     from compiler.report import content, render
 
     render.write(content.build(planned, result), path)
-    _stderr().print(f"report: {path}")
+    _say(f"report: {path}")
 
 
 def _check_report_path(path: Path | None) -> None:
@@ -102,6 +102,11 @@ def _check_report_against_inputs(path: Path, ir) -> None:
         print_diagnostics((error("Q239", f"report {clash}", None, "would replace a file of the plan",
                                  help="write the report to a path of its own (e.g. `--report out/report.html`)"),))
         raise typer.Exit(2)
+
+
+def _say(line: str) -> None:
+    """One line to standard error as plain text: paths and names from the user are neither markup nor escapes."""
+    _stderr().print(Text(printable(line)))
 
 
 def _stderr() -> Console:
@@ -146,7 +151,7 @@ def check(
     if dump_ir and result.ok:
         typer.echo(print_ir(result.recipe), nl=False)
     status = "ok" if result.ok else "failed"
-    _stderr().print(f"{recipe}: {status} ({summary(result.diagnostics)})")
+    _say(f"{recipe}: {status} ({summary(result.diagnostics)})")
     raise typer.Exit(exit_code(result.diagnostics, strict))
 
 
@@ -234,7 +239,7 @@ def plan(
         else:
             Console(highlight=False).print(render.to_rich(result.plan))
     else:
-        _stderr().print(f"{recipe}: no plan ({summary(result.diagnostics)})")
+        _say(f"{recipe}: no plan ({summary(result.diagnostics)})")
     raise typer.Exit(exit_code(result.diagnostics, strict))
 
 
@@ -270,17 +275,16 @@ def compile_(
         if not first:  # a failure of its own run (the first rank cannot know it): one line, naming the rank
             worst = next((d for d in failed.diagnostics if d.severity.value == "error"), None)
             if worst is not None and failed.running and worst.code not in ("Q431", "Q501"):  # alike on every rank
-                _stderr().print(f"rank {ranks.rank} of {ranks.world}: error[{worst.code}]: {worst.message}",
-                                markup=False)
+                _say(f"rank {ranks.rank} of {ranks.world}: error[{worst.code}]: {worst.message}")
             raise typer.Exit(2) from None
         print_diagnostics(failed.diagnostics)
         if report is not None and failed.result is not None:  # the model was written: show how it fell short
             _write_report(report, failed.planned, failed.result)
-        _stderr().print(f"{recipe}: compile failed ({summary_line(failed.diagnostics)})")
+        _say(f"{recipe}: compile failed ({summary_line(failed.diagnostics)})")
         raise typer.Exit(2) from None
     except KeyboardInterrupt as exc:
         written = getattr(exc, "written", None)  # compile_run.Interrupted: the model went into place first
-        _stderr().print(f"interrupted after the compiled model was moved into place at {written}: it is complete"
+        _say(f"interrupted after the compiled model was moved into place at {written}: it is complete"
                         if written is not None else "interrupted: nothing was written to the destination")
         raise typer.Exit(130) from None
     if not first:
@@ -303,7 +307,9 @@ def explain(
         return
     found = BY_CODE.get(code.strip().upper())
     if found is None:
-        _stderr().print(f"[bold red]error[/]: no diagnostic code `{code}`; `qrc explain` lists them all")
+        said = printable(code if len(code) <= 40 else code[:40] + "…")  # an argument: never markup, never escapes
+        _stderr().print(Text("error", style="bold red") + Text(f": no diagnostic code `{said}`; `qrc explain` lists "
+                                                               "them all"))
         raise typer.Exit(2)
     example = "\n".join("    " + line for line in found.example.splitlines())
     typer.echo(f"{found.code}: {found.title}\n\n{found.why}\n\nExample:\n{example}")

@@ -12,11 +12,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from compiler.backends.ranks import Ranks, from_environment, joined, lost_ranks_message
 from compiler.backends.registry import spec_for
 from compiler.backends.spec import OutputKind
-from compiler.diagnostics import Diagnostic, StageError, error, warning
+from compiler.diagnostics import Diagnostic, StageError, error, printable, warning
 from compiler.frontend import PlanResult, plan_file
 from compiler.inspect_table import totals
 from compiler.ir.checks import unshared_error
@@ -281,9 +282,18 @@ def verify_figures(figures: dict[str, float], metric: str) -> str:
     return ", ".join(shown)
 
 
+class _PlainTable(Table):
+    """A table whose cells are plain text: layer names, paths and notes are never read as rich markup, and their
+    control characters are shown escaped."""
+
+    def add_row(self, *cells, **options) -> None:  # type: ignore[override]
+        super().add_row(*(Text(printable(c)) if isinstance(c, str) else c for c in cells), **options)
+
+
 def summary(result, planned: PlanResult) -> Table:
     """The closing summary table of a compile."""
-    table = Table(title=f"compiled {planned.check.recipe.name} → {result.output}", show_header=False)
+    table = _PlainTable(title=Text(printable(f"compiled {planned.check.recipe.name} → {result.output}")),
+                        show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
     for t in totals(result.assignment):

@@ -85,7 +85,7 @@ def render(diagnostic: Diagnostic) -> str:
         lines = [head]
         if diagnostic.help:
             lines.append(f"  = help: {diagnostic.help}")
-        return "\n".join(lines)
+        return printable("\n".join(lines))
     span = diagnostic.span
     line_no, col = span.source.line_col(span.start)
     text = span.source.line_text(line_no) if span.source.text else ""
@@ -100,7 +100,17 @@ def render(diagnostic: Diagnostic) -> str:
     ]
     if diagnostic.help:
         lines += [f"{gutter} |", f"{gutter} = help: {diagnostic.help}"]
-    return "\n".join(lines)
+    return printable("\n".join(lines))
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f, *range(0x80, 0xa0))}
+
+
+def printable(text: str) -> str:
+    """`text` with control characters (a terminal's escape sequences among them) written as `\\xNN`: a path, a
+    tensor name or a file's content shown to the user can never retitle, recolour or rewrite the terminal.
+    Newlines and tabs stay."""
+    return text.translate(_CONTROL)
 
 
 def _carets(line_text: str, col: int, span: Span) -> str:

@@ -150,3 +150,33 @@ def read_own(path: Path | str, limit: int = 64 << 20) -> bytes:
     if len(data) > limit:
         raise ValueError(f"`{path}` is larger than {limit} bytes")
     return data
+
+
+def regular_input(path: Path | str) -> bool:
+    """Whether `path` (through links: a Hugging Face snapshot links every file) is a regular file: a FIFO or a
+    device named as an input would block or never end, so it is refused before it is opened."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def read_input(path: Path | str, limit: int) -> bytes:
+    """At most `limit` bytes of the regular file at `path` (links followed: inputs may be links); UnsafePath for
+    a FIFO, a device or a folder (opened without blocking, then refused), ValueError above `limit`."""
+    fd = os.open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafePath(path, f"`{path}` is {what_is(os.path.realpath(path)) or 'not a regular file'}, not a file")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(limit + 1 - size, 16 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise ValueError(f"`{path}` is larger than {limit:,} bytes")
+    return b"".join(chunks)

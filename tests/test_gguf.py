@@ -5,6 +5,7 @@ model's in transformers, what it generates, the file's types as the recipe's rul
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -252,7 +253,7 @@ def test_gguf_blocks_decode_to_qrc_rounding(decoders, tmp_path):
 
 @pytest.mark.parametrize("case, code", [
     ("group", "Q438"), ("activations", "Q438"), ("builtin", "Q439"), ("no_tokenizer", "Q439"), ("family", "Q439"),
-    ("onnx", "Q220"), ("kv_cache", "Q438"), ("k_rows", "Q438")])
+    ("onnx", "Q220"), ("kv_cache", "Q438"), ("k_rows", "Q438"), ("yarn_added", "Q439")])
 def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
     """Each refusal comes from `qrc check`, with its code and exit 2, before any weight is read."""
     folder = decoders("llama")
@@ -276,6 +277,16 @@ def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
         backend = "onnx"
     elif case == "kv_cache":
         extra = "kv_cache { fp8 }"
+    elif case == "yarn_added":  # the edit Qwen's docs tell users to make, beside transformers 5's rope_parameters
+        edited = tmp_path / "yarn"
+        edited.mkdir()
+        for path in folder.iterdir():
+            (edited / path.name).symlink_to(path)
+        config = json.loads((folder / "config.json").read_text())
+        config["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+        (edited / "config.json").unlink()
+        (edited / "config.json").write_text(json.dumps(config))
+        model = str(edited)
     elif case == "k_rows":  # the zoo model's rows of 64 and 128 weights are no whole super-block of 256
         model_recipe = _recipe(tmp_path, model, tmp_path / "o.gguf", head="k", extra="scheme k { weights q4_k }")
     if case not in ("activations", "k_rows"):

@@ -207,3 +207,18 @@ def test_a_planted_verify_report_is_q441_and_untouched(kind, tmp_path):
     if kind != "folder":
         assert "Q441" in result.output, result.output
     assert _snapshot(victims) == before
+
+
+@pytest.mark.parametrize("kind", PLANTS)
+def test_claiming_a_state_never_writes_through_what_is_planted_at_its_owner_record(kind, tmp_path):
+    """Both backends claim their resume states with owners.claim, also beside a state that is kept (a run that
+    resumes): what is planted at the record's name is replaced by the record, its target untouched."""
+    from compiler.backends.owners import claim, owner
+
+    victims = _victims(tmp_path)
+    record = tmp_path / "checkpoints" / "calibration-x.owner.json"
+    _plant(record, kind, victims)
+    before = _snapshot(victims)
+    claim(record, owner(tmp_path / "out", "recipe", world=1))
+    assert _snapshot(victims) == before
+    assert not record.is_symlink() and record.is_file() and '"world": 1' in record.read_text()

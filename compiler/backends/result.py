@@ -12,6 +12,7 @@ from compiler.backends.agreement import Agreement, passes
 from compiler.backends.products import Product, Verification
 from compiler.backends.sensitivity import SearchResult
 from compiler.diagnostics import Diagnostic, error, warning
+from compiler.ir.types import VerifyMetric
 from compiler.plan.ops import CaptureReference, Plan, PlanOp, Verify
 from compiler.resolve.assignment import Assignment
 from compiler.safe_files import replace_file
@@ -97,10 +98,18 @@ def judge(v: Verify, span: Span | None, output: Path, agreement: Agreement, meas
         replace_file(report, json.dumps({"metric": v.metric.value, "bound": v.bound.value, "threshold": v.threshold,
                                          "value": value, "figures": figures, "measured_on": measured_on},
                                         indent=2) + "\n")
-        failure = error("Q501", f"verification failed: {v.metric.value} = {value:.6g}, the recipe asks "
-                        f"{v.bound.value} {v.threshold:g}", span, "not met",
+        failure = error("Q501", f"verification failed: {_measured(v.metric, value, figures)}, the recipe asks "
+                        f"{v.bound.value} {v.threshold:g}{'%' if v.metric is VerifyMetric.PERPLEXITY else ''}", span, "not met",
                         help=_q501_help(output, report, layer_errors))
     return Verification(tuple(figures.items()), passed, measured_on, tuple(layer_errors.items()), failure)
+
+
+def _measured(metric: VerifyMetric, value: float, figures: dict[str, float]) -> str:
+    """The figure as the bound reads it: perplexity is an increase in percent, shown with both perplexities."""
+    if metric is VerifyMetric.PERPLEXITY and "float_perplexity" in figures:
+        return (f"perplexity rose {value:+.4g}% ({figures['float_perplexity']:.6g} float → "
+                f"{figures['emitted_perplexity']:.6g} emitted)")
+    return f"{metric.value} = {value:.6g}"
 
 
 def _q501_help(output: Path, report: Path, layer_errors: dict[str, float]) -> str:

@@ -51,4 +51,8 @@ SYNTAX: tuple[CodeInfo, ...] = (
     CodeInfo("Q112", "the recipe file is too large",
              "Recipes are small text files; a file of megabytes is almost certainly the wrong path.",
              "qrc check weights.bin"),
+    CodeInfo("Q113", "a number too large to hold",
+             "A number beyond the largest float (about 1.8e308) would read as infinity: no bound, size or count "
+             "means that, so the recipe or `--set` value is refused where it is written.",
+             "verify { metric kld  at_most 1e400 }"),
 )

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from compiler.ir.types import DataSource
+from compiler.safe_files import read_input, regular_input
 
 TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 MISSING_HELP = ("give a local file or folder (paths are relative to the folder qrc runs in); qrc reads no network: "
@@ -77,7 +78,7 @@ def has_chat_template(location: Path) -> bool:
     if any((location / name).is_file() for name in TEMPLATE_FILES):
         return True
     try:
-        config = json.loads((location / "tokenizer_config.json").read_text(encoding="utf-8"))
+        config = json.loads(read_input(location / "tokenizer_config.json", 64 << 20))
     except (OSError, ValueError):
         return False
     return bool(isinstance(config, dict) and config.get("chat_template"))
@@ -161,6 +162,9 @@ def dataset_problems(source: DataSource, model_ref: str) -> list[tuple[str, str,
     path = local_folder(source)
     if path is None:
         problems.append(("Q401", f"dataset `{source.path}` is not a local file or folder", MISSING_HELP, "data"))
+    elif not path.is_dir() and not regular_input(path):  # a FIFO or a device would block the reader forever
+        problems.append(("Q401", f"dataset `{source.path}` is not a regular file (a FIFO, a socket or a device)",
+                         "give a dataset file or a save_to_disk folder", "data"))
     else:
         columns, has_rows = columns_and_rows(path, rows.split)
         field_key = "messages" if rows.messages else "text"

@@ -22,6 +22,7 @@ from compiler.data.dataset_schema import local_folder, tokenizer_location
 from compiler.data.rows import TokenRows, no_template
 from compiler.diagnostics import StageError, error
 from compiler.ir.types import DataSource
+from compiler.safe_files import regular_input
 
 
 def image_rows(source: DataSource, model_ref: str, rows: Iterator[tuple[Any, Any]], needed: int) -> TokenRows:
@@ -80,6 +81,8 @@ def _image(source: DataSource, value: Any, number: int, folder: Path):
             return Image.open(io.BytesIO(value["bytes"])).convert("RGB")
         path = value.get("path") if isinstance(value, dict) else value
         if isinstance(path, str) and path:
+            if not regular_input(folder / path):  # a FIFO would block the reader; a folder is no image
+                raise OSError(f"`{path}` is not a regular file")
             return Image.open(folder / path).convert("RGB")  # an absolute path replaces `folder`
     except OSError as exc:
         raise StageError(error("Q401", f"dataset `{source.path}`: the image of row {number} cannot be read "

@@ -31,7 +31,7 @@ def size_bytes(size: ast.Size, what: str, diags: Diagnostics) -> int | None:
         diags.error("Q108", f"unknown unit `{unit}`", size.unit.span, "not a size unit",
                     help=f"{did_you_mean(unit, UNIT_BYTES)} (binary: KiB MiB GiB TiB; decimal: KB MB GB TB)")
         return None
-    if not math.isfinite(size.number.value):
+    if not math.isfinite(size.number.value * UNIT_BYTES[unit]) or size.number.value * UNIT_BYTES[unit] > 1 << 70:
         diags.error("Q232", f"{what} `{size.number.text[:20]}…` is too large", size.span, "not a usable budget",
                     help=f"give a size such as `{what} 4 GiB`")
         return None

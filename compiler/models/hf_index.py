@@ -23,6 +23,7 @@ from compiler.models.index import (
     norm_module,
 )
 from compiler.models.safetensors_dtypes import SAFETENSORS_DTYPES
+from compiler.safe_files import read_input
 
 _MAX_HEADER = 100 << 20
 _CONFIG_NUMBERS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -187,7 +188,10 @@ def _check_numbers(config: dict, ref: str) -> None:
         for key, limit in _LIMITS.items():
             value = part.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= limit):
-                raise ModelError("Q250", f"`{ref}/config.json` has `{where}{key}: {str(value)[:40]}`, not a size qrc "
+                shown = json.dumps(value)[:40]  # `"2"` (a string) must not read as the number 2
+                kind = "a string" if isinstance(value, str) else "a whole number out of range" \
+                    if isinstance(value, int) and not isinstance(value, bool) else f"a JSON {type(value).__name__}"
+                raise ModelError("Q250", f"`{ref}/config.json` has `{where}{key}: {shown}` ({kind}), not a size qrc "
                                  f"can plan (a whole number from 1 to {limit:,})", "fix config.json")
         experts = next((part[k] for k in _EXPERTS if isinstance(part.get(k), int)), None)
         top = part.get("num_experts_per_tok")
@@ -213,16 +217,19 @@ def _layout(config: dict, ref: str):
                          "fix config.json") from None
 
 
+MAX_CONFIG_BYTES = 64 << 20
+
+
 def _config(folder: Path, ref: str) -> dict | None:
     path = folder / "config.json"
     if not path.exists():
         return None
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+    try:  # a FIFO or a device as config.json is refused, never waited on; a config is never 64 MiB
+        config = json.loads(read_input(path, MAX_CONFIG_BYTES).decode("utf-8"))
     except RecursionError:
         raise ModelError("Q250", f"`{ref}/config.json` nests deeper than any config", "fix or replace config.json") \
             from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # UnsafePath, too large, not UTF-8, not JSON
         raise ModelError("Q250", f"`{ref}/config.json` is not valid JSON ({exc})", "fix or replace config.json") from None
     if not isinstance(config, dict):
         raise ModelError("Q250", f"`{ref}/config.json` is not a JSON object", "fix or replace config.json")

@@ -10,6 +10,7 @@ from compiler.models.axes import Axis
 from compiler.models.errors import ModelError
 from compiler.models.graph import summarize
 from compiler.models.index import Layer, LayerKind, ModelFormat, ModelIndex, Norm, TensorInfo, norm_module
+from compiler.safe_files import read_input, regular_input
 
 _DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64",
            16: "bfloat16", 17: "float8_e4m3fn", 19: "float8_e5m2", 21: "uint4", 22: "int4"}
@@ -21,6 +22,9 @@ def index_onnx(path: Path, ref: str, family: str = "onnx") -> ModelIndex:
     """Index an .onnx file: layers from its weight-bearing nodes, inputs, outputs, graph shapes (no weights read)."""
     import onnx
 
+    if not regular_input(path):  # a FIFO or a device would block onnx.load forever
+        raise ModelError("Q250", f"`{ref}` is not a regular file (a FIFO, a socket or a device)",
+                         "give the path of an .onnx file")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError, OSError, … for a file that is not a model
@@ -104,7 +108,7 @@ def json_object(path: Path) -> dict:
     import json
 
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_input(path, 64 << 20))
     except (OSError, ValueError, RecursionError):  # RecursionError: nesting deeper than Python's stack
         return {}
     return data if isinstance(data, dict) else {}

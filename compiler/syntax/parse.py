@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 from lark.exceptions import UnexpectedInput
 
-from compiler.diagnostics import Diagnostic
+from compiler.diagnostics import Diagnostic, error
 from compiler.source import Source
 from compiler.syntax import ast
 from compiler.syntax.build_ast import AstBuilder
@@ -27,4 +29,10 @@ def _parse(source: Source, start: str):
         tree = parser().parse(source.text, start=start)
     except UnexpectedInput as exc:
         return translate(exc, source, start)
+    huge = next((t for t in tree.scan_values(lambda v: getattr(v, "type", None) == "NUMBER")
+                 if not math.isfinite(float(t))), None)
+    if huge is not None:  # 1e400 reads as infinity: no bound, size or count means that
+        span = source.span(huge.start_pos, huge.end_pos)
+        return error("Q113", f"the number `{huge}` is too large", span, "beyond any float",
+                     help="numbers must be finite (below about 1.8e308)")
     return AstBuilder(source).transform(tree)

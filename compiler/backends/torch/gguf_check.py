@@ -60,10 +60,12 @@ def _model_problem(ref: str, family: str) -> str | None:
     if family not in ARCHITECTURES:
         return f"a `{family}` model (llama.cpp's graph for it is not one qrc writes)"
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if kind not in ("default", None):
-        return f"RoPE scaling `{kind}` (qrc writes plain RoPE only)"
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    for key in ("rope_parameters", "rope_scaling"):  # both: transformers applies `rope_scaling` where a user added it
+        rope = text.get(key) or config.get(key)
+        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+        if kind not in ("default", None):
+            return f"RoPE scaling `{kind}` in `{key}` (qrc writes plain RoPE only)"
     return tokenizer_problem(folder)
 
 

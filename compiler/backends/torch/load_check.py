@@ -61,6 +61,15 @@ def _check(transformers, staged: Path, source: Path, span: Span | None) -> Diagn
             expected = _report(auto, source, auto is task)
         except Exception as exc:  # transformers cannot build this architecture here (file-to-file runs allow it)
             return _source_unopened(auto, span, exc)
+        own = sorted(k.removeprefix("missing ") for k in expected if k.startswith("missing ")) if auto is task else []
+        if own:  # the float folder's weights are not its architecture's (renamed tensors, a wrong `architectures`)
+            listed = ", ".join(own[:4]) + (f" and {len(own) - 4} more" if len(own) > 4 else "")
+            raise BackendError(error(
+                "Q250", f"transformers' {auto.__name__} (the model folder's `architectures`) opens the model folder "
+                f"itself with {len(own)} weight{'s' if len(own) != 1 else ''} missing ({listed}): its weights are not that "
+                "architecture's",
+                span, "the model does not load", help="fix config.json's `architectures` or the tensor names; the "
+                "output would load those weights random. Nothing was written to the destination"))
         wrong = found - expected
         if wrong:
             listed = ", ".join(sorted(wrong)[:4]) + (f" and {len(wrong) - 4} more" if len(wrong) > 4 else "")

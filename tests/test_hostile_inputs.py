@@ -1,0 +1,178 @@
+"""Hostile or careless inputs other than the output: a model folder whose weights are not its architecture's, a
+tensor renamed out of its model, FIFOs where files belong, numbers no float holds, junk in the environment
+variables qrc reads, terminal escapes and rich markup in arguments and paths. Each is a coded diagnostic (or a
+correct result) with exit 2, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+from zoo import build
+
+from compiler.cli import app
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+TORCH_RECIPE = str(ROOT / "recipes/tiny-llama-torch-w8a8.recipe")
+ONNX_RECIPE = str(ROOT / "recipes/tiny-llama-w8a8.recipe")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    pytest.importorskip("transformers")
+    return build("llama", tmp_path_factory.mktemp("hostile-inputs") / "llama")
+
+
+def _copy(llama: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(llama, folder)
+    return folder
+
+
+def _recipe(tmp_path: Path, model: Path, extra: str = "") -> Path:
+    path = tmp_path / "r.recipe"
+    path.write_text(f'recipe r {{\n    model "{model}"\n    backend torch\n    quantize {{ type Linear -> w4 }}\n'
+                    f'    scheme w4 = W4A16 {{ group 32 }}\n{extra}    emit "{tmp_path / "out"}"\n}}\n')
+    return path
+
+
+def _edit_config(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+# ---- model folders ----------------------------------------------------------------------------------------
+def test_llama_weights_under_another_architecture_are_refused(llama, tmp_path):
+    """`architectures: [BertModel]` over Llama weights: transformers would load a BertModel with every weight
+    random. The compile says so (Q250) and writes nothing."""
+    folder = _copy(llama, tmp_path)
+    _edit_config(folder, architectures=["BertModel"])
+    result = runner.invoke(app, ["compile", str(_recipe(tmp_path, folder))])
+    assert result.exit_code == 2 and "Q250" in result.output and "BertModel" in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_tensor_renamed_out_of_its_model_is_refused(llama, tmp_path):
+    """A q_proj renamed `../../etc/passwd`: the folder would load with q_proj random; Q250, nothing written."""
+    from safetensors.torch import load_file, save_file
+
+    folder = _copy(llama, tmp_path)
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["../../etc/passwd"] = tensors.pop("model.layers.0.self_attn.q_proj.weight")
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    result = runner.invoke(app, ["compile", str(_recipe(tmp_path, folder))])
+    assert result.exit_code == 2 and "Q250" in result.output and "q_proj" in result.output, result.output
+    assert not (tmp_path / "out").exists() and not Path("/etc/passwd.qrc").exists()
+
+
+def test_a_size_written_as_a_string_is_shown_as_one(llama, tmp_path):
+    folder = _copy(llama, tmp_path)
+    _edit_config(folder, num_hidden_layers="2")
+    result = runner.invoke(app, ["check", str(_recipe(tmp_path, folder))])
+    assert result.exit_code == 2 and '"2"' in result.output and "a string" in result.output, result.output
+
+
+def test_a_five_thousand_digit_number_in_config_json_is_q250(llama, tmp_path):
+    folder = _copy(llama, tmp_path)
+    text = (folder / "config.json").read_text().replace('"vocab_size": 320', '"vocab_size": 1' + "0" * 5000)
+    (folder / "config.json").write_text(text)
+    result = runner.invoke(app, ["check", str(_recipe(tmp_path, folder))])
+    assert result.exit_code == 2 and "Q250" in result.output and "Traceback" not in result.output, result.output
+
+
+@pytest.mark.parametrize("command", ["check", "plan", "compile"])
+def test_a_fifo_as_config_json_is_refused_not_waited_on(llama, tmp_path, command):
+    """Every command refuses it at once; a watchdog opens the FIFO's other end so a regression fails the test
+    instead of hanging the suite."""
+    folder = _copy(llama, tmp_path)
+    (folder / "config.json").unlink()
+    os.mkfifo(folder / "config.json")
+    release = threading.Timer(60, lambda: open(folder / "config.json", "w").close())  # noqa: SIM115
+    release.start()
+    try:
+        result = runner.invoke(app, [command, str(_recipe(tmp_path, folder))])
+    finally:
+        release.cancel()
+    assert result.exit_code == 2 and "Q250" in result.output and "Traceback" not in result.output, result.output
+
+
+def test_a_fifo_as_a_dataset_is_refused_at_check(tmp_path):
+    fifo = tmp_path / "rows.jsonl"
+    os.mkfifo(fifo)
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    backend torch\n'
+                      '    quantize { type Linear -> W8A8  "lm_head" -> none }\n'
+                      f'    calibrate {{ data dataset "{fifo}" {{ text "text"  tokenizer "{ROOT}/recipes/data/tokenizer" '
+                      '  samples 4  seqlen 16 } }\n'
+                      f'    emit "{tmp_path / "out"}"\n}}\n')
+    release = threading.Timer(60, lambda: open(fifo, "w").close())  # noqa: SIM115
+    release.start()
+    try:
+        result = runner.invoke(app, ["check", str(recipe)])
+    finally:
+        release.cancel()
+    assert result.exit_code == 2 and "Q401" in result.output and "FIFO" in result.output, result.output
+
+
+# ---- numbers ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("setting, code", [("verify.at_least=1e400", "Q113"), ("memory.ram=1e308GiB", "Q232"),
+                                           ("verify.samples=1e300", "Q217")])
+@pytest.mark.parametrize("command", ["check", "plan"])
+def test_numbers_no_float_holds_are_coded(setting, code, command):
+    result = runner.invoke(app, [command, ONNX_RECIPE, "--set", setting])
+    assert result.exit_code == 2 and code in result.output and "Traceback" not in result.output, result.output
+
+
+def test_a_missed_perplexity_bound_reads_as_a_percent_increase(tmp_path):
+    result = runner.invoke(app, ["compile", TORCH_RECIPE, "-o", str(tmp_path / "out"), "--set", "verify.samples=2",
+                                 "--set", "verify.metric=perplexity", "--set", "verify.at_most=-50"])
+    assert result.exit_code == 2 and "Q501" in result.output, result.output
+    assert "perplexity rose" in result.output and "% (" in result.output and "float →" in result.output, result.output
+
+
+# ---- the environment ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("variable, junk", [("RANK", "one"), ("WORLD_SIZE", "nan"), ("WORLD_SIZE", "0"),
+                                            ("RANK", "-1"), ("LOCAL_RANK", "x"), ("QRC_RANK_TIMEOUT", "inf"),
+                                            ("QRC_RANK_TIMEOUT", "-5"), ("QRC_RANK_TIMEOUT", "junk")])
+def test_junk_in_the_environment_is_q443(variable, junk, tmp_path, monkeypatch):
+    monkeypatch.setenv(variable, junk)
+    if variable in ("LOCAL_RANK", "QRC_RANK_TIMEOUT"):  # read when ranks join: two ranks, the first of them
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    result = runner.invoke(app, ["compile", TORCH_RECIPE, "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "Q443" in result.output and variable in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_rank_whose_peers_never_come_is_q444(tmp_path, monkeypatch):
+    """RANK and WORLD_SIZE without torchrun's rendezvous (no MASTER_ADDR): a coded error, not torch's traceback."""
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("QRC_RANK_TIMEOUT", "5")
+    result = runner.invoke(app, ["compile", TORCH_RECIPE, "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "Q444" in result.output and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
+# ---- what is printed ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argument", ["[/x]", "[bold]Q1", "\x1b]0;pwned\x07", "\x1b[2J"])
+def test_explain_prints_its_argument_as_text(argument):
+    result = runner.invoke(app, ["explain", argument])
+    assert result.exit_code == 2 and "no diagnostic code" in result.output, result.output
+    assert "\x1b" not in result.output and "\x07" not in result.output
+
+
+def test_terminal_escapes_in_an_output_path_are_printed_escaped(tmp_path):
+    out = tmp_path / "o[b]x\x1b]0;t\x07"
+    result = runner.invoke(app, ["compile", TORCH_RECIPE, "-o", str(out), "--set", "verify.samples=2"])
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output and "\x07" not in result.output and "o[b]x\\x1b]0;t\\x07" in result.output
