@@ -33,6 +33,7 @@ from compiler.outputs import (
 )
 from compiler.plan.ops import Emit
 from compiler.plan.workload import workload
+from compiler.quant.parallel import cannot_start_thread
 from compiler.safe_files import UnsafePath
 
 
@@ -239,6 +240,14 @@ def _execute(execute, ir, planned: PlanResult, destination: Path, console: Conso
         except StageError as exc:  # a backend's failure, or its data's
             raise CompileFailed(planned.diagnostics + (exc.diagnostic,), getattr(exc, "result", None), planned,
                                 running=True) from None
+        except RuntimeError as exc:
+            if not cannot_start_thread(exc):
+                raise
+            raise CompileFailed(planned.diagnostics + (error(
+                "Q445", "the system refused to start a thread qrc needs (a process limit, or `ulimit -v` below what a "
+                "thread's stack takes)", ir.span, "no thread", help="raise the limit (`ulimit -u`, `ulimit -v`) or run "
+                "where it is higher; qrc's rounding already falls back to one thread; nothing was written"),),
+                None, planned, running=True) from None
         except UnsafePath as exc:  # a link or a FIFO planted where the run writes (a lock, a state, a cache)
             raise CompileFailed(planned.diagnostics + (unsafe_path_error(exc, ir.span),), None, planned,
                                 running=True) from None

@@ -569,11 +569,13 @@ def test_a_torch_resume_state_that_is_not_one_is_ignored(tmp_path):
     state = first.folder / "state.json"
     for text in ("not json", '{"format": "qrc-torch-blocks-v0", "done": 2}',
                  '{"format": "qrc-torch-blocks-v1", "done": 2, "caches": {"calibration": "gone"}, "finished": {}}',
-                 '{"format": "qrc-torch-blocks-v1", "done": -1, "caches": {}, "finished": {}}'):
+                 '{"format": "qrc-torch-blocks-v1", "done": -1, "caches": {}, "finished": {}}',
+                 # tampered: more blocks done than the model has (was a "21 tensors were never written" traceback)
+                 '{"format": "qrc-torch-blocks-v1", "done": 1000000, "caches": {}, "finished": {}}'):
         state.write_text(text)
         first.staged.mkdir(exist_ok=True)
         warnings: list = []
-        again = BlockResume.open(tmp_path, tmp_path / "out", identity, Ranks(), None, warnings)
+        again = BlockResume.open(tmp_path, tmp_path / "out", identity, Ranks(), None, warnings, blocks=8)
         assert again.start == 0 and [w.code for w in warnings] == ["Q408"], (text, warnings)
         assert not state.exists() and not first.staged.exists()
 

@@ -176,3 +176,57 @@ def test_terminal_escapes_in_an_output_path_are_printed_escaped(tmp_path):
     result = runner.invoke(app, ["compile", TORCH_RECIPE, "-o", str(out), "--set", "verify.samples=2"])
     assert result.exit_code == 0, result.output
     assert "\x1b" not in result.output and "\x07" not in result.output and "o[b]x\\x1b]0;t\\x07" in result.output
+
+
+# ---- threads ------------------------------------------------------------------------------------------------
+def _refuse_threads(monkeypatch, prefixes: tuple[str, ...]) -> list[str]:
+    """Threads whose name starts with one of `prefixes` fail to start as under a process limit; the names of
+    those refused."""
+    start, refusals = threading.Thread.start, []
+
+    def refused(self):
+        if self.name.startswith(prefixes):
+            refusals.append(self.name)
+            raise RuntimeError("can't start new thread")
+        return start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    return refusals
+
+
+def test_rounding_falls_back_to_one_thread_when_none_can_start(tmp_path, monkeypatch):
+    """File to file (data-free) rounding, reading ahead and writing behind on threads: with none to be had it
+    runs on the caller's thread and writes the same bytes."""
+    from compiler.quant import parallel
+
+    recipe = str(ROOT / "recipes/tiny-llama-torch-w4a16.recipe")
+    first = runner.invoke(app, ["compile", recipe, "-o", str(tmp_path / "threads")])
+    assert first.exit_code == 0, first.output
+    refusals = _refuse_threads(monkeypatch, ("qrc-round", "qrc-ahead", "qrc-copy", "qrc-write"))
+    monkeypatch.setattr(parallel, "_threads_refused", False)
+    monkeypatch.setattr(parallel, "_pool", None)
+    alone = runner.invoke(app, ["compile", recipe, "-o", str(tmp_path / "alone")])
+    assert alone.exit_code == 0, alone.output
+    assert refusals  # the run did ask for threads
+    for name in ("model.safetensors", "config.json"):
+        assert (tmp_path / "threads" / name).read_bytes() == (tmp_path / "alone" / name).read_bytes()
+
+
+def test_a_thread_qrc_cannot_do_without_is_q445(tmp_path, monkeypatch):
+    _refuse_threads(monkeypatch, ("qrc-rss",))
+    result = runner.invoke(app, ["compile", TORCH_RECIPE, "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "Q445" in result.output and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_architecture_only_the_folders_own_code_defines_is_named_and_never_run(llama, tmp_path):
+    """`architectures` names a class of the folder's code (`auto_map`): Q250 says the architecture is unknown to
+    transformers and that qrc runs no repo code (it was Q426 blaming the output); the folder's code never ran."""
+    folder = _copy(llama, tmp_path)
+    _edit_config(folder, architectures=["MyLlamaForCausalLM"],
+                 auto_map={"AutoModelForCausalLM": "modeling_my.MyLlamaForCausalLM"})
+    ran = tmp_path / "repo-code-ran"
+    (folder / "modeling_my.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
+    result = runner.invoke(app, ["compile", str(_recipe(tmp_path, folder))])
+    assert result.exit_code == 2 and "Q250" in result.output and "MyLlamaForCausalLM" in result.output, result.output
+    assert "never runs code" in result.output and not ran.exists() and not (tmp_path / "out").exists()

@@ -142,3 +142,53 @@ def test_a_folder_of_images_gives_the_same_samples(llava):
     from_folder = samples(recipe(llava, name="folder", rows="folder", samples=12))
     from_rows = samples(recipe(llava, name="rows", samples=12))
     assert len(from_folder) == 12 and from_folder == from_rows
+
+
+@pytest.mark.parametrize("row", ["bomb", "fifo"])
+def test_an_image_row_that_is_a_bomb_or_a_fifo_is_q401(llava, row, tmp_path):
+    """A 40000×40000 PNG (a few hundred KB on disk, 4.8 GB decoded) and a FIFO named as an image: Q401 naming
+    the row, at once, with nothing written."""
+    import os
+    import shutil
+    import threading
+
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from compiler.cli import app
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "llava").symlink_to(llava / "llava")
+    for i in range(12):
+        shutil.copy(llava / f"{i}.png", root / f"{i}.png")
+    os.remove(root / "3.png")
+    if row == "bomb":
+        Image.new("1", (40000, 40000)).save(root / "3.png")
+    else:
+        os.mkfifo(root / "3.png")
+    shutil.copy(llava / "images.jsonl", root / "images.jsonl")
+    release = threading.Timer(60, lambda: open(root / "3.png", "w").close()) if row == "fifo" else None  # noqa: SIM115
+    if release is not None:
+        release.start()
+    try:
+        result = CliRunner().invoke(app, ["compile", str(recipe(root, samples=12))])
+    finally:
+        if release is not None:
+            release.cancel()
+    assert result.exit_code == 2 and "Q401" in result.output and "row 3" in result.output, result.output
+    assert not (root / "out").exists()
+
+
+def test_the_processors_template_renders_as_transformers_does(llava):
+    """Image rows' prompts go through the processor's chat template in qrc's template child (deadline, caps):
+    the same text the processor's own apply_chat_template gives."""
+    from transformers import AutoProcessor
+
+    from compiler.data.templates import TemplateRenderer
+
+    processor = AutoProcessor.from_pretrained(str(llava / "llava"), local_files_only=True)
+    with TemplateRenderer(processor, llava / "llava", None, generation_prompt=True) as renderer:
+        for prompt in PROMPTS:
+            messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+            assert renderer.render(messages, 0) == processor.apply_chat_template(messages, add_generation_prompt=True)

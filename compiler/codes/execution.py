@@ -163,6 +163,11 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "MASTER_ADDR, or a port that cannot be reached stops this rank with what torch reported; nothing is "
              "written.",
              "RANK=0 WORLD_SIZE=2 qrc compile r.recipe   # without torchrun"),
+    CodeInfo("Q445", "the system refused to start a thread",
+             "qrc samples its memory, checks the output and reads ahead on threads of its own. Where the system "
+             "refuses one (a process limit, or `ulimit -v` too low for a thread's stack), the rounding falls back "
+             "to the calling thread; any other refusal stops the compile with this code and nothing written.",
+             "ulimit -u 1; qrc compile r.recipe"),
     CodeInfo("Q412", "no output path",
              "A compile writes a model: the recipe needs `emit \"PATH\"` or the command line `-o PATH`.",
              "qrc compile r.recipe   # and no emit in r.recipe"),

@@ -18,10 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from compiler.data.dataset_schema import local_folder, tokenizer_location
+from compiler.data.dataset_schema import TEMPLATE_FILES, local_folder, tokenizer_location
 from compiler.data.rows import TokenRows, no_template
+from compiler.data.templates import TemplateRenderer
 from compiler.diagnostics import StageError, error
 from compiler.ir.types import DataSource
+from compiler.models.side_files import linked_outside
 from compiler.safe_files import regular_input
 
 
@@ -31,11 +33,15 @@ def image_rows(source: DataSource, model_ref: str, rows: Iterator[tuple[Any, Any
     where = local_folder(source)  # image paths in the rows are relative to the dataset's folder
     folder = where if where is not None and where.is_dir() else where.parent if where is not None else Path(".")
     found: list[dict[str, np.ndarray]] = []
-    for number, (image, prompt) in enumerate(rows):
-        if len(found) >= needed:
-            break
-        found.append(_encoded(source, processor, _image(source, image, number, folder), _prompt(source, prompt, number),
-                              number))
+    location = tokenizer_location(source, model_ref)
+    assert location is not None  # load_processor found it
+    with TemplateRenderer(processor, location, source.span_of("image") or source.span_of("data"),
+                          generation_prompt=True) as renderer:
+        for number, (image, prompt) in enumerate(rows):
+            if len(found) >= needed:
+                break
+            found.append(_encoded(source, processor, renderer, _image(source, image, number, folder),
+                                  _prompt(source, prompt, number), number))
     if not found:
         return TokenRows(np.zeros((0, source.seqlen), np.int64), np.zeros((0, source.seqlen), np.int64))
     stacked = {name: np.concatenate([row[name] for row in found]) for name in found[0]}
@@ -51,6 +57,12 @@ def load_processor(source: DataSource, model_ref: str):
         raise StageError(error("Q216", "`image` rows need the model's processor: no folder with one", span,
                                "no processor", help='give the model folder, or `tokenizer "FOLDER"` with its '
                                "processor_config.json"))
+    outside = linked_outside(location, [location / name for name in (*TEMPLATE_FILES, "processor_config.json",
+                                                                      "tokenizer.json", "tokenizer_config.json")])
+    if outside:  # transformers would read what the link points to
+        raise StageError(error("Q401", f"`{outside[0]}` links outside the processor folder `{location}`", span,
+                               "links outside", help="copy the file into the folder; qrc reads no file a model "
+                               "folder only links to"))
     try:
         from transformers import AutoProcessor
 
@@ -84,7 +96,7 @@ def _image(source: DataSource, value: Any, number: int, folder: Path):
             if not regular_input(folder / path):  # a FIFO would block the reader; a folder is no image
                 raise OSError(f"`{path}` is not a regular file")
             return Image.open(folder / path).convert("RGB")  # an absolute path replaces `folder`
-    except OSError as exc:
+    except (OSError, Image.DecompressionBombError) as exc:  # a 40000×40000 row is refused, not decoded
         raise StageError(error("Q401", f"dataset `{source.path}`: the image of row {number} cannot be read "
                                f"({type(exc).__name__}: {str(exc)[:80]})", source.span_of("image"), "unreadable image",
                                help="a PNG/JPEG path (relative to the dataset's folder) or an Image column")) from None
@@ -103,10 +115,12 @@ def _prompt(source: DataSource, value: Any, number: int) -> str:
                            "not text", help="the text column holds each image's prompt"))
 
 
-def _encoded(source: DataSource, processor, image, prompt: str, number: int) -> dict[str, np.ndarray]:
-    """One row through the processor: its chat template around the image and prompt, padded to seqlen."""
+def _encoded(source: DataSource, processor, renderer: TemplateRenderer, image, prompt: str,
+             number: int) -> dict[str, np.ndarray]:
+    """One row through the processor: its chat template (rendered as untrusted code, data/templates.py) around
+    the image and prompt, padded to seqlen."""
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    text = renderer.render(messages, number)
     encoded = dict(processor(images=[image], text=[text], padding="max_length", max_length=source.seqlen,
                              return_tensors="np"))
     length = encoded["input_ids"].shape[-1]

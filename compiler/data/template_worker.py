@@ -77,9 +77,11 @@ def main() -> None:
     from transformers.utils.chat_template_utils import render_jinja_template
 
     template, special, max_chars = setup["template"], setup["special"], int(setup["max_chars"])
+    prompt = bool(setup.get("generation_prompt"))
 
     def render(messages) -> str:
-        rendered, _ = render_jinja_template([messages], chat_template=template, **special)
+        rendered, _ = render_jinja_template([messages], chat_template=template, add_generation_prompt=prompt,
+                                            **special)
         return rendered[0]
 
     _cap_memory(int(setup["memory"]))

@@ -34,7 +34,10 @@ def limits() -> tuple[float, int, int]:
 class TemplateRenderer:
     """Renders conversations through one tokenizer's chat template in a child process."""
 
-    def __init__(self, tokenizer, location: Path, span):
+    def __init__(self, tokenizer, location: Path, span, generation_prompt: bool = False):
+        """`tokenizer`: a tokenizer or a processor (its chat template, and its tokenizer's special tokens);
+        `location`: the folder the template came from; `generation_prompt`: end each text with the assistant's
+        turn (a VLM's prompt rows)."""
         self.where = template_file(location)
         self.span = span
         self.seconds, self.max_chars, memory = limits()
@@ -42,9 +45,10 @@ class TemplateRenderer:
         self.child = subprocess.Popen([sys.executable, "-m", "compiler.data.template_worker"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                       text=True, encoding="utf-8", env=env)
-        special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+        tokens = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's own tokenizer
+        special = {k: v for k, v in tokens.special_tokens_map.items() if isinstance(v, str)}
         self._send({"template": tokenizer.chat_template, "special": special, "max_chars": self.max_chars,
-                    "memory": memory})
+                    "memory": memory, "generation_prompt": generation_prompt})
         self._receive(START_SECONDS, None)
 
     def render(self, messages: list, row: int) -> str:

@@ -38,13 +38,34 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
+_threads_refused = False  # the system would not start a thread (a process limit, ulimit -v): run on the caller's
+
+
+def cannot_start_thread(exc: BaseException) -> bool:
+    """Whether `exc` is Python's failure to start a thread (the system refused it)."""
+    return isinstance(exc, RuntimeError) and "can't start new thread" in str(exc)
+
+
+def _refused() -> None:
+    global _threads_refused
+    _threads_refused = True
+
+
 def parallel_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-    """fn over items, in order, on every core (on the calling thread when there is one item, one core, or
-    the caller is itself one of the pool's threads). An exception in any call is raised here."""
+    """fn over items, in order, on every core (on the calling thread when there is one item, one core, the
+    caller is itself one of the pool's threads, or the system refuses threads). An exception in any call is
+    raised here."""
     work = list(items)
-    if len(work) < 2 or cores() < 2 or getattr(_inside, "active", False):
+    if len(work) < 2 or cores() < 2 or getattr(_inside, "active", False) or _threads_refused:
         return [fn(item) for item in work]
-    return list(_executor().map(fn, work))
+    try:
+        return list(_executor().map(fn, work))
+    except RuntimeError as exc:
+        if not cannot_start_thread(exc):
+            raise
+    _refused()  # the calls the pool took finish on its threads before they run here again (calls are pure)
+    _executor().shutdown(wait=True)
+    return [fn(item) for item in work]
 
 
 def one_ahead(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
@@ -53,8 +74,18 @@ def one_ahead(fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
     where its value would have been yielded."""
     if not items:
         return
+    if _threads_refused:
+        yield from (fn(item) for item in items)
+        return
     with ThreadPoolExecutor(1, thread_name_prefix="qrc-ahead") as reader:
-        ahead = reader.submit(fn, items[0])
+        try:
+            ahead = reader.submit(fn, items[0])  # starts the one thread; later calls reuse it
+        except RuntimeError as exc:
+            if not cannot_start_thread(exc):
+                raise
+            _refused()
+            yield from (fn(item) for item in items)
+            return
         for number in range(len(items)):
             value = ahead.result()
             if number + 1 < len(items):
@@ -75,7 +106,16 @@ def one_behind(name: str) -> Iterator[Callable[[Callable[[], object]], None]]:
         def submit(call: Callable[[], object]) -> None:
             if pending:
                 pending.pop().result()
-            pending.append(worker.submit(call))
+            if _threads_refused:
+                call()
+                return
+            try:
+                pending.append(worker.submit(call))
+            except RuntimeError as exc:
+                if not cannot_start_thread(exc):
+                    raise
+                _refused()
+                call()
 
         yield submit
         if pending:

@@ -68,8 +68,9 @@ class BlockWise(RunState):
         if not (self.offload and self.disk is not None and any(isinstance(op, ops.RunBlock) for op in self.plan.ops)):
             return None
         identity = (self.plan.recipe_text, checkpoint_identity(self.model.folder), str(self.output.resolve()))
+        blocks = max(op.blocks for op in self.plan.ops if isinstance(op, ops.RunBlock))
         return BlockResume.open(self.disk, self.output, identity, self.ranks, self.plan.spans.disk,
-                                self.pending.warnings)
+                                self.pending.warnings, blocks)
 
     def _streams(self) -> list[streams.Stream]:
         """The streams the blocks run: calibration, verification's float and quantized."""

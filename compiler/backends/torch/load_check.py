@@ -48,6 +48,14 @@ def _alone():
 
 def _check(transformers, staged: Path, source: Path, span: Span | None) -> Diagnostic | None:
     task = _task_class(transformers, staged)
+    named = _architecture(staged)
+    if named and task is None:  # a class of the folder's own code (auto_map): what loads it is not transformers'
+        raise BackendError(error(
+            "Q250", f"config.json names the architecture `{named}`, which transformers does not have: it would "
+            "come from the model folder's own code (`auto_map`), and qrc never runs code from a model folder",
+            span, "unknown architecture", help="name a transformers architecture of this model_type in config.json's "
+            "`architectures` (e.g. what `transformers.AutoConfig` lists for it), or quantize it with the code that "
+            "defines it; nothing was written to the destination"))
     for auto in (task, transformers.AutoModel):
         if auto is None:
             continue
@@ -101,12 +109,18 @@ def _skipped(span: Span | None, why: str, help: str) -> Diagnostic:
                    span, "load check skipped", help=help)
 
 
-def _task_class(transformers, folder: Path):
-    """The class named by config.json's `architectures`, if transformers has it."""
+def _architecture(folder: Path) -> str | None:
+    """The first class config.json's `architectures` names, if any."""
     import json
 
     names = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("architectures") or []
-    return getattr(transformers, names[0], None) if names else None
+    return str(names[0]) if isinstance(names, list) and names else None
+
+
+def _task_class(transformers, folder: Path):
+    """The class named by config.json's `architectures`, if transformers has it."""
+    named = _architecture(folder)
+    return getattr(transformers, named, None) if named and named.isidentifier() else None
 
 
 # compressed-tensors 0.20 hooks attention modules by a `past_key_value(s)` argument that transformers 5.24

@@ -77,7 +77,7 @@ class BlockResume:
 
     @staticmethod
     def open(disk: Path, destination: Path, identity: tuple[str, ...], ranks: Ranks, span: Span | None,
-             warnings: list[Diagnostic]) -> BlockResume:
+             warnings: list[Diagnostic], blocks: int | None = None) -> BlockResume:
         """The state of the run `identity` names (recipe, model files, output, this rank's share) under `disk`,
         agreed over the ranks: a state every rank holds for the same block, else none (a fresh folder). The
         first rank's staged output (a folder, or a GGUF file) is part of its state."""
@@ -88,7 +88,7 @@ class BlockResume:
         mine = owner(destination, *identity, world=ranks.world)
         if ranks.first:
             _remove_superseded(disk, staged, mine)
-        saved, problem = _load(folder)
+        saved, problem = _load(folder, blocks)
         if saved is not None and ranks.first and not staged.exists():
             saved, problem = None, f"the staged output `{staged}` is gone"
         dones = all_gathered(ranks, saved.done if saved else 0)
@@ -166,9 +166,10 @@ def checkpoint_identity(folder: Path | None) -> str:
     return f"{folder} {files}"
 
 
-def _load(folder: Path) -> tuple[Saved | None, str]:
+def _load(folder: Path, blocks: int | None = None) -> tuple[Saved | None, str]:
     """The state saved in `folder` (None and why not, where something was there but is not a usable state).
-    Data only: JSON of numbers and names, nothing from the folder runs."""
+    Data only: JSON of numbers and names, nothing from the folder runs. `blocks`: the run's block count, which
+    no state's finished blocks can exceed (a tampered `done` is discarded, not trusted)."""
     path = folder / STATE
     if not path.exists():
         return None, ""
@@ -179,6 +180,8 @@ def _load(folder: Path) -> tuple[Saved | None, str]:
         done, caches = found["done"], found["caches"]
         if not (isinstance(done, int) and done > 0 and isinstance(caches, dict)):
             return None, "it is not a valid state"
+        if blocks is not None and done > blocks:
+            return None, f"it says {done} blocks are done, of {blocks}"
         if any(not isinstance(n, str) or "/" in n or n.startswith(".") or not (folder / n).is_dir()
                for n in caches.values()):
             return None, "the hidden states it names are gone"
