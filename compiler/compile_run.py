@@ -14,13 +14,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from compiler.backends.ranks import Ranks, from_environment, joined, lost_ranks_message
+from compiler.backends.ranks import Ranks, all_gathered, from_environment, joined, lost_ranks_message
 from compiler.backends.registry import spec_for
 from compiler.backends.spec import OutputKind
 from compiler.diagnostics import Diagnostic, StageError, error, printable, warning
 from compiler.frontend import PlanResult, plan_file
 from compiler.inspect_table import totals
 from compiler.ir.checks import unshared_error
+from compiler.ir.printer import recipe_hash
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
 from compiler.outputs import (
@@ -140,6 +141,7 @@ def _joined(execute, ir, planned: PlanResult, destination: Path, console: Consol
             raise CompileFailed((error("Q429", f"another qrc compile is writing `{destination}` ({held})", ir.span,
                                        "destination busy", help="wait for it to finish, or write to another path "
                                        "(`-o PATH`); this run wrote nothing"),))
+        _same_run_on_every_rank(ranks, planned, destination)
         before = _identity(destination)
         try:
             return _execute(execute, ir, planned, destination, console, needed)
@@ -175,6 +177,21 @@ def unsafe_path_error(exc: UnsafePath, span) -> Diagnostic:
     return error("Q441", exc.reason, span, "refused to write through it",
                  help="remove it (it was not written by this compile, and what it points to is untouched), or "
                  "write to another path (`-o PATH`)")
+
+
+def _same_run_on_every_rank(ranks: Ranks, planned: PlanResult, destination: Path) -> None:
+    """Q446 on every rank when torchrun's ranks were given different recipes, settings or outputs: each would
+    plan its own share of another run, and the first rank's writer would meet tensors of another layout."""
+    if ranks.world == 1:
+        return
+    mine = (recipe_hash(planned.program.recipe_text), str(destination.resolve()))
+    every = all_gathered(ranks, mine)
+    if len(set(every)) > 1:
+        differ = [rank for rank, theirs in enumerate(every) if theirs != every[0]]
+        raise CompileFailed((error(
+            "Q446", f"torchrun's ranks were given different runs: rank(s) {', '.join(map(str, differ))} differ from "
+            "rank 0 in the recipe, its settings or the output path", planned.check.recipe.span, "ranks disagree",
+            help="start every rank with the same command (torchrun does); nothing was written"),), None, planned)
 
 
 def _distributed(exc: BaseException) -> bool:

@@ -637,3 +637,25 @@ def test_the_process_group_uses_nccl_only_where_each_rank_has_a_gpu(gpus, local_
     from compiler.backends.ranks import group_backend
 
     assert group_backend(gpus, local_world) == backend
+
+
+def test_ranks_given_different_recipes_stop_together_with_q446(tmp_path):
+    """A launch script that picks the recipe by RANK: each rank would plan another run (rank 0 met the other's
+    tensors in its writer: a ValueError traceback; rank 1 blamed rank 0 with Q432). Now Q446, nothing written."""
+    out = tmp_path / "out"
+    recipes = []
+    for rank, scheme in enumerate(("W8A8", "W8A16")):
+        path = tmp_path / f"r{rank}.recipe"
+        path.write_text((ROOT / "recipes/tiny-llama-torch-w8a8.recipe").read_text()
+                        .replace('"model.layers.*"   -> W8A8', f'"model.layers.*"   -> {scheme}'))
+        recipes.append(path)
+    script = tmp_path / "pick.py"
+    script.write_text("import os, sys\nfrom compiler.cli import main\n"
+                      f"sys.argv = ['qrc', 'compile', {str(tmp_path)!r} + f'/r{{os.environ[\"RANK\"]}}.recipe', "
+                      f"'-o', {str(out)!r}]\nmain()\n")
+    launched = subprocess.run([*_launcher(2), str(script)], capture_output=True, text=True, env=_env(), cwd=ROOT,
+                              timeout=600)
+    assert launched.returncode != 0 and "Q446" in launched.stderr, launched.stderr[-3000:]
+    # torchrun itself reports a failed child with a traceback of its own; none comes from qrc's code
+    assert "compiler/" not in launched.stderr and "Q432" not in launched.stderr, launched.stderr[-3000:]
+    assert not out.exists()

@@ -168,6 +168,11 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "refuses one (a process limit, or `ulimit -v` too low for a thread's stack), the rounding falls back "
              "to the calling thread; any other refusal stops the compile with this code and nothing written.",
              "ulimit -u 1; qrc compile r.recipe"),
+    CodeInfo("Q446", "torchrun's ranks were given different runs",
+             "Every rank of a torchrun compile must run the same recipe, settings and output: each plans its share "
+             "of one run, and the first rank writes what all of them rounded. Ranks started with different ones "
+             "(a wrapper that picks a recipe by RANK) stop together before any work.",
+             "RANK=0 → a.recipe, RANK=1 → b.recipe under one torchrun"),
     CodeInfo("Q412", "no output path",
              "A compile writes a model: the recipe needs `emit \"PATH\"` or the command line `-o PATH`.",
              "qrc compile r.recipe   # and no emit in r.recipe"),
