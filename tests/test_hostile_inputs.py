@@ -230,3 +230,14 @@ def test_an_architecture_only_the_folders_own_code_defines_is_named_and_never_ru
     result = runner.invoke(app, ["compile", str(_recipe(tmp_path, folder))])
     assert result.exit_code == 2 and "Q250" in result.output and "MyLlamaForCausalLM" in result.output, result.output
     assert "never runs code" in result.output and not ran.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["check", "compile"])
+def test_a_cache_folder_that_is_a_file_is_q250(command, tmp_path, monkeypatch):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("x\n")
+    monkeypatch.setenv("QRC_CACHE", str(not_a_folder))
+    result = runner.invoke(app, [command, ONNX_RECIPE, "-o", str(tmp_path / "m.onnx")] if command == "compile"
+                           else [command, ONNX_RECIPE])
+    assert result.exit_code == 2 and "Q250" in result.output and "QRC_CACHE" in result.output, result.output
+    assert not_a_folder.read_text() == "x\n"

@@ -20,7 +20,7 @@ from compiler.backends.onnx.genai import TOKENIZER_FILES
 from compiler.diagnostics import error
 from compiler.models.exports import cached_export, export_path, metadata_key
 from compiler.models.side_files import copyable
-from compiler.safe_files import read_own, replace_file
+from compiler.safe_files import copy_regular, own_folder, read_own, replace_file
 
 _OUTPUTS = {"bert": ["last_hidden_state", "pooler_output"]}
 
@@ -40,10 +40,10 @@ def export_folder(folder: Path, span=None) -> Path:
     staging = Path(tempfile.mkdtemp(prefix="qrc-export-"))
     try:
         export_in_child(folder, staging / "model.onnx", span)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        own_folder(target.parent)
         for name in ("config.json", *TOKENIZER_FILES):  # what genai_config.json and the cache shapes read
             if copyable(folder, folder / name):  # a link to a file outside the model is never read
-                shutil.copyfile(folder / name, target.parent / name)
+                copy_regular(folder / name, target.parent / name)  # nor one planted in the cache written through
         os.replace(staging / "model.onnx.data", target.parent / "model.onnx.data")
         os.replace(staging / "model.onnx", target)
         replace_file(target.parent / STAMP, json.dumps(_stamp(folder, target)))

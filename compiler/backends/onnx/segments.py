@@ -71,11 +71,12 @@ class BoundaryCache:
             self._memory[(name, chunk)] = value
             return
         path = self._path(name, chunk)
-        tmp = path.with_suffix(".tmp.npy")
+        fd, tmp = tempfile.mkstemp(dir=self._scratch, prefix=f".{path.stem}.", suffix=".npy")  # never a planted name
         try:
-            np.save(tmp, value, allow_pickle=False)  # keeps the dtype: no float64 promotion on reload
+            with os.fdopen(fd, "wb") as handle:
+                np.save(handle, value, allow_pickle=False)  # keeps the dtype: no float64 promotion on reload
         except OSError as exc:  # a full disk: no partial file left, and the error names the cache
-            tmp.unlink(missing_ok=True)
+            Path(tmp).unlink(missing_ok=True)
             raise OSError(exc.errno, exc.strerror or "the disk cache is full", str(path)) from None
         os.replace(tmp, path)
 

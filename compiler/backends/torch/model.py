@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -20,6 +21,7 @@ from compiler.backends.torch.shards import Shards
 from compiler.diagnostics import error
 from compiler.ir.types import AttentionKernel
 from compiler.models import block_fp8, builtin, resolve_path
+from compiler.safe_files import own_folder
 from compiler.source import Span
 
 
@@ -255,10 +257,15 @@ def builtin_checkpoint(ref: str) -> Path:
     name, spec = builtin.parse_ref(ref)
     folder = builtin.cache_dir() / "builtin" / f"{builtin.cached_name(ref, 'torch-v1')}-torch"
     if not (folder / "model.safetensors").exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        temp = folder / "model.safetensors.tmp"
-        save_file(builtin.module(name).weights(spec), str(temp))
-        temp.replace(folder / "model.safetensors")
+        own_folder(folder)
+        fd, temp = tempfile.mkstemp(dir=folder, prefix=".model.", suffix=".qrc-tmp")  # a name no one planted
+        os.close(fd)
+        try:
+            save_file(builtin.module(name).weights(spec), temp)
+            os.replace(temp, folder / "model.safetensors")
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
     return folder
 
 

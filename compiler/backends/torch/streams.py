@@ -5,6 +5,7 @@ masks, ids) stored once when every chunk has the same ones."""
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -52,10 +53,13 @@ class HiddenCache:
             self._ram[chunk] = value
             return
         path = self._dir / f"{chunk}.safetensors"
+        fd, temp = tempfile.mkstemp(dir=self._dir, prefix=f".{chunk}.", suffix=".qrc-tmp")  # never a planted name
+        os.close(fd)
         try:
-            save_file({"hidden": value.contiguous()}, str(path))  # data only
+            save_file({"hidden": value.contiguous()}, temp)  # data only
+            os.replace(temp, path)
         except Exception as exc:  # safetensors raises its own error type for a full disk
-            path.unlink(missing_ok=True)  # no partial file left behind
+            Path(temp).unlink(missing_ok=True)  # no partial file left behind
             raise cache_write_error(exc, path) from None
 
     def get(self, chunk: int) -> torch.Tensor:

@@ -78,8 +78,20 @@ def _weights_estimate(spec) -> int:
 
 
 def cache_dir() -> Path:
-    """The cache folder: $QRC_CACHE, else ~/.cache/qrc."""
-    return Path(os.environ.get("QRC_CACHE") or Path.home() / ".cache" / "qrc")
+    """The cache folder: $QRC_CACHE, else ~/.cache/qrc. Q250 (a ModelError) when it is something other than a
+    folder, or cannot be made: built-ins and exports are kept there."""
+    from compiler.models.errors import ModelError
+
+    path = Path(os.environ.get("QRC_CACHE") or Path.home() / ".cache" / "qrc")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not path.is_dir():
+            raise NotADirectoryError(20, "not a folder", str(path))
+    except OSError as exc:
+        raise ModelError("Q250", f"qrc's cache folder `{path}` cannot be used ({exc.strerror or exc})",
+                         "set QRC_CACHE to a folder you can write (it keeps built-in models and exports), or unset "
+                         "it for ~/.cache/qrc") from None
+    return path
 
 
 def cached_name(ref: str, version: str) -> str:
