@@ -411,3 +411,25 @@ def test_a_failed_export_is_a_diagnostic(folders, tmp_path):
     assert result.exit_code == 2, result.output
     assert "Q424" in result.output and "Traceback" not in result.output
     assert cached_export(folder) is None and not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.parametrize("exporter", ["builder-fp32", "qrc-dynamo"])
+@pytest.mark.parametrize("data", ["text", "dataset"])
+def test_an_exported_decoder_calibrates_from_text(exported, folders, exporter, data, tmp_path):
+    """`data text` and `data dataset` on an exported decoder: the text's tokens with positions from 0 and an
+    empty cache (the empty past key/values were taken for empty samples: Q401 "no usable sample")."""
+    words = [" ".join(f"t{(7 * line + 3 * i) % 317 + 3}" for i in range(40)) for line in range(300)]
+    if data == "text":
+        (tmp_path / "calib.txt").write_text("\n".join(words) + "\n")
+        source = f'data text "{tmp_path / "calib.txt"}" {{ tokenizer "{folders["llama"] / "tokenizer.json"}"  samples 8  seqlen 24 }}'
+    else:
+        (tmp_path / "calib.jsonl").write_text("".join(json.dumps({"text": w}) + "\n" for w in words))
+        source = (f'data dataset "{tmp_path / "calib.jsonl"}" {{ text "text"  tokenizer "{folders["llama"]}"'
+                  "  samples 8  seqlen 24 }")
+    out = tmp_path / "out" / "model.onnx"
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(RECIPE.format(model=exported("llama", exporter), scheme="W8A8", fmt="qdq", out=out)
+                      .replace("data synthetic {{ samples 8  seqlen 24 }}".replace("{{", "{").replace("}}", "}"), source))
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 0, result.output
+    assert out.exists()

@@ -77,10 +77,13 @@ def _file_arrays(source: DataSource, index: ModelIndex, rows: int) -> dict[str, 
     return feeds | extra  # pixel values (and what else a processor gives) go to the model's forward as they are
 
 
-def _usable(source: DataSource, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _usable(source: DataSource, arrays: dict[str, np.ndarray], index: ModelIndex) -> dict[str, np.ndarray]:
     """Q401 when the file gives no sample (an empty text file, blank lines, an npz with 0 samples or
-    0-length sequences): calibrating on nothing would leave every range undefined."""
-    if not arrays or _count(arrays) == 0 or any(a.ndim > 1 and 0 in a.shape[1:] for a in arrays.values()):
+    0-length sequences): calibrating on nothing would leave every range undefined. A decoder's past key/value
+    inputs are empty by design (a prompt's first step: `(rows, heads, 0, head_dim)`) and say nothing of that."""
+    past = {info.name for info in index.inputs if role_of(info) is InputRole.PAST}
+    sized = [a for name, a in arrays.items() if name not in past]
+    if not arrays or _count(arrays) == 0 or any(a.ndim > 1 and 0 in a.shape[1:] for a in sized):
         raise StageError(error("Q401", f"`{source.path}` has no usable sample", source.span_of("data"),
                                  "no samples", help="give at least one non-empty sample (a line of text, or an "
                                  "npz row with a non-empty sequence)"))
@@ -318,7 +321,7 @@ def _token_feeds(source: DataSource, index: ModelIndex, ids: np.ndarray, mask: n
                                      "missing input", help="tokenised data gives input_ids, attention_mask, token_type_ids, "
                                      "positions and an empty key/value cache; use npz otherwise"))
         arrays[info.name] = implied
-    return _usable(source, arrays)
+    return _usable(source, arrays, index)
 
 
 def _implied_by_text(index: ModelIndex, info: TensorInfo, rows: int, seqlen: int) -> np.ndarray | None:
@@ -432,7 +435,7 @@ def load_npz(source: DataSource, index: ModelIndex, rows: int | None = None) -> 
     for info in index.inputs:
         _check_input(source, info, arrays, span, index)
     _check_lengths(source, index, arrays, span)
-    return _usable(source, {info.name: arrays[info.name] for info in index.inputs})
+    return _usable(source, {info.name: arrays[info.name] for info in index.inputs}, index)
 
 
 def _arrays_in(archive: zipfile.ZipFile) -> dict[str, str]:
