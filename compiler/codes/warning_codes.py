@@ -93,6 +93,12 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "from the config alone. An FP8 source checkpoint whose `weight_scale_inv` tensors do not tile their "
              "weights by `weight_block_size` is refused too: read anyway, most blocks would take the wrong scale.",
              'model "checkpoints/"   # no *.safetensors, unknown model_type'),
+    CodeInfo("Q271", "a GGUF file qrc cannot read as a model",
+             "A .gguf source is read from its header alone and seen as the Hugging Face folder it was converted from: "
+             "Llama, Mistral, Qwen2 and Qwen3 files with a byte-level BPE vocabulary (gpt2), every tensor of a type "
+             "the gguf package dequantizes. Another architecture, a sentencepiece vocabulary, a tensor with no "
+             "place in the layout, or a damaged header is refused before any work.",
+             'model "phi-2.Q4_0.gguf"   # architecture phi2'),
     CodeInfo("Q256", "a floating format with a setting it cannot take",
              "FP8, NVFP4 and MX formats are symmetric and rounded as compressed-tensors defines them (rtn). NVFP4 "
              "scales blocks of 16 and MX blocks of 32 (the format fixes the group); fp8 weights are per tensor, per "

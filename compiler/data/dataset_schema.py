@@ -18,11 +18,11 @@ MISSING_HELP = ("give a local file or folder (paths are relative to the folder q
 
 
 def model_folder(model_ref: str) -> Path | None:
-    """The model's folder (an HF-style folder), or None for built-ins and files."""
-    from compiler.models import local_path
+    """The model's folder (an HF-style folder, or a GGUF file's side folder), or None for built-ins and ONNX
+    files."""
+    from compiler.models import model_dir
 
-    path = local_path(model_ref)
-    return path if path is not None and path.is_dir() else None
+    return model_dir(model_ref)
 
 
 def local_folder(source: DataSource) -> Path | None:

@@ -8,7 +8,7 @@ from compiler.models import builtin
 from compiler.models.errors import ModelError
 from compiler.models.index import Layer, ModelIndex, TensorInfo
 
-__all__ = ["Layer", "ModelError", "ModelIndex", "TensorInfo", "index_model"]
+__all__ = ["Layer", "ModelError", "ModelIndex", "TensorInfo", "gguf_file", "index_model", "model_dir"]
 
 
 PACKAGE_PREFIX = "package:"
@@ -40,6 +40,32 @@ def local_path(ref: str) -> Path | None:
         return None
 
 
+def gguf_file(ref: str) -> Path | None:
+    """The GGUF file a model reference names (the file, or the one .gguf of a folder without config.json)."""
+    path = local_path(ref)
+    if path is None:
+        return None
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return path
+    if path.is_dir():
+        from compiler.models.gguf_source import gguf_in
+
+        return gguf_in(path)
+    return None
+
+
+def model_dir(ref: str) -> Path | None:
+    """The HF-style folder qrc reads a model reference as: the folder itself, or a GGUF file's side folder
+    (config and tokenizer, models/gguf_source.py); None for built-ins and ONNX files."""
+    gguf = gguf_file(ref)
+    if gguf is not None:
+        from compiler.models.gguf_source import side_folder
+
+        return side_folder(gguf, ref)
+    path = local_path(ref)
+    return path if path is not None and path.is_dir() else None
+
+
 def index_model(ref: str) -> ModelIndex:
     """Index a model reference: `builtin:NAME[?k=v…]`, a path to an .onnx file, or an HF-style folder.
 
@@ -53,12 +79,19 @@ def index_model(ref: str) -> ModelIndex:
         name, _ = builtin.parse_ref(ref)
         return index_onnx(builtin.onnx_path(ref), ref, family=name)
     path = resolve_path(ref)
+    gguf = gguf_file(ref)
+    if gguf is not None:  # read as the folder it was converted from; the weights stay in the file
+        from compiler.models import gguf_source
+
+        header = gguf_source.read_header(gguf, ref)
+        return index_hf(gguf_source.side_folder(gguf, ref), ref, gguf_source.hf_headers(header, ref))
     if path.is_dir():
         return index_hf(path, ref)
     if path.is_file():
         if path.suffix.lower() != ".onnx":
-            raise ModelError("Q250", f"`{ref}` is neither an .onnx file nor a model folder",
-                             "give an .onnx file, an HF-style folder (config.json, *.safetensors) or builtin:NAME")
+            raise ModelError("Q250", f"`{ref}` is neither an .onnx file, a .gguf file nor a model folder",
+                             "give an .onnx or .gguf file, an HF-style folder (config.json, *.safetensors) or "
+                             "builtin:NAME")
         return index_onnx(path, ref)
     raise ModelError("Q250", f"model `{ref}` not found",
                      "paths are relative to the current folder; built-ins: "

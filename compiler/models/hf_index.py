@@ -30,10 +30,11 @@ _CONFIG_NUMBERS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "n
                    "intermediate_size", "vocab_size", "max_position_embeddings", "type_vocab_size")
 
 
-def index_hf(folder: Path, ref: str) -> ModelIndex:
-    """Index an HF-style folder from config.json and the safetensors headers (no weights read)."""
+def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ...]]] | None = None) -> ModelIndex:
+    """Index an HF-style folder from config.json and the safetensors headers (no weights read). `headers`: the
+    tensors as another source gives them (a GGUF file's, models/gguf_source.py), in place of the folder's."""
     config = _config(folder, ref)
-    headers = _headers(folder, ref)
+    headers = _headers(folder, ref) if headers is None else headers
     pickled = sorted(p.name for pattern in ("*.bin", "*.pt", "*.pth") for p in folder.glob(pattern))
     if pickled and not headers:  # torch pickles run code when loaded: qrc reads safetensors only
         raise ModelError("Q252", f"`{ref}` has its weights as {', '.join(pickled[:2])} (a torch pickle), not safetensors",

@@ -33,7 +33,7 @@ from compiler.backends.result import CompileResult, held_out_batches, judge, ref
 from compiler.backends.sensitivity import assign, score_units
 from compiler.diagnostics import error, warning
 from compiler.ir.types import Calibration, MemoryMode
-from compiler.models import builtin, resolve_path
+from compiler.models import builtin, gguf_file, resolve_path
 from compiler.plan import ops
 from compiler.plan.ops import Plan
 from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
@@ -47,6 +47,19 @@ def model_path(ref: str) -> Path:
     if ref.startswith(builtin.PREFIX):
         return builtin.onnx_path(ref)
     return resolve_path(ref)
+
+
+def source_folder(ref: str) -> Path:
+    """The HF-style folder the export reads: the folder, or a GGUF file's float32 folder (models/gguf_source.py:
+    written once, one tensor at a time)."""
+    gguf = gguf_file(ref)
+    if gguf is None:
+        return resolve_path(ref)
+    from compiler.models.gguf_source import float_folder
+
+    folder = float_folder(gguf, ref)
+    assert folder is not None  # made here when missing
+    return folder
 
 
 def execute(plan: Plan, assignment: Assignment, output: Path, progress: Progress) -> CompileResult:
@@ -101,7 +114,7 @@ class _OnnxRun(OnnxRunState):
         from compiler.backends.onnx.export import export_folder
         from compiler.models.exports import cached_export
         advance = self.progress("export", 1)
-        folder = resolve_path(op.folder)
+        folder = source_folder(op.folder)
         cached = cached_export(folder) is not None
         # under torchrun the export cache has one writer per machine; its other ranks then take the cached entry
         self.source = each_machine_first(self.ranks, lambda: export_folder(folder, self.plan.spans.model))

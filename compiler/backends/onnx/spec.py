@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from compiler.backends.onnx.cost import COSTS
 from compiler.backends.onnx.exported_model import quantized_layers, resolve_export
@@ -10,7 +11,7 @@ from compiler.backends.onnx.lowering import LOWERING
 from compiler.backends.onnx.support import check_supported
 from compiler.backends.spec import BackendSpec, OutputKind
 from compiler.ir.types import Backend, EmitFormat, RecipeIR
-from compiler.models import ModelError, local_path
+from compiler.models import ModelError, gguf_file, local_path
 from compiler.models.exports import cached_export
 from compiler.models.index import ModelFormat
 from compiler.resolve.assignment import Assignment
@@ -22,7 +23,7 @@ def planned_assignment(ir: RecipeIR, assignment: Assignment) -> Assignment:
     export's graph (still an HF folder, so the plan keeps its `export_onnx` op), if it quantizes the same
     layers with the same schemes; otherwise the folder's own assignment (activations from its config)."""
     index = assignment.model
-    folder = local_path(index.ref) if index.format is ModelFormat.HF else None
+    folder = _export_source(index.ref) if index.format is ModelFormat.HF else None
     exported = cached_export(folder) if folder is not None and folder.is_dir() else None
     if exported is None:
         return assignment
@@ -33,6 +34,17 @@ def planned_assignment(ir: RecipeIR, assignment: Assignment) -> Assignment:
     if quantized_layers(resolved) != quantized_layers(assignment):
         return assignment
     return replace(resolved, model=replace(resolved.model, format=ModelFormat.HF))  # keeps its export_onnx op
+
+
+def _export_source(ref: str) -> Path | None:
+    """The folder an export of `ref` reads: the folder, or a GGUF file's float folder where it was made already
+    (planning writes nothing and reads no weights)."""
+    gguf = gguf_file(ref)
+    if gguf is None:
+        return local_path(ref)
+    from compiler.models.gguf_source import float_folder
+
+    return float_folder(gguf, ref, create=False)
 
 
 SPEC = BackendSpec(

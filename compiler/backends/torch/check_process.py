@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 from compiler.backends.rss import following
 from compiler.ir.types import EmitFormat
-from compiler.models import ModelError, builtin, resolve_path
+from compiler.models import ModelError, builtin, model_dir, resolve_path
 from compiler.plan import ops
 
 WORKER = (sys.executable, "-m", "compiler.backends.torch.check_worker")  # the child's command, then the class
@@ -150,7 +150,7 @@ def _config(model: str) -> dict:
     if model.startswith(builtin.PREFIX):
         return {}
     try:
-        config = json.loads((resolve_path(model) / "config.json").read_text(encoding="utf-8"))
+        config = json.loads(((model_dir(model) or resolve_path(model)) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, ModelError):
         return {}
     return config if isinstance(config, dict) else {}

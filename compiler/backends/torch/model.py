@@ -20,7 +20,7 @@ from compiler.backends.torch import checkpoint_names
 from compiler.backends.torch.shards import Shards
 from compiler.diagnostics import error
 from compiler.ir.types import AttentionKernel
-from compiler.models import block_fp8, builtin, resolve_path
+from compiler.models import block_fp8, builtin, gguf_file, model_dir, resolve_path
 from compiler.safe_files import own_folder
 from compiler.source import Span
 
@@ -193,11 +193,27 @@ def open_files(ref: str) -> TorchModel:
     if ref.startswith(builtin.PREFIX):
         folder_ckpt, config, folder = builtin_checkpoint(ref), {"qrc_builtin": ref}, None
     else:
-        folder = resolve_path(ref)
+        folder = _folder(ref)
         folder_ckpt, config = folder, json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    shards = Shards(folder_ckpt, block_fp8.block_size(config))
+    shards = _shards(ref, folder_ckpt, config)
     keys = {name: name for name in shards.entries if name not in shards.scales}
     return TorchModel(nn.Module(), shards, keys, "", (), _float_dtype(shards, keys), False, config, folder)
+
+
+def _folder(ref: str) -> Path:
+    """The HF-style folder of `ref`: the folder itself, or a GGUF file's side folder (models.model_dir)."""
+    folder = model_dir(ref)
+    return folder if folder is not None else resolve_path(ref)
+
+
+def _shards(ref: str, folder: Path, config: dict):
+    """The checkpoint's tensors: the folder's safetensors, or the GGUF file's, dequantized as they are read."""
+    gguf = gguf_file(ref)
+    if gguf is not None:
+        from compiler.backends.torch.gguf_shards import GgufShards
+
+        return GgufShards(gguf, ref)
+    return Shards(folder, block_fp8.block_size(config))
 
 
 def _float_dtype(shards: Shards, keys: dict[str, str]) -> torch.dtype:
@@ -217,10 +233,10 @@ def open_model(ref: str, blocks: tuple[str, ...], span: Span | None,
         module, folder_ckpt, config, folder = _builtin(ref), builtin_checkpoint(ref), {"qrc_builtin": ref}, None
         checkpoint = Shards(folder_ckpt)
     else:
-        folder = resolve_path(ref)
+        folder = _folder(ref)
         module, config = hf_skeleton(folder, span), json.loads((folder / "config.json").read_text(encoding="utf-8"))
         set_attention(module, attention, span)
-        checkpoint = Shards(folder, block_fp8.block_size(config))
+        checkpoint = _shards(ref, folder, config)
         renamed = checkpoint_names.module_names(module, list(checkpoint.entries),
                                                 checkpoint_names.adapt(module, ref, span))
     keys = _checkpoint_keys(module, checkpoint, renamed, ref, span)

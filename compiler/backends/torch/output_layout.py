@@ -39,7 +39,7 @@ def output_specs(model: TorchModel, jobs: list[Job]) -> list[TensorSpec]:
         if key in shards.scales:  # an FP8 source's block scales: every weight is written anew
             continue
         if job is None:  # kept as it was (an FP8 source's weight: dequantized, in the model's dtype)
-            specs.append(Spec(key, model.dtype if key in shards.scaled else DTYPES[entry.dtype], entry.shape))
+            specs.append(Spec(key, model.dtype if not shards.stored_as_is(key) else DTYPES[entry.dtype], entry.shape))
         else:
             specs += layer_specs(job.layer, job.scheme, model.dtype)
     for job in jobs:
@@ -56,7 +56,7 @@ def copy_unquantized(writer: FolderWriter, model: TorchModel, jobs: list[Job]) -
     for key, entry in shards.entries.items():
         if key in replaced or key in shards.scales or key not in writer.missing:  # written already (a transform)
             continue
-        if key in shards.scaled:
+        if not shards.stored_as_is(key):  # an FP8 source's weight, a GGUF tensor: decoded first
             writer.put(key, shards.read(key).to(model.dtype))
         else:
             writer.copy_raw(key, entry.file, entry.start, entry.end)

@@ -51,6 +51,10 @@ class Shards:
     def __contains__(self, name: str) -> bool:
         return name in self.entries
 
+    def stored_as_is(self, name: str) -> bool:
+        """Whether the file holds the tensor's bytes as it reads (so they can be copied byte for byte)."""
+        return name not in self.scaled
+
     def read(self, name: str) -> torch.Tensor:
         """One tensor, read with a positioned read (a block-scaled FP8 weight dequantized, float32)."""
         if name in self.scaled:

