@@ -48,6 +48,13 @@ class CompileFailed(Exception):
         self.running = running  # raised while the backend ran: under torchrun, possibly this rank's alone
 
 
+def quiet_third_party_bars() -> None:
+    """transformers', compressed-tensors' and the hub's tqdm bars ("Loading weights", "Compressing model") would
+    print between qrc's own rows: tqdm and the hub read these variables (a user's own setting is kept)."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def output_path(result: PlanResult, override: Path | None) -> Path:
     """Where the model goes: `-o PATH`, else the recipe's emit path (Q412 when neither; Q413 for a path with no
     name, such as `/`)."""
@@ -88,6 +95,7 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
         ranks = from_environment()
     except StageError as exc:  # RANK / WORLD_SIZE that name no rank
         raise CompileFailed((exc.diagnostic,)) from None
+    quiet_third_party_bars()
     planned = _planned_for(recipe, overrides, ranks.world)
     if not planned.ok:
         raise CompileFailed(planned.diagnostics)

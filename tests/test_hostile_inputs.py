@@ -241,3 +241,18 @@ def test_a_cache_folder_that_is_a_file_is_q250(command, tmp_path, monkeypatch):
                            else [command, ONNX_RECIPE])
     assert result.exit_code == 2 and "Q250" in result.output and "QRC_CACHE" in result.output, result.output
     assert not_a_folder.read_text() == "x\n"
+
+
+def test_third_party_progress_bars_stay_off_the_compiles_output(llama, tmp_path):
+    """transformers' and compressed-tensors' tqdm bars (the verify loads the folder as transformers does) do not
+    print between qrc's own rows. A process of its own, as users run it: tqdm reads its switch when imported."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    extra = ("    calibrate { data synthetic { samples 4  seqlen 16 } }\n"
+             "    verify { samples 2  metric cosine  at_least 0.9 }\n")
+    done = subprocess.run([sys.executable, "-m", "compiler", "compile", str(_recipe(tmp_path, llama, extra))],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "it/s]" not in done.stderr + done.stdout and "Compressing model" not in done.stderr, done.stderr

@@ -211,7 +211,8 @@ def open_artifact(staged: Path, source: TorchModel, span: Span | None) -> Artifa
         hf_config = CompressedTensorsConfig.from_dict(quantization)  # what transformers reads config.json into
         compressor = ModelCompressor.from_compression_config(hf_config)
         if compressor.quantization_config is not None:
-            apply_quantization_config(module, compressor.quantization_config, run_compressed=False)
+            apply_quantization_config(module, compressor.quantization_config, run_compressed=False,
+                                      show_progress=False)  # its tqdm bar would print between qrc's rows
             if hf_config.is_quantization_compressed:
                 compressor.compress_model(module)
             compressor.remove_decompression_hook(module)  # blocks are decompressed as they are read
