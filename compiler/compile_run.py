@@ -62,7 +62,7 @@ def output_path(result: PlanResult, override: Path | None) -> Path:
     if override is None and ir.emit is None:
         raise CompileFailed((error("Q412", f"recipe `{ir.name}` says nowhere to write the model", ir.span, "no `emit`",
                                    help='add `emit "out/model.onnx"` or pass `-o PATH`'),))
-    given = override if override is not None else Path(ir.emit.path)
+    given = override if override is not None else Path(ir.emit.path) if ir.emit is not None else Path()
     destination = normalized_output(given)
     if destination is None:
         raise CompileFailed((error("Q413", f"output `{given}` has no name of its own", ir.span, "not an output path",
@@ -320,7 +320,7 @@ class _PlainTable(Table):
     """A table whose cells are plain text: layer names, paths and notes are never read as rich markup, and their
     control characters are shown escaped."""
 
-    def add_row(self, *cells, **options) -> None:  # type: ignore[override]
+    def add_row(self, *cells, **options) -> None:
         super().add_row(*(Text(printable(c)) if isinstance(c, str) else c for c in cells), **options)
 
 

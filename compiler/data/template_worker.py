@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import resource
 import sys
+from typing import Any
 
 
 def _address_space() -> int:
@@ -80,9 +81,10 @@ def main() -> None:
     prompt = bool(setup.get("generation_prompt"))
 
     def render(messages) -> str:
-        rendered, _ = render_jinja_template([messages], chat_template=template, add_generation_prompt=prompt,
-                                            **special)
-        return rendered[0]
+        # (texts, generation indices), whatever its annotation says
+        rendered: Any = render_jinja_template([messages], chat_template=template, add_generation_prompt=prompt,
+                                              **special)
+        return rendered[0][0]
 
     _cap_memory(int(setup["memory"]))
     print(json.dumps({"ready": True}), flush=True)

@@ -377,7 +377,8 @@ def _write_safetensors(target: Path, header: GgufHeader, tensors: list[tuple[str
     """safetensors' format: an 8-byte header length, the JSON header (names sorted, float32), then each tensor's
     bytes in that order; every tensor is read, dequantized and written before the next."""
     ordered = sorted(tensors, key=lambda item: item[0])
-    described, offset = {"__metadata__": {"format": "pt"}}, 0
+    described: dict[str, dict] = {"__metadata__": {"format": "pt"}}
+    offset = 0
     for name, tensor in ordered:
         size = 4
         for dim in tensor.shape:

@@ -22,7 +22,7 @@ def byte_level_bpe(tokens: list[str], merges: list[str], types: object, pre: str
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     vocab = {token: index for index, token in enumerate(tokens)}
-    pairs = [tuple(merge.split(" ", 1)) for merge in merges if " " in merge]
+    pairs = [(left, right) for left, _, right in (merge.partition(" ") for merge in merges if " " in merge)]
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     split = SPLITS.get(pre)
     if split is not None:

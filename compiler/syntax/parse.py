@@ -32,7 +32,8 @@ def _parse(source: Source, start: str):
     huge = next((t for t in tree.scan_values(lambda v: getattr(v, "type", None) == "NUMBER")
                  if not math.isfinite(float(t))), None)
     if huge is not None:  # 1e400 reads as infinity: no bound, size or count means that
-        span = source.span(huge.start_pos, huge.end_pos)
-        return error("Q113", f"the number `{huge}` is too large", span, "beyond any float",
+        span = source.span(huge.start_pos or 0, huge.end_pos or 0)
+        shown = str(huge) if len(huge) <= 24 else f"{huge[:20]}…"
+        return error("Q113", f"the number `{shown}` is too large", span, "beyond any float",
                      help="numbers must be finite (below about 1.8e308)")
     return AstBuilder(source).transform(tree)
