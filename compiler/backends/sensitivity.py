@@ -1,7 +1,7 @@
 """The mixed-precision search at compile time, shared by both backends: score every unit under every
 choice (a backend's Scorer supplies weights, input Gram matrices and the kld scores), cache the scores on
 disk by content hash, choose under the budget, and resolve the recipe again with the choices, before
-the groups (ALGORITHMS.md, Mixed precision).
+the groups (docs/recipe-language.md, `mixed_precision`).
 
 Scores are losses, lower is better, one per unit and choice:
 - snr: Σ over members of ‖W − Q(W)‖² / ‖W‖² (no data);

@@ -1,7 +1,7 @@
 """Activation memory of one forward pass, by liveness over the graph: a value is resident from the
 node that produces it to its last consumer; observed tensors (the augmented graph's outputs) stay to
 the end and are copied out; the model's own outputs (logits, KV cache) and the nodes that only feed
-them are removed from the calibration graph, as ARCHITECTURE.md requires."""
+them are removed from the calibration graph, as the calibration graph needs (docs/recipe-language.md, `calibrate`: `passthrough`)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def segment_outputs(graph: GraphSummary, runs, index: int, wanted: set[str]) -> 
 
 def propagate(graph: GraphSummary, tensors: tuple[str, ...], passthrough: tuple[str, ...]) -> dict[str, str]:
     """tensor → the tensor whose range it inherits: walk up through passthrough producers (first input)
-    to the nearest tensor that is not a passthrough output (ALGORITHMS.md, selective propagation)."""
+    to the nearest tensor that is not a passthrough output (selective propagation: docs/recipe-language.md, `calibrate`)."""
     producers = graph.producers()
     out = {}
     for tensor in tensors:

@@ -1,4 +1,4 @@
-"""multi_gpu placement (ALGORITHMS.md, Olive's procedure) as a pure function, testable without GPUs.
+"""multi_gpu placement (Olive's procedure; docs/memory.md, the modes) as a pure function, testable without GPUs.
 
 accelerate's `infer_auto_device_map` (with `no_split_module_classes`) proposes module → device. Every
 `<…>.layers.N.*` entry is then moved to the device of that block's first entry, so no block is split

@@ -40,7 +40,7 @@ class Observation:
     needed: tuple[str, ...]  # activations whose ranges the emitted model needs (inputs of A-quantized layers)
     observed: tuple[str, ...]  # what calibration observes after passthrough propagation
     sources: tuple[tuple[str, str], ...]  # (needed tensor, the tensor its range comes from): itself, or a
-    # passthrough ancestor's output (ALGORITHMS.md, selective propagation)
+    # passthrough ancestor's output (selective propagation: docs/recipe-language.md, `calibrate`)
     gptq_layers: tuple[str, ...]
     hessian_inputs: tuple[tuple[str, int], ...]  # (input tensor, features) of GPTQ's linear layers, once each
 

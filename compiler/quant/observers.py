@@ -160,7 +160,7 @@ class HistogramObserver:
         return counts, np.linspace(0.0, self.threshold, half + 1)
 
     def percentile_range(self, percentile: float) -> tuple[float, float] | None:
-        """Symmetric on |x| (ALGORITHMS.md): ±edge at the percentile, clamped to the observed min/max."""
+        """Symmetric on |x| (docs/recipe-language.md, `calibrate`): ±edge at the percentile, clamped to the observed min/max."""
         if self.counts is None or not self.finite:
             return None
         counts, edges = self.abs_histogram()

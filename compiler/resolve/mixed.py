@@ -1,5 +1,5 @@
 """Mixed precision against a model: the units the search assigns, their size under each choice, and the
-choice under a bit budget once the units are scored (ALGORITHMS.md, Mixed precision).
+choice under a bit budget once the units are scored (docs/recipe-language.md, `mixed_precision`).
 
 A unit is a group instance (the Q/K/V of one block) or a lone layer, so a group never ends mixed. Only
 layers whose rule gives one of the choices are searched; the others keep their scheme. Bits are storage

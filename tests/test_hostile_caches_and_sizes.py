@@ -1,4 +1,4 @@
-"""Hostile inputs, round 3: built-in sizes, FP8 scale shapes, a tampered export cache, resume state out of range,
+"""Hostile caches, states and sizes: built-in sizes, FP8 scale shapes, a tampered export cache, resume state out of range,
 hostile configs beside models, a full disk under the torch block cache, npz arrays of different lengths, and a
 Markdown link in a layer name. Each is a coded diagnostic (or a correct result), never a traceback."""
 
