@@ -16,6 +16,7 @@ from rich.text import Text
 
 from compiler.backends.ranks import Ranks, all_gathered, from_environment, joined, lost_ranks_message
 from compiler.backends.registry import spec_for
+from compiler.backends.result import over_plan
 from compiler.backends.spec import OutputKind
 from compiler.diagnostics import Diagnostic, StageError, error, printable, warning
 from compiler.frontend import PlanResult, plan_file
@@ -262,6 +263,9 @@ def _execute(execute, ir, planned: PlanResult, destination: Path, console: Conso
     with _progress(console) as progress, _terminate_as_interrupt():
         try:
             result = execute(planned.program, planned.assignment, destination, progress)
+            said = over_plan(result, ir.span)
+            if said is not None:  # printed with the run's warnings, and first in the report
+                result.warnings.append(said)
         except StageError as exc:  # a backend's failure, or its data's
             raise CompileFailed(planned.diagnostics + (exc.diagnostic,), getattr(exc, "result", None), planned,
                                 running=True) from None

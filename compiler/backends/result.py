@@ -167,3 +167,23 @@ def held_out_batches(op: Verify | CaptureReference, index, warnings: list[Diagno
                                 op.data.span_of("data"), "not held out",
                                 help=f"add at least {op.samples} samples beyond `samples` to the file"))
     return batches
+
+
+OVER_PLAN = 1.10  # a measured peak this far above its plan is said, not only shown
+
+
+def over_plan(result: CompileResult, span: Span | None) -> Diagnostic | None:
+    """Q447 (a warning) when the run's measured peak went more than 10% past its plan: by how much, in percent,
+    and the op that was running at the highest sample (the one whose estimate missed)."""
+    planned = result.planned_peak
+    if not planned or result.peak_rss <= planned * OVER_PLAN:
+        return None
+    from compiler.ir.values import human_bytes
+
+    top = max(result.rss_samples, key=lambda sample: sample[1], default=None)
+    op = top[2] if top is not None else None
+    during = f", during `{op.kind.value}` (planned {human_bytes(op.peak_bytes)})" if op is not None else ""
+    return warning("Q447", f"the run went past its memory plan: {human_bytes(result.peak_rss)} measured against "
+                   f"{human_bytes(planned)} planned, +{(result.peak_rss / planned - 1) * 100:.0f}%{during}", span,
+                   "over the plan", help="the plan underestimated this run: give `ram` some room above `qrc plan`'s "
+                   "figure, and please report the recipe and model so the estimate can be fixed")

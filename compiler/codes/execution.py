@@ -173,6 +173,12 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "of one run, and the first rank writes what all of them rounded. Ranks started with different ones "
              "(a wrapper that picks a recipe by RANK) stop together before any work.",
              "RANK=0 → a.recipe, RANK=1 → b.recipe under one torchrun"),
+    CodeInfo("Q447", "the run went past its memory plan (warning)",
+             "qrc measures the compile's resident memory (sampled every 20 ms, and the kernel's high-water mark) "
+             "against the plan. A peak more than 10% above the plan is said in the summary and at the top of the "
+             "report, with the op that was running at the highest sample: the plan is a promise, and a run that "
+             "breaks it must say so rather than only show it in a chart.",
+             "a compile whose plan says 226 MiB and whose peak measures 330 MiB"),
     CodeInfo("Q412", "no output path",
              "A compile writes a model: the recipe needs `emit \"PATH\"` or the command line `-o PATH`.",
              "qrc compile r.recipe   # and no emit in r.recipe"),

@@ -53,7 +53,8 @@ class Report:
     search_curve: Table | None
     search_svg: str
     warnings: tuple[str, ...]
-    transform: tuple[tuple[str, str], ...] = ()  # what the outlier transform did (planned, and measured)
+    transform: tuple[tuple[str, str], ...] = ()
+    verdict: tuple[str, ...] = ()  # what a reader must see first: a run past its memory plan, a failed verify  # what the outlier transform did (planned, and measured)
     mappings: Table | None = None  # which layers it touched
 
 
@@ -89,7 +90,8 @@ def build(planned, result=None) -> Report:
                  [(str(i), op.kind.value, str(op.repeat), human_bytes(op.peak_bytes), op.summary)
                   for i, op in enumerate(plan.ops, start=1)], "rlrrl")
     warnings = tuple(f"{d.severity.value}[{d.code}]: {d.message}" for d in planned.diagnostics) + tuple(
-        f"{d.severity.value}[{d.code}]: {d.message}" for d in (result.warnings if result is not None else ()))
+        f"{d.severity.value}[{d.code}]: {d.message}" for d in (result.warnings if result is not None else ())
+        if d.code != "Q447")  # the report opens with that one (`verdict`)
     return Report(
         title=f"qrc {'compile' if result is not None else 'plan'} report: {ir.name}",
         measured=result is not None, facts=tuple(facts), estimate=estimate, ops=ops,
@@ -99,7 +101,17 @@ def build(planned, result=None) -> Report:
         verify=_verify(ir, result), costliest=_costliest(result), schemes=_schemes(assignment),
         recipe_text=print_ir(ir), search=_search(result), search_units=_search_units(result),
         search_curve=_search_curve(result), search_svg=_search_svg(result), warnings=warnings,
-        transform=_transform(ir, assignment, result), mappings=_mappings(assignment))
+        transform=_transform(ir, assignment, result), mappings=_mappings(assignment), verdict=_verdict(result))
+
+
+def _verdict(result) -> tuple[str, ...]:
+    """The lines the report opens with: the run past its memory plan (Q447), verification that failed."""
+    if result is None:
+        return ()
+    lines = [f"{d.severity.value}[{d.code}]: {d.message}" for d in result.warnings if d.code == "Q447"]
+    if result.verify is not None and not result.verify_passed:
+        lines.append("verification FAILED: see Verification below")
+    return tuple(lines)
 
 
 def _transform(ir, assignment: Assignment, result) -> tuple[tuple[str, str], ...]:
