@@ -103,12 +103,12 @@ def test_a_template_linked_outside_its_folder_is_never_read(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("junk", ["nan", "inf", "-1", "0", "ten", "1e400"])
-def test_junk_template_limits_are_q443(junk, tmp_path, monkeypatch):
-    monkeypatch.setenv("QRC_TEMPLATE_SECONDS", junk)
+@pytest.mark.parametrize("variable", ["QRC_TEMPLATE_SECONDS", "QRC_TEMPLATE_CHARS", "QRC_TEMPLATE_MEMORY"])
+@pytest.mark.parametrize("junk", ["nan", "inf", "-1", "0", "ten", "1e400", "2.5e99"])
+def test_junk_template_limits_are_q443(variable, junk, tmp_path, monkeypatch):
+    monkeypatch.setenv(variable, junk)
     result = runner.invoke(app, ["compile", str(_recipe(tmp_path, TOKENIZER, ROWS))])
-    assert result.exit_code == 2 and "Q443" in result.output and "QRC_TEMPLATE_SECONDS" in result.output, \
-        result.output
+    assert result.exit_code == 2 and "Q443" in result.output and variable in result.output, result.output
 
 
 def test_a_good_template_renders_as_transformers_does(tmp_path):
