@@ -218,3 +218,16 @@ def test_gptq_keeps_more_of_the_real_model_than_rtn(tmp_path):
     with torch.no_grad():
         float_perplexity = math.exp(reference(ids, labels=ids).loss.item())
     assert float_perplexity < perplexities["gptq"] < perplexities["rtn"], (float_perplexity, perplexities)
+
+
+def test_check_and_plan_of_a_gguf_import_neither_torch_nor_onnxruntime(zoo_gguf, tmp_path):
+    import subprocess
+    import sys
+
+    folder, path = zoo_gguf
+    recipe = _recipe(tmp_path, str(path), tmp_path / "out")
+    code = ("import sys\nfrom compiler import check_file, plan_file\n"
+            f"assert check_file({str(recipe)!r}, with_model=True).ok\nassert plan_file({str(recipe)!r}).ok\n"
+            "print(sorted(m for m in ('torch', 'onnxruntime', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
