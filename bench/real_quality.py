@@ -126,8 +126,12 @@ def main() -> None:
             print(f"{name}: compile failed\n{done.stderr[-2000:]}", file=sys.stderr)
             rows.append((name, seconds, None))
             continue
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
-        rows.append((name, seconds, {k: measure(model, logits[k], v) for k, v in sets.items()}))
+        try:  # the folder as transformers' default load runs it
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+            rows.append((name, seconds, {k: measure(model, logits[k], v) for k, v in sets.items()}))
+        except Exception as exc:  # noqa: BLE001 - a folder transformers cannot run is a row's finding
+            said = (str(exc).strip().splitlines() or [""])[0][:120]
+            rows.append((name, seconds, f"transformers cannot run it: {type(exc).__name__}: {said}"))
         print(name, f"{seconds:.1f} s", rows[-1][2], flush=True)
     write(args, rows, sets)
 
@@ -150,8 +154,8 @@ def write(args, rows, sets) -> None:
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     base = rows[0][2]
     for name, seconds, figures in rows:
-        if figures is None:
-            lines.append(f"| {name} | failed | | | | | | {seconds:.1f} |")
+        if figures is None or isinstance(figures, str):
+            lines.append(f"| {name} | {figures or 'compile failed'} | | | | | | {seconds:.1f} |")
             continue
         ref, lic = figures["reference text"], figures["LICENSE"]
         lines.append(
