@@ -103,8 +103,11 @@ def test_a_template_linked_outside_its_folder_is_never_read(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("variable", ["QRC_TEMPLATE_SECONDS", "QRC_TEMPLATE_CHARS", "QRC_TEMPLATE_MEMORY"])
-@pytest.mark.parametrize("junk", ["nan", "inf", "-1", "0", "ten", "1e400", "2.5e99"])
+@pytest.mark.parametrize("variable, junk", [
+    ("QRC_TEMPLATE_SECONDS", "nan"), ("QRC_TEMPLATE_SECONDS", "inf"), ("QRC_TEMPLATE_SECONDS", "-1"),
+    ("QRC_TEMPLATE_SECONDS", "0"), ("QRC_TEMPLATE_SECONDS", "ten"), ("QRC_TEMPLATE_SECONDS", "1e400"),
+    ("QRC_TEMPLATE_CHARS", "2.5e99"), ("QRC_TEMPLATE_CHARS", "1.5"), ("QRC_TEMPLATE_CHARS", "nan"),
+    ("QRC_TEMPLATE_MEMORY", "-5"), ("QRC_TEMPLATE_MEMORY", "lots"), ("QRC_TEMPLATE_MEMORY", "1e300")])
 def test_junk_template_limits_are_q443(variable, junk, tmp_path, monkeypatch):
     monkeypatch.setenv(variable, junk)
     result = runner.invoke(app, ["compile", str(_recipe(tmp_path, TOKENIZER, ROWS))])
