@@ -33,6 +33,27 @@ def _smol() -> Path:
     return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def _perplexity(model, ids) -> float:
+    with torch.no_grad():
+        return math.exp(model(ids, labels=ids).loss.item())
+
+
+def _compiled_perplexity(recipe: Path, out: Path, count: int) -> tuple[float, torch.Tensor]:
+    """Compile `recipe`, load the folder in transformers, and measure it on `count` held-out tokens."""
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 0, result.output
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    ids = _held_out_ids(transformers.PreTrainedTokenizerFast.from_pretrained(str(out)), count)
+    return _perplexity(model, ids), ids
+
+
+def _float_model():
+    """SmolLM2 as transformers' own GGUF load gives it, in float32."""
+    path = _smol()
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                             dtype=torch.float32).eval()
+
+
 def _held_out_ids(tokenizer, count: int = 256) -> torch.Tensor:
     """Python's own language reference, a part no recipe here calibrates on."""
     import pydoc_data.topics as topics
@@ -151,8 +172,7 @@ def test_the_real_model_reads_as_transformers_loads_it(tmp_path):
     from compiler.models import model_dir
 
     path = _smol()
-    reference = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                                  dtype=torch.float32).eval()
+    reference = _float_model()
     ours_tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(SMOL_REF)))
     their_tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     ids = _held_out_ids(ours_tokenizer, 128)
@@ -172,19 +192,8 @@ def test_the_real_model_compiles_file_to_file_and_loads_in_transformers(tmp_path
     perplexities = {}
     for name, scheme in (("w8", "W8A16"), ("w4", "W4A16 { group 64 }")):
         out = tmp_path / name
-        result = runner.invoke(app, ["compile", str(_recipe(tmp_path, SMOL_REF, out, scheme=scheme))])
-        assert result.exit_code == 0, result.output
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
-        tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(out))
-        ids = _held_out_ids(tokenizer)
-        with torch.no_grad():
-            perplexities[name] = math.exp(model(ids, labels=ids).loss.item())
-    path = _smol()
-    reference = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                                  dtype=torch.float32).eval()
-    with torch.no_grad():
-        ids = _held_out_ids(tokenizer)
-        float_perplexity = math.exp(reference(ids, labels=ids).loss.item())
+        perplexities[name], ids = _compiled_perplexity(_recipe(tmp_path, SMOL_REF, out, scheme=scheme), out, 256)
+    float_perplexity = _perplexity(_float_model(), ids)
     assert perplexities["w8"] <= float_perplexity * 1.02, (perplexities, float_perplexity)
     assert perplexities["w4"] > perplexities["w8"], perplexities
     assert json.loads((tmp_path / "w8" / "config.json").read_text())["quantization_config"]
@@ -205,18 +214,8 @@ def test_gptq_keeps_more_of_the_real_model_than_rtn(tmp_path):
         out = tmp_path / rounding
         extra = f'    calibrate {{ data text "{calibration}" {{ samples 16  seqlen 256 }}  chunk 8 }}\n'
         recipe = _recipe(tmp_path, SMOL_REF, out, scheme=f"W4A16 {{ group 64  rounding {rounding} }}", extra=extra)
-        result = runner.invoke(app, ["compile", str(recipe)])
-        assert result.exit_code == 0, result.output
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
-        tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(out))
-        ids = _held_out_ids(tokenizer, 512)
-        with torch.no_grad():
-            perplexities[rounding] = math.exp(model(ids, labels=ids).loss.item())
-    path = _smol()
-    reference = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                                  dtype=torch.float32).eval()
-    with torch.no_grad():
-        float_perplexity = math.exp(reference(ids, labels=ids).loss.item())
+        perplexities[rounding], ids = _compiled_perplexity(recipe, out, 512)
+    float_perplexity = _perplexity(_float_model(), ids)
     assert float_perplexity < perplexities["gptq"] < perplexities["rtn"], (float_perplexity, perplexities)
 
 

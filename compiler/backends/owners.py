@@ -21,8 +21,11 @@ def owner(destination: Path, *run: str, world: int) -> dict:
 
 def claim(path: Path, mine: dict) -> None:
     """Record `mine` as the owner of the state beside `path` (its owner file)."""
-    if what_is(path) is not None:  # a link, FIFO or folder planted in qrc's own state folder: removed, never followed
-        shutil.rmtree(path) if what_is(path) == "a folder" else path.unlink()
+    planted = what_is(path)
+    if planted == "a folder":  # planted in qrc's own state folder: removed, never followed
+        shutil.rmtree(path)
+    elif planted is not None:  # a link, a FIFO, a device
+        path.unlink()
     replace_file(path, json.dumps(mine))
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import struct
@@ -76,8 +77,8 @@ class GgufHeader:
 
 
 class _Reader:
-    def __init__(self, handle, size: int):
-        self.handle, self.size = handle, size
+    def __init__(self, handle):
+        self.handle = handle
 
     def take(self, fmt: str):
         width = struct.calcsize(fmt)
@@ -125,7 +126,7 @@ def read_header(path: Path, ref: str) -> GgufHeader:
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
-            reader = _Reader(handle, size)
+            reader = _Reader(handle)
             if handle.read(4) != MAGIC:
                 raise ValueError("it does not begin with GGUF's magic bytes")
             version, count, kv_count = reader.take("<I"), reader.take("<Q"), reader.take("<Q")
@@ -160,9 +161,7 @@ def _tensor(name: str, dims: tuple[int, ...], kind: int, start: int, ref: str, s
     except (ValueError, KeyError):
         raise ModelError("Q271", f"`{ref}`: tensor `{name}` has GGML type {kind}, which the gguf package does not "
                          "know", "update the gguf package, or convert the file with a llama.cpp of its time") from None
-    count = 1
-    for dim in dims:
-        count *= dim
+    count = math.prod(dims)
     if dims and dims[0] % block:
         raise ModelError("Q271", f"`{ref}`: tensor `{name}` rows of {dims[0]} are no whole {ggml.name} blocks of "
                          f"{block}", "the file is damaged")
@@ -380,9 +379,7 @@ def _write_safetensors(target: Path, header: GgufHeader, tensors: list[tuple[str
     described: dict[str, dict] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, tensor in ordered:
-        size = 4
-        for dim in tensor.shape:
-            size *= dim
+        size = 4 * math.prod(tensor.shape)
         described[name] = {"dtype": "F32", "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(described, separators=(",", ":")).encode()

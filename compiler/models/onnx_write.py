@@ -10,15 +10,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from compiler.safe_files import file_mode
+
 INLINE_LIMIT = 1024  # bytes: tensors larger than this live in the data file
 COPY_PIECE = 16 << 20  # bytes of a tensor copied file to file at a time
 
 
-def file_mode() -> int:
-    """The mode a file the user writes gets under the current umask (temporary files start at 0600)."""
-    current = os.umask(0)
-    os.umask(current)
-    return 0o666 & ~current
 
 
 def write_atomically(model, destination: Path, external: bool) -> list[Path]:
