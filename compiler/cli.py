@@ -76,9 +76,13 @@ def _check_report_path(path: Path | None) -> None:
     from compiler.diagnostics import error
     from compiler.outputs import unwritable
     from compiler.report.render import FORMATS
+    from compiler.safe_files import unnameable
 
     problem = None
-    if path is not None and path.suffix.lower() not in FORMATS:
+    bad_name = unnameable(path) if path is not None else None
+    if bad_name:
+        problem = error("Q239", f"report path: {bad_name}", None, "not a report path", help="give a shorter path")
+    elif path is not None and path.suffix.lower() not in FORMATS:
         problem = error("Q239", f"report `{path}` must end in .html or .md", None, "unknown report format",
                         help="e.g. `--report out/report.html`")
     elif path is not None and path.is_dir():

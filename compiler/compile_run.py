@@ -36,7 +36,7 @@ from compiler.outputs import (
 from compiler.plan.ops import Emit
 from compiler.plan.workload import workload
 from compiler.quant.parallel import cannot_start_thread
-from compiler.safe_files import UnsafePath
+from compiler.safe_files import UnsafePath, unnameable
 
 
 class CompileFailed(Exception):
@@ -64,6 +64,10 @@ def output_path(result: PlanResult, override: Path | None) -> Path:
         raise CompileFailed((error("Q412", f"recipe `{ir.name}` says nowhere to write the model", ir.span, "no `emit`",
                                    help='add `emit "out/model.onnx"` or pass `-o PATH`'),))
     given = override if override is not None else Path(ir.emit.path) if ir.emit is not None else Path()
+    bad_name = unnameable(given)
+    if bad_name:
+        raise CompileFailed((error("Q413", f"output path: {bad_name}", ir.span, "not an output path",
+                                   help="give a shorter path for the quantized model (`-o out/model`)"),))
     destination = normalized_output(given)
     if destination is None:
         raise CompileFailed((error("Q413", f"output `{given}` has no name of its own", ir.span, "not an output path",

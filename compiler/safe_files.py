@@ -180,3 +180,26 @@ def read_input(path: Path | str, limit: int) -> bytes:
     if size > limit:
         raise ValueError(f"`{path}` is larger than {limit:,} bytes")
     return b"".join(chunks)
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # bytes: Linux's limits for one name and a whole path
+
+
+def unnameable(path: Path | str) -> str | None:
+    """Why `path` cannot name a file at all (a name longer than the file system takes, a path past the
+    system's limit, a NUL byte), or None: asked before anything touches the path, whose calls would fail with
+    the system's error."""
+    text = str(path)
+    if "\x00" in text:
+        return f"`{text[:80]}…` holds a NUL byte, which no file name can"
+    if len(_bytes(text)) > PATH_MAX:
+        return f"the path is {len(_bytes(text))} bytes long; the system takes at most {PATH_MAX}"
+    longest = max((len(_bytes(part)) for part in Path(text).parts), default=0)
+    if longest > NAME_MAX:
+        return f"a name in the path is {longest} bytes long; file names take at most {NAME_MAX}"
+    return None
+
+
+def _bytes(text: str) -> bytes:
+    """A path's bytes as the system gets them (an undecodable byte kept as it came)."""
+    return text.encode("utf-8", "surrogatepass")

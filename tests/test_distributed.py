@@ -659,3 +659,22 @@ def test_ranks_given_different_recipes_stop_together_with_q446(tmp_path):
     # torchrun itself reports a failed child with a traceback of its own; none comes from qrc's code
     assert "compiler/" not in launched.stderr and "Q432" not in launched.stderr, launched.stderr[-3000:]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("planted, kind", [("lock", "link_to_file"), ("lock", "fifo"), ("report", "dangling_link")])
+def test_under_torchrun_a_link_or_fifo_where_qrc_writes_is_refused_and_its_target_untouched(tmp_path, planted, kind):
+    """The hostile-writes property (tests/test_hostile_writes.py) with two ranks: the lock the first rank takes and
+    the report it writes, planted as a link or a FIFO, stop every rank with a code; the link's target is
+    untouched, and a dangling link creates nothing where it points."""
+    from test_hostile_writes import _plant, _snapshot, _victims
+
+    victims = _victims(tmp_path)
+    recipe, out, report = tmp_path / "r.recipe", tmp_path / "out" / "model", tmp_path / "report.html"
+    recipe.write_text(DATA_FREE)
+    _plant(out.with_name(".model.qrc-lock") if planted == "lock" else report, kind, victims)
+    before = _snapshot(tmp_path)
+    launched = _qrc("compile", str(recipe), "-o", str(out), "--report", str(report), ranks=2)
+    assert launched.returncode != 0, launched.stdout[-2000:]
+    said = launched.stdout + launched.stderr
+    assert ("Q441" if planted == "lock" else "Q239") in said and "compiler/" not in launched.stderr, said[-3000:]
+    assert _snapshot(tmp_path) == before

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -138,12 +139,33 @@ def test_a_missed_perplexity_bound_reads_as_a_percent_increase(tmp_path):
 
 
 # ---- the environment ----------------------------------------------------------------------------------------
+# every variable qrc reads, and the test that feeds it junk (GROUP_RANK is a name: any text only names a node)
+JUNK_TESTED = {
+    "RANK": "test_junk_in_the_environment_is_q443", "WORLD_SIZE": "test_junk_in_the_environment_is_q443",
+    "LOCAL_RANK": "test_junk_in_the_environment_is_q443", "LOCAL_WORLD_SIZE": "test_junk_in_the_environment_is_q443",
+    "QRC_RANK_TIMEOUT": "test_junk_in_the_environment_is_q443", "QRC_CACHE": "test_a_cache_folder_that_is_a_file_is_q250",
+    "QRC_TEMPLATE_SECONDS": "test_junk_template_limits_are_q443", "QRC_TEMPLATE_CHARS": "test_junk_template_limits_are_q443",
+    "QRC_TEMPLATE_MEMORY": "test_junk_template_limits_are_q443", "GROUP_RANK": None}
+READS = re.compile(r'(?:environ\.get|getenv|env_number|env_index|_index_and_count)\(\s*"([A-Z_]+)"(?:,\s*"([A-Z_]+)")?')
+
+
+def test_every_environment_variable_qrc_reads_has_a_junk_test():
+    """The source's reads of the environment (os.environ.get, env_number, torchrun's pairs) are exactly the
+    variables above, each fed junk by the named test: a new variable without a junk test fails here."""
+    read = {name for path in (ROOT / "compiler").rglob("*.py") for pair in READS.findall(path.read_text())
+            for name in pair if name}
+    assert read == set(JUNK_TESTED), read ^ set(JUNK_TESTED)
+    tests = "".join(path.read_text() for path in (ROOT / "tests").glob("test_hostile*.py"))
+    assert all(f"def {test}(" in tests for test in JUNK_TESTED.values() if test)
+
+
 @pytest.mark.parametrize("variable, junk", [("RANK", "one"), ("WORLD_SIZE", "nan"), ("WORLD_SIZE", "0"),
-                                            ("RANK", "-1"), ("LOCAL_RANK", "x"), ("QRC_RANK_TIMEOUT", "inf"),
-                                            ("QRC_RANK_TIMEOUT", "-5"), ("QRC_RANK_TIMEOUT", "junk")])
+                                            ("RANK", "-1"), ("LOCAL_RANK", "x"), ("LOCAL_WORLD_SIZE", "2.5"),
+                                            ("QRC_RANK_TIMEOUT", "inf"), ("QRC_RANK_TIMEOUT", "-5"),
+                                            ("QRC_RANK_TIMEOUT", "junk")])
 def test_junk_in_the_environment_is_q443(variable, junk, tmp_path, monkeypatch):
     monkeypatch.setenv(variable, junk)
-    if variable in ("LOCAL_RANK", "QRC_RANK_TIMEOUT"):  # read when ranks join: two ranks, the first of them
+    if variable in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "QRC_RANK_TIMEOUT"):  # read when ranks join: two ranks, the first of them
         monkeypatch.setenv("RANK", "0")
         monkeypatch.setenv("WORLD_SIZE", "2")
     result = runner.invoke(app, ["compile", TORCH_RECIPE, "-o", str(tmp_path / "out")])
@@ -256,3 +278,25 @@ def test_third_party_progress_bars_stay_off_the_compiles_output(llama, tmp_path)
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "it/s]" not in done.stderr + done.stdout and "Compressing model" not in done.stderr, done.stderr
+
+
+# ---- paths no file can have ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("setting", ["model", "emit.path", "memory.disk", "calibrate.data"])
+@pytest.mark.parametrize("command", ["check", "plan", "compile"])
+def test_a_path_longer_than_the_system_takes_is_q114_where_it_is_written(setting, command, tmp_path):
+    """A 300-byte name or a 5000-byte path was an `OSError: File name too long` traceback from the first
+    stat; now Q114 at the path's span, before anything asks the system about it."""
+    long_path = str(tmp_path / ("x" * 300)) if setting != "model" else "y/" * 2500
+    value = f'text "{long_path}"' if setting == "calibrate.data" else long_path
+    result = runner.invoke(app, [command, TORCH_RECIPE, "--set", f"{setting}={value}"])
+    assert result.exit_code == 2 and "Q114" in result.output and "Traceback" not in result.output, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("option", ["-o", "--report"])
+def test_an_output_or_report_path_too_long_is_refused_with_a_code(option, tmp_path):
+    path = str(tmp_path / ("z" * 300)) + (".html" if option == "--report" else "")
+    extra = ["-o", str(tmp_path / "out")] if option == "--report" else []
+    result = runner.invoke(app, ["compile", TORCH_RECIPE, option, path, *extra])
+    assert result.exit_code == 2 and ("Q413" if option == "-o" else "Q239") in result.output, result.output
+    assert "Traceback" not in result.output and sorted(tmp_path.iterdir()) == []

@@ -16,7 +16,7 @@ from compiler import plan_file
 from compiler.cli import app
 from compiler.diagnostics import render_all
 from compiler.ir.types import MemoryMode
-from compiler.plan.modes import select_mode
+from compiler.plan.modes import needed_ram, select_mode
 from compiler.plan.ops import ModeEstimate, OpKind
 from compiler.plan.render import to_json, to_text
 from compiler.plan.verify import verify_plan
@@ -98,8 +98,8 @@ def test_mode_selection(requested, estimates, ram, vram, expected):
 
 
 @pytest.mark.parametrize("recipe, overrides", [
-    ("recipes/tiny-llama-w8a8.recipe", ("memory.ram=124MiB", "memory.mode=full")),
-    ("recipes/tiny-bert-lwp.recipe", ("memory.ram=122MiB",)),
+    ("recipes/tiny-llama-w8a8.recipe", ("memory.ram=137MiB", "memory.mode=full")),
+    ("recipes/tiny-bert-lwp.recipe", ("memory.ram=135MiB",)),
     ("recipes/llama-7b-w4a16-plan.recipe", ("memory.ram=6GiB",)),
 ])
 def test_q301_suggested_chunk_fits_when_replanned(recipe, overrides):
@@ -121,7 +121,7 @@ def test_q301_names_the_tensor_when_nothing_fits():
 
 def test_low_memory_splits_the_observers_into_passes():
     full = _plan("recipes/tiny-bert-lwp.recipe", "memory.mode=auto").plan
-    budget = full.decision.tried[0][0].peak_ram - 1
+    budget = needed_ram(full.decision.tried[0][0].peak_ram) - 1  # full misses by a byte (with the plan's margin)
     result = _plan("recipes/tiny-bert-lwp.recipe", "memory.mode=auto", f"memory.ram={budget / 2**20:.4f}MiB")
     assert result.ok, render_all(result.diagnostics)
     assert result.plan.decision.mode is MemoryMode.LOW_MEMORY
@@ -164,10 +164,10 @@ def test_json_form_and_cli():
 
 
 @pytest.mark.parametrize("recipe, budget", [("recipes/llama-7b-w4a16-plan.recipe", 16 << 30),
-                                            ("recipes/llama-70b-w4a16-plan.recipe", 24 << 30)])
+                                            ("recipes/llama-70b-w4a16-plan.recipe", 25 << 30)])
 def test_seven_and_seventy_b_gptq_plans_fit_their_budgets(recipe, budget):
     """GPTQ on 128 × 2048-token samples from config-only folders: SDPA holds no attention scores, GPTQ
-    rounds in place and its scratch reuses the freed working set, so the 7B fits 16 GiB and the 70B 24 GiB in
+    rounds in place and its scratch reuses the freed working set, so the 7B fits 16 GiB and the 70B 25 GiB (with the plan's margin) in
     offload, both at chunk 8."""
     result = _plan(recipe)
     assert result.ok, render_all(result.diagnostics)

@@ -55,4 +55,9 @@ SYNTAX: tuple[CodeInfo, ...] = (
              "A number beyond the largest float (about 1.8e308) would read as infinity: no bound, size or count "
              "means that, so the recipe or `--set` value is refused where it is written.",
              "verify { metric kld  at_most 1e400 }"),
+    CodeInfo("Q114", "a path no file can have",
+             "A name longer than the file system takes (255 bytes), a path longer than the system's 4096 bytes or "
+             "a NUL byte names no file: the recipe (or `--set`) is refused where the path is written, before "
+             "anything is looked up there.",
+             'emit "out/<300 characters>"'),
 )

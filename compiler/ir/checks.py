@@ -16,6 +16,7 @@ from compiler.ir.types import (
     RecipeIR,
     SelectorKind,
 )
+from compiler.safe_files import unnameable
 from compiler.source import Span
 
 LAYER_TYPES = ("Linear", "MatMul", "Gemm", "Conv", "Embedding")
@@ -234,8 +235,23 @@ def check_fp4_input_method(ir: RecipeIR, diags: Diagnostics) -> None:
             return
 
 
+def check_paths(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Q114: a path in the recipe that no file can have (a name past the file system's 255 bytes, a path past
+    4096, a NUL byte) is refused where it is written, before anything asks the system about it."""
+    data = ir.calibration.data
+    paths = [(ir.model.split(":", 1)[1] if ir.model.startswith("package:") else ir.model, ir.model_span, "model"),
+             (data.path, data.span_of("data"), "data"), (data.tokenizer, data.span_of("tokenizer"), "tokenizer"),
+             (ir.memory.disk, ir.memory.span_of("disk"), "disk"),
+             (ir.emit.path if ir.emit else None, ir.emit.span_of("path") if ir.emit else None, "emit")]
+    for path, span, what in paths:
+        problem = unnameable(path) if path and not path.startswith("builtin:") else None
+        if problem:
+            diags.error("Q114", f"{what} path: {problem}", span or ir.span, "no file can have this path",
+                        help="give the path of a file or folder that exists (or, for an output, one that can)")
+
+
 # Run in this order after elaboration.
-CHECKS = (check_selectors, check_groups, check_scheme_use, check_emit, check_backend_features,
+CHECKS = (check_paths, check_selectors, check_groups, check_scheme_use, check_emit, check_backend_features,
           check_mixed_precision, check_ranks, check_fp4_input_method)
 
 

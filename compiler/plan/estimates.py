@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from compiler.ir.types import MemoryMode
-from compiler.plan.modes import AUTO_ORDER
+from compiler.plan.modes import AUTO_ORDER, within
 from compiler.plan.ops import ModeEstimate
 from compiler.plan.target import CostModel
 from compiler.plan.workload import Workload
@@ -16,11 +16,11 @@ def low_memory_passes(w: Workload, chunk: int, ram: int, costs: CostModel) -> in
     if hi <= 1:
         return 1
     lo = 2
-    if costs.estimate(w, MemoryMode.LOW_MEMORY, chunk, hi).peak_ram > ram:
+    if not within(costs.estimate(w, MemoryMode.LOW_MEMORY, chunk, hi).peak_ram, ram):
         return hi
     while lo < hi:
         mid = (lo + hi) // 2
-        if costs.estimate(w, MemoryMode.LOW_MEMORY, chunk, mid).peak_ram <= ram:
+        if within(costs.estimate(w, MemoryMode.LOW_MEMORY, chunk, mid).peak_ram, ram):
             hi = mid
         else:
             lo = mid + 1

@@ -9,7 +9,7 @@ from compiler.ir.types import MemoryMode, RecipeIR
 from compiler.ir.values import human_bytes
 from compiler.plan.activations import calibration_peak
 from compiler.plan.estimates import all_estimates
-from compiler.plan.modes import select_mode
+from compiler.plan.modes import PLAN_MARGIN, needed_ram, select_mode, within
 from compiler.plan.ops import ModeDecision
 from compiler.plan.target import CostModel
 from compiler.plan.workload import Workload
@@ -34,6 +34,8 @@ def report_q301(ir: RecipeIR, w: Workload, decision: ModeDecision, diags: Diagno
     """Q301: nothing fits; the help names the smallest change that would."""
     worst = min((e for e, _ in decision.tried if e.feasible), key=lambda e: e.peak_ram, default=None)
     estimate = human_bytes(worst.peak_ram) if worst else "n/a"
+    if worst and worst.peak_ram <= decision.ram_budget:  # over only with the margin the estimate's error needs
+        estimate += f" ({human_bytes(needed_ram(worst.peak_ram))} with the plan's {PLAN_MARGIN:.0%} margin)"
     where = f"`mode {decision.requested.value}`" if decision.requested is not MemoryMode.AUTO else "any memory mode"
     budget = f"{human_bytes(decision.ram_budget)} ({'recipe' if decision.ram_source == 'recipe' else '85% of free memory'})"
     message = f"the plan does not fit in {where}: estimated {estimate} > budget {budget}"
@@ -56,14 +58,17 @@ def _suggestion(ir: RecipeIR, w: Workload, decision: ModeDecision, costs: CostMo
                     f"--set calibrate.chunk={chunk}")
     if decision.requested is not MemoryMode.OFFLOAD:
         offload = costs.estimate(w, MemoryMode.OFFLOAD, w.chunk)
-        if offload.peak_ram <= decision.ram_budget:
+        if within(offload.peak_ram, decision.ram_budget):
             return f"`mode offload` fits ({human_bytes(offload.peak_ram)}): --set memory.mode=offload"
     if not w.disk:
         on_disk = costs.estimate(replace(w, disk=True), MemoryMode.OFFLOAD, 1)
-        if on_disk.peak_ram <= decision.ram_budget:
+        if within(on_disk.peak_ram, decision.ram_budget):
             return (f'`mode offload` with block caches on disk and `chunk 1` fits ({human_bytes(on_disk.peak_ram)}): '
                     'add `disk "./.qrc-cache"` to `memory`')
-    return _culprit(replace(w, disk=True), costs) + f"; raise `ram` above {human_bytes(decision.ram_budget)}"
+    least = min((e.peak_ram for e, _ in decision.tried if e.feasible), default=0)
+    room = f" to at least {human_bytes(needed_ram(least))} (the estimate and its margin)" if least else ""
+    return (_culprit(replace(w, disk=True), costs) + f"; raise `ram` above {human_bytes(decision.ram_budget)}"
+            + room)
 
 
 def _culprit(w: Workload, costs: CostModel) -> str:

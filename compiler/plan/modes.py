@@ -8,6 +8,20 @@ from compiler.plan.ops import ModeDecision, ModeEstimate
 
 AUTO_ORDER = (MemoryMode.FULL, MemoryMode.MULTI_GPU, MemoryMode.LOW_MEMORY, MemoryMode.OFFLOAD)
 DETECTED_FRACTION = 0.85  # of free memory, when the recipe gives no `ram`
+# A budget holds a plan only with room for the estimate's error: the plan promises to under-estimate a run by at
+# most this much (docs/memory.md), so a `ram` that `qrc plan` accepts is one the compile stays under (Q302 never
+# stops a run that its plan said fits)
+PLAN_MARGIN = 0.10
+
+
+def needed_ram(peak: int) -> int:
+    """The smallest `ram` that holds a plan whose estimated peak is `peak`: the estimate and its margin."""
+    return -(-peak * round(PLAN_MARGIN * 100 + 100) // 100)
+
+
+def within(peak: int, ram: int) -> bool:
+    """Whether a budget of `ram` holds an estimated `peak` with the plan's margin."""
+    return needed_ram(peak) <= ram
 
 
 def ram_budget(memory: Memory, detected_free: int) -> tuple[int, str]:
@@ -19,7 +33,7 @@ def ram_budget(memory: Memory, detected_free: int) -> tuple[int, str]:
 
 def fits(estimate: ModeEstimate, ram: int, vram: tuple[int, ...]) -> bool:
     """Whether an estimate fits the budgets."""
-    if not estimate.feasible or estimate.peak_ram > ram:
+    if not estimate.feasible or not within(estimate.peak_ram, ram):
         return False
     return estimate.mode is not MemoryMode.MULTI_GPU or estimate.peak_vram <= sum(vram)
 
@@ -45,7 +59,10 @@ def describe(estimate: ModeEstimate, ok: bool, ram: int) -> str:
         return f"{estimate.mode.value}: not applicable ({estimate.note})"
     sign = "≤" if estimate.peak_ram <= ram else ">"
     gpu = f", GPUs {human_bytes(estimate.peak_vram)}" if estimate.peak_vram else ""
-    return (f"{estimate.mode.value}: {human_bytes(estimate.peak_ram)} {sign} {human_bytes(ram)}{gpu}"
+    tight = estimate.peak_ram <= ram and not within(estimate.peak_ram, ram)
+    margin = f", but not with the estimate's {PLAN_MARGIN:.0%} margin ({human_bytes(needed_ram(estimate.peak_ram))})" \
+        if tight else ""
+    return (f"{estimate.mode.value}: {human_bytes(estimate.peak_ram)} {sign} {human_bytes(ram)}{gpu}{margin}"
             f" → {'fits' if ok else 'does not fit'}")
 
 

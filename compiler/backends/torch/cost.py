@@ -65,10 +65,10 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
     held = chunk if (mode is MemoryMode.OFFLOAD and w.disk) else w.samples
     cache = copies * held * cache_ps if w.calibrate else 0
     last = w.index.layers[-1].out_features if w.index.layers else w.hidden
-    work = chunk * block_working_set(w) if w.calibrate else 0
+    runs = chunk if w.calibrate else min(chunk, w.verify_samples)  # without calibration only held-out samples
+    work = runs * block_working_set(w) if w.calibrate or (w.verify_samples and mode is not MemoryMode.FULL) else 0
     if mode is MemoryMode.FULL and (w.calibrate or w.verify_samples):  # the whole model runs on a chunk (of
         # calibration, or of the held-out samples before and after rounding): its outputs (logits) and a copy
-        runs = chunk if w.calibrate else min(chunk, w.verify_samples)
         work = runs * block_working_set(w) + 2 * runs * w.seqlen * last * ACT_BYTES
     if _files_only(w):
         weights, label = _file_to_file(w), "one tensor at a time, file to file (read, the next read ahead, rounded)"
@@ -81,15 +81,20 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
     runtime = _runtime(w) + (CUDA_HOST if mode is MemoryMode.MULTI_GPU else 0)
     on_cpu = mode is not MemoryMode.MULTI_GPU
     work = work if on_cpu else 0
-    # GPTQ (or a K-quant's search) rounds a block's layers once its forward is done, so its scratch reuses the
+    # GPTQ (or GGUF's block rounding) rounds a block's layers once its forward is done, so its scratch reuses the
     # memory the forward's working set freed: only what it needs beyond that is added (measured:
     # bench/gptq_memory.py --working-set). File to file, the weights' term counts the rounding
-    rounding = max(0, max(gptq_scratch(w), _kquant_scratch(w)) - work) if on_cpu and not _files_only(w) else 0
+    # bench/gptq_memory.py --working-set). File to file, the weights' term counts the rounding. GGUF's reference
+    # blocks are rounded between the block's float and rounded forwards of the held-out stream, and are held
+    # with them: added whole (measured 0.99-1.02x on a hidden-512 Llama with 1-16 held-out samples)
+    rounding = 0 if not on_cpu or _files_only(w) else \
+        max(0, gptq_scratch(w) - work) if w.gptq else _gguf_scratch(w) if w.gguf else 0
     parts: tuple[tuple[str, int], ...] = (("runtime" + ("" if on_cpu else " with CUDA"), runtime), (label, weights),
              (f"block caches ({copies} copies)", cache),
-             (f"block working set ({chunk} samples)", work),
+             (f"block working set ({runs} samples)", work),
              ("GPTQ Hessians", hessian_bytes(w, all_blocks=mode is MemoryMode.FULL) if on_cpu else 0),
-             ("GPTQ rounding scratch beyond the working set", rounding),
+             ("rounding scratch (GPTQ's beyond the working set, GGUF's blocks)", rounding),
+             ("the block as rounded, verified beside the float one (GGUF)", _rounded_twin(w, mode)),
              (f"{w.transform.kind.value if w.transform else 'transform'} statistics (+ scratch of one mapping)",
               transform_bytes(w, all_blocks=mode is MemoryMode.FULL, tail=tail)))
     if w.ranks > 1 and w.gptq and mode is not MemoryMode.MULTI_GPU:
@@ -124,11 +129,22 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     return Phase("verification at the output", sum(b for _, b in parts), parts)
 
 
-def _kquant_scratch(w: Workload) -> int:
-    """A K-quant's search while it rounds the largest layer (GGUF_KQUANT_ROUNDING), 0 without K-quants."""
+def _gguf_scratch(w: Workload) -> int:
+    """Rounding the largest layer to GGUF's blocks: qrc's K-quant search (GGUF_KQUANT_ROUNDING) or llama.cpp's
+    reference Q4_0/Q8_0 (GGUF_ROUNDING); 0 for other outputs."""
+    if not w.gguf:
+        return 0
     names = set(w.quantized_layers)
-    return GGUF_KQUANT_ROUNDING * max((x.params for x in w.index.layers if x.name in names), default=0) \
-        if w.kquant_rounded else 0
+    largest = max((x.params for x in w.index.layers if x.name in names), default=0)
+    return (GGUF_KQUANT_ROUNDING if w.kquant_rounded else GGUF_ROUNDING) * largest
+
+
+def _rounded_twin(w: Workload, mode: MemoryMode) -> int:
+    """A GGUF output is verified on qrc's model block by block: each block's rounded copy (its float values)
+    runs beside the float block on the held-out stream."""
+    if not (w.gguf and w.verify_samples) or mode in (MemoryMode.FULL, MemoryMode.MULTI_GPU) or _files_only(w):
+        return 0
+    return max((b for name, b in w.block_bytes().items() if name != "(outside blocks)"), default=0)
 
 
 def _files_only(w: Workload) -> bool:
@@ -169,7 +185,7 @@ def _file_to_file(w: Workload) -> int:
     if largest is None:
         return COPY_SLICE
     if w.gguf:
-        return max(_kquant_scratch(w), GGUF_ROUNDING * largest.params) + COPY_SLICE
+        return _gguf_scratch(w) + COPY_SLICE
     if w.float_rounded and w.float_kernel_rounded:
         loop = 0 if w.kernel_rounded else ROUNDING_KERNELS
         return 2 * largest.bytes + 2 * largest.params + COPY_SLICE + loop
