@@ -71,11 +71,12 @@ def _write_report(path: Path, planned, result=None) -> None:
     _say(f"report: {path}")
 
 
-def _check_report_path(path: Path | None) -> None:
-    """A report path qrc cannot write is refused before any work (exit 2)."""
+def _check_report_path(path: Path | None, overwrite: bool | None = None) -> None:
+    """A report path qrc cannot write, or a file there that is not a qrc report (unless `overwrite`; None where
+    the command has no `--overwrite`), is refused before any work (exit 2)."""
     from compiler.diagnostics import error
     from compiler.outputs import unwritable
-    from compiler.report.render import FORMATS
+    from compiler.report.render import FORMATS, foreign_report
     from compiler.safe_files import unnameable
 
     problem = None
@@ -90,6 +91,10 @@ def _check_report_path(path: Path | None) -> None:
     elif path is not None and unwritable(path):
         problem = error("Q239", f"report `{path}`: its folder cannot be written", None, "not writable",
                         help="give a path in a folder you can write")
+    elif path is not None and not overwrite and path.is_file() and not path.is_symlink() and foreign_report(path):
+        problem = error("Q239", f"report `{path}` is a file qrc did not write", None, "would replace a file",
+                        help="give a new path for the report" + (" (or pass `--overwrite` to replace it)"
+                                                                  if overwrite is not None else ""))
     if problem is not None:
         print_diagnostics((problem,))
         raise typer.Exit(2)
@@ -256,7 +261,7 @@ def compile_(
     report: ReportOption = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the output path even where qrc did not "
                                             "write what is there (a folder of other files, another program's "
-                                            "file): it is deleted. Without it, such a path is refused (Q440) and "
+                                            "file; and a `--report` file qrc did not write): it is deleted. Without it, such a path is refused (Q440, Q239) and "
                                             "only an earlier qrc output is replaced.")] = False,
 ) -> None:
     """Compile: check, plan, calibrate, quantize, emit (atomically) and verify. Prints progress per stage
@@ -265,7 +270,7 @@ def compile_(
     from compiler.compile_run import CompileFailed, compile_recipe, summary
     from compiler.diagnostics import StageError
 
-    _check_report_path(report)
+    _check_report_path(report, overwrite)
     try:
         ranks = from_environment()
     except StageError as exc:  # RANK / WORLD_SIZE junk: Q443

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from compiler.ir.values import human_bytes
 from compiler.models import local_path
-from compiler.safe_files import open_regular
+from compiler.safe_files import UnsafePath, open_regular
 
 
 def _model_paths(ref: str) -> list[Path]:
@@ -178,6 +178,11 @@ def destination_lock(destination: Path) -> Iterator[str | None]:
         if same:
             break
         os.close(fd)
+    held = os.pread(fd, 64, 0).strip()
+    if held and not held.isdigit():  # a lock holds a process id (or nothing, when a run was killed at its start)
+        os.close(fd)
+        raise UnsafePath(path, "a file that is not qrc's lock (it holds other text): qrc keeps its lock at that "
+                         "name, so move the file away if it is yours")
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)

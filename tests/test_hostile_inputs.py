@@ -60,16 +60,19 @@ def test_llama_weights_under_another_architecture_are_refused(llama, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_tensor_renamed_out_of_its_model_is_refused(llama, tmp_path):
-    """A q_proj renamed `../../etc/passwd`: the folder would load with q_proj random; Q250, nothing written."""
+@pytest.mark.parametrize("name, said", [("../../etc/passwd", "not a module path"),
+                                        ("model.layers.0.self_attn.qq_proj.weight", "q_proj")])
+def test_a_tensor_renamed_out_of_its_model_is_refused(llama, tmp_path, name, said):
+    """A q_proj renamed `../../etc/passwd` (not a module path: Q250 from `check` on) or to another parameter's
+    name (the folder would load with q_proj random: Q250 from the load check); nothing written."""
     from safetensors.torch import load_file, save_file
 
     folder = _copy(llama, tmp_path)
     tensors = load_file(str(folder / "model.safetensors"))
-    tensors["../../etc/passwd"] = tensors.pop("model.layers.0.self_attn.q_proj.weight")
+    tensors[name] = tensors.pop("model.layers.0.self_attn.q_proj.weight")
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     result = runner.invoke(app, ["compile", str(_recipe(tmp_path, folder))])
-    assert result.exit_code == 2 and "Q250" in result.output and "q_proj" in result.output, result.output
+    assert result.exit_code == 2 and "Q250" in result.output and said in result.output, result.output
     assert not (tmp_path / "out").exists() and not Path("/etc/passwd.qrc").exists()
 
 

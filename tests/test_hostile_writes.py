@@ -141,8 +141,45 @@ def test_plan_never_replaces_its_recipe_with_the_report(tmp_path):
     recipe = tmp_path / "r.md"
     recipe.write_text(Path(TORCH_RECIPE).read_text())
     result = runner.invoke(app, ["plan", str(recipe), "--report", str(recipe)])
-    assert result.exit_code == 2 and "Q239" in result.output and "is the recipe" in result.output, result.output
+    assert result.exit_code == 2 and "Q239" in result.output and "did not write" in result.output, result.output
     assert recipe.read_text() == Path(TORCH_RECIPE).read_text()
+
+
+@pytest.mark.parametrize("command", ["plan", "compile"])
+def test_a_report_path_holding_another_file_is_q239_and_kept(command, tmp_path):
+    """A file at the report's path that is not a qrc report is not replaced (compile's --overwrite replaces
+    it on purpose); a report qrc wrote there is."""
+    report = tmp_path / "report.md"
+    report.write_text("my notes\n")
+    extra = ["-o", str(tmp_path / "out"), *QUICK] if command == "compile" else []
+    result = runner.invoke(app, [command, TORCH_RECIPE, "--report", str(report), *extra])
+    assert result.exit_code == 2 and "Q239" in result.output and report.read_text() == "my notes\n", result.output
+    report.unlink()
+    for _ in range(2):  # the second run replaces the first one's report
+        result = runner.invoke(app, ["plan", TORCH_RECIPE, "--report", str(report)])
+        assert result.exit_code == 0 and report.read_text().startswith("# qrc plan report"), result.output
+
+
+def test_a_file_at_the_locks_name_that_is_not_a_lock_is_q441_and_kept(tmp_path):
+    out = tmp_path / "out" / "model"
+    out.parent.mkdir()
+    lock = out.with_name(".model.qrc-lock")
+    lock.write_text("someone's file\n")
+    result = runner.invoke(app, ["compile", TORCH_RECIPE, "-o", str(out), *QUICK])
+    assert result.exit_code == 2 and "Q441" in result.output and "not qrc's lock" in result.output, result.output
+    assert lock.read_text() == "someone's file\n" and not out.exists()
+
+
+def test_a_verify_report_qrc_did_not_write_is_neither_replaced_nor_removed(tmp_path):
+    """`<output>.verify.json` is written when verification fails and removed when a later compile passes, only
+    where it is qrc's: another program's file there stays, and the figures are in the summary."""
+    theirs = tmp_path / "out.verify.json"
+    theirs.write_text('{"their": "data"}\n')
+    for bound in ("1", "-1"):  # fails (cosine at_least 1), then passes
+        result = runner.invoke(app, ["compile", TORCH_RECIPE, "-o", str(tmp_path / "out"), *QUICK, "--overwrite",
+                                     "--set", f"verify.at_least={bound}"])
+        assert result.exit_code == (2 if bound == "1" else 0), result.output
+        assert theirs.read_text() == '{"their": "data"}\n'
 
 
 def test_an_emit_path_inside_a_datasets_tokenizer_folder_is_q416(tmp_path):

@@ -15,7 +15,7 @@ from compiler.diagnostics import Diagnostic, error, warning
 from compiler.ir.types import VerifyMetric
 from compiler.plan.ops import CaptureReference, Plan, PlanOp, Verify
 from compiler.resolve.assignment import Assignment
-from compiler.safe_files import replace_file
+from compiler.safe_files import read_own, replace_file
 from compiler.source import Span
 
 
@@ -92,15 +92,17 @@ def judge(v: Verify, span: Span | None, output: Path, agreement: Agreement, meas
     if not writes:
         pass
     elif passed:
-        if report.is_file() and not report.is_symlink():  # an earlier failed compile's figures no longer hold
+        if _own_report(report):  # an earlier failed compile's figures no longer hold
             report.unlink()
     else:
-        replace_file(report, json.dumps({"metric": v.metric.value, "bound": v.bound.value, "threshold": v.threshold,
-                                         "value": value, "figures": figures, "measured_on": measured_on},
-                                        indent=2) + "\n")
+        foreign = report.is_file() and not report.is_symlink() and not _own_report(report)
+        if not foreign:  # a link or a FIFO there is refused (Q441); another program's file is left as it is
+            replace_file(report, json.dumps({"metric": v.metric.value, "bound": v.bound.value, "threshold": v.threshold,
+                                             "value": value, "figures": figures, "measured_on": measured_on},
+                                            indent=2) + "\n")
         failure = error("Q501", f"verification failed: {_measured(v.metric, value, figures)}, the recipe asks "
                         f"{v.bound.value} {v.threshold:g}{'%' if v.metric is VerifyMetric.PERPLEXITY else ''}", span, "not met",
-                        help=_q501_help(output, report, layer_errors))
+                        help=_q501_help(output, None if foreign else report, layer_errors))
     return Verification(tuple(figures.items()), passed, measured_on, tuple(layer_errors.items()), failure)
 
 
@@ -112,9 +114,23 @@ def _measured(metric: VerifyMetric, value: float, figures: dict[str, float]) -> 
     return f"{metric.value} = {value:.6g}"
 
 
-def _q501_help(output: Path, report: Path, layer_errors: dict[str, float]) -> str:
-    """Where the model and figures are, and the layers that lose the most, when they were measured."""
-    where = f"the emitted model is left at {output} with the figures in {report.name}"
+def _own_report(report: Path) -> bool:
+    """Whether `report` is a `.verify.json` qrc wrote (a regular file of its keys), which it may replace or
+    remove; anything else at that name is left as it is."""
+    if not report.is_file() or report.is_symlink():
+        return False
+    try:
+        found = json.loads(read_own(report, limit=1 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(found, dict) and {"metric", "bound", "threshold", "value", "figures"} <= found.keys()
+
+
+def _q501_help(output: Path, report: Path | None, layer_errors: dict[str, float]) -> str:
+    """Where the model and figures are (`report` None: a file qrc did not write is at its name, so the figures
+    are only in the summary), and the layers that lose the most, when they were measured."""
+    where = f"the emitted model is left at {output} with the figures in " + (
+        report.name if report is not None else f"the summary (a file qrc did not write is at {output.name}.verify.json)")
     worst = [(name, err) for name, err in layer_errors.items() if err > 0][:3]
     if not worst:
         return where + "; try a wider scheme for sensitive layers"

@@ -269,14 +269,39 @@ def _headers(folder: Path, ref: str) -> dict[str, tuple[str, tuple[int, ...]]]:
             raise ModelError("Q250", f"`{path.name}` in `{ref}` has a header that is not a JSON object", "re-save the file")
         payload = path.stat().st_size - 8 - size
         ranges = []
+        _refuse_odd_entries(path.name, ref, header)
         for name, info in header.items():
-            if name != "__metadata__" and isinstance(info, dict):
+            if name != "__metadata__":
                 shape, start, end = _tensor_entry(path.name, ref, name, info, payload)
                 ranges.append((start, end, name))
                 dtype = SAFETENSORS_DTYPES[info["dtype"]]
                 found[name] = (dtype.torch_name or dtype.code.lower(), shape)
         _refuse_overlaps(path.name, ref, ranges)
     return found
+
+
+def _refuse_odd_entries(file: str, ref: str, header: dict) -> None:
+    """Q250 for what the safetensors format does not allow or no model has: `__metadata__` other than text
+    keys and values, a tensor entry that is not an object, a tensor name that is not a module path (empty,
+    with a path separator, `..`, whitespace or control characters: it could be no parameter, and would be
+    printed and written into the output as it is)."""
+    metadata = header.get("__metadata__", {})
+    if not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise ModelError("Q250", f"`{file}` in `{ref}` has `__metadata__` {str(metadata)[:40]}, which safetensors "
+                         "allows only as text keys and values", "re-save the file")
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(info, dict):
+            raise ModelError("Q250", f"`{file}` in `{ref}`: tensor `{name[:80]}` is described by "
+                             f"{type(info).__name__}, not an object", "re-save the file")
+        if not _MODULE_PATH.fullmatch(name) or ".." in name:
+            raise ModelError("Q250", f"`{file}` in `{ref}` has a tensor named {name[:80]!r}, which is not a module "
+                             "path", "tensor names are parameter paths such as `model.layers.0.mlp.up_proj.weight`; "
+                             "re-save the file")
+
+
+_MODULE_PATH = re.compile(r"[^\s/\\\x00-\x1f\x7f]+")
 
 
 def _tensor_entry(file: str, ref: str, name: str, info: dict, payload: int) -> tuple[tuple[int, ...], int, int]:

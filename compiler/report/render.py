@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from compiler.report.content import Report
-from compiler.safe_files import replace_file
+from compiler.safe_files import read_own, replace_file
 
 FORMATS = {".md": "report.md.j2", ".html": "report.html.j2", ".htm": "report.html.j2"}
 
@@ -38,6 +38,20 @@ def render(report: Report, suffix: str) -> str:
     env.filters["md_cell"] = _md_cell
     env.filters["md_fenced"] = _md_fenced
     return env.get_template(FORMATS[suffix.lower()]).render(r=report)
+
+
+def foreign_report(path: Path) -> bool:
+    """Whether a regular file at `path` is something other than a qrc report (its first line or its HTML title
+    names one), which a report must not replace unasked."""
+    try:
+        head = read_own(path, limit=1 << 30)[:4096].decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return True
+    return not (_OWN_REPORT.match(head) or _OWN_TITLE.search(head))
+
+
+_OWN_REPORT = re.compile(r"# qrc (plan|compile) report: ")
+_OWN_TITLE = re.compile(r"<title>qrc (plan|compile) report: ")
 
 
 def write(report: Report, path: Path) -> None:

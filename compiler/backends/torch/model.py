@@ -298,7 +298,8 @@ def hf_skeleton(folder: Path, span: Span | None) -> nn.Module:
     except Exception as exc:  # transformers raises several types for unknown or broken configs
         raise BackendError(error("Q404", f"transformers cannot read `{folder}/config.json` ({type(exc).__name__})",
                                  span, "unreadable config", help="a config.json that transformers knows")) from None
-    architecture = (getattr(config, "architectures", None) or [""])[0]
+    named = getattr(config, "architectures", None)
+    architecture = named[0] if isinstance(named, list | tuple) and named and isinstance(named[0], str) else ""
     cls = getattr(transformers, architecture, None) if architecture else None
     with parameters_on_meta():
         if cls is not None and hasattr(cls, "_from_config"):
@@ -312,8 +313,10 @@ def _checkpoint_keys(module: nn.Module, checkpoint: Shards, renamed: dict[str, s
     same name, the name under a prefix (`bert.`), or, for tied parameters (an LM head sharing the embedding
     table), the tensor of a twin."""
     by_identity: dict[int, list[str]] = {}
+    by_name: dict[str, nn.Parameter] = {}
     for name, param in module.named_parameters(remove_duplicate=False):
         by_identity.setdefault(id(param), []).append(name)
+        by_name[name] = param
     tied = _tied(module)
 
     def lookup(name: str) -> str | None:
@@ -326,9 +329,24 @@ def _checkpoint_keys(module: nn.Module, checkpoint: Shards, renamed: dict[str, s
         if found is None:
             raise BackendError(error("Q404", f"`{ref}` has no tensor for parameter `{names[0]}`", span,
                                      "missing weight", help="the checkpoint does not match its config.json"))
+        _refuse_other_shape(by_name[names[0]], names[0], found, checkpoint, ref, span)
         for name in names:
             keys[name] = found
     return keys
+
+
+def _refuse_other_shape(param: nn.Parameter, name: str, key: str, checkpoint, ref: str, span: Span | None) -> None:
+    """Q404 when a tensor has another shape of the same rank than the parameter config.json builds: the config
+    and the weights disagree (a head count or a size edited), and the model would fail mid-run or compute with
+    the wrong layout. (A conversion of transformers' changes the rank: per-expert tensors fused into 3-D.)"""
+    entries = getattr(checkpoint, "entries", None)
+    entry = entries.get(key) if entries is not None else None
+    if entry is None or len(entry.shape) != len(param.shape) or tuple(entry.shape) == tuple(param.shape):
+        return
+    raise BackendError(error("Q404", f"`{ref}`: tensor `{key}` is {list(entry.shape)}, but config.json builds "
+                             f"`{name}` as {list(param.shape)}", span, "config and weights disagree",
+                             help="the checkpoint does not match its config.json (a size or head count edited?): "
+                             "use the config the weights were saved with"))
 
 
 def _tied(module: nn.Module) -> dict[str, str]:
