@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -299,10 +299,26 @@ def _output_bytes(planned: PlanResult) -> int:
     return emit.bytes if isinstance(emit, Emit) else 0
 
 
+class EtaColumn(ProgressColumn):
+    """The time a bar still needs at the pace of its steps so far (`eta 1:05`), `eta …` before the first step
+    has a pace, nothing once done: each stage's bar says when it will end, not only how long it has run."""
+
+    def render(self, task) -> Text:
+        if task.finished:
+            return Text("")
+        left = task.time_remaining
+        if left is None:
+            return Text("eta …", style="progress.remaining")
+        minutes, seconds = divmod(int(left + 0.5), 60)
+        hours, minutes = divmod(minutes, 60)
+        return Text(f"eta {hours}:{minutes:02d}:{seconds:02d}" if hours else f"eta {minutes}:{seconds:02d}",
+                    style="progress.remaining")
+
+
 @contextmanager
 def _progress(console: Console):
     bars = Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=False)
+                    EtaColumn(), console=console, transient=False)
 
     def stage(name: str, total: int):
         task = bars.add_task(name, total=total)

@@ -283,3 +283,24 @@ def test_long_work_shows_progress_and_exporters_stay_quiet(tmp_path, monkeypatch
     assert exported.exit_code in (0, 2), exported.output
     for noise in ("TracerWarning", "incorrect results", "Loading weights", "it/s]"):
         assert noise not in exported.output, exported.output
+
+
+def test_each_progress_bar_shows_an_eta_at_the_pace_of_its_steps():
+    """The compile's bars say when a stage will end: at one step a second with two of four done, `eta 0:02`;
+    before any step `eta …`; nothing once the stage is done."""
+    from rich.progress import Progress
+
+    from compiler.compile_run import EtaColumn
+
+    clock = [0.0]
+    bars = Progress(EtaColumn(), get_time=lambda: clock[0], disable=True)
+    task = bars.add_task("blocks", total=4)
+    bars.start_task(task)
+    column = EtaColumn()
+    assert column.render(bars.tasks[0]).plain == "eta …"
+    for now in (1.0, 2.0):
+        clock[0] = now
+        bars.advance(task)
+    assert column.render(bars.tasks[0]).plain == "eta 0:02"
+    bars.update(task, completed=4)
+    assert column.render(bars.tasks[0]).plain == ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from compiling import compile_program
+from compiling import ROOT, compile_program
 from zoo import transformers_cosines
 
 from compiler.data import verify_batches
@@ -112,3 +112,41 @@ def test_the_plan_counts_the_samples_a_short_npz_gives(llama_folder, tmp_path):
     assert calibrate is not None and (calibrate.samples, calibrate.repeat) == (12, 3)  # chunks of 4
     result, planned = compile_program(str(recipe), tmp_path / "out")
     assert result.verify_passed and planned.plan.first(ops.CalibrateChunk).samples == 12
+
+
+SHORT = """recipe short {{
+    model "builtin:tiny-llama"
+    backend {backend}
+    quantize {{ type Linear -> W8A8  "lm_head" -> none }}
+    calibrate {{ data text "{data}" {{ tokenizer "{tokenizer}"  samples 8  seqlen 16 }}  chunk 4 }}
+    verify {{ samples 4 }}
+    emit "{out}"
+}}
+"""
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+@pytest.mark.parametrize("lines, said", [(12, None), (10, "Q406"), (4, "Q448")])
+def test_verification_never_measures_on_calibration_samples(tmp_path, backend, lines, said):
+    """A text file of 12 lines gives calibration its 8 and verification 4 others; of 10, verification keeps
+    the last 4 and calibration takes 6 (Q406 says so: it used to verify on calibration's own samples and
+    call the figures held out); of 4, nothing is left to calibrate on: Q448, nothing written."""
+    from typer.testing import CliRunner
+
+    from compiler.cli import app
+
+    data = tmp_path / "calib.txt"
+    data.write_text("".join(f"line {i} of the calibration text, words to tokenize\n" for i in range(lines)))
+    out = tmp_path / ("m.onnx" if backend == "onnx" else "out")
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(SHORT.format(backend=backend, data=data, out=out,
+                                   tokenizer=ROOT / "recipes/data/tokenizer/tokenizer.json"))
+    result = CliRunner().invoke(app, ["compile", str(recipe)], env={"COLUMNS": "200"})
+    text = " ".join(result.output.split())
+    if said is None:
+        assert result.exit_code == 0 and "Q406" not in text, text
+    elif said == "Q406":
+        assert result.exit_code == 0 and "Q406" in text, text
+        assert "gives 10 samples: verification holds out its last 4, so calibration used 6 of the 8" in text
+    else:
+        assert result.exit_code == 2 and "Q448" in text and not out.exists(), text

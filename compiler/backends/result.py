@@ -173,15 +173,17 @@ def refuse_changed_output(span: Span | None, before, after, float32: bool, sourc
 
 
 def held_out_batches(op: Verify | CaptureReference, index, warnings: list[Diagnostic], chunk: int | None = None):
-    """The op's held-out samples (in its chunks, or `chunk`); Q406 into `warnings` when a data file is too short
-    to hold them out from calibration."""
+    """The op's held-out samples (in its chunks, or `chunk`), never calibration's; Q406 into `warnings` when a
+    data file too short for both made calibration take fewer (Q448 when it cannot give one of each)."""
     from compiler import data
 
-    batches, overlaps = data.verify_batches(op.data, index, op.samples, chunk or op.chunk)
-    if overlaps:
-        warnings.append(warning("Q406", "verification reuses calibration samples: the data file is too short",
-                                op.data.span_of("data"), "not held out",
-                                help=f"add at least {op.samples} samples beyond `samples` to the file"))
+    batches, total = data.verify_batches(op.data, index, op.samples, chunk or op.chunk)
+    if total is not None:
+        warnings.append(warning(
+            "Q406", f"`{op.data.path}` gives {total} samples: verification holds out its last {batches.samples}"
+            f", so calibration used {batches.start} of the {op.data.samples} the recipe asks", op.data.span_of("data"),
+            "calibration shortened", help=f"give the file {op.data.samples + op.samples} samples to calibrate on all "
+            f"{op.data.samples} and verify on {op.samples} others"))
     return batches
 
 

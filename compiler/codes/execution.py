@@ -86,10 +86,12 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "A tensor whose values were all -inf, inf or NaN during calibration has no range; it stays in float "
              "instead of getting a NaN scale.",
              "a layer whose input is an attention mask made of -inf"),
-    CodeInfo("Q406", "verification reuses calibration samples (warning)",
-             "An npz file with too few samples cannot hold out separate verification samples; the figures are "
-             "then optimistic.",
-             'data npz "calib.npz" { samples 128 }   # the file has exactly 128'),
+    CodeInfo("Q406", "calibration took fewer samples to hold out verification's (warning)",
+             "Verification never measures on samples the model was calibrated on (its figures would be optimistic). "
+             "When the data file is too short for the recipe's `samples` and the verification samples both, its "
+             "last samples are held out for verification and calibration takes the ones before: the warning says "
+             "how many of each.",
+             'data npz "calib.npz" { samples 128 }   # the file has exactly 128; verify { samples 8 } takes 8 of them'),
     CodeInfo("Q407", "multi_gpu fell back to low_memory (warning)",
              "multi_gpu places every block whole on one GPU. When no GPU is visible, or the recipe's `vram` "
              "cannot hold the blocks without splitting one, the compile runs block by block on the CPU "
@@ -179,6 +181,11 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "report, with the op that was running at the highest sample: the plan is a promise, and a run that "
              "breaks it must say so rather than only show it in a chart.",
              "a compile whose plan says 226 MiB and whose peak measures 330 MiB"),
+    CodeInfo("Q448", "the data is too short to hold out verification samples",
+             "Verification measures on samples calibration never saw. A data file that cannot give at least one "
+             "calibration sample and the verification samples besides is refused before any work is measured on "
+             "it.",
+             'data text "one-line.txt" { samples 64 }   # one sample, and verify { samples 4 }'),
     CodeInfo("Q412", "no output path",
              "A compile writes a model: the recipe needs `emit \"PATH\"` or the command line `-o PATH`.",
              "qrc compile r.recipe   # and no emit in r.recipe"),

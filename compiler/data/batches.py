@@ -48,11 +48,12 @@ class Batches:
         return -(-self.samples // self.chunk)
 
 
-def calibration_batches(source: DataSource, index: ModelIndex, chunk: int) -> Batches:
-    """The calibration samples of `source` for `index`'s inputs, in chunks."""
+def calibration_batches(source: DataSource, index: ModelIndex, chunk: int, held_out: int = 0) -> Batches:
+    """The calibration samples of `source` for `index`'s inputs, in chunks. `held_out`: the samples
+    verification takes from the same file, which calibration never uses (calibrated_count)."""
     if source.kind in FILE_KINDS:
-        arrays = _file_arrays(source, index, source.samples)
-        return Batches(source, index, min(source.samples, _count(arrays)), chunk, arrays=arrays)
+        arrays = _file_arrays(source, index, source.samples + held_out)
+        return Batches(source, index, calibrated_count(source, _count(arrays), held_out), chunk, arrays=arrays)
     return Batches(source, index, source.samples, chunk)
 
 
@@ -90,14 +91,30 @@ def _usable(source: DataSource, arrays: dict[str, np.ndarray], index: ModelIndex
     return arrays
 
 
-def verify_batches(source: DataSource, index: ModelIndex, samples: int, chunk: int) -> tuple[Batches, bool]:
-    """Held-out samples; the flag is True when they had to overlap the calibration samples (npz too short)."""
+def verify_batches(source: DataSource, index: ModelIndex, samples: int, chunk: int) -> tuple[Batches, int | None]:
+    """The `samples` held-out samples, never one calibration uses: a file's samples after calibration's, its
+    last ones where it is too short for both (calibration then takes fewer: calibrated_count). With them the
+    file's sample count when calibration was shortened so (the caller says so), else None."""
     if source.kind in FILE_KINDS:
         arrays = _file_arrays(source, index, source.samples + samples)
         total = _count(arrays)
-        start = min(source.samples, max(0, total - samples))
-        return Batches(source, index, min(samples, total - start), chunk, start=start, arrays=arrays), start < source.samples
-    return Batches(source, index, samples, chunk, seed_offset=VERIFY_SEED_OFFSET), False
+        start = calibrated_count(source, total, samples)
+        batches = Batches(source, index, min(samples, total - start), chunk, start=start, arrays=arrays)
+        return batches, (total if start < source.samples else None)
+    return Batches(source, index, samples, chunk, seed_offset=VERIFY_SEED_OFFSET), None
+
+
+def calibrated_count(source: DataSource, total: int, held_out: int) -> int:
+    """How many of a file's `total` samples calibration takes when `held_out` are kept for verification: the
+    recipe's `samples`, fewer where the file cannot give both; Q448 where it cannot give one of each."""
+    count = min(source.samples, total - held_out)
+    if count < 1:
+        raise StageError(error("Q448", f"`{source.path}` gives {total} sample{'s' if total != 1 else ''}: too few to "
+                               f"hold out {held_out} for verification and calibrate on the rest",
+                               source.span_of("data"), "too short to hold out",
+                               help=f"give at least {held_out + 1} samples (the recipe's `samples` plus {held_out} "
+                               "is best), or verify on fewer (`verify { samples N }`)"))
+    return count
 
 
 def _count(arrays: dict[str, np.ndarray]) -> int:

@@ -26,7 +26,7 @@ from compiler.backends.sensitivity import Scores
 from compiler.diagnostics import warning
 from compiler.ir.types import Calibration, Rounding
 from compiler.models.graph import GraphSummary
-from compiler.plan.ops import Plan
+from compiler.plan.ops import Plan, Verify
 from compiler.plan.workload import Observation, observation
 from compiler.quant.weights import QuantizedWeight, sqnr_db
 from compiler.resolve.assignment import Assignment
@@ -85,7 +85,8 @@ class OnnxRunState:
 
     def _batches(self, calibration: Calibration):
         """The calibration chunks this rank runs: chunk i on rank i mod N (all of them outside torchrun)."""
-        batches = data.calibration_batches(calibration.data, self.assignment.model, calibration.chunk)
+        held_out = next((op.samples for op in self.plan.ops if isinstance(op, Verify)), 0)  # never calibrated on
+        batches = data.calibration_batches(calibration.data, self.assignment.model, calibration.chunk, held_out)
         return batches if self.ranks.world == 1 else Owned(batches, self.ranks)
 
     def _segments(self):

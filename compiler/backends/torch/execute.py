@@ -204,7 +204,8 @@ class _Run(Verifying):
         # the KV scales and the transform's statistics come from calibration too
         if gathers is not None and (any(j.needs_data for j in self.jobs) or kv is not None or self.smoother is not None):
             cal = gathers.calibration
-            self.cal = self._stream("calibration", data.calibration_batches(cal.data, self.index, cal.chunk))
+            self.cal = self._stream("calibration", data.calibration_batches(cal.data, self.index, cal.chunk,
+                                                                            held.samples if held else 0))
         self.verify_streams = self._verify_streams(held)
 
     def capture_reference(self, op: ops.CaptureReference) -> None:
