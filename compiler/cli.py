@@ -71,6 +71,17 @@ def _write_report(path: Path, planned, result=None) -> None:
     _say(f"report: {path}")
 
 
+def _process_start() -> float | None:
+    """When this process began (time.time()), so a compile's time counts the interpreter's start and imports as
+    a user waits for them; None where it cannot be read."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - psutil's errors for a process it cannot read: the compile's own start then
+        return None
+
+
 def _check_report_path(path: Path | None, overwrite: bool | None = None) -> None:
     """A report path qrc cannot write, or a file there that is not a qrc report (unless `overwrite`; None where
     the command has no `--overwrite`), is refused before any work (exit 2)."""
@@ -279,7 +290,8 @@ def compile_(
     first = ranks.first  # under torchrun the first rank speaks for all (backends/ranks.py)
     console = _stderr() if first else Console(stderr=True, quiet=True)
     try:
-        result, planned = compile_recipe(recipe, tuple(set_ or ()), output, console, report, overwrite)
+        result, planned = compile_recipe(recipe, tuple(set_ or ()), output, console, report, overwrite,
+                                         _process_start())
     except CompileFailed as failed:
         if not first:  # a failure of its own run (the first rank cannot know it): one line, naming the rank
             worst = next((d for d in failed.diagnostics if d.severity.value == "error"), None)

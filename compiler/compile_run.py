@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import replace
@@ -34,6 +35,7 @@ from compiler.outputs import (
     unwritable,
 )
 from compiler.plan.ops import Emit
+from compiler.plan.render import human_seconds
 from compiler.plan.workload import workload
 from compiler.quant.parallel import cannot_start_thread
 from compiler.safe_files import UnsafePath, unnameable
@@ -89,13 +91,16 @@ def _terminate_as_interrupt():
 
 
 def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None, console: Console,
-                   report: Path | None = None, overwrite: bool = False):
+                   report: Path | None = None, overwrite: bool = False, started: float | None = None):
     """Run a compile; returns (result, planned). Raises CompileFailed with the diagnostics on errors.
     `report`: where the CLI will write its report, checked against every path the compile reads and writes.
     `overwrite`: replace a destination qrc did not write (else Q440 before any work).
+    `started`: when the compile began (time.time()): the CLI's process start, whose interpreter and imports the
+    plan's time counts too; this call's start when None. The result's `wall_seconds` are measured from it.
 
     The plan is the program: the recipe's backend (from the registry) runs its ops in order. Under torchrun
     it is planned for the ranks torchrun started (each rank's share), whatever `ranks` the recipe gives."""
+    started = time.time() if started is None else started
     try:
         ranks = from_environment()
     except StageError as exc:  # RANK / WORLD_SIZE that name no rank
@@ -136,7 +141,9 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
 
     with spec.prepare(planned.program, ranks.first):  # before the backend's imports, what can run beside them
         execute = spec.load_executor()
-        return _locked(execute, ir, planned, destination, console, needed, ranks)
+        result, planned = _locked(execute, ir, planned, destination, console, needed, ranks)
+    result.wall_seconds = time.time() - started
+    return result, planned
 
 
 def _locked(execute, ir, planned: PlanResult, destination: Path, console: Console, needed: int, ranks: Ranks):
@@ -304,6 +311,7 @@ class EtaColumn(ProgressColumn):
     has a pace, nothing once done: each stage's bar says when it will end, not only how long it has run."""
 
     def render(self, task) -> Text:
+        """The bar's time left, as text."""
         if task.finished:
             return Text("")
         left = task.time_remaining
@@ -361,8 +369,10 @@ def summary(result, planned: PlanResult) -> Table:
     after = sum(f.stat().st_size for f in result.files)
     table.add_row("model size", f"{human_bytes(before)} of weights → {human_bytes(after)} on disk")
     calibrates = workload(planned.check.recipe, planned.assignment).calibrate
-    table.add_row("calibration" if calibrates else "time", f"{result.calibration_seconds:.2f} s (total "
-                  f"{result.total_seconds:.2f} s)" if calibrates else f"{result.total_seconds:.2f} s (no calibration pass)")
+    planned_s = result.planned_seconds
+    table.add_row("time", f"{human_seconds(result.wall_seconds)} measured vs {human_seconds(planned_s)} planned "
+                  f"({result.wall_seconds / planned_s if planned_s else 0:.2f}×); "
+                  + (f"calibration {result.calibration_seconds:.2f} s" if calibrates else "no calibration pass"))
     planned_peak = result.planned_peak
     ratio = result.peak_rss / planned_peak if planned_peak else 0
     cached = "; export from the cache" if "export_onnx" in result.skipped else ""

@@ -16,6 +16,7 @@ from compiler.models import ModelError, index_model
 from compiler.outputs import output_conflict, read_paths
 from compiler.overrides import apply_overrides
 from compiler.plan import Plan, build_plan
+from compiler.plan.timing import REFERENCE, Rates, machine_speed, scaled
 from compiler.plan.workload import workload
 from compiler.resolve import Assignment, resolve
 from compiler.source import Source
@@ -208,13 +209,14 @@ class PlanResult:
 
 
 def plan_file(path: str | Path, overrides: tuple[str, ...] = (), detected_free: int | None = None,
-              ranks: int | None = None) -> PlanResult:
+              ranks: int | None = None, rates: Rates | None = None) -> PlanResult:
     """Check a recipe against its model and lower it to a Plan (the dry run). Reads no weights.
 
     Args:
         detected_free: free host memory in bytes for recipes without `ram`; measured when None.
         ranks: the torchrun ranks the compile runs as, when it plans for them rather than for the recipe's
             `ranks` (the recipe's canonical text, the output's provenance, stays as written).
+        rates: the machine's speed the ops' times are estimated at; this machine's when None.
     """
     checked = check_file(path, overrides, with_model=True)
     if not checked.ok or checked.assignment is None:
@@ -227,8 +229,19 @@ def plan_file(path: str | Path, overrides: tuple[str, ...] = (), detected_free: 
     ir = checked.recipe
     spec = spec_for(ir.backend)
     plan = build_plan(ir, spec.planned(ir, checked.assignment), detected_free, diags, spec.costs, spec.lowering,
-                      ranks)
+                      ranks, rates or _this_machine())
     return PlanResult(checked, plan, tuple(diags.items))
+
+
+def _this_machine() -> Rates:
+    """The cost model's rates scaled to this machine's speed (measured once, kept in qrc's cache folder)."""
+    from compiler.models.builtin import cache_dir
+
+    try:
+        cache = cache_dir()
+    except ModelError:  # an unusable QRC_CACHE: measured each time (the model's own check says why)
+        cache = None
+    return scaled(REFERENCE, machine_speed(cache))
 
 
 def load_recipe(recipe: str | Path | Source, overrides: tuple[str, ...] = ()) -> RecipeIR:

@@ -5,6 +5,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import pytest  # noqa: E402
+
 import golden  # noqa: E402
 
 
@@ -17,3 +19,10 @@ def pytest_configure(config):
     golden.enable_update(config.getoption("--update-golden"))
 
 
+
+
+@pytest.fixture(autouse=True)
+def _reference_machine_speed(monkeypatch):
+    """Plans made in the tests' own process estimate time at the reference machine's rates (plan/timing.py),
+    so the plan goldens do not change with the machine that runs them."""
+    monkeypatch.setattr("compiler.frontend.machine_speed", lambda cache: 1.0)

@@ -189,3 +189,35 @@ def test_eager_attention_is_planned_with_its_scores():
     assert "eager attention" in eager.ops[0].summary and "attention" not in sdpa.ops[0].summary
     bad = CliRunner().invoke(app, ["check", "recipes/tiny-llama-w4a16.recipe", "--set", "calibrate.attention=eager"])
     assert bad.exit_code == 2 and "error[Q270]" in bad.output
+
+
+def test_plan_shows_each_ops_time_and_the_total():
+    """Time is planned: the header says the total, each op its own (all repeats), the JSON has both; the total
+    is the start and the ops; more samples take longer calibration."""
+    import json
+
+    base = _plan("recipes/tiny-llama-w8a8.recipe").plan
+    text = to_text(base)
+    assert re.search(r"^time     [\d.]+ s estimated on this machine", text, re.M), text
+    assert all(re.search(r"  time [\d.]+ (s|min)", line) for line in text.splitlines() if re.match(r" ?\d+\. ", line))
+    assert base.seconds == pytest.approx(base.start_seconds + sum(op.seconds for op in base.ops))
+    data = json.loads(to_json(base))
+    assert data["seconds"] == pytest.approx(base.seconds, abs=1e-3) and all("seconds" in op for op in data["ops"])
+    more = _plan("recipes/tiny-llama-w8a8.recipe", "calibrate.data=synthetic { samples 512  seqlen 128 }").plan
+    calibrate = {p.kind: p.seconds for p in more.ops}[OpKind.CALIBRATE_CHUNK]
+    assert calibrate > 4 * {p.kind: p.seconds for p in base.ops}[OpKind.CALIBRATE_CHUNK]
+
+
+def test_the_time_scales_with_this_machines_speed(tmp_path, monkeypatch):
+    """A machine twice as fast plans half the compute and half the fixed costs; its speed is measured once and
+    kept in qrc's cache folder, per host."""
+    from compiler.plan import timing
+
+    probes = []
+    monkeypatch.setattr(timing, "_probe", lambda: probes.append(1) or 2.0)
+    assert timing.machine_speed(tmp_path) == 2.0 and timing.machine_speed(tmp_path) == 2.0 and probes == [1]
+    assert (tmp_path / "machine-speed.json").is_file()
+    fast = timing.scaled(timing.REFERENCE, 2.0)
+    plan_here = _plan("recipes/tiny-llama-torch-gptq.recipe").plan
+    plan_fast = plan_file("recipes/tiny-llama-torch-gptq.recipe", detected_free=FREE, rates=fast).plan
+    assert plan_fast.seconds == pytest.approx(plan_here.seconds / 2, rel=0.02)

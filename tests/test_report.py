@@ -20,6 +20,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # A report of the same work reads the same, but for what was measured: memory and time.
 MEASURED = [(re.compile(r"(\*\*(measured peak RSS|RSS samples|time)\*\*: ).*"), r"\1<measured>"),
             (re.compile(r"\(\d+ samples\)"), "(<measured> samples)"),
+            (re.compile(r"measured \d[\d.]* (s|min)( \d+ s)?"), "measured <time>"),
             (re.compile(r"^.*Q447.*\n\n?", re.M), "")]  # a run past its plan (a loaded machine) is said; not golden
 
 

@@ -120,10 +120,12 @@ def run_program(plan: Plan, run: Run, rss: RssSampler, result: CompileResult) ->
         raise AssertionError(f"the {plan.backend.value} backend has no handler for {', '.join(missing)}")
     for op in plan.ops:
         rss.phase = op
+        began = time.perf_counter()
         try:
             result.absorb(op, handlers[type(op)](op))
         finally:  # what the machinery reported counts also when the op failed (the report shows it)
             result.absorb(op, run.drain())
+            result.op_seconds.append((op, time.perf_counter() - began))
         rss.check_now()
         result.executed.append(op)
         if isinstance(op, LoadModel):

@@ -29,7 +29,8 @@ class CompileResult:
     peak_rss: int = 0
     rank_peaks: tuple[int, ...] = ()  # under torchrun: each rank's measured peak, in rank order
     calibration_seconds: float = 0.0
-    total_seconds: float = 0.0
+    total_seconds: float = 0.0  # from the first op to the last
+    wall_seconds: float = 0.0  # the whole compile, from its process's start where the CLI runs it (compile_run.py)
     verify: dict[str, float] | None = None
     verify_passed: bool | None = None
     verified_on: str = ""  # what verification ran: the emitted artifact through its loader, or qrc's own model
@@ -37,6 +38,7 @@ class CompileResult:
     warnings: list[Diagnostic] = field(default_factory=list)
     rss_samples: list[tuple[float, int, PlanOp | None]] = field(default_factory=list)  # (s, bytes, op running)
     executed: list[PlanOp] = field(default_factory=list)  # the plan's ops, each once its handler returned
+    op_seconds: list[tuple[PlanOp, float]] = field(default_factory=list)  # each op's wall time, as it ran
     notes: list[str] = field(default_factory=list)  # what the run decided that the plan could not know
     transform: str | None = None  # what the outlier transform did (folded mappings, AWQ's error reduction)
     assignment: Assignment | None = None  # what was compiled (both backends set it): the plan's, or the search's
@@ -70,6 +72,12 @@ class CompileResult:
         if v is not None:
             self.verify, self.verify_passed, self.verified_on = dict(v.figures), v.passed, v.measured_on
             self.layer_errors, self.verify_failure = dict(v.layer_errors), v.failure
+
+    @property
+    def planned_seconds(self) -> float:
+        """The plan's time over the ops that did their work (an export found in the cache took none), and the
+        start: what the measured wall time is held against."""
+        return self.plan.start_seconds + sum(op.seconds for op in self.plan.ops if op.kind.value not in self.skipped)
 
     @property
     def planned_peak(self) -> int:

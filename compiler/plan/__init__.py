@@ -19,6 +19,7 @@ from compiler.plan.lower import Context, Pass, lower
 from compiler.plan.modes import ram_budget, select_mode
 from compiler.plan.ops import Plan, Spans
 from compiler.plan.target import CostModel
+from compiler.plan.timing import REFERENCE, Rates, timed
 from compiler.plan.workload import Workload, workload
 from compiler.resolve.assignment import Assignment
 
@@ -26,7 +27,8 @@ __all__ = ["Plan", "build_plan"]
 
 
 def build_plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: Diagnostics,
-               costs: CostModel, lowering: Sequence[Pass], ranks: int | None = None) -> Plan | None:
+               costs: CostModel, lowering: Sequence[Pass], ranks: int | None = None,
+               rates: Rates = REFERENCE) -> Plan | None:
     """Choose the memory mode and lower the recipe to ops. Returns None (with Q301) when nothing fits.
 
     Args:
@@ -34,6 +36,7 @@ def build_plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: 
         costs: the cost model of the recipe's backend (its spec's; see compiler.backends.registry).
         lowering: the backend's passes, which make its ops (its spec's).
         ranks: the torchrun ranks to plan for, instead of the recipe's `ranks` (its text is kept as written).
+        rates: the machine's speed each op's time is estimated at (plan/timing.py).
     """
     written = ir
     if ranks is not None and ranks != ir.memory.ranks:
@@ -48,9 +51,10 @@ def build_plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: 
     passes = passes if decision.mode is MemoryMode.LOW_MEMORY else 1  # only low_memory splits the observers
     ctx = Context(ir, assignment, w, decision, estimates[decision.mode], passes, costs)
     notes = _notes(w, costs, decision.mode)
+    lowered = timed(lower(ctx, lowering), w, rates, decision.mode, costs.seconds)
     return Plan(ir.name, ir.source_name, ir.model, ir.backend, len(assignment.layers),
-                len(w.quantized_layers), decision, lower(ctx, lowering), notes, spans_of(ir), print_ir(written),
-                ir.memory.ranks)
+                len(w.quantized_layers), decision, lowered, notes, spans_of(ir), print_ir(written),
+                ir.memory.ranks, costs.start_seconds(rates))
 
 
 def spans_of(ir: RecipeIR) -> Spans:

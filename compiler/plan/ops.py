@@ -156,6 +156,7 @@ class PlanOp:
     peak_bytes: int
     repeat: int = 1
     layers: tuple[str, ...] = ()
+    seconds: float = 0.0  # estimated wall time of all its repeats at this machine's rates (plan/timing.py)
 
     @property
     def params(self) -> tuple[tuple[str, str], ...]:
@@ -388,6 +389,12 @@ class Plan:
     spans: Spans = Spans()
     recipe_text: str = ""  # the recipe in canonical form: the output's provenance, the resume state's key
     ranks: int = 1  # torchrun processes sharing the run (`memory { ranks N }`): the peaks are each one's
+    start_seconds: float = 0.0  # estimated: what a compile's process does before its first op (plan/timing.py)
+
+    @property
+    def seconds(self) -> float:
+        """The estimated wall time of a compile: its start and every op."""
+        return self.start_seconds + sum(op.seconds for op in self.ops)
 
     @property
     def peak_bytes(self) -> int:

@@ -8,7 +8,8 @@ import enum
 from typing import Protocol
 
 from compiler.ir.types import Backend, EmitFormat, MemoryMode
-from compiler.plan.ops import ModeEstimate
+from compiler.plan.ops import ModeEstimate, PlanOp
+from compiler.plan.timing import Rates
 from compiler.plan.workload import Workload
 
 
@@ -57,4 +58,12 @@ class CostModel(Protocol):
 
     def phase(self, w: Workload, mode: MemoryMode, chunk: int, passes: int, phase: PhaseName) -> int:
         """The estimated peak resident bytes of one phase."""
+        ...
+
+    def seconds(self, op: PlanOp, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+        """One op's estimated wall time at `rates`, all its repeats together (plan/timing.py counts the work)."""
+        ...
+
+    def start_seconds(self, rates: Rates) -> float:
+        """What a compile's process does before its first op: interpreter, imports, check and plan."""
         ...

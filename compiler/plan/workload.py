@@ -86,6 +86,7 @@ class Workload(Observation):
     # its targets' weights), what the transform's statistics and scratch scale with
     ranks: int = 1  # torchrun processes sharing the run: the samples above are each one's share
     data_libraries: int = 0  # what reading the samples imports beyond the backend's runtime (DATASET_LIBRARIES)
+    templated: bool = False  # dataset rows rendered through a chat template (in a child process: data/templates.py)
     attention: AttentionKernel = AttentionKernel.MODEL  # `calibrate { attention }`: eager holds the scores
     float_rounded: bool = False  # a weight goes to a floating format (compressed-tensors' torch functions round it)
     kernel_rounded: bool = False  # a weight is rounded by the compiled rtn loop (torch backend: quant/fused_rtn.py)
@@ -231,6 +232,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         gguf=scales is not None,
         kquant_rounded=any(a.scheme.quantized_weights.qtype.is_kquant for a in quantized),
         data_libraries=DATASET_LIBRARIES if cal.data.kind is DataKind.DATASET else 0,
+        templated=bool(cal.data.rows and cal.data.rows.messages),
         transform=ir.transform if assignment.smoothing else None,
         smoothing=tuple((m.block, m.width, sum(4 * index.layer(x).params for x in m.targets))
                         for m in assignment.smoothing),

@@ -12,6 +12,7 @@ from compiler.ir.types import ActivationMode
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
 from compiler.plan.ops import Plan, PlanOp, PropagateRanges
+from compiler.plan.render import human_seconds
 from compiler.plan.workload import workload
 from compiler.report.chart import Series, line_chart
 from compiler.resolve.assignment import Assignment
@@ -86,9 +87,7 @@ def build(planned, result=None) -> Report:
         facts.append(("output", shown_path(result.output)))
     chosen = next(e for e, _ in plan.decision.tried if e.mode is plan.decision.mode) if plan.decision.tried else None
     estimate = _table(("part", "bytes"), [(label, human_bytes(b)) for label, b in (chosen.parts if chosen else ())], "lr")
-    ops = _table(("#", "op", "×", "planned peak", "what"),
-                 [(str(i), op.kind.value, str(op.repeat), human_bytes(op.peak_bytes), op.summary)
-                  for i, op in enumerate(plan.ops, start=1)], "rlrrl")
+    ops = _ops(plan, result)
     warnings = tuple(f"{d.severity.value}[{d.code}]: {d.message}" for d in planned.diagnostics) + tuple(
         f"{d.severity.value}[{d.code}]: {d.message}" for d in (result.warnings if result is not None else ())
         if d.code != "Q447")  # the report opens with that one (`verdict`)
@@ -192,6 +191,19 @@ def _layers(ir, assignment: Assignment, result, plan: Plan, before: Assignment) 
     return _table(header + ("weight SQNR dB", "activation range"), rows, "lllllllrl")
 
 
+def _ops(plan: Plan, result) -> Table:
+    """The plan's ops with their planned peak and time; after a compile, each op's measured time beside."""
+    if result is None:
+        return _table(("#", "op", "×", "planned peak", "planned time", "what"),
+                      [(str(i), op.kind.value, str(op.repeat), human_bytes(op.peak_bytes), human_seconds(op.seconds),
+                        op.summary) for i, op in enumerate(plan.ops, start=1)], "rlrrrl")
+    took = {id(op): seconds for op, seconds in result.op_seconds}
+    return _table(("#", "op", "×", "planned peak", "planned time", "measured time", "what"),
+                  [(str(i), op.kind.value, str(op.repeat), human_bytes(op.peak_bytes), human_seconds(op.seconds),
+                    f"measured {human_seconds(took[id(op)])}" if id(op) in took else "not run", op.summary)
+                   for i, op in enumerate(plan.ops, start=1)], "rlrrrrl")
+
+
 def _memory(plan: Plan, result) -> tuple[tuple[str, str], ...]:
     out = [("planned peak", human_bytes(plan.peak_bytes))]
     if result is not None:
@@ -203,7 +215,12 @@ def _memory(plan: Plan, result) -> tuple[tuple[str, str], ...]:
                   for r, b in enumerate(result.rank_peaks)),
                 ("RSS samples", f"{len(result.rss_samples)}, one every 20 ms (the peak also reads the kernel's "
                                 "high-water mark)"),
-                ("time", f"{result.total_seconds:.2f} s, calibration {result.calibration_seconds:.2f} s")]
+                ("time", f"{human_seconds(result.wall_seconds)} measured vs {human_seconds(result.planned_seconds)} "
+                         f"planned ({result.wall_seconds / result.planned_seconds if result.planned_seconds else 0:.2f}×), "
+                         f"calibration {result.calibration_seconds:.2f} s")]
+    else:
+        out.append(("planned time", f"{human_seconds(plan.seconds)} on this machine ({human_seconds(plan.start_seconds)} "
+                                    "to start, the rest per op)"))
     return tuple(out)
 
 

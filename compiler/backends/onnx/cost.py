@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from compiler.backends.onnx import timing
 from compiler.backends.onnx.export_decoder import DECODER_FAMILIES
 from compiler.ir.types import Backend, EmitFormat, MemoryMode
 from compiler.models.onnx_write import COPY_PIECE
@@ -24,8 +25,9 @@ from compiler.plan.memory import (
     score_phase,
     transform_bytes,
 )
-from compiler.plan.ops import ModeEstimate
+from compiler.plan.ops import ModeEstimate, PlanOp
 from compiler.plan.target import PhaseName
+from compiler.plan.timing import Rates
 from compiler.plan.workload import Workload
 
 # interpreter, libraries, session set-up: the RSS of a compile entering verification, 113-115 MiB measured on
@@ -288,6 +290,14 @@ class OnnxCosts:
 
     backend: Backend = Backend.ONNX
     default_format: EmitFormat = EmitFormat.QDQ
+
+    def seconds(self, op: PlanOp, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+        """One op's estimated wall time (onnx/timing.py)."""
+        return timing.seconds(op, w, rates, mode)
+
+    def start_seconds(self, rates: Rates) -> float:
+        """Before the first op (onnx/timing.py)."""
+        return timing.start_seconds(rates)
 
     def runtime(self, w: Workload) -> int:
         """onnxruntime's runtime, whatever the run."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compiler.backends.torch import timing
 from compiler.ir.types import Backend, EmitFormat, MemoryMode, SensitivityMetric
 from compiler.models.index import LayerKind, ModelFormat
 from compiler.plan.memory import (
@@ -20,8 +21,9 @@ from compiler.plan.memory import (
     score_phase,
     transform_bytes,
 )
-from compiler.plan.ops import ModeEstimate
+from compiler.plan.ops import ModeEstimate, PlanOp
 from compiler.plan.target import PhaseName
+from compiler.plan.timing import Rates
 from compiler.plan.workload import Workload
 
 # interpreter, torch, transformers and compressed-tensors (imported to check the output's config before any work);
@@ -240,6 +242,14 @@ class TorchCosts:
 
     backend: Backend = Backend.TORCH
     default_format: EmitFormat = EmitFormat.SAFETENSORS
+
+    def seconds(self, op: PlanOp, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+        """One op's estimated wall time (torch/timing.py)."""
+        return timing.seconds(op, w, rates, mode)
+
+    def start_seconds(self, rates: Rates) -> float:
+        """Before the first op (torch/timing.py)."""
+        return timing.start_seconds(rates)
 
     def runtime(self, w: Workload) -> int:
         """The interpreter and what the run imports: file to file less, but a folder's check process beside it."""

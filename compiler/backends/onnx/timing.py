@@ -1,0 +1,80 @@
+"""The ONNX backend's time per op (compiler.plan.timing counts the work; this says what onnxruntime spends on
+it): a light start, a session made (and its graph optimised) by each op that runs the model, the model
+serialised at emit, an HF folder's export traced in a process of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from compiler.ir.types import MemoryMode
+from compiler.plan import ops
+from compiler.plan.timing import (
+    Rates,
+    forward,
+    gptq_seconds,
+    hessian_seconds,
+    quantize_seconds,
+    reading,
+    rounded_bytes,
+    score_seconds,
+    smooth_seconds,
+)
+from compiler.plan.workload import Workload
+
+# on the reference machine (plan/timing.py REFERENCE): the process start to the first op (1.0-1.3 s); a session's
+# creation, 30 ms and its weights at 400 MB/s; a model's serialisation at 80 MB/s (0.04-0.36 s over the examples);
+# an export's child process with torch and transformers (the torch backend's start and model)
+START, SESSION, SESSION_RATE, EMIT_RATE, EXPORT_START = 1.2, 0.03, 400e6, 80e6, 3.4
+
+
+def start_seconds(rates: Rates) -> float:
+    """Before the first op: the interpreter, the CLI, the check and the plan (onnxruntime imports lightly)."""
+    return rates.fixed(START)
+
+
+def _session(w: Workload, rates: Rates) -> float:
+    return rates.fixed(SESSION) + w.weights_bytes / (SESSION_RATE * rates.speed)
+
+
+def _export(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    # nothing when the plan was made against the cached export (its graph is the index's)
+    if w.index.graph is not None:
+        return 0.0
+    return rates.fixed(EXPORT_START) + forward(w, rates, 1) + 2 * w.weights_bytes / rates.disk
+
+
+def _calibrate(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    # GPTQ's Hessians are summed chunk by chunk from the inputs the session returns
+    return (op.passes * _session(w, rates) + reading(w, rates, True) + op.passes * forward(w, rates, w.samples)
+            + hessian_seconds(w, rates))
+
+
+def _cache_inputs(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    return _session(w, rates) + reading(w, rates, True)
+
+
+def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    """Every segment (the op's repeats): a session each, the calibration stream, GPTQ (a segment's layers are
+    rounded once it has seen every chunk), the rounding."""
+    return (op.repeat * _session(w, rates) + forward(w, rates, w.samples, blocks_only=True)
+            + hessian_seconds(w, rates) + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding)
+
+
+def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    return 2 * _session(w, rates) + reading(w, rates, False) + 2 * forward(w, rates, op.samples)
+
+
+ESTIMATES: dict[ops.OpKind, Callable[..., float]] = {
+    ops.OpKind.EXPORT_ONNX: _export, ops.OpKind.CALIBRATE_CHUNK: _calibrate,
+    ops.OpKind.CACHE_BLOCK_INPUTS: _cache_inputs, ops.OpKind.RUN_BLOCK: _run_block, ops.OpKind.VERIFY: _verify,
+    ops.OpKind.SMOOTH: lambda op, w, rates, mode: _session(w, rates) + smooth_seconds(w, rates),
+    ops.OpKind.QUANTIZE_WEIGHTS: lambda op, w, rates, mode: quantize_seconds(op, w, rates),
+    ops.OpKind.EMIT: lambda op, w, rates, mode: op.bytes / (EMIT_RATE * rates.speed),
+    ops.OpKind.SCORE_SENSITIVITY: lambda op, w, rates, mode: score_seconds(op, w, rates, _session(w, rates)),
+}  # the others (loading the graph, mode selection, range search and propagation) take no measurable time
+
+
+def seconds(op: ops.PlanOp, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    """One op's estimated seconds, all its repeats together."""
+    estimate = ESTIMATES.get(op.kind)
+    return estimate(op, w, rates, mode) if estimate is not None else 0.0

@@ -1,0 +1,81 @@
+"""The torch backend's time per op (compiler.plan.timing counts the work; this says what torch spends on it):
+torch, transformers and compressed-tensors imported before the first op, the model's skeleton, the first
+forward (kernels and the compiled loops loaded), verification's streams carried through the blocks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from compiler.ir.types import MemoryMode
+from compiler.plan import ops
+from compiler.plan.timing import (
+    Rates,
+    forward,
+    gptq_seconds,
+    hessian_seconds,
+    quantize_seconds,
+    reading,
+    rounded_bytes,
+    score_seconds,
+    smooth_seconds,
+)
+from compiler.plan.workload import Workload
+
+# seconds on the reference machine (plan/timing.py REFERENCE): measured from the process start to the first op
+# (2.0-2.4 s), `load_model` (1.0-1.4 s) and the first block's forward (1.7-2.1 s) over the example recipes
+START, MODEL, FIRST_FORWARD = 2.2, 1.2, 1.8
+
+
+def start_seconds(rates: Rates) -> float:
+    """Before the first op: the interpreter, the CLI, the check and the plan, and torch's imports."""
+    return rates.fixed(START)
+
+
+def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    resident = mode in (MemoryMode.FULL, MemoryMode.LOW_MEMORY)
+    return rates.fixed(MODEL) + (w.weights_bytes / rates.disk if resident else 0.0)
+
+
+def _calibrate(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    first = 0.0 if mode is MemoryMode.FULL and w.verify_samples else rates.fixed(FIRST_FORWARD)  # capture_reference's
+    return first + reading(w, rates, True) + op.passes * forward(w, rates, w.samples) + hessian_seconds(w, rates)
+
+
+def _capture(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    return rates.fixed(FIRST_FORWARD) + reading(w, rates, True) + forward(w, rates, op.samples)
+
+
+def _cache_inputs(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    # the calibration and held-out samples are read here (their first reading)
+    return rates.fixed(FIRST_FORWARD) + reading(w, rates, True) + (reading(w, rates, False) if w.verify_samples else 0.0)
+
+
+def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    """Every block (the op's repeats): the calibration stream and verification's float and rounded streams,
+    GPTQ's Hessians and rounding, every layer's rounding."""
+    streams = (w.samples if w.calibrate else 0) + 2 * w.verify_samples
+    return (rates.block * op.repeat + forward(w, rates, streams, blocks_only=True) + hessian_seconds(w, rates)
+            + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding)
+
+
+def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    if mode is MemoryMode.FULL:
+        return reading(w, rates, False) + 2 * forward(w, rates, op.samples)
+    # the streams came through the blocks: what is outside them runs, and the emitted folder is opened
+    return forward(w, rates, op.samples) - forward(w, rates, op.samples, blocks_only=True) + 2 * rates.block
+
+
+ESTIMATES: dict[ops.OpKind, Callable[..., float]] = {
+    ops.OpKind.LOAD_MODEL: _load, ops.OpKind.CALIBRATE_CHUNK: _calibrate, ops.OpKind.CAPTURE_REFERENCE: _capture,
+    ops.OpKind.CACHE_BLOCK_INPUTS: _cache_inputs, ops.OpKind.RUN_BLOCK: _run_block, ops.OpKind.VERIFY: _verify,
+    ops.OpKind.SMOOTH: lambda op, w, rates, mode: smooth_seconds(w, rates),
+    ops.OpKind.QUANTIZE_WEIGHTS: lambda op, w, rates, mode: quantize_seconds(op, w, rates),
+    ops.OpKind.EMIT: lambda op, w, rates, mode: op.bytes / rates.disk,
+    ops.OpKind.SCORE_SENSITIVITY: lambda op, w, rates, mode: score_seconds(op, w, rates, rates.fixed(FIRST_FORWARD)),
+}  # the others (mode selection, the precision assignment) take no measurable time
+
+
+def seconds(op: ops.PlanOp, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    """One op's estimated seconds, all its repeats together."""
+    estimate = ESTIMATES.get(op.kind)
+    return estimate(op, w, rates, mode) if estimate is not None else 0.0

@@ -1,0 +1,175 @@
+"""Time in the plan: each op's estimated seconds from a cost model of its work (the FLOPs of the forward passes it
+runs, GPTQ's Hessians and rounding, the bytes it rounds and writes) at this machine's rates, and the seconds a
+compile spends before its first op. The work is counted here; what each backend spends on it (its sessions, its
+first forward, its imports) is its cost model's (CostModel.seconds, in compiler/backends/*/timing.py).
+
+The rates (REFERENCE) were measured on the machine docs/memory.md names; another machine's are those scaled by
+its speed against that one, measured once by a short matrix product (`machine_speed`, cached under qrc's cache
+folder). Pure numbers: no torch or onnxruntime import, no weight read (`qrc plan` stays light).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from compiler.ir.types import MemoryMode, SensitivityMetric
+from compiler.models.index import LayerKind
+from compiler.plan import ops
+from compiler.plan.memory import input_key
+from compiler.plan.workload import Workload
+
+
+@dataclass(frozen=True)
+class Rates:
+    """A machine's speed as the cost model uses it (seconds are work / rate, plus fixed costs)."""
+
+    speed: float  # against the reference machine's: the backends' fixed costs are divided by it (`fixed`)
+    flops: float  # FLOP/s of a model's forward pass and of GPTQ's Hessian sums, in float32 (all cores)
+    gptq_elements: float  # weights/s through GPTQ's column loop (its blocks of columns, the scale search)
+    rounding: float  # weight bytes/s rounded to a grid (rtn and observers' scales)
+    disk: float  # bytes/s written (or read from the page cache)
+    block: float  # s of each block-wise step beyond its compute: hooks, caches, the block's weights moved
+    dataset: float  # s: the datasets library imported and a dataset's rows read
+    templates: float  # s: the chat-template child process started and its rows rendered, per reading
+
+    def fixed(self, seconds: float) -> float:
+        """A fixed cost measured on the reference machine, on this one."""
+        return seconds / self.speed
+
+
+# Fitted on the 2-core AVX-512 machine of docs/memory.md (2026-12-02) from compiles of a hidden-512 Llama of 4 blocks
+# on both backends in every mode (GPTQ and rtn, W8A8 and W4A16) and of every example recipe, each in its own process
+REFERENCE = Rates(speed=1.0, flops=110e9, gptq_elements=4.0e6, rounding=250e6, disk=800e6, block=0.25, dataset=0.9,
+                  templates=0.9)
+_SPEED_PROBE = 512  # the probe's square matrices: about 2 ms of float32 products here
+
+
+def machine_speed(cache: Path | None) -> float:
+    """This machine's speed against REFERENCE's (>1: faster): a float32 matrix product timed once and kept in
+    `cache` (qrc's cache folder) per host; 1.0 where it cannot be measured."""
+    key = f"{platform.node()}:{os.cpu_count()}"
+    path = cache / "machine-speed.json" if cache is not None else None
+    try:
+        known = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known, dict) and isinstance(known.get(key), int | float) and 0.01 < known[key] < 100:
+        return float(known[key])
+    speed = _probe()
+    if path is not None:
+        try:
+            from compiler.safe_files import own_folder, replace_file
+
+            own_folder(path.parent)
+            replace_file(path, json.dumps({**(known if isinstance(known, dict) else {}), key: speed}))
+        except OSError:  # a read-only cache: measured again next time
+            pass
+    return speed
+
+
+REFERENCE_PROBE_S = 0.0022  # the probe's best of five on the reference machine (numpy 2, OpenBLAS)
+
+
+def _probe() -> float:
+    try:
+        import numpy as np
+    except ImportError:
+        return 1.0
+    a = np.random.default_rng(0).standard_normal((_SPEED_PROBE, _SPEED_PROBE), dtype=np.float32)
+    best = float("inf")
+    for _ in range(5):
+        began = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - began)
+    return min(100.0, max(0.01, REFERENCE_PROBE_S / max(best, 1e-6)))
+
+
+def scaled(rates: Rates, speed: float) -> Rates:
+    """`rates` on a machine `speed` times as fast (its fixed costs shrink with it; its disk is not faster)."""
+    return Rates(speed=rates.speed * speed, flops=rates.flops * speed, gptq_elements=rates.gptq_elements * speed,
+                 rounding=rates.rounding * speed, disk=rates.disk, block=rates.block / speed,
+                 dataset=rates.dataset / speed, templates=rates.templates / speed)
+
+
+# ---- the work ---------------------------------------------------------------------------------------------
+def token_flops(w: Workload, blocks_only: bool = False) -> float:
+    """FLOPs of one token through the model: 2 per weight of every Linear (the LM head too unless
+    `blocks_only`), and attention's two products over the sequence."""
+    linear = sum(x.params for x in w.index.layers
+                 if x.kind is LayerKind.LINEAR and (x.block is not None or not blocks_only))
+    blocks = len({x.block for x in w.index.layers if x.block is not None})
+    hidden = w.index.config_value("hidden_size") or w.hidden
+    return 2.0 * linear + 4.0 * blocks * w.seqlen * hidden
+
+
+def hessian_seconds(w: Workload, rates: Rates, layers: tuple[str, ...] | None = None) -> float:
+    """GPTQ's Hessian sums over every calibration token: 2·T·K² FLOPs per distinct input (q/k/v share one),
+    one large product per chunk, which runs at about twice a forward's rate."""
+    chosen = set(w.gptq_layers) if layers is None else set(layers) & set(w.gptq_layers)
+    widths = {input_key(x): x.in_features for x in w.index.layers if x.name in chosen}
+    return sum(2 * w.samples * w.seqlen * k ** 2 for k in widths.values()) / (2 * rates.flops)
+
+
+def gptq_seconds(w: Workload, rates: Rates, layers: tuple[str, ...] | None = None) -> float:
+    """GPTQ's rounding of its layers (of `layers` when given), once the Hessians are summed: the factorisation
+    (≈ K³ FLOPs) and the column loop (N·K weights through blocks of columns and the scale search)."""
+    chosen = set(w.gptq_layers) if layers is None else set(layers) & set(w.gptq_layers)
+    found = [x for x in w.index.layers if x.name in chosen]
+    return (sum(x.in_features ** 3 for x in found) / rates.flops
+            + sum(x.out_features * x.in_features for x in found) / rates.gptq_elements)
+
+
+def rounded_bytes(w: Workload, layers: tuple[str, ...] | None = None) -> float:
+    """The float bytes of the layers rounded (of `layers` when given, else every quantized one)."""
+    names = set(w.quantized_layers) if not layers else set(layers)
+    return float(sum(x.bytes for x in w.index.layers if x.name in names))
+
+
+def forward(w: Workload, rates: Rates, samples: int, blocks_only: bool = False) -> float:
+    """`samples` through the model (or its blocks only)."""
+    return samples * w.seqlen * token_flops(w, blocks_only) / rates.flops
+
+
+def reading(w: Workload, rates: Rates, first: bool) -> float:
+    """Reading the samples of a dataset: its library (the `first` reading only) and its chat template."""
+    if not w.data_libraries:
+        return 0.0
+    return (rates.dataset if first else 0.0) + (rates.templates if w.templated else 0.0)
+
+
+def smooth_seconds(w: Workload, rates: Rates) -> float:
+    """The transform's statistics pass over the calibration data and its search (AWQ: a grid of roundings
+    of each mapping's targets)."""
+    grid = getattr(w.transform, "grid", 1) or 1
+    targets = sum(b for _, _, b in w.smoothing)
+    return forward(w, rates, w.samples) + grid * targets / rates.rounding
+
+
+def quantize_seconds(op: ops.PlanOp, w: Workload, rates: Rates) -> float:
+    """Rounding the op's layers (their GPTQ Hessians were summed while calibrating)."""
+    layers = op.layers or tuple(w.quantized_layers)
+    return rounded_bytes(w, layers) / rates.rounding + gptq_seconds(w, rates, layers)
+
+
+def score_seconds(op: ops.ScoreSensitivity, w: Workload, rates: Rates, first_run: float) -> float:
+    """The search's scores: snr rounds each searched weight under each choice; mse and kld run the model over
+    the samples (kld once per unit and choice, against the float outputs), after `first_run`."""
+    choices = max(1, w.search.choices) if w.search is not None else 1
+    rounding = 4 * op.params_searched * choices / rates.rounding
+    if op.metric is SensitivityMetric.SNR:
+        return rounding
+    runs = 1 + (op.units * choices if op.metric is SensitivityMetric.KLD else 0)
+    return first_run + rounding + reading(w, rates, False) + runs * forward(w, rates, op.samples)
+
+
+def timed(lowered: tuple[ops.PlanOp, ...], w: Workload, rates: Rates, mode: MemoryMode,
+          seconds: Callable[[ops.PlanOp, Workload, Rates, MemoryMode], float]) -> tuple[ops.PlanOp, ...]:
+    """The ops with their estimated seconds (all of an op's repeats together), by the backend's cost model's
+    `seconds` (CostModel.seconds)."""
+    return tuple(replace(op, seconds=max(0.0, seconds(op, w, rates, mode))) for op in lowered)
