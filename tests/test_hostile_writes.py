@@ -259,3 +259,23 @@ def test_claiming_a_state_never_writes_through_what_is_planted_at_its_owner_reco
     claim(record, owner(tmp_path / "out", "recipe", world=1))
     assert _snapshot(victims) == before
     assert not record.is_symlink() and record.is_file() and '"world": 1' in record.read_text()
+
+
+@pytest.mark.parametrize("kind", PLANTS)
+def test_a_staged_output_planted_at_a_resume_name_is_removed_never_its_target(kind, tmp_path):
+    """torch's resumable runs stage the output at `.<name>.qrc-resume-<key>` beside it; what is planted there
+    with no state to resume is removed (a link itself, not what it points to) before the run stages its own."""
+    import hashlib
+
+    from compiler.backends.ranks import Ranks
+    from compiler.backends.torch.resume import BlockResume
+
+    victims = _victims(tmp_path)
+    identity = ("recipe", "model", str(tmp_path / "out"))
+    shared = hashlib.sha256("\x00".join(identity).encode()).hexdigest()[:24]
+    staged = tmp_path / f".out.qrc-resume-{shared}"
+    _plant(staged, kind, victims)
+    before = _snapshot(victims)
+    resume = BlockResume.open(tmp_path / "disk", tmp_path / "out", identity, Ranks(), None, [])
+    assert resume.staged == staged and not staged.exists() and not staged.is_symlink()
+    assert _snapshot(victims) == before

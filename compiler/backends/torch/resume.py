@@ -150,8 +150,9 @@ def _remove_superseded(disk: Path, staged: Path, mine: dict) -> None:
 
 
 def _remove(staged: Path) -> None:
-    """A staged output: a folder (safetensors) or one file (GGUF)."""
-    if staged.is_dir():
+    """A staged output: a folder (safetensors) or one file (GGUF). A link (or a FIFO) planted at its name is
+    removed itself, never what it points to."""
+    if staged.is_dir() and not staged.is_symlink():
         shutil.rmtree(staged, ignore_errors=True)
     else:
         staged.unlink(missing_ok=True)
