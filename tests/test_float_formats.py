@@ -537,3 +537,19 @@ def test_nvfp4_file_to_file_on_a_built_in_takes_its_global_scale_from_the_checkp
     result = CliRunner().invoke(app, ["compile", str(recipe)])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("scheme", ["NVFP4A16", "NVFP4", "MXFP4A16"])
+def test_an_fp4_folder_of_a_float32_model_runs_in_transformers_default_load(folders, scheme, tmp_path):
+    """compressed-tensors decompresses FP4 weights to bfloat16: a folder that kept the float32 model's dtype
+    failed in transformers' default load at the first forward (`float != BFloat16`, issue 69). It says
+    bfloat16 now, and runs as loaded."""
+    out = tmp_path / "out"
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(RECIPE.format(model=folders["llama"], scheme=scheme, mode="offload", out=out, ignore=""))
+    compile_program(str(recipe), out)
+    assert json.loads((folders["llama"] / "config.json").read_text()).get("dtype", "float32") == "float32"
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out))
+    logits = model(torch.tensor([[1, 2, 3, 4]])).logits
+    assert model.dtype == torch.bfloat16 and bool(torch.isfinite(logits).all())
