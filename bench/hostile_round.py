@@ -12,7 +12,7 @@ process, a deadline) in a folder of its own, and is judged by what must hold for
 The cases are generated from fixed seeds, so a rerun runs the same round. `--only SURFACE` runs one surface;
 `--jobs N` runs N cases at a time. Writes bench/results/hostile_round.md (every break, with its command).
 
-    python bench/hostile_round.py [--jobs 2] [--only recipes]
+    python bench/hostile_round.py [--jobs 2] [--only recipes] [--results FILE]
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class Case:
     outputs: tuple[str, ...] = ("out", "out.onnx", "m.gguf", "report.html", "report.md")  # may appear
     env: dict[str, str] = field(default_factory=dict)
     timeout: float = 120.0
+    ranks: int = 1  # > 1: started by torchrun with this many processes
 
 
 @dataclass
@@ -508,6 +509,99 @@ def env_cases() -> list[Case]:
     return cases
 
 
+VLM_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+                "{% for part in m['content'] %}{% if part['type'] == 'image' %}<image>{% else %}{{ part['text'] }}"
+                "{% endif %}{% endfor %}{% endif %}{{ eos_token }}{% endfor %}")
+
+
+def _tiny_llava() -> Path:
+    root = SHARED / "vlm"
+    if not (root / "llava").exists():
+        from zoo import tiny_llava
+
+        tiny_llava(root, VLM_TEMPLATE, ["What is in the picture?", "Describe the colours."])
+    return root
+
+
+def _image_setup(kind: str) -> Callable[[Path], None]:
+    """The shared LLaVA's 12 image rows, with the first row's image replaced by `kind`."""
+    def setup(folder: Path) -> None:
+        from PIL import Image
+
+        root = _tiny_llava()
+        for i in range(12):
+            (folder / f"{i}.png").write_bytes((root / f"{i}.png").read_bytes())
+        rows = [json.loads(line) for line in (root / "images.jsonl").read_text().splitlines()]
+        bad = folder / "0.png"
+        bad.unlink()
+        if kind == "missing":
+            pass
+        elif kind in ("fifo", "link_to_file", "dangling_link", "link_to_folder", "folder_of_files"):
+            _plant(bad, kind, folder)
+        elif kind == "text":
+            bad.write_text("not an image\n")
+        elif kind == "truncated":
+            bad.write_bytes((root / "0.png").read_bytes()[:60])
+        elif kind == "bomb":  # a 40000×40000 grey PNG: a few hundred KB that decode to 1.6 GB
+            Image.new("L", (40000, 40000)).save(bad)
+        elif kind in ("tiny", "grey", "gif"):
+            img = Image.open(root / "0.png")
+            {"tiny": lambda: img.resize((1, 1)).save(bad, format="PNG"),
+             "grey": lambda: img.convert("L").save(bad, format="PNG"),
+             "gif": lambda: img.save(bad, format="GIF")}[kind]()
+        elif kind == "traversal":
+            rows[0]["image"] = "../" * 12 + "etc/passwd"
+        elif kind == "number":
+            rows[0]["image"] = 5
+        elif kind == "url":
+            rows[0]["image"] = "http://198.51.100.1/cat.png"
+        (folder / "images.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (folder / "r.recipe").write_text(
+            f'recipe vlm {{\n    model "{root / "llava"}"\n    backend torch\n'
+            '    quantize { "language_model.model.layers.*" -> W8A8 }\n'
+            '    calibrate { data dataset "images.jsonl" { image "image"  text "prompt"  samples 8  seqlen 48 }  chunk 4 }\n'
+            '    verify { samples 4 }\n    emit "out"\n}\n')
+    return setup
+
+
+def image_cases() -> list[Case]:
+    """A VLM's image rows made hostile: each is a coded refusal naming the row, or (a 1×1, grey or GIF image)
+    an image the processor takes."""
+    legit = ("tiny", "grey", "gif")
+    kinds = ("missing", "fifo", "link_to_file", "dangling_link", "link_to_folder", "folder_of_files", "text",
+             "truncated", "bomb", "traversal", "number", "url", *legit)
+    return [Case("images", kind, ["compile", "r.recipe"], _image_setup(kind), refuse=kind not in legit + ("link_to_file",),
+                 timeout=240) for kind in kinds]
+
+
+DATA_FREE_RANKS = 'recipe ranks {\n    model "builtin:tiny-llama"\n    backend torch\n    quantize { type Linear -> W4A16 }\n}\n'
+
+
+def rank_cases() -> list[Case]:
+    """torchrun ranks: a planted lock or report under two ranks, a rank whose peers never come, a port that is
+    not one, ranks given different recipes, and (the control) two ranks that agree."""
+    picker = ("import os, sys\nfrom compiler.cli import main\n"
+              "sys.argv = ['qrc', 'compile', f'r{os.environ[\"RANK\"]}.recipe', '-o', 'out']\nmain()\n")
+    different = _both(_write("r0.recipe", DATA_FREE_RANKS), _write("r1.recipe", DATA_FREE_RANKS.replace("W4A16", "W8A16")),
+                      _write("pick.py", picker))
+    base = _write("r.recipe", DATA_FREE_RANKS)
+    return [
+        Case("ranks", "two ranks agree", ["compile", "r.recipe", "-o", "out"], base, ranks=2, outputs=("out",)),
+        Case("ranks", "lock planted: link_to_file", ["compile", "r.recipe", "-o", "o/model"],
+             _both(base, lambda f: _plant(f / "o" / ".model.qrc-lock", "link_to_file", f)), refuse=True, ranks=2,
+             outputs=("o/model",)),
+        Case("ranks", "report planted: dangling_link", ["compile", "r.recipe", "-o", "out", "--report", "report.html"],
+             _both(base, lambda f: _plant(f / "report.html", "dangling_link", f)), refuse=True, ranks=2, outputs=()),
+        Case("ranks", "peers never come", ["compile", "r.recipe", "-o", "out"], base, refuse=True, outputs=(),
+             env={"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29599",
+                  "QRC_RANK_TIMEOUT": "5"}),
+        Case("ranks", "port not a port", ["compile", "r.recipe", "-o", "out"], base, refuse=True, outputs=(),
+             env={"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "port",
+                  "QRC_RANK_TIMEOUT": "5"}),
+        Case("ranks", "different recipes per rank", ["pick.py"], different, refuse=True, ranks=2, outputs=()),
+    ]
+
+
 def perplexity_cases() -> list[Case]:
     """Perplexity as the verify metric with junk bounds and sample counts."""
     cases = []
@@ -525,7 +619,8 @@ def perplexity_cases() -> list[Case]:
 SURFACES: dict[str, Callable[[], list[Case]]] = {
     "recipes": recipe_cases, "settings": setting_cases, "config.json": config_cases,
     "safetensors": safetensors_cases, "gguf": gguf_cases, "outputs": output_cases, "data": data_cases,
-    "templates": template_cases, "environment": env_cases, "perplexity": perplexity_cases}
+    "templates": template_cases, "environment": env_cases, "perplexity": perplexity_cases, "images": image_cases,
+    "ranks": rank_cases}
 
 
 # ---- running and judging --------------------------------------------------------------------------------
@@ -565,7 +660,10 @@ def run(case: Case, cache: Path) -> Verdict:
                 env.pop(name, None)
         start = time.monotonic()
         try:
-            done = subprocess.run([sys.executable, "-m", "compiler", *case.argv], cwd=folder, env=env,
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={case.ranks}"] \
+                if case.ranks > 1 else [sys.executable]
+            program = case.argv if case.argv[0].endswith(".py") else ["-m", "compiler", *case.argv]
+            done = subprocess.run([*launcher, *program], cwd=folder, env=env,
                                   capture_output=True, text=True, timeout=case.timeout, errors="replace")
             code, said = done.returncode, done.stdout + done.stderr
         except subprocess.TimeoutExpired as exc:
@@ -574,10 +672,10 @@ def run(case: Case, cache: Path) -> Verdict:
         breaks = []
         if code is None:
             breaks.append("hang")
-        elif "Traceback" in said:
-            breaks.append("traceback")
-        elif code not in (0, 2):
-            breaks.append(f"exit {code}")
+        elif "Traceback" in said and (case.ranks == 1 or "/compiler/" in said):
+            breaks.append("traceback")  # torchrun prints a traceback of its own for a rank that exited non-zero
+        elif code not in (0, 2) and not (case.ranks > 1 and code == 1 and CODE.search(said)):
+            breaks.append(f"exit {code}")  # torchrun reports a rank's exit 2 as its own 1
         elif code == 2 and not CODE.search(said):
             breaks.append("exit 2 without a code")
         elif code == 0 and case.refuse:
@@ -602,11 +700,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", choices=sorted(SURFACES), action="append")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where the markdown goes")
     args = parser.parse_args()
     cases = [c for name, make in SURFACES.items() if not args.only or name in args.only for c in make()]
     print(f"{len(cases)} cases", flush=True)
     cache = Path(tempfile.mkdtemp(prefix="qrc-hostile-cache-"))
     _tiny_folder()  # made once, before the cases copy it from several threads
+    if not args.only or "images" in args.only:
+        _tiny_llava()
     start = time.monotonic()
     with ThreadPoolExecutor(args.jobs) as pool:
         verdicts = []
@@ -615,10 +716,10 @@ def main() -> None:
             mark = "BREAK " + "; ".join(verdict.breaks) if verdict.breaks else "ok"
             print(f"[{i}/{len(cases)}] {verdict.case.surface}: {verdict.case.name!r} exit {verdict.exit} "
                   f"{verdict.seconds:.1f}s {mark}", flush=True)
-    _write_results(verdicts, time.monotonic() - start, args.only)
+    _write_results(verdicts, time.monotonic() - start, args.only, args.results)
 
 
-def _write_results(verdicts: list[Verdict], seconds: float, only) -> None:
+def _write_results(verdicts: list[Verdict], seconds: float, only, path: Path) -> None:
     broken = [v for v in verdicts if v.breaks]
     surfaces = sorted({v.case.surface for v in verdicts})
     lines = ["# A hostile round (bench/hostile_round.py)", "",
@@ -637,8 +738,8 @@ def _write_results(verdicts: list[Verdict], seconds: float, only) -> None:
             tail = " ".join(v.tail.split())[-400:].replace("|", "\\|")
             lines.append(f"- **{v.case.surface}: {v.case.name!r}** (`qrc {' '.join(v.case.argv)[:120]}`): "
                          f"{'; '.join(v.breaks)}; exit {v.exit}. Said: `{tail}`")
-    RESULTS.write_text("\n".join(lines) + "\n")
-    print(f"{len(broken)} of {len(verdicts)} broke → {RESULTS.relative_to(ROOT)}")
+    path.write_text("\n".join(lines) + "\n")
+    print(f"{len(broken)} of {len(verdicts)} broke → {path}")
 
 
 if __name__ == "__main__":

@@ -297,9 +297,10 @@ def compile_(
         result, planned = compile_recipe(recipe, tuple(set_ or ()), output, console, report, overwrite,
                                          _process_start())
     except CompileFailed as failed:
-        if not first:  # a failure of its own run (the first rank cannot know it): one line, naming the rank
+        if not first:  # one line, naming the rank: a failure of its own run (the first rank cannot know it), or
+            # one before any work, alike on every rank, which torchrun may stop the first rank before it says
             worst = next((d for d in failed.diagnostics if d.severity.value == "error"), None)
-            if worst is not None and failed.running and worst.code not in ("Q431", "Q501"):  # alike on every rank
+            if worst is not None and worst.code not in ("Q431", "Q501"):  # said by the first rank once it ran
                 _say(f"rank {ranks.rank} of {ranks.world}: error[{worst.code}]: {worst.message}")
             raise typer.Exit(2) from None
         print_diagnostics(failed.diagnostics)

@@ -5,10 +5,8 @@ with an `<image>` token, and generated PNG images."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("datasets")
@@ -24,41 +22,10 @@ PROMPTS = ["What is in the picture?", "Describe the colours.", "Is it day or nig
 
 @pytest.fixture(scope="module")
 def llava(tmp_path_factory) -> Path:
-    """A tiny LLaVA folder with its processor (CLIP image processor, 32×32 images in 16 image tokens), and a
-    JSONL of 12 generated images with prompts beside it."""
-    import torch
-    import transformers as t
-    from PIL import Image
+    """A tiny LLaVA folder with its processor and 12 generated image rows beside it (zoo.tiny_llava)."""
+    from zoo import tiny_llava
 
-    root = tmp_path_factory.mktemp("vlm")
-    tokenizer = t.PreTrainedTokenizerFast.from_pretrained(str(ROOT / "recipes" / "data" / "tokenizer"))
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    text = t.LlamaConfig(vocab_size=520, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=256)
-    vision = t.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                image_size=32, patch_size=8)
-    config = t.LlavaConfig(text_config=text.to_dict(), vision_config=vision.to_dict(),
-                           image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
-                           vision_feature_select_strategy="default", vision_feature_layer=-1)
-    torch.manual_seed(0)
-    t.LlavaForConditionalGeneration(config).eval().save_pretrained(root / "llava")
-    t.LlavaProcessor(image_processor=t.CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}),
-                     tokenizer=tokenizer, patch_size=8, vision_feature_select_strategy="default", chat_template=TEMPLATE,
-                     num_additional_image_tokens=1).save_pretrained(root / "llava")
-    rng = np.random.RandomState(0)
-    with (root / "images.jsonl").open("w") as rows:
-        for i in range(12):
-            y, x = np.mgrid[0:40, 0:48]
-            pattern = np.stack([(x * (i + 1) * 5) % 256, (y * (i + 3) * 7) % 256, ((x + y) * 11) % 256], -1)
-            Image.fromarray((pattern + rng.randint(0, 40, pattern.shape)).clip(0, 255).astype(np.uint8)).save(root / f"{i}.png")
-            rows.write(json.dumps({"image": f"{i}.png", "prompt": PROMPTS[i % len(PROMPTS)]}) + "\n")
-    folder = root / "folder"  # the same images as a folder with a metadata.jsonl (`datasets`' imagefolder)
-    folder.mkdir()
-    with (folder / "metadata.jsonl").open("w") as rows:
-        for i in range(12):
-            (folder / f"{i}.png").write_bytes((root / f"{i}.png").read_bytes())
-            rows.write(json.dumps({"file_name": f"{i}.png", "prompt": PROMPTS[i % len(PROMPTS)]}) + "\n")
-    return root
+    return tiny_llava(tmp_path_factory.mktemp("vlm"), TEMPLATE, PROMPTS)
 
 
 def recipe(root: Path, backend: str = "torch", data: str = 'image "image"  text "prompt"', name: str = "r",
