@@ -661,7 +661,8 @@ def test_ranks_given_different_recipes_stop_together_with_q446(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("planted, kind", [("lock", "link_to_file"), ("lock", "fifo"), ("report", "dangling_link")])
+@pytest.mark.parametrize("planted, kind", [("lock", "link_to_file"), ("report", "dangling_link")])  # FIFOs and the
+# other kinds: one process, tests/test_hostile_writes.py (each launch here costs two interpreters with torch)
 def test_under_torchrun_a_link_or_fifo_where_qrc_writes_is_refused_and_its_target_untouched(tmp_path, planted, kind):
     """The hostile-writes property (tests/test_hostile_writes.py) with two ranks: the lock the first rank takes and
     the report it writes, planted as a link or a FIFO, stop every rank with a code; the link's target is
