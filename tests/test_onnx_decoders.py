@@ -389,7 +389,7 @@ def test_a_decoder_folder_keeps_its_memory_plan(folders, tmp_path):
                               text=True, env={**os.environ, "COLUMNS": "300"})
         assert done.returncode == 0, done.stdout + done.stderr
         assert "export from the cache" in done.stdout
-        ratio = float(re.search(r"planned \(([\d.]+)×\)", done.stdout).group(1))
+        ratio = float(re.search(r"peak RSS.*?planned \(([\d.]+)×\)", done.stdout, re.S).group(1))
         assert 0.75 <= ratio <= 1.25, done.stdout
 
 

@@ -190,5 +190,5 @@ def test_a_run_within_its_plan_says_nothing_of_it(tmp_path):
     assert result.exit_code == 0, result.output
     from compiler.backends.result import OVER_PLAN
 
-    ratio = float(re.search(r"\(([\d.]+)×\)", result.output).group(1))
+    ratio = float(re.search(r"peak RSS.*?\(([\d.]+)×\)", result.output, re.S).group(1))
     assert ("Q447" in result.output) == (ratio > OVER_PLAN), result.output
