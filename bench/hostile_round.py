@@ -35,6 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from plants import plant, victims  # noqa: E402 - tests/ is on the path from here
+
 RESULTS = ROOT / "bench" / "results" / "hostile_round.md"
 CODE = re.compile(r"(error|warning)\[Q\d{3}\]")
 
@@ -83,32 +85,9 @@ def _copy_model(folder: Path) -> Path:
     return target
 
 
-def _victims(folder: Path) -> None:
-    """Someone's files that a planted link points into."""
-    (folder / "victims" / "folder").mkdir(parents=True)
-    (folder / "victims" / "precious.txt").write_text("precious\n")
-    (folder / "victims" / "folder" / "thesis.tex").write_text("work\n")
-
-
 def _plant(path: Path, kind: str, folder: Path) -> None:
-    _victims(folder)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    victims = folder / "victims"
-    if kind == "link_to_file":
-        path.symlink_to(victims / "precious.txt")
-    elif kind == "link_to_folder":
-        path.symlink_to(victims / "folder")
-    elif kind == "dangling_link":
-        path.symlink_to(victims / "not-there")
-    elif kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "folder_of_files":
-        path.mkdir()
-        (path / "notes.txt").write_text("notes\n")
-    elif kind == "file":
-        path.write_text("someone's file\n")
-    else:
-        raise ValueError(kind)
+    """`kind` at `path` (tests/plants.py), its links pointing into someone's files in `folder/victims`."""
+    plant(path, kind, victims(folder))
 
 
 def _small_recipe(model: str = "builtin:tiny-llama", backend: str = "torch", data: str = "",

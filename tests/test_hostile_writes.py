@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from plants import plant, victims
 from typer.testing import CliRunner
 
 from compiler.cli import app
@@ -31,27 +32,7 @@ def _snapshot(folder: Path) -> dict[str, bytes | None]:
     return found
 
 
-def _victims(tmp_path: Path) -> Path:
-    """A folder of someone's files that a planted link points into."""
-    victims = tmp_path / "victims"
-    (victims / "folder").mkdir(parents=True)
-    (victims / "precious.txt").write_text("precious\n")
-    (victims / "folder" / "thesis.tex").write_text("work\n")
-    return victims
-
-
-def _plant(path: Path, kind: str, victims: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if kind == "link_to_file":
-        path.symlink_to(victims / "precious.txt")
-    elif kind == "link_to_folder":
-        path.symlink_to(victims / "folder")
-    elif kind == "dangling_link":
-        path.symlink_to(victims / "not-there")
-    elif kind == "fifo":
-        os.mkfifo(path)
-    else:
-        path.mkdir()
+_victims, _plant = victims, plant  # the names the tests here (and tests/test_distributed.py) use
 
 
 # ---- the destination: replaced only where qrc wrote it --------------------------------------------------

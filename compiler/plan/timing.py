@@ -168,6 +168,16 @@ def score_seconds(op: ops.ScoreSensitivity, w: Workload, rates: Rates, first_run
     return first_run + rounding + reading(w, rates, False) + runs * forward(w, rates, op.samples)
 
 
+Estimate = Callable[[ops.PlanOp, Workload, Rates, MemoryMode], float]
+
+
+def by_kind(estimates: dict[ops.OpKind, Estimate], op: ops.PlanOp, w: Workload, rates: Rates,
+            mode: MemoryMode) -> float:
+    """A backend's estimate of one op from its table by op kind; the kinds it leaves out take no measurable time."""
+    estimate = estimates.get(op.kind)
+    return estimate(op, w, rates, mode) if estimate is not None else 0.0
+
+
 def timed(lowered: tuple[ops.PlanOp, ...], w: Workload, rates: Rates, mode: MemoryMode,
           seconds: Callable[[ops.PlanOp, Workload, Rates, MemoryMode], float]) -> tuple[ops.PlanOp, ...]:
     """The ops with their estimated seconds (all of an op's repeats together), by the backend's cost model's

@@ -4,12 +4,12 @@ serialised at emit, an HF folder's export traced in a process of its own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from compiler.ir.types import MemoryMode
 from compiler.plan import ops
 from compiler.plan.timing import (
+    Estimate,
     Rates,
+    by_kind,
     forward,
     gptq_seconds,
     hessian_seconds,
@@ -65,7 +65,7 @@ def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     return 2 * _session(w, rates) + reading(w, rates, False) + 2 * forward(w, rates, op.samples)
 
 
-ESTIMATES: dict[ops.OpKind, Callable[..., float]] = {
+ESTIMATES: dict[ops.OpKind, Estimate] = {
     ops.OpKind.EXPORT_ONNX: _export, ops.OpKind.CALIBRATE_CHUNK: _calibrate,
     ops.OpKind.CACHE_BLOCK_INPUTS: _cache_inputs, ops.OpKind.RUN_BLOCK: _run_block, ops.OpKind.VERIFY: _verify,
     ops.OpKind.SMOOTH: lambda op, w, rates, mode: _session(w, rates) + smooth_seconds(w, rates),
@@ -77,5 +77,4 @@ ESTIMATES: dict[ops.OpKind, Callable[..., float]] = {
 
 def seconds(op: ops.PlanOp, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     """One op's estimated seconds, all its repeats together."""
-    estimate = ESTIMATES.get(op.kind)
-    return estimate(op, w, rates, mode) if estimate is not None else 0.0
+    return by_kind(ESTIMATES, op, w, rates, mode)

@@ -4,13 +4,13 @@ forward (kernels and the compiled loops loaded), verification's streams carried 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from compiler.ir.types import MemoryMode
 from compiler.models.index import ModelFormat
 from compiler.plan import ops
 from compiler.plan.timing import (
+    Estimate,
     Rates,
+    by_kind,
     forward,
     gptq_seconds,
     hessian_seconds,
@@ -68,7 +68,7 @@ def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     return forward(w, rates, op.samples) - forward(w, rates, op.samples, blocks_only=True) + 2 * rates.block
 
 
-ESTIMATES: dict[ops.OpKind, Callable[..., float]] = {
+ESTIMATES: dict[ops.OpKind, Estimate] = {
     ops.OpKind.LOAD_MODEL: _load, ops.OpKind.CALIBRATE_CHUNK: _calibrate, ops.OpKind.CAPTURE_REFERENCE: _capture,
     ops.OpKind.CACHE_BLOCK_INPUTS: _cache_inputs, ops.OpKind.RUN_BLOCK: _run_block, ops.OpKind.VERIFY: _verify,
     ops.OpKind.SMOOTH: lambda op, w, rates, mode: smooth_seconds(w, rates),
@@ -80,5 +80,4 @@ ESTIMATES: dict[ops.OpKind, Callable[..., float]] = {
 
 def seconds(op: ops.PlanOp, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     """One op's estimated seconds, all its repeats together."""
-    estimate = ESTIMATES.get(op.kind)
-    return estimate(op, w, rates, mode) if estimate is not None else 0.0
+    return by_kind(ESTIMATES, op, w, rates, mode)
