@@ -168,7 +168,7 @@ def score_seconds(op: ops.ScoreSensitivity, w: Workload, rates: Rates, first_run
     return first_run + rounding + reading(w, rates, False) + runs * forward(w, rates, op.samples)
 
 
-Estimate = Callable[[ops.PlanOp, Workload, Rates, MemoryMode], float]
+Estimate = Callable[..., float]  # (op of the kind it is filed under, workload, rates, mode) -> seconds
 
 
 def by_kind(estimates: dict[ops.OpKind, Estimate], op: ops.PlanOp, w: Workload, rates: Rates,
