@@ -86,7 +86,7 @@ def unseen_rows(only: list[str], tmp: Path, base: dict):
     files = tmp / "smollm2-files.recipe"
     files.write_text(SMOLLM2_FILES.format(model=SMOLLM2, out=tmp / "smollm2-files"))
     yield "SmolLM2-135M (real, GGUF source) W8A16 file to file", files, base
-    for scheme, mode in (("W8A8", "low_memory"), ("W4A16 { group 64  rounding gptq }", "offload")):
+    for scheme, mode in (("W8A8_STATIC", "low_memory"), ("W4A16 { group 64  rounding gptq }", "offload")):
         path = tmp / f"smollm2-{mode}.recipe"
         path.write_text(UNSEEN_RECIPE.format(model=SMOLLM2, backend="torch", scheme=scheme, mode=mode,
                                              out=tmp / f"smollm2-{mode}"))

@@ -30,7 +30,7 @@ from transforms import activation_hooks  # noqa: E402
 
 RECIPE = """recipe w8a8 {{
     model "{model}"
-    quantize {{ type Linear -> W8A8  "lm_head" -> none }}
+    quantize {{ type Linear -> W8A8_STATIC  "lm_head" -> none }}
     calibrate {{ data npz "{npz}"  chunk 8  {method} }}
     memory {{ mode {mode}  disk "{disk}" }}
     emit "{out}"

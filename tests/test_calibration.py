@@ -134,7 +134,7 @@ def test_passthrough_inherits_ranges_on_the_cnn(tmp_path):
     the inputs of quantized layers, so on this CNN each of the two inherits from a different Relu: two
     tensors are spared their own observation, and no passthrough output is observed."""
     recipe = tmp_path / "cnn.recipe"
-    recipe.write_text('recipe cnn { model "builtin:tiny-cnn" quantize { "*" -> W8A8 }\n'
+    recipe.write_text('recipe cnn { model "builtin:tiny-cnn" quantize { "*" -> W8A8_STATIC }\n'
                       " calibrate { passthrough [MaxPool, Transpose, Reshape]  method minmax } }")  # ranges max-pooling keeps
     planned = plan_file(recipe, detected_free=16 << 30)
     w = workload(planned.check.ir, planned.check.assignment)

@@ -43,7 +43,8 @@ def test_errors_exit_2_with_the_designed_rendering(tmp_path):
         '4 |         "*" -> w4\n'
         "  |                ^^ undefined scheme\n"
         "  |\n"
-        "  = help: define it with `scheme w4 { … }`, or use one of: `none`, `W4A16`, `W8A16`, `W8A8`, `FP8`, `FP8_DYNAMIC`, "
+        "  = help: define it with `scheme w4 { … }`, or use one of: `none`, `W4A16`, `W8A16`, `W8A8`, `W8A8_STATIC`, "
+        "`FP8`, `FP8_DYNAMIC`, "
         "`FP8_BLOCK`, `NVFP4A16`, `MXFP4A16`, `MXFP8A16`, `NVFP4`, `MXFP4`, `W4AFP8`\n"
     )
     assert expected in result.output

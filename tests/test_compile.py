@@ -124,7 +124,7 @@ def test_minus_infinity_calibrates_without_nan(tmp_path, method):
     model = tmp_path / "masked.onnx"
     _masked_model(model)
     recipe = tmp_path / "masked.recipe"
-    recipe.write_text(f'recipe m {{ model "{model}" quantize {{ "*" -> W8A8 }} calibrate {{ method {method} }} }}')
+    recipe.write_text(f'recipe m {{ model "{model}" quantize {{ "*" -> W8A8_STATIC }} calibrate {{ method {method} }} }}')
     out = tmp_path / "q.onnx"
     result = compile_(str(recipe), out)
     assert result.exit_code == 0, result.output

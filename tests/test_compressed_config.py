@@ -22,14 +22,14 @@ SCHEMES = {
     "W4A16_CHANNEL": Scheme("W4A16_CHANNEL", WeightQuant(QType.INT4, Granularity.PER_CHANNEL, None, True), None,
                             Rounding.GPTQ),
     "W8A16_G128": Scheme("W8A16_G128", WeightQuant(QType.INT8, Granularity.GROUP, 128, True), None, Rounding.RTN),
-    "W8A8_DYNAMIC": Scheme("W8A8_DYNAMIC", _W8, _DYNAMIC, Rounding.RTN),
     "W8A8_STATIC_SYM": Scheme("W8A8_STATIC_SYM", _W8, ActivationQuant(QType.INT8, Granularity.PER_TENSOR, True,
                                                                       ActivationMode.STATIC), Rounding.RTN),
 }
 # what vLLM runs each as (its CPU and GPU builds choose among these classes)
-VLLM = {"W4A16": "CompressedTensorsWNA16", "W8A16": "CompressedTensorsWNA16", "W8A8": "CompressedTensorsW8A8Int8 (static)",
+VLLM = {"W4A16": "CompressedTensorsWNA16", "W8A16": "CompressedTensorsWNA16", "W8A8": "CompressedTensorsW8A8Int8 (dynamic)",
+        "W8A8_STATIC": "CompressedTensorsW8A8Int8 (static)",
         "W4A16_ASYM": "CompressedTensorsWNA16", "W4A16_CHANNEL": "CompressedTensorsWNA16",
-        "W8A16_G128": "CompressedTensorsWNA16", "W8A8_DYNAMIC": "CompressedTensorsW8A8Int8 (dynamic)",
+        "W8A16_G128": "CompressedTensorsWNA16",
         "W8A8_STATIC_SYM": "CompressedTensorsW8A8Int8 (static)", "FP8": "CompressedTensorsW8A8Fp8",
         "FP8_DYNAMIC": "CompressedTensorsW8A8Fp8", "FP8_BLOCK": "CompressedTensorsW8A8Fp8",
         "NVFP4A16": "CompressedTensorsW4A16Fp4",

@@ -32,7 +32,7 @@ def recipe(tmp_path: Path, data: str, options: str, backend: str = "onnx", name:
     path = tmp_path / name
     out = tmp_path / ("out.onnx" if backend == "onnx" else "out")
     path.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    backend {backend}\n'
-                    '    quantize { type Linear -> W8A8  "lm_head" -> none }\n'
+                    '    quantize { type Linear -> W8A8_STATIC  "lm_head" -> none }\n'
                     f'    calibrate {{\n        data dataset "{data}" {{ {options} }}\n        chunk 4\n    }}\n'
                     f'    verify {{ samples 4 }}\n    emit "{out}"\n}}\n')
     return path

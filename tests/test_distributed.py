@@ -132,8 +132,8 @@ def llama(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method, mode, rounding, base", [
-    ("minmax", "full", "rtn", "W8A8"), ("entropy", "offload", "mse", "W8A8"),
-    ("layerwise_percentile", "low_memory", "rtn", "W8A8"), ("mse", "offload", "rtn", "hf FP8")])
+    ("minmax", "full", "rtn", "W8A8_STATIC"), ("entropy", "offload", "mse", "W8A8_STATIC"),
+    ("layerwise_percentile", "low_memory", "rtn", "W8A8_STATIC"), ("mse", "offload", "rtn", "hf FP8")])
 def test_every_observer_method_writes_one_process_bytes(tmp_path, llama, method, mode, rounding, base):
     """Observers merge exactly over the ranks (min/max and the histograms), and chunk i runs on rank i mod 2
     exactly as it runs alone: the scales, hence every byte, are one process's. The HF cases add the FP8 KV
@@ -246,7 +246,7 @@ def test_gguf_over_ranks(tmp_path, tokenized_llama, rounding, data):
 def test_smoothquant_over_ranks_writes_one_process_bytes(tmp_path):
     """SmoothQuant's scales come from each channel's maximum, which merges exactly over the ranks."""
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(_transformed("builtin:tiny-llama", "smoothquant { alpha 0.5 }", "W8A8 { rounding rtn }",
+    recipe.write_text(_transformed("builtin:tiny-llama", "smoothquant { alpha 0.5 }", "W8A8_STATIC { rounding rtn }",
                                    "low_memory", tmp_path / "x"))
     _one_and_two(recipe, tmp_path)
 
@@ -305,9 +305,9 @@ ONNX = """recipe onnx_shared {{
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method, mode, base, rounding", [
-    ("minmax", "full", "W8A8", "rtn"), ("percentile 99.9", "low_memory", "W8A8", "mse"),
-    ("mse", "full", "W8A8", "rtn"), ("layerwise_percentile", "low_memory", "W8A8", "rtn"),
-    ("minmax", "full", "W4A16", "gptq"), ("entropy", "offload", "W8A8", "rtn"), ("minmax", "offload", "W4A16", "gptq")])
+    ("minmax", "full", "W8A8_STATIC", "rtn"), ("percentile 99.9", "low_memory", "W8A8_STATIC", "mse"),
+    ("mse", "full", "W8A8_STATIC", "rtn"), ("layerwise_percentile", "low_memory", "W8A8_STATIC", "rtn"),
+    ("minmax", "full", "W4A16", "gptq"), ("entropy", "offload", "W8A8_STATIC", "rtn"), ("minmax", "offload", "W4A16", "gptq")])
 def test_onnx_ranks_merge_observers_and_round_weights_n_at_a_time(tmp_path, method, mode, base, rounding):
     """ONNX: the calibration chunks split over the ranks and the observers merged exactly give one process's
     bytes; GPTQ's Hessians (float64 sums, merged in rank order) give a model whose KL against float, as
@@ -338,7 +338,7 @@ def test_onnx_ranks_merge_observers_and_round_weights_n_at_a_time(tmp_path, meth
 FOLDER_ON_ONNX = """recipe exported {{
     model "{model}"
     backend onnx
-    quantize {{ type Linear -> W8A8  "lm_head" -> none }}
+    quantize {{ type Linear -> W8A8_STATIC  "lm_head" -> none }}
     calibrate {{ data synthetic {{ samples 16  seqlen 32 }}  chunk 4  method minmax }}
     emit "{out}" {{ format qdq }}
 }}
@@ -351,7 +351,7 @@ def test_onnx_smoothquant_over_ranks_writes_one_process_bytes(tmp_path, mode):
     """ONNX SmoothQuant under torchrun: each rank observes the norms' outputs on its chunks, the maxima merge
     exactly, and every rank folds the same copy: one process's bytes (until 2026-11-27, refused with Q431)."""
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(_transformed("builtin:tiny-llama", "smoothquant { alpha 0.5 }", "W8A8", mode,
+    recipe.write_text(_transformed("builtin:tiny-llama", "smoothquant { alpha 0.5 }", "W8A8_STATIC", mode,
                                    tmp_path / "x.onnx", backend="onnx"))
     _one_and_two(recipe, tmp_path, "m.onnx")
 
@@ -399,10 +399,10 @@ def test_two_nodes_on_one_host_write_one_process_bytes(tmp_path, backend, llama)
     one process's, measured on the emitted model."""
     recipe = tmp_path / "r.recipe"
     if backend == "torch":
-        recipe.write_text(OBSERVED.format(model=llama, rounding="rtn", method="entropy", base="W8A8", head="W8A16",
+        recipe.write_text(OBSERVED.format(model=llama, rounding="rtn", method="entropy", base="W8A8_STATIC", head="W8A16",
                                           mode="low_memory", disk=tmp_path / "cache", out=tmp_path / "x", kv=""))
     else:
-        recipe.write_text(ONNX.format(base="W8A8", rounding="rtn", method="entropy", mode="full", out=tmp_path / "x"))
+        recipe.write_text(ONNX.format(base="W8A8_STATIC", rounding="rtn", method="entropy", mode="full", out=tmp_path / "x"))
     file = "m.onnx" if backend == "onnx" else ""
     alone = _alone(recipe, tmp_path / "one" / file)
     port = _free_port()
@@ -436,7 +436,7 @@ def _rank_pid(rank: int, marker: str) -> int | None:
 RESUMABLE = """recipe long {{
     model "builtin:tiny-llama?layers=8&hidden=512&heads=8&kv_heads=2&vocab=32000&intermediate=1536"
     backend onnx
-    quantize {{ "*" -> W8A8  "lm_head" -> W8A16  re"model\\.embed_tokens" -> none }}
+    quantize {{ "*" -> W8A8_STATIC  "lm_head" -> W8A16  re"model\\.embed_tokens" -> none }}
     calibrate {{ data synthetic {{ samples 48  seqlen 128 }}  chunk 2  method entropy }}
     memory {{ mode {mode}  disk "{disk}" }}
     emit "{out}" {{ format qdq }}
@@ -610,7 +610,7 @@ def test_plan_shows_each_ranks_share_and_peak():
 
 
 @pytest.mark.parametrize("backend, scheme, memory, emit, what", [
-    ("torch", "W8A8", "mode multi_gpu  vram 2 x 80 GiB", "", "mode multi_gpu")])
+    ("torch", "W8A8_STATIC", "mode multi_gpu  vram 2 x 80 GiB", "", "mode multi_gpu")])
 def test_check_refuses_what_the_ranks_cannot_share(backend, scheme, memory, emit, what):
     text = f'recipe r {{\n    model "builtin:tiny-llama"\n    backend {backend}\n    scheme g = W4A16 {{ group 32 }}\n' \
            f'    quantize {{ type Linear -> {scheme} }}\n    memory {{ {memory}  ranks 2 }}\n    {emit}\n}}\n'
@@ -644,10 +644,10 @@ def test_ranks_given_different_recipes_stop_together_with_q446(tmp_path):
     tensors in its writer: a ValueError traceback; rank 1 blamed rank 0 with Q432). Now Q446, nothing written."""
     out = tmp_path / "out"
     recipes = []
-    for rank, scheme in enumerate(("W8A8", "W8A16")):
+    for rank, scheme in enumerate(("W8A8_STATIC", "W8A16")):
         path = tmp_path / f"r{rank}.recipe"
         path.write_text((ROOT / "recipes/tiny-llama-torch-w8a8.recipe").read_text()
-                        .replace('"model.layers.*"   -> W8A8', f'"model.layers.*"   -> {scheme}'))
+                        .replace('"model.layers.*"   -> W8A8_STATIC', f'"model.layers.*"   -> {scheme}'))
         recipes.append(path)
     script = tmp_path / "pick.py"
     script.write_text("import os, sys\nfrom compiler.cli import main\n"

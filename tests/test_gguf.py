@@ -270,7 +270,7 @@ def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
     if case == "group":
         group = 16
     elif case == "activations":
-        extra = "scheme a = W8A8"
+        extra = "scheme a = W8A8_STATIC"
         model_recipe = _recipe(tmp_path, model, tmp_path / "o.gguf", head="a", extra=extra)
     elif case == "builtin":
         model = "builtin:tiny-llama"

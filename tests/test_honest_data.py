@@ -87,7 +87,7 @@ def test_an_integer_input_without_a_range_is_refused_at_check(tmp_path):
     model = tmp_path / "m.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(f'recipe r {{\n    model "{model}"\n    quantize {{ type Linear -> W8A8 }}\n'
+    recipe.write_text(f'recipe r {{\n    model "{model}"\n    quantize {{ type Linear -> W8A8_STATIC }}\n'
                       '    calibrate { data synthetic { samples 4 } }\n}\n')
     result = CliRunner().invoke(app, ["check", str(recipe)])
     assert result.exit_code == 2 and "Q253" in result.output and "`bucket`" in result.output, result.output
@@ -117,7 +117,7 @@ def test_the_plan_counts_the_samples_a_short_npz_gives(llama_folder, tmp_path):
 SHORT = """recipe short {{
     model "builtin:tiny-llama"
     backend {backend}
-    quantize {{ type Linear -> W8A8  "lm_head" -> none }}
+    quantize {{ type Linear -> W8A8_STATIC  "lm_head" -> none }}
     calibrate {{ data text "{data}" {{ tokenizer "{tokenizer}"  samples 8  seqlen 16 }}  chunk 4 }}
     verify {{ samples 4 }}
     emit "{out}"

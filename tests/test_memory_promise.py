@@ -33,15 +33,15 @@ RECIPE = """recipe promise {{
 ROUTER = 're".*\\.mlp\\.gate" -> none'  # an MoE's router stays float, as vLLM wants it
 AWQ, SMOOTHQUANT = "transform awq { grid 20 }", "transform smoothquant { alpha 0.8 }"
 CASES = [  # (model, backend, mode, scheme, transform)
-    ("builtin", "torch", "full", "W8A8", ""), ("builtin", "torch", "low_memory", "W8A8", ""),
+    ("builtin", "torch", "full", "W8A8_STATIC", ""), ("builtin", "torch", "low_memory", "W8A8_STATIC", ""),
     ("builtin", "torch", "offload", "W4A16", ""), ("builtin", "torch", "low_memory", "W4A16 { rounding gptq }", ""),
-    ("builtin", "onnx", "full", "W8A8", ""), ("builtin", "onnx", "low_memory", "W4A16 { rounding gptq }", ""),
-    ("builtin", "onnx", "offload", "W8A8", ""), ("builtin", "onnx", "offload", "W4A16", ""),
-    ("builtin", "torch", "low_memory", "W4A16", AWQ), ("builtin", "torch", "low_memory", "W8A8", SMOOTHQUANT),
-    ("builtin", "onnx", "full", "W8A8", SMOOTHQUANT), ("builtin", "onnx", "full", "W4A16", AWQ),
+    ("builtin", "onnx", "full", "W8A8_STATIC", ""), ("builtin", "onnx", "low_memory", "W4A16 { rounding gptq }", ""),
+    ("builtin", "onnx", "offload", "W8A8_STATIC", ""), ("builtin", "onnx", "offload", "W4A16", ""),
+    ("builtin", "torch", "low_memory", "W4A16", AWQ), ("builtin", "torch", "low_memory", "W8A8_STATIC", SMOOTHQUANT),
+    ("builtin", "onnx", "full", "W8A8_STATIC", SMOOTHQUANT), ("builtin", "onnx", "full", "W4A16", AWQ),
     ("builtin", "torch", "full", "FP8_DYNAMIC", ""), ("builtin", "torch", "low_memory", "NVFP4", ""),
     ("builtin", "torch", "offload", "NVFP4A16", ""),
-    ("moe", "torch", "full", "W8A8", ""), ("moe", "torch", "low_memory", "W8A8", ""),
+    ("moe", "torch", "full", "W8A8_STATIC", ""), ("moe", "torch", "low_memory", "W8A8_STATIC", ""),
     ("moe", "torch", "offload", "W4A16 { rounding gptq }", "")]
 
 
@@ -61,7 +61,7 @@ def moe(tmp_path_factory):
 
 
 def _case_id(model: str, backend: str, mode: str, scheme: str, transform: str) -> str:
-    """builtin-torch-low_memory-W4A16-gptq, …-W8A8-smoothquant."""
+    """builtin-torch-low_memory-W4A16-gptq, …-W8A8_STATIC-smoothquant."""
     words = [model, backend, mode, scheme.split()[0], "gptq" if "gptq" in scheme else "", *transform.split()[1:2]]
     return "-".join(w for w in words if w)
 

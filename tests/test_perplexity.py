@@ -24,7 +24,7 @@ DATASET = (f'data dataset "{DATA / "corpus.jsonl"}" {{ tokenizer "{DATA / "token
 def recipe(tmp_path: Path, model: str, backend: str, out: Path, bound: str = "at_most 50") -> Path:
     path = tmp_path / f"{backend}.recipe"
     path.write_text(f'recipe r {{\n    model "{model}"\n    backend {backend}\n'
-                    '    quantize { type Linear -> W8A8  "lm_head" -> none }\n'
+                    '    quantize { type Linear -> W8A8_STATIC  "lm_head" -> none }\n'
                     f"    calibrate {{ {DATASET}  chunk 4 }}\n"
                     f"    verify {{ samples 8  metric perplexity  {bound} }}\n    emit \"{out}\"\n}}\n")
     return path
@@ -62,7 +62,7 @@ def numpy_perplexity(logits: list[np.ndarray], windows: list[dict[str, np.ndarra
 
 @pytest.mark.slow
 def test_perplexity_agrees_with_transformers_own_loss(tmp_path):
-    """A random Llama folder (the tokenizer's 512 tokens), W8A8 on the torch backend, windows padded and
+    """A random Llama folder (the tokenizer's 512 tokens), W8A8_STATIC on the torch backend, windows padded and
     masked: transformers' loss (labels -100 under the padding) on the float folder and on the emitted folder
     as transformers loads it gives qrc's two perplexities within 0.5%."""
     import torch
@@ -114,7 +114,7 @@ def test_perplexity_agrees_with_onnxruntime(tmp_path):
 
 
 def test_a_perplexity_increase_over_the_bound_fails_verification(tmp_path):
-    """W8A8 on the tiny Llama held to +0.01% perplexity: verification fails with Q501 and names the metric."""
+    """W8A8_STATIC on the tiny Llama held to +0.01% perplexity: verification fails with Q501 and names the metric."""
     from compiling import runner
 
     from compiler.cli import app

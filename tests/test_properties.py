@@ -85,8 +85,8 @@ def test_glob_with_many_stars_matches_fast():
 
 
 # ---- compile-side fuzz: recipes that check clean, compiled on a built-in ------------------------------------
-SCHEMES = ("W8A16", "W8A8", "W4A16", "FP8_DYNAMIC", "NVFP4A16", "W4A16 { group 32  rounding gptq }",
-           "W8A8 { activations int8 per_tensor static }")
+SCHEMES = ("W8A16", "W8A8_STATIC", "W4A16", "FP8_DYNAMIC", "NVFP4A16", "W4A16 { group 32  rounding gptq }",
+           "W8A8_STATIC { activations int8 per_tensor static }")
 
 
 @st.composite

@@ -32,7 +32,7 @@ def recipe(root: Path, backend: str = "torch", data: str = 'image "image"  text 
            rows: str = "images.jsonl", samples: int = 8) -> Path:
     path = root / f"{name}-{backend}.recipe"
     path.write_text(f'recipe vlm {{\n    model "{root / "llava"}"\n    backend {backend}\n'
-                    '    quantize { "language_model.model.layers.*" -> W8A8 }\n'
+                    '    quantize { "language_model.model.layers.*" -> W8A8_STATIC }\n'
                     f'    calibrate {{ data dataset "{root / rows}" {{ {data}  samples {samples}  seqlen 48 }}  chunk 4 }}\n'
                     f'    verify {{ samples 4 }}\n    emit "{root / "out"}"\n}}\n')
     return path

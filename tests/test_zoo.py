@@ -1,5 +1,5 @@
 """The model zoo on the torch backend: tiny random models that transformers builds from a config (no
-download), compiled W4A16 (offload) and W8A8 (low_memory), verified, and loaded back with transformers."""
+download), compiled W4A16 (offload) and W8A8_STATIC (low_memory), verified, and loaded back with transformers."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 DENSE = [f for f in FAMILIES if f != "gpt2"]
-SCHEMES = {"w4a16": "scheme s = W4A16 { group 32 }", "w8a8": "scheme s = W8A8"}
+SCHEMES = {"w4a16": "scheme s = W4A16 { group 32 }", "w8a8": "scheme s = W8A8_STATIC"}
 PLAIN_SCHEME = "scheme s = W4A16 { group 16 }"  # divides every layer of the tiny zoo (DeepSeek's kv_b_proj: 16)
 MODES = ("low_memory", "offload")
 RECIPE = """recipe zoo {{
@@ -175,7 +175,7 @@ RUN = """recipe run {{
 """
 ROUTERS = '        re".*\\.(mlp|block_sparse_moe)\\.gate" -> none\n'
 # data-driven on purpose: GPTQ's Hessians and static input ranges must reach every expert
-RUNS = {"w4a16-gptq": "W4A16 { group 16  rounding gptq }", "w8a8-static": "W8A8 { activations int8 per_tensor static }"}
+RUNS = {"w4a16-gptq": "W4A16 { group 16  rounding gptq }", "w8a8-static": "W8A8_STATIC { activations int8 per_tensor static }"}
 
 
 def _run(tmp_path, folder, run: str, ignore: str = "", mode: str = "offload"):
@@ -517,7 +517,7 @@ def test_verify_measures_the_emitted_folder_not_qrcs_model(mode, tmp_path, monke
     from compiler.backends.torch import rounding
 
     folder = build("llama", tmp_path / "llama")
-    recipe = Path(_recipe(tmp_path, folder, "scheme s = W8A8", mode))
+    recipe = Path(_recipe(tmp_path, folder, "scheme s = W8A8_STATIC", mode))
     recipe.write_text(recipe.read_text().replace("at_least 0.5", "at_least 0.99"))
     result, planned = compile_program(str(recipe), tmp_path / "out")
     assert result.verify_passed and "emitted folder" in result.verified_on, result.verified_on
@@ -541,12 +541,12 @@ def test_verify_measures_the_emitted_folder_not_qrcs_model(mode, tmp_path, monke
 
 
 def test_a_folder_transformers_cannot_open_is_verified_and_says_how(moe, tmp_path):
-    """transformers 5.24 cannot fuse int8 experts back into its 3-D parameters, so it does not open a W8A8
+    """transformers 5.24 cannot fuse int8 experts back into its 3-D parameters, so it does not open a W8A8_STATIC
     Mixtral folder (Q427; vLLM reads it per expert). Verification still decodes the folder's own tensors with
     compressed-tensors, layer by layer, and says that is what it measured rather than claiming a transformers
     load."""
     path = tmp_path / "r.recipe"
-    path.write_text(RUN.format(model=moe / "mixtral", scheme="W8A8", ignore="", mode="low_memory",
+    path.write_text(RUN.format(model=moe / "mixtral", scheme="W8A8_STATIC", ignore="", mode="low_memory",
                                out=tmp_path / "out"))
     result, planned = compile_program(str(path), tmp_path / "out")
     assert result.verify_passed and "Q427" in {w.code for w in result.warnings}, result.warnings

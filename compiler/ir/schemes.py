@@ -22,6 +22,10 @@ from compiler.syntax import ast
 
 _W8 = WeightQuant(QType.INT8, Granularity.PER_CHANNEL, None, True)
 _A8 = ActivationQuant(QType.INT8, Granularity.PER_TENSOR, False, ActivationMode.STATIC)
+# compressed-tensors' W8A8 (and INT8): each token's inputs rounded symmetrically at run time. A real model's
+# activation outliers break one static range per tensor (SmolLM2-135M: +48% perplexity static against +3%
+# per token, bench/results/real_quality.md); static ranges stay an explicit choice (`W8A8_STATIC`).
+_A8_TOKEN = ActivationQuant(QType.INT8, Granularity.PER_TOKEN, True, ActivationMode.DYNAMIC)
 _FP8_TOKEN = ActivationQuant(QType.FP8, Granularity.PER_TOKEN, True, ActivationMode.DYNAMIC)
 # Named as the field names them (compressed-tensors' and llm-compressor's presets): the FP8 family (static
 # per-tensor; per-channel weights with dynamic per-token inputs; DeepSeek-style 128x128 blocks with dynamic
@@ -29,7 +33,8 @@ _FP8_TOKEN = ActivationQuant(QType.FP8, Granularity.PER_TOKEN, True, ActivationM
 PRESETS = {
     "W4A16": Scheme("W4A16", WeightQuant(QType.INT4, Granularity.GROUP, 128, True), None, Rounding.RTN),
     "W8A16": Scheme("W8A16", _W8, None, Rounding.RTN),
-    "W8A8": Scheme("W8A8", _W8, _A8, Rounding.RTN),
+    "W8A8": Scheme("W8A8", _W8, _A8_TOKEN, Rounding.RTN),
+    "W8A8_STATIC": Scheme("W8A8_STATIC", _W8, _A8, Rounding.RTN),
     "FP8": Scheme("FP8", WeightQuant(QType.FP8, Granularity.PER_TENSOR, None, True),
                   ActivationQuant(QType.FP8, Granularity.PER_TENSOR, True, ActivationMode.STATIC), Rounding.RTN),
     "FP8_DYNAMIC": Scheme("FP8_DYNAMIC", WeightQuant(QType.FP8, Granularity.PER_CHANNEL, None, True), _FP8_TOKEN,
@@ -60,7 +65,9 @@ DEFAULT_WEIGHTS = _W8
 _A8_ONNX = replace(_A8, qtype=QType.UINT8)
 
 
-_ONNX_PRESETS = {name: (replace(s, activations=_A8_ONNX) if s.activations == _A8 else s) for name, s in PRESETS.items()}
+# QDQ holds static ranges only (onnxruntime's `quantize_static` form): on ONNX `W8A8` is the static preset.
+_ONNX_PRESETS = {name: (replace(s, activations=_A8_ONNX) if s.activations in (_A8, _A8_TOKEN) else s)
+                 for name, s in PRESETS.items()}
 
 
 def presets(backend: Backend) -> dict[str, Scheme]:
