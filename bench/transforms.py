@@ -45,7 +45,7 @@ RECIPE = """recipe bench {{
     emit "{out}"
 }}
 """
-DYNAMIC = "W8A8 { activations int8 per_token dynamic symmetric }"  # llm-compressor's W8A8
+DYNAMIC = "W8A8"  # per-token dynamic inputs: llm-compressor's W8A8, and qrc's preset
 
 
 def outlier_model(hidden: int, layers: int, factor: float) -> Path:
@@ -224,7 +224,8 @@ def main() -> None:
 def qrc_jobs(folder: Path, tmp: Path, npz: Path, alpha: float) -> list:
     """(label, output folder, run) for each qrc compile; a run returns (seconds, qrc's own verify KL)."""
     runs = [("W4A16 rtn", "", "W4A16"), ("W4A16 awq", "transform awq", "W4A16"),
-            ("W8A8 static", "", "W8A8"), ("W8A8 static smoothquant", f"transform smoothquant {{ alpha {alpha} }}", "W8A8"),
+            ("W8A8 static", "", "W8A8_STATIC"),
+            ("W8A8 static smoothquant", f"transform smoothquant {{ alpha {alpha} }}", "W8A8_STATIC"),
             ("W8A8 dynamic", "", DYNAMIC),
             ("W8A8 dynamic smoothquant", f"transform smoothquant {{ alpha {alpha} }}", DYNAMIC)]
     jobs = []

@@ -1,5 +1,5 @@
 """Outlier transforms (AWQ, SmoothQuant) on the torch backend, on transformers models built from configs with
-outlier channels injected: the fold keeps the float model, AWQ beats RTN and SmoothQuant beats plain W8A8 as
+outlier channels injected: the fold keeps the float model, AWQ beats RTN and SmoothQuant beats plain W8A8_STATIC as
 measured in transformers, MoE experts and GPTQ after AWQ compile, and a wrong mapping stops the run."""
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def test_folding_keeps_the_float_model(models, kind):
                          out="unused", ignore="")
     checked = check_source(Source("t.recipe", text), with_model=True)
     mappings = checked.assignment.smoothing
-    assert {m.source.rpartition(".")[2] for m in mappings} >= {"input_layernorm", "post_attention_layernorm"}
+    # both methods also smooth the MLP's gated product into down_proj (a Linear source: up_proj's rows)
+    assert {m.source.rpartition(".")[2] for m in mappings} >= {"input_layernorm", "post_attention_layernorm", "up_proj"}
     model = transformers.AutoModelForCausalLM.from_pretrained(str(models["llama"])).eval()
     ids = torch.randint(0, 300, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -164,8 +165,8 @@ def test_a_failed_verification_behind_awq_names_the_coarse_layer(models, tmp_pat
 def test_smoothquant_beats_plain_w8a8(models, tmp_path):
     """Activations really quantized (qrc's verify runs the static int8 inputs): SmoothQuant moves the outlier
     channels' range into the weights."""
-    plain, _, _ = _compile(tmp_path, models["llama"], "", scheme="W8A8", mode="low_memory", name="plain")
-    smooth, _, _ = _compile(tmp_path, models["llama"], "transform smoothquant { alpha 0.8 }", scheme="W8A8",
+    plain, _, _ = _compile(tmp_path, models["llama"], "", scheme="W8A8_STATIC", mode="low_memory", name="plain")
+    smooth, _, _ = _compile(tmp_path, models["llama"], "transform smoothquant { alpha 0.8 }", scheme="W8A8_STATIC",
                             mode="low_memory", name="sq")
     assert smooth.verify["kld"] < 0.8 * plain.verify["kld"], (smooth.verify, plain.verify)
 
@@ -193,7 +194,7 @@ def test_a_mapping_that_changes_the_model_stops_the_run(models, tmp_path, monkey
     out = tmp_path / "bad"
     recipe = tmp_path / "bad.recipe"
     transform = 'transform smoothquant { map "*.input_layernorm" -> "*.q_proj", "*.k_proj" }'
-    recipe.write_text(RECIPE.format(model=models["llama"], transform=transform, scheme="W8A8", mode="offload",
+    recipe.write_text(RECIPE.format(model=models["llama"], transform=transform, scheme="W8A8_STATIC", mode="offload",
                                     out=out, ignore=""))
     result = compile_(str(recipe), out)
     assert result.exit_code == 2 and "Q422" in result.output and "Traceback" not in result.output, result.output
@@ -272,9 +273,9 @@ def test_onnx_fold_keeps_the_float_model(onnx_outliers, tmp_path, kind, mode):
 
 
 def test_onnx_smoothquant_and_awq_beat_plain_rounding(onnx_outliers, tmp_path):
-    """W8A8 QDQ and W4A16 MatMulNBits, measured by running the emitted models in onnxruntime."""
-    plain, _ = _onnx_compile(tmp_path, onnx_outliers, "", "W8A8", "low_memory", "plain")
-    smooth, _ = _onnx_compile(tmp_path, onnx_outliers, "transform smoothquant { alpha 0.8 }", "W8A8", "low_memory",
+    """W8A8_STATIC QDQ and W4A16 MatMulNBits, measured by running the emitted models in onnxruntime."""
+    plain, _ = _onnx_compile(tmp_path, onnx_outliers, "", "W8A8_STATIC", "low_memory", "plain")
+    smooth, _ = _onnx_compile(tmp_path, onnx_outliers, "transform smoothquant { alpha 0.8 }", "W8A8_STATIC", "low_memory",
                               "sq")
     assert "folded into 8 mapping(s)" in smooth.transform
     assert smooth.verify["kld"] < 0.8 * plain.verify["kld"], (smooth.verify, plain.verify)

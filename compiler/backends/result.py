@@ -168,8 +168,10 @@ def refuse_changed_output(span: Span | None, before, after, float32: bool, sourc
     compile stops before anything is written."""
     import numpy as np
 
-    before, after = np.asarray(before, np.float64), np.asarray(after, np.float64)
-    change = float(np.linalg.norm(after - before) / max(float(np.linalg.norm(before)), 1e-12))
+    # in the outputs' own precision: a change is compared with 1e-3 at the least, far above float32's rounding,
+    # and a float64 copy of a language model's logits (rows x positions x vocabulary) cost more than the forwards
+    before, after = np.asarray(before, np.float32), np.asarray(after, np.float32)
+    change = float(np.linalg.norm(after - before)) / max(float(np.linalg.norm(before)), 1e-12)
     if change <= FOLD_TOLERANCE[float32]:
         return
     raise BackendError(error(

@@ -82,10 +82,17 @@ class Context:
 
     @property
     def needs_data(self) -> bool:
-        """Some layer rounds with data (GPTQ) or has static input ranges, under any searched choice."""
+        """The calibration samples are read: some layer rounds with them, or the transform's statistics come
+        from them."""
+        return self.layers_need_data or self.workload.transform is not None
+
+    @property
+    def layers_need_data(self) -> bool:
+        """Some layer rounds with data (GPTQ) or has static input ranges (the KV cache's scales too), under any
+        searched choice; a transform's statistics aside (its own op gathers them)."""
         w, ir = self.workload, self.ir
-        if w.gptq or w.imatrix_layers or w.observed or ir.kv_cache is not None or w.transform is not None:  # the KV cache's scales and
-            return True  # the transform's statistics come from calibration
+        if w.gptq or w.imatrix_layers or w.observed or ir.kv_cache is not None:
+            return True
         if ir.mixed_precision is None or w.search is None:
             return False
         return any(needs_data(ir.scheme(c)) for c in choices_of(ir))

@@ -152,7 +152,11 @@ class _Run(Verifying):
         if self._writer is not None:
             return
         emit = self.plan.emit
-        gathers = next((op for op in self.plan.ops if isinstance(op, ops.CalibrateChunk | ops.CacheBlockInputs)), None)
+        # the first op that reads the calibration samples (a transform's own pass, where no layer needs more)
+        gathers = next((op for op in self.plan.ops
+                        if isinstance(op, ops.CalibrateChunk | ops.CacheBlockInputs | ops.Smooth)), None)
+        transform = gathers.settings if isinstance(gathers, ops.Smooth) else \
+            gathers.transform if gathers is not None else None
         held = next((op for op in self.plan.ops if isinstance(op, ops.CaptureReference | ops.Verify)), None)
         self.jobs = jobs_of(self.model, self.assignment)
         module_of = {j.layer.weight: j.module for j in self.jobs}
@@ -197,9 +201,9 @@ class _Run(Verifying):
             self.pending.warnings.append(skipped)
         if self.disk is not None:
             own_folder(self.disk)
-        if self.assignment.smoothing and gathers is not None and gathers.transform is not None:
+        if self.assignment.smoothing and gathers is not None and transform is not None:
             writer = self.writer if isinstance(self.writer, FolderWriter | GgufWriter) else None  # the first rank writes
-            self.smoother = Smoother(gathers.transform, gathers.calibration, self.model, self.index,
+            self.smoother = Smoother(transform, gathers.calibration, self.model, self.index,
                                      self.assignment.smoothing, self.jobs, writer, self.ranks)
         # the KV scales and the transform's statistics come from calibration too
         if gathers is not None and (any(j.needs_data for j in self.jobs) or kv is not None or self.smoother is not None):
@@ -221,7 +225,8 @@ class _Run(Verifying):
         cal, smoother = self.cal, self.smoother
         assert cal is not None and smoother is not None  # made with the jobs when the assignment has mappings
         feeds = cal.feeds
-        smoother.run(smoother.mappings, lambda: [self._call(f) for f in feeds], lambda: self._call(feeds[0]))
+        smoother.run(smoother.mappings, lambda: [self._call(f) for f in feeds],
+                     lambda: self._call(streams.first_row(feeds[0])))
 
     def calibrate_whole(self, op: ops.CalibrateChunk) -> None:
         """Every chunk through the whole model, hooks gathering each layer's statistics."""

@@ -91,7 +91,7 @@ def lower_streams(ctx: Context) -> list[PlanOp]:
             "(the model is then rounded in place)", inputs=(Buffer.MODEL, Buffer.VERIFY_DATA), outputs=(Buffer.REFERENCE,),
             peak_bytes=ctx.phase(PhaseName.VERIFY), samples=v.samples, **held_out(ctx)))
     ops += smooth_op(ctx, CHECKED)
-    if ctx.needs_data:
+    if ctx.layers_need_data:  # a transform alone (AWQ or SmoothQuant before rtn, dynamic inputs) needs no more passes
         summary = (f"forward {w.chunk} samples × {w.seqlen} tokens through the whole model, hooks gathering the "
                    "statistics its layers round with (" + ", ".join(_statistics(ctx)) + ")")
         ops.append(calibrate_op(ctx, summary, w.quantized_layers, (Buffer.STATISTICS,)))
@@ -137,7 +137,7 @@ def lower_quantize(ctx: Context) -> list[PlanOp]:
         return [quantize_op(ctx, names, (Buffer.MODEL,), QuantizeStrategy.FILE_TO_FILE,
                             "file to file: read → quantize → write → free, one tensor at a time")]
     if ctx.streams and not blockwise(ctx):
-        inputs = (Buffer.MODEL, Buffer.STATISTICS) if ctx.needs_data else (Buffer.MODEL,)
+        inputs = (Buffer.MODEL, Buffer.STATISTICS) if ctx.layers_need_data else (Buffer.MODEL,)
         return [quantize_op(ctx, names, inputs, QuantizeStrategy.IN_PLACE,
                             "in the resident model, each computing like the emitted one from then on")]
     if in_blocks and (ctx.ir.verify is not None or any(needs_data(ctx.assignment.of(n).scheme) for n in names)):

@@ -277,6 +277,16 @@ def torch_feed(feed: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in feed.items()}
 
 
+def first_row(feed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The feed's first sample where every input is batched by sample (else the whole feed: a vision model's
+    patches, say, are not): what a transform's fold check runs, its outputs a chunk's 1/rows (a language
+    model's logits over a chunk of long samples are gigabytes)."""
+    rows = {value.shape[0] if value.ndim else -1 for value in feed.values()}
+    if len(rows) != 1 or "input_ids" not in feed:
+        return feed
+    return {name: value[:1] for name, value in feed.items()}
+
+
 def mask_of(feed: dict[str, torch.Tensor]):
     """The feed's attention mask as numpy (None without one): what verification compares under."""
     mask = feed.get("attention_mask")
