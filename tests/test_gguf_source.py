@@ -10,6 +10,7 @@ import importlib.util
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -36,15 +37,6 @@ def _smol() -> Path:
 def _perplexity(model, ids) -> float:
     with torch.no_grad():
         return math.exp(model(ids, labels=ids).loss.item())
-
-
-def _compiled_perplexity(recipe: Path, out: Path, count: int) -> tuple[float, torch.Tensor]:
-    """Compile `recipe`, load the folder in transformers, and measure it on `count` held-out tokens."""
-    result = runner.invoke(app, ["compile", str(recipe)])
-    assert result.exit_code == 0, result.output
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
-    ids = _held_out_ids(transformers.PreTrainedTokenizerFast.from_pretrained(str(out)), count)
-    return _perplexity(model, ids), ids
 
 
 def _float_model():
@@ -79,10 +71,10 @@ def zoo_gguf(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def _recipe(tmp_path: Path, model: str, out: Path, backend: str = "torch", extra: str = "",
-            scheme: str = "W4A16 { group 32 }", fmt: str = "") -> Path:
+            scheme: str = "W4A16 { group 32 }", fmt: str = "", rules: str = 'type Linear -> w  "lm_head" -> none') -> Path:
     path = tmp_path / "r.recipe"
     path.write_text(f'recipe r {{\n    model "{model}"\n    backend {backend}\n    scheme w = {scheme}\n'
-                    f'    quantize {{ type Linear -> w  "lm_head" -> none }}\n{extra}    emit "{out}"{fmt}\n}}\n')
+                    f'    quantize {{ {rules} }}\n{extra}    emit "{out}"{fmt}\n}}\n')
     return path
 
 
@@ -165,58 +157,112 @@ def test_check_and_plan_read_no_weight_bytes_of_the_real_model(tmp_path):
         assert read < 8 << 20, (command, read, path.stat().st_size)
 
 
-def test_the_real_model_reads_as_transformers_loads_it(tmp_path):
+@pytest.fixture(scope="module")
+def smol():
+    """The float SmolLM2 as transformers' own GGUF load gives it, the tokenizer qrc rebuilt from the file's
+    header, 1024 held-out tokens and the float model's perplexity on them (loaded once: a GGUF load
+    dequantizes every tensor)."""
+    from compiler.models import model_dir
+
+    _smol()
+    model = _float_model()
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(SMOL_REF)))
+    ids = _held_out_ids(tokenizer, 1024)
+    return SimpleNamespace(model=model, tokenizer=tokenizer, ids=ids, perplexity=_perplexity(model, ids))
+
+
+# What the real-model tests compile, each once per run (compiled when a test first asks): data-free schemes
+# file to file, calibrated ones on the first part of Python's language reference (the held-out ids are later).
+# name → (scheme, transform line, calibrated, the layers it quantizes). GPTQ against rtn on the attention
+# layers only: GPTQ's factorisations of the MLP's 1536-wide Hessians would double the test's time, and the
+# comparison is as telling on 120 of the 210 layers.
+EVERY_LINEAR = 'type Linear -> w  "lm_head" -> none'
+ATTENTION = '"model.layers.*.self_attn.*" -> w'
+REAL_SCHEMES = {"w8a16": ("W8A16", "", False, EVERY_LINEAR), "w4-rtn": ("W4A16 { group 64 }", "", False, EVERY_LINEAR),
+                "attention-rtn": ("W4A16 { group 64 }", "", False, ATTENTION),
+                "attention-gptq": ("W4A16 { group 64  rounding gptq }", "", True, ATTENTION),
+                "w8a8": ("W8A8", "", False, EVERY_LINEAR),
+                "w8a8-smoothquant": ("W8A8", "    transform smoothquant { }\n", True, EVERY_LINEAR)}
+
+
+@pytest.fixture(scope="module")
+def smol_compiled(smol, tmp_path_factory):
+    """name → (the folder qrc wrote, its perplexity on the held-out ids in transformers)."""
+    import pydoc_data.topics as topics
+
+    root = tmp_path_factory.mktemp("smol")
+    calibration = root / "calibration.txt"
+    calibration.write_text("\n".join(text.replace("\n", " ") for text in list(topics.topics.values())[:40]))
+    done: dict[str, tuple[Path, float]] = {}
+
+    def compiled(name: str) -> tuple[Path, float]:
+        if name not in done:
+            scheme, transform, calibrated, rules = REAL_SCHEMES[name]
+            out, work = root / name, root / f"{name}-recipe"
+            work.mkdir()
+            calibrate = f'    calibrate {{ data text "{calibration}" {{ samples 16  seqlen 256 }}  chunk 8 }}\n' \
+                if calibrated else ""
+            recipe = _recipe(work, SMOL_REF, out, scheme=scheme, extra=transform + calibrate, rules=rules)
+            result = runner.invoke(app, ["compile", str(recipe)])
+            assert result.exit_code == 0, result.output
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+            done[name] = (out, _perplexity(model, smol.ids))
+        return done[name]
+
+    return compiled
+
+
+def test_the_real_model_reads_as_transformers_loads_it(smol):
     """Float logits of every tensor as qrc reads it equal transformers' own GGUF load exactly, and its rebuilt
     tokenizer gives the same ids as transformers' GGUF tokenizer on held-out text."""
     from compiler.backends.torch.gguf_shards import GgufShards
     from compiler.models import model_dir
 
     path = _smol()
-    reference = _float_model()
-    ours_tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(SMOL_REF)))
     their_tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    ids = _held_out_ids(ours_tokenizer, 128)
+    ids = smol.ids[:, :128]
     assert ids[0].tolist() == _held_out_ids(their_tokenizer, 128)[0].tolist()
     config = transformers.AutoConfig.from_pretrained(str(model_dir(SMOL_REF)))
     ours = transformers.LlamaForCausalLM(config).eval()
     shards = GgufShards(path, SMOL_REF)
     ours.load_state_dict({name: shards.read(name) for name in shards.entries}, strict=False)
     with torch.no_grad():
-        assert torch.equal(ours(ids).logits, reference(ids).logits)
+        assert torch.equal(ours(ids).logits, smol.model(ids).logits)
 
 
-def test_the_real_model_compiles_file_to_file_and_loads_in_transformers(tmp_path):
+def test_the_real_model_compiles_file_to_file_and_loads_in_transformers(smol, smol_compiled):
     """W8A16 file to file from the GGUF: the folder loads in transformers and its perplexity on held-out text
     is within 2% of the float model's (W4A16 g64 rtn, also written, is measurably worse)."""
-    _smol()
-    perplexities = {}
-    for name, scheme in (("w8", "W8A16"), ("w4", "W4A16 { group 64 }")):
-        out = tmp_path / name
-        perplexities[name], ids = _compiled_perplexity(_recipe(tmp_path, SMOL_REF, out, scheme=scheme), out, 256)
-    float_perplexity = _perplexity(_float_model(), ids)
-    assert perplexities["w8"] <= float_perplexity * 1.02, (perplexities, float_perplexity)
-    assert perplexities["w4"] > perplexities["w8"], perplexities
-    assert json.loads((tmp_path / "w8" / "config.json").read_text())["quantization_config"]
+    w8, w8_perplexity = smol_compiled("w8a16")
+    _, w4_perplexity = smol_compiled("w4-rtn")
+    assert w8_perplexity <= smol.perplexity * 1.02, (w8_perplexity, smol.perplexity)
+    assert w4_perplexity > w8_perplexity, (w4_perplexity, w8_perplexity)
+    assert json.loads((w8 / "config.json").read_text())["quantization_config"]
 
 
 @pytest.mark.slow
-def test_gptq_keeps_more_of_the_real_model_than_rtn(tmp_path):
+def test_gptq_keeps_more_of_the_real_model_than_rtn(smol, smol_compiled):
     """Real weights, real text: W4A16 group 64 on SmolLM2 (its Q4_1 grid has groups of 32, so 64 is another
-    grid), calibrated on the first part of Python's language reference, measured in transformers on a later
-    part no recipe saw. GPTQ's perplexity is below rtn's, and both are above float's."""
-    import pydoc_data.topics as topics
+    grid) on the attention layers, calibrated on the first part of Python's language reference, measured in
+    transformers on a later part no recipe saw. GPTQ's perplexity is below rtn's, and both are above float's."""
+    _, rtn = smol_compiled("attention-rtn")
+    _, gptq = smol_compiled("attention-gptq")
+    assert smol.perplexity < gptq < rtn, (smol.perplexity, gptq, rtn)
 
-    _smol()
-    calibration = tmp_path / "calibration.txt"
-    calibration.write_text("\n".join(text.replace("\n", " ") for text in list(topics.topics.values())[:40]))
-    perplexities = {}
-    for rounding in ("rtn", "gptq"):
-        out = tmp_path / rounding
-        extra = f'    calibrate {{ data text "{calibration}" {{ samples 16  seqlen 256 }}  chunk 8 }}\n'
-        recipe = _recipe(tmp_path, SMOL_REF, out, scheme=f"W4A16 {{ group 64  rounding {rounding} }}", extra=extra)
-        perplexities[rounding], ids = _compiled_perplexity(recipe, out, 512)
-    float_perplexity = _perplexity(_float_model(), ids)
-    assert float_perplexity < perplexities["gptq"] < perplexities["rtn"], (float_perplexity, perplexities)
+
+@pytest.mark.slow
+def test_w8a8_keeps_the_real_model_close_and_smoothquant_closer(smol, smol_compiled):
+    """The `W8A8` preset (int8 weights per channel, each token's inputs rounded at run time, as
+    compressed-tensors' W8A8), run by transformers with its input quantization on held-out text: within 4% of
+    float's perplexity, and with SmoothQuant's inferred mappings (calibrated) closer, within 2%. (1%, the
+    goal, is not met yet: +1.35% on these 1024 tokens, bench/results/real_quality.md.)"""
+    out, plain = smol_compiled("w8a8")
+    inputs = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]
+    assert all(g["input_activations"]["dynamic"] and g["input_activations"]["strategy"] == "token"
+               for g in inputs.values()), inputs
+    _, smoothed = smol_compiled("w8a8-smoothquant")
+    assert smol.perplexity < smoothed < plain <= smol.perplexity * 1.04, (smol.perplexity, smoothed, plain)
+    assert smoothed <= smol.perplexity * 1.02, (smoothed, smol.perplexity)
 
 
 def test_check_and_plan_of_a_gguf_import_neither_torch_nor_onnxruntime(zoo_gguf, tmp_path):
