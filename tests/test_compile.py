@@ -140,9 +140,14 @@ def test_interrupted_compile_leaves_no_file(tmp_path):
             "--set", model, "--set", "calibrate.data=synthetic { samples 512 seqlen 256 }"]
     subprocess.run([sys.executable, "-m", "compiler", "inspect", model.split("=", 1)[1], "-f", "json"], cwd=ROOT,
                    check=True, capture_output=True)  # build the model first, so the kill lands in calibration
+    lock = out.with_name(f".{out.name}.qrc-lock")  # held from just before the run's work (and its signal handler)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(3.0)
+        # a fixed sleep raced the interpreter's start on a loaded machine (SIGTERM before qrc's handler: -15)
+        deadline = time.monotonic() + 120
+        while not lock.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
         assert proc.poll() is None, "the compile finished before it could be interrupted"
         proc.send_signal(sig)
         proc.wait(timeout=60)
