@@ -193,7 +193,8 @@ def _versions(args) -> str:
     if args.llmcompressor:
         found = subprocess.run([args.llmcompressor, "-c", "import llmcompressor, transformers, compressed_tensors; "
                                 "print(llmcompressor.__version__, transformers.__version__, "
-                                "compressed_tensors.__version__)"], capture_output=True, text=True).stdout.split()
+                                "compressed_tensors.__version__)"], capture_output=True, text=True).stdout
+        found = (found.strip().splitlines() or [""])[-1].split()  # its imports may print before
         if len(found) == 3:
             said += (f"; llm-compressor {found[0]} in its own venv (transformers {found[1]}, compressed-tensors "
                      f"{found[2]}), its outputs measured here like qrc's")
