@@ -46,7 +46,7 @@ from compiler.backends.torch.verifying import Verifying
 from compiler.backends.torch.writer import FolderWriter, RankCollector
 from compiler.diagnostics import warning
 from compiler.exhaustive import assert_never
-from compiler.ir.types import MemoryMode
+from compiler.ir.types import MemoryMode, Transform
 from compiler.models.names import attention_modules
 from compiler.plan import ops
 from compiler.plan.ops import Plan
@@ -155,8 +155,7 @@ class _Run(Verifying):
         # the first op that reads the calibration samples (a transform's own pass, where no layer needs more)
         gathers = next((op for op in self.plan.ops
                         if isinstance(op, ops.CalibrateChunk | ops.CacheBlockInputs | ops.Smooth)), None)
-        transform = gathers.settings if isinstance(gathers, ops.Smooth) else \
-            gathers.transform if gathers is not None else None
+        transform = _transform_of(gathers)
         held = next((op for op in self.plan.ops if isinstance(op, ops.CaptureReference | ops.Verify)), None)
         self.jobs = jobs_of(self.model, self.assignment)
         module_of = {j.layer.weight: j.module for j in self.jobs}
@@ -315,3 +314,11 @@ class _Run(Verifying):
                 self.unopened = skipped.message  # verification still decodes the folder, and says how
         return Product(warnings=tuple(warnings), calibration_seconds=calibrated, files=staged,
                        transform=self.smoother.summary() if self.smoother is not None else None)
+
+
+def _transform_of(op: ops.CalibrateChunk | ops.CacheBlockInputs | ops.Smooth | None) -> Transform | None:
+    """The outlier transform an op that reads the calibration samples folds (a Smooth op carries it as its
+    settings; its `transform` is the kind)."""
+    if op is None:
+        return None
+    return op.settings if isinstance(op, ops.Smooth) else op.transform
