@@ -281,6 +281,14 @@ def compile_(
 ) -> None:
     """Compile: check, plan, calibrate, quantize, emit (atomically) and verify. Prints progress per stage
     and a summary with the measured peak memory beside the planned estimate."""
+    from compiler.compile_run import terminate_as_interrupt
+
+    with terminate_as_interrupt():
+        _compile(recipe, output, set_, report, overwrite)
+
+
+def _compile(recipe: Path, output: Path | None, set_: list[str] | None, report: Path | None, overwrite: bool) -> None:
+    """`qrc compile`'s body, under the SIGTERM handler."""
     from compiler.backends.ranks import from_environment
     from compiler.compile_run import CompileFailed, compile_recipe, summary
     from compiler.diagnostics import StageError

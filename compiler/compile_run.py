@@ -78,8 +78,10 @@ def output_path(result: PlanResult, override: Path | None) -> Path:
 
 
 @contextmanager
-def _terminate_as_interrupt():
-    """SIGTERM unwinds like Ctrl-C, so temporary files are removed on the way out."""
+def terminate_as_interrupt():
+    """SIGTERM unwinds like Ctrl-C, so temporary files are removed on the way out. The CLI holds it for the whole
+    command (a SIGTERM before the run's work must not kill the process uncleanly either); the run holds it again
+    for callers of the API."""
     def handler(signum, frame):
         raise KeyboardInterrupt
 
@@ -271,7 +273,7 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 def _execute(execute, ir, planned: PlanResult, destination: Path, console: Console, needed: int):
     """The backend's run under progress bars, its failures as diagnostics."""
-    with _progress(console) as progress, _terminate_as_interrupt():
+    with _progress(console) as progress, terminate_as_interrupt():
         try:
             result = execute(planned.program, planned.assignment, destination, progress)
             said = over_plan(result, ir.span)
