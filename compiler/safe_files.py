@@ -132,6 +132,13 @@ def file_mode() -> int:
     return 0o666 & ~current
 
 
+def folder_mode() -> int:
+    """The mode a folder the user makes gets under the current umask (mkdtemp's folders start at 0700)."""
+    current = os.umask(0)
+    os.umask(current)
+    return 0o777 & ~current
+
+
 def copy_regular(source: Path | str, path: Path | str) -> None:
     """Copy the file `source` to `path`, which must be a regular file or nothing (never written through a link)."""
     with open(source, "rb") as reading:

@@ -4,6 +4,8 @@ own decompressor and equals our dequantized weights, goldens, real-model quality
 from __future__ import annotations
 
 import json
+import os
+import stat
 import struct
 import subprocess
 import sys
@@ -58,12 +60,19 @@ def test_emitted_folder_golden_and_verified(path, tmp_path):
 
 @pytest.mark.parametrize("recipe", ["recipes/tiny-llama-torch-w4a16.recipe"])
 def test_rtn_bytes_identical_in_every_mode(recipe, tmp_path):
+    """… and the output folder and its files take the user's umask (the staging folder is made private)."""
     outputs = {}
-    for mode in ("full", "low_memory", "offload"):
-        result = compile_(recipe, tmp_path / mode, f"memory.mode={mode}")
-        assert result.exit_code == 0, result.output
-        outputs[mode] = (tmp_path / mode / "model.safetensors").read_bytes()
+    previous = os.umask(0o027)
+    try:
+        for mode in ("full", "low_memory", "offload"):
+            result = compile_(recipe, tmp_path / mode, f"memory.mode={mode}")
+            assert result.exit_code == 0, result.output
+            outputs[mode] = (tmp_path / mode / "model.safetensors").read_bytes()
+    finally:
+        os.umask(previous)
     assert outputs["full"] == outputs["low_memory"] == outputs["offload"]
+    assert stat.S_IMODE((tmp_path / "full").stat().st_mode) == 0o750
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "full").iterdir()} == {0o640}
 
 
 def test_calibrated_blockwise_modes_agree(tmp_path):

@@ -26,7 +26,7 @@ from compiler.backends.torch.model import TorchModel
 from compiler.ir.types import Rounding
 from compiler.quant.kquants import GgufBlocks, quantize_reference
 from compiler.quant.weights import QuantizedWeight
-from compiler.safe_files import open_regular
+from compiler.safe_files import file_mode, open_regular
 
 _GGML = {t: gguf.GGMLQuantizationType[t.value] for t in GgufType}
 _FLOATS = {torch.float32: GgufType.F32, torch.float16: GgufType.F16, torch.bfloat16: GgufType.BF16}
@@ -109,7 +109,7 @@ class GgufWriter(Emitter):
         fd, temp = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.qrc-tmp-", suffix=".gguf")
         os.close(fd)
         self.temp = Path(temp)
-        os.chmod(self.temp, 0o644)  # as the safetensors writer's files (mkstemp makes it private)
+        os.chmod(self.temp, file_mode())  # under the umask, as the folder writer's files (mkstemp makes it private)
         header = gguf.GGUFWriter(self.temp, layout.arch)
         add_hparams(header, model.config, model.folder.name, _file_type(self.tensors.values()))
         add_tokenizer(header, model.folder, int(layout.config["vocab_size"]))

@@ -18,7 +18,7 @@ from compiler.backends.torch.compressed import TensorSpec, nbytes
 from compiler.backends.torch.cost import COPY_SLICE  # the estimate and the copy share it
 from compiler.backends.torch.float_formats import portable, restored
 from compiler.backends.torch.shards import CODES
-from compiler.safe_files import copy_regular, open_regular, own_folder, replace_file
+from compiler.safe_files import copy_regular, folder_mode, open_regular, own_folder, replace_file
 
 SHARD_BYTES = 2 << 30  # above this the weights are split into model-0000i-of-0000n.safetensors
 
@@ -51,7 +51,7 @@ class FolderWriter(Emitter):
         if len(shards) > 1:
             weight_map = {s.name: name for name, _, shard in self.files for s in shard}
             index = {"metadata": {"total_size": sum(nbytes(s) for s in specs)}, "weight_map": dict(sorted(weight_map.items()))}
-            replace_file(self.temp / "model.safetensors.index.json", json.dumps(index, indent=2) + "\n", 0o644)
+            replace_file(self.temp / "model.safetensors.index.json", json.dumps(index, indent=2) + "\n")
 
     def specs(self) -> list[TensorSpec]:
         """Every tensor of the folder, in shard order."""
@@ -91,7 +91,7 @@ class FolderWriter(Emitter):
 
     def metadata(self, relative: str, text: str) -> None:
         """Write a text file of the folder (config.json, qrc.recipe)."""
-        replace_file(self.temp / relative, text, 0o644)
+        replace_file(self.temp / relative, text)
 
     def copy_file(self, source: Path, relative: str) -> None:
         """Copy another file of the source folder (tokenizer, generation config)."""
@@ -116,6 +116,7 @@ class FolderWriter(Emitter):
         if self.destination.exists():
             old = Path(tempfile.mkdtemp(dir=self.destination.parent, prefix=f".{self.destination.name}.qrc-old-"))
             self.destination.replace(old)  # onto the empty folder just made
+        os.chmod(self.temp, folder_mode())  # the output is the user's folder, not a private scratch one
         self.temp.replace(self.destination)
         if old is not None:
             shutil.rmtree(old)
