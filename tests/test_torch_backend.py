@@ -512,3 +512,30 @@ def test_a_write_failing_midway_through_a_data_free_compile_is_q417_and_leaves_n
     assert "Q417" in result.output and "Traceback" not in result.output, result.output
     assert not out.exists()
     assert torch.get_num_threads() == threads  # the rounding ran torch on one thread, and gave the count back
+
+
+def test_a_calibration_pass_computes_the_head_for_every_position_only_when_the_head_is_observed(tmp_path):
+    """The whole-model calibration pass asks transformers for the last position's logits only (the head is a
+    tenth of a small model's pass), unless the head itself is quantized with a static input range: then its
+    observer sees every position, the range transformers' float model gives for the final norm's output."""
+    import safetensors.torch
+    import transformers
+    from zoo import build
+
+    folder = build("llama", tmp_path / "llama")
+    ids = np.random.default_rng(0).integers(0, 320, (8, 32))
+    np.savez(tmp_path / "ids.npz", input_ids=ids, attention_mask=np.ones_like(ids))
+    recipe = tmp_path / "head.recipe"
+    recipe.write_text(f'recipe head {{\n    model "{folder}"\n    backend torch\n'
+                      '    quantize { "lm_head" -> W8A8_STATIC  "model.layers.*" -> W8A16 }\n'
+                      f'    calibrate {{ data npz "{tmp_path / "ids.npz"}" {{ samples 8 }}  chunk 4  method minmax }}\n'
+                      '    memory { mode full }\n'
+                      f'    emit "{tmp_path / "out"}" {{ format safetensors }}\n}}\n')
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 0, result.output
+    tensors = safetensors.torch.load_file(tmp_path / "out" / "model.safetensors")
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hidden = torch.cat([model.model(torch.from_numpy(ids[i:i + 4])).last_hidden_state for i in (0, 4)])
+    expected = (max(hidden.max().item(), 0.0) - min(hidden.min().item(), 0.0)) / 255
+    assert tensors["lm_head.input_scale"].item() == pytest.approx(expected, rel=1e-3)

@@ -233,11 +233,12 @@ class _Run(Verifying):
         self._materialize_all()
         cal = self.cal
         assert cal is not None  # this op exists because some layer needs data
+        head_observed = any(j.module == self.model.head and j.needs_data for j in self.jobs)
         with Statistics(self.model.module, self.jobs, op.calibration) as stats, self.kv.running(KvMode.OBSERVE):
             advance = self.progress("calibrate", len(cal))
             for feed in cal.feeds:
                 stats.new_forward()
-                self._call(feed)
+                self._call(feed, last_logits_only=not head_observed)
                 advance()
         self.stats = stats
         self._write_kv_scales("")

@@ -126,9 +126,9 @@ class RunState:
         assert self.verify_streams is not None, "made with the jobs when the plan verifies"
         return self.verify_streams
 
-    def _call(self, feed: dict):
+    def _call(self, feed: dict, last_logits_only: bool = False):
         with torch.no_grad():
-            return self.model.forward(feed)
+            return self.model.forward(feed, last_logits_only=True) if last_logits_only else self.model.forward(feed)
 
     def _new_forward(self):
         if self.stats is not None:
