@@ -325,17 +325,29 @@ def test_multi_gpu_without_gpus_falls_back_to_low_memory(tmp_path):
     assert "Q407" in result.output and "low_memory" in result.output
 
 
-def test_act_order_is_inherited_and_printed():
+@pytest.mark.parametrize("rounding, expected", [
+    ("rounding gptq", (True, True, True)),  # the default: act order, static group scales
+    ("rounding gptq no_act_order", (False, False, False)),
+    ("rounding gptq updated_groups", (False, False, False)),  # implies the stored order
+    ("rounding gptq no_act_order static_groups", (False, False, True)),
+    ("rounding gptq act_order", (True, True, True)),
+])
+def test_act_order_is_gptqs_default_inherited_and_printed(rounding, expected):
+    """GPTQ takes columns in act order unless the scheme says `no_act_order` (or `updated_groups`); a scheme
+    refining it keeps the choice, and the printed IR reads back to the same schemes."""
     from compiler.frontend import check_source
     from compiler.ir.printer import print_ir
     from compiler.source import Source
 
-    text = ('recipe r {\n model "builtin:tiny-llama"\n backend torch\n scheme a = W4A16 { rounding gptq act_order }\n'
+    text = (f'recipe r {{\n model "builtin:tiny-llama"\n backend torch\n scheme a = W4A16 {{ {rounding} }}\n'
             ' scheme b = a { group 64 }\n quantize { "model.layers.*" -> a  "lm_head" -> b }\n}\n')
     ir = check_source(Source("r.recipe", text)).ir
-    assert [s.act_order for s in ir.schemes if s.name in ("a", "b")] == [True, True]
+    a, b = (next(s for s in ir.schemes if s.name == n) for n in ("a", "b"))
+    assert (a.act_order, b.act_order, a.static_groups) == expected
+    assert b.static_groups == a.static_groups
     again = check_source(Source("again.recipe", print_ir(ir))).ir
-    assert [(s.name, s.rounding, s.act_order) for s in again.schemes] == [(s.name, s.rounding, s.act_order) for s in ir.schemes]
+    fields = [(s.name, s.rounding, s.act_order, s.static_groups, s.mse_scales) for s in ir.schemes]
+    assert [(s.name, s.rounding, s.act_order, s.static_groups, s.mse_scales) for s in again.schemes] == fields
 
 
 def test_interrupted_compile_leaves_nothing_behind(tmp_path, monkeypatch):

@@ -24,7 +24,8 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "with it.",
              'quantize { "*" -> w4 }\nemit "m.onnx" { format matmul_nbits }   # "*" includes the embeddings'),
     CodeInfo("Q238", "a GPTQ option without gptq, or with one it excludes",
-             "`act_order` orders GPTQ's columns by decreasing Hessian diagonal; `static_groups` / `updated_groups` "
+             "`act_order` (the default) / `no_act_order` order GPTQ's columns by decreasing Hessian diagonal or keep "
+             "their stored order; `static_groups` / `updated_groups` "
              "say where a group's scale comes from (the float weight, or the columns as the loop reaches the "
              "group); `mse_scales` / `minmax_scales` how it is chosen there (the range's shrink with the least "
              "squared error, or the min/max range). They mean nothing for rtn or mse, and `updated_groups` cannot go with `act_order`: groups "

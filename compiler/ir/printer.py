@@ -62,7 +62,8 @@ def scheme_parts(s: Scheme) -> tuple[str, str, str]:
     """A scheme's weights, activations and rounding, as the recipe language writes them."""
     static = s.rounding is Rounding.GPTQ and s.static_groups and not s.act_order
     minmax = s.rounding is Rounding.GPTQ and not s.mse_scales
-    options = (" act_order" if s.act_order else "") + (" static_groups" if static else "") + \
+    order = (" act_order" if s.act_order else " no_act_order") if s.rounding is Rounding.GPTQ else ""
+    options = order + (" static_groups" if static else "") + \
         (" minmax_scales" if minmax else "")
     return _weights(s.quantized_weights), _activations(s.activations), f"rounding {s.rounding.value}{options}"
 

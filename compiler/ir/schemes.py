@@ -99,8 +99,10 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], backend: Ba
     _check_single(decl.specs, diags)
     kinds = tuple(k for k in decl.rounding if k.kind not in ("act_order", "group_scales", "scale_search"))
     rounding = _rounding(kinds, base.rounding if base else Rounding.RTN, diags)
-    act_order = _act_order(decl.rounding, rounding, base.act_order if base else False, diags)
-    static_groups = _static_groups(decl.rounding, rounding, act_order, base.static_groups if base else False, diags)
+    act_order = _act_order(decl.rounding, rounding, base, diags)
+    # a base's static_groups carries over where it was chosen, not where its act_order implied it
+    static_groups = _static_groups(decl.rounding, rounding, act_order,
+                                   bool(base and base.static_groups and not base.act_order), diags)
     mse_scales = _scale_search(decl.rounding, rounding, base, diags)
     if weights is not None:
         _check_floats(decl, weights, activations, rounding, diags)
@@ -164,12 +166,21 @@ def _rounding(items: tuple[ast.Keyword, ...], default: Rounding, diags: Diagnost
     return Rounding(items[0].value) if items else default
 
 
-def _act_order(items: tuple[ast.Keyword, ...], rounding: Rounding, inherited: bool, diags: Diagnostics) -> bool:
+def _act_order(items: tuple[ast.Keyword, ...], rounding: Rounding, base: Scheme | None, diags: Diagnostics) -> bool:
+    """`act_order` (GPTQ's default: columns by decreasing Hessian diagonal, llm-compressor's default too, and
+    better on both real models measured, docs/recipe-language.md) or `no_act_order` (the stored order, which
+    an explicit `updated_groups` implies). A scheme refining a GPTQ scheme keeps its choice."""
     flag = next((k for k in items if k.kind == "act_order"), None)
     if flag is not None and rounding is not Rounding.GPTQ:
-        diags.error("Q238", f"`act_order` applies to `rounding gptq`, not `{rounding.value}`", flag.span,
-                    "not gptq", help="write `rounding gptq act_order`, or drop `act_order`")
-    return rounding is Rounding.GPTQ and (inherited or flag is not None)
+        diags.error("Q238", f"`{flag.value}` applies to `rounding gptq`, not `{rounding.value}`", flag.span,
+                    "not gptq", help=f"write `rounding gptq {flag.value}`, or drop `{flag.value}`")
+    if rounding is not Rounding.GPTQ:
+        return False
+    if flag is not None:
+        return flag.value == "act_order"
+    if any(k.kind == "group_scales" and k.value == "updated_groups" for k in items):
+        return False
+    return base.act_order if base is not None and base.rounding is Rounding.GPTQ else True
 
 
 def _static_groups(items: tuple[ast.Keyword, ...], rounding: Rounding, act_order: bool, inherited: bool,

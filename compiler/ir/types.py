@@ -246,7 +246,7 @@ class Scheme:
     rounding: Rounding
     base: str | None = None  # the preset or scheme it refines
     span: Span | None = None  # None for presets and `none`
-    act_order: bool = False  # gptq: columns in order of decreasing Hessian diagonal
+    act_order: bool = False  # gptq: columns in order of decreasing Hessian diagonal (a recipe's gptq: by default)
     static_groups: bool = False  # gptq: group scales from the float weight (False: as the loop reaches each group;
     # act_order implies True)
     mse_scales: bool = False  # gptq: each scale the range shrink with the least squared error (`rounding mse`'s
