@@ -8,7 +8,9 @@ on the same windows, and the compile's wall time. The file's weights lie on Q4_1
 int4 rows use group 64, another grid.
 
     python bench/real_quality.py [--rows w4-rtn w4-gptq …] [--samples 32 --seqlen 512] [--windows 12]
-      [--llmcompressor VENV/bin/python] [--out bench/results/real_quality.md]
+      [--llmcompressor VENV/bin/python [--anchor-rows ROW …]] [--out bench/results/real_quality.md]
+
+A sitting that runs some rows keeps the others' lines from the results file (when its float row is the same).
 
 With `--llmcompressor`, llm-compressor (in its own venv: its pins clash with qrc's) quantizes the same float
 model on the same calibration token ids for each row it has (bench/llmc_calibrated.py), and its output is
@@ -41,8 +43,8 @@ ROWS = {
     "w4-rtn": ("W4A16 { group 64 }", "", "rtn"),
     "w4-mse": ("W4A16 { group 64  rounding mse }", "", None),
     "w4-awq": ("W4A16 { group 64 }", "transform awq { }", "awq"),
-    "w4-gptq": ("W4A16 { group 64  rounding gptq }", "", "gptq-actorder"),
-    "w4-gptq-act_order": ("W4A16 { group 64  rounding gptq act_order }", "", None),
+    "w4-gptq": ("W4A16 { group 64  rounding gptq }", "", "gptq-actorder"),  # act order: both tools' default
+    "w4-gptq-no_act_order": ("W4A16 { group 64  rounding gptq no_act_order }", "", None),
 }
 ALPHAS = {"smoothquant": 0.5, "smoothquant-static": 0.8}  # llm-compressor's strength, as qrc's row has it
 
