@@ -19,6 +19,7 @@ measured the same way. AutoRound, llama.cpp's quantizer and onnxruntime's are no
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import math
 import os
 import statistics
@@ -191,10 +192,9 @@ def main() -> None:
 
 
 def _versions(args) -> str:
-    import gguf
     import transformers
 
-    said = f"transformers {transformers.__version__}, gguf {getattr(gguf, '__version__', '?')}"
+    said = f"transformers {transformers.__version__}, gguf {importlib.metadata.version('gguf')}"
     if args.llmcompressor:
         found = subprocess.run([args.llmcompressor, "-c", "import llmcompressor, transformers, compressed_tensors; "
                                 "print(llmcompressor.__version__, transformers.__version__, "
@@ -238,7 +238,7 @@ def write(args, rows, sets) -> None:
     lines_by_row = {(name, tool): _row_line(name, tool, seconds, figures, base) for name, tool, seconds, figures in rows}
     float_line = lines_by_row.pop(("float", ""))
     earlier = {k: v for k, v in _earlier_rows(args.out, float_line).items() if k not in lines_by_row}
-    kept = sorted({name for name, _ in earlier}, key=list(ROWS).index)
+    kept = [f"{name} ({tool})" for name, tool in sorted(earlier, key=lambda k: (list(ROWS).index(k[0]), k[1] != "qrc"))]
     table = [float_line] + [lines_by_row.get(key) or earlier[key]
                             for key in sorted({*lines_by_row, *earlier},
                                               key=lambda k: (list(ROWS).index(k[0]), k[1] != "qrc"))]
@@ -256,8 +256,8 @@ def write(args, rows, sets) -> None:
              "", "The file's weights lie on Q4_1's grid (groups of 32): the int4 rows use groups of 64.", "",
              "Not run by this script yet: AutoRound, llama.cpp's quantizer and onnxruntime's quantizers.", ""]
     if kept:
-        lines += [f"This sitting ran {', '.join(sorted({n for n, _ in lines_by_row}, key=list(ROWS).index))}; the "
-                  f"rows {', '.join(kept)} are an earlier sitting's (same float figures), kept as they were.", ""]
+        lines += [f"The rows {', '.join(kept)} are an earlier sitting's (the same float figures), kept as they were; "
+                  "this sitting ran the others.", ""]
     lines += ["| row | tool | ppl reference | +% | KL | top-1 | ppl LICENSE | +% | seconds |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|", *table]
     args.out.parent.mkdir(parents=True, exist_ok=True)
