@@ -125,18 +125,20 @@ def own_folder(path: Path | str, within: Path | str | None = None) -> Path:
     return path
 
 
+def _umask() -> int:
+    current = os.umask(0)  # reading the umask means setting it: put it straight back
+    os.umask(current)
+    return current
+
+
 def file_mode() -> int:
     """The mode a file the user writes gets under the current umask."""
-    current = os.umask(0)
-    os.umask(current)
-    return 0o666 & ~current
+    return 0o666 & ~_umask()
 
 
 def folder_mode() -> int:
     """The mode a folder the user makes gets under the current umask (mkdtemp's folders start at 0700)."""
-    current = os.umask(0)
-    os.umask(current)
-    return 0o777 & ~current
+    return 0o777 & ~_umask()
 
 
 def copy_regular(source: Path | str, path: Path | str) -> None:

@@ -153,8 +153,9 @@ class TorchModel:
             return None
         get_head = getattr(self.module, "get_output_embeddings", None)
         head = get_head() if callable(get_head) else None
-        return next((name for name, sub in self.module.named_modules() if sub is head), None) if head is not None \
-            else None
+        if head is None:
+            return None
+        return next((name for name, sub in self.module.named_modules() if sub is head), None)
 
     def forward(self, feed: dict, last_logits_only: bool = False) -> torch.Tensor:
         """The model's first output for one chunk (logits, or hidden states of an encoder); gradients are

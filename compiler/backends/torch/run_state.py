@@ -128,7 +128,7 @@ class RunState:
 
     def _call(self, feed: dict, last_logits_only: bool = False):
         with torch.no_grad():
-            return self.model.forward(feed, last_logits_only=True) if last_logits_only else self.model.forward(feed)
+            return self.model.forward(feed, last_logits_only)
 
     def _new_forward(self):
         if self.stats is not None:
