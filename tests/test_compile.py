@@ -142,7 +142,10 @@ def test_interrupted_compile_leaves_no_file(tmp_path):
                    check=True, capture_output=True)  # build the model first, so the kill lands in calibration
     lock = out.with_name(f".{out.name}.qrc-lock")  # held from just before the run's work (and its signal handler)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # a suite started in the background (`cmd &` in a script) ignores SIGINT, and children inherit that: the
+        # child gets the default a terminal's process has, so Ctrl-C reaches it as it reaches a user's compile
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         # a fixed sleep raced the interpreter's start on a loaded machine (SIGTERM before qrc's handler: -15)
         deadline = time.monotonic() + 120
         while not _holds(lock, proc.pid) and proc.poll() is None and time.monotonic() < deadline:
