@@ -258,6 +258,31 @@ def test_int4_output_decodes_in_onnxruntime_genai(exported, exporter, tmp_path):
     assert len(tokens) == 24 - 6 and all(0 <= t < 320 for t in tokens)
 
 
+def test_a_second_decoder_in_one_folder_leaves_the_firsts_genai_files(exported, tmp_path):
+    """genai loads one decoder a folder: a second decoder emitted beside the first is written without genai's
+    files (Q449), the first's genai_config.json and tokenizer are kept and genai still loads it; compiling the
+    first output again replaces its own files without a word. A tokenizer of the user's own is kept too."""
+    og = pytest.importorskip("onnxruntime_genai")
+    model = exported("qwen2", "qrc-dynamo")
+    first = _compile(tmp_path, model, "w4a16")
+    config = (first.parent / "genai_config.json").read_bytes()
+    second = first.parent / "second.onnx"
+    recipe = tmp_path / "r.recipe"
+    result = runner.invoke(app, ["compile", str(recipe), "-o", str(second)])
+    assert result.exit_code == 0 and "Q449" in result.output and "second.onnx" in result.output, result.output
+    assert second.exists() and (first.parent / "genai_config.json").read_bytes() == config
+    assert json.loads(config)["model"]["decoder"]["filename"] == "model.onnx"
+    og.Model(str(first.parent))
+    result = runner.invoke(app, ["compile", str(recipe)])  # the first output again: its own files
+    assert result.exit_code == 0 and "Q449" not in result.output, result.output
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "tokenizer.json").write_text("{}")
+    result = runner.invoke(app, ["compile", str(recipe), "-o", str(mine / "model.onnx")])
+    assert result.exit_code == 0 and "Q449" in result.output, result.output
+    assert (mine / "tokenizer.json").read_text() == "{}" and not (mine / "genai_config.json").exists()
+
+
 def test_accuracy_level_is_written_and_checked(exported, tmp_path):
     """MatMulNBits gets the recipe's accuracy_level (default 4, onnxruntime's fast CPU path); 7 is Q254."""
     import onnx

@@ -186,6 +186,13 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "calibration sample and the verification samples besides is refused before any work is measured on "
              "it.",
              'data text "one-line.txt" { samples 64 }   # one sample, and verify { samples 4 }'),
+    CodeInfo("Q449", "onnxruntime-genai's files beside the output belong to another model (warning)",
+             "An exported decoder is written with the files onnxruntime-genai reads beside it (`genai_config.json`, "
+             "the tokenizer), and genai loads one decoder a folder. Where the output's folder already holds such "
+             "files for another model (a second decoder emitted into `out/`, or a genai builder's folder), they "
+             "are kept as they were and this output is written without them: it runs in onnxruntime, and in "
+             "genai once it has a folder of its own.",
+             "qrc compile a.recipe -o out/a.onnx; qrc compile b.recipe -o out/b.onnx"),
     CodeInfo("Q412", "no output path",
              "A compile writes a model: the recipe needs `emit \"PATH\"` or the command line `-o PATH`.",
              "qrc compile r.recipe   # and no emit in r.recipe"),

@@ -7,6 +7,7 @@ its config.json and its graph's input names, so `og.Model(folder)` loads qrc's o
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -32,6 +33,30 @@ def side_files(source: Path, output_name: str, index) -> dict[str, bytes]:
     # regular files resolving inside the model's folder only: a link to a secret is never read (side_files.py)
     files.update({name: (folder / name).read_bytes() for name in TOKENIZER_FILES if copyable(folder, folder / name)})
     return files
+
+
+def others_beside(destination: Path, files: dict[str, bytes]) -> list[str]:
+    """The files of `files` already beside `destination` that another model owns: they differ from what this
+    compile would write, and the folder's `genai_config.json` does not name `destination` (an earlier compile
+    of this output wrote the set, and replacing it is this compile's to do). onnxruntime-genai loads one
+    decoder a folder, so a second decoder emitted there would repoint the first one's `genai_config.json`
+    and swap its tokenizer; those files are then kept and none of this output's is written."""
+    folder = destination.parent
+    config = folder / "genai_config.json"
+    decoder = json_object(config).get("model", {}) if config.is_file() and not config.is_symlink() else {}
+    if isinstance(decoder, dict) and isinstance(decoder.get("decoder"), dict) and \
+            decoder["decoder"].get("filename") == destination.name:
+        return []
+    return sorted(name for name, data in files.items() if _differs(folder / name, data))
+
+
+def _differs(path: Path, data: bytes) -> bool:
+    """Whether `path` holds something other than `data` (a link or a special file always does: never read)."""
+    if not os.path.lexists(path):
+        return False
+    if path.is_symlink() or not path.is_file() or path.stat().st_size != len(data):
+        return True
+    return path.read_bytes() != data
 
 
 def _genai_config(folder: Path, output_name: str, index) -> dict | None:

@@ -16,7 +16,7 @@ from compiler import data
 from compiler.backends.onnx import rewrite
 from compiler.backends.onnx.emitters import QdqEmitter, emitter_for
 from compiler.backends.onnx.files import ModelFiles
-from compiler.backends.onnx.genai import side_files
+from compiler.backends.onnx.genai import others_beside, side_files
 from compiler.backends.onnx.hessians import GptqRounder, uses_gptq
 from compiler.backends.products import Pending
 from compiler.backends.program import Produced
@@ -102,8 +102,21 @@ class OnnxRunState:
             emit = self.plan.emit
             self.emitter = emitter_for(emit.format, self.files, self.jobs(), self.output, emit.streams_weights,
                                        emit.accuracy_level)
-            self.emitter.side = side_files(self.source, self.output.name, self.assignment.model)
+            self.emitter.side = self._side_files()
         return self.emitter
+
+    def _side_files(self) -> dict[str, bytes]:
+        """onnxruntime-genai's files for beside the output, or none (Q449) where another model's are there."""
+        side = side_files(self.source, self.output.name, self.assignment.model)
+        kept = others_beside(self.output, side)
+        if not kept:
+            return side
+        self.pending.warnings.append(warning(
+            "Q449", f"onnxruntime-genai's files for {self.output.name} were not written: {', '.join(kept)} beside "
+            "it belong to another model, and genai loads one decoder a folder", self.plan.spans.emit,
+            "files kept", help=f"emit each decoder into a folder of its own, e.g. -o {self.output.stem}/"
+            f"{self.output.name}"))
+        return {}
 
     def _put(self, node: onnx.NodeProto, init: onnx.TensorProto, job: rewrite.WeightJob) -> None:
         """Read one weight from the data file (refusing non-finite ones, Q409), round it, record its SQNR and
