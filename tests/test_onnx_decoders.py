@@ -201,6 +201,34 @@ def test_offload_writes_the_same_model_with_external_data(exported, scheme, tmp_
     assert _cosine(cached, whole[:, -4:]) > 0.99
 
 
+def test_offload_runs_qrcs_own_export_block_by_block(folders, tmp_path, monkeypatch):
+    """qrc's export of an HF decoder names each node after its module, so offload cuts it into one segment per
+    block (the dynamo exporter's own names say no block: the whole graph ran as one segment, every weight in
+    one session); its W8A8 values equal a full-mode compile's."""
+    import onnx
+    from onnx import numpy_helper
+
+    from compiler.plan.activations import segment_runs
+
+    monkeypatch.setenv("QRC_CACHE", str(tmp_path / "cache"))
+    full = _compile(tmp_path / "full", folders["qwen2"], "w8a8")
+    export = next((tmp_path / "cache" / "exported").iterdir()) / "model.onnx"
+    runs = segment_runs([n.name for n in onnx.load(str(export), load_external_data=False).graph.node])
+    layers = json.loads((folders["qwen2"] / "config.json").read_text())["num_hidden_layers"]
+    assert [block for block, _ in runs] == [f"model.layers.{i}" for i in range(layers)]
+    name, fmt = SCHEMES["w8a8"]
+    out = tmp_path / "offload" / "model.onnx"
+    recipe = tmp_path / "offload.recipe"
+    recipe.write_text(RECIPE.format(model=folders["qwen2"], scheme=name, fmt=fmt, out=out)
+                      .replace("    emit", "    memory { mode offload }\n    emit"))
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 0, result.output
+    values = [{t.name: numpy_helper.to_array(t, str(m.parent)) for t in onnx.load(str(m)).graph.initializer}
+              for m in (full, out)]
+    assert values[0].keys() == values[1].keys()
+    assert all(np.array_equal(values[0][k], values[1][k]) for k in values[0])
+
+
 def test_fp16_scales_are_fp16_and_the_graph_is_valid_onnx(folders, tmp_path):
     """An fp16 graph keeps its type: weight and activation scales are float16, and the QDQ model passes
     onnx's full check (strict type inference)."""

@@ -35,7 +35,8 @@ def _hash(files: tuple[tuple[str, int, int], ...]) -> str:
 
 def metadata_key(folder: Path) -> str:
     """The export cache key of a folder, from metadata only (see the module docstring)."""
-    digest = hashlib.sha256(b"qrc-export-v4")  # v4: decoder exports carry the folder's weight names, one per parameter
+    # v5: decoder exports name each node after its module (offload cuts them into blocks by those names)
+    digest = hashlib.sha256(b"qrc-export-v5")
     for path in sorted(folder.glob("*.json")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     for path in sorted(folder.glob("*.safetensors")):

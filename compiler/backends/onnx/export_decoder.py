@@ -56,6 +56,7 @@ def export_decoder(folder: Path, out: Path, dtype: str = "float32") -> None:
     model = program.model_proto
     del program
     _name_weights(model, wrapper)
+    _name_nodes(model)
     model.ir_version = min(model.ir_version, 10)  # onnxruntime's highest
     onnx.save(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location=out.name + ".data",
               size_threshold=1024)
@@ -95,6 +96,25 @@ def _name_weights(model, wrapper) -> None:
         if tensor.name.startswith(WRAPPER):
             _point(readers.get(tensor.name, []), tensor.name, tensor.name[len(WRAPPER):])
             tensor.name = tensor.name[len(WRAPPER):]
+
+
+def _name_nodes(model) -> None:
+    """Each node's name gets the module it runs in, as the TorchScript exporter names them
+    (`/model/layers.0/self_attn/node_MatMul_239`): the dynamo exporter's names (`node_MatMul_239`) say no
+    block, and offload cuts the graph into blocks by node name (plan/activations.py `segment_runs`): without
+    this, a qrc-exported decoder ran whole in offload, every weight in one session. The module is the
+    innermost of the wrapper's scopes the exporter records in each node's metadata."""
+    import ast
+
+    for node in model.graph.node:
+        scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "[]")
+        try:
+            found = ast.literal_eval(scopes)
+        except (ValueError, SyntaxError):  # metadata of another exporter version: the name is left as it was
+            continue
+        modules = [s for s in found if isinstance(s, str) and s.startswith(WRAPPER)] if isinstance(found, list) else []
+        if modules:
+            node.name = "/" + modules[-1][len(WRAPPER):].replace(".", "/") + "/" + node.name
 
 
 def _digest(data: bytes, shape, itemsize: int) -> str:
