@@ -72,6 +72,25 @@ def calibration_peak(graph: GraphSummary, observed: tuple[str, ...], batch: int,
     return peak(graph, needed_nodes(graph, kept), kept, batch, seqlen, past)
 
 
+def folded_bytes(graph: GraphSummary) -> int:
+    """Bytes of the values onnxruntime computes once, when a session of the whole graph starts (constant
+    folding): the outputs of nodes that read only weights or such values, kept where a node reading
+    activations reads them. A tied head's Transpose of the embedding is one (24 MiB for a vocabulary of
+    8,192 × 768 in each session, which the weights alone never showed). Quantize and dequantize nodes are
+    not folded: onnxruntime keeps them for its integer kernels."""
+    produced = {o for n in graph.nodes for o in n.outputs}
+    inputs = set(graph.inputs)
+    constant: set[str] = set()
+    for node in graph.nodes:
+        if node.op in ("DequantizeLinear", "QuantizeLinear"):
+            continue
+        if all(i in constant or (i not in produced and i not in inputs) for i in node.inputs if i):
+            constant.update(node.outputs)
+    read_live = {i for n in graph.nodes if not set(n.outputs) <= constant for i in n.inputs}
+    sizes = graph.value_bytes(graph.sizes(1, 1), 1)
+    return sum(sizes.get(name, 0) for name in constant & read_live)
+
+
 def segment_runs(node_names: list[str]) -> list[tuple[str, list[int]]]:
     """Offload's cut of a graph: runs of nodes in file order, one per block; a node outside every block
     joins the block of the next node that has one, or the last block. (block, node indices) per run."""

@@ -10,7 +10,14 @@ from compiler.backends.onnx import timing
 from compiler.backends.onnx.export_decoder import DECODER_FAMILIES
 from compiler.ir.types import Backend, EmitFormat, MemoryMode
 from compiler.models.onnx_write import COPY_PIECE
-from compiler.plan.activations import calibration_peak, needed_nodes, peak, segment_outputs, segment_runs
+from compiler.plan.activations import (
+    calibration_peak,
+    folded_bytes,
+    needed_nodes,
+    peak,
+    segment_outputs,
+    segment_runs,
+)
 from compiler.plan.memory import (
     ACT_BYTES,
     MiB,
@@ -244,7 +251,11 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
         # the two models run one after the other (verification.py): the float one's first output waits
         # without onnxruntime's arena a run's activations are freed when it returns, before the comparison
         comparing = _first_output(w, chunk) + agreement_scratch(_first_output(w, 1), w.seqlen)
+        # each session folds its constants as it starts (a quantized head's session folds none of its own: then
+        # this over-counts one copy)
+        folded = 2 * folded_bytes(graph) if graph else 0
         parts = (("runtime", runtime), ("float session", w.weights_bytes), ("quantized session", w.quantized_bytes),
+                 ("constants onnxruntime folds as each session starts (a tied head's transposed embedding)", folded),
                  ("its QDQ weights dequantized as the layers run (DequantizeLinear outputs)", _dequantized_live(w)),
                  ("the float model's first output, kept while the quantized one runs", _first_output(w, chunk)),
                  ("activations of one chunk, or (the larger) the quantized model's first output and comparing it",
