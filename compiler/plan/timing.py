@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -47,13 +48,16 @@ class Rates:
 # on both backends in every mode (GPTQ and rtn, W8A8 and W4A16) and of every example recipe, each in its own process
 REFERENCE = Rates(speed=1.0, flops=110e9, gptq_elements=4.0e6, rounding=250e6, disk=800e6, block=0.25, dataset=0.9,
                   templates=0.9)
-_SPEED_PROBE = 512  # the probe's square matrices: about 2 ms of float32 products here
+# the probe's square matrices: about 12 ms of float32 products here. A 512² product (2 ms, best of five)
+# measured this machine 1.0-1.96x the reference from one process to the next, and the plan kept whichever it got
+_SPEED_PROBE = 1024
+_PROBE_RUNS = 7
 
 
 def machine_speed(cache: Path | None) -> float:
     """This machine's speed against REFERENCE's (>1: faster): a float32 matrix product timed once and kept in
     `cache` (qrc's cache folder) per host; 1.0 where it cannot be measured."""
-    key = f"{platform.node()}:{os.cpu_count()}"
+    key = f"v2:{platform.node()}:{os.cpu_count()}"  # v2: the steadier probe (a v1 figure is measured again)
     path = cache / "machine-speed.json" if cache is not None else None
     try:
         known = json.loads(path.read_text()) if path is not None and path.is_file() else {}
@@ -73,21 +77,24 @@ def machine_speed(cache: Path | None) -> float:
     return speed
 
 
-REFERENCE_PROBE_S = 0.0022  # the probe's best of five on the reference machine (numpy 2, OpenBLAS)
+REFERENCE_PROBE_S = 0.0125  # the probe's median on the reference machine (numpy 2, OpenBLAS): 11.5-13.6 ms
 
 
 def _probe() -> float:
+    """REFERENCE_PROBE_S over this machine's median time of a float32 matrix product, after one product that
+    starts BLAS's threads (the first call pays for them)."""
     try:
         import numpy as np
     except ImportError:
         return 1.0
     a = np.random.default_rng(0).standard_normal((_SPEED_PROBE, _SPEED_PROBE), dtype=np.float32)
-    best = float("inf")
-    for _ in range(5):
+    a @ a
+    took = []
+    for _ in range(_PROBE_RUNS):
         began = time.perf_counter()
         a @ a
-        best = min(best, time.perf_counter() - began)
-    return min(100.0, max(0.01, REFERENCE_PROBE_S / max(best, 1e-6)))
+        took.append(time.perf_counter() - began)
+    return min(100.0, max(0.01, REFERENCE_PROBE_S / max(statistics.median(took), 1e-6)))
 
 
 def scaled(rates: Rates, speed: float) -> Rates:
