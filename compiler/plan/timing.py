@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -77,11 +76,13 @@ def machine_speed(cache: Path | None) -> float:
     return speed
 
 
-REFERENCE_PROBE_S = 0.0125  # the probe's median on the reference machine (numpy 2, OpenBLAS): 11.5-13.6 ms
+# the probe's best on the reference machine (numpy 2, OpenBLAS): 11.5-12.7 ms over six processes; the best
+# of seven, not the median, because a moment's interference (qrc's own threads, another process) only slows
+REFERENCE_PROBE_S = 0.0118
 
 
 def _probe() -> float:
-    """REFERENCE_PROBE_S over this machine's median time of a float32 matrix product, after one product that
+    """REFERENCE_PROBE_S over this machine's best time of a float32 matrix product, after one product that
     starts BLAS's threads (the first call pays for them)."""
     try:
         import numpy as np
@@ -94,7 +95,7 @@ def _probe() -> float:
         began = time.perf_counter()
         a @ a
         took.append(time.perf_counter() - began)
-    return min(100.0, max(0.01, REFERENCE_PROBE_S / max(statistics.median(took), 1e-6)))
+    return min(100.0, max(0.01, REFERENCE_PROBE_S / max(min(took), 1e-6)))
 
 
 def scaled(rates: Rates, speed: float) -> Rates:
