@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compiler.backends.registry import spec_for
-from compiler.data.batches import npz_problems, path_problems, runtime_problems, unsynthesisable
+from compiler.data.batches import path_problems, runtime_problems, unsynthesisable
 from compiler.data.dataset_schema import dataset_problems
+from compiler.data.npz import npz_problems
 from compiler.diagnostics import Diagnostic, DiagnosticError, Diagnostics, error, has_errors
 from compiler.ir.checks import run_checks
 from compiler.ir.elaborate import elaborate

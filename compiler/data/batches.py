@@ -4,23 +4,20 @@ checked against the model's inputs."""
 
 from __future__ import annotations
 
-import functools
-import math
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from compiler.data.input_values import NUMPY_DTYPES, token_range
+from compiler.data.npz import npz_axes, read_npz
 from compiler.diagnostics import StageError, error
 from compiler.ir.types import DataKind, DataSource
-from compiler.models.axes import Axis, axes_of
-from compiler.models.index import LayerKind, ModelIndex, TensorInfo
+from compiler.models.axes import Axis
+from compiler.models.index import ModelIndex, TensorInfo
 from compiler.models.inputs import Binding, InputRole, role_of, shape_at, unbindable
 
-_NP = {"int64": np.int64, "int32": np.int32, "float32": np.float32, "float16": np.float16, "bool": np.bool_,
-       "uint8": np.uint8, "int8": np.int8, "float64": np.float64}
 VERIFY_SEED_OFFSET = 1_000_003  # held-out synthetic samples: a different seed stream
 
 
@@ -58,6 +55,11 @@ def calibration_batches(source: DataSource, index: ModelIndex, chunk: int, held_
 
 
 FILE_KINDS = (DataKind.NPZ, DataKind.TEXT, DataKind.DATASET)
+
+
+def load_npz(source: DataSource, index: ModelIndex, rows: int | None = None) -> dict[str, np.ndarray]:
+    """An npz file's first `rows` samples for the model's inputs, checked (npz.py), with at least one usable."""
+    return _usable(source, read_npz(source, index, rows), index)
 
 
 def _file_arrays(source: DataSource, index: ModelIndex, rows: int) -> dict[str, np.ndarray]:
@@ -121,29 +123,11 @@ def _count(arrays: dict[str, np.ndarray]) -> int:
     return min(a.shape[0] for a in arrays.values())
 
 
-def token_range(index: ModelIndex, info: TensorInfo) -> int | None:
-    """How many distinct values an integer input takes in synthetic data (ids are drawn below it), or None
-    when qrc cannot tell (then `data synthetic` is refused for this model: Q253). Masks are ones and
-    positions count up (their range is not drawn from), token types are one segment (0)."""
-    name = info.name.lower()
-    if role_of(info) in (InputRole.MASK, InputRole.POSITIONS):
-        return 1
-    fed = [x for x in index.layers if x.kind is LayerKind.EMBEDDING and x.input == info.name]
-    if fed:  # an ONNX graph: the Gather this input indexes
-        return fed[0].in_features
-    if "token_type" in name:
-        return 1
-    vocab = index.config_value("vocab_size")
-    if isinstance(vocab, int) and vocab > 0 and name in ("input_ids", "ids", "tokens"):
-        return min(vocab, index.config_value("text_tokens", vocab))  # a VLM's image tokens need their pixels
-    return None
-
-
 def unsynthesisable(index: ModelIndex) -> list[str]:
     """Why synthetic data cannot fill some input of `index` honestly (never zeros instead): an integer
     input with no known range, or a shape qrc cannot bind (a cache whose head size the model hides)."""
     ranges = [f"synthetic data cannot fill the model's integer input `{t.name}`" for t in index.inputs
-              if not np.issubdtype(_NP.get(t.dtype, np.float32), np.floating) and token_range(index, t) is None]
+              if not np.issubdtype(NUMPY_DTYPES.get(t.dtype, np.float32), np.floating) and token_range(index, t) is None]
     return ranges + [f"synthetic data cannot shape the model's inputs: {why}" for why in unbindable(index)]
 
 
@@ -160,7 +144,7 @@ def _synthetic_input(index: ModelIndex, info: TensorInfo, seqlen: int, rng) -> n
     """One sample of input `info`: a decoder's cache is empty (past 0), so its mask covers the new tokens
     and its positions start at 0, as in a generation's first step."""
     binding = Binding(1, seqlen, past=0)
-    shape, dtype = shape_at(index, info, binding), _NP.get(info.dtype, np.float32)
+    shape, dtype = shape_at(index, info, binding), NUMPY_DTYPES.get(info.dtype, np.float32)
     if isinstance(shape, str):  # refused at check time (Q253)
         raise ValueError(shape)
     role = role_of(info)
@@ -235,30 +219,6 @@ def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, st
     return problems
 
 
-def npz_problems(source: DataSource, index: ModelIndex) -> list[tuple[str, str, str]]:
-    """(code, message, help) for model inputs an npz file has no array for: read from the zip's directory
-    at check time (no array data), so a missing `attention_mask` is not found minutes into a compile."""
-    if source.kind is not DataKind.NPZ or not source.path:
-        return []
-    try:
-        with zipfile.ZipFile(source.path) as archive:
-            members = _arrays_in(archive)
-            present = set(members)
-            rows = {t.name: _npy_header(archive.open(members[t.name]))[0] for t in index.inputs if t.name in present}
-    except (OSError, zipfile.BadZipFile, ValueError):
-        return []  # missing or unreadable: reported with its own message
-    missing = [t.name for t in index.inputs if t.name not in present]
-    problems = [("Q402", f"`{source.path}` has no array for model input `{name}`",
-                 f"arrays present: {', '.join(sorted(present)) or 'none'}; the model needs: "
-                 f"{', '.join(t.name for t in index.inputs)}") for name in missing]
-    samples = {name: shape[0] if shape else 0 for name, shape in rows.items()}
-    if len(set(samples.values())) > 1:  # samples are rows: a shorter mask would pair with the wrong ids
-        listed = ", ".join(f"`{name}` {count}" for name, count in samples.items())
-        problems.append(("Q403", f"`{source.path}`: the model's inputs have different numbers of samples ({listed})",
-                         "every input array needs one row per sample, in the same order"))
-    return problems
-
-
 def runtime_problems(source: DataSource, index: ModelIndex, chunks: tuple[int, ...]) -> list[tuple[str, str, str]]:
     """(code, message, help) for data the model's runtime refuses at the given chunk sizes, from the npz's
     headers: GroupQueryAttention (onnxruntime-genai's builder) takes a filled cache with several new tokens
@@ -330,7 +290,7 @@ def _token_feeds(source: DataSource, index: ModelIndex, ids: np.ndarray, mask: n
     arrays: dict[str, np.ndarray] = {}
     for info in index.inputs:
         if info.name in tokens:
-            arrays[info.name] = tokens[info.name].astype(_NP.get(info.dtype, np.int64))
+            arrays[info.name] = tokens[info.name].astype(NUMPY_DTYPES.get(info.dtype, np.int64))
             continue
         implied = _implied_by_text(index, info, len(ids), source.seqlen)
         if implied is None:
@@ -350,7 +310,7 @@ def _implied_by_text(index: ModelIndex, info: TensorInfo, rows: int, seqlen: int
         return None
     if role not in (InputRole.PAST, InputRole.POSITIONS):
         return None
-    dtype = _NP.get(info.dtype, np.float32)
+    dtype = NUMPY_DTYPES.get(info.dtype, np.float32)
     if role is InputRole.PAST:
         return np.zeros((rows, *shape[1:]), dtype)
     return np.broadcast_to(np.arange(seqlen, dtype=dtype), (rows, seqlen)).copy()
@@ -378,143 +338,18 @@ def _text_lines(path: Path, needed: int | None, max_chars: int) -> list[str]:
 def sequence_length(source: DataSource) -> int:
     """The new tokens per sample the data gives: an npz file's sequence axis (read from its arrays'
     headers, no array data is read), else the recipe's `seqlen`."""
-    found = _npz_axes(source).get(Axis.SEQUENCE)
+    found = npz_axes(source).get(Axis.SEQUENCE)
     return source.seqlen if found is None else found
 
 
 def sample_count(source: DataSource) -> int:
     """The calibration samples the data gives: the recipe's `samples`, or an npz file's rows where it has
     fewer (its arrays' first axis, read from their headers; the run reads no more than that)."""
-    rows = _npz_axes(source).get(Axis.BATCH)
+    rows = npz_axes(source).get(Axis.BATCH)
     return source.samples if rows is None else min(source.samples, rows)
 
 
 def cache_length(source: DataSource) -> int:
     """The tokens already in a decoder's key/value cache per sample: an npz file's past axis (its cache
     arrays' headers), else 0 (synthetic and text data feed an empty cache)."""
-    return _npz_axes(source).get(Axis.PAST, 0)
-
-
-def _npz_axes(source: DataSource) -> dict[Axis, int]:
-    if source.kind is not DataKind.NPZ or not source.path:
-        return {}
-    try:
-        return dict(_npz_header_axes(source.path, Path(source.path).stat().st_mtime_ns))
-    except OSError:
-        return {}  # `qrc check` reports a missing file (Q401); the estimate keeps the recipe's numbers
-
-
-@dataclass(frozen=True)
-class _Header:
-    """An npz member as axes_of reads it."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-
-@functools.lru_cache(maxsize=16)
-def _npz_header_axes(path: str, mtime_ns: int) -> tuple[tuple[Axis, int], ...]:
-    """The sample count and the sequence and past lengths an npz's arrays give, by what their names and ranks
-    mean (the first array with each axis), once per file version (check, plan and report each ask)."""
-    headers = []
-    try:
-        with zipfile.ZipFile(path) as archive:
-            for name, member in _arrays_in(archive).items():
-                with archive.open(member) as handle:
-                    shape, _, dtype = _npy_header(handle)
-                headers.append(_Header(name, str(dtype), tuple(int(d) for d in shape)))
-    except (OSError, ValueError, zipfile.BadZipFile, KeyError):
-        pass  # `qrc check` reports an unreadable file (Q401)
-    found: dict[Axis, int] = {}
-    for header in sorted(headers, key=lambda h: role_of(h) is not InputRole.TOKENS):  # token ids say it first
-        for axis, size in zip(axes_of(header), header.shape, strict=False):
-            if axis in (Axis.BATCH, Axis.SEQUENCE, Axis.PAST):
-                found.setdefault(axis, size)
-    return tuple(found.items())
-
-
-def load_npz(source: DataSource, index: ModelIndex, rows: int | None = None) -> dict[str, np.ndarray]:
-    """An npz file's arrays for the model's inputs, checked against their names, dtypes and shapes: at most
-    `rows` samples of each are read (a file of 10⁶ samples calibrating on 128 reads 128 rows)."""
-    span = source.span_of("data")
-    assert source.path is not None  # `data npz "PATH"` (elaboration requires the path)
-    path = Path(source.path)
-    try:
-        with zipfile.ZipFile(path) as archive:
-            arrays = {name: _read_rows(archive, member, rows) for name, member in _arrays_in(archive).items()}
-    except FileNotFoundError:
-        raise StageError(error("Q401", f"calibration data `{source.path}` not found", span, "no such file",
-                                 help="paths are relative to the current folder")) from None
-    except Exception as exc:  # a corrupt or non-npz file: numpy raises several types
-        raise StageError(error("Q401", f"`{source.path}` is not a readable .npz file ({type(exc).__name__})",
-                                 span, "unreadable", help="save it with numpy.savez(path, input_ids=..., ...)")) from None
-    for info in index.inputs:
-        _check_input(source, info, arrays, span, index)
-    _check_lengths(source, index, arrays, span)
-    return _usable(source, {info.name: arrays[info.name] for info in index.inputs}, index)
-
-
-def _arrays_in(archive: zipfile.ZipFile) -> dict[str, str]:
-    """An npz's array names → their members (`input_ids` → `input_ids.npy`)."""
-    return {m.removesuffix(".npy"): m for m in archive.namelist() if m.endswith(".npy")}
-
-
-def _npy_header(handle) -> tuple:
-    """(shape, fortran order, dtype) of an .npy stream, read from its header only."""
-    major, _ = np.lib.format.read_magic(handle)
-    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-    return read(handle)
-
-
-def _read_rows(archive: zipfile.ZipFile, member: str, rows: int | None) -> np.ndarray:
-    """The first `rows` rows of one .npy member, read from its header and then only the bytes those rows
-    take (C order); a Fortran-order array is read whole. Object arrays are refused (they would unpickle)."""
-    with archive.open(member) as handle:
-        shape, fortran, dtype = _npy_header(handle)
-        if dtype.hasobject:
-            raise ValueError(f"{member} holds Python objects")
-        if fortran or not shape:
-            return np.lib.format.read_array(archive.open(member), allow_pickle=False)
-        count = shape[0] if rows is None else min(rows, shape[0])
-        per_row = math.prod(shape[1:])
-        data = bytearray(handle.read(count * per_row * dtype.itemsize))
-        if len(data) != count * per_row * dtype.itemsize:
-            raise ValueError(f"{member} is truncated")
-        return np.frombuffer(data, dtype).reshape((count, *shape[1:]))
-
-
-def _check_lengths(source: DataSource, index: ModelIndex, arrays: dict[str, np.ndarray], span) -> None:
-    """Inputs that share a symbolic dimension (`sequence`) must agree on it, sample count included."""
-    seen: dict[str, tuple[str, int]] = {}
-    for info in index.inputs:
-        for axis, dim in enumerate(info.shape):
-            if isinstance(dim, str) and axis < arrays[info.name].ndim:
-                size = arrays[info.name].shape[axis]
-                first = seen.setdefault(dim, (info.name, size))
-                if axis > 0 and first[1] != size:
-                    raise StageError(error("Q403", f"`{info.name}` has {dim} {size} in `{source.path}` but "
-                                             f"`{first[0]}` has {first[1]}", span, "lengths differ",
-                                             help="pad or truncate every input of a sample to one length"))
-
-
-def _check_input(source: DataSource, info: TensorInfo, arrays: dict[str, np.ndarray], span, index: ModelIndex) -> None:
-    if info.name not in arrays:
-        raise StageError(error("Q402", f"`{source.path}` has no array for model input `{info.name}`", span,
-                                 "missing input", help=f"arrays present: {', '.join(sorted(arrays)) or 'none'}; "
-                                 f"the model needs: {', '.join(t.name for t in index.inputs)}"))
-    arr, want = arrays[info.name], _NP.get(info.dtype)
-    if want is not None and arr.dtype != want:
-        raise StageError(error("Q403", f"input `{info.name}` is {arr.dtype} in `{source.path}`; the model wants "
-                                 f"{info.dtype}", span, "wrong dtype", help=f"save it as {info.dtype}"))
-    if arr.ndim != len(info.shape) or any(isinstance(d, int) and d > 0 and i > 0 and arr.shape[i] != d
-                                          for i, d in enumerate(info.shape)):
-        shape = "[samples, " + ", ".join(str(d) for d in info.shape[1:]) + "]"
-        raise StageError(error("Q403", f"input `{info.name}` has shape {list(arr.shape)} in `{source.path}`; the "
-                                 f"model wants {shape}", span, "wrong shape", help="samples go on axis 0"))
-    limit = token_range(index, info) if np.issubdtype(arr.dtype, np.integer) else None
-    if limit and limit > 1 and arr.size and (arr.min() < 0 or arr.max() >= limit):
-        raise StageError(error("Q403", f"input `{info.name}` in `{source.path}` has values from {arr.min()} to "
-                                 f"{arr.max()}; the model's vocabulary is 0 … {limit - 1}", span, "ids out of range",
-                                 help="tokenise with the model's own tokenizer"))
-
+    return npz_axes(source).get(Axis.PAST, 0)

@@ -113,7 +113,7 @@ def _name_nodes(model) -> None:
         except (ValueError, SyntaxError):  # metadata of another exporter version: the name is left as it was
             continue
         modules = [s for s in found if isinstance(s, str) and s.startswith(WRAPPER)] if isinstance(found, list) else []
-        if modules:
+        if modules:  # the scopes run outermost first
             node.name = "/" + modules[-1][len(WRAPPER):].replace(".", "/") + "/" + node.name
 
 

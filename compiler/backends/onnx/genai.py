@@ -43,9 +43,8 @@ def others_beside(destination: Path, files: dict[str, bytes]) -> list[str]:
     and swap its tokenizer; those files are then kept and none of this output's is written."""
     folder = destination.parent
     config = folder / "genai_config.json"
-    decoder = json_object(config).get("model", {}) if config.is_file() and not config.is_symlink() else {}
-    if isinstance(decoder, dict) and isinstance(decoder.get("decoder"), dict) and \
-            decoder["decoder"].get("filename") == destination.name:
+    decoder = _decoder(json_object(config)) if config.is_file() and not config.is_symlink() else None
+    if decoder is not None and decoder.get("filename") == destination.name:
         return []
     return sorted(name for name, data in files.items() if _differs(folder / name, data))
 
@@ -61,11 +60,17 @@ def _differs(path: Path, data: bytes) -> bool:
 
 def _genai_config(folder: Path, output_name: str, index) -> dict | None:
     carried = json_object(folder / "genai_config.json")
-    model = carried.get("model")
-    if isinstance(model, dict) and isinstance(model.get("decoder"), dict):
-        model["decoder"]["filename"] = output_name
+    decoder = _decoder(carried)
+    if decoder is not None:
+        decoder["filename"] = output_name
         return carried
     return _written(json_object(folder / "config.json"), output_name, index)
+
+
+def _decoder(config: dict) -> dict | None:
+    """A genai_config.json's `model.decoder` section (the graph's file name, inputs, outputs), if it has one."""
+    model = config.get("model")
+    return model["decoder"] if isinstance(model, dict) and isinstance(model.get("decoder"), dict) else None
 
 
 def _positive(value) -> bool:
