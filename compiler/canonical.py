@@ -1,4 +1,5 @@
-"""The canonical number format of golden dumps, shared by every backend's model dump (STYLE.md)."""
+"""The canonical number format of golden dumps, shared by every backend's model dump (docs/development.md,
+"Golden files")."""
 
 from __future__ import annotations
 

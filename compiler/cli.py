@@ -167,10 +167,19 @@ def check(
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when there are warnings.")] = False,
     no_model: Annotated[bool, typer.Option("--no-model", help="Skip the checks against the model (for a "
                                            "recipe whose model is not on this machine).")] = False,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Check this output path, as `qrc "
+                                                  "compile -o` would write it (default: the recipe's `emit` path).")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Check as `qrc compile --overwrite` would run: "
+                                            "an output path holding files qrc did not write is not an error.")] = False,
 ) -> None:
     """Check a recipe: syntax, names and values, then against the model (every layer gets a scheme by a
-    visible rule; patterns that match nothing and mixed Q/K/V groups are errors). Reads no weights."""
-    result = check_file(recipe, tuple(set_ or ()), with_model=not no_model)
+    visible rule; patterns that match nothing and mixed Q/K/V groups are errors), its data files, whether the
+    plan fits the memory budget and whether the output can be written: every check `plan` and `compile` run
+    before work, all reported in one run. Reads no weights."""
+    from compiler.frontend import check_before_work
+
+    result = (check_file(recipe, tuple(set_ or ())) if no_model
+              else check_before_work(recipe, tuple(set_ or ()), overwrite, output))
     print_diagnostics(result.diagnostics)
     if dump_ir and result.ok:
         typer.echo(print_ir(result.recipe), nl=False)

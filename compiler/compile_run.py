@@ -18,27 +18,19 @@ from rich.text import Text
 from compiler.backends.ranks import Ranks, all_gathered, from_environment, joined, lost_ranks_message
 from compiler.backends.registry import spec_for
 from compiler.backends.result import over_plan
-from compiler.backends.spec import OutputKind
+from compiler.destination import check_destination
 from compiler.diagnostics import Diagnostic, StageError, error, printable, warning
-from compiler.frontend import PlanResult, plan_file
+from compiler.frontend import PlanResult, output_bytes, plan_file
 from compiler.inspect_table import totals
 from compiler.ir.checks import unshared_error
 from compiler.ir.printer import recipe_hash
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
-from compiler.outputs import (
-    destination_lock,
-    foreign_destination,
-    normalized_output,
-    output_conflict,
-    read_paths,
-    unwritable,
-)
-from compiler.plan.ops import Emit
+from compiler.outputs import destination_lock
 from compiler.plan.render import human_seconds
 from compiler.plan.workload import workload
 from compiler.quant.parallel import cannot_start_thread
-from compiler.safe_files import UnsafePath, unnameable
+from compiler.safe_files import UnsafePath
 
 
 class CompileFailed(Exception):
@@ -56,25 +48,6 @@ def quiet_third_party_bars() -> None:
     print between qrc's own rows: tqdm and the hub read these variables (a user's own setting is kept)."""
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-
-
-def output_path(result: PlanResult, override: Path | None) -> Path:
-    """Where the model goes: `-o PATH`, else the recipe's emit path (Q412 when neither; Q413 for a path with no
-    name, such as `/`)."""
-    ir = result.check.recipe
-    if override is None and ir.emit is None:
-        raise CompileFailed((error("Q412", f"recipe `{ir.name}` says nowhere to write the model", ir.span, "no `emit`",
-                                   help='add `emit "out/model.onnx"` or pass `-o PATH`'),))
-    given = override if override is not None else Path(ir.emit.path) if ir.emit is not None else Path()
-    bad_name = unnameable(given)
-    if bad_name:
-        raise CompileFailed((error("Q413", f"output path: {bad_name}", ir.span, "not an output path",
-                                   help="give a shorter path for the quantized model (`-o out/model`)"),))
-    destination = normalized_output(given)
-    if destination is None:
-        raise CompileFailed((error("Q413", f"output `{given}` has no name of its own", ir.span, "not an output path",
-                                   help="give a new file or folder path (`-o out/model`)"),))
-    return destination
 
 
 @contextmanager
@@ -113,33 +86,11 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
         raise CompileFailed(planned.diagnostics)
     ir = planned.check.recipe
     spec = spec_for(ir.backend)
-    destination = output_path(planned, output)
-    reads = read_paths(ir)
-    conflict = output_conflict(destination, ir.model, reads)
-    if conflict:  # `-o` is checked here; the recipe's emit path was checked with the recipe
-        raise CompileFailed((error("Q416", conflict, ir.span, "would replace an input",
-                                   help="write the quantized model to a new path, apart from the model and the "
-                                   "files the recipe reads"),))
-    if report is not None:
-        clash = output_conflict(report, ir.model, [*reads, ("compiled model", destination)])
-        if clash:
-            raise CompileFailed((error("Q239", f"report {clash}", None, "would replace a file of the compile",
-                                       help="write the report to a path of its own (e.g. `--report out/report.html`)"),))
-    wants_folder = spec.output_for(ir.emit.format if ir.emit else None) is OutputKind.FOLDER
-    if destination.exists() and destination.is_dir() != wants_folder:
-        what = "a folder" if destination.is_dir() else "a file"
-        raise CompileFailed((error("Q413", f"output `{destination}` is {what}", ir.span, "wrong kind of output",
-                                   help=f"give {spec.output_help}"),))
-    foreign = None if overwrite else foreign_destination(destination)
-    if foreign:  # a compile replaces its destination whole: only what an earlier compile wrote
-        raise CompileFailed((error("Q440", foreign, ir.span, "would delete files qrc did not write",
-                                   help="write to a new path (`-o PATH`), or pass `--overwrite` to replace it and "
-                                   "everything in it on purpose; nothing was written"),))
-    needed = _output_bytes(planned)
-    problem = unwritable(destination, needed)
-    if problem:
-        raise CompileFailed((error("Q417", problem, ir.span, "cannot write the output",
-                                   help=f"write to a folder you can write with {human_bytes(needed)} free (`-o PATH`)"),))
+    needed = output_bytes(planned.program)
+    checked = check_destination(ir, output, needed, overwrite, report)
+    if checked.problems or checked.path is None:
+        raise CompileFailed(checked.problems)
+    destination = checked.path
 
     with spec.prepare(planned.program, ranks.first):  # before the backend's imports, what can run beside them
         execute = spec.load_executor()
@@ -300,12 +251,6 @@ def _execute(execute, ir, planned: PlanResult, destination: Path, console: Conso
                 help=f"the output needs about {human_bytes(needed)} (plus the disk caches of offload); free space "
                      "or choose another folder; nothing was left at the destination"),), None, planned, running=True) from None
     return result, planned
-
-
-def _output_bytes(planned: PlanResult) -> int:
-    """What the plan says the emitted model takes."""
-    emit = planned.program.first(Emit)
-    return emit.bytes if isinstance(emit, Emit) else 0
 
 
 class EtaColumn(ProgressColumn):

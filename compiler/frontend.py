@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from compiler.backends.registry import spec_for
@@ -12,7 +12,7 @@ from compiler.data.npz import npz_problems
 from compiler.diagnostics import Diagnostic, DiagnosticError, Diagnostics, error, has_errors
 from compiler.ir.checks import run_checks
 from compiler.ir.elaborate import elaborate
-from compiler.ir.types import DataKind, RecipeIR
+from compiler.ir.types import NONE, DataKind, RecipeIR
 from compiler.models import ModelError, index_model
 from compiler.outputs import output_conflict, read_paths
 from compiler.overrides import apply_overrides
@@ -20,8 +20,8 @@ from compiler.plan import Plan, build_plan
 from compiler.plan.timing import REFERENCE, Rates, machine_speed, scaled
 from compiler.plan.workload import workload
 from compiler.resolve import Assignment, resolve
-from compiler.source import Source
-from compiler.syntax import parse_recipe
+from compiler.source import Source, Span
+from compiler.syntax import ast, parse_recipe
 
 MAX_RECIPE_BYTES = 1 << 20  # recipes are small text files; anything larger is a wrong path
 
@@ -34,6 +34,7 @@ class CheckResult:
     ir: RecipeIR | None
     diagnostics: tuple[Diagnostic, ...]
     assignment: Assignment | None = None
+    judged: ModelView | None = None  # the recipe as the model checks saw it (None when the model was not checked)
 
     @property
     def ok(self) -> bool:
@@ -113,25 +114,78 @@ def check_source(source: Source, overrides: tuple[str, ...] = (), with_model: bo
     diags = Diagnostics(list(override_diags))
     ir = elaborate(parsed, diags)
     run_checks(ir, diags)
-    assignment = None
-    if with_model and not has_errors(diags.items):
-        assignment = resolve_model(ir, diags)
-    return CheckResult(ir, tuple(diags.items), assignment)
+    assignment, judged = None, None
+    if with_model and ir.model:
+        judged = _judged_against_model(ir, parsed, diags.items)
+        if judged is not None:
+            assignment = resolve_model(judged.recipe, diags, judged.data_checked)
+    return CheckResult(ir, tuple(diags.items), assignment, judged)
 
 
-def resolve_model(ir: RecipeIR, diags: Diagnostics) -> Assignment | None:
+@dataclass(frozen=True)
+class ModelView:
+    """The recipe as the model checks see it (its items in error left out), whether its data is checked and
+    whether it can be planned (its `calibrate` and `memory` have no errors)."""
+    recipe: RecipeIR
+    data_checked: bool
+    plannable: bool
+
+
+_OPTIONAL_ITEMS = {ast.EmitDecl: "emit", ast.KvCacheDecl: "kv_cache", ast.TransformDecl: "transform"}
+_OPTIONAL_BLOCKS = {"mixed_precision": "mixed_precision", "verify": "verify"}
+
+
+def _judged_against_model(ir: RecipeIR, parsed: ast.Recipe, found: list[Diagnostic]) -> ModelView | None:
+    """The model is checked beside the recipe's own mistakes, so that one run reports them all (the README's
+    promise); but an item already in error is not judged again against the model (one mistake, one
+    diagnostic): a rule whose scheme is undefined or has an error assigns `none`, a rule with a bad pattern
+    and a group, `emit`, `kv_cache`, `transform`, `mixed_precision` or `verify` with an error are left out,
+    and a `calibrate` block with an error has its data left unchecked. None: the model or backend itself
+    is in error, so nothing can be checked against it."""
+    errors = [d.span for d in found if d.is_error and d.span is not None]
+
+    def in_error(span: Span | None) -> bool:
+        return span is not None and any(e.source is span.source and span.start <= e.start < span.end for e in errors)
+
+    if not errors:
+        return ModelView(ir, True, True)
+    faulty = [item for item in parsed.items if in_error(item.span)]
+    # a `--set KEY=VALUE` in error puts its item in error (its span is in the override's own source)
+    overridden = {e.source.name.split(" ")[1].split(".")[0] for e in errors if e.source.name.startswith("--set ")}
+    if overridden & {"model", "backend"} or any(isinstance(item, ast.ModelDecl | ast.BackendDecl) for item in faulty):
+        return None
+    known = {s.name for s in ir.schemes} | {NONE.name}
+    broken = {item.name.value for item in faulty if isinstance(item, ast.SchemeDecl)}
+    rules = tuple(replace(r, scheme=NONE.name) if r.scheme in broken or r.scheme not in known else r
+                  for r in ir.rules if not any(in_error(s.span) for s in r.selectors))
+    dropped = {_OPTIONAL_ITEMS[type(item)] for item in faulty if type(item) in _OPTIONAL_ITEMS}
+    dropped |= {_OPTIONAL_BLOCKS[item.kind] for item in faulty
+                if isinstance(item, ast.Block) and item.kind in _OPTIONAL_BLOCKS} | overridden
+    blocks = {item.kind for item in faulty if isinstance(item, ast.Block)} | overridden
+    judged = replace(ir, rules=rules, groups=tuple(g for g in ir.groups if not in_error(g.span)),
+                     emit=None if "emit" in dropped else ir.emit,
+                     kv_cache=None if "kv_cache" in dropped else ir.kv_cache,
+                     transform=None if "transform" in dropped else ir.transform,
+                     mixed_precision=None if "mixed_precision" in dropped else ir.mixed_precision,
+                     verify=None if "verify" in dropped else ir.verify)
+    return ModelView(judged, "calibrate" not in blocks, not blocks & {"calibrate", "memory"})
+
+
+def resolve_model(ir: RecipeIR, diags: Diagnostics, data_checked: bool = True) -> Assignment | None:
     """Index the recipe's model (metadata only: no weight bytes) and resolve the recipe against it, then
-    ask the recipe's backend what it cannot compile; a model that cannot be read is a diagnostic."""
+    ask the recipe's backend what it cannot compile; a model that cannot be read is a diagnostic.
+    `data_checked`: also check the calibration data (False when the recipe's `calibrate` is in error)."""
     try:
         index = index_model(ir.model)
     except ModelError as exc:
         diags.error(exc.code, exc.message, ir.model_span, "model", help=exc.help)
         return None
     assignment = resolve(ir, index, diags)
-    if assignment is not None and not has_errors(diags.items):
+    if assignment is not None:
         spec_for(ir.backend).check(ir, assignment, diags)
-        _check_data(ir, assignment, diags)
-        _check_output(ir, diags)
+        if data_checked:
+            _check_data(ir, assignment, diags)
+        _check_output(ir, diags, data_checked)
     return assignment
 
 
@@ -164,11 +218,11 @@ _DATASET_LABELS = {"Q401": "not found", "Q434": "no such column", "Q435": "no ro
                    "Q436": "no chat template"}
 
 
-def _check_output(ir: RecipeIR, diags: Diagnostics) -> None:
+def _check_output(ir: RecipeIR, diags: Diagnostics, with_data: bool) -> None:
     """Q416: the emit path would replace the model or another input (or is a symlink)."""
     if ir.emit is None:
         return
-    problem = output_conflict(Path(ir.emit.path), ir.model, read_paths(ir))
+    problem = output_conflict(Path(ir.emit.path), ir.model, read_paths(ir, with_data))
     if problem:
         diags.error("Q416", f"{problem}", ir.emit.span_of("path") or ir.span, "would replace an input",
                     help="write the quantized model to a new path, apart from the model and the files the recipe reads")
@@ -227,11 +281,43 @@ def plan_file(path: str | Path, overrides: tuple[str, ...] = (), detected_free: 
 
         detected_free = psutil.virtual_memory().available
     diags = Diagnostics(list(checked.diagnostics))
-    ir = checked.recipe
-    spec = spec_for(ir.backend)
-    plan = build_plan(ir, spec.planned(ir, checked.assignment), detected_free, diags, spec.costs, spec.lowering,
-                      ranks, rates or _this_machine())
+    plan = _plan(checked.recipe, checked.assignment, detected_free, diags, ranks, rates or _this_machine())
     return PlanResult(checked, plan, tuple(diags.items))
+
+
+def _plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: Diagnostics, ranks: int | None,
+          rates: Rates) -> Plan | None:
+    spec = spec_for(ir.backend)
+    return build_plan(ir, spec.planned(ir, assignment), detected_free, diags, spec.costs, spec.lowering, ranks, rates)
+
+
+def check_before_work(path: str | Path, overrides: tuple[str, ...] = (), overwrite: bool = False,
+                      output: Path | None = None) -> CheckResult:
+    """`qrc check`: the recipe against its model (as `check_file`), then every check `qrc plan` and `qrc compile`
+    run before any work, reported together: whether the plan fits the memory budget (Q301) and whether the
+    output path can be written (compiler/destination.py). Reads no weights and no data rows; the plan's times
+    are not estimated (no speed probe), so this stays a check's cost."""
+    from compiler.destination import check_destination
+
+    checked = check_file(path, overrides, with_model=True)
+    view, assignment = checked.judged, checked.assignment
+    if view is None or assignment is None or not view.plannable:
+        return checked
+    import psutil
+
+    diags = Diagnostics(list(checked.diagnostics))
+    plan = _plan(view.recipe, assignment, psutil.virtual_memory().available, diags, None, REFERENCE)
+    needed = output_bytes(plan) if plan is not None else 0
+    diags.items.extend(check_destination(view.recipe, output, needed, overwrite, emit_required=False).problems)
+    return replace(checked, diagnostics=tuple(diags.items))
+
+
+def output_bytes(plan: Plan) -> int:
+    """What the plan says the emitted model takes."""
+    from compiler.plan.ops import Emit
+
+    emit = plan.first(Emit)
+    return emit.bytes if isinstance(emit, Emit) else 0
 
 
 def _this_machine() -> Rates:

@@ -42,9 +42,10 @@ def unwritable(destination: Path, needed: int = 0) -> str | None:
     return None
 
 
-def read_paths(ir) -> list[tuple[str, Path]]:
+def read_paths(ir, with_data: bool = True) -> list[tuple[str, Path]]:
     """The files a compile of `ir` reads besides the model, each with what it is: the recipe (when it is a
-    file), the calibration data file, the tokenizer of `data text`."""
+    file), the calibration data file, the tokenizer of `data text` (these two only `with_data`: a check leaves
+    out data whose settings are in error)."""
     from compiler.data.batches import resolve_tokenizer
     from compiler.ir.types import DataKind
     from compiler.models import ModelError, resolve_path
@@ -54,6 +55,8 @@ def read_paths(ir) -> list[tuple[str, Path]]:
     if source is not None and Path(source.name).is_file():
         found.append(("recipe", Path(source.name)))
     data = ir.calibration.data
+    if not with_data:
+        return found
     if data.kind is not DataKind.SYNTHETIC and data.path:
         try:
             found.append((f"{data.kind.value} data", resolve_path(data.path)))

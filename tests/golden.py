@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "golden"
 _update = False
-# `~x`: a calibrated figure (STYLE.md's golden pattern); floats within 2% relative, integers within 1
+# `~x`: a calibrated figure (docs/development.md, "Golden files"); floats within 2% relative, integers within 1
 CALIBRATED_REL, CALIBRATED_INT = 0.02, 1
 _NUMBER = re.compile(r"~(-?(?:\d+\.?\d*(?:e[-+]?\d+)?|inf|nan))")
 

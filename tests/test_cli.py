@@ -261,7 +261,7 @@ def test_help_texts_flow_at_the_terminal_width():
     """Docstring line breaks do not show up as hard breaks in the command list."""
     result = runner.invoke(app, ["--help"], terminal_width=200, env={"COLUMNS": "200"})
     assert "print every step in order with its estimated peak memory" in " ".join(result.output.split())
-    line = next(x for x in result.output.splitlines() if " plan " in x)
+    line = next(x for x in result.output.splitlines() if x.strip("│ ").startswith("plan "))
     assert "in order" in line, result.output
 
 
@@ -305,3 +305,45 @@ def test_each_progress_bar_shows_an_eta_at_the_pace_of_its_steps():
     assert column.render(bars.tasks[0]).plain == "eta 0:02"
     bars.update(task, completed=4)
     assert column.render(bars.tasks[0]).plain == ""
+
+
+FOUR_MISTAKES = '''recipe four {
+    model "builtin:tiny-llama"
+    backend onnx
+    scheme w4 { weights int4 group 48 symmetric }
+    quantize {
+        "*" -> w4
+        "*.mlp.dwn_proj" -> w4
+        "*.mlp.down_proj" -> W8A8_STATIC
+        "lm_head", re"model\\.embed.*" -> none
+    }
+    calibrate { data npz "missing.npz" }
+    memory { mode full  ram 1 MiB }
+    emit "taken.onnx" { format matmul_nbits }
+}
+'''
+
+
+def test_check_reports_independent_mistakes_of_every_stage_in_one_run(tmp_path, monkeypatch):
+    """A group MatMulNBits cannot take (the recipe alone), a pattern that matches nothing (the model), a data
+    file that is not there (the data), a budget the plan cannot fit (the plan) and an output path holding
+    another program's file (the compile): one `qrc check` names all five, as `plan` and `compile` would."""
+    monkeypatch.chdir(tmp_path)
+    Path("taken.onnx").write_bytes(b"someone else's model")
+    result = qrc("check", write(tmp_path, FOUR_MISTAKES))
+    assert result.exit_code == 2, result.output
+    found = re.findall(r"error\[(Q\d+)\]", result.output)
+    assert sorted(found) == ["Q201", "Q208", "Q301", "Q401", "Q440"], result.output
+    assert "failed (5 errors, 0 warnings)" in result.output
+    assert Path("taken.onnx").read_bytes() == b"someone else's model"
+    as_compile = qrc("check", write(tmp_path, FOUR_MISTAKES), "--overwrite", "-o", "out/elsewhere.onnx")
+    assert sorted(re.findall(r"error\[(Q\d+)\]", as_compile.output)) == ["Q201", "Q208", "Q301", "Q401"]
+
+
+def test_a_scheme_in_error_is_not_judged_again_against_the_model(tmp_path):
+    """One mistake, one diagnostic: a scheme whose group MatMulNBits cannot take is not also reported for
+    every layer it matches (a group that does not divide them, an Embedding MatMulNBits cannot replace)."""
+    path = write(tmp_path, 'recipe r {\n  model "builtin:tiny-llama"\n  scheme w4 { weights int4 group 100 }\n'
+                 '  quantize { "*" -> w4 }\n  emit "out/m.onnx" { format matmul_nbits }\n}\n')
+    result = qrc("check", path)
+    assert re.findall(r"error\[(Q\d+)\]", result.output) == ["Q208"], result.output

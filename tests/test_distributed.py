@@ -639,6 +639,7 @@ def test_the_process_group_uses_nccl_only_where_each_rank_has_a_gpu(gpus, local_
     assert group_backend(gpus, local_world) == backend
 
 
+@pytest.mark.slow  # seconds each (tests/run.sh keeps the quick loop under 3 minutes)
 def test_ranks_given_different_recipes_stop_together_with_q446(tmp_path):
     """A launch script that picks the recipe by RANK: each rank would plan another run (rank 0 met the other's
     tensors in its writer: a ValueError traceback; rank 1 blamed rank 0 with Q432). Now Q446, nothing written."""
@@ -661,6 +662,7 @@ def test_ranks_given_different_recipes_stop_together_with_q446(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow  # two torchrun launches: about 40 s
 @pytest.mark.parametrize("planted, kind", [("lock", "link_to_file"), ("report", "dangling_link")])  # FIFOs and the
 # other kinds: one process, tests/test_hostile_writes.py (each launch here costs two interpreters with torch)
 def test_under_torchrun_a_link_or_fifo_where_qrc_writes_is_refused_and_its_target_untouched(tmp_path, planted, kind):

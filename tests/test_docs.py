@@ -76,6 +76,15 @@ def test_the_readme_is_a_door():
         assert f"]({page})" in "\n".join(lines), f"README.md does not point to {page}"
 
 
+def test_ci_runs_exactly_the_readmes_test_command():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    command = re.search(r"## Tests\n\n```bash\n(.+?)\n```", readme, re.S)
+    assert command is not None and "\n" not in command.group(1), "the README's Tests section shows one command"
+    ci = [line for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+          if line.strip() and not line.startswith("#") and not line.startswith(("set ", "cd "))]
+    assert ci == [command.group(1)]
+
+
 def test_the_diagnostics_catalogue_is_generated_from_the_codes():
     golden.assert_file(catalogue(), ROOT / "docs" / "diagnostics.md")
     text = (ROOT / "docs" / "diagnostics.md").read_text(encoding="utf-8")
@@ -93,8 +102,8 @@ def test_every_recipe_in_the_docs_checks(where, body, whole, monkeypatch):
     """A whole recipe checks clean against its model; each item of a snippet parses and elaborates inside a
     recipe on the built-in Llama (errors about the model, such as a transform's mapping, are allowed)."""
     monkeypatch.chdir(ROOT)
-    if whole:
-        result = check_source(Source(where, body), with_model=True)
+    if whole:  # "your own folder" recipes are compiled against one below
+        result = check_source(Source(where, body), with_model=YOUR_MODEL not in body)
         assert result.ok, [d.message for d in result.diagnostics]
         return
     for item in _items(body):
@@ -102,6 +111,40 @@ def test_every_recipe_in_the_docs_checks(where, body, whole, monkeypatch):
         result = check_source(Source(where, text))
         syntax = [f"{d.code}: {d.message}" for d in result.diagnostics if d.is_error and d.code < "Q200"]
         assert syntax == [], f"{where}: {item!r}"
+
+
+YOUR_MODEL = 'model "./my-model"'
+
+
+def _your_folder_recipes() -> list[tuple[str, str]]:
+    return [(where, body) for where, body, whole in _recipes() if whole and YOUR_MODEL in body]
+
+
+def test_the_readme_shows_a_recipe_for_each_output_people_come_for():
+    formats = sorted(re.search(r"format (\w+)", body).group(1) for _, body in _your_folder_recipes())
+    assert formats == ["gguf", "safetensors", "safetensors"], formats
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("where", "body"), _your_folder_recipes(), ids=lambda v: v if ":" in v else "")
+def test_the_readme_recipes_compile_a_hugging_face_folder(where, body, tmp_path, monkeypatch):
+    """The README's "your own Hugging Face folder" recipes, as written, compile a random-weight Llama folder
+    saved by transformers (with a tokenizer) on calibration text from Python's own documentation; only the
+    number and length of the samples are cut, to keep the test short."""
+    from pydoc_data.topics import topics
+
+    from compiling import compile_
+    from zoo import tokenized_llama
+
+    monkeypatch.chdir(tmp_path)
+    tokenized_llama(tmp_path / "my-model", layers=2)
+    lines = [line.strip() for text in topics.values() for line in text.splitlines() if len(line.split()) > 6]
+    Path("calibration.txt").write_text("\n".join(lines[:200]) + "\n", encoding="utf-8")
+    Path("my.recipe").write_text(body, encoding="utf-8")
+    out = tmp_path / ("out.gguf" if "format gguf" in body else "out")
+    result = compile_("my.recipe", out, 'calibrate.data=text "calibration.txt" { samples 8  seqlen 64 }')
+    assert result.exit_code == 0, result.output
+    assert out.is_file() if out.suffix == ".gguf" else (out / "config.json").is_file()
 
 
 def test_every_recipe_file_the_docs_name_checks(monkeypatch):

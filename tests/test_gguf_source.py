@@ -105,6 +105,7 @@ def test_check_and_plan_index_a_gguf_from_its_header(zoo_gguf, tmp_path):
     assert result.exit_code == 0 and "model.layers.1.self_attn.q_proj" in result.output, result.output
 
 
+@pytest.mark.slow  # a calibrated compile per backend: about 25 s
 @pytest.mark.parametrize("backend", ["torch", "onnx"])
 def test_a_gguf_compiles_calibrated_on_each_backend(zoo_gguf, backend, tmp_path):
     folder, path = zoo_gguf
@@ -212,6 +213,7 @@ def smol_compiled(smol, tmp_path_factory):
     return compiled
 
 
+@pytest.mark.slow  # reads the real SmolLM2-135M: about 30 s
 def test_the_real_model_reads_as_transformers_loads_it(smol):
     """Float logits of every tensor as qrc reads it equal transformers' own GGUF load exactly, and its rebuilt
     tokenizer gives the same ids as transformers' GGUF tokenizer on held-out text."""
@@ -230,6 +232,7 @@ def test_the_real_model_reads_as_transformers_loads_it(smol):
         assert torch.equal(ours(ids).logits, smol.model(ids).logits)
 
 
+@pytest.mark.slow  # compiles the real SmolLM2-135M: about 20 s
 def test_the_real_model_compiles_file_to_file_and_loads_in_transformers(smol, smol_compiled):
     """W8A16 file to file from the GGUF: the folder loads in transformers and its perplexity on held-out text
     is within 2% of the float model's (W4A16 g64 rtn, also written, is measurably worse)."""

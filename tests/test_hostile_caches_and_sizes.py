@@ -309,6 +309,7 @@ def test_hostile_json_beside_an_onnx_decoder_is_not_a_traceback(decoder, name, t
         assert "error[Q" in result.output
 
 
+@pytest.mark.slow  # exports a decoder: about 20 s
 def test_a_tokenizer_beside_an_onnx_decoder_linking_outside_is_not_copied(decoder, tmp_path):
     """onnxruntime-genai's side files beside the ONNX output are copied only when they resolve inside the
     model's folder: a tokenizer.json linking to a secret is left out, a real one is copied."""

@@ -50,6 +50,7 @@ def _edit_config(folder: Path, **changes) -> None:
 
 
 # ---- model folders ----------------------------------------------------------------------------------------
+@pytest.mark.slow  # seconds each (tests/run.sh keeps the quick loop under 3 minutes)
 def test_llama_weights_under_another_architecture_are_refused(llama, tmp_path):
     """`architectures: [BertModel]` over Llama weights: transformers would load a BertModel with every weight
     random. The compile says so (Q250) and writes nothing."""
@@ -60,6 +61,7 @@ def test_llama_weights_under_another_architecture_are_refused(llama, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # seconds each (tests/run.sh keeps the quick loop under 3 minutes)
 @pytest.mark.parametrize("name, said", [("../../etc/passwd", "not a module path"),
                                         ("model.layers.0.self_attn.qq_proj.weight", "q_proj")])
 def test_a_tensor_renamed_out_of_its_model_is_refused(llama, tmp_path, name, said):
@@ -246,6 +248,7 @@ def test_a_thread_qrc_cannot_do_without_is_q445(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # seconds each (tests/run.sh keeps the quick loop under 3 minutes)
 def test_an_architecture_only_the_folders_own_code_defines_is_named_and_never_run(llama, tmp_path):
     """`architectures` names a class of the folder's code (`auto_map`): Q250 says the architecture is unknown to
     transformers and that qrc runs no repo code (it was Q426 blaming the output); the folder's code never ran."""
@@ -270,6 +273,7 @@ def test_a_cache_folder_that_is_a_file_is_q250(command, tmp_path, monkeypatch):
     assert not_a_folder.read_text() == "x\n"
 
 
+@pytest.mark.slow  # seconds each (tests/run.sh keeps the quick loop under 3 minutes)
 def test_third_party_progress_bars_stay_off_the_compiles_output(llama, tmp_path):
     """transformers' and compressed-tensors' tqdm bars (the verify loads the folder as transformers does) do not
     print between qrc's own rows. A process of its own, as users run it: tqdm reads its switch when imported."""

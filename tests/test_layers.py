@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("compiler.backends.onnx", "compiler.backends.torch"),
     ("compiler.backends.registry",),  # the one place that names both backends (their light specs)
     ("compiler.outputs", "compiler.overrides", "compiler.report", "compiler.inspect_table"),
+    ("compiler.destination",),  # the output path's checks, shared by `check` and `compile`
     ("compiler.frontend",),
     ("compiler.compile_run",),
     ("compiler.cli",),

@@ -31,6 +31,7 @@ def _generate_in_subprocess(ref: str, cache: Path, hash_seed: str) -> bytes:
     return Path(out.stdout.strip()).read_bytes()
 
 
+@pytest.mark.slow  # seconds each (tests/run.sh keeps the quick loop under 3 minutes)
 @pytest.mark.parametrize("ref", BUILTINS + ["builtin:tiny-llama?layers=3&hidden=64&heads=4&kv_heads=1"])
 def test_same_parameters_give_byte_identical_onnx(ref, tmp_path):
     first = _generate_in_subprocess(ref, tmp_path / "a", "1")

@@ -111,6 +111,7 @@ def test_a_folder_of_images_gives_the_same_samples(llava):
     assert len(from_folder) == 12 and from_folder == from_rows
 
 
+@pytest.mark.slow  # seconds each (tests/run.sh keeps the quick loop under 3 minutes)
 @pytest.mark.parametrize("row", ["bomb", "fifo"])
 def test_an_image_row_that_is_a_bomb_or_a_fifo_is_q401(llava, row, tmp_path):
     """A 40000×40000 PNG (a few hundred KB on disk, 4.8 GB decoded) and a FIFO named as an image: Q401 naming

@@ -1,7 +1,8 @@
-"""Canonical text of an ONNX model, for goldens (STYLE.md): sorted opsets, no producer fields, nodes in a
-canonical topological order, sorted attributes, integer tensors by hash, float tensors by summary. The
-scales and zero points of activations (what QuantizeLinear nodes read) are measured on calibration data
-through onnxruntime: they are written `~x`, which tests/golden.py compares within a tolerance."""
+"""Canonical text of an ONNX model, for goldens (docs/development.md, "Golden files"): sorted opsets, no
+producer fields, nodes in a canonical topological order, sorted attributes, integer tensors by hash, float
+tensors by summary. The scales and zero points of activations (what QuantizeLinear nodes read) are measured on
+calibration data through onnxruntime: they are written `~x`, which tests/golden.py compares within a
+tolerance."""
 
 from __future__ import annotations
 

