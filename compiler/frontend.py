@@ -7,7 +7,6 @@ from pathlib import Path
 
 from compiler.backends.registry import spec_for
 from compiler.data.batches import path_problems, runtime_problems, unsynthesisable
-from compiler.data.dataset_schema import dataset_problems
 from compiler.data.npz import npz_problems
 from compiler.diagnostics import Diagnostic, DiagnosticError, Diagnostics, error, has_errors
 from compiler.ir.checks import run_checks
@@ -197,25 +196,12 @@ def _check_data(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> Non
         return
     data = ir.calibration.data
     span = data.span_of("data") or ir.calibration.span_of("data") or ir.span
+    problems = path_problems(data, ir.model) + npz_problems(data, assignment.model)
     if data.kind is DataKind.SYNTHETIC:
-        for why in unsynthesisable(assignment.model):
-            diags.error("Q253", why, span, "no values to draw", help="give real samples: `data npz \"FILE\"` with "
-                        "an array for every model input, or `data text` with a tokenizer")
-    if data.kind is DataKind.DATASET:
-        for code, message, help_line, key in dataset_problems(data, ir.model):
-            diags.error(code, message, data.span_of(key) or span, _DATASET_LABELS[code], help=help_line)
-    else:
-        for code, message, help_line in path_problems(data, ir.model):
-            diags.error(code, message, span, "no tokenizer" if code == "Q216" else "not found", help=help_line)
-    for code, message, help_line in npz_problems(data, assignment.model):
-        diags.error(code, message, span, "missing input", help=help_line)
+        problems = unsynthesisable(assignment.model) + problems
+    diags.items.extend(problem.at(data, span) for problem in problems)
     chunks = (ir.calibration.chunk,) + ((min(ir.calibration.chunk, ir.verify.samples),) if ir.verify else ())
-    for code, message, help_line in runtime_problems(data, assignment.model, chunks):
-        diags.error(code, message, ir.calibration.span_of("chunk") or span, "samples per run", help=help_line)
-
-
-_DATASET_LABELS = {"Q401": "not found", "Q434": "no such column", "Q435": "no rows", "Q216": "no tokenizer",
-                   "Q436": "no chat template"}
+    diags.items.extend(problem.at(ir.calibration, span) for problem in runtime_problems(data, assignment.model, chunks))
 
 
 def _check_output(ir: RecipeIR, diags: Diagnostics, with_data: bool) -> None:

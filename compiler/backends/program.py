@@ -147,4 +147,4 @@ def guarded(progress, rss: RssSampler):
 def sampler_for(plan: Plan) -> RssSampler:
     """An RSS sampler whose limit is the recipe's `ram` (a detected budget is advice, not a limit)."""
     d = plan.decision
-    return RssSampler(limit=d.ram_budget if d.ram_source == "recipe" else None)
+    return RssSampler(limit=d.ram_budget if d.ram_source.is_limit else None)

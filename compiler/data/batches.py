@@ -12,6 +12,7 @@ import numpy as np
 
 from compiler.data.input_values import NUMPY_DTYPES, token_range
 from compiler.data.npz import npz_axes, read_npz
+from compiler.data.problems import DataProblem
 from compiler.diagnostics import StageError, error
 from compiler.ir.types import DataKind, DataSource
 from compiler.models.axes import Axis
@@ -123,12 +124,14 @@ def _count(arrays: dict[str, np.ndarray]) -> int:
     return min(a.shape[0] for a in arrays.values())
 
 
-def unsynthesisable(index: ModelIndex) -> list[str]:
+def unsynthesisable(index: ModelIndex) -> list[DataProblem]:
     """Why synthetic data cannot fill some input of `index` honestly (never zeros instead): an integer
     input with no known range, or a shape qrc cannot bind (a cache whose head size the model hides)."""
     ranges = [f"synthetic data cannot fill the model's integer input `{t.name}`" for t in index.inputs
               if not np.issubdtype(NUMPY_DTYPES.get(t.dtype, np.float32), np.floating) and token_range(index, t) is None]
-    return ranges + [f"synthetic data cannot shape the model's inputs: {why}" for why in unbindable(index)]
+    whys = ranges + [f"synthetic data cannot shape the model's inputs: {why}" for why in unbindable(index)]
+    return [DataProblem("Q253", why, 'give real samples: `data npz "FILE"` with an array for every model input, or '
+                        "`data text` with a tokenizer", "no values to draw") for why in whys]
 
 
 def _synthetic_chunk(index: ModelIndex, source: DataSource, first: int, count: int, offset: int) -> dict[str, np.ndarray]:
@@ -186,8 +189,8 @@ def resolve_tokenizer(source: DataSource, model_ref: str) -> Path | None:
     return None
 
 
-def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, str]]:
-    """(code, message, help) for each file the data source needs that is not there (checked by `qrc check`)."""
+def path_problems(source: DataSource, model_ref: str) -> list[DataProblem]:
+    """Each file the data source needs that is not there (checked by `qrc check`)."""
     from compiler.models import ModelError, resolve_path
 
     if source.kind is DataKind.SYNTHETIC:
@@ -195,7 +198,7 @@ def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, st
     if source.kind is DataKind.DATASET:
         from compiler.data.dataset_schema import dataset_problems
 
-        return [(code, message, help_line) for code, message, help_line, _ in dataset_problems(source, model_ref)]
+        return dataset_problems(source, model_ref)
     problems = []
     try:
         data = resolve_path(source.path or "")
@@ -203,24 +206,25 @@ def path_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, st
     except ModelError:
         found = False
     if not found:
-        problems.append(("Q401", f"calibration data `{source.path}` not found",
-                         "paths are relative to the folder qrc runs in; `package:NAME/path` names a file in a package"))
+        problems.append(DataProblem("Q401", f"calibration data `{source.path}` not found", "paths are relative to the "
+                                    "folder qrc runs in; `package:NAME/path` names a file in a package", "not found"))
     elif source.kind is DataKind.TEXT and not _has_text(data):
-        problems.append(("Q401", f"calibration data `{source.path}` has no text (empty, or blank lines only)",
-                         "one sample per non-empty line"))
+        problems.append(DataProblem("Q401", f"calibration data `{source.path}` has no text (empty, or blank lines "
+                                    "only)", "one sample per non-empty line", "not found"))
     if source.kind is DataKind.TEXT and resolve_tokenizer(source, model_ref) is None:
         if source.tokenizer is None:
-            problems.append(("Q216", "`data text` needs a `tokenizer`: the model has no folder with a tokenizer.json",
-                             'add `{ tokenizer "tokenizer.json" }` (a tokenizers JSON file)'))
+            problems.append(DataProblem("Q216", "`data text` needs a `tokenizer`: the model has no folder with a "
+                                        "tokenizer.json", 'add `{ tokenizer "tokenizer.json" }` (a tokenizers JSON '
+                                        "file)", "no tokenizer"))
         else:
-            problems.append(("Q401", f"tokenizer `{source.tokenizer}` not found (looked in the current folder and the "
-                             "model's)", "give the path of a tokenizers JSON file, e.g. the model folder's "
-                             "tokenizer.json"))
+            problems.append(DataProblem("Q401", f"tokenizer `{source.tokenizer}` not found (looked in the current "
+                                        "folder and the model's)", "give the path of a tokenizers JSON file, e.g. the "
+                                        "model folder's tokenizer.json", "not found"))
     return problems
 
 
-def runtime_problems(source: DataSource, index: ModelIndex, chunks: tuple[int, ...]) -> list[tuple[str, str, str]]:
-    """(code, message, help) for data the model's runtime refuses at the given chunk sizes, from the npz's
+def runtime_problems(source: DataSource, index: ModelIndex, chunks: tuple[int, ...]) -> list[DataProblem]:
+    """Data the model's runtime refuses at the given chunk sizes (about `chunk`), from the npz's
     headers: GroupQueryAttention (onnxruntime-genai's builder) takes a filled cache with several new tokens
     only one sample at a time (onnxruntime: "batch_size must be 1 when sequence_length > 1 and past context
     is given")."""
@@ -230,9 +234,10 @@ def runtime_problems(source: DataSource, index: ModelIndex, chunks: tuple[int, .
     past, sequence = cache_length(source), sequence_length(source)
     if past == 0 or sequence <= 1 or max(chunks, default=1) <= 1:
         return []
-    return [("Q419", f"the model's GroupQueryAttention takes {past} cached + {sequence} new tokens only one sample "
-             f"at a time, and samples would run {max(chunks)} at a time",
-             "set `chunk 1` in `calibrate`, or give data with an empty cache (or one new token per sample)")]
+    return [DataProblem("Q419", f"the model's GroupQueryAttention takes {past} cached + {sequence} new tokens only "
+                        f"one sample at a time, and samples would run {max(chunks)} at a time",
+                        "set `chunk 1` in `calibrate`, or give data with an empty cache (or one new token per sample)",
+                        "samples per run", "chunk")]
 
 
 def _has_text(path: Path) -> bool:

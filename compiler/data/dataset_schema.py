@@ -9,6 +9,7 @@ import csv
 import json
 from pathlib import Path
 
+from compiler.data.problems import DataProblem
 from compiler.ir.types import DataSource
 from compiler.safe_files import read_input, regular_input
 
@@ -152,38 +153,40 @@ def _saved_folder(path: Path, split: str) -> tuple[list[str] | None, bool | None
     return (list(features) if isinstance(features, dict) else None), None
 
 
-def dataset_problems(source: DataSource, model_ref: str) -> list[tuple[str, str, str, str]]:
-    """(code, message, help, the recipe key it is about) for a `data dataset` that cannot give samples, told
-    from the file's metadata or first row: not there, no such column, an empty split, no tokenizer, or chat
-    rows with a tokenizer that has no chat template."""
+def dataset_problems(source: DataSource, model_ref: str) -> list[DataProblem]:
+    """What keeps a `data dataset` from giving samples, told from the file's metadata or first row: not there,
+    no such column, an empty split, no tokenizer, or chat rows with a tokenizer that has no chat template."""
     assert source.rows is not None and source.path is not None
     rows = source.rows
     problems = []
     path = local_folder(source)
     if path is None:
-        problems.append(("Q401", f"dataset `{source.path}` is not a local file or folder", MISSING_HELP, "data"))
+        problems.append(DataProblem("Q401", f"dataset `{source.path}` is not a local file or folder", MISSING_HELP,
+                                    "not found"))
     elif not path.is_dir() and not regular_input(path):  # a FIFO or a device would block the reader forever
-        problems.append(("Q401", f"dataset `{source.path}` is not a regular file (a FIFO, a socket or a device)",
-                         "give a dataset file or a save_to_disk folder", "data"))
+        problems.append(DataProblem("Q401", f"dataset `{source.path}` is not a regular file (a FIFO, a socket or a "
+                                    "device)", "give a dataset file or a save_to_disk folder", "not found"))
     else:
         columns, has_rows = columns_and_rows(path, rows.split)
         field_key = "messages" if rows.messages else "text"
         for column, key in ((rows.field, field_key), (rows.image, "image")):
             if column and columns and column not in columns:
-                problems.append(("Q434", f"dataset `{source.path}` has no column `{column}`",
-                                 f"columns present: {', '.join(columns)}", key))
+                problems.append(DataProblem("Q434", f"dataset `{source.path}` has no column `{column}`",
+                                            f"columns present: {', '.join(columns)}", "no such column", key))
         if has_rows is False:
-            problems.append(("Q435", f"dataset `{source.path}` has no rows in split `{rows.split}`",
-                             "name a split that has rows (`split \"train\"` is the default), or give a file with rows",
-                             "split"))
+            problems.append(DataProblem("Q435", f"dataset `{source.path}` has no rows in split `{rows.split}`",
+                                        "name a split that has rows (`split \"train\"` is the default), or give a "
+                                        "file with rows", "no rows", "split"))
     location = tokenizer_location(source, model_ref)
     if location is None:
-        problems.append(("Q216", "`data dataset` needs a tokenizer: the model has no folder with one" if
-                         source.tokenizer is None else f"tokenizer `{source.tokenizer}` not found (looked in the "
-                         "current folder and the model's)", 'add `tokenizer "FOLDER"` (a folder with tokenizer.json '
-                         "and, for `messages`, a chat template)", "tokenizer"))
+        problems.append(DataProblem("Q216", "`data dataset` needs a tokenizer: the model has no folder with one" if
+                                    source.tokenizer is None else f"tokenizer `{source.tokenizer}` not found (looked "
+                                    "in the current folder and the model's)", 'add `tokenizer "FOLDER"` (a folder '
+                                    "with tokenizer.json and, for `messages`, a chat template)", "no tokenizer",
+                                    "tokenizer"))
     elif rows.messages and not has_chat_template(location):
-        problems.append(("Q436", f"the tokenizer at `{location}` has no chat template to render `messages` with",
-                         "give a tokenizer folder whose tokenizer_config.json (or chat_template.jinja) has one, or "
-                         "read a text column with `text`", "messages"))
+        problems.append(DataProblem("Q436", f"the tokenizer at `{location}` has no chat template to render "
+                                    "`messages` with", "give a tokenizer folder whose tokenizer_config.json (or "
+                                    "chat_template.jinja) has one, or read a text column with `text`",
+                                    "no chat template", "messages"))
     return problems

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from compiler.data.input_values import NUMPY_DTYPES, token_range
+from compiler.data.problems import DataProblem
 from compiler.diagnostics import StageError, error
 from compiler.ir.types import DataKind, DataSource
 from compiler.models.axes import Axis, axes_of
@@ -19,8 +20,8 @@ from compiler.models.index import ModelIndex, TensorInfo
 from compiler.models.inputs import InputRole, role_of
 
 
-def npz_problems(source: DataSource, index: ModelIndex) -> list[tuple[str, str, str]]:
-    """(code, message, help) for model inputs an npz file has no array for: read from the zip's directory
+def npz_problems(source: DataSource, index: ModelIndex) -> list[DataProblem]:
+    """Model inputs an npz file has no array for, or arrays of different sample counts: read from the zip's directory
     at check time (no array data), so a missing `attention_mask` is not found minutes into a compile."""
     if source.kind is not DataKind.NPZ or not source.path:
         return []
@@ -32,14 +33,15 @@ def npz_problems(source: DataSource, index: ModelIndex) -> list[tuple[str, str, 
     except (OSError, zipfile.BadZipFile, ValueError):
         return []  # missing or unreadable: reported with its own message
     missing = [t.name for t in index.inputs if t.name not in present]
-    problems = [("Q402", f"`{source.path}` has no array for model input `{name}`",
-                 f"arrays present: {', '.join(sorted(present)) or 'none'}; the model needs: "
-                 f"{', '.join(t.name for t in index.inputs)}") for name in missing]
+    problems = [DataProblem("Q402", f"`{source.path}` has no array for model input `{name}`",
+                            f"arrays present: {', '.join(sorted(present)) or 'none'}; the model needs: "
+                            f"{', '.join(t.name for t in index.inputs)}", "missing input") for name in missing]
     samples = {name: shape[0] if shape else 0 for name, shape in rows.items()}
     if len(set(samples.values())) > 1:  # samples are rows: a shorter mask would pair with the wrong ids
         listed = ", ".join(f"`{name}` {count}" for name, count in samples.items())
-        problems.append(("Q403", f"`{source.path}`: the model's inputs have different numbers of samples ({listed})",
-                         "every input array needs one row per sample, in the same order"))
+        problems.append(DataProblem("Q403", f"`{source.path}`: the model's inputs have different numbers of samples "
+                                    f"({listed})", "every input array needs one row per sample, in the same order",
+                                    "missing input"))
     return problems
 
 

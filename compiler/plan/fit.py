@@ -37,7 +37,7 @@ def report_q301(ir: RecipeIR, w: Workload, decision: ModeDecision, diags: Diagno
     if worst and worst.peak_ram <= decision.ram_budget:  # over only with the margin the estimate's error needs
         estimate += f" ({human_bytes(needed_ram(worst.peak_ram))} with the plan's {PLAN_MARGIN:.0%} margin)"
     where = f"`mode {decision.requested.value}`" if decision.requested is not MemoryMode.AUTO else "any memory mode"
-    budget = f"{human_bytes(decision.ram_budget)} ({'recipe' if decision.ram_source == 'recipe' else '85% of free memory'})"
+    budget = f"{human_bytes(decision.ram_budget)} ({'recipe' if decision.ram_source.is_limit else '85% of free memory'})"
     message = f"the plan does not fit in {where}: estimated {estimate} > budget {budget}"
     diags.error("Q301", message, _span(ir), "over budget", help=_suggestion(ir, w, decision, costs))
 

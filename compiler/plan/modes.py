@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from compiler.ir.types import Memory, MemoryMode
 from compiler.ir.values import human_bytes
-from compiler.plan.ops import ModeDecision, ModeEstimate
+from compiler.plan.ops import ModeDecision, ModeEstimate, RamSource
 
 AUTO_ORDER = (MemoryMode.FULL, MemoryMode.MULTI_GPU, MemoryMode.LOW_MEMORY, MemoryMode.OFFLOAD)
 DETECTED_FRACTION = 0.85  # of free memory, when the recipe gives no `ram`
@@ -24,11 +24,11 @@ def within(peak: int, ram: int) -> bool:
     return needed_ram(peak) <= ram
 
 
-def ram_budget(memory: Memory, detected_free: int) -> tuple[int, str]:
+def ram_budget(memory: Memory, detected_free: int) -> tuple[int, RamSource]:
     """The RAM budget and where it came from (the recipe, or detected free memory)."""
     if memory.ram is not None:
-        return memory.ram, "recipe"
-    return int(detected_free * DETECTED_FRACTION), "detected"
+        return memory.ram, RamSource.RECIPE
+    return int(detected_free * DETECTED_FRACTION), RamSource.DETECTED
 
 
 def fits(estimate: ModeEstimate, ram: int, vram: tuple[int, ...]) -> bool:
@@ -39,7 +39,7 @@ def fits(estimate: ModeEstimate, ram: int, vram: tuple[int, ...]) -> bool:
 
 
 def select_mode(requested: MemoryMode, estimates: dict[MemoryMode, ModeEstimate], ram: int,
-                vram: tuple[int, ...] = (), ram_source: str = "recipe") -> ModeDecision:
+                vram: tuple[int, ...] = (), ram_source: RamSource = RamSource.RECIPE) -> ModeDecision:
     """`auto` takes the first of full → multi_gpu → low_memory → offload that fits; an explicit mode is
     taken only if it fits. `mode` is None when nothing fits (the caller reports Q301)."""
     order = AUTO_ORDER if requested is MemoryMode.AUTO else (requested,)

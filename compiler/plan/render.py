@@ -36,7 +36,7 @@ def header_lines(plan: Plan) -> list[str]:
     """The plan's header: model, backend, budget, mode, peak and its parts."""
     d = plan.decision
     chosen = next(e for e, ok in d.tried if ok)
-    source = "from the recipe" if d.ram_source == "recipe" else "85% of free memory, detected"
+    source = d.ram_source.described
     lines = [
         f"plan {plan.recipe}  ({plan.source})",
         f"model    {plan.model}  ({plan.layers} layers, {plan.quantized_layers} quantized)",
@@ -87,7 +87,7 @@ def to_json(plan: Plan) -> str:
         "seconds": round(plan.seconds, 3), "start_seconds": round(plan.start_seconds, 3),
         **({"ranks": plan.ranks} if plan.ranks > 1 else {}),
         "memory": {"mode": plan.mode.value, "requested": d.requested.value, "ram_budget": d.ram_budget,
-                   "ram_source": d.ram_source, "vram_budget": list(d.vram_budget), "reason": d.reason,
+                   "ram_source": d.ram_source.value, "vram_budget": list(d.vram_budget), "reason": d.reason,
                    "tried": [{"mode": e.mode.value, "peak_ram": e.peak_ram, "peak_vram": e.peak_vram,
                               "feasible": e.feasible, "fits": ok, "parts": dict(e.parts)} for e, ok in d.tried]},
         "ops": [{"op": op.kind.value, "repeat": op.repeat, "peak_bytes": op.peak_bytes,

@@ -81,7 +81,7 @@ def build(planned, result=None) -> Report:
     facts = [("recipe", f"{ir.name} ({shown_path(plan.source)})"), ("recipe sha256", recipe_hash(print_ir(ir))),
              ("model", ir.model), ("backend", ir.backend.value),
              ("memory mode", f"{plan.decision.mode.value}: {plan.decision.reason}"),
-             ("RAM budget", f"{human_bytes(plan.decision.ram_budget)} ({plan.decision.ram_source})"),
+             ("RAM budget", f"{human_bytes(plan.decision.ram_budget)} ({plan.decision.ram_source.value})"),
              ("layers", f"{plan.layers} ({plan.quantized_layers} quantized)")]
     if result is not None:
         facts.append(("output", shown_path(result.output)))

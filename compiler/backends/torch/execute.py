@@ -56,7 +56,7 @@ from compiler.safe_files import own_folder
 
 def execute(plan: Plan, assignment: Assignment, output: Path, progress) -> CompileResult:
     """Run `plan` op by op on PyTorch (compiler.backends.program.execute_plan)."""
-    if plan.decision.mode is MemoryMode.OFFLOAD and plan.decision.ram_source == "recipe":
+    if plan.decision.mode is MemoryMode.OFFLOAD and plan.decision.ram_source.is_limit:
         keep_large_blocks_mapped()  # a RAM budget: a flat RSS first, at up to 13% more time (release.py)
     return execute_plan(plan, assignment, output, progress,
                         lambda guarded_progress, start: _Run(assignment, plan, output, guarded_progress, start))
