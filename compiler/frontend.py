@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from compiler.backends.registry import spec_for
+from compiler.backends.registry import backend_facts, spec_for
 from compiler.data.batches import path_problems, runtime_problems, unsynthesisable
 from compiler.data.npz import npz_problems
 from compiler.diagnostics import Diagnostic, DiagnosticError, Diagnostics, error, has_errors
@@ -111,8 +111,9 @@ def check_source(source: Source, overrides: tuple[str, ...] = (), with_model: bo
         return CheckResult(None, (parsed,))
     parsed, override_diags = apply_overrides(parsed, tuple(overrides))
     diags = Diagnostics(list(override_diags))
-    ir = elaborate(parsed, diags)
+    ir = elaborate(parsed, diags, backend_facts())
     run_checks(ir, diags)
+    spec_for(ir.backend).check_text(ir, diags)
     assignment, judged = None, None
     if with_model and ir.model:
         judged = _judged_against_model(ir, parsed, diags.items)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from compiler.backends.spec import BackendSpec
 from compiler.exhaustive import assert_never
-from compiler.ir.types import Backend
+from compiler.ir.types import Backend, BackendFacts
 
 
 def spec_for(backend: Backend) -> BackendSpec:
@@ -18,3 +18,8 @@ def spec_for(backend: Backend) -> BackendSpec:
             return SPEC
         case _:
             assert_never(backend)
+
+
+def backend_facts() -> dict[Backend, BackendFacts]:
+    """Every backend's facts, in the order a recipe without `backend` tries them for its model."""
+    return {backend: spec_for(backend).facts for backend in Backend}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from compiler.backends.release import collections_paused
 from compiler.diagnostics import Diagnostics
-from compiler.ir.types import Backend, EmitFormat, RecipeIR
+from compiler.ir.types import Backend, BackendFacts, EmitFormat, RecipeIR
 from compiler.plan.lower import Pass
 from compiler.plan.ops import Plan
 from compiler.plan.target import CostModel
@@ -22,6 +22,10 @@ from compiler.resolve.assignment import Assignment
 def as_checked(ir: RecipeIR, assignment: Assignment) -> Assignment:
     """The default `planned`: the plan is built on the assignment `qrc check` resolved."""
     return assignment
+
+
+def no_recipe_checks(ir: RecipeIR, diags: Diagnostics) -> None:
+    """The default `check_recipe`: nothing beyond the format check every backend gets."""
 
 
 def nothing_to_prepare(plan: Plan, writes: bool) -> AbstractContextManager[None]:
@@ -41,12 +45,14 @@ class BackendSpec:
     """One backend's light description (see the module docstring)."""
 
     backend: Backend
+    facts: BackendFacts  # what the recipe's elaboration and checks need to know of this backend
     formats: tuple[EmitFormat, ...]
     output: OutputKind
     output_help: str  # what to give as the output path
     costs: CostModel
     lowering: tuple[Pass, ...]  # the passes that lower a recipe to this backend's ops, in order
     check: Callable[[RecipeIR, Assignment, Diagnostics], None]  # capability checks against the resolved model
+    check_recipe: Callable[[RecipeIR, Diagnostics], None]  # capability checks of the recipe alone (no model)
     executor: str  # "module:function" of `execute(ir, assignment, plan, output, progress) -> CompileResult`
     # the assignment the plan is built on, when the backend runs another form of the model than the one
     # checked (the ONNX backend: an HF folder's cached export); reads no weights
@@ -55,6 +61,21 @@ class BackendSpec:
     # entered around a compile of `plan` before the executor is imported (`writes`: this rank writes the output),
     # to start what can run beside that import (the torch backend's check process: torch/check_process.py)
     prepare: Callable[[Plan, bool], AbstractContextManager[None]] = nothing_to_prepare
+
+    def check_text(self, ir: RecipeIR, diags: Diagnostics) -> None:
+        """What this backend refuses in the recipe alone: an `emit` format it does not write (Q220), else a path
+        without the extension its runtime looks for (Q233), then the backend's own checks (`check_recipe`)."""
+        if ir.emit is not None and ir.emit.format not in self.formats:
+            span = ir.emit.span_of("format") or ir.emit.span_of("path")
+            valid = ", ".join(f.value for f in self.formats)
+            diags.error("Q220", f"`format {ir.emit.format.value}` cannot be emitted by backend {self.backend.value}",
+                        span, "wrong format for the backend", help=f"backend {self.backend.value} emits: {valid}")
+        elif ir.emit is not None and ir.emit.path and ir.emit.format.suffix is not None:
+            suffix = ir.emit.format.suffix
+            if not ir.emit.path.endswith(suffix):
+                diags.warning("Q233", f'emit path "{ir.emit.path}" does not end in `{suffix}`', ir.emit.span_of("path"),
+                              "unexpected extension", help=f"runtimes look for `{suffix}` files")
+        self.check_recipe(ir, diags)
 
     def output_for(self, fmt: EmitFormat | None) -> OutputKind:
         """What the backend writes at the destination for `fmt`."""

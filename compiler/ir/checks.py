@@ -8,9 +8,7 @@ from compiler.ir.patterns import PatternError, alternations, check_regex, glob_t
 from compiler.ir.schemes import NONE, PRESETS
 from compiler.ir.types import (
     AttentionKernel,
-    Backend,
     CalibrationMethod,
-    EmitFormat,
     MemoryMode,
     QType,
     RecipeIR,
@@ -20,7 +18,6 @@ from compiler.safe_files import unnameable
 from compiler.source import Span
 
 LAYER_TYPES = ("Linear", "MatMul", "Gemm", "Conv", "Embedding")
-_ONNX_FORMATS = (EmitFormat.QDQ, EmitFormat.MATMUL_NBITS)
 
 
 def _pattern_span(span: Span, prefix: int, offset: int) -> Span:
@@ -86,78 +83,14 @@ def check_scheme_use(ir: RecipeIR, diags: Diagnostics) -> None:
                       "no rules", help='add `quantize { "*" -> SCHEME }`')
 
 
-def check_emit(ir: RecipeIR, diags: Diagnostics) -> None:
-    """The emit format against the backend and the path."""
-    if ir.emit is None:
-        return
-    fmt, span = ir.emit.format, ir.emit.span_of("format") or ir.emit.span_of("path")
-    wants_onnx = fmt in _ONNX_FORMATS
-    if wants_onnx != (ir.backend is Backend.ONNX):
-        valid = "qdq, matmul_nbits" if ir.backend is Backend.ONNX else "safetensors, gguf"
-        diags.error("Q220", f"`format {fmt.value}` cannot be emitted by backend {ir.backend.value}", span,
-                    "wrong format for the backend", help=f"backend {ir.backend.value} emits: {valid}")
-        return
-    if fmt is EmitFormat.MATMUL_NBITS:
-        _check_matmul_nbits(ir, diags)
-    suffix = ".onnx" if wants_onnx else ".gguf" if fmt is EmitFormat.GGUF else ".safetensors"
-    path = ir.emit.path
-    if path and (wants_onnx or fmt is EmitFormat.GGUF) and not path.endswith(suffix):
-        diags.warning("Q233", f'emit path "{path}" does not end in `{suffix}`', ir.emit.span_of("path"),
-                      "unexpected extension", help=f"runtimes look for `{suffix}` files")
-
-
-def _check_matmul_nbits(ir: RecipeIR, diags: Diagnostics) -> None:
-    for scheme in ir.used_schemes:
-        weights = scheme.weights
-        if weights is None or scheme.activations is not None:
-            continue  # float layers stay float; activation-quantized ones are emitted as QDQ
-        size = weights.group_size
-        if size is None or size < 16 or size & (size - 1):
-            got = f"`group {size}`" if size else f"`{weights.granularity.value}`"
-            diags.error("Q208", f"scheme `{scheme.name}` uses {got}, which MatMulNBits cannot take",
-                        scheme.span or (ir.emit.span_of("format") if ir.emit else None), "not a MatMulNBits block size",
-                        help="MatMulNBits needs `group N` with N a power of two ≥ 16 (32, 64, 128); "
-                        "or emit `format qdq`")
-
-
-def check_backend_features(ir: RecipeIR, diags: Diagnostics) -> None:
-    """Settings the recipe's backend does not have."""
-    if ir.backend is Backend.ONNX:
-        if ir.memory.mode is MemoryMode.MULTI_GPU:
-            diags.error("Q234", "`mode multi_gpu` needs backend torch", ir.memory.span_of("mode"),
-                        "onnx runs on one device", help="use `mode auto`, or `backend torch` for several GPUs")
-        _refuse_float_formats(ir, diags)
-    _check_attention(ir, diags)
-
-
-def _check_attention(ir: RecipeIR, diags: Diagnostics) -> None:
-    """Q270: `calibrate { attention … }` picks a transformers model's attention kernel; an exported graph and
-    a built-in have one attention of their own."""
+def refuse_attention_kernel(ir: RecipeIR, diags: Diagnostics, where: str) -> None:
+    """Q270: `calibrate { attention … }` picks a transformers model's attention kernel, which `where` (an
+    exported graph, a built-in model: the backends say which they run) does not have: it has its own."""
     if ir.calibration.attention is AttentionKernel.MODEL:
         return
-    where = ("an ONNX graph" if ir.backend is Backend.ONNX else
-             "a built-in model" if ir.model.startswith("builtin:") else None)
-    if where is not None:
-        diags.error("Q270", f"`attention {ir.calibration.attention.value}` chooses a transformers model's attention; "
-                    f"{where} has its own", ir.calibration.span_of("attention") or ir.span, "no kernel to choose",
-                    help="remove it, or compile a transformers folder with `backend torch`")
-
-
-def _refuse_float_formats(ir: RecipeIR, diags: Diagnostics) -> None:
-    """Q257: floating formats on the ONNX backend. onnxruntime's CPU build has no float8 MatMul (its QDQ
-    would run dequantized, in float) and no FP4 type; the formats are written for the runtimes that serve
-    them from compressed-tensors folders (vLLM, transformers)."""
-    if ir.kv_cache is not None:
-        diags.error("Q257", "`kv_cache { fp8 }` is written by the torch backend, not the ONNX one", ir.kv_cache.span,
-                    "KV cache on onnx", help="use `backend torch`; onnxruntime-genai keeps its cache in the model's dtype")
-    for scheme in ir.used_schemes:
-        types = {t for t in (scheme.quantized_weights.qtype, scheme.activations and scheme.activations.qtype)
-                 if t and (t.is_float or t.is_kquant)}
-        if types:
-            diags.error("Q257", f"scheme `{scheme.name}` uses {', '.join(sorted(t.value for t in types))}, which the "
-                        "ONNX backend does not write", scheme.span or ir.span, "not written on onnx",
-                        help="use `backend torch` (a compressed-tensors folder for vLLM and transformers; GGUF for "
-                        "the K-quants), or an integer scheme (W8A8, W4A16) for onnxruntime")
+    diags.error("Q270", f"`attention {ir.calibration.attention.value}` chooses a transformers model's attention; "
+                f"{where} has its own", ir.calibration.span_of("attention") or ir.span, "no kernel to choose",
+                help="remove it, or compile a transformers folder with `backend torch`")
 
 
 def check_mixed_precision(ir: RecipeIR, diags: Diagnostics) -> None:
@@ -251,8 +184,9 @@ def check_paths(ir: RecipeIR, diags: Diagnostics) -> None:
 
 
 # Run in this order after elaboration.
-CHECKS = (check_paths, check_selectors, check_groups, check_scheme_use, check_emit, check_backend_features,
-          check_mixed_precision, check_ranks, check_fp4_input_method)
+# the backend's own checks of the recipe (the emit format, what it refuses) run after these: BackendSpec.check_text
+CHECKS = (check_paths, check_selectors, check_groups, check_scheme_use, check_mixed_precision, check_ranks,
+          check_fp4_input_method)
 
 
 def run_checks(ir: RecipeIR, diags: Diagnostics) -> None:

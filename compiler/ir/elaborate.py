@@ -7,6 +7,7 @@ what was valid, so that the model-free checks (compiler/ir/checks.py) can still 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from compiler.diagnostics import Diagnostics, closest
@@ -16,8 +17,8 @@ from compiler.ir.transforms import elaborate_transform
 from compiler.ir.types import (
     AutoGroup,
     Backend,
+    BackendFacts,
     CalibrationMethod,
-    EmitFormat,
     Group,
     GroupPolicy,
     RecipeIR,
@@ -32,8 +33,9 @@ _SINGLE_ITEMS = {ast.ModelDecl: "model", ast.BackendDecl: "backend", ast.EmitDec
                  ast.TransformDecl: "transform"}
 
 
-def elaborate(recipe: ast.Recipe, diags: Diagnostics) -> RecipeIR:
-    """Elaborate a parsed recipe; problems go to `diags`."""
+def elaborate(recipe: ast.Recipe, diags: Diagnostics, backends: Mapping[Backend, BackendFacts]) -> RecipeIR:
+    """Elaborate a parsed recipe; problems go to `diags`. `backends`: each backend's facts, in the order a
+    recipe without `backend` tries them (compiler/backends/registry.py)."""
     singles = _singles(recipe, diags)
     model = singles.get("model")
     if model is None:
@@ -43,12 +45,12 @@ def elaborate(recipe: ast.Recipe, diags: Diagnostics) -> RecipeIR:
         diags.error("Q216", "`model` is empty", model.ref.span, "empty", help='e.g. `model "builtin:tiny-llama"`')
     model_ref = model.ref.value if model else ""
     backend_decl = singles.get("backend")
-    backend = Backend(backend_decl.kind.value) if backend_decl else backend_for_model(model_ref)
-    schemes = _schemes(recipe, backend, diags)
+    backend = Backend(backend_decl.kind.value) if backend_decl else backend_for_model(model_ref, backends)
+    facts = backends[backend]
+    schemes = _schemes(recipe, facts, diags)
     rules = _rules(recipe, schemes, diags)
     block = {kind: _block(recipe, kind, diags) for kind in ("calibrate", "mixed_precision", "memory", "verify")}
-    default_format = EmitFormat.QDQ if backend is Backend.ONNX else EmitFormat.SAFETENSORS
-    used = _used_presets(rules, block["mixed_precision"], schemes, backend)
+    used = _used_presets(rules, block["mixed_precision"], schemes, facts)
     ir = RecipeIR(
         name=recipe.name.value,
         model=model_ref,
@@ -62,11 +64,12 @@ def elaborate(recipe: ast.Recipe, diags: Diagnostics) -> RecipeIR:
         mixed_precision=blocks.elaborate_mixed_precision(block["mixed_precision"], diags),
         memory=blocks.elaborate_memory(block["memory"], diags),
         verify=blocks.elaborate_verify(block["verify"], diags),
-        emit=blocks.elaborate_emit(singles.get("emit"), default_format, diags),
+        emit=blocks.elaborate_emit(singles.get("emit"), facts.default_format, diags),
         source_name=recipe.span.source.name,
         span=recipe.span,
         kv_cache=elaborate_kv_cache(singles.get("kv_cache"), diags),
         transform=elaborate_transform(singles.get("transform"), diags),
+        facts=facts,
     )
     return _with_default_method(ir)
 
@@ -87,11 +90,14 @@ def _with_default_method(ir: RecipeIR) -> RecipeIR:
     return dataclasses.replace(ir, calibration=dataclasses.replace(calibration, method=CalibrationMethod.PERCENTILE))
 
 
-def backend_for_model(model: str) -> Backend:
-    """Built-ins and .onnx files run on ONNX; HF-style folders on torch."""
-    if model.startswith("builtin:") or model.lower().endswith(".onnx"):
-        return Backend.ONNX
-    return Backend.TORCH
+def backend_for_model(model: str, backends: Mapping[Backend, BackendFacts]) -> Backend:
+    """The first backend whose facts take the model (built-ins and .onnx files run on ONNX; HF-style folders on
+    torch), else the last."""
+    lowered = model.lower()
+    for backend, facts in backends.items():
+        if any(model.startswith(t) or lowered.endswith(t) for t in facts.takes_model):
+            return backend
+    return list(backends)[-1]
 
 
 def _singles(recipe: ast.Recipe, diags: Diagnostics) -> dict[str, Any]:
@@ -116,7 +122,7 @@ def _block(recipe: ast.Recipe, kind: str, diags: Diagnostics) -> ast.Block | Non
     return matches[0] if matches else None
 
 
-def _schemes(recipe: ast.Recipe, backend: Backend, diags: Diagnostics) -> dict[str, Scheme]:
+def _schemes(recipe: ast.Recipe, facts: BackendFacts, diags: Diagnostics) -> dict[str, Scheme]:
     known: dict[str, Scheme] = {NONE.name: NONE}
     for decl in (i for i in recipe.items if isinstance(i, ast.SchemeDecl)):
         name = decl.name.value
@@ -127,7 +133,7 @@ def _schemes(recipe: ast.Recipe, backend: Backend, diags: Diagnostics) -> dict[s
             diags.error("Q204", f"scheme `{name}` is {what}{where}", decl.name.span, "duplicate name",
                         help="give each scheme its own name; presets W4A16, W8A16, W8A8 and `none` are taken")
             continue
-        scheme = elaborate_scheme(decl, known, backend, diags)
+        scheme = elaborate_scheme(decl, known, facts, diags)
         if scheme is not None:
             known[name] = scheme
     return known
@@ -147,8 +153,8 @@ def _rules(recipe: ast.Recipe, schemes: dict[str, Scheme], diags: Diagnostics) -
 
 
 def _used_presets(rules, mixed_precision: ast.Block | None, schemes: dict[str, Scheme],
-                  backend: Backend) -> tuple[Scheme, ...]:
-    """Presets named directly by rules or choices (not redefined), in order of first use, as `backend` writes
+                  facts: BackendFacts) -> tuple[Scheme, ...]:
+    """Presets named directly by rules or choices (not redefined), in order of first use, as the backend writes
     them."""
     names = [r.scheme for r in rules]
     if mixed_precision is not None:
@@ -156,7 +162,7 @@ def _used_presets(rules, mixed_precision: ast.Block | None, schemes: dict[str, S
             if isinstance(item, ast.Setting) and item.key == "choices":
                 names.extend(n.value for n in item.value)  # type: ignore[union-attr]  # `choices [a, b]`
     used = dict.fromkeys(n for n in names if n in PRESETS and n not in schemes)
-    builtin = presets(backend)
+    builtin = presets(facts)
     return tuple(builtin[n] for n in used)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from compiler.diagnostics import Diagnostics, did_you_mean
@@ -9,7 +10,7 @@ from compiler.ir.types import (
     NONE,
     ActivationMode,
     ActivationQuant,
-    Backend,
+    BackendFacts,
     Granularity,
     KvCache,
     QType,
@@ -56,37 +57,32 @@ PRESETS = {
 # What a fresh `weights …` spec means before its items refine it (activations: `default_activations`).
 DEFAULT_WEIGHTS = _W8
 
-# onnxruntime's x86 CPU kernels (MLAS) multiply uint8 activations by int8 weights (U8S8); an int8 activation
-# it fuses only where a single MatMul reads it (its S8→U8 rewrite), and elsewhere it dequantizes and runs the
-# MatMul in float: slower than the float model (bench/onnx_w8a8_speed.py, a 55M decoder: 97 ms against 25.6
-# float and 16.8 with uint8). An asymmetric uint8 grid is the int8 one shifted by 128, so the default costs
-# nothing in accuracy. On ONNX the presets and a bare `activations …` therefore mean uint8; a recipe that
-# names `int8` gets it (with Q437).
-_A8_ONNX = replace(_A8, qtype=QType.UINT8)
 
 
-# QDQ holds static ranges only (onnxruntime's `quantize_static` form): on ONNX `W8A8` is the static preset.
-_ONNX_PRESETS = {name: (replace(s, activations=_A8_ONNX) if s.activations in (_A8, _A8_TOKEN) else s)
-                 for name, s in PRESETS.items()}
+@functools.cache
+def presets(facts: BackendFacts) -> dict[str, Scheme]:
+    """The presets as the backend writes them: integer activations in the type its runtime fuses (uint8 on
+    ONNX); where it holds static ranges only (QDQ, onnxruntime's `quantize_static` form), `W8A8` is the static
+    preset."""
+    a8 = default_activations(facts)
+    if a8 == _A8 and not facts.static_activations_only:
+        return PRESETS
+    return {name: (replace(s, activations=a8) if s.activations in (_A8, _A8_TOKEN) else s)
+            for name, s in PRESETS.items()}
 
 
-def presets(backend: Backend) -> dict[str, Scheme]:
-    """The presets as `backend` writes them: on ONNX, integer activations are uint8 (what onnxruntime fuses)."""
-    return _ONNX_PRESETS if backend is Backend.ONNX else PRESETS
-
-
-def default_activations(backend: Backend) -> ActivationQuant:
+def default_activations(facts: BackendFacts) -> ActivationQuant:
     """What `activations …` starts from before its items refine it."""
-    return _A8_ONNX if backend is Backend.ONNX else _A8
+    return _A8 if facts.activation_qtype is _A8.qtype else replace(_A8, qtype=facts.activation_qtype)
 
 _WEIGHT_GRANULARITIES = {"per_tensor", "per_channel"}
 _ACTIVATION_GRANULARITIES = {"per_tensor", "per_token"}
 
 
-def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], backend: Backend,
+def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], facts: BackendFacts,
                      diags: Diagnostics) -> Scheme | None:
-    """A `scheme` declaration → Scheme, refining its base (`= PRESET`, as `backend` writes it) when it has one."""
-    base = _base(decl, known, presets(backend), diags)
+    """A `scheme` declaration → Scheme, refining its base (`= PRESET`, as the backend writes it) when it has one."""
+    base = _base(decl, known, presets(facts), diags)
     if decl.base is not None and base is None:
         return None
     weights = base.weights if base else None
@@ -95,7 +91,7 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], backend: Ba
     if weight_items or any(s.role == "weights" for s in decl.specs):
         weights = _weights(weight_items, weights or DEFAULT_WEIGHTS, diags)
     for spec in (s for s in decl.specs if s.role == "activations"):
-        activations = None if spec.is_none else _activations(spec.items, activations or default_activations(backend), diags)
+        activations = None if spec.is_none else _activations(spec.items, activations or default_activations(facts), diags)
     _check_single(decl.specs, diags)
     kinds = tuple(k for k in decl.rounding if k.kind not in ("act_order", "group_scales", "scale_search"))
     rounding = _rounding(kinds, base.rounding if base else Rounding.RTN, diags)

@@ -166,6 +166,24 @@ class EmitFormat(enum.Enum):
     SAFETENSORS = "safetensors"
     GGUF = "gguf"  # one file llama.cpp runs (torch backend, Llama and Qwen decoders)
 
+    @property
+    def suffix(self) -> str | None:
+        """The extension runtimes look for in a file of this format (None: a folder)."""
+        return {"qdq": ".onnx", "matmul_nbits": ".onnx", "gguf": ".gguf"}.get(self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendFacts:
+    """What the recipe's checks need to know of its backend, declared by the backend's spec
+    (compiler/backends/*/spec.py) and carried on the IR, so that ir/ and resolve/ name no backend."""
+    default_format: EmitFormat  # `emit` without a `format`
+    activation_qtype: QType  # integer activations as the backend's runtime fuses them (uint8 for onnxruntime)
+    static_activations_only: bool  # holds calibrated per-tensor input ranges only (QDQ): presets' W8A8 is static
+    takes_model: tuple[str, ...]  # model references a recipe without `backend` runs here (prefixes or suffixes)
+    smooths_into_norms_only: bool  # SmoothQuant/AWQ scales fold into a norm only, never into a preceding layer
+    gptq_linear_only: bool  # GPTQ rounds Linear (MatMul) layers only
+    qdq_opset_limited: bool  # writes DequantizeLinear nodes whose 4-bit and block forms need opset 21
+
 
 class DataKind(enum.Enum):
     """Where calibration samples come from."""
@@ -451,6 +469,14 @@ class RecipeIR:
     span: Span
     kv_cache: KvCache | None = None
     transform: Transform | None = None
+    facts: BackendFacts | None = None  # the backend's, as its spec declares them (None: elaborated without them)
+
+    @property
+    def backend_facts(self) -> BackendFacts:
+        """The backend's facts (every IR the front end elaborates carries them)."""
+        if self.facts is None:
+            raise ValueError(f"recipe `{self.name}` was elaborated without its backend's facts")
+        return self.facts
 
     def scheme(self, name: str) -> Scheme:
         """The scheme named `name` (declared or a preset)."""

@@ -8,7 +8,7 @@ import re
 from collections import defaultdict
 
 from compiler.diagnostics import Diagnostics
-from compiler.ir.types import Backend, EmitFormat, Granularity, RecipeIR, Rounding, SelectorKind
+from compiler.ir.types import EmitFormat, Granularity, RecipeIR, Rounding, SelectorKind
 from compiler.models.index import LayerKind
 from compiler.models.names import compress
 from compiler.resolve.assignment import Assignment, rule_matches
@@ -97,7 +97,7 @@ def _misfits(ir: RecipeIR, a) -> list[str]:
         found.append("Q236")
     elif act is not None and act.granularity is Granularity.GROUP and act.group_size and layer.in_features % act.group_size:
         found.append("Q268")
-    if a.scheme.rounding is Rounding.GPTQ and ir.backend is Backend.ONNX and layer.kind is not LayerKind.LINEAR:
+    if a.scheme.rounding is Rounding.GPTQ and ir.backend_facts.gptq_linear_only and layer.kind is not LayerKind.LINEAR:
         found.append("Q226")
     weight_only = a.scheme.activations is None
     if ir.emit and ir.emit.format is EmitFormat.MATMUL_NBITS and weight_only and layer.kind is not LayerKind.LINEAR:
@@ -182,7 +182,7 @@ BLOCKED_QDQ_OPSET = 21
 def check_qdq_opset(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
     """Q265: QDQ weights that need opset 21 (4-bit, or a group/block scale) in an ONNX model of an older opset."""
     opset = assignment.model.opset
-    if ir.backend is not Backend.ONNX or opset is None or opset >= BLOCKED_QDQ_OPSET:
+    if not ir.backend_facts.qdq_opset_limited or opset is None or opset >= BLOCKED_QDQ_OPSET:
         return
     needing = [a for a in assignment.layers if not a.scheme.is_none and _blocked_qdq(ir, a)]
     if not needing:

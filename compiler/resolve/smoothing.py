@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from compiler.diagnostics import Diagnostic, Diagnostics
-from compiler.ir.types import Backend, Mapping, RecipeIR, Scheme, Selector, Transform, TransformKind
+from compiler.ir.types import Mapping, RecipeIR, Scheme, Selector, Transform, TransformKind
 from compiler.models.index import Layer, LayerKind, ModelIndex, Norm
 from compiler.models.names import compress
 from compiler.resolve.model_checks import closest_names
@@ -57,8 +57,8 @@ def resolve_smoothing(ir: RecipeIR, index: ModelIndex, schemes: dict[str, Scheme
     t = ir.transform
     if t is None:
         return ()
-    onnx = ir.backend is Backend.ONNX
-    found = _written(t, index, onnx, diags) if t.mappings else _inferred(t, index, onnx)
+    norms_only = ir.backend_facts.smooths_into_norms_only  # the ONNX backend folds scales into norms only (Q264)
+    found = _written(t, index, norms_only, diags) if t.mappings else _inferred(t, index, norms_only)
     if not found and not t.mappings:
         diags.error("Q260", f"`transform {t.kind.value}` infers no mapping for this `{index.family}` model",
                     t.span, "nothing to smooth", help=_no_inference_help(index))
@@ -107,7 +107,7 @@ def _no_inference_help(index: ModelIndex) -> str:
 
 
 # ---- inferred ------------------------------------------------------------------------------------------
-def _inferred(t: Transform, index: ModelIndex, onnx: bool) -> list[SmoothingMapping]:
+def _inferred(t: Transform, index: ModelIndex, norms_only: bool) -> list[SmoothingMapping]:
     """Norm → the layers it feeds (both methods), and the Linear pairs whose widths match (AWQ: v → o and
     up → down, v → o skipped under grouped-query attention, where v has fewer channels than o reads;
     SmoothQuant: up → down)."""
@@ -117,7 +117,7 @@ def _inferred(t: Transform, index: ModelIndex, onnx: bool) -> list[SmoothingMapp
         if readers:
             out.append(SmoothingMapping(norm.name, SourceKind.NORM, tuple(readers), norm.width, norm.block, t.span,
                                         True))
-    if not onnx:  # the ONNX backend folds into norms only (Q264)
+    if not norms_only:  # a layer-to-layer mapping needs a backend that folds into layers (Q264)
         pairs = LINEAR_PAIRS if t.kind is TransformKind.AWQ else _SMOOTHQUANT_PAIRS
         by_name = {x.name: x for x in index.layers}
         for layer in index.layers:
@@ -158,7 +158,7 @@ def _in_mlp(layer: Layer, block: str) -> bool:
 
 
 # ---- written: `map SOURCE -> TARGETS` ------------------------------------------------------------------
-def _written(t: Transform, index: ModelIndex, onnx: bool, diags: Diagnostics) -> list[SmoothingMapping]:
+def _written(t: Transform, index: ModelIndex, norms_only: bool, diags: Diagnostics) -> list[SmoothingMapping]:
     out = []
     for m in t.mappings:
         sources = _sources(m.source, index)
@@ -174,7 +174,7 @@ def _written(t: Transform, index: ModelIndex, onnx: bool, diags: Diagnostics) ->
         failed = 0
         for source in sources:
             local = Diagnostics()
-            resolved = _one(m, source, [x for group in targets for x in group], index, onnx, local)
+            resolved = _one(m, source, [x for group in targets for x in group], index, norms_only, local)
             if resolved is not None:
                 out.append(resolved)
             failed += bool(local.items)
@@ -205,7 +205,7 @@ def _unmatched(sel: Selector, what: str, names: list[str], diags: Diagnostics) -
                 help="closest names: " + ", ".join(closest_names(sel.pattern, names)))
 
 
-def _one(m: Mapping, source: Norm | Layer, candidates: list[Layer], index: ModelIndex, onnx: bool,
+def _one(m: Mapping, source: Norm | Layer, candidates: list[Layer], index: ModelIndex, norms_only: bool,
          diags: Diagnostics) -> SmoothingMapping | None:
     """One source with the targets in its block, checked: it can absorb a scale, feeds every target, and
     (where qrc knows what reads it) every reader is a target."""
@@ -220,7 +220,7 @@ def _one(m: Mapping, source: Norm | Layer, candidates: list[Layer], index: Model
         _not_feeding(m, source.name, f"it has {width} output channels, but {', '.join(compress(narrow)[:2])} "
                      f"read{'s' if len(narrow) == 1 else ''} {index.layer(narrow[0]).in_features}", diags)
         return None
-    if not is_norm and onnx:
+    if not is_norm and norms_only:
         diags.error("Q264", f"`{source.name}` is a MatMul: the ONNX backend folds scales into normalisation "
                     "weights only", m.source.span, "cannot absorb the scale here",
                     help="map from a norm on ONNX, or compile the model with `backend torch`")

@@ -8,9 +8,10 @@ from pathlib import Path
 from compiler.backends.onnx.cost import COSTS
 from compiler.backends.onnx.exported_model import quantized_layers, resolve_export
 from compiler.backends.onnx.lowering import LOWERING
+from compiler.backends.onnx.recipe_checks import check_recipe
 from compiler.backends.onnx.support import check_supported
 from compiler.backends.spec import BackendSpec, OutputKind
-from compiler.ir.types import Backend, EmitFormat, RecipeIR
+from compiler.ir.types import Backend, BackendFacts, EmitFormat, QType, RecipeIR
 from compiler.models import ModelError, gguf_file, local_path
 from compiler.models.exports import cached_export
 from compiler.models.index import ModelFormat
@@ -47,14 +48,28 @@ def _export_source(ref: str) -> Path | None:
     return float_folder(gguf, ref, create=False)
 
 
+# onnxruntime's x86 CPU kernels (MLAS) multiply uint8 activations by int8 weights (U8S8); an int8 activation
+# it fuses only where a single MatMul reads it (its S8→U8 rewrite), and elsewhere it dequantizes and runs the
+# MatMul in float: slower than the float model (bench/onnx_w8a8_speed.py, a 55M decoder: 97 ms against 25.6
+# float and 16.8 with uint8). An asymmetric uint8 grid is the int8 one shifted by 128, so the default costs
+# nothing in accuracy. On ONNX the presets and a bare `activations …` therefore mean uint8; a recipe that
+# names `int8` gets it (with Q437). QDQ holds static ranges only (onnxruntime's `quantize_static` form), so
+# `W8A8` is the static preset. Smoothing scales fold into norms only (Q264); GPTQ rounds MatMul weights only
+# (Q226); 4-bit and block-scaled DequantizeLinear need opset 21 (Q265).
+FACTS = BackendFacts(default_format=EmitFormat.QDQ, activation_qtype=QType.UINT8, static_activations_only=True,
+                     takes_model=("builtin:", ".onnx"), smooths_into_norms_only=True, gptq_linear_only=True,
+                     qdq_opset_limited=True)
+
 SPEC = BackendSpec(
     backend=Backend.ONNX,
+    facts=FACTS,
     formats=(EmitFormat.QDQ, EmitFormat.MATMUL_NBITS),
     output=OutputKind.FILE,
     output_help="a file path ending in .onnx",
     costs=COSTS,
     lowering=LOWERING,
     check=check_supported,
+    check_recipe=check_recipe,
     executor="compiler.backends.onnx.execute:execute",
     planned=planned_assignment,
 )

@@ -6,11 +6,18 @@ from compiler.backends.spec import BackendSpec, OutputKind
 from compiler.backends.torch.check_process import prepared
 from compiler.backends.torch.cost import COSTS
 from compiler.backends.torch.lowering import LOWERING
-from compiler.backends.torch.support import check_supported
-from compiler.ir.types import Backend, EmitFormat
+from compiler.backends.torch.support import check_recipe, check_supported
+from compiler.ir.types import Backend, BackendFacts, EmitFormat, QType
+
+# compressed-tensors' int8 activations, static or dynamic per token; any model a recipe without `backend` names
+# that no other backend takes (HF-style folders, GGUF files) runs here
+FACTS = BackendFacts(default_format=EmitFormat.SAFETENSORS, activation_qtype=QType.INT8,
+                     static_activations_only=False, takes_model=(), smooths_into_norms_only=False,
+                     gptq_linear_only=False, qdq_opset_limited=False)
 
 SPEC = BackendSpec(
     backend=Backend.TORCH,
+    facts=FACTS,
     formats=(EmitFormat.SAFETENSORS, EmitFormat.GGUF),
     output=OutputKind.FOLDER,
     output_help="a folder path (safetensors output; a .gguf file path with `format gguf`)",
@@ -18,6 +25,7 @@ SPEC = BackendSpec(
     costs=COSTS,
     lowering=LOWERING,
     check=check_supported,
+    check_recipe=check_recipe,
     executor="compiler.backends.torch.execute:execute",
     prepare=prepared,
 )

@@ -7,12 +7,19 @@ from compiler.backends.torch.gguf_check import check_gguf
 from compiler.backends.torch.quant_args import input_args, weight_args, weight_format
 from compiler.backends.torch.vllm_rules import VllmRejects, vllm_scheme
 from compiler.diagnostics import Diagnostics
+from compiler.ir.checks import refuse_attention_kernel
 from compiler.ir.types import ActivationMode, EmitFormat, Granularity, RecipeIR
 from compiler.models.index import ROUTER_OP, LayerKind, ModelFormat
 from compiler.models.names import attention_modules
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice
 from compiler.resolve.groups import auto_gate_up_instances, auto_qkv_instances
+
+
+def check_recipe(ir: RecipeIR, diags: Diagnostics) -> None:
+    """The torch backend's check of the recipe alone: a built-in model has its own attention (Q270)."""
+    if ir.model.startswith("builtin:"):
+        refuse_attention_kernel(ir, diags, "a built-in model")
 
 
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:

@@ -1,0 +1,51 @@
+"""What the ONNX backend refuses in a recipe alone, before any model is read: MatMulNBits block sizes (Q208),
+several devices (Q234), floating formats onnxruntime's CPU build cannot run (Q257), and an attention kernel
+choice an exported graph has no use for (Q270)."""
+
+from __future__ import annotations
+
+from compiler.diagnostics import Diagnostics
+from compiler.ir.checks import refuse_attention_kernel
+from compiler.ir.types import EmitFormat, MemoryMode, RecipeIR
+
+
+def check_recipe(ir: RecipeIR, diags: Diagnostics) -> None:
+    """The ONNX backend's checks of the recipe alone."""
+    if ir.emit is not None and ir.emit.format is EmitFormat.MATMUL_NBITS:
+        _check_matmul_nbits(ir, diags)
+    if ir.memory.mode is MemoryMode.MULTI_GPU:
+        diags.error("Q234", "`mode multi_gpu` needs backend torch", ir.memory.span_of("mode"),
+                    "onnx runs on one device", help="use `mode auto`, or `backend torch` for several GPUs")
+    _refuse_float_formats(ir, diags)
+    refuse_attention_kernel(ir, diags, "an ONNX graph")
+
+
+def _check_matmul_nbits(ir: RecipeIR, diags: Diagnostics) -> None:
+    for scheme in ir.used_schemes:
+        weights = scheme.weights
+        if weights is None or scheme.activations is not None:
+            continue  # float layers stay float; activation-quantized ones are emitted as QDQ
+        size = weights.group_size
+        if size is None or size < 16 or size & (size - 1):
+            got = f"`group {size}`" if size else f"`{weights.granularity.value}`"
+            diags.error("Q208", f"scheme `{scheme.name}` uses {got}, which MatMulNBits cannot take",
+                        scheme.span or (ir.emit.span_of("format") if ir.emit else None), "not a MatMulNBits block size",
+                        help="MatMulNBits needs `group N` with N a power of two ≥ 16 (32, 64, 128); "
+                        "or emit `format qdq`")
+
+
+def _refuse_float_formats(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Q257: floating formats on the ONNX backend. onnxruntime's CPU build has no float8 MatMul (its QDQ
+    would run dequantized, in float) and no FP4 type; the formats are written for the runtimes that serve
+    them from compressed-tensors folders (vLLM, transformers)."""
+    if ir.kv_cache is not None:
+        diags.error("Q257", "`kv_cache { fp8 }` is written by the torch backend, not the ONNX one", ir.kv_cache.span,
+                    "KV cache on onnx", help="use `backend torch`; onnxruntime-genai keeps its cache in the model's dtype")
+    for scheme in ir.used_schemes:
+        types = {t for t in (scheme.quantized_weights.qtype, scheme.activations and scheme.activations.qtype)
+                 if t and (t.is_float or t.is_kquant)}
+        if types:
+            diags.error("Q257", f"scheme `{scheme.name}` uses {', '.join(sorted(t.value for t in types))}, which the "
+                        "ONNX backend does not write", scheme.span or ir.span, "not written on onnx",
+                        help="use `backend torch` (a compressed-tensors folder for vLLM and transformers; GGUF for "
+                        "the K-quants), or an integer scheme (W8A8, W4A16) for onnxruntime")
