@@ -2,7 +2,7 @@
 search's scoring, and how phases make a mode's peak. Each backend's own phases are in its cost module
 (compiler/backends/onnx/cost.py, compiler/backends/torch/cost.py), next to the code they describe.
 
-Every constant is documented in the README ("Reading a plan"). Estimates are per phase (calibration,
+Every constant is documented in docs/memory.md ("Reading a plan"). Estimates are per phase (calibration,
 quantization, verification); a mode's peak is the largest phase. The backends check the estimates
 against measured peaks (the compile summary shows both).
 """

@@ -1,4 +1,4 @@
-"""GPTQ weight rounding (llm-compressor / AutoGPTQ's procedure, docs/backends.md), in float32 numpy.
+"""GPTQ weight rounding (llm-compressor / AutoGPTQ's procedure; docs/recipe-language.md, `rounding gptq`), in float32 numpy.
 
 `H = (2/n)·Σ xᵀx` over the layer's input rows is accumulated by a streaming HessianObserver (mergeable:
 sums). Quantizing: dead columns (diag(H) = 0) zeroed; optional act-order (argsort diag(H), descending);

@@ -1,5 +1,5 @@
 """The ONNX backend's memory model: what each phase of its execution holds (the planner asks it through
-the backend's spec; constants documented in the README, "Reading a plan")."""
+the backend's spec; constants documented in docs/memory.md, "Reading a plan")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The block-wise ops of the torch backend (low_memory, offload, multi_gpu; docs/backends.md, On PyTorch: block-wise
+"""The block-wise ops of the torch backend (low_memory, offload, multi_gpu; docs/torch.md, On PyTorch: block-wise
 execution): every stream run up to the blocks and their inputs cached; per block its weights, statistics,
 rounding and the streams on; what comes after the blocks on the last hidden states; and the bookkeeping that
 lets a killed offload run with `disk` resume after its last finished block (resume.py)."""

@@ -1,5 +1,5 @@
 """The torch backend's memory model: what its block-wise execution holds (the planner asks it through the
-backend's spec; constants documented in the README, "Reading a plan"). No torch import: planning stays light."""
+backend's spec; constants documented in docs/memory.md, "Reading a plan"). No torch import: planning stays light."""
 
 from __future__ import annotations
 

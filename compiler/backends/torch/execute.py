@@ -1,4 +1,4 @@
-"""Execute a plan on PyTorch, block by block (docs/backends.md, On PyTorch):
+"""Execute a plan on PyTorch, block by block (docs/torch.md, On PyTorch):
 
 1. run the calibration (and verification) samples up to the first block and cache its inputs;
 2. per block: load its weights (offload: from the checkpoint), collect statistics with hooks, quantize,
