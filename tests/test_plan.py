@@ -221,3 +221,19 @@ def test_the_time_scales_with_this_machines_speed(tmp_path, monkeypatch):
     plan_here = _plan("recipes/tiny-llama-torch-gptq.recipe").plan
     plan_fast = plan_file("recipes/tiny-llama-torch-gptq.recipe", detected_free=FREE, rates=fast).plan
     assert plan_fast.seconds == pytest.approx(plan_here.seconds / 2, rel=0.02)
+
+
+@pytest.mark.parametrize(("recipe", "overrides", "says"), [
+    ("llama-7b-w4a16-plan", (), "in `offload` each block calibrates on the outputs of the quantized blocks"),
+    ("llama-7b-w4a16-plan", ("memory.ram=256GiB",), "in `full` every block calibrates on the float model's inputs"),
+    ("llama-7b-w4a16-plan", ("memory.mode=offload",), None),  # the recipe chose the mode, not the budget
+    ("tiny-llama-torch-w4a16", ("memory.mode=auto",), None),  # data-free rtn: every mode writes the same model
+])
+def test_where_auto_picks_the_mode_the_plan_says_when_the_mode_changes_the_model(recipe, overrides, says, monkeypatch):
+    """GPTQ on the torch backend calibrates on the float model's inputs in `full` and on the quantized blocks'
+    outputs block by block: under `mode auto` the RAM figure picks which model is written, and the plan says so."""
+    monkeypatch.chdir(ROOT)
+    result = plan_file(ROOT / "recipes" / f"{recipe}.recipe", overrides, detected_free=64 << 30)
+    assert result.ok, render_all(result.diagnostics)
+    notes = [n for n in result.program.notes if n.startswith("the model written depends on the mode")]
+    assert len(notes) == (says is not None) and all(says in n for n in notes), notes

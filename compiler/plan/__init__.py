@@ -50,7 +50,7 @@ def build_plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: 
         return None
     passes = passes if decision.mode is MemoryMode.LOW_MEMORY else 1  # only low_memory splits the observers
     ctx = Context(ir, assignment, w, decision, estimates[decision.mode], passes, costs)
-    notes = _notes(w, costs, decision.mode)
+    notes = _notes(w, costs, decision.mode, decision.requested)
     lowered = timed(lower(ctx, lowering), w, rates, decision.mode, costs.seconds)
     return Plan(ir.name, ir.source_name, ir.model, ir.backend, len(assignment.layers),
                 len(w.quantized_layers), decision, lowered, notes, spans_of(ir), print_ir(written),
@@ -67,8 +67,11 @@ def spans_of(ir: RecipeIR) -> Spans:
                  verify=(ir.verify.span_of("bound") or ir.verify.span_of("metric") if ir.verify else None) or ir.span)
 
 
-def _notes(w: Workload, costs: CostModel, mode: MemoryMode) -> tuple[str, ...]:
+def _notes(w: Workload, costs: CostModel, mode: MemoryMode, requested: MemoryMode) -> tuple[str, ...]:
     notes = []
+    effect = costs.mode_effect(w, mode) if requested is MemoryMode.AUTO else None
+    if effect is not None:  # `auto` chose by the budget: a larger `ram` would write another model
+        notes.append(effect)
     if not w.calibrate:
         notes.append("no calibration pass: every scheme is weight-only and data-free")
     if w.index.graph is not None and w.index.format is ModelFormat.HF:

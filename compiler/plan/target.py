@@ -51,6 +51,11 @@ class CostModel(Protocol):
         (whether a killed one resumes)."""
         ...
 
+    def mode_effect(self, w: Workload, mode: MemoryMode) -> str | None:
+        """How running in `mode` changes the output (not only the memory), said where `auto` picked the mode; None
+        when every mode writes the same model."""
+        ...
+
     def estimate(self, w: Workload, mode: MemoryMode, chunk: int, passes: int = 1,
                  gpus: tuple[int, ...] = ()) -> ModeEstimate:
         """The peak of a mode: the largest of its phases."""

@@ -318,6 +318,11 @@ class OnnxCosts:
         """low_memory may observe each tensor in a pass of its own."""
         return len(w.observed)
 
+    def mode_effect(self, w: Workload, mode: MemoryMode) -> str | None:
+        """None: the ONNX backend's modes differ in what they hold, not in what they write (the promise tests
+        compare their outputs)."""
+        return None
+
     def notes(self, w: Workload, mode: MemoryMode) -> tuple[str, ...]:
         """A folder not exported yet is estimated from its config; whether a killed run resumes (with `disk`, its
         observers saved after every chunk, or every block in offload; not offload's GPTQ: onnx/resume.py)."""

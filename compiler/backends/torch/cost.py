@@ -271,6 +271,20 @@ class TorchCosts:
         """Block-wise runs observe one block at a time, in one pass."""
         return 1
 
+    def mode_effect(self, w: Workload, mode: MemoryMode) -> str | None:
+        """A calibrated compile's statistics: in `full` every layer's come from the float model's inputs; block by
+        block each block's come from the outputs of the blocks already quantized (docs/torch.md), so GPTQ's
+        Hessians, input ranges and transform scales, and with them the written weights, depend on the mode."""
+        if not (w.calibrate or w.gptq) or mode is MemoryMode.MULTI_GPU:
+            return None
+        if mode is MemoryMode.FULL:
+            return ("the model written depends on the mode: in `full` every block calibrates on the float model's "
+                    "inputs; `low_memory` and `offload` calibrate each block on the quantized blocks before it "
+                    "(write `mode` in `memory` to pin it)")
+        return (f"the model written depends on the mode: in `{mode.value}` each block calibrates on the outputs of "
+                "the quantized blocks before it; `full` calibrates every block on the float model's inputs (write "
+                "`mode` in `memory` to pin it)")
+
     def notes(self, w: Workload, mode: MemoryMode) -> tuple[str, ...]:
         """Whether a killed run resumes: block by block in offload with `disk` (torch/resume.py)."""
         if mode is MemoryMode.OFFLOAD and w.disk and not _files_only(w):
