@@ -263,17 +263,18 @@ def plan_file(path: str | Path, overrides: tuple[str, ...] = (), detected_free: 
     checked = check_file(path, overrides, with_model=True)
     if not checked.ok or checked.assignment is None:
         return PlanResult(checked, None, checked.diagnostics)
-    if detected_free is None:
-        import psutil
-
-        detected_free = psutil.virtual_memory().available
     diags = Diagnostics(list(checked.diagnostics))
     plan = _plan(checked.recipe, checked.assignment, detected_free, diags, ranks, rates or _this_machine())
     return PlanResult(checked, plan, tuple(diags.items))
 
 
-def _plan(ir: RecipeIR, assignment: Assignment, detected_free: int, diags: Diagnostics, ranks: int | None,
+def _plan(ir: RecipeIR, assignment: Assignment, detected_free: int | None, diags: Diagnostics, ranks: int | None,
           rates: Rates) -> Plan | None:
+    """The plan of a resolved recipe; `detected_free` (for recipes without `ram`) is measured when None."""
+    if detected_free is None:
+        import psutil
+
+        detected_free = psutil.virtual_memory().available
     spec = spec_for(ir.backend)
     return build_plan(ir, spec.planned(ir, assignment), detected_free, diags, spec.costs, spec.lowering, ranks, rates)
 
@@ -290,10 +291,8 @@ def check_before_work(path: str | Path, overrides: tuple[str, ...] = (), overwri
     view, assignment = checked.judged, checked.assignment
     if view is None or assignment is None or not view.plannable:
         return checked
-    import psutil
-
     diags = Diagnostics(list(checked.diagnostics))
-    plan = _plan(view.recipe, assignment, psutil.virtual_memory().available, diags, None, REFERENCE)
+    plan = _plan(view.recipe, assignment, None, diags, None, REFERENCE)
     needed = output_bytes(plan) if plan is not None else 0
     diags.items.extend(check_destination(view.recipe, output, needed, overwrite, emit_required=False).problems)
     return replace(checked, diagnostics=tuple(diags.items))
