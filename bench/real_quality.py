@@ -14,7 +14,8 @@ A sitting that runs some rows keeps the others' lines from the results file (whe
 
 With `--llmcompressor`, llm-compressor (in its own venv: its pins clash with qrc's) quantizes the same float
 model on the same calibration token ids for each row it has (bench/llmc_calibrated.py), and its output is
-measured the same way. AutoRound, llama.cpp's quantizer and onnxruntime's are not run by this script yet."""
+measured the same way. llama.cpp's quantizer is bench/real_gguf.py's; AutoRound and onnxruntime's are not run
+yet."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import argparse
 import importlib.metadata
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -39,6 +41,8 @@ ROWS = {
     "w8a8-smoothquant": ("W8A8", "transform smoothquant { }", "smoothquant"),
     "w8a8-static": ("W8A8_STATIC", "", "w8a8-static"),
     "w8a8-static-smoothquant": ("W8A8_STATIC", "transform smoothquant { alpha 0.8 }", "smoothquant-static"),
+    # the strength bench/real_validation.py found best on validation text (0.5 to 0.95 tried; see bench/README.md)
+    "w8a8-static-smoothquant-0.9": ("W8A8_STATIC", "transform smoothquant { alpha 0.9 }", None),
     "fp8-dynamic": ("FP8_DYNAMIC", "", "FP8_DYNAMIC"),
     "nvfp4a16": ("NVFP4A16", "", "NVFP4A16"),
     "w4-rtn": ("W4A16 { group 64 }", "", "rtn"),
@@ -63,7 +67,8 @@ def texts() -> tuple[str, str, str]:
 
 def recipe(name: str, calibration: Path, out: Path, samples: int) -> str:
     scheme, transform, _ = ROWS[name]
-    return (f'recipe real_{name.replace("-", "_")} {{\n    model "{MODEL}"\n    backend torch\n'
+    identifier = re.sub(r"\W", "_", name)
+    return (f'recipe real_{identifier} {{\n    model "{MODEL}"\n    backend torch\n'
             f"    scheme s = {scheme}\n    {transform}\n"
             '    quantize { type Linear -> s  "lm_head" -> none }\n'
             f'    calibrate {{ data npz "{calibration}" {{ samples {samples} }}  chunk 8 }}\n'
@@ -254,7 +259,10 @@ def write(args, rows, sets) -> None:
              "tool's whole process (start, loading, calibration, rounding, saving; qrc reads the GGUF and also "
              "verifies, llm-compressor reads the float folder the bench saved from it).",
              "", "The file's weights lie on Q4_1's grid (groups of 32): the int4 rows use groups of 64.", "",
-             "Not run by this script yet: AutoRound, llama.cpp's quantizer and onnxruntime's quantizers.", ""]
+             "llama.cpp's quantizer beside qrc's GGUF, run by llama.cpp: `bench/real_gguf.py`, "
+             "[real_quality_gguf.md](real_quality_gguf.md). Not run yet: AutoRound and onnxruntime's quantizers.",
+             "", "Methods and defaults were chosen on validation text from the calibration half "
+             "(`bench/real_validation.py`, bench/README.md), never on these held-out windows.", ""]
     if kept:
         lines += [f"The rows {', '.join(kept)} are an earlier sitting's (the same float figures), kept as they were; "
                   "this sitting ran the others.", ""]

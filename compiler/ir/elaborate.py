@@ -6,7 +6,6 @@ what was valid, so that the model-free checks (compiler/ir/checks.py) can still 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +17,6 @@ from compiler.ir.types import (
     AutoGroup,
     Backend,
     BackendFacts,
-    CalibrationMethod,
     Group,
     GroupPolicy,
     RecipeIR,
@@ -71,23 +69,7 @@ def elaborate(recipe: ast.Recipe, diags: Diagnostics, backends: Mapping[Backend,
         transform=elaborate_transform(singles.get("transform"), diags),
         facts=facts,
     )
-    return _with_default_method(ir)
-
-
-def _with_default_method(ir: RecipeIR) -> RecipeIR:
-    """`method` left unwritten: percentile (P = 99.999) where a scheme in use quantizes its inputs to integers
-    from calibration, else minmax. The global extremes of a layer's inputs are often a handful of outlier
-    tokens, which widen an int8 step for every other value (a 168M Llama's static W8A8: KL 0.00244 with
-    minmax, 0.00138 with percentile, in the same time; bench/w8a8_llmc.py); floating-point inputs (FP8, NVFP4)
-    keep minmax, llm-compressor's static_minmax, which their range needs."""
-    calibration = ir.calibration
-    if calibration.span_of("method") is not None:
-        return ir
-    integer_inputs = any(s.activations is not None and s.activations.calibrated and not s.activations.qtype.is_float
-                         for s in ir.used_schemes)
-    if not integer_inputs:
-        return ir
-    return dataclasses.replace(ir, calibration=dataclasses.replace(calibration, method=CalibrationMethod.PERCENTILE))
+    return ir
 
 
 def backend_for_model(model: str, backends: Mapping[Backend, BackendFacts]) -> Backend:

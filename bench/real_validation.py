@@ -1,0 +1,85 @@
+"""Choosing a method or a default on the real SmolLM2-135M without looking at the held-out text: each variant is
+compiled on bench/real_quality.py's calibration windows and measured in transformers on validation windows taken
+from the same (calibration) half of Python's language reference, after the first 64 × 512 tokens, which no
+calibration of up to 64 samples reads. bench/real_quality.py then reports on the held-out half and on LICENSE.
+
+    python bench/real_validation.py NAME='SCHEME | TRANSFORM AND OTHER ITEMS | CALIBRATE ITEMS' … [--samples 32]
+
+e.g. `st-mse='W8A8_STATIC | transform smoothquant { alpha 0.8 } | method mse'` or
+`gptq-sequential='W4A16 { group 64  rounding gptq } | memory { mode low_memory }'` (the last two parts may be
+empty or left out). Prints one line per variant: perplexity (mean ± std over the windows), KL and top-1 against
+float, and the compile's seconds."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import real_quality  # noqa: E402
+
+VALIDATION_START = 64 * 512  # the tokens after the largest calibration real_quality.py takes
+
+
+def variant(text: str) -> tuple[str, str, str]:
+    """'SCHEME | ITEMS | CALIBRATE ITEMS' → its three parts."""
+    parts = [p.strip() for p in text.split("|")] + ["", ""]
+    return parts[0], parts[1], parts[2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("variants", nargs="+", metavar="NAME='SCHEME | ITEMS | CALIBRATE ITEMS'")
+    parser.add_argument("--samples", type=int, default=32)
+    parser.add_argument("--windows", type=int, default=8)
+    args = parser.parse_args()
+
+    import numpy as np
+    import torch
+    import transformers
+
+    from compiler.models import model_dir, resolve_path
+
+    calibration_text, _, _ = real_quality.texts()
+    work = Path(tempfile.mkdtemp(prefix="qrc-validation-"))
+    path = resolve_path(real_quality.MODEL)
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(real_quality.MODEL)))
+    ids = tokenizer(calibration_text)["input_ids"]
+    calibration = work / "calibration.npz"
+    rows = np.asarray(ids[:args.samples * 512], np.int64).reshape(args.samples, 512)
+    np.savez(calibration, input_ids=rows, attention_mask=np.ones_like(rows))
+    rest = ids[VALIDATION_START:]
+    windows = [torch.tensor([rest[i * 512:(i + 1) * 512]]) for i in range(min(args.windows, len(rest) // 512))]
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                                  dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = [reference(w).logits for w in windows]
+    print(f"float: {real_quality.measure(reference, logits, windows)}", flush=True)
+    for named in args.variants:
+        name, _, text = named.partition("=")
+        scheme, items, calibrate = variant(text)
+        out = work / name
+        recipe = work / f"{name}.recipe"
+        recipe.write_text(f'recipe validation {{\n    model "{real_quality.MODEL}"\n    backend torch\n'
+                          f"    scheme s = {scheme}\n    {items}\n"
+                          '    quantize { type Linear -> s  "lm_head" -> none }\n'
+                          f'    calibrate {{ data npz "{calibration}" {{ samples {args.samples} }}  chunk 8  {calibrate} }}\n'
+                          f'    emit "{out}"\n}}\n')
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "compiler", "compile", str(recipe)], cwd=ROOT,
+                              capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            print(f"{name}: compile failed\n{done.stdout[-1500:]}", flush=True)
+            continue
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+        print(f"{name} ({seconds:.0f} s): {real_quality.measure(model, logits, windows)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
