@@ -114,11 +114,7 @@ def measured(path: Path, windows, reference) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
-    parser.add_argument("--samples", type=int, default=32)
-    parser.add_argument("--seqlen", type=int, default=512)
-    parser.add_argument("--windows", type=int, default=12)
-    parser.add_argument("--length", type=int, default=512)
+    real_quality.window_options(parser, list(ROWS))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real_quality_gguf.md")
     args = parser.parse_args()
 

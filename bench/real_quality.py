@@ -131,13 +131,19 @@ def measured(out: Path, logits, sets) -> dict | str:
         return f"transformers cannot run it: {type(exc).__name__}: {said}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
+def window_options(parser: argparse.ArgumentParser, rows: list[str]) -> None:
+    """The options the real-weights benches share: the rows to run, the calibration windows (samples × seqlen
+    tokens) and the held-out windows (count × length tokens)."""
+    parser.add_argument("--rows", nargs="*", default=rows, choices=rows)
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--seqlen", type=int, default=512)
     parser.add_argument("--windows", type=int, default=12)
     parser.add_argument("--length", type=int, default=512)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    window_options(parser, list(ROWS))
     parser.add_argument("--llmcompressor", metavar="VENV_PYTHON",
                         help="the interpreter of a venv with llm-compressor: its rows beside qrc's")
     parser.add_argument("--anchor-rows", nargs="*", default=None, choices=list(ROWS), metavar="ROW",
