@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "onnxruntime", "transformers")
 
 
-def _heavy_modules_after(code: str) -> list[str]:
-    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+def _heavy_modules_after(code: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
+    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True)
     return out.stdout.split()
 
@@ -35,6 +35,16 @@ def test_both_backends_specs_are_light():
             "from compiler.backends.registry import spec_for\nfrom compiler.ir.types import Backend\n"
             "[spec_for(b) for b in Backend]")
     assert _heavy_modules_after(code) == []
+
+
+def test_a_torch_plan_does_not_import_onnx():
+    """Every compile loads every backend's spec (a recipe without `backend` tries each): the ONNX one must not
+    import onnx (0.9 s of a torch compile's start, mostly ml_dtypes). (The builtin models are ONNX graphs: an HF
+    folder's config here.)"""
+    code = ("from compiler import plan_file\n"
+            "r = plan_file('recipes/llama-7b-w4a16-plan.recipe', detected_free=1 << 36)\n"
+            "assert r.ok, r.diagnostics")
+    assert _heavy_modules_after(code, ("onnx", "ml_dtypes")) == []
 
 
 def test_qrc_plan_with_a_report_is_light(tmp_path):

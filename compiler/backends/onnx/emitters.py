@@ -19,13 +19,13 @@ import onnx
 from compiler.backends.emitter import Emitter, Spec
 from compiler.backends.onnx.cost import EXTERNAL_THRESHOLD
 from compiler.backends.onnx.files import ModelFiles, load_remaining
+from compiler.backends.onnx.kernels import uses_matmul_nbits
 from compiler.backends.onnx.rewrite import (
     Replacement,
     WeightJob,
     activation_consumers,
     replacement,
     rewrite,
-    uses_matmul_nbits,
     weight_axes,
     weight_nodes,
 )

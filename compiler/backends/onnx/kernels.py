@@ -16,10 +16,18 @@ from __future__ import annotations
 
 from collections import Counter
 
-from compiler.backends.onnx.rewrite import uses_matmul_nbits
-from compiler.ir.types import EmitFormat, QType
+from compiler.ir.types import EmitFormat, Granularity, QType, Scheme
 from compiler.models.graph import GraphSummary
 from compiler.resolve.assignment import Assignment, LayerAssignment
+
+
+# here, not in rewrite.py (which imports onnx: 0.9 s), so that the spec every compile loads stays light
+def uses_matmul_nbits(fmt: EmitFormat, op_type: str, scheme: Scheme) -> bool:
+    """Whether a node of `op_type` has its weight emitted as a MatMulNBits (weight-only groups on MatMul with
+    that format)."""
+    return (fmt is EmitFormat.MATMUL_NBITS and op_type == "MatMul" and scheme.activations is None
+            and scheme.quantized_weights.granularity is Granularity.GROUP)
+
 
 _FUSED = {"MatMul": "MatMulIntegerToFloat", "Conv": "QLinearConv", "Gemm": "QGemm"}
 

@@ -10,7 +10,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.ir.types import EmitFormat, Granularity, QType, Scheme
+from compiler.backends.onnx.kernels import uses_matmul_nbits
+from compiler.ir.types import EmitFormat, QType, Scheme
 from compiler.models.index import Layer
 from compiler.quant import qparams
 from compiler.quant.weights import QuantizedWeight, offset_bytes, pack_int4, round_weight
@@ -66,13 +67,6 @@ def tensor(name: str, array: np.ndarray, qtype: QType | None = None) -> onnx.Ten
         return numpy_helper.from_array(np.array(array, order="C"), name)  # 0-d stays 0-d
     raw = pack_int4(np.asarray(array).reshape(-1)).tobytes()
     return helper.make_tensor(name, _TYPES[qtype], list(array.shape), vals=raw, raw=True)
-
-
-def uses_matmul_nbits(fmt: EmitFormat, op_type: str, scheme: Scheme) -> bool:
-    """Whether a node of `op_type` has its weight emitted as a MatMulNBits (weight-only groups on MatMul with
-    that format)."""
-    return (fmt is EmitFormat.MATMUL_NBITS and op_type == "MatMul" and scheme.activations is None
-            and scheme.quantized_weights.granularity is Granularity.GROUP)
 
 
 def dequantize_nodes(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, scale_type=np.float32) -> tuple[list, list, str]:
