@@ -467,12 +467,17 @@ def test_a_failed_export_is_a_diagnostic(folders, tmp_path):
 
 
 @pytest.mark.parametrize("exporter", ["builder-fp32", "qrc-dynamo"])
-@pytest.mark.parametrize("data", ["text", "dataset"])
+@pytest.mark.parametrize("data", ["text", "dataset", "npz"])
 def test_an_exported_decoder_calibrates_from_text(exported, folders, exporter, data, tmp_path):
-    """`data text` and `data dataset` on an exported decoder: the text's tokens with positions from 0 and an
-    empty cache (the empty past key/values were taken for empty samples: Q401 "no usable sample")."""
+    """`data text`, `data dataset` and an npz of token ids alone on an exported decoder: the tokens with
+    positions from 0 and an empty cache (the empty past key/values were taken for empty samples: Q401 "no
+    usable sample"; an npz without past key/value arrays was refused, Q402 once per cache input)."""
     words = [" ".join(f"t{(7 * line + 3 * i) % 317 + 3}" for i in range(40)) for line in range(300)]
-    if data == "text":
+    if data == "npz":
+        ids = np.random.RandomState(0).randint(3, 300, (8, 24)).astype(np.int64)
+        np.savez(tmp_path / "calib.npz", input_ids=ids, attention_mask=np.ones_like(ids))
+        source = f'data npz "{tmp_path / "calib.npz"}" {{ samples 8 }}'
+    elif data == "text":
         (tmp_path / "calib.txt").write_text("\n".join(words) + "\n")
         source = f'data text "{tmp_path / "calib.txt"}" {{ tokenizer "{folders["llama"] / "tokenizer.json"}"  samples 8  seqlen 24 }}'
     else:

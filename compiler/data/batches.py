@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.data.input_values import NUMPY_DTYPES, token_range
+from compiler.data.input_values import NUMPY_DTYPES, implied_input, token_range
 from compiler.data.npz import npz_axes, read_npz
 from compiler.data.problems import DataProblem
 from compiler.diagnostics import StageError, error
@@ -297,28 +297,13 @@ def _token_feeds(source: DataSource, index: ModelIndex, ids: np.ndarray, mask: n
         if info.name in tokens:
             arrays[info.name] = tokens[info.name].astype(NUMPY_DTYPES.get(info.dtype, np.int64))
             continue
-        implied = _implied_by_text(index, info, len(ids), source.seqlen)
+        implied = implied_input(index, info, len(ids), source.seqlen)
         if implied is None:
             raise StageError(error("Q402", f"{what} cannot provide model input `{info.name}`", source.span_of("data"),
                                      "missing input", help="tokenised data gives input_ids, attention_mask, token_type_ids, "
                                      "positions and an empty key/value cache; use npz otherwise"))
         arrays[info.name] = implied
     return _usable(source, arrays, index)
-
-
-def _implied_by_text(index: ModelIndex, info: TensorInfo, rows: int, seqlen: int) -> np.ndarray | None:
-    """What tokenised text implies for a decoder's other inputs: positions counting from 0 and an empty
-    cache (a prompt's first step); None for an input text says nothing about."""
-    role, binding = role_of(info), Binding(1, seqlen, past=0)
-    shape = shape_at(index, info, binding)
-    if isinstance(shape, str) or role is InputRole.POSITIONS and len(shape) != 2:
-        return None
-    if role not in (InputRole.PAST, InputRole.POSITIONS):
-        return None
-    dtype = NUMPY_DTYPES.get(info.dtype, np.float32)
-    if role is InputRole.PAST:
-        return np.zeros((rows, *shape[1:]), dtype)
-    return np.broadcast_to(np.arange(seqlen, dtype=dtype), (rows, seqlen)).copy()
 
 
 _CHARS_PER_TOKEN = 64  # a token is at most this many characters: the rest of a long line is never tokenised

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.data.input_values import NUMPY_DTYPES, token_range
+from compiler.data.input_values import NUMPY_DTYPES, impliable, implied_input, token_range
 from compiler.data.problems import DataProblem
 from compiler.diagnostics import StageError, error
 from compiler.ir.types import DataKind, DataSource
@@ -32,7 +32,9 @@ def npz_problems(source: DataSource, index: ModelIndex) -> list[DataProblem]:
             rows = {t.name: _npy_header(archive.open(members[t.name]))[0] for t in index.inputs if t.name in present}
     except (OSError, zipfile.BadZipFile, ValueError):
         return []  # missing or unreadable: reported with its own message
-    missing = [t.name for t in index.inputs if t.name not in present]
+    tokens = _token_input(index)
+    missing = [t.name for t in index.inputs if t.name not in present
+               and not (tokens is not None and tokens.name in present and impliable(t))]
     problems = [DataProblem("Q402", f"`{source.path}` has no array for model input `{name}`",
                             f"arrays present: {', '.join(sorted(present)) or 'none'}; the model needs: "
                             f"{', '.join(t.name for t in index.inputs)}", "missing input") for name in missing]
@@ -100,10 +102,31 @@ def read_npz(source: DataSource, index: ModelIndex, rows: int | None = None) -> 
     except Exception as exc:  # a corrupt or non-npz file: numpy raises several types
         raise StageError(error("Q401", f"`{source.path}` is not a readable .npz file ({type(exc).__name__})",
                                  span, "unreadable", help="save it with numpy.savez(path, input_ids=..., ...)")) from None
+    _imply_missing(index, arrays)
     for info in index.inputs:
         _check_input(source, info, arrays, span, index)
     _check_lengths(source, index, arrays, span)
     return {info.name: arrays[info.name] for info in index.inputs}
+
+
+def _token_input(index: ModelIndex) -> TensorInfo | None:
+    """The model's token-id input, where it has one."""
+    return next((t for t in index.inputs if role_of(t) is InputRole.TOKENS), None)
+
+
+def _imply_missing(index: ModelIndex, arrays: dict[str, np.ndarray]) -> None:
+    """A decoder's cache and positions the file has no array for, from its token ids (an empty cache, positions
+    from 0: what tokenised text feeds), so an npz of `input_ids` and `attention_mask` calibrates an exported
+    decoder as it calibrates the model it came from."""
+    tokens = _token_input(index)
+    ids = arrays.get(tokens.name) if tokens is not None else None
+    if ids is None or ids.ndim != 2:
+        return
+    for info in index.inputs:
+        if info.name not in arrays:
+            implied = implied_input(index, info, ids.shape[0], ids.shape[1])
+            if implied is not None:
+                arrays[info.name] = implied
 
 
 def _arrays_in(archive: zipfile.ZipFile) -> dict[str, str]:
