@@ -100,6 +100,11 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "the gguf package dequantizes. Another architecture, a sentencepiece vocabulary, a tensor with no "
              "place in the layout, or a damaged header is refused before any work.",
              'model "phi-2.Q4_0.gguf"   # architecture phi2'),
+    CodeInfo("Q272", "the importance-weighted search on the ONNX backend",
+             "`rounding imatrix` on integer weights searches each group's clipping with every input column's error "
+             "weighted by that column's mean square over the calibration tokens; the torch backend gathers those "
+             "while it calibrates, the ONNX backend gathers Hessians for GPTQ only.",
+             'backend onnx  scheme s = W4A16 { group 64  rounding imatrix }'),
     CodeInfo("Q256", "a floating format with a setting it cannot take",
              "FP8, NVFP4 and MX formats are symmetric and rounded as compressed-tensors defines them (rtn). NVFP4 "
              "scales blocks of 16 and MX blocks of 32 (the format fixes the group); fp8 weights are per tensor, per "

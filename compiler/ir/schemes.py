@@ -318,11 +318,8 @@ def _check_floats(decl: ast.SchemeDecl, w: WeightQuant, a: ActivationQuant | Non
 
 
 def _kquant_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Rounding) -> tuple[str, str] | None:
-    """What a K-quant scheme (or `rounding imatrix`, their weighted search) cannot take."""
+    """What a K-quant scheme cannot take."""
     fmt = w.qtype
-    if not fmt.is_kquant:
-        return (f"`rounding imatrix` is the K-quants' weighted search, not one for {fmt.value}",
-                "use `weights q4_k`, `q5_k` or `q6_k` with it, or another rounding")
     if w.granularity is not Granularity.GROUP or w.group_size != fmt.kquant_group:
         return (f"{fmt.value} scales sub-blocks of {fmt.kquant_group} weights",
                 f"drop the granularity: {fmt.value} means `group {fmt.kquant_group}`")
@@ -340,7 +337,7 @@ def _kquant_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Roundin
 
 def _float_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Rounding) -> tuple[str, str] | None:
     fmt = w.qtype
-    if fmt.is_kquant or rounding is Rounding.IMATRIX:
+    if fmt.is_kquant:
         return _kquant_problem(w, a, rounding)
     if w.granularity is Granularity.BLOCK and fmt is not QType.FP8:
         return f"`block` tiles are for fp8 weights, not {fmt.value}", "use `group N` for integer weights"
@@ -353,7 +350,7 @@ def _float_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Rounding
         return "fp8 weights take `per_tensor`, `per_channel` or `block RxC`", "e.g. `weights fp8 block 128x128`"
     if fmt.is_float and rounding is not Rounding.RTN:
         return (f"{fmt.value} weights are rounded with rtn (compressed-tensors' rounding), not {rounding.value}",
-                "write `rounding rtn`, or use an integer type for gptq/mse")
+                "write `rounding rtn`, or use an integer type for gptq, mse or imatrix")
     if a is None:
         return None
     if a.qtype.fixed_group:

@@ -84,7 +84,9 @@ class Rounding(enum.Enum):
     RTN = "rtn"
     MSE = "mse"
     GPTQ = "gptq"
-    IMATRIX = "imatrix"  # K-quants: llama.cpp's weighted search, weighted by the inputs' mean squares (its imatrix)
+    # a search weighted by each input column's mean square over the calibration tokens (llama.cpp's imatrix): the
+    # K-quants' own search; integer groups and channels: `mse`'s clipping search with those weights, then rtn
+    IMATRIX = "imatrix"
 
 
 class ActivationMode(enum.Enum):

@@ -179,7 +179,8 @@ ROUND_TASK_BYTES = 2 << 20  # float bytes one core rounds at a time: the passes 
 def round_weight(w, spec: WeightQuant, rounding: Rounding, channel_axis: int, input_axis: int,
                  convention: Convention = Convention.ORT, scale_dtype=np.float32,
                  slice_bytes: int = 16 << 20, measure: bool = False,
-                 float32: Callable[[Any, np.ndarray], np.ndarray] | None = None) -> QuantizedWeight:
+                 float32: Callable[[Any, np.ndarray], np.ndarray] | None = None,
+                 importance: np.ndarray | None = None) -> QuantizedWeight:
     """`quantize_weight` of a whole weight in slices of output channels rounded on every core: per-channel
     and per-group scales are independent across channels, so the bytes are those of one piece. At most
     `slice_bytes` of float weight are in flight at once (each core's slice is at most slice_bytes / cores),
@@ -189,7 +190,8 @@ def round_weight(w, spec: WeightQuant, rounding: Rounding, channel_axis: int, in
     float32 into `scratch` (a flat float32 array of its size) and returns it in the slice's shape; each core
     converts its slice while it is in cache, into scratch it reuses (fresh memory for every slice would be
     faulted in afresh), instead of the whole weight first. Slices of the first axis are rounded into one
-    integer array (no copy to join them)."""
+    integer array (no copy to join them). `importance`: quantize_weight's, one weight per input column (the
+    same for every slice of output channels)."""
     if float32 is None:
         w = np.asarray(w, np.float32)
     shape = tuple(w.shape)
@@ -205,7 +207,7 @@ def round_weight(w, spec: WeightQuant, rounding: Rounding, channel_axis: int, in
         # a non-finite value (which the caller refuses, Q409, seeing the sums) gives NaN scales: no warnings
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             return quantize_weight(values, spec, rounding, channel_axis, input_axis, convention, scale_dtype,
-                                   measure=measure, out=out)
+                                   importance, measure=measure, out=out)
 
     if spec.granularity is Granularity.PER_TENSOR or slices <= 1:
         return rounded(w, q)

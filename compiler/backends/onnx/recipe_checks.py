@@ -1,12 +1,12 @@
 """What the ONNX backend refuses in a recipe alone, before any model is read: MatMulNBits block sizes (Q208),
-several devices (Q234), floating formats onnxruntime's CPU build cannot run (Q257), and an attention kernel
-choice an exported graph has no use for (Q270)."""
+several devices (Q234), floating formats onnxruntime's CPU build cannot run (Q257), the importance-weighted
+search on integer weights (Q272), and an attention kernel choice an exported graph has no use for (Q270)."""
 
 from __future__ import annotations
 
 from compiler.diagnostics import Diagnostics
 from compiler.ir.checks import refuse_attention_kernel
-from compiler.ir.types import EmitFormat, MemoryMode, RecipeIR
+from compiler.ir.types import EmitFormat, MemoryMode, RecipeIR, Rounding
 
 
 def check_recipe(ir: RecipeIR, diags: Diagnostics) -> None:
@@ -17,7 +17,19 @@ def check_recipe(ir: RecipeIR, diags: Diagnostics) -> None:
         diags.error("Q234", "`mode multi_gpu` needs backend torch", ir.memory.span_of("mode"),
                     "onnx runs on one device", help="use `mode auto`, or `backend torch` for several GPUs")
     _refuse_float_formats(ir, diags)
+    _refuse_imatrix(ir, diags)
     refuse_attention_kernel(ir, diags, "an ONNX graph")
+
+
+def _refuse_imatrix(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Q272: `rounding imatrix` on integer weights is the torch backend's (its calibration gathers each input
+    column's mean square); the ONNX backend gathers Hessians for GPTQ only. K-quants are Q257's."""
+    for scheme in ir.used_schemes:
+        weights = scheme.quantized_weights if scheme.weights is not None else None
+        if scheme.rounding is Rounding.IMATRIX and weights is not None and not weights.qtype.is_kquant:
+            diags.error("Q272", f"scheme `{scheme.name}` rounds with `imatrix`, which the ONNX backend does not run",
+                        scheme.span or ir.span, "imatrix on onnx",
+                        help="use `backend torch`, or `rounding mse` (data-free) or `rounding gptq` on ONNX")
 
 
 def _check_matmul_nbits(ir: RecipeIR, diags: Diagnostics) -> None:

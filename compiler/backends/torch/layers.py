@@ -63,7 +63,8 @@ class Job:
 
     @property
     def imatrix(self) -> bool:
-        """A K-quant searched with its inputs' per-column mean squares (llama.cpp's importance matrix)."""
+        """Searched with its inputs' per-column mean squares (llama.cpp's importance matrix): a K-quant's own
+        search, an integer scheme's clipping search (mse's)."""
         return self.scheme.rounding is Rounding.IMATRIX
 
     @property
@@ -274,6 +275,10 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
     if spec.qtype.is_float:  # rounded and stored by compressed-tensors (float_formats.py)
         return float_formats.quantize_scheme(weight, job.scheme, scale_dtype, shared_absmax, measure)
     np_dtype = str(scale_dtype).removeprefix("torch.")
+    if job.imatrix and not spec.qtype.is_kquant:  # mse's search, each column's error weighted by its inputs
+        importance = stats.importance(job) if stats is not None and stats.saw(job) else None
+        return round_weight(weight.detach().cpu(), spec, Rounding.MSE, 0, 1, Convention.TORCH, np_dtype,
+                            slice_bytes=ROW_SLICE_BYTES, measure=measure, float32=_into_float32, importance=importance)
     if not job.gptq and not spec.qtype.is_kquant:
         # rows (output channels) are independent: rounded in slices on every core, from the float's bits
         # where the fused kernel applies, else each slice made float32 there (a bfloat16 weight is not copied
