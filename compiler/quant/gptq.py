@@ -17,7 +17,7 @@ import numpy as np
 
 from compiler.ir.types import Granularity, Rounding, WeightQuant
 from compiler.quant import qparams
-from compiler.quant.weights import Convention, QuantizedWeight, quantize_weight
+from compiler.quant.weights import Convention, QuantizedWeight, quantize_weight, round_weight
 
 DAMPENING = 0.01  # of the mean Hessian diagonal, added to the diagonal (llm-compressor's default)
 MAX_DAMPENING = 10.0  # raised tenfold while the Cholesky factorisation fails, up to this
@@ -221,7 +221,8 @@ class _ScaleRule:
         if self.importance is None:
             return quantize_weight(w, spec, Rounding.RTN, 0, 1, self.convention, self.scale_dtype)
         importance = self.importance[first_column:first_column + w.shape[1]]
-        return quantize_weight(w, spec, Rounding.MSE, 0, 1, self.convention, self.scale_dtype, importance)
+        # the search's roundings dominate: slices of output channels on every core
+        return round_weight(w, spec, Rounding.MSE, 0, 1, self.convention, self.scale_dtype, importance=importance)
 
 
 def _columns(w, hinv, table: _ScaleTable, order: np.ndarray | None,

@@ -107,6 +107,20 @@ def torch_scale_zero_point(rmin: np.ndarray, rmax: np.ndarray, qtype: QType, sym
     return scale, zp.astype(np.int32)
 
 
+def stored_signed(values: np.ndarray, dtype) -> np.ndarray:
+    """Scales of either sign as float32, rounded to the dtype they are stored in (float16 or bfloat16 via torch),
+    none of them zero (a magnitude below the dtype's smallest normal becomes it, the sign kept)."""
+    values = np.asarray(values, np.float32)
+    if dtype not in (np.float32, "float32"):
+        import torch
+
+        values = torch.from_numpy(values).to(getattr(torch, str(dtype))).float().numpy()
+        tiny = np.float32(torch.finfo(getattr(torch, str(dtype))).tiny)
+    else:
+        tiny = np.finfo(np.float32).tiny
+    return np.where(np.abs(values) >= tiny, values, np.where(values < 0, -tiny, tiny)).astype(np.float32)
+
+
 def _round_to(values: np.ndarray, dtype) -> np.ndarray:
     """float32 values rounded to a storage dtype (float16 or bfloat16 via torch) and back, kept positive."""
     if dtype in (np.float32, "float32"):

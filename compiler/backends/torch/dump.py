@@ -50,6 +50,9 @@ def _tensor(name: str, checkpoint: Shards, loose: bool) -> str:
         return head + " = [" + ", ".join(mark + (fmt(v) if arr.dtype.kind == "f" else str(int(v))) for v in arr.ravel()) + "]"
     if arr.dtype.kind == "f":
         a = arr.astype(np.float64)
+        if loose and name.endswith("_scale") and a.min() < 0:  # signed scales (weights.py's signed search):
+            magnitude = np.abs(a)  # a mean of either sign near 0 would not compare within a tolerance
+            return head + f" |min|=~{magnitude.min():.3g} |mean|=~{magnitude.mean():.3g} (signed)"
         if loose:
             return head + f" min=~{a.min():.3g} mean=~{a.mean():.3g}"
         return head + f" min={fmt(a.min())} max={fmt(a.max())} mean={fmt(a.mean())}"
