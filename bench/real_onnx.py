@@ -22,7 +22,6 @@ seconds and peak RSS are each tool's whole process."""
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_ort import child, run_qrc  # noqa: E402
-from onnx_decoder import builder  # noqa: E402
+from onnx_decoder import _feed, _log_softmax, builder  # noqa: E402
 from real_quality import MODEL, calibration_ids, save_float_folder, texts, windows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,16 +104,8 @@ def logits_of(model: Path, pieces: list[np.ndarray]) -> list[np.ndarray]:
     """The graph's logits for each window (an empty cache: the window is the prompt)."""
     import onnxruntime as ort_runtime
 
-    decoder = json.loads((model.parent / "genai_config.json").read_text())["model"]["decoder"]
     session = ort_runtime.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    found = []
-    for ids in pieces:
-        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-        for info in session.get_inputs():
-            if info.name.startswith("past_key_values"):
-                feed[info.name] = np.zeros((1, decoder["num_key_value_heads"], 0, decoder["head_size"]), np.float32)
-        found.append(session.run(["logits"], feed)[0][0])  # float32: the held-out sets stay small
-    return found
+    return [session.run(["logits"], _feed(session, ids))[0][0] for ids in pieces]  # float32: the sets stay small
 
 
 def measure(logits: list[np.ndarray], reference: list[np.ndarray], pieces: list[np.ndarray]) -> dict:
@@ -128,11 +119,6 @@ def measure(logits: list[np.ndarray], reference: list[np.ndarray], pieces: list[
         total += ids.shape[1]
     return {"ppl": statistics.mean(perplexities), "ppl_std": statistics.pstdev(perplexities),
             "kl": statistics.mean(kls), "top1": agree / total}
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 def _cells(figures: dict, base: dict) -> str:

@@ -76,12 +76,19 @@ def texts() -> tuple[str, str, str]:
 
 
 def recipe(name: str, calibration: Path, out: Path, samples: int) -> str:
-    scheme, transform, _ = ROWS[name]
-    identifier = re.sub(r"\W", "_", name)
-    return (f'recipe real_{identifier} {{\n    model "{MODEL}"\n    backend torch\n'
-            f"    scheme s = {scheme}\n    {transform}\n"
+    """Row `name`'s recipe."""
+    scheme, items, _ = ROWS[name]
+    return recipe_text("real_" + re.sub(r"\W", "_", name), scheme, items, calibration, samples, out)
+
+
+def recipe_text(recipe_name: str, scheme: str, items: str, calibration: Path, samples: int, out: Path,
+                calibrate_items: str = "") -> str:
+    """A recipe of the wheel's SmolLM2 on the torch backend: every Linear but the head takes `scheme`, `items`
+    (a transform, a memory block) as written, calibrated on `samples` rows of the npz."""
+    return (f'recipe {recipe_name} {{\n    model "{MODEL}"\n    backend torch\n'
+            f"    scheme s = {scheme}\n    {items}\n"
             '    quantize { type Linear -> s  "lm_head" -> none }\n'
-            f'    calibrate {{ data npz "{calibration}" {{ samples {samples} }}  chunk 8 }}\n'
+            f'    calibrate {{ data npz "{calibration}" {{ samples {samples} }}  chunk 8  {calibrate_items} }}\n'
             f'    emit "{out}"\n}}\n')
 
 
@@ -208,30 +215,28 @@ def main() -> None:
         print(name, "qrc", f"{seconds:.1f} s", rows[-1][3], flush=True)
         method = ROWS[name][2]
         if args.llmcompressor and method and (args.anchor_rows is None or name in args.anchor_rows):
-            anchor = work / f"{name}-llmc"
             command = [args.llmcompressor, str(ROOT / "bench" / "llmc_calibrated.py"), str(float_folder), str(calibration),
-                       method, str(anchor), str(ALPHAS.get(method, 0.5)), "64"]
-            seconds, done = timed(command, ROOT)
-            if done.returncode != 0:
-                print(f"{name}: llm-compressor failed\n{done.stderr[-3000:]}", file=sys.stderr)
-            figures = measured(anchor, logits, sets) if done.returncode == 0 else \
-                f"llm-compressor failed: {(done.stderr.strip().splitlines() or [''])[-1][:120]}"
-            rows.append((name, "llm-compressor", seconds, figures))
-            print(name, "llm-compressor", f"{seconds:.1f} s", figures, flush=True)
+                       method, str(work / f"{name}-llmc"), str(ALPHAS.get(method, 0.5)), "64"]
+            rows.append(_anchor_row(name, "llm-compressor", command, work / f"{name}-llmc", logits, sets))
         mode = AUTOROUND.get(name)
         if args.autoround and mode and (args.anchor_rows is None or name in args.anchor_rows):
-            anchor = work / f"{name}-autoround"
             command = [args.autoround, str(ROOT / "bench" / "autoround_calibrated.py"), str(float_folder),
-                       str(calibration), mode, str(anchor), "64"]
-            seconds, done = timed(command, ROOT)
-            if done.returncode != 0:
-                print(f"{name}: AutoRound failed\n{done.stderr[-3000:]}", file=sys.stderr)
-            figures = measured(anchor, logits, sets) if done.returncode == 0 else \
-                f"AutoRound failed: {(done.stderr.strip().splitlines() or [''])[-1][:120]}"
+                       str(calibration), mode, str(work / f"{name}-autoround"), "64"]
             tool = f"AutoRound ({'RTN mode, imatrix-weighted' if mode == 'rtn' else 'default: sign-SGD, 200 iterations'})"
-            rows.append((name, tool, seconds, figures))
-            print(name, tool, f"{seconds:.1f} s", figures, flush=True)
+            rows.append(_anchor_row(name, tool, command, work / f"{name}-autoround", logits, sets))
     write(args, rows, sets)
+
+
+def _anchor_row(name: str, tool: str, command: list[str], out: Path, logits, sets) -> tuple:
+    """Another tool's run (`command`, writing `out`) timed as a whole process, its output measured like qrc's,
+    or why it failed."""
+    seconds, done = timed(command, ROOT)
+    if done.returncode != 0:
+        print(f"{name}: {tool} failed\n{done.stderr[-3000:]}", file=sys.stderr)
+    figures = measured(out, logits, sets) if done.returncode == 0 else \
+        f"{tool} failed: {(done.stderr.strip().splitlines() or [''])[-1][:120]}"
+    print(name, tool, f"{seconds:.1f} s", figures, flush=True)
+    return name, tool, seconds, figures
 
 
 def _versions(args) -> str:

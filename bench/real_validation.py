@@ -65,11 +65,8 @@ def main() -> None:
         scheme, items, calibrate = variant(text)
         out = work / name
         recipe = work / f"{name}.recipe"
-        recipe.write_text(f'recipe validation {{\n    model "{real_quality.MODEL}"\n    backend torch\n'
-                          f"    scheme s = {scheme}\n    {items}\n"
-                          '    quantize { type Linear -> s  "lm_head" -> none }\n'
-                          f'    calibrate {{ data npz "{calibration}" {{ samples {args.samples} }}  chunk 8  {calibrate} }}\n'
-                          f'    emit "{out}"\n}}\n')
+        recipe.write_text(real_quality.recipe_text("validation", scheme, items, calibration, args.samples, out,
+                                                   calibrate))
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "compiler", "compile", str(recipe)], cwd=ROOT,
                               capture_output=True, text=True)

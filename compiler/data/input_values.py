@@ -8,6 +8,7 @@ import numpy as np
 from compiler.models.index import LayerKind, ModelIndex, TensorInfo
 from compiler.models.inputs import Binding, InputRole, role_of, shape_at
 
+IMPLIED_ROLES = (InputRole.PAST, InputRole.POSITIONS)  # what token ids imply for a decoder (implied_input)
 NUMPY_DTYPES = {"int64": np.int64, "int32": np.int32, "float32": np.float32, "float16": np.float16,
                 "bool": np.bool_, "uint8": np.uint8, "int8": np.int8, "float64": np.float64}
 
@@ -34,17 +35,14 @@ def implied_input(index: ModelIndex, info: TensorInfo, rows: int, seqlen: int) -
     """What token ids imply for a decoder's other inputs, `rows` samples of `seqlen` tokens: positions counting
     from 0 and an empty key/value cache (a prompt's first step), as tokenised text and an npz of ids feed them;
     None for an input the ids say nothing about."""
-    if not impliable(info):
+    role = role_of(info)
+    if role not in IMPLIED_ROLES:
         return None
     shape = shape_at(index, info, Binding(1, seqlen, past=0))
-    if isinstance(shape, str) or role_of(info) is InputRole.POSITIONS and len(shape) != 2:
+    if isinstance(shape, str) or role is InputRole.POSITIONS and len(shape) != 2:
         return None
     dtype = NUMPY_DTYPES.get(info.dtype, np.float32)
-    if role_of(info) is InputRole.PAST:
+    if role is InputRole.PAST:
         return np.zeros((rows, *shape[1:]), dtype)
     return np.broadcast_to(np.arange(seqlen, dtype=dtype), (rows, seqlen)).copy()
 
-
-def impliable(info: TensorInfo) -> bool:
-    """Whether token ids imply this input (a decoder's cache or positions: implied_input)."""
-    return role_of(info) in (InputRole.PAST, InputRole.POSITIONS)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler.data.input_values import NUMPY_DTYPES, impliable, implied_input, token_range
+from compiler.data.input_values import IMPLIED_ROLES, NUMPY_DTYPES, implied_input, token_range
 from compiler.data.problems import DataProblem
 from compiler.diagnostics import StageError, error
 from compiler.ir.types import DataKind, DataSource
@@ -34,7 +34,7 @@ def npz_problems(source: DataSource, index: ModelIndex) -> list[DataProblem]:
         return []  # missing or unreadable: reported with its own message
     tokens = _token_input(index)
     missing = [t.name for t in index.inputs if t.name not in present
-               and not (tokens is not None and tokens.name in present and impliable(t))]
+               and not (tokens is not None and tokens.name in present and role_of(t) in IMPLIED_ROLES)]
     problems = [DataProblem("Q402", f"`{source.path}` has no array for model input `{name}`",
                             f"arrays present: {', '.join(sorted(present)) or 'none'}; the model needs: "
                             f"{', '.join(t.name for t in index.inputs)}", "missing input") for name in missing]

@@ -49,7 +49,7 @@ def elaborate(recipe: ast.Recipe, diags: Diagnostics, backends: Mapping[Backend,
     rules = _rules(recipe, schemes, diags)
     block = {kind: _block(recipe, kind, diags) for kind in ("calibrate", "mixed_precision", "memory", "verify")}
     used = _used_presets(rules, block["mixed_precision"], schemes, facts)
-    ir = RecipeIR(
+    return RecipeIR(
         name=recipe.name.value,
         model=model_ref,
         model_span=model.ref.span if model else None,
@@ -69,7 +69,6 @@ def elaborate(recipe: ast.Recipe, diags: Diagnostics, backends: Mapping[Backend,
         transform=elaborate_transform(singles.get("transform"), diags),
         facts=facts,
     )
-    return ir
 
 
 def backend_for_model(model: str, backends: Mapping[Backend, BackendFacts]) -> Backend:

@@ -108,17 +108,10 @@ def torch_scale_zero_point(rmin: np.ndarray, rmax: np.ndarray, qtype: QType, sym
 
 
 def stored_signed(values: np.ndarray, dtype) -> np.ndarray:
-    """Scales of either sign as float32, rounded to the dtype they are stored in (float16 or bfloat16 via torch),
-    none of them zero (a magnitude below the dtype's smallest normal becomes it, the sign kept)."""
+    """Scales of either sign as float32, rounded to the dtype they are stored in as _round_to rounds their
+    magnitudes (rounding to a float type is symmetric in the sign), the sign kept."""
     values = np.asarray(values, np.float32)
-    if dtype not in (np.float32, "float32"):
-        import torch
-
-        values = torch.from_numpy(values).to(getattr(torch, str(dtype))).float().numpy()
-        tiny = np.float32(torch.finfo(getattr(torch, str(dtype))).tiny)
-    else:
-        tiny = np.finfo(np.float32).tiny
-    return np.where(np.abs(values) >= tiny, values, np.where(values < 0, -tiny, tiny)).astype(np.float32)
+    return np.where(values < 0, np.float32(-1), np.float32(1)) * _round_to(np.abs(values), dtype)
 
 
 def _round_to(values: np.ndarray, dtype) -> np.ndarray:

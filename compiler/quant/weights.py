@@ -416,8 +416,7 @@ def _signed_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray) -> tupl
     mode and llama.cpp's make_qx_quants make; on the real SmolLM2's layers its held-out output error was 15-20%
     below the shrink search's (`_mse_params`)."""
     lo, _ = qparams.full_range(rules.spec.qtype)
-    low, high = rows.min(axis=1), rows.max(axis=1)
-    extreme = np.where(np.abs(high) > np.abs(low), high, low).astype(np.float32)
+    extreme = _largest_magnitude(rows.min(axis=1), rows.max(axis=1)).astype(np.float32)
     extreme = np.where(extreme != 0, extreme, np.float32(1.0))  # an all-zero block: any scale rounds it to 0
     zero = np.zeros(extreme.shape, np.int32)
     scratch = np.empty(rows.shape, np.float32)
@@ -439,7 +438,7 @@ def _signed_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray) -> tupl
     coarse = best_factor
     for step in SIGNED_FINE:
         attempt(np.clip(coarse + np.float32(step), SIGNED_COARSE[0], SIGNED_COARSE[-1]).astype(np.float32))
-    return best_scale.astype(np.float32), zero
+    return best_scale, zero
 
 
 def _mse_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray | None = None):

@@ -25,8 +25,7 @@ def _refuse_imatrix(ir: RecipeIR, diags: Diagnostics) -> None:
     """Q272: `rounding imatrix` on integer weights is the torch backend's (its calibration gathers each input
     column's mean square); the ONNX backend gathers Hessians for GPTQ only. K-quants are Q257's."""
     for scheme in ir.used_schemes:
-        weights = scheme.quantized_weights if scheme.weights is not None else None
-        if scheme.rounding is Rounding.IMATRIX and weights is not None and not weights.qtype.is_kquant:
+        if scheme.rounding is Rounding.IMATRIX and scheme.weights is not None and not scheme.quantized_weights.qtype.is_kquant:
             diags.error("Q272", f"scheme `{scheme.name}` rounds with `imatrix`, which the ONNX backend does not run",
                         scheme.span or ir.span, "imatrix on onnx",
                         help="use `backend torch`, or `rounding mse` (data-free) or `rounding gptq` on ONNX")
