@@ -1,6 +1,6 @@
 """compressed-tensors' rtn straight from a weight's float bits: slices of rows on every core, each group's
 range, scale, integers and error taken in one pass (round_kernels.round_groups), or its scale chosen by the
-mse search first (mse_kernel.mse_groups; symmetric int4/int8: the signed search, signed_kernel.signed_groups). The torch backend's rtn and mse of a bfloat16 or float32 weight,
+mse search first (mse_kernel.mse_groups). The torch backend's rtn and mse of a bfloat16 or float32 weight,
 the whole of data-free rounding's arithmetic; weights.quantize_weight is the same rule in numpy (the
 reference the kernels are tested against) and rounds everything else."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.ir.types import Granularity, QType, Rounding, WeightQuant
+from compiler.ir.types import Granularity, Rounding, WeightQuant
 from compiler.quant import qparams
 from compiler.quant.parallel import parallel_map
 from compiler.quant.weights import QuantizedWeight
@@ -26,17 +26,11 @@ def applies(spec: WeightQuant, rounding: Rounding, scale_dtype: str) -> bool:
             and spec.granularity in (Granularity.GROUP, Granularity.PER_CHANNEL) and scale_dtype in SCALE_DTYPES)
 
 
-def signed(spec: WeightQuant) -> bool:
-    """Whether mse takes the signed search (weights._Rules.signed_search: symmetric int4/int8, this convention)."""
-    return spec.symmetric and spec.qtype in (QType.INT4, QType.INT8)
-
-
 def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str, measure: bool = False,
                rounding: Rounding = Rounding.RTN) -> QuantizedWeight:
     """An [out, in] weight given as its float bits (uint16: bfloat16, uint32: float32) rounded with the torch
     convention (qparams.torch_scale_zero_point of its range, or of the range shrunk by the mse search, then
-    round half to even and clip to the type's full range; symmetric int4/int8 mse: the signed search's scale),
-    as weights.round_weight(…, Convention.TORCH)
+    round half to even and clip to the type's full range), as weights.round_weight(…, Convention.TORCH)
     returns it: the integers [out, in], scales and zero points [out, in / group] (per channel: [out]).
     `measure`: with the sums of the weight's SQNR."""
     from compiler.quant import round_kernels  # numba: only where weights are rounded (not check/plan)
@@ -48,10 +42,7 @@ def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str, measure: b
     zp = np.empty((rows, cols // group), np.float32)
     lo, hi = (np.float32(v) for v in qparams.full_range(spec.qtype))
     kernel = round_kernels.round_groups
-    if rounding is Rounding.MSE and signed(spec):  # their own modules: rtn's runs do not import them (0.17 s)
-        from compiler.quant import signed_kernel
-        kernel = signed_kernel.signed_groups
-    elif rounding is Rounding.MSE:
+    if rounding is Rounding.MSE:  # its own module: rtn's runs do not import it (0.17 s)
         from compiler.quant import mse_kernel
         kernel = mse_kernel.mse_groups
     step = max(1, TASK_WEIGHTS // max(cols, 1))

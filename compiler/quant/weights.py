@@ -407,7 +407,7 @@ SIGNED_COARSE = tuple(float(f) for f in np.linspace(0.875, 2.0, 10))
 SIGNED_FINE = tuple(float(f) for f in np.arange(-4, 5) * 0.025 if f != 0)
 
 
-def _signed_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _signed_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The weighted search of symmetric signed integers in compressed-tensors' convention (dequantized = q ·
     scale, q in [-8, 7] for int4): each block's value of largest magnitude is put on the range's negative end
     -8 (a negative scale where that value is positive), so it is on the grid with 8 steps of either sign where
@@ -443,8 +443,8 @@ def _signed_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray | None) 
 
 def _mse_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray | None = None):
     """The shrink factor with the lowest (weighted) squared error, chosen per block; ties keep the wider range.
-    Symmetric signed integers in compressed-tensors' convention take the signed search instead."""
-    if rules.signed_search:
+    Weighted symmetric signed integers in compressed-tensors' convention take the signed search instead."""
+    if weights is not None and rules.signed_search:
         return _signed_params(rows, rules, weights)
     best_err = np.full((rows.shape[0], rows.shape[2]), np.inf)
     best_scale = best_zp = None
