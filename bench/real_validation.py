@@ -3,11 +3,14 @@ compiled on bench/real_quality.py's calibration windows and measured in transfor
 from the same (calibration) half of Python's language reference, after the first 64 × 512 tokens, which no
 calibration of up to 64 samples reads. bench/real_quality.py then reports on the held-out half and on LICENSE.
 
-    python bench/real_validation.py NAME='SCHEME | TRANSFORM AND OTHER ITEMS | CALIBRATE ITEMS' … [--samples 32]
+    python bench/real_validation.py NAME='SCHEME | TRANSFORM AND OTHER ITEMS | CALIBRATE ITEMS | MORE RULES' …
+      [--samples 32]
 
 e.g. `st-mse='W8A8_STATIC | transform smoothquant { alpha 0.8 } | method mse'` or
-`gptq-sequential='W4A16 { group 64  rounding gptq } | memory { mode low_memory }'` (the last two parts may be
-empty or left out). Prints one line per variant: perplexity (mean ± std over the windows), KL and top-1 against
+`gptq-sequential='W4A16 { group 64  rounding gptq } | memory { mode low_memory }'` (the last three parts may be
+empty or left out). MORE RULES follow the quantize block's `type Linear -> s  "lm_head" -> none` (the last rule
+that matches wins), so one layer kind can take another scheme defined among the items: e.g.
+`o-dynamic='W8A8_STATIC | scheme d = W8A8 | | "o_proj" -> d'` asks what o_proj's static inputs cost. Prints one line per variant: perplexity (mean ± std over the windows), KL and top-1 against
 float, and the compile's seconds."""
 
 from __future__ import annotations
@@ -26,15 +29,15 @@ import real_quality  # noqa: E402
 VALIDATION_START = 64 * 512  # the tokens after the largest calibration real_quality.py takes
 
 
-def variant(text: str) -> tuple[str, str, str]:
-    """'SCHEME | ITEMS | CALIBRATE ITEMS' → its three parts."""
-    parts = [p.strip() for p in text.split("|")] + ["", ""]
-    return parts[0], parts[1], parts[2]
+def variant(text: str) -> tuple[str, str, str, str]:
+    """'SCHEME | ITEMS | CALIBRATE ITEMS | MORE RULES' → its four parts."""
+    parts = [p.strip() for p in text.split("|")] + ["", "", ""]
+    return parts[0], parts[1], parts[2], parts[3]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("variants", nargs="+", metavar="NAME='SCHEME | ITEMS | CALIBRATE ITEMS'")
+    parser.add_argument("variants", nargs="+", metavar="NAME='SCHEME | ITEMS | CALIBRATE ITEMS | MORE RULES'")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--windows", type=int, default=8)
     args = parser.parse_args()
@@ -62,11 +65,11 @@ def main() -> None:
     print(f"float: {real_quality.measure(reference, logits, windows)}", flush=True)
     for named in args.variants:
         name, _, text = named.partition("=")
-        scheme, items, calibrate = variant(text)
+        scheme, items, calibrate, rules = variant(text)
         out = work / name
         recipe = work / f"{name}.recipe"
         recipe.write_text(real_quality.recipe_text("validation", scheme, items, calibration, args.samples, out,
-                                                   calibrate))
+                                                   calibrate, rules))
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "compiler", "compile", str(recipe)], cwd=ROOT,
                               capture_output=True, text=True)
