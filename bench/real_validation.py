@@ -10,8 +10,9 @@ e.g. `st-mse='W8A8_STATIC | transform smoothquant { alpha 0.8 } | method mse'` o
 `gptq-sequential='W4A16 { group 64  rounding gptq } | memory { mode low_memory }'` (the last three parts may be
 empty or left out). MORE RULES follow the quantize block's `type Linear -> s  "lm_head" -> none` (the last rule
 that matches wins), so one layer kind can take another scheme defined among the items: e.g.
-`o-dynamic='W8A8_STATIC | scheme d = W8A8 | | "o_proj" -> d'` asks what o_proj's static inputs cost. Prints one line per variant: perplexity (mean ± std over the windows), KL and top-1 against
-float, and the compile's seconds."""
+`o-dynamic='W8A8_STATIC | scheme d = W8A8 | | "*o_proj" -> d'` asks what o_proj's static inputs cost.
+Prints one line per variant: perplexity (mean ± std over the windows), KL and top-1 against float, and the
+compile's seconds."""
 
 from __future__ import annotations
 
