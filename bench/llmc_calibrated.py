@@ -49,41 +49,43 @@ def recipe(method: str, alpha: float, group: int = 128):
         return QuantizationArgs(num_bits=bits, type="int", strategy=strategy, symmetric=True, dynamic=False,
                                 **size, **more)
 
-    w4 = QuantizationScheme(targets=["Linear"], weights=int_weights(4, "group"))
-    static = QuantizationScheme(targets=["Linear"], weights=int_weights(8, "channel"), input_activations=QuantizationArgs(
-        num_bits=8, type="int", strategy="tensor", symmetric=False, dynamic=False))
+    def groups(name: str, weights: QuantizationArgs, inputs: QuantizationArgs | None = None) -> dict:
+        """One config group: every Linear takes `weights` (and `inputs`)."""
+        return {name: QuantizationScheme(targets=["Linear"], weights=weights, input_activations=inputs)}
+
+    def quantized(name: str, weights: QuantizationArgs, inputs: QuantizationArgs | None = None):
+        return QuantizationModifier(config_groups=groups(name, weights, inputs), ignore=["lm_head"])
+
+    def gptq(name: str, weights: QuantizationArgs, inputs: QuantizationArgs | None = None, **more):
+        return GPTQModifier(config_groups=groups(name, weights, inputs), ignore=["lm_head"], dampening_frac=0.01,
+                            block_size=128, **more)
+
+    w4 = int_weights(4, "group")
+    static_inputs = QuantizationArgs(num_bits=8, type="int", strategy="tensor", symmetric=False, dynamic=False)
     if method in ("gptq", "gptq-actorder"):
-        return [GPTQModifier(config_groups={"w4": w4}, ignore=["lm_head"], dampening_frac=0.01, block_size=128,
-                             actorder="static" if method == "gptq-actorder" else None)]
+        return [gptq("w4", w4, actorder="static" if method == "gptq-actorder" else None)]
     if method == "gptq-mse":
-        mse = QuantizationScheme(targets=["Linear"], weights=int_weights(4, "group", observer="memoryless_mse"))
-        return [GPTQModifier(config_groups={"w4": mse}, ignore=["lm_head"], dampening_frac=0.01, block_size=128,
-                             actorder=None)]
+        return [gptq("w4", int_weights(4, "group", observer="memoryless_mse"), actorder=None)]
     if method in ("mse", "imatrix"):
-        observed = QuantizationScheme(targets=["Linear"], weights=int_weights(
-            4, "group", observer={"mse": "memoryless_mse", "imatrix": "imatrix_mse"}[method]))
-        return [QuantizationModifier(config_groups={"w4": observed}, ignore=["lm_head"])]
+        return [quantized("w4", int_weights(4, "group", observer={"mse": "memoryless_mse",
+                                                                  "imatrix": "imatrix_mse"}[method]))]
     if method in ("w8a8-static", "smoothquant-static", "smoothquant-static-gptq"):
         smooth = [SmoothQuantModifier(smoothing_strength=alpha)] if method != "w8a8-static" else []
-        if method == "smoothquant-static-gptq":
-            return [*smooth, GPTQModifier(config_groups={"w8a8": static}, ignore=["lm_head"], dampening_frac=0.01,
-                                          block_size=128)]
-        return [*smooth, QuantizationModifier(config_groups={"w8a8": static}, ignore=["lm_head"])]
+        rounding = gptq if method == "smoothquant-static-gptq" else quantized
+        return [*smooth, rounding("w8a8", int_weights(8, "channel"), static_inputs)]
     if method == "awq":
-        return [AWQModifier(config_groups={"w4": w4}, ignore=["lm_head"], n_grid=20, duo_scaling=True)]
+        return [AWQModifier(config_groups=groups("w4", w4), ignore=["lm_head"], n_grid=20, duo_scaling=True)]
     if method in ("NVFP4", "MXFP4", "W4AFP8", "FP8_DYNAMIC", "NVFP4A16"):
         return [plain(method)]
     if method == "smoothquant":
         return [SmoothQuantModifier(smoothing_strength=alpha), plain("W8A8")]
     if method == "w8a16":
-        return [QuantizationModifier(config_groups={"w8": QuantizationScheme(
-            targets=["Linear"], weights=int_weights(8, "channel"))}, ignore=["lm_head"])]
+        return [quantized("w8", int_weights(8, "channel"))]
     if method == "w4a8":
         per_token = QuantizationArgs(num_bits=8, type="int", strategy="token", symmetric=True, dynamic=True)
-        return [QuantizationModifier(config_groups={"w4a8": QuantizationScheme(
-            targets=["Linear"], weights=int_weights(4, "group"), input_activations=per_token)}, ignore=["lm_head"])]
+        return [quantized("w4a8", w4, per_token)]
     if method == "rtn":
-        return [QuantizationModifier(config_groups={"w4": w4}, ignore=["lm_head"])]
+        return [quantized("w4", w4)]
     return [plain({"w8a8": "W8A8"}[method])]
 
 

