@@ -69,7 +69,9 @@ def keep_large_blocks_mapped() -> None:
     GiB, at 13% more wall time (1,104 s against 976: each mapping is faulted in afresh). Fixed, each large
     tensor has its own mapping, returned to the OS when freed. Only offload compiles under a `ram` budget
     fix it: on an 8-block, hidden-1024 GPTQ offload compile without a budget, one back-to-back pair of runs
-    took 96 s with it against 76 s without (peaks 644 and 834 MiB; the plan's 840 MiB covers both)."""
+    took 96 s with it against 76 s without (peaks 644 and 834 MiB; the plan's 840 MiB covers both). The ONNX
+    backend's arena-free sessions (calibration, verification) fix it too: each activation is then freed back
+    to the OS as the plan's liveness walk assumes. The setting lasts for the process."""
     try:
         ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
     except (OSError, AttributeError):  # not glibc
