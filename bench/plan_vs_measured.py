@@ -61,6 +61,9 @@ DECODER_RECIPE = """recipe decoder_{mode} {{
 def compile_once(recipe: Path, out: Path, env: dict) -> dict:
     """One compile in a child process: qrc's summary figures and the kernel's peak of the process tree."""
     command = [sys.executable, "-m", "compiler", "compile", str(recipe), "-o", str(out)]
+    if env.get("QRC_TORCHRUN"):  # a compile shared by torchrun's ranks: the summary gives the largest rank's peak
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", env["QRC_TORCHRUN"],
+                   *command[1:]]
     child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env={**env, "COLUMNS": "300"})
     stdout = child.stdout.read() if child.stdout else ""
@@ -105,6 +108,95 @@ def unseen_rows(only: list[str], tmp: Path, base: dict):
             {**base, "QRC_CACHE": str(tmp / "unseen-cache")}
 
 
+# The README's three recipes for "your own Hugging Face folder", pointed at the real SmolLM2 with the
+# language reference as the calibration file (32 samples instead of the README's 128, to keep the bench short),
+# each in every memory mode
+README_RECIPES = {
+    "W4A16 GPTQ": """scheme w4 = W4A16 {{ group 64  rounding gptq }}
+    quantize {{ type Linear -> w4   "lm_head" -> none }}
+    group auto""",
+    "W8A8 + SmoothQuant": """transform smoothquant {{ alpha 0.8 }}
+    quantize {{ type Linear -> W8A8   "lm_head" -> none }}""",
+    # SmolLM2's 576 columns take no K-quant (super-blocks of 256): Q4_0 and Q8_0, weighted by the imatrix
+    "GGUF Q4_0/Q8_0 imatrix": """scheme q4 {{ weights int4 group 32 symmetric  rounding imatrix }}
+    scheme q8 {{ weights int8 group 32 symmetric  rounding imatrix }}
+    quantize {{ type Linear -> q4   "*.self_attn.v_proj", "*.mlp.down_proj" -> q8  "lm_head" -> none }}""",
+}
+README_RECIPE = """recipe readme {{
+    model "{model}"
+    backend torch
+    {body}
+    calibrate {{ data text "{text}" {{ samples 32  seqlen 512 }} }}
+    memory {{ mode {mode} }}
+    emit "{out}"{emit}
+}}
+"""
+# SmolLM2 with each scheme family not in the rows above: data-free (file to file) and calibrated
+SMOLLM2_SCHEMES = (("FP8_DYNAMIC", "full", False), ("NVFP4", "low_memory", True), ("W4A16 { group 64 }", "offload", True),
+                   ("W4A16 { group 64  rounding mse }", "full", False))
+DATA_FREE_RECIPE = """recipe data_free {{
+    model "{model}"
+    backend torch
+    scheme s {scheme}
+    quantize {{ type Linear -> s  "lm_head" -> none }}
+    memory {{ mode {mode} }}
+    emit "{out}"{emit}
+}}
+"""
+RANKS_RECIPE = """recipe ranks {{
+    model "{model}"
+    backend torch
+    scheme s = W4A16 {{ rounding gptq }}
+    quantize {{ type Linear -> s  "lm_head" -> none }}
+    calibrate {{ data synthetic {{ samples 16  seqlen 256 }}  chunk 4 }}
+    memory {{ mode {mode}  ranks 2 }}
+    emit "{out}"
+}}
+"""
+
+
+def calibration_text(tmp: Path) -> Path:
+    """The first half of Python's language reference, one topic a line (bench/real_quality.py's calibration)."""
+    import pydoc_data.topics as topics
+
+    parts = list(topics.topics.values())
+    path = tmp / "calibration.txt"
+    path.write_text("\n".join(p.replace("\n", " ") for p in parts[:len(parts) // 2]) + "\n")
+    return path
+
+
+def readme_rows(only: list[str], tmp: Path, base: dict):
+    """The README's recipes on the real SmolLM2, in every memory mode; SmolLM2 with the other scheme families;
+    GGUF file to file; a compile shared by two torchrun ranks."""
+    if only and "readme" not in only:
+        return
+    text = calibration_text(tmp)
+    for name, body in README_RECIPES.items():
+        gguf = "GGUF" in name
+        for mode in ("full", "low_memory", "offload"):
+            path = tmp / f"readme-{len(name)}-{mode}.recipe"
+            out = tmp / f"readme-{len(name)}-{mode}" if not gguf else tmp / f"readme-{mode}.gguf"
+            path.write_text(README_RECIPE.format(model=SMOLLM2, body=body.format(), text=text, mode=mode, out=out,
+                                                 emit=" { format gguf }" if gguf else ""))
+            yield f"README: SmolLM2-135M (real) {name}", path, base
+    for scheme, mode, data in SMOLLM2_SCHEMES:
+        path = tmp / f"smollm2-{len(scheme)}-{mode}.recipe"
+        out = tmp / f"smollm2-{len(scheme)}-{mode}"
+        path.write_text(UNSEEN_RECIPE.format(model=SMOLLM2, backend="torch", scheme=scheme, mode=mode, out=out) if data
+                        else DATA_FREE_RECIPE.format(model=SMOLLM2, scheme=f"= {scheme}", mode=mode, out=out, emit=""))
+        yield f"SmolLM2-135M (real) {scheme.split()[0]}{' mse' if 'mse' in scheme else ''}" + \
+            ("" if data else " file to file"), path, base
+    path = tmp / "smollm2-gguf-files.recipe"
+    path.write_text(DATA_FREE_RECIPE.format(model=SMOLLM2, scheme="{ weights int4 group 32 symmetric }",
+                                            mode="low_memory", out=tmp / "smollm2-q4_0.gguf", emit=" { format gguf }"))
+    yield "SmolLM2-135M (real) GGUF Q4_0 file to file", path, base
+    stablelm = unseen_folder(tmp, "stablelm")
+    for mode in ("low_memory", "offload"):
+        path = tmp / f"ranks-{mode}.recipe"
+        path.write_text(RANKS_RECIPE.format(model=stablelm, mode=mode, out=tmp / f"ranks-{mode}"))
+        yield "StableLM (unseen family) W4A16 GPTQ, 2 torchrun ranks", path, {**base, "QRC_TORCHRUN": "2"}
+
+
 UNSEEN = {  # (config class, model class, its numbers): none of them is a shape tests/zoo.py builds
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", "vocab_size=8192, hidden_size=512, intermediate_size=1408, "
                  "num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512"),
@@ -117,6 +209,8 @@ UNSEEN = {  # (config class, model class, its numbers): none of them is a shape 
 def unseen_folder(tmp: Path, name: str) -> Path:
     """A seeded random model of UNSEEN's `name`, made by a child process (the bench never imports torch)."""
     folder = tmp / name
+    if (folder / "config.json").exists():
+        return folder
     config, model, numbers = UNSEEN[name]
     code = ("import torch, transformers\ntorch.manual_seed(0)\n"
             f"c = transformers.{config}({numbers})\n"
@@ -175,6 +269,7 @@ def main() -> None:
         found = list(rows(args.only, args.decoder, Path(tmp)))
         if not args.no_unseen:
             found += list(unseen_rows(args.only, Path(tmp), dict(os.environ)))
+            found += list(readme_rows(args.only, Path(tmp), dict(os.environ)))
         for i, (name, recipe, env) in enumerate(found):
             out = Path(tmp) / "out" / str(i) / (recipe.stem + (".onnx" if "backend onnx" in recipe.read_text() else ""))
             out.parent.mkdir(parents=True)

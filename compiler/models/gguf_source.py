@@ -34,6 +34,7 @@ _STRING, _ARRAY = 8, 9
 _MAX_COUNT = 1 << 26  # tensors, key-values, or elements of one array: beyond any real model's
 _MAX_STRING = 1 << 26
 FORMAT = "qrc-gguf-source-v1"
+DEQUANTIZED_SLICE = 8 << 20  # bytes of float32 values dequantized at a time (read_tensor)
 
 # llama.cpp's architecture name → the transformers model whose layout the file has
 ARCHITECTURES = {"llama": ("llama", "LlamaForCausalLM"), "mistral": ("mistral", "MistralForCausalLM"),
@@ -331,8 +332,16 @@ def read_tensor(header: GgufHeader, tensor: GgufTensor, name: str):
         raise OSError(f"`{header.path.name}` ends inside tensor `{name}`")
     raw = np.frombuffer(data, np.uint8)
     rows = tensor.shape[0] if len(tensor.shape) > 1 else 1
-    values = dequantize(raw.reshape(rows, -1), GGMLQuantizationType(tensor.ggml_type))
-    values = np.array(values, dtype=np.float32).reshape(tensor.shape)  # a writable copy of its own
+    raw = raw.reshape(rows, -1)
+    kind = GGMLQuantizationType(tensor.ggml_type)
+    width = math.prod(tensor.shape) // rows
+    flat = np.empty((rows, width), np.float32)
+    # a slice of rows at a time: the gguf package's dequantization makes several temporaries of its input's size
+    # (SmolLM2-135M's 108 MiB embedding peaked 308 MiB above the run whole, against its own float32 copy)
+    step = max(1, DEQUANTIZED_SLICE // max(width * 4, 1))
+    for start in range(0, rows, step):
+        flat[start:start + step] = dequantize(raw[start:start + step], kind).reshape(-1, width)
+    values = flat.reshape(tensor.shape)
     heads = permuted_heads(header, name)
     return _unpermuted(values, heads) if heads else values
 

@@ -151,12 +151,14 @@ def reading(w: Workload, rates: Rates, first: bool) -> float:
     return (rates.dataset if first else 0.0) + (rates.templates if w.templated else 0.0)
 
 
-def smooth_seconds(w: Workload, rates: Rates) -> float:
+def smooth_seconds(w: Workload, rates: Rates, blocks_only: bool = False) -> float:
     """The transform's statistics pass over the calibration data and its search (AWQ: a grid of roundings
-    of each mapping's targets)."""
+    of each mapping's targets). Block by block (`blocks_only`) the pass runs through each block before its
+    rounding, and the fold's check runs the block on one chunk before and after it."""
     grid = getattr(w.transform, "grid", 1) or 1
     targets = sum(b for _, _, b in w.smoothing)
-    return forward(w, rates, w.samples) + grid * targets / rates.rounding
+    probes = 2 * min(w.chunk, w.samples) if blocks_only else 0
+    return forward(w, rates, w.samples + probes, blocks_only) + grid * targets / rates.rounding
 
 
 def quantize_seconds(op: ops.PlanOp, w: Workload, rates: Rates) -> float:

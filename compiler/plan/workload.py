@@ -95,6 +95,7 @@ class Workload(Observation):
     sliced_rounded: bool = False  # an integer weight is rounded outside it, from float32 slices (mse, float16 scales)
     gguf: bool = False  # one GGUF file for llama.cpp: no compressed-tensors, and no folder for transformers to check
     kquant_rounded: bool = False  # a weight goes to a K-quant (qrc's numpy search of llama.cpp's scales)
+    quantized_input_width: int = 0  # the widest input a layer quantizes as it runs (its activation scheme's copy)
 
     @property
     def histograms(self) -> bool:
@@ -237,6 +238,8 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
                            and not a.scheme.quantized_weights.qtype.is_float for a in quantized),
         gguf=scales is not None,
         kquant_rounded=any(a.scheme.quantized_weights.qtype.is_kquant for a in quantized),
+        quantized_input_width=max((a.layer.in_features for a in quantized if a.scheme.activations is not None),
+                                  default=0),
         data_libraries=DATASET_LIBRARIES if cal.data.kind is DataKind.DATASET else 0,
         templated=bool(cal.data.rows and cal.data.rows.messages),
         transform=ir.transform if assignment.smoothing else None,

@@ -22,7 +22,7 @@ Rounding = Callable[[np.ndarray, WeightQuant], np.ndarray]  # a weight [out, in]
 
 @dataclass
 class ChannelStats:
-    """One mapping's input statistics: per-channel |x| maximum and sum, XᵀX (AWQ), the rows seen. Memory is
+    """One mapping's input statistics: per-channel |x| maximum, and for AWQ its sum and XᵀX; the rows seen. Memory is
     flat in the number of samples; two of them merge by adding (maxima by maximum)."""
     absmax: np.ndarray
     abs_sum: np.ndarray
@@ -38,13 +38,16 @@ class ChannelStats:
     def update(self, x: np.ndarray) -> None:
         """Fold a batch of activations [..., channels] in (rows with a non-finite value are left out)."""
         rows = np.asarray(x, np.float32).reshape(-1, x.shape[-1])
-        rows = rows[np.isfinite(rows).all(axis=1)]
+        finite = np.isfinite(rows).all(axis=1)
+        if not finite.all():  # a copy only where rows are left out: a chunk's MLP input is a block's largest tensor
+            rows = rows[finite]
+        del finite
         if not rows.shape[0]:
             return
-        magnitude = np.abs(rows)
-        np.maximum(self.absmax, magnitude.max(axis=0), out=self.absmax)
-        self.abs_sum += magnitude.sum(axis=0, dtype=np.float64)
-        if self.gram is not None:
+        # max |x| as max(max x, -min x): the same values without an |x| copy of the chunk (SmoothQuant needs no more)
+        np.maximum(self.absmax, np.maximum(rows.max(axis=0), -rows.min(axis=0)), out=self.absmax)
+        if self.gram is not None:  # AWQ: the mean |x| (its sum) and XᵀX
+            self.abs_sum += np.abs(rows).sum(axis=0, dtype=np.float64)
             self.gram += rows.T @ rows
         self.rows += rows.shape[0]
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from compiler.backends.torch import timing
 from compiler.ir.types import Backend, EmitFormat, MemoryMode, SensitivityMetric
+from compiler.models.gguf_source import DEQUANTIZED_SLICE
 from compiler.models.index import LayerKind, ModelFormat
 from compiler.plan.memory import (
     ACT_BYTES,
@@ -57,6 +58,7 @@ FLOAT_SCRATCH = 128 * MiB
 # rtn/mse outside the compiled loop (weights.round_weight): each core's float32 slice, its rounded values and
 # the mse search's squared errors, about 4 slices of layers.ROW_SLICE_BYTES (4 MiB; that module imports torch)
 SLICE_SCRATCH = 16 * MiB
+DEQUANTIZING = 4  # slices of float32 the gguf package's dequantizers hold at once (models/gguf_source.read_tensor)
 
 
 def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -> Phase:
@@ -70,8 +72,13 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
     runs = chunk if w.calibrate else min(chunk, w.verify_samples)  # without calibration only held-out samples
     work = runs * block_working_set(w) if w.calibrate or (w.verify_samples and mode is not MemoryMode.FULL) else 0
     if mode is MemoryMode.FULL and (w.calibrate or w.verify_samples):  # the whole model runs on a chunk (of
-        # calibration, or of the held-out samples before and after rounding): its outputs (logits) and a copy
-        work = runs * block_working_set(w) + 2 * runs * w.seqlen * last * ACT_BYTES
+        # calibration, or of the held-out samples before and after rounding): its outputs (logits) and a copy,
+        # where a pass reads them (verification, an LM head that calibrates); else the head runs on the last
+        # position only (model.forward's `last_logits_only`)
+        positions = w.seqlen if w.verify_samples or _head_calibrates(w) else 1
+        work = runs * block_working_set(w) + 2 * runs * positions * last * ACT_BYTES
+    if work:  # a layer that quantizes its input as it runs (layers.apply_quantized) makes one copy of it
+        work += runs * w.seqlen * w.quantized_input_width * ACT_BYTES
     if _files_only(w):
         weights, label = _file_to_file(w) + _gguf_source_tensor(w), \
             "one tensor at a time, file to file (read, the next read ahead, rounded)"
@@ -132,6 +139,13 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
     return Phase("verification at the output", sum(b for _, b in parts), parts)
 
 
+def _head_calibrates(w: Workload) -> bool:
+    """Whether the model's last layer (a decoder's LM head) needs calibration data: its inputs observed, its
+    Hessian or input statistics summed."""
+    head = w.index.layers[-1] if w.index.layers else None
+    return head is not None and (head.name in w.gptq_layers or head.name in w.imatrix_layers or head.input in w.needed)
+
+
 def _largest_rounded_block(w: Workload) -> int:
     """The quantized copy of one block beside the whole model (full, low_memory): the weights of the block whose
     quantized layers are largest. What is outside the blocks counts only for what is rounded there (a named LM
@@ -157,10 +171,12 @@ def _gguf_scratch(w: Workload) -> int:
 def _gguf_source_tensor(w: Workload) -> int:
     """A GGUF source (models/gguf_source.py) gives each tensor dequantized from its blocks to float32 whole,
     also one only copied (the embedding: on SmolLM2-135M 113 MB, measured 946 MiB against 822 planned without
-    it): the largest tensor's float32 copy, held beside what the rounding holds."""
+    it): the largest tensor's float32 copy, held beside what the rounding holds, and the gguf package's temporaries
+    of dequantizing one slice of its rows (about four slices of float32; they stay in the heap: a Q4_0 GGUF written
+    from SmolLM2-135M measured 446 MiB against 402 planned without them)."""
     if not w.index.ref.lower().endswith(".gguf"):
         return 0
-    return 4 * max((x.params for x in w.index.layers), default=0)
+    return 4 * max((x.params for x in w.index.layers), default=0) + DEQUANTIZING * DEQUANTIZED_SLICE
 
 
 def _rounded_twin(w: Workload, mode: MemoryMode) -> int:

@@ -224,8 +224,11 @@ class _Run(Verifying):
         cal, smoother = self.cal, self.smoother
         assert cal is not None and smoother is not None  # made with the jobs when the assignment has mappings
         feeds = cal.feeds
-        smoother.run(smoother.mappings, lambda: [self._call(f) for f in feeds],
-                     lambda: self._call(streams.first_row(feeds[0])))
+
+        def statistics_pass() -> None:  # the hooks read the mappings' inputs; no output is kept (a list of every
+            for feed in feeds:  # chunk's logits held SmolLM2-135M's 32 samples' 3 GiB of them)
+                self._call(feed, last_logits_only=True)
+        smoother.run(smoother.mappings, statistics_pass, lambda: self._call(streams.first_row(feeds[0])))
 
     def calibrate_whole(self, op: ops.CalibrateChunk) -> None:
         """Every chunk through the whole model, hooks gathering each layer's statistics."""

@@ -16,6 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from compiler.backends.release import trim_heap
+
 
 def cache_write_error(exc: Exception, path: Path) -> OSError:
     """A failed write of a cache file as an OSError naming the cache (not the output), so the compile reports
@@ -204,13 +206,18 @@ def _to(value, device):
 
 
 def run_block(block: nn.Module, number: int, stream: Stream, device, out: HiddenCache | None, before=None) -> None:
-    """Block `number` on every chunk of the stream; its hidden outputs go to `out` (None: statistics only)."""
+    """Block `number` on every chunk of the stream; its hidden outputs go to `out` (None: statistics only). The
+    heap is trimmed after each chunk: glibc keeps the chunk's freed activations (below its risen mmap threshold)
+    and the next chunk's do not fit the same holes, so without it a pass held up to twice the working set the plan
+    counts (SmolLM2-135M, 16 samples of 512 tokens a chunk: 1.77 GiB against 1.40 planned)."""
     for i in range(len(stream)):
         if before:
             before()
         result = run_chunk(block, number, stream, device, i)
         if out is not None:
             out.put(i, result)
+        del result
+        trim_heap()
 
 
 def run_chunk(block: nn.Module, number: int, stream: Stream, device, i: int) -> torch.Tensor:

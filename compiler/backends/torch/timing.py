@@ -55,10 +55,11 @@ def _cache_inputs(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
 
 def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     """Every block (the op's repeats): the calibration stream and verification's float and rounded streams,
-    GPTQ's Hessians and rounding, every layer's rounding."""
+    GPTQ's Hessians and rounding, every layer's rounding, and a transform's statistics pass before them."""
     streams = (w.samples if w.calibrate else 0) + 2 * w.verify_samples
+    smoothing = smooth_seconds(w, rates, blocks_only=True) if w.transform is not None and w.calibrate else 0.0
     return (rates.block * op.repeat + forward(w, rates, streams, blocks_only=True) + hessian_seconds(w, rates)
-            + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding)
+            + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding + smoothing)
 
 
 def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
