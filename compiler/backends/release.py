@@ -67,11 +67,13 @@ def keep_large_blocks_mapped() -> None:
     fragment it beyond what malloc_trim returns. Measured on a 32-block, hidden-2048 GPTQ offload compile:
     the RSS drifted from 1.47 to 2.01 GiB over the blocks; with the threshold fixed it stayed at 1.18-1.21
     GiB, at 13% more wall time (1,104 s against 976: each mapping is faulted in afresh). Fixed, each large
-    tensor has its own mapping, returned to the OS when freed. Only offload compiles under a `ram` budget
-    fix it: on an 8-block, hidden-1024 GPTQ offload compile without a budget, one back-to-back pair of runs
-    took 96 s with it against 76 s without (peaks 644 and 834 MiB; the plan's 840 MiB covers both). The ONNX
-    backend's arena-free sessions (calibration, verification) fix it too: each activation is then freed back
-    to the OS as the plan's liveness walk assumes. The setting lasts for the process."""
+    tensor has its own mapping, returned to the OS when freed. Every torch compile that runs the model fixes
+    it: in whole-model passes the heap grew far past what the plan counts (the real SmolLM2-135M calibrated on
+    32 × 512 tokens of text, full: GPTQ 2.17-2.65 GiB measured against 1.61 planned, fixed 1.57; imatrix
+    2.50 against 1.25, fixed 1.35; SmoothQuant 1.60 against 1.39, fixed 1.31), for 0-22% more time (GPTQ 59 s
+    against 56-60, imatrix 54 against 52, SmoothQuant 38 against 31; low_memory +13%). The ONNX backend's
+    arena-free sessions (calibration, verification) fix it too: each activation is then freed back to the
+    OS as the plan's liveness walk assumes. The setting lasts for the process."""
     try:
         ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
     except (OSError, AttributeError):  # not glibc

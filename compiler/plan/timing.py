@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from compiler.ir.types import MemoryMode, SensitivityMetric
+from compiler.ir.types import MemoryMode, SensitivityMetric, TransformKind
 from compiler.models.index import LayerKind
 from compiler.plan import ops
 from compiler.plan.memory import input_key
@@ -133,10 +133,35 @@ def gptq_seconds(w: Workload, rates: Rates, layers: tuple[str, ...] | None = Non
             + sum(x.out_features * x.in_features for x in found) / rates.gptq_elements)
 
 
+# A weight rounded with its inputs' importance (imatrix: llama.cpp's search of candidate scales) takes this many
+# times an rtn rounding's time: the real SmolLM2-135M's 210 layers to Q4_0/Q8_0, 405 MiB of float32, rounded in
+# 5.2 s where rtn takes 0.9 (2026-12-03)
+SEARCHED_ROUNDING = 5.5
+# Statistics gathered by hooks on a layer's inputs (imatrix's column squares, SmoothQuant's and AWQ's channel
+# maxima) cost this many bytes at the rounding rate per input element: SmolLM2-135M's imatrix hooks read 1.6G
+# elements in 6.2 s on a machine 1.74x the reference
+STATISTICS_BYTES = 2.0
+
+
 def rounded_bytes(w: Workload, layers: tuple[str, ...] | None = None) -> float:
-    """The float bytes of the layers rounded (of `layers` when given, else every quantized one)."""
+    """The float bytes of the layers rounded (of `layers` when given, else every quantized one), the ones whose
+    rounding searches with their inputs' importance counted SEARCHED_ROUNDING times."""
     names = set(w.quantized_layers) if not layers else set(layers)
-    return float(sum(x.bytes for x in w.index.layers if x.name in names))
+    searched = set(w.imatrix_layers)
+    return float(sum(x.bytes * (SEARCHED_ROUNDING if x.name in searched else 1.0)
+                     for x in w.index.layers if x.name in names))
+
+
+def statistics_seconds(w: Workload, rates: Rates, widths: list[int], samples: int) -> float:
+    """Hooks reading `samples` of each input of these `widths` (one per distinct input) to gather statistics."""
+    return samples * w.seqlen * sum(widths) * STATISTICS_BYTES / rates.rounding
+
+
+def importance_seconds(w: Workload, rates: Rates) -> float:
+    """imatrix's column squares over every calibration token, once per distinct input (q/k/v share one)."""
+    chosen = set(w.imatrix_layers)
+    widths = {input_key(x): x.in_features for x in w.index.layers if x.name in chosen}
+    return statistics_seconds(w, rates, list(widths.values()), w.samples)
 
 
 def forward(w: Workload, rates: Rates, samples: int, blocks_only: bool = False) -> float:
@@ -151,14 +176,16 @@ def reading(w: Workload, rates: Rates, first: bool) -> float:
     return (rates.dataset if first else 0.0) + (rates.templates if w.templated else 0.0)
 
 
-def smooth_seconds(w: Workload, rates: Rates, blocks_only: bool = False) -> float:
+def smooth_seconds(w: Workload, rates: Rates, blocks_only: bool = False, whole: bool = False) -> float:
     """The transform's statistics pass over the calibration data and its search (AWQ: a grid of roundings
     of each mapping's targets). Block by block (`blocks_only`) the pass runs through each block before its
-    rounding, and the fold's check runs the block on one chunk before and after it."""
-    grid = getattr(w.transform, "grid", 1) or 1
-    targets = sum(b for _, _, b in w.smoothing)
+    rounding, and the fold's check runs the block on one chunk before and after it. Through the `whole` model
+    (torch) the LM head runs on the last position only, as nothing reads its output."""
+    t = w.transform
+    searched = t.grid * sum(b for _, _, b in w.smoothing) if t is not None and t.kind is TransformKind.AWQ else 0
     probes = 2 * min(w.chunk, w.samples) if blocks_only else 0
-    return forward(w, rates, w.samples + probes, blocks_only) + grid * targets / rates.rounding
+    gathered = statistics_seconds(w, rates, [width for _, width, _ in w.smoothing], w.samples)
+    return forward(w, rates, w.samples + probes, blocks_only or whole) + gathered + searched / rates.rounding
 
 
 def quantize_seconds(op: ops.PlanOp, w: Workload, rates: Rates) -> float:

@@ -120,6 +120,14 @@ class Workload(Observation):
         """The repeated blocks, in order."""
         return self.index.blocks
 
+    def head_calibrates(self) -> bool:
+        """Whether the model's last layer (a decoder's LM head) needs calibration data: its inputs observed, its
+        Hessian or input statistics summed. Else a whole-model statistics pass runs it on the last position
+        only (the torch backend's `last_logits_only`)."""
+        head = self.index.layers[-1] if self.index.layers else None
+        return head is not None and (head.name in self.gptq_layers or head.name in self.imatrix_layers
+                                     or head.input in self.needed)
+
     def block_bytes(self) -> dict[str, int]:
         """Weight bytes per block (and of what is outside them). A tensor two layers share (an LM head tied to
         the input embedding) is counted once: it is held once (SmolLM2-135M's 108 MiB embedding had been

@@ -80,7 +80,7 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
         # calibration, or of the held-out samples before and after rounding): its outputs (logits) and a copy,
         # where a pass reads them (verification, an LM head that calibrates); else the head runs on the last
         # position only (model.forward's `last_logits_only`)
-        positions = w.seqlen if w.verify_samples or _head_calibrates(w) else 1
+        positions = w.seqlen if w.verify_samples or w.head_calibrates() else 1
         work = runs * block_working_set(w) + 2 * runs * positions * last * ACT_BYTES
     if work:  # a layer that quantizes its input as it runs (layers.apply_quantized) makes one copy of it
         work += runs * w.seqlen * w.quantized_input_width * ACT_BYTES
@@ -146,13 +146,6 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
                            (held + verify_chunk) * per_sample + agreement_scratch(per_sample, w.seqlen)),
                           ("the emitted model as loaded (one block, or what is outside the blocks)", emitted))
     return Phase("verification at the output", sum(b for _, b in parts), parts)
-
-
-def _head_calibrates(w: Workload) -> bool:
-    """Whether the model's last layer (a decoder's LM head) needs calibration data: its inputs observed, its
-    Hessian or input statistics summed."""
-    head = w.index.layers[-1] if w.index.layers else None
-    return head is not None and (head.name in w.gptq_layers or head.name in w.imatrix_layers or head.input in w.needed)
 
 
 def _largest_rounded_block(w: Workload) -> int:

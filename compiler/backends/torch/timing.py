@@ -14,6 +14,7 @@ from compiler.plan.timing import (
     forward,
     gptq_seconds,
     hessian_seconds,
+    importance_seconds,
     quantize_seconds,
     reading,
     rounded_bytes,
@@ -41,7 +42,9 @@ def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
 
 def _calibrate(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     first = 0.0 if mode is MemoryMode.FULL and w.verify_samples else rates.fixed(FIRST_FORWARD)  # capture_reference's
-    return first + reading(w, rates, True) + op.passes * forward(w, rates, w.samples) + hessian_seconds(w, rates)
+    # the LM head runs on the last position only unless its inputs are read (model.forward's last_logits_only)
+    passes = op.passes * forward(w, rates, w.samples, blocks_only=not w.head_calibrates())
+    return first + reading(w, rates, True) + passes + hessian_seconds(w, rates) + importance_seconds(w, rates)
 
 
 def _capture(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
@@ -54,12 +57,13 @@ def _cache_inputs(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
 
 
 def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
-    """Every block (the op's repeats): the calibration stream and verification's float and rounded streams,
-    GPTQ's Hessians and rounding, every layer's rounding, and a transform's statistics pass before them."""
-    streams = (w.samples if w.calibrate else 0) + 2 * w.verify_samples
+    """Every block (the op's repeats): the calibration stream twice (its statistics pass, then through the
+    rounded block to the next: blockwise._block) and verification's float and rounded streams, GPTQ's
+    Hessians and rounding, every layer's rounding, and a transform's statistics pass before them."""
+    streams = (2 * w.samples if w.calibrate else 0) + 2 * w.verify_samples
     smoothing = smooth_seconds(w, rates, blocks_only=True) if w.transform is not None and w.calibrate else 0.0
     return (rates.block * op.repeat + forward(w, rates, streams, blocks_only=True) + hessian_seconds(w, rates)
-            + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding + smoothing)
+            + importance_seconds(w, rates) + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding + smoothing)
 
 
 def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
@@ -72,7 +76,7 @@ def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
 ESTIMATES: dict[ops.OpKind, Estimate] = {
     ops.OpKind.LOAD_MODEL: _load, ops.OpKind.CALIBRATE_CHUNK: _calibrate, ops.OpKind.CAPTURE_REFERENCE: _capture,
     ops.OpKind.CACHE_BLOCK_INPUTS: _cache_inputs, ops.OpKind.RUN_BLOCK: _run_block, ops.OpKind.VERIFY: _verify,
-    ops.OpKind.SMOOTH: lambda op, w, rates, mode: smooth_seconds(w, rates),
+    ops.OpKind.SMOOTH: lambda op, w, rates, mode: smooth_seconds(w, rates, whole=True),
     ops.OpKind.QUANTIZE_WEIGHTS: lambda op, w, rates, mode: quantize_seconds(op, w, rates),
     ops.OpKind.EMIT: lambda op, w, rates, mode: op.bytes / rates.disk,
     ops.OpKind.SCORE_SENSITIVITY: lambda op, w, rates, mode: score_seconds(op, w, rates, rates.fixed(FIRST_FORWARD)),
