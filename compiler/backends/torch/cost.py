@@ -255,12 +255,12 @@ def _offload_weights(w: Workload, work: int) -> int:
     head = sum(x.bytes for x in layers[:first])
     quantized = set(w.quantized_layers)
     scratch = 3 * max((x.bytes for x in layers if x.name in quantized), default=0)
-    block = max(sizes.values(), default=0) + scratch
+    block = max(sizes.values(), default=0)
     if w.verify_samples or _tail_needs_data(w):
-        return max(block - scratch, outside) + scratch
+        return max(block, outside) + scratch
     if w.calibrate:
-        return max(block, head - work)
-    return block
+        return max(block + scratch, head - work)
+    return block + scratch
 
 
 def _tail_needs_data(w: Workload) -> bool:
