@@ -105,6 +105,30 @@ def test_check_and_plan_index_a_gguf_from_its_header(zoo_gguf, tmp_path):
     assert result.exit_code == 0 and "model.layers.1.self_attn.q_proj" in result.output, result.output
 
 
+def test_a_tensor_only_copied_from_a_gguf_is_written_a_slice_at_a_time(zoo_gguf, tmp_path, monkeypatch):
+    """File to file into a folder, a tensor the recipe leaves in float (the embedding, the LM head) is dequantized
+    and written a few rows at a time, never whole (its float32 copy was the rounding process's largest buffer):
+    what lands in the folder is exactly what the source reads as, whatever the slice."""
+    from safetensors.torch import load_file
+
+    from compiler.backends.torch.gguf_shards import GgufShards
+    from compiler.models import gguf_source
+
+    _, path = zoo_gguf
+    shards = GgufShards(path, str(path))
+    embedding = shards.read("model.embed_tokens.weight")
+    monkeypatch.setattr(gguf_source, "DEQUANTIZED_SLICE", embedding.shape[1] * 4 * 7)  # 7 rows a slice
+    slices = list(shards.slices("model.embed_tokens.weight"))
+    assert len(slices) == -(-embedding.shape[0] // 7) and all(len(rows) <= 7 for _, rows in slices)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["compile", str(_recipe(tmp_path, str(path), out))])
+    assert result.exit_code == 0, result.output
+    written = load_file(str(out / "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"):
+        if name in written:
+            assert torch.equal(written[name].float(), shards.read(name)), name
+
+
 @pytest.mark.slow  # a calibrated compile per backend: about 25 s
 @pytest.mark.parametrize("backend", ["torch", "onnx"])
 def test_a_gguf_compiles_calibrated_on_each_backend(zoo_gguf, backend, tmp_path):

@@ -320,30 +320,52 @@ def read_tensor(header: GgufHeader, tensor: GgufTensor, name: str):
     (every type it knows; NotImplementedError for one it cannot), Q/K rows put back in transformers' order.
     Reads that tensor's bytes only."""
     import numpy as np
-    from gguf.constants import GGMLQuantizationType
-    from gguf.quants import dequantize
 
-    fd = os.open(header.path, os.O_RDONLY)
-    try:
-        data = os.pread(fd, tensor.nbytes, tensor.start)
-    finally:
-        os.close(fd)
-    if len(data) != tensor.nbytes:
-        raise OSError(f"`{header.path.name}` ends inside tensor `{name}`")
-    raw = np.frombuffer(data, np.uint8)
     rows = tensor.shape[0] if len(tensor.shape) > 1 else 1
-    raw = raw.reshape(rows, -1)
-    kind = GGMLQuantizationType(tensor.ggml_type)
-    width = math.prod(tensor.shape) // rows
-    flat = np.empty((rows, width), np.float32)
-    # a slice of rows at a time: the gguf package's dequantization makes several temporaries of its input's size
-    # (SmolLM2-135M's 108 MiB embedding peaked 308 MiB above the run whole, against its own float32 copy)
-    step = max(1, DEQUANTIZED_SLICE // max(width * 4, 1))
-    for start in range(0, rows, step):
-        flat[start:start + step] = dequantize(raw[start:start + step], kind).reshape(-1, width)
+    flat = np.empty((rows, math.prod(tensor.shape) // rows), np.float32)
+    for start, values in _dequantized_rows(header, tensor, name):
+        flat[start:start + len(values)] = values
     values = flat.reshape(tensor.shape)
     heads = permuted_heads(header, name)
     return _unpermuted(values, heads) if heads else values
+
+
+def row_slices(header: GgufHeader, tensor: GgufTensor, name: str):
+    """The tensor as read_tensor gives it, a slice of rows at a time: (first row, float32 rows), so a tensor only
+    copied is never whole in memory (SmolLM2-135M's 108 MiB embedding, written file to file beside the rounding).
+    A Q/K weight, whose heads' rows are reordered, comes whole."""
+    if permuted_heads(header, name) or len(tensor.shape) < 2:
+        yield 0, read_tensor(header, tensor, name)
+        return
+    for start, values in _dequantized_rows(header, tensor, name):
+        yield start, values.reshape(len(values), *tensor.shape[1:])
+
+
+def _dequantized_rows(header: GgufHeader, tensor: GgufTensor, name: str):
+    """(first row, float32 values of a slice of rows as a rows × width array), DEQUANTIZED_SLICE bytes of them at a
+    time: the gguf package's dequantization makes several temporaries of its input's size (SmolLM2-135M's 108 MiB
+    embedding peaked 308 MiB above the run whole, against its own float32 copy). Each slice's bytes are read as
+    it comes."""
+    import numpy as np
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    rows = tensor.shape[0] if len(tensor.shape) > 1 else 1
+    width = math.prod(tensor.shape) // rows
+    row_bytes = tensor.nbytes // rows  # GGML blocks never straddle rows
+    kind = GGMLQuantizationType(tensor.ggml_type)
+    step = max(1, DEQUANTIZED_SLICE // max(width * 4, 1))
+    fd = os.open(header.path, os.O_RDONLY)
+    try:
+        for start in range(0, rows, step):
+            count = min(step, rows - start)
+            data = os.pread(fd, count * row_bytes, tensor.start + start * row_bytes)
+            if len(data) != count * row_bytes:
+                raise OSError(f"`{header.path.name}` ends inside tensor `{name}`")
+            raw = np.frombuffer(data, np.uint8).reshape(count, row_bytes)
+            yield start, dequantize(raw, kind).reshape(count, width)
+    finally:
+        os.close(fd)
 
 
 def _unpermuted(weight, heads: int):

@@ -39,12 +39,24 @@ def observer_bytes(w: Workload) -> int:
 
 # ---- shared by the backends' cost models -------------------------------------------------------------------------------------
 
-HIDDEN_COPIES = 9  # hidden-sized tensors a block's forward holds per token (residual, norm, q/k/v, rotated q/k,
-# attention output, o_proj output): measured with SDPA, bench/block_working_set.py
+# A block's forward peaks in one of its two halves (measured with glibc's mmap threshold fixed, as every torch run
+# that forwards the model sets it: compiler/backends/release.py; bench/block_working_set.py), in float32 tensors
+# of one token's hidden size (H) or MLP width (I) per token:
+# - attention under SDPA: the normed input, q, the rotated q, the attention output and its projection (about
+#   ATTENTION_HIDDEN H) and k, v and the rotated k, which grouped-query attention makes smaller by kv_heads / heads
+#   (ATTENTION_KV H at one KV head per head); eager attention also holds the scores and their softmax;
+# - the MLP: the residual, the normed input and the output (MLP_HIDDEN H) beside the gate, up and their product
+#   (MLP_INTER I).
+# Bare layers measured 4.2-8.0 H in attention and 2.2 H + 2.5-2.6 I in the MLP; inside a compile's block passes
+# (hooks, the rounding's heap) SmolLM2-135M's blocks measured 10-13 H where the MLP peaks (I = 2.67 H)
+ATTENTION_HIDDEN, ATTENTION_KV = 5.0, 3.5
+MLP_HIDDEN, MLP_INTER = 4.0, 2.75
 # verification compares one sample at a time, AGREEMENT_ROWS positions at once (compiler/backends/agreement.py):
-# the two outputs, the finite mask, their difference, two log-softmaxes and the KL's product, about seven
-# arrays of that size in float32
-AGREEMENT_ARRAYS = 7
+# the finite mask, their difference, two log-softmaxes and the KL's product of that many rows of the two
+# outputs; measured 4.0x one output of 128 positions and 2.5x one of 512 (a vocabulary of 32,000 and 49,152),
+# so about five arrays of AGREEMENT_ROWS rows (seven had planned the ONNX decoder's verification at 1.19x what
+# it took)
+AGREEMENT_ARRAYS = 5
 AGREEMENT_ROWS = 256
 
 
@@ -54,19 +66,22 @@ def agreement_scratch(sample_bytes: int, positions: int) -> int:
 
 
 def block_working_set(w: Workload, scores: bool | None = None) -> int:
-    """Per-sample float32 working set of one block's forward (hidden states, MLP, and the attention scores
-    where they are held). `scores` None: as transformers runs the model, with SDPA (its default, and
+    """Per-sample float32 working set of one block's forward: the larger of its attention (with the scores
+    where they are held) and its MLP. `scores` None: as transformers runs the model, with SDPA (its default, and
     what the torch backend runs) unless the recipe (`calibrate { attention }`) or the config asks for eager
     attention; SDPA never holds the scores. The ONNX backend's exported graphs compute them (True)."""
     cfg = w.index.config_value
     h = cfg("hidden_size") or w.hidden
     heads = cfg("num_attention_heads") or max(1, h // 64)
+    kv_share = min(1.0, (cfg("num_key_value_heads") or heads) / heads)
     inter = cfg("intermediate_size") or _widest_block_output(w, h)
     s = w.seqlen
     if scores is None:
         asked = w.attention
         scores = asked is AttentionKernel.EAGER or (asked is AttentionKernel.MODEL and bool(cfg("eager_attention")))
-    return ACT_BYTES * (HIDDEN_COPIES * s * h + (2 * heads * s * s if scores else 0) + 3 * s * inter)
+    attention = (ATTENTION_HIDDEN + ATTENTION_KV * kv_share) * s * h + (2 * heads * s * s if scores else 0)
+    mlp = MLP_HIDDEN * s * h + MLP_INTER * s * inter
+    return int(ACT_BYTES * max(attention, mlp))
 
 
 def _widest_block_output(w: Workload, hidden: int) -> int:

@@ -99,10 +99,13 @@ def _probe() -> float:
 
 
 def scaled(rates: Rates, speed: float) -> Rates:
-    """`rates` on a machine `speed` times as fast (its fixed costs shrink with it; its disk is not faster)."""
+    """`rates` on a machine `speed` times as fast (its fixed costs shrink with it; its disk is not faster, nor
+    are the datasets library's import and the chat templates' child process: on a machine whose products ran
+    1.86x the reference's they took the reference's 1.8 s, and the chat example measured 1.40x its plan with
+    them scaled)."""
     return Rates(speed=rates.speed * speed, flops=rates.flops * speed, gptq_elements=rates.gptq_elements * speed,
                  rounding=rates.rounding * speed, disk=rates.disk, block=rates.block / speed,
-                 dataset=rates.dataset / speed, templates=rates.templates / speed)
+                 dataset=rates.dataset, templates=rates.templates)
 
 
 # ---- the work ---------------------------------------------------------------------------------------------
@@ -147,6 +150,17 @@ SEARCHED_ROUNDING = 5.5
 STATISTICS_BYTES = 2.0
 
 
+# A layer that rounds its input to FP4 as the model runs (NVFP4/MXFP4 activations: compressed-tensors' dynamic
+# group scales and rounding) costs this many bytes at the rounding rate per input element: 18-20 ns an element on
+# a machine 1.8x the reference (SmolLM2-135M's NVFP4 compile measured 40-47 s against 23 planned without it)
+FP4_INPUT_BYTES = 8.5
+
+
+def fp4_input_seconds(w: Workload, rates: Rates, samples: int) -> float:
+    """`samples` through layers that round their inputs to FP4 (the rounded model's forwards)."""
+    return samples * w.seqlen * w.fp4_input_elements * FP4_INPUT_BYTES / rates.rounding
+
+
 def rounded_bytes(w: Workload, layers: tuple[str, ...] | None = None) -> float:
     """The float bytes of the layers rounded (of `layers` when given, else every quantized one), the ones whose
     rounding searches with their inputs' importance counted SEARCHED_ROUNDING times."""
@@ -178,16 +192,24 @@ def reading(w: Workload, rates: Rates, first: bool) -> float:
     return (rates.dataset if first else 0.0) + (rates.templates if w.templated else 0.0)
 
 
+# AWQ's search, per mapping and grid point beyond rounding its targets: scaling, the error's products, torch's
+# dispatch (about 5 ms a point at 1.8x the reference: the tiny example's 6 mappings × 20 points took 1.0 s
+# where the plan had 0.4 without it)
+AWQ_POINT = 0.010
+
+
 def smooth_seconds(w: Workload, rates: Rates, blocks_only: bool = False, whole: bool = False) -> float:
     """The transform's statistics pass over the calibration data and its search (AWQ: a grid of roundings
     of each mapping's targets). Block by block (`blocks_only`) the pass runs through each block before its
     rounding, and the fold's check runs the block on one chunk before and after it. Through the `whole` model
     (torch) the LM head runs on the last position only, as nothing reads its output."""
     t = w.transform
-    searched = t.grid * sum(b for _, _, b in w.smoothing) if t is not None and t.kind is TransformKind.AWQ else 0
+    grid = t.grid if t is not None and t.kind is TransformKind.AWQ else 0  # SmoothQuant searches nothing
+    searched = grid * sum(b for _, _, b in w.smoothing)
+    points = rates.fixed(AWQ_POINT) * grid * len(w.smoothing)
     probes = 2 * min(w.chunk, w.samples) if blocks_only else 0
     gathered = statistics_seconds(w, rates, [width for _, width, _ in w.smoothing], w.samples)
-    return forward(w, rates, w.samples + probes, blocks_only or whole) + gathered + searched / rates.rounding
+    return forward(w, rates, w.samples + probes, blocks_only or whole) + gathered + searched / rates.rounding + points
 
 
 def quantize_seconds(op: ops.PlanOp, w: Workload, rates: Rates) -> float:

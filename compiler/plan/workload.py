@@ -95,7 +95,9 @@ class Workload(Observation):
     sliced_rounded: bool = False  # an integer weight is rounded outside it, from float32 slices (mse, float16 scales)
     gguf: bool = False  # one GGUF file for llama.cpp: no compressed-tensors, and no folder for transformers to check
     kquant_rounded: bool = False  # a weight goes to a K-quant (qrc's numpy search of llama.cpp's scales)
-    quantized_input_width: int = 0  # the widest input a layer quantizes as it runs (its activation scheme's copy)
+    fp4_input_elements: int = 0  # per token, the input elements the layers round to FP4 as they run (NVFP4, MXFP4)
+    quantized_input_width: int = 0  # the widest input a layer copies as it runs: its activation scheme's quantized
+    # copy, or its squares for imatrix (torch/layers.py Squares)
 
     @property
     def histograms(self) -> bool:
@@ -246,8 +248,10 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
                            and not a.scheme.quantized_weights.qtype.is_float for a in quantized),
         gguf=scales is not None,
         kquant_rounded=any(a.scheme.quantized_weights.qtype.is_kquant for a in quantized),
-        quantized_input_width=max((a.layer.in_features for a in quantized if a.scheme.activations is not None),
-                                  default=0),
+        fp4_input_elements=sum(a.layer.in_features for a in quantized
+                               if a.scheme.activations is not None and a.scheme.activations.qtype.fixed_group),
+        quantized_input_width=max((a.layer.in_features for a in quantized
+                                   if a.scheme.activations is not None or a.layer.name in imatrix), default=0),
         data_libraries=DATASET_LIBRARIES if cal.data.kind is DataKind.DATASET else 0,
         templated=bool(cal.data.rows and cal.data.rows.messages),
         transform=ir.transform if assignment.smoothing else None,

@@ -12,7 +12,7 @@ from pathlib import Path
 import onnx
 
 from compiler.backends.onnx.hessians import PREFIX, hessian_observers
-from compiler.backends.release import keep_large_blocks_mapped
+from compiler.backends.release import SESSION_MMAP_THRESHOLD, keep_large_blocks_mapped
 from compiler.data import Batches
 from compiler.plan.activations import needed_nodes
 from compiler.quant.observers import make_observer
@@ -92,7 +92,7 @@ def calibrate(model: onnx.ModelProto, model_dir: Path, graph_summary, observed: 
     # Without onnxruntime's arena and with glibc's mmap threshold fixed, what a run holds is what the plan's
     # liveness walk counts: the arena grows in powers of two and keeps them (an HF-exported Qwen2's calibration
     # held 1.9x the walk's activations with it, 1.0x without), at 10-20% more time a run
-    keep_large_blocks_mapped()
+    keep_large_blocks_mapped(SESSION_MMAP_THRESHOLD)
     sess = session(aug, model_dir, arena=False) if names else None
     del aug  # the session holds its own copy
     inputs = {i.name for i in sess.get_inputs()} if sess else set()

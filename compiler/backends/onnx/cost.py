@@ -237,11 +237,12 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
         # sessions run without onnxruntime's arena (calibrate.session_from_path): what a run allocates is
         # freed when it returns, before its outputs are compared
         running = dequantized + block_act
-        comparing = 2 * outputs + agreement_scratch(_first_output(w, 1), w.seqlen)
+        # the quantized model's outputs of one sample beside the float one (`cached` counts it) and the comparison
+        comparing = outputs + agreement_scratch(_first_output(w, 1), w.seqlen)
         parts = (("runtime", runtime), ("weights of one segment", block_weights),
                  ("the float model's first output, kept for every held-out sample", cached),
-                 ("its QDQ weights dequantized at run time and the segment's activations, or (the larger) both "
-                  "models' outputs of one sample and comparing them", max(running, comparing)))
+                 ("its QDQ weights dequantized at run time and the segment's activations, or (the larger) the "
+                  "quantized model's outputs of one sample and comparing them", max(running, comparing)))
     else:
         act = _no_graph(w, chunk) + _first_output(w, chunk)
         if graph:

@@ -176,3 +176,38 @@ def _finish(raw: Path, out: Path) -> None:
     onnx.save(model, str(out), save_as_external_data=True, all_tensors_to_one_file=True, location="model.onnx.data",
               size_threshold=1024)
     raw.unlink()
+    del model
+    _store_symbolic_shapes(out)
+
+
+def _store_symbolic_shapes(out: Path) -> None:
+    """Name every intermediate value's dims in the stored graph, with onnxruntime's symbolic shape inference:
+    onnx's own leaves an attention's reshaped dims unknown in the TorchScript exporter's graphs (MiniLM's scores
+    were `unk__31 × unk__32 × unk__20 × unk__24`), which the plan's liveness walk then sized as the sequence length
+    each (64 MiB a chunk where they take 3; `batch × 12 × sequence × sequence` once named). It reads the small
+    initializers (biases, constants: loaded into a weight-free copy of the graph), never the matrices. A failure
+    leaves the graph as exported: the plan then over-counts, nothing else changes."""
+    import math
+
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError:
+        return
+    light = onnx.load(str(out), load_external_data=False)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(light)
+    try:
+        for tensor in probe.graph.initializer:
+            if uses_external_data(tensor) and len(tensor.dims) <= 1 and math.prod(tensor.dims) <= 1 << 16:
+                load_external_data_for_tensor(tensor, str(out.parent))
+                tensor.data_location = onnx.TensorProto.DEFAULT
+                del tensor.external_data[:]
+        inferred = SymbolicShapeInference.infer_shapes(probe, auto_merge=True, guess_output_rank=False, verbose=0)
+    except Exception:  # noqa: BLE001  # any failure of a best-effort annotation: the graph stays as exported
+        return
+    del light.graph.value_info[:]
+    light.graph.value_info.extend(inferred.graph.value_info)
+    onnx.save(light, str(out))

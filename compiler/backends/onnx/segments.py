@@ -18,7 +18,7 @@ import onnx
 from onnx import helper
 
 from compiler.backends.onnx.calibrate import session
-from compiler.backends.release import trim_heap
+from compiler.backends.release import SESSION_MMAP_THRESHOLD, keep_large_blocks_mapped, trim_heap
 from compiler.data import Batches
 from compiler.models.graph import GraphSummary
 from compiler.plan.activations import segment_runs
@@ -141,6 +141,7 @@ def run_segments(model: onnx.ModelProto, model_dir: Path, summary: GraphSummary,
     Each wanted value is reported for chunk 0, 1, … in order, as in one whole-graph pass. `on_chunk` is
     called once per segment and chunk; `on_segment`, with the wanted names a segment produced, once it has
     run every chunk (their statistics are then complete)."""
+    keep_large_blocks_mapped(SESSION_MMAP_THRESHOLD)  # as for whole-graph sessions (calibrate.calibrate)
     segments = cut(model)
     consumers = _last_reader(segments)
     graph_inputs = set(summary.inputs)

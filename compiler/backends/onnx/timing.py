@@ -4,6 +4,7 @@ serialised at emit, an HF folder's export traced in a process of its own."""
 
 from __future__ import annotations
 
+from compiler.backends.onnx.export_decoder import DECODER_FAMILIES
 from compiler.ir.types import MemoryMode
 from compiler.plan import ops
 from compiler.plan.timing import (
@@ -37,17 +38,46 @@ def _session(w: Workload, rates: Rates) -> float:
     return rates.fixed(SESSION) + w.weights_bytes / (SESSION_RATE * rates.speed)
 
 
+# a decoder's export (torch.onnx's dynamo exporter and onnxscript's passes) is mostly fixed: on a machine 1.86x the
+# reference, random Llamas of 2 blocks (150 MB) and 6 blocks (35 MB) took 11.5 and 12.9 s (2026-12-03): about
+# 8.7 s, 0.64 s a block and 100 MB/s there
+DYNAMO_EXPORT_START, DYNAMO_EXPORT_BLOCK, DYNAMO_EXPORT_RATE = 16.2, 1.2, 54e6
+
+
 def _export(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     # nothing when the plan was made against the cached export (its graph is the index's)
     if w.index.graph is not None:
         return 0.0
+    if w.index.family in DECODER_FAMILIES:
+        return (rates.fixed(DYNAMO_EXPORT_START + DYNAMO_EXPORT_BLOCK * len(w.blocks))
+                + w.weights_bytes / (DYNAMO_EXPORT_RATE * rates.speed))
     return rates.fixed(EXPORT_START) + w.weights_bytes / (EXPORT_RATE * rates.speed)
+
+
+# GPTQ's Hessian sums here are numpy's float64 products of whole inputs (quant/gptq.py HessianObserver): float64
+# runs at half float32's rate, and the whole XᵀX takes 1.6-1.7x the upper triangle torch sums, so about 4x the
+# torch backend's cost of the same sums (plan/timing.py hessian_seconds)
+HESSIAN_COST = 4.0
+# a histogram observer's update (calibrate.py: numpy's histogram of each observed tensor, chunk by chunk), in bytes
+# at the rounding rate per value observed: MiniLM's 132M observed values took 1.1 s of its calibration beyond
+# the forwards on a machine 1.73x the reference (2026-12-03)
+HISTOGRAM_BYTES = 3.5
 
 
 def _calibrate(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     # GPTQ's Hessians are summed chunk by chunk from the inputs the session returns
     return (op.passes * _session(w, rates) + reading(w, rates, True) + op.passes * forward(w, rates, w.samples)
-            + hessian_seconds(w, rates))
+            + HESSIAN_COST * hessian_seconds(w, rates) + _histograms(w, rates))
+
+
+def _histograms(w: Workload, rates: Rates) -> float:
+    """The histogram observers' updates over every calibration sample (none for minmax)."""
+    graph = w.index.graph
+    if not w.histograms or graph is None:
+        return 0.0
+    sizes = graph.value_bytes(graph.sizes(1, w.seqlen, w.past), w.seqlen)
+    values = sum(sizes.get(name, 0) // 4 for name in w.observed)  # float32 values of one sample
+    return w.samples * values * HISTOGRAM_BYTES / rates.rounding
 
 
 def _cache_inputs(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
@@ -58,7 +88,8 @@ def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     """Every segment (the op's repeats): a session each, the calibration stream, GPTQ (a segment's layers are
     rounded once it has seen every chunk), the rounding."""
     return (op.repeat * _session(w, rates) + forward(w, rates, w.samples, blocks_only=True)
-            + hessian_seconds(w, rates) + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding)
+            + HESSIAN_COST * hessian_seconds(w, rates) + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding
+            + _histograms(w, rates))
 
 
 def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:

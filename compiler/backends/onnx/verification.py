@@ -8,7 +8,7 @@ from pathlib import Path
 from compiler.backends.agreement import Agreement
 from compiler.backends.onnx.calibrate import session_from_path
 from compiler.backends.onnx.files import ModelFiles, open_model
-from compiler.backends.release import keep_large_blocks_mapped, trim_heap
+from compiler.backends.release import SESSION_MMAP_THRESHOLD, keep_large_blocks_mapped, trim_heap
 
 
 def verify_whole(source: Path, output: Path, batches, progress) -> Agreement:
@@ -16,7 +16,7 @@ def verify_whole(source: Path, output: Path, batches, progress) -> Agreement:
     arena allocate each activation from the heap; with glibc's mmap threshold left to rise, the freed ones stay
     in the heap (an HF-exported Qwen2's float run peaked 278 MiB above its session, 198 with the threshold
     fixed: the liveness walk the plan counts), so it is fixed for the runs (about 15% more time a run)."""
-    keep_large_blocks_mapped()
+    keep_large_blocks_mapped(SESSION_MMAP_THRESHOLD)
     reference, candidate = (session_from_path(path, arena=False, as_served=True) for path in (source, output))
     inputs = {i.name for i in reference.get_inputs()}
     first = reference.get_outputs()[0].name

@@ -18,6 +18,7 @@ from compiler.plan.memory import (
     dtype_bytes,
     gptq_scratch,
     hessian_bytes,
+    input_key,
     mode_estimate,
     score_phase,
     transform_bytes,
@@ -87,9 +88,10 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
     if _files_only(w):
         weights, label = _file_to_file(w) + _gguf_source_tensor(w), \
             "one tensor at a time, file to file (read, the next read ahead, rounded)"
-        if not w.gguf:  # the runtime counts the check process at its load check; while tensors are rounded it
-            # holds its imports: the larger of the two moments
-            weights = max(weights + CHECK_IMPORTED - CHECK_PROCESS, _gguf_source_tensor(w))
+        if not w.gguf:  # the runtime counts the check process at its load check, when this process has given
+            # back what the rounding held (rounding.from_files); while tensors are rounded it holds its imports:
+            # the larger of the two moments
+            weights = max(weights + CHECK_IMPORTED - CHECK_PROCESS, 0)
             label += ", beside the check process's imports"
     elif mode is MemoryMode.OFFLOAD:
         weights, label = _offload_weights(w, work), "weights of one block (or of what is outside the blocks)"
@@ -175,14 +177,17 @@ def _gguf_scratch(w: Workload) -> int:
 
 
 def _gguf_source_tensor(w: Workload) -> int:
-    """A GGUF source (models/gguf_source.py) gives each tensor dequantized from its blocks to float32 whole,
-    also one only copied (the embedding: on SmolLM2-135M 113 MB, measured 946 MiB against 822 planned without
-    it): the largest tensor's float32 copy, held beside what the rounding holds, and the gguf package's temporaries
-    of dequantizing one slice of its rows (about four slices of float32; they stay in the heap: a Q4_0 GGUF written
-    from SmolLM2-135M measured 446 MiB against 402 planned without them)."""
+    """A GGUF source (models/gguf_source.py) gives each weight to round dequantized from its blocks to float32
+    whole; each tensor only copied (the embedding) into a folder a slice of rows at a time (output_layout.py),
+    into a GGUF file whole (its type's encoding reads the whole tensor). So: the largest such tensor's float32
+    copy, held beside what the rounding holds, and the gguf package's temporaries of dequantizing one slice of
+    rows (about four slices of float32; they stay in the heap: a Q4_0 GGUF written from SmolLM2-135M measured
+    446 MiB against 402 planned without them). Copied whole, SmolLM2-135M's 113 MB embedding took the W8A16
+    folder's rounding process to 551 MiB, a slice at a time 427."""
     if not w.index.ref.lower().endswith(".gguf"):
         return 0
-    return 4 * max((x.params for x in w.index.layers), default=0) + DEQUANTIZING * DEQUANTIZED_SLICE
+    whole = [x for x in w.index.layers if w.gguf or x.name in set(w.quantized_layers)]
+    return 4 * max((x.params for x in whole), default=0) + DEQUANTIZING * DEQUANTIZED_SLICE
 
 
 def _rounded_twin(w: Workload, mode: MemoryMode) -> int:
@@ -210,9 +215,18 @@ def _libraries(w: Workload) -> int:
 
 
 def _merging(w: Workload, all_blocks: bool) -> int:
-    """Merging the ranks' GPTQ Hessians (torch/sharing.py) holds, besides this rank's float32 sums, every rank's
-    as sent and as received (2 per rank) and their float64 sum (2 more)."""
-    return (2 * w.ranks + 2) * hessian_bytes(w, all_blocks=all_blocks)
+    """Merging the ranks' GPTQ Hessians (torch/sharing.py) one input at a time, beyond this rank's float32 sums
+    (counted as "GPTQ Hessians"): that input's sums as received from every rank and their float64 sum (2 more),
+    beside the inputs merged before it, now float64 (twice their float32 sums). Counted as every rank's and the
+    float64 sum of each input at once, StableLM's two ranks measured 0.94-0.95x their plans."""
+    largest = max((k * k * 4 for k in _distinct_inputs(w).values()), default=0)
+    return hessian_bytes(w, all_blocks=all_blocks) + (w.ranks + 1) * largest
+
+
+def _distinct_inputs(w: Workload) -> dict[tuple, int]:
+    """The width of each distinct input of the GPTQ layers (q/k/v share one)."""
+    gptq = set(w.gptq_layers)
+    return {input_key(x): x.in_features for x in w.index.layers if x.name in gptq and x.kind is LayerKind.LINEAR}
 
 
 def _file_to_file(w: Workload) -> int:

@@ -5,6 +5,8 @@ safetensors do."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -42,20 +44,33 @@ class GgufShards:
 
     def read(self, name: str) -> torch.Tensor:
         """One tensor, dequantized to float32."""
+        with self._decoding(name):
+            values = gguf_source.read_tensor(self.header, self.tensors[name], name)
+        return torch.from_numpy(np.ascontiguousarray(values))
+
+    def slices(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
+        """One tensor dequantized to float32 a slice of rows at a time, as (first row, rows): copied to the output
+        so, it is never whole in memory."""
+        with self._decoding(name):
+            for start, values in gguf_source.row_slices(self.header, self.tensors[name], name):
+                yield start, torch.from_numpy(np.ascontiguousarray(values))
+
+    @contextlib.contextmanager
+    def _decoding(self, name: str) -> Iterator[None]:
+        """The gguf package's failures as diagnostics: Q271 for a type it cannot dequantize, Q404 for a file that
+        ends inside the tensor."""
         from gguf.constants import GGMLQuantizationType
 
-        tensor = self.tensors[name]
         try:
-            values = gguf_source.read_tensor(self.header, tensor, name)
+            yield
         except NotImplementedError:
-            raise BackendError(error("Q271", f"`{self.path.name}`: tensor `{name}` is GGML "
-                                     f"{GGMLQuantizationType(tensor.ggml_type).name}, which the gguf package cannot "
-                                     "dequantize", None, "cannot be read",
+            kind = GGMLQuantizationType(self.tensors[name].ggml_type).name
+            raise BackendError(error("Q271", f"`{self.path.name}`: tensor `{name}` is GGML {kind}, which the gguf "
+                                     "package cannot dequantize", None, "cannot be read",
                                      help="update the gguf package, or requantize the file to a type it reads")) from None
         except OSError as exc:
             raise BackendError(error("Q404", str(exc), None, "truncated file",
                                      help="the GGUF file is incomplete; download or convert it again")) from None
-        return torch.from_numpy(np.ascontiguousarray(values))
 
     def mapped(self, name: str) -> torch.Tensor:
         """As `read`: a GGUF tensor has to be decoded, there is nothing to map as it is."""

@@ -56,8 +56,10 @@ def copy_unquantized(writer: FolderWriter, model: TorchModel, jobs: list[Job]) -
     for key, entry in shards.entries.items():
         if key in replaced or key in shards.scales or key not in writer.missing:  # written already (a transform)
             continue
-        if not shards.stored_as_is(key):  # an FP8 source's weight, a GGUF tensor: decoded first
-            writer.put(key, shards.read(key).to(model.dtype))
+        if not shards.stored_as_is(key):  # an FP8 source's weight, a GGUF tensor: decoded first, a slice of rows
+            # at a time where the source gives it so
+            for first, rows in shards.slices(key):
+                writer.put_rows(key, first, rows.to(model.dtype))
         else:
             writer.copy_raw(key, entry.file, entry.start, entry.end)
 

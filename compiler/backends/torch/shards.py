@@ -8,6 +8,7 @@ import json
 import mmap
 import os
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,10 @@ class Shards:
         if name in self.scaled:
             return _dequantize_blocks(self._read(name), self._read(self.scaled[name]), self.block)
         return self._read(name)
+
+    def slices(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
+        """The tensor as `read` gives it, as (first row, rows): whole, here (a GGUF source's come in slices)."""
+        yield 0, self.read(name)
 
     def mapped(self, name: str) -> torch.Tensor:
         """One tensor over a private mapping of its pages, faulted in here (the page cache's pages: no copy,

@@ -70,6 +70,25 @@ class FolderWriter(Emitter):
                 written += os.pwrite(fd, data[written:].data, offset + written)
         self.missing.discard(name)
 
+    def put_rows(self, name: str, first: int, rows: torch.Tensor) -> None:
+        """Write rows `first`.. of one tensor at their place (a tensor copied a slice at a time); the tensor counts
+        as written once its last row is."""
+        fd, offset, spec = self.where[name]
+        if first == 0 and tuple(rows.shape) == tuple(spec.shape):  # the whole tensor (a vector, a scalar too)
+            self.put(name, rows)
+            return
+        if rows.dtype != spec.dtype or rows.dim() < 1 or tuple(rows.shape[1:]) != tuple(spec.shape[1:]) \
+                or first + len(rows) > spec.shape[0]:
+            raise ValueError(f"{name}: rows {first}.. of {rows.dtype}{list(rows.shape)} written where the layout has "
+                             f"{spec.dtype}{list(spec.shape)}")
+        data = rows.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        at = offset + first * (data.size // max(len(rows), 1))
+        written = 0
+        while written < data.size:
+            written += os.pwrite(fd, data[written:].data, at + written)
+        if first + len(rows) == spec.shape[0]:
+            self.missing.discard(name)
+
     def copy_raw(self, name: str, source: Path, start: int, end: int) -> None:
         """A tensor copied byte for byte from another safetensors file (same dtype and shape), in the
         kernel where it can (copy_file_range): a large embedding never passes through Python."""
