@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from compiler.backends.onnx import timing
 from compiler.backends.onnx.export_decoder import DECODER_FAMILIES
+from compiler.backends.onnx.output_streams import streams_output
 from compiler.ir.types import Backend, EmitFormat, MemoryMode
 from compiler.models.onnx_write import COPY_PIECE
 from compiler.plan.activations import (
@@ -56,7 +57,6 @@ EXPORT_PARENT = 64 * MiB
 SLICE_BYTES = 16 << 20  # large weights are rounded in slices of output channels of this size
 # GPTQ's column loop runs in torch (compiler/quant/gptq.py): importing it raised max RSS from 47 to 241 MiB
 TORCH_LIBRARIES = 200 * MiB
-EXTERNAL_THRESHOLD = 1 << 30  # an output above this keeps its weights in `<model>.data` (protobuf stops at 2 GiB)
 DEQUANTIZED_TOGETHER = 3  # q/k/v: the most layers that read one input in a transformer block
 HESSIAN_SUM = 8  # bytes per Hessian element: sums are float64 (compiler/quant/gptq.py HessianObserver)
 
@@ -198,12 +198,6 @@ def _boundary_cache(w: Workload, chunk: int) -> int:
     per_sample = w.seqlen * w.hidden * ACT_BYTES
     held = chunk if w.disk else w.samples
     return 2 * held * per_sample
-
-
-def streams_output(w: Workload, mode: MemoryMode) -> bool:
-    """Whether the output keeps its weights in external data, written as they are rounded (offload, or an
-    output beyond EXTERNAL_THRESHOLD); otherwise the quantized model is assembled in memory."""
-    return mode is MemoryMode.OFFLOAD or w.quantized_bytes > EXTERNAL_THRESHOLD
 
 
 def onnx_quantize(w: Workload, mode: MemoryMode) -> Phase:

@@ -17,9 +17,9 @@ import numpy as np
 import onnx
 
 from compiler.backends.emitter import Emitter, Spec
-from compiler.backends.onnx.cost import EXTERNAL_THRESHOLD
 from compiler.backends.onnx.files import ModelFiles, load_remaining
 from compiler.backends.onnx.kernels import uses_matmul_nbits
+from compiler.backends.onnx.output_streams import EXTERNAL_THRESHOLD
 from compiler.backends.onnx.rewrite import (
     Replacement,
     WeightJob,

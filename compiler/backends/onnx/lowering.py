@@ -4,8 +4,8 @@ ranges in their own ops; every weight is streamed from the data file through the
 
 from __future__ import annotations
 
-from compiler.backends.onnx.cost import streams_output
 from compiler.backends.onnx.kernels import kernel_words
+from compiler.backends.onnx.output_streams import streams_output
 from compiler.ir.types import CalibrationMethod, EmitFormat, MemoryMode
 from compiler.models.index import ModelFormat
 from compiler.plan import memory
