@@ -106,6 +106,11 @@ def input_key(x) -> tuple:
     return (parent, x.in_features, _SHARED_INPUT.get(leaf.lower(), leaf))
 
 
+def input_widths(w: Workload, chosen: set[str]) -> list[int]:
+    """The width of each distinct input the `chosen` layers read (q/k/v share one)."""
+    return list({input_key(x): x.in_features for x in w.index.layers if x.name in chosen}.values())
+
+
 def hessian_bytes(w: Workload, all_blocks: bool = False) -> int:
     """GPTQ: one K_in × K_in float32 Hessian per distinct layer input (q/k/v share one, gate/up one) of
     the block being quantized, or of every block at once (`full` runs the whole model with hooks)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from compiler.ir.types import MemoryMode, SensitivityMetric, TransformKind
 from compiler.models.index import LayerKind
 from compiler.plan import ops
-from compiler.plan.memory import input_key
+from compiler.plan.memory import input_widths
 from compiler.plan.workload import Workload
 
 
@@ -123,12 +123,7 @@ def hessian_seconds(w: Workload, rates: Rates, layers: tuple[str, ...] | None = 
     """GPTQ's Hessian sums over every calibration token: 2·T·K² FLOPs per distinct input (q/k/v share one),
     one large product per chunk, which runs at about twice a forward's rate."""
     chosen = set(w.gptq_layers) if layers is None else set(layers) & set(w.gptq_layers)
-    return sum(2 * w.samples * w.seqlen * k ** 2 for k in _input_widths(w, chosen)) / (2 * rates.flops)
-
-
-def _input_widths(w: Workload, chosen: set[str]) -> list[int]:
-    """The width of each distinct input the `chosen` layers read (q/k/v share one)."""
-    return list({input_key(x): x.in_features for x in w.index.layers if x.name in chosen}.values())
+    return sum(2 * w.samples * w.seqlen * k ** 2 for k in input_widths(w, chosen)) / (2 * rates.flops)
 
 
 def gptq_seconds(w: Workload, rates: Rates, layers: tuple[str, ...] | None = None) -> float:
@@ -177,7 +172,7 @@ def statistics_seconds(w: Workload, rates: Rates, widths: list[int], samples: in
 
 def importance_seconds(w: Workload, rates: Rates) -> float:
     """imatrix's column squares over every calibration token, once per distinct input (q/k/v share one)."""
-    return statistics_seconds(w, rates, _input_widths(w, set(w.imatrix_layers)), w.samples)
+    return statistics_seconds(w, rates, input_widths(w, set(w.imatrix_layers)), w.samples)
 
 
 def forward(w: Workload, rates: Rates, samples: int, blocks_only: bool = False) -> float:

@@ -18,7 +18,7 @@ from compiler.plan.memory import (
     dtype_bytes,
     gptq_scratch,
     hessian_bytes,
-    input_key,
+    input_widths,
     mode_estimate,
     score_phase,
     transform_bytes,
@@ -219,14 +219,8 @@ def _merging(w: Workload, all_blocks: bool) -> int:
     (counted as "GPTQ Hessians"): that input's sums as received from every rank and their float64 sum (2 more),
     beside the inputs merged before it, now float64 (twice their float32 sums). Counted as every rank's and the
     float64 sum of each input at once, StableLM's two ranks measured 0.94-0.95x their plans."""
-    largest = max((k * k * 4 for k in _distinct_inputs(w).values()), default=0)
+    largest = max((k * k * 4 for k in input_widths(w, set(w.gptq_layers))), default=0)
     return hessian_bytes(w, all_blocks=all_blocks) + (w.ranks + 1) * largest
-
-
-def _distinct_inputs(w: Workload) -> dict[tuple, int]:
-    """The width of each distinct input of the GPTQ layers (q/k/v share one)."""
-    gptq = set(w.gptq_layers)
-    return {input_key(x): x.in_features for x in w.index.layers if x.name in gptq and x.kind is LayerKind.LINEAR}
 
 
 def _file_to_file(w: Workload) -> int:

@@ -64,10 +64,7 @@ class FolderWriter(Emitter):
             raise ValueError(f"{name}: {tensor.dtype}{list(tensor.shape)} written where the layout has "
                              f"{spec.dtype}{list(spec.shape)}")
         if tensor.numel():  # the tensor's own memory is written: no bytes copy of a large embedding
-            data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-            written = 0
-            while written < data.size:
-                written += os.pwrite(fd, data[written:].data, offset + written)
+            _write_at(fd, tensor, offset)
         self.missing.discard(name)
 
     def put_rows(self, name: str, first: int, rows: torch.Tensor) -> None:
@@ -81,11 +78,8 @@ class FolderWriter(Emitter):
                 or first + len(rows) > spec.shape[0]:
             raise ValueError(f"{name}: rows {first}.. of {rows.dtype}{list(rows.shape)} written where the layout has "
                              f"{spec.dtype}{list(spec.shape)}")
-        data = rows.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-        at = offset + first * (data.size // max(len(rows), 1))
-        written = 0
-        while written < data.size:
-            written += os.pwrite(fd, data[written:].data, at + written)
+        if len(rows):
+            _write_at(fd, rows, offset + first * rows[0].numel() * rows.element_size())
         if first + len(rows) == spec.shape[0]:
             self.missing.discard(name)
 
@@ -152,6 +146,14 @@ class FolderWriter(Emitter):
     def written(self) -> list[str]:
         """The tensors written so far."""
         return sorted(set(self.where) - self.missing)
+
+
+def _write_at(fd: int, tensor: torch.Tensor, offset: int) -> None:
+    """The tensor's own memory written at `offset` (no bytes copy of a large embedding)."""
+    data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    written = 0
+    while written < data.size:
+        written += os.pwrite(fd, data[written:].data, offset + written)
 
 
 def _shards(specs: list[TensorSpec], limit: int) -> list[list[TensorSpec]]:
