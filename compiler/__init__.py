@@ -3,6 +3,7 @@
 Importing this package stays cheap: no torch, no onnxruntime (backends import them lazily).
 """
 
+import compiler.quant.methods  # noqa: F401  (registers the built-in calibration methods: compiler/plugins.py)
 from compiler.diagnostics import Diagnostic, DiagnosticError, Severity
 from compiler.frontend import CheckResult, PlanResult, check_file, check_source, load_recipe, plan_file
 from compiler.ir.printer import print_ir

@@ -24,6 +24,7 @@ from compiler.diagnostics import summary as summary_line
 from compiler.frontend import check_file
 from compiler.ir.printer import print_ir
 from compiler.overrides import KEYS
+from compiler.plugins import BY_WORD
 
 app = typer.Typer(
     name="qrc",
@@ -340,13 +341,21 @@ def _compile(recipe: Path, output: Path | None, set_: list[str] | None, report: 
 
 @app.command()
 def explain(
-    code: Annotated[Optional[str], typer.Argument(help="A diagnostic code such as Q201; omit it to list "
-                                                   "every code.", show_default=False)] = None,
+    code: Annotated[Optional[str], typer.Argument(help="A diagnostic code such as Q201 (omit it to list every code), "
+                                                   "or `methods` for the calibration methods a recipe can name.",
+                                                   show_default=False)] = None,
 ) -> None:
-    """Explain a diagnostic code: what it means, why it matters, and an example that triggers it."""
+    """Explain a diagnostic code: what it means, why it matters, and an example that triggers it. `qrc explain
+    methods` lists the calibration methods registered (plug-ins included) with what each does."""
     if code is None:
         for info in CODES:
             typer.echo(f"{info.code}  {info.title}")
+        return
+    registry = BY_WORD.get(code.strip().lower())
+    if registry is not None:
+        width = max(len(n) for n in registry.names())
+        for entry in registry:
+            typer.echo(f"{entry.name:<{width}}  {entry.summary}")
         return
     found = BY_CODE.get(code.strip().upper())
     if found is None:

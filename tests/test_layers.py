@@ -11,7 +11,7 @@ grimp = pytest.importorskip("grimp")
 # Lowest first. A module may import its own package, and any package of a lower layer; nothing else.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("compiler.source", "compiler.safe_files"),
-    ("compiler.diagnostics", "compiler.codes", "compiler.exhaustive", "compiler.canonical"),
+    ("compiler.diagnostics", "compiler.codes", "compiler.exhaustive", "compiler.canonical", "compiler.plugins"),
     ("compiler.env_numbers",),
     ("compiler.syntax",),
     ("compiler.ir",),

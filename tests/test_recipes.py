@@ -49,6 +49,6 @@ def test_design_examples_are_present():
     irs = [check_file(p).ir for p in RECIPES]
     assert any(s.activations for ir in irs for s in ir.schemes)
     assert any(s.weights.qtype.bits == 4 and not s.activations for ir in irs for s in ir.schemes)
-    assert any(ir.calibration.method.value == "layerwise_percentile" for ir in irs)
+    assert any(ir.calibration.method.name == "layerwise_percentile" for ir in irs)
     assert any(ir.mixed_precision for ir in irs)
     assert any(ir.backend.value == "torch" for ir in irs)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from compiler.diagnostics import Diagnostics, did_you_mean
+from compiler.ir.methods import configure_method
 from compiler.ir.types import (
     AttentionKernel,
     Bound,
     Calibration,
-    CalibrationMethod,
     DataKind,
     DatasetRows,
     DataSource,
@@ -20,7 +20,6 @@ from compiler.ir.types import (
     MemoryMode,
     MixedPrecision,
     RowPolicy,
-    ScoreMetric,
     SensitivityMetric,
     Verify,
     VerifyMetric,
@@ -32,8 +31,6 @@ from compiler.syntax import ast
 DEFAULT_SAMPLES = 128
 DEFAULT_SEQLEN = 128
 DEFAULT_CHUNK = 16
-DEFAULT_PERCENTILE = 99.999
-DEFAULT_CANDIDATES = (99.99, 99.999, 99.99999)
 DEFAULT_BINS = 2048
 PASSTHROUGH_OPS = ("Reshape", "Transpose", "MaxPool", "Split", "Slice", "Squeeze", "Unsqueeze", "Gather",
                    "Flatten", "Identity", "Expand")
@@ -98,30 +95,14 @@ def elaborate_calibration(block: ast.Block | None, diags: Diagnostics) -> Calibr
                       found["chunk"].span, f"only {data.samples} samples",
                       help=f"calibration runs one pass of {data.samples}; set `chunk` ≤ `samples`")
         chunk = data.samples
-    method = found.get("method")
-    kind = CalibrationMethod(method.kind.value) if method else CalibrationMethod.MINMAX
-    percentile = _percentile(method.percentile, diags) if method and method.percentile else DEFAULT_PERCENTILE
-    lwp = settings_by_key(method.options if method else (), diags)
-    candidates: tuple[float, ...] = DEFAULT_CANDIDATES
-    if "candidates" in lwp:
-        candidates = tuple(p for p in (_percentile(n, diags) for n in lwp["candidates"].value) if p is not None)
-    metric = ScoreMetric(lwp["metric"].value.value) if "metric" in lwp else ScoreMetric.MAE
     return Calibration(
-        spans=spans_of(found), data=data, chunk=chunk, method=kind, percentile=percentile or DEFAULT_PERCENTILE,
-        candidates=candidates, score_metric=metric, passthrough=_passthrough(found.get("passthrough"), diags),
+        spans=spans_of(found), data=data, chunk=chunk, method=configure_method(found.get("method"), diags),
+        passthrough=_passthrough(found.get("passthrough"), diags),
         workers=_count(found, "workers", "`workers`", 1, diags),
         bins=_count(found, "bins", "`bins`", DEFAULT_BINS, diags, minimum=16),
         experts=ExpertRouting(found["experts"].value.value) if "experts" in found else ExpertRouting.ALL,
         attention=AttentionKernel(found["attention"].value.value) if "attention" in found else AttentionKernel.MODEL,
     )
-
-
-def _percentile(num: ast.Number, diags: Diagnostics) -> float | None:
-    if not 0 < num.value <= 100:
-        diags.error("Q209", f"percentile `{num.text}` is outside (0, 100]", num.span, "not a percentile",
-                    help="percentiles are in (0, 100]; typical: 99.99, 99.999")
-        return None
-    return num.value
 
 
 _DATA_OPTIONS = {

@@ -8,7 +8,6 @@ from compiler.ir.patterns import PatternError, alternations, check_regex, glob_t
 from compiler.ir.schemes import NONE, PRESETS
 from compiler.ir.types import (
     AttentionKernel,
-    CalibrationMethod,
     MemoryMode,
     QType,
     RecipeIR,
@@ -149,20 +148,17 @@ def check_ranks(ir: RecipeIR, diags: Diagnostics) -> None:
     if found is not None:
         diags.items.append(found)
 
-_GRID_SEARCHES = (CalibrationMethod.MSE, CalibrationMethod.LAYERWISE_PERCENTILE)
-
-
 def check_fp4_input_method(ir: RecipeIR, diags: Diagnostics) -> None:
     """Q269: NVFP4's global input scale is set from the inputs' range; mse and layerwise_percentile search a
     clipping range against an integer grid, which NVFP4 inputs (rounded per block at run time) do not have."""
     method = ir.calibration.method
-    if method not in _GRID_SEARCHES:
+    if not method.grid_search:
         return
     for scheme in ir.used_schemes:
         act = scheme.activations
         if act is not None and act.qtype is QType.NVFP4:
             diags.error("Q269", f"scheme `{scheme.name}`: NVFP4 inputs take their global scale from the inputs' "
-                        f"range, which `method {method.value}` does not give", ir.calibration.span_of("method") or ir.span,
+                        f"range, which `method {method.name}` does not give", ir.calibration.span_of("method") or ir.span,
                         "no grid to search", help="use `method minmax` (llm-compressor's static_minmax), "
                         "`percentile P` or `entropy`")
             return

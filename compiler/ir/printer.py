@@ -13,7 +13,6 @@ import json
 from compiler.ir.types import (
     ActivationQuant,
     AutoGroup,
-    CalibrationMethod,
     DataKind,
     Granularity,
     RecipeIR,
@@ -112,19 +111,9 @@ def _data(ir: RecipeIR) -> str:
     return f"data {d.kind.value}{path} {{ {'  '.join(opts)} }}"
 
 
-def _method(ir: RecipeIR) -> str:
-    c = ir.calibration
-    if c.method is CalibrationMethod.PERCENTILE:
-        return f"method percentile {format_number(c.percentile)}"
-    if c.method is CalibrationMethod.LAYERWISE_PERCENTILE:
-        cands = ", ".join(format_number(p) for p in c.candidates)
-        return f"method layerwise_percentile {{ candidates [{cands}]  metric {c.score_metric.value} }}"
-    return f"method {c.method.value}"
-
-
 def _calibrate(ir: RecipeIR) -> list[str]:
     c = ir.calibration
-    return ["    calibrate {", f"        {_data(ir)}", f"        chunk {c.chunk}", f"        {_method(ir)}",
+    return ["    calibrate {", f"        {_data(ir)}", f"        chunk {c.chunk}", f"        {c.method.text()}",
             f"        passthrough [{', '.join(c.passthrough)}]", f"        workers {c.workers}",
             f"        bins {c.bins}", f"        experts {c.experts.value}",
             f"        attention {c.attention.value}", "    }"]

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
+from compiler.diagnostics import Diagnostics
 from compiler.source import Span
+from compiler.syntax import ast
 
 
 class Backend(enum.Enum):
@@ -101,15 +104,6 @@ class GroupPolicy(enum.Enum):
     ERROR = "error"
 
 
-class CalibrationMethod(enum.Enum):
-    """How calibration turns observations into ranges."""
-    MINMAX = "minmax"
-    PERCENTILE = "percentile"
-    ENTROPY = "entropy"
-    MSE = "mse"
-    LAYERWISE_PERCENTILE = "layerwise_percentile"
-
-
 class ExpertRouting(enum.Enum):
     """Which experts of an MoE block see each calibration token (the block's output always follows the router)."""
     ALL = "all"  # every token through every expert, for statistics: no expert is left without data
@@ -121,12 +115,6 @@ class AttentionKernel(enum.Enum):
     MODEL = "model"  # what its config asks for (transformers' default: SDPA)
     EAGER = "eager"  # scores materialized, softmax in the model's dtype: what llm-compressor calibrates under
     SDPA = "sdpa"  # torch's scaled_dot_product_attention
-
-
-class ScoreMetric(enum.Enum):
-    """How layer-wise percentile scores a candidate range."""
-    MAE = "mae"
-    MSE = "mse"
 
 
 class SensitivityMetric(enum.Enum):
@@ -366,15 +354,39 @@ class DatasetRows:
     policy: RowPolicy
 
 
+class CalibrationMethod(Protocol):
+    """A calibration method with its settings: a frozen dataclass, registered by name (compiler/ir/methods.py);
+    the IR holds it and plans compare it."""
+
+    name: ClassVar[str]  # what a recipe writes: `method NAME`
+    summary: ClassVar[str]  # one line for `qrc explain methods` and docs
+    histogram: ClassVar[bool]  # observers keep a histogram (`bins` of them per tensor), not only min/max
+    grid_search: ClassVar[bool]  # searches a clipping range against the integer grid (NVFP4 inputs have none)
+
+    @classmethod
+    def configure(cls, decl: ast.MethodDecl | None, diags: Diagnostics) -> CalibrationMethod:
+        """The method with the settings `decl` writes (None: every default); mistakes go to `diags`."""
+        ...
+
+    def text(self) -> str:
+        """The method as recipe text, every setting written out (`method percentile 99.999`)."""
+        ...
+
+    def detail(self) -> str:
+        """What the plan's range search says of it (`percentile 99.999`)."""
+        ...
+
+    def range(self, observer: Any, qtype: QType, symmetric: bool) -> tuple[float, float] | None:
+        """The (rmin, rmax) to quantize a tensor with from its observer, None when it never saw a finite value."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class Calibration(Located):
     """The `calibrate` block."""
     data: DataSource
     chunk: int
-    method: CalibrationMethod
-    percentile: float  # for PERCENTILE
-    candidates: tuple[float, ...]  # for LAYERWISE_PERCENTILE
-    score_metric: ScoreMetric  # for LAYERWISE_PERCENTILE
+    method: CalibrationMethod  # a registered method with its settings (compiler/ir/methods.py)
     passthrough: tuple[str, ...]
     workers: int
     bins: int

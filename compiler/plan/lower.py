@@ -15,7 +15,6 @@ from pathlib import Path
 
 from compiler.ir.types import (
     AttentionKernel,
-    CalibrationMethod,
     EmitFormat,
     MemoryMode,
     RecipeIR,
@@ -115,7 +114,7 @@ class Context:
     @property
     def range_buffer(self) -> Buffer:
         """What observing produces: final ranges (minmax) or histograms that a search turns into ranges."""
-        return Buffer.RANGES if self.ir.calibration.method is CalibrationMethod.MINMAX else Buffer.HISTOGRAMS
+        return Buffer.HISTOGRAMS if self.ir.calibration.method.histogram else Buffer.RANGES
 
 
 Pass = Callable[[Context], list[PlanOp]]
@@ -191,7 +190,7 @@ def calibrate_op(ctx: Context, summary: str, layers: tuple[str, ...], outputs: t
     return CalibrateChunk(summary=summary, inputs=(Buffer.MODEL, Buffer.CALIBRATION_DATA, Buffer.MEMORY_MODE) + ctx.after_search,
                           outputs=outputs, peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=ctx.chunks * ctx.passes,
                           layers=layers, chunk=w.chunk, samples=w.samples, seqlen=w.seqlen, passes=ctx.passes,
-                          method=ctx.ir.calibration.method, observed=len(w.observed), **statistics(ctx))
+                          method=ctx.ir.calibration.method.name, observed=len(w.observed), **statistics(ctx))
 
 
 def statistics(ctx: Context) -> dict:

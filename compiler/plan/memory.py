@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.ir.types import AttentionKernel, CalibrationMethod, MemoryMode, SensitivityMetric, TransformKind
+from compiler.ir.types import AttentionKernel, MemoryMode, SensitivityMetric, TransformKind
 from compiler.models.index import LayerKind
 from compiler.plan.activations import needed_nodes, peak
 from compiler.plan.ops import ModeEstimate
@@ -33,7 +33,7 @@ class Phase:
 
 def observer_bytes(w: Workload) -> int:
     """Bytes of every observer's state."""
-    per = MINMAX_STATE if w.method is CalibrationMethod.MINMAX else w.bins * HIST_STATE + MINMAX_STATE
+    per = w.bins * HIST_STATE + MINMAX_STATE if w.histogram else MINMAX_STATE
     return per * len(w.observed)
 
 

@@ -18,7 +18,6 @@ from compiler.ir.types import (
     Backend,
     Bound,
     Calibration,
-    CalibrationMethod,
     DataSource,
     EmitFormat,
     KvCache,
@@ -256,7 +255,7 @@ class CalibrateChunk(PlanOp):
     samples: int
     seqlen: int
     passes: int
-    method: CalibrationMethod
+    method: str  # the calibration method's name (its settings: `calibration`)
     observed: int
     calibration: Calibration = carried()
     transform: Transform | None = carried(None)  # folded before the statistics its layers round with
@@ -292,7 +291,7 @@ class RunBlock(PlanOp):
 class SearchPercentile(PlanOp):
     """Ranges from histograms (percentile, entropy, mse, layer-wise percentile)."""
     kind: ClassVar[OpKind] = OpKind.SEARCH_PERCENTILE
-    method: CalibrationMethod
+    method: str
     bins: int
     tensors: int
     calibration: Calibration = carried()  # the ranges' settings

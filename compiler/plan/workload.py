@@ -11,7 +11,6 @@ from compiler.data.batches import cache_length, sample_count, sequence_length
 from compiler.ir.types import (
     AttentionKernel,
     Backend,
-    CalibrationMethod,
     DataKind,
     EmitFormat,
     QType,
@@ -75,7 +74,7 @@ class Workload(Observation):
     past: int  # tokens already in a decoder's cache per sample (an npz's past axis; else 0)
     chunk: int
     bins: int
-    method: CalibrationMethod
+    histogram: bool  # the calibration method keeps a histogram per observed tensor, not only min/max
     mixed_precision: bool
     search: Search | None  # the mixed-precision search, when there are units to search
     imatrix_layers: tuple[str, ...] = ()  # K-quants searched with their inputs' mean squares (a vector per input)
@@ -101,9 +100,9 @@ class Workload(Observation):
 
     @property
     def histograms(self) -> bool:
-        """Whether static inputs are observed by histograms (every calibration method but minmax), which the
+        """Whether static inputs are observed by histograms (every calibration method that keeps one), which the
         torch backend bins with a compiled loop (quant/histogram_kernel.py)."""
-        return bool(self.observed) and self.method is not CalibrationMethod.MINMAX
+        return bool(self.observed) and self.histogram
 
     @property
     def searched(self) -> Search:
@@ -237,7 +236,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         or ir.kv_cache is not None or bool(assignment.smoothing),
         gptq=gptq, samples=rank_share(sample_count(cal.data), chunk or cal.chunk, ranks), seqlen=sequence_length(cal.data),
         past=cache_length(cal.data), chunk=chunk or cal.chunk, bins=cal.bins,
-        method=cal.method, mixed_precision=mp is not None,
+        histogram=cal.method.histogram, mixed_precision=mp is not None,
         search=_search(ir, assignment), imatrix_layers=imatrix,
         verify_samples=rank_share(verify_samples, min(cal.chunk, verify_samples), ranks),
         disk=ir.memory.disk is not None, ranks=ranks, attention=cal.attention,

@@ -152,9 +152,9 @@ class DataDecl:
 
 @dataclass(frozen=True, slots=True)
 class MethodDecl:
-    """`method KIND [PERCENTILE] { … }`."""
+    """`method NAME [NUMBER] { key value … }`: what the named method reads is its own (compiler/ir/methods.py)."""
     kind: Keyword
-    percentile: Number | None
+    argument: Number | None
     options: tuple[Setting, ...]
     span: Span
 

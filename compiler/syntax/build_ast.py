@@ -9,7 +9,6 @@ from compiler.syntax import ast
 
 # `*_opt` rules whose setting key differs from the rule name.
 _SETTING_KEYS = {
-    "score_metric_opt": "metric",
     "sensitivity_metric_opt": "metric",
     "verify_metric_opt": "metric",
     "vram_devices_opt": "vram",
@@ -19,7 +18,7 @@ _SETTING_KEYS = {
 }
 _QSPEC_FIELDS = {"dtype": "dtype", "granularity": "granularity", "group_size": "group", "block_shape": "block",
                  "symmetry": "symmetry", "act_mode": "mode"}
-_KEYWORD_RULES = {"backend_kind", "rounding_kind", "policy_kind", "score_metric", "sensitivity_metric",
+_KEYWORD_RULES = {"backend_kind", "rounding_kind", "policy_kind", "sensitivity_metric",
                   "memory_mode", "verify_metric", "bound_kind", "emit_format", "act_order", "group_scales", "scale_search",
                   "expert_routing", "attention_kernel", "transform_kind", "switch", "rows_policy"}
 
@@ -51,19 +50,6 @@ def data_rule(kind: str):
         path = children[0] if children and isinstance(children[0], ast.String) else None
         options = children[-1] if children and isinstance(children[-1], tuple) else ()
         return ast.DataDecl(kind, path, options, self._span(meta))
-
-    return build
-
-
-def method_rule(kind: str):
-    """A transformer callback for a `method KIND …` rule."""
-    def build(self, meta, children):
-        span = self._span(meta)
-        keyword_start = self.source.text.index(kind, span.start)
-        keyword = ast.Keyword("method", kind, self.source.span(keyword_start, keyword_start + len(kind)))
-        percentile = children[0] if children and isinstance(children[0], ast.Number) else None
-        options = children[-1] if children and isinstance(children[-1], tuple) else ()
-        return ast.MethodDecl(keyword, percentile, options, span)
 
     return build
 
@@ -121,7 +107,7 @@ class AstBuilder(Transformer):
             return ast.Setting(kind.value, kind.span, number, span)
         key = _SETTING_KEYS.get(rule, rule[: -len("_opt")])
         key_span = self.source.span(span.start, span.start + len(key))
-        if rule in ("passthrough_opt", "candidates_opt", "choices_opt"):
+        if rule in ("passthrough_opt", "choices_opt"):
             value: ast.Value = tuple(c for c in children if c is not None)
         elif rule == "vram_devices_opt":
             value = ast.DeviceSize(children[0], children[1], span)
@@ -273,13 +259,20 @@ class AstBuilder(Transformer):
     def data_options(self, meta, children):
         return tuple(children)
 
-    minmax_method = method_rule("minmax")
-    percentile_method = method_rule("percentile")
-    entropy_method = method_rule("entropy")
-    mse_method = method_rule("mse")
-    layerwise_method = method_rule("layerwise_percentile")
+    def method_decl(self, meta, children):
+        name = children[0]
+        number = children[1] if len(children) > 1 and isinstance(children[1], ast.Number) else None
+        options = children[-1] if isinstance(children[-1], tuple) else ()
+        return ast.MethodDecl(ast.Keyword("method", name.value, name.span), number, options, self._span(meta))
 
-    def layerwise_options(self, meta, children):
+    def method_options(self, meta, children):
+        return tuple(children)
+
+    def method_opt(self, meta, children):
+        key, value = children
+        return ast.Setting(key.value, key.span, value, self._span(meta))
+
+    def number_list(self, meta, children):
         return tuple(children)
 
     def size(self, meta, children):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from lark import Token
@@ -16,6 +17,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedTok
 from lark.lexer import PatternStr
 
 from compiler.diagnostics import Diagnostic, error
+from compiler.plugins import CALIBRATION_METHODS
 from compiler.source import Source, Span
 from compiler.syntax.grammar import parser
 
@@ -38,12 +40,13 @@ _TERMINAL_WORDS = {
 }
 _END = {"$END", "<END-OF-FILE>"}
 # What a NAME is, by the token before it.
-_NAME_AFTER = {
+_NAME_AFTER: dict[str, str | Callable[[], str]] = {
     "RECIPE": "a recipe name",
     "SCHEME": "a scheme name",
     "EQUAL": "a preset (W4A16, W8A16, W8A8) or a scheme name",
     "ARROW": "a scheme name or `none`",
     "TYPE": "a layer type (Linear, MatMul, Gemm, Conv, Embedding)",
+    "METHOD": lambda: f"a calibration method ({', '.join(CALIBRATION_METHODS.names())})",
     "NUMBER": f"a unit ({', '.join(UNITS)})",
 }
 # Where a setting keyword belongs, for "`chunk` is not allowed here" help.
@@ -125,6 +128,12 @@ def _keyword_of(terminal: str) -> str | None:
     return None
 
 
+def _name_after(token_type: str) -> str:
+    """What a name after this token is, in words (a plug-in kind lists the names registered now)."""
+    words = _NAME_AFTER[token_type]
+    return words if isinstance(words, str) else words()
+
+
 def describe_expected(expected: set[str], previous: Token | None) -> str:
     """What the parser expected, in words."""
     words, others = [], []
@@ -133,7 +142,7 @@ def describe_expected(expected: set[str], previous: Token | None) -> str:
         if keyword:
             words.append(f"`{keyword}`")
         elif terminal == "NAME" and previous is not None and previous.type in _NAME_AFTER:
-            others.append(_NAME_AFTER[previous.type])
+            others.append(_name_after(previous.type))
         else:
             others.append(_TERMINAL_WORDS.get(terminal, terminal))
     items = sorted(words) + sorted(others)

@@ -36,7 +36,6 @@ from compiler.ir.types import Calibration, MemoryMode
 from compiler.models import builtin, gguf_file, resolve_path
 from compiler.plan import ops
 from compiler.plan.ops import Plan
-from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
 from compiler.quant.smoothing import transform_summary
 from compiler.quant.weights import QuantizedWeight, sqnr_db
 from compiler.resolve.assignment import Assignment
@@ -168,7 +167,7 @@ class _OnnxRun(OnnxRunState):
         """Every chunk, `op.passes` times: low_memory splits the observed tensors into groups."""
         cal, files = op.calibration, self.files
         w = self.observation(cal)
-        histogram = cal.method in HISTOGRAM_METHODS
+        histogram = cal.method.histogram
         batches = self._batches(cal)
         hessians = dict(w.hessian_inputs)
         groups = np.array_split(np.array(w.fetched, dtype=object), op.passes)
@@ -195,7 +194,7 @@ class _OnnxRun(OnnxRunState):
 
         cal = op.calibration
         w = self.observation(cal)
-        histogram = cal.method in HISTOGRAM_METHODS
+        histogram = cal.method.histogram
         self.observers = {t: make_observer(histogram, cal.bins) for t in w.observed}
         self.observers.update(hessian_observers(dict(w.hessian_inputs)))
         # GPTQ layers are rounded as their segment finishes, and those weights are not part of the resume
@@ -278,7 +277,7 @@ class _OnnxRun(OnnxRunState):
             act, tensor = a.scheme.activations, a.layer.input
             if a.scheme.is_none or act is None or tensor in self.bounds or (sources[tensor] != tensor) != inherited:
                 continue
-            bounds = tensor_range(self.observers[sources[tensor]], calibration, act.qtype, act.symmetric)
+            bounds = calibration.method.range(self.observers[sources[tensor]], act.qtype, act.symmetric)
             if bounds is None:
                 self.pending.warnings.append(warning(
                     "Q405", f"`{tensor}` was never finite during calibration; left unquantized",

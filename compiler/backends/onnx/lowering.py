@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from compiler.backends.onnx.kernels import kernel_words
 from compiler.backends.onnx.output_streams import streams_output
-from compiler.ir.types import CalibrationMethod, EmitFormat, MemoryMode
+from compiler.ir.types import EmitFormat, MemoryMode
 from compiler.models.index import ModelFormat
 from compiler.plan import memory
 from compiler.plan.lower import (
@@ -111,13 +111,10 @@ def lower_ranges(ctx: Context) -> list[PlanOp]:
     if not w.observed:
         return []
     ops: list[PlanOp] = []
-    if cal.method is not CalibrationMethod.MINMAX:
-        detail = {CalibrationMethod.PERCENTILE: f"percentile {cal.percentile:g}",
-                  CalibrationMethod.LAYERWISE_PERCENTILE: "candidates " + ", ".join(f"{c:g}" for c in cal.candidates)
-                  + f" scored by {cal.score_metric.value}"}.get(cal.method, cal.method.value)
-        ops.append(SearchPercentile(summary=f"ranges from {cal.bins}-bin histograms ({detail})", inputs=(Buffer.HISTOGRAMS,),
+    if cal.method.histogram:
+        ops.append(SearchPercentile(summary=f"ranges from {cal.bins}-bin histograms ({cal.method.detail()})", inputs=(Buffer.HISTOGRAMS,),
                                     outputs=(Buffer.RANGES,), peak_bytes=ctx.costs.runtime(ctx.workload) + memory.observer_bytes(w),
-                                    method=cal.method, bins=cal.bins, tensors=len(w.observed), calibration=cal))
+                                    method=cal.method.name, bins=cal.bins, tensors=len(w.observed), calibration=cal))
     if cal.passthrough:
         which = (f"({w.inherited} of {len(w.needed)} needed tensors not observed)" if w.index.graph is not None else
                  "(which ones the exported graph shows)")

@@ -25,7 +25,6 @@ from compiler.quant import fused_rtn, qparams
 from compiler.quant.gptq import gptq, gptq_on_grid
 from compiler.quant.kquants import GgufBlocks, kquant_grid, quantize_kquant
 from compiler.quant.observers import make_observer
-from compiler.quant.ranges import HISTOGRAM_METHODS, tensor_range
 from compiler.quant.weights import Convention, QuantizedWeight, round_weight
 from compiler.resolve.assignment import Assignment
 from compiler.source import Span
@@ -225,7 +224,7 @@ class Statistics:
                 self.squares.setdefault(leader, Squares(torch.zeros(k, dtype=torch.float64, device=x.device))).update(x)
             if job.static_input and "observer" not in done:
                 done.add("observer")
-                histogram = self.calibration.method in HISTOGRAM_METHODS
+                histogram = self.calibration.method.histogram
                 observer = self.observers.setdefault(leader, make_observer(histogram, self.calibration.bins, compiled=True))
                 observer.update(x.detach().float().cpu().numpy())
         return hook
@@ -330,7 +329,7 @@ def input_qparams(job: Job, stats: Statistics | None, calibration: Calibration |
     observer = stats.observer(job)
     act = job.scheme.activations
     assert act is not None  # a static input is an activation spec
-    bounds = tensor_range(observer, calibration, act.qtype, act.symmetric) if observer is not None else None
+    bounds = calibration.method.range(observer, act.qtype, act.symmetric) if observer is not None else None
     if bounds is None:
         return None
     if act.qtype is QType.NVFP4:  # the global scale; the block scales are computed at run time

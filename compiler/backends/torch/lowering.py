@@ -114,7 +114,7 @@ def _blocks(ctx: Context) -> list[PlanOp]:
         outputs=(Buffer.BLOCK_INPUTS,) + ((Buffer.QPARAMS,) if head else ()), peak_bytes=ctx.phase(PhaseName.CALIBRATE),
         layers=head, samples=w.samples, seqlen=w.seqlen, per_sample=w.seqlen * w.hidden * 4, where=where,
         **statistics(ctx))
-    ranges = f"input ranges ({ctx.ir.calibration.method.value}), " if w.observed else ""
+    ranges = f"input ranges ({ctx.ir.calibration.method.name}), " if w.observed else ""
     ranges += "KV cache ranges, " if ctx.ir.kv_cache is not None else ""
     what = (transform_words(w, CHECKED) + "; " if w.transform else "") + "compute float outputs, " + ranges + \
         ("quantize the block (GPTQ with its Hessians)" if w.gptq else "quantize the block")

@@ -1,0 +1,62 @@
+"""Registries of named plug-ins: each kind of capability a recipe names (a calibration method, an output format…)
+is a module that registers one entry here under the name the recipe writes. The language, `qrc explain` and the
+backends ask the registry for the name instead of matching a closed list, so a new entry needs no edit elsewhere
+(docs/contributing.md). The built-in entries register when `compiler` is imported; a plug-in registers when its
+own module is imported."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Generic, Protocol, TypeVar
+
+
+class Named(Protocol):
+    """What a registered entry has: the name recipes write."""
+
+    name: str
+
+
+T = TypeVar("T", bound=Named)
+
+
+class Registry(Generic[T]):
+    """The entries of one kind, by name."""
+
+    def __init__(self, kind: str):
+        self.kind = kind  # in words, for messages: "calibration method"
+        self._entries: dict[str, T] = {}
+
+    def register(self, entry: T) -> T:
+        """Add `entry` under its name (a decorator too); a second entry under a taken name is refused, since a
+        recipe's meaning must not depend on which module was imported last."""
+        taken = self._entries.get(entry.name)
+        if taken is not None and taken is not entry:
+            raise ValueError(f"a {self.kind} named `{entry.name}` is registered already ({taken!r})")
+        self._entries[entry.name] = entry
+        return entry
+
+    def unregister(self, name: str) -> None:
+        """Remove an entry (a plug-in's test cleans up after itself)."""
+        self._entries.pop(name, None)
+
+    def get(self, name: str) -> T | None:
+        """The entry named `name`, or None."""
+        return self._entries.get(name)
+
+    def names(self) -> tuple[str, ...]:
+        """Every registered name, sorted (what a diagnostic lists as valid)."""
+        return tuple(sorted(self._entries))
+
+    def __iter__(self) -> Iterator[T]:
+        return iter([self._entries[n] for n in self.names()])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+
+# The registries of the kinds a recipe names. What an entry of each kind provides is said where the kind is
+# defined (a calibration method: compiler/ir/types.py CalibrationMethod; the built-ins: compiler/quant/methods/).
+CALIBRATION_METHODS: Registry = Registry("calibration method")  # `method NAME`: the method's class
+
+# `qrc explain WORD` lists the entries of a kind, each with its one-line `summary`
+BY_WORD: dict[str, Registry] = {"methods": CALIBRATION_METHODS}
