@@ -92,7 +92,7 @@ class Workload(Observation):
     float_kernel_rounded: bool = False  # every floating-format weight fits the compiled loop (quant/fused_float.py),
     # which rounds them when nothing runs the model (file to file)
     sliced_rounded: bool = False  # an integer weight is rounded outside it, from float32 slices (mse, float16 scales)
-    gguf: bool = False  # one GGUF file for llama.cpp: no compressed-tensors, and no folder for transformers to check
+    emit_format: EmitFormat | None = None  # the output's format (`emit`), which the backend's cost model asks
     kquant_rounded: bool = False  # a weight goes to a K-quant (qrc's numpy search of llama.cpp's scales)
     fp4_input_elements: int = 0  # per token, the input elements the layers round to FP4 as they run (NVFP4, MXFP4)
     quantized_input_width: int = 0  # the widest input a layer copies as it runs: its activation scheme's quantized
@@ -245,7 +245,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         float_kernel_rounded=all(_float_kernel_rounded(a) for a in quantized if a.scheme.quantized_weights.qtype.is_float),
         sliced_rounded=any(a.scheme.rounding in (Rounding.RTN, Rounding.MSE) and not _kernel_rounded(a, scales)
                            and not a.scheme.quantized_weights.qtype.is_float for a in quantized),
-        gguf=scales is not None,
+        emit_format=ir.emit.format if ir.emit is not None else None,
         kquant_rounded=any(a.scheme.quantized_weights.qtype.is_kquant for a in quantized),
         fp4_input_elements=sum(a.layer.in_features for a in quantized
                                if a.scheme.activations is not None and a.scheme.activations.qtype.fixed_group),

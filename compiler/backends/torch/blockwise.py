@@ -10,12 +10,11 @@ import torch
 from compiler.backends.products import Product
 from compiler.backends.release import release_memory, trim_heap
 from compiler.backends.torch import streams
-from compiler.backends.torch.gguf_writer import GgufWriter
 from compiler.backends.torch.kv_cache import KvMode
 from compiler.backends.torch.layers import Job, Statistics
 from compiler.backends.torch.resume import BlockResume, checkpoint_identity, finished, restore
 from compiler.backends.torch.run_state import RunState
-from compiler.backends.torch.writer import FolderWriter
+from compiler.backends.torch.writer import output_writer
 from compiler.ir.types import Calibration
 from compiler.plan import ops
 
@@ -92,8 +91,8 @@ class BlockWise(RunState):
             return
         self.resume.save(done, {s.name: s.hidden.folder for s in self._streams() if s.hidden.folder},
                          finished(self.rounder, self.costs, self.kv, self.smoother))
-        if isinstance(self.writer, FolderWriter | GgufWriter):
-            self.writer.keep = True
+        if (out := output_writer(self.writer)) is not None:
+            out.keep = True
 
     def _block(self, number: int, name: str, calibration: Calibration | None, device) -> list[streams.HiddenCache]:
         """One block run and rounded; the caches of the hidden states that entered it (closed by the caller)."""

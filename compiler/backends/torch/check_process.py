@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterator
 
 from compiler.backends.rss import following
-from compiler.ir.types import EmitFormat
+from compiler.backends.torch.formats import torch_format
 from compiler.models import ModelError, builtin, model_dir, resolve_path
 from compiler.plan import ops
 
@@ -135,11 +135,11 @@ def prepared(plan: ops.Plan, writes: bool) -> Iterator[None]:
 
 
 def _checked_model(plan: ops.Plan) -> str | None:
-    """The model reference of a file-to-file plan that emits safetensors (a GGUF file has no such check)."""
+    """The model reference of a file-to-file plan whose output transformers opens (a folder; formats.py)."""
     load, emit = plan.first(ops.LoadModel), plan.first(ops.Emit)
     if not isinstance(load, ops.LoadModel) or not isinstance(emit, ops.Emit):
         return None
-    if load.access is not ops.ModelAccess.FILES or emit.format is EmitFormat.GGUF:
+    if load.access is not ops.ModelAccess.FILES or not torch_format(emit.format).opened_by_transformers:
         return None
     return load.model
 

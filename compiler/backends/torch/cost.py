@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compiler.backends.torch import timing
+from compiler.backends.torch.formats import torch_format
+from compiler.backends.torch.gguf_source_memory import source_tensor_bytes
 from compiler.ir.types import Backend, EmitFormat, MemoryMode, SensitivityMetric
-from compiler.models.gguf_source import DEQUANTIZED_SLICE
 from compiler.models.index import LayerKind, ModelFormat
 from compiler.plan.memory import (
     ACT_BYTES,
@@ -32,7 +33,7 @@ from compiler.plan.workload import Workload
 # measured at the first op: 423-425 MiB for built-ins, 414-442 before an HF folder's weights (2026-11-27)
 RUNTIME = 424 * MiB
 # a run file to file imports neither transformers nor compressed-tensors: interpreter, torch, numpy, safetensors
-# and the gguf package, measured at 254-264 MiB compiling a 2.4 MiB Llama to GGUF (2026-11-27)
+# and the GGUF writer's package, measured at 254-264 MiB compiling a 2.4 MiB Llama to GGUF (2026-11-27)
 FILES_RUNTIME = 256 * MiB
 # a folder written file to file has its config and load check made in a process of its own (torch/check_process.py):
 # an interpreter with torch, transformers and compressed-tensors, and the meta-device models of the load check.
@@ -43,11 +44,6 @@ CHECK_PROCESS = 440 * MiB
 # runtime and what its heap kept of a GGUF source's dequantized copy (SmolLM2-135M FP8 file to file: 399 + 439 MiB
 # at the summed peak, 551 + 258 at this process's own, the child still importing)
 CHECK_IMPORTED = 410 * MiB
-# GGUF's rounding file to file, bytes a weight of the largest layer beyond a copy slice: the weight as float32 and
-# the blocks' float32 temporaries. llama.cpp's reference Q4_0/Q8_0 (the gguf package's numpy port), measured on
-# random Llamas whose largest layers hold 0.79M and 3.1M weights: 37 and 95 MiB above the runtime (26 a weight);
-# qrc's K-quants, which search candidate scales: Q4_K 40 and Q6_K 45 a weight on the 3.1M one
-GGUF_ROUNDING, GGUF_KQUANT_ROUNDING = 26, 46
 CACHE_COPIES = {MemoryMode.FULL: 0, MemoryMode.LOW_MEMORY: 2, MemoryMode.OFFLOAD: 2, MemoryMode.MULTI_GPU: 2}
 VRAM_SLACK = 1.2  # Olive's factor over the computed GPU footprint
 CUDA_HOST = 800 * MiB  # host memory of the CUDA context and kernel libraries (measured on an H100: +0.75 GiB RSS)
@@ -64,7 +60,6 @@ FLOAT_SCRATCH = 128 * MiB
 # rtn/mse outside the compiled loop (weights.round_weight): each core's float32 slice, its rounded values and
 # the mse search's squared errors, about 4 slices of layers.ROW_SLICE_BYTES (4 MiB; that module imports torch)
 SLICE_SCRATCH = 16 * MiB
-DEQUANTIZING = 4  # slices of float32 the gguf package's dequantizers hold at once (models/gguf_source.read_tensor)
 
 
 def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -> Phase:
@@ -86,9 +81,10 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
     if work:  # a layer that quantizes its input as it runs (layers.apply_quantized) makes one copy of it
         work += runs * w.seqlen * w.quantized_input_width * ACT_BYTES
     if _files_only(w):
-        weights, label = _file_to_file(w) + _gguf_source_tensor(w), \
+        fmt = torch_format(w.emit_format)
+        weights, label = _file_to_file(w) + source_tensor_bytes(w, fmt.encodes_whole_tensors), \
             "one tensor at a time, file to file (read, the next read ahead, rounded)"
-        if not w.gguf:  # the runtime counts the check process at its load check, when this process has given
+        if fmt.opened_by_transformers:  # the runtime counts the check process at its load check, when this process has given
             # back what the rounding held (rounding.from_files); while tensors are rounded it holds its imports:
             # the larger of the two moments
             weights = max(weights + CHECK_IMPORTED - CHECK_PROCESS, 0)
@@ -102,14 +98,12 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
     runtime = _runtime(w) + (CUDA_HOST if mode is MemoryMode.MULTI_GPU else 0)
     on_cpu = mode is not MemoryMode.MULTI_GPU
     work = work if on_cpu else 0
-    # GPTQ (or GGUF's block rounding) rounds a block's layers once its forward is done, so its scratch reuses the
-    # memory the forward's working set freed: only what it needs beyond that is added (measured:
-    # bench/gptq_memory.py --working-set). File to file, the weights' term counts the rounding
-    # bench/gptq_memory.py --working-set). File to file, the weights' term counts the rounding. GGUF's reference
-    # blocks are rounded between the block's float and rounded forwards of the held-out stream, and are held
-    # with them: added whole (measured 0.99-1.02x on a hidden-512 Llama with 1-16 held-out samples)
+    # GPTQ rounds a block's layers once its forward is done, so its scratch reuses the memory the forward's working
+    # set freed: only what it needs beyond that is added (measured: bench/gptq_memory.py --working-set). File to
+    # file, the weights' term counts the rounding. An output format's own rounding (GGUF's blocks) is held beside
+    # the forwards: added whole (formats.py rounding_scratch)
     rounding = 0 if not on_cpu or _files_only(w) else \
-        max(0, gptq_scratch(w) - work) if w.gptq else _gguf_scratch(w) if w.gguf else 0
+        max(0, gptq_scratch(w) - work) if w.gptq else torch_format(w.emit_format).rounding_scratch(w)
     parts: tuple[tuple[str, int], ...] = (("runtime" + ("" if on_cpu else " with CUDA"), runtime), (label, weights),
              (f"block caches ({copies} copies)", cache),
              (f"block working set ({runs} samples)", work),
@@ -166,34 +160,11 @@ def _largest_rounded_block(w: Workload) -> int:
     return max(sizes.values(), default=0)
 
 
-def _gguf_scratch(w: Workload) -> int:
-    """Rounding the largest layer to GGUF's blocks: qrc's K-quant search (GGUF_KQUANT_ROUNDING) or llama.cpp's
-    reference Q4_0/Q8_0 (GGUF_ROUNDING); 0 for other outputs."""
-    if not w.gguf:
-        return 0
-    names = set(w.quantized_layers)
-    largest = max((x.params for x in w.index.layers if x.name in names), default=0)
-    return (GGUF_KQUANT_ROUNDING if w.kquant_rounded else GGUF_ROUNDING) * largest
-
-
-def _gguf_source_tensor(w: Workload) -> int:
-    """A GGUF source (models/gguf_source.py) gives each weight to round dequantized from its blocks to float32
-    whole; each tensor only copied (the embedding) into a folder a slice of rows at a time (output_layout.py),
-    into a GGUF file whole (its type's encoding reads the whole tensor). So: the largest such tensor's float32
-    copy, held beside what the rounding holds, and the gguf package's temporaries of dequantizing one slice of
-    rows (about four slices of float32; they stay in the heap: a Q4_0 GGUF written from SmolLM2-135M measured
-    446 MiB against 402 planned without them). Copied whole, SmolLM2-135M's 113 MB embedding took the W8A16
-    folder's rounding process to 551 MiB, a slice at a time 427."""
-    if not w.index.ref.lower().endswith(".gguf"):
-        return 0
-    whole = [x for x in w.index.layers if w.gguf or x.name in set(w.quantized_layers)]
-    return 4 * max((x.params for x in whole), default=0) + DEQUANTIZING * DEQUANTIZED_SLICE
-
-
 def _rounded_twin(w: Workload, mode: MemoryMode) -> int:
-    """A GGUF output is verified on qrc's model block by block: each block's rounded copy (its float values)
-    runs beside the float block on the held-out stream."""
-    if not (w.gguf and w.verify_samples) or mode in (MemoryMode.FULL, MemoryMode.MULTI_GPU) or _files_only(w):
+    """Where the output format's rounded blocks are what verification runs (GGUF's), block by block: each block's
+    rounded copy (its float values) runs beside the float block on the held-out stream."""
+    if not (torch_format(w.emit_format).rounded_copy_verified and w.verify_samples) \
+            or mode in (MemoryMode.FULL, MemoryMode.MULTI_GPU) or _files_only(w):
         return 0
     return max((b for name, b in w.block_bytes().items() if name != "(outside blocks)"), default=0)
 
@@ -238,8 +209,9 @@ def _file_to_file(w: Workload) -> int:
     largest = max((x for x in w.index.layers if x.name in names), key=lambda x: x.params, default=None)
     if largest is None:
         return COPY_SLICE
-    if w.gguf:
-        return _gguf_scratch(w) + COPY_SLICE
+    own = torch_format(w.emit_format).file_scratch(w)
+    if own is not None:
+        return own
     if w.float_rounded and w.float_kernel_rounded:
         loop = 0 if w.kernel_rounded else ROUNDING_KERNELS
         return 2 * largest.bytes + 2 * largest.params + COPY_SLICE + loop
@@ -313,7 +285,7 @@ class TorchCosts:
         """The interpreter and what the run imports: file to file less, but a folder's check process beside it."""
         if not _files_only(w):
             return RUNTIME
-        return FILES_RUNTIME + (0 if w.gguf else CHECK_PROCESS)
+        return FILES_RUNTIME + (CHECK_PROCESS if torch_format(w.emit_format).opened_by_transformers else 0)
 
     def observer_groups(self, w: Workload) -> int:
         """Block-wise runs observe one block at a time, in one pass."""

@@ -22,7 +22,7 @@ from compiler.backends.agreement import Agreement
 from compiler.backends.gptq_warning import dampened_warning
 from compiler.backends.products import Product
 from compiler.backends.program import execute_plan
-from compiler.backends.release import freeze_long_lived, keep_large_blocks_mapped, release_memory, trim_heap
+from compiler.backends.release import keep_large_blocks_mapped, release_memory, trim_heap
 from compiler.backends.result import CompileResult, held_out_batches
 from compiler.backends.sensitivity import assign, score_units
 from compiler.backends.torch import streams
@@ -30,20 +30,16 @@ from compiler.backends.torch.artifact import can_verify_artifact
 from compiler.backends.torch.attribution import LayerCosts
 from compiler.backends.torch.check_process import adopt
 from compiler.backends.torch.devices import place
-from compiler.backends.torch.early_check import EarlyCheck
 from compiler.backends.torch.fallbacks import unseen_warning
-from compiler.backends.torch.gguf_writer import GgufLayout, GgufWriter
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.kv_cache import KvCacheQuantizer, KvMode
 from compiler.backends.torch.layers import Statistics, jobs_of, refuse_non_linear
-from compiler.backends.torch.load_check import check_loads
 from compiler.backends.torch.model import open_files, open_model
-from compiler.backends.torch.output_layout import copy_unquantized, open_output, write_metadata
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.smoother import Smoother
 from compiler.backends.torch.verifying import Verifying
-from compiler.backends.torch.writer import FolderWriter, RankCollector
+from compiler.backends.torch.writer import output_writer
 from compiler.diagnostics import warning
 from compiler.exhaustive import assert_never
 from compiler.ir.types import MemoryMode, Transform
@@ -117,7 +113,7 @@ class _Run(Verifying):
         self.index = self.assignment.model
         if self.file_to_file:
             self.model = open_files(op.model)
-            if not self.gguf and self.ranks.first:  # the config and load check (a GGUF file has none) run in a
+            if self.format.opened_by_transformers and self.ranks.first:  # the config and load check run in a
                 self.check_process = adopt(op.model, self.model.config)  # process of their own meanwhile
                 self.check_process.follow()
             return
@@ -174,37 +170,28 @@ class _Run(Verifying):
         kv = emit.kv_cache
         attention = attention_modules([layer.name for layer in self.index.layers]) if kv is not None else []
         self.kv = KvCacheQuantizer(self.model.module, attention, kv, self.model.dtype)
-        layout = GgufLayout(self.model, self.jobs) if self.gguf else None
         self.resume = self._open_resume()
         staged = self.resume.staged if self.resume is not None else None
         resumed = self.resume is not None and self.resume.start > 0
-        if layout is not None:  # the first rank writes the header now, with every tensor's place
-            self.writer = GgufWriter(self.output, self.model, layout, staged, resumed,
-                                     self.plan.provenance) if self.ranks.first \
-                else RankCollector()
-            skipped = None
-        else:
-            self.config, self.writer, skipped = open_output(
-                self.output, self.model, self.jobs, self.assignment, kv, attention, self.plan.spans.recipe,
-                self.ranks.first, provisional=self.file_to_file, staged=staged, reopen=resumed)
-            freeze_long_lived()  # the output's layout imported transformers' model classes: later collections skip them
-            if self.file_to_file and isinstance(self.writer, FolderWriter):  # while the weights round
-                assert self.check_process is not None  # load() started it: this is the first rank's folder
-                self.early = EarlyCheck(self.model, self.jobs, self.assignment, self.config, self.writer,
-                                        (self.plan.spans.recipe, self.plan.spans.emit), self.check_process)
-        if resumed and isinstance(self.writer, FolderWriter | GgufWriter):
-            self.writer.keep = True
+        opened = self.format.open(self, staged, resumed, attention)  # every tensor's place, before any work
+        self.writer, self.early = opened.writer, opened.early
+        if opened.config is not None:
+            self.config = opened.config
+        if resumed and (out := output_writer(self.writer)) is not None:
+            out.keep = True
         calibration = gathers.calibration if gathers is not None else None
-        # GGUF's blocks carry float16 scales: rounded with them, qrc's model computes what llama.cpp decodes
-        self.rounder = Rounder(calibration, self.plan.spans.model, self.model, self.writer, self.global_scales,
+        # a format whose blocks carry float16 scales (GGUF's) is rounded with them: qrc's model computes what its
+        # runtime decodes
+        self.rounder = Rounder(calibration, self.plan.spans.model, self.model, opened.writer, self.global_scales,
                                self.pending, self.progress, ranks=self.ranks,
-                               scale_dtype=torch.float16 if self.gguf else self.model.dtype, gguf=layout)
-        if skipped is not None:
-            self.pending.warnings.append(skipped)
+                               scale_dtype=torch.float16 if self.format.float16_scales else self.model.dtype,
+                               encoder=opened.encoder)
+        if opened.warning is not None:
+            self.pending.warnings.append(opened.warning)
         if self.disk is not None:
             own_folder(self.disk)
         if self.assignment.smoothing and gathers is not None and transform is not None:
-            writer = self.writer if isinstance(self.writer, FolderWriter | GgufWriter) else None  # the first rank writes
+            writer = output_writer(self.writer)  # the first rank writes
             self.smoother = Smoother(transform, gathers.calibration, self.model, self.index,
                                      self.assignment.smoothing, self.jobs, writer, self.ranks)
         # the KV scales and the transform's statistics come from calibration too
@@ -255,7 +242,7 @@ class _Run(Verifying):
         batches = list(held_out_batches(held, self.index, self.pending.warnings))
         # the first rank stages the emitted folder: every rank opens it (ranks on other machines a copy the first
         # sends them), each running its own held-out chunks
-        self.emitted = can_verify_artifact(self.model) and not self.gguf
+        self.emitted = can_verify_artifact(self.model) and self.format.opened_by_transformers
         quantized = None if self.emitted else self._stream("verify (quantized)", batches)
         return self._stream("verify (float)", batches), quantized, Agreement()
 
@@ -269,12 +256,7 @@ class _Run(Verifying):
             case ops.QuantizeStrategy.FILE_TO_FILE if self.ranks.world > 1:
                 self.rounder.from_files_shared(jobs, self.ranks)
             case ops.QuantizeStrategy.FILE_TO_FILE:
-                # the bytes copied unchanged, beside the rounding rather than after it (an FP8 source's weights left
-                # float are dequantized at emit, as before: here their float32 copy would add to the rounding's peak)
-                writer = self.writer
-                copies = ((lambda: copy_unquantized(writer, self.model, self.jobs))
-                          if isinstance(writer, FolderWriter) and not self.model.shards.scaled else None)
-                self.rounder.from_files(jobs, copies)
+                self.rounder.from_files(jobs, self.format.copies_beside_rounding(self))
             case ops.QuantizeStrategy.TAIL:
                 self._tail(self.cal, self.verify_streams, jobs, self.offload, op.calibration)
             case ops.QuantizeStrategy.IN_PLACE:
@@ -295,30 +277,13 @@ class _Run(Verifying):
         if self.rounder.dampened:
             warnings.append(dampened_warning(self.plan.spans.recipe, self.rounder.dampened))
         self._write_kv_scales("")  # any module calibration did not reach (none in the models qrc runs)
-        refused: list[str] = []
         checked = self.early.collect() if self.early is not None else None  # file to file (early_check.py)
-        if isinstance(self.writer, GgufWriter):
-            self.writer.copy_unquantized(self.model, self.jobs)
-        elif isinstance(self.writer, FolderWriter):  # the first rank writes the output; the others hand tensors on
-            copy_unquantized(self.writer, self.model, self.jobs)
-            if checked is not None:  # the config with the final names
-                self.config = checked.config
-                if checked.config_warning is not None:
-                    warnings.append(checked.config_warning)
-            refused = write_metadata(self.writer, self.model, self.config, self.plan.recipe_text)
-        if refused:
-            warnings.append(warning(
-                "Q430", f"{len(refused)} file(s) of the model folder link outside it and were not copied: "
-                f"{', '.join(refused[:4])}", self.plan.spans.model, "not copied",
-                help="copy the real files into the model folder if the output should carry them"))
+        warnings += self.format.finish(self, checked)  # the first rank writes the output; the others hand tensors on
         staged = tuple(self.writer.finish())
-        if self.model.folder is not None and isinstance(self.writer, FolderWriter):  # what transformers makes of
-            # the folder, before it goes into place (the first rank's: the others write nothing)
-            skipped = (checked.load_warning if checked is not None
-                       else check_loads(self.writer.temp, self.model.folder, self.plan.spans.emit))
-            if skipped is not None:
-                warnings.append(skipped)
-                self.unopened = skipped.message  # verification still decodes the folder, and says how
+        skipped = self.format.check_staged(self, checked)  # what its loader makes of it, before it goes into place
+        if skipped is not None:
+            warnings.append(skipped)
+            self.unopened = skipped.message  # verification still decodes the folder, and says how
         return Product(warnings=tuple(warnings), calibration_seconds=calibrated, files=staged,
                        transform=self.smoother.summary() if self.smoother is not None else None)
 

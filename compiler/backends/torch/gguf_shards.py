@@ -15,7 +15,7 @@ import torch
 from compiler.backends import BackendError
 from compiler.backends.torch.shards import Entry
 from compiler.diagnostics import error
-from compiler.models import gguf_source
+from compiler.models import gguf_file, gguf_source
 
 
 class GgufShards:
@@ -75,3 +75,10 @@ class GgufShards:
     def mapped(self, name: str) -> torch.Tensor:
         """As `read`: a GGUF tensor has to be decoded, there is nothing to map as it is."""
         return self.read(name)
+
+
+def single_file_shards(ref: str) -> GgufShards | None:
+    """The tensors of the GGUF file `ref` names (the file, or the one .gguf of a folder without config.json), else
+    None: the model is a folder of safetensors."""
+    path = gguf_file(ref)
+    return GgufShards(path, ref) if path is not None else None

@@ -149,6 +149,10 @@ class GgufWriter(Emitter):
         """A float tensor of the checkpoint (by its transformers name), in its GGUF type."""
         self.put_encoded(name, self.layout.float_bytes(name, tensor))
 
+    def put_float(self, name: str, tensor: torch.Tensor) -> None:
+        """A float tensor of the model (a transform rewrote it), converted to its GGUF type."""
+        self.put(name, tensor)
+
     def put_encoded(self, name: str, data: np.ndarray) -> None:
         """A tensor's bytes as the layout encoded them (here, or on another rank), at its offset."""
         assert self.fd is not None

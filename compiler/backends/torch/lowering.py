@@ -6,7 +6,8 @@ block's outputs, streamed from the checkpoint, or file to file when nothing runs
 
 from __future__ import annotations
 
-from compiler.ir.types import EmitFormat, MemoryMode
+from compiler.backends.torch.formats import torch_format
+from compiler.ir.types import MemoryMode
 from compiler.models.builtin import PREFIX as BUILTIN_PREFIX
 from compiler.models.index import ModelFormat
 from compiler.plan.lower import (
@@ -149,14 +150,13 @@ def lower_quantize(ctx: Context) -> list[PlanOp]:
 
 def lower_verify(ctx: Context) -> list[PlanOp]:
     """`verify`: an HF folder's output is run as transformers loads it (one block at a time); a built-in's
-    output has no loader outside qrc, so qrc's own rounded model is what runs, as for GGUF (its weights rounded
-    to the file's blocks)."""
+    output has no loader outside qrc, so qrc's own rounded model is what runs, as for an output format that says
+    so (GGUF: its weights rounded to the file's blocks; formats.py)."""
     v = ctx.ir.verify
     if v is None:
         return []
-    gguf = ctx.ir.emit is not None and ctx.ir.emit.format is EmitFormat.GGUF
-    emitted = "qrc's quantized model" if ctx.ir.model.startswith(BUILTIN_PREFIX) else \
-        "qrc's model rounded to the GGUF's blocks (float16 scales)" if gguf else \
+    stands_in = torch_format(ctx.ir.emit.format if ctx.ir.emit is not None else None).planned_verified_on
+    emitted = "qrc's quantized model" if ctx.ir.model.startswith(BUILTIN_PREFIX) else stands_in if stands_in else \
         "the emitted folder as transformers loads it (compressed-tensors), one block at a time,"
     if blockwise(ctx):
         return verify_op(ctx, f"run {v.samples} held-out samples through {emitted} against the float stream carried "

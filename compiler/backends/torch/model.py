@@ -17,10 +17,11 @@ from torch import nn
 
 from compiler.backends import BackendError
 from compiler.backends.torch import checkpoint_names
+from compiler.backends.torch.gguf_shards import single_file_shards
 from compiler.backends.torch.shards import Shards
 from compiler.diagnostics import error
 from compiler.ir.types import AttentionKernel
-from compiler.models import block_fp8, builtin, gguf_file, model_dir, resolve_path
+from compiler.models import block_fp8, builtin, model_dir, resolve_path
 from compiler.safe_files import own_folder
 from compiler.source import Span
 
@@ -223,13 +224,10 @@ def _folder(ref: str) -> Path:
 
 
 def _shards(ref: str, folder: Path, config: dict):
-    """The checkpoint's tensors: the folder's safetensors, or the GGUF file's, dequantized as they are read."""
-    gguf = gguf_file(ref)
-    if gguf is not None:
-        from compiler.backends.torch.gguf_shards import GgufShards
-
-        return GgufShards(gguf, ref)
-    return Shards(folder, block_fp8.block_size(config))
+    """The checkpoint's tensors: a single-file source's (a GGUF file's, dequantized as they are read), else the
+    folder's safetensors."""
+    single = single_file_shards(ref)
+    return single if single is not None else Shards(folder, block_fp8.block_size(config))
 
 
 def _float_dtype(shards: Shards, keys: dict[str, str]) -> torch.dtype:

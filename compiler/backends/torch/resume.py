@@ -20,13 +20,12 @@ from pathlib import Path
 from compiler.backends.owners import claim, owner, superseded
 from compiler.backends.ranks import Ranks, all_gathered
 from compiler.backends.torch.attribution import LayerCosts
-from compiler.backends.torch.gguf_writer import GgufWriter
 from compiler.backends.torch.kv_cache import KvCacheQuantizer
 from compiler.backends.torch.layers import Job
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.smoother import Smoother
 from compiler.backends.torch.streams import HiddenCache, Stream
-from compiler.backends.torch.writer import FolderWriter
+from compiler.backends.torch.writer import output_writer
 from compiler.diagnostics import Diagnostic, warning
 from compiler.safe_files import own_folder, read_own
 from compiler.source import Span
@@ -200,7 +199,7 @@ def finished(rounder: Rounder, costs: LayerCosts, kv: KvCacheQuantizer, smoother
         [j.layer.name for j in rounder.unseen], dict(costs.noise), dict(costs.signal),
         {n: list(state.scales) for n, state in kv.state.items() if state.scales is not None},
         list(smoother.gains) if smoother else [], smoother.folded if smoother else 0,
-        writer.written() if isinstance(writer, FolderWriter | GgufWriter) else [])
+        out.written() if (out := output_writer(writer)) is not None else [])
 
 
 def restore(done: Finished, rounder: Rounder, jobs: list[Job], costs: LayerCosts, kv: KvCacheQuantizer,
@@ -219,5 +218,5 @@ def restore(done: Finished, rounder: Rounder, jobs: list[Job], costs: LayerCosts
     if smoother is not None:
         smoother.gains.extend(done.gains)
         smoother.folded += done.folded
-    if isinstance(rounder.writer, FolderWriter | GgufWriter):
-        rounder.writer.missing -= set(done.written)
+    if (out := output_writer(rounder.writer)) is not None:
+        out.missing -= set(done.written)

@@ -20,12 +20,12 @@ from compiler.backends.torch.compressed import layer_tensors
 from compiler.backends.torch.fallbacks import sibling_range
 from compiler.backends.torch.figures import input_range, weight_sqnr
 from compiler.backends.torch.float_formats import FloatQuantized
-from compiler.backends.torch.gguf_writer import GgufLayout, GgufWriter
+from compiler.backends.torch.formats import BlockEncoder
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.layers import Job, Rounded, Statistics, apply_quantized, input_qparams, quantize_job
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.sharing import owners, share_hessians, share_statistics
-from compiler.backends.torch.writer import FolderWriter, RankCollector
+from compiler.backends.torch.writer import OutputWriter, RankCollector, output_writer
 from compiler.diagnostics import warning
 from compiler.ir.types import Calibration
 from compiler.quant.gptq import SingularHessian
@@ -56,7 +56,7 @@ class Rounder:
     calibration: Calibration | None
     model_span: Span | None
     model: TorchModel
-    writer: FolderWriter | RankCollector | GgufWriter  # a collector on torchrun's ranks but the first
+    writer: OutputWriter | RankCollector  # the output format's (formats.py); a collector on torchrun's ranks but the first
     global_scales: SharedGlobalScales
     report: Pending  # its figures and warnings, drained after each op
     progress: Callable
@@ -66,7 +66,7 @@ class Rounder:
     hooks: list = field(default_factory=list)  # the modules' input quantizers, removed when the run closes
     ranks: Ranks = field(default_factory=Ranks)  # torchrun's ranks share the rounding of each call (one outside)
     scale_dtype: torch.dtype | None = None  # what the scales are rounded to (None: the model's dtype)
-    gguf: GgufLayout | None = None  # `format gguf`: the file's layout, which encodes each rounded layer (every rank)
+    encoder: BlockEncoder | None = None  # a format with blocks of its own (GGUF's) encodes each rounded layer (every rank)
 
     def streamed(self, jobs: list[Job], stats: Statistics | None, offload: bool) -> None:
         """Round layers whose weights may not be resident (offload): each read, rounded, written, dropped."""
@@ -170,8 +170,9 @@ class Rounder:
             for name, tensor in RankCollector.unpack(tensors).items():
                 self.writer.put(name, tensor)
             for name, data in encoded.items():
-                assert isinstance(self.writer, GgufWriter)  # only GGUF's blocks travel encoded
-                self.writer.put_encoded(name, data)
+                out = output_writer(self.writer)
+                assert out is not None  # the first rank: the one the others hand their tensors to
+                out.put_encoded(name, data)
             self.report.weight_sqnr.update(sqnr)
             self.report.input_ranges.update(ranges)
 
@@ -226,11 +227,11 @@ class Rounder:
         definite, and rounds with rtn where no dampening helps (Q418, once). `measure`: an integer rounding
         also takes the sums of its SQNR (QuantizedWeight.sums), and a finite sum of squares shows every value
         finite without a pass of its own (a non-finite one is checked value by value)."""
-        summed = measure and not job.gptq and not job.scheme.quantized_weights.qtype.is_kquant and self.gguf is None
+        summed = measure and not job.gptq and not job.scheme.quantized_weights.qtype.is_kquant and self.encoder is None
         if not summed:
             weight = weight.float()
             self._refuse_nonfinite(job, weight)
-        reference = self.gguf.reference_blocks(job, weight) if self.gguf is not None else None
+        reference = self.encoder.reference_blocks(job, weight) if self.encoder is not None else None
         if reference is not None:
             return reference
         try:
@@ -255,10 +256,9 @@ class Rounder:
 
     def write(self, job: Job, q: Rounded, act) -> None:
         """A rounded weight's compressed tensors (and its input scale) into the output; GGUF's blocks."""
-        if self.gguf is not None:  # encoded here, on the rank that rounded it
-            assert not isinstance(q, FloatQuantized)  # gguf_check: integer schemes and K-quants only
-            assert not isinstance(self.writer, FolderWriter)  # a GgufWriter, or a collector on the other ranks
-            self.writer.put_encoded(job.output_weight, self.gguf.rounded_bytes(job, q))
+        if self.encoder is not None:  # encoded here, on the rank that rounded it
+            assert not isinstance(q, FloatQuantized)  # the format's checks: integer schemes and its own types only
+            self.writer.put_encoded(job.output_weight, self.encoder.rounded_bytes(job, q))
             return
         assert not isinstance(q, GgufBlocks)  # check_supported: K-quants are written in GGUF only
         for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from compiler.backends.agreement import Agreement
+from compiler.backends.emitter import Emitter
 from compiler.backends.products import Pending
 from compiler.backends.program import Produced
 from compiler.backends.ranks import Owned, current
@@ -17,7 +18,7 @@ from compiler.backends.torch import streams
 from compiler.backends.torch.attribution import LayerCosts
 from compiler.backends.torch.check_process import CheckProcess
 from compiler.backends.torch.early_check import EarlyCheck
-from compiler.backends.torch.gguf_writer import GgufWriter
+from compiler.backends.torch.formats import TorchFormat, torch_format
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.kv_cache import KvCacheQuantizer
 from compiler.backends.torch.layers import Job, Statistics
@@ -26,8 +27,7 @@ from compiler.backends.torch.resume import BlockResume
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.sharing import share_kv
 from compiler.backends.torch.smoother import Smoother
-from compiler.backends.torch.writer import FolderWriter, RankCollector
-from compiler.ir.types import EmitFormat, MemoryMode
+from compiler.ir.types import MemoryMode
 from compiler.models.index import ModelIndex
 from compiler.plan import ops
 from compiler.plan.ops import Plan
@@ -41,8 +41,8 @@ class RunState:
 
     model = Produced[TorchModel]()  # load_model
     index = Produced[ModelIndex]()  # load_model
-    writer = Produced[FolderWriter | RankCollector | GgufWriter]()  # the first op that needs the jobs (_ready); a
-    # collector on torchrun's ranks but the first (compiler/backends/ranks.py)
+    writer = Produced[Emitter]()  # the output format's (formats.py), made by the first op that needs the jobs
+    # (_ready); a collector on torchrun's ranks but the first (compiler/backends/ranks.py)
     global_scales = Produced[SharedGlobalScales]()
     kv = Produced[KvCacheQuantizer]()  # `kv_cache`: observes, then rounds, the attention caches (without it: no module)
     costs = Produced[LayerCosts]()  # each layer's own error on the held-out samples
@@ -53,15 +53,14 @@ class RunState:
         self.output, self.progress, self.start = output, progress, start
         self.pending = Pending()  # what the rounder and the streams report between ops (program.py drains it)
         self.mode = plan.mode
-        emit = plan.first(ops.Emit)
-        self.gguf = isinstance(emit, ops.Emit) and emit.format is EmitFormat.GGUF  # one file for llama.cpp
+        self.format: TorchFormat = torch_format(plan.emit.format)  # how the output is written (formats.py)
         self.access = ops.ModelAccess.RESIDENT  # set by load_model
         self._model: TorchModel | None = None
         self._index: ModelIndex | None = None
         self.scores: Scores | None = None
         self.devices: dict = {}
         self.jobs: list[Job] = []
-        self._writer: FolderWriter | RankCollector | GgufWriter | None = None
+        self._writer: Emitter | None = None
         self.ranks = current()  # one rank outside torchrun
         self._global_scales: SharedGlobalScales | None = None
         self._kv: KvCacheQuantizer | None = None

@@ -11,11 +11,10 @@ import torch
 
 from compiler.backends.ranks import Ranks, merged
 from compiler.backends.result import refuse_changed_output
-from compiler.backends.torch.gguf_writer import GgufWriter
 from compiler.backends.torch.layers import Job, quantize_job
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.smoothing import SmoothingStatistics, fold, norm_offset
-from compiler.backends.torch.writer import FolderWriter
+from compiler.backends.torch.writer import OutputWriter
 from compiler.ir.types import Calibration, Rounding, Transform, TransformKind, WeightQuant
 from compiler.models.index import ModelIndex
 from compiler.quant.smoothing import awq_scales, smoothquant_scales, transform_summary
@@ -28,7 +27,7 @@ class Smoother:
 
     def __init__(self, transform: Transform, calibration: Calibration, model: TorchModel, index: ModelIndex,
                  mappings: tuple[SmoothingMapping, ...], jobs: list[Job],
-                 writer: FolderWriter | GgufWriter | None,
+                 writer: OutputWriter | None,
                  ranks: Ranks = Ranks()):
         self.transform, self.calibration = transform, calibration
         self.model, self.index, self.writer = model, index, writer  # no writer on torchrun's ranks but the first
@@ -150,7 +149,4 @@ class Smoother:
             if x not in self.jobs:
                 names.append((index.layer(x).weight, f"{self.modules[x]}.weight"))
         for tensor, param in names:
-            value = self.model.module.get_parameter(param).detach().cpu()
-            if isinstance(self.writer, FolderWriter):  # GGUF's writer converts to its own types
-                value = value.to(self.writer.where[tensor][2].dtype)
-            self.writer.put(tensor, value)
+            self.writer.put_float(tensor, self.model.module.get_parameter(param).detach().cpu())

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from compiler.backends.spec import BackendSpec, OutputKind
+from compiler.backends.torch import folder_format, gguf_format  # noqa: F401  (they register their formats)
 from compiler.backends.torch.check_process import prepared
 from compiler.backends.torch.cost import COSTS
+from compiler.backends.torch.formats import TORCH_FORMATS
 from compiler.backends.torch.lowering import LOWERING
 from compiler.backends.torch.support import check_recipe, check_supported
 from compiler.ir.types import Backend, BackendFacts, EmitFormat, QType
@@ -15,13 +17,16 @@ FACTS = BackendFacts(default_format=EmitFormat.SAFETENSORS, activation_qtype=QTy
                      static_activations_only=False, takes_model=(), smooths_into_norms_only=False,
                      gptq_linear_only=False, qdq_opset_limited=False)
 
+# the default format first (Q220's help lists them in this order)
+_FORMATS = sorted(TORCH_FORMATS, key=lambda f: (f.name != FACTS.default_format.value, f.name))
+
 SPEC = BackendSpec(
     backend=Backend.TORCH,
     facts=FACTS,
-    formats=(EmitFormat.SAFETENSORS, EmitFormat.GGUF),
+    formats=tuple(EmitFormat(f.name) for f in _FORMATS),
     output=OutputKind.FOLDER,
-    output_help="a folder path (safetensors output; a .gguf file path with `format gguf`)",
-    file_formats=(EmitFormat.GGUF,),
+    output_help=f"a folder path ({'; '.join(f.path_help for f in _FORMATS)})",
+    file_formats=tuple(EmitFormat(f.name) for f in _FORMATS if f.one_file),
     costs=COSTS,
     lowering=LOWERING,
     check=check_supported,

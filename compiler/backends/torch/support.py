@@ -3,12 +3,14 @@ searched choice included), so `compile` never starts work it would refuse."""
 
 from __future__ import annotations
 
-from compiler.backends.torch.gguf_check import check_gguf
+from typing import Protocol, cast
+
+from compiler.backends.torch.formats import DEFAULT, TORCH_FORMATS
 from compiler.backends.torch.quant_args import input_args, weight_args, weight_format
 from compiler.backends.torch.vllm_rules import VllmRejects, vllm_scheme
 from compiler.diagnostics import Diagnostics
 from compiler.ir.checks import refuse_attention_kernel
-from compiler.ir.types import ActivationMode, EmitFormat, Granularity, RecipeIR
+from compiler.ir.types import ActivationMode, Granularity, QType, RecipeIR
 from compiler.models.index import ROUTER_OP, LayerKind, ModelFormat
 from compiler.models.names import attention_modules
 from compiler.resolve.assignment import Assignment
@@ -22,16 +24,41 @@ def check_recipe(ir: RecipeIR, diags: Diagnostics) -> None:
         refuse_attention_kernel(ir, diags, "a built-in model")
 
 
+class FormatChecks(Protocol):
+    """What a registered output format (formats.py) provides to `qrc check`."""
+
+    name: str
+    emit_example: str  # the `emit` that writes it, for a diagnostic that points a user at the format
+
+    def check(self, ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+        """What the format refuses of the resolved recipe."""
+        ...
+
+    def keeps_own(self, qtype: QType) -> bool:
+        """Whether `qtype` is a weight type only this format stores (GGUF's K-quants): another format refusing it
+        names this one."""
+        ...
+
+
+def _checks(name: str) -> FormatChecks | None:
+    return cast(FormatChecks | None, TORCH_FORMATS.get(name))
+
+
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
-    """Q411 for the output format and for each layer × scheme compressed-tensors cannot store; a GGUF output's
-    own checks instead (gguf_check.py)."""
-    if ir.emit is not None and ir.emit.format is EmitFormat.GGUF:
-        check_gguf(ir, assignment, diags)
-        return
-    if ir.emit is not None and ir.emit.format is not EmitFormat.SAFETENSORS:
-        diags.error("Q411", f"the torch backend writes safetensors or gguf, not {ir.emit.format.value}",
-                    ir.emit.span_of("format") or ir.emit.span_of("path"), "not supported",
+    """Q411 for an output format the backend does not write, else the format's own checks (formats.py)."""
+    fmt = _checks(ir.emit.format.value if ir.emit is not None else DEFAULT)
+    if fmt is None:
+        assert ir.emit is not None  # the default format is registered
+        diags.error("Q411", f"the torch backend writes {' or '.join(TORCH_FORMATS.names())}, not "
+                    f"{ir.emit.format.value}", ir.emit.span_of("format") or ir.emit.span_of("path"), "not supported",
                     help="use `emit \"FOLDER\" { format safetensors }`, or `backend onnx` for ONNX output")
+        return
+    fmt.check(ir, assignment, diags)
+
+
+def check_compressed_tensors(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q411 for each layer × scheme compressed-tensors cannot store, and the warnings about what vLLM and
+    transformers will make of the folder (the safetensors format's checks)."""
     _warn_routers(ir, assignment, diags)
     _warn_fused_experts(ir, assignment, diags)
     _warn_vllm(assignment, diags)
@@ -116,8 +143,9 @@ def _problem(a) -> str | None:
         return "transformers' Conv1D (GPT-2 style) stores its weight transposed, [in, out]; qrc does not quantize it yet"
     if layer.kind is not LayerKind.LINEAR:
         return f"the torch backend quantizes Linear layers (compressed-tensors); this is {layer.kind.value}"
-    if w.qtype.is_kquant:
-        return f"{w.qtype.value} is a GGUF format; write it with `emit \"out.gguf\" {{ format gguf }}`"
+    own = next((f for f in map(_checks, TORCH_FORMATS.names()) if f is not None and f.keeps_own(w.qtype)), None)
+    if own is not None:
+        return f"{w.qtype.value} is a {own.name.upper()} format; write it with {own.emit_example}"
     if not w.qtype.signed:
         return f"compressed-tensors stores signed integers; use {w.qtype.value.removeprefix('u')} (asymmetric) instead"
     if w.group_size and layer.in_features % w.group_size:

@@ -16,7 +16,7 @@ from compiler.backends.torch.attribution import jobs_in
 from compiler.backends.torch.blockwise import BlockWise
 from compiler.backends.torch.emitted_verify import hidden_cache, run_emitted
 from compiler.backends.torch.sharing import share_costs
-from compiler.backends.torch.writer import FolderWriter
+from compiler.backends.torch.writer import output_writer
 from compiler.plan import ops
 
 
@@ -47,9 +47,8 @@ class Verifying(BlockWise):
             share_costs(self.costs, self.ranks)
             shared = f"its held-out samples shared by {self.ranks.world} torchrun ranks"
             measured_on = f"{measured_on}, {shared}" if self.emitted else f"qrc's model, {shared}"
-        elif self.gguf:
-            measured_on = ("qrc's model, rounded to the GGUF's blocks (its float16 scales and integers, the values "
-                           "llama.cpp decodes)")
+        elif self.format.verified_on:  # qrc's model stands in for the output, in the format's words
+            measured_on = self.format.verified_on
         elif not self.emitted:
             measured_on = "qrc's model (a built-in has no loader outside qrc)" if self.model.folder is None \
                 else "qrc's model (compressed-tensors is not installed to load the emitted folder)"
@@ -65,8 +64,8 @@ class Verifying(BlockWise):
         have been rounded in place). Under torchrun each rank runs its own held-out chunks through the folder the
         first rank staged (on another machine, through the copy the first sends: ranks.staged_everywhere)."""
         with tempfile.TemporaryDirectory(prefix="qrc-staged-") as scratch:
-            staged = staged_everywhere(self.ranks, self.writer.temp if isinstance(self.writer, FolderWriter) else None,
-                                       Path(scratch))
+            out = output_writer(self.writer)
+            staged = staged_everywhere(self.ranks, out.temp if out is not None else None, Path(scratch))
             self._run_emitted(open_artifact(staged, self.model, self.plan.spans.emit), float_stream, agreement)
 
     def _run_emitted(self, artifact, float_stream: streams.Stream, agreement: Agreement) -> None:

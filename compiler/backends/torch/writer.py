@@ -8,7 +8,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol, cast
 
 import numpy as np
 import torch
@@ -66,6 +68,14 @@ class FolderWriter(Emitter):
         if tensor.numel():  # the tensor's own memory is written: no bytes copy of a large embedding
             _write_at(fd, tensor, offset)
         self.missing.discard(name)
+
+    def put_float(self, name: str, tensor: torch.Tensor) -> None:
+        """A float tensor of the model (a transform rewrote it) in the dtype the layout gives it."""
+        self.put(name, tensor.to(self.where[name][2].dtype))
+
+    def put_encoded(self, name: str, data: np.ndarray) -> None:
+        """Never called: a folder stores tensors, not a format's own blocks (formats.py BlockEncoder)."""
+        raise NotImplementedError("a safetensors folder stores tensors, not encoded blocks")
 
     def put_rows(self, name: str, first: int, rows: torch.Tensor) -> None:
         """Write rows `first`.. of one tensor at their place (a tensor copied a slice at a time); the tensor counts
@@ -245,3 +255,29 @@ class RankCollector(Emitter):
 
     def abort(self) -> None:
         """Nothing to remove here."""
+
+
+class OutputWriter(Emitter, Protocol):
+    """The emitter of the rank that writes the output (a folder's, a file's; formats.py), as the run uses it."""
+
+    temp: Path  # the staged output
+    keep: bool  # a resumable run's state points at the staged output: `abort` leaves it
+    missing: set[str]  # the tensors not written yet
+    where: Mapping[str, object]  # every tensor the output holds (by checkpoint name) → its place
+
+    def put_float(self, name: str, tensor: torch.Tensor) -> None:
+        """A float tensor of the model, converted to the type the output stores it in."""
+        ...
+
+    def put_encoded(self, name: str, data: np.ndarray) -> None:
+        """A tensor's bytes in the output's own encoding (formats.py BlockEncoder)."""
+        ...
+
+    def written(self) -> list[str]:
+        """The tensors written so far."""
+        ...
+
+
+def output_writer(writer: Emitter | None) -> OutputWriter | None:
+    """`writer` where this rank writes the output; None for a collector (torchrun's ranks but the first) or none."""
+    return None if writer is None or isinstance(writer, RankCollector) else cast(OutputWriter, writer)
