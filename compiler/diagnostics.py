@@ -166,6 +166,17 @@ def closest(word: str, choices, cutoff: float = 0.6) -> str | None:
     return close[0] if close else None
 
 
+def expected_help(word: str, names) -> str:
+    """Help for an unknown name, worded as the parser's for an unknown keyword: "did you mean `x`?" (a close one),
+    else "expected one of `a`, `b` or `c`"."""
+    names = sorted(names)
+    close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean `{close[0]}`?"
+    quoted = [f"`{n}`" for n in names]
+    return "expected " + (quoted[0] if len(quoted) == 1 else "one of " + ", ".join(quoted[:-1]) + " or " + quoted[-1])
+
+
 def did_you_mean(word: str, choices) -> str:
     """Help text: "did you mean `x`?", or the list of valid choices when nothing is close."""
     choices = list(choices)

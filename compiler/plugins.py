@@ -57,6 +57,8 @@ class Registry(Generic[T]):
 # The registries of the kinds a recipe names. What an entry of each kind provides is said where the kind is
 # defined (a calibration method: compiler/ir/types.py CalibrationMethod; the built-ins: compiler/quant/methods/).
 CALIBRATION_METHODS: Registry = Registry("calibration method")  # `method NAME`: the method's class
+# `emit … { format NAME }`: an EmitFormat (compiler/ir/types.py); each backend that writes it registers how
+EMIT_FORMATS: Registry = Registry("output format")
 
 # `qrc explain WORD` lists the entries of a kind, each with its one-line `summary`
-BY_WORD: dict[str, Registry] = {"methods": CALIBRATION_METHODS}
+BY_WORD: dict[str, Registry] = {"methods": CALIBRATION_METHODS, "formats": EMIT_FORMATS}

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from compiler import check_file, plan_file
 from compiler.backends.onnx.kernels import layer_kernels
 from compiler.cli import app
-from compiler.ir.types import EmitFormat, QType
+from compiler.ir.types import QType, emit_format
 from compiler.plan.ops import Emit
 
 runner = CliRunner()
@@ -74,7 +74,7 @@ def test_plan_names_the_kernels_onnxruntime_runs(tmp_path: Path, case: str) -> N
     result = plan_file(recipe)
     assert result.plan is not None, [d.message for d in result.diagnostics]
     assignment = result.check.assignment
-    fmt = EmitFormat(CASES[case][3])
+    fmt = emit_format(CASES[case][3])
     planned = {assignment.of(name).layer.weight: kernel for name, kernel in layer_kernels(assignment, fmt).items()}
     emit = result.plan.first(Emit)
     assert emit is not None and "onnxruntime CPU kernels:" in emit.summary

@@ -94,3 +94,148 @@ def test_a_calibration_method_from_outside_the_package_is_checked_explained_and_
 def test_an_unknown_method_lists_the_registered_ones(shrunk_range):
     result = runner.invoke(app, ["check", RECIPE, "--set", "calibrate.method=shrunk"])
     assert result.exit_code == 2 and "Q107" in result.output and "did you mean `shrunk_range`?" in result.output
+
+
+class NpzWriter:
+    """A toy output writer: every tensor into one .npz file, staged beside the destination, moved in at commit."""
+
+    def __init__(self, destination):
+        self.destination = destination
+        self.temp = destination.with_name(f".{destination.name}.qrc-tmp.npz")
+        self.tensors: dict[str, np.ndarray] = {}
+        self.keep, self.missing, self.where = False, set(), {}
+
+    def specs(self):
+        return []
+
+    def put(self, name, tensor):
+        self.tensors[name] = tensor.detach().cpu().numpy()
+
+    put_float = put
+
+    def put_encoded(self, name, data):
+        raise NotImplementedError
+
+    def copy_raw(self, name, *args, **kwargs):
+        raise NotImplementedError
+
+    def metadata(self, key, value):
+        pass
+
+    def finish(self):
+        np.savez(self.temp, **self.tensors)
+        return [self.temp]
+
+    def commit(self):
+        self.temp.replace(self.destination)
+        return [self.destination]
+
+    def abort(self):
+        if not self.keep:
+            self.temp.unlink(missing_ok=True)
+
+    def written(self):
+        return sorted(self.tensors)
+
+
+class NpzTensors:
+    """A toy torch output format: the rounded layers' tensors and the float rest, as arrays of one .npz file."""
+
+    name = "npz_tensors"
+    one_file = True
+    path_help = "an .npz file path with `format npz_tensors`"
+    emit_example = '`emit "out.npz" { format npz_tensors }`'
+    opened_by_transformers = False
+    float16_scales = False
+    verified_on = "qrc's model (an .npz of tensors has no loader)"
+    planned_verified_on = "qrc's model (an .npz has no loader)"
+    rounded_copy_verified = False
+    encodes_whole_tensors = True
+
+    @staticmethod
+    def check(ir, assignment, diags):
+        pass
+
+    @staticmethod
+    def keeps_own(qtype):
+        return False
+
+    @staticmethod
+    def open(run, staged, resumed, attention):
+        from compiler.backends.torch.formats import Opened
+        return Opened(NpzWriter(run.output))
+
+    @staticmethod
+    def copies_beside_rounding(run):
+        return None
+
+    @staticmethod
+    def finish(run, checked):
+        replaced = {j.layer.weight for j in run.jobs}
+        for key in run.model.shards.entries:
+            if key not in replaced and key not in run.writer.tensors:
+                run.writer.put(key, run.model.shards.read(key))
+        return []
+
+    @staticmethod
+    def check_staged(run, checked):
+        return None
+
+    @staticmethod
+    def rounding_scratch(w):
+        return 0
+
+    @staticmethod
+    def file_scratch(w):
+        return None
+
+
+@pytest.fixture
+def npz_tensors():
+    from compiler.backends.torch.formats import TORCH_FORMATS
+    from compiler.ir.types import EmitFormat
+    from compiler.plugins import EMIT_FORMATS
+
+    EMIT_FORMATS.register(EmitFormat("npz_tensors", ".npz", "every tensor as an array of one .npz (a test's toy)"))
+    TORCH_FORMATS.register(NpzTensors)
+    yield NpzTensors
+    TORCH_FORMATS.unregister(NpzTensors.name)
+    EMIT_FORMATS.unregister(NpzTensors.name)
+
+
+TOY_FORMAT_RECIPE = """recipe toy_format {
+    model "builtin:tiny-llama"
+    backend torch
+    quantize { type Linear -> W8A16   "lm_head" -> none }
+    verify { samples 4  metric cosine  at_least 0.9 }
+    emit "EMIT" { format npz_tensors }
+}
+"""
+
+
+def test_an_output_format_from_outside_the_package_is_checked_planned_and_compiled(npz_tensors, tmp_path):
+    recipe = tmp_path / "toy.recipe"
+    recipe.write_text(TOY_FORMAT_RECIPE.replace("EMIT", str(tmp_path / "out.npz")))
+    listed = runner.invoke(app, ["explain", "formats"]).output
+    assert "npz_tensors" in listed and "safetensors" in listed, listed
+    assert runner.invoke(app, ["check", str(recipe)]).exit_code == 0
+    onnx = runner.invoke(app, ["check", str(recipe), "--set", "backend=onnx"])
+    assert onnx.exit_code == 2 and "Q220" in onnx.output  # the ONNX backend does not write it
+    planned = runner.invoke(app, ["plan", str(recipe), "--format", "text"])
+    assert planned.exit_code == 0 and "write npz_tensors to" in planned.output, planned.output
+
+    done = runner.invoke(app, ["compile", str(recipe)])
+    assert done.exit_code == 0, done.output
+    arrays = np.load(tmp_path / "out.npz")
+    assert not (tmp_path / ".out.npz.qrc-tmp.npz").exists()
+    q = "model.layers.0.self_attn.q_proj"
+    # rounded and packed as the rounder hands them to any format (compressed-tensors' names: pack-quantized int8)
+    assert arrays[f"{q}.weight_packed"].dtype == np.int32 and f"{q}.weight_scale" in arrays and f"{q}.weight" not in arrays
+    assert arrays["lm_head.weight"].dtype == np.float32  # left float, copied by the format's finish
+
+
+def test_an_unknown_output_format_is_named_with_the_registered_ones(tmp_path):
+    result = runner.invoke(app, ["check", RECIPE, "--set", "emit.format=ggfu"])
+    assert result.exit_code == 2 and "unknown keyword `ggfu`" in result.output and "did you mean `gguf`?" in result.output
+    result = runner.invoke(app, ["check", RECIPE, "--set", "emit.format=zzz"])
+    assert "expected one of `gguf`, `matmul_nbits`, `qdq` or `safetensors`" in result.output, result.output

@@ -46,7 +46,7 @@ class BackendSpec:
 
     backend: Backend
     facts: BackendFacts  # what the recipe's elaboration and checks need to know of this backend
-    formats: tuple[EmitFormat, ...]
+    formats: Callable[[], tuple[EmitFormat, ...]]  # what it writes now (a plug-in may register more), default first
     output: OutputKind
     output_help: str  # what to give as the output path
     costs: CostModel
@@ -57,7 +57,8 @@ class BackendSpec:
     # the assignment the plan is built on, when the backend runs another form of the model than the one
     # checked (the ONNX backend: an HF folder's cached export); reads no weights
     planned: Callable[[RecipeIR, Assignment], Assignment] = as_checked
-    file_formats: tuple[EmitFormat, ...] = ()  # formats written as one file where `output` is a folder (GGUF)
+    # formats written as one file where `output` is a folder (GGUF)
+    file_formats: Callable[[], tuple[EmitFormat, ...]] = tuple
     # entered around a compile of `plan` before the executor is imported (`writes`: this rank writes the output),
     # to start what can run beside that import (the torch backend's check process: torch/check_process.py)
     prepare: Callable[[Plan, bool], AbstractContextManager[None]] = nothing_to_prepare
@@ -65,10 +66,10 @@ class BackendSpec:
     def check_text(self, ir: RecipeIR, diags: Diagnostics) -> None:
         """What this backend refuses in the recipe alone: an `emit` format it does not write (Q220), else a path
         without the extension its runtime looks for (Q233), then the backend's own checks (`check_recipe`)."""
-        if ir.emit is not None and ir.emit.format not in self.formats:
+        if ir.emit is not None and ir.emit.format not in self.formats():
             span = ir.emit.span_of("format") or ir.emit.span_of("path")
-            valid = ", ".join(f.value for f in self.formats)
-            diags.error("Q220", f"`format {ir.emit.format.value}` cannot be emitted by backend {self.backend.value}",
+            valid = ", ".join(f.name for f in self.formats())
+            diags.error("Q220", f"`format {ir.emit.format.name}` cannot be emitted by backend {self.backend.value}",
                         span, "wrong format for the backend", help=f"backend {self.backend.value} emits: {valid}")
         elif ir.emit is not None and ir.emit.path and ir.emit.format.suffix is not None:
             suffix = ir.emit.format.suffix
@@ -79,7 +80,7 @@ class BackendSpec:
 
     def output_for(self, fmt: EmitFormat | None) -> OutputKind:
         """What the backend writes at the destination for `fmt`."""
-        return OutputKind.FILE if fmt in self.file_formats else self.output
+        return OutputKind.FILE if fmt in self.file_formats() else self.output
 
     def load_executor(self) -> Callable:
         """Import the backend (torch or onnxruntime) and return its execute function. The imports run with

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compiler.diagnostics import Diagnostics, did_you_mean
+from compiler.diagnostics import Diagnostics, did_you_mean, expected_help
 from compiler.ir.methods import configure_method
 from compiler.ir.types import (
     AttentionKernel,
@@ -25,6 +25,7 @@ from compiler.ir.types import (
     VerifyMetric,
 )
 from compiler.ir.values import size_bytes, whole_number
+from compiler.plugins import EMIT_FORMATS
 from compiler.source import Span
 from compiler.syntax import ast
 
@@ -269,12 +270,25 @@ def elaborate_emit(decl: ast.EmitDecl | None, default_format: EmitFormat, diags:
     if decl is None:
         return None
     found = settings_by_key(decl.options, diags)
-    fmt = EmitFormat(found["format"].value.value) if "format" in found else default_format
+    fmt = _format(found["format"], diags) if "format" in found else default_format
     if not decl.path.value:
         diags.error("Q216", "`emit` needs an output path", decl.path.span, "empty path",
                     help='e.g. `emit "out/model.onnx"`')
     return Emit(spans=(("path", decl.path.span),) + spans_of(found), path=decl.path.value, format=fmt,
                 accuracy_level=_accuracy_level(found, fmt, diags))
+
+
+def _format(setting: ast.Setting, diags: Diagnostics) -> EmitFormat:
+    """The registered output format a `format NAME` names; an unknown one is Q107 (the recipe's other settings are
+    still checked, with the first registered format standing in)."""
+    word = setting.value
+    assert isinstance(word, ast.Name)  # the grammar's `format NAME`
+    found = EMIT_FORMATS.get(word.value)
+    if found is not None:
+        return found
+    diags.error("Q107", f"unknown keyword `{word.value}`", word.span, "not a keyword here",
+                help=expected_help(word.value, EMIT_FORMATS.names()))
+    return next(iter(EMIT_FORMATS))
 
 
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # onnxruntime's MatMulNBits: unset, fp32, fp16, bf16, int8 activations
@@ -292,6 +306,6 @@ def _accuracy_level(found, fmt: EmitFormat, diags: Diagnostics) -> int:
                     "0 … 4", help="0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations (fastest on CPU)")
         return 4
     if fmt is not EmitFormat.MATMUL_NBITS:
-        diags.warning("Q254", f"`accuracy_level` applies to MatMulNBits only; format {fmt.value} ignores it",
+        diags.warning("Q254", f"`accuracy_level` applies to MatMulNBits only; format {fmt.name} ignores it",
                       setting.span, "ignored", help="use it with `format matmul_nbits`, or remove it")
     return 4 if value is None else value

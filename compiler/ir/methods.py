@@ -8,9 +8,7 @@ closed list. docs/contributing.md says what a new one provides."""
 
 from __future__ import annotations
 
-import difflib
-
-from compiler.diagnostics import Diagnostics
+from compiler.diagnostics import Diagnostics, expected_help
 from compiler.ir.types import CalibrationMethod
 from compiler.plugins import CALIBRATION_METHODS
 from compiler.syntax import ast
@@ -25,7 +23,7 @@ def configure_method(decl: ast.MethodDecl | None, diags: Diagnostics) -> Calibra
     method = CALIBRATION_METHODS.get(name)
     if method is None and decl is not None:
         diags.error("Q107", f"unknown keyword `{name}`", decl.kind.span, "not a keyword here",
-                    help=_expected(name, CALIBRATION_METHODS.names()))
+                    help=expected_help(name, CALIBRATION_METHODS.names()))
         method, decl = CALIBRATION_METHODS.get(DEFAULT_METHOD), None
     assert method is not None, "the default method registers with the package (compiler/quant/methods/)"
     return method.configure(decl, diags)
@@ -47,16 +45,8 @@ def method_options(decl: ast.MethodDecl | None, keys: tuple[str, ...], diags: Di
                         help=f"keep one `{setting.key}`; the first is at line {found[setting.key].key_span.line}")
         elif setting.key not in keys:
             diags.error("Q107", f"`{setting.key}` is not a setting of `method {decl.kind.value}`", setting.key_span,
-                        "not valid here", help=_expected(setting.key, keys) if keys else
+                        "not valid here", help=expected_help(setting.key, keys) if keys else
                         f"`method {decl.kind.value}` takes no settings")
         else:
             found[setting.key] = setting
     return found
-
-
-def _expected(word: str, names: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
-    if close:
-        return f"did you mean `{close[0]}`?"
-    quoted = [f"`{n}`" for n in sorted(names)]
-    return "expected " + (quoted[0] if len(quoted) == 1 else "one of " + ", ".join(quoted[:-1]) + " or " + quoted[-1])

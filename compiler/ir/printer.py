@@ -149,7 +149,7 @@ def _optional_blocks(ir: RecipeIR) -> list[str]:
     if ir.kv_cache:
         lines.append(f"    kv_cache {{ {_activations(ir.kv_cache.quant).removeprefix('activations ')} }}")
     if ir.emit:
-        lines.append(f"    emit {quote(ir.emit.path)} {{ format {ir.emit.format.value} }}")
+        lines.append(f"    emit {quote(ir.emit.path)} {{ format {ir.emit.format.name} }}")
     return lines
 
 

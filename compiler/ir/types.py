@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from compiler.diagnostics import Diagnostics
+from compiler.plugins import EMIT_FORMATS
 from compiler.source import Span
 from compiler.syntax import ast
 
@@ -149,17 +150,44 @@ class Bound(enum.Enum):
     AT_MOST = "at_most"
 
 
-class EmitFormat(enum.Enum):
-    """What the emitted model looks like."""
-    QDQ = "qdq"
-    MATMUL_NBITS = "matmul_nbits"
-    SAFETENSORS = "safetensors"
-    GGUF = "gguf"  # one file llama.cpp runs (torch backend, Llama and Qwen decoders)
+@dataclass(frozen=True, slots=True)
+class EmitFormat:
+    """What the emitted model looks like: a format registered by name (compiler/plugins.py EMIT_FORMATS), which
+    the backends that write it list in their specs. The built-ins are the class attributes below."""
 
-    @property
-    def suffix(self) -> str | None:
-        """The extension runtimes look for in a file of this format (None: a folder)."""
-        return {"qdq": ".onnx", "matmul_nbits": ".onnx", "gguf": ".gguf"}.get(self.value)
+    name: str  # what `emit … { format NAME }` writes
+    suffix: str | None  # the extension runtimes look for in a file of this format (None: a folder)
+    summary: str  # one line for `qrc explain formats`
+
+    QDQ: ClassVar[EmitFormat]
+    MATMUL_NBITS: ClassVar[EmitFormat]
+    SAFETENSORS: ClassVar[EmitFormat]
+    GGUF: ClassVar[EmitFormat]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __reduce__(self):
+        """Unpickled (a torchrun rank, a worker process) as the registered format, so that `is` compares."""
+        return emit_format, (self.name,)
+
+
+def emit_format(name: str) -> EmitFormat:
+    """The registered format `name` (KeyError when none is)."""
+    found = EMIT_FORMATS.get(name)
+    if found is None:
+        raise KeyError(f"no output format `{name}` is registered")
+    return found
+
+
+EmitFormat.QDQ = EMIT_FORMATS.register(EmitFormat(
+    "qdq", ".onnx", "ONNX with QuantizeLinear/DequantizeLinear pairs (onnxruntime fuses them into integer kernels)"))
+EmitFormat.MATMUL_NBITS = EMIT_FORMATS.register(EmitFormat(
+    "matmul_nbits", ".onnx", "ONNX with onnxruntime's MatMulNBits for 2-8-bit weights (onnxruntime-genai's form)"))
+EmitFormat.SAFETENSORS = EMIT_FORMATS.register(EmitFormat(
+    "safetensors", None, "a folder of compressed-tensors safetensors (transformers, vLLM)"))
+EmitFormat.GGUF = EMIT_FORMATS.register(EmitFormat(
+    "gguf", ".gguf", "one GGUF file (llama.cpp, Ollama, LM Studio; Llama and Qwen decoders)"))
 
 
 @dataclass(frozen=True, slots=True)

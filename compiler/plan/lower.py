@@ -289,7 +289,7 @@ def emit_pass(reads_ranges: bool, streams_weights: Callable[[Workload, MemoryMod
         path = emit.path if emit else "(-o PATH)"
         inputs = (Buffer.MODEL, Buffer.QPARAMS) + ((Buffer.RANGES,) if reads_ranges and w.observed else ())
         words = kernels(ctx, fmt)
-        return [Emit(summary=f"write {fmt.value} to {path} atomically (temp file + rename), "
+        return [Emit(summary=f"write {fmt.name} to {path} atomically (temp file + rename), "
                      f"{human_bytes(w.quantized_bytes)} of weights" + (f"; {words}" if words else ""), inputs=inputs, outputs=(Buffer.EMITTED_MODEL,),
                      peak_bytes=ctx.phase(PhaseName.EMIT), format=fmt, path=path, bytes=w.quantized_bytes,
                      accuracy_level=emit.accuracy_level if emit else 4, kv_cache=ctx.ir.kv_cache,

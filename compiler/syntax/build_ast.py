@@ -19,7 +19,7 @@ _SETTING_KEYS = {
 _QSPEC_FIELDS = {"dtype": "dtype", "granularity": "granularity", "group_size": "group", "block_shape": "block",
                  "symmetry": "symmetry", "act_mode": "mode"}
 _KEYWORD_RULES = {"backend_kind", "rounding_kind", "policy_kind", "sensitivity_metric",
-                  "memory_mode", "verify_metric", "bound_kind", "emit_format", "act_order", "group_scales", "scale_search",
+                  "memory_mode", "verify_metric", "bound_kind", "act_order", "group_scales", "scale_search",
                   "expert_routing", "attention_kernel", "transform_kind", "switch", "rows_policy"}
 
 

@@ -63,7 +63,7 @@ FACTS = BackendFacts(default_format=EmitFormat.QDQ, activation_qtype=QType.UINT8
 SPEC = BackendSpec(
     backend=Backend.ONNX,
     facts=FACTS,
-    formats=(EmitFormat.QDQ, EmitFormat.MATMUL_NBITS),
+    formats=lambda: (EmitFormat.QDQ, EmitFormat.MATMUL_NBITS),
     output=OutputKind.FILE,
     output_help="a file path ending in .onnx",
     costs=COSTS,

@@ -92,7 +92,7 @@ DEFAULT = "safetensors"  # without `emit … { format }` (the spec's BackendFact
 
 def torch_format(fmt: Any) -> TorchFormat:
     """The registered format an `EmitFormat` (or its name) names; None, the backend's default."""
-    name = DEFAULT if fmt is None else getattr(fmt, "value", fmt)
+    name = DEFAULT if fmt is None else getattr(fmt, "name", fmt)
     found = TORCH_FORMATS.get(name)
     assert found is not None, f"the torch backend's spec registers its formats ({name})"
     return found

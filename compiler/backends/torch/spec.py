@@ -9,7 +9,7 @@ from compiler.backends.torch.cost import COSTS
 from compiler.backends.torch.formats import TORCH_FORMATS
 from compiler.backends.torch.lowering import LOWERING
 from compiler.backends.torch.support import check_recipe, check_supported
-from compiler.ir.types import Backend, BackendFacts, EmitFormat, QType
+from compiler.ir.types import Backend, BackendFacts, EmitFormat, QType, emit_format
 
 # compressed-tensors' int8 activations, static or dynamic per token; any model a recipe without `backend` names
 # that no other backend takes (HF-style folders, GGUF files) runs here
@@ -17,16 +17,20 @@ FACTS = BackendFacts(default_format=EmitFormat.SAFETENSORS, activation_qtype=QTy
                      static_activations_only=False, takes_model=(), smooths_into_norms_only=False,
                      gptq_linear_only=False, qdq_opset_limited=False)
 
-# the default format first (Q220's help lists them in this order)
-_FORMATS = sorted(TORCH_FORMATS, key=lambda f: (f.name != FACTS.default_format.value, f.name))
+
+
+def _formats() -> list:
+    """The registered formats (a plug-in's too), the default first: Q220's help lists them in this order."""
+    return sorted(TORCH_FORMATS, key=lambda f: (f.name != FACTS.default_format.name, f.name))
+
 
 SPEC = BackendSpec(
     backend=Backend.TORCH,
     facts=FACTS,
-    formats=tuple(EmitFormat(f.name) for f in _FORMATS),
+    formats=lambda: tuple(emit_format(f.name) for f in _formats()),
     output=OutputKind.FOLDER,
-    output_help=f"a folder path ({'; '.join(f.path_help for f in _FORMATS)})",
-    file_formats=tuple(EmitFormat(f.name) for f in _FORMATS if f.one_file),
+    output_help=f"a folder path ({'; '.join(f.path_help for f in _formats())})",  # the built-ins'
+    file_formats=lambda: tuple(emit_format(f.name) for f in _formats() if f.one_file),
     costs=COSTS,
     lowering=LOWERING,
     check=check_supported,

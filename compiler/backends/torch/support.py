@@ -46,11 +46,11 @@ def _checks(name: str) -> FormatChecks | None:
 
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
     """Q411 for an output format the backend does not write, else the format's own checks (formats.py)."""
-    fmt = _checks(ir.emit.format.value if ir.emit is not None else DEFAULT)
+    fmt = _checks(ir.emit.format.name if ir.emit is not None else DEFAULT)
     if fmt is None:
         assert ir.emit is not None  # the default format is registered
         diags.error("Q411", f"the torch backend writes {' or '.join(TORCH_FORMATS.names())}, not "
-                    f"{ir.emit.format.value}", ir.emit.span_of("format") or ir.emit.span_of("path"), "not supported",
+                    f"{ir.emit.format.name}", ir.emit.span_of("format") or ir.emit.span_of("path"), "not supported",
                     help="use `emit \"FOLDER\" { format safetensors }`, or `backend onnx` for ONNX output")
         return
     fmt.check(ir, assignment, diags)
