@@ -357,6 +357,8 @@ def explain(
         width = max(len(n) for n in registry.names())
         for entry in registry:
             typer.echo(f"{entry.name:<{width}}  {entry.summary}")
+            if getattr(entry, "settings", ""):  # a calibration method's; a format takes none
+                typer.echo(f"{'':<{width}}  settings: {entry.settings}")
         return
     found = BY_CODE.get(code.strip().upper())
     if found is None:

@@ -26,6 +26,7 @@ class ShrunkRange:
 
     name: ClassVar[str] = "shrunk_range"
     summary: ClassVar[str] = "the running range times `fraction` (a test's toy)"
+    settings: ClassVar[str] = "{ fraction F }"
     histogram: ClassVar[bool] = False
     grid_search: ClassVar[bool] = False
     fraction: float = 1.0
@@ -76,6 +77,8 @@ def test_a_calibration_method_from_outside_the_package_is_checked_explained_and_
     listed = runner.invoke(app, ["explain", "methods"]).output.splitlines()
     assert any(line.split(None, 1) == ["shrunk_range", "the running range times `fraction` (a test's toy)"]
                for line in listed), listed
+    assert listed[listed.index(next(x for x in listed if x.startswith("shrunk_range"))) + 1].split() == \
+        ["settings:", "{", "fraction", "F", "}"]
 
     wrong = runner.invoke(app, ["check", RECIPE, "--set", "calibrate.method=shrunk_range { fraction 3  bins 2 }"])
     assert wrong.exit_code == 2 and "Q209" in wrong.output and "`bins` is not a setting of `method shrunk_range`" \

@@ -388,6 +388,7 @@ class CalibrationMethod(Protocol):
 
     name: ClassVar[str]  # what a recipe writes: `method NAME`
     summary: ClassVar[str]  # one line for `qrc explain methods` and docs
+    settings: ClassVar[str]  # what may follow the name, as recipe text ("" none), for `qrc explain methods`
     histogram: ClassVar[bool]  # observers keep a histogram (`bins` of them per tensor), not only min/max
     grid_search: ClassVar[bool]  # searches a clipping range against the integer grid (NVFP4 inputs have none)
 

@@ -17,6 +17,7 @@ class Entropy:
 
     name: ClassVar[str] = "entropy"
     summary: ClassVar[str] = "the threshold whose quantized histogram has the least KL divergence (TensorRT's)"
+    settings: ClassVar[str] = ""
     histogram: ClassVar[bool] = True
     grid_search: ClassVar[bool] = False
 

@@ -32,6 +32,7 @@ class LayerwisePercentile:
 
     name: ClassVar[str] = "layerwise_percentile"
     summary: ClassVar[str] = "per tensor, the candidate percentile with the least error on its own histogram"
+    settings: ClassVar[str] = "{ candidates [P, …]  metric mae|mse }"
     histogram: ClassVar[bool] = True
     grid_search: ClassVar[bool] = True
     candidates: tuple[float, ...] = DEFAULT_CANDIDATES

@@ -15,6 +15,7 @@ class MinMax:
 
     name: ClassVar[str] = "minmax"
     summary: ClassVar[str] = "the running min and max of every value seen (no histogram)"
+    settings: ClassVar[str] = ""
     histogram: ClassVar[bool] = False
     grid_search: ClassVar[bool] = False
 

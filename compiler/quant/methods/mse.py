@@ -17,6 +17,7 @@ class Mse:
 
     name: ClassVar[str] = "mse"
     summary: ClassVar[str] = "the clipping range with the least squared error on the scheme's integer grid"
+    settings: ClassVar[str] = ""
     histogram: ClassVar[bool] = True
     grid_search: ClassVar[bool] = True
 

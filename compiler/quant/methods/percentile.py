@@ -19,6 +19,7 @@ class Percentile:
 
     name: ClassVar[str] = "percentile"
     summary: ClassVar[str] = f"clip at a percentile of |x| (default {DEFAULT_PERCENTILE})"
+    settings: ClassVar[str] = "[P]"
     histogram: ClassVar[bool] = True
     grid_search: ClassVar[bool] = False
     percentile: float = DEFAULT_PERCENTILE
