@@ -8,6 +8,8 @@ closed list. docs/contributing.md says what a new one provides."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from compiler.diagnostics import Diagnostics, expected_help
 from compiler.ir.types import CalibrationMethod
 from compiler.plugins import CALIBRATION_METHODS
@@ -50,3 +52,24 @@ def method_options(decl: ast.MethodDecl | None, keys: tuple[str, ...], diags: Di
         else:
             found[setting.key] = setting
     return found
+
+
+class WithoutSettings:
+    """What a method that takes no settings shares (minmax, entropy, mse): `method NAME` and nothing after it."""
+
+    __slots__ = ()
+    name: ClassVar[str]
+
+    @classmethod
+    def configure(cls, decl: ast.MethodDecl | None, diags: Diagnostics):
+        """`method NAME` alone (a number or a setting after it is reported)."""
+        method_options(decl, (), diags)
+        return cls()
+
+    def text(self) -> str:
+        """`method NAME`."""
+        return f"method {self.name}"
+
+    def detail(self) -> str:
+        """The name."""
+        return self.name

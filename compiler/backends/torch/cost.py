@@ -84,9 +84,9 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
         fmt = torch_format(w.emit_format)
         weights, label = _file_to_file(w) + source_tensor_bytes(w, fmt.encodes_whole_tensors), \
             "one tensor at a time, file to file (read, the next read ahead, rounded)"
-        if fmt.opened_by_transformers:  # the runtime counts the check process at its load check, when this process has given
-            # back what the rounding held (rounding.from_files); while tensors are rounded it holds its imports:
-            # the larger of the two moments
+        if fmt.opened_by_transformers:  # the runtime counts the check process at its load check, when this
+            # process has given back what the rounding held (rounding.from_files); while tensors are rounded it
+            # holds its imports: the larger of the two moments
             weights = max(weights + CHECK_IMPORTED - CHECK_PROCESS, 0)
             label += ", beside the check process's imports"
     elif mode is MemoryMode.OFFLOAD:

@@ -1,11 +1,13 @@
 """`format safetensors`: compressed-tensors' folder (sharded safetensors, config.json with its
 quantization_config, the model folder's side files), which transformers and vLLM load. The torch backend's
-default output (formats.py)."""
+default output (formats.py). `qrc check` and `qrc plan` import this module: the methods only a compile calls
+import the writer's modules (torch, transformers) when called."""
 
 from __future__ import annotations
 
 from compiler.backends.torch.formats import TORCH_FORMATS, Opened
 from compiler.backends.torch.support import check_compressed_tensors
+from compiler.diagnostics import warning
 
 
 @TORCH_FORMATS.register
@@ -71,7 +73,6 @@ class SafetensorsFolder:
         the recipe and the side files; the others hand their tensors on and write nothing."""
         from compiler.backends.torch.output_layout import copy_unquantized, write_metadata
         from compiler.backends.torch.writer import FolderWriter
-        from compiler.diagnostics import warning
 
         if not isinstance(run.writer, FolderWriter):
             return []

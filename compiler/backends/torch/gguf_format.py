@@ -1,6 +1,7 @@
 """`format gguf`: one file llama.cpp, Ollama and LM Studio run (docs/gguf.md). Its layers are rounded to the
 file's own blocks with float16 scales on every rank (gguf_writer.GgufLayout), so that qrc's model, which
-verification runs, computes what llama.cpp decodes; it has no folder for transformers to check."""
+verification runs, computes what llama.cpp decodes; it has no folder for transformers to check. The methods only
+a compile calls import the writer (torch, the `gguf` package) when called."""
 
 from __future__ import annotations
 

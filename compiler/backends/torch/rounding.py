@@ -25,7 +25,7 @@ from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.layers import Job, Rounded, Statistics, apply_quantized, input_qparams, quantize_job
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.sharing import owners, share_hessians, share_statistics
-from compiler.backends.torch.writer import OutputWriter, RankCollector, output_writer
+from compiler.backends.torch.writer import OutputWriter, RankCollector
 from compiler.diagnostics import warning
 from compiler.ir.types import Calibration
 from compiler.quant.gptq import SingularHessian
@@ -169,10 +169,8 @@ class Rounder:
         for (tensors, encoded), (sqnr, ranges) in gather_to_first(self.ranks, (handed, figures)):
             for name, tensor in RankCollector.unpack(tensors).items():
                 self.writer.put(name, tensor)
-            for name, data in encoded.items():
-                out = output_writer(self.writer)
-                assert out is not None  # the first rank: the one the others hand their tensors to
-                out.put_encoded(name, data)
+            for name, data in encoded.items():  # only a format with blocks of its own hands encoded bytes on
+                self.writer.put_encoded(name, data)
             self.report.weight_sqnr.update(sqnr)
             self.report.input_ranges.update(ranges)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from compiler.ir.methods import CALIBRATION_METHODS, method_options
+from compiler.ir.methods import CALIBRATION_METHODS, WithoutSettings
 
 
 @CALIBRATION_METHODS.register
 @dataclass(frozen=True, slots=True)
-class MinMax:
+class MinMax(WithoutSettings):
     """The exact range of what calibration saw: no histogram is kept."""
 
     name: ClassVar[str] = "minmax"
@@ -18,20 +18,6 @@ class MinMax:
     settings: ClassVar[str] = ""
     histogram: ClassVar[bool] = False
     grid_search: ClassVar[bool] = False
-
-    @classmethod
-    def configure(cls, decl, diags):
-        """`method minmax` takes no settings."""
-        method_options(decl, (), diags)
-        return cls()
-
-    def text(self) -> str:
-        """`method minmax`."""
-        return f"method {self.name}"
-
-    def detail(self) -> str:
-        """What the plan says: the name."""
-        return self.name
 
     def range(self, observer, qtype, symmetric):
         """The observer's running range (a histogram observer keeps one beside its bins)."""

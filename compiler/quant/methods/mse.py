@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from compiler.ir.methods import CALIBRATION_METHODS, method_options
+from compiler.ir.methods import CALIBRATION_METHODS, WithoutSettings
 from compiler.quant import range_search
 
 
 @CALIBRATION_METHODS.register
 @dataclass(frozen=True, slots=True)
-class Mse:
+class Mse(WithoutSettings):
     """A search of 256 thresholds against the integer grid."""
 
     name: ClassVar[str] = "mse"
@@ -20,20 +20,6 @@ class Mse:
     settings: ClassVar[str] = ""
     histogram: ClassVar[bool] = True
     grid_search: ClassVar[bool] = True
-
-    @classmethod
-    def configure(cls, decl, diags):
-        """`method mse` takes no settings."""
-        method_options(decl, (), diags)
-        return cls()
-
-    def text(self) -> str:
-        """`method mse`."""
-        return f"method {self.name}"
-
-    def detail(self) -> str:
-        """The name."""
-        return self.name
 
     def range(self, observer, qtype, symmetric):
         """The squared-error search over the histogram (compiler/quant/range_search.py)."""
