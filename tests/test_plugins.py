@@ -149,7 +149,6 @@ class NpzTensors:
     path_help = "an .npz file path with `format npz_tensors`"
     emit_example = '`emit "out.npz" { format npz_tensors }`'
     opened_by_transformers = False
-    float16_scales = False
     verified_on = "qrc's model (an .npz of tensors has no loader)"
     planned_verified_on = "qrc's model (an .npz has no loader)"
     rounded_copy_verified = False

@@ -305,7 +305,7 @@ def _accuracy_level(found, fmt: EmitFormat, diags: Diagnostics) -> int:
         diags.error("Q254", f"`accuracy_level {value}` is not one of onnxruntime's levels", setting.span,
                     "0 … 4", help="0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations (fastest on CPU)")
         return 4
-    if fmt is not EmitFormat.MATMUL_NBITS:
+    if "accuracy_level" not in fmt.settings:
         diags.warning("Q254", f"`accuracy_level` applies to MatMulNBits only; format {fmt.name} ignores it",
                       setting.span, "ignored", help="use it with `format matmul_nbits`, or remove it")
     return 4 if value is None else value

@@ -158,6 +158,8 @@ class EmitFormat:
     name: str  # what `emit … { format NAME }` writes
     suffix: str | None  # the extension runtimes look for in a file of this format (None: a folder)
     summary: str  # one line for `qrc explain formats`
+    scale_dtype: str | None = None  # the dtype it stores weight scales in where it fixes one (GGUF: float16)
+    settings: tuple[str, ...] = ()  # the `emit` settings it reads beyond `format` (MatMulNBits: accuracy_level)
 
     QDQ: ClassVar[EmitFormat]
     MATMUL_NBITS: ClassVar[EmitFormat]
@@ -183,11 +185,12 @@ def emit_format(name: str) -> EmitFormat:
 EmitFormat.QDQ = EMIT_FORMATS.register(EmitFormat(
     "qdq", ".onnx", "ONNX with QuantizeLinear/DequantizeLinear pairs (onnxruntime fuses them into integer kernels)"))
 EmitFormat.MATMUL_NBITS = EMIT_FORMATS.register(EmitFormat(
-    "matmul_nbits", ".onnx", "ONNX with onnxruntime's MatMulNBits for 2-8-bit weights (onnxruntime-genai's form)"))
+    "matmul_nbits", ".onnx", "ONNX with onnxruntime's MatMulNBits for 2-8-bit weights (onnxruntime-genai's form)",
+    settings=("accuracy_level",)))
 EmitFormat.SAFETENSORS = EMIT_FORMATS.register(EmitFormat(
     "safetensors", None, "a folder of compressed-tensors safetensors (transformers, vLLM)"))
 EmitFormat.GGUF = EMIT_FORMATS.register(EmitFormat(
-    "gguf", ".gguf", "one GGUF file (llama.cpp, Ollama, LM Studio; Llama and Qwen decoders)"))
+    "gguf", ".gguf", "one GGUF file (llama.cpp, Ollama, LM Studio; Llama and Qwen decoders)", scale_dtype="float16"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,8 +202,6 @@ class BackendFacts:
     static_activations_only: bool  # holds calibrated per-tensor input ranges only (QDQ): presets' W8A8 is static
     takes_model: tuple[str, ...]  # model references a recipe without `backend` runs here (prefixes or suffixes)
     smooths_into_norms_only: bool  # SmoothQuant/AWQ scales fold into a norm only, never into a preceding layer
-    gptq_linear_only: bool  # GPTQ rounds Linear (MatMul) layers only
-    qdq_opset_limited: bool  # writes DequantizeLinear nodes whose 4-bit and block forms need opset 21
 
 
 class DataKind(enum.Enum):

@@ -221,8 +221,8 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
     cal = ir.calibration
     ranks = ir.memory.ranks
     verify_samples = ir.verify.samples if ir.verify else 0
-    # GGUF's blocks carry float16 scales, which the torch backend rounds with (torch/execute.py): not the compiled loop's
-    scales = "float16" if ir.emit is not None and ir.emit.format is EmitFormat.GGUF else None
+    # a format's own scale dtype (GGUF's float16 blocks), which the torch backend rounds with: not the compiled loop's
+    scales = ir.emit.format.scale_dtype if ir.emit is not None else None
     return Workload(
         backend=ir.backend, index=index, weights_bytes=index.total_bytes,
         quantized_bytes=index.total_bytes - sum(a.layer.bytes - quantized_bytes(a.layer, a.scheme) for a in quantized),

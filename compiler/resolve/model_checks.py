@@ -6,12 +6,13 @@ import difflib
 import math
 import re
 from collections import defaultdict
+from collections.abc import Callable
 
 from compiler.diagnostics import Diagnostics
-from compiler.ir.types import EmitFormat, Granularity, RecipeIR, Rounding, SelectorKind
+from compiler.ir.types import Granularity, RecipeIR, Rounding, Scheme, SelectorKind
 from compiler.models.index import LayerKind
 from compiler.models.names import compress
-from compiler.resolve.assignment import Assignment, rule_matches
+from compiler.resolve.assignment import Assignment, LayerAssignment, rule_matches
 
 
 def check_unmatched_selectors(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
@@ -63,32 +64,50 @@ def check_shadowed_rules(ir: RecipeIR, assignment: Assignment, diags: Diagnostic
                       "remove this rule or move it after them (the last matching rule wins)")
 
 
-def check_scheme_fits_layers(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
-    """Schemes a layer cannot take (group sizes, activations on embeddings, MatMulNBits on non-Linear)."""
+# A layer × scheme's misfit codes, and a code's (message, help) for the layers of one rule that have it
+Misfits = Callable[[LayerAssignment], list[str]]
+MisfitText = Callable[[str, Scheme, list[str], Assignment], tuple[str, str]]
+
+
+def report_misfits(ir: RecipeIR, assignment: Assignment, diags: Diagnostics, misfits: Misfits,
+                   text: MisfitText) -> None:
+    """One error per rule and misfit code, at the rule's scheme, naming the layers it gives that scheme: the
+    shared form of the checks below and of a backend's own (compiler/backends/onnx/layer_checks.py)."""
     problems: dict[tuple[int, str], list[str]] = defaultdict(list)
     rules = {}
     for a in assignment.layers:
         if a.rule is None or a.scheme.is_none:
             continue
         rules[a.rule.index] = a.rule
-        for code in _misfits(ir, a):
+        for code in misfits(a):
             problems[(a.rule.index, code)].append(a.layer.name)
     for (index, code), names in sorted(problems.items()):
         rule = rules[index]
         scheme = ir.scheme(rule.scheme)
-        message, help_ = _misfit_text(code, scheme, names, assignment)
+        message, help_ = text(code, scheme, names, assignment)
         diags.error(code, message, rule.scheme_span, f"rule {index} gives `{scheme.name}`", help=help_)
+
+
+def check_scheme_fits_layers(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Schemes a layer cannot take whatever the backend (group sizes, activations on embeddings, weights that are
+    not float); what one backend refuses is its own check."""
+    report_misfits(ir, assignment, diags, _misfits, _misfit_text)
 
 
 _FLOAT_WEIGHTS = ("float32", "float16", "bfloat16", "float64")
 
 
-def _misfits(ir: RecipeIR, a) -> list[str]:
-    layer, w = a.layer, a.scheme.weights
-    if layer.dtype not in _FLOAT_WEIGHTS or layer.params == 0:
+def rounds_float_weights(a: LayerAssignment) -> bool:
+    """Whether the layer's weight is a float tensor with elements (else Q249, and nothing else about it matters)."""
+    return a.layer.dtype in _FLOAT_WEIGHTS and a.layer.params > 0
+
+
+def _misfits(a: LayerAssignment) -> list[str]:
+    layer, w = a.layer, a.scheme.quantized_weights
+    if not rounds_float_weights(a):
         return ["Q249"]  # nothing else about it matters
     found = []
-    if w.granularity is Granularity.GROUP:
+    if w.granularity is Granularity.GROUP and w.group_size:
         length = layer.out_features if layer.kind is LayerKind.EMBEDDING else layer.in_features
         if length % w.group_size:
             found.append("Q235")
@@ -97,11 +116,6 @@ def _misfits(ir: RecipeIR, a) -> list[str]:
         found.append("Q236")
     elif act is not None and act.granularity is Granularity.GROUP and act.group_size and layer.in_features % act.group_size:
         found.append("Q268")
-    if a.scheme.rounding is Rounding.GPTQ and ir.backend_facts.gptq_linear_only and layer.kind is not LayerKind.LINEAR:
-        found.append("Q226")
-    weight_only = a.scheme.activations is None
-    if ir.emit and ir.emit.format is EmitFormat.MATMUL_NBITS and weight_only and layer.kind is not LayerKind.LINEAR:
-        found.append("Q237")
     return found
 
 
@@ -124,9 +138,9 @@ def _misfit_text(code: str, scheme, names: list[str], assignment: Assignment) ->
     listed = ", ".join(compress(names)[:4])
     if code == "Q235":
         sizes = sorted({x.out_features if x.kind is LayerKind.EMBEDDING else x.in_features for x in layers})
-        return (f"`group {scheme.weights.group_size}` does not divide the input features of {len(names)} "
+        return (f"`group {scheme.quantized_weights.group_size}` does not divide the input features of {len(names)} "
                 f"layer{'s' if len(names) != 1 else ''}: {listed} (features: {', '.join(map(str, sizes))})",
-                _group_help(sizes, scheme.weights.group_size))
+                _group_help(sizes, scheme.quantized_weights.group_size))
     if code == "Q268":
         sizes = sorted({x.in_features for x in layers})
         return (f"`{scheme.name}` quantizes inputs in groups of {scheme.activations.group_size}, which do not divide "
@@ -137,16 +151,9 @@ def _misfit_text(code: str, scheme, names: list[str], assignment: Assignment) ->
         kinds = ", ".join(sorted({f"{x.dtype} {'x'.join(map(str, x.shape))}" for x in layers}))
         return (f"{listed}: weights qrc cannot round ({kinds}): already quantized, or empty",
                 "qrc rounds float weights with elements; give these layers `-> none`")
-    if code == "Q226":
-        kinds = ", ".join(sorted({x.kind.value for x in layers}))
-        return (f"`rounding gptq` rounds MatMul and Gemm weights, not {listed} ({kinds})",
-                "add a rule giving these layers a scheme with `rounding rtn` or `mse` (e.g. `type Embedding -> W8A16`)")
-    if code == "Q236":
-        return (f"`{scheme.name}` quantizes activations, but {listed}: Embedding layer(s) whose input is token ids",
-                "give embeddings a weight-only scheme (e.g. W8A16) or `none`")
-    kinds = ", ".join(sorted({x.kind.value for x in layers}))
-    return (f"MatMulNBits cannot take {listed} ({kinds}): it replaces MatMul only",
-            'add a rule giving these layers `none` or a QDQ scheme (with activations), or emit `format qdq`')
+    assert code == "Q236", code
+    return (f"`{scheme.name}` quantizes activations, but {listed}: Embedding layer(s) whose input is token ids",
+            "give embeddings a weight-only scheme (e.g. W8A16) or `none`")
 
 
 def check_gptq_rows(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
@@ -174,37 +181,7 @@ def check_gptq_rows(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
                   "widest input), or round these layers with rtn or mse")
 
 
-# DequantizeLinear takes int4/uint4 and a `block_size` from opset 21 on; onnxruntime refuses such a node in a
-# model of an older opset, so the written file would not load
-BLOCKED_QDQ_OPSET = 21
-
-
-def check_qdq_opset(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
-    """Q265: QDQ weights that need opset 21 (4-bit, or a group/block scale) in an ONNX model of an older opset."""
-    opset = assignment.model.opset
-    if not ir.backend_facts.qdq_opset_limited or opset is None or opset >= BLOCKED_QDQ_OPSET:
-        return
-    needing = [a for a in assignment.layers if not a.scheme.is_none and _blocked_qdq(ir, a)]
-    if not needing:
-        return
-    a = needing[0]
-    names = ", ".join(compress([x.layer.name for x in needing])[:2])
-    diags.error("Q265", f"scheme `{a.scheme.name}` writes 4-bit or group-scaled DequantizeLinear weights, which need "
-                f"opset {BLOCKED_QDQ_OPSET}; the model is opset {opset} ({names})",
-                a.scheme.span or (a.rule.span if a.rule else ir.span), f"needs opset {BLOCKED_QDQ_OPSET}",
-                help="emit `format matmul_nbits` (MatMulNBits serves W4A16 group schemes at any opset), use a "
-                f"per-channel int8 scheme, or export the model at opset {BLOCKED_QDQ_OPSET}")
-
-
-def _blocked_qdq(ir: RecipeIR, a) -> bool:
-    w = a.scheme.weights
-    if w.qtype.bits != 4 and w.granularity not in (Granularity.GROUP, Granularity.BLOCK):
-        return False
-    nbits = ir.emit is not None and ir.emit.format is EmitFormat.MATMUL_NBITS
-    return not (nbits and a.layer.op == "MatMul" and a.scheme.activations is None)  # MatMulNBits takes it
-
-
-CHECKS = (check_unmatched_selectors, check_shadowed_rules, check_scheme_fits_layers, check_gptq_rows, check_qdq_opset)
+CHECKS = (check_unmatched_selectors, check_shadowed_rules, check_scheme_fits_layers, check_gptq_rows)
 
 
 def run(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:

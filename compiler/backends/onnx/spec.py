@@ -57,8 +57,7 @@ def _export_source(ref: str) -> Path | None:
 # `W8A8` is the static preset. Smoothing scales fold into norms only (Q264); GPTQ rounds MatMul weights only
 # (Q226); 4-bit and block-scaled DequantizeLinear need opset 21 (Q265).
 FACTS = BackendFacts(default_format=EmitFormat.QDQ, activation_qtype=QType.UINT8, static_activations_only=True,
-                     takes_model=("builtin:", ".onnx"), smooths_into_norms_only=True, gptq_linear_only=True,
-                     qdq_opset_limited=True)
+                     takes_model=("builtin:", ".onnx"), smooths_into_norms_only=True)
 
 SPEC = BackendSpec(
     backend=Backend.ONNX,

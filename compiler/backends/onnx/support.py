@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from compiler.backends.onnx.export_decoder import DECODER_FAMILIES
 from compiler.backends.onnx.kernels import layer_kernels
+from compiler.backends.onnx.layer_checks import check_layers
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import ActivationMode, EmitFormat, Granularity, QType, RecipeIR
 from compiler.models.index import ModelFormat
@@ -20,6 +21,7 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
     """Q415 for an HF folder the exporter cannot export; Q222 for image rows (a VLM's processor feeds a torch
     forward); Q410 for each scheme with dynamic or per-token activations (QDQ holds static per-tensor ranges);
     Q437 (a warning) for each scheme whose int8 activations onnxruntime's x86 kernels run slower than float."""
+    check_layers(ir, assignment, diags)
     index = assignment.model
     if index.format is ModelFormat.HF and index.family not in EXPORTABLE_FAMILIES:
         diags.error("Q415", f"the ONNX backend cannot export `{index.family}` folders to ONNX yet", ir.model_span,

@@ -180,11 +180,11 @@ class _Run(Verifying):
         if resumed and (out := output_writer(self.writer)) is not None:
             out.keep = True
         calibration = gathers.calibration if gathers is not None else None
-        # a format whose blocks carry float16 scales (GGUF's) is rounded with them: qrc's model computes what its
-        # runtime decodes
+        # a format that stores its scales in a dtype of its own (GGUF's float16) is rounded with them: qrc's model
+        # computes what its runtime decodes
         self.rounder = Rounder(calibration, self.plan.spans.model, self.model, opened.writer, self.global_scales,
                                self.pending, self.progress, ranks=self.ranks,
-                               scale_dtype=torch.float16 if self.format.float16_scales else self.model.dtype,
+                               scale_dtype=_scale_dtype(self.plan.emit.format.scale_dtype, self.model.dtype),
                                encoder=opened.encoder)
         if opened.warning is not None:
             self.pending.warnings.append(opened.warning)
@@ -294,3 +294,8 @@ def _transform_of(op: ops.CalibrateChunk | ops.CacheBlockInputs | ops.Smooth | N
     if op is None:
         return None
     return op.settings if isinstance(op, ops.Smooth) else op.transform
+
+
+def _scale_dtype(stored: str | None, model: torch.dtype) -> torch.dtype:
+    """The dtype weight scales are rounded to: the output format's where it fixes one, else the model's."""
+    return model if stored is None else getattr(torch, stored)

@@ -19,7 +19,6 @@ class SafetensorsFolder:
     path_help = "safetensors output"
     emit_example = "`emit \"FOLDER\" { format safetensors }`"
     opened_by_transformers = True
-    float16_scales = False
     verified_on = ""
     planned_verified_on = ""
     rounded_copy_verified = False

@@ -52,7 +52,6 @@ class TorchFormat(Protocol):
     # a folder transformers opens: its config and load checks run beside the rounding, and verification runs the
     # folder as transformers loads it (where the model is a folder transformers can build)
     opened_by_transformers: ClassVar[bool]
-    float16_scales: ClassVar[bool]  # rounded with float16 scales, as the format stores them
     verified_on: ClassVar[str]  # what verification runs instead of the output, in words ("": the backend's own)
     planned_verified_on: ClassVar[str]  # the same, as the plan's verify op says it ("": the backend's own)
     rounded_copy_verified: ClassVar[bool]  # block by block, each block's rounded copy runs beside the float one

@@ -25,7 +25,6 @@ class GgufFile:
     path_help = "a .gguf file path with `format gguf`"
     emit_example = '`emit "out.gguf" { format gguf }`'
     opened_by_transformers = False
-    float16_scales = True  # GGUF's blocks carry float16 scales
     verified_on = ("qrc's model, rounded to the GGUF's blocks (its float16 scales and integers, the values llama.cpp "
                    "decodes)")
     planned_verified_on = "qrc's model rounded to the GGUF's blocks (float16 scales)"

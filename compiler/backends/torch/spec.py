@@ -14,8 +14,7 @@ from compiler.ir.types import Backend, BackendFacts, EmitFormat, QType, emit_for
 # compressed-tensors' int8 activations, static or dynamic per token; any model a recipe without `backend` names
 # that no other backend takes (HF-style folders, GGUF files) runs here
 FACTS = BackendFacts(default_format=EmitFormat.SAFETENSORS, activation_qtype=QType.INT8,
-                     static_activations_only=False, takes_model=(), smooths_into_norms_only=False,
-                     gptq_linear_only=False, qdq_opset_limited=False)
+                     static_activations_only=False, takes_model=(), smooths_into_norms_only=False)
 
 
 
