@@ -342,12 +342,13 @@ def _compile(recipe: Path, output: Path | None, set_: list[str] | None, report: 
 @app.command()
 def explain(
     code: Annotated[Optional[str], typer.Argument(help="A diagnostic code such as Q201 (omit it to list every code), "
-                                                   "or `methods` / `formats` for the calibration methods and output "
-                                                   "formats a recipe can name.", show_default=False)] = None,
+                                                   "or `methods` / `roundings` / `formats` for the calibration methods, "
+                                                   "rounding methods and output formats a recipe can name.",
+                                                   show_default=False)] = None,
 ) -> None:
     """Explain a diagnostic code: what it means, why it matters, and an example that triggers it. `qrc explain
-    methods` and `qrc explain formats` list the calibration methods and output formats registered (plug-ins
-    included) with what each is."""
+    methods`, `qrc explain roundings` and `qrc explain formats` list the calibration methods, rounding methods
+    and output formats registered (plug-ins included) with what each is."""
     if code is None:
         for info in CODES:
             typer.echo(f"{info.code}  {info.title}")

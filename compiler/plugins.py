@@ -59,6 +59,8 @@ class Registry(Generic[T]):
 CALIBRATION_METHODS: Registry = Registry("calibration method")  # `method NAME`: the method's class
 # `emit … { format NAME }`: an EmitFormat (compiler/ir/types.py); each backend that writes it registers how
 EMIT_FORMATS: Registry = Registry("output format")
+# `rounding NAME` in a scheme: a Rounding (compiler/ir/types.py)
+ROUNDINGS: Registry = Registry("rounding method")
 
 # `qrc explain WORD` lists the entries of a kind, each with its one-line `summary`
-BY_WORD: dict[str, Registry] = {"methods": CALIBRATION_METHODS, "formats": EMIT_FORMATS}
+BY_WORD: dict[str, Registry] = {"methods": CALIBRATION_METHODS, "formats": EMIT_FORMATS, "roundings": ROUNDINGS}

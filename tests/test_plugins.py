@@ -241,3 +241,69 @@ def test_an_unknown_output_format_is_named_with_the_registered_ones(tmp_path):
     assert result.exit_code == 2 and "unknown keyword `ggfu`" in result.output and "did you mean `gguf`?" in result.output
     result = runner.invoke(app, ["check", RECIPE, "--set", "emit.format=zzz"])
     assert "expected one of `gguf`, `matmul_nbits`, `qdq` or `safetensors`" in result.output, result.output
+
+
+def _halved(choice):
+    """A toy rounding method's scale choice: each block's range halved (its largest values clip)."""
+    return choice.at(0.5)
+
+
+@pytest.fixture
+def halved_range():
+    from compiler.ir.types import Rounding
+    from compiler.plugins import ROUNDINGS
+
+    method = ROUNDINGS.register(Rounding("halved_range", "each block's range halved (a test's toy)", scales=_halved))
+    yield method
+    ROUNDINGS.unregister(method.name)
+
+
+TOY_ROUNDING_RECIPE = """recipe toy_rounding {
+    model "builtin:tiny-llama"
+    backend BACKEND
+    scheme w8 { weights int8 per_channel symmetric  rounding ROUNDING }
+    quantize { type Linear -> w8   "lm_head" -> none }
+    emit "EMIT"
+}
+"""
+
+
+def _weight_scales(path, backend: str) -> dict[str, np.ndarray]:
+    """Every quantized weight's scales in the emitted model, by layer."""
+    if backend == "onnx":
+        model = onnx.load(str(path))
+        values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        return {n.input[0]: values[n.input[1]] for n in model.graph.node
+                if n.op_type == "DequantizeLinear" and n.input[0] in values and values[n.input[0]].ndim == 2}
+    from safetensors.numpy import load_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    return {k: v for k, v in tensors.items() if k.endswith(".weight_scale")}
+
+
+@pytest.mark.parametrize("backend, emit", [("onnx", "out.onnx"), ("torch", "out")])
+def test_a_rounding_method_from_outside_the_package_is_checked_and_compiled(halved_range, tmp_path, backend, emit):
+    scales = {}
+    for rounding in ("rtn", "halved_range"):
+        recipe = tmp_path / f"{rounding}.recipe"
+        out = tmp_path / rounding / emit
+        recipe.write_text(TOY_ROUNDING_RECIPE.replace("BACKEND", backend).replace("ROUNDING", rounding)
+                          .replace("EMIT", str(out)))
+        checked = runner.invoke(app, ["check", str(recipe), "--dump-ir"])
+        assert checked.exit_code == 0 and f"rounding {rounding}" in checked.output, checked.output
+        done = runner.invoke(app, ["compile", str(recipe)])
+        assert done.exit_code == 0, done.output
+        scales[rounding] = _weight_scales(out, backend)
+    assert scales["rtn"] and scales["rtn"].keys() == scales["halved_range"].keys()
+    for name, rtn in scales["rtn"].items():  # every block's scale is the toy's: half of rtn's
+        assert np.allclose(scales["halved_range"][name].astype(np.float32), 0.5 * rtn.astype(np.float32),
+                           rtol=1e-2), name
+    assert "halved_range" in runner.invoke(app, ["explain", "roundings"]).output
+
+
+def test_a_plug_in_rounding_is_refused_where_the_format_rounds_its_own_way(halved_range, tmp_path):
+    recipe = tmp_path / "fp8.recipe"
+    recipe.write_text(TOY_ROUNDING_RECIPE.replace("BACKEND", "torch").replace("EMIT", str(tmp_path / "out"))
+                      .replace("int8 per_channel symmetric  rounding ROUNDING", "fp8 per_channel  rounding halved_range"))
+    result = runner.invoke(app, ["check", str(recipe)])
+    assert result.exit_code == 2 and "Q256" in result.output and "not halved_range" in result.output, result.output

@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from compiler.backends.ranks import Ranks, all_gathered
-from compiler.ir.types import Rounding, Scheme, SensitivityMetric
+from compiler.ir.types import Rounding, RoundingData, Scheme, SensitivityMetric
 from compiler.models.exports import files_hash
 from compiler.models.index import Layer, ModelIndex
 from compiler.plan.ops import AssignPrecision, ScoreSensitivity
@@ -90,8 +90,9 @@ class SearchResult:
 
 def fake_quantize(w: np.ndarray, scheme: Scheme, convention: Convention) -> np.ndarray:
     """The weight as an integer scheme rounds it, back in float ([out, in]). GPTQ is scored as rtn: the search
-    ranks layers, and rtn's error bounds what GPTQ leaves. (The floating formats are the torch backend's.)"""
-    rounding = Rounding.MSE if scheme.rounding is Rounding.MSE else Rounding.RTN
+    ranks layers, and rtn's error bounds what GPTQ leaves; a data-free method (mse, a plug-in's) as itself. (The
+    floating formats are the torch backend's.)"""
+    rounding = scheme.rounding if scheme.rounding.data is RoundingData.NONE else Rounding.RTN
     return quantize_weight(w, scheme.quantized_weights, rounding, 0, 1, convention).dequantize()
 
 
@@ -167,7 +168,7 @@ def _data_identity(data) -> str:
 
 def _scheme_identity(scheme: Scheme) -> str:
     w = scheme.quantized_weights
-    return f"{w.qtype.value} {w.granularity.value} {w.group_size} {w.symmetric} {scheme.rounding.value}"
+    return f"{w.qtype.value} {w.granularity.value} {w.group_size} {w.symmetric} {scheme.rounding.name}"
 
 
 def cache_root(disk: Path | None) -> Path:

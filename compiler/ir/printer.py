@@ -64,7 +64,7 @@ def scheme_parts(s: Scheme) -> tuple[str, str, str]:
     order = (" act_order" if s.act_order else " no_act_order") if s.rounding is Rounding.GPTQ else ""
     options = order + (" static_groups" if static else "") + \
         (" minmax_scales" if minmax else "")
-    return _weights(s.quantized_weights), _activations(s.activations), f"rounding {s.rounding.value}{options}"
+    return _weights(s.quantized_weights), _activations(s.activations), f"rounding {s.rounding.name}{options}"
 
 
 def _scheme(s: Scheme) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-from compiler.diagnostics import Diagnostics, did_you_mean
+from compiler.diagnostics import Diagnostics, did_you_mean, expected_help
 from compiler.ir.types import (
     NONE,
     ActivationMode,
@@ -19,6 +19,7 @@ from compiler.ir.types import (
     WeightQuant,
 )
 from compiler.ir.values import whole_number
+from compiler.plugins import ROUNDINGS
 from compiler.syntax import ast
 
 _W8 = WeightQuant(QType.INT8, Granularity.PER_CHANNEL, None, True)
@@ -159,7 +160,14 @@ def _check_single(specs: tuple[ast.QuantSpec, ...], diags: Diagnostics) -> None:
 def _rounding(items: tuple[ast.Keyword, ...], default: Rounding, diags: Diagnostics) -> Rounding:
     for extra in items[1:]:
         diags.error("Q215", "`rounding` given twice in one scheme", extra.span, "second one")
-    return Rounding(items[0].value) if items else default
+    if not items:
+        return default
+    found = ROUNDINGS.get(items[0].value)
+    if found is None:
+        diags.error("Q107", f"unknown keyword `{items[0].value}`", items[0].span, "not a keyword here",
+                    help=expected_help(items[0].value, ROUNDINGS.names()))
+        return default
+    return found
 
 
 def _act_order(items: tuple[ast.Keyword, ...], rounding: Rounding, base: Scheme | None, diags: Diagnostics) -> bool:
@@ -168,7 +176,7 @@ def _act_order(items: tuple[ast.Keyword, ...], rounding: Rounding, base: Scheme 
     an explicit `updated_groups` implies). A scheme refining a GPTQ scheme keeps its choice."""
     flag = next((k for k in items if k.kind == "act_order"), None)
     if flag is not None and rounding is not Rounding.GPTQ:
-        diags.error("Q238", f"`{flag.value}` applies to `rounding gptq`, not `{rounding.value}`", flag.span,
+        diags.error("Q238", f"`{flag.value}` applies to `rounding gptq`, not `{rounding.name}`", flag.span,
                     "not gptq", help=f"write `rounding gptq {flag.value}`, or drop `{flag.value}`")
     if rounding is not Rounding.GPTQ:
         return False
@@ -187,7 +195,7 @@ def _static_groups(items: tuple[ast.Keyword, ...], rounding: Rounding, act_order
     if flag is None:
         return inherited or act_order
     if rounding is not Rounding.GPTQ:
-        diags.error("Q238", f"`{flag.value}` applies to `rounding gptq`, not `{rounding.value}`", flag.span,
+        diags.error("Q238", f"`{flag.value}` applies to `rounding gptq`, not `{rounding.name}`", flag.span,
                     "not gptq", help=f"write `rounding gptq {flag.value}`, or drop `{flag.value}`")
         return True
     if flag.value == "updated_groups" and act_order:
@@ -203,7 +211,7 @@ def _scale_search(items: tuple[ast.Keyword, ...], rounding: Rounding, base: Sche
     10-16% on bench/gptq_group_scales.py's decoder) or `minmax_scales`: how GPTQ chooses each scale."""
     flag = next((k for k in items if k.kind == "scale_search"), None)
     if flag is not None and rounding is not Rounding.GPTQ:
-        diags.error("Q238", f"`{flag.value}` applies to `rounding gptq`, not `{rounding.value}`", flag.span,
+        diags.error("Q238", f"`{flag.value}` applies to `rounding gptq`, not `{rounding.name}`", flag.span,
                     "not gptq", help="`rounding mse` searches rtn's scales; for GPTQ write "
                     f"`rounding gptq {flag.value}`")
         return False
@@ -328,7 +336,7 @@ def _kquant_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Roundin
                 "drop `symmetric`/`asymmetric`")
     if rounding not in (Rounding.RTN, Rounding.IMATRIX, Rounding.GPTQ):
         return (f"{fmt.value} is rounded with llama.cpp's search (`rounding rtn`, or `rounding imatrix` weighted by "
-                f"the calibration inputs, or `rounding gptq` onto the imatrix search's grid), not {rounding.value}",
+                f"the calibration inputs, or `rounding gptq` onto the imatrix search's grid), not {rounding.name}",
                 "write `rounding rtn`, `rounding imatrix` or `rounding gptq`")
     if a is not None:
         return f"{fmt.value} is a weight format (GGUF): llama.cpp quantizes the inputs itself", "remove `activations`"
@@ -349,7 +357,7 @@ def _float_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Rounding
     if fmt is QType.FP8 and w.granularity is Granularity.GROUP:
         return "fp8 weights take `per_tensor`, `per_channel` or `block RxC`", "e.g. `weights fp8 block 128x128`"
     if fmt.is_float and rounding is not Rounding.RTN:
-        return (f"{fmt.value} weights are rounded with rtn (compressed-tensors' rounding), not {rounding.value}",
+        return (f"{fmt.value} weights are rounded with rtn (compressed-tensors' rounding), not {rounding.name}",
                 "write `rounding rtn`, or use an integer type for gptq, mse or imatrix")
     if a is None:
         return None

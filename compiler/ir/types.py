@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from compiler.diagnostics import Diagnostics
-from compiler.plugins import EMIT_FORMATS
+from compiler.plugins import EMIT_FORMATS, ROUNDINGS
 from compiler.source import Span
 from compiler.syntax import ast
 
@@ -83,14 +83,56 @@ class Granularity(enum.Enum):
     BLOCK = "block"  # weights: 2-D tiles [rows x columns] (FP8_BLOCK's 128x128)
 
 
-class Rounding(enum.Enum):
-    """How weights are rounded."""
-    RTN = "rtn"
-    MSE = "mse"
-    GPTQ = "gptq"
-    # a search weighted by each input column's mean square over the calibration tokens (llama.cpp's imatrix): the
-    # K-quants' own search; integer groups and channels: `mse`'s clipping search with those weights, then rtn
-    IMATRIX = "imatrix"
+class RoundingData(enum.Enum):
+    """What a rounding method needs from calibration: the statistics the backends gather (a closed set)."""
+    NONE = "none"  # data-free
+    INPUT_SQUARES = "input_squares"  # each input column's mean square over the calibration tokens (imatrix)
+    HESSIAN = "hessian"  # the inputs' Hessian X^T X (GPTQ), rounded column by column with error feedback
+
+
+@dataclass(frozen=True, slots=True)
+class Rounding:
+    """How weights are rounded: a method registered by name (compiler/plugins.py ROUNDINGS). The built-ins (the
+    class attributes below) have their own kernels in the backends; a plug-in gives `scales`, its choice of each
+    block's scale and zero point, and is rounded to the nearest grid value by the shared code (quant/weights.py)."""
+
+    name: str  # what `rounding NAME` writes
+    summary: str  # one line for `qrc explain roundings`
+    data: RoundingData = RoundingData.NONE
+    scales: Any = None  # a data-free plug-in's `(ScaleChoice) -> (scale, zero_point)` (quant/weights.py)
+
+    RTN: ClassVar[Rounding]
+    MSE: ClassVar[Rounding]
+    GPTQ: ClassVar[Rounding]
+    IMATRIX: ClassVar[Rounding]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __reduce__(self):
+        """Unpickled (a torchrun rank, a worker process) as the registered method, so that `is` compares."""
+        return rounding_method, (self.name,)
+
+
+def rounding_method(name: str) -> Rounding:
+    """The registered rounding method `name` (KeyError when none is)."""
+    found = ROUNDINGS.get(name)
+    if found is None:
+        raise KeyError(f"no rounding method `{name}` is registered")
+    return found
+
+
+Rounding.RTN = ROUNDINGS.register(Rounding("rtn", "each block's absolute maximum on the grid's end, round to nearest"))
+Rounding.MSE = ROUNDINGS.register(Rounding(
+    "mse", "each block's clipping range searched for the least squared error, then round to nearest"))
+Rounding.GPTQ = ROUNDINGS.register(Rounding(
+    "gptq", "column by column, each rounding error spread onto the columns after it by the inputs' Hessian",
+    RoundingData.HESSIAN))
+# a search weighted by each input column's mean square over the calibration tokens (llama.cpp's imatrix): the
+# K-quants' own search; integer groups and channels: `mse`'s clipping search with those weights, then rtn
+Rounding.IMATRIX = ROUNDINGS.register(Rounding(
+    "imatrix", "`mse`'s search weighted by each input's mean square (llama.cpp's imatrix; the K-quants' own)",
+    RoundingData.INPUT_SQUARES))
 
 
 class ActivationMode(enum.Enum):

@@ -202,8 +202,8 @@ def statistics(ctx: Context) -> dict:
 def quantize_op(ctx: Context, names: list[str], inputs: tuple[Buffer, ...], strategy: QuantizeStrategy,
                 how: str) -> QuantizeWeights:
     """`quantize_weights` for `names`, rounded as `strategy` says (`how` in words)."""
-    roundings = tuple(sorted({ctx.assignment.of(n).scheme.rounding for n in names}, key=lambda r: r.value))
-    summary = f"round {len(names)} weights ({', '.join(r.value for r in roundings)}), {how}"
+    roundings = tuple(sorted({ctx.assignment.of(n).scheme.rounding for n in names}, key=lambda r: r.name))
+    summary = f"round {len(names)} weights ({', '.join(r.name for r in roundings)}), {how}"
     return QuantizeWeights(summary=summary, inputs=inputs + ctx.after_search, outputs=(Buffer.QPARAMS,),
                            peak_bytes=ctx.phase(PhaseName.QUANTIZE), repeat=len(names), layers=tuple(names),
                            count=len(names), rounding=roundings, strategy=strategy, calibration=ctx.ir.calibration)

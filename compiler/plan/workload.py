@@ -16,6 +16,7 @@ from compiler.ir.types import (
     QType,
     RecipeIR,
     Rounding,
+    RoundingData,
     SensitivityMetric,
     Transform,
 )
@@ -243,7 +244,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         float_rounded=any(a.scheme.quantized_weights.qtype.is_float for a in quantized),
         kernel_rounded=any(_kernel_rounded(a, scales) for a in quantized),
         float_kernel_rounded=all(_float_kernel_rounded(a) for a in quantized if a.scheme.quantized_weights.qtype.is_float),
-        sliced_rounded=any(a.scheme.rounding in (Rounding.RTN, Rounding.MSE) and not _kernel_rounded(a, scales)
+        sliced_rounded=any(a.scheme.rounding.data is RoundingData.NONE and not _kernel_rounded(a, scales)
                            and not a.scheme.quantized_weights.qtype.is_float for a in quantized),
         emit_format=ir.emit.format if ir.emit is not None else None,
         kquant_rounded=any(a.scheme.quantized_weights.qtype.is_kquant for a in quantized),

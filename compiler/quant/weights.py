@@ -145,6 +145,8 @@ def quantize_weight(w: np.ndarray, spec: WeightQuant, rounding: Rounding, channe
     view, rules = blocks.view, _Rules(spec, convention, scale_dtype)
     if rounding is Rounding.MSE:
         scale, zp = _mse_params(view, rules, None if importance is None else _column_weights(importance, w, spec))
+    elif rounding.scales is not None:  # a registered plug-in chooses each block's scale (ScaleChoice)
+        scale, zp = rounding.scales(ScaleChoice(view, rules))
     else:
         scale, zp = rules.params(view, 1.0)
     scale32, zp32 = scale[:, None].astype(np.float32), zp[:, None].astype(np.float32)
@@ -341,7 +343,7 @@ class _Rules:
         low, high = rows.min(axis=1), rows.max(axis=1)
         return low, high, _largest_magnitude(low, high) if self.mlas else None
 
-    def params_at(self, extremes: tuple, alpha: float):
+    def params_at(self, extremes: tuple, alpha: float | np.ndarray):
         spec = self.spec
         low, high, signed = extremes
         mn, mx = low * alpha, high * alpha
@@ -439,6 +441,25 @@ def _signed_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray) -> tupl
     for step in SIGNED_FINE:
         attempt(np.clip(coarse + np.float32(step), SIGNED_COARSE[0], SIGNED_COARSE[-1]).astype(np.float32))
     return best_scale, zero
+
+
+@dataclass(frozen=True)
+class ScaleChoice:
+    """What a rounding method registered by a plug-in (compiler/ir/types.py Rounding.scales) chooses from: the
+    blocks of one slice of a weight, and the scheme's own scale rules. Its answer, each block's scale and zero
+    point, is rounded to the nearest grid value by the shared code, in the convention of the backend's runtime."""
+
+    rows: np.ndarray  # the blocks as an [A, L, B] float32 view: the L values of each of A×B blocks (over axis 1)
+    rules: _Rules
+
+    def at(self, shrink: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each block's (scale, zero point), [A, B], for its range times `shrink` (1: rtn's; an [A, B] array: one
+        factor a block)."""
+        return self.rules.params_at(self.rules.extremes(self.rows), shrink)
+
+    def error(self, scale: np.ndarray, zero_point: np.ndarray) -> np.ndarray:
+        """Each block's sum of squared rounding errors, [A, B], rounded with (scale, zero point)."""
+        return self.rules.squared_error(self.rows, scale, zero_point, np.empty(self.rows.shape, np.float32))
 
 
 def _mse_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray | None = None):

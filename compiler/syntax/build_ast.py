@@ -18,7 +18,7 @@ _SETTING_KEYS = {
 }
 _QSPEC_FIELDS = {"dtype": "dtype", "granularity": "granularity", "group_size": "group", "block_shape": "block",
                  "symmetry": "symmetry", "act_mode": "mode"}
-_KEYWORD_RULES = {"backend_kind", "rounding_kind", "policy_kind", "sensitivity_metric",
+_KEYWORD_RULES = {"backend_kind", "policy_kind", "sensitivity_metric",
                   "memory_mode", "verify_metric", "bound_kind", "act_order", "group_scales", "scale_search",
                   "expert_routing", "attention_kernel", "transform_kind", "switch", "rows_policy"}
 
@@ -181,7 +181,10 @@ class AstBuilder(Transformer):
         return ast.QuantSpec("activations", (), True, self._span(meta))
 
     def rounding_spec(self, meta, children):
-        return tuple(children)  # the rounding kind, then its options (`act_order`, `static_groups`, `mse_scales`…) when given
+        # the rounding method's name (a keyword of kind rounding_kind), then its options (`act_order`,
+        # `static_groups`, `mse_scales`…) when given
+        name, *options = children
+        return (ast.Keyword("rounding_kind", name.value, name.span), *options)
 
     def _qspec(self, rule, children, meta):
         value = children[0]
