@@ -342,12 +342,13 @@ def _compile(recipe: Path, output: Path | None, set_: list[str] | None, report: 
 @app.command()
 def explain(
     code: Annotated[Optional[str], typer.Argument(help="A diagnostic code such as Q201 (omit it to list every code), "
-                                                   "or `methods` / `roundings` / `formats` for the calibration methods, "
-                                                   "rounding methods and output formats a recipe can name.",
+                                                   "or `methods` / `roundings` / `transforms` / `formats` for the "
+                                                   "calibration methods, rounding methods, transforms and output "
+                                                   "formats a recipe can name.",
                                                    show_default=False)] = None,
 ) -> None:
     """Explain a diagnostic code: what it means, why it matters, and an example that triggers it. `qrc explain
-    methods`, `qrc explain roundings` and `qrc explain formats` list the calibration methods, rounding methods
+    methods`, `roundings`, `transforms` and `formats` list the calibration methods, rounding methods, transforms
     and output formats registered (plug-ins included) with what each is."""
     if code is None:
         for info in CODES:
@@ -358,8 +359,10 @@ def explain(
         width = max(len(n) for n in registry.names())
         for entry in registry:
             typer.echo(f"{entry.name:<{width}}  {entry.summary}")
-            if getattr(entry, "settings", ""):  # a calibration method's; a format takes none
-                typer.echo(f"{'':<{width}}  settings: {entry.settings}")
+            settings = getattr(entry, "settings", "")  # a method's text, a transform's keys; a format has none
+            if settings:
+                shown = settings if isinstance(settings, str) else "{ " + "  ".join(settings) + " }"
+                typer.echo(f"{'':<{width}}  settings: {shown}")
         return
     found = BY_CODE.get(code.strip().upper())
     if found is None:

@@ -61,6 +61,9 @@ CALIBRATION_METHODS: Registry = Registry("calibration method")  # `method NAME`:
 EMIT_FORMATS: Registry = Registry("output format")
 # `rounding NAME` in a scheme: a Rounding (compiler/ir/types.py)
 ROUNDINGS: Registry = Registry("rounding method")
+# `transform NAME { … }`: a TransformKind (compiler/ir/types.py)
+TRANSFORMS: Registry = Registry("transform")
 
 # `qrc explain WORD` lists the entries of a kind, each with its one-line `summary`
-BY_WORD: dict[str, Registry] = {"methods": CALIBRATION_METHODS, "formats": EMIT_FORMATS, "roundings": ROUNDINGS}
+BY_WORD: dict[str, Registry] = {"methods": CALIBRATION_METHODS, "formats": EMIT_FORMATS, "roundings": ROUNDINGS,
+                                "transforms": TRANSFORMS}

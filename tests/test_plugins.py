@@ -307,3 +307,55 @@ def test_a_plug_in_rounding_is_refused_where_the_format_rounds_its_own_way(halve
                       .replace("int8 per_channel symmetric  rounding ROUNDING", "fp8 per_channel  rounding halved_range"))
     result = runner.invoke(app, ["check", str(recipe)])
     assert result.exit_code == 2 and "Q256" in result.output and "not halved_range" in result.output, result.output
+
+
+def _doubled(stats, weights, transform):
+    """A toy transform's scales: every input channel divided by 2, its weight columns times 2."""
+    return np.full(weights[0].shape[1], 2.0, np.float32)
+
+
+@pytest.fixture
+def doubled_weights():
+    from compiler.ir.types import TransformKind
+    from compiler.plugins import TRANSFORMS
+
+    kind = TRANSFORMS.register(TransformKind("doubled_weights", "inputs halved into weights doubled (a test's toy)",
+                                             (), scales=_doubled))
+    yield kind
+    TRANSFORMS.unregister(kind.name)
+
+
+TOY_TRANSFORM_RECIPE = """recipe toy_transform {
+    model "builtin:tiny-llama"
+    backend torch
+    TRANSFORM
+    quantize { type Linear -> W8A16   "lm_head" -> none }
+    calibrate { data synthetic { samples 8  seqlen 16 } }
+    emit "EMIT"
+}
+"""
+
+
+def test_a_transform_from_outside_the_package_is_checked_and_compiled(doubled_weights, tmp_path):
+    from safetensors.numpy import load_file
+
+    folders = {}
+    for name, transform in (("plain", ""), ("doubled", "transform doubled_weights")):
+        recipe = tmp_path / f"{name}.recipe"
+        folders[name] = tmp_path / name
+        recipe.write_text(TOY_TRANSFORM_RECIPE.replace("TRANSFORM", transform).replace("EMIT", str(folders[name])))
+        checked = runner.invoke(app, ["check", str(recipe), "--dump-ir"])
+        assert checked.exit_code == 0, checked.output
+        done = runner.invoke(app, ["compile", str(recipe)])
+        assert done.exit_code == 0, done.output
+    assert "transform doubled_weights {" in checked.output and "doubled_weights folded into" in done.output
+    plain, doubled = (load_file(str(folders[n] / "model.safetensors")) for n in ("plain", "doubled"))
+    norm = "model.layers.0.input_layernorm.weight"
+    assert np.allclose(doubled[norm], plain[norm] / 2)  # the inputs halved where the norm makes them
+    q = "model.layers.0.self_attn.q_proj.weight_scale"
+    assert np.allclose(doubled[q].astype(np.float32), 2 * plain[q].astype(np.float32), rtol=1e-2)  # the weights doubled
+    misspelled = tmp_path / "misspelled.recipe"
+    misspelled.write_text(TOY_TRANSFORM_RECIPE.replace("TRANSFORM", "transform doubled_weight").replace("EMIT", "out"))
+    wrong = runner.invoke(app, ["check", str(misspelled)])
+    assert wrong.exit_code == 2 and "did you mean `doubled_weights`?" in wrong.output, wrong.output
+    assert "doubled_weights" in runner.invoke(app, ["explain", "transforms"]).output

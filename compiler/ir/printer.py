@@ -22,7 +22,6 @@ from compiler.ir.types import (
     Selector,
     SelectorKind,
     Transform,
-    TransformKind,
     WeightQuant,
 )
 from compiler.ir.values import format_bytes, format_number
@@ -154,11 +153,11 @@ def _optional_blocks(ir: RecipeIR) -> list[str]:
 
 
 def _transform(t: Transform) -> list[str]:
-    settings = [f"alpha {format_number(t.alpha)}"] if t.kind is TransformKind.SMOOTHQUANT else \
-        [f"grid {t.grid}", f"duo_scaling {'on' if t.duo_scaling else 'off'}"]
+    values = {"alpha": format_number(t.alpha), "grid": str(t.grid), "duo_scaling": "on" if t.duo_scaling else "off"}
+    settings = [f"{key} {values[key]}" for key in t.kind.settings]
     maps = [f"map {_selector(m.source)} -> {', '.join(_selector(x) for x in m.targets)}" for m in t.mappings]
     inferred = [] if maps else ["# mappings inferred from the model's block shape"]
-    return [f"    transform {t.kind.value} {{"] + [f"        {x}" for x in settings + inferred + maps] + ["    }"]
+    return [f"    transform {t.kind.name} {{"] + [f"        {x}" for x in settings + inferred + maps] + ["    }"]
 
 
 def print_ir(ir: RecipeIR) -> str:

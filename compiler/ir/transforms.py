@@ -3,31 +3,35 @@
 
 from __future__ import annotations
 
-from compiler.diagnostics import Diagnostics
+from compiler.diagnostics import Diagnostics, expected_help
 from compiler.ir.blocks import settings_by_key, spans_of
-from compiler.ir.types import Mapping, Selector, SelectorKind, Transform, TransformKind
+from compiler.ir.types import Mapping, Selector, SelectorKind, Transform
 from compiler.ir.values import whole_number
+from compiler.plugins import TRANSFORMS
 from compiler.syntax import ast
 
 DEFAULT_ALPHA = 0.5  # SmoothQuant's published default (and llm-compressor's smoothing_strength)
 DEFAULT_GRID = 20  # AWQ's published grid (AutoAWQ, llm-compressor)
 MAX_GRID = 1000
-# Which setting belongs to which method: a setting of the other one is an error, not silently ignored.
-_SETTINGS = {TransformKind.SMOOTHQUANT: ("alpha",), TransformKind.AWQ: ("grid", "duo_scaling")}
 
 
 def elaborate_transform(decl: ast.TransformDecl | None, diags: Diagnostics) -> Transform | None:
     """A `transform` declaration → Transform; settings of the other method and values out of range are Q259."""
     if decl is None:
         return None
-    kind = TransformKind(decl.kind.value)
+    kind = TRANSFORMS.get(decl.kind.value)
+    if kind is None:
+        diags.error("Q107", f"unknown keyword `{decl.kind.value}`", decl.kind.span, "not a keyword here",
+                    help=expected_help(decl.kind.value, TRANSFORMS.names()))
+        return None
     found = settings_by_key(decl.settings, diags)
-    for key, setting in found.items():
-        if key not in _SETTINGS[kind]:
-            other = next(k for k, keys in _SETTINGS.items() if key in keys)
-            diags.error("Q259", f"`{key}` is a setting of `transform {other.value}`, not of `{kind.value}`",
+    for key, setting in found.items():  # a setting of another transform is an error, not silently ignored
+        if key not in kind.settings:
+            other = next((k for k in TRANSFORMS if key in k.settings), None)
+            whose = f"of `transform {other.name}`, " if other is not None else ""
+            diags.error("Q259", f"`{key}` is a setting {whose}not of `{kind.name}`",
                         setting.key_span, "not for this transform",
-                        help=f"`transform {kind.value}` takes: {', '.join(_SETTINGS[kind])}")
+                        help=f"`transform {kind.name}` takes: {', '.join(kind.settings) or 'no settings'}")
     alpha = _alpha(found.get("alpha"), diags)
     grid = _grid(found.get("grid"), diags)
     duo = found.get("duo_scaling")

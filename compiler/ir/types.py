@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from compiler.diagnostics import Diagnostics
-from compiler.plugins import EMIT_FORMATS, ROUNDINGS
+from compiler.plugins import EMIT_FORMATS, ROUNDINGS, TRANSFORMS
 from compiler.source import Span
 from compiler.syntax import ast
 
@@ -509,10 +509,53 @@ class KvCache:
     span: Span
 
 
-class TransformKind(enum.Enum):
-    """Outlier transforms: per-channel scales moved from a layer's inputs into its weights before rounding."""
-    AWQ = "awq"  # activation-aware scales searched per mapping for the lowest output error of the rounded layers
-    SMOOTHQUANT = "smoothquant"  # s = max|x|^alpha / max|w|^(1-alpha): activation outliers into the weights (W8A8)
+class TransformData(enum.Enum):
+    """What an outlier transform gathers per mapping from calibration (a closed set: what the backends gather)."""
+    MAXIMA = "maxima"  # each input channel's |x| maximum
+    GRAM = "gram"  # each input channel's mean |x| and the inputs' XᵀX (AWQ's search of the rounded output's error)
+
+
+@dataclass(frozen=True, slots=True)
+class TransformKind:
+    """An outlier transform: per-channel scales moved from a layer's inputs into its weights before rounding, a
+    kind registered by name (compiler/plugins.py TRANSFORMS). The built-ins are the class attributes below; a
+    plug-in gives `scales`, each mapping's scales from its statistics, and the backends fold them as they fold
+    SmoothQuant's."""
+
+    name: str  # what `transform NAME` writes
+    summary: str  # one line for `qrc explain transforms`
+    settings: tuple[str, ...]  # the settings of the `transform` block it reads (of alpha, grid, duo_scaling)
+    data: TransformData = TransformData.MAXIMA
+    into_linears: bool = False  # its scales also fold into a preceding Linear (v→o, up→down), not only into norms
+    # a plug-in's `(ChannelStats, target weights as [out, in] float32 arrays, Transform) -> scales`
+    # (compiler/quant/smoothing.py ChannelStats)
+    scales: Any = None
+
+    AWQ: ClassVar[TransformKind]
+    SMOOTHQUANT: ClassVar[TransformKind]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __reduce__(self):
+        """Unpickled (a torchrun rank, a worker process) as the registered kind, so that `is` compares."""
+        return transform_kind, (self.name,)
+
+
+def transform_kind(name: str) -> TransformKind:
+    """The registered transform `name` (KeyError when none is)."""
+    found = TRANSFORMS.get(name)
+    if found is None:
+        raise KeyError(f"no transform `{name}` is registered")
+    return found
+
+
+TransformKind.AWQ = TRANSFORMS.register(TransformKind(
+    "awq", "activation-aware scales searched per mapping for the least output error of the rounded layers",
+    ("grid", "duo_scaling"), TransformData.GRAM, into_linears=True))
+TransformKind.SMOOTHQUANT = TRANSFORMS.register(TransformKind(
+    "smoothquant", "s = max|x|^alpha / max|w|^(1-alpha): the inputs' outliers moved into the weights (W8A8)",
+    ("alpha",)))
 
 
 @dataclass(frozen=True, slots=True)

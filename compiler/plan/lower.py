@@ -21,7 +21,7 @@ from compiler.ir.types import (
     Rounding,
     Scheme,
     SensitivityMetric,
-    TransformKind,
+    TransformData,
 )
 from compiler.ir.values import human_bytes
 from compiler.models.builtin import PREFIX as BUILTIN_PREFIX
@@ -150,9 +150,10 @@ def transform_words(w: Workload, checked: str) -> str:
     """The transform's pass, in words: it runs first, and its fold is checked (`checked` says how)."""
     t = w.transform
     assert t is not None
-    stats = "|x| maxima" if t.kind is TransformKind.SMOOTHQUANT else "mean |x| and XᵀX"
-    search = f", search {t.grid} ratios" if t.kind is TransformKind.AWQ else f", alpha {t.alpha:g}"
-    return f"{t.kind.value} over {len(w.smoothing)} mapping(s): {stats}{search}, fold, {checked}"
+    stats = "|x| maxima" if t.kind.data is TransformData.MAXIMA else "mean |x| and XᵀX"
+    search = f", search {t.grid} ratios" if "grid" in t.kind.settings else \
+        f", alpha {t.alpha:g}" if "alpha" in t.kind.settings else ""
+    return f"{t.kind.name} over {len(w.smoothing)} mapping(s): {stats}{search}, fold, {checked}"
 
 
 # ---- ops every backend makes the same way ------------------------------------------------------------

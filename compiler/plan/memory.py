@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.ir.types import AttentionKernel, MemoryMode, SensitivityMetric, TransformKind
+from compiler.ir.types import AttentionKernel, MemoryMode, SensitivityMetric, TransformData
 from compiler.models.index import LayerKind
 from compiler.plan.activations import needed_nodes, peak
 from compiler.plan.ops import ModeEstimate
@@ -133,7 +133,7 @@ def transform_bytes(w: Workload, all_blocks: bool = False, tail: bool = False) -
     search five (the weight, its scaled and rounded forms, the error, the error times XᵀX)."""
     if w.transform is None:
         return 0
-    awq = w.transform.kind is TransformKind.AWQ
+    awq = w.transform.kind.data is TransformData.GRAM
     mappings = [m for m in w.smoothing if m[0] is None] if tail else list(w.smoothing)
     per_block: dict[str | None, int] = {}
     for block, width, _ in mappings:

@@ -122,6 +122,8 @@ def transform_summary(t: Transform, mappings: int, gains: list[float]) -> str:
     """One line for the compile summary: what ran and, for AWQ, the mean error its search removed."""
     if t.kind is TransformKind.SMOOTHQUANT:
         return f"smoothquant (alpha {t.alpha:g}) folded into {mappings} mapping(s)"
+    if t.kind is not TransformKind.AWQ:  # a plug-in's
+        return f"{t.kind.name} folded into {mappings} mapping(s)"
     mean = sum(gains) / len(gains) if gains else 0.0
     return (f"awq (grid {t.grid}, duo_scaling {'on' if t.duo_scaling else 'off'}) folded into {mappings} mapping(s); "
             f"the search cut the targets' rounding error by {100 * mean:.1f}% on average")

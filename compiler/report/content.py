@@ -117,7 +117,7 @@ def _transform(ir, assignment: Assignment, result) -> tuple[tuple[str, str], ...
     if ir.transform is None:
         return ()
     done = (("result", result.transform),) if result is not None and result.transform else ()
-    return (("method", f"{ir.transform.kind.value}"), ("mappings", str(len(assignment.smoothing)))) + done
+    return (("method", f"{ir.transform.kind.name}"), ("mappings", str(len(assignment.smoothing)))) + done
 
 
 def _mappings(assignment: Assignment) -> Table | None:

@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 
 from compiler.diagnostics import Diagnostic, Diagnostics
-from compiler.ir.types import Mapping, RecipeIR, Scheme, Selector, Transform, TransformKind
+from compiler.ir.types import Mapping, RecipeIR, Scheme, Selector, Transform
 from compiler.models.index import Layer, LayerKind, ModelIndex, Norm
 from compiler.models.names import compress
 from compiler.resolve.model_checks import closest_names
@@ -60,7 +60,7 @@ def resolve_smoothing(ir: RecipeIR, index: ModelIndex, schemes: dict[str, Scheme
     norms_only = ir.backend_facts.smooths_into_norms_only  # the ONNX backend folds scales into norms only (Q264)
     found = _written(t, index, norms_only, diags) if t.mappings else _inferred(t, index, norms_only)
     if not found and not t.mappings:
-        diags.error("Q260", f"`transform {t.kind.value}` infers no mapping for this `{index.family}` model",
+        diags.error("Q260", f"`transform {t.kind.name}` infers no mapping for this `{index.family}` model",
                     t.span, "nothing to smooth", help=_no_inference_help(index))
         return ()
     kept = [m for m in found if _quantized(m, schemes)]  # inferred ones that reach no quantized layer: dropped
@@ -118,7 +118,7 @@ def _inferred(t: Transform, index: ModelIndex, norms_only: bool) -> list[Smoothi
             out.append(SmoothingMapping(norm.name, SourceKind.NORM, tuple(readers), norm.width, norm.block, t.span,
                                         True))
     if not norms_only:  # a layer-to-layer mapping needs a backend that folds into layers (Q264)
-        pairs = LINEAR_PAIRS if t.kind is TransformKind.AWQ else _SMOOTHQUANT_PAIRS
+        pairs = LINEAR_PAIRS if t.kind.into_linears else _SMOOTHQUANT_PAIRS
         by_name = {x.name: x for x in index.layers}
         for layer in index.layers:
             parent, _, leaf = layer.name.rpartition(".")

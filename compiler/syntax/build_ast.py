@@ -20,7 +20,7 @@ _QSPEC_FIELDS = {"dtype": "dtype", "granularity": "granularity", "group_size": "
                  "symmetry": "symmetry", "act_mode": "mode"}
 _KEYWORD_RULES = {"backend_kind", "policy_kind", "sensitivity_metric",
                   "memory_mode", "verify_metric", "bound_kind", "act_order", "group_scales", "scale_search",
-                  "expert_routing", "attention_kernel", "transform_kind", "switch", "rows_policy"}
+                  "expert_routing", "attention_kernel", "switch", "rows_policy"}
 
 
 def _unescape(body: str) -> str:
@@ -126,7 +126,8 @@ class AstBuilder(Transformer):
         return ast.KvCacheDecl(tuple(children), self._span(meta))
 
     def transform_decl(self, meta, children):
-        kind, *body = children
+        name, *body = children
+        kind = ast.Keyword("transform_kind", name.value, name.span)
         items = body[0] if body else ()
         settings = tuple(i for i in items if isinstance(i, ast.Setting))
         maps = tuple(i for i in items if isinstance(i, ast.MapDecl))

@@ -94,7 +94,7 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
                       ("the scaled targets' weights (model and session), beside the unscaled ones",
                        2 * sum(m[2] for m in w.smoothing)))
     if w.transform is not None:  # the transform's pass observes every mapping's input at once, before calibration
-        parts += ((f"{w.transform.kind.value} statistics (+ scratch of one mapping)", transform_bytes(w, all_blocks=True)),)
+        parts += ((f"{w.transform.kind.name} statistics (+ scratch of one mapping)", transform_bytes(w, all_blocks=True)),)
     return Phase("calibrate", sum(b for _, b in parts), parts)
 
 

@@ -156,7 +156,7 @@ class _OnnxRun(OnnxRunState):
         from compiler.backends.onnx.smoothing import smooth
 
         batches = self._batches(op.calibration)
-        advance = self.progress(t.kind.value, len(batches) * (1 if self.mode is not MemoryMode.OFFLOAD
+        advance = self.progress(t.kind.name, len(batches) * (1 if self.mode is not MemoryMode.OFFLOAD
                                                               else len(self._segments())))
         smoothed, gains = smooth(t, self.assignment, self.files, self.mode, batches, self.disk, advance, self.ranks)
         self.files.close()

@@ -24,7 +24,7 @@ from compiler.backends.onnx.rewrite import weight_axes, weight_nodes
 from compiler.backends.onnx.segments import run_segments
 from compiler.backends.ranks import Ranks, merged
 from compiler.backends.result import BackendError, refuse_changed_output
-from compiler.ir.types import MemoryMode, Rounding, Transform, TransformKind, WeightQuant
+from compiler.ir.types import MemoryMode, Rounding, Transform, TransformData, TransformKind, WeightQuant
 from compiler.quant.smoothing import ChannelStats, awq_scales, smoothquant_scales
 from compiler.quant.weights import Convention, quantize_weight
 from compiler.resolve.assignment import Assignment
@@ -54,7 +54,7 @@ def smooth(t: Transform, assignment: Assignment, files: ModelFiles, mode: Memory
     index = assignment.model
     norms = {n.name: n for n in index.norms}
     by_output = {norms[m.source].output: m for m in assignment.smoothing}
-    awq = t.kind is TransformKind.AWQ
+    awq = t.kind.data is TransformData.GRAM
     stats: dict[str, ChannelStats] = {}
 
     def on_value(name: str, value: np.ndarray) -> None:
@@ -120,6 +120,8 @@ def _scalings(t: Transform, assignment: Assignment, files: ModelFiles,
         as_rows = [_out_in(files.array(inits[w]), axes[w]) for w in weights]  # [out, in]
         if t.kind is TransformKind.SMOOTHQUANT:
             scales = smoothquant_scales(stats[m.source], as_rows, t.alpha)
+        elif t.kind.scales is not None:  # a registered plug-in's
+            scales = t.kind.scales(stats[m.source], as_rows, t)
         else:
             specs = [None if layers[x].scheme.is_none else layers[x].scheme.weights for x in m.targets]
             scales, gain = awq_scales(stats[m.source], as_rows, specs, t.grid, t.duo_scaling, _rtn)

@@ -110,7 +110,7 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
              ("GPTQ Hessians", hessian_bytes(w, all_blocks=mode is MemoryMode.FULL) if on_cpu else 0),
              ("rounding scratch (GPTQ's beyond the working set, GGUF's blocks)", rounding),
              ("the block as rounded, verified beside the float one (GGUF)", _rounded_twin(w, mode)),
-             (f"{w.transform.kind.value if w.transform else 'transform'} statistics (+ scratch of one mapping)",
+             (f"{w.transform.kind.name if w.transform else 'transform'} statistics (+ scratch of one mapping)",
               transform_bytes(w, all_blocks=mode is MemoryMode.FULL, tail=tail)))
     if w.ranks > 1 and w.gptq and mode is not MemoryMode.MULTI_GPU:
         parts += ((f"the {w.ranks} ranks' Hessians while they merge", _merging(w, mode is MemoryMode.FULL)),)

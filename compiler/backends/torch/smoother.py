@@ -81,6 +81,8 @@ class Smoother:
         t = self.transform
         if t.kind is TransformKind.SMOOTHQUANT:
             scales = smoothquant_scales(stats, weights, t.alpha)
+        elif t.kind.scales is not None:  # a registered plug-in's
+            scales = t.kind.scales(stats, weights, t)
         else:
             specs = [self.jobs[x].scheme.weights if x in self.jobs else None for x in m.targets]
             scales, gain = awq_scales(stats, weights, specs, t.grid, t.duo_scaling, self._rounding(m))

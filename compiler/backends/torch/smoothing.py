@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from compiler.backends.torch.experts import remove_hooks, set_routing
-from compiler.ir.types import Calibration, TransformKind
+from compiler.ir.types import Calibration, TransformData, TransformKind
 from compiler.quant.smoothing import ChannelStats
 from compiler.resolve.smoothing import SmoothingMapping, SourceKind
 
@@ -43,7 +43,7 @@ class SmoothingStatistics:
 
     def _update(self, m: SmoothingMapping, x: torch.Tensor) -> None:
         if m.source not in self.stats:
-            self.stats[m.source] = ChannelStats.empty(x.shape[-1], self.kind is TransformKind.AWQ)
+            self.stats[m.source] = ChannelStats.empty(x.shape[-1], self.kind.data is TransformData.GRAM)
         self.stats[m.source].update(x.detach().float().cpu().numpy())
 
     def _output_hook(self, m: SmoothingMapping):
