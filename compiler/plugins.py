@@ -7,7 +7,7 @@ own module is imported."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Generic, Protocol, TypeVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 
 class Named(Protocol):
@@ -25,6 +25,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str):
         self.kind = kind  # in words, for messages: "calibration method"
         self._entries: dict[str, T] = {}
+        _BY_KIND[kind] = self
 
     def register(self, entry: T) -> T:
         """Add `entry` under its name (a decorator too); a second entry under a taken name is refused, since a
@@ -43,6 +44,13 @@ class Registry(Generic[T]):
         """The entry named `name`, or None."""
         return self._entries.get(name)
 
+    def lookup(self, name: str) -> T:
+        """The entry named `name` (KeyError when none is: a name the recipe's checks have already accepted)."""
+        found = self._entries.get(name)
+        if found is None:
+            raise KeyError(f"no {self.kind} `{name}` is registered")
+        return found
+
     def names(self) -> tuple[str, ...]:
         """Every registered name, sorted (what a diagnostic lists as valid)."""
         return tuple(sorted(self._entries))
@@ -52,6 +60,30 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
+
+
+_BY_KIND: dict[str, Registry] = {}
+
+
+def registered(kind: str, name: str):
+    """The entry `name` of the registry of `kind` (how a RegisteredValue is unpickled)."""
+    return _BY_KIND[kind].lookup(name)
+
+
+class RegisteredValue:
+    """A frozen value registered by name (an output format, a rounding method, a transform): printed as its name,
+    and unpickled (a torchrun rank, a worker process) as the registered one, so that `is` compares. A subclass
+    is a frozen dataclass with a `name` field and says its `REGISTRY`."""
+
+    __slots__ = ()
+    REGISTRY: ClassVar[Registry]
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __reduce__(self):
+        return registered, (self.REGISTRY.kind, self.name)
 
 
 # The registries of the kinds a recipe names. What an entry of each kind provides is said where the kind is

@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 from compiler import check_file, plan_file
 from compiler.backends.onnx.kernels import layer_kernels
 from compiler.cli import app
-from compiler.ir.types import QType, emit_format
+from compiler.ir.types import QType
 from compiler.plan.ops import Emit
+from compiler.plugins import EMIT_FORMATS
 
 runner = CliRunner()
 
@@ -74,7 +75,7 @@ def test_plan_names_the_kernels_onnxruntime_runs(tmp_path: Path, case: str) -> N
     result = plan_file(recipe)
     assert result.plan is not None, [d.message for d in result.diagnostics]
     assignment = result.check.assignment
-    fmt = emit_format(CASES[case][3])
+    fmt = EMIT_FORMATS.lookup(CASES[case][3])
     planned = {assignment.of(name).layer.weight: kernel for name, kernel in layer_kernels(assignment, fmt).items()}
     emit = result.plan.first(Emit)
     assert emit is not None and "onnxruntime CPU kernels:" in emit.summary

@@ -359,3 +359,14 @@ def test_a_transform_from_outside_the_package_is_checked_and_compiled(doubled_we
     wrong = runner.invoke(app, ["check", str(misspelled)])
     assert wrong.exit_code == 2 and "did you mean `doubled_weights`?" in wrong.output, wrong.output
     assert "doubled_weights" in runner.invoke(app, ["explain", "transforms"]).output
+
+
+def test_registered_values_unpickle_as_the_registered_ones(halved_range):
+    """torchrun's ranks and worker processes receive the IR pickled: `is` must still compare its registered values."""
+    import pickle
+
+    from compiler.ir.types import EmitFormat, Rounding, TransformKind
+
+    for value in (EmitFormat.GGUF, Rounding.GPTQ, TransformKind.AWQ, halved_range):
+        assert pickle.loads(pickle.dumps(value)) is value
+    assert str(Rounding.GPTQ) == "gptq"

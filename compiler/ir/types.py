@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from compiler.diagnostics import Diagnostics
-from compiler.plugins import EMIT_FORMATS, ROUNDINGS, TRANSFORMS
+from compiler.plugins import EMIT_FORMATS, ROUNDINGS, TRANSFORMS, RegisteredValue, Registry
 from compiler.source import Span
 from compiler.syntax import ast
 
@@ -91,10 +91,12 @@ class RoundingData(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Rounding:
+class Rounding(RegisteredValue):
     """How weights are rounded: a method registered by name (compiler/plugins.py ROUNDINGS). The built-ins (the
     class attributes below) have their own kernels in the backends; a plug-in gives `scales`, its choice of each
     block's scale and zero point, and is rounded to the nearest grid value by the shared code (quant/weights.py)."""
+
+    REGISTRY: ClassVar[Registry] = ROUNDINGS
 
     name: str  # what `rounding NAME` writes
     summary: str  # one line for `qrc explain roundings`
@@ -106,20 +108,7 @@ class Rounding:
     GPTQ: ClassVar[Rounding]
     IMATRIX: ClassVar[Rounding]
 
-    def __str__(self) -> str:
-        return self.name
 
-    def __reduce__(self):
-        """Unpickled (a torchrun rank, a worker process) as the registered method, so that `is` compares."""
-        return rounding_method, (self.name,)
-
-
-def rounding_method(name: str) -> Rounding:
-    """The registered rounding method `name` (KeyError when none is)."""
-    found = ROUNDINGS.get(name)
-    if found is None:
-        raise KeyError(f"no rounding method `{name}` is registered")
-    return found
 
 
 Rounding.RTN = ROUNDINGS.register(Rounding("rtn", "each block's absolute maximum on the grid's end, round to nearest"))
@@ -193,9 +182,11 @@ class Bound(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class EmitFormat:
+class EmitFormat(RegisteredValue):
     """What the emitted model looks like: a format registered by name (compiler/plugins.py EMIT_FORMATS), which
     the backends that write it list in their specs. The built-ins are the class attributes below."""
+
+    REGISTRY: ClassVar[Registry] = EMIT_FORMATS
 
     name: str  # what `emit … { format NAME }` writes
     suffix: str | None  # the extension runtimes look for in a file of this format (None: a folder)
@@ -208,20 +199,7 @@ class EmitFormat:
     SAFETENSORS: ClassVar[EmitFormat]
     GGUF: ClassVar[EmitFormat]
 
-    def __str__(self) -> str:
-        return self.name
 
-    def __reduce__(self):
-        """Unpickled (a torchrun rank, a worker process) as the registered format, so that `is` compares."""
-        return emit_format, (self.name,)
-
-
-def emit_format(name: str) -> EmitFormat:
-    """The registered format `name` (KeyError when none is)."""
-    found = EMIT_FORMATS.get(name)
-    if found is None:
-        raise KeyError(f"no output format `{name}` is registered")
-    return found
 
 
 EmitFormat.QDQ = EMIT_FORMATS.register(EmitFormat(
@@ -516,11 +494,13 @@ class TransformData(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class TransformKind:
+class TransformKind(RegisteredValue):
     """An outlier transform: per-channel scales moved from a layer's inputs into its weights before rounding, a
     kind registered by name (compiler/plugins.py TRANSFORMS). The built-ins are the class attributes below; a
     plug-in gives `scales`, each mapping's scales from its statistics, and the backends fold them as they fold
     SmoothQuant's."""
+
+    REGISTRY: ClassVar[Registry] = TRANSFORMS
 
     name: str  # what `transform NAME` writes
     summary: str  # one line for `qrc explain transforms`
@@ -534,20 +514,7 @@ class TransformKind:
     AWQ: ClassVar[TransformKind]
     SMOOTHQUANT: ClassVar[TransformKind]
 
-    def __str__(self) -> str:
-        return self.name
 
-    def __reduce__(self):
-        """Unpickled (a torchrun rank, a worker process) as the registered kind, so that `is` compares."""
-        return transform_kind, (self.name,)
-
-
-def transform_kind(name: str) -> TransformKind:
-    """The registered transform `name` (KeyError when none is)."""
-    found = TRANSFORMS.get(name)
-    if found is None:
-        raise KeyError(f"no transform `{name}` is registered")
-    return found
 
 
 TransformKind.AWQ = TRANSFORMS.register(TransformKind(

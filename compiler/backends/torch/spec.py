@@ -9,7 +9,8 @@ from compiler.backends.torch.cost import COSTS
 from compiler.backends.torch.formats import TORCH_FORMATS
 from compiler.backends.torch.lowering import LOWERING
 from compiler.backends.torch.support import check_recipe, check_supported
-from compiler.ir.types import Backend, BackendFacts, EmitFormat, QType, emit_format
+from compiler.ir.types import Backend, BackendFacts, EmitFormat, QType
+from compiler.plugins import EMIT_FORMATS
 
 # compressed-tensors' int8 activations, static or dynamic per token; any model a recipe without `backend` names
 # that no other backend takes (HF-style folders, GGUF files) runs here
@@ -26,10 +27,10 @@ def _formats() -> list:
 SPEC = BackendSpec(
     backend=Backend.TORCH,
     facts=FACTS,
-    formats=lambda: tuple(emit_format(f.name) for f in _formats()),
+    formats=lambda: tuple(EMIT_FORMATS.lookup(f.name) for f in _formats()),
     output=OutputKind.FOLDER,
     output_help=f"a folder path ({'; '.join(f.path_help for f in _formats())})",  # the built-ins'
-    file_formats=lambda: tuple(emit_format(f.name) for f in _formats() if f.one_file),
+    file_formats=lambda: tuple(EMIT_FORMATS.lookup(f.name) for f in _formats() if f.one_file),
     costs=COSTS,
     lowering=LOWERING,
     check=check_supported,
