@@ -342,14 +342,14 @@ def _compile(recipe: Path, output: Path | None, set_: list[str] | None, report: 
 @app.command()
 def explain(
     code: Annotated[Optional[str], typer.Argument(help="A diagnostic code such as Q201 (omit it to list every code), "
-                                                   "or `methods` / `roundings` / `transforms` / `formats` for the "
-                                                   "calibration methods, rounding methods, transforms and output "
-                                                   "formats a recipe can name.",
+                                                   "or `methods` / `roundings` / `transforms` / `types` / `formats` for "
+                                                   "the calibration methods, rounding methods, transforms, weight and "
+                                                   "activation types and output formats a recipe can name.",
                                                    show_default=False)] = None,
 ) -> None:
     """Explain a diagnostic code: what it means, why it matters, and an example that triggers it. `qrc explain
-    methods`, `roundings`, `transforms` and `formats` list the calibration methods, rounding methods, transforms
-    and output formats registered (plug-ins included) with what each is."""
+    methods`, `roundings`, `transforms`, `types` and `formats` list the calibration methods, rounding methods,
+    transforms, weight and activation types and output formats registered (plug-ins included) with what each is."""
     if code is None:
         for info in CODES:
             typer.echo(f"{info.code}  {info.title}")

@@ -91,6 +91,8 @@ class RegisteredValue:
 CALIBRATION_METHODS: Registry = Registry("calibration method")  # `method NAME`: the method's class
 # `emit … { format NAME }`: an EmitFormat (compiler/ir/types.py); each backend that writes it registers how
 EMIT_FORMATS: Registry = Registry("output format")
+# `weights NAME` / `activations NAME`: a QType (compiler/ir/types.py)
+QTYPES: Registry = Registry("quantized type")
 # `rounding NAME` in a scheme: a Rounding (compiler/ir/types.py)
 ROUNDINGS: Registry = Registry("rounding method")
 # `transform NAME { … }`: a TransformKind (compiler/ir/types.py)
@@ -98,4 +100,5 @@ TRANSFORMS: Registry = Registry("transform")
 
 # `qrc explain WORD` lists the entries of a kind, each with its one-line `summary`
 BY_WORD: dict[str, Registry] = {"methods": CALIBRATION_METHODS, "formats": EMIT_FORMATS, "roundings": ROUNDINGS,
+                                "types": QTYPES,
                                 "transforms": TRANSFORMS}

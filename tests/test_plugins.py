@@ -370,3 +370,54 @@ def test_registered_values_unpickle_as_the_registered_ones(halved_range):
     for value in (EmitFormat.GGUF, Rounding.GPTQ, TransformKind.AWQ, halved_range):
         assert pickle.loads(pickle.dumps(value)) is value
     assert str(Rounding.GPTQ) == "gptq"
+
+
+@pytest.fixture
+def int6():
+    from compiler.ir.types import QType
+    from compiler.plugins import QTYPES
+
+    qtype = QTYPES.register(QType("int6", "6-bit signed integers (a test's toy)", 6))
+    yield qtype
+    QTYPES.unregister(qtype.name)
+
+
+TOY_TYPE_RECIPE = """recipe toy_type {
+    model "builtin:tiny-llama"
+    backend BACKEND
+    scheme w6 { weights int6 per_channel symmetric }
+    quantize { type Linear -> w6   "lm_head" -> none }
+    verify { samples 4  metric cosine  at_least 0.99 }
+    emit "EMIT"
+}
+"""
+
+
+def test_a_scheme_type_from_outside_the_package_is_checked_and_compiled(int6, tmp_path):
+    import json
+
+    from safetensors.numpy import load_file
+
+    from compiler.quant.pack_int32 import unpack_from_int32
+
+    recipe = tmp_path / "int6.recipe"
+    out = tmp_path / "out"
+    recipe.write_text(TOY_TYPE_RECIPE.replace("BACKEND", "torch").replace("EMIT", str(out)))
+    checked = runner.invoke(app, ["check", str(recipe), "--dump-ir"])
+    assert checked.exit_code == 0 and "weights int6 per_channel symmetric" in checked.output, checked.output
+    done = runner.invoke(app, ["compile", str(recipe)])
+    assert done.exit_code == 0, done.output  # verified on qrc's model: cosine at least 0.99
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert next(iter(config["config_groups"].values()))["weights"]["num_bits"] == 6
+    tensors = load_file(str(out / "model.safetensors"))
+    q = "model.layers.0.self_attn.q_proj"
+    inputs = int(tensors[f"{q}.weight_shape"][1])
+    assert tensors[f"{q}.weight_packed"].shape[1] == -(-inputs * 6 // 32)  # six bits a weight
+    values = unpack_from_int32(tensors[f"{q}.weight_packed"], 6, inputs)
+    assert values.min() >= -32 and values.max() <= 31 and (np.abs(values) > 7).any()  # beyond int4's grid
+
+    onnx_recipe = tmp_path / "int6-onnx.recipe"
+    onnx_recipe.write_text(TOY_TYPE_RECIPE.replace("BACKEND", "onnx").replace("EMIT", str(tmp_path / "out.onnx")))
+    refused = runner.invoke(app, ["check", str(onnx_recipe)])
+    assert refused.exit_code == 2 and "Q257" in refused.output and "int6" in refused.output, refused.output
+    assert "int6" in runner.invoke(app, ["explain", "types"]).output

@@ -168,7 +168,7 @@ def _data_identity(data) -> str:
 
 def _scheme_identity(scheme: Scheme) -> str:
     w = scheme.quantized_weights
-    return f"{w.qtype.value} {w.granularity.value} {w.group_size} {w.symmetric} {scheme.rounding.name}"
+    return f"{w.qtype.name} {w.granularity.value} {w.group_size} {w.symmetric} {scheme.rounding.name}"
 
 
 def cache_root(disk: Path | None) -> Path:

@@ -46,14 +46,14 @@ def _granularity(granularity: Granularity, group_size: int | None, block: tuple[
 
 def _weights(w: WeightQuant) -> str:
     gran = _granularity(w.granularity, w.group_size, w.block)
-    return f"weights {w.qtype.value} {gran} {'symmetric' if w.symmetric else 'asymmetric'}"
+    return f"weights {w.qtype.name} {gran} {'symmetric' if w.symmetric else 'asymmetric'}"
 
 
 def _activations(a: ActivationQuant | None) -> str:
     if a is None:
         return "activations none"
     sym = "symmetric" if a.symmetric else "asymmetric"
-    return f"activations {a.qtype.value} {_granularity(a.granularity, a.group_size)} {sym} {a.mode.value}"
+    return f"activations {a.qtype.name} {_granularity(a.granularity, a.group_size)} {sym} {a.mode.value}"
 
 
 def scheme_parts(s: Scheme) -> tuple[str, str, str]:

@@ -19,7 +19,7 @@ from compiler.ir.types import (
     WeightQuant,
 )
 from compiler.ir.values import whole_number
-from compiler.plugins import ROUNDINGS
+from compiler.plugins import QTYPES, ROUNDINGS
 from compiler.syntax import ast
 
 _W8 = WeightQuant(QType.INT8, Granularity.PER_CHANNEL, None, True)
@@ -105,7 +105,7 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], facts: Back
         _check_floats(decl, weights, activations, rounding, diags)
         other_grid = (static_groups and not act_order) or not mse_scales  # act_order implies static_groups
         if weights.qtype.is_kquant and rounding is Rounding.GPTQ and other_grid:
-            diags.error("Q256", f"scheme `{decl.name.value}`: {weights.qtype.value}'s grid is llama.cpp's imatrix "
+            diags.error("Q256", f"scheme `{decl.name.value}`: {weights.qtype.name}'s grid is llama.cpp's imatrix "
                         "search of the float weight, before GPTQ rounds onto it", decl.name.span,
                         "no other grid", help="drop `static_groups` and `minmax_scales`")
     if weights is None:
@@ -146,6 +146,15 @@ def _base(decl: ast.SchemeDecl, known: dict[str, Scheme], builtin: dict[str, Sch
     diags.error("Q205", f"unknown preset or scheme `{name}`", decl.base.span, "nothing to refine",
                 help=f"{did_you_mean(name, choices)} (presets: {', '.join(PRESETS)}; or a scheme defined above)")
     return None
+
+
+def _qtype(word: ast.Keyword, diags: Diagnostics) -> QType | None:
+    """The registered type a `weights`/`activations` item names; an unknown one is Q107 (None)."""
+    found = QTYPES.get(word.value)
+    if found is None:
+        diags.error("Q107", f"unknown keyword `{word.value}`", word.span, "not a keyword here",
+                    help=expected_help(word.value, QTYPES.names()))
+    return found
 
 
 def _check_single(specs: tuple[ast.QuantSpec, ...], diags: Diagnostics) -> None:
@@ -248,7 +257,9 @@ def _weights(items, base: WeightQuant, diags: Diagnostics) -> WeightQuant:
         if not _set_once(seen, item, slot, diags):
             continue
         if item.field == "dtype":
-            qtype = QType(item.value.value)
+            qtype = _qtype(item.value, diags)
+            if qtype is None:
+                continue
             result = replace(result, qtype=qtype)
             block = qtype.fixed_group or qtype.kquant_group
             if block and "granularity" not in seen:  # the format's own block size
@@ -286,13 +297,15 @@ def _activations(items, base: ActivationQuant, diags: Diagnostics) -> Activation
         if not _set_once(seen, item, slot, diags):
             continue
         if item.field == "dtype":
-            qtype = QType(item.value.value)
+            qtype = _qtype(item.value, diags)
+            if qtype is None:
+                continue
             if qtype.is_kquant:
-                diags.error("Q225", f"activations cannot be `{qtype.value}`", item.span, "a GGUF weight format",
+                diags.error("Q225", f"activations cannot be `{qtype.name}`", item.span, "a GGUF weight format",
                             help="K-quants are weight formats; llama.cpp quantizes its inputs itself (drop `activations`)")
                 continue
             if qtype.bits == 4 and not qtype.fixed_group:
-                diags.error("Q225", f"activations cannot be `{qtype.value}`", item.span, "4-bit activations",
+                diags.error("Q225", f"activations cannot be `{qtype.name}`", item.span, "4-bit activations",
                             help="qrc quantizes activations to `int8`, `uint8`, `fp8`, `nvfp4` or `mxfp4`; for "
                             "4-bit integer weights use a weight-only scheme (W4A16) or W4AFP8")
                 continue
@@ -329,17 +342,17 @@ def _kquant_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Roundin
     """What a K-quant scheme cannot take."""
     fmt = w.qtype
     if w.granularity is not Granularity.GROUP or w.group_size != fmt.kquant_group:
-        return (f"{fmt.value} scales sub-blocks of {fmt.kquant_group} weights",
-                f"drop the granularity: {fmt.value} means `group {fmt.kquant_group}`")
+        return (f"{fmt.name} scales sub-blocks of {fmt.kquant_group} weights",
+                f"drop the granularity: {fmt.name} means `group {fmt.kquant_group}`")
     if w.symmetric != (fmt is QType.Q6_K):
-        return (f"{fmt.value} is {'symmetric' if fmt is QType.Q6_K else 'asymmetric (a min per sub-block)'}",
+        return (f"{fmt.name} is {'symmetric' if fmt is QType.Q6_K else 'asymmetric (a min per sub-block)'}",
                 "drop `symmetric`/`asymmetric`")
     if rounding not in (Rounding.RTN, Rounding.IMATRIX, Rounding.GPTQ):
-        return (f"{fmt.value} is rounded with llama.cpp's search (`rounding rtn`, or `rounding imatrix` weighted by "
+        return (f"{fmt.name} is rounded with llama.cpp's search (`rounding rtn`, or `rounding imatrix` weighted by "
                 f"the calibration inputs, or `rounding gptq` onto the imatrix search's grid), not {rounding.name}",
                 "write `rounding rtn`, `rounding imatrix` or `rounding gptq`")
     if a is not None:
-        return f"{fmt.value} is a weight format (GGUF): llama.cpp quantizes the inputs itself", "remove `activations`"
+        return f"{fmt.name} is a weight format (GGUF): llama.cpp quantizes the inputs itself", "remove `activations`"
     return None
 
 
@@ -348,16 +361,16 @@ def _float_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Rounding
     if fmt.is_kquant:
         return _kquant_problem(w, a, rounding)
     if w.granularity is Granularity.BLOCK and fmt is not QType.FP8:
-        return f"`block` tiles are for fp8 weights, not {fmt.value}", "use `group N` for integer weights"
+        return f"`block` tiles are for fp8 weights, not {fmt.name}", "use `group N` for integer weights"
     if fmt.is_float and not w.symmetric:
-        return f"{fmt.value} weights are symmetric", "drop `asymmetric`"
+        return f"{fmt.name} weights are symmetric", "drop `asymmetric`"
     if fmt.fixed_group and (w.granularity is not Granularity.GROUP or w.group_size != fmt.fixed_group):
-        return (f"{fmt.value} scales blocks of {fmt.fixed_group} weights", f"drop the granularity: {fmt.value} "
+        return (f"{fmt.name} scales blocks of {fmt.fixed_group} weights", f"drop the granularity: {fmt.name} "
                 f"means `group {fmt.fixed_group}`")
     if fmt is QType.FP8 and w.granularity is Granularity.GROUP:
         return "fp8 weights take `per_tensor`, `per_channel` or `block RxC`", "e.g. `weights fp8 block 128x128`"
     if fmt.is_float and rounding is not Rounding.RTN:
-        return (f"{fmt.value} weights are rounded with rtn (compressed-tensors' rounding), not {rounding.name}",
+        return (f"{fmt.name} weights are rounded with rtn (compressed-tensors' rounding), not {rounding.name}",
                 "write `rounding rtn`, or use an integer type for gptq, mse or imatrix")
     if a is None:
         return None
@@ -370,7 +383,7 @@ def _float_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Rounding
     if a.qtype is QType.FP8 and a.mode is ActivationMode.STATIC and a.granularity is not Granularity.PER_TENSOR:
         return "static fp8 activations have one scale per tensor", "write `per_tensor static` or `per_token dynamic`"
     if a.qtype.is_float != fmt.is_float and not _w4afp8(w, a):
-        return (f"{a.qtype.value} activations with {fmt.value} weights: no runtime kernel mixes integer and floating "
+        return (f"{a.qtype.name} activations with {fmt.name} weights: no runtime kernel mixes integer and floating "
                 "formats this way", "use fp8 with fp8 (FP8, FP8_DYNAMIC), integers with integers (W8A8), or int4 "
                 "groups with dynamic fp8 per token (W4AFP8)")
     return None
@@ -385,10 +398,10 @@ def _w4afp8(w: WeightQuant, a: ActivationQuant) -> bool:
 def _fp4_inputs_problem(fmt: QType, a: ActivationQuant) -> tuple[str, str] | None:
     """NVFP4 and MXFP4 inputs: the format's own blocks, dynamic, symmetric, with weights of the same format."""
     if a.qtype is not fmt:
-        return (f"{a.qtype.value} activations need {a.qtype.value} weights (compressed-tensors' "
-                f"{a.qtype.value.upper()} scheme)", f"use the preset {a.qtype.value.upper()}")
+        return (f"{a.qtype.name} activations need {a.qtype.name} weights (compressed-tensors' "
+                f"{a.qtype.name.upper()} scheme)", f"use the preset {a.qtype.name.upper()}")
     if a.granularity is not Granularity.GROUP or a.group_size != a.qtype.fixed_group or \
             a.mode is not ActivationMode.DYNAMIC or not a.symmetric:
-        return (f"{a.qtype.value} activations are scaled per block of {a.qtype.fixed_group} at run time",
-                f"write `activations {a.qtype.value}` alone")
+        return (f"{a.qtype.name} activations are scaled per block of {a.qtype.fixed_group} at run time",
+                f"write `activations {a.qtype.name}` alone")
     return None

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from compiler.diagnostics import Diagnostics
-from compiler.plugins import EMIT_FORMATS, ROUNDINGS, TRANSFORMS, RegisteredValue, Registry
+from compiler.plugins import EMIT_FORMATS, QTYPES, ROUNDINGS, TRANSFORMS, RegisteredValue, Registry
 from compiler.source import Span
 from compiler.syntax import ast
 
@@ -18,60 +18,63 @@ class Backend(enum.Enum):
     TORCH = "torch"
 
 
-class QType(enum.Enum):
-    """Types of weights and activations: integers, and the floating formats deployments use (FP8 e4m3;
-    NVFP4: e2m1 in blocks of 16 with FP8 scales and a global scale; MXFP4/MXFP8: e2m1/e4m3 in blocks of 32
-    with power-of-two (e8m0) scales)."""
-    INT8 = "int8"
-    UINT8 = "uint8"
-    INT4 = "int4"
-    UINT4 = "uint4"
-    FP8 = "fp8"
-    NVFP4 = "nvfp4"
-    MXFP4 = "mxfp4"
-    MXFP8 = "mxfp8"
-    # GGUF's K-quants (llama.cpp): integers in sub-blocks of 32 (Q6_K: 16) whose scales (and, Q4_K/Q5_K, mins)
-    # are themselves quantized to 6/8 bits under one float16 scale per super-block of 256 weights
-    Q4_K = "q4_k"
-    Q5_K = "q5_k"
-    Q6_K = "q6_k"
+@dataclass(frozen=True, slots=True)
+class QType(RegisteredValue):
+    """A type weights or activations are quantized to, registered by name (compiler/plugins.py QTYPES): integers of
+    any width up to 8 bits, and the floating formats deployments use (FP8 e4m3; NVFP4: e2m1 in blocks of 16 with
+    FP8 scales and a global scale; MXFP4/MXFP8: e2m1/e4m3 in blocks of 32 with power-of-two (e8m0) scales). The
+    built-ins are the class attributes below; a plug-in registers an integer type of another width, which the
+    shared rounding, the torch backend's packer and compressed-tensors' `num_bits` take as it is."""
 
-    @property
-    def bits(self) -> int:
-        """Bits per value."""
-        if self in (QType.Q5_K, QType.Q6_K):
-            return 5 if self is QType.Q5_K else 6
-        return 4 if self in (QType.INT4, QType.UINT4, QType.NVFP4, QType.MXFP4, QType.Q4_K) else 8
+    REGISTRY: ClassVar[Registry] = QTYPES
+
+    name: str  # what `weights NAME` / `activations NAME` writes
+    summary: str  # one line for `qrc explain types`
+    bits: int  # bits per value
+    signed: bool = True
+    is_float: bool = False  # a floating format (symmetric by construction, rounded by compressed-tensors' rules)
+    kquant_group: int | None = None  # a GGUF K-quant's sub-block (Q6_K 16, Q4_K/Q5_K 32): written in GGUF only
+    fixed_group: int | None = None  # the block size a microscaling format defines (NVFP4 16, MX 32)
+
+    INT8: ClassVar[QType]
+    UINT8: ClassVar[QType]
+    INT4: ClassVar[QType]
+    UINT4: ClassVar[QType]
+    FP8: ClassVar[QType]
+    NVFP4: ClassVar[QType]
+    MXFP4: ClassVar[QType]
+    MXFP8: ClassVar[QType]
+    Q4_K: ClassVar[QType]
+    Q5_K: ClassVar[QType]
+    Q6_K: ClassVar[QType]
 
     @property
     def is_kquant(self) -> bool:
         """One of GGUF's K-quants (written in GGUF files only)."""
-        return self in (QType.Q4_K, QType.Q5_K, QType.Q6_K)
-
-    @property
-    def kquant_group(self) -> int | None:
-        """The sub-block a K-quant scales together (Q6_K 16, Q4_K/Q5_K 32); None for the other types."""
-        return {QType.Q4_K: 32, QType.Q5_K: 32, QType.Q6_K: 16}.get(self)
-
-    @property
-    def signed(self) -> bool:
-        """Whether the type is signed."""
-        return self not in (QType.UINT8, QType.UINT4)
-
-    @property
-    def is_float(self) -> bool:
-        """A floating format (symmetric by construction, rounded by compressed-tensors' rules)."""
-        return self in (QType.FP8, QType.NVFP4, QType.MXFP4, QType.MXFP8)
-
-    @property
-    def fixed_group(self) -> int | None:
-        """The block size a microscaling format defines (NVFP4 16, MX 32); None for the others."""
-        return {QType.NVFP4: 16, QType.MXFP4: 32, QType.MXFP8: 32}.get(self)
+        return self.kquant_group is not None
 
     @property
     def scale_bytes(self) -> int | None:
         """Bytes of one block scale where the format fixes its type (FP8 or e8m0: 1)."""
         return 1 if self.fixed_group else None
+
+
+QType.INT8 = QTYPES.register(QType("int8", "8-bit signed integers", 8))
+QType.UINT8 = QTYPES.register(QType("uint8", "8-bit unsigned integers (onnxruntime's fast activations)", 8, False))
+QType.INT4 = QTYPES.register(QType("int4", "4-bit signed integers", 4))
+QType.UINT4 = QTYPES.register(QType("uint4", "4-bit unsigned integers", 4, False))
+QType.FP8 = QTYPES.register(QType("fp8", "FP8 e4m3", 8, is_float=True))
+QType.NVFP4 = QTYPES.register(QType("nvfp4", "e2m1 in blocks of 16, FP8 block scales and a global scale", 4,
+                                    is_float=True, fixed_group=16))
+QType.MXFP4 = QTYPES.register(QType("mxfp4", "e2m1 in blocks of 32 with power-of-two scales", 4, is_float=True,
+                                    fixed_group=32))
+QType.MXFP8 = QTYPES.register(QType("mxfp8", "e4m3 in blocks of 32 with power-of-two scales", 8, is_float=True,
+                                    fixed_group=32))
+# GGUF's K-quants (llama.cpp): integers in sub-blocks of 32 (Q6_K: 16) whose scales (and, Q4_K/Q5_K, mins) are
+# themselves quantized to 6/8 bits under one float16 scale per super-block of 256 weights
+QType.Q4_K = QTYPES.register(QType("q4_k", "llama.cpp's 4-bit K-quant (GGUF only)", 4, kquant_group=32))
+QType.Q5_K = QTYPES.register(QType("q5_k", "llama.cpp's 5-bit K-quant (GGUF only)", 5, kquant_group=32))
+QType.Q6_K = QTYPES.register(QType("q6_k", "llama.cpp's 6-bit K-quant (GGUF only)", 6, kquant_group=16))
 
 
 class Granularity(enum.Enum):

@@ -37,7 +37,7 @@ def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str, measure: b
 
     rows, cols = bits.shape
     group = spec.group if spec.granularity is Granularity.GROUP else cols
-    q = np.empty((rows, cols), qparams.NP_TYPES[spec.qtype])
+    q: np.ndarray = np.empty((rows, cols), qparams.np_type(spec.qtype))
     scale = np.empty((rows, cols // group), np.float32)
     zp = np.empty((rows, cols // group), np.float32)
     lo, hi = (np.float32(v) for v in qparams.full_range(spec.qtype))

@@ -85,7 +85,7 @@ class KGrid:
         else:
             assert self.dmin is not None and self.sub_mins is not None  # Q4_K/Q5_K have mins
             packed = _pack_q45_k(self.d, self.dmin, self.sub_scales, self.sub_mins, levels.astype(np.uint8), self.hi)
-        return GgufBlocks(self.qtype.value.upper(), packed.reshape(rows, -1), values.reshape(rows, columns))
+        return GgufBlocks(self.qtype.name.upper(), packed.reshape(rows, -1), values.reshape(rows, columns))
 
 
 def quantize_kquant(w: np.ndarray, qtype: QType, importance: np.ndarray | None = None) -> GgufBlocks:

@@ -9,21 +9,28 @@ from compiler.ir.types import QType
 
 FP8_MAX = 448  # the largest finite float8_e4m3fn (a whole number, so FP8 has a range like the integers)
 FP4_MAX = 6  # the largest e2m1 value (NVFP4, MXFP4)
-# integer ranges; FP8's is its finite range (what a static FP8 input's scale maps its calibrated range onto)
-_RANGES = {QType.INT8: (-128, 127), QType.UINT8: (0, 255), QType.INT4: (-8, 7), QType.UINT4: (0, 15),
-           QType.FP8: (-FP8_MAX, FP8_MAX)}
 _SYMMETRIC_RANGES = {QType.INT8: (-127, 127)}  # onnxruntime narrows int8 only
-NP_TYPES = {QType.INT8: np.int8, QType.UINT8: np.uint8, QType.INT4: np.int8, QType.UINT4: np.uint8}
 
 
 def full_range(qtype: QType) -> tuple[int, int]:
-    """The whole integer range of a type (what values are clipped to once rounded)."""
-    return _RANGES[qtype]
+    """The whole range of a type (what values are clipped to once rounded): an integer type's from its width and
+    sign (a registered plug-in type's too); FP8's finite range (what a static FP8 input's scale maps its calibrated
+    range onto). KeyError for the types rounded by their own rules (FP4, MX, the K-quants)."""
+    if qtype is QType.FP8:
+        return -FP8_MAX, FP8_MAX
+    if qtype.is_float or qtype.is_kquant:
+        raise KeyError(qtype.name)
+    return (-(1 << (qtype.bits - 1)), (1 << (qtype.bits - 1)) - 1) if qtype.signed else (0, (1 << qtype.bits) - 1)
+
+
+def np_type(qtype: QType) -> type:
+    """The numpy type an integer type's values are held in (up to 8 bits: int8 or uint8)."""
+    return np.int8 if qtype.signed else np.uint8
 
 
 def qrange(qtype: QType, symmetric: bool) -> tuple[int, int]:
     """The integer range of a type (narrowed for symmetric int8, as onnxruntime does)."""
-    return _SYMMETRIC_RANGES.get(qtype, _RANGES[qtype]) if symmetric else _RANGES[qtype]
+    return _SYMMETRIC_RANGES.get(qtype, full_range(qtype)) if symmetric else full_range(qtype)
 
 
 def scale_zero_point(rmin: np.ndarray, rmax: np.ndarray, qtype: QType, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -48,9 +55,9 @@ def scale_zero_point(rmin: np.ndarray, rmax: np.ndarray, qtype: QType, symmetric
 
 def quantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, qtype: QType, symmetric: bool) -> np.ndarray:
     """onnxruntime's quantize_nparray: float32 division, round half to even, clip to the full type range."""
-    lo, hi = _RANGES[qtype]
+    lo, hi = full_range(qtype)
     q = np.round(x.astype(np.float32) / scale) + zero_point
-    return np.clip(q, lo, hi).astype(NP_TYPES[qtype])
+    return np.clip(q, lo, hi).astype(np_type(qtype))
 
 
 def dequantize(q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> np.ndarray:
@@ -91,7 +98,7 @@ def torch_scale_zero_point(rmin: np.ndarray, rmax: np.ndarray, qtype: QType, sym
     (int4 [-8, 7], int8 [-128, 127]); asymmetric scale = (max - min) / range, zero point
     clip(round(qmin - min / scale)). The scale is rounded to the dtype it is stored in, then used as
     stored; an all-zero range gets the smallest normal scale (its values quantize to the zero point)."""
-    qmin, qmax = _RANGES[qtype]
+    qmin, qmax = full_range(qtype)
     rmin = np.minimum(np.asarray(rmin, np.float32), 0.0)
     rmax = np.maximum(np.asarray(rmax, np.float32), 0.0)
     if symmetric:

@@ -250,7 +250,7 @@ def _integer_dtype(spec: WeightQuant, convention: Convention) -> type:
     in [0, 15] (int4 is then shifted to signed), every other type in its own numpy type."""
     if spec.qtype.bits == 4 and convention is Convention.ORT:
         return np.int8 if spec.qtype is QType.INT4 else np.uint8
-    return qparams.NP_TYPES[spec.qtype]
+    return qparams.np_type(spec.qtype)
 
 
 def _reshaped(out: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

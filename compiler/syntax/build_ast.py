@@ -192,7 +192,8 @@ class AstBuilder(Transformer):
         return ast.QSpecItem(_QSPEC_FIELDS[rule], value, self._span(meta))
 
     def dtype(self, meta, children):
-        return self._qspec("dtype", [self._keyword("dtype", children)], meta)
+        name = children[0]  # a registered type's name, looked up by elaboration
+        return self._qspec("dtype", [ast.Keyword("dtype", name.value, name.span)], meta)
 
     def granularity(self, meta, children):
         return self._qspec("granularity", [self._keyword("granularity", children)], meta)

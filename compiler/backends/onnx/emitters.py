@@ -116,8 +116,8 @@ class QdqEmitter(Emitter):
             scales = tuple(math.ceil(d / spec.group) if i == inputs else d for i, d in enumerate(shape))
         else:
             scales = (shape[channel],)
-        return [Spec(f"{weight}_quantized", spec.qtype.value, shape), Spec(f"{weight}_scale", _scale_dtype(job), scales),
-                Spec(f"{weight}_zero_point", spec.qtype.value, scales)]
+        return [Spec(f"{weight}_quantized", spec.qtype.name, shape), Spec(f"{weight}_scale", _scale_dtype(job), scales),
+                Spec(f"{weight}_zero_point", spec.qtype.name, scales)]
 
     def put(self, name: str, value: QuantizedWeight | ActivationQParams) -> None:
         """A rounded weight (by weight name) or a static input's quantization (by tensor name)."""

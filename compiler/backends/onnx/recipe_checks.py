@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from compiler.diagnostics import Diagnostics
 from compiler.ir.checks import refuse_attention_kernel
-from compiler.ir.types import EmitFormat, MemoryMode, RecipeIR, Rounding
+from compiler.ir.types import EmitFormat, MemoryMode, QType, RecipeIR, Rounding
+
+# the integer types ONNX's QuantizeLinear/DequantizeLinear and MatMulNBits hold (the float formats, the K-quants and a
+# plug-in's integer of another width are not among them)
+ONNX_TYPES = (QType.INT8, QType.UINT8, QType.INT4, QType.UINT4)
 
 
 def check_recipe(ir: RecipeIR, diags: Diagnostics) -> None:
@@ -21,6 +25,11 @@ def check_recipe(ir: RecipeIR, diags: Diagnostics) -> None:
     refuse_attention_kernel(ir, diags, "an ONNX graph")
 
 
+# the integer types ONNX's QuantizeLinear/DequantizeLinear and MatMulNBits hold (the float formats, the K-quants and a
+# plug-in's integer of another width are not among them)
+ONNX_TYPES = (QType.INT8, QType.UINT8, QType.INT4, QType.UINT4)
+
+
 def _refuse_imatrix(ir: RecipeIR, diags: Diagnostics) -> None:
     """Q272: `rounding imatrix` on integer weights is the torch backend's (its calibration gathers each input
     column's mean square); the ONNX backend gathers Hessians for GPTQ only. K-quants are Q257's."""
@@ -29,6 +38,11 @@ def _refuse_imatrix(ir: RecipeIR, diags: Diagnostics) -> None:
             diags.error("Q272", f"scheme `{scheme.name}` rounds with `imatrix`, which the ONNX backend does not run",
                         scheme.span or ir.span, "imatrix on onnx",
                         help="use `backend torch`, or `rounding mse` (data-free) or `rounding gptq` on ONNX")
+
+
+# the integer types ONNX's QuantizeLinear/DequantizeLinear and MatMulNBits hold (the float formats, the K-quants and a
+# plug-in's integer of another width are not among them)
+ONNX_TYPES = (QType.INT8, QType.UINT8, QType.INT4, QType.UINT4)
 
 
 def _check_matmul_nbits(ir: RecipeIR, diags: Diagnostics) -> None:
@@ -45,6 +59,11 @@ def _check_matmul_nbits(ir: RecipeIR, diags: Diagnostics) -> None:
                         "or emit `format qdq`")
 
 
+# the integer types ONNX's QuantizeLinear/DequantizeLinear and MatMulNBits hold (the float formats, the K-quants and a
+# plug-in's integer of another width are not among them)
+ONNX_TYPES = (QType.INT8, QType.UINT8, QType.INT4, QType.UINT4)
+
+
 def _refuse_float_formats(ir: RecipeIR, diags: Diagnostics) -> None:
     """Q257: floating formats on the ONNX backend. onnxruntime's CPU build has no float8 MatMul (its QDQ
     would run dequantized, in float) and no FP4 type; the formats are written for the runtimes that serve
@@ -54,9 +73,9 @@ def _refuse_float_formats(ir: RecipeIR, diags: Diagnostics) -> None:
                     "KV cache on onnx", help="use `backend torch`; onnxruntime-genai keeps its cache in the model's dtype")
     for scheme in ir.used_schemes:
         types = {t for t in (scheme.quantized_weights.qtype, scheme.activations and scheme.activations.qtype)
-                 if t and (t.is_float or t.is_kquant)}
+                 if t and t not in ONNX_TYPES}
         if types:
-            diags.error("Q257", f"scheme `{scheme.name}` uses {', '.join(sorted(t.value for t in types))}, which the "
+            diags.error("Q257", f"scheme `{scheme.name}` uses {', '.join(sorted(t.name for t in types))}, which the "
                         "ONNX backend does not write", scheme.span or ir.span, "not written on onnx",
                         help="use `backend torch` (a compressed-tensors folder for vLLM and transformers; GGUF for "
                         "the K-quants), or an integer scheme (W8A8, W4A16) for onnxruntime")

@@ -74,7 +74,7 @@ def dequantize_nodes(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, sca
     weight's own float type)."""
     out = f"{weight}_dequantized"
     inits = [tensor(f"{weight}_quantized", qw.q, qw.qtype), tensor(f"{weight}_scale", qw.scale.astype(scale_type)),
-             tensor(f"{weight}_zero_point", qw.zero_point.astype(qparams.NP_TYPES[qw.qtype]), qw.qtype)]
+             tensor(f"{weight}_zero_point", qw.zero_point.astype(qparams.np_type(qw.qtype)), qw.qtype)]
     attrs: dict[str, int] = {}
     if qw.axis is not None:
         attrs["axis"] = qw.axis
@@ -114,7 +114,7 @@ def activation_nodes(tensor_name: str, scale: np.ndarray, zp: np.ndarray, qtype:
     the scale in `scale_type`, the activation's float type."""
     q, dq = f"{tensor_name}_QuantizeLinear", f"{tensor_name}_DequantizeLinear"
     inits = [tensor(f"{tensor_name}_scale", scale.astype(scale_type)),
-             tensor(f"{tensor_name}_zero_point", zp.astype(qparams.NP_TYPES[qtype]))]
+             tensor(f"{tensor_name}_zero_point", zp.astype(qparams.np_type(qtype)))]
     names = [i.name for i in inits]
     nodes = [helper.make_node("QuantizeLinear", [tensor_name, *names], [f"{q}_output_0"], name=q),
              helper.make_node("DequantizeLinear", [f"{q}_output_0", *names], [f"{dq}_output_0"], name=dq)]

@@ -40,10 +40,10 @@ def gguf_type(scheme: Scheme) -> GgufType | str:
         return K_QUANTS[spec.qtype]
     forms = {QType.INT8: GgufType.Q8_0, QType.INT4: GgufType.Q4_0}
     if spec.qtype not in forms:
-        return f"`{spec.qtype.value}` weights have no GGUF type qrc writes"
+        return f"`{spec.qtype.name}` weights have no GGUF type qrc writes"
     if spec.granularity is not Granularity.GROUP or spec.group_size != 32 or not spec.symmetric:
         where = f"group {spec.group_size}" if spec.granularity is Granularity.GROUP else spec.granularity.value
-        return f"{spec.qtype.value} {where} {'symmetric' if spec.symmetric else 'asymmetric'} is no GGUF type"
+        return f"{spec.qtype.name} {where} {'symmetric' if spec.symmetric else 'asymmetric'} is no GGUF type"
     return forms[spec.qtype]
 
 

@@ -145,9 +145,9 @@ def _problem(a) -> str | None:
         return f"the torch backend quantizes Linear layers (compressed-tensors); this is {layer.kind.value}"
     own = next((f for f in map(_checks, TORCH_FORMATS.names()) if f is not None and f.keeps_own(w.qtype)), None)
     if own is not None:
-        return f"{w.qtype.value} is a {own.name.upper()} format; write it with {own.emit_example}"
+        return f"{w.qtype.name} is a {own.name.upper()} format; write it with {own.emit_example}"
     if not w.qtype.signed:
-        return f"compressed-tensors stores signed integers; use {w.qtype.value.removeprefix('u')} (asymmetric) instead"
+        return f"compressed-tensors stores signed integers; use {w.qtype.name.removeprefix('u')} (asymmetric) instead"
     if w.group_size and layer.in_features % w.group_size:
         return f"group {w.group_size} does not divide its {layer.in_features} input features"
     if act is not None and not act.qtype.signed:
