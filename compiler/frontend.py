@@ -8,7 +8,7 @@ from pathlib import Path
 from compiler.backends.registry import backend_facts, spec_for
 from compiler.data.batches import path_problems, runtime_problems, unsynthesisable
 from compiler.data.npz import npz_problems
-from compiler.diagnostics import Diagnostic, DiagnosticError, Diagnostics, error, has_errors
+from compiler.diagnostics import Diagnostic, DiagnosticError, Diagnostics, error, has_errors, warning
 from compiler.ir.checks import run_checks
 from compiler.ir.elaborate import elaborate
 from compiler.ir.types import NONE, DataKind, RecipeIR
@@ -18,6 +18,7 @@ from compiler.overrides import apply_overrides
 from compiler.plan import Plan, build_plan
 from compiler.plan.timing import REFERENCE, Rates, machine_speed, scaled
 from compiler.plan.workload import workload
+from compiler.plugins import FAILED
 from compiler.resolve import Assignment, resolve
 from compiler.source import Source, Span
 from compiler.syntax import ast, parse_recipe
@@ -99,6 +100,14 @@ def decode_source(name: str, data: bytes) -> Source | Diagnostic:
                      help="save the recipe as UTF-8; if this is not a recipe, check the path")
 
 
+def _plugin_warnings() -> list[Diagnostic]:
+    """Q450 for each installed plug-in that could not be imported (compiler/plugins.py load_installed)."""
+    return [warning("Q450", f"the qrc plug-in `{point}` could not be loaded: {why}", None, "not loaded",
+                    help="fix or uninstall the package that declares it (entry-point group `qrc.plugins`); "
+                    "until then what it registers is unknown")
+            for point, why in FAILED]
+
+
 def check_source(source: Source, overrides: tuple[str, ...] = (), with_model: bool = False) -> CheckResult:
     """Parse, apply overrides, elaborate and run the model-free checks on recipe text; with `with_model`,
     also index the model (no weights) and resolve every layer's scheme (model-dependent checks).
@@ -110,7 +119,7 @@ def check_source(source: Source, overrides: tuple[str, ...] = (), with_model: bo
     if isinstance(parsed, Diagnostic):
         return CheckResult(None, (parsed,))
     parsed, override_diags = apply_overrides(parsed, tuple(overrides))
-    diags = Diagnostics(list(override_diags))
+    diags = Diagnostics(list(override_diags) + _plugin_warnings())
     ir = elaborate(parsed, diags, backend_facts())
     run_checks(ir, diags)
     spec_for(ir.backend).check_text(ir, diags)

@@ -86,6 +86,23 @@ class RegisteredValue:
         return registered, (self.REGISTRY.kind, self.name)
 
 
+ENTRY_POINTS = "qrc.plugins"  # the entry-point group installed plug-ins declare their modules in
+FAILED: list[tuple[str, str]] = []  # (entry point, why) of each installed plug-in that could not be imported
+
+
+def load_installed() -> None:
+    """Import every installed plug-in (the modules packages declare in the entry-point group `qrc.plugins`):
+    each registers what it adds when imported, in this process and in every process a compile starts (torchrun's
+    ranks import `compiler` too). One that fails is kept in FAILED, which `qrc check` reports (Q450)."""
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=ENTRY_POINTS):
+        try:
+            point.load()
+        except Exception as exc:  # a broken plug-in must not stop qrc: its names are unknown (Q107) instead
+            FAILED.append((f"{point.name} = {point.value}", f"{type(exc).__name__}: {exc}"))
+
+
 # The registries of the kinds a recipe names. What an entry of each kind provides is said where the kind is
 # defined (a calibration method: compiler/ir/types.py CalibrationMethod; the built-ins: compiler/quant/methods/).
 CALIBRATION_METHODS: Registry = Registry("calibration method")  # `method NAME`: the method's class

@@ -421,3 +421,41 @@ def test_a_scheme_type_from_outside_the_package_is_checked_and_compiled(int6, tm
     refused = runner.invoke(app, ["check", str(onnx_recipe)])
     assert refused.exit_code == 2 and "Q257" in refused.output and "int6" in refused.output, refused.output
     assert "int6" in runner.invoke(app, ["explain", "types"]).output
+
+
+INSTALLED_PLUGIN = '''"""A plug-in as a package installs it: registered when qrc imports it."""
+from compiler.ir.types import Rounding
+from compiler.plugins import ROUNDINGS
+
+ROUNDINGS.register(Rounding("installed_toy", "each block's range times 0.75 (an installed toy)",
+                            scales=lambda choice: choice.at(0.75)))
+'''
+
+
+def test_installed_plug_ins_are_loaded_from_their_entry_points_and_a_broken_one_is_reported(tmp_path):
+    """A package declares its module in the entry-point group `qrc.plugins`: `qrc` imports it at start, so the
+    command line (and torchrun's ranks, which run it too) know its names; one that cannot be imported is Q450."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "toy_qrc_plugin.py").write_text(INSTALLED_PLUGIN)
+    info = tmp_path / "toy_qrc_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-qrc-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[qrc.plugins]\ntoy = toy_qrc_plugin\nbroken = no_such_qrc_module\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+
+    def qrc(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "compiler", *args], capture_output=True, text=True, env=env,
+                              timeout=120)
+
+    listed = qrc("explain", "roundings")
+    assert listed.returncode == 0 and "installed_toy" in listed.stdout, listed.stdout + listed.stderr
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(TOY_ROUNDING_RECIPE.replace("BACKEND", "onnx").replace("ROUNDING", "installed_toy")
+                      .replace("EMIT", str(tmp_path / "out.onnx")))
+    checked = qrc("check", str(recipe))
+    out = checked.stdout + checked.stderr
+    assert checked.returncode == 0, out  # the installed method is known; the broken plug-in is a warning
+    assert "warning[Q450]" in out and "broken = no_such_qrc_module" in out and "ModuleNotFoundError" in out, out

@@ -207,4 +207,9 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "`check`; any other error onnxruntime raises on the data ends the compile with its message, and "
              "nothing is written.",
              'calibrate { data npz "cache.npz"  chunk 8 }   # past 96, 4 new tokens, a builder decoder'),
+    CodeInfo("Q450", "an installed qrc plug-in could not be loaded (warning)",
+             "Packages add calibration methods, rounding methods, transforms, types and output formats by declaring "
+             "an entry point in the group `qrc.plugins`; qrc imports each when it starts. One whose import fails is "
+             "reported and left out, and a recipe that names what it would have registered gets Q107.",
+             "pip install my-qrc-methods   # whose entry point names a module that no longer exists"),
 )
