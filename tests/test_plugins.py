@@ -3,6 +3,7 @@ defined in this module only, and the recipe language, `qrc check`/`explain` and 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -459,3 +460,26 @@ def test_installed_plug_ins_are_loaded_from_their_entry_points_and_a_broken_one_
     out = checked.stdout + checked.stderr
     assert checked.returncode == 0, out  # the installed method is known; the broken plug-in is a warning
     assert "warning[Q450]" in out and "broken = no_such_qrc_module" in out and "ModuleNotFoundError" in out, out
+
+
+@pytest.mark.slow
+def test_a_plug_in_types_folder_loads_in_transformers(int6, tmp_path):
+    """The toy type's output where users run it: a random-weight Llama folder rounded to int6 is verified on the
+    emitted folder as transformers loads it (compressed-tensors unpacks six bits a weight)."""
+    import torch
+    import transformers
+
+    folder = tmp_path / "llama"
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, max_position_embeddings=128, tie_word_embeddings=False)
+    ).eval().save_pretrained(folder)
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(TOY_TYPE_RECIPE.replace('"builtin:tiny-llama"', f'"{folder}"').replace("BACKEND", "torch")
+                      .replace("per_channel", "group 64").replace("EMIT", str(tmp_path / "out")))
+    done = runner.invoke(app, ["compile", str(recipe)])
+    assert done.exit_code == 0, done.output
+    said = re.sub(r"[│\s]+", " ", done.output)  # the summary box's lines joined
+    assert "measured on the emitted folder, loaded as transformers loads it" in said, said
+    assert "Q267" in done.output  # and says vLLM has no kernel for it
