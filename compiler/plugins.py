@@ -104,15 +104,15 @@ def load_installed() -> None:
 
 
 # The registries of the kinds a recipe names. What an entry of each kind provides is said where the kind is
-# defined (a calibration method: compiler/ir/types.py CalibrationMethod; the built-ins: compiler/quant/methods/).
+# defined (a calibration method: compiler/ir/kinds.py CalibrationMethod; the built-ins: compiler/quant/methods/).
 CALIBRATION_METHODS: Registry = Registry("calibration method")  # `method NAME`: the method's class
-# `emit … { format NAME }`: an EmitFormat (compiler/ir/types.py); each backend that writes it registers how
+# `emit … { format NAME }`: an EmitFormat (compiler/ir/kinds.py); each backend that writes it registers how
 EMIT_FORMATS: Registry = Registry("output format")
-# `weights NAME` / `activations NAME`: a QType (compiler/ir/types.py)
+# `weights NAME` / `activations NAME`: a QType (compiler/ir/kinds.py)
 QTYPES: Registry = Registry("quantized type")
-# `rounding NAME` in a scheme: a Rounding (compiler/ir/types.py)
+# `rounding NAME` in a scheme: a Rounding (compiler/ir/kinds.py)
 ROUNDINGS: Registry = Registry("rounding method")
-# `transform NAME { … }`: a TransformKind (compiler/ir/types.py)
+# `transform NAME { … }`: a TransformKind (compiler/ir/kinds.py)
 TRANSFORMS: Registry = Registry("transform")
 
 # `qrc explain WORD` lists the entries of a kind, each with its one-line `summary`

@@ -26,7 +26,8 @@ from typing import Protocol
 import numpy as np
 
 from compiler.backends.ranks import Ranks, all_gathered
-from compiler.ir.types import Rounding, RoundingData, Scheme, SensitivityMetric
+from compiler.ir.kinds import RoundingData
+from compiler.ir.types import Rounding, Scheme, SensitivityMetric
 from compiler.models.exports import files_hash
 from compiler.models.index import Layer, ModelIndex
 from compiler.plan.ops import AssignPrecision, ScoreSensitivity

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from compiler.diagnostics import Diagnostics, expected_help
-from compiler.ir.types import CalibrationMethod
+from compiler.ir.kinds import CalibrationMethod
 from compiler.plugins import CALIBRATION_METHODS
 from compiler.syntax import ast
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from compiler.ir.kinds import TransformData
 from compiler.ir.types import (
     AttentionKernel,
     EmitFormat,
@@ -21,8 +22,7 @@ from compiler.ir.types import (
     Rounding,
     Scheme,
     SensitivityMetric,
-    TransformData,
-)
+    )
 from compiler.ir.values import human_bytes
 from compiler.models.builtin import PREFIX as BUILTIN_PREFIX
 from compiler.models.index import ModelFormat

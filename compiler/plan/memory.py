@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.ir.types import AttentionKernel, MemoryMode, SensitivityMetric, TransformData
+from compiler.ir.kinds import TransformData
+from compiler.ir.types import AttentionKernel, MemoryMode, SensitivityMetric
 from compiler.models.index import LayerKind
 from compiler.plan.activations import needed_nodes, peak
 from compiler.plan.ops import ModeEstimate

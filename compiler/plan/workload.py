@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from compiler.data.batches import cache_length, sample_count, sequence_length
+from compiler.ir.kinds import RoundingData
 from compiler.ir.types import (
     AttentionKernel,
     Backend,
@@ -16,7 +17,6 @@ from compiler.ir.types import (
     QType,
     RecipeIR,
     Rounding,
-    RoundingData,
     SensitivityMetric,
     Transform,
 )

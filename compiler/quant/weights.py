@@ -445,7 +445,7 @@ def _signed_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray) -> tupl
 
 @dataclass(frozen=True)
 class ScaleChoice:
-    """What a rounding method registered by a plug-in (compiler/ir/types.py Rounding.scales) chooses from: the
+    """What a rounding method registered by a plug-in (compiler/ir/kinds.py Rounding.scales) chooses from: the
     blocks of one slice of a weight, and the scheme's own scale rules. Its answer, each block's scale and zero
     point, is rounded to the nearest grid value by the shared code, in the convention of the backend's runtime."""
 

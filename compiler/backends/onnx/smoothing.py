@@ -24,7 +24,8 @@ from compiler.backends.onnx.rewrite import weight_axes, weight_nodes
 from compiler.backends.onnx.segments import run_segments
 from compiler.backends.ranks import Ranks, merged
 from compiler.backends.result import BackendError, refuse_changed_output
-from compiler.ir.types import MemoryMode, Rounding, Transform, TransformData, TransformKind, WeightQuant
+from compiler.ir.kinds import TransformData
+from compiler.ir.types import MemoryMode, Rounding, Transform, TransformKind, WeightQuant
 from compiler.quant.smoothing import ChannelStats, awq_scales, smoothquant_scales
 from compiler.quant.weights import Convention, quantize_weight
 from compiler.resolve.assignment import Assignment

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from compiler.backends.torch.experts import remove_hooks, set_routing
-from compiler.ir.types import Calibration, TransformData, TransformKind
+from compiler.ir.kinds import TransformData
+from compiler.ir.types import Calibration, TransformKind
 from compiler.quant.smoothing import ChannelStats
 from compiler.resolve.smoothing import SmoothingMapping, SourceKind
 
