@@ -8,7 +8,8 @@ import pytest
 from compiler.ir.types import Granularity, QType, Rounding, WeightQuant
 from compiler.quant import qparams
 from compiler.quant.observers import HistogramObserver, MinMaxObserver
-from compiler.quant.weights import pack_int4, quantize_weight, round_weight, sqnr_db
+from compiler.quant.pack_int32 import pack_int4
+from compiler.quant.weights import quantize_weight, round_weight, sqnr_db
 
 RNG = np.random.RandomState(7)
 

@@ -1,7 +1,8 @@
-"""Dense int32 packing of sub-8-bit values, the layout of compressed-tensors' `pack-quantized` format
-(the torch backend's safetensors output): element i of a row takes bits [i·b, i·b + b) of the row's
-little-endian bit stream, values offset by 2^(b-1) into the unsigned range, no padding bits between
-elements, the last word zero-filled."""
+"""Packing rounded integers into the bytes runtimes read. Dense int32 packing of sub-8-bit values, the layout
+of compressed-tensors' `pack-quantized` format (the torch backend's safetensors output): element i of a row
+takes bits [i·b, i·b + b) of the row's little-endian bit stream, values offset by 2^(b-1) into the unsigned
+range, no padding bits between elements, the last word zero-filled. And the unsigned bytes and 4-bit nibble
+pairs of ONNX's int4 tensors and MatMulNBits (`offset_bytes`, `pack_int4`), which that packing builds on."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import sys
 import numpy as np
 
 from compiler.quant.parallel import cores, parallel_map
-from compiler.quant.weights import offset_bytes, pack_int4
 
 PACK_TASK_BYTES = 1 << 20  # values one core packs at a time: its passes over them stay in its cache
 
@@ -88,3 +88,23 @@ def unpack_from_int32(packed: np.ndarray, bits: int, cols: int) -> np.ndarray:
     mask = np.uint64((1 << bits) - 1)
     values = (stream >> offset.astype(np.uint64)[None, :]) & mask
     return (values.astype(np.int64) - (1 << (bits - 1))).astype(np.int8)
+
+
+def offset_bytes(values: np.ndarray, offset: int) -> np.ndarray:
+    """Integers plus `offset` as uint8 (signed b-bit values moved to the unsigned range: offset 2^(b-1)).
+    int8 values are viewed unsigned and the offset added modulo 256, which is that sum exactly, in one pass."""
+    if values.dtype == np.int8:
+        return np.ascontiguousarray(values).view(np.uint8) + np.uint8(offset)
+    return (values.astype(np.int16) + offset).astype(np.uint8)
+
+
+def pack_int4(values: np.ndarray) -> np.ndarray:
+    """Two 4-bit values per byte, low nibble first, along the last axis (padded with 0 when odd)."""
+    if values.dtype == np.uint8 and values.shape[-1] % 2 == 0 and values.flags.c_contiguous and sys.byteorder == "little":
+        pairs = values.view(np.uint16) & np.uint16(0x0F0F)  # each pair as one little-endian word: [v0, v1]
+        pairs |= pairs >> np.uint16(4)  # v1 into the low byte's high nibble
+        return pairs.astype(np.uint8)  # the low byte: v0 | v1 << 4
+    v = values.astype(np.uint8) & 0x0F
+    if v.shape[-1] % 2:
+        v = np.concatenate([v, np.zeros(v.shape[:-1] + (1,), np.uint8)], axis=-1)
+    return (v[..., 0::2] | (v[..., 1::2] << 4)).astype(np.uint8)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import enum
 import math
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -479,23 +478,3 @@ def _mse_params(rows: np.ndarray, rules: _Rules, weights: np.ndarray | None = No
         best_zp = zp if best_zp is None else np.where(better, zp, best_zp)
     assert best_scale is not None and best_zp is not None  # MSE_GRID is not empty
     return best_scale.astype(np.float32), best_zp.astype(np.int32)
-
-
-def offset_bytes(values: np.ndarray, offset: int) -> np.ndarray:
-    """Integers plus `offset` as uint8 (signed b-bit values moved to the unsigned range: offset 2^(b-1)).
-    int8 values are viewed unsigned and the offset added modulo 256, which is that sum exactly, in one pass."""
-    if values.dtype == np.int8:
-        return np.ascontiguousarray(values).view(np.uint8) + np.uint8(offset)
-    return (values.astype(np.int16) + offset).astype(np.uint8)
-
-
-def pack_int4(values: np.ndarray) -> np.ndarray:
-    """Two 4-bit values per byte, low nibble first, along the last axis (padded with 0 when odd)."""
-    if values.dtype == np.uint8 and values.shape[-1] % 2 == 0 and values.flags.c_contiguous and sys.byteorder == "little":
-        pairs = values.view(np.uint16) & np.uint16(0x0F0F)  # each pair as one little-endian word: [v0, v1]
-        pairs |= pairs >> np.uint16(4)  # v1 into the low byte's high nibble
-        return pairs.astype(np.uint8)  # the low byte: v0 | v1 << 4
-    v = values.astype(np.uint8) & 0x0F
-    if v.shape[-1] % 2:
-        v = np.concatenate([v, np.zeros(v.shape[:-1] + (1,), np.uint8)], axis=-1)
-    return (v[..., 0::2] | (v[..., 1::2] << 4)).astype(np.uint8)

@@ -14,7 +14,8 @@ from compiler.backends.onnx.kernels import uses_matmul_nbits
 from compiler.ir.types import EmitFormat, QType, Scheme
 from compiler.models.index import Layer
 from compiler.quant import qparams
-from compiler.quant.weights import QuantizedWeight, offset_bytes, pack_int4, round_weight
+from compiler.quant.pack_int32 import offset_bytes, pack_int4
+from compiler.quant.weights import QuantizedWeight, round_weight
 from compiler.resolve.assignment import Assignment
 
 _UNSIGNED_OFFSET = {QType.INT4: 8, QType.INT8: 128}  # signed values into MatMulNBits' unsigned domain
