@@ -7,6 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from compiler.cli import app
+from compiler.plan.ops import OpKind
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -46,3 +47,15 @@ def assert_ran_the_plan(result, planned) -> None:
     assert all(ran is op for ran, op in zip(result.executed, ops, strict=True))
     running = {id(op) for _, _, op in result.rss_samples if op is not None}
     assert running <= {id(op) for op in ops} and running, "the RSS samples name ops of the plan"
+    assert_read_what_declared(result)
+
+
+def assert_read_what_declared(result) -> None:
+    """Each handler read only buffers its op declares as inputs (the runner stops any other read, so this also
+    checks that the runner's record of the reads is there)."""
+    undeclared = [(op.kind.value, buffer.value) for op, buffer in result.reads if buffer not in op.inputs]
+    assert undeclared == []
+    if result.plan.backend.value == "torch":  # the ONNX run keeps its values on its state (onnx/execute.py)
+        # every op works on values handed to it (select_memory_mode reads the model only to place it on GPUs)
+        idle = {op.kind for op in result.plan.ops} - {op.kind for op, _ in result.reads}
+        assert idle <= {OpKind.SELECT_MEMORY_MODE}, f"{idle} read none of their inputs"

@@ -164,24 +164,24 @@ class NpzTensors:
         return False
 
     @staticmethod
-    def open(run, staged, resumed, attention):
+    def open(target, staged, resumed, attention):
         from compiler.backends.torch.formats import Opened
-        return Opened(NpzWriter(run.output))
+        return Opened(NpzWriter(target.output))
 
     @staticmethod
-    def copies_beside_rounding(run):
+    def copies_beside_rounding(staging):
         return None
 
     @staticmethod
-    def finish(run, checked):
-        replaced = {j.layer.weight for j in run.jobs}
-        for key in run.model.shards.entries:
-            if key not in replaced and key not in run.writer.tensors:
-                run.writer.put(key, run.model.shards.read(key))
+    def finish(staging, checked):
+        replaced = {j.layer.weight for j in staging.jobs}
+        for key in staging.model.shards.entries:
+            if key not in replaced and key not in staging.writer.tensors:
+                staging.writer.put(key, staging.model.shards.read(key))
         return []
 
     @staticmethod
-    def check_staged(run, checked):
+    def check_staged(staging, checked):
         return None
 
     @staticmethod

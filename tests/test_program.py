@@ -59,7 +59,7 @@ def test_every_example_plan_has_a_handler_for_each_op(recipe):
     else:
         from compiler.backends.torch import execute as torch_execute
 
-        handlers = torch_execute._Run(planned.check.assignment, planned.plan, None, None, 0.0).handlers()
+        handlers = torch_execute._Run(planned.plan, None, None, 0.0).handlers()
     assert missing_handlers(planned.plan, handlers) == []
 
 

@@ -1,5 +1,7 @@
 """Executing a plan: each op's handler, in the plan's order. A backend registers one handler per op type;
-an op without a handler is a planner/backend mismatch, reported before any work starts."""
+an op without a handler is a planner/backend mismatch, reported before any work starts. The values the ops
+hand each other are held here (values.py), starting with the recipe resolved against the model; each
+handler gets a view of its op's declared inputs and outputs."""
 
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ from compiler.backends.ranks import all_gathered, from_environment
 from compiler.backends.release import freeze_long_lived, thaw
 from compiler.backends.result import CompileResult
 from compiler.backends.rss import RssSampler
-from compiler.plan.ops import LoadModel, Plan, PlanOp
+from compiler.backends.values import OpValues, Values
+from compiler.plan.ops import Buffer, LoadModel, Plan, PlanOp
 from compiler.resolve.assignment import Assignment
 
-Handler = Callable[[PlanOp], Product | None]  # what the op reports for the result (None: nothing)
+Handler = Callable[[PlanOp, OpValues], Product | None]  # what the op reports for the result (None: nothing)
 T = TypeVar("T")
 
 
@@ -59,12 +62,12 @@ class Run(Protocol):
         """What the run's shared machinery (the rounder, the streams) reported while the last op ran."""
         ...
 
-    def commit(self) -> list[Path]:
-        """The staged output into place; the files at the destination."""
+    def commit(self, values: Values) -> list[Path]:
+        """The staged output (among `values`) into place; the files at the destination."""
         ...
 
-    def close(self) -> None:
-        """Free what the run holds; leave nothing uncommitted at the destination."""
+    def close(self, values: Values) -> None:
+        """Free what the run and its values hold; leave nothing uncommitted at the destination."""
         ...
 
 
@@ -80,15 +83,17 @@ def execute_plan(plan: Plan, assignment: Assignment, output: Path, progress,
     start, rss = time.perf_counter(), sampler_for(plan)
     rss.span = plan.spans.ram
     run = make_run(guarded(progress, rss), start)
+    values = Values({Buffer.RECIPE: assignment})  # the recipe, resolved against the model
+    result.reads = values.reads
     try:
         with rss:
             try:
-                run_program(plan, run, rss, result)
+                run_program(plan, run, rss, result, values)
                 result.rank_peaks = rank_peaks(rss.peak)
-                result.files = run.commit()
+                result.files = run.commit(values)
             finally:
                 thaw()
-                run.close()
+                run.close(values)
     finally:  # also when verification fails: the report shows what was measured
         result.peak_rss, result.rss_samples = rss.peak, rss.samples
         result.total_seconds = time.perf_counter() - start
@@ -110,10 +115,10 @@ def missing_handlers(plan: Plan, handlers: Mapping[type, Handler]) -> list[str]:
     return sorted({op.kind.value for op in plan.ops if type(op) not in handlers})
 
 
-def run_program(plan: Plan, run: Run, rss: RssSampler, result: CompileResult) -> None:
-    """Run every op of `plan` in order and assemble the result from what each reports. While an op runs the
-    RSS sampler's phase is that op, so the measured timeline lines up with each op's planned peak;
-    `result.executed` gets each op once its handler returned."""
+def run_program(plan: Plan, run: Run, rss: RssSampler, result: CompileResult, values: Values) -> None:
+    """Run every op of `plan` in order, each handler on its op's view of `values`, and assemble the result
+    from what each reports. While an op runs the RSS sampler's phase is that op, so the measured timeline
+    lines up with each op's planned peak; `result.executed` gets each op once its handler returned."""
     handlers = run.handlers()
     missing = missing_handlers(plan, handlers)
     if missing:
@@ -122,7 +127,7 @@ def run_program(plan: Plan, run: Run, rss: RssSampler, result: CompileResult) ->
         rss.phase = op
         began = time.perf_counter()
         try:
-            result.absorb(op, handlers[type(op)](op))
+            result.absorb(op, handlers[type(op)](op, values.for_op(op)))
         finally:  # what the machinery reported counts also when the op failed (the report shows it)
             result.absorb(op, run.drain())
             result.op_seconds.append((op, time.perf_counter() - began))

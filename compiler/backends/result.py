@@ -13,7 +13,7 @@ from compiler.backends.products import Product, Verification
 from compiler.backends.sensitivity import SearchResult
 from compiler.diagnostics import Diagnostic, error, warning
 from compiler.ir.types import VerifyMetric
-from compiler.plan.ops import CaptureReference, Plan, PlanOp, Verify
+from compiler.plan.ops import Buffer, CaptureReference, HeldOut, Plan, PlanOp, Verify
 from compiler.resolve.assignment import Assignment
 from compiler.safe_files import read_own, replace_file
 from compiler.source import Span
@@ -47,6 +47,7 @@ class CompileResult:
     input_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # layer → its input's quantized range
     layer_errors: dict[str, float] = field(default_factory=dict)  # when verification failed: error each layer adds
     skipped: frozenset[str] = frozenset()  # op kinds that ran without their work (an export taken from the cache)
+    reads: list[tuple[PlanOp, Buffer]] = field(default_factory=list)  # each op and the buffers its handler read
 
     def absorb(self, op: PlanOp, product: Product | None) -> None:
         """What one op reported (compiler/backends/products.py), added to the result."""
@@ -182,7 +183,7 @@ def refuse_changed_output(span: Span | None, before, after, float32: bool, sourc
         "them to use the inferred mappings"))
 
 
-def held_out_batches(op: Verify | CaptureReference, index, warnings: list[Diagnostic], chunk: int | None = None):
+def held_out_batches(op: Verify | CaptureReference | HeldOut, index, warnings: list[Diagnostic], chunk: int | None = None):
     """The op's held-out samples (in its chunks, or `chunk`), never calibration's; Q406 into `warnings` when a
     data file too short for both made calibration take fewer (Q448 when it cannot give one of each)."""
     from compiler import data

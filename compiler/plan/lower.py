@@ -173,22 +173,25 @@ def load_op(ctx: Context, access: ModelAccess, how: str, resident: int, inputs: 
                      attention=attention)
 
 
-def smooth_op(ctx: Context, checked: str) -> list[PlanOp]:
+def smooth_op(ctx: Context, checked: str, inputs: tuple[Buffer, ...] | None = None) -> list[PlanOp]:
     """`smooth`: the transform over the whole model first (`checked`: how its fold is checked), when the recipe
-    has one."""
+    has one; `inputs`: what the backend's handler reads (default: the model, the data, the mode, the search)."""
     w, t = ctx.workload, ctx.workload.transform
     if t is None:
         return []
+    reads = inputs if inputs is not None else (Buffer.MODEL, Buffer.CALIBRATION_DATA, Buffer.MEMORY_MODE) + ctx.after_search
     return [Smooth(summary=f"{transform_words(w, checked)}; the model is rewritten with the scales before any "
-                   "statistic is gathered", inputs=(Buffer.MODEL, Buffer.CALIBRATION_DATA, Buffer.MEMORY_MODE)
-                   + ctx.after_search, outputs=(Buffer.MODEL,), peak_bytes=ctx.phase(PhaseName.CALIBRATE),
+                   "statistic is gathered", inputs=reads, outputs=(Buffer.MODEL,), peak_bytes=ctx.phase(PhaseName.CALIBRATE),
                    transform=t.kind, mappings=len(w.smoothing), settings=t, calibration=ctx.ir.calibration)]
 
 
-def calibrate_op(ctx: Context, summary: str, layers: tuple[str, ...], outputs: tuple[Buffer, ...]) -> CalibrateChunk:
-    """`calibrate_chunk` × chunks × passes: whole-model forward passes over the calibration samples."""
+def calibrate_op(ctx: Context, summary: str, layers: tuple[str, ...], outputs: tuple[Buffer, ...],
+                 inputs: tuple[Buffer, ...] | None = None) -> CalibrateChunk:
+    """`calibrate_chunk` × chunks × passes: whole-model forward passes over the calibration samples; `inputs`:
+    what the backend's handler reads (default: the model, the data, the mode, the search)."""
     w = ctx.workload
-    return CalibrateChunk(summary=summary, inputs=(Buffer.MODEL, Buffer.CALIBRATION_DATA, Buffer.MEMORY_MODE) + ctx.after_search,
+    reads = inputs if inputs is not None else (Buffer.MODEL, Buffer.CALIBRATION_DATA, Buffer.MEMORY_MODE) + ctx.after_search
+    return CalibrateChunk(summary=summary, inputs=reads,
                           outputs=outputs, peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=ctx.chunks * ctx.passes,
                           layers=layers, chunk=w.chunk, samples=w.samples, seqlen=w.seqlen, passes=ctx.passes,
                           method=ctx.ir.calibration.method.name, observed=len(w.observed), **statistics(ctx))
@@ -201,11 +204,12 @@ def statistics(ctx: Context) -> dict:
 
 
 def quantize_op(ctx: Context, names: list[str], inputs: tuple[Buffer, ...], strategy: QuantizeStrategy,
-                how: str) -> QuantizeWeights:
-    """`quantize_weights` for `names`, rounded as `strategy` says (`how` in words)."""
+                how: str, waits_for_search: bool = True) -> QuantizeWeights:
+    """`quantize_weights` for `names`, rounded as `strategy` says (`how` in words); `waits_for_search`: the op
+    reads the searched precision itself (a backend whose prepare_run read it does not)."""
     roundings = tuple(sorted({ctx.assignment.of(n).scheme.rounding for n in names}, key=lambda r: r.name))
     summary = f"round {len(names)} weights ({', '.join(r.name for r in roundings)}), {how}"
-    return QuantizeWeights(summary=summary, inputs=inputs + ctx.after_search, outputs=(Buffer.QPARAMS,),
+    return QuantizeWeights(summary=summary, inputs=inputs + (ctx.after_search if waits_for_search else ()), outputs=(Buffer.QPARAMS,),
                            peak_bytes=ctx.phase(PhaseName.QUANTIZE), repeat=len(names), layers=tuple(names),
                            count=len(names), rounding=roundings, strategy=strategy, calibration=ctx.ir.calibration)
 
@@ -263,7 +267,8 @@ def mixed_precision_pass(kld_words: KldWords) -> Pass:
         score = ScoreSensitivity(
             summary=f"score {search.units} units ({search.params:,} params) by {search.metric.value} for "
             f"{', '.join(mp.choices)}: {cost}; cached by content hash under {where}/sensitivity",
-            inputs=(Buffer.MODEL,) if search.metric is SensitivityMetric.SNR else (Buffer.MODEL, Buffer.CALIBRATION_DATA),
+            inputs=(Buffer.MODEL, Buffer.MEMORY_MODE) + (() if search.metric is SensitivityMetric.SNR
+                                                         else (Buffer.CALIBRATION_DATA,)),
             outputs=(Buffer.SENSITIVITY,), peak_bytes=ctx.phase(PhaseName.SCORE),
             metric=search.metric, units=search.units, samples=search.samples, params_searched=search.params,
             choices=tuple(ctx.ir.scheme(c) for c in choices_of(ctx.ir)), data=ctx.ir.calibration.data,
@@ -278,17 +283,19 @@ def mixed_precision_pass(kld_words: KldWords) -> Pass:
 
 
 def emit_pass(reads_ranges: bool, streams_weights: Callable[[Workload, MemoryMode], bool] = lambda w, m: False,
-              kernels: Callable[[Context, EmitFormat], str] = lambda ctx, fmt: "") -> Pass:
+              kernels: Callable[[Context, EmitFormat], str] = lambda ctx, fmt: "",
+              reads: tuple[Buffer, ...] = (Buffer.MODEL, Buffer.QPARAMS)) -> Pass:
     """`emit`: where and in which format; `reads_ranges`: the emitter writes the observed input ranges (a
     backend that takes them where it rounds each block has written them by then); `streams_weights`: whether
     each rounded weight goes to the output at once (the backend's cost model decides); `kernels`: the
-    backend's words for the kernels a runtime will run the output with ('' for none)."""
+    backend's words for the kernels a runtime will run the output with ('' for none); `reads`: what the
+    backend's handler reads besides the ranges."""
     def lower_emit(ctx: Context) -> list[PlanOp]:
         """`emit`: where and in which format."""
         w, emit = ctx.workload, ctx.ir.emit
         fmt = emit.format if emit else ctx.costs.default_format
         path = emit.path if emit else "(-o PATH)"
-        inputs = (Buffer.MODEL, Buffer.QPARAMS) + ((Buffer.RANGES,) if reads_ranges and w.observed else ())
+        inputs = reads + ((Buffer.RANGES,) if reads_ranges and w.observed else ())
         words = kernels(ctx, fmt)
         return [Emit(summary=f"write {fmt.name} to {path} atomically (temp file + rename), "
                      f"{human_bytes(w.quantized_bytes)} of weights" + (f"; {words}" if words else ""), inputs=inputs, outputs=(Buffer.EMITTED_MODEL,),

@@ -42,6 +42,7 @@ class OpKind(enum.Enum):
     SELECT_MEMORY_MODE = "select_memory_mode"
     SCORE_SENSITIVITY = "score_sensitivity"
     ASSIGN_PRECISION = "assign_precision"
+    PREPARE_RUN = "prepare_run"
     SMOOTH = "smooth"
     CAPTURE_REFERENCE = "capture_reference"
     CALIBRATE_CHUNK = "calibrate_chunk"
@@ -56,7 +57,8 @@ class OpKind(enum.Enum):
 
 class Buffer(enum.Enum):
     """What ops hand each other: an op reads its `inputs` and produces its `outputs`; the plan verifier
-    (compiler/plan/verify.py) checks that each is produced before it is read."""
+    (compiler/plan/verify.py) checks that each is produced before it is read, and the runner
+    (compiler/backends/values.py) holds the value of each and hands an op's handler only what the op declares."""
 
     RECIPE = "recipe"
     CALIBRATION_DATA = "calibration_data"
@@ -66,6 +68,8 @@ class Buffer(enum.Enum):
     MEMORY_MODE = "memory_mode"
     SENSITIVITY = "sensitivity"
     PRECISION = "precision"
+    OUTPUT = "output"  # the output being staged: each layer's job, and what rounds into it and writes it
+    STREAMS = "streams"  # the sample streams (calibration, verification) the ops run through the model
     REFERENCE = "reference"
     STATISTICS = "statistics"
     HISTOGRAMS = "histograms"
@@ -219,6 +223,30 @@ class AssignPrecision(PlanOp):
     choices: tuple[str, ...]
     metric: SensitivityMetric = carried(SensitivityMetric.SNR)
     resolve: Resolver | None = carried(None)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldOut:
+    """The held-out samples verification runs: how many, the data they are held out from, in which chunks."""
+
+    samples: int
+    data: DataSource
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrepareRun(PlanOp):
+    """Once the assignment is final: each quantized layer's job, the output opened with every tensor's place
+    (before any work, so a layout it cannot hold fails first), and the sample streams the later ops run."""
+    kind: ClassVar[OpKind] = OpKind.PREPARE_RUN
+    jobs: int
+    format: EmitFormat
+    streams: tuple[str, ...]
+    calibration: Calibration | None = carried(None)  # the first statistics op's samples (None: nothing reads them)
+    transform: Transform | None = carried(None)  # folded before the statistics its layers round with
+    kv_cache: KvCache | None = carried(None)  # its scales go into the output
+    held_out: HeldOut | None = carried(None)  # verification's samples, never calibrated on
+    blocks: int = carried(0)  # the blocks run_block runs (0: not block by block): a resumable run's length
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -84,22 +84,26 @@ class _OnnxRun(OnnxRunState):
     """The plan's ops, one handler each, on the state they share (run_state.py)."""
 
     def handlers(self) -> dict[type, Callable]:
-        return {ops.ExportOnnx: self.export, ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode,
+        """Each op's handler. The ONNX run still keeps the ops' values on its state (run_state.py): its handlers
+        take the op alone, not the runner's view of the values (compiler/backends/values.py) the torch ones read."""
+        own: dict[type, Callable] = {
+                ops.ExportOnnx: self.export, ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode,
                 ops.ScoreSensitivity: self.score, ops.AssignPrecision: self.assign, ops.Smooth: self.smooth,
                 ops.CalibrateChunk: self.calibrate, ops.CacheBlockInputs: self.cache_block_inputs,
                 ops.RunBlock: self.run_blocks, ops.SearchPercentile: self.search_ranges,
                 ops.PropagateRanges: self.propagate_ranges, ops.QuantizeWeights: self.quantize, ops.Emit: self.emit,
                 ops.Verify: self.verify}
+        return {kind: _op_alone(handler) for kind, handler in own.items()}
 
     def drain(self) -> Product:
         """What the machinery reported while the last op ran (range and resume warnings, the transform)."""
         return self.pending.take()
 
-    def commit(self) -> list[Path]:
+    def commit(self, values) -> list[Path]:
         """The staged model into place (program.py calls this once every op ran); the first rank's alone."""
         return self.emitter.commit() if self.ranks.first else []
 
-    def close(self) -> None:
+    def close(self, values) -> None:
         """Remove what the run staged and did not commit, and the model's scratch copy."""
         if self._emitter is not None:
             self._emitter.abort()
@@ -399,3 +403,8 @@ class _OnnxRun(OnnxRunState):
         if saturation is not None and self.ranks.first:
             self.pending.warnings.append(saturation)
         return Product(verification=verdict)
+
+
+def _op_alone(handler: Callable) -> Callable[[ops.PlanOp, object], Product | None]:
+    """A handler that reads its op and the run's state, called as the runner calls every handler."""
+    return lambda op, values: handler(op)

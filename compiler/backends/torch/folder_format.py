@@ -35,7 +35,7 @@ class SafetensorsFolder:
         return False
 
     @staticmethod
-    def open(run, staged, resumed, attention):
+    def open(target, staged, resumed, attention):
         """config.json checked with compressed-tensors' schema and the folder laid out (output_layout.py); file
         to file, the final config and the load check start on a thread (early_check.py)."""
         from compiler.backends.release import freeze_long_lived
@@ -44,62 +44,62 @@ class SafetensorsFolder:
         from compiler.backends.torch.writer import FolderWriter
 
         config, writer, skipped = open_output(
-            run.output, run.model, run.jobs, run.assignment, run.plan.emit.kv_cache, attention,
-            run.plan.spans.recipe, run.ranks.first, provisional=run.file_to_file, staged=staged, reopen=resumed)
+            target.output, target.model, target.jobs, target.assignment, target.plan.emit.kv_cache, attention,
+            target.plan.spans.recipe, target.ranks.first, provisional=target.file_to_file, staged=staged, reopen=resumed)
         freeze_long_lived()  # the output's layout imported transformers' model classes: later collections skip them
         early = None
-        if run.file_to_file and isinstance(writer, FolderWriter):  # while the weights round
-            assert run.check_process is not None  # load() started it: this is the first rank's folder
-            early = EarlyCheck(run.model, run.jobs, run.assignment, config, writer,
-                               (run.plan.spans.recipe, run.plan.spans.emit), run.check_process)
+        if target.file_to_file and isinstance(writer, FolderWriter):  # while the weights round
+            assert target.check_process is not None  # load() started it: this is the first rank's folder
+            early = EarlyCheck(target.model, target.jobs, target.assignment, config, writer,
+                               (target.plan.spans.recipe, target.plan.spans.emit), target.check_process)
         return Opened(writer, None, config, skipped, early)
 
     @staticmethod
-    def copies_beside_rounding(run):
+    def copies_beside_rounding(staging):
         """The bytes copied unchanged, beside the rounding rather than after it (an FP8 source's weights left
         float are dequantized at emit: their float32 copy would add to the rounding's peak)."""
         from compiler.backends.torch.output_layout import copy_unquantized
         from compiler.backends.torch.writer import FolderWriter
 
-        writer = run.writer
-        if not isinstance(writer, FolderWriter) or run.model.shards.scaled:
+        writer = staging.writer
+        if not isinstance(writer, FolderWriter) or staging.model.shards.scaled:
             return None
-        return lambda: copy_unquantized(writer, run.model, run.jobs)
+        return lambda: copy_unquantized(writer, staging.model, staging.jobs)
 
     @staticmethod
-    def finish(run, checked):
+    def finish(staging, checked):
         """The first rank copies what was not rounded and writes config.json (its final names, file to file),
         the recipe and the side files; the others hand their tensors on and write nothing."""
         from compiler.backends.torch.output_layout import copy_unquantized, write_metadata
         from compiler.backends.torch.writer import FolderWriter
 
-        if not isinstance(run.writer, FolderWriter):
+        if not isinstance(staging.writer, FolderWriter):
             return []
         warnings = []
-        copy_unquantized(run.writer, run.model, run.jobs)
+        copy_unquantized(staging.writer, staging.model, staging.jobs)
         if checked is not None:  # the config with the final names
-            run.config = checked.config
+            staging.config = checked.config
             if checked.config_warning is not None:
                 warnings.append(checked.config_warning)
-        refused = write_metadata(run.writer, run.model, run.config, run.plan.recipe_text)
+        refused = write_metadata(staging.writer, staging.model, staging.config, staging.plan.recipe_text)
         if refused:
             warnings.append(warning(
                 "Q430", f"{len(refused)} file(s) of the model folder link outside it and were not copied: "
-                f"{', '.join(refused[:4])}", run.plan.spans.model, "not copied",
+                f"{', '.join(refused[:4])}", staging.plan.spans.model, "not copied",
                 help="copy the real files into the model folder if the output should carry them"))
         return warnings
 
     @staticmethod
-    def check_staged(run, checked):
+    def check_staged(staging, checked):
         """What transformers makes of the staged folder (the first rank's: the others write nothing)."""
         from compiler.backends.torch.load_check import check_loads
         from compiler.backends.torch.writer import FolderWriter
 
-        if run.model.folder is None or not isinstance(run.writer, FolderWriter):
+        if staging.model.folder is None or not isinstance(staging.writer, FolderWriter):
             return None
         if checked is not None:
             return checked.load_warning
-        return check_loads(run.writer.temp, run.model.folder, run.plan.spans.emit)
+        return check_loads(staging.writer.temp, staging.model.folder, staging.plan.spans.emit)
 
     @staticmethod
     def rounding_scratch(w) -> int:

@@ -57,22 +57,24 @@ class TorchFormat(Protocol):
     rounded_copy_verified: ClassVar[bool]  # block by block, each block's rounded copy runs beside the float one
     encodes_whole_tensors: ClassVar[bool]  # a tensor copied into it is converted whole, not a slice of rows at a time
 
-    def open(self, run: Any, staged: Any, resumed: bool, attention: list[str]) -> Opened:
-        """The writer (every tensor's place) and what rounding needs of the format, before any work. `staged`,
+    def open(self, target: Any, staged: Any, resumed: bool, attention: list[str]) -> Opened:
+        """The writer (every tensor's place) and what rounding needs of the format, before any work. `target`:
+        where and what (run_values.Target: the destination, the plan, the ranks, the model, the jobs). `staged`,
         `resumed`: a resumable run's staged output and whether an earlier run began it; `attention`: the modules
         whose KV-cache scales the output carries."""
         ...
 
-    def copies_beside_rounding(self, run: Any) -> Callable[[], None] | None:
+    def copies_beside_rounding(self, staging: Any) -> Callable[[], None] | None:
         """File to file: the copy of the tensors no layer rounds, run beside the rounding (None: at emit)."""
         ...
 
-    def finish(self, run: Any, checked: Any) -> list[Diagnostic]:
+    def finish(self, staging: Any, checked: Any) -> list[Diagnostic]:
         """Every tensor not rounded and the metadata written (the first rank); warnings about what was not.
+        `staging`: the output opened and what was rounded into it (run_values.Staging).
         `checked`: file to file, the config and load checks made beside the rounding (early_check.Checked)."""
         ...
 
-    def check_staged(self, run: Any, checked: Any) -> Diagnostic | None:
+    def check_staged(self, staging: Any, checked: Any) -> Diagnostic | None:
         """What the format's loader makes of the staged output, before it goes into place (None: nothing to say)."""
         ...
 

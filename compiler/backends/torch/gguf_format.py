@@ -42,33 +42,33 @@ class GgufFile:
         return qtype.is_kquant
 
     @staticmethod
-    def open(run, staged, resumed, attention):
+    def open(target, staged, resumed, attention):
         """The layout of every tensor (every rank encodes the layers it rounds); the first rank writes the header
         now, with every tensor's place, the others hand their tensors on."""
         from compiler.backends.torch.gguf_writer import GgufLayout, GgufWriter
         from compiler.backends.torch.writer import RankCollector
 
-        layout = GgufLayout(run.model, run.jobs)
-        writer = GgufWriter(run.output, run.model, layout, staged, resumed, run.plan.provenance) \
-            if run.ranks.first else RankCollector()
+        layout = GgufLayout(target.model, target.jobs)
+        writer = GgufWriter(target.output, target.model, layout, staged, resumed, target.plan.provenance) \
+            if target.ranks.first else RankCollector()
         return Opened(writer, layout)
 
     @staticmethod
-    def copies_beside_rounding(run):
+    def copies_beside_rounding(staging):
         """None: GGUF's float types are converted at emit."""
         return None
 
     @staticmethod
-    def finish(run, checked):
+    def finish(staging, checked):
         """Every checkpoint tensor no layer replaced, converted to its GGUF type (the first rank)."""
         from compiler.backends.torch.gguf_writer import GgufWriter
 
-        if isinstance(run.writer, GgufWriter):
-            run.writer.copy_unquantized(run.model, run.jobs)
+        if isinstance(staging.writer, GgufWriter):
+            staging.writer.copy_unquantized(staging.model, staging.jobs)
         return []
 
     @staticmethod
-    def check_staged(run, checked):
+    def check_staged(staging, checked):
         """Nothing: llama.cpp's own load is a test's (tests/test_gguf.py)."""
         return None
 

@@ -34,8 +34,10 @@ from compiler.plan.ops import (
     CacheBlockInputs,
     CacheLocation,
     CaptureReference,
+    HeldOut,
     ModelAccess,
     PlanOp,
+    PrepareRun,
     QuantizeStrategy,
     RunBlock,
 )
@@ -43,6 +45,7 @@ from compiler.plan.target import PhaseName
 from compiler.plan.workload import Search
 
 CHECKED = "float output checked unchanged"  # how the transform's fold is checked
+RUNS_STREAMS = (Buffer.MODEL, Buffer.OUTPUT, Buffer.STREAMS)  # what an op over the whole model reads
 
 
 def blockwise(ctx: Context) -> bool:
@@ -61,6 +64,28 @@ def lower_load(ctx: Context) -> list[PlanOp]:
     if ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU):
         return [load_op(ctx, ModelAccess.BLOCKS, "lazily, one block at a time", 0, (Buffer.RECIPE,), ModelFormat.TORCH)]
     return [load_op(ctx, ModelAccess.RESIDENT, "whole", w.weights_bytes, (Buffer.RECIPE,), ModelFormat.TORCH)]
+
+
+def lower_prepare(ctx: Context) -> list[PlanOp]:
+    """`prepare_run`, once the assignment is final (after the search): each layer's job, the output opened with
+    every tensor's place, and the streams the later ops run. It carries what those ops' handlers used to look
+    up in the plan: the calibration the first statistics op gathers with, the held-out samples, the blocks."""
+    w, v = ctx.workload, ctx.ir.verify
+    gathers = ctx.streams if blockwise(ctx) else ctx.needs_data  # some op reads the calibration samples
+    named = (["calibration"] if gathers and ctx.needs_data else []) + (["verification"] if v is not None else [])
+    emit = ctx.ir.emit
+    fmt = emit.format if emit else ctx.costs.default_format
+    resident = w.weights_bytes if ctx.runs_model and ctx.mode not in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU) else 0
+    data = ((Buffer.CALIBRATION_DATA,) if gathers else ()) + ((Buffer.VERIFY_DATA,) if v is not None else ())
+    return [PrepareRun(
+        summary=f"make the {len(w.quantized_layers)} layers' jobs; open the {fmt.name} output with every tensor's "
+        "place before any work; " + (f"open the {' and '.join(named)} streams" if named else "no sample streams"),
+        inputs=(Buffer.MODEL, Buffer.MEMORY_MODE) + ctx.after_search + data, outputs=(Buffer.OUTPUT, Buffer.STREAMS),
+        peak_bytes=ctx.costs.runtime(w) + resident, jobs=len(w.quantized_layers), format=fmt,
+        streams=tuple(named) or ("none",), calibration=ctx.ir.calibration if gathers else None,
+        transform=w.transform if gathers else None, kv_cache=ctx.ir.kv_cache,
+        held_out=HeldOut(v.samples, **held_out(ctx)) if v is not None else None,
+        blocks=len(w.blocks) if ctx.streams and blockwise(ctx) else 0)]
 
 
 def _kld_words(search: Search, chunks: int, chunk: int) -> str:
@@ -89,13 +114,13 @@ def lower_streams(ctx: Context) -> list[PlanOp]:
     if v is not None:
         ops.append(CaptureReference(
             summary=f"run the float model on {v.samples} held-out samples and keep its outputs "
-            "(the model is then rounded in place)", inputs=(Buffer.MODEL, Buffer.VERIFY_DATA), outputs=(Buffer.REFERENCE,),
+            "(the model is then rounded in place)", inputs=(Buffer.MODEL, Buffer.STREAMS), outputs=(Buffer.REFERENCE,),
             peak_bytes=ctx.phase(PhaseName.VERIFY), samples=v.samples, **held_out(ctx)))
-    ops += smooth_op(ctx, CHECKED)
+    ops += smooth_op(ctx, CHECKED, RUNS_STREAMS)
     if ctx.layers_need_data:  # a transform alone (AWQ or SmoothQuant before rtn, dynamic inputs) needs no more passes
         summary = (f"forward {w.chunk} samples × {w.seqlen} tokens through the whole model, hooks gathering the "
                    "statistics its layers round with (" + ", ".join(_statistics(ctx)) + ")")
-        ops.append(calibrate_op(ctx, summary, w.quantized_layers, (Buffer.STATISTICS,)))
+        ops.append(calibrate_op(ctx, summary, w.quantized_layers, (Buffer.STATISTICS,), RUNS_STREAMS))
     return ops
 
 
@@ -111,7 +136,7 @@ def _blocks(ctx: Context) -> list[PlanOp]:
     cache = CacheBlockInputs(
         summary=f"run the model up to the first block; cache its inputs {where.value} (per sample: hidden states only; "
         f"per-sample-constant inputs once); streams: {', '.join(streams)}" + rounding_head,
-        inputs=(Buffer.MODEL, Buffer.CALIBRATION_DATA, Buffer.MEMORY_MODE) + ctx.after_search,
+        inputs=(Buffer.MODEL, Buffer.MEMORY_MODE, Buffer.OUTPUT, Buffer.STREAMS),
         outputs=(Buffer.BLOCK_INPUTS,) + ((Buffer.QPARAMS,) if head else ()), peak_bytes=ctx.phase(PhaseName.CALIBRATE),
         layers=head, samples=w.samples, seqlen=w.seqlen, per_sample=w.seqlen * w.hidden * 4, where=where,
         **statistics(ctx))
@@ -120,7 +145,7 @@ def _blocks(ctx: Context) -> list[PlanOp]:
     what = (transform_words(w, CHECKED) + "; " if w.transform else "") + "compute float outputs, " + ranges + \
         ("quantize the block (GPTQ with its Hessians)" if w.gptq else "quantize the block")
     run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
-                   inputs=(Buffer.MODEL, Buffer.BLOCK_INPUTS), outputs=(Buffer.BLOCK_INPUTS, Buffer.QPARAMS),
+                   inputs=(Buffer.MODEL, Buffer.OUTPUT, Buffer.BLOCK_INPUTS), outputs=(Buffer.BLOCK_INPUTS, Buffer.QPARAMS),
                    peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=max(1, len(w.blocks)), layers=block_layers(ctx),
                    blocks=len(w.blocks), chunk=w.chunk, gptq=w.gptq, **statistics(ctx))
     return [cache, run]
@@ -135,17 +160,21 @@ def lower_quantize(ctx: Context) -> list[PlanOp]:
     if not names:
         return []
     if not ctx.runs_model:
-        return [quantize_op(ctx, names, (Buffer.MODEL,), QuantizeStrategy.FILE_TO_FILE,
-                            "file to file: read → quantize → write → free, one tensor at a time")]
+        return [_quantize(ctx, names, (), QuantizeStrategy.FILE_TO_FILE,
+                          "file to file: read → quantize → write → free, one tensor at a time")]
     if ctx.streams and not blockwise(ctx):
-        inputs = (Buffer.MODEL, Buffer.STATISTICS) if ctx.layers_need_data else (Buffer.MODEL,)
-        return [quantize_op(ctx, names, inputs, QuantizeStrategy.IN_PLACE,
-                            "in the resident model, each computing like the emitted one from then on")]
+        return [_quantize(ctx, names, (Buffer.STATISTICS,) if ctx.layers_need_data else (), QuantizeStrategy.IN_PLACE,
+                          "in the resident model, each computing like the emitted one from then on")]
     if in_blocks and (ctx.ir.verify is not None or any(needs_data(ctx.assignment.of(n).scheme) for n in names)):
-        return [quantize_op(ctx, names, (Buffer.MODEL, Buffer.BLOCK_INPUTS), QuantizeStrategy.TAIL,
-                            "the model's tail runs on the last block's outputs (its layers' statistics), then "
-                            "streamed: load → quantize → write → free")]
-    return [quantize_op(ctx, names, (Buffer.MODEL,), QuantizeStrategy.STREAMED, "streamed: load → quantize → write → free")]
+        return [_quantize(ctx, names, (Buffer.BLOCK_INPUTS,), QuantizeStrategy.TAIL,
+                          "the model's tail runs on the last block's outputs (its layers' statistics), then "
+                          "streamed: load → quantize → write → free")]
+    return [_quantize(ctx, names, (), QuantizeStrategy.STREAMED, "streamed: load → quantize → write → free")]
+
+
+def _quantize(ctx: Context, names: list[str], reads: tuple[Buffer, ...], strategy: QuantizeStrategy, how: str):
+    """A quantize op reading the model, the staged output (its jobs, the rounder) and `reads`."""
+    return quantize_op(ctx, names, (Buffer.MODEL, Buffer.OUTPUT) + reads, strategy, how, waits_for_search=False)
 
 
 def lower_verify(ctx: Context) -> list[PlanOp]:
@@ -161,12 +190,13 @@ def lower_verify(ctx: Context) -> list[PlanOp]:
     if blockwise(ctx):
         return verify_op(ctx, f"run {v.samples} held-out samples through {emitted} against the float stream carried "
                          f"through every block beside the calibration stream, at the model's output; {gate(ctx)}",
-                         (Buffer.BLOCK_INPUTS, Buffer.EMITTED_MODEL, Buffer.VERIFY_DATA))
+                         (Buffer.MODEL, Buffer.OUTPUT, Buffer.BLOCK_INPUTS, Buffer.EMITTED_MODEL))
     return verify_op(ctx, f"run {v.samples} held-out samples through {emitted} against the float outputs kept "
-                     f"before rounding; {gate(ctx)}", (Buffer.MODEL, Buffer.REFERENCE, Buffer.EMITTED_MODEL, Buffer.VERIFY_DATA))
+                     f"before rounding; {gate(ctx)}", (Buffer.MODEL, Buffer.OUTPUT, Buffer.STREAMS, Buffer.REFERENCE,
+                                                        Buffer.EMITTED_MODEL))
 
 
 LOWERING: tuple[Pass, ...] = (
-    lower_load, lower_mode, mixed_precision_pass(_kld_words), lower_streams, lower_quantize,
-    emit_pass(reads_ranges=False), lower_verify,
+    lower_load, lower_mode, mixed_precision_pass(_kld_words), lower_prepare, lower_streams, lower_quantize,
+    emit_pass(reads_ranges=False, reads=(Buffer.OUTPUT, Buffer.QPARAMS)), lower_verify,
 )
