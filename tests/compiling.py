@@ -55,7 +55,7 @@ def assert_read_what_declared(result) -> None:
     checks that the runner's record of the reads is there)."""
     undeclared = [(op.kind.value, buffer.value) for op, buffer in result.reads if buffer not in op.inputs]
     assert undeclared == []
-    if result.plan.backend.value == "torch":  # the ONNX run keeps its values on its state (onnx/execute.py)
-        # every op works on values handed to it (select_memory_mode reads the model only to place it on GPUs)
-        idle = {op.kind for op in result.plan.ops} - {op.kind for op, _ in result.reads}
-        assert idle <= {OpKind.SELECT_MEMORY_MODE}, f"{idle} read none of their inputs"
+    # every op works on values handed to it (select_memory_mode reads the model only to place it on GPUs, or
+    # for the file its resume states belong to)
+    idle = {op.kind for op in result.plan.ops} - {op.kind for op, _ in result.reads}
+    assert idle <= {OpKind.SELECT_MEMORY_MODE}, f"{idle} read none of their inputs"

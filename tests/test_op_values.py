@@ -1,5 +1,5 @@
 """Typed values between ops: the runner holds each buffer's value and a handler reads only what its op declares
-(compiler/backends/values.py); the torch run state keeps services only. Every compile that goes through
+(compiler/backends/values.py); a run state keeps services only. Every compile that goes through
 `compiling.assert_ran_the_plan` also checks each handler's reads against its op's inputs."""
 
 from __future__ import annotations
@@ -36,13 +36,17 @@ def test_a_handler_reads_only_what_its_op_declares():
                                                                     ("select_memory_mode", "memory_mode")]
 
 
-def test_the_torch_run_state_keeps_services_only():
+@pytest.mark.parametrize("recipe", ["recipes/tiny-llama-torch-w8a8.recipe", "recipes/tiny-llama-w8a8.recipe"],
+                         ids=["torch", "onnx"])
+def test_a_run_state_keeps_services_only(recipe):
     """At most 8 attributes, and no op can add one: the state is slots all the way down."""
     from compiler import plan_file
+    from compiler.backends.onnx.execute import _OnnxRun
     from compiler.backends.torch.execute import _Run
 
-    planned = plan_file(str(ROOT / "recipes/tiny-llama-torch-w8a8.recipe"), detected_free=16 << 30)
-    run = _Run(planned.plan, ROOT / "out", lambda stage, total: lambda: None, 0.0)
+    planned = plan_file(str(ROOT / recipe), detected_free=16 << 30)
+    kind = _Run if planned.plan.backend.value == "torch" else _OnnxRun
+    run = kind(planned.plan, ROOT / "out", lambda stage, total: lambda: None, 0.0)
     slots = [name for cls in type(run).__mro__ for name in getattr(cls, "__slots__", ())]
     assert len(slots) <= 8 and not hasattr(run, "__dict__")
     with pytest.raises(AttributeError):
@@ -52,8 +56,9 @@ def test_the_torch_run_state_keeps_services_only():
 @pytest.mark.parametrize(("recipe", "verified"), [
     ("recipes/tiny-llama-torch-smoothquant.recipe", True),  # full: smooth, capture, calibrate, in place, verify
     ("recipes/tiny-llama-torch-w4a16.recipe", False),  # nothing runs the model: file to file, no stream
-], ids=["full-smoothquant", "file-to-file"])
-def test_each_torch_handler_reads_only_its_declared_inputs(recipe, verified, tmp_path, monkeypatch):
+    ("recipes/tiny-bert-lwp.recipe", True),  # ONNX: histograms, the range search and propagation
+], ids=["torch-full-smoothquant", "torch-file-to-file", "onnx-ranges"])
+def test_each_handler_reads_only_its_declared_inputs(recipe, verified, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     text = (ROOT / recipe).read_text()
     if not verified:
@@ -63,8 +68,9 @@ def test_each_torch_handler_reads_only_its_declared_inputs(recipe, verified, tmp
     result, planned = compile_program(str(written), tmp_path / "out", "memory.mode=full")
     assert_ran_the_plan(result, planned)  # which checks the reads
     kinds = {op.kind for op in planned.plan.ops}
-    assert ops.OpKind.PREPARE_RUN in kinds
-    if verified:
+    if planned.plan.backend.value == "onnx":
+        assert {ops.OpKind.SEARCH_PERCENTILE, ops.OpKind.PROPAGATE_RANGES, ops.OpKind.VERIFY} <= kinds
+    elif verified:
         assert {ops.OpKind.SMOOTH, ops.OpKind.CAPTURE_REFERENCE, ops.OpKind.VERIFY} <= kinds
     else:
         assert planned.plan.ops[0].access is ops.ModelAccess.FILES

@@ -55,7 +55,7 @@ def test_every_example_plan_has_a_handler_for_each_op(recipe):
         pytest.skip("the model is not installed here")
     spec = {ONNX.backend: ONNX, TORCH.backend: TORCH}[planned.plan.backend]
     if spec is ONNX:
-        handlers = onnx_execute._OnnxRun(planned.check.assignment, planned.plan, None, None, 0.0).handlers()
+        handlers = onnx_execute._OnnxRun(planned.plan, None, None, 0.0).handlers()
     else:
         from compiler.backends.torch import execute as torch_execute
 

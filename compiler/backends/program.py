@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar, overload
+from typing import Protocol
 
 from compiler.backends.products import Product
 from compiler.backends.ranks import all_gathered, from_environment
@@ -20,34 +20,6 @@ from compiler.plan.ops import Buffer, LoadModel, Plan, PlanOp
 from compiler.resolve.assignment import Assignment
 
 Handler = Callable[[PlanOp, OpValues], Product | None]  # what the op reports for the result (None: nothing)
-T = TypeVar("T")
-
-
-class Produced(Generic[T]):
-    """An attribute of a run that an earlier op makes (the model load_model opens, the writer the first
-    rounding op makes): reading it before then is a planner/backend mismatch, said as such. The value lives
-    in the private attribute `_NAME` (declared `T | None` by the run), which `close` reads to release only
-    what exists."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.private = "_" + name
-
-    @overload
-    def __get__(self, obj: None, owner: type) -> Produced[T]: ...
-
-    @overload
-    def __get__(self, obj: object, owner: type) -> T: ...
-
-    def __get__(self, obj, owner):
-        if obj is None:
-            return self
-        value = getattr(obj, self.private, None)
-        if value is None:
-            raise AssertionError(f"`{self.private[1:]}` is read before the op that makes it ran")
-        return value
-
-    def __set__(self, obj: object, value: T) -> None:
-        setattr(obj, self.private, value)
 
 
 class Run(Protocol):

@@ -233,6 +233,15 @@ class Scores:
     cache_file: Path
 
 
+@dataclass(frozen=True)
+class Scored:
+    """The `sensitivity` buffer's value: the searched units' losses (None: nothing searched), for the
+    assignment they were scored on (assign_precision chooses from it)."""
+
+    assignment: Assignment
+    scores: Scores | None
+
+
 def score_units(op: ScoreSensitivity, disk: Path | None, assignment: Assignment, scorer: Scorer, backend: str,
                 progress, ranks: Ranks = Ranks()) -> Scores | None:
     """The plan's `score_sensitivity` op: the searched units' losses (None when nothing is searched); scores

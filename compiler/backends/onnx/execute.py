@@ -22,7 +22,8 @@ from compiler.backends.onnx.exported_model import refuse_other_layers, resolve_e
 from compiler.backends.onnx.files import open_model
 from compiler.backends.onnx.hessians import PREFIX, GptqRounder, hessian_observers, uses_gptq
 from compiler.backends.onnx.host_cpu import saturation_warning
-from compiler.backends.onnx.run_state import OnnxRunState, Progress
+from compiler.backends.onnx.run_state import OnnxRunState, Progress, jobs_of, observed_for, round_weight, segments_of
+from compiler.backends.onnx.run_values import Exported, Observed, OnnxLoaded, OnnxMemory, Rounded, Staged
 from compiler.backends.onnx.sensitivity import OnnxScorer
 from compiler.backends.onnx.verification import verify_offload, verify_whole
 from compiler.backends.products import Product
@@ -30,12 +31,13 @@ from compiler.backends.program import execute_plan
 from compiler.backends.ranks import Owned, each_machine_first, gather_to_first, merged, merged_one, staged_everywhere
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
-from compiler.backends.sensitivity import assign, score_units
+from compiler.backends.sensitivity import Scored, assign, score_units
+from compiler.backends.values import OpValues, Values
 from compiler.diagnostics import error, warning
-from compiler.ir.types import Calibration, MemoryMode
+from compiler.ir.types import Calibration
 from compiler.models import builtin, gguf_file, resolve_path
 from compiler.plan import ops
-from compiler.plan.ops import Plan
+from compiler.plan.ops import Buffer, Plan
 from compiler.quant.smoothing import transform_summary
 from compiler.quant.weights import QuantizedWeight, sqnr_db
 from compiler.resolve.assignment import Assignment
@@ -67,8 +69,7 @@ def execute(plan: Plan, assignment: Assignment, output: Path, progress: Progress
     the run left nothing at the destination."""
     try:
         return execute_plan(plan, assignment, output, progress,
-                            lambda guarded_progress, start: _OnnxRun(assignment, plan, output, guarded_progress,
-                                                                      start))
+                            lambda guarded_progress, start: _OnnxRun(plan, output, guarded_progress, start))
     except Exception as exc:
         if not type(exc).__module__.startswith("onnxruntime"):
             raise
@@ -81,247 +82,291 @@ def execute(plan: Plan, assignment: Assignment, output: Path, progress: Progress
 
 
 class _OnnxRun(OnnxRunState):
-    """The plan's ops, one handler each, on the state they share (run_state.py)."""
+    """The plan's ops, one handler each, on the services they share (run_state.py), each reading the values
+    its op declares (run_values.py)."""
+
+    __slots__ = ()
 
     def handlers(self) -> dict[type, Callable]:
-        """Each op's handler. The ONNX run still keeps the ops' values on its state (run_state.py): its handlers
-        take the op alone, not the runner's view of the values (compiler/backends/values.py) the torch ones read."""
-        own: dict[type, Callable] = {
-                ops.ExportOnnx: self.export, ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode,
+        return {ops.ExportOnnx: self.export, ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode,
                 ops.ScoreSensitivity: self.score, ops.AssignPrecision: self.assign, ops.Smooth: self.smooth,
                 ops.CalibrateChunk: self.calibrate, ops.CacheBlockInputs: self.cache_block_inputs,
                 ops.RunBlock: self.run_blocks, ops.SearchPercentile: self.search_ranges,
                 ops.PropagateRanges: self.propagate_ranges, ops.QuantizeWeights: self.quantize, ops.Emit: self.emit,
                 ops.Verify: self.verify}
-        return {kind: _op_alone(handler) for kind, handler in own.items()}
 
     def drain(self) -> Product:
         """What the machinery reported while the last op ran (range and resume warnings, the transform)."""
         return self.pending.take()
 
-    def commit(self, values) -> list[Path]:
+    def commit(self, values: Values) -> list[Path]:
         """The staged model into place (program.py calls this once every op ran); the first rank's alone."""
-        return self.emitter.commit() if self.ranks.first else []
+        rounded = values.held(Buffer.QPARAMS, Rounded)
+        if not self.ranks.first:
+            return []
+        assert rounded is not None and rounded.emitter is not None, "the first rank staged the model"
+        return rounded.emitter.commit()
 
-    def close(self, values) -> None:
+    def close(self, values: Values) -> None:
         """Remove what the run staged and did not commit, and the model's scratch copy."""
-        if self._emitter is not None:
-            self._emitter.abort()
-        if self._files is not None:
-            self._files.close()
+        rounded, loaded = values.held(Buffer.QPARAMS, Rounded), values.held(Buffer.MODEL, OnnxLoaded)
+        if rounded is not None and rounded.emitter is not None:
+            rounded.emitter.abort()
+        if loaded is not None:
+            loaded.files.close()
 
     # ---- model ------------------------------------------------------------------------------------
-    def export(self, op: ops.ExportOnnx) -> Product:
+    def export(self, op: ops.ExportOnnx, v: OpValues) -> Product:
         """The folder's ONNX export (made now, or taken from the cache); the recipe is resolved again against
         its graph, whose layer names are the folder's."""
         from compiler.backends.onnx.export import export_folder
         from compiler.models.exports import cached_export
+        assignment = v.get(Buffer.RECIPE, Assignment)
         advance = self.progress("export", 1)
         folder = source_folder(op.folder)
         cached = cached_export(folder) is not None
         # under torchrun the export cache has one writer per machine; its other ranks then take the cached entry
-        self.source = each_machine_first(self.ranks, lambda: export_folder(folder, self.plan.spans.model))
+        source = each_machine_first(self.ranks, lambda: export_folder(folder, self.plan.spans.model))
         advance()
-        resolved = resolve_export(op.resolve, self.source, self.assignment)  # checked when planning
-        refuse_other_layers(self.plan.spans.model, self.assignment, resolved)
-        self.assignment = resolved
+        resolved = resolve_export(op.resolve, source, assignment)  # checked when planning
+        refuse_other_layers(self.plan.spans.model, assignment, resolved)
+        v.put(Buffer.ONNX_MODEL, Exported(source, resolved))
         return Product(assignment=resolved, from_cache=cached)
 
-    def load(self, op: ops.LoadModel) -> None:
-        if self._source is None:  # the export op sets it for a folder
-            self.source = model_path(op.model)
-        self.files = open_model(self.source)
+    def load(self, op: ops.LoadModel, v: OpValues) -> None:
+        """The graph only: weights stay in the data file until a session or the quantizer reads them."""
+        if v.declares(Buffer.ONNX_MODEL):  # a folder's export
+            exported = v.get(Buffer.ONNX_MODEL, Exported)
+            source, assignment = exported.source, exported.assignment
+        else:
+            source, assignment = model_path(op.model), v.get(Buffer.RECIPE, Assignment)
+        v.put(Buffer.MODEL, OnnxLoaded(open_model(source), source, assignment))
 
-    def select_mode(self, op: ops.SelectMemoryMode) -> None:
-        self.mode, self.disk = op.mode, op.disk
-        if self.disk is None:
+    def select_mode(self, op: ops.SelectMemoryMode, v: OpValues) -> None:
+        """The mode as planned; with `disk`, whose resume states this run's are (a killed run's with another
+        recipe go)."""
+        if op.disk is None:
+            v.put(Buffer.MEMORY_MODE, OnnxMemory(op.mode))
             return
         from compiler.backends.onnx.resume import remove_superseded
         from compiler.backends.owners import owner
 
         # whose resume states this run's are: its recipe and model as given (a transform's copy is made later)
-        self.owner = owner(self.output, self.plan.recipe_text, str(self.files.path), world=self.ranks.world)
+        files = v.get(Buffer.MODEL, OnnxLoaded).files
+        owned = owner(self.output, self.plan.recipe_text, str(files.path), world=self.ranks.world)
         if self.ranks.first:  # what a killed run with another recipe left here goes
-            remove_superseded(self.disk, self.owner)
+            remove_superseded(op.disk, owned)
+        v.put(Buffer.MEMORY_MODE, OnnxMemory(op.mode, op.disk, owned))
 
     # ---- mixed precision ----------------------------------------------------------------------------
-    def score(self, op: ops.ScoreSensitivity) -> None:
-        scorer = OnnxScorer(op, self.assignment.model, self.files, self.source, self.ranks)
-        self.scores = score_units(op, self.disk, self.assignment, scorer, "onnx", self.progress, self.ranks)
+    def score(self, op: ops.ScoreSensitivity, v: OpValues) -> None:
+        """Each searched unit's loss under each choice (cached by content under `disk` or $QRC_CACHE)."""
+        loaded, memory = v.get(Buffer.MODEL, OnnxLoaded), v.get(Buffer.MEMORY_MODE, OnnxMemory)
+        scorer = OnnxScorer(op, loaded.assignment.model, loaded.files, loaded.source, self.ranks)
+        scores = score_units(op, memory.disk, loaded.assignment, scorer, "onnx", self.progress, self.ranks)
+        v.put(Buffer.SENSITIVITY, Scored(loaded.assignment, scores))
 
-    def assign(self, op: ops.AssignPrecision) -> Product:
-        self.assignment, search = assign(op, self.assignment, self.scores)
-        return Product(assignment=self.assignment, search=search)
+    def assign(self, op: ops.AssignPrecision, v: OpValues) -> Product:
+        """The search's assignment, as a value the later ops read."""
+        scored = v.get(Buffer.SENSITIVITY, Scored)
+        assignment, search = assign(op, scored.assignment, scored.scores)
+        v.put(Buffer.PRECISION, assignment)
+        return Product(assignment=assignment, search=search)
 
     # ---- calibration --------------------------------------------------------------------------------
-    def smooth(self, op: ops.Smooth) -> Product:
+    def smooth(self, op: ops.Smooth, v: OpValues) -> Product:
         """`transform`: before anything is observed or rounded, the model is replaced by its smoothed copy."""
-        t = op.settings
         from compiler.backends.onnx.smoothing import smooth
 
-        batches = self._batches(op.calibration)
-        advance = self.progress(t.kind.name, len(batches) * (1 if self.mode is not MemoryMode.OFFLOAD
-                                                              else len(self._segments())))
-        smoothed, gains = smooth(t, self.assignment, self.files, self.mode, batches, self.disk, advance, self.ranks)
-        self.files.close()
-        self.files = smoothed
-        return Product(transform=transform_summary(t, len(self.assignment.smoothing), gains))
+        t = op.settings
+        loaded, memory = v.get(Buffer.MODEL, OnnxLoaded), v.get(Buffer.MEMORY_MODE, OnnxMemory)
+        assignment = _final(v, loaded)
+        batches = self._batches(op.calibration, assignment)
+        advance = self.progress(t.kind.name, len(batches) * (len(segments_of(loaded.files)) if memory.offload else 1))
+        smoothed, gains = smooth(t, assignment, loaded.files, memory.mode, batches, memory.disk, advance, self.ranks)
+        loaded.files.close()
+        v.put(Buffer.MODEL, dataclasses.replace(loaded, files=smoothed))
+        return Product(transform=transform_summary(t, len(assignment.smoothing), gains))
 
-    def calibrate(self, op: ops.CalibrateChunk) -> None:
+    def calibrate(self, op: ops.CalibrateChunk, v: OpValues) -> None:
         """Every chunk, `op.passes` times: low_memory splits the observed tensors into groups."""
-        cal, files = op.calibration, self.files
-        w = self.observation(cal)
+        loaded, memory = v.get(Buffer.MODEL, OnnxLoaded), v.get(Buffer.MEMORY_MODE, OnnxMemory)
+        cal, files, assignment = op.calibration, loaded.files, _final(v, loaded)
+        w = observed_for(assignment, cal)
         histogram = cal.method.histogram
-        batches = self._batches(cal)
+        batches = self._batches(cal, assignment)
         hessians = dict(w.hessian_inputs)
         groups = np.array_split(np.array(w.fetched, dtype=object), op.passes)
         advance = self.progress("calibrate", len(batches) * op.passes)
-        states = []
+        states, observers = [], {}
         ranged = set(w.observed)
         for number, group in enumerate(groups):
             observed = tuple(t for t in group if t in ranged)
             gathered = {t: hessians[t] for t in group if t in hessians}
-            state = self._resume_state(number, tuple(group))
+            state = self._resume_state(memory, files, number, tuple(group))
             states.append(state)
-            self.observers.update(calibrate(files.light, files.base_dir, self.graph, observed,
-                                            batches, histogram, cal.bins, advance, cal.workers, state, gathered))
-        self.observers = merged(self.ranks, self.observers)  # every rank's chunks, merged exactly in rank order
-        self.rounder = GptqRounder(self.jobs(), self.observers)
+            observers.update(calibrate(files.light, files.base_dir, loaded.graph, observed,
+                                       batches, histogram, cal.bins, advance, cal.workers, state, gathered))
+        observers = merged(self.ranks, observers)  # every rank's chunks, merged exactly in rank order
+        seen = Observed(assignment, w, observers, GptqRounder(jobs_of(assignment), observers))
         for state in filter(None, states):  # calibration is complete: nothing to resume
             state.remove()
-        self._ranges_if_ready(op, cal)
+        self._ranges_if_ready(op, seen, cal)
+        for buffer in op.outputs:
+            v.put(buffer, seen)
 
-    def cache_block_inputs(self, op: ops.CacheBlockInputs) -> None:
+    def cache_block_inputs(self, op: ops.CacheBlockInputs, v: OpValues) -> None:
         """offload: observers (resumed where an interrupted run left them) and the graph inputs' own ranges;
         the block boundaries are cached per chunk as run_block produces them."""
         from compiler.quant.observers import make_observer
 
-        cal = op.calibration
-        w = self.observation(cal)
+        loaded, memory = v.get(Buffer.MODEL, OnnxLoaded), v.get(Buffer.MEMORY_MODE, OnnxMemory)
+        cal, assignment = op.calibration, _final(v, loaded)
+        w = observed_for(assignment, cal)
         histogram = cal.method.histogram
-        self.observers = {t: make_observer(histogram, cal.bins) for t in w.observed}
-        self.observers.update(hessian_observers(dict(w.hessian_inputs)))
+        seen = Observed(assignment, w, {t: make_observer(histogram, cal.bins) for t in w.observed})
+        seen.observers.update(hessian_observers(dict(w.hessian_inputs)))
         # GPTQ layers are rounded as their segment finishes, and those weights are not part of the resume
         # state: an offload GPTQ run starts over when interrupted
-        state = None if w.gptq_layers else self._resume_state(-1, tuple(w.observed))
+        state = None if w.gptq_layers else self._resume_state(memory, loaded.files, -1, tuple(w.observed))
         resume = None
         if state is not None:
             found = state.load()
             done = 0
-            if found is not None and set(found[1]) == set(self.observers):
-                done, self.observers = found
+            if found is not None and set(found[1]) == set(seen.observers):
+                done, seen.observers = found
             from compiler.backends.onnx.segments import Resume
 
-            resume = Resume(state.path.stem, lambda: done, lambda segments: state.save(segments, self.observers))
-        self.offload_resume = (state, resume)
+            resume = Resume(state.path.stem, lambda: done, lambda segments: state.save(segments, seen.observers))
+        seen.offload_resume = (state, resume)
         if not (resume and resume.done()):
-            for name in (t for t in w.fetched if t in self.graph.inputs):
-                for feed in self._batches(cal):
-                    observe(self.observers, name, feed[name])
+            for name in (t for t in w.fetched if t in loaded.graph.inputs):
+                for feed in self._batches(cal, assignment):
+                    observe(seen.observers, name, feed[name])
+        v.put(Buffer.BLOCK_INPUTS, seen)
 
-    def run_blocks(self, op: ops.RunBlock) -> None:
+    def run_blocks(self, op: ops.RunBlock, v: OpValues) -> None:
         """offload: one segment's weights in a session at a time, boundaries cached per chunk."""
-        from compiler.backends.onnx.segments import cut, run_segments
+        from compiler.backends.onnx.segments import run_segments
 
-        cal, files = op.calibration, self.files
-        w = self.observation(cal)
-        state, resume = self.offload_resume
-        batches = self._batches(cal)
-        advance = self.progress("calibrate", len(cut(files.light)) * len(batches))
-        self.rounder = GptqRounder(self.jobs(), self.observers)
-        run_segments(files.light, files.base_dir, self.graph, batches, set(w.fetched),
-                     lambda name, value: observe(self.observers, name, value), self.disk, advance, resume,
-                     self._round_segment)
+        loaded, memory = v.get(Buffer.MODEL, OnnxLoaded), v.get(Buffer.MEMORY_MODE, OnnxMemory)
+        seen = v.get(Buffer.BLOCK_INPUTS, Observed)
+        cal, files, w = op.calibration, loaded.files, seen.observation
+        state, resume = seen.offload_resume
+        batches = self._batches(cal, seen.assignment)
+        advance = self.progress("calibrate", len(segments_of(files)) * len(batches))
+        seen.rounder = GptqRounder(jobs_of(seen.assignment), seen.observers)
+        rounded = Rounded(seen.assignment)
+        run_segments(files.light, files.base_dir, loaded.graph, batches, set(w.fetched),
+                     lambda name, value: observe(seen.observers, name, value), memory.disk, advance, resume,
+                     lambda reported: self._round_segment(loaded, seen, rounded, reported))
         # every rank's chunks, merged exactly in rank order, into the dict the rounder holds (GPTQ's Hessians were
         # merged, used and freed as their segments finished: none is left here)
-        self.observers.update(merged(self.ranks, self.observers))
+        seen.observers.update(merged(self.ranks, seen.observers))
         if state is not None:
             state.remove()
-        self._ranges_if_ready(op, cal)
+        self._ranges_if_ready(op, seen, cal)
+        for buffer in op.outputs:
+            v.put(buffer, rounded if buffer is Buffer.QPARAMS else seen)
 
-    def _round_segment(self, reported: list[str]) -> None:
+    def _round_segment(self, loaded: OnnxLoaded, seen: Observed, rounded: Rounded, reported: list[str]) -> None:
         """offload: the GPTQ layers whose input a finished segment produced are rounded now, so only one
         segment's Hessians are ever held; the emitter writes them to the output's data file at once. Under
         torchrun those Hessians are first summed over the ranks (every rank reaches each segment's end: the
         segments are the graph's), then the layers are rounded N at a time as in `quantize`."""
         done = set(reported)
-        jobs = self.rounder.jobs
+        assert seen.rounder is not None  # made before the segments run
+        jobs = seen.rounder.jobs
         finished = {name for name, job in jobs.items() if uses_gptq(job) and job.layer.input in done}
         if not finished:
             return
-        self.rounded_early |= finished
-        inits = {t.name: t for t in self.files.light.graph.initializer if t.name in finished}
-        pairs = rewrite.weight_nodes(self.files.light, finished)
+        rounded.early |= finished
+        inits = {t.name: t for t in loaded.files.light.graph.initializer if t.name in finished}
+        pairs = rewrite.weight_nodes(loaded.files.light, finished)
         if self.ranks.world > 1:
             held = {PREFIX + jobs[weight].layer.input for weight in finished}
-            self.observers.update(merged(self.ranks, {key: self.observers[key] for key in held}))
-            self._quantize_shared(pairs, inits, jobs, lambda: None)
+            seen.observers.update(merged(self.ranks, {key: seen.observers[key] for key in held}))
+            self._quantize_shared(loaded, seen.rounder, rounded, pairs, inits, jobs, lambda: None)
         else:
             for node, weight in pairs:
-                self._put(node, inits[weight], jobs[weight])
+                self._put(loaded, seen.rounder, rounded, node, inits[weight], jobs[weight])
         release_memory()
 
     # ---- ranges -------------------------------------------------------------------------------------
-    def _ranges_if_ready(self, op: ops.PlanOp, calibration: Calibration) -> None:
+    def _ranges_if_ready(self, op: ops.PlanOp, seen: Observed, calibration: Calibration) -> None:
         """minmax: the observers' ranges are final, so the op that observes produces them (the plan says so)."""
         if ops.Buffer.RANGES in op.outputs:
-            self._ranges(calibration, inherited=False)
+            self._ranges(seen, calibration, inherited=False)
 
-    def search_ranges(self, op: ops.SearchPercentile) -> None:
-        self._ranges(op.calibration, inherited=False)
+    def search_ranges(self, op: ops.SearchPercentile, v: OpValues) -> None:
+        """Each observed input's range from its histogram, by the calibration method."""
+        seen = v.get(Buffer.HISTOGRAMS, Observed)
+        self._ranges(seen, op.calibration, inherited=False)
+        v.put(Buffer.RANGES, seen)
 
-    def propagate_ranges(self, op: ops.PropagateRanges) -> None:
-        self._ranges(op.calibration, inherited=True)
+    def propagate_ranges(self, op: ops.PropagateRanges, v: OpValues) -> None:
+        """The outputs of passthrough ops take their producer's range."""
+        seen = v.get(Buffer.RANGES, Observed)
+        self._ranges(seen, op.calibration, inherited=True)
+        v.put(Buffer.RANGES, seen)
 
-    def _ranges(self, calibration: Calibration, inherited: bool) -> None:
+    def _ranges(self, seen: Observed, calibration: Calibration, inherited: bool) -> None:
         """The quantized range of each static input: observed ones from their own observer, inherited ones
         (outputs of passthrough ops) from their producer's."""
-        sources = self.observation(calibration).source_of
-        for a in self.assignment.layers:
+        sources = seen.observation.source_of
+        for a in seen.assignment.layers:
             act, tensor = a.scheme.activations, a.layer.input
-            if a.scheme.is_none or act is None or tensor in self.bounds or (sources[tensor] != tensor) != inherited:
+            if a.scheme.is_none or act is None or tensor in seen.bounds or (sources[tensor] != tensor) != inherited:
                 continue
-            bounds = calibration.method.range(self.observers[sources[tensor]], act.qtype, act.symmetric)
+            bounds = calibration.method.range(seen.observers[sources[tensor]], act.qtype, act.symmetric)
             if bounds is None:
                 self.pending.warnings.append(warning(
                     "Q405", f"`{tensor}` was never finite during calibration; left unquantized",
                     a.rule.span if a.rule else None, "no range",
                     help="check the calibration data; masks built from -inf look like this"))
                 continue
-            self.bounds[tensor] = (float(bounds[0]), float(bounds[1]))
+            seen.bounds[tensor] = (float(bounds[0]), float(bounds[1]))
 
     # ---- weights and output -------------------------------------------------------------------------
-    def quantize(self, op: ops.QuantizeWeights) -> Product:
+    def quantize(self, op: ops.QuantizeWeights, v: OpValues) -> Product:
         """Each weight read from the data file, rounded, handed to the emitter and dropped; then the static
         inputs' scales and zero points."""
         calibrated = time.perf_counter() - self.start
         release_memory()
-        jobs = self.jobs()
-        inits = {t.name: t for t in self.files.light.graph.initializer}
+        loaded = v.get(Buffer.MODEL, OnnxLoaded)
+        seen = next((v.get(b, Observed) for b in (Buffer.RANGES, Buffer.HISTOGRAMS) if v.declares(b)), None)
+        assignment = seen.assignment if seen is not None else _final(v, loaded)
+        rounded = v.get(Buffer.QPARAMS, Rounded) if v.declares(Buffer.QPARAMS) else Rounded(assignment)
+        v.put(Buffer.QPARAMS, rounded)
+        rounder = seen.rounder if seen is not None else None
+        jobs = jobs_of(assignment)
+        inits = {t.name: t for t in loaded.files.light.graph.initializer}
         # the emitter's order, known on every rank; offload rounded its GPTQ layers as their segments finished
-        pairs = [(node, weight) for node, weight in rewrite.weight_nodes(self.files.light, jobs)
-                 if weight not in self.rounded_early]
+        pairs = [(node, weight) for node, weight in rewrite.weight_nodes(loaded.files.light, jobs)
+                 if weight not in rounded.early]
         advance = self.progress("quantize", len(pairs))
         if self.ranks.world > 1:
-            self._quantize_shared(pairs, inits, jobs, advance)
+            self._quantize_shared(loaded, rounder, rounded, pairs, inits, jobs, advance)
             if not self.ranks.first:
                 return Product()
         else:
             for node, weight in pairs:
-                self._put(node, inits[weight], jobs[weight])
+                self._put(loaded, rounder, rounded, node, inits[weight], jobs[weight])
                 advance()
-        emitter = self._open_emitter()
-        warnings = (dampened_warning(self.plan.spans.recipe, self.rounder.dampened),) \
-            if self._rounder is not None and self._rounder.dampened else ()
-        for tensor, qparams_ in activation_specs(self.assignment, self.files.light, self.bounds).items():
+        emitter = self._emitter(loaded, rounded)
+        warnings = (dampened_warning(self.plan.spans.recipe, rounder.dampened),) \
+            if rounder is not None and rounder.dampened else ()
+        bounds = seen.bounds if seen is not None else {}
+        for tensor, qparams_ in activation_specs(assignment, loaded.files.light, bounds).items():
             emitter.put(tensor, qparams_)
-        sqnr = tuple((a.layer.name, self.sqnr[a.layer.weight]) for a in self.assignment.layers
-                     if a.layer.weight in self.sqnr)
-        ranges = tuple((a.layer.name, self.bounds[a.layer.input]) for a in self.assignment.layers
-                       if a.scheme.activations is not None and a.layer.input in self.bounds)
+        sqnr = tuple((a.layer.name, rounded.sqnr[a.layer.weight]) for a in assignment.layers
+                     if a.layer.weight in rounded.sqnr)
+        ranges = tuple((a.layer.name, bounds[a.layer.input]) for a in assignment.layers
+                       if a.scheme.activations is not None and a.layer.input in bounds)
         return Product(warnings=warnings, calibration_seconds=calibrated, weight_sqnr=sqnr, input_ranges=ranges)
 
-    def _quantize_shared(self, pairs, inits: dict, jobs: dict[str, rewrite.WeightJob], advance) -> None:
+    def _quantize_shared(self, loaded: OnnxLoaded, rounder: GptqRounder | None, rounded: Rounded, pairs,
+                         inits: dict, jobs: dict[str, rewrite.WeightJob], advance) -> None:
         """torchrun's ranks round the weights N at a time, weight start + r on rank r; each round the rounded
         weights and their figures go to the first rank, which hands them to the emitter (its layout is the
         graph's, so the bytes are one process's). At most N rounded weights are in flight."""
@@ -329,82 +374,89 @@ class _OnnxRun(OnnxRunState):
             mine: dict[str, tuple[QuantizedWeight, float]] = {}
             for k, (node, weight) in enumerate(pairs[start:start + self.ranks.world]):
                 if k == self.ranks.rank:
-                    w = self.files.array(inits[weight])
+                    w = loaded.files.array(inits[weight])
                     refuse_nonfinite(self.plan.spans.model, jobs[weight].layer, w)
-                    qw = self._round(node, weight, w, jobs[weight])
+                    qw = round_weight(rounder, node, weight, w, jobs[weight])
                     mine[weight] = (qw, sqnr_db(w, qw))
-                elif self._rounder is not None and uses_gptq(jobs[weight]):
-                    self._rounder.skip(weight)  # another rank rounds it: its Hessian goes when no one here needs it
-            dampened = self._rounder.dampened if self._rounder is not None else {}
+                elif rounder is not None and uses_gptq(jobs[weight]):
+                    rounder.skip(weight)  # another rank rounds it: its Hessian goes when no one here needs it
+            dampened = rounder.dampened if rounder is not None else {}
             for handed, their_dampened in gather_to_first(self.ranks, (mine, dampened)):
                 for weight, (qw, figure) in handed.items():
-                    self.sqnr[weight] = figure
-                    self._open_emitter().put(weight, qw)
-                if self._rounder is not None:
-                    self._rounder.dampened.update(their_dampened)
+                    rounded.sqnr[weight] = figure
+                    self._emitter(loaded, rounded).put(weight, qw)
+                if rounder is not None:
+                    rounder.dampened.update(their_dampened)
             for _ in pairs[start:start + self.ranks.world]:
                 advance()
 
-    def emit(self, op: ops.Emit) -> Product:
+    def emit(self, op: ops.Emit, v: OpValues) -> Product:
         """Float initializers kept as they are, provenance stamped, the file written atomically (by the first
         rank: the others write nothing)."""
+        loaded, rounded = v.get(Buffer.MODEL, OnnxLoaded), v.get(Buffer.QPARAMS, Rounded)
+        memory = v.get(Buffer.MEMORY_MODE, OnnxMemory)
         if not self.ranks.first:
+            v.put(Buffer.EMITTED_MODEL, Staged(None, rounded.assignment))
             return Product()
-        emitter = self.emitter
-        for tensor in self.files.light.graph.initializer:
+        emitter = self._emitter(loaded, rounded)
+        for tensor in loaded.files.light.graph.initializer:
             if tensor.name not in emitter.jobs:
                 emitter.copy_raw(tensor.name)
         for key, value in self.plan.provenance:
             emitter.metadata(key, value)
-        offload = self.mode is MemoryMode.OFFLOAD
         # verification opens the model in onnxruntime; without it, this check does
         check = None if self.plan.first(ops.Verify) else (
-            lambda staged: check_emitted(staged, self.plan.spans.emit, offload))
+            lambda staged: check_emitted(staged, self.plan.spans.emit, memory.offload))
         staged = tuple(emitter.finish(check))  # beside the destination until verified
         release_memory()  # the quantized model's proto and pages go before verification
+        v.put(Buffer.EMITTED_MODEL, Staged(emitter.staged_model, rounded.assignment))
         return Product(files=staged)
 
-    def _layer_errors(self, op: ops.Verify, staged: Path) -> dict[str, float]:
+    def _layer_errors(self, op: ops.Verify, loaded: OnnxLoaded, memory: OnnxMemory, staged: Staged) -> dict[str, float]:
         """Each quantized layer's added error on a few held-out samples (offload: segment by segment, the
         layer tensors cached on disk)."""
         from compiler.backends.onnx.attribution import staged_layer_errors
 
-        samples = held_out_batches(op, self.assignment.model, self.pending.warnings, chunk=1)
+        assert staged.model is not None  # the first rank's
+        samples = held_out_batches(op, staged.assignment.model, self.pending.warnings, chunk=1)
         samples = dataclasses.replace(samples, samples=min(samples.samples, 4))
-        offload = self.mode is MemoryMode.OFFLOAD
-        return staged_layer_errors(self.assignment, self.files, staged, samples,
-                                   (self.disk or Path(tempfile.gettempdir())) if offload else None)
+        return staged_layer_errors(staged.assignment, loaded.files, staged.model, samples,
+                                   (memory.disk or Path(tempfile.gettempdir())) if memory.offload else None)
 
-    def verify(self, op: ops.Verify) -> Product:
+    def verify(self, op: ops.Verify, v: OpValues) -> Product:
         """Measured on the staged model; then it goes into place (a failed verification leaves it there,
         beside its figures), so an interrupt before this point leaves nothing at the destination. Under torchrun
         the first rank stages the model: ranks on its machine open that file and each runs its share of the
         held-out chunks, the sums merged in rank order; ranks on other machines run a copy the first rank sends
         them (ranks.staged_everywhere), removed after."""
+        loaded, memory = v.get(Buffer.MODEL, OnnxLoaded), v.get(Buffer.MEMORY_MODE, OnnxMemory)
+        staged = v.get(Buffer.EMITTED_MODEL, Staged)
+        assignment = staged.assignment
         with tempfile.TemporaryDirectory(prefix="qrc-staged-") as scratch:
-            here = staged_everywhere(self.ranks, self.emitter.staged_model.parent if self.ranks.first else None,
+            here = staged_everywhere(self.ranks, staged.model.parent if staged.model is not None else None,
                                      Path(scratch)) / self.output.name
-            if self.mode is MemoryMode.OFFLOAD:  # a sample at a time
-                batches = held_out_batches(op, self.assignment.model, self.pending.warnings, chunk=1)
-                agreement = verify_offload(self.assignment, self.files, here, Owned(batches, self.ranks), self.disk,
+            if memory.offload:  # a sample at a time
+                batches = held_out_batches(op, assignment.model, self.pending.warnings, chunk=1)
+                agreement = verify_offload(assignment, loaded.files, here, Owned(batches, self.ranks), memory.disk,
                                            self.progress)
             else:
-                batches = held_out_batches(op, self.assignment.model, self.pending.warnings)
-                agreement = verify_whole(self.files.path, here, Owned(batches, self.ranks), self.progress)
+                batches = held_out_batches(op, assignment.model, self.pending.warnings)
+                agreement = verify_whole(loaded.files.path, here, Owned(batches, self.ranks), self.progress)
         agreement = merged_one(self.ranks, agreement)
         failed = not passes(agreement.value(op.metric), op.bound, op.threshold)
         # Q501's help: the first rank's, on the model it staged
-        errors = self._layer_errors(op, self.emitter.staged_model) if failed and self.ranks.first else {}
+        errors = self._layer_errors(op, loaded, memory, staged) if failed and self.ranks.first else {}
         measured_on = "the emitted model, run by onnxruntime" + (
             f", its held-out samples shared by {self.ranks.world} torchrun ranks" if self.ranks.world > 1 else "")
         verdict = judge(op, self.plan.spans.verify, self.output, agreement, measured_on, errors,
                         self.ranks.first)  # the model goes into place after the last op
-        saturation = saturation_warning(self.assignment, self.plan.emit.format, self.plan.spans.verify)
+        saturation = saturation_warning(assignment, self.plan.emit.format, self.plan.spans.verify)
         if saturation is not None and self.ranks.first:
             self.pending.warnings.append(saturation)
+        v.put(Buffer.VERIFY_REPORT, verdict)
         return Product(verification=verdict)
 
 
-def _op_alone(handler: Callable) -> Callable[[ops.PlanOp, object], Product | None]:
-    """A handler that reads its op and the run's state, called as the runner calls every handler."""
-    return lambda op, values: handler(op)
+def _final(v: OpValues, loaded: OnnxLoaded) -> Assignment:
+    """The assignment the op works with: the search's where the op waits for it, else the model's."""
+    return v.get(Buffer.PRECISION, Assignment) if v.declares(Buffer.PRECISION) else loaded.assignment

@@ -98,8 +98,10 @@ def _segments(ctx: Context) -> list[PlanOp]:
         seqlen=w.seqlen, per_sample=w.seqlen * w.hidden * 4, where=where, **statistics(ctx))
     what = "observe its tensors" + (" (GPTQ: round its layers once every chunk has passed, free their Hessians)"
                                  if w.hessian_inputs else "")
+    rounds = (Buffer.QPARAMS,) if w.hessian_inputs else ()  # GPTQ's layers, as their segments finish
     run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
-                   inputs=(Buffer.MODEL, Buffer.BLOCK_INPUTS), outputs=(Buffer.BLOCK_INPUTS, ctx.range_buffer),
+                   inputs=(Buffer.MODEL, Buffer.MEMORY_MODE, Buffer.BLOCK_INPUTS),
+                   outputs=(Buffer.BLOCK_INPUTS, ctx.range_buffer) + rounds,
                    peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=max(1, len(w.blocks)),
                    layers=observed_layers(ctx), blocks=len(w.blocks), chunk=w.chunk, gptq=w.gptq, **statistics(ctx))
     return [cache, run]
@@ -131,7 +133,10 @@ def lower_quantize(ctx: Context) -> list[PlanOp]:
     names = list(w.quantized_layers)
     if not names:
         return []
-    inputs = (Buffer.MODEL, Buffer.RANGES) if w.observed else (Buffer.MODEL,)
+    # the observers' ranges, or (GPTQ alone) the Hessians calibration gathered; the layers offload rounded already
+    observed = (Buffer.RANGES,) if w.observed else (ctx.range_buffer,) if w.calibrate and ctx.needs_data else ()
+    early = (Buffer.QPARAMS,) if ctx.mode is MemoryMode.OFFLOAD and w.hessian_inputs and observed else ()
+    inputs = (Buffer.MODEL,) + observed + early
     return [quantize_op(ctx, names, inputs, QuantizeStrategy.STREAMED, "streamed: load → quantize → write → free")]
 
 
@@ -141,7 +146,7 @@ def lower_verify(ctx: Context) -> list[PlanOp]:
     if v is None:
         return []
     return verify_op(ctx, f"run float and emitted model on {v.samples} held-out samples; {gate(ctx)}",
-                     (Buffer.MODEL, Buffer.EMITTED_MODEL, Buffer.VERIFY_DATA))
+                     (Buffer.MODEL, Buffer.MEMORY_MODE, Buffer.EMITTED_MODEL, Buffer.VERIFY_DATA))
 
 
 def _kernels(ctx: Context, fmt: EmitFormat) -> str:
@@ -154,5 +159,6 @@ def _kernels(ctx: Context, fmt: EmitFormat) -> str:
 
 LOWERING: tuple[Pass, ...] = (
     lower_export, lower_load, lower_mode, mixed_precision_pass(_kld_words), lower_calibration, lower_ranges,
-    lower_quantize, emit_pass(reads_ranges=True, streams_weights=streams_output, kernels=_kernels), lower_verify,
+    lower_quantize, emit_pass(reads_ranges=True, streams_weights=streams_output, kernels=_kernels,
+                              reads=(Buffer.MODEL, Buffer.MEMORY_MODE, Buffer.QPARAMS)), lower_verify,
 )

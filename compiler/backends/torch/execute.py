@@ -20,7 +20,7 @@ from compiler.backends.products import Product
 from compiler.backends.program import execute_plan
 from compiler.backends.release import keep_large_blocks_mapped, release_memory, trim_heap
 from compiler.backends.result import CompileResult
-from compiler.backends.sensitivity import assign, score_units
+from compiler.backends.sensitivity import Scored, assign, score_units
 from compiler.backends.torch import streams
 from compiler.backends.torch.check_process import adopt
 from compiler.backends.torch.devices import place
@@ -30,7 +30,7 @@ from compiler.backends.torch.layers import Statistics
 from compiler.backends.torch.model import open_files, open_model
 from compiler.backends.torch.prepare import open_streams, prepare_output
 from compiler.backends.torch.rounding import Rounder
-from compiler.backends.torch.run_values import Emitted, Loaded, MemoryChoice, Reference, Scored, Staging, Streams
+from compiler.backends.torch.run_values import Emitted, Loaded, MemoryChoice, Reference, Staging, Streams
 from compiler.backends.torch.sensitivity import TorchScorer
 from compiler.backends.torch.verifying import Verifying
 from compiler.backends.values import OpValues, Values

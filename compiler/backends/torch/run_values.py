@@ -3,7 +3,7 @@ runner holds them (compiler/backends/values.py) and each handler reads only thos
 
     model        Loaded        load_model: the model (or its files) and the recipe resolved against it
     memory_mode  MemoryChoice  select_memory_mode: the mode run, its disk, the blocks' GPUs
-    sensitivity  Scored        score_sensitivity: each searched unit's loss
+    sensitivity  Scored        score_sensitivity: each searched unit's loss (compiler/backends/sensitivity.py)
     precision    Assignment    assign_precision: the assignment the search chose
     output       Staging       prepare_run: each layer's job, and the output staged with what rounds into it
     streams      Streams       prepare_run: the sample streams (block_inputs: the same, cached at the blocks)
@@ -22,7 +22,6 @@ import torch
 from compiler.backends.agreement import Agreement
 from compiler.backends.emitter import Emitter
 from compiler.backends.ranks import Owned, Ranks
-from compiler.backends.sensitivity import Scores
 from compiler.backends.torch import streams
 from compiler.backends.torch.attribution import LayerCosts
 from compiler.backends.torch.check_process import CheckProcess
@@ -88,15 +87,6 @@ class MemoryChoice:
     def offload(self) -> bool:
         """Whether the blocks' weights are read from the checkpoint as each block runs, and dropped after."""
         return self.mode is MemoryMode.OFFLOAD
-
-
-@dataclass(frozen=True)
-class Scored:
-    """`sensitivity`: the searched units' losses (None: nothing searched), for the assignment they were
-    scored on."""
-
-    assignment: Assignment
-    scores: Scores | None
 
 
 @dataclass(eq=False)
