@@ -31,7 +31,8 @@ from compiler.backends.program import execute_plan
 from compiler.backends.ranks import Owned, each_machine_first, gather_to_first, merged, merged_one, staged_everywhere
 from compiler.backends.release import release_memory
 from compiler.backends.result import CompileResult, held_out_batches, judge, refuse_nonfinite
-from compiler.backends.sensitivity import Scored, assign, score_units
+from compiler.backends.sensitivity import Scored, score_units
+from compiler.backends.shared_ops import assign_precision
 from compiler.backends.values import OpValues, Values
 from compiler.diagnostics import error, warning
 from compiler.ir.types import Calibration
@@ -89,7 +90,7 @@ class _OnnxRun(OnnxRunState):
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.ExportOnnx: self.export, ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode,
-                ops.ScoreSensitivity: self.score, ops.AssignPrecision: self.assign, ops.Smooth: self.smooth,
+                ops.ScoreSensitivity: self.score, ops.AssignPrecision: assign_precision, ops.Smooth: self.smooth,
                 ops.CalibrateChunk: self.calibrate, ops.CacheBlockInputs: self.cache_block_inputs,
                 ops.RunBlock: self.run_blocks, ops.SearchPercentile: self.search_ranges,
                 ops.PropagateRanges: self.propagate_ranges, ops.QuantizeWeights: self.quantize, ops.Emit: self.emit,
@@ -165,13 +166,6 @@ class _OnnxRun(OnnxRunState):
         scorer = OnnxScorer(op, loaded.assignment.model, loaded.files, loaded.source, self.ranks)
         scores = score_units(op, memory.disk, loaded.assignment, scorer, "onnx", self.progress, self.ranks)
         v.put(Buffer.SENSITIVITY, Scored(loaded.assignment, scores))
-
-    def assign(self, op: ops.AssignPrecision, v: OpValues) -> Product:
-        """The search's assignment, as a value the later ops read."""
-        scored = v.get(Buffer.SENSITIVITY, Scored)
-        assignment, search = assign(op, scored.assignment, scored.scores)
-        v.put(Buffer.PRECISION, assignment)
-        return Product(assignment=assignment, search=search)
 
     # ---- calibration --------------------------------------------------------------------------------
     def smooth(self, op: ops.Smooth, v: OpValues) -> Product:

@@ -20,7 +20,8 @@ from compiler.backends.products import Product
 from compiler.backends.program import execute_plan
 from compiler.backends.release import keep_large_blocks_mapped, release_memory, trim_heap
 from compiler.backends.result import CompileResult
-from compiler.backends.sensitivity import Scored, assign, score_units
+from compiler.backends.sensitivity import Scored, score_units
+from compiler.backends.shared_ops import assign_precision
 from compiler.backends.torch import streams
 from compiler.backends.torch.check_process import adopt
 from compiler.backends.torch.devices import place
@@ -62,7 +63,7 @@ class _Run(Verifying):
 
     def handlers(self) -> dict[type, Callable]:
         return {ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode, ops.ScoreSensitivity: self.score,
-                ops.AssignPrecision: self.assign, ops.PrepareRun: self.prepare,
+                ops.AssignPrecision: assign_precision, ops.PrepareRun: self.prepare,
                 ops.CaptureReference: self.capture_reference, ops.Smooth: self.smooth_whole,
                 ops.CalibrateChunk: self.calibrate_whole, ops.CacheBlockInputs: self.cache_block_inputs,
                 ops.RunBlock: self.run_blocks, ops.QuantizeWeights: self.quantize, ops.Emit: self.emit,
@@ -143,13 +144,6 @@ class _Run(Verifying):
         scores = score_units(op, memory.disk, loaded.assignment, scorer, "torch", self.progress, self.ranks)
         v.put(Buffer.SENSITIVITY, Scored(loaded.assignment, scores))
         release_memory()
-
-    def assign(self, op: ops.AssignPrecision, v: OpValues) -> Product:
-        """The search's assignment, as a value the later ops read."""
-        scored = v.get(Buffer.SENSITIVITY, Scored)
-        assignment, search = assign(op, scored.assignment, scored.scores)
-        v.put(Buffer.PRECISION, assignment)
-        return Product(assignment=assignment, search=search)
 
     def prepare(self, op: ops.PrepareRun, v: OpValues) -> None:
         """Once the assignment is final: each layer's job, the output opened with every tensor's place (before

@@ -1,0 +1,110 @@
+"""Orthogonal rotations for outlier spreading (QuaRot's random Hadamard): a Hadamard matrix of order n, built as
+a Kronecker product of Sylvester's powers of two and Paley's constructions from primes, and its randomized,
+normalized form H·diag(s)/√n (s random signs), which is orthogonal. A rotation Q applied to a residual stream and
+folded into the weights either side leaves the float model's outputs unchanged (W x = (W Q)(Qᵀ x)) while
+spreading an outlier channel over all of them, which is what makes 4-bit activations round well.
+
+numpy only, so that `qrc check` and `qrc plan` can ask `hadamard_order` whether a width can be rotated without
+importing torch (once a recipe can name a rotation: docs/torch.md, Rotations)."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+
+
+def _is_prime(q: int) -> bool:
+    return q > 1 and all(q % d for d in range(2, int(q ** 0.5) + 1))
+
+
+def _jacobsthal(q: int) -> np.ndarray:
+    """Q[i, j] = χ(j − i), χ the quadratic character mod the prime q (0, 1 for squares, −1 otherwise)."""
+    squares = {(x * x) % q for x in range(1, q)}
+    chi = np.array([0] + [1 if r in squares else -1 for r in range(1, q)], dtype=np.int64)
+    idx = (np.arange(q)[None, :] - np.arange(q)[:, None]) % q
+    return chi[idx]
+
+
+def _paley_one(q: int) -> np.ndarray:
+    """Order q + 1, q a prime ≡ 3 (mod 4): I + S with S = [[0, 1ᵀ], [−1, Q]] skew-symmetric."""
+    n = q + 1
+    s = np.zeros((n, n), dtype=np.int64)
+    s[0, 1:] = 1
+    s[1:, 0] = -1
+    s[1:, 1:] = _jacobsthal(q)
+    return np.eye(n, dtype=np.int64) + s
+
+
+def _paley_two(q: int) -> np.ndarray:
+    """Order 2(q + 1), q a prime ≡ 1 (mod 4): from the symmetric C = [[0, 1ᵀ], [1, Q]], each 0 replaced by
+    [[1, −1], [−1, −1]] and each ±1 by ±[[1, 1], [1, −1]]."""
+    n = q + 1
+    c = np.zeros((n, n), dtype=np.int64)
+    c[0, 1:] = 1
+    c[1:, 0] = 1
+    c[1:, 1:] = _jacobsthal(q)
+    zero = np.array([[1, -1], [-1, -1]], dtype=np.int64)
+    one = np.array([[1, 1], [1, -1]], dtype=np.int64)
+    return np.kron(c, one) + np.kron(np.eye(n, dtype=np.int64), zero)
+
+
+@cache
+def _base_orders() -> dict[int, tuple[str, int]]:
+    """The orders a Paley construction gives (up to 256), and which: ('one' | 'two', q)."""
+    found: dict[int, tuple[str, int]] = {}
+    for q in range(3, 256):
+        if not _is_prime(q):
+            continue
+        if q % 4 == 3 and q + 1 <= 256:
+            found.setdefault(q + 1, ("one", q))
+        if q % 4 == 1 and 2 * (q + 1) <= 256:
+            found.setdefault(2 * (q + 1), ("two", q))
+    return found
+
+
+def _power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def hadamard_order(n: int) -> tuple[int, ...] | None:
+    """The factors a Hadamard matrix of order n is built from here (a power of two, then up to two Paley
+    orders), or None where none is (n neither 1, 2 nor a multiple of 4, or a factor no Paley prime reaches)."""
+    if _power_of_two(n):
+        return (n,)
+    base = sorted(_base_orders(), reverse=True)
+    for m1 in base:
+        if n % m1:
+            continue
+        if _power_of_two(n // m1):
+            return (n // m1, m1)
+        for m2 in base:
+            if (n // m1) % m2 == 0 and _power_of_two(n // m1 // m2):
+                return (n // m1 // m2, m1, m2)
+    return None
+
+
+def _sylvester(n: int) -> np.ndarray:
+    h = np.ones((1, 1), dtype=np.int64)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def hadamard(n: int) -> np.ndarray:
+    """A Hadamard matrix of order n (entries ±1, H Hᵀ = n I). ValueError where no construction here gives one."""
+    factors = hadamard_order(n)
+    if factors is None:
+        raise ValueError(f"no Hadamard matrix of order {n} is built here (n = 2^k × Paley orders)")
+    base = _base_orders()
+    h = _sylvester(factors[0])
+    for m in factors[1:]:
+        kind, q = base[m]
+        h = np.kron(h, _paley_one(q) if kind == "one" else _paley_two(q))
+    return h
+
+
+def random_hadamard(n: int, seed: int = 0) -> np.ndarray:
+    """The orthogonal H·diag(s)/√n, s random signs from `seed` (float64)."""
+    signs = np.random.default_rng(seed).choice(np.array([-1.0, 1.0]), size=n)
+    return hadamard(n).astype(np.float64) * signs[None, :] / np.sqrt(n)

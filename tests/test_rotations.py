@@ -1,0 +1,75 @@
+"""Rotations (issue 67's groundwork): the Hadamard matrices of the widths real models have, and R1 + R2 folded
+into a float model's weights leave its logits unchanged (to 1e-4) before any quantization."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler.quant.rotations import hadamard, hadamard_order, random_hadamard
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 12, 20, 28, 48, 64, 576, 896, 1536])  # 576: SmolLM2, 896: Qwen2-0.5B
+def test_hadamard_of_model_widths(n):
+    h = hadamard(n)
+    assert set(np.unique(h)) <= {-1, 1}
+    assert np.array_equal(h @ h.T, n * np.eye(n, dtype=np.int64))
+
+
+def test_widths_without_a_construction_are_said():
+    assert hadamard_order(6) is None and hadamard_order(7) is None
+    with pytest.raises(ValueError, match="order 6"):
+        hadamard(6)
+
+
+def test_random_hadamard_is_orthogonal_and_seeded():
+    q = random_hadamard(576, seed=3)
+    assert np.abs(q @ q.T - np.eye(576)).max() < 1e-12
+    assert np.array_equal(q, random_hadamard(576, seed=3)) and not np.array_equal(q, random_hadamard(576, seed=4))
+
+
+def _model(family: str, **sizes):
+    import torch
+    import transformers
+
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=256, hidden_size=sizes.get("hidden", 64), intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=64,
+        initializer_range=0.2)
+    model = getattr(transformers, f"{family}ForCausalLM")(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # norms far from ones and biases far from zero: folding them is what is checked
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.rand(p.shape, generator=generator) + 0.5)
+            elif name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+    return model
+
+
+@pytest.mark.parametrize(("family", "hidden"), [("Llama", 64), ("Qwen2", 48), ("Qwen3", 64)],
+                         ids=["llama-tied", "qwen2-biases-paley", "qwen3-qk-norms"])
+def test_a_rotated_float_model_gives_the_same_logits(family, hidden):
+    import torch
+
+    from compiler.backends.torch.rotation import rotate
+
+    model = _model(family, hidden=hidden)
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = model(ids).logits
+        q_before = model.model.layers[0].self_attn.q_proj.weight.clone()
+        done = rotate(model, seed=3)
+        after = model(ids).logits
+    assert done.untied and model.lm_head.weight is not model.model.embed_tokens.weight
+    assert not torch.allclose(q_before, model.model.layers[0].self_attn.q_proj.weight)  # the weights did change
+    assert (after - before).abs().max().item() < 1e-4, "the rotation changed the float model's outputs"
+
+
+def test_a_post_norm_model_is_refused():
+    """Gemma 2's norms after attention and MLP sit between a rotated output and the residual add."""
+    from compiler.backends.torch.rotation import RotationRefused, rotate
+
+    model = _model("Gemma2")
+    with pytest.raises(RotationRefused, match="norms"):
+        rotate(model)
