@@ -13,6 +13,8 @@ The products are formed in float64 and cast back to each weight's dtype."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,3 +143,76 @@ def _before(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def _vector_times(bias: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """A row vector times q (an output bias of a layer writing the rotated stream)."""
     return (bias.double() @ q).to(bias.dtype)
+
+
+# ---- the same rotation, one checkpoint tensor at a time ---------------------------------------------------
+# What streams (file to file, offload, the tensors an output copies) reads instead of the checkpoint's tensor:
+# each rotated tensor is computed from its own and, for a layer reading the stream, its norm's weights; nothing
+# else of the model is held. Llama-family checkpoint names.
+_LAYER = r"(?P<base>.+)\.layers\.(?P<n>\d+)\."
+_READERS = re.compile(_LAYER + r"(?P<part>self_attn\.[qkv]_proj|mlp\.gate_proj|mlp\.up_proj)\.weight$")
+_WRITERS = re.compile(_LAYER + r"(?P<part>self_attn\.o_proj|mlp\.down_proj)\.(?P<kind>weight|bias)$")
+_VALUE_BIAS = re.compile(_LAYER + r"self_attn\.v_proj\.bias$")
+_NORMS = re.compile(r".+\.(input_layernorm|post_attention_layernorm)\.weight$|(?P<base>.+)\.norm\.weight$")
+_EMBED = re.compile(r"(?P<base>.+)\.embed_tokens\.weight$")
+HEAD = "lm_head.weight"
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """R1's Q (hidden × hidden) and R2's H (head width; None: values not rotated), float64, as `rotate` draws
+    them from a seed; `base`: the decoder's prefix in the checkpoint (`model`)."""
+
+    q: torch.Tensor
+    h: torch.Tensor | None
+    base: str = "model"
+
+    @classmethod
+    def seeded(cls, hidden: int, head_dim: int | None, seed: int = 0, base: str = "model") -> Rotation:
+        """The rotation `rotate(model, seed)` folds in (R2 where `head_dim` is given)."""
+        h = torch.from_numpy(random_hadamard(head_dim, seed + 1)) if head_dim else None
+        return cls(torch.from_numpy(random_hadamard(hidden, seed)), h, base)
+
+    def tensor(self, key: str, read, stored: Container[str]) -> torch.Tensor | None:
+        """The rotated form of checkpoint tensor `key` (`read(name)` gives any checkpoint tensor; `stored`: the
+        names the checkpoint has), or None where the rotation leaves it as it is. `lm_head.weight` is given
+        also for a tied checkpoint, which stores none: the final norm folds into the head alone."""
+        if key == HEAD:
+            source = read(HEAD) if HEAD in stored else read(f"{self.base}.embed_tokens.weight")
+            return _folded(source, read(f"{self.base}.norm.weight"), self.q)
+        if (m := _READERS.match(key)) is not None:
+            norm = "input_layernorm" if m["part"].startswith("self_attn") else "post_attention_layernorm"
+            rotated = _folded(read(key), read(f"{m['base']}.layers.{m['n']}.{norm}.weight"), self.q)
+            return self._values(rotated) if m["part"] == "self_attn.v_proj" else rotated
+        if (m := _WRITERS.match(key)) is not None:
+            tensor = read(key)
+            if m["kind"] == "bias":
+                return _vector_times(tensor, self.q)
+            rotated = _before(self.q.T, tensor)
+            if m["part"] == "self_attn.o_proj" and self.h is not None:  # each head's columns by H
+                cols = rotated.double().reshape(rotated.shape[0], -1, self.h.shape[0])
+                rotated = (cols @ self.h).reshape(rotated.shape).to(rotated.dtype)
+            return rotated
+        if _VALUE_BIAS.match(key) is not None:
+            return self._values(read(key)) if self.h is not None else None
+        if _NORMS.match(key) is not None:
+            return torch.ones_like(read(key))
+        if _EMBED.match(key) is not None:
+            return _times(read(key), self.q)
+        return None
+
+    def _values(self, rotated: torch.Tensor) -> torch.Tensor:
+        """v_proj's rows (or bias) of each head by Hᵀ (R2)."""
+        if self.h is None:
+            return rotated
+        d = self.h.shape[0]
+        if rotated.dim() == 1:
+            return (rotated.double().reshape(-1, d) @ self.h).reshape(-1).to(rotated.dtype)
+        rows = rotated.double().reshape(-1, d, rotated.shape[1])
+        return torch.einsum("ji,kjc->kic", self.h, rows).reshape(rotated.shape).to(rotated.dtype)
+
+
+def _folded(weight: torch.Tensor, gamma: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """A layer reading the stream: its input columns scaled by the norm before it, then · q (in the weight's
+    dtype)."""
+    return ((weight.double() * gamma.double()[None, :]) @ q).to(weight.dtype)
