@@ -105,6 +105,13 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "weighted by that column's mean square over the calibration tokens; the torch backend gathers those "
              "while it calibrates, the ONNX backend gathers Hessians for GPTQ only.",
              'backend onnx  scheme s = W4A16 { group 64  rounding imatrix }'),
+    CodeInfo("Q273", "a rotation the model, backend or output cannot take",
+             "`transform quarot` folds random Hadamard rotations of the residual stream (R1) and of each head's values "
+             "(R2) into the weights as they are read. It needs a Llama-family decoder whose norms are RMSNorms before "
+             "attention and MLP (Gemma's post-norms and LayerNorm do not commute with it), widths a Hadamard matrix is "
+             "built for (2^k times up to two Paley orders), the torch backend and a safetensors folder; the "
+             "mixed-precision search's cached scores are of the unrotated weights.",
+             'backend onnx  transform quarot'),
     CodeInfo("Q256", "a floating format with a setting it cannot take",
              "FP8, NVFP4 and MX formats are symmetric and rounded as compressed-tensors defines them (rtn). NVFP4 "
              "scales blocks of 16 and MX blocks of 32 (the format fixes the group); fp8 weights are per tensor, per "

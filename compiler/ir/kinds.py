@@ -196,9 +196,13 @@ class TransformKind(RegisteredValue):
     # a plug-in's `(ChannelStats, target weights as [out, in] float32 arrays, Transform) -> scales`
     # (compiler/quant/smoothing.py ChannelStats)
     scales: Any = None
+    # an orthogonal rotation folded into the weights as they are read (no mappings, no data): the residual stream
+    # and each head's values (compiler/quant/rotations.py; the torch backend's torch/rotation.py)
+    rotates: bool = False
 
     AWQ: ClassVar[TransformKind]
     SMOOTHQUANT: ClassVar[TransformKind]
+    QUAROT: ClassVar[TransformKind]
 
 
 
@@ -209,3 +213,7 @@ TransformKind.AWQ = TRANSFORMS.register(TransformKind(
 TransformKind.SMOOTHQUANT = TRANSFORMS.register(TransformKind(
     "smoothquant", "s = max|x|^alpha / max|w|^(1-alpha): the inputs' outliers moved into the weights (W8A8)",
     ("alpha",)))
+TransformKind.QUAROT = TRANSFORMS.register(TransformKind(
+    "quarot", "the residual stream and each head's values rotated by random Hadamard matrices folded into the "
+    "weights (QuaRot R1 + R2): the float model computes the same, its outliers spread before 4-bit activations",
+    (), rotates=True))

@@ -188,6 +188,9 @@ class LoadModel(PlanOp):
     weights: int
     access: ModelAccess
     attention: AttentionKernel = carried(AttentionKernel.MODEL)  # the summary names it when the recipe does
+    # (hidden width, head width or None) of a rotation folded into the weights as they are read (the summary
+    # says so); None: none
+    rotation: tuple[int, int | None] | None = carried(None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

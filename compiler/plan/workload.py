@@ -82,6 +82,7 @@ class Workload(Observation):
     verify_samples: int  # the held-out samples one rank runs
     disk: bool  # block data may be cached on disk (`memory { disk … }`)
     transform: Transform | None = None
+    rotated: bool = False  # the weights are rotated as they are read (`transform quarot`)
     smoothing: tuple[tuple[str | None, int, int], ...] = ()  # per mapping: (block, input width, float32 bytes of
     # its targets' weights), what the transform's statistics and scratch scale with
     ranks: int = 1  # torchrun processes sharing the run: the samples above are each one's share
@@ -255,6 +256,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         data_libraries=DATASET_LIBRARIES if cal.data.kind is DataKind.DATASET else 0,
         templated=bool(cal.data.rows and cal.data.rows.messages),
         transform=ir.transform if assignment.smoothing else None,
+        rotated=ir.transform is not None and ir.transform.kind.rotates,
         smoothing=tuple((m.block, m.width, sum(4 * index.layer(x).params for x in m.targets))
                         for m in assignment.smoothing),
     )

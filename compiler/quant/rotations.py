@@ -13,6 +13,8 @@ from functools import cache
 
 import numpy as np
 
+SLICE = 4096  # rows (or columns) the torch backend rotates at a time: what its scratch scales with (its cost.py)
+
 
 def _is_prime(q: int) -> bool:
     return q > 1 and all(q % d for d in range(2, int(q ** 0.5) + 1))

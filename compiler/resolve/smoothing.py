@@ -55,7 +55,7 @@ def resolve_smoothing(ir: RecipeIR, index: ModelIndex, schemes: dict[str, Scheme
                       diags: Diagnostics) -> tuple[SmoothingMapping, ...]:
     """The transform's mappings on this model (schemes: layer → its final scheme); problems to `diags`."""
     t = ir.transform
-    if t is None:
+    if t is None or t.kind.rotates:  # a rotation has no mappings (resolve/rotation.py checks it)
         return ()
     norms_only = ir.backend_facts.smooths_into_norms_only  # the ONNX backend folds scales into norms only (Q264)
     found = _written(t, index, norms_only, diags) if t.mappings else _inferred(t, index, norms_only)

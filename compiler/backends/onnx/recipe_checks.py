@@ -1,6 +1,7 @@
 """What the ONNX backend refuses in a recipe alone, before any model is read: MatMulNBits block sizes (Q208),
 several devices (Q234), floating formats onnxruntime's CPU build cannot run (Q257), the importance-weighted
-search on integer weights (Q272), and an attention kernel choice an exported graph has no use for (Q270)."""
+search on integer weights (Q272), an attention kernel choice an exported graph has no use for (Q270), and a
+rotation (Q273)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ def check_recipe(ir: RecipeIR, diags: Diagnostics) -> None:
     _refuse_float_formats(ir, diags)
     _refuse_imatrix(ir, diags)
     refuse_attention_kernel(ir, diags, "an ONNX graph")
+    if ir.transform is not None and ir.transform.kind.rotates:
+        diags.error("Q273", f"`transform {ir.transform.kind.name}` rotates the weights as the torch backend reads "
+                    "them; the ONNX backend has no rotation yet", ir.transform.span, "no rotation on onnx",
+                    help="use `backend torch` (the folder it writes exports like any other)")
 
-
-# the integer types ONNX's QuantizeLinear/DequantizeLinear and MatMulNBits hold (the float formats, the K-quants and a
-# plug-in's integer of another width are not among them)
-ONNX_TYPES = (QType.INT8, QType.UINT8, QType.INT4, QType.UINT4)
 
 
 def _refuse_imatrix(ir: RecipeIR, diags: Diagnostics) -> None:
@@ -39,10 +40,6 @@ def _refuse_imatrix(ir: RecipeIR, diags: Diagnostics) -> None:
                         scheme.span or ir.span, "imatrix on onnx",
                         help="use `backend torch`, or `rounding mse` (data-free) or `rounding gptq` on ONNX")
 
-
-# the integer types ONNX's QuantizeLinear/DequantizeLinear and MatMulNBits hold (the float formats, the K-quants and a
-# plug-in's integer of another width are not among them)
-ONNX_TYPES = (QType.INT8, QType.UINT8, QType.INT4, QType.UINT4)
 
 
 def _check_matmul_nbits(ir: RecipeIR, diags: Diagnostics) -> None:
@@ -58,10 +55,6 @@ def _check_matmul_nbits(ir: RecipeIR, diags: Diagnostics) -> None:
                         help="MatMulNBits needs `group N` with N a power of two ≥ 16 (32, 64, 128); "
                         "or emit `format qdq`")
 
-
-# the integer types ONNX's QuantizeLinear/DequantizeLinear and MatMulNBits hold (the float formats, the K-quants and a
-# plug-in's integer of another width are not among them)
-ONNX_TYPES = (QType.INT8, QType.UINT8, QType.INT4, QType.UINT4)
 
 
 def _refuse_float_formats(ir: RecipeIR, diags: Diagnostics) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from compiler.backends.torch import timing
 from compiler.backends.torch.formats import torch_format
 from compiler.backends.torch.gguf_source_memory import source_tensor_bytes
+from compiler.backends.torch.rotation_widths import widths
 from compiler.ir.types import Backend, EmitFormat, MemoryMode, SensitivityMetric
 from compiler.models.index import LayerKind, ModelFormat
 from compiler.plan.memory import (
@@ -28,6 +29,7 @@ from compiler.plan.ops import ModeEstimate, PlanOp
 from compiler.plan.target import PhaseName
 from compiler.plan.timing import Rates
 from compiler.plan.workload import Workload
+from compiler.quant.rotations import SLICE as ROTATION_SLICE
 
 # interpreter, torch, transformers and compressed-tensors (imported to check the output's config before any work);
 # measured at the first op: 423-425 MiB for built-ins, 414-442 before an HF folder's weights (2026-11-27)
@@ -111,7 +113,8 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
              ("rounding scratch (GPTQ's beyond the working set, GGUF's blocks)", rounding),
              ("the block as rounded, verified beside the float one (GGUF)", _rounded_twin(w, mode)),
              (f"{w.transform.kind.name if w.transform else 'transform'} statistics (+ scratch of one mapping)",
-              transform_bytes(w, all_blocks=mode is MemoryMode.FULL, tail=tail)))
+              transform_bytes(w, all_blocks=mode is MemoryMode.FULL, tail=tail)),
+             ("rotation (Q, H, a tensor rotated as it is read)", rotation_bytes(w)))
     if w.ranks > 1 and w.gptq and mode is not MemoryMode.MULTI_GPU:
         parts += ((f"the {w.ranks} ranks' Hessians while they merge", _merging(w, mode is MemoryMode.FULL)),)
     if mode is MemoryMode.FULL and w.verify_samples:  # CaptureReference keeps them through calibration;
@@ -146,6 +149,19 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
                            (held + verify_chunk) * per_sample + agreement_scratch(per_sample, w.seqlen)),
                           ("the emitted model as loaded (one block, or what is outside the blocks)", emitted))
     return Phase("verification at the output", sum(b for _, b in parts), parts)
+
+
+def rotation_bytes(w: Workload) -> int:
+    """`transform quarot` (rotation.py): Q and H in float32, and, beside the largest tensor as read, its rotated
+    copy and one float32 slice (SLICE rows or columns) twice: the slice and its product."""
+    if not w.rotated:
+        return 0
+    hidden, head = widths(w.index)
+    largest = max(w.index.layers, key=lambda x: x.params, default=None)
+    if largest is None:
+        return 0
+    slice_elements = min(largest.params, ROTATION_SLICE * max(largest.in_features, largest.out_features))
+    return 4 * (hidden * hidden + (head or 0) ** 2) + largest.bytes + 2 * 4 * slice_elements
 
 
 def _largest_rounded_block(w: Workload) -> int:

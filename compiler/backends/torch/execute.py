@@ -110,13 +110,13 @@ class _Run(Verifying):
         or, when nothing runs the model, the checkpoint's files alone (as the op's `access` says)."""
         assignment = v.get(Buffer.RECIPE, Assignment)
         if op.access is ops.ModelAccess.FILES:
-            files, check = open_files(op.model), None
+            files, check = open_files(op.model, op.rotation), None
             if self.format.opened_by_transformers and self.ranks.first:  # the config and load check run in a
                 check = adopt(op.model, files.config)  # process of their own meanwhile
                 check.follow()
             v.put(Buffer.MODEL, Loaded(files, assignment, op.access, check))
             return
-        model = open_model(op.model, assignment.model.blocks, self.plan.spans.model, op.attention)
+        model = open_model(op.model, assignment.model.blocks, self.plan.spans.model, op.attention, op.rotation)
         if op.access is ops.ModelAccess.RESIDENT:
             model.materialize(list(model.keys))
         v.put(Buffer.MODEL, Loaded(model, assignment, op.access))

@@ -7,6 +7,8 @@ block's outputs, streamed from the checkpoint, or file to file when nothing runs
 from __future__ import annotations
 
 from compiler.backends.torch.formats import torch_format
+from compiler.backends.torch.rotation_check import rotates
+from compiler.backends.torch.rotation_widths import widths
 from compiler.ir.types import MemoryMode
 from compiler.models.builtin import PREFIX as BUILTIN_PREFIX
 from compiler.models.index import ModelFormat
@@ -57,13 +59,16 @@ def lower_load(ctx: Context) -> list[PlanOp]:
     """`load_model`: the checkpoint's files alone (nothing runs the model), the skeleton with weights read per
     block (offload, multi_gpu), or the whole model."""
     w = ctx.workload
+    rotation = widths(w.index) if rotates(ctx.ir) else None
     if not ctx.runs_model:
         return [load_op(ctx, ModelAccess.FILES, "its safetensors files only: no model definition is built, since "
                         "nothing runs the model (data-free rounding, nothing to verify); tensor by tensor, file to "
-                        "file", 0, (Buffer.RECIPE,), ModelFormat.TORCH)]
+                        "file", 0, (Buffer.RECIPE,), ModelFormat.TORCH, rotation)]
     if ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU):
-        return [load_op(ctx, ModelAccess.BLOCKS, "lazily, one block at a time", 0, (Buffer.RECIPE,), ModelFormat.TORCH)]
-    return [load_op(ctx, ModelAccess.RESIDENT, "whole", w.weights_bytes, (Buffer.RECIPE,), ModelFormat.TORCH)]
+        return [load_op(ctx, ModelAccess.BLOCKS, "lazily, one block at a time", 0, (Buffer.RECIPE,), ModelFormat.TORCH,
+                        rotation)]
+    return [load_op(ctx, ModelAccess.RESIDENT, "whole", w.weights_bytes, (Buffer.RECIPE,), ModelFormat.TORCH,
+                    rotation)]
 
 
 def lower_prepare(ctx: Context) -> list[PlanOp]:

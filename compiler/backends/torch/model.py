@@ -203,16 +203,17 @@ def parameters_on_meta():
         nn.Module.register_parameter = original
 
 
-def open_files(ref: str) -> TorchModel:
+def open_files(ref: str, rotation: tuple[int, int | None] | None = None) -> TorchModel:
     """The checkpoint alone, without a model definition: for data-free rounding that never runs the model
     (file to file, tensor by tensor), so even an architecture transformers cannot build here compiles.
-    Each tensor is its own parameter name; the module is an empty stand-in."""
+    Each tensor is its own parameter name; the module is an empty stand-in. `rotation`: the (hidden, head)
+    widths of a rotation every tensor is read through (torch/rotation.py)."""
     if ref.startswith(builtin.PREFIX):
         folder_ckpt, config, folder = builtin_checkpoint(ref), {"qrc_builtin": ref}, None
     else:
         folder = _folder(ref)
         folder_ckpt, config = folder, json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    shards = _shards(ref, folder_ckpt, config)
+    shards = _rotated(_shards(ref, folder_ckpt, config), rotation, config)
     keys = {name: name for name in shards.entries if name not in shards.scales}
     return TorchModel(nn.Module(), shards, keys, "", (), _float_dtype(shards, keys), False, config, folder)
 
@@ -238,19 +239,22 @@ def _float_dtype(shards: Shards, keys: dict[str, str]) -> torch.dtype:
 
 
 def open_model(ref: str, blocks: tuple[str, ...], span: Span | None,
-               attention: AttentionKernel = AttentionKernel.MODEL) -> TorchModel:
+               attention: AttentionKernel = AttentionKernel.MODEL,
+               rotation: tuple[int, int | None] | None = None) -> TorchModel:
     """The skeleton of a built-in or an HF folder, its parameters mapped to the safetensors tensors, running
     the `attention` kernel the recipe asks for. `blocks` are the index's (checkpoint) block names; the model's
-    are its module paths."""
+    are its module paths. `rotation`: the (hidden, head) widths of a rotation every weight is read through
+    (torch/rotation.py): the skeleton's LM head is then untied from the embeddings."""
     renamed: dict[str, str] = {}
     if ref.startswith(builtin.PREFIX):
         module, folder_ckpt, config, folder = _builtin(ref), builtin_checkpoint(ref), {"qrc_builtin": ref}, None
-        checkpoint = Shards(folder_ckpt)
+        checkpoint = _rotated(Shards(folder_ckpt), rotation, config)
     else:
         folder = _folder(ref)
-        module, config = hf_skeleton(folder, span), json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        module = hf_skeleton(folder, span, untied=rotation is not None)
         set_attention(module, attention, span)
-        checkpoint = _shards(ref, folder, config)
+        checkpoint = _rotated(_shards(ref, folder, config), rotation, config)
         renamed = checkpoint_names.module_names(module, list(checkpoint.entries),
                                                 checkpoint_names.adapt(module, ref, span))
     keys = _checkpoint_keys(module, checkpoint, renamed, ref, span)
@@ -299,8 +303,21 @@ def builtin_checkpoint(ref: str) -> Path:
     return folder
 
 
-def hf_skeleton(folder: Path, span: Span | None) -> nn.Module:
-    """The model class of `folder`'s config (its `architectures`, else AutoModel), parameters on meta."""
+def _rotated(shards, rotation: tuple[int, int | None] | None, config: dict):
+    """The checkpoint read through the rotation (torch/rotation.py), its LM head untied in the output's config;
+    as it is without one."""
+    if rotation is None:
+        return shards
+    from compiler.backends.torch.rotation import RotatedShards, Rotation
+
+    if "tie_word_embeddings" in config or "qrc_builtin" not in config:
+        config["tie_word_embeddings"] = False  # the final norm folds into the head alone
+    return RotatedShards(shards, Rotation.seeded(*rotation))
+
+
+def hf_skeleton(folder: Path, span: Span | None, untied: bool = False) -> nn.Module:
+    """The model class of `folder`'s config (its `architectures`, else AutoModel), parameters on meta; with
+    `untied`, the LM head its own parameter (a rotation folds the final norm into it alone)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing reaches the network: the folder is the model
     try:
         import transformers
@@ -312,6 +329,8 @@ def hf_skeleton(folder: Path, span: Span | None) -> nn.Module:
     except Exception as exc:  # transformers raises several types for unknown or broken configs
         raise BackendError(error("Q404", f"transformers cannot read `{folder}/config.json` ({type(exc).__name__})",
                                  span, "unreadable config", help="a config.json that transformers knows")) from None
+    if untied:
+        config.tie_word_embeddings = False
     named = getattr(config, "architectures", None)
     architecture = named[0] if isinstance(named, list | tuple) and named and isinstance(named[0], str) else ""
     cls = getattr(transformers, architecture, None) if architecture else None

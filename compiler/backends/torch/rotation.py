@@ -9,7 +9,8 @@ transformers model in memory. The float model's outputs do not change; what chan
 - R2 rotates each attention head's values by H (a random Hadamard of the head width): v_proj's rows of a head
   take Hᵀ, o_proj's columns of each head H. Every head shares H, so grouped-query attention needs nothing more.
 
-The products are formed in float64 and cast back to each weight's dtype."""
+The products are formed in float32 a slice of rows (or columns) at a time and cast back to each weight's dtype:
+what rotating holds beside the tensor read is Q, H and one slice (cost.py counts it)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from compiler.quant.rotations import hadamard_order, random_hadamard
+from compiler.quant.rotations import SLICE, hadamard_order, random_hadamard
 
-READS_STREAM = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
-WRITES_STREAM = ("self_attn.o_proj", "mlp.down_proj")
 NORMS = {"input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
          "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj")}
 
@@ -45,37 +44,29 @@ class Rotated:
 
 def rotate(model: Any, seed: int = 0, heads: bool = True) -> Rotated:
     """R1 (and R2 where `heads`) folded into `model`'s weights in place (a transformers causal LM, typed Any: its
-    submodules are reached by name): its float outputs are unchanged."""
+    submodules are reached by name), each tensor as `Rotation.tensor` gives it: its float outputs are unchanged."""
     base, head = _decoder(model), model.get_output_embeddings()
-    embed, layers, final = base.embed_tokens, base.layers, base.norm
-    hidden = embed.weight.shape[1]
+    hidden = base.embed_tokens.weight.shape[1]
     factors = hadamard_order(hidden)
     if factors is None:
         raise RotationRefused(f"no Hadamard matrix of order {hidden} (the hidden width) is built here")
-    for layer in layers:
+    for layer in base.layers:
         _refuse_other_norms(layer)
-    untied = head.weight is embed.weight
+    config = model.config
+    head_dim = (getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads) if heads else None
+    if head_dim is not None and hadamard_order(head_dim) is None:
+        raise RotationRefused(f"no Hadamard matrix of order {head_dim} (the head width) is built here")
+    rotation = Rotation.seeded(hidden, head_dim, seed)
+    untied = head.weight is base.embed_tokens.weight
     if untied:  # the final norm's weights fold into the head alone
         head.weight = nn.Parameter(head.weight.detach().clone())
-        model.config.tie_word_embeddings = False
-    for layer in layers:
-        for norm, readers in NORMS.items():
-            _fold_norm(getattr(layer, norm), [layer.get_submodule(r) for r in readers])
-    _fold_norm(final, [head])
-    q = torch.from_numpy(random_hadamard(hidden, seed))
+        config.tie_word_embeddings = False
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
-        embed.weight.copy_(_times(embed.weight, q))
-        head.weight.copy_(_times(head.weight, q))
-        for layer in layers:
-            for name in READS_STREAM:
-                linear = layer.get_submodule(name)
-                linear.weight.copy_(_times(linear.weight, q))
-            for name in WRITES_STREAM:
-                linear = layer.get_submodule(name)
-                linear.weight.copy_(_before(q.T, linear.weight))
-                if linear.bias is not None:
-                    linear.bias.copy_(_vector_times(linear.bias, q))
-    head_dim = _rotate_heads(model, layers, seed + 1) if heads else None
+        for key, param in model.state_dict().items():
+            rotated = rotation.tensor(key, state.__getitem__, state)
+            if rotated is not None:
+                param.copy_(rotated)
     return Rotated(hidden, head_dim, factors, untied)
 
 
@@ -101,50 +92,6 @@ def _refuse_other_norms(layer: Any) -> None:
             raise RotationRefused(f"{name} is a {kind}: rotations here commute with an RMSNorm of weight γ only")
 
 
-def _fold_norm(norm: Any, readers: list[Any]) -> None:
-    """The norm's weights into the layers it feeds (their input columns scaled), the norm's set to ones."""
-    with torch.no_grad():
-        gamma = norm.weight.detach().double()
-        for linear in readers:
-            linear.weight.copy_((linear.weight.double() * gamma[None, :]).to(linear.weight.dtype))
-        norm.weight.fill_(1.0)
-
-
-def _rotate_heads(model: Any, layers: Any, seed: int) -> int:
-    """R2: each head's values by H, undone in o_proj's columns of that head."""
-    config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if hadamard_order(head_dim) is None:
-        raise RotationRefused(f"no Hadamard matrix of order {head_dim} (the head width) is built here")
-    h = torch.from_numpy(random_hadamard(head_dim, seed))
-    with torch.no_grad():
-        for layer in layers:
-            v, o = layer.self_attn.v_proj, layer.self_attn.o_proj
-            kv = v.weight.shape[0] // head_dim
-            rows = v.weight.double().reshape(kv, head_dim, -1)
-            v.weight.copy_(torch.einsum("ji,kjc->kic", h, rows).reshape(v.weight.shape).to(v.weight.dtype))
-            if v.bias is not None:
-                v.bias.copy_((v.bias.double().reshape(kv, head_dim) @ h).reshape(-1).to(v.bias.dtype))
-            cols = o.weight.double().reshape(o.weight.shape[0], -1, head_dim)
-            o.weight.copy_((cols @ h).reshape(o.weight.shape).to(o.weight.dtype))
-    return head_dim
-
-
-def _times(weight: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """weight · q in float64, back in the weight's dtype."""
-    return (weight.double() @ q).to(weight.dtype)
-
-
-def _before(q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """q · weight in float64, back in the weight's dtype."""
-    return (q @ weight.double()).to(weight.dtype)
-
-
-def _vector_times(bias: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """A row vector times q (an output bias of a layer writing the rotated stream)."""
-    return (bias.double() @ q).to(bias.dtype)
-
-
 # ---- the same rotation, one checkpoint tensor at a time ---------------------------------------------------
 # What streams (file to file, offload, the tensors an output copies) reads instead of the checkpoint's tensor:
 # each rotated tensor is computed from its own and, for a layer reading the stream, its norm's weights; nothing
@@ -160,8 +107,8 @@ HEAD = "lm_head.weight"
 
 @dataclass(frozen=True)
 class Rotation:
-    """R1's Q (hidden × hidden) and R2's H (head width; None: values not rotated), float64, as `rotate` draws
-    them from a seed; `base`: the decoder's prefix in the checkpoint (`model`)."""
+    """R1's Q (hidden × hidden) and R2's H (head width; None: values not rotated), float32, drawn from a seed;
+    `base`: the decoder's prefix in the checkpoint (`model`)."""
 
     q: torch.Tensor
     h: torch.Tensor | None
@@ -169,9 +116,15 @@ class Rotation:
 
     @classmethod
     def seeded(cls, hidden: int, head_dim: int | None, seed: int = 0, base: str = "model") -> Rotation:
-        """The rotation `rotate(model, seed)` folds in (R2 where `head_dim` is given)."""
-        h = torch.from_numpy(random_hadamard(head_dim, seed + 1)) if head_dim else None
-        return cls(torch.from_numpy(random_hadamard(hidden, seed)), h, base)
+        """Q from `seed`, H from `seed + 1` (R2 where `head_dim` is given)."""
+        h = torch.from_numpy(random_hadamard(head_dim, seed + 1)).float() if head_dim else None
+        return cls(torch.from_numpy(random_hadamard(hidden, seed)).float(), h, base)
+
+    def touches(self, key: str) -> bool:
+        """Whether `tensor` gives a rotated form of `key` (without reading anything)."""
+        if key == HEAD or any(p.match(key) for p in (_READERS, _WRITERS, _NORMS, _EMBED)):
+            return True
+        return self.h is not None and _VALUE_BIAS.match(key) is not None
 
     def tensor(self, key: str, read, stored: Container[str]) -> torch.Tensor | None:
         """The rotated form of checkpoint tensor `key` (`read(name)` gives any checkpoint tensor; `stored`: the
@@ -179,26 +132,23 @@ class Rotation:
         also for a tied checkpoint, which stores none: the final norm folds into the head alone."""
         if key == HEAD:
             source = read(HEAD) if HEAD in stored else read(f"{self.base}.embed_tokens.weight")
-            return _folded(source, read(f"{self.base}.norm.weight"), self.q)
+            return _rows_times(source, read(f"{self.base}.norm.weight"), self.q)
         if (m := _READERS.match(key)) is not None:
             norm = "input_layernorm" if m["part"].startswith("self_attn") else "post_attention_layernorm"
-            rotated = _folded(read(key), read(f"{m['base']}.layers.{m['n']}.{norm}.weight"), self.q)
+            rotated = _rows_times(read(key), read(f"{m['base']}.layers.{m['n']}.{norm}.weight"), self.q)
             return self._values(rotated) if m["part"] == "self_attn.v_proj" else rotated
         if (m := _WRITERS.match(key)) is not None:
             tensor = read(key)
             if m["kind"] == "bias":
-                return _vector_times(tensor, self.q)
-            rotated = _before(self.q.T, tensor)
-            if m["part"] == "self_attn.o_proj" and self.h is not None:  # each head's columns by H
-                cols = rotated.double().reshape(rotated.shape[0], -1, self.h.shape[0])
-                rotated = (cols @ self.h).reshape(rotated.shape).to(rotated.dtype)
-            return rotated
+                return (tensor.float() @ self.q).to(tensor.dtype)
+            heads = self.h if m["part"] == "self_attn.o_proj" else None
+            return _stream_written(tensor, self.q, heads)
         if _VALUE_BIAS.match(key) is not None:
             return self._values(read(key)) if self.h is not None else None
         if _NORMS.match(key) is not None:
             return torch.ones_like(read(key))
         if _EMBED.match(key) is not None:
-            return _times(read(key), self.q)
+            return _rows_times(read(key), None, self.q)
         return None
 
     def _values(self, rotated: torch.Tensor) -> torch.Tensor:
@@ -207,12 +157,69 @@ class Rotation:
             return rotated
         d = self.h.shape[0]
         if rotated.dim() == 1:
-            return (rotated.double().reshape(-1, d) @ self.h).reshape(-1).to(rotated.dtype)
-        rows = rotated.double().reshape(-1, d, rotated.shape[1])
+            return (rotated.float().reshape(-1, d) @ self.h).reshape(-1).to(rotated.dtype)
+        rows = rotated.float().reshape(-1, d, rotated.shape[1])
         return torch.einsum("ji,kjc->kic", self.h, rows).reshape(rotated.shape).to(rotated.dtype)
 
 
-def _folded(weight: torch.Tensor, gamma: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """A layer reading the stream: its input columns scaled by the norm before it, then · q (in the weight's
-    dtype)."""
-    return ((weight.double() * gamma.double()[None, :]) @ q).to(weight.dtype)
+def _rows_times(weight: torch.Tensor, gamma: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    """A tensor reading the stream (or the embeddings): its input columns scaled by the norm before it (folded
+    in), then · q; a slice of rows at a time, in the weight's dtype."""
+    out = torch.empty_like(weight)
+    scale = gamma.float()[None, :] if gamma is not None else None
+    for first in range(0, weight.shape[0], SLICE):
+        rows = weight[first:first + SLICE].float()
+        out[first:first + SLICE] = ((rows * scale if scale is not None else rows) @ q).to(weight.dtype)
+    return out
+
+
+def _stream_written(weight: torch.Tensor, q: torch.Tensor, heads: torch.Tensor | None) -> torch.Tensor:
+    """A layer writing the stream: Qᵀ · W, a slice of columns at a time; o_proj's columns of each head then · H
+    (R2)."""
+    out = torch.empty_like(weight)
+    step = SLICE - SLICE % heads.shape[0] if heads is not None else SLICE  # whole heads in each slice
+    for first in range(0, weight.shape[1], step):
+        cols = q.T @ weight[:, first:first + step].float()
+        if heads is not None:
+            cols = (cols.reshape(cols.shape[0], -1, heads.shape[0]) @ heads).reshape(cols.shape)
+        out[:, first:first + step] = cols.to(weight.dtype)
+    return out
+
+
+class RotatedShards:
+    """A checkpoint's tensors as the rotation leaves them (the `Shards` a TorchModel reads: torch/shards.py),
+    each computed as it is read from its own bytes and its norm's: materializing, rounding file to file and the
+    output's copies all see the rotated model, and nothing of it is held. A tied checkpoint gains an untied
+    `lm_head.weight` (its entry the embeddings' bytes, rotated on read)."""
+
+    def __init__(self, inner, rotation: Rotation):
+        self.inner, self.rotation = inner, rotation
+        self.entries = dict(inner.entries)
+        embed = f"{rotation.base}.embed_tokens.weight"
+        if HEAD not in self.entries and embed in self.entries:
+            self.entries[HEAD] = self.entries[embed]
+        self.scaled, self.scales = inner.scaled, inner.scales
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def _rotated(self, name: str) -> torch.Tensor | None:
+        return self.rotation.tensor(name, self.inner.read, self.inner.entries)
+
+    def stored_as_is(self, name: str) -> bool:
+        """Whether the file holds the tensor as it reads: a rotated one never does."""
+        return self.inner.stored_as_is(name) and not self.rotation.touches(name)
+
+    def read(self, name: str) -> torch.Tensor:
+        """One tensor, rotated where the rotation touches it."""
+        rotated = self._rotated(name)
+        return rotated if rotated is not None else self.inner.read(name)
+
+    def slices(self, name: str):
+        """The tensor as `read` gives it, whole (a rotated row mixes the whole tensor's rows for o/down)."""
+        yield 0, self.read(name)
+
+    def mapped(self, name: str) -> torch.Tensor:
+        """As `read` where rotated, else the inner checkpoint's mapped pages."""
+        rotated = self._rotated(name)
+        return rotated if rotated is not None else self.inner.mapped(name)

@@ -7,6 +7,7 @@ from typing import Protocol, cast
 
 from compiler.backends.torch.formats import DEFAULT, TORCH_FORMATS
 from compiler.backends.torch.quant_args import input_args, weight_args, weight_format
+from compiler.backends.torch.rotation_check import check_rotation
 from compiler.backends.torch.vllm_rules import VllmRejects, vllm_scheme
 from compiler.diagnostics import Diagnostics
 from compiler.ir.checks import refuse_attention_kernel
@@ -45,7 +46,9 @@ def _checks(name: str) -> FormatChecks | None:
 
 
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
-    """Q411 for an output format the backend does not write, else the format's own checks (formats.py)."""
+    """Q411 for an output format the backend does not write, else the format's own checks (formats.py); what a
+    rotation needs (Q273, rotation_check.py)."""
+    check_rotation(ir, assignment, diags)
     fmt = _checks(ir.emit.format.name if ir.emit is not None else DEFAULT)
     if fmt is None:
         assert ir.emit is not None  # the default format is registered

@@ -36,10 +36,18 @@ def start_seconds(rates: Rates) -> float:
     return rates.fixed(START)
 
 
+def rotation_seconds(w: Workload, rates: Rates) -> float:
+    """`transform quarot`: every rotated tensor times Q (2 × its elements × the hidden width FLOPs, float32),
+    counted at load though block by block and file to file it happens as each tensor is read."""
+    if not w.rotated or not w.index.norms:
+        return 0.0
+    return 2.0 * w.index.norms[0].width * sum(x.params for x in w.index.layers) / rates.flops
+
+
 def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     resident = mode in (MemoryMode.FULL, MemoryMode.LOW_MEMORY)
     opened = HF_MODEL if w.index.format is ModelFormat.HF else MODEL
-    return rates.fixed(opened) + (w.weights_bytes / rates.disk if resident else 0.0)
+    return rates.fixed(opened) + (w.weights_bytes / rates.disk if resident else 0.0) + rotation_seconds(w, rates)
 
 
 def _calibrate(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:

@@ -1,0 +1,18 @@
+"""The widths a rotation turns (torch/rotation.py), from the model's index alone: what the plan's load op carries
+and the cost model counts (no recipe, no torch)."""
+
+from __future__ import annotations
+
+from compiler.models import builtin
+from compiler.models.index import ModelIndex
+
+
+def widths(index: ModelIndex) -> tuple[int, int | None]:
+    """The hidden width R1 rotates and the head width R2 rotates (None where the index does not say it)."""
+    hidden = index.norms[0].width if index.norms else 0
+    if index.ref.startswith(builtin.PREFIX):
+        spec = builtin.parse_ref(index.ref)[1]
+        return hidden, getattr(spec, "head_dim", None)
+    kv_heads = index.config_value("num_key_value_heads") or index.config_value("num_attention_heads")
+    value = next((x for x in index.layers if x.name.endswith("self_attn.v_proj")), None)
+    return hidden, (value.out_features // int(kv_heads) if value is not None and kv_heads else None)
