@@ -30,6 +30,7 @@ from compiler.plan.target import PhaseName
 from compiler.plan.timing import Rates
 from compiler.plan.workload import Workload
 from compiler.quant.rotations import SLICE as ROTATION_SLICE
+from compiler.quant.rotations import factor_orders
 
 # interpreter, torch, transformers and compressed-tensors (imported to check the output's config before any work);
 # measured at the first op: 423-425 MiB for built-ins, 414-442 before an HF folder's weights (2026-11-27)
@@ -152,14 +153,16 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
 
 
 def rotation_bytes(w: Workload) -> int:
-    """`transform quarot` (rotation.py): Q and H in float32; the largest tensor it rotates read whole (float32)
+    """`transform quarot` (rotation.py): Q's Kronecker factors and H in float32; the largest tensor it rotates read
+    whole (float32)
     beside its rotated copy, since a rotated tensor is not copied a slice at a time; and one float32 slice of
     SLICE rows (or columns) of the hidden width, twice: the slice and its product."""
     if not w.rotated:
         return 0
     hidden, head = widths(w.index)
     largest = max((x.params for x in w.index.layers), default=0)
-    return 4 * (hidden * hidden + (head or 0) ** 2) + 2 * 4 * largest + 2 * 4 * min(largest, ROTATION_SLICE * hidden)
+    factors = sum(f * f for f in factor_orders(hidden) or ())
+    return 4 * (factors + (head or 0) ** 2) + 2 * 4 * largest + 2 * 4 * min(largest, ROTATION_SLICE * hidden)
 
 
 def _largest_rounded_block(w: Workload) -> int:

@@ -9,8 +9,9 @@ transformers model in memory. The float model's outputs do not change; what chan
 - R2 rotates each attention head's values by H (a random Hadamard of the head width): v_proj's rows of a head
   take Hᵀ, o_proj's columns of each head H. Every head shares H, so grouped-query attention needs nothing more.
 
-The products are formed in float32 a slice of rows (or columns) at a time and cast back to each weight's dtype:
-what rotating holds beside the tensor read is Q, H and one slice (cost.py counts it)."""
+The products are formed in float32 a slice of rows (or columns) at a time and cast back to each weight's dtype, Q
+applied as its Kronecker factors (never formed): what rotating holds beside the tensor read is the factors, H
+and one slice (cost.py counts it)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from compiler.quant.rotations import SLICE, hadamard_order, random_hadamard
+from compiler.quant.rotations import SLICE, hadamard_factors, hadamard_order, random_hadamard, random_signs
 
 NORMS = {"input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
          "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj")}
@@ -107,10 +108,11 @@ HEAD = "lm_head.weight"
 
 @dataclass(frozen=True)
 class Rotation:
-    """R1's Q (hidden × hidden) and R2's H (head width; None: values not rotated), float32, drawn from a seed;
-    `base`: the decoder's prefix in the checkpoint (`model`)."""
+    """R1's Q = H·diag(s)/√n (H a Kronecker product of small Hadamard factors, float32) and R2's dense H of the
+    head width (None: values not rotated), drawn from a seed; `base`: the decoder's prefix in the checkpoint."""
 
-    q: torch.Tensor
+    factors: tuple[torch.Tensor, ...]
+    signs: torch.Tensor
     h: torch.Tensor | None
     base: str = "model"
 
@@ -118,7 +120,26 @@ class Rotation:
     def seeded(cls, hidden: int, head_dim: int | None, seed: int = 0, base: str = "model") -> Rotation:
         """Q from `seed`, H from `seed + 1` (R2 where `head_dim` is given)."""
         h = torch.from_numpy(random_hadamard(head_dim, seed + 1)).float() if head_dim else None
-        return cls(torch.from_numpy(random_hadamard(hidden, seed)).float(), h, base)
+        factors = tuple(torch.from_numpy(f).float() for f in hadamard_factors(hidden))
+        signs = torch.from_numpy(random_signs(hidden, seed)).float() / hidden ** 0.5
+        return cls(factors, signs, h, base)
+
+    @property
+    def q(self) -> torch.Tensor:
+        """Q as one matrix (tests; the products below never form it)."""
+        return self.right(torch.eye(self.signs.shape[0]))
+
+    def right(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows · Q, float32: each factor applied along its axis of the rows reshaped (n·Σf products a row)."""
+        count = rows.shape[0]
+        y = rows.reshape(count, *(f.shape[0] for f in self.factors))
+        for axis, factor in enumerate(self.factors, start=1):
+            y = torch.movedim(torch.movedim(y, axis, -1) @ factor, -1, axis)
+        return y.reshape(count, -1) * self.signs
+
+    def left_transposed(self, cols: torch.Tensor) -> torch.Tensor:
+        """Qᵀ · cols, float32."""
+        return self.right(cols.T).T
 
     def touches(self, key: str) -> bool:
         """Whether `tensor` gives a rotated form of `key` (without reading anything)."""
@@ -132,23 +153,23 @@ class Rotation:
         also for a tied checkpoint, which stores none: the final norm folds into the head alone."""
         if key == HEAD:
             source = read(HEAD) if HEAD in stored else read(f"{self.base}.embed_tokens.weight")
-            return _rows_times(source, read(f"{self.base}.norm.weight"), self.q)
+            return _rows_times(source, read(f"{self.base}.norm.weight"), self)
         if (m := _READERS.match(key)) is not None:
             norm = "input_layernorm" if m["part"].startswith("self_attn") else "post_attention_layernorm"
-            rotated = _rows_times(read(key), read(f"{m['base']}.layers.{m['n']}.{norm}.weight"), self.q)
+            rotated = _rows_times(read(key), read(f"{m['base']}.layers.{m['n']}.{norm}.weight"), self)
             return self._values(rotated) if m["part"] == "self_attn.v_proj" else rotated
         if (m := _WRITERS.match(key)) is not None:
             tensor = read(key)
             if m["kind"] == "bias":
-                return (tensor.float() @ self.q).to(tensor.dtype)
+                return self.right(tensor.float()[None, :])[0].to(tensor.dtype)
             heads = self.h if m["part"] == "self_attn.o_proj" else None
-            return _stream_written(tensor, self.q, heads)
+            return _stream_written(tensor, self, heads)
         if _VALUE_BIAS.match(key) is not None:
             return self._values(read(key)) if self.h is not None else None
         if _NORMS.match(key) is not None:
             return torch.ones_like(read(key))
         if _EMBED.match(key) is not None:
-            return _rows_times(read(key), None, self.q)
+            return _rows_times(read(key), None, self)
         return None
 
     def _values(self, rotated: torch.Tensor) -> torch.Tensor:
@@ -162,24 +183,24 @@ class Rotation:
         return torch.einsum("ji,kjc->kic", self.h, rows).reshape(rotated.shape).to(rotated.dtype)
 
 
-def _rows_times(weight: torch.Tensor, gamma: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+def _rows_times(weight: torch.Tensor, gamma: torch.Tensor | None, rotation: Rotation) -> torch.Tensor:
     """A tensor reading the stream (or the embeddings): its input columns scaled by the norm before it (folded
     in), then · q; a slice of rows at a time, in the weight's dtype."""
     out = torch.empty_like(weight)
     scale = gamma.float()[None, :] if gamma is not None else None
     for first in range(0, weight.shape[0], SLICE):
         rows = weight[first:first + SLICE].float()
-        out[first:first + SLICE] = ((rows * scale if scale is not None else rows) @ q).to(weight.dtype)
+        out[first:first + SLICE] = rotation.right(rows * scale if scale is not None else rows).to(weight.dtype)
     return out
 
 
-def _stream_written(weight: torch.Tensor, q: torch.Tensor, heads: torch.Tensor | None) -> torch.Tensor:
+def _stream_written(weight: torch.Tensor, rotation: Rotation, heads: torch.Tensor | None) -> torch.Tensor:
     """A layer writing the stream: Qᵀ · W, a slice of columns at a time; o_proj's columns of each head then · H
     (R2)."""
     out = torch.empty_like(weight)
     step = SLICE - SLICE % heads.shape[0] if heads is not None else SLICE  # whole heads in each slice
     for first in range(0, weight.shape[1], step):
-        cols = q.T @ weight[:, first:first + step].float()
+        cols = rotation.left_transposed(weight[:, first:first + step].float())
         if heads is not None:
             cols = (cols.reshape(cols.shape[0], -1, heads.shape[0]) @ heads).reshape(cols.shape)
         out[:, first:first + step] = cols.to(weight.dtype)

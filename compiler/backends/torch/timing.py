@@ -23,6 +23,7 @@ from compiler.plan.timing import (
     smooth_seconds,
 )
 from compiler.plan.workload import Workload
+from compiler.quant.rotations import factor_orders
 
 # seconds on the reference machine (plan/timing.py REFERENCE): measured from the process start to the first op
 # (2.2-2.9 s through the CLI), `load_model` (a built-in 1.0-1.4 s; an HF folder 3.4 s: transformers' config and
@@ -37,11 +38,12 @@ def start_seconds(rates: Rates) -> float:
 
 
 def rotation_seconds(w: Workload, rates: Rates) -> float:
-    """`transform quarot`: every rotated tensor times Q (2 × its elements × the hidden width FLOPs, float32),
-    counted at load though block by block and file to file it happens as each tensor is read."""
+    """`transform quarot`: every rotated tensor times Q's Kronecker factors (2 × its elements × the factors' orders
+    FLOPs, float32), counted at load though block by block and file to file it happens as each tensor is read."""
     if not w.rotated or not w.index.norms:
         return 0.0
-    return 2.0 * w.index.norms[0].width * sum(x.params for x in w.index.layers) / rates.flops
+    orders = sum(factor_orders(w.index.norms[0].width) or ())
+    return 2.0 * orders * sum(x.params for x in w.index.layers) / rates.flops
 
 
 def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
