@@ -7,11 +7,28 @@ really uses, and a run state keeps services only (the values live here, not on i
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
+from compiler.ir.types import MemoryMode
 from compiler.plan.ops import Buffer, PlanOp
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ChosenMemory:
+    """The `memory_mode` buffer's value, as every backend has it: the mode the run uses and `memory { disk }` (a
+    backend's own value adds what it decided beside them)."""
+
+    mode: MemoryMode
+    disk: Path | None = None
+
+    @property
+    def offload(self) -> bool:
+        """The offload mode: weights (torch) or graph segments (ONNX) one block at a time, read as each runs."""
+        return self.mode is MemoryMode.OFFLOAD
 
 
 class UndeclaredBuffer(AssertionError):

@@ -118,8 +118,11 @@ def hadamard_factors(n: int) -> list[np.ndarray]:
     base = _base_orders()
     factors = []
     for m in sizes:  # Sylvester's H_(ab) = H_a ⊗ H_b for the powers of two; Paley's for the rest
-        kind, q = base.get(m, ("sylvester", 0)) if not _power_of_two(m) else ("sylvester", 0)
-        factors.append(_sylvester(m) if kind == "sylvester" else _paley_one(q) if kind == "one" else _paley_two(q))
+        if _power_of_two(m):
+            factors.append(_sylvester(m))
+        else:
+            kind, q = base[m]
+            factors.append(_paley_one(q) if kind == "one" else _paley_two(q))
     return factors
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from compiler.backends.onnx.emitters import QdqEmitter
 from compiler.backends.onnx.files import ModelFiles
 from compiler.backends.onnx.hessians import GptqRounder
-from compiler.ir.types import MemoryMode
+from compiler.backends.values import ChosenMemory
 from compiler.models.graph import GraphSummary
 from compiler.plan.workload import Observation
 from compiler.resolve.assignment import Assignment
@@ -51,17 +51,10 @@ class OnnxLoaded:
 
 
 @dataclass(frozen=True)
-class OnnxMemory:
+class OnnxMemory(ChosenMemory):
     """`memory_mode`: the mode, `memory { disk }`, and whose resume states this run's are (backends/owners.py)."""
 
-    mode: MemoryMode
-    disk: Path | None = None
     owner: dict = field(default_factory=dict)
-
-    @property
-    def offload(self) -> bool:
-        """Segments of the graph run one at a time, their boundaries cached."""
-        return self.mode is MemoryMode.OFFLOAD
 
 
 @dataclass(eq=False)

@@ -310,7 +310,7 @@ def _rotated(shards, rotation: tuple[int, int | None] | None, config: dict):
         return shards
     from compiler.backends.torch.rotation import RotatedShards, Rotation
 
-    if "tie_word_embeddings" in config or "qrc_builtin" not in config:
+    if "qrc_builtin" not in config:  # a built-in's head is its own already
         config["tie_word_embeddings"] = False  # the final norm folds into the head alone
     return RotatedShards(shards, Rotation.seeded(*rotation))
 

@@ -34,11 +34,6 @@ def prepare_output(op: ops.PrepareRun, run, loaded: Loaded, memory: MemoryChoice
     jobs = target.jobs
     if not loaded.file_to_file:
         refuse_non_linear(model, jobs, plan.spans.recipe, assignment)
-    module_of = {j.layer.weight: j.module for j in jobs}
-    smoother: list[Smoother] = []  # made once the writer is: the costs read weights as it folded them
-    # each layer's float weight as a transform left it (what its rounding approximates), read from the checkpoint
-    costs = LayerCosts(lambda key: model.shards.read(key) if not smoother
-                       else smoother[0].as_folded(module_of[key], model.shards.read(key)))
     # each sibling's weight as its rounding sees it (AWQ and SmoothQuant fold their scales in before)
     where = {j.layer.name: (j.module, j.layer.weight) for j in jobs}
     global_scales = SharedGlobalScales({j.layer.name: j.scheme.quantized_weights.qtype for j in jobs},
@@ -60,12 +55,22 @@ def prepare_output(op: ops.PrepareRun, run, loaded: Loaded, memory: MemoryChoice
         run.pending.warnings.append(opened.warning)
     if memory.disk is not None:
         own_folder(memory.disk)
+    smoother = None
     if assignment.smoothing and op.calibration is not None and op.transform is not None:
-        smoother.append(Smoother(op.transform, op.calibration, model, loaded.index, assignment.smoothing, jobs,
-                                 output_writer(opened.writer), run.ranks))  # the first rank writes
+        smoother = Smoother(op.transform, op.calibration, model, loaded.index, assignment.smoothing, jobs,
+                            output_writer(opened.writer), run.ranks)  # the first rank writes
     return Staging(target.output, plan, run.ranks, loaded, assignment, jobs, memory, opened.writer, rounder,
-                   global_scales, kv, costs, resume, opened.early, opened.config or {},
-                   smoother[0] if smoother else None)
+                   global_scales, kv, _layer_costs(model, jobs, smoother), resume, opened.early,
+                   opened.config or {}, smoother)
+
+
+def _layer_costs(model, jobs, smoother: Smoother | None) -> LayerCosts:
+    """Each layer's own error against its float weight as a transform left it (what its rounding
+    approximates), read from the checkpoint."""
+    if smoother is None:
+        return LayerCosts(model.shards.read)
+    module_of = {j.layer.weight: j.module for j in jobs}
+    return LayerCosts(lambda key: smoother.as_folded(module_of[key], model.shards.read(key)))
 
 
 def open_streams(op: ops.PrepareRun, samples: Streams, staging: Staging, opened_by_transformers: bool,

@@ -124,11 +124,6 @@ class Rotation:
         signs = torch.from_numpy(random_signs(hidden, seed)).float() / hidden ** 0.5
         return cls(factors, signs, h, base)
 
-    @property
-    def q(self) -> torch.Tensor:
-        """Q as one matrix (tests; the products below never form it)."""
-        return self.right(torch.eye(self.signs.shape[0]))
-
     def right(self, rows: torch.Tensor) -> torch.Tensor:
         """rows · Q, float32: each factor applied along its axis of the rows reshaped (n·Σf products a row)."""
         count = rows.shape[0]

@@ -34,7 +34,7 @@ from compiler.backends.torch.resume import BlockResume
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.sharing import share_kv
 from compiler.backends.torch.smoother import Smoother
-from compiler.ir.types import MemoryMode
+from compiler.backends.values import ChosenMemory
 from compiler.models.index import ModelIndex
 from compiler.plan import ops
 from compiler.plan.ops import Plan
@@ -75,18 +75,11 @@ class Loaded:
 
 
 @dataclass(frozen=True)
-class MemoryChoice:
+class MemoryChoice(ChosenMemory):
     """`memory_mode`: the mode the run uses (multi_gpu may have fallen back), `memory { disk }`, and each
     block's GPU (multi_gpu)."""
 
-    mode: MemoryMode
-    disk: Path | None = None
     devices: dict = field(default_factory=dict)
-
-    @property
-    def offload(self) -> bool:
-        """Whether the blocks' weights are read from the checkpoint as each block runs, and dropped after."""
-        return self.mode is MemoryMode.OFFLOAD
 
 
 @dataclass(eq=False)
