@@ -3,12 +3,12 @@ its own): W4A16 (symmetric int4 weights in groups, every Linear but lm_head) on 
 samples qrc calibrates on), saved in compressed-tensors' layout (AutoRound's `llm_compressor` format), which
 transformers' default load runs without AutoRound installed. Prints the seconds AutoRound took.
 
-    VENV/bin/python bench/autoround_calibrated.py MODEL_FOLDER CALIBRATION.npz MODE OUT [GROUP]
+    VENV/bin/python bench/autoround_calibrated.py MODEL_FOLDER CALIBRATION.npz MODE OUT [GROUP [BITS]]
 
 MODE: `default` (sign-SGD learned rounding, its default iterations: 200), `light` (its CLI's light preset: 50
 iterations at learning rate 5e-3; the calibration rows stay ours) or `rtn` (`iters=0`, its RTN mode: a scale
 search per group weighted by each input column's mean square over the calibration tokens, its imatrix).
-GROUP: the group size (default 64). MODEL_FOLDER holds the float model and its tokenizer.
+GROUP: the group size (default 64); BITS: the integer width (default 4). MODEL_FOLDER holds the float model and its tokenizer.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main() -> None:
 
     folder, calibration, mode, out = sys.argv[1:5]
     group = int(sys.argv[5]) if len(sys.argv) > 5 else 64
+    bits = int(sys.argv[6]) if len(sys.argv) > 6 else 4
     if mode not in MODES:
         raise SystemExit(f"MODE is one of {', '.join(MODES)}, not {mode!r}")
     ids = np.load(calibration)["input_ids"]
@@ -47,7 +48,7 @@ def main() -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     rows = [torch.from_numpy(row[None].copy()) for row in ids]  # one [1, seqlen] tensor per sample, as given
     more = MODES[mode]
-    rounder = AutoRound(model, tokenizer=tokenizer, scheme="W4A16", bits=4, group_size=group, sym=True,
+    rounder = AutoRound(model, tokenizer=tokenizer, scheme=f"W{bits}A16", bits=bits, group_size=group, sym=True,
                         dataset=rows, nsamples=len(rows), seqlen=ids.shape[1], device_map="cpu", **more)
     rounder.quantize_and_save(out, format="llm_compressor")
     _flatten(Path(out))

@@ -77,14 +77,33 @@ ROWS = {
     # mode calibrates every block on the float model's inputs): better on validation text (bench/README.md)
     "w4-gptq-sequential": ("W4A16 { group 64  rounding gptq }", "memory { mode low_memory }", "gptq-actorder"),
     "w4-gptq-no_act_order": ("W4A16 { group 64  rounding gptq no_act_order }", "", None),
+    # learned rounding (sign-SGD per block against its float outputs) at AutoRound's light preset and its default
+    "w4-autoround-light": ("W4A16 { group 64  rounding autoround { iters 50  lr 0.005 } }", "", None),
+    "w4-autoround": ("W4A16 { group 64  rounding autoround }", "", None),
+    # below 4 bits (transformers loads them; vLLM's kernels do not): round to nearest, GPTQ, learned rounding
+    "w3-rtn": ("W4A16 { weights int3 group 64 symmetric }", "", None),
+    "w3-gptq": ("W4A16 { weights int3 group 64 symmetric  rounding gptq }", "", None),
+    "w3-autoround-light": ("W4A16 { weights int3 group 64 symmetric  rounding autoround { iters 50  lr 0.005 } }", "",
+                           None),
+    "w2-rtn": ("W4A16 { weights int2 group 64 symmetric }", "", None),
+    "w2-gptq": ("W4A16 { weights int2 group 64 symmetric  rounding gptq }", "", None),
+    "w2-autoround-light": ("W4A16 { weights int2 group 64 symmetric  rounding autoround { iters 50  lr 0.005 } }", "",
+                           None),
 }
+# rows whose recipe is an example in recipes/ (issue 67): the bench compiles that file itself (its output path given
+# with -o), on the calibration rows it holds (recipes/data/smollm2-reference.npz, the same token ids as every row's:
+# checked), so the example reproduces the row
+EXAMPLES = {"w4-autoround-light": ROOT / "recipes" / "smollm2-autoround-w4a16.recipe",
+            "nvfp4-quarot": ROOT / "recipes" / "smollm2-rotated-nvfp4.recipe"}
+EXAMPLE_CALIBRATION = ROOT / "recipes" / "data" / "smollm2-reference.npz"
 # llm-compressor's SmoothQuant strength per method, as qrc's row has it (its W8A8 example's 0.8 with GPTQ)
 ALPHAS = {"smoothquant": 0.5, "smoothquant-static": 0.8, "smoothquant-static-gptq": 0.8}
 # row → AutoRound's mode in bench/autoround_calibrated.py: its RTN mode (a scale search weighted by each input
 # column's mean square, its imatrix: qrc's `rounding imatrix`), and its sign-SGD learned rounding beside each
 # tool's own best calibrated int4 rounding (GPTQ) in its light preset (50 iterations): its default (200) did
 # not finish in 85 minutes on a 2-core machine
-AUTOROUND = {"w4-imatrix": "rtn", "w4-gptq": "light"}
+AUTOROUND = {"w4-imatrix": "rtn", "w4-gptq": "light", "w4-autoround-light": "light", "w4-autoround": "default",
+             "w3-autoround-light": "light", "w2-autoround-light": "light"}
 AUTOROUND_LABELS = {"rtn": "RTN mode, imatrix-weighted", "light": "light: sign-SGD, 50 iterations",
                     "default": "default: sign-SGD, 200 iterations"}  # its modes as the results name them
 
@@ -207,6 +226,8 @@ def main() -> None:
                         help="the rows the anchors run (default: every row of --rows); its other rows are kept "
                              "from the results file")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real_quality.md")
+    parser.add_argument("--write-calibration", type=Path, metavar="NPZ",
+                        help="write the calibration token ids (what the example recipes read) to NPZ and stop")
     args = parser.parse_args()
 
     import numpy as np
@@ -222,6 +243,14 @@ def main() -> None:
     calibration = work / "calibration.npz"
     ids = calibration_ids(tokenizer, calibration_text, args.samples, args.seqlen)
     np.savez(calibration, input_ids=ids, attention_mask=np.ones_like(ids))
+    if args.write_calibration:
+        np.savez_compressed(args.write_calibration, input_ids=ids, attention_mask=np.ones_like(ids))
+        return
+    if any(name in EXAMPLES for name in args.rows):
+        with np.load(EXAMPLE_CALIBRATION) as held:
+            if not np.array_equal(held["input_ids"], ids):
+                raise SystemExit(f"{EXAMPLE_CALIBRATION} is not this sitting's calibration: rewrite it with "
+                                 f"--write-calibration {EXAMPLE_CALIBRATION.relative_to(ROOT)}")
     reference = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                                   dtype=torch.float32).eval()
     float_folder = work / "float"
@@ -235,7 +264,9 @@ def main() -> None:
     for name in args.rows:
         out = work / name
         (work / f"{name}.recipe").write_text(recipe(name, calibration, out, args.samples))
-        seconds, done = timed([sys.executable, "-m", "compiler", "compile", str(work / f"{name}.recipe")], ROOT)
+        example = EXAMPLES.get(name)
+        command = [str(example), "-o", str(out)] if example else [str(work / f"{name}.recipe")]
+        seconds, done = timed([sys.executable, "-m", "compiler", "compile", *command], ROOT)
         if done.returncode != 0:
             print(f"{name}: compile failed\n{done.stderr[-2000:]}{done.stdout[-2000:]}", file=sys.stderr)
         rows.append((name, "qrc", seconds, measured(out, logits, sets) if done.returncode == 0 else "compile failed"))
@@ -247,8 +278,9 @@ def main() -> None:
             rows.append(_anchor_row(name, "llm-compressor", command, work / f"{name}-llmc", logits, sets))
         mode = AUTOROUND.get(name)
         if args.autoround and mode and (args.anchor_rows is None or name in args.anchor_rows):
+            bits = re.match(r"w(\d)", name)
             command = [args.autoround, str(ROOT / "bench" / "autoround_calibrated.py"), str(float_folder),
-                       str(calibration), mode, str(work / f"{name}-autoround"), "64"]
+                       str(calibration), mode, str(work / f"{name}-autoround"), "64", bits.group(1) if bits else "4"]
             rows.append(_anchor_row(name, f"AutoRound ({AUTOROUND_LABELS[mode]})", command, work / f"{name}-autoround",
                                     logits, sets))
     write(args, rows, sets)

@@ -26,3 +26,5 @@ def _reference_machine_speed(monkeypatch):
     """Plans made in the tests' own process estimate time at the reference machine's rates (plan/timing.py),
     so the plan goldens do not change with the machine that runs them."""
     monkeypatch.setattr("compiler.frontend.machine_speed", lambda cache: 1.0)
+    # and its CPU multiplies no bfloat16 in hardware (learned rounding's steps in float32: plan/timing.py)
+    monkeypatch.setattr("compiler.backends.torch.timing.native_bfloat16", lambda: False)

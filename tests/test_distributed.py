@@ -485,7 +485,7 @@ def test_a_killed_rank_stops_every_rank_and_a_relaunch_resumes(tmp_path, mode):
 TORCH_RESUMABLE = """recipe resumable {{
     model "{model}"
     backend torch
-    scheme w4 {{ weights int4 group 32 symmetric  rounding gptq }}
+    scheme w4 {{ weights int4 group 32 symmetric  rounding {rounding} }}
     quantize {{ type Linear -> w4  "lm_head" -> none }}
     calibrate {{ data synthetic {{ samples 32  seqlen 128 }}  chunk 4 }}
     memory {{ mode offload  disk "{disk}" }}
@@ -518,18 +518,22 @@ def _finished_blocks(disk: Path) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks, format", [(1, "safetensors"), (2, "safetensors"), (1, "gguf")])
-def test_a_killed_torch_compile_resumes_after_its_last_finished_block(tmp_path, request, ranks, format):
+@pytest.mark.parametrize("ranks, format, rounding", [(1, "safetensors", "gptq"), (2, "safetensors", "gptq"),
+                                                     (1, "gguf", "gptq"),
+                                                     (1, "safetensors", "autoround { iters 12  batch 4 }")],
+                         ids=["1-safetensors", "2-safetensors", "1-gguf", "1-safetensors-autoround"])
+def test_a_killed_torch_compile_resumes_after_its_last_finished_block(tmp_path, request, ranks, format, rounding):
     """GPTQ in offload with `disk` on torch, killed (SIGKILL: no clean-up at all; under torchrun, rank 1) once every
     rank recorded three finished blocks: nothing appears at the destination, and the same launch again starts at
     block 4 from the hidden states the killed run left, and writes the bytes an uninterrupted run writes (GPTQ
-    rounds each block from the quantized outputs of the blocks before, so those states must be exact). The state
-    and the staged output (a folder, or the GGUF file) go once the output is in place."""
+    rounds each block from the quantized outputs of the blocks before, so those states must be exact; learned
+    rounding learns on them). The state and the staged output (a folder, or the GGUF file) go once the output is in
+    place."""
     gguf = format == "gguf"
     disk, out = tmp_path / "cache", tmp_path / "out" / "m.gguf" if gguf else tmp_path / "out"
     model = request.getfixturevalue("eight_blocks_tokenized") if gguf else EIGHT_BLOCKS
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(TORCH_RESUMABLE.format(model=model, disk=disk, out=out, format=format))
+    recipe.write_text(TORCH_RESUMABLE.format(model=model, disk=disk, out=out, format=format, rounding=rounding))
     reference = tmp_path / "one" / out.name if gguf else tmp_path / "one"
     if ranks == 1:
         _alone(recipe, reference)

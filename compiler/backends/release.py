@@ -84,3 +84,28 @@ def keep_large_blocks_mapped(threshold: int = MMAP_THRESHOLD) -> None:
         ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, threshold)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+M_TRIM_THRESHOLD = -1  # mallopt's parameter number (glibc malloc.h)
+HEAP_THRESHOLD_MAX = 32 << 20  # the largest mmap threshold glibc takes on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
+TRIM_THRESHOLD = 128 << 10  # glibc's default trim threshold
+
+
+@contextlib.contextmanager
+def heap_reused() -> Iterator[None]:
+    """While the body runs, tensors up to 32 MiB come from the heap and freed pages stay in it, so a loop that
+    allocates the same working set again and again (learned rounding's steps) reuses its pages instead of
+    mapping and faulting them in afresh each time; after it the fixed threshold is back and the heap trimmed."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        yield
+        return
+    libc.mallopt(M_MMAP_THRESHOLD, HEAP_THRESHOLD_MAX)
+    libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+    try:
+        yield
+    finally:
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+        trim_heap()

@@ -112,6 +112,12 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "built for (2^k times up to two Paley orders), the torch backend and a safetensors folder; the "
              "mixed-precision search's cached scores are of the unrotated weights.",
              'backend onnx  transform quarot'),
+    CodeInfo("Q274", "learned rounding the scheme, layer or backend cannot take",
+             "`rounding autoround` learns each weight's rounding offset and each group's clipping by sign-SGD, one "
+             "decoder block at a time, against the block's float outputs on the calibration samples. It needs "
+             "integer weights in groups or per channel, layers inside the model's blocks (a head or embedding has no "
+             "block to learn against), calibration data and the torch backend; `lr` is in (0, 1].",
+             'scheme s = NVFP4A16 { rounding autoround }'),
     CodeInfo("Q256", "a floating format with a setting it cannot take",
              "FP8, NVFP4 and MX formats are symmetric and rounded as compressed-tensors defines them (rtn). NVFP4 "
              "scales blocks of 16 and MX blocks of 32 (the format fixes the group); fp8 weights are per tensor, per "

@@ -35,6 +35,8 @@ class QType(RegisteredValue):
     UINT8: ClassVar[QType]
     INT4: ClassVar[QType]
     UINT4: ClassVar[QType]
+    INT3: ClassVar[QType]
+    INT2: ClassVar[QType]
     FP8: ClassVar[QType]
     NVFP4: ClassVar[QType]
     MXFP4: ClassVar[QType]
@@ -58,6 +60,10 @@ QType.INT8 = QTYPES.register(QType("int8", "8-bit signed integers", 8))
 QType.UINT8 = QTYPES.register(QType("uint8", "8-bit unsigned integers (onnxruntime's fast activations)", 8, False))
 QType.INT4 = QTYPES.register(QType("int4", "4-bit signed integers", 4))
 QType.UINT4 = QTYPES.register(QType("uint4", "4-bit unsigned integers", 4, False))
+# the widths below 4 that learned rounding and GPTQ make usable (compressed-tensors packs any width into int32 words;
+# transformers loads them; vLLM's kernels take 4 and 8 bits only)
+QType.INT3 = QTYPES.register(QType("int3", "3-bit signed integers", 3))
+QType.INT2 = QTYPES.register(QType("int2", "2-bit signed integers", 2))
 QType.FP8 = QTYPES.register(QType("fp8", "FP8 e4m3", 8, is_float=True))
 QType.NVFP4 = QTYPES.register(QType("nvfp4", "e2m1 in blocks of 16, FP8 block scales and a global scale", 4,
                                     is_float=True, fixed_group=16))
@@ -77,6 +83,8 @@ class RoundingData(enum.Enum):
     NONE = "none"  # data-free
     INPUT_SQUARES = "input_squares"  # each input column's mean square over the calibration tokens (imatrix)
     HESSIAN = "hessian"  # the inputs' Hessian X^T X (GPTQ), rounded column by column with error feedback
+    # the block's float outputs on the calibration stream: rounding learned per block against them (block by block)
+    BLOCK_OUTPUT = "block_output"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +99,13 @@ class Rounding(RegisteredValue):
     summary: str  # one line for `qrc explain roundings`
     data: RoundingData = RoundingData.NONE
     scales: Any = None  # a data-free plug-in's `(ScaleChoice) -> (scale, zero_point)` (quant/weights.py)
+    settings: tuple[str, ...] = ()  # the keys of `rounding NAME { key value … }` it reads
 
     RTN: ClassVar[Rounding]
     MSE: ClassVar[Rounding]
     GPTQ: ClassVar[Rounding]
     IMATRIX: ClassVar[Rounding]
+    AUTOROUND: ClassVar[Rounding]
 
 
 
@@ -111,6 +121,12 @@ Rounding.GPTQ = ROUNDINGS.register(Rounding(
 Rounding.IMATRIX = ROUNDINGS.register(Rounding(
     "imatrix", "`mse`'s search weighted by each input's mean square (llama.cpp's imatrix; the K-quants' own)",
     RoundingData.INPUT_SQUARES))
+# AutoRound's sign-SGD (Cheng et al., "Optimize Weight Rounding via Signed Gradient Descent"): per block, each
+# weight's rounding offset in [-0.5, 0.5] and each group's clipping of its range learned against the block's float
+# outputs on the calibration stream (docs/recipe-language.md, `rounding autoround`)
+Rounding.AUTOROUND = ROUNDINGS.register(Rounding(
+    "autoround", "per block, rounding offsets and clipping learned by sign-SGD against the block's float outputs",
+    RoundingData.BLOCK_OUTPUT, settings=("iters", "lr", "batch")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,8 @@ def scheme_parts(s: Scheme) -> tuple[str, str, str]:
     order = (" act_order" if s.act_order else " no_act_order") if s.rounding is Rounding.GPTQ else ""
     options = order + (" static_groups" if static else "") + \
         (" minmax_scales" if minmax else "")
+    if s.learned is not None:
+        options += f" {{ iters {s.learned.iters}  lr {format_number(s.learned.rate)}  batch {s.learned.batch} }}"
     return _weights(s.quantized_weights), _activations(s.activations), f"rounding {s.rounding.name}{options}"
 
 

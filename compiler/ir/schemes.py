@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import replace
 
 from compiler.diagnostics import Diagnostics, did_you_mean, expected_help
@@ -13,6 +14,7 @@ from compiler.ir.types import (
     BackendFacts,
     Granularity,
     KvCache,
+    LearnedRounding,
     QType,
     Rounding,
     Scheme,
@@ -101,6 +103,9 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], facts: Back
     static_groups = _static_groups(decl.rounding, rounding, act_order,
                                    bool(base and base.static_groups and not base.act_order), diags)
     mse_scales = _scale_search(decl.rounding, rounding, base, diags)
+    learned = _learned(decl.rounding_options, rounding, base, diags)
+    if weights is not None and rounding is Rounding.AUTOROUND:
+        _check_learned(decl, weights, diags)
     if weights is not None:
         _check_floats(decl, weights, activations, rounding, diags)
         other_grid = (static_groups and not act_order) or not mse_scales  # act_order implies static_groups
@@ -115,7 +120,66 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], facts: Back
         return None
     base_name = decl.base.value if decl.base else None
     return Scheme(decl.name.value, weights, activations, rounding, base_name, decl.name.span, act_order,
-                  static_groups, mse_scales)
+                  static_groups, mse_scales, learned)
+
+
+def _learned(options: ast.RoundingOptions | None, rounding: Rounding, base: Scheme | None,
+             diags: Diagnostics) -> LearnedRounding | None:
+    """`rounding autoround { iters N  lr X  batch B }`: the learned rounding's settings (a scheme refining an
+    autoround scheme keeps the settings it does not give); settings after a rounding that reads none are Q107."""
+    settings = options.settings if options is not None else ()
+    if rounding is not Rounding.AUTOROUND:
+        for setting in settings:
+            diags.error("Q107", f"`{setting.key}` is not a setting of `rounding {rounding.name}`", setting.key_span,
+                        "not valid here", help=expected_help(setting.key, rounding.settings) if rounding.settings
+                        else f"`rounding {rounding.name}` takes no settings; drop the braces")
+        return None
+    found: dict[str, ast.Setting] = {}
+    for setting in settings:
+        if setting.key in found:
+            diags.error("Q215", f"`{setting.key}` given twice", setting.key_span, "second one",
+                        help=f"keep one `{setting.key}`; the first is at line {found[setting.key].key_span.line}")
+        elif setting.key not in rounding.settings:
+            diags.error("Q107", f"`{setting.key}` is not a setting of `rounding {rounding.name}`", setting.key_span,
+                        "not valid here", help=expected_help(setting.key, rounding.settings))
+        else:
+            found[setting.key] = setting
+    inherited = base.learned if base is not None and base.learned is not None else LearnedRounding()
+    iters = _count(found.get("iters"), "`iters`", diags)
+    batch = _count(found.get("batch"), "`batch`", diags)
+    lr = found.get("lr")
+    rate = inherited.lr
+    if lr is not None:
+        value = lr.value
+        if not isinstance(value, ast.Number) or not math.isfinite(value.value) or not 0 < value.value <= 1:
+            diags.error("Q274", "`lr` must be a number in (0, 1]", lr.span, "not a learning rate",
+                        help="write e.g. `lr 0.005` (the default is 1 / iters, AutoRound's)")
+        else:
+            rate = value.value
+    return LearnedRounding(iters or inherited.iters, rate, batch or inherited.batch)
+
+
+def _count(setting: ast.Setting | None, what: str, diags: Diagnostics) -> int | None:
+    """A whole-number setting (None when absent or invalid: the default stands)."""
+    if setting is None:
+        return None
+    if not isinstance(setting.value, ast.Number):
+        diags.error("Q217", f"{what} must be a positive whole number", setting.span, "expected a number",
+                    help=f"write e.g. `{what.strip('`')} 8`")
+        return None
+    return whole_number(setting.value, what, diags)
+
+
+def _check_learned(decl: ast.SchemeDecl, w: WeightQuant, diags: Diagnostics) -> None:
+    """Learned rounding rounds onto an integer grid in groups or per channel (what its offsets and clipping
+    factors are learned for): not one scale per tensor or 2-D blocks. The floating formats and the K-quants, which
+    round by their own rules, are Q256's."""
+    if w.qtype.is_float or w.qtype.is_kquant or w.granularity in (Granularity.GROUP, Granularity.PER_CHANNEL):
+        return
+    problem = f"{w.granularity.value} weights have no per-group range to clip"
+    diags.error("Q274", f"scheme `{decl.name.value}`: `rounding autoround` learns integer rounding per group or "
+                f"channel; {problem}", decl.name.span, "cannot learn its rounding",
+                help="use integer weights in groups or per channel (e.g. `W4A16 { group 64 }`), or another rounding")
 
 
 _KV_DEFAULT = ActivationQuant(QType.FP8, Granularity.PER_TENSOR, True, ActivationMode.STATIC)

@@ -163,6 +163,22 @@ class ActivationQuant:
 
 
 @dataclass(frozen=True, slots=True)
+class LearnedRounding:
+    """`rounding autoround { iters N  lr X  batch B }`: sign-SGD steps per block, the learning rate of the first
+    step (decaying linearly to 0), and the calibration samples each step runs. AutoRound's defaults: 200 steps, a
+    learning rate of 1/iters, 8 samples a step."""
+
+    iters: int = 200
+    lr: float | None = None  # None: 1 / iters
+    batch: int = 8
+
+    @property
+    def rate(self) -> float:
+        """The first step's learning rate."""
+        return self.lr if self.lr is not None else 1.0 / self.iters
+
+
+@dataclass(frozen=True, slots=True)
 class Scheme:
     """A named precision scheme. `weights is None` only for the built-in `none` (leave in float)."""
 
@@ -177,6 +193,7 @@ class Scheme:
     # act_order implies True)
     mse_scales: bool = False  # gptq: each scale the range shrink with the least squared error (`rounding mse`'s
     # search; `rounding gptq` sets it unless `minmax_scales`), else the min/max range
+    learned: LearnedRounding | None = None  # autoround: its settings (None for every other rounding)
 
     @property
     def is_none(self) -> bool:

@@ -90,7 +90,7 @@ class Context:
         """Some layer rounds with data (GPTQ) or has static input ranges (the KV cache's scales too), under any
         searched choice; a transform's statistics aside (its own op gathers them)."""
         w, ir = self.workload, self.ir
-        if w.gptq or w.imatrix_layers or w.observed or ir.kv_cache is not None:
+        if w.gptq or w.imatrix_layers or w.learned_layers or w.observed or ir.kv_cache is not None:
             return True
         if ir.mixed_precision is None or w.search is None:
             return False
@@ -121,10 +121,10 @@ Pass = Callable[[Context], list[PlanOp]]
 
 
 def needs_data(scheme: Scheme) -> bool:
-    """GPTQ and the imatrix search round with their layer's inputs; static activations (and NVFP4's global input
-    scale) need their ranges."""
+    """GPTQ and the imatrix search round with their layer's inputs, learned rounding with its block's; static
+    activations (and NVFP4's global input scale) need their ranges."""
     act = scheme.activations
-    return scheme.rounding in (Rounding.GPTQ, Rounding.IMATRIX) or (act is not None and act.calibrated)
+    return scheme.rounding in (Rounding.GPTQ, Rounding.IMATRIX, Rounding.AUTOROUND) or (act is not None and act.calibrated)
 
 
 def observed_layers(ctx: Context) -> tuple[str, ...]:

@@ -85,6 +85,28 @@ def block_working_set(w: Workload, scores: bool | None = None) -> int:
     return int(ACT_BYTES * max(attention, mlp))
 
 
+# Learned rounding (torch/learned.py) holds, while one block learns: the activations autograd keeps for a step's
+# backward, LEARNED_ACTIVATIONS times the forward's working set per sample of the step; per learned weight,
+# LEARNED_STATE float32 values (the weight in groups, its offsets, their gradient, the kept best offsets, the
+# rounded weight a step computes with); and the float block's outputs on every calibration sample (the targets)
+LEARNED_ACTIVATIONS = 3.0
+LEARNED_STATE = 5
+
+
+def learned_bytes(w: Workload) -> int:
+    """What a block holds while its rounding is learned, beyond its weights (0 where nothing is learned)."""
+    if w.learned is None:
+        return 0
+    learned = set(w.learned_layers)
+    per_block: dict[str, int] = {}
+    for x in w.index.layers:
+        if x.name in learned and x.block:
+            per_block[x.block] = per_block.get(x.block, 0) + x.params
+    targets = w.samples * w.seqlen * w.hidden * ACT_BYTES
+    step = min(w.learned.batch, w.samples) * block_working_set(w) * LEARNED_ACTIVATIONS
+    return int(targets + step + LEARNED_STATE * ACT_BYTES * max(per_block.values(), default=0))
+
+
 def _widest_block_output(w: Workload, hidden: int) -> int:
     """A model without a config (a built-in, a bare module): the MLP's width is the widest output of a block
     Linear that reads the hidden state (gate/up), 4 × hidden where there is none."""

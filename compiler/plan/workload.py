@@ -14,6 +14,7 @@ from compiler.ir.types import (
     Backend,
     DataKind,
     EmitFormat,
+    LearnedRounding,
     QType,
     RecipeIR,
     Rounding,
@@ -79,6 +80,9 @@ class Workload(Observation):
     mixed_precision: bool
     search: Search | None  # the mixed-precision search, when there are units to search
     imatrix_layers: tuple[str, ...] = ()  # K-quants searched with their inputs' mean squares (a vector per input)
+    learned_layers: tuple[str, ...] = ()  # rounded by `rounding autoround`: learned per block (sign-SGD)
+    learned: LearnedRounding | None = None  # its settings (the most steps and samples a step any scheme asks)
+    kv_cache: bool = False  # `kv_cache`: its ranges are observed on the calibration stream
     verify_samples: int  # the held-out samples one rank runs
     disk: bool  # block data may be cached on disk (`memory { disk … }`)
     transform: Transform | None = None
@@ -219,6 +223,7 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
     seen = observation(assignment, ir.calibration.passthrough)
     gptq = bool(seen.gptq_layers)
     imatrix = tuple(a.layer.name for a in quantized if a.scheme.rounding is Rounding.IMATRIX)
+    learned = [a for a in quantized if a.scheme.learned is not None]
     mp = ir.mixed_precision
     cal = ir.calibration
     ranks = ir.memory.ranks
@@ -234,12 +239,14 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
         largest_layer_bytes=max((x.bytes for x in index.layers), default=0),
         quantized_layers=tuple(a.layer.name for a in quantized), needed=seen.needed, observed=seen.observed,
         sources=seen.sources, gptq_layers=seen.gptq_layers, hessian_inputs=seen.hessian_inputs,
-        calibrate=bool(seen.observed) or gptq or bool(imatrix) or bool(mp and mp.metric is not SensitivityMetric.SNR)
+        calibrate=bool(seen.observed) or gptq or bool(imatrix) or bool(learned) or bool(mp and mp.metric is not SensitivityMetric.SNR)
         or ir.kv_cache is not None or bool(assignment.smoothing),
         gptq=gptq, samples=rank_share(sample_count(cal.data), chunk or cal.chunk, ranks), seqlen=sequence_length(cal.data),
         past=cache_length(cal.data), chunk=chunk or cal.chunk, bins=cal.bins,
         histogram=cal.method.histogram, mixed_precision=mp is not None,
         search=_search(ir, assignment), imatrix_layers=imatrix,
+        learned_layers=tuple(a.layer.name for a in learned), learned=_learned_settings(learned),
+        kv_cache=ir.kv_cache is not None,
         verify_samples=rank_share(verify_samples, min(cal.chunk, verify_samples), ranks),
         disk=ir.memory.disk is not None, ranks=ranks, attention=cal.attention,
         float_rounded=any(a.scheme.quantized_weights.qtype.is_float for a in quantized),
@@ -279,3 +286,11 @@ def rank_share(samples: int, chunk: int, ranks: int) -> int:
         return samples
     chunks = math.ceil(samples / max(chunk, 1))
     return min(samples, math.ceil(chunks / ranks) * chunk)
+
+
+def _learned_settings(learned: list) -> LearnedRounding | None:
+    """The learned rounding's cost settings: the most steps and the most samples a step of any of its schemes."""
+    settings = [a.scheme.learned for a in learned]
+    if not settings:
+        return None
+    return LearnedRounding(max(s.iters for s in settings), None, max(s.batch for s in settings))

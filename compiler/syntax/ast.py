@@ -107,6 +107,14 @@ class SchemeDecl:
     specs: tuple[QuantSpec, ...]
     rounding: tuple[Keyword, ...]
     span: Span
+    rounding_options: RoundingOptions | None = None  # `rounding autoround { iters 200 }`
+
+
+@dataclass(frozen=True, slots=True)
+class RoundingOptions:
+    """`{ key value … }` after `rounding NAME`: the settings the named rounding reads (compiler/ir/kinds.py)."""
+    settings: tuple[Setting, ...]
+    span: Span
 
 
 @dataclass(frozen=True, slots=True)

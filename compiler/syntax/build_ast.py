@@ -166,8 +166,10 @@ class AstBuilder(Transformer):
         body = rest[0] if rest else ()
         bare = tuple(c for c in body if isinstance(c, ast.QSpecItem))
         specs = tuple(c for c in body if isinstance(c, ast.QuantSpec))
-        rounding = tuple(k for c in body for k in (c if isinstance(c, tuple) else (c,)) if isinstance(k, ast.Keyword))
-        return ast.SchemeDecl(name, base, bare, specs, rounding, self._span(meta))
+        items = [k for c in body for k in (c if isinstance(c, tuple) else (c,))]
+        rounding = tuple(k for k in items if isinstance(k, ast.Keyword))
+        options = next((k for k in items if isinstance(k, ast.RoundingOptions)), None)
+        return ast.SchemeDecl(name, base, bare, specs, rounding, self._span(meta), options)
 
     def scheme_body(self, meta, children):
         return tuple(children)
@@ -186,6 +188,9 @@ class AstBuilder(Transformer):
         # `static_groups`, `mse_scales`…) when given
         name, *options = children
         return (ast.Keyword("rounding_kind", name.value, name.span), *options)
+
+    def rounding_options(self, meta, children):
+        return ast.RoundingOptions(tuple(children), self._span(meta))
 
     def _qspec(self, rule, children, meta):
         value = children[0]

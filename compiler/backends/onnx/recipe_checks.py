@@ -1,6 +1,6 @@
 """What the ONNX backend refuses in a recipe alone, before any model is read: MatMulNBits block sizes (Q208),
 several devices (Q234), floating formats onnxruntime's CPU build cannot run (Q257), the importance-weighted
-search on integer weights (Q272), an attention kernel choice an exported graph has no use for (Q270), and a
+search on integer weights (Q272), learned rounding (Q274), an attention kernel choice an exported graph has no use for (Q270), and a
 rotation (Q273)."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ def check_recipe(ir: RecipeIR, diags: Diagnostics) -> None:
                     "onnx runs on one device", help="use `mode auto`, or `backend torch` for several GPUs")
     _refuse_float_formats(ir, diags)
     _refuse_imatrix(ir, diags)
+    _refuse_learned(ir, diags)
     refuse_attention_kernel(ir, diags, "an ONNX graph")
     if ir.transform is not None and ir.transform.kind.rotates:
         diags.error("Q273", f"`transform {ir.transform.kind.name}` rotates the weights as the torch backend reads "
@@ -40,6 +41,16 @@ def _refuse_imatrix(ir: RecipeIR, diags: Diagnostics) -> None:
                         scheme.span or ir.span, "imatrix on onnx",
                         help="use `backend torch`, or `rounding mse` (data-free) or `rounding gptq` on ONNX")
 
+
+
+def _refuse_learned(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Q274: learned rounding trains each block's rounding with torch's autograd on the block as a module; an ONNX
+    graph has no blocks to train."""
+    for scheme in ir.used_schemes:
+        if scheme.rounding is Rounding.AUTOROUND:
+            diags.error("Q274", f"scheme `{scheme.name}` rounds with `autoround`, which learns per block on the torch "
+                        "backend; the ONNX backend does not run it", scheme.span or ir.span, "autoround on onnx",
+                        help="use `backend torch` on the model's folder, or `rounding gptq` on ONNX")
 
 
 def _check_matmul_nbits(ir: RecipeIR, diags: Diagnostics) -> None:

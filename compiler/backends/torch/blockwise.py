@@ -12,6 +12,7 @@ from compiler.backends.release import release_memory, trim_heap
 from compiler.backends.torch import streams
 from compiler.backends.torch.kv_cache import KvMode
 from compiler.backends.torch.layers import Job, Statistics
+from compiler.backends.torch.learned import learn_block
 from compiler.backends.torch.resume import finished, restore
 from compiler.backends.torch.run_state import RunState
 from compiler.backends.torch.run_values import Loaded, MemoryChoice, Staging, Streams
@@ -42,6 +43,8 @@ class BlockWise(RunState):
                 for s in filter(None, (samples.cal, verify and verify[0])):
                     streams.capture(container, s, loaded.call, stats.new_forward)
             staging.rounder.in_place(before, stats)
+            if samples.cal is not None and any(j.learned for j in staging.jobs):  # learned rounding's targets
+                samples.cal_float = _float_twin(samples, samples.cal)
             if verify is not None and verify[1] is not None:
                 streams.capture(container, verify[1], loaded.call)
         if memory.offload:
@@ -88,13 +91,28 @@ class BlockWise(RunState):
             with torch.no_grad():
                 smoother.run(smoother.of_block(name), lambda: streams.run_block(block, number, cal, device, None),
                              lambda: streams.run_chunk(block, number, cal, device, 0))
+        # the statistics pass; not where the block's layers only learn their rounding (the float stream below)
+        observes = any(j.gathers_statistics for j in jobs) or kv.kv is not None
         with Statistics(model.module, jobs, calibration) as stats, kv.running(KvMode.OBSERVE):
-            if cal is not None:
+            if cal is not None and observes:
                 streams.run_block(block, number, cal, device, None, stats.new_forward)
         outputs = {}
+        learning = dict.fromkeys(s for j in jobs if (s := j.scheme.learned) is not None) if cal is not None else {}
+        targets: list[torch.Tensor] = []  # the float block's outputs on the float stream: what its rounding learns
+        if learning:
+            assert samples.cal_float is not None  # made with the calibration stream (cache_block_inputs)
+            outputs["cal_float"] = samples.cache(samples.cal_float.hidden.dtype)
+            with torch.no_grad(), kv.running(KvMode.PASS):
+                streams.run_block(block, number, samples.cal_float, device, outputs["cal_float"], keep=targets)
         if verify is not None:
             with kv.running(KvMode.PASS):
                 outputs["float"] = _next(samples, block, number, verify[0], device)
+        for settings in learning:
+            learned = [j for j in jobs if j.scheme.learned == settings]  # schemes with the same settings learn together
+            assert cal is not None  # learning is planned on calibration data only
+            staging.rounder.learned.update(learn_block(model.module, block, number, cal, device, learned, targets,
+                                                       staging.rounder.scale_dtype or model.dtype, settings))
+        targets.clear()
         hooks = staging.rounder.in_place(jobs, stats)
         trim_heap()  # the rounding's freed temporaries (GPTQ's per-column scratch, below the mmap threshold) stay in
         # the heap otherwise, under the forwards that follow: 40-90 MiB on SmolLM2-135M's blocks
@@ -107,7 +125,8 @@ class BlockWise(RunState):
         for hook in hooks:
             hook.remove()
         entered = []
-        for key, stream in (("cal", cal), ("float", verify and verify[0]), ("quant", verify and verify[1])):
+        for key, stream in (("cal", cal), ("cal_float", samples.cal_float), ("float", verify and verify[0]),
+                            ("quant", verify and verify[1])):
             if key in outputs:
                 assert stream is not None  # it produced outputs
                 entered.append(stream.hidden)
@@ -160,6 +179,15 @@ class BlockWise(RunState):
             hook.remove()
         if offload:
             model.release(missing)
+
+
+def _float_twin(samples: Streams, cal: streams.Stream) -> streams.Stream:
+    """A stream of the same samples and block inputs as `cal`, its hidden states a copy of cal's: it runs through
+    the float blocks while `cal` runs through the rounded ones."""
+    hidden = samples.cache(cal.hidden.dtype)
+    for chunk in range(len(cal)):
+        hidden.put(chunk, cal.hidden.get(chunk))
+    return streams.Stream("calibration (float)", cal.feeds, hidden, cal.rest, cal.arity)
 
 
 def _next(samples: Streams, block, number: int, stream: streams.Stream, device) -> streams.HiddenCache:

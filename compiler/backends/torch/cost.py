@@ -21,6 +21,7 @@ from compiler.plan.memory import (
     gptq_scratch,
     hessian_bytes,
     input_widths,
+    learned_bytes,
     mode_estimate,
     score_phase,
     transform_bytes,
@@ -69,7 +70,10 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
     """The block-wise phase: weights held, block caches, one block's working set, GPTQ Hessians and scratch;
     `tail`: once the blocks are done, when a transform's statistics are left only for mappings outside them."""
     cache_ps = w.seqlen * w.hidden * dtype_bytes(w)
-    copies = CACHE_COPIES[mode]
+    # learned rounding runs block by block in `full` too (torch/lowering.py blockwise), with the calibration
+    # samples' float stream beside the rounded one (its block's inputs and outputs: two copies more)
+    copies = CACHE_COPIES[MemoryMode.LOW_MEMORY if mode is MemoryMode.FULL and w.learned_layers else mode] + \
+        (2 if w.learned_layers else 0)
     held = chunk if (mode is MemoryMode.OFFLOAD and w.disk) else w.samples
     cache = copies * held * cache_ps if w.calibrate else 0
     last = w.index.layers[-1].out_features if w.index.layers else w.hidden
@@ -115,7 +119,10 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
              ("the block as rounded, verified beside the float one (GGUF)", _rounded_twin(w, mode)),
              (f"{w.transform.kind.name if w.transform else 'transform'} statistics (+ scratch of one mapping)",
               transform_bytes(w, all_blocks=mode is MemoryMode.FULL, tail=tail)),
-             ("rotation (Q, H, a tensor rotated as it is read)", rotation_bytes(w)))
+             ("rotation (Q, H, a tensor rotated as it is read)", rotation_bytes(w)),
+             # learned after the block's statistics pass, in the memory its forward freed
+             ("learned rounding beyond the working set (a step's backward, offsets, float targets)",
+              max(0, learned_bytes(w) - work) if on_cpu else 0))
     if w.ranks > 1 and w.gptq and mode is not MemoryMode.MULTI_GPU:
         parts += ((f"the {w.ranks} ranks' Hessians while they merge", _merging(w, mode is MemoryMode.FULL)),)
     if mode is MemoryMode.FULL and w.verify_samples:  # CaptureReference keeps them through calibration;
@@ -312,8 +319,8 @@ class TorchCosts:
         """A calibrated compile's statistics: in `full` every layer's come from the float model's inputs; block by
         block each block's come from the outputs of the blocks already quantized (docs/torch.md), so GPTQ's
         Hessians, input ranges and transform scales, and with them the written weights, depend on the mode."""
-        if not (w.calibrate or w.gptq) or mode is MemoryMode.MULTI_GPU:
-            return None
+        if not (w.calibrate or w.gptq) or mode is MemoryMode.MULTI_GPU or w.learned is not None:
+            return None  # learned rounding runs every mode block by block (torch/lowering.py blockwise)
         if mode is MemoryMode.FULL:
             return ("the model written depends on the mode: in `full` every block calibrates on the float model's "
                     "inputs; `low_memory` and `offload` calibrate each block on the quantized blocks before it "

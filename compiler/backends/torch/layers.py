@@ -72,9 +72,19 @@ class Job:
         return self.imatrix or (self.gptq and self.scheme.quantized_weights.qtype.is_kquant)
 
     @property
-    def needs_data(self) -> bool:
-        """It needs calibration data (GPTQ, an importance matrix or static inputs)."""
+    def learned(self) -> bool:
+        """Its rounding is learned against its block's float outputs (`rounding autoround`: torch/learned.py)."""
+        return self.scheme.learned is not None
+
+    @property
+    def gathers_statistics(self) -> bool:
+        """Hooks gather statistics of its inputs for it (GPTQ's Hessian, an importance matrix, a static range)."""
         return self.gptq or self.imatrix or self.static_input
+
+    @property
+    def needs_data(self) -> bool:
+        """It needs calibration data: statistics, or its block's outputs to learn its rounding against."""
+        return self.gathers_statistics or self.learned
 
     def with_rtn(self) -> Job:
         """The same layer and scheme, rounded with rtn (what is left when GPTQ has no usable Hessian)."""
@@ -183,7 +193,7 @@ class Statistics:
 
     def __enter__(self) -> Statistics:
         for job in self.jobs:
-            if job.needs_data:
+            if job.gathers_statistics:
                 module = self.root.get_submodule(job.module)
                 self._handles.append(module.register_forward_pre_hook(self._hook(job)))
         if self._handles:  # MoE experts: every token through every expert, for statistics (`experts all`)

@@ -51,8 +51,9 @@ RUNS_STREAMS = (Buffer.MODEL, Buffer.OUTPUT, Buffer.STREAMS)  # what an op over 
 
 
 def blockwise(ctx: Context) -> bool:
-    """The run goes block by block (cached block inputs), not through the whole model at once."""
-    return ctx.mode is not MemoryMode.FULL and bool(ctx.workload.blocks)
+    """The run goes block by block (cached block inputs), not through the whole model at once: in every mode but
+    `full`, and in `full` too where a rounding is learned per block (its targets are each block's float outputs)."""
+    return (ctx.mode is not MemoryMode.FULL or bool(ctx.workload.learned_layers)) and bool(ctx.workload.blocks)
 
 
 def lower_load(ctx: Context) -> list[PlanOp]:
@@ -149,6 +150,9 @@ def _blocks(ctx: Context) -> list[PlanOp]:
     ranges += "KV cache ranges, " if ctx.ir.kv_cache is not None else ""
     what = (transform_words(w, CHECKED) + "; " if w.transform else "") + "compute float outputs, " + ranges + \
         ("quantize the block (GPTQ with its Hessians)" if w.gptq else "quantize the block")
+    if w.learned is not None:
+        what += (f"; learn the rounding of {len(w.learned_layers)} layers: {w.learned.iters} sign-SGD steps of "
+                 f"{w.learned.batch} samples against the float block's outputs")
     run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
                    inputs=(Buffer.MODEL, Buffer.OUTPUT, Buffer.BLOCK_INPUTS), outputs=(Buffer.BLOCK_INPUTS, Buffer.QPARAMS),
                    peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=max(1, len(w.blocks)), layers=block_layers(ctx),

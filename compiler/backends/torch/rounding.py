@@ -67,6 +67,8 @@ class Rounder:
     ranks: Ranks = field(default_factory=Ranks)  # torchrun's ranks share the rounding of each call (one outside)
     scale_dtype: torch.dtype | None = None  # what the scales are rounded to (None: the model's dtype)
     encoder: BlockEncoder | None = None  # a format with blocks of its own (GGUF's) encodes each rounded layer (every rank)
+    learned: dict[str, Rounded] = field(default_factory=dict)  # layers whose rounding their block learned, until
+    # they are written (torch/learned.py)
 
     def streamed(self, jobs: list[Job], stats: Statistics | None, offload: bool) -> None:
         """Round layers whose weights may not be resident (offload): each read, rounded, written, dropped."""
@@ -178,7 +180,7 @@ class Rounder:
         """The job as it will be rounded (an MoE expert no token reached: rtn, its siblings' input range,
         fallbacks.py) and its static input's range."""
         self._linear(job)  # Linear layers only (Q411)
-        unseen = job.needs_data and stats is not None and not stats.saw(job)
+        unseen = job.gathers_statistics and stats is not None and not stats.saw(job)
         if unseen:
             self.unseen.append(job)
             job = job.with_rtn() if job.gptq else job
@@ -225,6 +227,10 @@ class Rounder:
         definite, and rounds with rtn where no dampening helps (Q418, once). `measure`: an integer rounding
         also takes the sums of its SQNR (QuantizedWeight.sums), and a finite sum of squares shows every value
         finite without a pass of its own (a non-finite one is checked value by value)."""
+        learned = self.learned.pop(job.layer.name, None)
+        if learned is not None:  # its block learned it (blockwise.py): the float weight it came from checked here
+            self._refuse_nonfinite(job, weight)
+            return learned
         summed = measure and not job.gptq and not job.scheme.quantized_weights.qtype.is_kquant and self.encoder is None
         if not summed:
             weight = weight.float()

@@ -148,6 +148,9 @@ class Streams:
     folder: Path | None  # where hidden states go: a resume state's folder, `disk` in offload, else RAM
     ranks: Ranks
     cal: streams.Stream | None = None
+    # the calibration samples through the float blocks (learned rounding's targets: torch/learned.py), where a
+    # rounding is learned
+    cal_float: streams.Stream | None = None
     # the float stream, qrc's quantized stream (None when the emitted folder is what verification runs), and
     # the comparison
     verify: tuple[streams.Stream, streams.Stream | None, Agreement] | None = None
@@ -168,9 +171,9 @@ class Streams:
         return made
 
     def running(self) -> list[streams.Stream]:
-        """The streams the blocks run: calibration, verification's float and quantized."""
+        """The streams the blocks run: calibration (and its float twin), verification's float and quantized."""
         verify = self.verify
-        return [s for s in (self.cal, verify and verify[0], verify and verify[1]) if s is not None]
+        return [s for s in (self.cal, self.cal_float, verify and verify[0], verify and verify[1]) if s is not None]
 
     def verification(self) -> tuple[streams.Stream, streams.Stream | None, Agreement]:
         """The float stream, qrc's quantized one (None when the emitted folder is verified), the comparison."""

@@ -193,19 +193,21 @@ def _same(a, b) -> bool:
     return a is b or (type(a) is type(b) and isinstance(a, (int, float, str, bool, type(None))) and a == b)
 
 
-def _to(value, device):
+def on_device(value, device):
+    """Tensors in `value` (nested tuples, lists, dicts) moved to `device`."""
     if isinstance(value, torch.Tensor):
         return value.to(device)
     if isinstance(value, tuple):
-        return tuple(_to(v, device) for v in value)
+        return tuple(on_device(v, device) for v in value)
     if isinstance(value, list):
-        return [_to(v, device) for v in value]
+        return [on_device(v, device) for v in value]
     if isinstance(value, dict):
-        return {k: _to(v, device) for k, v in value.items()}
+        return {k: on_device(v, device) for k, v in value.items()}
     return value
 
 
-def run_block(block: nn.Module, number: int, stream: Stream, device, out: HiddenCache | None, before=None) -> None:
+def run_block(block: nn.Module, number: int, stream: Stream, device, out: HiddenCache | None, before=None,
+              keep: list[torch.Tensor] | None = None) -> None:
     """Block `number` on every chunk of the stream; its hidden outputs go to `out` (None: statistics only). The
     heap is trimmed after each chunk: glibc keeps the chunk's freed activations (below its risen mmap threshold)
     and the next chunk's do not fit the same holes, so without it a pass held up to twice the working set the plan
@@ -216,13 +218,15 @@ def run_block(block: nn.Module, number: int, stream: Stream, device, out: Hidden
         result = run_chunk(block, number, stream, device, i)
         if out is not None:
             out.put(i, result)
+        if keep is not None:  # each chunk's output as float32, where it stays (learned rounding's targets)
+            keep.append(result.detach().float())
         del result
         trim_heap()
 
 
 def run_chunk(block: nn.Module, number: int, stream: Stream, device, i: int) -> torch.Tensor:
     """Block `number` on chunk `i` of the stream: its hidden output."""
-    args, kwargs = _to(stream.rest[i][number], device)
+    args, kwargs = on_device(stream.rest[i][number], device)
     hidden = stream.hidden.get(i).to(device, torch.float32 if str(device) == "cpu" else stream.hidden.dtype)
     result = block(hidden, *args, **kwargs)
     if stream.arity is None:

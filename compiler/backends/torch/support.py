@@ -47,8 +47,9 @@ def _checks(name: str) -> FormatChecks | None:
 
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
     """Q411 for an output format the backend does not write, else the format's own checks (formats.py); what a
-    rotation needs (Q273, rotation_check.py)."""
+    rotation needs (Q273, rotation_check.py); learned rounding outside the blocks (Q274)."""
     check_rotation(ir, assignment, diags)
+    _refuse_learned_outside_blocks(ir, assignment, diags)
     fmt = _checks(ir.emit.format.name if ir.emit is not None else DEFAULT)
     if fmt is None:
         assert ir.emit is not None  # the default format is registered
@@ -57,6 +58,23 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
                     help="use `emit \"FOLDER\" { format safetensors }`, or `backend onnx` for ONNX output")
         return
     fmt.check(ir, assignment, diags)
+
+
+def _refuse_learned_outside_blocks(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q274: `rounding autoround` learns against a block's float outputs, so each of its layers must be inside one
+    of the model's blocks (a head or an embedding has none), under every searched choice."""
+    outside: dict[str, list[str]] = {}
+    for candidate in each_choice(ir, assignment):
+        for a in candidate.layers:
+            if a.scheme.learned is not None and not a.layer.block and a.layer.name not in outside.get(a.scheme.name, []):
+                outside.setdefault(a.scheme.name, []).append(a.layer.name)
+    for name, layers in outside.items():
+        scheme = ir.scheme(name)
+        shown = ", ".join(f"`{n}`" for n in layers[:3]) + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
+        diags.error("Q274", f"scheme `{name}` learns its rounding per block, but {shown} "
+                    f"{'is' if len(layers) == 1 else 'are'} outside the model's blocks",
+                    scheme.span or ir.span, "no block to learn against",
+                    help=f"give {layers[0]} another scheme (e.g. `\"{layers[0]}\" -> none`, or one with `rounding gptq`)")
 
 
 def check_compressed_tensors(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:

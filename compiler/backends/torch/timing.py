@@ -4,6 +4,7 @@ forward (kernels and the compiled loops loaded), verification's streams carried 
 
 from __future__ import annotations
 
+from compiler.backends.torch.cpu_features import native_bfloat16
 from compiler.ir.types import MemoryMode
 from compiler.models.index import ModelFormat
 from compiler.plan import ops
@@ -16,6 +17,7 @@ from compiler.plan.timing import (
     gptq_seconds,
     hessian_seconds,
     importance_seconds,
+    learned_seconds,
     quantize_seconds,
     reading,
     rounded_bytes,
@@ -71,13 +73,19 @@ def _cache_inputs(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
 def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     """Every block (the op's repeats): the calibration stream twice (its statistics pass, then through the
     rounded block to the next: blockwise._block) and verification's float and rounded streams, GPTQ's
-    Hessians and rounding, every layer's rounding, and a transform's statistics pass before them."""
-    streams = (2 * w.samples if w.calibrate else 0) + 2 * w.verify_samples
+    Hessians and rounding, every layer's rounding, learned rounding's steps, and a transform's statistics pass
+    before them."""
+    # learned rounding carries the calibration samples' float stream through the blocks too, and where nothing else
+    # gathers statistics there is no statistics pass (blockwise._block)
+    observes = w.gptq or bool(w.imatrix_layers) or bool(w.observed) or w.kv_cache or w.learned is None
+    streams = ((1 + observes) * w.samples if w.calibrate else 0) + 2 * w.verify_samples + \
+        (w.samples if w.learned else 0)
     rounded_streams = (w.samples if w.calibrate else 0) + w.verify_samples  # through the rounded blocks
     smoothing = smooth_seconds(w, rates, blocks_only=True) if w.transform is not None and w.calibrate else 0.0
     return (rates.block * op.repeat + forward(w, rates, streams, blocks_only=True) + hessian_seconds(w, rates)
             + importance_seconds(w, rates) + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding + smoothing
-            + fp4_input_seconds(w, rates, rounded_streams))
+            + fp4_input_seconds(w, rates, rounded_streams)
+            + learned_seconds(w, rates, native_bfloat16()))
 
 
 def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:

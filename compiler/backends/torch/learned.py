@@ -1,0 +1,233 @@
+"""Learned rounding (`rounding autoround`, docs/recipe-language.md): AutoRound's sign-SGD, one block at a time.
+
+Each learned Linear's weight is rounded as `q = clamp(round(w / s + v) + z)` with `v` an offset per weight in
+[-0.5, 0.5] and the scale `s` (and zero point `z`) from its group's range scaled by two clipping factors in
+[0, 1]. Starting from round to nearest (`v = 0`, factors 1), every step runs `batch` calibration samples through
+the block with the weights so rounded (the rounding's gradient passed straight through), takes the mean squared
+error against the float block's outputs on the same inputs, and moves each parameter by the sign of its gradient
+times a learning rate decaying linearly to 0. The parameters of the step with the lowest loss are kept.
+
+The inputs are the calibration stream as it enters the block, which earlier blocks' rounding has already changed;
+the targets are the float block on those inputs, so each block learns to undo its own error only. Written here
+rather than taken from auto-round: that package's loop owns the model, the data and the output, where qrc's plan
+owns the stream, the memory and the writer; the arithmetic is the paper's (Cheng et al., 2023)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from compiler.backends.release import heap_reused
+from compiler.backends.torch import streams
+from compiler.backends.torch.cpu_features import native_bfloat16
+from compiler.backends.torch.layers import Job
+from compiler.ir.types import Granularity, LearnedRounding
+from compiler.quant import qparams
+from compiler.quant.weights import QuantizedWeight
+
+
+def _round_through(x: torch.Tensor) -> torch.Tensor:
+    """Round to nearest, its gradient passed straight through (the identity)."""
+    return x + (torch.round(x) - x).detach()
+
+
+@dataclass
+class _Learned:
+    """One Linear's learned rounding: the float weight in groups, the group ranges, and the parameters."""
+
+    job: Job
+    module: nn.Linear
+    weight: torch.Tensor  # float32 [out, groups, group]
+    low: torch.Tensor  # each group's minimum (0 included), [out, groups, 1]
+    high: torch.Tensor  # each group's maximum (0 included)
+    offsets: torch.Tensor  # v, [out, groups, group]
+    low_factor: torch.Tensor  # clipping of the minimum, [out, groups, 1]
+    high_factor: torch.Tensor
+
+    @classmethod
+    def of(cls, job: Job, module: nn.Linear) -> _Learned:
+        spec = job.scheme.quantized_weights
+        out, columns = module.weight.shape
+        group = spec.group if spec.granularity is Granularity.GROUP else columns
+        weight = module.weight.detach().float().reshape(out, columns // group, group)
+        low = weight.amin(dim=2, keepdim=True).clamp(max=0)
+        high = weight.amax(dim=2, keepdim=True).clamp(min=0)
+        ones = torch.ones_like(low)
+        return cls(job, module, weight, low, high, torch.zeros_like(weight, requires_grad=True),
+                   ones.clone().requires_grad_(True), ones.clone().requires_grad_(True))
+
+    @property
+    def parameters(self) -> tuple[torch.Tensor, ...]:
+        """What the steps move."""
+        return self.offsets, self.low_factor, self.high_factor
+
+    def scale_zero(self, stored: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each group's scale and zero point. Symmetric: the group's value of largest magnitude (its clipped
+        minimum or maximum) on the range's negative end, -2^(b-1), so every level of the grid is used (a negative
+        scale where that value is positive), as AutoRound and llama.cpp's Q4_0 scale and qrc's GPTQ search does;
+        zero point 0. Asymmetric: compressed-tensors' `(max - min) / range` with the zero point rounded (through,
+        while learning). `stored`: the dtype the scale is written in, which it is rounded to."""
+        spec = self.job.scheme.quantized_weights
+        qmin, qmax = qparams.full_range(spec.qtype)
+        low, high = self.low * self.low_factor, self.high * self.high_factor
+        if spec.symmetric:
+            below, above = -low, high
+            scale = torch.where(above < below, below, -above) / -qmin
+        else:
+            scale = (high - low) / (qmax - qmin)
+        if stored is not None and stored != torch.float32:
+            scale = scale.to(stored).float()
+        tiny = torch.finfo(torch.float32).tiny
+        scale = torch.where(scale < 0, scale.clamp(max=-tiny), scale.clamp(min=tiny))
+        if spec.symmetric:
+            return scale, torch.zeros_like(scale)
+        return scale, _round_through(qmin - low / scale).clamp(qmin, qmax)
+
+    def integers(self, stored: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rounded integers (as float, rounded through) with their scale and zero point."""
+        qmin, qmax = qparams.full_range(self.job.scheme.quantized_weights.qtype)
+        scale, zero = self.scale_zero(stored)
+        q = (_round_through(self.weight / scale + self.offsets) + zero).clamp(qmin, qmax)
+        return q, scale, zero
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight as the current parameters round it, [out, in]."""
+        q, scale, zero = self.integers()
+        return ((q - zero) * scale).reshape(self.module.weight.shape)
+
+    def clamp_(self) -> None:
+        """Keep the parameters in range after a step."""
+        with torch.no_grad():
+            self.offsets.clamp_(-0.5, 0.5)
+            self.low_factor.clamp_(0.0, 1.0)
+            self.high_factor.clamp_(0.0, 1.0)
+
+    def rounded(self, stored: torch.dtype) -> QuantizedWeight:
+        """The weight rounded with the kept parameters, its scale rounded to `stored` first: the layout
+        weights.round_weight gives (groups: scale [out, groups] on axis 1; per channel: [out] on axis 0)."""
+        spec = self.job.scheme.quantized_weights
+        with torch.no_grad():
+            q, scale, zero = self.integers(stored)
+        out, columns = self.module.weight.shape
+        q_np = q.reshape(out, columns).to(torch.int8).cpu().numpy()
+        scale_np = scale.squeeze(2).cpu().numpy().astype(np.float32)
+        zero_np = zero.squeeze(2).cpu().numpy().astype(np.int32)
+        if spec.granularity is Granularity.GROUP:
+            return QuantizedWeight(q_np, scale_np, zero_np, spec.qtype, 1, spec.group)
+        return QuantizedWeight(q_np, scale_np[:, 0], zero_np[:, 0], spec.qtype, 0, None)
+
+
+class _Rounded:
+    """While it is entered, each learned Linear computes with its weight as the parameters round it."""
+
+    def __init__(self, learned: list[_Learned]):
+        self.learned = learned
+
+    def __enter__(self) -> _Rounded:
+        for item in self.learned:
+            item.module.weight.requires_grad_(False)
+            setattr(item.module, "forward", _rounded_forward(item))  # on the instance: the class's is untouched
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for item in self.learned:
+            del item.module.forward
+
+
+def _rounded_forward(item: _Learned) -> Callable:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, item.dequantized(), item.module.bias)
+    return forward
+
+
+def _rows(value, index: torch.Tensor, count: int):
+    """`value` (a block's other inputs) cut to the sample rows `index` of a chunk of `count`: tensors of two or
+    more axes whose first is the chunk's (a padding mask, per-sample positions); what broadcasts stays whole."""
+    if isinstance(value, torch.Tensor):
+        return value.index_select(0, index.to(value.device)) if value.ndim >= 2 and value.shape[0] == count else value
+    if isinstance(value, tuple):
+        return tuple(_rows(v, index, count) for v in value)
+    if isinstance(value, list):
+        return [_rows(v, index, count) for v in value]
+    if isinstance(value, dict):
+        return {k: _rows(v, index, count) for k, v in value.items()}
+    return value
+
+
+def _hidden_of(returned):
+    """A block's hidden output (a decoder layer returns it alone or first in a tuple)."""
+    return returned[0] if isinstance(returned, (tuple, list)) else returned
+
+
+def _autocast(device) -> contextlib.AbstractContextManager:
+    """The steps' matrix products in bfloat16 where the device multiplies it in hardware (a CPU with AVX-512 BF16 or
+    AMX, a GPU that has it), as AutoRound's default `amp` does: on SmolLM2-135M's blocks (AMX, two cores) a step
+    took 0.17 s against 0.33 in float32; the parameters, the rounding and the loss stay float32. Elsewhere
+    (a CPU without them) bfloat16 products are emulated, slower than float32: the steps stay float32."""
+    kind = torch.device(device).type
+    fast = torch.cuda.is_bf16_supported() if kind == "cuda" else kind == "cpu" and native_bfloat16()
+    return torch.autocast(kind, dtype=torch.bfloat16) if fast else contextlib.nullcontext()
+
+
+def learn_block(root: nn.Module, block: nn.Module, number: int, stream: streams.Stream, device, jobs: list[Job],
+                targets: list[torch.Tensor], stored: torch.dtype, settings: LearnedRounding, seed: int = 0
+                ) -> dict[str, QuantizedWeight]:
+    """Learn the rounding of `jobs` (Linears of block `number`, modules of `root`) on the calibration `stream` as
+    it enters the block, against `targets` (the float block's outputs on each of its chunks, float32); each
+    layer's rounded weight by name, its scale rounded to `stored`."""
+    learned = [_Learned.of(job, _linear(root, job)) for job in jobs]
+    generator = torch.Generator().manual_seed(seed + number)
+    sizes = [t.shape[0] for t in targets]
+    parameters = [p for item in learned for p in item.parameters]
+    best, best_loss = [p.detach().clone() for p in parameters], float("inf")
+    frozen = [weight for weight in block.parameters() if weight.requires_grad]
+    for weight in frozen:
+        weight.requires_grad_(False)
+    try:
+        with _Rounded(learned), torch.enable_grad(), heap_reused():
+            for step in range(settings.iters):
+                chunk = int(torch.multinomial(torch.tensor(sizes, dtype=torch.float), 1, generator=generator))
+                count = sizes[chunk]
+                rows = torch.randperm(count, generator=generator)[:settings.batch]
+                with _autocast(device):
+                    output = _output_of(block, number, stream, device, chunk, rows, count)
+                loss = nn.functional.mse_loss(output.float(), targets[chunk].index_select(0, rows.to(device)))
+                if loss.item() < best_loss:  # the parameters this step ran with (the first: round to nearest)
+                    best_loss = loss.item()
+                    best = [p.detach().clone() for p in parameters]
+                loss.backward()
+                rate = settings.rate * (1.0 - step / settings.iters)
+                with torch.no_grad():
+                    for p in parameters:
+                        if p.grad is not None:  # None: no sample reached its layer (an MoE expert)
+                            p.add_(p.grad.sign(), alpha=-rate)
+                            p.grad = None
+                for item in learned:
+                    item.clamp_()
+    finally:
+        for weight in frozen:
+            weight.requires_grad_(True)
+    with torch.no_grad():
+        for p, kept in zip(parameters, best, strict=True):
+            p.copy_(kept)
+    return {item.job.layer.name: item.rounded(stored) for item in learned}
+
+
+def _linear(root: nn.Module, job: Job) -> nn.Linear:
+    """The Linear that computes `job` (the torch backend refuses other layers before any work: Q411)."""
+    module = root.get_submodule(job.module)
+    assert isinstance(module, nn.Linear)
+    return module
+
+
+def _output_of(block: nn.Module, number: int, stream: streams.Stream, device, chunk: int, rows: torch.Tensor,
+               count: int) -> torch.Tensor:
+    """The block as rounded on `rows` of chunk `chunk` of the stream: its hidden output."""
+    args, kwargs = _rows(streams.on_device(stream.rest[chunk][number], device), rows, count)
+    hidden = stream.hidden.get(chunk).index_select(0, rows).to(device, torch.float32)
+    return _hidden_of(block(hidden, *args, **kwargs))

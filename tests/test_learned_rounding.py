@@ -1,0 +1,157 @@
+"""Learned rounding (`rounding autoround`, issue 67): one step keeps round to nearest exactly (the same tensors as
+`rounding rtn`); learning lowers the error of the emitted model, measured in transformers; the plan shows the
+steps with their memory and time; full mode runs block by block."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from compiling import compile_, runner
+
+from compiler.cli import app
+
+RECIPE = """recipe learned {{
+    model "{model}"
+    backend torch
+    scheme s = {scheme}
+    quantize {{ "model.layers.*" -> s }}
+    calibrate {{ data synthetic {{ samples 16  seqlen 64  seed 3 }}  chunk 8 }}
+    memory {{ mode {mode} }}
+    emit "{out}"
+}}
+"""
+
+
+def _tensors(folder):
+    from safetensors.torch import load_file
+
+    found = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        found.update(load_file(path))
+    return found
+
+
+def _compile(tmp_path, name: str, scheme: str, model: str = "builtin:tiny-llama", mode: str = "auto"):
+    out = tmp_path / name
+    recipe = tmp_path / f"{name}.recipe"
+    recipe.write_text(RECIPE.format(model=model, scheme=scheme, mode=mode, out=out))
+    done = compile_(str(recipe), out)
+    assert done.exit_code == 0, done.output
+    return out
+
+
+def test_one_step_is_round_to_nearest_asymmetric(tmp_path):
+    """With one step the kept parameters are the first step's, round to nearest: asymmetric groups are rtn's,
+    tensor for tensor (the learned rounding's scales, zero points and integers follow the format's convention)."""
+    weights = "weights int4 group 32 asymmetric"
+    rtn = _tensors(_compile(tmp_path, "rtn", f"W4A16 {{ {weights} }}"))
+    learned = _tensors(_compile(tmp_path, "learned", f"W4A16 {{ {weights}  rounding autoround {{ iters 1 }} }}"))
+    assert rtn.keys() == learned.keys()
+    for key, value in rtn.items():
+        assert value.dtype == learned[key].dtype and value.equal(learned[key]), key
+
+
+def _full_range(w, group: int, bits: int):
+    """Symmetric round to nearest with each group's value of largest magnitude on -2^(b-1) (AutoRound's start)."""
+    import torch
+
+    rows = w.reshape(w.shape[0], -1, group)
+    below, above = -rows.amin(-1, keepdim=True).clamp(max=0), rows.amax(-1, keepdim=True).clamp(min=0)
+    scale = torch.where(above < below, below, -above) / 2 ** (bits - 1)
+    q = torch.round(rows / scale).clamp(-2 ** (bits - 1), 2 ** (bits - 1) - 1)
+    return (q * scale).reshape(w.shape)
+
+
+@pytest.mark.parametrize(("weights", "group", "bits"), [("group 32", 32, 4),
+                                                        ("weights int8 per_channel symmetric", None, 8)],
+                         ids=["int4-groups", "int8-channels"])
+def test_one_step_is_full_range_round_to_nearest_in_transformers(tmp_path, weights, group, bits):
+    """Symmetric weights start, as AutoRound's do, from round to nearest with each group's largest magnitude on
+    the grid's negative end (a negative scale where it is positive): one step writes exactly that, as transformers
+    loads the folder."""
+    import torch
+    import transformers
+
+    folder = _llama_folder(tmp_path / "float")
+    out = _compile(tmp_path, "learned", f"W4A16 {{ {weights}  rounding autoround {{ iters 1 }} }}", str(folder))
+    floats = transformers.AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    names = [k.removesuffix(".weight") for k in floats if k.startswith("model.layers.") and k.endswith("proj.weight")]
+    assert len(names) == 14
+    decompressed = transformers.CompressedTensorsConfig(dequantize=True)  # each weight as it computes with
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out, quantization_config=decompressed).state_dict()
+    for name in names:
+        w = floats[name + ".weight"]
+        expected = _full_range(w, group or w.shape[1], bits)
+        assert torch.allclose(loaded[name + ".weight"].float(), expected, atol=1e-6, rtol=0), name
+
+
+def _llama_folder(path):
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def test_learning_lowers_the_error_of_the_emitted_model(tmp_path):
+    """Learned for 60 steps, the folder transformers loads is closer to the float model than rtn's, on tokens no
+    step saw: mean squared error of the logits, measured outside qrc."""
+    import torch
+    import transformers
+
+    folder = _llama_folder(tmp_path / "float")
+    scheme = "W4A16 {{ group 32  rounding {} }}"
+    rtn = _compile(tmp_path, "rtn", scheme.format("rtn"), str(folder))
+    learned = _compile(tmp_path, "learned", scheme.format("autoround { iters 60  batch 4 }"), str(folder))
+    ids = torch.randint(0, 256, (4, 64), generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        reference = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()(ids).logits
+        errors = {name: (transformers.AutoModelForCausalLM.from_pretrained(out).eval()(ids).logits - reference)
+                  .pow(2).mean().item() for name, out in (("rtn", rtn), ("learned", learned))}
+    assert errors["learned"] < 0.9 * errors["rtn"], errors
+
+
+def test_the_plan_shows_the_learning_and_runs_block_by_block_in_full_mode(tmp_path):
+    """`qrc plan`: run_block says the steps and samples, full mode caches block inputs (the targets are each
+    block's outputs), and the memory estimate lists the learning's part."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(RECIPE.format(model="builtin:tiny-llama", mode="full", out=tmp_path / "out",
+                                    scheme="W4A16 { group 32  rounding autoround { iters 20  batch 4 } }"))
+    shown = runner.invoke(app, ["plan", str(recipe), "--format", "json"])
+    assert shown.exit_code == 0, shown.output
+    plan = json.loads(shown.output)
+    kinds = [op["op"] for op in plan["ops"]]
+    assert "cache_block_inputs" in kinds and "run_block" in kinds and "calibrate_chunk" not in kinds
+    run = next(op for op in plan["ops"] if op["op"] == "run_block")
+    assert "20 sign-SGD steps of 4 samples" in run["summary"] and run["seconds"] > 0
+    parts = plan["memory"]["tried"][0]["parts"]
+    assert next(v for k, v in parts.items() if k.startswith("learned rounding")) > 0
+
+
+def test_full_mode_learns_the_same_as_low_memory(tmp_path):
+    """The learning is the same computation whichever mode holds the weights."""
+    scheme = "W4A16 { group 32  rounding autoround { iters 8  batch 4 } }"
+    full = _tensors(_compile(tmp_path, "full", scheme, mode="full"))
+    low = _tensors(_compile(tmp_path, "low", scheme, mode="low_memory"))
+    assert full.keys() == low.keys() and all(full[k].equal(low[k]) for k in full)
+
+
+@pytest.mark.parametrize(("flags", "native"), [("fpu avx512f avx512_bf16 amx_tile", True), ("fpu amx_bf16", True),
+                                               ("fpu avx512f avx512bw avx512_vnni", False)])
+def test_bfloat16_steps_only_where_the_cpu_multiplies_it(tmp_path, monkeypatch, flags, native):
+    """The steps' products run in bfloat16 only on a CPU whose flags say it multiplies bfloat16 in hardware (else
+    torch emulates it, slower than float32)."""
+    from compiler.backends.torch import cpu_features
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+    monkeypatch.setattr(cpu_features, "CPUINFO", info)
+    cpu_features.native_bfloat16.cache_clear()
+    try:
+        assert cpu_features.native_bfloat16() is native
+    finally:
+        cpu_features.native_bfloat16.cache_clear()
