@@ -69,8 +69,9 @@ VERIFICATION: tuple[CodeInfo, ...] = (
              "Under torchrun (or with `memory { ranks N }`) the calibration and held-out samples are split over the "
              "ranks by chunk, every statistic is merged exactly before rounding, the weights are rounded on the ranks "
              "and the first rank writes the output (safetensors, ONNX or GGUF). `mode multi_gpu` runs in one "
-             "process so far: `qrc check` refuses it with `ranks N`, and under torchrun every rank refuses it "
-             "before any work, instead of running it N times over.",
+             "process so far, and so does `rounding autoround` (each rank would learn from its own share of the "
+             "samples): `qrc check` refuses them with `ranks N`, and under torchrun every rank refuses them "
+             "before any work, instead of running them N times over.",
              "memory { mode multi_gpu  vram 2 x 80 GiB  ranks 2 }"),
     CodeInfo("Q432", "a rank of the compile stopped",
              "The ranks wait for each other at every merge. When one dies or is killed (out of memory, a signal, a "

@@ -125,9 +125,14 @@ def unshared(ir: RecipeIR) -> tuple[str, Span] | None:
     backend shares calibration, the mixed-precision search, AWQ and SmoothQuant, GPTQ, the KV cache,
     verification (backends/torch/sharing.py) and the rounding of safetensors and GGUF outputs, the ONNX backend
     its calibration in every mode, AWQ and SmoothQuant, the mixed-precision search and rounding (an HF folder is
-    exported once per machine); multi_gpu placement runs in one process."""
+    exported once per machine); multi_gpu placement runs in one process, and learned rounding too."""
     if ir.memory.mode is MemoryMode.MULTI_GPU:
         return "mode multi_gpu", ir.memory.span_of("mode") or ir.span
+    # each rank holds its own share of the calibration samples: learned rounding would learn a different rounding
+    # on each (its steps' gradients are not summed over the ranks yet)
+    learned = next((s for s in ir.used_schemes if s.learned is not None), None)
+    if learned is not None:
+        return f"rounding {learned.rounding.name}", learned.span or ir.span
     return None
 
 

@@ -114,6 +114,7 @@ class BlockWise(RunState):
                                                        staging.rounder.scale_dtype or model.dtype, settings))
         targets.clear()
         hooks = staging.rounder.in_place(jobs, stats)
+        staging.rounder.learned.clear()  # under torchrun each rank learned the block; its owners wrote what they own
         trim_heap()  # the rounding's freed temporaries (GPTQ's per-column scratch, below the mmap threshold) stay in
         # the heap otherwise, under the forwards that follow: 40-90 MiB on SmolLM2-135M's blocks
         staging.write_kv_scales(name + ".")
