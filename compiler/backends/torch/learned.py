@@ -135,7 +135,9 @@ class _Rounded:
     def __enter__(self) -> _Rounded:
         for item in self.learned:
             item.module.weight.requires_grad_(False)
-            setattr(item.module, "forward", _rounded_forward(item))  # on the instance: the class's is untouched
+            # on the instance, so the class's forward is untouched (mypy takes any assignment to a method for a
+            # monkey-patch of the class)
+            item.module.forward = _rounded_forward(item)  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc) -> None:
