@@ -145,7 +145,7 @@ def test_full_mode_learns_the_same_as_low_memory(tmp_path):
 def test_bfloat16_steps_only_where_the_cpu_multiplies_it(tmp_path, monkeypatch, flags, native):
     """The steps' products run in bfloat16 only on a CPU whose flags say it multiplies bfloat16 in hardware (else
     torch emulates it, slower than float32)."""
-    from compiler.backends.torch import cpu_features
+    from compiler.backends import cpu_flags as cpu_features
 
     info = tmp_path / "cpuinfo"
     info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from compiler.diagnostics import Diagnostics, expected_help
 from compiler.ir.kinds import CalibrationMethod
+from compiler.ir.values import keyed_settings
 from compiler.plugins import CALIBRATION_METHODS
 from compiler.syntax import ast
 
@@ -40,18 +41,7 @@ def method_options(decl: ast.MethodDecl | None, keys: tuple[str, ...], diags: Di
     if decl.argument is not None and not takes_number:
         diags.error("Q104", f"`method {decl.kind.value}` takes no number, found `{decl.argument.text}`",
                     decl.argument.span, "unexpected here", help=f"write `method {decl.kind.value}`")
-    found: dict[str, ast.Setting] = {}
-    for setting in decl.options:
-        if setting.key in found:
-            diags.error("Q215", f"`{setting.key}` given twice", setting.key_span, "second one",
-                        help=f"keep one `{setting.key}`; the first is at line {found[setting.key].key_span.line}")
-        elif setting.key not in keys:
-            diags.error("Q107", f"`{setting.key}` is not a setting of `method {decl.kind.value}`", setting.key_span,
-                        "not valid here", help=expected_help(setting.key, keys) if keys else
-                        f"`method {decl.kind.value}` takes no settings")
-        else:
-            found[setting.key] = setting
-    return found
+    return keyed_settings(decl.options, keys, f"method {decl.kind.value}", diags)
 
 
 class WithoutSettings:

@@ -20,7 +20,7 @@ from compiler.ir.types import (
     Scheme,
     WeightQuant,
 )
-from compiler.ir.values import whole_number
+from compiler.ir.values import keyed_settings, whole_number
 from compiler.plugins import QTYPES, ROUNDINGS
 from compiler.syntax import ast
 
@@ -127,23 +127,10 @@ def _learned(options: ast.RoundingOptions | None, rounding: Rounding, base: Sche
              diags: Diagnostics) -> LearnedRounding | None:
     """`rounding autoround { iters N  lr X  batch B }`: the learned rounding's settings (a scheme refining an
     autoround scheme keeps the settings it does not give); settings after a rounding that reads none are Q107."""
-    settings = options.settings if options is not None else ()
+    found = keyed_settings(options.settings if options is not None else (), rounding.settings,
+                           f"rounding {rounding.name}", diags, f"`rounding {rounding.name}` takes no settings; drop the braces")
     if rounding is not Rounding.AUTOROUND:
-        for setting in settings:
-            diags.error("Q107", f"`{setting.key}` is not a setting of `rounding {rounding.name}`", setting.key_span,
-                        "not valid here", help=expected_help(setting.key, rounding.settings) if rounding.settings
-                        else f"`rounding {rounding.name}` takes no settings; drop the braces")
         return None
-    found: dict[str, ast.Setting] = {}
-    for setting in settings:
-        if setting.key in found:
-            diags.error("Q215", f"`{setting.key}` given twice", setting.key_span, "second one",
-                        help=f"keep one `{setting.key}`; the first is at line {found[setting.key].key_span.line}")
-        elif setting.key not in rounding.settings:
-            diags.error("Q107", f"`{setting.key}` is not a setting of `rounding {rounding.name}`", setting.key_span,
-                        "not valid here", help=expected_help(setting.key, rounding.settings))
-        else:
-            found[setting.key] = setting
     inherited = base.learned if base is not None and base.learned is not None else LearnedRounding()
     iters = _count(found.get("iters"), "`iters`", diags)
     batch = _count(found.get("batch"), "`batch`", diags)

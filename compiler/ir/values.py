@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from compiler.diagnostics import Diagnostics, did_you_mean
+from compiler.diagnostics import Diagnostics, did_you_mean, expected_help
 from compiler.syntax import ast
 
 UNIT_BYTES = {
@@ -22,6 +22,23 @@ def whole_number(num: ast.Number, what: str, diags: Diagnostics, minimum: int = 
                     help=f"write {at_least}, such as {max(minimum, 1) * 8}")
         return None
     return int(num.value)
+
+
+def keyed_settings(settings: tuple[ast.Setting, ...], keys: tuple[str, ...], owner: str, diags: Diagnostics,
+                   none_help: str | None = None) -> dict[str, ast.Setting]:
+    """`{ key value … }` settings of `owner` (`method percentile`, `rounding autoround`) by key: a key it does not
+    take is Q107 (`none_help` the help where it takes none), a key given twice Q215; neither is returned."""
+    found: dict[str, ast.Setting] = {}
+    for setting in settings:
+        if setting.key in found:
+            diags.error("Q215", f"`{setting.key}` given twice", setting.key_span, "second one",
+                        help=f"keep one `{setting.key}`; the first is at line {found[setting.key].key_span.line}")
+        elif setting.key not in keys:
+            diags.error("Q107", f"`{setting.key}` is not a setting of `{owner}`", setting.key_span, "not valid here",
+                        help=expected_help(setting.key, keys) if keys else none_help or f"`{owner}` takes no settings")
+        else:
+            found[setting.key] = setting
+    return found
 
 
 def size_bytes(size: ast.Size, what: str, diags: Diagnostics) -> int | None:

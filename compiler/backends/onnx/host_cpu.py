@@ -12,6 +12,7 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
+from compiler.backends.cpu_flags import cpu_flags
 from compiler.backends.onnx.kernels import layer_kernels
 from compiler.diagnostics import Diagnostic, warning
 from compiler.ir.types import EmitFormat, QType
@@ -28,11 +29,7 @@ def u8s8_saturates() -> bool:
     """True on an x86 CPU whose flags (Linux's /proc/cpuinfo) name no VNNI; False elsewhere or when unknown."""
     if platform.machine().lower() not in _X86:
         return False
-    try:
-        text = CPUINFO.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    flags = next((line.partition(":")[2].split() for line in text.splitlines() if line.startswith("flags")), None)
+    flags = cpu_flags(CPUINFO)
     return flags is not None and not any(f in flags for f in _VNNI)
 
 

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from compiler.backends.cpu_flags import native_bfloat16
 from compiler.backends.release import heap_reused
 from compiler.backends.torch import streams
-from compiler.backends.torch.cpu_features import native_bfloat16
 from compiler.backends.torch.layers import Job
 from compiler.ir.types import Granularity, LearnedRounding
 from compiler.quant import qparams
@@ -154,15 +154,11 @@ def _rounded_forward(item: _Learned) -> Callable:
 def _rows(value, index: torch.Tensor, count: int):
     """`value` (a block's other inputs) cut to the sample rows `index` of a chunk of `count`: tensors of two or
     more axes whose first is the chunk's (a padding mask, per-sample positions); what broadcasts stays whole."""
-    if isinstance(value, torch.Tensor):
-        return value.index_select(0, index.to(value.device)) if value.ndim >= 2 and value.shape[0] == count else value
-    if isinstance(value, tuple):
-        return tuple(_rows(v, index, count) for v in value)
-    if isinstance(value, list):
-        return [_rows(v, index, count) for v in value]
-    if isinstance(value, dict):
-        return {k: _rows(v, index, count) for k, v in value.items()}
-    return value
+    def cut(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.ndim >= 2 and tensor.shape[0] == count:
+            return tensor.index_select(0, index.to(tensor.device))
+        return tensor
+    return streams.tensors_mapped(value, cut)
 
 
 def _hidden_of(returned):
@@ -194,13 +190,15 @@ def learn_block(root: nn.Module, block: nn.Module, number: int, stream: streams.
     frozen = [weight for weight in block.parameters() if weight.requires_grad]
     for weight in frozen:
         weight.requires_grad_(False)
+    weights = torch.tensor(sizes, dtype=torch.float)  # a chunk drawn in proportion to its samples
+    lower_precision = _autocast(device)
     try:
         with _Rounded(learned), torch.enable_grad(), heap_reused():
             for step in range(settings.iters):
-                chunk = int(torch.multinomial(torch.tensor(sizes, dtype=torch.float), 1, generator=generator))
+                chunk = int(torch.multinomial(weights, 1, generator=generator))
                 count = sizes[chunk]
                 rows = torch.randperm(count, generator=generator)[:settings.batch]
-                with _autocast(device):
+                with lower_precision:
                     output = _output_of(block, number, stream, device, chunk, rows, count)
                 loss = nn.functional.mse_loss(output.float(), targets[chunk].index_select(0, rows.to(device)))
                 if loss.item() < best_loss:  # the parameters this step ran with (the first: round to nearest)

@@ -193,17 +193,22 @@ def _same(a, b) -> bool:
     return a is b or (type(a) is type(b) and isinstance(a, (int, float, str, bool, type(None))) and a == b)
 
 
+def tensors_mapped(value, change):
+    """`value` (a block's other inputs: nested tuples, lists, dicts) with `change` applied to each tensor in it."""
+    if isinstance(value, torch.Tensor):
+        return change(value)
+    if isinstance(value, tuple):
+        return tuple(tensors_mapped(v, change) for v in value)
+    if isinstance(value, list):
+        return [tensors_mapped(v, change) for v in value]
+    if isinstance(value, dict):
+        return {k: tensors_mapped(v, change) for k, v in value.items()}
+    return value
+
+
 def on_device(value, device):
     """Tensors in `value` (nested tuples, lists, dicts) moved to `device`."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, tuple):
-        return tuple(on_device(v, device) for v in value)
-    if isinstance(value, list):
-        return [on_device(v, device) for v in value]
-    if isinstance(value, dict):
-        return {k: on_device(v, device) for k, v in value.items()}
-    return value
+    return tensors_mapped(value, lambda tensor: tensor.to(device))
 
 
 def run_block(block: nn.Module, number: int, stream: Stream, device, out: HiddenCache | None, before=None,

@@ -4,7 +4,7 @@ forward (kernels and the compiled loops loaded), verification's streams carried 
 
 from __future__ import annotations
 
-from compiler.backends.torch.cpu_features import native_bfloat16
+from compiler.backends.cpu_flags import native_bfloat16
 from compiler.ir.types import MemoryMode
 from compiler.models.index import ModelFormat
 from compiler.plan import ops

@@ -1,0 +1,28 @@
+"""What this machine's CPU computes natively, from Linux's /proc/cpuinfo (no torch or onnxruntime import: plans read
+it too). Both backends ask: onnxruntime's integer kernels (onnx/host_cpu.py: VNNI) and torch's bfloat16 products
+(torch/learned.py, the plan's time of learned rounding)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+CPUINFO = Path("/proc/cpuinfo")
+# flags of x86 CPUs that multiply bfloat16 in hardware (AVX-512 BF16, AMX); without them torch's bfloat16 matrix
+# products are converted to float32 and back, slower than float32 alone
+BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> list[str] | None:
+    """The flags of the first processor `cpuinfo` lists; None where it cannot be read or names none."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return next((line.partition(":")[2].split() for line in text.splitlines() if line.startswith("flags")), None)
+
+
+@functools.cache
+def native_bfloat16() -> bool:
+    """Whether the CPU multiplies bfloat16 in hardware (False where its flags cannot be read: not Linux, not x86)."""
+    return any(f in BFLOAT16_FLAGS for f in cpu_flags(CPUINFO) or ())
