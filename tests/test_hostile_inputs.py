@@ -16,12 +16,22 @@ import pytest
 from typer.testing import CliRunner
 from zoo import build
 
+from compiler.backends.torch.compiled_steps import compiler_found as REAL_COMPILER_FOUND
 from compiler.cli import app
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_RECIPE = str(ROOT / "recipes/tiny-llama-torch-w8a8.recipe")
 ONNX_RECIPE = str(ROOT / "recipes/tiny-llama-w8a8.recipe")
+LEARNED_RECIPE = """recipe learned {{
+    model "builtin:tiny-llama"
+    backend torch
+    scheme s = W4A16 {{ group 32  rounding autoround {{ iters 20 }} }}
+    quantize {{ "model.layers.*" -> s }}
+    calibrate {{ data synthetic {{ samples 8  seqlen 32 }} }}
+    emit "{out}"
+}}
+"""
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +160,9 @@ JUNK_TESTED = {
     "LOCAL_RANK": "test_junk_in_the_environment_is_q443", "LOCAL_WORLD_SIZE": "test_junk_in_the_environment_is_q443",
     "QRC_RANK_TIMEOUT": "test_junk_in_the_environment_is_q443", "QRC_CACHE": "test_a_cache_folder_that_is_a_file_is_q250",
     "QRC_TEMPLATE_SECONDS": "test_junk_template_limits_are_q443", "QRC_TEMPLATE_CHARS": "test_junk_template_limits_are_q443",
-    "QRC_TEMPLATE_MEMORY": "test_junk_template_limits_are_q443", "GROUP_RANK": None}
+    "QRC_TEMPLATE_MEMORY": "test_junk_template_limits_are_q443", "GROUP_RANK": None,
+    "CXX": "test_junk_compiler_variables_only_decide_whether_steps_compile",
+    "TORCHDYNAMO_DISABLE": "test_junk_compiler_variables_only_decide_whether_steps_compile"}
 READS = re.compile(r'(?:environ\.get|getenv|env_number|env_index|_index_and_count)\(\s*"([A-Z_]+)"(?:,\s*"([A-Z_]+)")?')
 
 
@@ -176,6 +188,24 @@ def test_junk_in_the_environment_is_q443(variable, junk, tmp_path, monkeypatch):
     result = runner.invoke(app, ["compile", TORCH_RECIPE, "-o", str(tmp_path / "out")])
     assert result.exit_code == 2 and "Q443" in result.output and variable in result.output, result.output
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("variable, junk", [("CXX", "no-such-compiler --x; rm -rf ~"), ("CXX", ""),
+                                            ("TORCHDYNAMO_DISABLE", "perhaps"), ("TORCHDYNAMO_DISABLE", "1")])
+def test_junk_compiler_variables_only_decide_whether_steps_compile(variable, junk, tmp_path, monkeypatch):
+    """CXX (the C++ compiler torch's inductor calls) and TORCHDYNAMO_DISABLE (torch's switch) only decide whether
+    learned rounding's steps compile (compiled_steps.py): a compiler that is not there, or compile turned off,
+    plans them uncompiled; junk never stops the plan."""
+    monkeypatch.setattr("compiler.backends.torch.compiled_steps.compiler_found", REAL_COMPILER_FOUND)
+    monkeypatch.setattr("compiler.backends.torch.compiled_steps.COMPILE_AT_FLOPS", 0.0)
+    monkeypatch.setenv(variable, junk)
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(LEARNED_RECIPE.format(out=tmp_path / "out"))
+    result = runner.invoke(app, ["plan", str(recipe), "--format", "json"])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    run = next(op for op in json.loads(result.output)["ops"] if op["op"] == "run_block")
+    if junk in ("1", "", "no-such-compiler --x; rm -rf ~"):
+        assert "compiled" not in run["summary"], run["summary"]
 
 
 def test_a_rank_whose_peers_never_come_is_q444(tmp_path, monkeypatch):

@@ -100,6 +100,13 @@ def _llama_folder(path):
 def test_learning_lowers_the_error_of_the_emitted_model(tmp_path):
     """Learned for 60 steps, the folder transformers loads is closer to the float model than rtn's, on tokens no
     step saw: mean squared error of the logits, measured outside qrc."""
+    errors = _errors_of_rtn_and_learned(tmp_path)
+    assert errors["learned"] < 0.9 * errors["rtn"], errors
+
+
+def _errors_of_rtn_and_learned(tmp_path) -> dict[str, float]:
+    """A random Llama rounded by rtn and by 60 learned steps, each folder loaded by transformers: the mean squared
+    error of its logits against the float model's on tokens no step saw."""
     import torch
     import transformers
 
@@ -112,7 +119,7 @@ def test_learning_lowers_the_error_of_the_emitted_model(tmp_path):
         reference = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()(ids).logits
         errors = {name: (transformers.AutoModelForCausalLM.from_pretrained(out).eval()(ids).logits - reference)
                   .pow(2).mean().item() for name, out in (("rtn", rtn), ("learned", learned))}
-    assert errors["learned"] < 0.9 * errors["rtn"], errors
+    return errors
 
 
 def test_the_plan_shows_the_learning_and_runs_block_by_block_in_full_mode(tmp_path):
@@ -155,3 +162,64 @@ def test_bfloat16_steps_only_where_the_cpu_multiplies_it(tmp_path, monkeypatch, 
         assert cpu_features.native_bfloat16() is native
     finally:
         cpu_features.native_bfloat16.cache_clear()
+
+
+def _compiling(monkeypatch) -> None:
+    """Every learned run compiles its steps, however small (compiled_steps.py keeps tiny runs eager)."""
+    monkeypatch.setattr("compiler.backends.torch.compiled_steps.COMPILE_AT_FLOPS", 0.0)
+
+
+def test_a_compiler_that_fails_leaves_the_steps_eager_and_says_so(tmp_path, monkeypatch):
+    """Where torch.compile fails at the first step, the steps run uncompiled: the same tensors as a run that never
+    compiled, and Q451 says it once."""
+    import torch
+
+    scheme = "W4A16 { group 32  rounding autoround { iters 6  batch 4 } }"
+    eager = _tensors(_compile(tmp_path, "eager", scheme))
+
+    def broken(module, **_):
+        def run(*args, **kwargs):
+            raise torch._dynamo.exc.TorchDynamoException("no working C++ compiler")
+        return run
+
+    _compiling(monkeypatch)
+    monkeypatch.setattr(torch, "compile", broken)
+    out = tmp_path / "failed"
+    recipe = tmp_path / "failed.recipe"
+    recipe.write_text(RECIPE.format(model="builtin:tiny-llama", scheme=scheme, mode="auto", out=out))
+    done = compile_(str(recipe), out)
+    assert done.exit_code == 0, done.output
+    assert done.output.count("Q451") == 1 and "no working C++ compiler" in done.output, done.output
+    failed = _tensors(out)
+    assert eager.keys() == failed.keys() and all(eager[k].equal(failed[k]) for k in eager)
+
+
+def test_the_plan_counts_compiled_steps_only_where_the_work_pays(tmp_path, monkeypatch):
+    """`qrc plan` says the steps compile once the learned work is large enough and a compiler is found, and
+    plans less time for them; with torch's compile turned off it plans them uncompiled."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(RECIPE.format(model="builtin:tiny-llama", mode="auto", out=tmp_path / "out",
+                                    scheme="W4A16 { group 32  rounding autoround { iters 200  batch 8 } }"))
+
+    def planned():
+        shown = runner.invoke(app, ["plan", str(recipe), "--format", "json"])
+        assert shown.exit_code == 0, shown.output
+        return next(op for op in json.loads(shown.output)["ops"] if op["op"] == "run_block")
+
+    small = planned()
+    assert "compiled" not in small["summary"]  # a tiny model's steps: not worth the compile
+    _compiling(monkeypatch)
+    compiled = planned()
+    assert compiled["summary"].endswith("compiled") or ", compiled" in compiled["summary"]
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    off = planned()
+    assert "compiled" not in off["summary"] and off["seconds"] == small["seconds"]
+
+
+@pytest.mark.slow
+def test_compiled_steps_learn_as_eager_ones_do(tmp_path, monkeypatch):
+    """Compiled by torch's inductor, the steps still learn: the folder transformers loads is closer to the float
+    model than rtn's, as the eager steps' is (test_learning_lowers_the_error_of_the_emitted_model)."""
+    _compiling(monkeypatch)
+    errors = _errors_of_rtn_and_learned(tmp_path)
+    assert errors["learned"] < 0.9 * errors["rtn"], errors

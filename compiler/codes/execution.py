@@ -212,4 +212,11 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "an entry point in the group `qrc.plugins`; qrc imports each when it starts. One whose import fails is "
              "reported and left out, and a recipe that names what it would have registered gets Q107.",
              "pip install my-qrc-methods   # whose entry point names a module that no longer exists"),
+    CodeInfo("Q451", "learned rounding's steps ran uncompiled (warning)",
+             "Where a run's learned rounding (`rounding autoround`) is long enough to pay for it and a C++ compiler "
+             "is found, its steps run through torch.compile, and the plan's time counts them so. Where the "
+             "compiler then fails, the steps run uncompiled: the same rounding, in about twice the planned time. "
+             "The warning names the failure; `TORCHDYNAMO_DISABLE=1` makes the plan count uncompiled steps "
+             "from the start.",
+             "CXX=/broken/g++ qrc compile recipes/smollm2-autoround-w4a16.recipe"),
 )

@@ -160,20 +160,38 @@ def fp4_input_seconds(w: Workload, rates: Rates, samples: int) -> float:
 # runs, the backward, the sign steps) costs this many times the plain forward's FLOPs at the forward's rate: in
 # float32, and where the steps' products run in bfloat16 (a CPU that multiplies it in hardware). Measured on
 # SmolLM2-135M's blocks, 8 samples of 512 tokens, two cores, the heap reused across steps: 0.33 s and 0.18 s a
-# step against 0.168 s of FLOPs (the example recipe's 1,500 steps: 315 s in all, 2026-12-03)
+# step against 0.168 s of FLOPs (the example recipe's 1,500 steps: 315 s in all, 2026-12-03). Compiled
+# (torch/compiled_steps.py), the element-wise work around the products is fused: 0.117 s a step with bfloat16
+# products, 0.29 s in float32 (0.34 eager, the same block alone), and LEARNED_COMPILE seconds once a run for compiling
+# with torch's compile cache cold (17.4 s measured; 1.9 s once the cache holds the block's kernels, 2026-12-04).
 LEARNED_STEP_FORWARDS = 2.1
 LEARNED_STEP_FORWARDS_BFLOAT16 = 1.1
+COMPILED_STEP_FORWARDS = 1.8
+COMPILED_STEP_FORWARDS_BFLOAT16 = 0.7
+LEARNED_COMPILE = 17.0
+# The streams a learning block runs on (its float targets, the rounded stream to the next block) take the steps'
+# precision: in bfloat16 a pass costs this fraction of float32's (0.25 s against about 0.75 s a block, 32 samples)
+LEARNED_STREAM_BFLOAT16 = 0.35
 
 
-def learned_seconds(w: Workload, rates: Rates, bfloat16: bool) -> float:
+def learned_seconds(w: Workload, rates: Rates, bfloat16: bool, compiled: bool = False) -> float:
     """Learned rounding's steps in every block: `iters` steps of `batch` samples forward and backward (the float
     stream they learn against is counted with the block's other streams); `bfloat16`: the steps' products run in
-    bfloat16 on hardware that has it."""
+    bfloat16 on hardware that has it; `compiled`: the steps run through torch.compile."""
     if w.learned is None:
         return 0.0
     blocks = len(w.blocks) or 1
     step = min(w.learned.batch, w.samples) * w.seqlen * token_flops(w, blocks_only=True) / blocks / rates.flops
+    if compiled:
+        factor = COMPILED_STEP_FORWARDS_BFLOAT16 if bfloat16 else COMPILED_STEP_FORWARDS
+        return rates.fixed(LEARNED_COMPILE) + blocks * w.learned.iters * step * factor
     return blocks * w.learned.iters * step * (LEARNED_STEP_FORWARDS_BFLOAT16 if bfloat16 else LEARNED_STEP_FORWARDS)
+
+
+def learned_weights(w: Workload) -> int:
+    """The weights whose rounding is learned, every block's."""
+    learned = set(w.learned_layers)
+    return sum(x.params for x in w.index.layers if x.name in learned)
 
 
 def rounded_bytes(w: Workload, layers: tuple[str, ...] | None = None) -> float:
@@ -195,7 +213,7 @@ def importance_seconds(w: Workload, rates: Rates) -> float:
     return statistics_seconds(w, rates, input_widths(w, set(w.imatrix_layers)), w.samples)
 
 
-def forward(w: Workload, rates: Rates, samples: int, blocks_only: bool = False) -> float:
+def forward(w: Workload, rates: Rates, samples: float, blocks_only: bool = False) -> float:
     """`samples` through the model (or its blocks only)."""
     return samples * w.seqlen * token_flops(w, blocks_only) / rates.flops
 

@@ -5,6 +5,8 @@ lets a killed offload run with `disk` resume after its last finished block (resu
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from compiler.backends.products import Product
@@ -12,7 +14,7 @@ from compiler.backends.release import release_memory, trim_heap
 from compiler.backends.torch import streams
 from compiler.backends.torch.kv_cache import KvMode
 from compiler.backends.torch.layers import Job, Statistics
-from compiler.backends.torch.learned import learn_block
+from compiler.backends.torch.learned import LearningSteps, learn_block, step_precision
 from compiler.backends.torch.resume import finished, restore
 from compiler.backends.torch.run_state import RunState
 from compiler.backends.torch.run_values import Loaded, MemoryChoice, Staging, Streams
@@ -102,7 +104,7 @@ class BlockWise(RunState):
         if learning:
             assert samples.cal_float is not None  # made with the calibration stream (cache_block_inputs)
             outputs["cal_float"] = samples.cache(samples.cal_float.hidden.dtype)
-            with torch.no_grad(), kv.running(KvMode.PASS):
+            with torch.no_grad(), kv.running(KvMode.PASS), step_precision(device):
                 streams.run_block(block, number, samples.cal_float, device, outputs["cal_float"], keep=targets)
         if verify is not None:
             with kv.running(KvMode.PASS):
@@ -110,16 +112,22 @@ class BlockWise(RunState):
         for settings in learning:
             learned = [j for j in jobs if j.scheme.learned == settings]  # schemes with the same settings learn together
             assert cal is not None  # learning is planned on calibration data only
+            if staging.learning is None:  # the run's choice, made once from every block's learned layers
+                staging.learning = LearningSteps.of(staging.jobs, sum(t.shape[0] for t in targets), targets[0].shape[1])
             staging.rounder.learned.update(learn_block(model.module, block, number, cal, device, learned, targets,
-                                                       staging.rounder.scale_dtype or model.dtype, settings))
+                                                       staging.rounder.scale_dtype or model.dtype, settings,
+                                                       staging.learning))
+            if (failed := staging.learning.warning()) is not None and failed not in staging.rounder.report.warnings:
+                staging.rounder.report.warnings.append(failed)
         targets.clear()
         hooks = staging.rounder.in_place(jobs, stats)
         staging.rounder.learned.clear()  # under torchrun each rank learned the block; its owners wrote what they own
         trim_heap()  # the rounding's freed temporaries (GPTQ's per-column scratch, below the mmap threshold) stay in
         # the heap otherwise, under the forwards that follow: 40-90 MiB on SmolLM2-135M's blocks
         staging.write_kv_scales(name + ".")
-        if cal is not None:
-            outputs["cal"] = _next(samples, block, number, cal, device)
+        if cal is not None:  # where the block learned, the streams it learns on run in the steps' precision
+            with step_precision(device) if learning else contextlib.nullcontext():
+                outputs["cal"] = _next(samples, block, number, cal, device)
         if verify is not None and verify[1] is not None:
             with staging.costs.watching(model.module, jobs):
                 outputs["quant"] = _next(samples, block, number, verify[1], device)

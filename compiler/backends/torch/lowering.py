@@ -9,6 +9,7 @@ from __future__ import annotations
 from compiler.backends.torch.formats import torch_format
 from compiler.backends.torch.rotation_check import rotates
 from compiler.backends.torch.rotation_widths import widths
+from compiler.backends.torch.timing import learning_compiled
 from compiler.ir.types import MemoryMode
 from compiler.models.builtin import PREFIX as BUILTIN_PREFIX
 from compiler.models.index import ModelFormat
@@ -152,7 +153,8 @@ def _blocks(ctx: Context) -> list[PlanOp]:
         ("quantize the block (GPTQ with its Hessians)" if w.gptq else "quantize the block")
     if w.learned is not None:
         what += (f"; learn the rounding of {len(w.learned_layers)} layers: {w.learned.iters} sign-SGD steps of "
-                 f"{w.learned.batch} samples against the float block's outputs")
+                 f"{w.learned.batch} samples against the float block's outputs"
+                 + (", compiled" if learning_compiled(w) else ""))
     run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
                    inputs=(Buffer.MODEL, Buffer.OUTPUT, Buffer.BLOCK_INPUTS), outputs=(Buffer.BLOCK_INPUTS, Buffer.QPARAMS),
                    peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=max(1, len(w.blocks)), layers=block_layers(ctx),

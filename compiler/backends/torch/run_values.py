@@ -29,6 +29,7 @@ from compiler.backends.torch.early_check import EarlyCheck
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.kv_cache import KvCacheQuantizer
 from compiler.backends.torch.layers import Job
+from compiler.backends.torch.learned import LearningSteps
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.resume import BlockResume
 from compiler.backends.torch.rounding import Rounder
@@ -131,6 +132,7 @@ class Staging(Target):
     early: EarlyCheck | None = None  # file to file: the final config and the load check, on a thread
     config: dict = field(default_factory=dict)  # the output's config.json, its quantization_config checked first
     smoother: Smoother | None = None  # `transform`: folds its scales before each block's calibration
+    learning: LearningSteps | None = None  # how learned rounding's steps run, chosen at the first block that learns
 
     def write_kv_scales(self, prefix: str) -> None:
         """The KV-cache scales of the modules under `prefix`, from every rank's maxima (sharing.py)."""

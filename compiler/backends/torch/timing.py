@@ -5,10 +5,12 @@ forward (kernels and the compiled loops loaded), verification's streams carried 
 from __future__ import annotations
 
 from compiler.backends.cpu_flags import native_bfloat16
+from compiler.backends.torch.compiled_steps import steps_compiled
 from compiler.ir.types import MemoryMode
 from compiler.models.index import ModelFormat
 from compiler.plan import ops
 from compiler.plan.timing import (
+    LEARNED_STREAM_BFLOAT16,
     Estimate,
     Rates,
     by_kind,
@@ -18,6 +20,7 @@ from compiler.plan.timing import (
     hessian_seconds,
     importance_seconds,
     learned_seconds,
+    learned_weights,
     quantize_seconds,
     reading,
     rounded_bytes,
@@ -78,14 +81,25 @@ def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     # learned rounding carries the calibration samples' float stream through the blocks too, and where nothing else
     # gathers statistics there is no statistics pass (blockwise._block)
     observes = w.gptq or bool(w.imatrix_layers) or bool(w.observed) or w.kv_cache or w.learned is None
+    bfloat16 = native_bfloat16()
+    # learned rounding's float stream and the rounded stream after it run in the steps' precision (learned.py)
+    learning_streams = 2 * w.samples if w.learned else 0
     streams = ((1 + observes) * w.samples if w.calibrate else 0) + 2 * w.verify_samples + \
-        (w.samples if w.learned else 0)
+        (w.samples if w.learned else 0) - learning_streams + \
+        learning_streams * (LEARNED_STREAM_BFLOAT16 if bfloat16 else 1.0)
     rounded_streams = (w.samples if w.calibrate else 0) + w.verify_samples  # through the rounded blocks
     smoothing = smooth_seconds(w, rates, blocks_only=True) if w.transform is not None and w.calibrate else 0.0
     return (rates.block * op.repeat + forward(w, rates, streams, blocks_only=True) + hessian_seconds(w, rates)
             + importance_seconds(w, rates) + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding + smoothing
             + fp4_input_seconds(w, rates, rounded_streams)
-            + learned_seconds(w, rates, native_bfloat16()))
+            + learned_seconds(w, rates, bfloat16, learning_compiled(w)))
+
+
+def learning_compiled(w: Workload) -> bool:
+    """Whether the run's learned rounding steps compile (the run decides the same: torch/learned.py)."""
+    if w.learned is None:
+        return False
+    return steps_compiled(w.learned.iters, min(w.learned.batch, w.samples), w.seqlen, learned_weights(w))
 
 
 def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
