@@ -13,7 +13,18 @@ from pathlib import Path
 import pytest
 from compiling import assert_ran_the_plan, compile_program
 from typer.testing import CliRunner
-from zoo import FAMILIES, FUSED_MOE, MOE, VLM, build, build_all, transformers_cosines
+from zoo import (
+    FAMILIES,
+    FUSED_MOE,
+    HOLDOUT_FUSED_MOE,
+    HOLDOUT_MOE,
+    MOE,
+    REFUSED_MOE,
+    VLM,
+    build,
+    build_all,
+    transformers_cosines,
+)
 
 from compiler.cli import app
 from compiler.data import verify_batches
@@ -551,3 +562,41 @@ def test_a_folder_transformers_cannot_open_is_verified_and_says_how(moe, tmp_pat
     result, planned = compile_program(str(path), tmp_path / "out")
     assert result.verify_passed and "Q427" in {w.code for w in result.warnings}, result.warnings
     assert "decoded layer by layer" in result.verified_on, result.verified_on
+
+
+@pytest.mark.parametrize("family", [*HOLDOUT_MOE, *HOLDOUT_FUSED_MOE])
+def test_holdout_moe_families_compile_with_gptq_and_load_in_transformers(family, tmp_path):
+    """MoE families no other test was written for (issue 68), with `type Linear -> W4A16` and GPTQ on data:
+    from a per-expert checkpoint every routed expert of every block is quantized in the folder (counted against
+    the checkpoint's expert tensors), routers of every kind left float; from a fused one (GraniteMoE, gpt-oss)
+    Q266 says the experts stay float. Either way transformers loads the folder with no key missing, mismatched or
+    unexpected, and qrc's verify is the cosine transformers measures on it, within 1e-3."""
+    folder = build(family, tmp_path / family)
+    result, planned = _run(tmp_path, folder, "w4a16-gptq", mode="low_memory")
+    warned = {d.code for d in planned.check.diagnostics}
+    source, output = _output_keys(folder), _output_keys(tmp_path / "out")
+    experts = [k.removesuffix(".weight") for k in source if ".experts." in k and k.endswith(".weight")]
+    packed = [k for k in output if ".experts." in k and k.endswith(".weight_packed")]
+    if family in HOLDOUT_MOE:
+        assert experts and len(packed) == len(experts) and all(f"{e}.weight_packed" in output for e in experts)
+        assert "Q266" not in warned
+    else:
+        assert "Q266" in warned and not packed, warned
+    _, info = _loaded(transformers.AutoModelForCausalLM, tmp_path / "out")
+    assert not info["missing_keys"] and not info["mismatched_keys"] and not info["unexpected_keys"], info
+    batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 8, 4)
+    cosines, _ = transformers_cosines(folder, tmp_path / "out", transformers.AutoModelForCausalLM, batches)
+    assert abs(sum(cosines) / len(cosines) - result.verify["cosine"]) < 1e-3, (cosines, result.verify)
+
+
+@pytest.mark.parametrize("family", REFUSED_MOE)
+def test_a_family_loaded_per_expert_from_a_fused_checkpoint_is_refused_at_check(family, tmp_path):
+    """Llama 4 stores its experts fused and transformers opens a compressed-tensors folder of it with one Linear
+    per expert: `qrc check` refuses it (Q411) before any work, where the compile used to find it out at the end
+    (Q426), and `compile` writes nothing."""
+    folder = build(family, tmp_path / family)
+    recipe = _recipe(tmp_path, folder, PLAIN_SCHEME, "full")
+    checked = CliRunner().invoke(app, ["check", recipe])
+    assert checked.exit_code == 2 and "Q411" in checked.output and "per expert" in checked.output, checked.output
+    compiled = CliRunner().invoke(app, ["compile", recipe, "-o", str(tmp_path / "out")])
+    assert compiled.exit_code == 2 and "Q411" in compiled.output and not (tmp_path / "out").exists()

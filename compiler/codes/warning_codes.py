@@ -53,9 +53,12 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "changes which experts run. llm-compressor, AutoRound and vLLM's recipes keep routers in float.",
              'quantize { type Linear -> W4A16 }   # on a Mixtral or Qwen3-MoE folder'),
     CodeInfo("Q266", "MoE experts stored fused stay float (warning)",
-             "Some checkpoints (Gemma 4's MoE) store a block's experts as 3-D tensors (`experts.gate_up_proj`, "
-             "`experts.down_proj`) rather than one Linear per expert. qrc quantizes per-expert Linears only, so these "
-             "experts are copied in float: the warning says so instead of leaving them silently unquantized.",
+             "Some checkpoints (Gemma 4's MoE, gpt-oss, GraniteMoE's `input_linear`/`output_linear`) store a "
+             "block's experts as 3-D tensors (`experts.gate_up_proj`, `experts.down_proj`, or any 3-D tensor whose "
+             "first axis counts the config's experts) rather than one Linear per expert. qrc quantizes per-expert "
+             "Linears only, so these experts are copied in float: the warning says so instead of leaving them "
+             "silently unquantized. Where transformers would open such a folder with one Linear per expert "
+             "(Llama 4), the folder would not load, and `Q411` refuses the recipe instead.",
              'quantize { type Linear -> W4A16 }   # on a Gemma 4 MoE folder'),
     CodeInfo("Q267", "a scheme vLLM will not load (warning)",
              "vLLM picks a kernel scheme for each config group from its weight and input arguments; for some "

@@ -63,7 +63,9 @@ def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ..
     numbers = _numbers(config or {})
     family = (config or {}).get("model_type", "hf")
     shapes = headers or {t.name: (dtype, t.shape) for t in planned or ()}
-    fused = tuple(name for name, (_, shape) in shapes.items() if len(shape) == 3 and name.endswith(_FUSED_EXPERTS))
+    counts = _expert_counts(config or {})
+    fused = tuple(name for name, (_, shape) in shapes.items()
+                  if len(shape) == 3 and (name.endswith(_FUSED_EXPERTS) or shape[0] in counts))
     return ModelIndex(ref, ModelFormat.HF, family, tuple(layers), _inputs(config or {}), (), total, numbers,
                       norms=_norms(shapes), fused_experts=tuple(sorted(fused, key=_model_order)))
 
@@ -107,19 +109,28 @@ def _as_tower(layer: Layer) -> Layer:
 
 
 # An MoE block's router: the Linear-shaped module whose logits pick the experts (one output per expert).
-_ROUTER_NAMES = ("mlp.gate", "block_sparse_moe.gate", "mlp.router", "moe.gate", "feed_forward.router", "router.proj")
-# A checkpoint that stores an MoE block's experts as 3-D tensors (Gemma 4), as transformers 5 holds them
+# (GraniteMoE's `block_sparse_moe.router.layer`: its router module holds the Linear as `layer`)
+_ROUTER_NAMES = ("mlp.gate", "block_sparse_moe.gate", "mlp.router", "moe.gate", "feed_forward.router", "router.proj",
+                 "router.layer")
+# A checkpoint that stores an MoE block's experts as 3-D tensors (Gemma 4, gpt-oss, Llama 4), as transformers 5
+# holds them; under other names too (GraniteMoE's `input_linear`/`output_linear`): any 3-D tensor whose first
+# axis counts the config's experts
 _FUSED_EXPERTS = (".experts.gate_up_proj", ".experts.down_proj")
-_EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
+_EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")  # the last ERNIE 4.5's
+
+
+def _expert_counts(config: dict) -> set[int]:
+    """The experts an MoE block of this config has (empty for a dense model)."""
+    merged = {**config, **_text_config(config)}
+    return {merged[k] for k in _EXPERT_COUNTS if isinstance(merged.get(k), int) and merged[k] > 1}
 
 
 def _as_router(layer: Layer, config: dict) -> Layer:
     """MoE routers are a kind of their own (op `Router`, `named_only`): transformers 5 builds them as router
     modules, not nn.Linear, and no serving stack quantizes them, so `type Linear` leaves them in float; a
     name rule still selects one (data-free rounding writes it; a calibrating run refuses it, Q411)."""
-    merged = {**config, **_text_config(config)}
-    experts = {merged[k] for k in _EXPERT_COUNTS if isinstance(merged.get(k), int)}
-    if layer.kind is LayerKind.LINEAR and layer.name.endswith(_ROUTER_NAMES) and layer.out_features in experts:
+    if layer.kind is LayerKind.LINEAR and layer.name.endswith(_ROUTER_NAMES) and \
+            layer.out_features in _expert_counts(config):
         return replace(layer, op=ROUTER_OP, named_only=True)
     return layer
 

@@ -105,12 +105,33 @@ def _warn_fused_experts(ir: RecipeIR, assignment: Assignment, diags: Diagnostics
     """Q266: the checkpoint stores MoE experts fused in 3-D tensors, which no rule can select: they stay float
     (said, never silently skipped)."""
     fused = assignment.model.fused_experts
+    if fused and assignment.model.family in LOADED_PER_EXPERT:
+        diags.error("Q411", f"`{fused[0]}`: {assignment.model.family}'s checkpoint stores its experts fused, and "
+                    "transformers opens a compressed-tensors folder of it with one Linear per expert "
+                    f"({LOADED_PER_EXPERT[assignment.model.family]}): qrc cannot write its experts that way yet, "
+                    "so the folder would not load", ir.model_span or ir.span, "experts loaded per expert",
+                    help="no compressed-tensors folder of this model can be written yet; its dense layers alone "
+                    "would not load either")
+        return
     if fused:
-        blocks = len({name.rpartition(".experts.")[0] for name in fused})
+        blocks = len({_moe_block(name) for name in fused})
         diags.warning("Q266", f"{blocks} MoE blocks store their experts fused (`{fused[0]}`, …): qrc cannot quantize "
                       "fused expert tensors yet, so they stay float", ir.model_span or ir.span, "experts stay float",
                       help="the rest of the model is quantized as the recipe says; the experts' bytes are copied "
                       "as they are")
+
+
+# Families whose fused experts transformers replaces, when it loads a compressed-tensors folder, by a list of
+# per-expert MLPs (transformers/quantizers/base.py MODULES_TO_PATCH_FOR_QUANTIZATION): a folder keeping them
+# fused does not load (found as Q426 after the work before this check)
+LOADED_PER_EXPERT = {"llama4": "SequentialLlama4TextExperts", "llama4_text": "SequentialLlama4TextExperts"}
+
+
+def _moe_block(fused: str) -> str:
+    """The MoE block a fused expert tensor belongs to: `….mlp` of `….mlp.experts.gate_up_proj` and of GraniteMoE's
+    `….block_sparse_moe.input_linear.weight`."""
+    owner = fused.removesuffix(".weight").rpartition(".")[0]
+    return owner.removesuffix(".experts")
 
 
 def _warn_vllm(assignment: Assignment, diags: Diagnostics) -> None:
