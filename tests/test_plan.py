@@ -175,6 +175,49 @@ def test_seven_and_seventy_b_gptq_plans_fit_their_budgets(recipe, budget):
     assert "chunk=8" in to_text(result.plan)
 
 
+LARGE_MOE = """recipe large_moe {{
+    model "{model}"
+    backend torch
+    scheme s = W4A16 {{ group 128 }}
+    quantize {{ type Linear -> s }}
+    memory {{ ram {ram} GiB }}
+    emit "{out}"
+}}
+"""
+
+
+def _large_moe_configs(t) -> dict:
+    """Qwen3-235B-A22B's and DeepSeek-V3's numbers (transformers' DeepseekV3Config defaults are V3's) with the
+    quantized layers each has: every routed expert's three projections, the shared experts, the dense MLPs, the
+    attention projections (DeepSeek's MLA: five), the head."""
+    qwen = t.Qwen3MoeConfig(vocab_size=151936, hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536,
+                            num_hidden_layers=94, num_attention_heads=64, num_key_value_heads=4, head_dim=128,
+                            num_experts=128, num_experts_per_tok=8, tie_word_embeddings=False, dtype="bfloat16")
+    deepseek = t.DeepseekV3Config(dtype="bfloat16")
+    moe_layers = deepseek.num_hidden_layers - deepseek.first_k_dense_replace
+    return {"qwen3-235b-a22b": (qwen, 94 * (128 * 3 + 4) + 1, 64),
+            "deepseek-v3": (deepseek, moe_layers * (deepseek.n_routed_experts + deepseek.n_shared_experts) * 3
+                            + deepseek.first_k_dense_replace * 3 + deepseek.num_hidden_layers * 5 + 1, 256)}
+
+
+@pytest.mark.parametrize("name", ["qwen3-235b-a22b", "deepseek-v3"])
+def test_the_largest_moe_configs_plan_every_expert_within_a_budget(name, tmp_path):
+    """`qrc plan` from config-only folders of Qwen3-235B-A22B (36,473 quantized layers) and DeepSeek-V3 (45,033):
+    every expert projection is a layer of the plan, which fits its stated budget (file to file, data-free).
+    (`bench/plan_large_moe.py` times it: the planner once looked up each layer's scheme by a scan, quadratic in
+    the layers: 13 s for Qwen3-235B.)"""
+    import transformers
+
+    config, quantized, ram = _large_moe_configs(transformers)[name]
+    config.save_pretrained(tmp_path / name)
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(LARGE_MOE.format(model=tmp_path / name, ram=ram, out=tmp_path / "out"))
+    shown = CliRunner().invoke(app, ["plan", str(recipe), "--format", "json"])
+    assert shown.exit_code == 0, shown.output
+    plan = json.loads(shown.output)
+    assert plan["quantized_layers"] == quantized and plan["memory"]["tried"][0]["fits"], plan["memory"]
+
+
 def test_eager_attention_is_planned_with_its_scores():
     """`calibrate { attention eager }` (what llm-compressor calibrates under) holds each block's attention
     scores: the block's attention, with chunk × 2 × heads × seqlen² float32 of scores, now peaks above its MLP,
