@@ -332,6 +332,8 @@ def summary(result, planned: PlanResult) -> Table:
         table.add_row("note", note)  # multi_gpu's placement, a resumed run
     if result.transform:
         table.add_row("transform", result.transform)
+    if result.learned:
+        table.add_row("learned rounding", result.learned)
     if result.search is not None:
         s = result.search
         table.add_row("mixed precision", f"{len(s.units)} units by {s.metric.value}: {s.average_bits:.3f} bits per weight "

@@ -223,3 +223,26 @@ def test_compiled_steps_learn_as_eager_ones_do(tmp_path, monkeypatch):
     _compiling(monkeypatch)
     errors = _errors_of_rtn_and_learned(tmp_path)
     assert errors["learned"] < 0.9 * errors["rtn"], errors
+
+
+def test_the_summary_and_the_report_say_what_the_learning_cost_and_bought(tmp_path):
+    """The compile's summary and its report say the steps run, their seconds, and how far below round to
+    nearest's each block's output error against float came (on the first step's samples): one step keeps round
+    to nearest, so it bought nothing; twenty lower the error."""
+    import re
+
+    for iters, lowered in ((1, False), (20, True)):
+        out = tmp_path / f"out{iters}"
+        recipe = tmp_path / f"r{iters}.recipe"
+        recipe.write_text(RECIPE.format(model="builtin:tiny-llama", mode="auto", out=out,
+                                        scheme=f"W4A16 {{ group 32  rounding autoround {{ iters {iters}  batch 4 }} }}"))
+        report = tmp_path / f"report{iters}.md"
+        done = runner.invoke(app, ["compile", str(recipe), "-o", str(out), "--report", str(report)],
+                             env={"COLUMNS": "400"})
+        assert done.exit_code == 0, done.output
+        line = next(x for x in done.output.splitlines() if "learned rounding" in x)
+        blocks = re.search(r"([\d,]+) sign-SGD steps \(uncompiled\) over (\d+) blocks", line)
+        assert blocks and int(blocks[1].replace(",", "")) == iters * int(blocks[2]), line
+        below = int(re.search(r"(-?\d+)% below round to nearest's on average", line)[1])
+        assert (below >= 5) if lowered else (abs(below) <= 1), line
+        assert "## Learned rounding" in report.read_text() and f"{below}% below" in report.read_text()

@@ -32,6 +32,7 @@ class Product:
     assignment: Assignment | None = None  # what is compiled from this op on (after an export, a search)
     search: SearchResult | None = None
     transform: str | None = None  # what the outlier transform did
+    learned: str | None = None  # what learned rounding cost and bought
     calibration_seconds: float | None = None  # since the compile started, when rounding began
     weight_sqnr: tuple[tuple[str, float], ...] = ()  # layer → weight SQNR in dB
     input_ranges: tuple[tuple[str, tuple[float, float]], ...] = ()  # layer → its input's quantized range

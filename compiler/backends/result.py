@@ -41,6 +41,7 @@ class CompileResult:
     op_seconds: list[tuple[PlanOp, float]] = field(default_factory=list)  # each op's wall time, as it ran
     notes: list[str] = field(default_factory=list)  # what the run decided that the plan could not know
     transform: str | None = None  # what the outlier transform did (folded mappings, AWQ's error reduction)
+    learned: str | None = None  # what learned rounding cost (its steps' time) and bought (the blocks' output error)
     assignment: Assignment | None = None  # what was compiled (both backends set it): the plan's, or the search's
     search: SearchResult | None = None
     weight_sqnr: dict[str, float] = field(default_factory=dict)  # layer → weight SQNR in dB
@@ -61,6 +62,8 @@ class CompileResult:
             self.search = product.search
         if product.transform is not None:
             self.transform = product.transform
+        if product.learned is not None:
+            self.learned = product.learned
         if product.calibration_seconds is not None:
             self.calibration_seconds = product.calibration_seconds
         self.weight_sqnr.update(product.weight_sqnr)

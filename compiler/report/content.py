@@ -55,6 +55,7 @@ class Report:
     search_svg: str
     warnings: tuple[str, ...]
     transform: tuple[tuple[str, str], ...] = ()
+    learned: tuple[tuple[str, str], ...] = ()  # what learned rounding cost and bought, measured
     verdict: tuple[str, ...] = ()  # what a reader must see first: a run past its memory plan, a failed verify  # what the outlier transform did (planned, and measured)
     mappings: Table | None = None  # which layers it touched
 
@@ -100,7 +101,8 @@ def build(planned, result=None) -> Report:
         verify=_verify(ir, result), costliest=_costliest(result), schemes=_schemes(assignment),
         recipe_text=print_ir(ir), search=_search(result), search_units=_search_units(result),
         search_curve=_search_curve(result), search_svg=_search_svg(result), warnings=warnings,
-        transform=_transform(ir, assignment, result), mappings=_mappings(assignment), verdict=_verdict(result))
+        transform=_transform(ir, assignment, result), mappings=_mappings(assignment), verdict=_verdict(result),
+        learned=(("result", result.learned),) if result is not None and result.learned else ())
 
 
 def _verdict(result) -> tuple[str, ...]:

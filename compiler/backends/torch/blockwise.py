@@ -72,11 +72,12 @@ class BlockWise(RunState):
             advance()
         v.put(Buffer.BLOCK_INPUTS, samples)
         v.put(Buffer.QPARAMS, staging.rounder)
+        learned = staging.learning.outcome() if staging.learning is not None else None
         if not start:
-            return None
+            return Product(learned=learned) if learned else None
         assert staging.resume is not None  # it started after block 0
         return Product(notes=(f"resumed after block {start} of {len(blocks)}: the earlier run's state in "
-                              f"{staging.resume.folder}",))
+                              f"{staging.resume.folder}",), learned=learned)
 
     def _block(self, loaded: Loaded, staging: Staging, samples: Streams, number: int, name: str,
                calibration: Calibration | None) -> list[streams.HiddenCache]:

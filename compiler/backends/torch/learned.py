@@ -22,8 +22,9 @@ owns the stream, the memory and the writer; the arithmetic is the paper's (Cheng
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -193,6 +194,9 @@ class LearningSteps:
     compiled: bool
     span: Span | None = None  # the first learned scheme's, where Q451 points
     failure: str | None = None
+    steps: int = 0  # what the blocks have done so far: their steps, the steps' seconds, and per block its output
+    seconds: float = 0.0  # error with the kept parameters over round to nearest's, on the first step's samples
+    ratios: list[float] = field(default_factory=list)
 
     @classmethod
     def of(cls, jobs: list[Job], samples: int, seqlen: int) -> LearningSteps:
@@ -212,6 +216,24 @@ class LearningSteps:
     def failed(self, exc: Exception) -> None:
         """The compiler failed: the steps run eager from here on."""
         self.failure = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+    def record(self, steps: int, seconds: float, rtn: float, kept: float) -> None:
+        """One block learned: `steps` in `seconds`; its output error against float with round to nearest's
+        parameters (`rtn`) and with the kept ones (`kept`), on the same samples."""
+        self.steps += steps
+        self.seconds += seconds
+        self.ratios.append(kept / rtn if rtn > 0 else 1.0)
+
+    def outcome(self) -> str | None:
+        """What the learning cost and bought, in words (the summary's and the report's), once a block learned."""
+        if not self.ratios:
+            return None
+        mean = sum(self.ratios) / len(self.ratios)
+        how = "compiled" if self.compiled and self.failure is None else "uncompiled"
+        return (f"{self.steps:,} sign-SGD steps ({how}) over {len(self.ratios)} blocks in {self.seconds:.1f} s; each "
+                f"block's output error against float on the first step's samples: {100 * (1 - mean):.0f}% below "
+                f"round to nearest's on average ({100 * (1 - max(self.ratios)):.0f}% to "
+                f"{100 * (1 - min(self.ratios)):.0f}%)")
 
     def warning(self) -> Diagnostic | None:
         """Q451 where the compiler failed."""
@@ -241,12 +263,14 @@ def learn_block(root: nn.Module, block: nn.Module, number: int, stream: streams.
     weights = torch.tensor(sizes, dtype=torch.float)  # a chunk drawn in proportion to its samples
     lower_precision = step_precision(device)
     runner = steps.runner(block)
+    started, first, rtn_loss = time.perf_counter(), None, 0.0
     try:
         with _Rounded(learned), torch.enable_grad(), heap_reused():
             for step in range(settings.iters):
                 chunk = int(torch.multinomial(weights, 1, generator=generator))
                 count = sizes[chunk]
                 rows = torch.randperm(count, generator=generator)[:settings.batch]
+                first = first or (chunk, rows, count)
                 try:
                     loss = _loss(runner, number, stream, device, chunk, rows, count, targets, lower_precision)
                 except torch._dynamo.exc.TorchDynamoException as exc:
@@ -255,6 +279,8 @@ def learn_block(root: nn.Module, block: nn.Module, number: int, stream: streams.
                     steps.failed(exc)
                     runner = block
                     loss = _loss(runner, number, stream, device, chunk, rows, count, targets, lower_precision)
+                if step == 0:  # round to nearest's parameters
+                    rtn_loss = loss.item()
                 if loss.item() < best_loss:  # the parameters this step ran with (the first: round to nearest)
                     best_loss = loss.item()
                     best = [p.detach().clone() for p in parameters]
@@ -270,9 +296,14 @@ def learn_block(root: nn.Module, block: nn.Module, number: int, stream: streams.
     finally:
         for weight in frozen:
             weight.requires_grad_(True)
+    seconds = time.perf_counter() - started
     with torch.no_grad():
         for p, kept in zip(parameters, best, strict=True):
             p.copy_(kept)
+        if first is not None:  # what the kept parameters bought: the first step's samples again (uncompiled: one
+            with _Rounded(learned):  # forward, where compiling it would cost more)
+                kept_loss = _loss(block, number, stream, device, *first, targets, lower_precision).item()
+            steps.record(settings.iters, seconds, rtn_loss, kept_loss)
     return {item.job.layer.name: item.rounded(stored) for item in learned}
 
 
