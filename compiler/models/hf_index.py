@@ -58,12 +58,12 @@ def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ..
         total = sum(math.prod(t.shape) for t in planned or ()) * DTYPE_BYTES.get(dtype, 4)
     if isinstance((config or {}).get("vision_config"), dict):
         layers = [_as_tower(layer) for layer in layers]
-    layers = [_as_router(layer, config or {}) for layer in layers]
+    counts = _expert_counts(config or {})
+    layers = [_as_router(layer, counts) for layer in layers]
     layers += _tied_head(config or {}, layers, headers)
     numbers = _numbers(config or {})
     family = (config or {}).get("model_type", "hf")
     shapes = headers or {t.name: (dtype, t.shape) for t in planned or ()}
-    counts = _expert_counts(config or {})
     fused = tuple(name for name, (_, shape) in shapes.items()
                   if len(shape) == 3 and (name.endswith(_FUSED_EXPERTS) or shape[0] in counts))
     return ModelIndex(ref, ModelFormat.HF, family, tuple(layers), _inputs(config or {}), (), total, numbers,
@@ -125,12 +125,12 @@ def _expert_counts(config: dict) -> set[int]:
     return {merged[k] for k in _EXPERT_COUNTS if isinstance(merged.get(k), int) and merged[k] > 1}
 
 
-def _as_router(layer: Layer, config: dict) -> Layer:
+def _as_router(layer: Layer, experts: set[int]) -> Layer:
     """MoE routers are a kind of their own (op `Router`, `named_only`): transformers 5 builds them as router
     modules, not nn.Linear, and no serving stack quantizes them, so `type Linear` leaves them in float; a
-    name rule still selects one (data-free rounding writes it; a calibrating run refuses it, Q411)."""
-    if layer.kind is LayerKind.LINEAR and layer.name.endswith(_ROUTER_NAMES) and \
-            layer.out_features in _expert_counts(config):
+    name rule still selects one (data-free rounding writes it; a calibrating run refuses it, Q411). `experts`:
+    the config's expert counts."""
+    if layer.kind is LayerKind.LINEAR and layer.name.endswith(_ROUTER_NAMES) and layer.out_features in experts:
         return replace(layer, op=ROUTER_OP, named_only=True)
     return layer
 

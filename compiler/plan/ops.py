@@ -316,6 +316,7 @@ class RunBlock(PlanOp):
     calibration: Calibration = carried()
     transform: Transform | None = carried(None)  # folded before the statistics its layers round with
     kv_cache: KvCache | None = carried(None)
+    compiled_steps: bool = carried(False)  # learned rounding's steps run through torch.compile (what the time counts)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

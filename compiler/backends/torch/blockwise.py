@@ -62,6 +62,9 @@ class BlockWise(RunState):
         samples = v.get(Buffer.BLOCK_INPUTS, Streams)
         blocks = loaded.model.blocks
         advance = self.progress("blocks", len(blocks))
+        learning = [j for j in staging.jobs if j.learned]
+        if learning:  # the plan chose whether the steps compile (its time counts them so)
+            staging.learning = LearningSteps(op.compiled_steps, learning[0].scheme.span)
         start = _resumed(staging, samples)
         for number, name in enumerate(blocks):
             if number >= start:
@@ -112,9 +115,7 @@ class BlockWise(RunState):
                 outputs["float"] = _next(samples, block, number, verify[0], device)
         for settings in learning:
             learned = [j for j in jobs if j.scheme.learned == settings]  # schemes with the same settings learn together
-            assert cal is not None  # learning is planned on calibration data only
-            if staging.learning is None:  # the run's choice, made once from every block's learned layers
-                staging.learning = LearningSteps.of(staging.jobs, sum(t.shape[0] for t in targets), targets[0].shape[1])
+            assert cal is not None and staging.learning is not None  # learning is planned on calibration data only
             staging.rounder.learned.update(learn_block(model.module, block, number, cal, device, learned, targets,
                                                        staging.rounder.scale_dtype or model.dtype, settings,
                                                        staging.learning))

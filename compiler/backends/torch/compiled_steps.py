@@ -1,5 +1,6 @@
-"""Whether learned rounding's steps run through torch.compile (torch/learned.py), decided the same way by the plan's
-time estimate (torch/timing.py) and by the run. No torch import: `qrc plan` asks this too.
+"""Whether learned rounding's steps run through torch.compile (torch/learned.py): the plan decides (torch/timing.py
+`learning_compiled`), counts it in its time and hands it to the run (run_block's `compiled_steps`). No torch
+import: `qrc plan` asks this.
 
 A step is a block's forward with every learned weight rounded as it runs, then its backward: a few dozen
 element-wise operations around each matrix product, which run one by one in eager torch. Compiled (inductor), they

@@ -33,7 +33,6 @@ from torch import nn
 from compiler.backends.cpu_flags import native_bfloat16
 from compiler.backends.release import heap_reused
 from compiler.backends.torch import streams
-from compiler.backends.torch.compiled_steps import steps_compiled
 from compiler.backends.torch.layers import Job
 from compiler.diagnostics import Diagnostic, warning
 from compiler.ir.types import Granularity, LearnedRounding
@@ -187,8 +186,8 @@ def step_precision(device) -> contextlib.AbstractContextManager:
 
 @dataclass
 class LearningSteps:
-    """How the run's steps run: through torch.compile where compiled_steps.py says the work pays for it (the plan's
-    time assumes the same), else eager. A compiler that fails (a broken toolchain, no Triton on a GPU) leaves
+    """How the run's steps run: through torch.compile where the plan chose it (compiled_steps.py: where the work pays
+    for it; run_block's `compiled_steps`), else eager. A compiler that fails (a broken toolchain, no Triton on a GPU) leaves
     the rest of the run eager, said once (`failure`, Q451), never a stopped compile."""
 
     compiled: bool
@@ -197,17 +196,6 @@ class LearningSteps:
     steps: int = 0  # what the blocks have done so far: their steps, the steps' seconds, and per block its output
     seconds: float = 0.0  # error with the kept parameters over round to nearest's, on the first step's samples
     ratios: list[float] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, jobs: list[Job], samples: int, seqlen: int) -> LearningSteps:
-        """The run's choice from its learned layers (every block's), the samples a step and the tokens a sample,
-        as the plan makes it (torch/timing.py learning_compiled)."""
-        settings = [(j, j.scheme.learned) for j in jobs if j.scheme.learned is not None]
-        iters = max((s.iters for _, s in settings), default=0)
-        batch = max((s.batch for _, s in settings), default=0)
-        weights = sum(int(np.prod(j.layer.shape)) for j, _ in settings)
-        return cls(steps_compiled(iters, min(batch, samples), seqlen, weights),
-                   settings[0][0].scheme.span if settings else None)
 
     def runner(self, block: nn.Module) -> Callable:
         """What a step calls to run `block`."""
@@ -263,14 +251,13 @@ def learn_block(root: nn.Module, block: nn.Module, number: int, stream: streams.
     weights = torch.tensor(sizes, dtype=torch.float)  # a chunk drawn in proportion to its samples
     lower_precision = step_precision(device)
     runner = steps.runner(block)
-    started, first, rtn_loss = time.perf_counter(), None, 0.0
+    started, first, rtn_loss = time.perf_counter(), None, 0.0  # the first step: its samples, rtn's error on them
     try:
         with _Rounded(learned), torch.enable_grad(), heap_reused():
             for step in range(settings.iters):
                 chunk = int(torch.multinomial(weights, 1, generator=generator))
                 count = sizes[chunk]
                 rows = torch.randperm(count, generator=generator)[:settings.batch]
-                first = first or (chunk, rows, count)
                 try:
                     loss = _loss(runner, number, stream, device, chunk, rows, count, targets, lower_precision)
                 except torch._dynamo.exc.TorchDynamoException as exc:
@@ -279,11 +266,11 @@ def learn_block(root: nn.Module, block: nn.Module, number: int, stream: streams.
                     steps.failed(exc)
                     runner = block
                     loss = _loss(runner, number, stream, device, chunk, rows, count, targets, lower_precision)
+                value = loss.item()
                 if step == 0:  # round to nearest's parameters
-                    rtn_loss = loss.item()
-                if loss.item() < best_loss:  # the parameters this step ran with (the first: round to nearest)
-                    best_loss = loss.item()
-                    best = [p.detach().clone() for p in parameters]
+                    first, rtn_loss = (chunk, rows, count), value
+                if value < best_loss:  # the parameters this step ran with (the first: round to nearest)
+                    best_loss, best = value, [p.detach().clone() for p in parameters]
                 loss.backward()
                 rate = settings.rate * (1.0 - step / settings.iters)
                 with torch.no_grad():

@@ -151,14 +151,14 @@ def _blocks(ctx: Context) -> list[PlanOp]:
     ranges += "KV cache ranges, " if ctx.ir.kv_cache is not None else ""
     what = (transform_words(w, CHECKED) + "; " if w.transform else "") + "compute float outputs, " + ranges + \
         ("quantize the block (GPTQ with its Hessians)" if w.gptq else "quantize the block")
+    compiled = learning_compiled(w)
     if w.learned is not None:
         what += (f"; learn the rounding of {len(w.learned_layers)} layers: {w.learned.iters} sign-SGD steps of "
-                 f"{w.learned.batch} samples against the float block's outputs"
-                 + (", compiled" if learning_compiled(w) else ""))
+                 f"{w.learned.batch} samples against the float block's outputs" + (", compiled" if compiled else ""))
     run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
                    inputs=(Buffer.MODEL, Buffer.OUTPUT, Buffer.BLOCK_INPUTS), outputs=(Buffer.BLOCK_INPUTS, Buffer.QPARAMS),
                    peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=max(1, len(w.blocks)), layers=block_layers(ctx),
-                   blocks=len(w.blocks), chunk=w.chunk, gptq=w.gptq, **statistics(ctx))
+                   blocks=len(w.blocks), chunk=w.chunk, gptq=w.gptq, compiled_steps=compiled, **statistics(ctx))
     return [cache, run]
 
 

@@ -82,11 +82,10 @@ def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     # gathers statistics there is no statistics pass (blockwise._block)
     observes = w.gptq or bool(w.imatrix_layers) or bool(w.observed) or w.kv_cache or w.learned is None
     bfloat16 = native_bfloat16()
-    # learned rounding's float stream and the rounded stream after it run in the steps' precision (learned.py)
-    learning_streams = 2 * w.samples if w.learned else 0
-    streams = ((1 + observes) * w.samples if w.calibrate else 0) + 2 * w.verify_samples + \
-        (w.samples if w.learned else 0) - learning_streams + \
-        learning_streams * (LEARNED_STREAM_BFLOAT16 if bfloat16 else 1.0)
+    onward: float = w.samples if w.calibrate else 0  # the calibration stream through the rounded block, to the next
+    if w.learned:  # with the float stream beside it, both in the steps' precision (learned.py)
+        onward = 2 * w.samples * (LEARNED_STREAM_BFLOAT16 if bfloat16 else 1.0)
+    streams = (observes * w.samples if w.calibrate else 0) + onward + 2 * w.verify_samples
     rounded_streams = (w.samples if w.calibrate else 0) + w.verify_samples  # through the rounded blocks
     smoothing = smooth_seconds(w, rates, blocks_only=True) if w.transform is not None and w.calibrate else 0.0
     return (rates.block * op.repeat + forward(w, rates, streams, blocks_only=True) + hessian_seconds(w, rates)
