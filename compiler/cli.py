@@ -23,6 +23,7 @@ from compiler.diagnostics import Diagnostic, Diagnostics, Severity, printable, r
 from compiler.diagnostics import summary as summary_line
 from compiler.frontend import check_file
 from compiler.ir.printer import print_ir
+from compiler.ir.runtimes import table_lines
 from compiler.overrides import KEYS
 from compiler.plugins import BY_WORD
 
@@ -184,6 +185,9 @@ def check(
     print_diagnostics(result.diagnostics)
     if dump_ir and result.ok:
         typer.echo(print_ir(result.recipe), nl=False)
+    if result.runtimes:
+        table = "".join(f"  {line}\n" for line in table_lines(result.runtimes))
+        typer.echo(f"where the output runs (docs/runtimes.md):\n{table}", nl=False)
     status = "ok" if result.ok else "failed"
     _say(f"{recipe}: {status} ({summary(result.diagnostics)})")
     raise typer.Exit(exit_code(result.diagnostics, strict))

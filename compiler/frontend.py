@@ -11,6 +11,7 @@ from compiler.data.npz import npz_problems
 from compiler.diagnostics import Diagnostic, DiagnosticError, Diagnostics, error, has_errors, warning
 from compiler.ir.checks import run_checks
 from compiler.ir.elaborate import elaborate
+from compiler.ir.runtimes import RuntimeCell, check_target
 from compiler.ir.types import NONE, DataKind, RecipeIR
 from compiler.models import ModelError, index_model
 from compiler.outputs import output_conflict, read_paths
@@ -35,6 +36,7 @@ class CheckResult:
     diagnostics: tuple[Diagnostic, ...]
     assignment: Assignment | None = None
     judged: ModelView | None = None  # the recipe as the model checks saw it (None when the model was not checked)
+    runtimes: tuple[RuntimeCell, ...] = ()  # where the output runs (`qrc check` with a plan that fits)
 
     @property
     def ok(self) -> bool:
@@ -285,7 +287,11 @@ def _plan(ir: RecipeIR, assignment: Assignment, detected_free: int | None, diags
 
         detected_free = psutil.virtual_memory().available
     spec = spec_for(ir.backend)
-    return build_plan(ir, spec.planned(ir, assignment), detected_free, diags, spec.costs, spec.lowering, ranks, rates)
+    planned = spec.planned(ir, assignment)
+    plan = build_plan(ir, planned, detected_free, diags, spec.costs, spec.lowering, ranks, rates)
+    table = spec.runtimes(ir, planned)
+    check_target(ir.emit, table, diags)
+    return None if plan is None else replace(plan, runtimes=table)
 
 
 def check_before_work(path: str | Path, overrides: tuple[str, ...] = (), overwrite: bool = False,
@@ -304,7 +310,7 @@ def check_before_work(path: str | Path, overrides: tuple[str, ...] = (), overwri
     plan = _plan(view.recipe, assignment, None, diags, None, REFERENCE)
     needed = output_bytes(plan) if plan is not None else 0
     diags.items.extend(check_destination(view.recipe, output, needed, overwrite, emit_required=False).problems)
-    return replace(checked, diagnostics=tuple(diags.items))
+    return replace(checked, diagnostics=tuple(diags.items), runtimes=plan.runtimes if plan is not None else ())
 
 
 def output_bytes(plan: Plan) -> int:

@@ -21,7 +21,8 @@ _BLOCK_KEYS = {
     "memory": ("mode", "ram", "vram", "disk", "ranks"),
     "verify": ("samples", "metric", "at_least", "at_most"),
 }
-KEYS = ("model", "backend", *(f"{b}.{k}" for b, ks in _BLOCK_KEYS.items() for k in ks), "emit.path", "emit.format")
+KEYS = ("model", "backend", *(f"{b}.{k}" for b, ks in _BLOCK_KEYS.items() for k in ks), "emit.path", "emit.format",
+        "emit.runtime", "emit.device")
 
 
 def apply_overrides(recipe: ast.Recipe, overrides: tuple[str, ...]) -> tuple[ast.Recipe, list[Diagnostic]]:

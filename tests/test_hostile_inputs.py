@@ -162,7 +162,8 @@ JUNK_TESTED = {
     "QRC_TEMPLATE_SECONDS": "test_junk_template_limits_are_q443", "QRC_TEMPLATE_CHARS": "test_junk_template_limits_are_q443",
     "QRC_TEMPLATE_MEMORY": "test_junk_template_limits_are_q443", "GROUP_RANK": None,
     "CXX": "test_junk_compiler_variables_only_decide_whether_steps_compile",
-    "TORCHDYNAMO_DISABLE": "test_junk_compiler_variables_only_decide_whether_steps_compile"}
+    "TORCHDYNAMO_DISABLE": "test_junk_compiler_variables_only_decide_whether_steps_compile",
+    "CUDA_VISIBLE_DEVICES": "test_junk_cuda_visible_devices_only_decides_the_default_runtime_device"}
 READS = re.compile(r'(?:environ\.get|getenv|env_number|env_index|_index_and_count)\(\s*"([A-Z_]+)"(?:,\s*"([A-Z_]+)")?')
 
 
@@ -339,3 +340,13 @@ def test_an_output_or_report_path_too_long_is_refused_with_a_code(option, tmp_pa
     result = runner.invoke(app, ["compile", TORCH_RECIPE, option, path, *extra])
     assert result.exit_code == 2 and ("Q413" if option == "-o" else "Q239") in result.output, result.output
     assert "Traceback" not in result.output and sorted(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("junk", ["junk; rm -rf ~", "", "-1", "0,1,zz", "\x7f"])
+def test_junk_cuda_visible_devices_only_decides_the_default_runtime_device(junk, tmp_path, monkeypatch):
+    """CUDA_VISIBLE_DEVICES is read (without torch) only to pick `emit … { runtime NAME }`'s device where the recipe
+    gives none (compiler/ir/runtimes.py): junk there is a device choice, never a traceback. The built-in Llama's
+    folder runs in no runtime, so the check says Q275 whichever device it picked."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", junk)
+    result = runner.invoke(app, ["check", TORCH_RECIPE, "--set", "emit.runtime=vllm", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "Q275" in result.output and "Traceback" not in result.output, result.output

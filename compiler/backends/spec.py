@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from compiler.backends.release import collections_paused
 from compiler.diagnostics import Diagnostics
+from compiler.ir.runtimes import RuntimeCell
 from compiler.ir.types import Backend, BackendFacts, EmitFormat, RecipeIR
 from compiler.plan.lower import Pass
 from compiler.plan.ops import Plan
@@ -26,6 +27,11 @@ def as_checked(ir: RecipeIR, assignment: Assignment) -> Assignment:
 
 def no_recipe_checks(ir: RecipeIR, diags: Diagnostics) -> None:
     """The default `check_recipe`: nothing beyond the format check every backend gets."""
+
+
+def no_runtimes(ir: RecipeIR, assignment: Assignment) -> tuple[RuntimeCell, ...]:
+    """The default `runtimes`: a backend that says nothing of where its outputs run."""
+    return ()
 
 
 def nothing_to_prepare(plan: Plan, writes: bool) -> AbstractContextManager[None]:
@@ -62,6 +68,8 @@ class BackendSpec:
     # entered around a compile of `plan` before the executor is imported (`writes`: this rank writes the output),
     # to start what can run beside that import (the torch backend's check process: torch/check_process.py)
     prepare: Callable[[Plan, bool], AbstractContextManager[None]] = nothing_to_prepare
+    # where the output runs: each runtime on each device (compiler/ir/runtimes.py), from the recipe and the model
+    runtimes: Callable[[RecipeIR, Assignment], tuple[RuntimeCell, ...]] = no_runtimes
 
     def check_text(self, ir: RecipeIR, diags: Diagnostics) -> None:
         """What this backend refuses in the recipe alone: an `emit` format it does not write (Q220), else a path

@@ -121,6 +121,20 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "integer weights in groups or per channel, layers inside the model's blocks (a head or embedding has no "
              "block to learn against), calibration data and the torch backend; `lr` is in (0, 1].",
              'scheme s = NVFP4A16 { rounding autoround }'),
+    CodeInfo("Q275", "the output does not run where `emit` says it must",
+             "`emit … { runtime NAME  device cpu|gpu }` names where the output will run; qrc checks the runtime table "
+             "(docs/runtimes.md: which runtimes load each output on which device, kept true by tests and bench runs) "
+             "before any work, so a folder vLLM's CPU build has no kernel for, or a GGUF file given to vLLM, stops at "
+             "`qrc check`. Without `device` the target is this machine's device (a GPU where one is found). `device` "
+             "needs a `runtime`.",
+             'quantize { type Linear -> NVFP4 }  emit "out" { runtime vllm  device cpu }'),
+    CodeInfo("Q276", "an asymmetric pack-quantized folder transformers' default load refuses",
+             "compressed-tensors packs the zero points of asymmetric integer weights (per channel or in groups) eight "
+             "to an int32, as vLLM reads them; transformers 5.24 with compressed-tensors 0.20.1 builds the model with "
+             "them unpacked, so its default load stops at a size mismatch (`dequantize=True` loads the folder). qrc "
+             "says so at check: an error where `verify` would run the folder as that load builds it, after the work; "
+             "a warning otherwise (vLLM serves the folder).",
+             'model "my-llama"  scheme s = W4A16 { asymmetric }  quantize { type Linear -> s }'),
     CodeInfo("Q256", "a floating format with a setting it cannot take",
              "FP8, NVFP4 and MX formats are symmetric and rounded as compressed-tensors defines them (rtn). NVFP4 "
              "scales blocks of 16 and MX blocks of 32 (the format fixes the group); fp8 weights are per tensor, per "

@@ -6,6 +6,7 @@ from typing import Any
 
 from compiler.diagnostics import Diagnostics, did_you_mean, expected_help
 from compiler.ir.methods import configure_method
+from compiler.ir.runtimes import Device, Runtime, RuntimeTarget
 from compiler.ir.types import (
     AttentionKernel,
     Bound,
@@ -275,7 +276,30 @@ def elaborate_emit(decl: ast.EmitDecl | None, default_format: EmitFormat, diags:
         diags.error("Q216", "`emit` needs an output path", decl.path.span, "empty path",
                     help='e.g. `emit "out/model.onnx"`')
     return Emit(spans=(("path", decl.path.span),) + spans_of(found), path=decl.path.value, format=fmt,
-                accuracy_level=_accuracy_level(found, fmt, diags))
+                accuracy_level=_accuracy_level(found, fmt, diags), target=_target(found, diags))
+
+
+def _target(found, diags: Diagnostics) -> RuntimeTarget | None:
+    """`runtime NAME  device D`: where the output must run (an unknown name is Q107; `device` alone is Q275)."""
+    runtime = _named(found.get("runtime"), Runtime, diags)
+    device = _named(found.get("device"), Device, diags)
+    if "device" in found and "runtime" not in found:
+        diags.error("Q275", "`device` says where the `runtime` runs, and no `runtime` is named",
+                    found["device"].span, "no runtime", help=f"add `runtime NAME` ({', '.join(r.value for r in Runtime)})")
+    return None if runtime is None else RuntimeTarget(runtime, device)
+
+
+def _named(setting: ast.Setting | None, kind, diags: Diagnostics):
+    """The member of enum `kind` a `KEY NAME` setting names; None where absent or unknown (Q107)."""
+    if setting is None:
+        return None
+    word = setting.value
+    assert isinstance(word, ast.Name)  # the grammar's `runtime NAME` / `device NAME`
+    found = next((member for member in kind if member.value == word.value), None)
+    if found is None:
+        diags.error("Q107", f"unknown keyword `{word.value}`", word.span, "not a keyword here",
+                    help=expected_help(word.value, [member.value for member in kind]))
+    return found
 
 
 def _format(setting: ast.Setting, diags: Diagnostics) -> EmitFormat:

@@ -150,7 +150,10 @@ def _optional_blocks(ir: RecipeIR) -> list[str]:
     if ir.kv_cache:
         lines.append(f"    kv_cache {{ {_activations(ir.kv_cache.quant).removeprefix('activations ')} }}")
     if ir.emit:
-        lines.append(f"    emit {quote(ir.emit.path)} {{ format {ir.emit.format.name} }}")
+        target = ir.emit.target
+        where = "" if target is None else f"  runtime {target.runtime.value}" + (
+            f"  device {target.device.value}" if target.device else "")
+        lines.append(f"    emit {quote(ir.emit.path)} {{ format {ir.emit.format.name}{where} }}")
     return lines
 
 

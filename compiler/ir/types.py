@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 # the kinds plug-ins add to live in kinds.py; the IR's users import them from here with the rest of the IR
 from compiler.ir.kinds import CalibrationMethod, EmitFormat, QType, Rounding, TransformKind
+from compiler.ir.runtimes import RuntimeTarget
 from compiler.source import Span
 
 
@@ -336,6 +337,7 @@ class Emit(Located):
     path: str
     format: EmitFormat
     accuracy_level: int = 4  # MatMulNBits: int8 compute of the activations, onnxruntime's fast CPU path
+    target: RuntimeTarget | None = None  # `runtime NAME  device D`: where the output must run
 
 
 @dataclass(frozen=True, slots=True)

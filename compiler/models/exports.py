@@ -37,7 +37,8 @@ def metadata_key(folder: Path) -> str:
     """The export cache key of a folder, from metadata only (see the module docstring)."""
     # v5: decoder exports name each node after its module (offload cuts them into blocks by those names)
     digest = hashlib.sha256(b"qrc-export-v5")
-    for path in sorted(folder.glob("*.json")):
+    # the side files an export copies beside itself count too (a chat template added later is exported with it)
+    for path in sorted([*folder.glob("*.json"), *folder.glob("*.jinja")]):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     for path in sorted(folder.glob("*.safetensors")):
         stat = path.stat()

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from compiler.ir.printer import recipe_hash
+from compiler.ir.runtimes import RuntimeCell
 from compiler.ir.types import (
     AttentionKernel,
     Backend,
@@ -438,6 +439,7 @@ class Plan:
     recipe_text: str = ""  # the recipe in canonical form: the output's provenance, the resume state's key
     ranks: int = 1  # torchrun processes sharing the run (`memory { ranks N }`): the peaks are each one's
     start_seconds: float = 0.0  # estimated: what a compile's process does before its first op (plan/timing.py)
+    runtimes: tuple[RuntimeCell, ...] = ()  # where the output runs (the backend's table, compiler/ir/runtimes.py)
 
     @property
     def seconds(self) -> float:

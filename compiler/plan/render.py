@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from compiler.ir.runtimes import table_lines
 from compiler.ir.values import human_bytes
 from compiler.models.names import compress
 from compiler.plan.modes import describe
@@ -53,7 +54,9 @@ def header_lines(plan: Plan) -> list[str]:
         lines.append(f"ranks    {plan.ranks} torchrun processes: each runs its share of the sample chunks (chunk i on "
                      f"rank i mod {plan.ranks}) and rounds its share of each block's layers; the peaks and budgets "
                      "above are each rank's")
-    return lines + [f"note     {n}" for n in plan.notes]
+    runs = table_lines(plan.runtimes)
+    runs = [("runs in  " if i == 0 else "         ") + line for i, line in enumerate(runs)]
+    return lines + [f"note     {n}" for n in plan.notes] + runs
 
 
 def op_lines(index: int, op: PlanOp) -> list[str]:
@@ -95,6 +98,8 @@ def to_json(plan: Plan) -> str:
                  "params": dict(op.params), "inputs": [b.value for b in op.inputs], "outputs": [b.value for b in op.outputs],
                  "layers": compress(op.layers)} for op in plan.ops],
         "notes": list(plan.notes),
+        "runtimes": [{"runtime": c.runtime.value, "device": c.device.value, "runs": c.runs, "how": c.how,
+                      "evidence": c.evidence.value} for c in plan.runtimes],
     }
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 

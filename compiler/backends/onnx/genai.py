@@ -17,7 +17,7 @@ from compiler.models.side_files import copyable
 
 # what onnxruntime-genai needs or reads beside the model, copied when the source folder has them
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-                   "vocab.json", "merges.txt", "tokenizer.model")
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")  # transformers 5's own file
 # transformers model types onnxruntime-genai runs as decoders (its `model.type`)
 GENAI_TYPES = ("llama", "mistral", "granite", "qwen2", "qwen3", "olmo", "gemma2", "gemma3_text", "phi3")
 
@@ -77,14 +77,18 @@ def _positive(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _runs_as_decoder(hf: dict, cached: bool) -> bool:
+    """Whether genai runs a decoder of this config.json: a type it runs, a key/value cache, the numbers it reads."""
+    return (hf.get("model_type") in GENAI_TYPES and cached and _positive(hf.get("num_attention_heads"))
+            and _positive(hf.get("hidden_size")) and _positive(hf.get("num_hidden_layers")))
+
+
 def _written(hf: dict, output_name: str, index) -> dict | None:
     """A genai_config.json for a decoder with a cache whose config.json names a type genai runs."""
-    if hf.get("model_type") not in GENAI_TYPES or not has_cache(index):
+    if not _runs_as_decoder(hf, has_cache(index)):
         return None
     heads, hidden = hf.get("num_attention_heads"), hf.get("hidden_size")
-    if not (_positive(heads) and _positive(hidden) and _positive(hf.get("num_hidden_layers"))):
-        return None
-    assert isinstance(hidden, int) and isinstance(heads, int)  # _positive: whole numbers above 0  # a config.json without the decoder's numbers: genai could not run it; none is written
+    assert isinstance(hidden, int) and isinstance(heads, int)  # _positive: whole numbers above 0
     numbers = {"head_size": hf.get("head_dim") or hidden // heads, "hidden_size": hidden,
                "num_attention_heads": heads, "num_hidden_layers": hf.get("num_hidden_layers"),
                "num_key_value_heads": hf.get("num_key_value_heads") or heads}
@@ -128,3 +132,13 @@ def _cache_patterns(names: list[str], key_field: str, value_field: str) -> dict[
         if first:
             out[field] = first[: -len(f".0.{kind}")] + f".%d.{kind}"
     return out
+
+
+def genai_runs(folder: Path, index, exported_with_cache: bool | None = None) -> bool:
+    """Whether a decoder read from `folder` gets onnxruntime-genai's files (its own genai_config.json carried
+    over, or one written from config.json): JSON only, no weights (`qrc check`'s runtime table).
+    `exported_with_cache`: qrc's own export of an HF folder, not made yet, will have a key/value cache."""
+    if _decoder(json_object(folder / "genai_config.json")) is not None:
+        return True
+    cached = has_cache(index) if exported_with_cache is None else exported_with_cache
+    return _runs_as_decoder(json_object(folder / "config.json"), cached)

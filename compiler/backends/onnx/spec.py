@@ -9,6 +9,7 @@ from compiler.backends.onnx.cost import COSTS
 from compiler.backends.onnx.exported_model import quantized_layers, resolve_export
 from compiler.backends.onnx.lowering import LOWERING
 from compiler.backends.onnx.recipe_checks import check_recipe
+from compiler.backends.onnx.runtimes import onnx_runtimes
 from compiler.backends.onnx.support import check_supported
 from compiler.backends.spec import BackendSpec, OutputKind
 from compiler.ir.types import Backend, BackendFacts, EmitFormat, QType, RecipeIR
@@ -71,4 +72,5 @@ SPEC = BackendSpec(
     check_recipe=check_recipe,
     executor="compiler.backends.onnx.execute:execute",
     planned=planned_assignment,
+    runtimes=onnx_runtimes,
 )

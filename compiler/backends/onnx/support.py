@@ -46,17 +46,21 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
         _warn_slow_int8(candidate, fmt, seen, diags)
 
 
-def _warn_slow_int8(assignment: Assignment, fmt: EmitFormat, warned: set[str], diags: Diagnostics) -> None:
-    """Q437 once per scheme whose int8 activations leave some of its layers dequantized in float (an exported
+def dequantized_int8(assignment: Assignment, fmt: EmitFormat) -> list[LayerAssignment]:
+    """The layers whose int8 activations onnxruntime's x86 kernels leave dequantized, run in float (an exported
     folder's graph comes later: there, any int8 activations)."""
     unknown_graph = assignment.model.graph is None
     kernels = {} if unknown_graph else layer_kernels(assignment, fmt)
+    return [a for a in assignment.layers
+            if a.scheme.activations is not None and a.scheme.activations.qtype is QType.INT8
+            and (unknown_graph or kernels.get(a.layer.name, "").startswith("DequantizeLinear"))]
+
+
+def _warn_slow_int8(assignment: Assignment, fmt: EmitFormat, warned: set[str], diags: Diagnostics) -> None:
+    """Q437 once per scheme whose int8 activations leave some of its layers dequantized in float."""
     slow: dict[str, list[LayerAssignment]] = {}
-    for a in assignment.layers:
-        act = a.scheme.activations
-        if act is None or act.qtype is not QType.INT8 or a.scheme.name in warned:
-            continue
-        if unknown_graph or kernels.get(a.layer.name, "").startswith("DequantizeLinear"):
+    for a in dequantized_int8(assignment, fmt):
+        if a.scheme.name not in warned:
             slow.setdefault(a.scheme.name, []).append(a)
     for name, layers in slow.items():
         warned.add(name)

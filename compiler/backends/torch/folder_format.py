@@ -6,6 +6,7 @@ import the writer's modules (torch, transformers) when called."""
 from __future__ import annotations
 
 from compiler.backends.torch.formats import TORCH_FORMATS, Opened
+from compiler.backends.torch.runtimes import folder_runtimes
 from compiler.backends.torch.support import check_compressed_tensors
 from compiler.diagnostics import warning
 
@@ -28,6 +29,11 @@ class SafetensorsFolder:
     def check(ir, assignment, diags):
         """What compressed-tensors cannot store, and what vLLM will not load (support.py)."""
         check_compressed_tensors(ir, assignment, diags)
+
+    @staticmethod
+    def runtimes(assignment):
+        """transformers and vLLM, by the folder's schemes (runtimes.py)."""
+        return folder_runtimes(assignment)
 
     @staticmethod
     def keeps_own(qtype) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from compiler.backends.torch.cost import COPY_SLICE
 from compiler.backends.torch.formats import TORCH_FORMATS, Opened
 from compiler.backends.torch.gguf_check import check_gguf
+from compiler.backends.torch.runtimes import gguf_runtimes
 
 # GGUF's rounding, bytes a weight of the largest layer (file to file, beyond a copy slice): the weight as float32
 # and the blocks' float32 temporaries. llama.cpp's reference Q4_0/Q8_0 (the gguf package's numpy port), measured on
@@ -35,6 +36,11 @@ class GgufFile:
     def check(ir, assignment, diags):
         """What llama.cpp's file cannot hold, and the architectures it runs (gguf_check.py)."""
         check_gguf(ir, assignment, diags)
+
+    @staticmethod
+    def runtimes(assignment):
+        """llama.cpp, and transformers' GGUF loader (runtimes.py)."""
+        return gguf_runtimes(assignment)
 
     @staticmethod
     def keeps_own(qtype) -> bool:

@@ -14,11 +14,11 @@ from compiler.backends.torch.kv_cache import kv_specs
 from compiler.backends.torch.layers import Job
 from compiler.backends.torch.loader_names import loader_names
 from compiler.backends.torch.model import TorchModel
-from compiler.backends.torch.quant_args import input_args
+from compiler.backends.torch.quant_args import DECOMPRESSED_TO_BFLOAT16, input_args
 from compiler.backends.torch.shards import DTYPES
 from compiler.backends.torch.writer import FolderWriter, RankCollector
 from compiler.diagnostics import Diagnostic
-from compiler.ir.types import KvCache, QType
+from compiler.ir.types import KvCache
 from compiler.models.index import LayerKind
 from compiler.models.side_files import copyable
 from compiler.resolve.assignment import Assignment
@@ -84,16 +84,13 @@ def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment, kv
     return _fp4_dtype(config, jobs)
 
 
-FP4 = (QType.NVFP4, QType.MXFP4)
-
-
 def _fp4_dtype(config: dict, jobs: list[Job]) -> dict:
-    """A float32 model's folder with FP4 weights says bfloat16: compressed-tensors decompresses FP4 to bfloat16,
-    so transformers' default load (the config's dtype) would run bfloat16 weights against float32 inputs and fail
-    at the first forward. Its other tensors stay float32 in the files; transformers casts them as it loads."""
+    """A float32 model's folder with FP4 or MX weights says bfloat16: compressed-tensors decompresses them to
+    bfloat16 (quant_args.DECOMPRESSED_TO_BFLOAT16). Its other tensors stay float32 in the files; transformers
+    casts them as it loads."""
     dtype = config.get("dtype", config.get("torch_dtype"))
     if "qrc_builtin" in config or dtype not in (None, "float32") or \
-            not any(j.scheme.quantized_weights.qtype in FP4 for j in jobs):
+            not any(j.scheme.quantized_weights.qtype in DECOMPRESSED_TO_BFLOAT16 for j in jobs):
         return config
     return {**config, "dtype": "bfloat16", **({"torch_dtype": "bfloat16"} if "torch_dtype" in config else {})}
 

@@ -11,6 +11,10 @@ FLOAT, NAIVE = "float-quantized", "naive-quantized"
 _FORMATS = {QType.NVFP4: "nvfp4-pack-quantized", QType.MXFP4: "mxfp4-pack-quantized", QType.MXFP8: "mxfp8-quantized"}
 _STRATEGY = {Granularity.PER_TENSOR: "tensor", Granularity.PER_CHANNEL: "channel", Granularity.GROUP: "group",
              Granularity.PER_TOKEN: "token", Granularity.BLOCK: "block"}
+# Weights compressed-tensors decompresses to bfloat16 whatever the model's dtype (its FP4 and MX decompressors): a
+# float32 model's folder with them says bfloat16, or transformers' default load runs bfloat16 weights against
+# float32 inputs and fails at the first forward (`float != c10::BFloat16`; tests/test_runtimes.py runs each)
+DECOMPRESSED_TO_BFLOAT16 = (QType.NVFP4, QType.MXFP4, QType.MXFP8)
 _SCALE_DTYPES = {QType.NVFP4: "torch.float8_e4m3fn", QType.MXFP4: "torch.uint8", QType.MXFP8: "torch.uint8"}
 
 

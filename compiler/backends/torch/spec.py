@@ -8,7 +8,7 @@ from compiler.backends.torch.check_process import prepared
 from compiler.backends.torch.cost import COSTS
 from compiler.backends.torch.formats import TORCH_FORMATS
 from compiler.backends.torch.lowering import LOWERING
-from compiler.backends.torch.support import check_recipe, check_supported
+from compiler.backends.torch.support import check_recipe, check_supported, runtime_table
 from compiler.ir.types import Backend, BackendFacts, EmitFormat, QType
 from compiler.plugins import EMIT_FORMATS
 
@@ -37,4 +37,5 @@ SPEC = BackendSpec(
     check_recipe=check_recipe,
     executor="compiler.backends.torch.execute:execute",
     prepare=prepared,
+    runtimes=runtime_table,
 )

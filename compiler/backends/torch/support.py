@@ -8,9 +8,11 @@ from typing import Protocol, cast
 from compiler.backends.torch.formats import DEFAULT, TORCH_FORMATS
 from compiler.backends.torch.quant_args import input_args, weight_args, weight_format
 from compiler.backends.torch.rotation_check import check_rotation
+from compiler.backends.torch.runtimes import packs_zero_points
 from compiler.backends.torch.vllm_rules import VllmRejects, vllm_scheme
 from compiler.diagnostics import Diagnostics
 from compiler.ir.checks import refuse_attention_kernel
+from compiler.ir.runtimes import RuntimeCell
 from compiler.ir.types import ActivationMode, Granularity, QType, RecipeIR
 from compiler.models.index import ROUTER_OP, LayerKind, ModelFormat
 from compiler.models.names import attention_modules
@@ -35,6 +37,10 @@ class FormatChecks(Protocol):
         """What the format refuses of the resolved recipe."""
         ...
 
+    def runtimes(self, assignment: Assignment) -> tuple[RuntimeCell, ...]:
+        """Where the output runs (compiler/ir/runtimes.py)."""
+        ...
+
     def keeps_own(self, qtype: QType) -> bool:
         """Whether `qtype` is a weight type only this format stores (GGUF's K-quants): another format refusing it
         names this one."""
@@ -43,6 +49,13 @@ class FormatChecks(Protocol):
 
 def _checks(name: str) -> FormatChecks | None:
     return cast(FormatChecks | None, TORCH_FORMATS.get(name))
+
+
+def runtime_table(ir: RecipeIR, assignment: Assignment) -> tuple[RuntimeCell, ...]:
+    """Where the recipe's output runs: its format's table (none for a format the backend does not write)."""
+    fmt = _checks(ir.emit.format.name if ir.emit is not None else DEFAULT)
+    runtimes = getattr(fmt, "runtimes", None)  # a plug-in's format may say nothing of where it runs
+    return () if runtimes is None else runtimes(assignment)
 
 
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
@@ -83,6 +96,7 @@ def check_compressed_tensors(ir: RecipeIR, assignment: Assignment, diags: Diagno
     _warn_routers(ir, assignment, diags)
     _warn_fused_experts(ir, assignment, diags)
     _warn_vllm(assignment, diags)
+    _packed_zero_points(ir, assignment, diags)
     _warn_split_siblings(ir, assignment, diags)
     if ir.kv_cache is not None and assignment.model.format is not ModelFormat.HF:
         diags.error("Q411", "`kv_cache` needs a transformers decoder (an HF folder): built-in and ONNX models keep no "
@@ -150,6 +164,27 @@ def _warn_vllm(assignment: Assignment, diags: Diagnostics) -> None:
                           scheme.span, "not served by vLLM",
                           help="transformers loads the folder; for vLLM pick a scheme it serves (W4A16, W8A8, "
                           "FP8_DYNAMIC, FP8, FP8_BLOCK, NVFP4A16)")
+
+
+def _packed_zero_points(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q276: asymmetric pack-quantized schemes, whose folder transformers' default load refuses with
+    compressed-tensors 0.20.1 (runtimes.packs_zero_points; vLLM loads it, and transformers with `dequantize=True`).
+    An error where `verify` would run the folder as that load builds it, after all the work; a warning otherwise."""
+    if assignment.model.format is not ModelFormat.HF:
+        return
+    schemes = {a.scheme.name: a.scheme for a in assignment.layers if not a.scheme.is_none}
+    for name, scheme in schemes.items():
+        if not packs_zero_points(scheme):
+            continue
+        message = (f"scheme `{name}` is asymmetric and pack-quantized: compressed-tensors packs its zero points, and "
+                   "transformers' default load (with compressed-tensors 0.20.1) stops at a size mismatch; only "
+                   "`dequantize=True` loads the folder there")
+        fix = "make it `symmetric` (vLLM and transformers' default load run both), or keep it for vLLM"
+        if ir.verify is not None:
+            diags.error("Q276", message + "; `verify` runs the folder as the default load builds it", scheme.span,
+                        "transformers' default load refuses it", help=fix + " and remove `verify`")
+        else:
+            diags.warning("Q276", message, scheme.span, "transformers' default load refuses it", help=fix)
 
 
 def _warn_split_siblings(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
