@@ -1,8 +1,12 @@
 """qrc's GGUF beside llama.cpp's own conversion and quantizer, on one random-weight Llama with the shipped
 512-token BPE tokenizer (recipes/data/tokenizer), every file run by llama.cpp (llama-cpp-python):
 
-    python bench/gguf_llama_cpp.py --llama-cpp LLAMA_CPP_SOURCE [--quantize BUILD/bin/llama-quantize]
-                                   [--hidden 512] [--layers 4]
+    pip install -e ".[llama]"   # llama-cpp-python, and sentencepiece for llama.cpp's converter
+    python bench/gguf_llama_cpp.py [--llama-cpp LLAMA_CPP_SOURCE] [--quantize BUILD/bin/llama-quantize]
+                                   [--no-k-quants] [--hidden 512] [--layers 4]
+
+Without `--llama-cpp` and `--quantize`, bench/llama_cpp_tools.py finds or makes both once (the installed
+llama-cpp-python's sdist from pip, `llama-quantize` built from it with cmake).
 
 The shipped text in windows of 64 tokens: the first 64 windows calibrate (qrc's `data npz`, and the importance
 matrix llama.cpp's quantizer reads), the last 32 are held out (KL of llama.cpp's next-token distribution against
@@ -41,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
+import llama_cpp_tools  # noqa: E402
 from float_formats import text_windows  # noqa: E402
 
 RECIPE = """recipe bench_gguf {{
@@ -135,14 +140,20 @@ def quality(path: Path, windows, reference) -> tuple[float, float]:
 
 
 def decode_speed(path: Path, tokens: int = 200) -> float:
-    """Tokens per second of a greedy generation in llama.cpp (2 threads)."""
+    """Tokens per second of a greedy generation in llama.cpp (2 threads), `tokens` tokens counted as they are
+    decoded: llama-cpp-python's text completion keeps decoding past `max_tokens` while its text ends inside a
+    UTF-8 character, which a random model's repeated byte token can do until the context is full."""
     import llama_cpp
 
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=2, verbose=False, seed=0)
     try:
         start = time.perf_counter()
-        out = llm("The", max_tokens=tokens, temperature=0.0, stop=[])
-        return out["usage"]["completion_tokens"] / (time.perf_counter() - start)
+        made = 0
+        for _ in llm.generate(llm.tokenize(b"The"), temp=0.0):
+            made += 1
+            if made == tokens:
+                break
+        return made / (time.perf_counter() - start)
     finally:
         llm.close()
 
@@ -217,11 +228,17 @@ def q6k_selectors(folder: Path, llama_file: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp's source (convert_hf_to_gguf.py)")
-    parser.add_argument("--quantize", type=Path, help="the llama-quantize binary (for the Q4_K_M rows)")
+    parser.add_argument("--llama-cpp", type=Path, help="llama.cpp's source (convert_hf_to_gguf.py; default: the "
+                        "installed llama-cpp-python's, llama_cpp_tools.py)")
+    parser.add_argument("--quantize", type=Path, help="the llama-quantize binary (the Q4_K_M rows; default: built "
+                        "from that source once, llama_cpp_tools.py)")
+    parser.add_argument("--no-k-quants", action="store_true", help="skip the Q4_K_M rows (no llama-quantize)")
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     args = parser.parse_args()
+    args.llama_cpp = args.llama_cpp or llama_cpp_tools.llama_cpp_source()
+    if args.quantize is None and not args.no_k_quants:
+        args.quantize = llama_cpp_tools.llama_quantize(args.llama_cpp)
 
     import numpy as np
     import torch
