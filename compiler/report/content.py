@@ -58,6 +58,7 @@ class Report:
     learned: tuple[tuple[str, str], ...] = ()  # what learned rounding cost and bought, measured
     verdict: tuple[str, ...] = ()  # what a reader must see first: a run past its memory plan, a failed verify  # what the outlier transform did (planned, and measured)
     mappings: Table | None = None  # which layers it touched
+    runtimes: Table | None = None  # where the output runs (the runtime table `qrc plan` prints)
 
 
 def _table(header: tuple[str, ...], rows, align: str) -> Table:
@@ -102,7 +103,17 @@ def build(planned, result=None) -> Report:
         recipe_text=print_ir(ir), search=_search(result), search_units=_search_units(result),
         search_curve=_search_curve(result), search_svg=_search_svg(result), warnings=warnings,
         transform=_transform(ir, assignment, result), mappings=_mappings(assignment), verdict=_verdict(result),
-        learned=(("result", result.learned),) if result is not None and result.learned else ())
+        learned=(("result", result.learned),) if result is not None and result.learned else (),
+        runtimes=_runtimes(plan))
+
+
+def _runtimes(plan: Plan) -> Table | None:
+    """The runtime table: each runtime on each device, whether it runs the output, how, and what shows it."""
+    if not plan.runtimes:
+        return None
+    return _table(("runtime", "device", "runs", "how", "shown by"),
+                  [(c.runtime.label, c.device.value, "yes" if c.runs else "no", c.how, c.evidence.value)
+                   for c in plan.runtimes], "lllll")
 
 
 def _verdict(result) -> tuple[str, ...]:
