@@ -9,11 +9,14 @@ records what ran, with versions); GPUs by the runtimes' rules as qrc restates th
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from compiler.backends.torch.quant_args import DECOMPRESSED_TO_BFLOAT16, input_args, weight_args, weight_format
 from compiler.backends.torch.vllm_rules import VllmRejects, vllm_scheme
 from compiler.ir.runtimes import Device, Evidence, Runtime, RuntimeCell
 from compiler.ir.types import Granularity, Scheme
+from compiler.models.families import ENCODERS
+from compiler.models.index import ROUTER_OP
 from compiler.resolve.assignment import Assignment
 
 # vLLM 0.32.0's CPU build: the scheme classes it has CPU kernels for, as bench/runtimes.py ran them
@@ -46,7 +49,19 @@ def folder_runtimes(assignment: Assignment) -> tuple[RuntimeCell, ...]:
         transformers = (RuntimeCell(Runtime.TRANSFORMERS, Device.CPU, True, f"default load, {dtype}", Evidence.TESTED),
                         RuntimeCell(Runtime.TRANSFORMERS, Device.GPU, True,
                                     f"compressed-tensors decompresses on load, {dtype}", Evidence.RULES))
-    return (*transformers, _vllm(schemes, Device.CPU), _vllm(schemes, Device.GPU))
+    cpu = _vllm(schemes, Device.CPU)
+    if cpu.evidence is Evidence.BENCH and not _like_the_bench(assignment):
+        cpu = replace(cpu, how=f"{cpu.how} (bench/runtimes.py ran dense decoders only)", evidence=Evidence.RULES)
+    return (*transformers, cpu, _vllm(schemes, Device.GPU))
+
+
+def _like_the_bench(assignment: Assignment) -> bool:
+    """A dense text decoder, as bench/runtimes.py's Llama is: no routed experts, no vision tower, no encoder (vLLM
+    runs those through other layers: its MoE kernels, its pooling models), so its CPU claims are that bench's."""
+    names = [layer.name for layer in assignment.model.layers]
+    return (assignment.model.family not in ENCODERS
+            and not any(layer.op == ROUTER_OP for layer in assignment.model.layers)
+            and not any(part in name for name in names for part in ("vision", "visual", "mm_projector")))
 
 
 def packs_zero_points(scheme: Scheme) -> bool:
