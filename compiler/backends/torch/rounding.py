@@ -156,6 +156,7 @@ class Rounder:
                 hooks.append(hook)
             if advance is not None:
                 advance()
+        trim_heap()  # the last block's temporaries too: the forwards after this one run in the memory they held
         if owner:
             self._hand_to_first([job for job, _ in prepared])
         self.hooks.extend(hooks)
