@@ -1,6 +1,7 @@
 """LLM decoders on the ONNX backend, as exporters write them: onnxruntime-genai's model builder (fp32 with
-fused GroupQueryAttention, fp16 with its CPU attention), torch.onnx's dynamo exporter through qrc's own
-export of a folder, and fp16/bf16 graphs. Each compiles W8A8 (QDQ) and W4A16 (MatMulNBits); the emitted
+fused GroupQueryAttention, fp16 with its CPU attention), qrc's own export of a folder (`qrc-builder`: the
+builder's graph for an untied float32 folder; `qrc-dynamo`: torch.onnx's dynamo exporter, for the same family
+with a tied head), and fp16/bf16 graphs. Each compiles W8A8 (QDQ) and W4A16 (MatMulNBits); the emitted
 model runs in onnxruntime with an empty and a filled key/value cache, and its logits stay close to the
 float model's; the int4 output decodes in onnxruntime-genai."""
 
@@ -63,6 +64,24 @@ def folders(tmp_path_factory):
             config.update(bos_token_id=1, eos_token_id=2, pad_token_id=0)
             (folder / name).write_text(json.dumps(config))
         out[family] = folder
+        out[f"{family}-tied"] = _tied(folder, root / f"{family}-tied")
+    return out
+
+
+def _tied(folder: Path, out: Path) -> Path:
+    """The folder's model with its head tied to the embedding: qrc exports such a folder with torch.onnx's dynamo
+    exporter (onnxruntime-genai's builder writes a tied head as a MatMul of its own, export_builder.py)."""
+    import shutil
+
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).eval().save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(folder / name, out / name)
     return out
 
 
@@ -85,8 +104,8 @@ def exported(folders, tmp_path_factory):
     def get(family: str, exporter: str):
         key = (family, exporter)
         if key not in cache:
-            if exporter == "qrc-dynamo":
-                cache[key] = folders[family]
+            if exporter.startswith("qrc-"):  # qrc's own export: the builder's for an untied float32 folder
+                cache[key] = folders[family] if exporter == "qrc-builder" else folders[f"{family}-tied"]
             else:
                 cache[key] = _builder(folders[family], root / f"{family}-{exporter}", exporter.split("-")[1])
         return cache[key]
@@ -155,14 +174,14 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("scheme", list(SCHEMES))
-@pytest.mark.parametrize("exporter", ["builder-fp32", "builder-fp16", "qrc-dynamo"])
+@pytest.mark.parametrize("exporter", ["builder-fp32", "builder-fp16", "qrc-builder", "qrc-dynamo"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_exported_decoder_compiles_and_runs_with_a_cache(folders, exported, family, exporter, scheme, tmp_path):
     """The emitted model runs with an empty cache and with a filled one; both agree with the float
     transformers model on the same ids, and with each other (the cache path is the same model)."""
     out = _compile(tmp_path, exported(family, exporter), scheme)
     ids = np.random.RandomState(0).randint(0, 320, (1, 12)).astype(np.int64)  # GQA: one sequence with a cache
-    reference = _float_logits(folders[family], ids)
+    reference = _float_logits(folders[f"{family}-tied" if exporter == "qrc-dynamo" else family], ids)
     floor = 0.98 if scheme == "w8a8" else 0.95
     if exporter == "builder-fp16":  # its CPU graph fails in onnxruntime 1.32 with a filled cache, float too
         session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
@@ -211,15 +230,15 @@ def test_offload_runs_qrcs_own_export_block_by_block(folders, tmp_path, monkeypa
     from compiler.plan.activations import segment_runs
 
     monkeypatch.setenv("QRC_CACHE", str(tmp_path / "cache"))
-    full = _compile(tmp_path / "full", folders["qwen2"], "w8a8")
+    full = _compile(tmp_path / "full", folders["qwen2-tied"], "w8a8")
     export = next((tmp_path / "cache" / "exported").iterdir()) / "model.onnx"
     runs = segment_runs([n.name for n in onnx.load(str(export), load_external_data=False).graph.node])
-    layers = json.loads((folders["qwen2"] / "config.json").read_text())["num_hidden_layers"]
+    layers = json.loads((folders["qwen2-tied"] / "config.json").read_text())["num_hidden_layers"]
     assert [block for block, _ in runs] == [f"model.layers.{i}" for i in range(layers)]
     name, fmt = SCHEMES["w8a8"]
     out = tmp_path / "offload" / "model.onnx"
     recipe = tmp_path / "offload.recipe"
-    recipe.write_text(RECIPE.format(model=folders["qwen2"], scheme=name, fmt=fmt, out=out)
+    recipe.write_text(RECIPE.format(model=folders["qwen2-tied"], scheme=name, fmt=fmt, out=out)
                       .replace("    emit", "    memory { mode offload }\n    emit"))
     result = runner.invoke(app, ["compile", str(recipe)])
     assert result.exit_code == 0, result.output
@@ -266,7 +285,7 @@ def test_bf16_graph_quantizes_to_valid_onnx(folders, tmp_path):
     assert {t.data_type for t in model.graph.initializer if t.name.endswith("_scale")} == {onnx.TensorProto.BFLOAT16}
 
 
-@pytest.mark.parametrize("exporter", ["builder-fp32", "qrc-dynamo"])
+@pytest.mark.parametrize("exporter", ["builder-fp32", "qrc-builder", "qrc-dynamo"])
 def test_int4_output_decodes_in_onnxruntime_genai(exported, exporter, tmp_path):
     """genai_config.json beside the output (carried over from the builder with the new file name, or
     written from config.json for qrc's export) lets onnxruntime-genai load and decode the int4 model."""
@@ -362,7 +381,7 @@ def test_decoder_plan_binds_batch_sequence_and_an_empty_past(exported, tmp_path)
     assert sizes["kv_cache_dim"] == 16
 
 
-@pytest.mark.parametrize("exporter", ["builder-fp32", "qrc-dynamo"])
+@pytest.mark.parametrize("exporter", ["builder-fp32", "qrc-builder", "qrc-dynamo"])
 def test_exported_layers_have_the_checkpoint_names(exported, exporter, tmp_path):
     """The builder names weights after their node (`lm_head.MatMul.weight`), and the dynamo exporter folds
     each transposed weight into a nameless constant (`val_90`, renamed back by qrc's export); either way the
@@ -466,7 +485,7 @@ def test_a_failed_export_is_a_diagnostic(folders, tmp_path):
     assert cached_export(folder) is None and not (tmp_path / "o.onnx").exists()
 
 
-@pytest.mark.parametrize("exporter", ["builder-fp32", "qrc-dynamo"])
+@pytest.mark.parametrize("exporter", ["builder-fp32", "qrc-builder", "qrc-dynamo"])
 @pytest.mark.parametrize("data", ["text", "dataset", "npz"])
 def test_an_exported_decoder_calibrates_from_text(exported, folders, exporter, data, tmp_path):
     """`data text`, `data dataset` and an npz of token ids alone on an exported decoder: the tokens with

@@ -197,8 +197,11 @@ def _onnxruntime(out: Path) -> None:
             feed[info.name] = np.ones_like(ids)
         elif info.name == "position_ids":
             feed[info.name] = np.arange(ids.shape[1], dtype=np.int64)[None]
-        else:  # an empty cache: batch 1, past 0
-            dims = [1 if i == 0 else 0 if isinstance(d, str) or d is None else d for i, d in enumerate(info.shape)]
+        else:  # an empty cache [batch 1, kv heads, past 0, head size] (genai_config.json's sizes where symbolic)
+            decoder = json.loads((out.parent / "genai_config.json").read_text())["model"]["decoder"]
+            known = {1: decoder["num_key_value_heads"], 2: 0, 3: decoder["head_size"]}
+            dims = [1 if i == 0 else known[i] if i == 2 or not isinstance(d, int) else d
+                    for i, d in enumerate(info.shape)]
             feed[info.name] = np.zeros(dims, dtype=np.float32)
     logits = session.run(None, feed)[0]
     assert np.isfinite(logits).all() and logits.shape[:2] == (1, 5)

@@ -35,8 +35,9 @@ def _hash(files: tuple[tuple[str, int, int], ...]) -> str:
 
 def metadata_key(folder: Path) -> str:
     """The export cache key of a folder, from metadata only (see the module docstring)."""
-    # v5: decoder exports name each node after its module (offload cuts them into blocks by those names)
-    digest = hashlib.sha256(b"qrc-export-v5")
+    # v5: decoder exports name each node after its module (offload cuts them into blocks by those names); v6: the
+    # float32 Llama/Mistral/Qwen decoders come from onnxruntime-genai's builder where it is installed
+    digest = hashlib.sha256(b"qrc-export-v6")
     # the side files an export copies beside itself count too (a chat template added later is exported with it)
     for path in sorted([*folder.glob("*.json"), *folder.glob("*.jinja")]):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())

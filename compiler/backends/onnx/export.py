@@ -1,5 +1,6 @@
-"""An HF-style folder compiled with `backend onnx` is exported to ONNX first (torch.onnx; decoders with
-the dynamo exporter and a key/value cache, export_decoder.py), once: the export is cached under
+"""An HF-style folder compiled with `backend onnx` is exported to ONNX first (float32 Llama, Mistral and Qwen
+decoders with onnxruntime-genai's model builder where it is installed, export_builder.py; other decoders with
+torch.onnx's dynamo exporter and a key/value cache, export_decoder.py), once: the export is cached under
 $QRC_CACHE/exported/<content hash>/ and reused by later compiles."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import warnings
 from pathlib import Path
 
 from compiler.backends import BackendError
+from compiler.backends.onnx.export_builder import builder_exports, export_with_builder
 from compiler.backends.onnx.export_decoder import DECODER_FAMILIES, export_decoder
 from compiler.backends.onnx.export_process import export_in_child
 from compiler.backends.onnx.genai import TOKENIZER_FILES
@@ -44,6 +46,8 @@ def export_folder(folder: Path, span=None) -> Path:
         for name in ("config.json", *TOKENIZER_FILES):  # what genai_config.json and the cache shapes read
             if copyable(folder, folder / name):  # a link to a file outside the model is never read
                 copy_regular(folder / name, target.parent / name)  # nor one planted in the cache written through
+        if (staging / "genai_config.json").is_file():  # the builder's (export_builder.py): genai's own settings
+            os.replace(staging / "genai_config.json", target.parent / "genai_config.json")
         os.replace(staging / "model.onnx.data", target.parent / "model.onnx.data")
         os.replace(staging / "model.onnx", target)
         replace_file(target.parent / STAMP, json.dumps(_stamp(folder, target)))
@@ -125,6 +129,13 @@ def _export(folder: Path, out: Path, span) -> None:
         raise BackendError(error("Q400", "exporting an HF folder to ONNX needs transformers", span, "backend onnx",
                                  help="pip install -e '.[hf]'")) from None
     config = AutoConfig.from_pretrained(folder)
+    if builder_exports(folder, json.loads((folder / "config.json").read_text())):
+        try:
+            export_with_builder(folder, out)
+            _store_symbolic_shapes(out)
+            return
+        except (Exception, SystemExit):  # noqa: BLE001  # a folder the builder cannot export: the dynamo graph is
+            pass  # as correct, only slower in onnxruntime-genai (its own failure, if any, is the diagnostic)
     if config.model_type in DECODER_FAMILIES:
         try:
             import onnxscript  # noqa: F401  (torch.onnx's dynamo exporter writes the graph with it)
