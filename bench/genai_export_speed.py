@@ -20,18 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_ort import run_qrc  # noqa: E402
-from onnx_decoder import BLOCK, builder, decode_ms, random_decoder  # noqa: E402
-
-
-def folder_of(tmp: Path, layers: int, hidden: int, vocab: int) -> Path:
-    """A random Llama (float32, untied) with a word-level tokenizer."""
-    import transformers
-
-    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
-                                      num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
-                                      max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                                      tie_word_embeddings=False)
-    return random_decoder(tmp / "llama", transformers.LlamaForCausalLM, config, vocab)
+from onnx_decoder import BLOCK, builder, decode_ms, decoder_folder  # noqa: E402
 
 
 def main() -> None:
@@ -43,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        folder = folder_of(tmp, args.layers, args.hidden, args.vocab)
+        folder = decoder_folder(tmp, args.layers, args.hidden, args.vocab, family="llama")
         theirs = tmp / "builder-int4"
         _, _, failed = builder(folder, theirs, "int4")
         assert not failed, failed

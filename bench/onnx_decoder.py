@@ -31,15 +31,17 @@ from compare_ort import child, planned_peak, run_qrc  # noqa: E402
 BLOCK = 32
 
 
-def decoder_folder(tmp: Path, layers: int, hidden: int, vocab: int) -> Path:
-    """A random Qwen2 folder with a word-level tokenizer (the builder loads one)."""
+def decoder_folder(tmp: Path, layers: int, hidden: int, vocab: int, family: str = "qwen2") -> Path:
+    """A random Qwen2 (or Llama) folder with a word-level tokenizer (the builder loads one), untied."""
     import transformers
 
-    config = transformers.Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
-                                      num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
-                                      max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                                      tie_word_embeddings=False)
-    return random_decoder(tmp / "qwen2", transformers.Qwen2ForCausalLM, config, vocab)
+    config_class, model_class = {"qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+                                 "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM)}[family]
+    config = config_class(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+                          num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
+                          max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                          tie_word_embeddings=False)
+    return random_decoder(tmp / family, model_class, config, vocab)
 
 
 def random_decoder(folder: Path, model_class, config, vocab: int) -> Path:
