@@ -129,7 +129,7 @@ def _export(folder: Path, out: Path, span) -> None:
         raise BackendError(error("Q400", "exporting an HF folder to ONNX needs transformers", span, "backend onnx",
                                  help="pip install -e '.[hf]'")) from None
     config = AutoConfig.from_pretrained(folder)
-    if builder_exports(folder, json.loads((folder / "config.json").read_text())):
+    if builder_exports(folder, config.to_dict()):  # the class's defaults too (a head tied by default)
         try:
             export_with_builder(folder, out)
             _store_symbolic_shapes(out)

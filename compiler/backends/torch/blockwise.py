@@ -76,6 +76,8 @@ class BlockWise(RunState):
         v.put(Buffer.BLOCK_INPUTS, samples)
         v.put(Buffer.QPARAMS, staging.rounder)
         learned = staging.learning.outcome() if staging.learning is not None else None
+        if staging.learning is not None and (failed := staging.learning.warning()) is not None:
+            staging.rounder.report.warnings.append(failed)  # once: the compiler failed, the steps ran eager after
         if not start:
             return Product(learned=learned) if learned else None
         assert staging.resume is not None  # it started after block 0
@@ -119,8 +121,6 @@ class BlockWise(RunState):
             staging.rounder.learned.update(learn_block(model.module, block, number, cal, device, learned, targets,
                                                        staging.rounder.scale_dtype or model.dtype, settings,
                                                        staging.learning))
-            if (failed := staging.learning.warning()) is not None and failed not in staging.rounder.report.warnings:
-                staging.rounder.report.warnings.append(failed)
         targets.clear()
         hooks = staging.rounder.in_place(jobs, stats)
         staging.rounder.learned.clear()  # under torchrun each rank learned the block; its owners wrote what they own

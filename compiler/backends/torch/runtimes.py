@@ -37,7 +37,7 @@ def folder_runtimes(assignment: Assignment) -> tuple[RuntimeCell, ...]:
         why = "a built-in model's folder runs in qrc's own module code, not a transformers class"
         return tuple(RuntimeCell(r, d, False, why, Evidence.RULES) for r in (Runtime.TRANSFORMERS, Runtime.VLLM)
                      for d in Device)
-    schemes = _schemes(assignment)
+    schemes = folder_schemes(assignment)
     dtype = transformers_dtype(assignment, schemes)
     zero_points = next((name for name, s in schemes.items() if packs_zero_points(s)), None)
     if zero_points is not None:
@@ -97,8 +97,8 @@ def transformers_dtype(assignment: Assignment, schemes: dict[str, Scheme]) -> st
     return dtype
 
 
-def _schemes(assignment: Assignment) -> dict[str, Scheme]:
-    """The folder's quantized schemes by name (each a config group)."""
+def folder_schemes(assignment: Assignment) -> dict[str, Scheme]:
+    """The folder's quantized schemes by name, each a config group (K-quants are GGUF's own: Q411 here)."""
     return {a.scheme.name: a.scheme for a in assignment.layers
             if not a.scheme.is_none and not a.scheme.quantized_weights.qtype.is_kquant}
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Protocol, cast
 
 from compiler.backends.torch.formats import DEFAULT, TORCH_FORMATS
-from compiler.backends.torch.quant_args import input_args, weight_args, weight_format
 from compiler.backends.torch.rotation_check import check_rotation
-from compiler.backends.torch.runtimes import packs_zero_points
-from compiler.backends.torch.vllm_rules import VllmRejects, vllm_scheme
+from compiler.backends.torch.runtimes import folder_schemes, packs_zero_points, vllm_class
+from compiler.backends.torch.vllm_rules import VllmRejects
 from compiler.diagnostics import Diagnostics
 from compiler.ir.checks import refuse_attention_kernel
 from compiler.ir.runtimes import RuntimeCell
@@ -38,7 +37,7 @@ class FormatChecks(Protocol):
         ...
 
     def runtimes(self, assignment: Assignment) -> tuple[RuntimeCell, ...]:
-        """Where the output runs (compiler/ir/runtimes.py)."""
+        """Where the output runs (compiler/ir/runtimes.py); optional: a plug-in format without it says nothing."""
         ...
 
     def keeps_own(self, qtype: QType) -> bool:
@@ -151,14 +150,9 @@ def _moe_block(fused: str) -> str:
 def _warn_vllm(assignment: Assignment, diags: Diagnostics) -> None:
     """Q267: a scheme vLLM's loader has no kernel scheme for (vllm_rules.py): the folder loads in transformers,
     and vLLM refuses it."""
-    schemes = {a.scheme.name: a.scheme for a in assignment.layers
-               if not a.scheme.is_none and not a.scheme.quantized_weights.qtype.is_kquant}  # K-quants: Q411
-    for name, scheme in schemes.items():
-        act = scheme.activations
-        group = {"weights": weight_args(scheme.quantized_weights, scheme.rounding), "format": weight_format(scheme),
-                 "input_activations": input_args(act) if act is not None else None}
+    for name, scheme in folder_schemes(assignment).items():
         try:
-            vllm_scheme({"config_groups": {name: group}, "format": group["format"]}, name)
+            vllm_class(scheme)
         except VllmRejects as exc:
             diags.warning("Q267", f"vLLM will not load scheme `{name}`: {str(exc).removeprefix(name + ': ')}",
                           scheme.span, "not served by vLLM",
@@ -172,8 +166,7 @@ def _packed_zero_points(ir: RecipeIR, assignment: Assignment, diags: Diagnostics
     An error where `verify` would run the folder as that load builds it, after all the work; a warning otherwise."""
     if assignment.model.format is not ModelFormat.HF:
         return
-    schemes = {a.scheme.name: a.scheme for a in assignment.layers if not a.scheme.is_none}
-    for name, scheme in schemes.items():
+    for name, scheme in folder_schemes(assignment).items():
         if not packs_zero_points(scheme):
             continue
         message = (f"scheme `{name}` is asymmetric and pack-quantized: compressed-tensors packs its zero points, and "

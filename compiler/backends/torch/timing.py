@@ -91,7 +91,7 @@ def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     return (rates.block * op.repeat + forward(w, rates, streams, blocks_only=True) + hessian_seconds(w, rates)
             + importance_seconds(w, rates) + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding + smoothing
             + fp4_input_seconds(w, rates, rounded_streams)
-            + learned_seconds(w, rates, bfloat16, learning_compiled(w)))
+            + learned_seconds(w, rates, bfloat16, op.compiled_steps))  # as lowering chose (learning_compiled)
 
 
 def learning_compiled(w: Workload) -> bool:
