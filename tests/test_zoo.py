@@ -19,7 +19,7 @@ from zoo import (
     HOLDOUT_FUSED_MOE,
     HOLDOUT_MOE,
     MOE,
-    REFUSED_MOE,
+    PER_EXPERT_FUSED_MOE,
     VLM,
     build,
     build_all,
@@ -366,7 +366,7 @@ def _unexpected_modules(info) -> set[str]:
     return {k.rsplit(".", 1)[0] for k in info["unexpected_keys"]}
 
 
-@pytest.mark.parametrize("family", [*DENSE, "bert", *VLM, *MOE, *FUSED_MOE])
+@pytest.mark.parametrize("family", [*DENSE, "bert", *VLM, *MOE, *FUSED_MOE, *PER_EXPERT_FUSED_MOE])
 def test_plain_type_linear_folder_loads_in_the_task_class_and_the_base_class(family, tmp_path):
     """The recipe people write (`type Linear -> W4A16`; group 16 divides every layer of the tiny zoo) on every
     zoo family (dense, tied, BERT, VLM, MoE; routers stay float): transformers loads the folder with
@@ -564,39 +564,130 @@ def test_a_folder_transformers_cannot_open_is_verified_and_says_how(moe, tmp_pat
     assert "decoded layer by layer" in result.verified_on, result.verified_on
 
 
-@pytest.mark.parametrize("family", [*HOLDOUT_MOE, *HOLDOUT_FUSED_MOE])
+@pytest.mark.parametrize("family", [*HOLDOUT_MOE, *HOLDOUT_FUSED_MOE, *PER_EXPERT_FUSED_MOE])
 def test_holdout_moe_families_compile_with_gptq_and_load_in_transformers(family, tmp_path):
     """MoE families no other test was written for (issue 68), with `type Linear -> W4A16` and GPTQ on data:
     from a per-expert checkpoint every routed expert of every block is quantized in the folder (counted against
-    the checkpoint's expert tensors), routers of every kind left float; from a fused one (GraniteMoE, gpt-oss)
-    Q266 says the experts stay float. Either way transformers loads the folder with no key missing, mismatched or
-    unexpected, and qrc's verify is the cosine transformers measures on it, within 1e-3."""
+    the checkpoint's expert tensors), routers of every kind left float; from a fused one that transformers
+    opens per expert (Llama 4) every expert's gate, up and down projection is quantized under
+    `experts.{e}.…` (counted against the fused tensors' first axis); from any other fused one (GraniteMoE,
+    gpt-oss) Q266 says the experts stay float. Either way transformers loads the folder with no key missing,
+    mismatched or unexpected, and qrc's verify is the cosine transformers measures on it, within 1e-3."""
     folder = build(family, tmp_path / family)
     result, planned = _run(tmp_path, folder, "w4a16-gptq", mode="low_memory")
     warned = {d.code for d in planned.check.diagnostics}
     source, output = _output_keys(folder), _output_keys(tmp_path / "out")
     experts = [k.removesuffix(".weight") for k in source if ".experts." in k and k.endswith(".weight")]
+    if family in PER_EXPERT_FUSED_MOE:
+        experts = [f"{k.removesuffix('gate_up_proj')}{e}.{leaf}" for k in source if k.endswith(".experts.gate_up_proj")
+                   for e in range(_shape(folder, k)[0]) for leaf in ("gate_proj", "up_proj", "down_proj")]
     packed = [k for k in output if ".experts." in k and k.endswith(".weight_packed")]
-    if family in HOLDOUT_MOE:
-        assert experts and len(packed) == len(experts) and all(f"{e}.weight_packed" in output for e in experts)
-        assert "Q266" not in warned
-    else:
+    if family in HOLDOUT_FUSED_MOE:
         assert "Q266" in warned and not packed, warned
-    _, info = _loaded(transformers.AutoModelForCausalLM, tmp_path / "out")
+    else:
+        assert experts and len(packed) == len(experts) and all(f"{e}.weight_packed" in output for e in experts)
+        assert "Q266" not in warned and not any(k.endswith(("gate_up_proj", "experts.down_proj")) for k in output)
+    loaded, info = _loaded(transformers.AutoModelForCausalLM, tmp_path / "out")
     assert not info["missing_keys"] and not info["mismatched_keys"] and not info["unexpected_keys"], info
     batches, _ = verify_batches(planned.check.ir.calibration.data, planned.check.assignment.model, 8, 4)
     cosines, _ = transformers_cosines(folder, tmp_path / "out", transformers.AutoModelForCausalLM, batches)
     assert abs(sum(cosines) / len(cosines) - result.verify["cosine"]) < 1e-3, (cosines, result.verify)
 
 
-@pytest.mark.parametrize("family", REFUSED_MOE)
-def test_a_family_loaded_per_expert_from_a_fused_checkpoint_is_refused_at_check(family, tmp_path):
-    """Llama 4 stores its experts fused and transformers opens a compressed-tensors folder of it with one Linear
-    per expert: `qrc check` refuses it (Q411) before any work, where the compile used to find it out at the end
-    (Q426), and `compile` writes nothing."""
-    folder = build(family, tmp_path / family)
+def _shape(folder, key: str) -> tuple[int, ...]:
+    from safetensors import safe_open
+
+    return tuple(safe_open(str(folder / "model.safetensors"), "pt").get_slice(key).get_shape())
+
+
+def test_experts_stored_fused_are_written_per_expert_as_their_slices_of_the_fused_tensors(tmp_path):
+    """Llama 4's experts, stored fused ([E, in, 2·inner] gate/up, [E, inner, out] down), left float by a rule: the
+    folder holds each expert's projections as nn.Linear stores them, equal bit for bit to their slices of the
+    fused tensors (gate the first half), and transformers opens it with one Linear per expert, no key missing or
+    unexpected, computing close to what the float model computes."""
+    from safetensors.torch import load_file
+
+    folder = build("llama4_text", tmp_path / "llama4_text")
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe fused {{\n model "{folder}"\n backend torch\n scheme s = W4A16 {{ group 16 }}\n'
+                      '  quantize { type Linear -> s  re".*\\.experts\\..*" -> none }\n'
+                      f'  emit "{tmp_path / "out"}"\n}}\n')
+    compiled = CliRunner().invoke(app, ["compile", str(recipe)])
+    assert compiled.exit_code == 0, compiled.output
+    source, out = load_file(str(folder / "model.safetensors")), load_file(str(tmp_path / "out" / "model.safetensors"))
+    fused = [k for k in source if k.endswith(".experts.gate_up_proj")]
+    assert fused
+    for key in fused:
+        base, gate_up, down = key.removesuffix("gate_up_proj"), source[key], source[key.replace("gate_up", "down")]
+        inner = gate_up.shape[2] // 2
+        for e in range(gate_up.shape[0]):
+            assert torch.equal(out[f"{base}{e}.gate_proj.weight"], gate_up[e, :, :inner].t())
+            assert torch.equal(out[f"{base}{e}.up_proj.weight"], gate_up[e, :, inner:].t())
+            assert torch.equal(out[f"{base}{e}.down_proj.weight"], down[e].t())
+        assert key not in out
+    loaded, info = _loaded(transformers.AutoModelForCausalLM, tmp_path / "out")
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert type(loaded.model.layers[0].feed_forward.experts).__name__ == "SequentialLlama4TextExperts"
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+    ids = torch.randint(2, 300, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference_logits, logits = reference(ids).logits, loaded(ids).logits
+    # attention and the shared expert are int4 (0.989 here); experts loaded wrong would be far from it
+    assert torch.nn.functional.cosine_similarity(reference_logits.flatten(), logits.flatten(), dim=0) > 0.95
+
+
+def test_an_expert_its_router_never_chooses_is_warned_and_rounded_data_free_not_zeroed(tmp_path):
+    """Llama 4 sends every token through every expert, scaled by the router's score (0 where not chosen): an
+    expert the router never chooses sees only zero rows. GPTQ's Hessian of zeros would zero its weights (dead
+    columns); qrc counts routed rows only, so Q248 names the expert and it is rounded with rtn, its scales
+    those of its real weights."""
+    from safetensors.torch import load_file, save_file
+
+    folder = build("llama4_text", tmp_path / "llama4_text")
+    weights = load_file(str(folder / "model.safetensors"))
+    for key in [k for k in weights if k.endswith("router.weight")]:
+        router = weights[key].clone()
+        router[1], router[3] = -router[0], 0.0  # top-1 over logits (u·h, -u·h, ·, 0): expert 3 never wins
+        weights[key] = router
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    result, planned = _run(tmp_path, folder, "w4a16-gptq", mode="low_memory")
+    unseen = [w for w in result.warnings if w.code == "Q248"]
+    assert unseen and "experts.3." in unseen[0].message and "experts.0." not in unseen[0].message, result.warnings
+    out = load_file(str(tmp_path / "out" / "model.safetensors"))
+    for block in (0, 1):
+        scale = out[f"model.layers.{block}.feed_forward.experts.3.gate_proj.weight_scale"]
+        assert scale.abs().min() > 0 and out[f"model.layers.{block}.feed_forward.experts.3.gate_proj.weight_packed"].any()
+
+
+def test_a_fused_expert_tensor_of_another_layout_is_refused_at_check(tmp_path):
+    """A Llama 4 checkpoint whose fused gate/up tensor cannot be split into a gate and an up half (an odd last
+    axis) is refused by `qrc check` (Q411) before any work, and `compile` writes nothing: a folder keeping it
+    fused would not load."""
+    from safetensors.torch import load_file, save_file
+
+    folder = build("llama4_text", tmp_path / "llama4_text")
+    weights = load_file(str(folder / "model.safetensors"))
+    key = next(k for k in weights if k.endswith(".experts.gate_up_proj"))
+    weights[key] = weights[key][:, :, :-1].contiguous()
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
     recipe = _recipe(tmp_path, folder, PLAIN_SCHEME, "full")
     checked = CliRunner().invoke(app, ["check", recipe])
     assert checked.exit_code == 2 and "Q411" in checked.output and "per expert" in checked.output, checked.output
     compiled = CliRunner().invoke(app, ["compile", recipe, "-o", str(tmp_path / "out")])
     assert compiled.exit_code == 2 and "Q411" in compiled.output and not (tmp_path / "out").exists()
+
+
+def test_a_model_class_that_fails_to_run_is_q452_and_nothing_is_written(tmp_path, monkeypatch):
+    """transformers 5.24's Llama4ForConditionalGeneration fails on text-only samples (it reads `image_outputs`
+    from its language model's output). A model class that raises on the data stops the compile with Q452, the
+    class and its error at the recipe's `model` line, not a traceback; nothing is written."""
+    folder = build("llama", tmp_path / "llama")
+
+    def broken(self, *args, **kwargs):
+        raise AttributeError("'CausalLMOutputWithPast' object has no attribute 'image_outputs'")
+    monkeypatch.setattr(transformers.LlamaForCausalLM, "forward", broken)
+    compiled = CliRunner().invoke(app, ["compile", _recipe(tmp_path, folder, PLAIN_SCHEME, "low_memory"),
+                                        "-o", str(tmp_path / "out")])
+    assert compiled.exit_code == 2 and "error[Q452]" in compiled.output, compiled.output
+    assert "LlamaForCausalLM" in compiled.output and "image_outputs" in compiled.output and "r.recipe:2" in compiled.output
+    assert not (tmp_path / "out").exists()

@@ -110,7 +110,8 @@ FUSED_MOE = ("gemma4_moe",)  # experts fused in the checkpoint too: they stay fl
 # MoE families no test above was written for: per-expert checkpoints (every expert quantized), and fused ones
 HOLDOUT_MOE = ("ernie4_5_moe", "olmoe", "phimoe", "qwen2_moe", "glm4_moe", "hunyuan_v1_moe", "dots1", "minimax")
 HOLDOUT_FUSED_MOE = ("granitemoe", "gpt_oss")  # stored fused: they stay float, said (Q266)
-REFUSED_MOE = ("llama4_text",)  # stored fused and loaded per expert: refused at check (Q411)
+# stored fused, and transformers opens a compressed-tensors folder of it with one Linear per expert: written so
+PER_EXPERT_FUSED_MOE = ("llama4_text",)
 VLM = ("llava", "qwen2_vl", "qwen2_5_vl", "gemma3", "gemma4")
 
 

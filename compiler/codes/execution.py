@@ -219,4 +219,11 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "The warning names the failure; `TORCHDYNAMO_DISABLE=1` makes the plan count uncompiled steps "
              "from the start.",
              "CXX=/broken/g++ qrc compile recipes/smollm2-autoround-w4a16.recipe"),
+    CodeInfo("Q452", "transformers cannot run the model",
+             "Calibration, statistics and verification run the model as transformers builds it from config.json. "
+             "Where the model class itself fails on the data (transformers 5.24's Llama4ForConditionalGeneration "
+             "reads `image_outputs` from its language model's output, which has none), the compile stops with the "
+             "class and its error, and nothing is written. Rounding that needs no model run (data-free, without "
+             "`verify`) reads the files alone and still compiles.",
+             "model \"llama4-vlm/\"   # Llama4ForConditionalGeneration, text-only samples"),
 )

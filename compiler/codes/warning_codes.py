@@ -57,8 +57,10 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "block's experts as 3-D tensors (`experts.gate_up_proj`, `experts.down_proj`, or any 3-D tensor whose "
              "first axis counts the config's experts) rather than one Linear per expert. qrc quantizes per-expert "
              "Linears only, so these experts are copied in float: the warning says so instead of leaving them "
-             "silently unquantized. Where transformers would open such a folder with one Linear per expert "
-             "(Llama 4), the folder would not load, and `Q411` refuses the recipe instead.",
+             "silently unquantized. Where transformers opens a quantized folder of the family with one Linear per "
+             "expert (Llama 4), qrc reads each expert's projections as slices of the fused tensors and writes them "
+             "so, quantized like any layer; a fused tensor of another shape there would not load, and `Q411` "
+             "refuses the recipe.",
              'quantize { type Linear -> W4A16 }   # on a Gemma 4 MoE folder'),
     CodeInfo("Q267", "a scheme vLLM will not load (warning)",
              "vLLM picks a kernel scheme for each config group from its weight and input arguments; for some "

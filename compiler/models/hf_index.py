@@ -9,7 +9,7 @@ import struct
 from dataclasses import replace
 from pathlib import Path
 
-from compiler.models import block_fp8, families, names
+from compiler.models import block_fp8, expert_slices, families, names
 from compiler.models.errors import ModelError
 from compiler.models.index import (
     DTYPE_BYTES,
@@ -48,6 +48,8 @@ def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ..
     dtype = _config_dtype(config)
     _check_fp8_grid(headers, config, ref)
     headers = block_fp8.as_dequantized(headers, dtype)  # an FP8 source checkpoint: its weights as qrc reads them
+    # fused experts of a family transformers loads per expert: one Linear per expert, as the output holds them
+    headers = expert_slices.as_per_expert(headers, (config or {}).get("model_type", ""))
     if planned and headers:
         _check_experts(planned, headers, ref)
     layers = _from_layout(planned, headers, dtype) if planned else []

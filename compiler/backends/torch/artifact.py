@@ -120,6 +120,9 @@ class ArtifactModel:
             self.load([module_names[id(module)]])
         module_names = {id(self.module.get_submodule(n)): n for n in names}
         handles = [self.module.get_submodule(n).register_forward_pre_hook(hook, with_kwargs=True) for n in names]
+        # read now: the first module to run, and some models read its weight's device before it runs (Llama 4:
+        # `input_ids.to(embed_tokens.weight.device)` would send the ids to the meta device)
+        self.load([n for n in names if isinstance(self.module.get_submodule(n), nn.Embedding)])
         try:
             yield
         finally:

@@ -113,6 +113,22 @@ def architecture_of(config: dict) -> str:
     return names[0] if names and isinstance(names[0], str) else ""
 
 
+def class_prefix(cls) -> str:
+    """The base-model prefix under which a folder saved from `cls` (a transformers class) names its base model:
+    the class's `base_model_prefix`, unless AutoModel's class for its config names another (Llama4ForCausalLM
+    and MllamaForCausalLM say `language_model` and hold their base model as `model`, the prefix AutoModel
+    strips on load). '' for no class."""
+    prefix = getattr(cls, "base_model_prefix", "") or ""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+    except ImportError:
+        return prefix
+    model_type = getattr(getattr(cls, "config_class", None), "model_type", None)
+    base_name = MODEL_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
+    base = getattr(sys.modules.get("transformers"), base_name, None) if isinstance(base_name, str) else None
+    return getattr(base, "base_model_prefix", "") or prefix
+
+
 def adopt(model: str, config: dict) -> CheckProcess:
     """The child started for `model` by `prepared`, or one started now."""
     started = _STARTED.pop(model, None)

@@ -21,6 +21,7 @@ from pathlib import Path
 from compiler.backends import BackendError
 from compiler.backends.release import collections_paused
 from compiler.backends.rss import own_high_water_mark
+from compiler.backends.torch.check_process import class_prefix
 from compiler.diagnostics import Diagnostic
 
 
@@ -49,7 +50,7 @@ def _prefix(architecture: str) -> str:
         except ImportError:
             return ""
     cls = getattr(transformers, architecture, None) if architecture else None
-    return getattr(cls, "base_model_prefix", "") or ""
+    return class_prefix(cls)
 
 
 def _checked(request: dict) -> dict:

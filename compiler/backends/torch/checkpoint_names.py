@@ -8,6 +8,9 @@ per family (`conversion_mapping`); qrc applies the same ones, so the index (chec
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from torch import nn
 
 from compiler.backends import BackendError
@@ -21,6 +24,7 @@ def adapt(module: nn.Module, ref: str, span: Span | None) -> list:
     (the layouts transformers' converters describe, from a per-expert checkpoint), kept fused where the
     checkpoint stores them fused too, anything else refused with Q411."""
     renamings, converters = _conversions(module)
+    _as_loaded_quantized(module)
     fused = fused_experts(module)
     names = expert_names(converters) if fused else None
     if fused and names is None:  # the checkpoint stores them fused as well (Gemma 4): they run as they are,
@@ -34,6 +38,30 @@ def adapt(module: nn.Module, ref: str, span: Span | None) -> list:
         assert names is not None  # fused experts with names: the checkpoint stores them per expert
         split_experts(module, names)
     return renamings
+
+
+def _as_loaded_quantized(module: nn.Module) -> None:
+    """Swap in the modules transformers swaps in when it opens a compressed-tensors folder of this model (Llama 4's
+    fused experts become `SequentialLlama4TextExperts`, one Linear per expert: transformers' own table and class,
+    which compute what the fused module computes), so qrc runs, rounds and writes the layers that load. The
+    checkpoint reads their weights as slices of the fused tensors (torch/expert_shards.py)."""
+    try:
+        from transformers.quantizers.base import MODULES_TO_PATCH_FOR_QUANTIZATION
+    except ImportError:  # a transformers without the table patches nothing
+        return
+    config = getattr(module, "config", None)
+    for name, child in list(module.named_modules()):
+        patch: dict[str, Any] | None = MODULES_TO_PATCH_FOR_QUANTIZATION.get(type(child).__name__)
+        if patch is None or config is None or "compressed-tensors" not in [str(getattr(m, "value", m))
+                                                                          for m in patch["quantization_methods"]]:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        with torch.device("meta"):
+            experts = patch["module_name"](config.get_text_config())
+        # every token reaches every expert, those the router did not choose scaled to zero (Llama 4 weighs the
+        # experts' inputs by the router's scores): statistics count the rows that are not all zero
+        experts.unrouted_rows_zero = True
+        setattr(module.get_submodule(owner) if owner else module, leaf, experts)
 
 
 def _conversions(module: nn.Module) -> tuple[list, list]:

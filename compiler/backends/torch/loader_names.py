@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from compiler.backends.torch.check_process import architecture_of
+from compiler.backends.torch.check_process import architecture_of, class_prefix
 from compiler.backends.torch.experts import Experts
 from compiler.backends.torch.model import TorchModel
 
@@ -58,7 +58,7 @@ def loader_names(model: TorchModel, quantized: dict[str, str], floating: list[st
     reported the prefix)."""
     schemes = len(set(groups.values()))
     root = model.module
-    prefix = getattr(root, "base_model_prefix", "") or _class_prefix(model.config, wait=not provisional) or ""
+    prefix = class_prefix(type(root)) or _class_prefix(model.config, wait=not provisional) or ""
     in_experts = _expert_modules(root)
     modules = {name: m for name, m in root.named_modules()}
     # the class form needs the model's own module tree (a file-to-file run has a stand-in without Linears):
@@ -138,7 +138,7 @@ def _class_prefix(config: dict, wait: bool = True) -> str | None:
         return _PREFIXES[name]
     if not wait:
         return None
-    return getattr(_model_class(name), "base_model_prefix", "") or ""
+    return class_prefix(_model_class(name))
 
 
 def _model_class(name: str):

@@ -17,9 +17,10 @@ from torch import nn
 
 from compiler.backends import BackendError
 from compiler.backends.torch import checkpoint_names
+from compiler.backends.torch.expert_shards import with_experts
 from compiler.backends.torch.gguf_shards import single_file_shards
 from compiler.backends.torch.shards import Shards
-from compiler.diagnostics import error
+from compiler.diagnostics import StageError, error
 from compiler.ir.types import AttentionKernel
 from compiler.models import block_fp8, builtin, model_dir, resolve_path
 from compiler.safe_files import own_folder
@@ -38,6 +39,7 @@ class TorchModel:
     accepts_use_cache: bool
     config: dict  # config.json of an HF folder; for built-ins, what describes them
     folder: Path | None  # the HF folder (its other files are copied next to the output)
+    span: Span | None = None  # the recipe's `model` line: where a model that fails to run is reported
 
     @cached_property
     def module_order(self) -> dict[str, int]:
@@ -117,6 +119,9 @@ class TorchModel:
             return hook
         handles = [self.module.get_submodule(m).register_forward_pre_hook(hook_for(params), with_kwargs=True)
                    for m, params in by_module.items()]
+        for m, params in by_module.items():  # read now: the first module to run, and some models read its
+            if isinstance(self.module.get_submodule(m), nn.Embedding):  # weight's device before it runs
+                hook_for(params)(None, (), {})  # (Llama 4: `input_ids.to(embed_tokens.weight.device)`, meta)
         try:
             yield
         finally:
@@ -168,8 +173,38 @@ class TorchModel:
             kwargs["use_cache"] = False
         if last_logits_only and self.head is not None:
             kwargs["logits_to_keep"] = 1
-        out = self.module(**kwargs)
+        try:
+            out = self.module(**kwargs)
+        except Exception as exc:
+            if isinstance(exc, (StandInSignal, StageError)) or _raised_in_qrc(exc):
+                raise  # qrc's own stand-ins and hooks: not the model's failure
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise BackendError(error("Q452", f"transformers' {type(self.module).__name__} fails to run on the samples "
+                                     f"({type(exc).__name__}: {first})", self.span, "the model does not run",
+                                     help="the model class fails here itself (a transformers bug, or a config it "
+                                     "does not support): another transformers version, or data-free rounding "
+                                     "without `verify`, which runs no model")) from exc
         return out[0] if isinstance(out, (tuple, list)) or hasattr(out, "to_tuple") else out
+
+
+class StandInSignal(Exception):
+    """Raised by qrc's stand-ins for a model's blocks to stop its forward (torch/streams.py): passes through
+    `TorchModel.forward` as it is."""
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[2])  # the compiler package
+
+
+def _raised_in_qrc(exc: BaseException) -> bool:
+    """Whether qrc's own code ran where the error was raised inside the model's forward (a hook, a stand-in
+    module, a torch call of theirs): a qrc problem, never reported as the model's."""
+    tb = exc.__traceback__
+    tb = tb.tb_next if tb is not None else None  # the first frame is TorchModel.forward itself
+    while tb is not None:
+        if str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(_PACKAGE):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _submodule(root: nn.Module, name: str) -> nn.Module | None:
@@ -226,9 +261,10 @@ def _folder(ref: str) -> Path:
 
 def _shards(ref: str, folder: Path, config: dict):
     """The checkpoint's tensors: a single-file source's (a GGUF file's, dequantized as they are read), else the
-    folder's safetensors."""
+    folder's safetensors; fused experts of a family transformers loads per expert read per expert."""
     single = single_file_shards(ref)
-    return single if single is not None else Shards(folder, block_fp8.block_size(config))
+    shards = single if single is not None else Shards(folder, block_fp8.block_size(config))
+    return with_experts(shards, config.get("model_type", ""))
 
 
 def _float_dtype(shards: Shards, keys: dict[str, str]) -> torch.dtype:
@@ -262,7 +298,7 @@ def open_model(ref: str, blocks: tuple[str, ...], span: Span | None,
     container = _container(module, module_blocks, ref, span)
     dtype = _float_dtype(checkpoint, keys)
     accepts = "use_cache" in inspect.signature(module.forward).parameters
-    return TorchModel(module.eval(), checkpoint, keys, container, module_blocks, dtype, accepts, config, folder)
+    return TorchModel(module.eval(), checkpoint, keys, container, module_blocks, dtype, accepts, config, folder, span)
 
 
 def set_attention(module: nn.Module, attention: AttentionKernel, span: Span | None) -> None:

@@ -89,22 +89,27 @@ class Shards:
         return torch.frombuffer(pages, dtype=dtype, count=count, offset=entry.start - first).reshape(entry.shape)
 
     def _read(self, name: str) -> torch.Tensor:
-        entry = self.entries[name]
-        size = entry.end - entry.start
-        buffer = bytearray(size)
-        with open(entry.file, "rb", buffering=0) as handle:
-            handle.seek(entry.start)
-            view, done = memoryview(buffer), 0
-            while done < size:
-                got = handle.readinto(view[done:])
-                if not got:
-                    raise BackendError(error("Q404", f"`{entry.file.name}` ends inside tensor `{name}`", None,
-                                             "truncated file", help="the checkpoint is incomplete; re-save it"))
-                done += got
-        dtype = DTYPES[entry.dtype]
-        if size == 0:
-            return torch.empty(entry.shape, dtype=dtype)
-        return torch.frombuffer(buffer, dtype=dtype).reshape(entry.shape)
+        return read_entry(self.entries[name], name)
+
+
+def read_entry(entry: Entry, name: str) -> torch.Tensor:
+    """The tensor `entry` places (a whole tensor, or a contiguous part of one: torch/expert_shards.py), read
+    with positioned reads; `name` is what a truncated file's diagnostic calls it."""
+    size = entry.end - entry.start
+    buffer = bytearray(size)
+    with open(entry.file, "rb", buffering=0) as handle:
+        handle.seek(entry.start)
+        view, done = memoryview(buffer), 0
+        while done < size:
+            got = handle.readinto(view[done:])
+            if not got:
+                raise BackendError(error("Q404", f"`{entry.file.name}` ends inside tensor `{name}`", None,
+                                         "truncated file", help="the checkpoint is incomplete; re-save it"))
+            done += got
+    dtype = DTYPES[entry.dtype]
+    if size == 0:
+        return torch.empty(entry.shape, dtype=dtype)
+    return torch.frombuffer(buffer, dtype=dtype).reshape(entry.shape)
 
 
 def _dequantize_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from compiler.backends.release import trim_heap
+from compiler.backends.torch.model import StandInSignal
 
 
 def cache_write_error(exc: Exception, path: Path) -> OSError:
@@ -77,7 +78,7 @@ class HiddenCache:
             shutil.rmtree(self._dir, ignore_errors=True)
 
 
-class _Reached(Exception):
+class _Reached(StandInSignal):
     def __init__(self):
         super().__init__("last block reached")
 

@@ -13,6 +13,7 @@ from compiler.diagnostics import Diagnostics
 from compiler.ir.checks import refuse_attention_kernel
 from compiler.ir.runtimes import RuntimeCell
 from compiler.ir.types import ActivationMode, Granularity, QType, RecipeIR
+from compiler.models import expert_slices
 from compiler.models.index import ROUTER_OP, LayerKind, ModelFormat
 from compiler.models.names import attention_modules
 from compiler.resolve.assignment import Assignment
@@ -118,13 +119,13 @@ def _warn_fused_experts(ir: RecipeIR, assignment: Assignment, diags: Diagnostics
     """Q266: the checkpoint stores MoE experts fused in 3-D tensors, which no rule can select: they stay float
     (said, never silently skipped)."""
     fused = assignment.model.fused_experts
-    if fused and assignment.model.family in LOADED_PER_EXPERT:
+    if fused and expert_slices.loaded_per_expert(assignment.model.family):  # not the layout expert_slices splits
         diags.error("Q411", f"`{fused[0]}`: {assignment.model.family}'s checkpoint stores its experts fused, and "
-                    "transformers opens a compressed-tensors folder of it with one Linear per expert "
-                    f"({LOADED_PER_EXPERT[assignment.model.family]}): qrc cannot write its experts that way yet, "
-                    "so the folder would not load", ir.model_span or ir.span, "experts loaded per expert",
-                    help="no compressed-tensors folder of this model can be written yet; its dense layers alone "
-                    "would not load either")
+                    "transformers opens a compressed-tensors folder of it with one Linear per expert; this tensor's "
+                    "shape is not the fused layout qrc splits into them, so the folder would not load",
+                    ir.model_span or ir.span, "experts loaded per expert",
+                    help="the fused expert tensors must be 3-D [experts, in, out] as transformers saves them; "
+                    "check the checkpoint against its config.json")
         return
     if fused:
         blocks = len({_moe_block(name) for name in fused})
@@ -132,12 +133,6 @@ def _warn_fused_experts(ir: RecipeIR, assignment: Assignment, diags: Diagnostics
                       "fused expert tensors yet, so they stay float", ir.model_span or ir.span, "experts stay float",
                       help="the rest of the model is quantized as the recipe says; the experts' bytes are copied "
                       "as they are")
-
-
-# Families whose fused experts transformers replaces, when it loads a compressed-tensors folder, by a list of
-# per-expert MLPs (transformers/quantizers/base.py MODULES_TO_PATCH_FOR_QUANTIZATION): a folder keeping them
-# fused does not load (found as Q426 after the work before this check)
-LOADED_PER_EXPERT = {"llama4": "SequentialLlama4TextExperts", "llama4_text": "SequentialLlama4TextExperts"}
 
 
 def _moe_block(fused: str) -> str:
