@@ -9,7 +9,7 @@ import struct
 from dataclasses import replace
 from pathlib import Path
 
-from compiler.models import block_fp8, expert_slices, families, names
+from compiler.models import block_fp8, compressed_source, expert_slices, families, names
 from compiler.models.errors import ModelError
 from compiler.models.index import (
     DTYPE_BYTES,
@@ -48,6 +48,7 @@ def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ..
     dtype = _config_dtype(config)
     _check_fp8_grid(headers, config, ref)
     headers = block_fp8.as_dequantized(headers, dtype)  # an FP8 source checkpoint: its weights as qrc reads them
+    headers = compressed_source.as_dequantized(headers, config, dtype)  # a compressed-tensors folder's, likewise
     # fused experts of a family transformers loads per expert: one Linear per expert, as the output holds them
     headers = expert_slices.as_per_expert(headers, (config or {}).get("model_type", ""))
     if planned and headers:
@@ -69,7 +70,8 @@ def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ..
     fused = tuple(name for name, (_, shape) in shapes.items()
                   if len(shape) == 3 and (name.endswith(_FUSED_EXPERTS) or shape[0] in counts))
     return ModelIndex(ref, ModelFormat.HF, family, tuple(layers), _inputs(config or {}), (), total, numbers,
-                      norms=_norms(shapes), fused_experts=tuple(sorted(fused, key=_model_order)))
+                      norms=_norms(shapes), fused_experts=tuple(sorted(fused, key=_model_order)),
+                      compressed_source=compressed_source.quantization(config) is not None)
 
 
 def _norms(shapes: dict[str, tuple[str, tuple[int, ...]]]) -> tuple[Norm, ...]:

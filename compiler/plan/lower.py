@@ -301,7 +301,9 @@ def emit_pass(reads_ranges: bool, streams_weights: Callable[[Workload, MemoryMod
         w, emit = ctx.workload, ctx.ir.emit
         fmt = emit.format if emit else ctx.costs.default_format
         path = emit.path if emit else "(-o PATH)"
-        inputs = reads + ((Buffer.RANGES,) if reads_ranges and w.observed else ())
+        # a recipe that rounds nothing (a compressed-tensors source written as floats) has no quantize op
+        inputs = tuple(b for b in reads if b is not Buffer.QPARAMS or w.quantized_layers)
+        inputs += (Buffer.RANGES,) if reads_ranges and w.observed else ()
         words = kernels(ctx, fmt)
         return [Emit(summary=f"write {fmt.name} to {path} atomically (temp file + rename), "
                      f"{human_bytes(w.quantized_bytes)} of weights" + (f"; {words}" if words else ""), inputs=inputs, outputs=(Buffer.EMITTED_MODEL,),

@@ -18,7 +18,7 @@ EXPORTABLE_FAMILIES = ("bert", *DECODER_FAMILIES)
 
 
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
-    """Q415 for an HF folder the exporter cannot export; Q222 for image rows (a VLM's processor feeds a torch
+    """Q415 for an HF folder the exporter cannot export (a family it does not know, a compressed-tensors folder); Q222 for image rows (a VLM's processor feeds a torch
     forward); Q410 for each scheme with dynamic or per-token activations (QDQ holds static per-tensor ranges);
     Q437 (a warning) for each scheme whose int8 activations onnxruntime's x86 kernels run slower than float."""
     check_layers(ir, assignment, diags)
@@ -27,6 +27,11 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
         diags.error("Q415", f"the ONNX backend cannot export `{index.family}` folders to ONNX yet", ir.model_span,
                     "not exportable", help="use `backend torch` for this folder, or give an .onnx file exported "
                     f"yourself (exported here: {', '.join(EXPORTABLE_FAMILIES)})")
+    elif index.format is ModelFormat.HF and index.compressed_source:  # the exporters trace float modules
+        diags.error("Q415", "the ONNX backend cannot export a compressed-tensors folder (its weights are stored "
+                    "quantized)", ir.model_span, "not exportable",
+                    help="compile it to a float folder first (`backend torch`, every layer `-> none`), or compile it "
+                    "with `backend torch`")
     rows = ir.calibration.data.rows
     if rows is not None and rows.image:  # image rows go through a VLM's processor into its torch forward
         diags.error("Q222", "`image` rows calibrate vision-language models on the torch backend",

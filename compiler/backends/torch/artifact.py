@@ -28,12 +28,11 @@ from torch import nn
 
 from compiler.backends import BackendError
 from compiler.backends.torch import checkpoint_names
+from compiler.backends.torch.compressed_source import decompressed
 from compiler.backends.torch.model import TorchModel, hf_skeleton
 from compiler.backends.torch.shards import Shards
 from compiler.diagnostics import error
 from compiler.source import Span
-
-_SERIALIZED = ("weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_global_scale", "weight_shape")
 
 
 def can_verify_artifact(model: TorchModel) -> bool:
@@ -168,7 +167,6 @@ class ArtifactModel:
     def _dequantized(self, name: str) -> torch.Tensor:
         """compressed-tensors' decompression of one layer's folder tensors, under the config group whose
         targets name the layer in the folder (what transformers' `dequantize` conversion computes)."""
-        from compressed_tensors.compressors import BaseCompressor
         from compressed_tensors.utils.match import match_name
 
         prefix = self.prefixes.get(name, name)
@@ -176,9 +174,8 @@ class ArtifactModel:
         if scheme is None or any(match_name(prefix, t) for t in self.ignore):
             raise BackendError(error("Q428", f"`{prefix}` is stored compressed in the emitted folder but no config "
                                      "group of its quantization_config names it", None, "unnamed layer", help=_BUG))
-        state = {leaf: self.shards.read(f"{prefix}.{leaf}") for leaf in _SERIALIZED if f"{prefix}.{leaf}" in self.shards}
-        compressor = BaseCompressor.get_value_from_registry(scheme.format or self.config_format)
-        return compressor.decompress(state, scheme)["weight"].float()
+        return decompressed(self.shards.read, prefix, self.shards.__contains__, scheme,
+                            str(scheme.format or self.config_format))
 
     def _decompress(self, name: str, module: nn.Module, device) -> None:
         from compressed_tensors.compressors.base import decompress_module

@@ -48,6 +48,9 @@ CHECK_PROCESS = 440 * MiB
 # runtime and what its heap kept of a GGUF source's dequantized copy (SmolLM2-135M FP8 file to file: 399 + 439 MiB
 # at the summed peak, 551 + 258 at this process's own, the child still importing)
 CHECK_IMPORTED = 410 * MiB
+# a compressed-tensors source folder is decompressed by compressed-tensors, which imports transformers: 168 MiB
+# measured after torch, numpy and safetensors (2026-12-04), in a file-to-file run's own process too
+DECOMPRESSING_IMPORTS = 168 * MiB
 CACHE_COPIES = {MemoryMode.FULL: 0, MemoryMode.LOW_MEMORY: 2, MemoryMode.OFFLOAD: 2, MemoryMode.MULTI_GPU: 2}
 VRAM_SLACK = 1.2  # Olive's factor over the computed GPU footprint
 CUDA_HOST = 800 * MiB  # host memory of the CUDA context and kernel libraries (measured on an H100: +0.75 GiB RSS)
@@ -310,7 +313,8 @@ class TorchCosts:
         """The interpreter and what the run imports: file to file less, but a folder's check process beside it."""
         if not _files_only(w):
             return RUNTIME
-        return FILES_RUNTIME + (CHECK_PROCESS if torch_format(w.emit_format).opened_by_transformers else 0)
+        return (FILES_RUNTIME + (DECOMPRESSING_IMPORTS if w.index.compressed_source else 0)
+                + (CHECK_PROCESS if torch_format(w.emit_format).opened_by_transformers else 0))
 
     def observer_groups(self, w: Workload) -> int:
         """Block-wise runs observe one block at a time, in one pass."""

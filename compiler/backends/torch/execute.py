@@ -221,12 +221,13 @@ class _Run(Verifying):
 
     def emit(self, op: ops.Emit, v: OpValues) -> Product:
         """Every tensor not rounded is copied as bytes; config and recipe written; the folder appears."""
-        staging, rounder = v.get(Buffer.OUTPUT, Staging), v.get(Buffer.QPARAMS, Rounder)
+        staging = v.get(Buffer.OUTPUT, Staging)
+        rounder = v.get(Buffer.QPARAMS, Rounder) if v.declares(Buffer.QPARAMS) else None  # None: nothing rounded
         calibrated = time.perf_counter() - self.start
         warnings = []
-        if rounder.unseen:
+        if rounder is not None and rounder.unseen:
             warnings.append(unseen_warning(self.plan.spans.experts, rounder.unseen))
-        if rounder.dampened:
+        if rounder is not None and rounder.dampened:
             warnings.append(dampened_warning(self.plan.spans.recipe, rounder.dampened))
         staging.write_kv_scales("")  # any module calibration did not reach (none in the models qrc runs)
         checked = staging.early.collect() if staging.early is not None else None  # file to file (early_check.py)

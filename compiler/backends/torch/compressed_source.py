@@ -1,0 +1,86 @@
+"""A compressed-tensors folder read as a float checkpoint (models/compressed_source.py says which tensors make
+each layer), in the `Shards` interface a TorchModel reads: each compressed Linear's weight decompressed when it
+is read, by compressed-tensors' own decompressor for the layer's config group (the library that wrote the format
+defines it), one layer at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from compiler.backends import BackendError
+from compiler.backends.torch.shards import DTYPES, Entry
+from compiler.diagnostics import error
+from compiler.models.compressed_source import COMPANIONS, CompressedLayer, compressed_layers, quantization
+
+SERIALIZED = ("weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_global_scale", "weight_shape")
+
+
+def decompressed(read, prefix: str, has, scheme, fmt: str) -> torch.Tensor:
+    """compressed-tensors' decompression of one layer's stored tensors under `scheme` (its QuantizationScheme)
+    and format `fmt`, in float32: what transformers' `dequantize` conversion computes. `read(name)` reads a
+    tensor, `has(name)` says whether the folder holds it."""
+    from compressed_tensors.compressors import BaseCompressor
+
+    state = {leaf: read(f"{prefix}.{leaf}") for leaf in SERIALIZED if has(f"{prefix}.{leaf}")}
+    compressor = BaseCompressor.get_value_from_registry(fmt)
+    return compressor.decompress(state, scheme)["weight"].float()
+
+
+class CompressedShards:
+    """`inner`'s tensors with each compressed layer one float32 `weight`, its companions and the folder's activation
+    scales left out. A decompressed weight is never copied as it is stored."""
+
+    def __init__(self, inner, config: dict):
+        from compressed_tensors.quantization import QuantizationConfig
+
+        self.inner = inner
+        self.scaled, self.scales, self.block = inner.scaled, inner.scales, inner.block
+        headers = {name: (e.dtype, e.shape) for name, e in inner.entries.items()}
+        self.layers: dict[str, CompressedLayer] = compressed_layers(headers, config)
+        self.groups = QuantizationConfig.model_validate(quantization(config)).config_groups
+        stored = {f"{layer.prefix}.{leaf}" for layer in self.layers.values() for leaf in SERIALIZED}
+        self.entries: dict[str, Entry] = {}
+        for name, entry in inner.entries.items():
+            if name not in stored and name.rpartition(".")[2] not in COMPANIONS:  # as the index sees the folder
+                self.entries[name] = entry
+        for name, layer in self.layers.items():
+            packed = inner.entries.get(f"{layer.prefix}.weight_packed") or inner.entries[name]
+            size = layer.shape[0] * layer.shape[1] * DTYPES["F32"].itemsize  # what it reads as, for the memory figures
+            self.entries[name] = Entry(packed.file, "F32", layer.shape, packed.start, packed.start + size)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def stored_as_is(self, name: str) -> bool:
+        """Whether the file holds the tensor's bytes as it reads: a compressed weight does not."""
+        return name not in self.layers and self.inner.stored_as_is(name)
+
+    def read(self, name: str) -> torch.Tensor:
+        """One tensor; a compressed layer's weight decompressed (float32)."""
+        layer = self.layers.get(name)
+        if layer is None:
+            return self.inner.read(name)
+        try:
+            return decompressed(self.inner.read, layer.prefix, self.inner.__contains__, self.groups[layer.group],
+                                layer.format)
+        except (ValueError, KeyError, RuntimeError, NotImplementedError) as exc:
+            raise BackendError(error("Q404", f"compressed-tensors cannot decompress `{layer.prefix}` ({layer.format}: "
+                                     f"{type(exc).__name__}: {str(exc).strip()[:160]})", None, "cannot read this layer",
+                                     help="a folder compressed-tensors wrote loads; this one's tensors and its "
+                                     "quantization_config disagree")) from None
+
+    def slices(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
+        """The tensor as `read` gives it, whole."""
+        yield 0, self.read(name)
+
+    def mapped(self, name: str) -> torch.Tensor:
+        """As `read` for a compressed weight, else the inner checkpoint's mapped pages."""
+        return self.read(name) if name in self.layers else self.inner.mapped(name)
+
+
+def with_decompression(shards, config: dict):
+    """`shards` read as a float checkpoint where `config` says compressed-tensors compressed it; as it is
+    otherwise."""
+    return CompressedShards(shards, config) if quantization(config) is not None else shards

@@ -1,0 +1,134 @@
+"""compressed-tensors folders as source models (issue 68): indexed from headers and config alone, each compressed
+Linear read as the float weight compressed-tensors decompresses, and recompiled to any output: a float folder
+equal to transformers' own dequantized load, NVFP4, a calibrated and verified W8A8, GGUF run by llama.cpp."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+from zoo import add_tokenizer, build
+
+from compiler.cli import app
+
+pytestmark = pytest.mark.slow  # compiles and transformers loads
+
+runner = CliRunner()
+# what llm-compressor, AutoRound and qrc write: pack-quantized (symmetric, with zero points), int-quantized,
+# float-quantized, nvfp4-pack-quantized
+SOURCES = {"w4a16": "W4A16 { group 16 }", "w4a16-asym": "W4A16 { group 16  asymmetric }", "w8a8": "W8A8",
+           "fp8": "FP8_DYNAMIC", "nvfp4": "NVFP4A16"}
+
+
+def _compile(tmp_path: Path, model: Path, body: str, out: Path, name: str = "r", backend: str = "torch") -> object:
+    recipe = tmp_path / f"{name}.recipe"
+    form = " { format gguf }" if out.suffix == ".gguf" else ""
+    recipe.write_text(f'recipe {name} {{\n  model "{model}"\n  backend {backend}\n{body}\n  emit "{out}"{form}\n}}\n')
+    return runner.invoke(app, ["compile", str(recipe)]), recipe
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    folder = build("llama", tmp_path_factory.mktemp("ct") / "llama")
+    add_tokenizer(folder, 320)
+    return folder
+
+
+def _source(tmp_path: Path, llama: Path, kind: str) -> Path:
+    out = tmp_path / f"src-{kind}"
+    done, _ = _compile(tmp_path, llama, f"  scheme s = {SOURCES[kind]}\n  quantize {{ type Linear -> s }}", out, "src")
+    assert done.exit_code == 0, done.output
+    return out
+
+
+def _logits(folder: Path, **kwargs) -> torch.Tensor:
+    import transformers
+
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(str(folder), output_loading_info=True, **kwargs)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    ids = torch.randint(2, 300, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return model.eval()(ids).logits.float()
+
+
+@pytest.mark.parametrize("kind", list(SOURCES))
+def test_a_compressed_folder_reads_as_the_weights_transformers_decompresses(llama, kind, tmp_path):
+    """Every layer `-> none`: the output is a float folder whose model computes what transformers' `dequantize=True`
+    load of the source computes (the same decompression, compressed-tensors')."""
+    import transformers
+
+    source = _source(tmp_path, llama, kind)
+    done, _ = _compile(tmp_path, source, "  quantize { type Linear -> none }", tmp_path / "float")
+    assert done.exit_code == 0, done.output
+    expected = _logits(source, quantization_config=transformers.CompressedTensorsConfig(dequantize=True))
+    assert torch.allclose(_logits(tmp_path / "float"), expected, atol=1e-4), kind
+
+
+def test_check_and_plan_read_no_weight_bytes_of_a_compressed_folder(llama, tmp_path):
+    """The layers, their shapes and float bytes come from the safetensors headers and the config's groups."""
+    source = _source(tmp_path, llama, "w4a16")
+    recipe = tmp_path / "nv.recipe"
+    recipe.write_text(f'recipe nv {{\n  model "{source}"\n  backend torch\n  quantize {{ type Linear -> NVFP4A16 }}\n'
+                      f'  emit "{tmp_path / "nv"}"\n}}\n')
+    for command in ("check", "plan"):
+        before = _bytes_read()
+        done = runner.invoke(app, [command, str(recipe)])
+        read = _bytes_read() - before
+        assert done.exit_code == 0 and "Q201" not in done.output, done.output
+        assert read < (source / "model.safetensors").stat().st_size // 4, (command, read)
+    planned = runner.invoke(app, ["plan", str(recipe)])
+    assert "round 15 weights" in planned.output, planned.output  # 2 blocks of 7 Linears and the head
+
+
+def _bytes_read() -> int:
+    with open("/proc/self/io") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("rchar:"))
+
+
+def test_a_compressed_w4a16_folder_compiles_to_nvfp4_and_to_a_verified_w8a8(llama, tmp_path):
+    """File to file to NVFP4A16, and calibrated (static W8A8) with `verify`: both load in transformers close to the
+    source they were compiled from."""
+    source = _source(tmp_path, llama, "w4a16")
+    reference = _logits(source)
+    done, _ = _compile(tmp_path, source, "  quantize { type Linear -> NVFP4A16 }", tmp_path / "nv")
+    assert done.exit_code == 0, done.output
+    nv = _logits(tmp_path / "nv")
+    assert torch.nn.functional.cosine_similarity(nv.flatten(), reference.flatten(), dim=0) > 0.97
+    done, _ = _compile(tmp_path, source, "  scheme s = W8A8 { activations int8 per_tensor static }\n"
+                       "  quantize { type Linear -> s }\n  calibrate { data synthetic { samples 8  seqlen 32 }  chunk 4 }\n"
+                       "  verify { samples 8  metric cosine  at_least 0.99 }", tmp_path / "w8", "w8")
+    assert done.exit_code == 0 and "passed: cosine" in done.output, done.output
+    w8 = _logits(tmp_path / "w8")  # the default load: compressed-tensors' forward quantizes the inputs too
+    assert torch.nn.functional.cosine_similarity(w8.flatten(), reference.flatten(), dim=0) > 0.99
+
+
+def test_the_onnx_backend_refuses_a_compressed_folder_at_check(llama, tmp_path):
+    """The exporters trace float modules: Q415 before any work, nothing written."""
+    source = _source(tmp_path, llama, "w4a16")
+    done, recipe = _compile(tmp_path, source, "  quantize { type Linear -> W8A16 }", tmp_path / "o.onnx", "o", "onnx")
+    assert done.exit_code == 2 and "Q415" in done.output and "compressed-tensors" in done.output, done.output
+    assert not (tmp_path / "o.onnx").exists()
+
+
+@pytest.mark.llama_cpp
+def test_a_compressed_w4a16_folder_compiles_to_a_gguf_llama_cpp_runs(llama, tmp_path):
+    """Q4_0 from the W4A16 folder: llama.cpp's logits are close to transformers' of the source."""
+    import numpy as np
+    llama_cpp = pytest.importorskip("llama_cpp")
+
+    source = _source(tmp_path, llama, "w4a16")
+    done, _ = _compile(tmp_path, source, "  scheme q4 { weights int4 group 32 symmetric }\n"
+                       "  quantize { type Linear -> q4 }", tmp_path / "o.gguf")
+    assert done.exit_code == 0, done.output
+    ids = list(range(5, 40))
+    import transformers
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(source)).eval()
+    with torch.no_grad():
+        expected = model(torch.tensor([ids])).logits[0].float().numpy()
+    runner_model = llama_cpp.Llama(str(tmp_path / "o.gguf"), logits_all=True, verbose=False, n_ctx=64)
+    runner_model.eval(ids)
+    got = np.array(runner_model.scores[:len(ids)])
+    cosine = float((expected * got).sum() / np.linalg.norm(expected) / np.linalg.norm(got))
+    assert cosine > 0.98, cosine
