@@ -304,3 +304,21 @@ def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
     assert result.exit_code == 2, result.output
     assert code in result.output, result.output
     assert not (tmp_path / "o.gguf").exists()
+
+
+def test_a_gguf_path_without_format_writes_gguf(decoders, tmp_path):
+    """`emit "m.gguf"` with no `format`: the extension names the format (a safetensors folder named m.gguf was
+    written before, which no runtime opens as GGUF); `format` written out still wins."""
+    from compiler.frontend import plan_file
+
+    recipe, out = tmp_path / "r.recipe", tmp_path / "m.gguf"
+    recipe.write_text(RECIPE.format(model=decoders("llama"), out=out, group=32, head="q8", extra="", backend="torch",
+                                    rounding="rtn", transform="").replace(" { format gguf }", ""))
+    emit = next(op for op in plan_file(str(recipe)).plan.ops if op.kind.value == "emit")
+    assert emit.format.name == "gguf", emit.format
+    assert runner.invoke(app, ["compile", str(recipe)]).exit_code == 0
+    assert out.is_file() and gguf.GGUFReader(out).tensors
+    explicit = tmp_path / "e.recipe"
+    explicit.write_text(recipe.read_text().replace(f'emit "{out}"', f'emit "{tmp_path / "f.gguf"}" {{ format safetensors }}'))
+    emit = next(op for op in plan_file(str(explicit)).plan.ops if op.kind.value == "emit")
+    assert emit.format.name == "safetensors", emit.format

@@ -271,7 +271,7 @@ def elaborate_emit(decl: ast.EmitDecl | None, default_format: EmitFormat, diags:
     if decl is None:
         return None
     found = settings_by_key(decl.options, diags)
-    fmt = _format(found["format"], diags) if "format" in found else default_format
+    fmt = _format(found["format"], diags) if "format" in found else _by_suffix(decl.path.value, default_format)
     if not decl.path.value:
         diags.error("Q216", "`emit` needs an output path", decl.path.span, "empty path",
                     help='e.g. `emit "out/model.onnx"`')
@@ -300,6 +300,16 @@ def _named(setting: ast.Setting | None, kind, diags: Diagnostics):
         diags.error("Q107", f"unknown keyword `{word.value}`", word.span, "not a keyword here",
                     help=expected_help(word.value, [member.value for member in kind]))
     return found
+
+
+def _by_suffix(path: str, default_format: EmitFormat) -> EmitFormat:
+    """The format a path's extension names where `format` is not written: the one registered format with that
+    extension (`out.gguf` is GGUF: a folder of that name would be no file a runtime opens); the backend's default
+    otherwise, an extension several formats share (`.onnx`) included."""
+    if default_format.suffix is not None and path.endswith(default_format.suffix):
+        return default_format
+    named = [f for f in EMIT_FORMATS if f.suffix is not None and path.endswith(f.suffix)]
+    return named[0] if len(named) == 1 else default_format
 
 
 def _format(setting: ast.Setting, diags: Diagnostics) -> EmitFormat:
