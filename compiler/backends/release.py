@@ -15,10 +15,15 @@ def release_memory() -> None:
     trim_heap()
 
 
+_REUSING = [False]  # inside heap_reused(): freed pages stay for the next allocations, untrimmed
+
+
 def trim_heap() -> None:
     """Give freed heap pages back to the OS, in every arena: the rounding threads' arenas keep what their
     temporaries freed, which glibc never returns on its own (measured: 150 MiB over rounding the 112 layers
-    of a 4-block MoE in place, all of it returned by a trim)."""
+    of a 4-block MoE in place, all of it returned by a trim). Inside heap_reused() it waits for its end."""
+    if _REUSING[0]:
+        return
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to trim
@@ -93,19 +98,25 @@ TRIM_THRESHOLD = 128 << 10  # glibc's default trim threshold
 
 @contextlib.contextmanager
 def heap_reused() -> Iterator[None]:
-    """While the body runs, tensors up to 32 MiB come from the heap and freed pages stay in it, so a loop that
-    allocates the same working set again and again (learned rounding's steps) reuses its pages instead of
-    mapping and faulting them in afresh each time; after it the fixed threshold is back and the heap trimmed."""
+    """While the body runs, tensors up to 32 MiB come from the heap and freed pages stay in it (trim_heap waits),
+    so a loop that allocates the same working set again and again (learned rounding's steps, and the passes of a
+    learning block) reuses its pages instead of mapping and faulting them in afresh each time; after it the fixed
+    threshold is back and the heap trimmed. Nested, the outermost one holds the settings."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:  # not glibc
         yield
         return
+    if _REUSING[0]:  # an enclosing one holds the settings
+        yield
+        return
     libc.mallopt(M_MMAP_THRESHOLD, HEAP_THRESHOLD_MAX)
     libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+    _REUSING[0] = True
     try:
         yield
     finally:
+        _REUSING[0] = False
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
         libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
         trim_heap()

@@ -269,8 +269,9 @@ def learn_block(root: nn.Module, block: nn.Module, number: int, stream: streams.
                 value = loss.item()
                 if step == 0:  # round to nearest's parameters
                     first, rtn_loss = (chunk, rows, count), value
-                if value < best_loss:  # the parameters this step ran with (the first: round to nearest)
-                    best_loss, best = value, [p.detach().clone() for p in parameters]
+                if value < best_loss:  # the parameters this step ran with (the first: round to nearest), copied
+                    best_loss = value  # into the same buffers each time (no fresh ones to fault in)
+                    torch._foreach_copy_(best, [p.detach() for p in parameters])
                 loss.backward()
                 rate = settings.rate * (1.0 - step / settings.iters)
                 with torch.no_grad():
