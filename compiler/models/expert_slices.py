@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# model_type → the fused tensors' leaf names under `….experts.` and the per-expert projections they hold, in
-# order along the fused tensor's last axis: (fused leaf, ((projection, columns), …)). Columns are counted in
-# halves of that axis for gate_up (gate first: `gate_up.chunk(2, dim=-1)` in Llama4TextExperts.forward).
+# model_type → the fused tensors' leaf names under `….experts.` and the per-expert projections each holds, in
+# order along its last axis, which they split evenly: (fused leaf, (projection, …)). gate_up holds the gate's
+# half first (`gate_up.chunk(2, dim=-1)` in Llama4TextExperts.forward).
 _LAYOUTS = {
     "llama4": (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))),
     "llama4_text": (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))),

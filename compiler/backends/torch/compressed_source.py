@@ -5,12 +5,10 @@ defines it), one layer at a time."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 
 from compiler.backends import BackendError
-from compiler.backends.torch.shards import DTYPES, Entry
+from compiler.backends.torch.shards import DTYPES, DerivedShards, Entry
 from compiler.diagnostics import error
 from compiler.models.compressed_source import COMPANIONS, CompressedLayer, compressed_layers, quantization
 
@@ -28,40 +26,28 @@ def decompressed(read, prefix: str, has, scheme, fmt: str) -> torch.Tensor:
     return compressor.decompress(state, scheme)["weight"].float()
 
 
-class CompressedShards:
+class CompressedShards(DerivedShards):
     """`inner`'s tensors with each compressed layer one float32 `weight`, its companions and the folder's activation
-    scales left out. A decompressed weight is never copied as it is stored."""
+    scales left out."""
 
     def __init__(self, inner, config: dict):
         from compressed_tensors.quantization import QuantizationConfig
 
-        self.inner = inner
-        self.scaled, self.scales, self.block = inner.scaled, inner.scales, inner.block
         headers = {name: (e.dtype, e.shape) for name, e in inner.entries.items()}
         self.layers: dict[str, CompressedLayer] = compressed_layers(headers, config)
         self.groups = QuantizationConfig.model_validate(quantization(config)).config_groups
         stored = {f"{layer.prefix}.{leaf}" for layer in self.layers.values() for leaf in SERIALIZED}
-        self.entries: dict[str, Entry] = {}
-        for name, entry in inner.entries.items():
-            if name not in stored and name.rpartition(".")[2] not in COMPANIONS:  # as the index sees the folder
-                self.entries[name] = entry
+        entries = {name: entry for name, entry in inner.entries.items()  # as the index sees the folder
+                   if name not in stored and name.rpartition(".")[2] not in COMPANIONS}
         for name, layer in self.layers.items():
             packed = inner.entries.get(f"{layer.prefix}.weight_packed") or inner.entries[name]
             size = layer.shape[0] * layer.shape[1] * DTYPES["F32"].itemsize  # what it reads as, for the memory figures
-            self.entries[name] = Entry(packed.file, "F32", layer.shape, packed.start, packed.start + size)
+            entries[name] = Entry(packed.file, "F32", layer.shape, packed.start, packed.start + size)
+        super().__init__(inner, entries, frozenset(self.layers))
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.entries
-
-    def stored_as_is(self, name: str) -> bool:
-        """Whether the file holds the tensor's bytes as it reads: a compressed weight does not."""
-        return name not in self.layers and self.inner.stored_as_is(name)
-
-    def read(self, name: str) -> torch.Tensor:
-        """One tensor; a compressed layer's weight decompressed (float32)."""
-        layer = self.layers.get(name)
-        if layer is None:
-            return self.inner.read(name)
+    def derive(self, name: str) -> torch.Tensor:
+        """A compressed layer's weight, decompressed (float32)."""
+        layer = self.layers[name]
         try:
             return decompressed(self.inner.read, layer.prefix, self.inner.__contains__, self.groups[layer.group],
                                 layer.format)
@@ -70,14 +56,6 @@ class CompressedShards:
                                      f"{type(exc).__name__}: {str(exc).strip()[:160]})", None, "cannot read this layer",
                                      help="a folder compressed-tensors wrote loads; this one's tensors and its "
                                      "quantization_config disagree")) from None
-
-    def slices(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
-        """The tensor as `read` gives it, whole."""
-        yield 0, self.read(name)
-
-    def mapped(self, name: str) -> torch.Tensor:
-        """As `read` for a compressed weight, else the inner checkpoint's mapped pages."""
-        return self.read(name) if name in self.layers else self.inner.mapped(name)
 
 
 def with_decompression(shards, config: dict):

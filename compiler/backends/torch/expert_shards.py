@@ -8,57 +8,39 @@ rounded and released one at a time like any other layer's weights, never the who
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import replace
 
 import torch
 
-from compiler.backends.torch.shards import DTYPES, Entry, Shards, read_entry
+from compiler.backends.torch.shards import DTYPES, DerivedShards, Entry, Shards, read_entry
 from compiler.models.expert_slices import ExpertSlice, per_expert
 
 
-class ExpertShards:
+class ExpertShards(DerivedShards):
     """`inner`'s tensors, its fused expert tensors replaced by their per-expert weights ([out, in], the fused
     tensor's dtype). Each per-expert entry's byte range is its expert's part of the fused tensor (the bytes the
     memory figures count); they are never copied as they are, since the file holds them transposed."""
 
     def __init__(self, inner, slices: dict[str, ExpertSlice]):
-        self.inner, self.pieces = inner, slices
-        self.scaled, self.scales, self.block = inner.scaled, inner.scales, inner.block
+        self.pieces = slices
         sources = {piece.source for piece in slices.values()}
-        self.entries: dict[str, Entry] = {k: v for k, v in inner.entries.items() if k not in sources}
+        entries: dict[str, Entry] = {k: v for k, v in inner.entries.items() if k not in sources}
         for name, piece in slices.items():
             fused = inner.entries[piece.source]
             whole = _expert_range(fused, piece.expert)
             size = math.prod(piece.shape) * DTYPES[fused.dtype].itemsize
-            self.entries[name] = Entry(fused.file, fused.dtype, piece.shape, whole.start, whole.start + size)
+            entries[name] = Entry(fused.file, fused.dtype, piece.shape, whole.start, whole.start + size)
+        super().__init__(inner, entries, frozenset(slices))
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.entries
-
-    def stored_as_is(self, name: str) -> bool:
-        """Whether the file holds the tensor's bytes as it reads: a per-expert weight is a transposed slice."""
-        return name not in self.pieces and self.inner.stored_as_is(name)
-
-    def read(self, name: str) -> torch.Tensor:
-        """One tensor; a per-expert weight read from its expert's rows of the fused tensor alone."""
-        piece = self.pieces.get(name)
-        if piece is None:
-            return self.inner.read(name)
+    def derive(self, name: str) -> torch.Tensor:
+        """A per-expert weight, read from its expert's rows of the fused tensor alone."""
+        piece = self.pieces[name]
         fused = self.inner.entries[piece.source]
         if isinstance(self.inner, Shards) and self.inner.stored_as_is(piece.source):
             rows = read_entry(_expert_range(fused, piece.expert), piece.source)
         else:  # stored some other way (block-scaled FP8): decoded whole, then sliced
             rows = self.inner.read(piece.source)[piece.expert]
         return rows[:, piece.first:piece.last].t().contiguous()
-
-    def slices(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
-        """The tensor as `read` gives it, whole."""
-        yield 0, self.read(name)
-
-    def mapped(self, name: str) -> torch.Tensor:
-        """As `read` for a per-expert weight, else the inner checkpoint's mapped pages."""
-        return self.read(name) if name in self.pieces else self.inner.mapped(name)
 
 
 def _expert_range(fused: Entry, expert: int) -> Entry:

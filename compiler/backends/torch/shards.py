@@ -92,6 +92,45 @@ class Shards:
         return read_entry(self.entries[name], name)
 
 
+class DerivedShards:
+    """Another checkpoint's tensors with some of them computed as they are read (`derive`, for the names in
+    `derived`): the `Shards` interface a TorchModel reads. A derived tensor is never copied as it is stored."""
+
+    inner: Shards  # or another checkpoint of this interface
+    entries: dict[str, Entry]
+    derived: frozenset[str]
+
+    def __init__(self, inner, entries: dict[str, Entry], derived: frozenset[str]):
+        self.inner, self.entries, self.derived = inner, entries, derived
+        self.scaled, self.scales, self.block = inner.scaled, inner.scales, inner.block
+
+    def derive(self, name: str) -> torch.Tensor:
+        """A derived tensor's value."""
+        raise NotImplementedError
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def stored_as_is(self, name: str) -> bool:
+        """Whether the file holds the tensor's bytes as it reads: a derived one does not."""
+        return name not in self.derived and self.inner.stored_as_is(name)
+
+    def read(self, name: str) -> torch.Tensor:
+        """One tensor, derived or the inner checkpoint's."""
+        return self.derive(name) if name in self.derived else self.inner.read(name)
+
+    def slices(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
+        """A derived tensor whole; the inner checkpoint's as it gives them."""
+        if name in self.derived:
+            yield 0, self.derive(name)
+        else:
+            yield from self.inner.slices(name)
+
+    def mapped(self, name: str) -> torch.Tensor:
+        """As `read` for a derived tensor, else the inner checkpoint's mapped pages."""
+        return self.derive(name) if name in self.derived else self.inner.mapped(name)
+
+
 def read_entry(entry: Entry, name: str) -> torch.Tensor:
     """The tensor `entry` places (a whole tensor, or a contiguous part of one: torch/expert_shards.py), read
     with positioned reads; `name` is what a truncated file's diagnostic calls it."""
