@@ -119,12 +119,14 @@ def class_prefix(cls) -> str:
     and MllamaForCausalLM say `language_model` and hold their base model as `model`, the prefix AutoModel
     strips on load). '' for no class."""
     prefix = getattr(cls, "base_model_prefix", "") or ""
+    model_type = getattr(getattr(cls, "config_class", None), "model_type", None)
+    if not isinstance(model_type, str):  # not a transformers model (a file-to-file run's stand-in): no import
+        return prefix
     try:
         from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
     except ImportError:
         return prefix
-    model_type = getattr(getattr(cls, "config_class", None), "model_type", None)
-    base_name = MODEL_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
+    base_name = MODEL_MAPPING_NAMES.get(model_type)
     base = getattr(sys.modules.get("transformers"), base_name, None) if isinstance(base_name, str) else None
     return getattr(base, "base_model_prefix", "") or prefix
 
