@@ -101,13 +101,10 @@ def heap_reused() -> Iterator[None]:
     """While the body runs, tensors up to 32 MiB come from the heap and freed pages stay in it (trim_heap waits),
     so a loop that allocates the same working set again and again (learned rounding's steps, and the passes of a
     learning block) reuses its pages instead of mapping and faulting them in afresh each time; after it the fixed
-    threshold is back and the heap trimmed. Nested, the outermost one holds the settings."""
+    threshold is back and the heap trimmed."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:  # not glibc
-        yield
-        return
-    if _REUSING[0]:  # an enclosing one holds the settings
         yield
         return
     libc.mallopt(M_MMAP_THRESHOLD, HEAP_THRESHOLD_MAX)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-Headers = dict[str, tuple[str, tuple[int, ...]]]
+from compiler.models.index import Headers
 
 # tensors of a compressed layer besides its weight, and activation and KV-cache scales: none is the model's own
 COMPANIONS = ("weight_scale", "weight_zero_point", "weight_global_scale", "weight_shape", "weight_g_idx",

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from compiler.models.index import Headers
+
 # model_type → the fused tensors' leaf names under `….experts.` and the per-expert projections each holds, in
 # order along its last axis, which they split evenly: (fused leaf, (projection, …)). gate_up holds the gate's
 # half first (`gate_up.chunk(2, dim=-1)` in Llama4TextExperts.forward).
@@ -21,7 +23,6 @@ _LAYOUTS = {
     "llama4_text": (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))),
 }
 
-Headers = dict[str, tuple[str, tuple[int, ...]]]
 
 
 @dataclass(frozen=True, slots=True)

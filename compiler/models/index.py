@@ -28,6 +28,9 @@ class ModelFormat(enum.Enum):
     TORCH = "torch"  # a PyTorch module in memory
 
 
+# a checkpoint's tensors as its headers describe them: name → (dtype, shape); what the index reads, no bytes
+Headers = dict[str, tuple[str, tuple[int, ...]]]
+
 # the `op` of an MoE router (hf_index.py marks them): its own kind, which `type Linear` does not select
 ROUTER_OP = "Router"
 

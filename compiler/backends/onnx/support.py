@@ -18,8 +18,8 @@ EXPORTABLE_FAMILIES = ("bert", *DECODER_FAMILIES)
 
 
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
-    """Q415 for an HF folder the exporter cannot export (a family it does not know, a compressed-tensors folder); Q222 for image rows (a VLM's processor feeds a torch
-    forward); Q410 for each scheme with dynamic or per-token activations (QDQ holds static per-tensor ranges);
+    """Q415 for an HF folder the exporter cannot export (a family it does not know, a compressed-tensors folder);
+    Q222 for image rows (a VLM's processor feeds a torch forward); Q410 for each scheme with dynamic or per-token activations (QDQ holds static per-tensor ranges);
     Q437 (a warning) for each scheme whose int8 activations onnxruntime's x86 kernels run slower than float."""
     check_layers(ir, assignment, diags)
     index = assignment.model

@@ -66,9 +66,13 @@ class BlockWise(RunState):
         if learning:  # the plan chose whether the steps compile (its time counts them so)
             staging.learning = LearningSteps(op.compiled_steps, learning[0].scheme.span)
         start = _resumed(staging, samples)
+        # a learning block's passes and steps allocate the same tensors again and again: their pages stay in the heap
+        # for the next (its trims wait), instead of each being mapped and faulted in afresh
+        reused = heap_reused if learning else contextlib.nullcontext
         for number, name in enumerate(blocks):
             if number >= start:
-                entered = self._block(loaded, staging, samples, number, name, op.calibration)
+                with reused():
+                    entered = self._block(loaded, staging, samples, number, name, op.calibration)
                 _save_progress(staging, samples, number + 1)
                 for cache in entered:
                     cache.close()
@@ -106,33 +110,30 @@ class BlockWise(RunState):
                 streams.run_block(block, number, cal, device, None, stats.new_forward)
         outputs = {}
         learning = dict.fromkeys(s for j in jobs if (s := j.scheme.learned) is not None) if cal is not None else {}
-        # a learning block's passes and steps allocate the same tensors again and again: their pages stay in the
-        # heap for the next (the per-chunk trims wait), instead of each being mapped and faulted in afresh
-        with heap_reused() if learning else contextlib.nullcontext():
-            targets: list[torch.Tensor] = []  # the float block's outputs on the float stream: what its rounding learns
-            if learning:
-                assert samples.cal_float is not None  # made with the calibration stream (cache_block_inputs)
-                outputs["cal_float"] = samples.cache(samples.cal_float.hidden.dtype)
-                with torch.no_grad(), kv.running(KvMode.PASS), step_precision(device):
-                    streams.run_block(block, number, samples.cal_float, device, outputs["cal_float"], keep=targets)
-            if verify is not None:
-                with kv.running(KvMode.PASS):
-                    outputs["float"] = _next(samples, block, number, verify[0], device)
-            for settings in learning:
-                learned = [j for j in jobs if j.scheme.learned == settings]  # schemes with the same settings learn together
-                assert cal is not None and staging.learning is not None  # learning is planned on calibration data only
-                staging.rounder.learned.update(learn_block(model.module, block, number, cal, device, learned, targets,
-                                                           staging.rounder.scale_dtype or model.dtype, settings,
-                                                           staging.learning))
-            targets.clear()
-            hooks = staging.rounder.in_place(jobs, stats)
-            staging.rounder.learned.clear()  # under torchrun each rank learned the block; its owners wrote what they own
-            trim_heap()  # the rounding's freed temporaries (GPTQ's per-column scratch, below the mmap threshold) stay in
-            # the heap otherwise, under the forwards that follow: 40-90 MiB on SmolLM2-135M's blocks
-            staging.write_kv_scales(name + ".")
-            if cal is not None:  # where the block learned, the streams it learns on run in the steps' precision
-                with step_precision(device) if learning else contextlib.nullcontext():
-                    outputs["cal"] = _next(samples, block, number, cal, device)
+        targets: list[torch.Tensor] = []  # the float block's outputs on the float stream: what its rounding learns
+        if learning:
+            assert samples.cal_float is not None  # made with the calibration stream (cache_block_inputs)
+            outputs["cal_float"] = samples.cache(samples.cal_float.hidden.dtype)
+            with torch.no_grad(), kv.running(KvMode.PASS), step_precision(device):
+                streams.run_block(block, number, samples.cal_float, device, outputs["cal_float"], keep=targets)
+        if verify is not None:
+            with kv.running(KvMode.PASS):
+                outputs["float"] = _next(samples, block, number, verify[0], device)
+        for settings in learning:
+            learned = [j for j in jobs if j.scheme.learned == settings]  # schemes with the same settings learn together
+            assert cal is not None and staging.learning is not None  # learning is planned on calibration data only
+            staging.rounder.learned.update(learn_block(model.module, block, number, cal, device, learned, targets,
+                                                       staging.rounder.scale_dtype or model.dtype, settings,
+                                                       staging.learning))
+        targets.clear()
+        hooks = staging.rounder.in_place(jobs, stats)
+        staging.rounder.learned.clear()  # under torchrun each rank learned the block; its owners wrote what they own
+        trim_heap()  # the rounding's freed temporaries (GPTQ's per-column scratch, below the mmap threshold) stay in
+        # the heap otherwise, under the forwards that follow: 40-90 MiB on SmolLM2-135M's blocks
+        staging.write_kv_scales(name + ".")
+        if cal is not None:  # where the block learned, the streams it learns on run in the steps' precision
+            with step_precision(device) if learning else contextlib.nullcontext():
+                outputs["cal"] = _next(samples, block, number, cal, device)
         if verify is not None and verify[1] is not None:
             with staging.costs.watching(model.module, jobs):
                 outputs["quant"] = _next(samples, block, number, verify[1], device)

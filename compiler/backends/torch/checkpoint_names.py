@@ -59,8 +59,10 @@ def _as_loaded_quantized(module: nn.Module) -> None:
         with torch.device("meta"):
             experts = patch["module_name"](config.get_text_config())
         # every token reaches every expert, those the router did not choose scaled to zero (Llama 4 weighs the
-        # experts' inputs by the router's scores): statistics count the rows that are not all zero
-        experts.unrouted_rows_zero = True
+        # experts' inputs by the router's scores): statistics count the rows that are not all zero (layers.py)
+        for linear in experts.modules():
+            if isinstance(linear, nn.Linear):
+                linear.__dict__["unrouted_rows_zero"] = True  # a plain attribute, not a submodule
         setattr(module.get_submodule(owner) if owner else module, leaf, experts)
 
 

@@ -187,14 +187,11 @@ class Statistics:
     _handles: list = field(default_factory=list)
     _remaining: Counter = field(default_factory=Counter)  # leader → layers sharing its Hessian not yet rounded
     _counted: bool = False
-    _routed_only: set[str] = field(default_factory=set)  # expert Linears whose unrouted input rows are zeros
     shared: bool = False  # merged over torchrun's ranks (torch/sharing.py): merged once, whoever rounds first
     # under torchrun, the Hessians still holding this rank's partial sum: leader → (shape, rows over every rank)
     pending: dict[str, tuple[tuple[int, ...], int]] = field(default_factory=dict)
 
     def __enter__(self) -> Statistics:
-        self._routed_only = {f"{name}.{child}" for name, m in self.root.named_modules()
-                             if getattr(m, "unrouted_rows_zero", False) for child, _ in m.named_modules() if child}
         for job in self.jobs:
             if job.gathers_statistics:
                 module = self.root.get_submodule(job.module)
@@ -225,7 +222,8 @@ class Statistics:
             if entry is None or entry[0]() is not x:  # a new tensor (a dead one's id may be reused)
                 entry = self._seen[id(x)] = (weakref.ref(x), job.module, set())
             _, leader, done = entry
-            if job.module in self._routed_only:  # the tokens routed to this expert alone (none: unseen, Q248)
+            if getattr(module, "unrouted_rows_zero", False):  # an expert's routed tokens alone (none: unseen, Q248;
+                # checkpoint_names.py marks the Linears of experts that see every token, unrouted ones as zeros)
                 x = x.reshape(-1, x.shape[-1])
                 x = x[x.ne(0).any(dim=-1)]
                 if x.shape[0] == 0:

@@ -31,7 +31,6 @@ import torch
 from torch import nn
 
 from compiler.backends.cpu_flags import native_bfloat16
-from compiler.backends.release import heap_reused
 from compiler.backends.torch import streams
 from compiler.backends.torch.layers import Job
 from compiler.diagnostics import Diagnostic, warning
@@ -253,7 +252,7 @@ def learn_block(root: nn.Module, block: nn.Module, number: int, stream: streams.
     runner = steps.runner(block)
     started, first, rtn_loss = time.perf_counter(), None, 0.0  # the first step: its samples, rtn's error on them
     try:
-        with _Rounded(learned), torch.enable_grad(), heap_reused():
+        with _Rounded(learned), torch.enable_grad():  # inside blockwise's heap_reused(): pages reused
             for step in range(settings.iters):
                 chunk = int(torch.multinomial(weights, 1, generator=generator))
                 count = sizes[chunk]

@@ -112,17 +112,16 @@ class TorchModel:
             by_module.setdefault(name.rpartition(".")[0], []).append(name)
         read: list[str] = []
 
-        def hook_for(params: list[str]):
-            def hook(module, args, kwargs):
-                missing = [p for p in params if not self.is_resident(p)]
-                self.materialize(missing)
-                read.extend(missing)
-            return hook
-        handles = [self.module.get_submodule(m).register_forward_pre_hook(hook_for(params), with_kwargs=True)
-                   for m, params in by_module.items()]
+        def load(params: list[str]) -> None:
+            missing = [p for p in params if not self.is_resident(p)]
+            self.materialize(missing)
+            read.extend(missing)
+
+        handles = [self.module.get_submodule(m).register_forward_pre_hook(
+            lambda module, args, kwargs, params=params: load(params), with_kwargs=True) for m, params in by_module.items()]
         for m, params in by_module.items():  # read now: the first module to run, and some models read its
             if isinstance(self.module.get_submodule(m), nn.Embedding):  # weight's device before it runs
-                hook_for(params)(None, (), {})  # (Llama 4: `input_ids.to(embed_tokens.weight.device)`, meta)
+                load(params)  # (Llama 4: `input_ids.to(embed_tokens.weight.device)` sent them to meta)
         try:
             yield
         finally:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from compiler.backends.torch.shards import DerivedShards
 from compiler.quant.rotations import SLICE, hadamard_factors, hadamard_order, random_hadamard, random_signs
 
 NORMS = {"input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -202,40 +203,22 @@ def _stream_written(weight: torch.Tensor, rotation: Rotation, heads: torch.Tenso
     return out
 
 
-class RotatedShards:
+class RotatedShards(DerivedShards):
     """A checkpoint's tensors as the rotation leaves them (the `Shards` a TorchModel reads: torch/shards.py),
     each computed as it is read from its own bytes and its norm's: materializing, rounding file to file and the
     output's copies all see the rotated model, and nothing of it is held. A tied checkpoint gains an untied
     `lm_head.weight` (its entry the embeddings' bytes, rotated on read)."""
 
     def __init__(self, inner, rotation: Rotation):
-        self.inner, self.rotation = inner, rotation
-        self.entries = dict(inner.entries)
+        self.rotation = rotation
+        entries = dict(inner.entries)
         embed = f"{rotation.base}.embed_tokens.weight"
-        if HEAD not in self.entries and embed in self.entries:
-            self.entries[HEAD] = self.entries[embed]
-        self.scaled, self.scales = inner.scaled, inner.scales
+        if HEAD not in entries and embed in entries:
+            entries[HEAD] = entries[embed]
+        super().__init__(inner, entries, frozenset(name for name in entries if rotation.touches(name)))
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.entries
-
-    def _rotated(self, name: str) -> torch.Tensor | None:
-        return self.rotation.tensor(name, self.inner.read, self.inner.entries)
-
-    def stored_as_is(self, name: str) -> bool:
-        """Whether the file holds the tensor as it reads: a rotated one never does."""
-        return self.inner.stored_as_is(name) and not self.rotation.touches(name)
-
-    def read(self, name: str) -> torch.Tensor:
-        """One tensor, rotated where the rotation touches it."""
-        rotated = self._rotated(name)
-        return rotated if rotated is not None else self.inner.read(name)
-
-    def slices(self, name: str):
-        """The tensor as `read` gives it, whole (a rotated row mixes the whole tensor's rows for o/down)."""
-        yield 0, self.read(name)
-
-    def mapped(self, name: str) -> torch.Tensor:
-        """As `read` where rotated, else the inner checkpoint's mapped pages."""
-        rotated = self._rotated(name)
-        return rotated if rotated is not None else self.inner.mapped(name)
+    def derive(self, name: str) -> torch.Tensor:
+        """A tensor the rotation touches, rotated (a rotated row of o/down mixes the whole tensor's rows: whole)."""
+        rotated = self.rotation.tensor(name, self.inner.read, self.inner.entries)
+        assert rotated is not None  # `touches` says which tensors it gives
+        return rotated
