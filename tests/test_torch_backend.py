@@ -481,6 +481,17 @@ def _data_free_llama(transformers, tmp_path, scheme: str):
     return config, recipe, out
 
 
+def test_the_load_check_opens_a_whole_folder_in_the_compiles_own_process(tmp_path):
+    """The load check a calibrated compile runs in its own process opens a whole folder and finds nothing wrong
+    (transformers 5.25 kernelizes every from_pretrained by default and refused the meta device the check opens
+    folders on: every such check was skipped with Q427)."""
+    transformers = pytest.importorskip("transformers")
+    from compiler.backends.torch.load_check import check_loads
+
+    _data_free_llama(transformers, tmp_path, "W4A16")
+    assert check_loads(tmp_path / "llama", tmp_path / "llama", None) is None
+
+
 IMPORTS_AFTER_COMPILE = """import atexit, sys
 atexit.register(lambda: print("imported:", sorted(m for m in ("transformers", "compressed_tensors") if m in sys.modules)))
 sys.argv = ["qrc", "compile", sys.argv[1]]

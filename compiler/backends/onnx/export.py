@@ -147,7 +147,7 @@ def _export(folder: Path, out: Path, span) -> None:
     if config.model_type not in _OUTPUTS:  # qrc check refuses these first (support.EXPORTABLE_FAMILIES)
         raise BackendError(error("Q415", f"the ONNX backend cannot export `{config.model_type}` folders to ONNX yet",
                                  span, "not exportable", help="use `backend torch` for this folder"))
-    model = AutoModel.from_pretrained(folder).eval()
+    model = AutoModel.from_pretrained(folder, use_kernels=False).eval()  # the exporter traces transformers' modules
 
     class Wrapper(torch.nn.Module):
         def __init__(self, inner):

@@ -28,7 +28,8 @@ def export_decoder(folder: Path, out: Path, dtype: str = "float32") -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+    # transformers' own modules, which the exporter traces: not the hub kernels transformers 5.25 swaps in by default
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), use_kernels=False).eval()
     config = model.config.get_text_config()
     layers = config.num_hidden_layers
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
