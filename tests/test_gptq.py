@@ -158,3 +158,72 @@ def test_searched_scales_shrink_the_range_and_lower_the_output_error(static_grou
         assert 0.3 < np.mean(searched.scale < 0) < 0.7
     error = _output_error(held_out, w, searched.dequantize()) / _output_error(held_out, w, minmax.dequantize())
     assert error < 0.75
+
+
+def _experts(count: int, columns: int = 160, seed: int = 5):
+    """`count` same-shape weights [48, columns] with Hessians of their own (correlated inputs, an outlier
+    channel, a dead input in the second), as a block's experts have."""
+    rng = np.random.RandomState(seed)
+    weights, hessians = [], []
+    for n in range(count):
+        x = (rng.standard_normal((512, columns)) @ (np.eye(columns) + rng.standard_normal((columns, columns)) / 16))
+        x[:, n % columns] *= 6
+        if n == 1:
+            x[:, 9] = 0.0
+        observer = HessianObserver(columns)
+        observer.update(x.astype(np.float32))
+        weights.append((rng.standard_normal((48, columns)) / 8).astype(np.float32))
+        hessians.append(observer.hessian())
+    return weights, hessians
+
+
+@pytest.mark.parametrize("spec, act_order, static_groups, mse_scales", [
+    (WeightQuant(QType.INT4, Granularity.GROUP, 32, True), True, False, True),
+    (WeightQuant(QType.UINT4, Granularity.GROUP, 16, False), True, False, False),
+    (WeightQuant(QType.INT4, Granularity.GROUP, 32, True), False, True, True),
+    (WeightQuant(QType.INT8, Granularity.PER_CHANNEL, None, True), False, False, False),
+], ids=["int4-g32-act_order-mse", "uint4-g16-asym-act_order", "int4-g32-static_groups", "int8-channel"])
+def test_experts_rounded_as_a_batch_get_the_integers_one_at_a_time_gives(spec, act_order, static_groups, mse_scales):
+    """gptq_batched is gptq() over a batch: the same integers and scales, bit for bit, across 160 columns (a
+    block of 128 and a partial one), each weight with its own Hessian, act-order and dead input."""
+    from compiler.quant.gptq import gptq_batched
+
+    weights, hessians = _experts(5)
+    alone = [gptq(w, h.copy(), spec, act_order=act_order, convention=Convention.TORCH, static_groups=static_groups,
+                  mse_scales=mse_scales) for w, h in zip(weights, hessians, strict=True)]
+    together = gptq_batched(weights, [h.copy() for h in hessians], spec, act_order, Convention.TORCH,
+                            static_groups=static_groups, mse_scales=mse_scales)
+    for one, batched in zip(alone, together, strict=True):
+        assert not isinstance(batched, Exception)
+        np.testing.assert_array_equal(batched.q, one.q)
+        np.testing.assert_array_equal(batched.scale, one.scale)
+        np.testing.assert_array_equal(batched.zero_point, one.zero_point)
+    assert np.all(together[1].dequantize()[:, 9] == 0)  # the dead input's column zeroed, as gptq() does
+
+
+def test_a_batch_dampens_each_hessian_on_its_own_and_reports_the_singular_one():
+    """One expert's H needs dampening 0.1, another's no dampening fixes: the first is told and rounded as gptq()
+    rounds it at 0.1, the second comes back as the SingularHessian gptq() raises, the rest are untouched."""
+    from compiler.quant.gptq import SingularHessian, gptq_batched
+
+    spec = WeightQuant(QType.INT4, Granularity.GROUP, 32, True)
+    weights, hessians = _experts(4, columns=64)
+    hessians[1] = _indefinite(0.05).astype(np.float32)
+    hessians[2] = _indefinite(50.0).astype(np.float32)
+    told: list[tuple[int, float]] = []
+    together = gptq_batched(weights, [h.copy() for h in hessians], spec, True, dampened=lambda i, u: told.append((i, u)))
+    assert told == [(1, pytest.approx(0.1))]
+    assert isinstance(together[2], SingularHessian)
+    for n in (0, 1, 3):
+        np.testing.assert_array_equal(together[n].q, gptq(weights[n], hessians[n].copy(), spec, act_order=True).q)
+
+
+def test_updated_group_scales_are_not_batched():
+    """Group scales taken from the columns as the loop leaves them (no act-order, no static groups) round one
+    layer at a time: the batch refuses them rather than round them differently."""
+    from compiler.quant.gptq import batches_scales
+
+    groups = WeightQuant(QType.INT4, Granularity.GROUP, 32, True)
+    assert not batches_scales(groups, act_order=False, static_groups=False)
+    assert batches_scales(groups, act_order=True, static_groups=False)
+    assert batches_scales(WeightQuant(QType.INT8, Granularity.PER_CHANNEL, None, True), False, False)

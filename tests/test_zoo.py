@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 from compiling import assert_ran_the_plan, compile_program
 from typer.testing import CliRunner
@@ -236,6 +237,31 @@ def test_moe_calibrates_every_expert_and_agrees_with_transformers(moe, family, r
         return
     independent = _independent_cosine(planned, moe / family, tmp_path / "out", transformers.AutoModelForCausalLM)
     assert independent < 0.9999 and abs(result.verify["cosine"] - independent) < 2e-3, (result.verify, independent)
+
+
+def test_a_blocks_experts_round_as_gptq_batches_with_the_integers_one_at_a_time_gives(moe, tmp_path, monkeypatch):
+    """GPTQ rounds each block's same-shape experts as batches (its four experts' gate and up projections, one
+    shape: a batch of eight; their down projections: four), and the folder is byte for byte the one rounding
+    them one at a time writes."""
+    from safetensors.numpy import load_file
+
+    from compiler.backends.torch import rounding
+
+    batches: list[int] = []
+    batched = rounding.gptq_batched
+    monkeypatch.setattr(rounding, "gptq_batched", lambda ws, *a, **k: batches.append(len(ws)) or batched(ws, *a, **k))
+    for run in ("batched", "alone"):
+        (tmp_path / run).mkdir()
+    _run(tmp_path / "batched", moe / "qwen3_moe", "w4a16-gptq", ROUTERS)
+    blocks = len({k.split(".mlp.")[0] for k in _output_keys(tmp_path / "batched" / "out") if ".experts." in k})
+    assert batches == [8, 4] * blocks
+    monkeypatch.setattr("compiler.plan.memory.EXPERT_BATCH_BYTES", 0)  # no batch fits: one at a time
+    _run(tmp_path / "alone", moe / "qwen3_moe", "w4a16-gptq", ROUTERS)
+    assert len(batches) == 2 * blocks
+    together, alone = (load_file(tmp_path / run / "out" / "model.safetensors") for run in ("batched", "alone"))
+    assert together.keys() == alone.keys()
+    for name, tensor in together.items():
+        np.testing.assert_array_equal(tensor, alone[name], err_msg=name)
 
 
 def test_an_expert_no_token_reached_is_warned_and_rounded_data_free(moe, tmp_path):

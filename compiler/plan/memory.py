@@ -9,6 +9,7 @@ against measured peaks (the compile summary shows both).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from compiler.ir.kinds import TransformData
@@ -168,20 +169,51 @@ def transform_bytes(w: Workload, all_blocks: bool = False, tail: bool = False) -
 
 def gptq_scratch_bytes(k: int, weight: int) -> int:
     """GPTQ's scratch while it rounds one layer of `k` inputs and `weight` float32 bytes, beyond the weight and
-    its Hessian: one more K×K matrix (H is factorised in place: each step of H → L → H⁻¹ → U frees the one
+    its Hessian: one more K×K matrix (H is factorised in place: each step of H → JHJ → L → U frees the one
     before) and about five copies of the weight (its working copy, the rounded columns, the scales of the
     float weight, the final integers' float scratch). Measured 4.4–4.9 copies: bench/gptq_memory.py."""
     return k * k * 4 + 5 * weight
 
 
 def gptq_scratch(w: Workload) -> int:
-    """The scratch of rounding the plan's widest and largest GPTQ layers (gptq_scratch_bytes)."""
+    """The scratch of rounding the plan's widest and largest GPTQ layers (gptq_scratch_bytes), or of its largest
+    batch of same-shape experts (expert_batches), whichever is more."""
     if not w.gptq:
         return 0
     quantized = [x for x in w.index.layers if x.name in set(w.gptq_layers) and x.kind is LayerKind.LINEAR]
     k = max((x.in_features for x in quantized), default=0)
     weight = max((x.params * 4 for x in quantized), default=0)
-    return gptq_scratch_bytes(k, weight)
+    batched = max((batch_scratch_bytes(batch) for batch in expert_batches(quantized)), default=0)
+    return max(gptq_scratch_bytes(k, weight), batched)
+
+
+# An MoE block's experts of one shape are rounded by GPTQ as a batch (compiler/quant/gptq.py gptq_batched): each
+# expert's loop over its columns is a few small tensor operations per column, which cost more to dispatch than to
+# compute; a batch pays that once. A batch's scratch is bounded by this (more experts than fit: several batches)
+EXPERT_BATCH_BYTES = 48 * MiB
+_EXPERT = re.compile(r"\.experts\.\d+\.")  # one expert's projection: `….experts.7.gate_proj`, Mixtral's `….experts.7.w1`
+
+
+def batch_scratch_bytes(layers: list) -> int:
+    """GPTQ's scratch while it rounds `layers` (one shape) as a batch, beyond their weights and Hessians: the
+    Hessians stacked, then two of the K×K matrices H → JHJ → L → U at a time, and five copies of each weight (as
+    gptq_scratch_bytes)."""
+    return sum(2 * x.in_features * x.in_features * 4 + 5 * x.params * 4 for x in layers)
+
+
+def expert_batches(layers: list) -> list[list]:
+    """`layers` (GPTQ Linears, index order) that round as batches: the experts of each block by shape, in
+    batches of at least two whose scratch fits EXPERT_BATCH_BYTES. Duck-typed on models.index.Layer's `name`,
+    `block`, `shape`, `in_features` and `params`, which the backends' jobs carry too."""
+    groups: dict[tuple, list] = {}
+    for layer in layers:
+        if layer.block is not None and _EXPERT.search(layer.name + "."):
+            groups.setdefault((layer.block, tuple(layer.shape)), []).append(layer)
+    batches = []
+    for group in groups.values():
+        fits = max(1, EXPERT_BATCH_BYTES // batch_scratch_bytes(group[:1]))
+        batches += [group[i:i + fits] for i in range(0, len(group), fits) if len(group[i:i + fits]) > 1]
+    return batches
 
 
 def score_phase(w: Workload, chunk: int, runtime: int, float32_model: bool, gradients: bool) -> Phase:

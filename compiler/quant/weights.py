@@ -192,7 +192,7 @@ def round_weight(w, spec: WeightQuant, rounding: Rounding, channel_axis: int, in
     converts its slice while it is in cache, into scratch it reuses (fresh memory for every slice would be
     faulted in afresh), instead of the whole weight first. Slices of the first axis are rounded into one
     integer array (no copy to join them). `importance`: quantize_weight's, one weight per input column (the
-    same for every slice of output channels)."""
+    same for every slice of output channels), or one per value ([out, in], sliced with the rows)."""
     if float32 is None:
         w = np.asarray(w, np.float32)
     shape = tuple(w.shape)
@@ -203,12 +203,12 @@ def round_weight(w, spec: WeightQuant, rounding: Rounding, channel_axis: int, in
     joined = channel_axis == 0 and len(shape) > 1 and spec.granularity is not Granularity.PER_TENSOR
     q = np.empty(shape, _integer_dtype(spec, convention)) if joined else None
 
-    def rounded(part, out: np.ndarray | None = None) -> QuantizedWeight:
+    def rounded(part, out: np.ndarray | None = None, rows: np.ndarray | None = importance) -> QuantizedWeight:
         values = part if float32 is None else float32(part, _scratch(math.prod(part.shape), task))
         # a non-finite value (which the caller refuses, Q409, seeing the sums) gives NaN scales: no warnings
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             return quantize_weight(values, spec, rounding, channel_axis, input_axis, convention, scale_dtype,
-                                   importance, measure=measure, out=out)
+                                   rows, measure=measure, out=out)
 
     if spec.granularity is Granularity.PER_TENSOR or slices <= 1:
         return rounded(w, q)
@@ -217,7 +217,8 @@ def round_weight(w, spec: WeightQuant, rounding: Rounding, channel_axis: int, in
     def one(first: int) -> QuantizedWeight:
         index = [slice(None)] * len(shape)
         index[channel_axis] = slice(first, first + step)
-        return rounded(w[tuple(index)], None if q is None else q[first:first + step])
+        rows = importance[first:first + step] if importance is not None and importance.ndim == 2 else importance
+        return rounded(w[tuple(index)], None if q is None else q[first:first + step], rows)
 
     parts = parallel_map(one, range(0, channels, step))
     scale_axis = channel_axis if spec.granularity is Granularity.GROUP else 0
@@ -261,12 +262,13 @@ def _reshaped(out: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 def _column_weights(importance: np.ndarray, w: np.ndarray, spec: WeightQuant) -> np.ndarray:
     """Input-column weights of a [out, in] weight in a shape that broadcasts over its blocks' view once that
-    is viewed as [-1, *shape]: [in/group, group, 1] for groups, [in, 1] per channel and per tensor."""
-    assert w.ndim == 2 and importance.shape == (w.shape[1],), "importance needs a [out, in] weight"
+    is viewed as [-1, *shape]: [in/group, group, 1] for groups, [in, 1] per channel and per tensor; an
+    importance per row ([out, in]: weights stacked from layers of their own) in the view's whole shape."""
+    assert w.ndim == 2 and importance.shape in ((w.shape[1],), w.shape), "importance needs a [out, in] weight"
     weights = np.asarray(importance, np.float32)
     if spec.granularity is Granularity.GROUP:
         return weights.reshape(-1, spec.group, 1)
-    return weights[:, None]
+    return weights[..., None]
 
 
 @dataclass(frozen=True)

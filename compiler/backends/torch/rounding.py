@@ -28,10 +28,11 @@ from compiler.backends.torch.sharing import owners, share_hessians, share_statis
 from compiler.backends.torch.writer import OutputWriter, RankCollector
 from compiler.diagnostics import warning
 from compiler.ir.types import Calibration
-from compiler.quant.gptq import SingularHessian
+from compiler.plan.memory import expert_batches
+from compiler.quant.gptq import SingularHessian, batches_scales, gptq_batched
 from compiler.quant.kquants import GgufBlocks
 from compiler.quant.parallel import one_ahead, one_behind
-from compiler.quant.weights import sqnr_from_sums
+from compiler.quant.weights import Convention, sqnr_from_sums
 from compiler.source import Span
 
 
@@ -132,7 +133,7 @@ class Rounder:
         if stats is not None:
             share_statistics(stats, self.ranks)  # every rank's observers (once per Statistics)
         prepared = [self._prepare(job, stats) for job in jobs]
-        rounded, owner = self._shared(prepared, stats) if self.ranks.world > 1 else ({}, {})
+        rounded, owner = self._shared(prepared, stats) if self.ranks.world > 1 else (self._batched(prepared, stats), {})
         block = prepared[0][0].layer.block if prepared else None
         for job, act in prepared:
             if job.layer.block != block:  # a block's temporaries freed: back to the OS, as block-wise runs do
@@ -140,8 +141,8 @@ class Rounder:
                 block = job.layer.block
             module = self._linear(job)
             mine = owner.get(job.layer.name, self.ranks.rank) == self.ranks.rank
-            if rounded:
-                q = rounded.pop(job.layer.name)
+            q = rounded.pop(job.layer.name, None)  # every job under torchrun; batched experts in one process
+            if q is not None:
                 if mine:  # its owner packs its tensors and measures it; the first rank writes them
                     self.write(job, q, act)
             else:
@@ -210,6 +211,47 @@ class Rounder:
             rounded.update(theirs)
             self.dampened.update(their_dampened)
         return rounded, owner
+
+    def _batched(self, prepared: list[tuple[Job, tuple[float, int] | None]], stats: Statistics | None
+                 ) -> dict[str, Rounded]:
+        """The block's GPTQ experts rounded as batches of one shape and scheme (plan/memory.py expert_batches,
+        which the plan counts), by name; every other job is rounded on its own as the loop reaches it."""
+        if stats is None or self.encoder is not None:
+            return {}
+        jobs = {job.layer.name: job for job, _ in prepared if _batchable(job) and job.layer.name not in self.learned}
+        rounded: dict[str, Rounded] = {}
+        for batch in expert_batches([job.layer for job in jobs.values()]):
+            by_scheme: dict[tuple, list[Job]] = {}
+            for layer in batch:
+                job = jobs[layer.name]
+                if str(self._linear(job).weight.device) == "cpu":
+                    by_scheme.setdefault(_gptq_settings(job), []).append(job)
+            for same in by_scheme.values():
+                if len(same) > 1:
+                    rounded.update(self._gptq_batch(same, stats))
+        return rounded
+
+    def _gptq_batch(self, jobs: list[Job], stats: Statistics) -> dict[str, Rounded]:
+        """GPTQ of `jobs` (one shape and scheme, on the CPU) as one batch; a Hessian no dampening makes definite
+        rounds with rtn, as quantize() does."""
+        weights = [self._linear(job).weight.detach().float() for job in jobs]
+        for job, weight in zip(jobs, weights, strict=True):
+            self._refuse_nonfinite(job, weight)
+        scheme = jobs[0].scheme
+        scale_dtype = self.scale_dtype or self.model.dtype
+        results = gptq_batched([w.numpy() for w in weights], [stats.hessian(job) for job in jobs],
+                               scheme.quantized_weights, scheme.act_order, Convention.TORCH,
+                               str(scale_dtype).removeprefix("torch."),
+                               lambda i, used: self.dampened.setdefault(jobs[i].layer.name, used),
+                               scheme.static_groups, scheme.mse_scales)
+        rounded: dict[str, Rounded] = {}
+        for job, weight, result in zip(jobs, weights, results, strict=True):
+            if isinstance(result, SingularHessian):
+                self.dampened[job.layer.name] = math.inf
+                rounded[job.layer.name] = quantize_job(job.with_rtn(), weight, None, scale_dtype)
+            else:
+                rounded[job.layer.name] = result
+        return rounded
 
     def _linear(self, job: Job) -> torch.nn.Linear:
         """The module that computes `job` (an nn.Linear: refuse_non_linear said so before any work)."""
@@ -283,6 +325,20 @@ class Rounder:
         self.report.weight_sqnr[job.layer.name] = weight_sqnr(original, dequantized)
         if act is not None:
             self.report.input_ranges[job.layer.name] = input_range(job.scheme.quantized_inputs, act)
+
+
+def _batchable(job: Job) -> bool:
+    """Whether GPTQ may round `job` in a batch: integer GPTQ (not GGUF's K-quants) whose scales are all fixed
+    before its loop (gptq.batches_scales)."""
+    spec = job.scheme.quantized_weights
+    return job.gptq and not job.imatrix and not spec.qtype.is_float and not spec.qtype.is_kquant and \
+        batches_scales(spec, job.scheme.act_order, job.scheme.static_groups)
+
+
+def _gptq_settings(job: Job) -> tuple:
+    """What must be equal for layers to round in one GPTQ batch, beside their shape."""
+    scheme = job.scheme
+    return scheme.quantized_weights, scheme.act_order, scheme.static_groups, scheme.mse_scales
 
 
 def _trim_after_block(jobs: list[Job], number: int, collect: bool = True) -> None:
