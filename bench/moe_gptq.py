@@ -6,13 +6,15 @@ llm-compressor's `oneshot`, same model, same data, one run.
 The model and data are bench/moe_offload.py's: a Qwen3-MoE built by transformers from a config (top-2 routing,
 expert width hidden / 2, seeded random weights) saved with `save_pretrained`, and 32 calibration samples of 256
 token ids from qrc's synthetic source in an npz both tools read. GPTQ W4A16 group 128 on every Linear but the
-routers and the LM head. Each run is a process of its own: wall seconds and peak RSS (VmHWM); qrc's runs also
+routers and the LM head, and the folder saved: the same work for both tools (qrc's recipe has no `verify`, which
+llm-compressor does not do). Each run is a process of its own: wall seconds and peak RSS (VmHWM); qrc's runs also
 report the seconds its rounding took (every call of the torch backend's Rounder.in_place: GPTQ and writing the
 tensors) and, within them, the seconds GPTQ took on the experts (Rounder._gptq_batch, or Rounder.quantize of each
 expert one at a time), which is where batching acts. The second qrc run sets plan/memory.py's EXPERT_BATCH_BYTES to 0, so no
 batch fits and each expert rounds alone (the same integers: tests/test_zoo.py checks the folders are equal). qrc
 sends every calibration token through every expert for statistics by default (`experts all`); the third run gives
-each expert its routed tokens only (`experts routed`), as the model's own forward does.
+each expert its routed tokens only (`experts routed`), as the model's own forward does. llm-compressor runs both
+ways too: its default (`moe_calibrate_all_experts`, every expert sees every token) and routed.
 Quality is measured outside the tools: transformers loads the float folder and each output (compressed-tensors
 dequantizes it) and takes the KL divergence of the next-token distributions on 8 held-out samples.
 
@@ -32,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from moe_offload import (  # noqa: E402  (the bench folder is not a package)
     CHUNK,
     HELD_OUT,
-    LLMC_CHILD,
     SAMPLES,
     SEQLEN,
     checkpoint,
@@ -68,9 +69,30 @@ rounding.Rounder._gptq_batch = timed(batch, 1)
 rounding.Rounder.quantize = timed(quantize, 1, lambda job: '.experts.' in job.layer.name)
 atexit.register(lambda: print('HWM', re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)))
 result, planned = compile_recipe(Path(sys.argv[1]), (), None, Console(file=open('/dev/null', 'w')))
-print('RESULT', json.dumps({'planned': planned.plan.peak_bytes, 'rounding': spent[0], 'experts': spent[1],
-                            'kld': (result.verify or {}).get('kld')}))
+print('RESULT', json.dumps({'planned': planned.plan.peak_bytes, 'rounding': spent[0], 'experts': spent[1]}))
 """
+
+# llm-compressor's oneshot, its GPTQModifier on the same Linears; argv[6] `all` (its default: every expert sees every
+# token, `moe_calibrate_all_experts`) or `routed`
+LLMC_CHILD = """
+import atexit, re, sys
+import numpy as np
+atexit.register(lambda: print('HWM', re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)))
+from datasets import Dataset
+from transformers import AutoModelForCausalLM
+from llmcompressor import oneshot
+from llmcompressor.modifiers.quantization import GPTQModifier
+folder, data, out = sys.argv[1:4]
+arrays = np.load(data)
+dataset = Dataset.from_dict({k: arrays[k].tolist() for k in ('input_ids', 'attention_mask')})
+model = AutoModelForCausalLM.from_pretrained(folder, dtype='float32')
+recipe = GPTQModifier(targets='Linear', scheme='W4A16', ignore=['lm_head', 're:.*mlp.gate$'])
+oneshot(model=model, dataset=dataset, recipe=recipe, max_seq_length=int(sys.argv[4]), num_calibration_samples=int(sys.argv[5]),
+        moe_calibrate_all_experts=sys.argv[6] == 'all', output_dir=out)
+"""
+
+
+LLMC_LABELS = {"all": "every expert sees every token (its default)", "routed": "`moe_calibrate_all_experts=False`"}
 
 
 def recipe(folder: Path, data: Path, tmp: Path, name: str, experts: str = "all") -> Path:
@@ -81,7 +103,7 @@ def recipe(folder: Path, data: Path, tmp: Path, name: str, experts: str = "all")
         f'recipe bench_moe_gptq {{\n model "{folder}"\n backend torch\n scheme w4 = W4A16 {{ group 128  rounding gptq }}\n'
         ' quantize {\n  type Linear -> w4\n  "lm_head" -> none\n  re".*\\.mlp\\.gate" -> none\n }\n'
         f' calibrate {{ data npz "{data}" {{ samples {SAMPLES} }}  chunk {CHUNK}  experts {experts} }}\n'
-        f' verify {{ samples {HELD_OUT}  metric kld  at_most 1 }}\n emit "{tmp / name}"\n}}\n')
+        f' emit "{tmp / name}"\n}}\n')
     return path
 
 
@@ -101,25 +123,27 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        every, calibration, held_out = token_data(folder, tmp)
-        for label, mode, experts in (("qrc, experts in batches", "batched", "all"),
-                                     ("qrc, one expert at a time", "alone", "all"),
+        _, calibration, held_out = token_data(folder, tmp)
+        for label, mode, experts in (("qrc, experts in batches (every expert sees every token, its default)", "batched", "all"),
+                                     ("qrc, one expert at a time (every token)", "alone", "all"),
                                      ("qrc, experts in batches, `experts routed`", "routed", "routed")):
-            r = run([sys.executable, "-c", QRC_CHILD, str(recipe(folder, every, tmp, mode, experts)), mode])
+            r = run([sys.executable, "-c", QRC_CHILD, str(recipe(folder, calibration, tmp, mode, experts)), mode])
             if "error" in r:
                 print(f"| {label} | {r['seconds']:.1f} | failed: {r['error']} | | | | | |", flush=True)
                 continue
             print(f"| {label} | {r['seconds']:.1f} | {r['rounding']:.1f} | {r['experts']:.1f} | {r['hwm'] / mib:,.0f} MiB | "
                   f"{r['planned'] / mib:,.0f} MiB | {packed_experts(tmp / mode)} | "
                   f"{kl_divergence(folder, tmp / mode, held_out):.4g} |", flush=True)
-        if args.llmcompressor:
-            r = run([args.llmcompressor, "-c", LLMC_CHILD, str(folder), str(calibration), str(tmp / "llmc-out"),
-                     str(SEQLEN), str(SAMPLES)])
+        for experts in ("all", "routed") if args.llmcompressor else ():
+            label, out = f"llm-compressor oneshot, {LLMC_LABELS[experts]}", tmp / f"llmc-{experts}"
+            r = run([args.llmcompressor, "-c", LLMC_CHILD, str(folder), str(calibration), str(out), str(SEQLEN),
+                     str(SAMPLES), experts])
             if "error" in r:
-                print(f"| llm-compressor oneshot | {r['seconds']:.1f} | failed: {r['error']} | | | | | |")
+                print(f"| {label} | {r['seconds']:.1f} | failed: {r['error']} | | | | | |", flush=True)
             else:
-                print(f"| llm-compressor oneshot | {r['seconds']:.1f} | | | {r['hwm'] / mib:,.0f} MiB | | "
-                      f"{packed_experts(tmp / 'llmc-out')} | {kl_divergence(folder, tmp / 'llmc-out', held_out):.4g} |")
+                print(f"| {label} | {r['seconds']:.1f} | | | {r['hwm'] / mib:,.0f} MiB | | {packed_experts(out)} | "
+                      f"{kl_divergence(folder, out, held_out):.4g} |", flush=True)
+
 
 
 if __name__ == "__main__":
