@@ -24,7 +24,6 @@ llm-compressor 0.14 pins transformers 5.17 and compressed-tensors 0.19: its own 
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -34,10 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from moe_offload import (  # noqa: E402  (the bench folder is not a package)
     CHUNK,
     HELD_OUT,
+    LLMC_CHILD,
     SAMPLES,
     SEQLEN,
     checkpoint,
     kl_divergence,
+    model_arguments,
     packed_experts,
     run,
     token_data,
@@ -72,26 +73,6 @@ result, planned = compile_recipe(Path(sys.argv[1]), (), None, Console(file=open(
 print('RESULT', json.dumps({'planned': planned.plan.peak_bytes, 'rounding': spent[0], 'experts': spent[1]}))
 """
 
-# llm-compressor's oneshot, its GPTQModifier on the same Linears; argv[6] `all` (its default: every expert sees every
-# token, `moe_calibrate_all_experts`) or `routed`
-LLMC_CHILD = """
-import atexit, re, sys
-import numpy as np
-atexit.register(lambda: print('HWM', re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1)))
-from datasets import Dataset
-from transformers import AutoModelForCausalLM
-from llmcompressor import oneshot
-from llmcompressor.modifiers.quantization import GPTQModifier
-folder, data, out = sys.argv[1:4]
-arrays = np.load(data)
-dataset = Dataset.from_dict({k: arrays[k].tolist() for k in ('input_ids', 'attention_mask')})
-model = AutoModelForCausalLM.from_pretrained(folder, dtype='float32')
-recipe = GPTQModifier(targets='Linear', scheme='W4A16', ignore=['lm_head', 're:.*mlp.gate$'])
-oneshot(model=model, dataset=dataset, recipe=recipe, max_seq_length=int(sys.argv[4]), num_calibration_samples=int(sys.argv[5]),
-        moe_calibrate_all_experts=sys.argv[6] == 'all', output_dir=out)
-"""
-
-
 LLMC_LABELS = {"all": "every expert sees every token (its default)", "routed": "`moe_calibrate_all_experts=False`"}
 
 
@@ -108,12 +89,7 @@ def recipe(folder: Path, data: Path, tmp: Path, name: str, experts: str = "all")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=8)
-    parser.add_argument("--experts", type=int, default=16)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--llmcompressor", help="a python with llmcompressor installed (its own venv)")
-    args = parser.parse_args()
+    args = model_arguments(__doc__.splitlines()[0])
     folder = checkpoint(args.blocks, args.experts, args.hidden)
     mib = 2**20
     print(f"{folder.name}: {args.blocks} blocks × {args.experts} experts of [{args.hidden // 2}, {args.hidden}] and "

@@ -80,6 +80,7 @@ print('RESULT', json.dumps({'planned': planned.plan.peak_bytes, 'sampled': resul
                             'kld': (result.verify or {}).get('kld')}))
 """
 
+# llm-compressor in its own process; an optional argv[6] `routed` turns its all-experts calibration (its default) off
 LLMC_CHILD = """
 import atexit, re, sys
 import numpy as np
@@ -94,7 +95,7 @@ dataset = Dataset.from_dict({k: arrays[k].tolist() for k in ('input_ids', 'atten
 model = AutoModelForCausalLM.from_pretrained(folder, dtype='float32')
 recipe = GPTQModifier(targets='Linear', scheme='W4A16', ignore=['lm_head', 're:.*mlp.gate$'])
 oneshot(model=model, dataset=dataset, recipe=recipe, max_seq_length=int(sys.argv[4]), num_calibration_samples=int(sys.argv[5]),
-        output_dir=out)
+        moe_calibrate_all_experts=sys.argv[6:7] != ['routed'], output_dir=out)
 """
 
 
@@ -154,13 +155,18 @@ def packed_experts(output: Path) -> int:
     return count
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def model_arguments(description: str) -> argparse.Namespace:
+    """The MoE benches' command line: the model's size (checkpoint()) and llm-compressor's interpreter."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--blocks", type=int, default=8)
     parser.add_argument("--experts", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--llmcompressor", help="a python with llmcompressor installed (its own venv)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = model_arguments(__doc__.splitlines()[0])
     folder = checkpoint(args.blocks, args.experts, args.hidden)
     size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     mib = 2**20
