@@ -105,6 +105,7 @@ def test_check_and_plan_index_a_gguf_from_its_header(zoo_gguf, tmp_path):
     assert result.exit_code == 0 and "model.layers.1.self_attn.q_proj" in result.output, result.output
 
 
+@pytest.mark.slow  # 3-8 s: kept out of the quick loop's 3 minutes on a 2-core machine without AMX (2026-12-04)
 def test_a_tensor_only_copied_from_a_gguf_is_written_a_slice_at_a_time(zoo_gguf, tmp_path, monkeypatch):
     """File to file into a folder, a tensor the recipe leaves in float (the embedding, the LM head) is dequantized
     and written a few rows at a time, never whole (its float32 copy was the rounding process's largest buffer):

@@ -63,6 +63,7 @@ def test_the_root_as_the_output_is_q413():
     assert result.exit_code == 2 and "Q413" in result.output, result.output
 
 
+@pytest.mark.slow  # 3-8 s: kept out of the quick loop's 3 minutes on a 2-core machine without AMX (2026-12-04)
 def test_overwrite_replaces_a_foreign_folder_on_purpose_and_qrc_replaces_its_own(tmp_path):
     """With `--overwrite` the folder is replaced; a folder qrc wrote is replaced without it."""
     out = tmp_path / "u"

@@ -41,6 +41,7 @@ def _compile(tmp_path, name: str, scheme: str, model: str = "builtin:tiny-llama"
     return out
 
 
+@pytest.mark.slow  # 3-8 s: kept out of the quick loop's 3 minutes on a 2-core machine without AMX (2026-12-04)
 def test_one_step_is_round_to_nearest_asymmetric(tmp_path):
     """With one step the kept parameters are the first step's, round to nearest: asymmetric groups are rtn's,
     tensor for tensor (the learned rounding's scales, zero points and integers follow the format's convention)."""
@@ -97,6 +98,7 @@ def _llama_folder(path):
     return path
 
 
+@pytest.mark.slow  # 3-8 s: kept out of the quick loop's 3 minutes on a 2-core machine without AMX (2026-12-04)
 def test_learning_lowers_the_error_of_the_emitted_model(tmp_path):
     """Learned for 60 steps, the folder transformers loads is closer to the float model than rtn's, on tokens no
     step saw: mean squared error of the logits, measured outside qrc."""
@@ -139,6 +141,7 @@ def test_the_plan_shows_the_learning_and_runs_block_by_block_in_full_mode(tmp_pa
     assert next(v for k, v in parts.items() if k.startswith("learned rounding")) > 0
 
 
+@pytest.mark.slow  # 3-8 s: kept out of the quick loop's 3 minutes on a 2-core machine without AMX (2026-12-04)
 def test_full_mode_learns_the_same_as_low_memory(tmp_path):
     """The learning is the same computation whichever mode holds the weights."""
     scheme = "W4A16 { group 32  rounding autoround { iters 8  batch 4 } }"
@@ -169,6 +172,7 @@ def _compiling(monkeypatch) -> None:
     monkeypatch.setattr("compiler.backends.torch.compiled_steps.COMPILE_AT_FLOPS", 0.0)
 
 
+@pytest.mark.slow  # 3-8 s: kept out of the quick loop's 3 minutes on a 2-core machine without AMX (2026-12-04)
 def test_a_compiler_that_fails_leaves_the_steps_eager_and_says_so(tmp_path, monkeypatch):
     """Where torch.compile fails at the first step, the steps run uncompiled: the same tensors as a run that never
     compiled, and Q451 says it once."""

@@ -282,7 +282,7 @@ def _weight_scales(path, backend: str) -> dict[str, np.ndarray]:
     return {k: v for k, v in tensors.items() if k.endswith(".weight_scale")}
 
 
-@pytest.mark.parametrize("backend, emit", [("onnx", "out.onnx"), ("torch", "out")])
+@pytest.mark.parametrize("backend, emit", [("onnx", "out.onnx"), pytest.param("torch", "out", marks=pytest.mark.slow)])
 def test_a_rounding_method_from_outside_the_package_is_checked_and_compiled(halved_range, tmp_path, backend, emit):
     scales = {}
     for rounding in ("rtn", "halved_range"):
@@ -337,6 +337,7 @@ TOY_TRANSFORM_RECIPE = """recipe toy_transform {
 """
 
 
+@pytest.mark.slow  # 3-8 s: kept out of the quick loop's 3 minutes on a 2-core machine without AMX (2026-12-04)
 def test_a_transform_from_outside_the_package_is_checked_and_compiled(doubled_weights, tmp_path):
     from safetensors.numpy import load_file
 
