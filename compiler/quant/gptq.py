@@ -264,7 +264,7 @@ def _upper_inverse_factor(owner: list) -> tuple:
     With J the exchange matrix (rows reversed), J·H·J = L'·L'ᵀ gives H⁻¹ = (J·L'⁻ᵀ·J)(J·L'⁻¹·J), and J·L'⁻¹·J is
     upper triangular: H⁻¹'s upper factor is the reversed inverse of the reversed H's lower factor. One
     factorisation and one triangular inverse, where H⁻¹ formed whole and factorised again took two
-    factorisations and a full inverse (40% more time on K = 1024; the same factor to 2e-7)."""
+    factorisations and a full inverse (1.7 times the time on K = 1024; the same factor to 2e-7)."""
     import torch
 
     h = owner.pop()
