@@ -186,7 +186,7 @@ def _experts(count: int, columns: int = 160, seed: int = 5):
 def test_experts_rounded_as_a_batch_get_the_integers_one_at_a_time_gives(spec, act_order, static_groups, mse_scales):
     """gptq_batched is gptq() over a batch: the same integers and scales, bit for bit, across 160 columns (a
     block of 128 and a partial one), each weight with its own Hessian, act-order and dead input."""
-    from compiler.quant.gptq import gptq_batched
+    from compiler.quant.gptq_batch import gptq_batched
 
     weights, hessians = _experts(5)
     alone = [gptq(w, h.copy(), spec, act_order=act_order, convention=Convention.TORCH, static_groups=static_groups,
@@ -204,7 +204,8 @@ def test_experts_rounded_as_a_batch_get_the_integers_one_at_a_time_gives(spec, a
 def test_a_batch_dampens_each_hessian_on_its_own_and_reports_the_singular_one():
     """One expert's H needs dampening 0.1, another's no dampening fixes: the first is told and rounded as gptq()
     rounds it at 0.1, the second comes back as the SingularHessian gptq() raises, the rest are untouched."""
-    from compiler.quant.gptq import SingularHessian, gptq_batched
+    from compiler.quant.gptq import SingularHessian
+    from compiler.quant.gptq_batch import gptq_batched
 
     spec = WeightQuant(QType.INT4, Granularity.GROUP, 32, True)
     weights, hessians = _experts(4, columns=64)
@@ -221,7 +222,7 @@ def test_a_batch_dampens_each_hessian_on_its_own_and_reports_the_singular_one():
 def test_updated_group_scales_are_not_batched():
     """Group scales taken from the columns as the loop leaves them (no act-order, no static groups) round one
     layer at a time: the batch refuses them rather than round them differently."""
-    from compiler.quant.gptq import batches_scales
+    from compiler.quant.gptq_batch import batches_scales
 
     groups = WeightQuant(QType.INT4, Granularity.GROUP, 32, True)
     assert not batches_scales(groups, act_order=False, static_groups=False)

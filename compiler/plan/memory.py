@@ -187,7 +187,7 @@ def gptq_scratch(w: Workload) -> int:
     return max(gptq_scratch_bytes(k, weight), batched)
 
 
-# An MoE block's experts of one shape are rounded by GPTQ as a batch (compiler/quant/gptq.py gptq_batched): each
+# An MoE block's experts of one shape are rounded by GPTQ as a batch (compiler/quant/gptq_batch.py): each
 # expert's loop over its columns is a few small tensor operations per column, which cost more to dispatch than to
 # compute; a batch pays that once. A batch's scratch is bounded by this (more experts than fit: several batches)
 EXPERT_BATCH_BYTES = 48 * MiB

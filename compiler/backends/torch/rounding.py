@@ -29,7 +29,8 @@ from compiler.backends.torch.writer import OutputWriter, RankCollector
 from compiler.diagnostics import warning
 from compiler.ir.types import Calibration
 from compiler.plan.memory import expert_batches
-from compiler.quant.gptq import SingularHessian, batches_scales, gptq_batched
+from compiler.quant.gptq import SingularHessian
+from compiler.quant.gptq_batch import batches_scales, gptq_batched
 from compiler.quant.kquants import GgufBlocks
 from compiler.quant.parallel import one_ahead, one_behind
 from compiler.quant.weights import Convention, sqnr_from_sums
