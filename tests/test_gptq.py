@@ -201,6 +201,40 @@ def test_experts_rounded_as_a_batch_get_the_integers_one_at_a_time_gives(spec, a
     assert np.all(together[1].dequantize()[:, 9] == 0)  # the dead input's column zeroed, as gptq() does
 
 
+def test_weights_given_one_hessian_share_its_factorisation_and_round_as_each_would_alone():
+    """Gate and up projections of every expert read the same tokens with `experts all`: the batch is given one
+    Hessian object for them and factorises it once (a batch of two Choleskys for three weights: the shared one
+    and the third's), and still gives each weight the integers gptq() gives it alone, the shared Hessian's
+    dead input zeroed in both weights. Equal values in distinct objects are not assumed shared; a singular
+    shared Hessian fails every weight that reads it."""
+    from unittest import mock
+
+    import torch
+
+    from compiler.quant.gptq_batch import gptq_batched
+
+    spec = WeightQuant(QType.INT4, Granularity.GROUP, 32, True)
+    weights, hessians = _experts(3, columns=96)
+    shared = hessians[1]  # the one with a dead input
+    batches: list[int] = []
+    cholesky = torch.linalg.cholesky_ex
+    with mock.patch.object(torch.linalg, "cholesky_ex", lambda h: batches.append(h.shape[0]) or cholesky(h)):
+        one = shared.copy()
+        together = gptq_batched(weights, [one, one, hessians[2].copy()], spec, True, mse_scales=True)
+        assert batches == [2]
+        batches.clear()
+        gptq_batched(weights, [shared.copy(), shared.copy(), hessians[2].copy()], spec, True, mse_scales=True)
+        assert batches == [3]
+    for n, h in ((0, shared), (1, shared), (2, hessians[2])):
+        alone = gptq(weights[n], h.copy(), spec, act_order=True, mse_scales=True)
+        np.testing.assert_array_equal(together[n].q, alone.q)
+        np.testing.assert_array_equal(together[n].scale, alone.scale)
+    assert np.all(together[0].dequantize()[:, 9] == 0) and np.all(together[1].dequantize()[:, 9] == 0)
+    singular = _indefinite(50.0).astype(np.float32)
+    failed = gptq_batched([w[:, :64] for w in weights[:2]], [singular, singular], spec, True)
+    assert all(isinstance(r, Exception) for r in failed)
+
+
 def test_a_batch_dampens_each_hessian_on_its_own_and_reports_the_singular_one():
     """One expert's H needs dampening 0.1, another's no dampening fixes: the first is told and rounded as gptq()
     rounds it at 0.1, the second comes back as the SingularHessian gptq() raises, the rest are untouched."""

@@ -264,6 +264,54 @@ def test_a_blocks_experts_round_as_gptq_batches_with_the_integers_one_at_a_time_
         np.testing.assert_array_equal(tensor, alone[name], err_msg=name)
 
 
+def test_experts_all_shows_every_token_to_each_expert_and_multiplies_only_the_routed_ones():
+    """With `experts all` each expert's projections see every token (their statistics hooks get all rows, the
+    down projection included), while the down projection multiplies only the rows the router sent to the
+    expert, and the block computes what transformers' fused experts compute either way."""
+    import torch
+    import transformers
+
+    from compiler.backends.torch.experts import ExpertNames, Experts
+    from compiler.ir.types import ExpertRouting
+
+    config = transformers.Qwen3MoeConfig(hidden_size=32, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    fused = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeExperts(config)
+    with torch.no_grad():
+        for p in fused.parameters():
+            p.normal_()
+    experts = Experts(fused, ExpertNames("gate_proj", "up_proj", "down_proj")).to_empty(device="cpu")
+    with torch.no_grad():
+        for e, expert in enumerate(experts.children()):
+            gate, up = fused.gate_up_proj[e].chunk(2)
+            expert.gate_proj.weight.copy_(gate)
+            expert.up_proj.weight.copy_(up)
+            expert.down_proj.weight.copy_(fused.down_proj[e])
+    tokens = torch.randn(24, 32)
+    index = torch.stack([torch.arange(24) % 4, (torch.arange(24) + 1) % 4], dim=1)
+    weights = torch.rand(24, 2)
+    seen: dict[str, int] = {}
+    multiplied: list[int] = []
+    down = experts.get_submodule("2.down_proj")
+    handles = [down.register_forward_pre_hook(lambda m, args: seen.__setitem__("down", args[0].shape[0])),
+               experts.get_submodule("2.gate_proj").register_forward_pre_hook(
+                   lambda m, args: seen.__setitem__("gate", args[0].shape[0]))]
+    linear = torch.nn.functional.linear
+    expected = fused(tokens, index, weights)
+    routed = experts(tokens, index, weights)
+    assert seen == {"down": 12, "gate": 12}  # routed: expert 2 is first or second choice of 12 tokens
+    experts.routing = ExpertRouting.ALL
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.nn.functional, "linear", lambda x, *a: multiplied.append(x.shape[0]) or linear(x, *a))
+        every = experts(tokens, index, weights)
+    for handle in handles:
+        handle.remove()
+    assert seen == {"down": 24, "gate": 24}
+    assert multiplied == [24, 24, 12] * 4  # gate and up of every token, down of the routed ones
+    torch.testing.assert_close(routed, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(every, routed, rtol=1e-6, atol=1e-6)
+
+
 def test_an_expert_no_token_reached_is_warned_and_rounded_data_free(moe, tmp_path):
     """`experts routed` with one two-token sample: most experts see nothing; one Q248 names them, they are
     rounded with rtn, and no scale is NaN."""

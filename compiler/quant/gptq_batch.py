@@ -36,25 +36,37 @@ def gptq_batched(ws: list[np.ndarray], hessians: list, spec: WeightQuant, act_or
     the arithmetic is gptq()'s: the same integers. Needs scales fixed before the loop (`batches_scales`).
     Each result is the weight's QuantizedWeight, or the SingularHessian gptq() would raise for it; `dampened`
     is told (index, fraction) where a Hessian needed more than DAMPENING. `hessians` is emptied as they are
-    stacked (the list's references dropped one by one: the caller's should be its only ones)."""
+    stacked (the list's references dropped one by one: the caller's should be its only ones).
+
+    Weights given the same Hessian object (layers reading one input: with `experts all` every expert's gate and
+    up projection of a block read the same tokens) share its factorisation, which is the same matrix for each:
+    the block's 2·E gate/up Hessians are factorised once, not 2·E times."""
     import torch
 
     assert batches_scales(spec, act_order, static_groups), "group scales taken in the loop round one at a time"
     ws = [np.array(w, np.float32) for w in ws]  # copies: dead columns are zeroed in place
     width = ws[0].shape[1]
-    stacked = torch.empty((len(ws), width, width))  # each Hessian copied in, then dropped: one batch of them
-    factors = []
+    slot = _shared_slots(hessians)
+    stacked = torch.empty((max(slot) + 1, width, width))  # each distinct Hessian copied in, then dropped
+    distinct_factors: list[_Factor] = []
     for n, w in enumerate(ws):
-        factor = _Factor.of(w, hessians[n], act_order, "cpu")
+        if slot[n] < len(distinct_factors):  # an earlier weight's Hessian: its factor, dead columns zeroed here too
+            w[:, distinct_factors[slot[n]].diagonal == 0] = 0.0
+        else:
+            factor = _Factor.of(w, hessians[n], act_order, "cpu")
+            stacked[slot[n]] = factor.h
+            factor.h = None
+            distinct_factors.append(factor)
         hessians[n] = None
-        stacked[n] = factor.h
-        factor.h = None
-        factors.append(factor)
+    factors = [distinct_factors[s] for s in slot]
     params = [_Params(reference, spec) for reference in _batch_scales(ws, factors, spec, convention, scale_dtype,
                                                                      mse_scales)]
     owner = [stacked]
     del stacked
-    hinv, used = _upper_inverse_factors(owner)
+    distinct, distinct_used = _upper_inverse_factors(owner)
+    used = [distinct_used[s] for s in slot]
+    hinv = distinct if slot == list(range(len(ws))) else distinct[torch.tensor(slot)]
+    del distinct
     fine = [i for i, u in enumerate(used) if math.isfinite(u)]
     if dampened is not None:
         for i in fine:
@@ -79,6 +91,12 @@ def gptq_batched(ws: list[np.ndarray], hessians: list, spec: WeightQuant, act_or
             values = restored
         results[i] = _requantize(values, params[i])
     return results
+
+
+def _shared_slots(hessians: list) -> list[int]:
+    """Each weight's index among the distinct Hessians (by identity), numbered in order of first use."""
+    first: dict[int, int] = {}
+    return [first.setdefault(id(h), len(first)) for h in hessians]
 
 
 def _batch_scales(ws: list[np.ndarray], factors: list[_Factor], spec: WeightQuant, convention: Convention,

@@ -94,7 +94,8 @@ class Experts(nn.Module):
 
     With `routing` ALL (set while statistics are gathered), every token also runs through every expert so
     each expert's hooks see data; the output still adds only the routed tokens, so the block computes the
-    same thing either way."""
+    same thing either way. The gate and up projections then read one tensor (their statistics share one
+    leader: torch/layers.py Statistics), and the down projection multiplies only the routed rows."""
 
     apply_gate: Callable[[torch.Tensor], torch.Tensor]
 
@@ -124,11 +125,22 @@ class Experts(nn.Module):
                 continue
             x = hidden_states if every else hidden_states[token]
             gate_up = torch.cat([getattr(expert, self.names.gate)(x), getattr(expert, self.names.up)(x)], dim=-1)
-            y = getattr(expert, self.names.down)(self.apply_gate(gate_up))
-            if every:
-                y = y[token]
+            down = getattr(expert, self.names.down)
+            y = _routed_rows(down, self.apply_gate(gate_up), token) if every else down(self.apply_gate(gate_up))
             out.index_add_(0, token, (y * top_k_weights[token, slot, None]).to(out.dtype))
         return out
+
+
+def _routed_rows(down: nn.Module, inner: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """down(inner[token]) with down's forward pre-hooks (statistics, observers) seeing every row of `inner`: the
+    statistics take every token's input, and the block adds only the routed tokens' outputs, so the others
+    are not multiplied (a third of an expert's work with `experts all`). The hook that keeps the routed rows is
+    registered last, so every other pre-hook runs before it, on all of them."""
+    handle = down.register_forward_pre_hook(lambda module, args: (args[0][token], *args[1:]))
+    try:
+        return down(inner)
+    finally:
+        handle.remove()
 
 
 def split_experts(module: nn.Module, names: ExpertNames) -> None:

@@ -254,6 +254,16 @@ class Statistics:
             return self.hessians.pop(leader).mean(in_place=True)
         return self.hessians[leader].mean()
 
+    def hessians_of(self, jobs: list[Job]) -> list[np.ndarray]:
+        """hessian() of each of `jobs`, taken once per shared input: jobs reading the same tensor get the same
+        array (gptq_batched factorises it once for all of them)."""
+        by_leader: dict[str, np.ndarray] = {}
+        for job in jobs:
+            leader = self.leader[job.module]
+            if leader not in by_leader:
+                by_leader[leader] = self.hessian(job)
+        return [by_leader[self.leader[job.module]] for job in jobs]
+
     def _users_left(self) -> Counter:
         """leader → the GPTQ layers reading its input not yet rounded."""
         if not self._counted:

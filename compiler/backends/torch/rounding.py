@@ -240,7 +240,7 @@ class Rounder:
             self._refuse_nonfinite(job, weight)
         scheme = jobs[0].scheme
         scale_dtype = self.scale_dtype or self.model.dtype
-        results = gptq_batched([w.numpy() for w in weights], [stats.hessian(job) for job in jobs],
+        results = gptq_batched([w.numpy() for w in weights], stats.hessians_of(jobs),
                                scheme.quantized_weights, scheme.act_order, Convention.TORCH,
                                str(scale_dtype).removeprefix("torch."),
                                lambda i, used: self.dampened.setdefault(jobs[i].layer.name, used),
