@@ -4,6 +4,7 @@ equal to transformers' own dequantized load, NVFP4, a calibrated and verified W8
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ runner = CliRunner()
 # what llm-compressor, AutoRound and qrc write: pack-quantized (symmetric, with zero points), int-quantized,
 # float-quantized, nvfp4-pack-quantized
 SOURCES = {"w4a16": "W4A16 { group 16 }", "w4a16-asym": "W4A16 { group 16  asymmetric }", "w8a8": "W8A8",
-           "fp8": "FP8_DYNAMIC", "nvfp4": "NVFP4A16"}
+           "fp8": "FP8_DYNAMIC", "nvfp4": "NVFP4A16", "mxfp4": "MXFP4A16"}
 
 
 def _compile(tmp_path: Path, model: Path, body: str, out: Path, name: str = "r", backend: str = "torch") -> object:
@@ -102,6 +103,50 @@ def test_a_compressed_w4a16_folder_compiles_to_nvfp4_and_to_a_verified_w8a8(llam
     assert done.exit_code == 0 and "passed: cosine" in done.output, done.output
     w8 = _logits(tmp_path / "w8")  # the default load: compressed-tensors' forward quantizes the inputs too
     assert torch.nn.functional.cosine_similarity(w8.flatten(), reference.flatten(), dim=0) > 0.99
+
+
+def _decompressed(folder: Path) -> dict[str, torch.Tensor]:
+    """Each Linear's weight as compressed-tensors decompresses it (transformers' `dequantize=True` load)."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(folder), quantization_config=transformers.CompressedTensorsConfig(dequantize=True))
+    return {name: module.weight.detach().float().clone() for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and name != "lm_head"}
+
+
+def test_an_mxfp4_folder_casts_to_nvfp4_bit_for_bit_and_a_wide_one_rounds(llama, tmp_path):
+    """MXFP4 → NVFP4 is the exact cast: every weight of the NVFP4 folder decompresses to the very floats of the
+    MXFP4 one (each block's e8m0 scale 2^e becomes the e4m3 scale 2^(e + k) under a global 2^k, the FP4 codes
+    kept), q/k/v and gate/up still sharing one global scale each. Where a weight's block scales span more powers
+    of two than e4m3 holds (one block 2^20 times another), NVFP4 rounds it by its ranges as usual: close, not
+    equal, and the rest of the model still cast."""
+    from safetensors.torch import load_file, save_file
+
+    source = _source(tmp_path, llama, "mxfp4")
+    done, _ = _compile(tmp_path, source, "  quantize { type Linear -> NVFP4A16 }", tmp_path / "nv")
+    assert done.exit_code == 0, done.output
+    expected, cast = _decompressed(source), _decompressed(tmp_path / "nv")
+    assert expected.keys() == cast.keys() and len(expected) == 14
+    for name, weight in expected.items():
+        assert torch.equal(cast[name], weight), name
+    tensors = load_file(tmp_path / "nv" / "model.safetensors")
+    for siblings in (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj")):
+        for layer in (0, 1):
+            shared = {float(tensors[f"model.layers.{layer}.{s}.weight_global_scale"]) for s in siblings}
+            assert len(shared) == 1 and math.log2(shared.pop()).is_integer(), siblings
+    stored = load_file(source / "model.safetensors")  # one block of down_proj 2^20 times smaller: beyond e4m3
+    name = "model.layers.0.mlp.down_proj.weight_scale"
+    stored[name] = stored[name].clone()
+    stored[name][0, 0] -= 20
+    save_file(stored, source / "model.safetensors", metadata={"format": "pt"})
+    done, _ = _compile(tmp_path, source, "  quantize { type Linear -> NVFP4A16 }", tmp_path / "wide", "wide")
+    assert done.exit_code == 0, done.output
+    expected, rounded = _decompressed(source), _decompressed(tmp_path / "wide")
+    down = "model.layers.0.mlp.down_proj"
+    assert not torch.equal(rounded[down], expected[down])
+    assert torch.nn.functional.cosine_similarity(rounded[down].flatten(), expected[down].flatten(), dim=0) > 0.99
+    assert all(torch.equal(rounded[n], expected[n]) for n in expected if n != down)
 
 
 def test_the_onnx_backend_refuses_a_compressed_folder_at_check(llama, tmp_path):

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from compiler.backends.torch.float_formats import quantize_float
+from compiler.backends.torch.float_formats import SharedGlobal, quantize_float
 from compiler.backends.torch.quant_args import weight_args, weight_format
 from compiler.ir.schemes import PRESETS
 from compiler.quant import fused_float
@@ -49,7 +49,8 @@ def stored_bytes(tensor: torch.Tensor) -> torch.Tensor:
 def both(w: torch.Tensor, name: str, scale_dtype: torch.dtype, shared_absmax=None):
     scheme = PRESETS[name]
     spec = scheme.quantized_weights
-    args = (spec, weight_args(spec), weight_format(scheme), scale_dtype, shared_absmax)
+    shared = None if shared_absmax is None else SharedGlobal(shared_absmax, exact=False)
+    args = (spec, weight_args(spec), weight_format(scheme), scale_dtype, shared)
     return quantize_float(w, *args, measure=True), quantize_float(w, *args, measure=True, kernel=False)
 
 

@@ -14,12 +14,23 @@ import numpy as np
 import torch
 
 from compiler.backends.torch import fp4_kernels
+from compiler.backends.torch.fp4_cast import exact_cast
 from compiler.backends.torch.quant_args import weight_args, weight_format
 from compiler.ir.types import ActivationQuant, Granularity, QType, Scheme, WeightQuant
 from compiler.quant import fused_float
 from compiler.quant.parallel import cores, parallel_map
 from compiler.quant.qparams import FP4_MAX, FP8_MAX
 from compiler.quant.weights import error_sums
+
+
+@dataclass(frozen=True)
+class SharedGlobal:
+    """What NVFP4 siblings (q/k/v, gate/up: global_scales.py) share so that they get one global scale: their
+    largest |w|, and whether each of them lies on an FP4 grid it keeps exactly (fp4_cast.py: then the global
+    scale is the cast's power of two for all of them, else the one from `absmax` for all of them)."""
+
+    absmax: float
+    exact: bool
 
 
 @dataclass(frozen=True)
@@ -64,17 +75,22 @@ def restored(value):
 
 
 def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str, scale_dtype: torch.dtype,
-                   shared_absmax: float | None = None, measure: bool = False, kernel: bool = True) -> FloatQuantized:
+                   shared: SharedGlobal | None = None, measure: bool = False, kernel: bool = True) -> FloatQuantized:
     """Round `weight` [out, in] with the compressed-tensors weight arguments `args` and store it in format
     `fmt`; scales are kept in `scale_dtype` (the checkpoint's float dtype) where the format does not fix their
-    type. NVFP4's global scale comes from `shared_absmax` where fused siblings share it (global_scales.py),
-    else from the weight's own range. Every scale but a per-tensor one covers rows of its own, so slices of
+    type. NVFP4's global scale comes from `shared` where fused siblings share it (global_scales.py), else from
+    the weight's own range; a weight already on an FP4 grid NVFP4 holds exactly (an MXFP4 source) is cast to
+    it, its floats kept bit for bit (fp4_cast.py). Every scale but a per-tensor one covers rows of its own, so slices of
     rows (whole blocks of them) are rounded on every core, each made float32 there, and their tensors joined:
     the bytes of one piece. `measure`: the SQNR's sums instead of the dequantized weight, and the formats
     fused_float rounds are rounded there (the same bits; `kernel=False`: compressed-tensors' functions only,
     the reference tests/test_float_kernels.py holds the loop to)."""
     w = weight.detach().cpu()
-    if measure and kernel:  # before compressed-tensors' import: data-free rounding then starts without it
+    shared_absmax = shared.absmax if shared is not None else None
+    cast = None
+    if spec.qtype is QType.NVFP4 and (shared is None or shared.exact):
+        cast = exact_cast(w.float(), shared_absmax)
+    if measure and kernel and cast is None:  # before compressed-tensors' import: data-free rounding starts without it
         compiled = _compiled(w, spec, scale_dtype, shared_absmax)
         if compiled is not None:
             return compiled
@@ -85,22 +101,26 @@ def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str
     fp4_kernels.register()  # FP4's cast and packing on the CPU, through compressed-tensors' own dispatch
     quant_args = QuantizationArgs.model_validate(args)
     global_scale = None
-    if spec.qtype.fixed_group == 16:
+    if cast is not None:
+        global_scale = cast.global_scale
+    elif spec.qtype.fixed_group == 16:
         bound = torch.tensor(shared_absmax) if shared_absmax is not None else None
         global_scale = (generate_gparam(-bound, bound) if bound is not None else
                         generate_gparam(w.min().float(), w.max().float()))
     scheme = QuantizationScheme(targets=["Linear"], weights=quant_args)
     compressor = BaseCompressor.load_from_registry(fmt)
 
-    def rounded(rows: torch.Tensor) -> _Piece:
-        return _round_rows(rows.float(), spec, quant_args, scheme, compressor, global_scale, scale_dtype, measure)
+    def rounded(first: int, rows: torch.Tensor) -> _Piece:
+        high = None if cast is None else cast.high[first:first + rows.shape[0]]
+        return _round_rows(rows.float(), spec, quant_args, scheme, compressor, global_scale, scale_dtype, measure,
+                           high)
 
     unit = spec.block_shape[0] if spec.granularity is Granularity.BLOCK else 1
     step = _rows_per_slice(w, unit)
     if spec.granularity is Granularity.PER_TENSOR or step >= w.shape[0]:
-        pieces = [rounded(w)]
+        pieces = [rounded(0, w)]
     else:
-        pieces = parallel_map(lambda first: rounded(w[first:first + step]), range(0, w.shape[0], step))
+        pieces = parallel_map(lambda first: rounded(first, w[first:first + step]), range(0, w.shape[0], step))
     return _joined(pieces, global_scale is not None, measure)
 
 
@@ -178,11 +198,12 @@ def _rows_per_slice(w: torch.Tensor, unit: int) -> int:
 
 
 def _round_rows(w: torch.Tensor, spec: WeightQuant, quant_args, scheme, compressor, global_scale,
-                scale_dtype: torch.dtype, measure: bool) -> _Piece:
-    """Rows of a weight (float32) rounded and compressed by compressed-tensors, decompressed again by it."""
+                scale_dtype: torch.dtype, measure: bool, high: torch.Tensor | None = None) -> _Piece:
+    """Rows of a weight (float32) rounded and compressed by compressed-tensors, decompressed again by it.
+    `high`: each scale's symmetric range where it is given (an exact cast's), not the values' own."""
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    low, high = _ranges(w, spec)
+    low, high = _ranges(w, spec) if high is None else (-high, high)
     scale, _ = calculate_qparams(low, high, quant_args, global_scale=global_scale)
     if not spec.qtype.fixed_group:  # FP8's scales are held in the model's dtype, as llm-compressor's modules do
         scale = scale.to(scale_dtype)
@@ -234,12 +255,11 @@ def fp8_input_scale(low: float, high: float, scale_dtype: torch.dtype) -> float:
 
 
 def quantize_scheme(weight: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype,
-                    shared_absmax: float | None = None, measure: bool = False) -> FloatQuantized:
+                    shared: SharedGlobal | None = None, measure: bool = False) -> FloatQuantized:
     """`weight` rounded and stored as a floating scheme's weights say (its compressed-tensors arguments and
     format): what the rounding and the precision search both call."""
     spec = scheme.quantized_weights
-    return quantize_float(weight, spec, weight_args(spec), weight_format(scheme), scale_dtype, shared_absmax,
-                          measure)
+    return quantize_float(weight, spec, weight_args(spec), weight_format(scheme), scale_dtype, shared, measure)
 
 
 def nvfp4_input_global_scale(low: float, high: float) -> float:

@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 import torch
 
-from compiler.backends.torch.float_formats import absmax
+from compiler.backends.torch import fp4_cast
+from compiler.backends.torch.float_formats import SharedGlobal, absmax
 from compiler.ir.types import QType
 from compiler.resolve.groups import auto_gate_up_instances, auto_qkv_instances
 
@@ -29,13 +30,22 @@ class SharedGlobalScales:
                 self.siblings.update({member: instance.members for member in instance.members})
         self.read = read  # layer name → its float weight as it is about to be rounded
         self.compiled = compiled  # ranges taken by the compiled loop (file to file, where it rounds too)
-        self._absmax: dict[tuple[str, ...], float] = {}
+        self._shared: dict[tuple[str, ...], SharedGlobal] = {}
 
-    def absmax(self, layer: str) -> float | None:
-        """The largest |w| over `layer` and its fused siblings; None for a layer without siblings."""
+    def shared(self, layer: str) -> SharedGlobal | None:
+        """The largest |w| over `layer` and its fused siblings, and whether every one of them casts exactly
+        under the global scale it sets (all siblings cast, or none: one global scale); None for a layer
+        without siblings."""
         members = self.siblings.get(layer)
         if members is None:
             return None
-        if members not in self._absmax:
-            self._absmax[members] = max(absmax(self.read(m), self.compiled) for m in members)
-        return self._absmax[members]
+        if members not in self._shared:
+            tops, lowest = [], []
+            for member in members:  # one weight read at a time
+                weight = self.read(member)
+                tops.append(absmax(weight, self.compiled))
+                lowest.append(fp4_cast.lowest_exponent(weight.detach().float()))
+            shift = fp4_cast.global_shift(max(tops))
+            exact = shift is not None and all(low is not None and fp4_cast.fits(low, shift) for low in lowest)
+            self._shared[members] = SharedGlobal(max(tops), exact)
+        return self._shared[members]

@@ -293,14 +293,14 @@ class Statistics:
 
 
 def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale_dtype: torch.dtype,
-                 dampened=None, shared_absmax: float | None = None, measure: bool = False) -> Rounded:
+                 dampened=None, shared: float_formats.SharedGlobal | None = None, measure: bool = False) -> Rounded:
     """Round one Linear weight [out, in] with its scheme's rounding, in the torch convention. GPTQ tells
     `dampened` the dampening it had to raise to; a Hessian no dampening makes definite (SingularHessian)
-    propagates to the caller, which rounds with rtn. `shared_absmax`: NVFP4 siblings' common range.
+    propagates to the caller, which rounds with rtn. `shared`: NVFP4 siblings' common range (and exact cast).
     `measure`: rtn/mse and the floating formats also take the sums of the weight's SQNR."""
     spec = job.scheme.quantized_weights
     if spec.qtype.is_float:  # rounded and stored by compressed-tensors (float_formats.py)
-        return float_formats.quantize_scheme(weight, job.scheme, scale_dtype, shared_absmax, measure)
+        return float_formats.quantize_scheme(weight, job.scheme, scale_dtype, shared, measure)
     np_dtype = str(scale_dtype).removeprefix("torch.")
     if job.imatrix and not spec.qtype.is_kquant:  # mse's search, each column's error weighted by its inputs
         importance = stats.importance(job) if stats is not None and stats.saw(job) else None

@@ -285,7 +285,7 @@ class Rounder:
         try:
             q = quantize_job(job, weight, stats, self.scale_dtype or self.model.dtype,
                              lambda used: self.dampened.setdefault(job.layer.name, used),
-                             self.global_scales.absmax(job.layer.name), measure)
+                             self.global_scales.shared(job.layer.name), measure)
         except SingularHessian:
             self.dampened[job.layer.name] = math.inf
             return quantize_job(job.with_rtn(), weight, None, self.scale_dtype or self.model.dtype)

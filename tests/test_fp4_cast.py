@@ -1,0 +1,66 @@
+"""NVFP4 of weights already on a power-of-two FP4 grid (an MXFP4 source): the exact cast keeps every float, on
+both of NVFP4's rounding paths (compressed-tensors' and the compiled file-to-file loop it takes over from), and
+leaves every other weight to the usual rule. A whole MXFP4 folder: tests/test_compressed_source.py."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("compressed_tensors")
+
+from compiler.backends.torch.float_formats import SharedGlobal, quantize_float  # noqa: E402
+from compiler.backends.torch.fp4_cast import exact_cast  # noqa: E402
+from compiler.backends.torch.quant_args import weight_args, weight_format  # noqa: E402
+from compiler.ir.schemes import PRESETS  # noqa: E402
+
+GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _mxfp4_like(rows: int = 48, cols: int = 128, low: int = -12, high: int = 2, seed: int = 0) -> torch.Tensor:
+    """FP4 values times one power of two per block of 32 columns, some blocks all zero (an MXFP4 weight)."""
+    generator = torch.Generator().manual_seed(seed)
+    codes = GRID[torch.randint(0, 8, (rows, cols), generator=generator)]
+    codes = codes * torch.where(torch.rand(rows, cols, generator=generator) < 0.5, -1.0, 1.0)
+    exponents = torch.randint(low, high + 1, (rows, cols // 32), generator=generator).float()
+    weight = codes * torch.ldexp(torch.ones(1), exponents.repeat_interleave(32, dim=1))
+    weight[3, :32] = 0.0
+    return weight
+
+
+def _nvfp4(weight: torch.Tensor, shared: SharedGlobal | None = None, measure: bool = False):
+    scheme = PRESETS["NVFP4A16"]
+    spec = scheme.quantized_weights
+    return quantize_float(weight, spec, weight_args(spec), weight_format(scheme), torch.bfloat16, shared, measure)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_weight_on_an_mxfp4_grid_rounds_to_nvfp4_with_no_error(dtype):
+    """Every float kept (what compressed-tensors decompresses), the global scale a power of two; the compiled
+    loop's path (`measure`, file to file) measures no error either."""
+    weight = _mxfp4_like().to(dtype)
+    rounded = _nvfp4(weight)
+    assert torch.equal(rounded.dequantized, weight.float())
+    assert float(torch.log2(rounded.stored["weight_global_scale"])).is_integer()
+    assert _nvfp4(weight, measure=True).sums[1] == 0.0
+
+
+def test_other_weights_round_as_before():
+    """A weight off the grid (one value off it) rounds by its ranges; and one on it whose fused siblings are not
+    (shared, not exact) rounds with them under their global scale, not cast alone."""
+    weight = _mxfp4_like()
+    off = weight.clone()
+    off[40, 100] = 0.3 * float(off[40, 100].abs().clamp(min=1e-3))
+    assert exact_cast(off) is None
+    assert not torch.equal(_nvfp4(off).dequantized, off)
+    together = _nvfp4(weight, SharedGlobal(float(weight.abs().max()) * 1.3, exact=False))
+    assert not torch.equal(together.dequantized, weight)
+
+
+def test_block_scales_beyond_e4m3s_reach_are_not_cast():
+    """Blocks 2^20 apart: under any global power of two one of their scales leaves e4m3's exact powers (2^-9 to
+    2^8); the shared range of siblings counts too (a sibling's larger values push the small ones out)."""
+    assert exact_cast(_mxfp4_like(low=-20, high=2)) is None
+    narrow = _mxfp4_like(low=-8, high=2)
+    assert exact_cast(narrow) is not None
+    assert exact_cast(narrow, absmax=float(narrow.abs().max()) * 2.0**12) is None
