@@ -179,6 +179,11 @@ class LearnedRounding:
         return self.lr if self.lr is not None else 1.0 / self.iters
 
 
+def gptq_scales_fixed(weights: WeightQuant, act_order: bool, static_groups: bool) -> bool:
+    """Whether GPTQ takes every scale of these weights before its column loop (Scheme.gptq_scales_fixed)."""
+    return static_groups or act_order or weights.granularity is not Granularity.GROUP
+
+
 @dataclass(frozen=True, slots=True)
 class Scheme:
     """A named precision scheme. `weights is None` only for the built-in `none` (leave in float)."""
@@ -200,6 +205,13 @@ class Scheme:
     def is_none(self) -> bool:
         """The scheme leaves the layer in float."""
         return self.weights is None
+
+    @property
+    def gptq_scales_fixed(self) -> bool:
+        """GPTQ takes every scale before its column loop (per channel, or groups with act-order or static
+        groups), so same-shape weights can round as one batch (quant/gptq_batch.py); else a group's scale is
+        taken from the columns as the loop leaves them, one weight at a time."""
+        return gptq_scales_fixed(self.quantized_weights, self.act_order, self.static_groups)
 
     @property
     def quantized_inputs(self) -> ActivationQuant:

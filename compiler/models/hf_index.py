@@ -27,7 +27,8 @@ from compiler.safe_files import read_input
 
 _MAX_HEADER = 100 << 20
 _CONFIG_NUMBERS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                   "intermediate_size", "vocab_size", "max_position_embeddings", "type_vocab_size")
+                   "intermediate_size", "vocab_size", "max_position_embeddings", "type_vocab_size",
+                   "num_experts_per_tok")  # the experts an MoE token is routed to (the plan's time counts them)
 
 
 def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ...]]] | None = None) -> ModelIndex:

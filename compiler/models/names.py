@@ -40,6 +40,9 @@ def natural_key(name: str) -> tuple:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
+_NUMBER = re.compile(r"(?<=\.)(\d+)(?=\.|$)")  # a dotted component that is a number: `layers.7.`
+
+
 def compress(names: Iterable[str]) -> list[str]:
     """Compact a list of layer names: `model.layers.[0-7].self_attn.{q,k,v}_proj`.
 
@@ -48,9 +51,8 @@ def compress(names: Iterable[str]) -> list[str]:
     """
     by_shape: dict[str, list[tuple[int, ...]]] = {}
     for name in names:
-        numbers = tuple(int(n) for n in re.findall(r"(?<=\.)\d+(?=\.|$)", name))
-        shape = re.sub(r"(?<=\.)\d+(?=\.|$)", "#", name)
-        by_shape.setdefault(shape, []).append(numbers)
+        parts = _NUMBER.split(name)  # one pass: the text between numbers at even places, the numbers at odd
+        by_shape.setdefault("#".join(parts[::2]), []).append(tuple(int(n) for n in parts[1::2]))
     ranged = [_fill(shape, values) for shape, values in by_shape.items()]
     return _merge_alternatives([n for group in ranged for n in group])
 

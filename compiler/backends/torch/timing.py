@@ -60,7 +60,7 @@ def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
 def _calibrate(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     first = 0.0 if mode is MemoryMode.FULL and w.verify_samples else rates.fixed(FIRST_FORWARD)  # capture_reference's
     # the LM head runs on the last position only unless its inputs are read (model.forward's last_logits_only)
-    passes = op.passes * forward(w, rates, w.samples, blocks_only=not w.head_calibrates())
+    passes = op.passes * forward(w, rates, w.samples, blocks_only=not w.head_calibrates(), statistics=True)
     return first + reading(w, rates, True) + passes + hessian_seconds(w, rates) + importance_seconds(w, rates)
 
 
@@ -85,10 +85,12 @@ def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     onward: float = w.samples if w.calibrate else 0  # the calibration stream through the rounded block, to the next
     if w.learned:  # with the float stream beside it, both in the steps' precision (learned.py)
         onward = 2 * w.samples * (LEARNED_STREAM_BFLOAT16 if bfloat16 else 1.0)
-    streams = (observes * w.samples if w.calibrate else 0) + onward + 2 * w.verify_samples
+    statistics = observes * w.samples if w.calibrate else 0  # with `experts all`, every token through every expert
+    streams = onward + 2 * w.verify_samples
     rounded_streams = (w.samples if w.calibrate else 0) + w.verify_samples  # through the rounded blocks
     smoothing = smooth_seconds(w, rates, blocks_only=True) if w.transform is not None and w.calibrate else 0.0
-    return (rates.block * op.repeat + forward(w, rates, streams, blocks_only=True) + hessian_seconds(w, rates)
+    return (rates.block * op.repeat + forward(w, rates, statistics, blocks_only=True, statistics=True)
+            + forward(w, rates, streams, blocks_only=True) + hessian_seconds(w, rates)
             + importance_seconds(w, rates) + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding + smoothing
             + fp4_input_seconds(w, rates, rounded_streams)
             + learned_seconds(w, rates, bfloat16, op.compiled_steps))  # as lowering chose (learning_compiled)
