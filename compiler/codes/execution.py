@@ -62,10 +62,13 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "A GGUF file stores each weight in one of llama.cpp's types, and its kernels read only those blocks: "
              "Q8_0 is int8 in groups of 32 with one float16 scale each (symmetric), Q4_0 the same in int4. A group size, "
              "an asymmetric grid, quantized inputs or a KV cache setting have no place in the file; llama.cpp quantizes "
-             "its inputs itself and sets its cache's type at run time.",
+             "its inputs itself and sets its cache's type at run time. An MoE block's experts of one projection are "
+             "one merged tensor there (`ffn_gate_exps`), so they take one type, and its router stays float "
+             "(`ffn_gate_inp`, which llama-quantize never rounds).",
              "scheme w4 { weights int4 group 128 symmetric }   # with emit … { format gguf }"),
     CodeInfo("Q439", "a model the GGUF writer cannot hold",
-             "qrc writes GGUF for the decoders whose llama.cpp graph it knows (Llama, Mistral, Qwen2, Qwen3) from a "
+             "qrc writes GGUF for the decoders whose llama.cpp graph it knows (Llama, Mistral, Qwen2, Qwen3, Mixtral, "
+             "Qwen3-MoE with its chosen experts' weights renormalised and no dense blocks) from a "
              "transformers folder, and puts the folder's tokenizer in the file so that llama.cpp needs nothing else: a "
              "byte-level BPE tokenizer.json whose pre-tokenizer llama.cpp knows by name (GPT-2's, Llama 3's, Qwen2's). "
              "Other families, built-in models, RoPE scaling and SentencePiece tokenizers are refused before any work.",

@@ -13,10 +13,12 @@ from compiler.backends.torch.gguf_types import (
     TYPES_HELP,
     GgufType,
     gguf_type,
+    merged_expert,
     pre_tokenizer,
 )
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import RecipeIR
+from compiler.models.index import ROUTER_OP
 from compiler.models.side_files import copyable
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice
@@ -39,15 +41,30 @@ def check_gguf(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None
                     ir.kv_cache.span, "no KV cache in GGUF", help="remove `kv_cache`")
     seen: set[tuple[str, str]] = set()
     for candidate in each_choice(ir, assignment):
+        merged: dict[str, dict[object, str]] = {}  # a merged expert tensor → each type its experts get → one expert
         for a in candidate.layers:
             found = None if a.scheme.is_none else gguf_type(a.scheme)
             if found in K_ROWS and a.layer.in_features % SUPER_BLOCK:
                 found = f"{found.value} takes rows of whole super-blocks of {SUPER_BLOCK} weights; this layer's rows " \
                     f"have {a.layer.in_features}"
+            if found is not None and a.layer.op == ROUTER_OP:
+                found = "llama.cpp keeps an MoE router in float (`ffn_gate_inp`; llama-quantize never rounds it)"
             if isinstance(found, str) and (a.layer.name, a.scheme.name) not in seen:
                 seen.add((a.layer.name, a.scheme.name))
                 diags.error("Q438", f"`{a.layer.name}` with scheme `{a.scheme.name}`: {found}",
                             a.rule.span if a.rule else a.scheme.span, "no GGUF type", help=TYPES_HELP)
+            expert = merged_expert(a.layer.name)
+            if expert is not None and not isinstance(found, str):
+                merged.setdefault(expert[0], {}).setdefault(found, a.layer.name)
+        for name, kinds in merged.items():
+            if len(kinds) > 1 and name not in {n for n, _ in seen}:
+                seen.add((name, ""))
+                listed = ", ".join(f"`{layer}` {getattr(kind, 'value', 'float')}" for kind, layer in kinds.items())
+                diags.error("Q438", f"the experts of `{name}` get different GGUF types ({listed}): llama.cpp holds "
+                            "a block's experts of one projection as one merged tensor of one type",
+                            ir.emit.span_of("format") or ir.emit.span_of("path"), "no GGUF type",
+                            help="give every expert of a projection the same scheme (rules such as "
+                            "`\"*.experts.*.down_proj\" -> q8` do)")
 
 
 def _model_problem(ref: str, family: str) -> str | None:
@@ -61,12 +78,29 @@ def _model_problem(ref: str, family: str) -> str | None:
         return f"a `{family}` model (llama.cpp's graph for it is not one qrc writes)"
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    routing = _routing_problem(family, text)
+    if routing:
+        return routing
     for key in ("rope_parameters", "rope_scaling"):  # both: transformers applies `rope_scaling` where a user added it
         rope = text.get(key) or config.get(key)
         kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
         if kind not in ("default", None):
             return f"RoPE scaling `{kind}` in `{key}` (qrc writes plain RoPE only)"
     return tokenizer_problem(folder)
+
+
+def _routing_problem(family: str, config: dict) -> str | None:
+    """Why llama.cpp's MoE graph would compute another model than this config's, or None. Its Qwen3-MoE graph
+    renormalises the chosen experts' weights and makes every block an MoE block."""
+    if family != "qwen3_moe":
+        return None
+    if config.get("norm_topk_prob") is False:
+        return ("`norm_topk_prob: false` (llama.cpp's Qwen3-MoE graph always renormalises the chosen experts' "
+                "weights, so the file would compute another model)")
+    if config.get("mlp_only_layers") or int(config.get("decoder_sparse_step") or 1) != 1:
+        return "dense MLP blocks between the MoE blocks (`mlp_only_layers`, `decoder_sparse_step`): llama.cpp's " \
+            "Qwen3-MoE graph makes every block an MoE block"
+    return None
 
 
 def tokenizer_problem(folder: Path) -> str | None:

@@ -27,7 +27,7 @@ def head_dim(config: dict) -> int:
 
 
 def add_hparams(writer: gguf.GGUFWriter, config: dict, name: str, file_type: int) -> None:
-    """The numbers llama.cpp's Llama/Qwen2/Qwen3 graphs read."""
+    """The numbers llama.cpp's Llama/Qwen2/Qwen3 graphs read, and its MoE graphs' expert counts."""
     c = text_config(config)
     heads = int(c["num_attention_heads"])
     rope = c.get("rope_parameters") or {}
@@ -45,6 +45,12 @@ def add_hparams(writer: gguf.GGUFWriter, config: dict, name: str, file_type: int
     writer.add_value_length(head_dim(c))
     writer.add_rope_dimension_count(head_dim(c))
     writer.add_vocab_size(int(c["vocab_size"]))
+    experts = c.get("num_local_experts") or c.get("num_experts")
+    if experts:  # an MoE (Mixtral, Qwen3-MoE): its experts and the routed ones per token
+        writer.add_expert_count(int(experts))
+        writer.add_expert_used_count(int(c["num_experts_per_tok"]))
+        if c.get("moe_intermediate_size"):
+            writer.add_expert_feed_forward_length(int(c["moe_intermediate_size"]))
     writer.add_file_type(file_type)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 

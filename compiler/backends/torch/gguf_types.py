@@ -4,11 +4,26 @@ reads from qrc's files: shared by `qrc check` (gguf_check.py) and the writer. No
 from __future__ import annotations
 
 import enum
+import re
 
 from compiler.ir.types import Granularity, QType, Scheme
 
-# transformers' model_type → llama.cpp's architecture (Mistral's dense decoders are Llama's graph there)
-ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# transformers' model_type → llama.cpp's architecture (Mistral's dense decoders and Mixtral's experts are Llama's
+# graph there)
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mixtral": "llama",
+                 "qwen3_moe": "qwen3moe"}
+# an MoE expert's projection (`….experts.7.gate_proj`): llama.cpp holds a block's experts of one projection as one
+# merged tensor [experts, rows, columns] (`ffn_gate_exps`), each expert's rows a slice of it
+EXPERT = re.compile(r"\.experts\.(\d+)\.")
+
+
+def merged_expert(name: str) -> tuple[str, int] | None:
+    """`….experts.7.gate_proj.weight` → (`….experts.gate_proj.weight`, 7): the merged tensor's transformers-style
+    name (what llama.cpp's name map knows) and the expert's index in it; None for any other tensor."""
+    found = EXPERT.search(name)
+    if found is None:
+        return None
+    return f"{name[:found.start()]}.experts.{name[found.end():]}", int(found.group(1))
 
 
 class GgufType(enum.Enum):

@@ -20,7 +20,7 @@ import torch
 
 from compiler.backends.emitter import Emitter, Spec
 from compiler.backends.torch.gguf_metadata import add_hparams, add_tokenizer, text_config
-from compiler.backends.torch.gguf_types import ARCHITECTURES, GgufType, gguf_type
+from compiler.backends.torch.gguf_types import ARCHITECTURES, GgufType, gguf_type, merged_expert
 from compiler.backends.torch.layers import Job
 from compiler.backends.torch.model import TorchModel
 from compiler.ir.types import Rounding
@@ -39,22 +39,31 @@ _FILE_TYPES = {GgufType.F32: gguf.LlamaFileType.ALL_F32, GgufType.F16: gguf.Llam
 
 @dataclass(frozen=True)
 class GgufTensor:
-    """One tensor of the file: its GGUF name, type, [rows, columns] (or [n]) shape, and whether its rows are
-    reordered for llama.cpp's RoPE (the heads of a Llama q/k projection)."""
+    """One tensor of the file: its GGUF name, type, [rows, columns] (or [n]; [experts, rows, columns] merged)
+    shape, and whether its rows are reordered for llama.cpp's RoPE (the heads of a Llama q/k projection). An MoE
+    expert's projection is `part` of the `parts` equal slices of a merged tensor (`ffn_gate_exps`: each
+    expert's rows one after the other)."""
     name: str
     type: GgufType
     shape: tuple[int, ...]
     heads: int | None = None
+    part: int = 0
+    parts: int = 1
 
     @property
     def nbytes(self) -> int:
-        """Its bytes in the file (whole blocks)."""
+        """Its bytes in the file (whole blocks; the whole merged tensor)."""
         block, size = gguf.GGML_QUANT_SIZES[_GGML[self.type]]
         return int(np.prod(self.shape)) // block * size
 
+    @property
+    def part_bytes(self) -> int:
+        """The bytes of this tensor's slice (all of them, unless it is one expert of a merged tensor)."""
+        return self.nbytes // self.parts
+
 
 class GgufLayout:
-    """Every tensor of a Llama/Qwen decoder's GGUF file by its transformers name (checkpoint tensors, and the
+    """Every tensor of a Llama/Qwen decoder's (or Mixtral's, Qwen3-MoE's) GGUF file by its transformers name (checkpoint tensors, and the
     rounded layers by their job), and each one's bytes there. It opens no file, so every torchrun rank has one:
     the ranks but the first encode what they round and hand the bytes to the first, whose GgufWriter writes
     them where the layout puts them (the bytes of one process)."""
@@ -115,7 +124,8 @@ class GgufWriter(Emitter):
         add_tokenizer(header, model.folder, int(layout.config["vocab_size"]))
         for key, value in provenance:
             header.add_string(key, value)
-        for t in self.tensors.values():
+        self.merged = {t.name: t for t in self.tensors.values()}  # each file tensor once (experts share one)
+        for t in self.merged.values():
             header.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=_GGML[t.type])
         header.write_header_to_file()
         header.write_kv_data_to_file()
@@ -124,10 +134,12 @@ class GgufWriter(Emitter):
         position = header.fout[0].tell()
         header.close()
         pad = header.data_alignment
-        self.where, offset = {}, gguf.GGUFWriter.ggml_pad(position, pad)
-        for key, t in self.tensors.items():  # the offsets write_ti_data_to_file wrote, in its order
-            self.where[key] = offset
+        starts, offset = {}, gguf.GGUFWriter.ggml_pad(position, pad)
+        for name, t in self.merged.items():  # the offsets write_ti_data_to_file wrote, in its order
+            starts[name] = offset
             offset += gguf.GGUFWriter.ggml_pad(t.nbytes, pad)
+        # each transformers tensor's bytes (an expert's: its slice of the merged tensor)
+        self.where = {key: starts[t.name] + t.part * t.part_bytes for key, t in self.tensors.items()}
         self.keep = False  # a resumable run's state points at the staged file: `abort` leaves it
         if staged is not None:
             if reopen:
@@ -143,7 +155,7 @@ class GgufWriter(Emitter):
 
     def specs(self) -> list[Spec[GgufType]]:
         """Every tensor of the file (GGUF names and types), in header order."""
-        return [Spec(t.name, t.type, t.shape) for t in self.tensors.values()]
+        return [Spec(t.name, t.type, t.shape) for t in self.merged.values()]
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         """A float tensor of the checkpoint (by its transformers name), in its GGUF type."""
@@ -156,8 +168,9 @@ class GgufWriter(Emitter):
     def put_encoded(self, name: str, data: np.ndarray) -> None:
         """A tensor's bytes as the layout encoded them (here, or on another rank), at its offset."""
         assert self.fd is not None
-        if data.nbytes != self.tensors[name].nbytes:
-            raise ValueError(f"{name}: {data.nbytes} bytes where the layout has {self.tensors[name].nbytes}")
+        t = self.tensors[name]
+        if data.nbytes != t.part_bytes:
+            raise ValueError(f"{name}: {data.nbytes} bytes where the layout has {t.part_bytes}")
         written, offset = 0, self.where[name]
         while written < data.nbytes:
             written += os.pwrite(self.fd, data[written:].data, offset + written)
@@ -213,7 +226,9 @@ def _same_start(header: Path, staged: Path, length: int, size: int) -> None:
 
 def _layout(model: TorchModel, jobs: list[Job], config: dict, arch: str) -> dict[str, GgufTensor]:
     """Each output tensor by its transformers name: checkpoint tensors under llama.cpp's names, the rounded
-    layers' in their GGUF type (a tied head a rule rounds gets `output.weight` of its own)."""
+    layers' in their GGUF type (a tied head a rule rounds gets `output.weight` of its own), an MoE block's
+    experts as slices of its merged tensors (gguf_check gave every expert of one the same type) and its router
+    in float32, as llama.cpp's converter writes it."""
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], int(config["num_hidden_layers"]))
     rounded = {j.output_weight: j for j in jobs}
     heads = int(config["num_attention_heads"])
@@ -221,17 +236,24 @@ def _layout(model: TorchModel, jobs: list[Job], config: dict, arch: str) -> dict
     layout = {}
     shapes = {key: entry.shape for key, entry in model.shards.entries.items()}
     shapes.update({key: tuple(j.layer.shape) for key, j in rounded.items()})
+    experts = Counter(merged[0] for key in shapes if (merged := merged_expert(key)) is not None)
     for key, shape in shapes.items():
-        name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+        merged = merged_expert(key)
+        name = names.get_name(merged[0] if merged else key, try_suffixes=(".weight", ".bias"))
         if name is None:
             raise ValueError(f"`{key}` has no tensor in llama.cpp's {arch} graph")
         job = rounded.get(key)
-        kind = gguf_type(job.scheme) if job is not None else _FLOATS.get(model.dtype, GgufType.F32) \
-            if len(shape) > 1 else GgufType.F32
+        kind = gguf_type(job.scheme) if job is not None else GgufType.F32 if len(shape) < 2 or \
+            name.endswith("ffn_gate_inp.weight") else _FLOATS.get(model.dtype, GgufType.F32)
         assert isinstance(kind, GgufType), kind  # gguf_check refused the schemes that are no GGUF type
         module = key.rsplit(".", 1)[0]
         reordered = next((n for suffix, n in rope_heads.items() if module.endswith(suffix)), None)
-        layout[key] = GgufTensor(name, kind, tuple(shape), reordered if arch == "llama" else None)
+        reordered = reordered if arch == "llama" else None
+        if merged is None:
+            layout[key] = GgufTensor(name, kind, tuple(shape), reordered)
+        else:
+            parts = experts[merged[0]]
+            layout[key] = GgufTensor(name, kind, (parts, *shape), reordered, merged[1], parts)
     return layout
 
 
