@@ -79,6 +79,15 @@ def _kl(reference: np.ndarray, other: np.ndarray) -> float:
     return float((p.exp() * (p - q)).sum(-1).mean())
 
 
+def _float_and_llama_cpp(folder: Path, out: Path, llama_cpp_run) -> tuple[np.ndarray, np.ndarray]:
+    """The float model's logits in transformers and llama.cpp's of the GGUF, on the same 32 held-out ids."""
+    ids = [int(i) for i in np.random.default_rng(7).integers(1, 320, 32)]
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0].float().numpy()
+    return reference, llama_cpp_run.logits(out, ids)
+
+
 def _types(path: Path) -> dict[str, str]:
     return {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
 
@@ -105,11 +114,7 @@ def test_gguf_runs_in_llama_cpp_like_the_float_model(decoders, family, rounding,
     assert types["blk.0.ffn_down.weight"] == "Q8_0"
     assert types["token_embd.weight"] == "F32" and types["output_norm.weight"] == "F32"
     assert types["output.weight"] == "Q8_0"  # the tied head too: the rule gives it a tensor of its own
-    ids = [int(i) for i in np.random.default_rng(7).integers(1, 320, 32)]
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
-    with torch.no_grad():
-        reference = model(torch.tensor([ids])).logits[0].float().numpy()
-    ran = llama_cpp_run.logits(out, ids)
+    reference, ran = _float_and_llama_cpp(folder, out, llama_cpp_run)
     kl = _kl(reference, ran)
     cosine = float(np.mean((ran * reference).sum(-1) / np.linalg.norm(ran, axis=-1) / np.linalg.norm(reference, axis=-1)))
     assert kl < 2e-3 and cosine > 0.98, (kl, cosine)
@@ -175,12 +180,7 @@ def test_moe_experts_go_into_llama_cpps_merged_tensors_and_run_there(family, dow
         assert merged.tensor_type.name == kind and int(merged.shape[-1]) == 8, (name, merged.shape)
     assert tensors["blk.0.ffn_gate_inp.weight"].tensor_type.name == "F32"
     assert int(reader.fields[f"{reader.fields['general.architecture'].contents()}.expert_count"].contents()) == 8
-    ids = [int(i) for i in np.random.default_rng(7).integers(1, 320, 32)]
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
-    with torch.no_grad():
-        reference = model(torch.tensor([ids])).logits[0].float().numpy()
-    ran = llama_cpp_run.logits(out, ids)
-    kl = _kl(reference, ran)
+    kl = _kl(*_float_and_llama_cpp(folder, out, llama_cpp_run))
     assert kl < 5e-3, kl
     assert 0.3 < kl / result.verify["kld"] < 3, (kl, result.verify)  # qrc's figure is what llama.cpp shows
 

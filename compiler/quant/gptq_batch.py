@@ -17,10 +17,10 @@ from compiler.quant.gptq import (
     _Factor,
     _Params,
     _requantize,
-    _reversed_inverse,
     _ScaleRule,
     _ScaleTable,
     _sub_block,
+    _upper_inverse_factors,
 )
 from compiler.quant.weights import Convention, QuantizedWeight, round_weight
 
@@ -119,39 +119,6 @@ def batches_scales(spec: WeightQuant, act_order: bool, static_groups: bool) -> b
     """Whether gptq_batched() rounds this scheme: every scale fixed before the loop (per channel, or groups with
     act-order or static groups), where gptq() recomputes a group's scale from the columns as the loop leaves them."""
     return gptq_scales_fixed(spec, act_order, static_groups)
-
-
-def _upper_inverse_factors(owner: list) -> tuple:
-    """_upper_inverse_factor() of a batch of Hessians [n, K, K] (`owner` holds the only reference, taken: two
-    batches of K×K matrices at most), each dampened on its own (raised tenfold where its factorisation fails):
-    the factors, and per Hessian the dampening used (inf where none made it definite)."""
-    import torch
-
-    h = owner.pop()
-    means = [float(torch.diagonal(one).mean()) for one in h]  # each as _upper_inverse_factor takes it
-    used = [DAMPENING] * h.shape[0]
-    torch.diagonal(h, dim1=1, dim2=2).add_(torch.tensor([DAMPENING * m for m in means])[:, None])
-    flipped = h.flip(1, 2)
-    del h
-    lower, info = torch.linalg.cholesky_ex(flipped)
-    failed = [i for i in range(flipped.shape[0]) if int(info[i]) != 0]
-    while failed and used[failed[0]] < MAX_DAMPENING:
-        for i in failed:
-            flipped[i].diagonal().add_(9 * used[i] * means[i])  # from `used` to ten times it
-            used[i] *= 10
-        index = torch.tensor(failed)
-        retried, again = torch.linalg.cholesky_ex(flipped[index])
-        lower[index] = retried
-        failed = [i for n, i in enumerate(failed) if int(again[n]) != 0]
-    for i in failed:
-        used[i] = math.inf
-        lower[i] = torch.eye(flipped.shape[1])  # a placeholder the caller drops
-    factor = [lower]
-    del lower
-    upper = _reversed_inverse(factor, flipped)
-    finite = torch.isfinite(upper).flatten(1).all(dim=1).tolist()
-    used = [u if ok else math.inf for u, ok in zip(used, finite, strict=True)]
-    return upper, used
 
 
 def _columns_batched(w, hinv, table: _ScaleTable, orders: np.ndarray | None) -> np.ndarray:
