@@ -10,6 +10,8 @@ GroupQueryAttention; the LM head its own MatMul, kept float by both tools). Rows
 MatMulNBits with accuracy_level 4, the builder's CPU default):
 - int4-rtn: qrc `rounding rtn` | onnxruntime's MatMulNBitsQuantizer (its default RTN);
 - int4-data-free: qrc `rounding mse` (a clipping search per block) | the quantizer's HQQ (asymmetric: zero points);
+- int4-asym-rtn, int4-asym-data-free: the same with asymmetric blocks (a zero point each) on both sides, the scheme
+  HQQ writes: qrc `asymmetric` rtn and `rounding mse` | the quantizer's RTN with `is_symmetric=False`, and HQQ;
 - int4-gptq: qrc `rounding gptq` | the quantizer's GPTQ (its bundled neural-compressor port, dampening 0.01, no
   act order: it runs the whole graph once per MatMul input per sample, so it takes `--ort-gptq-samples` of the
   calibration rows, said in the row);
@@ -36,8 +38,10 @@ from real_quality import MODEL, calibration_ids, save_float_folder, texts, windo
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 64
-ROWS = ("int4-rtn", "int4-data-free", "int4-gptq", "w8a8")
+ROWS = ("int4-rtn", "int4-data-free", "int4-asym-rtn", "int4-asym-data-free", "int4-gptq", "w8a8")
 QRC = {"int4-rtn": "W4A16 { group 64 }", "int4-data-free": "W4A16 { group 64  rounding mse }",
+       "int4-asym-rtn": "W4A16 { group 64  asymmetric }",
+       "int4-asym-data-free": "W4A16 { group 64  asymmetric  rounding mse }",
        "int4-gptq": "W4A16 { group 64  rounding gptq }", "w8a8": "W8A8"}
 
 
@@ -87,13 +91,15 @@ quantize_static({str(float_model)!r}, {str(out)!r}, Reader(), quant_format=Quant
 """)
     configs = {"int4-rtn": f"DefaultWeightOnlyQuantConfig(block_size={BLOCK}, is_symmetric=True, accuracy_level=4)",
                "int4-data-free": f"HQQWeightOnlyQuantConfig(block_size={BLOCK}, bits=4)",
+               "int4-asym-rtn": f"DefaultWeightOnlyQuantConfig(block_size={BLOCK}, is_symmetric=False, accuracy_level=4)",
+               "int4-asym-data-free": f"HQQWeightOnlyQuantConfig(block_size={BLOCK}, bits=4)",
                "int4-gptq": "GPTQWeightOnlyQuantConfig(calibration_data_reader=Reader(), percdamp=0.01, "
                             "block_size=128, actorder=False)"}
     return child(reader + f"""
 from onnxruntime.quantization.matmul_nbits_quantizer import (MatMulNBitsQuantizer, DefaultWeightOnlyQuantConfig,
     GPTQWeightOnlyQuantConfig, HQQWeightOnlyQuantConfig)
 model = onnx.load({str(float_model)!r})
-q = MatMulNBitsQuantizer(model, block_size={BLOCK}, is_symmetric=True, accuracy_level=4,
+q = MatMulNBitsQuantizer(model, block_size={BLOCK}, is_symmetric={"asym" not in row}, accuracy_level=4,
                          nodes_to_exclude=["/lm_head/MatMul"], algo_config={configs[row]})
 q.process()
 q.model.save_model_to_file({str(out)!r}, use_external_data_format=True)
