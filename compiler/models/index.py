@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from compiler.models.graph import GraphSummary
@@ -65,10 +66,7 @@ class Layer:
     @property
     def params(self) -> int:
         """Number of weight elements."""
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def bytes(self) -> int:

@@ -98,9 +98,19 @@ def transformers_dtype(assignment: Assignment, schemes: dict[str, Scheme]) -> st
 
 
 def folder_schemes(assignment: Assignment) -> dict[str, Scheme]:
-    """The folder's quantized schemes by name, each a config group (K-quants are GGUF's own: Q411 here)."""
-    return {a.scheme.name: a.scheme for a in assignment.layers
-            if not a.scheme.is_none and not a.scheme.quantized_weights.qtype.is_kquant}
+    """The folder's quantized schemes by name, each a config group (K-quants are GGUF's own: Q411 here). The
+    last assignment's are kept: `check` asks three times (a pass over every layer: DeepSeek-V3 has 45,033), and
+    an assignment is frozen, so the same object has the same schemes."""
+    last = _LAST.get("schemes")
+    if last is not None and last[0] is assignment:
+        return dict(last[1])
+    found = {a.scheme.name: a.scheme for a in assignment.layers
+             if not a.scheme.is_none and not a.scheme.quantized_weights.qtype.is_kquant}
+    _LAST["schemes"] = (assignment, found)
+    return dict(found)
+
+
+_LAST: dict[str, tuple[Assignment, dict[str, Scheme]]] = {}
 
 
 def vllm_class(scheme: Scheme) -> str:
