@@ -89,7 +89,7 @@ def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str
     shared_absmax = shared.absmax if shared is not None else None
     cast = None
     if spec.qtype is QType.NVFP4 and (shared is None or shared.exact):
-        cast = exact_cast(w.float(), shared_absmax)
+        cast = exact_cast(w, shared_absmax)
     if measure and kernel and cast is None:  # before compressed-tensors' import: data-free rounding starts without it
         compiled = _compiled(w, spec, scale_dtype, shared_absmax)
         if compiled is not None:

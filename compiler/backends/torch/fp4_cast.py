@@ -43,7 +43,7 @@ class ExactCast:
 
 
 def exact_cast(w: torch.Tensor, absmax: float | None = None) -> ExactCast | None:
-    """The exact NVFP4 form of `w` [out, in] (float32), or None where it has none. `absmax`: the largest |w|
+    """The exact NVFP4 form of `w` [out, in] (any float dtype), or None where it has none. `absmax`: the largest |w|
     over the fused siblings that share the global scale (global_scales.py); None: the weight's own."""
     exponents = block_exponents(w)
     if exponents is None:
@@ -82,13 +82,14 @@ def fits(lowest: int, shift: int) -> bool:
 
 def block_exponents(w: torch.Tensor) -> torch.Tensor | None:
     """Each 16-column block's e (int32 [out, in / 16]; ZERO_BLOCK for a block of zeros) where every block of
-    `w` is FP4 values times 2^e, else None."""
+    `w` (any float dtype: each slice of rows is made float32 as it is checked, so a weight off the grid costs
+    one row's copy, not the whole weight's) is FP4 values times 2^e, else None."""
     if w.ndim != 2 or w.shape[1] % BLOCK or w.shape[0] == 0:
         return None
     found = []
     for first in [0, *range(1, w.shape[0], _ROWS)]:  # row 0 alone first: most weights are off the grid there already
         rows = 1 if first == 0 else _ROWS
-        blocks = w[first:first + rows].reshape(min(rows, w.shape[0] - first), -1, BLOCK)
+        blocks = w[first:first + rows].float().reshape(min(rows, w.shape[0] - first), -1, BLOCK)  # float32 here
         top = blocks.abs().amax(dim=-1)
         if not bool(torch.isfinite(top).all()):
             return None

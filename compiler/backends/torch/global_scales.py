@@ -44,7 +44,7 @@ class SharedGlobalScales:
             for member in members:  # one weight read at a time
                 weight = self.read(member)
                 tops.append(absmax(weight, self.compiled))
-                lowest.append(fp4_cast.lowest_exponent(weight.detach().float()))
+                lowest.append(fp4_cast.lowest_exponent(weight.detach()))
             shift = fp4_cast.global_shift(max(tops))
             exact = shift is not None and all(low is not None and fp4_cast.fits(low, shift) for low in lowest)
             self._shared[members] = SharedGlobal(max(tops), exact)
