@@ -64,7 +64,9 @@ def _recipe(tmp_path: Path, tokenizer: Path, rows: list) -> Path:
 ROWS = [[{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi"}]] * 40
 
 
-@pytest.mark.parametrize("name", sorted(TEMPLATES))
+# the endless loop runs out the whole deadline: slow, so the quick loop keeps its margin
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "endless_loop" else n
+                                  for n in sorted(TEMPLATES)])
 def test_a_hostile_template_is_q442_within_the_deadline(name, tmp_path, monkeypatch):
     monkeypatch.setenv("QRC_TEMPLATE_SECONDS", "3")
     monkeypatch.setenv("QRC_TEMPLATE_CHARS", "1000000")

@@ -229,6 +229,7 @@ def test_compiled_steps_learn_as_eager_ones_do(tmp_path, monkeypatch):
     assert errors["learned"] < 0.9 * errors["rtn"], errors
 
 
+@pytest.mark.slow  # two compiles that learn: 3.5 s
 def test_the_summary_and_the_report_say_what_the_learning_cost_and_bought(tmp_path):
     """The compile's summary and its report say the steps run, their seconds, and how far below round to
     nearest's each block's output error against float came (on the first step's samples): one step keeps round

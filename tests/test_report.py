@@ -126,6 +126,7 @@ def _chromium(*args: str) -> subprocess.CompletedProcess:
                            "--v=0", *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # a browser starts: 4 s
 @pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"),
                     reason="Chromium is not installed (CI installs Debian's chromium)")
 def test_html_report_renders_in_headless_chromium(tmp_path):
