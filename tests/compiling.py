@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -10,6 +11,15 @@ from compiler.cli import app
 from compiler.plan.ops import OpKind
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def rank_env() -> dict:
+    """The environment of torchrun's ranks: this checkout first on the path (before any path the caller had, which
+    may hold qrc's dependencies), one thread per process as torchrun gives each rank."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "QRC_RANK_TIMEOUT": "120", "OMP_NUM_THREADS": "1"}
+
+
 runner = CliRunner()
 
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from compiling import ROOT
+from compiling import ROOT, rank_env
 
 from compiler.frontend import check_source, plan_file
 from compiler.plan.render import to_text
@@ -54,7 +54,7 @@ GPTQ = """recipe gptq {{
 
 def _env() -> dict:
     # one thread per process, as torchrun gives each rank: the single process computes with the same kernels
-    return {**os.environ, "PYTHONPATH": str(ROOT), "QRC_RANK_TIMEOUT": "120", "OMP_NUM_THREADS": "1"}
+    return rank_env()
 
 
 def _launcher(ranks: int) -> list[str]:

@@ -6,13 +6,12 @@ run `python -m pytest tests/test_gpu.py` on a GPU machine."""
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from compiling import ROOT, compile_program
+from compiling import ROOT, compile_program, rank_env
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
 
@@ -56,7 +55,7 @@ def test_two_ranks_share_a_compile_on_a_machine_with_one_gpu(tmp_path):
     if torch.cuda.device_count() >= 2:
         pytest.skip("several GPUs: each rank gets its own and nccl is used")
     recipe = ROOT / "recipes/tiny-llama-torch-w8a8.recipe"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "QRC_RANK_TIMEOUT": "120", "OMP_NUM_THREADS": "1"}
+    env = rank_env()
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           "-m", "compiler", "compile", str(recipe), "-o", str(tmp_path / "two")],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)

@@ -207,7 +207,7 @@ def _upper_inverse_factors(owner: list) -> tuple:
     h = owner.pop()
     means = [float(torch.diagonal(one).mean()) for one in h]  # each as _upper_inverse_factor takes it
     used = [DAMPENING] * h.shape[0]
-    torch.diagonal(h, dim1=1, dim2=2).add_(torch.tensor([DAMPENING * m for m in means])[:, None])
+    torch.diagonal(h, dim1=1, dim2=2).add_(torch.tensor([DAMPENING * m for m in means], device=h.device)[:, None])
     flipped = h.flip(1, 2)
     del h
     lower, info = torch.linalg.cholesky_ex(flipped)
@@ -216,13 +216,13 @@ def _upper_inverse_factors(owner: list) -> tuple:
         for i in failed:
             flipped[i].diagonal().add_(9 * used[i] * means[i])  # from `used` to ten times it
             used[i] *= 10
-        index = torch.tensor(failed)
+        index = torch.tensor(failed, device=flipped.device)
         retried, again = torch.linalg.cholesky_ex(flipped[index])
         lower[index] = retried
         failed = [i for n, i in enumerate(failed) if int(again[n]) != 0]
     for i in failed:
         used[i] = math.inf
-        lower[i] = torch.eye(flipped.shape[1])  # a placeholder the caller drops
+        lower[i] = torch.eye(flipped.shape[1], device=flipped.device)  # a placeholder the caller drops
     factor = [lower]
     del lower
     upper = _reversed_inverse(factor, flipped)

@@ -279,11 +279,13 @@ def fp4_input_hook(args: dict, global_scale: float | None):
 
     quant_args = QuantizationArgs.model_validate(args)
     scale_of_scales = torch.tensor([global_scale], dtype=torch.float32) if global_scale is not None else None
+    on_device: dict = {}  # the global scale on each device the layer's inputs come from (a GPU in multi_gpu)
 
     def hook(module, inputs):
         x = inputs[0]
-        scale, zero_point = compute_dynamic_scales_and_zp(x, quant_args, module, global_scale=scale_of_scales)
-        q = fake_quantize(x, scale, zero_point, quant_args, global_scale=scale_of_scales)
+        scaled = None if scale_of_scales is None else on_device.setdefault(x.device, scale_of_scales.to(x.device))
+        scale, zero_point = compute_dynamic_scales_and_zp(x, quant_args, module, global_scale=scaled)
+        q = fake_quantize(x, scale, zero_point, quant_args, global_scale=scaled)
         return (q.to(x.dtype),) + tuple(inputs[1:])
     return hook
 

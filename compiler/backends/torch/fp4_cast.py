@@ -53,8 +53,8 @@ def exact_cast(w: torch.Tensor, absmax: float | None = None) -> ExactCast | None
     shift = global_shift(absmax if absmax is not None else math.ldexp(1.0, (top or 0) + _FP4_TOP))
     if shift is None or (nonzero.numel() and not fits(int(nonzero.min()), shift)):
         return None
-    high = torch.where(exponents != ZERO_BLOCK, torch.ldexp(torch.tensor(float(FP4_MAX)), _finite(exponents)),
-                       torch.tensor(0.0))
+    largest = torch.tensor(float(FP4_MAX), device=exponents.device)
+    high = torch.where(exponents != ZERO_BLOCK, torch.ldexp(largest, _finite(exponents)), largest.new_zeros(()))
     return ExactCast(torch.tensor([2.0 ** shift], dtype=torch.float32), high)
 
 
@@ -112,4 +112,4 @@ def _finite(exponents: torch.Tensor) -> torch.Tensor:
 def _on_grid(values: torch.Tensor) -> bool:
     """Whether every value is an FP4 value (±0, 0.5, 1, 1.5, 2, 3, 4, 6)."""
     doubled = values.abs() * 2
-    return bool(torch.isin(doubled, _DOUBLED_FP4).all())
+    return bool(torch.isin(doubled, _DOUBLED_FP4.to(doubled.device)).all())

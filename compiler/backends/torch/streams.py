@@ -212,6 +212,22 @@ def on_device(value, device):
     return tensors_mapped(value, lambda tensor: tensor.to(device))
 
 
+def in_dtype(value, device, dtype: torch.dtype):
+    """A block's other inputs moved to `device`, their floating tensors in `dtype`, the dtype its weights and
+    hidden states compute in there. The inputs were captured in float32 (the model's head runs on the CPU) and
+    a bfloat16 block on a GPU would otherwise take float32 rotary cos/sin: they turn its queries and keys
+    float32 beside bfloat16 values, which attention refuses. transformers gives a model of that dtype its
+    position embeddings and masks in it; a mask's float32 minimum is clamped to the dtype's finite range
+    (cast alone it would be -inf)."""
+    def moved(tensor: torch.Tensor) -> torch.Tensor:
+        if not tensor.is_floating_point() or tensor.dtype == dtype:
+            return tensor.to(device)
+        limits = torch.finfo(dtype)
+        return tensor.to(device).clamp(limits.min, limits.max).to(dtype)
+
+    return tensors_mapped(value, moved)
+
+
 def run_block(block: nn.Module, number: int, stream: Stream, device, out: HiddenCache | None, before=None,
               keep: list[torch.Tensor] | None = None) -> None:
     """Block `number` on every chunk of the stream; its hidden outputs go to `out` (None: statistics only). The
@@ -232,8 +248,9 @@ def run_block(block: nn.Module, number: int, stream: Stream, device, out: Hidden
 
 def run_chunk(block: nn.Module, number: int, stream: Stream, device, i: int) -> torch.Tensor:
     """Block `number` on chunk `i` of the stream: its hidden output."""
-    args, kwargs = on_device(stream.rest[i][number], device)
-    hidden = stream.hidden.get(i).to(device, torch.float32 if str(device) == "cpu" else stream.hidden.dtype)
+    dtype = torch.float32 if str(device) == "cpu" else stream.hidden.dtype
+    args, kwargs = in_dtype(stream.rest[i][number], device, dtype)
+    hidden = stream.hidden.get(i).to(device, dtype)
     result = block(hidden, *args, **kwargs)
     if stream.arity is None:
         stream.arity = len(result) if isinstance(result, (tuple, list)) else 0
