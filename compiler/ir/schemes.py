@@ -109,6 +109,11 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], facts: Back
     if weights is not None:
         _check_floats(decl, weights, activations, rounding, diags)
         other_grid = (static_groups and not act_order) or not mse_scales  # act_order implies static_groups
+        chosen = next((k for k in decl.rounding if k.kind in ("group_scales", "scale_search")), None)
+        if weights.qtype.is_float and rounding is Rounding.GPTQ and chosen is not None:
+            diags.error("Q256", f"scheme `{decl.name.value}`: GPTQ rounds {weights.qtype.name} onto the block scales "
+                        "round to nearest takes from the float weight (compressed-tensors' ranges)", chosen.span,
+                        "no other scales", help=f"drop `{chosen.value}`")
         if weights.qtype.is_kquant and rounding is Rounding.GPTQ and other_grid:
             diags.error("Q256", f"scheme `{decl.name.value}`: {weights.qtype.name}'s grid is llama.cpp's imatrix "
                         "search of the float weight, before GPTQ rounds onto it", decl.name.span,
@@ -420,9 +425,12 @@ def _float_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Rounding
                 f"means `group {fmt.fixed_group}`")
     if fmt is QType.FP8 and w.granularity is Granularity.GROUP:
         return "fp8 weights take `per_tensor`, `per_channel` or `block RxC`", "e.g. `weights fp8 block 128x128`"
-    if fmt.is_float and rounding is not Rounding.RTN:
-        return (f"{fmt.name} weights are rounded with rtn (compressed-tensors' rounding), not {rounding.name}",
-                "write `rounding rtn`, or use an integer type for gptq, mse or imatrix")
+    fp4 = fmt.is_float and fmt.bits == 4
+    if fmt.is_float and rounding is not Rounding.RTN and not (fp4 and rounding is Rounding.GPTQ):
+        return (f"{fmt.name} weights are rounded with rtn (compressed-tensors' rounding)"
+                f"{' or gptq' if fp4 else ''}, not {rounding.name}",
+                f"write `rounding rtn`{' or `rounding gptq`' if fp4 else ''}, or use an integer type for "
+                f"`rounding {rounding.name}`")
     if a is None:
         return None
     if a.qtype.fixed_group:

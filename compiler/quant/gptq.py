@@ -117,6 +117,25 @@ def gptq_on_grid(w: np.ndarray, hessian: np.ndarray, scale: np.ndarray, offset: 
     return factor.rounded(owner, hinv, table, None)
 
 
+def gptq_on_fp4_grid(w: np.ndarray, hessian: np.ndarray, steps: np.ndarray, act_order: bool = False,
+                     device: str = "cpu", dampened: Callable[[float], None] | None = None) -> np.ndarray:
+    """GPTQ's rounding of `w` [out, in] onto an FP4 grid fixed before any column is rounded: the weights of row
+    r in block b (blocks of in / steps.shape[1] columns) round to steps[r, b]·v, v an e2m1 value (±0 … ±6, ties
+    as compressed-tensors breaks them); NVFP4's and MXFP4's block scales taken from the float weight. Returns
+    the rounded values (float32 [out, in]); `hessian` is consumed as in gptq()."""
+    import torch
+
+    w = np.array(w, np.float32)
+    factor = _Factor.of(w, hessian, act_order, device)
+    del hessian
+    hinv = factor.inverse(dampened)
+    step = torch.from_numpy(np.asarray(steps, np.float32)).to(device)
+    table = _ScaleTable(step, torch.zeros_like(step), w.shape[1] // steps.shape[1], 0, 0, fp4=True)
+    owner = [w]
+    del w
+    return factor.rounded(owner, hinv, table, None)
+
+
 @dataclass
 class _Factor:
     """A Hessian made ready for GPTQ's loop: its dead inputs (diagonal 0) set to 1 (their weight columns are
@@ -318,6 +337,7 @@ class _ScaleTable:
     lo: int
     hi: int
     offset: bool = False
+    fp4: bool = False  # the e2m1 values times the scale (zero points unused), not integer levels
 
     @staticmethod
     def of(params: _Params, device: str) -> _ScaleTable:
@@ -336,9 +356,24 @@ class _ScaleTable:
         """`column` (original column `index`) rounded onto its groups' grid, as float32 values (tensor methods,
         in place on the one temporary: this runs once per column of every layer)."""
         s, z = self.at(index)
+        if self.fp4:
+            return _fp4_rounded(column / s).mul_(s)
         if self.offset:  # K-quants: level = rint((x + offset) / scale)
             return ((column + z) / s).round_().clamp_(self.lo, self.hi).mul_(s).sub_(z)
         return (column / s).round_().add_(z).clamp_(self.lo, self.hi).sub_(z).mul_(s)
+
+
+def _fp4_rounded(x):
+    """Each value of `x` (a tensor) the nearest e2m1 value, its sign kept (qparams.FP4_STEPS: one comparison a
+    threshold, as compressed-tensors casts)."""
+    import torch
+
+    magnitude = x.abs()
+    index = torch.zeros_like(magnitude, dtype=torch.int64)
+    for threshold, tie_up in qparams.FP4_STEPS:
+        index += magnitude >= threshold if tie_up else magnitude > threshold
+    grid = torch.tensor(qparams.FP4_GRID, dtype=x.dtype, device=x.device)
+    return grid[index].copysign_(x)
 
 
 def _group_columns(block, w, start: int, j: int, size: int) -> np.ndarray:

@@ -9,6 +9,10 @@ from compiler.ir.types import QType
 
 FP8_MAX = 448  # the largest finite float8_e4m3fn (a whole number, so FP8 has a range like the integers)
 FP4_MAX = 6  # the largest e2m1 value (NVFP4, MXFP4)
+FP4_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the e2m1 magnitudes, by their 3-bit index
+# |x| above each threshold moves one e2m1 value up; at a tie between two values the even index wins
+# (compressed-tensors' alternating <= and <): > for 0.25, 1.25, 2.5 and 5 (ties down), >= for 0.75, 1.75, 3.5 (up)
+FP4_STEPS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
 _SYMMETRIC_RANGES = {QType.INT8: (-127, 127)}  # onnxruntime narrows int8 only
 
 

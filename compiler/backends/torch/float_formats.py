@@ -74,8 +74,51 @@ def restored(value):
     return value
 
 
+@dataclass(frozen=True)
+class GivenScales:
+    """Block scales to round an FP4 weight with instead of its own: each block's symmetric range `high` (float32
+    [out, in / block]) under `global_scale` (NVFP4; None for MXFP4), as compressed-tensors turns them into
+    scales. What GPTQ onto FP4 (fp4_gptq.py) stores its values with: the float weight's."""
+
+    global_scale: torch.Tensor | None
+    high: torch.Tensor
+
+
+def fp4_scales(weight: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | None = None) -> GivenScales:
+    """The block ranges and global scale round to nearest takes for an FP4 weight (`quantize_float`): an exact
+    cast's where the weight lies on an FP4 grid, else the blocks' largest magnitudes under the global scale of
+    `shared` or of the weight's own range."""
+    w = weight.detach().cpu()
+    cast = _exact(w, spec, shared)
+    if cast is not None:
+        return GivenScales(cast.global_scale, cast.high)
+    low, high = _ranges(w.float(), spec)
+    return GivenScales(_global_scale(w, spec, shared), torch.maximum(-low, high))
+
+
+def _exact(w: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | None):
+    """The exact NVFP4 cast of `w` (fp4_cast.py) where it applies (alone, or with every fused sibling), else None."""
+    if spec.qtype is QType.NVFP4 and (shared is None or shared.exact):
+        return exact_cast(w, shared.absmax if shared is not None else None)
+    return None
+
+
+def _global_scale(w: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | None) -> torch.Tensor | None:
+    """NVFP4's global scale by compressed-tensors' generate_gparam, from the siblings' shared largest magnitude or
+    the weight's own range; None for the formats without one."""
+    if spec.qtype.fixed_group != 16:
+        return None
+    from compressed_tensors.quantization.utils import generate_gparam
+
+    if shared is not None:
+        bound = torch.tensor(shared.absmax)
+        return generate_gparam(-bound, bound)
+    return generate_gparam(w.min().float(), w.max().float())
+
+
 def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str, scale_dtype: torch.dtype,
-                   shared: SharedGlobal | None = None, measure: bool = False, kernel: bool = True) -> FloatQuantized:
+                   shared: SharedGlobal | None = None, measure: bool = False, kernel: bool = True,
+                   given: GivenScales | None = None) -> FloatQuantized:
     """Round `weight` [out, in] with the compressed-tensors weight arguments `args` and store it in format
     `fmt`; scales are kept in `scale_dtype` (the checkpoint's float dtype) where the format does not fix their
     type. NVFP4's global scale comes from `shared` where fused siblings share it (global_scales.py), else from
@@ -84,29 +127,20 @@ def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str
     rows (whole blocks of them) are rounded on every core, each made float32 there, and their tensors joined:
     the bytes of one piece. `measure`: the SQNR's sums instead of the dequantized weight, and the formats
     fused_float rounds are rounded there (the same bits; `kernel=False`: compressed-tensors' functions only,
-    the reference tests/test_float_kernels.py holds the loop to)."""
+    the reference tests/test_float_kernels.py holds the loop to). `given`: the block scales to round with
+    instead (GivenScales)."""
     w = weight.detach().cpu()
-    shared_absmax = shared.absmax if shared is not None else None
-    cast = None
-    if spec.qtype is QType.NVFP4 and (shared is None or shared.exact):
-        cast = exact_cast(w, shared_absmax)
+    cast = given if given is not None else _exact(w, spec, shared)
     if measure and kernel and cast is None:  # before compressed-tensors' import: data-free rounding starts without it
-        compiled = _compiled(w, spec, scale_dtype, shared_absmax)
+        compiled = _compiled(w, spec, scale_dtype, shared.absmax if shared is not None else None)
         if compiled is not None:
             return compiled
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
-    from compressed_tensors.quantization.utils import generate_gparam
 
     fp4_kernels.register()  # FP4's cast and packing on the CPU, through compressed-tensors' own dispatch
     quant_args = QuantizationArgs.model_validate(args)
-    global_scale = None
-    if cast is not None:
-        global_scale = cast.global_scale
-    elif spec.qtype.fixed_group == 16:
-        bound = torch.tensor(shared_absmax) if shared_absmax is not None else None
-        global_scale = (generate_gparam(-bound, bound) if bound is not None else
-                        generate_gparam(w.min().float(), w.max().float()))
+    global_scale = cast.global_scale if cast is not None else _global_scale(w, spec, shared)
     scheme = QuantizationScheme(targets=["Linear"], weights=quant_args)
     compressor = BaseCompressor.load_from_registry(fmt)
 
@@ -255,11 +289,13 @@ def fp8_input_scale(low: float, high: float, scale_dtype: torch.dtype) -> float:
 
 
 def quantize_scheme(weight: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype,
-                    shared: SharedGlobal | None = None, measure: bool = False) -> FloatQuantized:
+                    shared: SharedGlobal | None = None, measure: bool = False,
+                    given: GivenScales | None = None) -> FloatQuantized:
     """`weight` rounded and stored as a floating scheme's weights say (its compressed-tensors arguments and
     format): what the rounding and the precision search both call."""
     spec = scheme.quantized_weights
-    return quantize_float(weight, spec, weight_args(spec), weight_format(scheme), scale_dtype, shared, measure)
+    return quantize_float(weight, spec, weight_args(spec), weight_format(scheme), scale_dtype, shared, measure,
+                          given=given)
 
 
 def nvfp4_input_global_scale(low: float, high: float) -> float:

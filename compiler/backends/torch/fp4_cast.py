@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
-from compiler.quant.qparams import FP4_MAX
+from compiler.quant.qparams import FP4_GRID, FP4_MAX
 
 BLOCK = 16  # NVFP4's columns per scale
 E4M3_POWERS = (-9, 8)  # the powers of two float8_e4m3fn holds exactly (2^-9 is its smallest subnormal)
 _FP4_TOP = 2  # floor(log2 6): a block's largest FP4 magnitude lies in [2^2, 2^3)
-_DOUBLED_FP4 = torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0])  # 2 · |FP4 values|: whole numbers
+_DOUBLED_FP4 = torch.tensor([2 * v for v in FP4_GRID])  # 2 · |FP4 values|: whole numbers
 ZERO_BLOCK = torch.iinfo(torch.int32).min  # the exponent block_exponents gives a block of zeros
 _ROWS = 1024  # rows checked at a time: a few float32 copies of that many rows, not of the weight
 _REACH = 100  # exponents scaled in float32 (2^±100 stays normal); a weight beyond them is not cast

@@ -14,10 +14,9 @@ import threading
 import numpy as np
 import torch
 
-# |x| above each threshold moves one E2M1 value up; at a tie between two values the even index wins (the
-# fallback's alternating <= and <): > for 0.25, 1.25, 2.5 and 5 (ties down), >= for 0.75, 1.75 and 3.5 (ties up)
-_STEPS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
-_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+from compiler.quant.qparams import FP4_GRID, FP4_STEPS
+
+_GRID = np.array(FP4_GRID, np.float32)
 _INDEX_OF_DOUBLED = np.zeros(256, np.uint8)  # 2·|value| → its 3-bit E2M1 index (values ≥ 6 → 7)
 _INDEX_OF_DOUBLED[[1, 2, 3, 4, 6, 8]] = [1, 2, 3, 4, 5, 6]
 _INDEX_OF_DOUBLED[12:128] = 7
@@ -35,7 +34,7 @@ def qrc_cast_to_fp4_cpu(x: torch.Tensor) -> torch.Tensor:
     a = x.detach().numpy()
     magnitude = np.abs(a)
     index = np.zeros(a.shape, np.uint8)
-    for threshold, tie_up in _STEPS:  # one comparison a pass (a NaN passes none: 0 · sign(NaN) is NaN)
+    for threshold, tie_up in FP4_STEPS:  # one comparison a pass (a NaN passes none: 0 · sign(NaN) is NaN)
         index += (magnitude >= threshold if tie_up else magnitude > threshold).view(np.uint8)
     return torch.from_numpy((_GRID[index] * np.sign(a)).astype(a.dtype, copy=False))
 

@@ -16,6 +16,7 @@ from compiler.backends import BackendError
 from compiler.backends.torch import float_formats
 from compiler.backends.torch.experts import remove_hooks, set_routing
 from compiler.backends.torch.float_formats import FloatQuantized
+from compiler.backends.torch.fp4_gptq import gptq_fp4
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.quant_args import input_args, static_input
 from compiler.diagnostics import error
@@ -299,6 +300,9 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
     propagates to the caller, which rounds with rtn. `shared`: NVFP4 siblings' common range (and exact cast).
     `measure`: rtn/mse and the floating formats also take the sums of the weight's SQNR."""
     spec = job.scheme.quantized_weights
+    if spec.qtype.is_float and job.gptq:  # onto the FP4 grid round to nearest's scales give (fp4_gptq.py)
+        assert stats is not None, "GPTQ rounds with its layer's statistics"
+        return gptq_fp4(weight, job.scheme, stats.hessian(job), scale_dtype, shared, str(weight.device), dampened)
     if spec.qtype.is_float:  # rounded and stored by compressed-tensors (float_formats.py)
         return float_formats.quantize_scheme(weight, job.scheme, scale_dtype, shared, measure)
     np_dtype = str(scale_dtype).removeprefix("torch.")

@@ -1,0 +1,45 @@
+"""GPTQ onto an FP4 format's grid (`rounding gptq` with NVFP4 or MXFP4 weights).
+
+The block scales (and NVFP4's global scale) are the ones round to nearest takes from the float weight
+(compressed-tensors' ranges: float_formats.fp4_scales), each block's step as compressed-tensors' own dequantize
+computes it; GPTQ then rounds the columns onto those blocks' e2m1 values, each column's error spread over the
+columns not yet rounded (quant/gptq.py), and the values are stored with the same scales, so the folder
+decompresses to exactly the values GPTQ chose. llm-compressor's GPTQModifier rounds NVFP4 the same way (its
+observer's scales from the float weight, then the column loop)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from compiler.backends.torch import float_formats
+from compiler.backends.torch.quant_args import weight_args
+from compiler.ir.types import Scheme
+from compiler.quant.gptq import gptq_on_fp4_grid
+
+
+def block_steps(scales: float_formats.GivenScales, scheme: Scheme) -> np.ndarray:
+    """Each block's step (float32 [out, in / block]): what one e2m1 unit of that block decompresses to, by
+    compressed-tensors' calculate_qparams and dequantize (so the arithmetic is the loader's)."""
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    spec = scheme.quantized_weights
+    block = spec.qtype.fixed_group
+    assert block is not None, "the FP4 formats define their block"
+    args = QuantizationArgs.model_validate(weight_args(spec))
+    scale, zero_point = calculate_qparams(-scales.high, scales.high, args, global_scale=scales.global_scale)
+    ones = torch.ones(scales.high.shape[0], scales.high.shape[1] * block)
+    steps = dequantize(ones, scale, zero_point, args, dtype=torch.float32, global_scale=scales.global_scale)
+    return steps[:, ::block].contiguous().numpy()
+
+
+def gptq_fp4(weight: torch.Tensor, scheme: Scheme, hessian: np.ndarray, scale_dtype: torch.dtype,
+             shared: float_formats.SharedGlobal | None, device: str, dampened=None) -> float_formats.FloatQuantized:
+    """`weight` [out, in] rounded by GPTQ onto its FP4 grid (the scales round to nearest takes from it) with the
+    layer's Hessian (consumed), stored as compressed-tensors stores the format."""
+    w = weight.detach().float().cpu()
+    scales = float_formats.fp4_scales(w, scheme.quantized_weights, shared)
+    rounded = gptq_on_fp4_grid(w.numpy(), hessian, block_steps(scales, scheme), scheme.act_order, device, dampened)
+    return float_formats.quantize_scheme(torch.from_numpy(rounded), scheme, scale_dtype, given=scales)
