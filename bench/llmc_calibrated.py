@@ -60,6 +60,11 @@ def recipe(method: str, alpha: float, group: int = 128):
         return GPTQModifier(config_groups=groups(name, weights, inputs), ignore=["lm_head"], dampening_frac=0.01,
                             block_size=128, **more)
 
+    if method.startswith("spinquant:"):  # its R1 + R2 (random Hadamard, QuaRot's; 576 is no power of two) first
+        from llmcompressor.modifiers.transform import SpinQuantModifier
+
+        return [SpinQuantModifier(rotations=["R1", "R2"], transform_type="random-hadamard"),
+                *recipe(method.removeprefix("spinquant:"), alpha, group)]
     w4 = int_weights(4, "group")
     static_inputs = QuantizationArgs(num_bits=8, type="int", strategy="tensor", symmetric=False, dynamic=False)
     if method in ("gptq", "gptq-actorder"):
@@ -77,12 +82,16 @@ def recipe(method: str, alpha: float, group: int = 128):
         return [AWQModifier(config_groups=groups("w4", w4), ignore=["lm_head"], n_grid=20, duo_scaling=True)]
     if method in ("NVFP4", "MXFP4", "W4AFP8", "FP8_DYNAMIC", "NVFP4A16"):
         return [plain(method)]
+    if method in ("gptq-NVFP4", "gptq-NVFP4A16"):  # its NVFP4 GPTQ example: the preset, its defaults
+        return [GPTQModifier(targets="Linear", scheme=method.removeprefix("gptq-"), ignore=["lm_head"])]
     if method == "smoothquant":
         return [SmoothQuantModifier(smoothing_strength=alpha), plain("W8A8")]
     if method == "w8a16":
         return [quantized("w8", int_weights(8, "channel"))]
-    if method == "w4a8":
+    if method in ("w4a8", "gptq-w4a8"):
         per_token = QuantizationArgs(num_bits=8, type="int", strategy="token", symmetric=True, dynamic=True)
+        if method == "gptq-w4a8":
+            return [gptq("w4a8", w4, per_token, actorder="static")]
         return [quantized("w4a8", w4, per_token)]
     if method == "rtn":
         return [quantized("w4", w4)]

@@ -59,14 +59,22 @@ ROWS = {
     # compressed-tensors' W4A8: int4 weight groups, int8 inputs per token at run time (576 takes no 128: group 64)
     "w4a8": ("W8A8 { weights int4 group 64 symmetric }", "", "w4a8"),
     # QuaRot's offline rotations (R1 + R2) folded into the weights before the same schemes: what 4-bit inputs need
-    # on real weights, whose outlier channels the rotation spreads (R3/R4, the online ones, are not run)
-    "nvfp4-quarot": ("NVFP4", "transform quarot", None),
-    "nvfp4a16-quarot": ("NVFP4A16", "transform quarot", None),
-    "mxfp4-quarot": ("MXFP4", "transform quarot", None),
-    "w4a8-quarot": ("W8A8 { weights int4 group 64 symmetric }", "transform quarot", None),
-    "w8a8-static-quarot": ("W8A8_STATIC", "transform quarot", None),
-    "w4-rtn-quarot": ("W4A16 { group 64 }", "transform quarot", None),
-    "w4-gptq-quarot": ("W4A16 { group 64  rounding gptq }", "transform quarot", None),
+    # on real weights, whose outlier channels the rotation spreads (R3/R4, the online ones, are not run); beside
+    # llm-compressor's SpinQuantModifier with the same two rotations, random Hadamard ones
+    "nvfp4-quarot": ("NVFP4", "transform quarot", "spinquant:NVFP4"),
+    "nvfp4-gptq": ("NVFP4 { rounding gptq }", "", "gptq-NVFP4"),
+    "nvfp4-quarot-gptq": ("NVFP4 { rounding gptq }", "transform quarot", "spinquant:gptq-NVFP4"),
+    "nvfp4a16-gptq": ("NVFP4A16 { rounding gptq }", "", "gptq-NVFP4A16"),
+    "nvfp4a16-quarot": ("NVFP4A16", "transform quarot", "spinquant:NVFP4A16"),
+    "mxfp4-quarot": ("MXFP4", "transform quarot", "spinquant:MXFP4"),
+    "w4a8-quarot": ("W8A8 { weights int4 group 64 symmetric }", "transform quarot", "spinquant:w4a8"),
+    # GPTQ's weights after the rotation (QuaRot's own recipe rounds its weights with GPTQ), beside GPTQ alone
+    "w4a8-gptq": ("W8A8 { weights int4 group 64 symmetric  rounding gptq }", "", "gptq-w4a8"),
+    "w4a8-quarot-gptq": ("W8A8 { weights int4 group 64 symmetric  rounding gptq }", "transform quarot",
+                         "spinquant:gptq-w4a8"),
+    "w8a8-static-quarot": ("W8A8_STATIC", "transform quarot", "spinquant:w8a8-static"),
+    "w4-rtn-quarot": ("W4A16 { group 64 }", "transform quarot", "spinquant:rtn"),
+    "w4-gptq-quarot": ("W4A16 { group 64  rounding gptq }", "transform quarot", "spinquant:gptq-actorder"),
     "w4-rtn": ("W4A16 { group 64 }", "", "rtn"),
     "w4-mse": ("W4A16 { group 64  rounding mse }", "", "mse"),
     # mse's search weighted by each input column's mean square over the calibration tokens
