@@ -8,6 +8,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pytest  # noqa: E402
 
 import golden  # noqa: E402
+from compiler.plan.timing import BFloat16Products  # noqa: E402
 
 
 def pytest_addoption(parser):
@@ -27,6 +28,6 @@ def _reference_machine_speed(monkeypatch):
     so the plan goldens do not change with the machine that runs them."""
     monkeypatch.setattr("compiler.frontend.machine_speed", lambda cache: 1.0)
     # and its CPU multiplies no bfloat16 in hardware (learned rounding's steps in float32: plan/timing.py)
-    monkeypatch.setattr("compiler.backends.torch.timing.native_bfloat16", lambda: False)
+    monkeypatch.setattr("compiler.backends.torch.timing.bfloat16_products", lambda: BFloat16Products.CONVERTED)
     # and a C++ compiler for torch.compile is found (long learned rounding compiles its steps: compiled_steps.py)
     monkeypatch.setattr("compiler.backends.torch.compiled_steps.compiler_found", lambda: True)

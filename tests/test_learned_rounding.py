@@ -10,6 +10,7 @@ import pytest
 from compiling import compile_, runner
 
 from compiler.cli import app
+from compiler.plan.timing import BFloat16Products
 
 RECIPE = """recipe learned {{
     model "{model}"
@@ -150,9 +151,12 @@ def test_full_mode_learns_the_same_as_low_memory(tmp_path):
     assert full.keys() == low.keys() and all(full[k].equal(low[k]) for k in full)
 
 
-@pytest.mark.parametrize(("flags", "native"), [("fpu avx512f avx512_bf16 amx_tile", True), ("fpu amx_bf16", True),
-                                               ("fpu avx512f avx512bw avx512_vnni", False)])
-def test_bfloat16_steps_only_where_the_cpu_multiplies_it(tmp_path, monkeypatch, flags, native):
+@pytest.mark.parametrize(("flags", "native", "kind"), [
+    ("fpu avx512f avx512_bf16 amx_tile", True, BFloat16Products.AVX512_BF16),
+    ("fpu amx_bf16", True, BFloat16Products.AMX),
+    ("fpu avx512f avx512_bf16 amx_bf16 amx_tile", True, BFloat16Products.AMX),
+    ("fpu avx512f avx512bw avx512_vnni", False, BFloat16Products.CONVERTED)])
+def test_bfloat16_steps_only_where_the_cpu_multiplies_it(tmp_path, monkeypatch, flags, native, kind):
     """The steps' products run in bfloat16 only on a CPU whose flags say it multiplies bfloat16 in hardware (else
     torch emulates it, slower than float32)."""
     from compiler.backends import cpu_flags as cpu_features
@@ -163,6 +167,8 @@ def test_bfloat16_steps_only_where_the_cpu_multiplies_it(tmp_path, monkeypatch, 
     cpu_features.native_bfloat16.cache_clear()
     try:
         assert cpu_features.native_bfloat16() is native
+        # what the plan times the steps by: AMX's tiles or AVX-512 BF16's dot products, about twofold apart
+        assert cpu_features.bfloat16_products(info) is kind
     finally:
         cpu_features.native_bfloat16.cache_clear()
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from compiler.plan.timing import BFloat16Products
+
 CPUINFO = Path("/proc/cpuinfo")
 # flags of x86 CPUs that multiply bfloat16 in hardware (AVX-512 BF16, AMX); without them torch's bfloat16 matrix
 # products are converted to float32 and back, slower than float32 alone
@@ -20,6 +22,16 @@ def cpu_flags(cpuinfo: Path = CPUINFO) -> list[str] | None:
     except OSError:
         return None
     return next((line.partition(":")[2].split() for line in text.splitlines() if line.startswith("flags")), None)
+
+
+@functools.cache
+def bfloat16_products(cpuinfo: Path = CPUINFO) -> BFloat16Products:
+    """How this CPU multiplies bfloat16: AMX tiles, AVX-512 BF16 dot products, or not in hardware (what the plan's
+    time of learned rounding asks: the two hardware kinds differ about twofold)."""
+    flags = cpu_flags(cpuinfo) or ()
+    if "amx_bf16" in flags:
+        return BFloat16Products.AMX
+    return BFloat16Products.AVX512_BF16 if "avx512_bf16" in flags else BFloat16Products.CONVERTED
 
 
 @functools.cache

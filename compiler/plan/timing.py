@@ -16,6 +16,7 @@ import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 
 from compiler.ir.types import MemoryMode, SensitivityMetric
@@ -233,28 +234,47 @@ def fp4_input_seconds(w: Workload, rates: Rates, samples: int) -> float:
 # (torch/compiled_steps.py), the element-wise work around the products is fused: 0.117 s a step with bfloat16
 # products, 0.29 s in float32 (0.34 eager, the same block alone), and LEARNED_COMPILE seconds once a run for compiling
 # with torch's compile cache cold (17.4 s measured; 1.9 s once the cache holds the block's kernels, 2026-12-04).
+# Those bfloat16 figures come from a CPU with AMX tiles. One with AVX-512 BF16 dot products and no AMX (an AMD
+# EPYC, 2026-12-04) ran the example's 1,500 compiled steps in 575 s (0.38 s a step: 1.43 forwards) and its
+# streams at 0.55 of float32's; its uncompiled steps were not measured (taken as float32's).
 LEARNED_STEP_FORWARDS = 2.1
-LEARNED_STEP_FORWARDS_BFLOAT16 = 1.1
 COMPILED_STEP_FORWARDS = 1.8
-COMPILED_STEP_FORWARDS_BFLOAT16 = 0.7
 LEARNED_COMPILE = 17.0
-# The streams a learning block runs on (its float targets, the rounded stream to the next block) take the steps'
-# precision: in bfloat16 a pass costs this fraction of float32's (0.25 s against about 0.75 s a block, 32 samples)
-LEARNED_STREAM_BFLOAT16 = 0.35
 
 
-def learned_seconds(w: Workload, rates: Rates, bfloat16: bool, compiled: bool = False) -> float:
+class BFloat16Products(Enum):
+    """How the CPU multiplies bfloat16 (torch/learned.py runs the steps' products in it where it is in hardware)."""
+
+    CONVERTED = "converted"  # no hardware support: converted to float32 and back (the steps stay float32)
+    AVX512_BF16 = "avx512_bf16"  # AVX-512 BF16's dot products
+    AMX = "amx_bf16"  # AMX's tiles
+
+
+# per kind: (an uncompiled step, a compiled step) in forwards, and the learning streams' fraction of float32's
+# pass (the float targets and the rounded stream to the next block take the steps' precision: on AMX 0.25 s
+# against about 0.75 s a block, 32 samples)
+LEARNED_FACTORS = {BFloat16Products.CONVERTED: (LEARNED_STEP_FORWARDS, COMPILED_STEP_FORWARDS, 1.0),
+                   BFloat16Products.AVX512_BF16: (LEARNED_STEP_FORWARDS, 1.43, 0.55),
+                   BFloat16Products.AMX: (1.1, 0.7, 0.35)}
+
+
+def learned_seconds(w: Workload, rates: Rates, bfloat16: BFloat16Products, compiled: bool = False) -> float:
     """Learned rounding's steps in every block: `iters` steps of `batch` samples forward and backward (the float
-    stream they learn against is counted with the block's other streams); `bfloat16`: the steps' products run in
-    bfloat16 on hardware that has it; `compiled`: the steps run through torch.compile."""
+    stream they learn against is counted with the block's other streams); `bfloat16`: how the CPU multiplies the
+    steps' products; `compiled`: the steps run through torch.compile."""
     if w.learned is None:
         return 0.0
     blocks = len(w.blocks) or 1
     step = min(w.learned.batch, w.samples) * w.seqlen * token_flops(w, blocks_only=True) / blocks / rates.flops
+    eager, fused, _ = LEARNED_FACTORS[bfloat16]
     if compiled:
-        factor = COMPILED_STEP_FORWARDS_BFLOAT16 if bfloat16 else COMPILED_STEP_FORWARDS
-        return rates.fixed(LEARNED_COMPILE) + blocks * w.learned.iters * step * factor
-    return blocks * w.learned.iters * step * (LEARNED_STEP_FORWARDS_BFLOAT16 if bfloat16 else LEARNED_STEP_FORWARDS)
+        return rates.fixed(LEARNED_COMPILE) + blocks * w.learned.iters * step * fused
+    return blocks * w.learned.iters * step * eager
+
+
+def learned_stream_fraction(bfloat16: BFloat16Products) -> float:
+    """What a learning block's stream pass costs against float32's, its products multiplied as `bfloat16` says."""
+    return LEARNED_FACTORS[bfloat16][2]
 
 
 def learned_weights(w: Workload) -> int:

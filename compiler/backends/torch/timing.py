@@ -4,13 +4,12 @@ forward (kernels and the compiled loops loaded), verification's streams carried 
 
 from __future__ import annotations
 
-from compiler.backends.cpu_flags import native_bfloat16
+from compiler.backends.cpu_flags import bfloat16_products
 from compiler.backends.torch.compiled_steps import steps_compiled
 from compiler.ir.types import MemoryMode
 from compiler.models.index import ModelFormat
 from compiler.plan import ops
 from compiler.plan.timing import (
-    LEARNED_STREAM_BFLOAT16,
     Estimate,
     Rates,
     by_kind,
@@ -20,6 +19,7 @@ from compiler.plan.timing import (
     hessian_seconds,
     importance_seconds,
     learned_seconds,
+    learned_stream_fraction,
     learned_weights,
     quantize_seconds,
     reading,
@@ -81,10 +81,10 @@ def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     # learned rounding carries the calibration samples' float stream through the blocks too, and where nothing else
     # gathers statistics there is no statistics pass (blockwise._block)
     observes = w.gptq or bool(w.imatrix_layers) or bool(w.observed) or w.kv_cache or w.learned is None
-    bfloat16 = native_bfloat16()
+    bfloat16 = bfloat16_products()
     onward: float = w.samples if w.calibrate else 0  # the calibration stream through the rounded block, to the next
     if w.learned:  # with the float stream beside it, both in the steps' precision (learned.py)
-        onward = 2 * w.samples * (LEARNED_STREAM_BFLOAT16 if bfloat16 else 1.0)
+        onward = 2 * w.samples * learned_stream_fraction(bfloat16)
     statistics = observes * w.samples if w.calibrate else 0  # with `experts all`, every token through every expert
     streams = onward + 2 * w.verify_samples
     rounded_streams = (w.samples if w.calibrate else 0) + w.verify_samples  # through the rounded blocks
