@@ -17,6 +17,8 @@ from compiler.backends.torch.quant_args import weight_args
 from compiler.ir.types import Scheme
 from compiler.quant.gptq import gptq_on_fp4_grid
 
+STEP_ROWS = 1024  # rows whose block steps are read at once (a float32 row of ones and its dequantized copy each)
+
 
 def block_steps(scales: float_formats.GivenScales, scheme: Scheme) -> np.ndarray:
     """Each block's step (float32 [out, in / block]): what one e2m1 unit of that block decompresses to, by
@@ -30,9 +32,15 @@ def block_steps(scales: float_formats.GivenScales, scheme: Scheme) -> np.ndarray
     assert block is not None, "the FP4 formats define their block"
     args = QuantizationArgs.model_validate(weight_args(spec))
     scale, zero_point = calculate_qparams(-scales.high, scales.high, args, global_scale=scales.global_scale)
-    ones = torch.ones(scales.high.shape[0], scales.high.shape[1] * block)
-    steps = dequantize(ones, scale, zero_point, args, dtype=torch.float32, global_scale=scales.global_scale)
-    return steps[:, ::block].contiguous().numpy()
+    rows, blocks = scales.high.shape
+    steps = np.empty((rows, blocks), np.float32)
+    for first in range(0, rows, STEP_ROWS):  # a slice of rows at a time: two weight-wide float32 temporaries
+        last = min(first + STEP_ROWS, rows)  # of a slice, not of the whole weight
+        ones = torch.ones(last - first, blocks * block)
+        part = dequantize(ones, scale[first:last], zero_point[first:last], args, dtype=torch.float32,
+                          global_scale=scales.global_scale)
+        steps[first:last] = part[:, ::block].numpy()
+    return steps
 
 
 def gptq_fp4(weight: torch.Tensor, scheme: Scheme, hessian: np.ndarray, scale_dtype: torch.dtype,
