@@ -10,9 +10,6 @@ from pathlib import Path
 from compiler.plan.timing import BFloat16Products
 
 CPUINFO = Path("/proc/cpuinfo")
-# flags of x86 CPUs that multiply bfloat16 in hardware (AVX-512 BF16, AMX); without them torch's bfloat16 matrix
-# products are converted to float32 and back, slower than float32 alone
-BFLOAT16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def cpu_flags(cpuinfo: Path = CPUINFO) -> list[str] | None:
@@ -24,10 +21,15 @@ def cpu_flags(cpuinfo: Path = CPUINFO) -> list[str] | None:
     return next((line.partition(":")[2].split() for line in text.splitlines() if line.startswith("flags")), None)
 
 
+def bfloat16_products(cpuinfo: Path | None = None) -> BFloat16Products:
+    """How this CPU multiplies bfloat16 (`cpuinfo`: CPUINFO where not given): AMX tiles, AVX-512 BF16 dot
+    products, or not in hardware (what the plan's time of learned rounding asks: the two hardware kinds differ
+    about twofold)."""
+    return _products(cpuinfo or CPUINFO)
+
+
 @functools.cache
-def bfloat16_products(cpuinfo: Path = CPUINFO) -> BFloat16Products:
-    """How this CPU multiplies bfloat16: AMX tiles, AVX-512 BF16 dot products, or not in hardware (what the plan's
-    time of learned rounding asks: the two hardware kinds differ about twofold)."""
+def _products(cpuinfo: Path) -> BFloat16Products:
     flags = cpu_flags(cpuinfo) or ()
     if "amx_bf16" in flags:
         return BFloat16Products.AMX
@@ -37,4 +39,4 @@ def bfloat16_products(cpuinfo: Path = CPUINFO) -> BFloat16Products:
 @functools.cache
 def native_bfloat16() -> bool:
     """Whether the CPU multiplies bfloat16 in hardware (False where its flags cannot be read: not Linux, not x86)."""
-    return any(f in BFLOAT16_FLAGS for f in cpu_flags(CPUINFO) or ())
+    return bfloat16_products() is not BFloat16Products.CONVERTED

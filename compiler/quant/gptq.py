@@ -130,7 +130,8 @@ def gptq_on_fp4_grid(w: np.ndarray, hessian: np.ndarray, steps: np.ndarray, act_
     del hessian
     hinv = factor.inverse(dampened)
     step = torch.from_numpy(np.asarray(steps, np.float32)).to(device)
-    table = _ScaleTable(step, torch.zeros_like(step), w.shape[1] // steps.shape[1], 0, 0, fp4=True)
+    grid = torch.tensor(qparams.FP4_GRID, dtype=torch.float32, device=device)  # built once, not per column
+    table = _ScaleTable(step, torch.zeros_like(step), w.shape[1] // steps.shape[1], 0, 0, fp4_grid=grid)
     owner = [w]
     del w
     return factor.rounded(owner, hinv, table, None)
@@ -337,7 +338,7 @@ class _ScaleTable:
     lo: int
     hi: int
     offset: bool = False
-    fp4: bool = False  # the e2m1 values times the scale (zero points unused), not integer levels
+    fp4_grid: Any = None  # the e2m1 magnitudes (a tensor): values round to them times the scale, not to integers
 
     @staticmethod
     def of(params: _Params, device: str) -> _ScaleTable:
@@ -356,23 +357,22 @@ class _ScaleTable:
         """`column` (original column `index`) rounded onto its groups' grid, as float32 values (tensor methods,
         in place on the one temporary: this runs once per column of every layer)."""
         s, z = self.at(index)
-        if self.fp4:
-            return _fp4_rounded(column / s).mul_(s)
+        if self.fp4_grid is not None:
+            return _fp4_rounded(column / s, self.fp4_grid).mul_(s)
         if self.offset:  # K-quants: level = rint((x + offset) / scale)
             return ((column + z) / s).round_().clamp_(self.lo, self.hi).mul_(s).sub_(z)
         return (column / s).round_().add_(z).clamp_(self.lo, self.hi).sub_(z).mul_(s)
 
 
-def _fp4_rounded(x):
-    """Each value of `x` (a tensor) the nearest e2m1 value, its sign kept (qparams.FP4_STEPS: one comparison a
-    threshold, as compressed-tensors casts)."""
+def _fp4_rounded(x, grid):
+    """Each value of `x` (a tensor) the nearest of the e2m1 magnitudes `grid`, its sign kept (qparams.FP4_STEPS:
+    one comparison a threshold, as compressed-tensors casts)."""
     import torch
 
     magnitude = x.abs()
     index = torch.zeros_like(magnitude, dtype=torch.int64)
     for threshold, tie_up in qparams.FP4_STEPS:
         index += magnitude >= threshold if tie_up else magnitude > threshold
-    grid = torch.tensor(qparams.FP4_GRID, dtype=x.dtype, device=x.device)
     return grid[index].copysign_(x)
 
 
