@@ -60,11 +60,12 @@ def recipe(method: str, alpha: float, group: int = 128):
         return GPTQModifier(config_groups=groups(name, weights, inputs), ignore=["lm_head"], dampening_frac=0.01,
                             block_size=128, **more)
 
-    if method.startswith("spinquant:"):  # its R1 + R2 (random Hadamard, QuaRot's; 576 is no power of two) first
-        from llmcompressor.modifiers.transform import SpinQuantModifier
+    if method.startswith(("spinquant:", "spinquant-r4:")):  # its R1 + R2 (random Hadamard, QuaRot's; 576 is no
+        from llmcompressor.modifiers.transform import SpinQuantModifier  # power of two) first, and R4 (online)
 
-        return [SpinQuantModifier(rotations=["R1", "R2"], transform_type="random-hadamard"),
-                *recipe(method.removeprefix("spinquant:"), alpha, group)]
+        rotations = ["R1", "R2", "R4"] if method.startswith("spinquant-r4:") else ["R1", "R2"]
+        return [SpinQuantModifier(rotations=rotations, transform_type="random-hadamard"),
+                *recipe(method.partition(":")[2], alpha, group)]
     w4 = int_weights(4, "group")
     static_inputs = QuantizationArgs(num_bits=8, type="int", strategy="tensor", symmetric=False, dynamic=False)
     if method in ("gptq", "gptq-actorder"):

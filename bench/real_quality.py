@@ -72,6 +72,14 @@ ROWS = {
     "w4a8-gptq": ("W8A8 { weights int4 group 64 symmetric  rounding gptq }", "", "gptq-w4a8"),
     "w4a8-quarot-gptq": ("W8A8 { weights int4 group 64 symmetric  rounding gptq }", "transform quarot",
                          "spinquant:gptq-w4a8"),
+    # R4 too: each down projection's input rotated as the runtime runs (the folder's transform_config, which
+    # `measured` applies with compressed-tensors, as vLLM does), beside SpinQuantModifier's R1 + R2 + R4
+    "nvfp4-quarot-r4": ("NVFP4", "transform quarot { online r4 }", "spinquant-r4:NVFP4"),
+    "nvfp4-quarot-r4-gptq": ("NVFP4 { rounding gptq }", "transform quarot { online r4 }", "spinquant-r4:gptq-NVFP4"),
+    "w4a8-quarot-r4": ("W8A8 { weights int4 group 64 symmetric }", "transform quarot { online r4 }",
+                       "spinquant-r4:w4a8"),
+    "w4a8-quarot-r4-gptq": ("W8A8 { weights int4 group 64 symmetric  rounding gptq }", "transform quarot { online r4 }",
+                            "spinquant-r4:gptq-w4a8"),
     "w8a8-static-quarot": ("W8A8_STATIC", "transform quarot", "spinquant:w8a8-static"),
     "w4-rtn-quarot": ("W4A16 { group 64 }", "transform quarot", "spinquant:rtn"),
     "w4-gptq-quarot": ("W4A16 { group 64  rounding gptq }", "transform quarot", "spinquant:gptq-actorder"),
@@ -196,10 +204,41 @@ def measured(out: Path, logits, sets, dtype: str | None = None) -> dict | str:
 
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(str(out), **({"dtype": dtype} if dtype else {})).eval()
+        online_transforms(model, out)
         return {k: measure(model, logits[k], v) for k, v in sets.items()}
     except Exception as exc:  # noqa: BLE001 - a folder transformers cannot run is a row's finding
         said = (str(exc).strip().splitlines() or [""])[0][:120]
         return f"transformers cannot run it: {type(exc).__name__}: {said}"
+
+
+def online_transforms(model, out: Path) -> None:
+    """A folder's online transforms (its `transform_config`'s input locations: R4), which transformers' load skips,
+    applied with compressed-tensors' apply_transform_config and the matrices the folder stores (vLLM's way). The
+    offline locations are left out: both qrc's and llm-compressor's folders have them folded in already."""
+    import json
+
+    from compressed_tensors.transform import TransformConfig, apply_transform_config
+    from safetensors import safe_open
+
+    config = json.loads((out / "config.json").read_text()).get("quantization_config", {}).get("transform_config")
+    if not config:
+        return
+    parsed = TransformConfig.model_validate(config)
+    online = {name: scheme.model_copy(update={"apply": [a for a in scheme.apply if a.is_online()]})
+              for name, scheme in parsed.config_groups.items()}
+    online = {name: scheme for name, scheme in online.items() if scheme.apply}
+    if not online:
+        return
+    apply_transform_config(model, TransformConfig(config_groups=online))
+    stored = {}
+    for path in sorted(out.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            stored.update({k.rpartition(".weight")[0].rpartition(".")[2]: f.get_tensor(k) for k in f.keys()
+                           if any(k.endswith(f".{name}_input.weight") for name in online)})
+    for name, module in model.named_modules():
+        leaf = name.rpartition(".")[2]
+        if leaf in stored:
+            module.weight.data.copy_(stored[leaf].to(module.weight.dtype))
 
 
 def window_options(parser: argparse.ArgumentParser, rows: list[str]) -> None:

@@ -206,7 +206,7 @@ class TransformKind(RegisteredValue):
 
     name: str  # what `transform NAME` writes
     summary: str  # one line for `qrc explain transforms`
-    settings: tuple[str, ...]  # the settings of the `transform` block it reads (of alpha, grid, duo_scaling)
+    settings: tuple[str, ...]  # the settings of the `transform` block it reads (of alpha, grid, duo_scaling, online)
     data: TransformData = TransformData.MAXIMA
     into_linears: bool = False  # its scales also fold into a preceding Linear (v→o, up→down), not only into norms
     # a plug-in's `(ChannelStats, target weights as [out, in] float32 arrays, Transform) -> scales`
@@ -231,5 +231,5 @@ TransformKind.SMOOTHQUANT = TRANSFORMS.register(TransformKind(
     ("alpha",)))
 TransformKind.QUAROT = TRANSFORMS.register(TransformKind(
     "quarot", "the residual stream and each head's values rotated by random Hadamard matrices folded into the "
-    "weights (QuaRot R1 + R2): the float model computes the same, its outliers spread before 4-bit activations",
-    (), rotates=True))
+    "weights (QuaRot R1 + R2): the float model computes the same, its outliers spread before 4-bit activations; "
+    "`online r4` also rotates the down projections' inputs as the runtime runs (vLLM)", ("online",), rotates=True))

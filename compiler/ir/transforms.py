@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from compiler.diagnostics import Diagnostics, expected_help
 from compiler.ir.blocks import settings_by_key, spans_of
-from compiler.ir.types import Mapping, Selector, SelectorKind, Transform
+from compiler.ir.types import Mapping, OnlineRotation, Selector, SelectorKind, Transform
 from compiler.ir.values import whole_number
 from compiler.plugins import TRANSFORMS
 from compiler.syntax import ast
@@ -36,11 +36,30 @@ def elaborate_transform(decl: ast.TransformDecl | None, diags: Diagnostics) -> T
     grid = _grid(found.get("grid"), diags)
     duo = found.get("duo_scaling")
     mappings = tuple(Mapping(_selector(m.source), tuple(_selector(t) for t in m.targets), m.span) for m in decl.maps)
-    return Transform(spans_of(found), kind, alpha, grid, duo is None or duo.value.value == "on", mappings, decl.span)
+    return Transform(spans_of(found), kind, alpha, grid, duo is None or duo.value.value == "on", mappings, decl.span,
+                     _online(found.get("online"), diags))
 
 
 def _selector(sel: ast.Selector) -> Selector:
     return Selector(SelectorKind(sel.kind), sel.pattern, sel.span)
+
+
+def _online(setting: ast.Setting | None, diags: Diagnostics) -> tuple[OnlineRotation, ...]:
+    """`online r4`: the rotations the runtime applies as it runs. R3 (queries and keys after RoPE) needs the
+    runtime to hook its attention, which the compressed-tensors form vLLM reads does not carry (llm-compressor
+    issue 2067): Q259 with that reason."""
+    if setting is None:
+        return ()
+    name = setting.value
+    assert isinstance(name, ast.Name)
+    known = {r.value: r for r in OnlineRotation}
+    if name.value.lower() in known:
+        return (known[name.value.lower()],)
+    why = ("R3 (queries and keys after RoPE) needs the runtime to rotate inside its attention, which vLLM does "
+           "not load from a compressed-tensors folder" if name.value.lower() == "r3" else "no such rotation")
+    diags.error("Q259", f"`online {name.value}`: {why}", name.span, "not an online rotation here",
+                help="`online r4` (the down projections' inputs, rotated as the runtime runs)")
+    return ()
 
 
 def _alpha(setting: ast.Setting | None, diags: Diagnostics) -> float:

@@ -368,15 +368,22 @@ class Mapping:
     span: Span
 
 
+class OnlineRotation(enum.Enum):
+    """A rotation the runtime applies to a layer's input as the model runs (`transform quarot { online r4 }`),
+    its inverse folded into that layer's weight: QuaRot's names."""
+    R4 = "r4"  # the down projection's input (the MLP's intermediate width)
+
+
 @dataclass(frozen=True, slots=True)
 class Transform(Located):
-    """`transform awq|smoothquant { … }`. `mappings` empty: inferred from the model's block shape."""
+    """`transform awq|smoothquant|quarot { … }`. `mappings` empty: inferred from the model's block shape."""
     kind: TransformKind
     alpha: float  # smoothquant: migration strength
     grid: int  # awq: ratios searched in [0, 1)
     duo_scaling: bool  # awq: scales from activation and weight magnitudes (False: activations only)
     mappings: tuple[Mapping, ...]
     span: Span
+    online: tuple[OnlineRotation, ...] = ()  # quarot: the rotations the runtime applies as it runs
 
 
 @dataclass(frozen=True, slots=True)

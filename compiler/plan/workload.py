@@ -16,6 +16,7 @@ from compiler.ir.types import (
     EmitFormat,
     ExpertRouting,
     LearnedRounding,
+    OnlineRotation,
     QType,
     RecipeIR,
     Rounding,
@@ -88,6 +89,7 @@ class Workload(Observation):
     disk: bool  # block data may be cached on disk (`memory { disk … }`)
     transform: Transform | None = None
     rotated: bool = False  # the weights are rotated as they are read (`transform quarot`)
+    online_width: int = 0  # the width of the rotation the runtime applies as it runs (`online r4`), 0: none
     smoothing: tuple[tuple[str | None, int, int], ...] = ()  # per mapping: (block, input width, float32 bytes of
     # its targets' weights), what the transform's statistics and scratch scale with
     ranks: int = 1  # torchrun processes sharing the run: the samples above are each one's share
@@ -285,6 +287,7 @@ def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Worklo
         templated=bool(cal.data.rows and cal.data.rows.messages),
         transform=ir.transform if assignment.smoothing else None,
         rotated=ir.transform is not None and ir.transform.kind.rotates,
+        online_width=_online_width(ir, index),
         smoothing=tuple((m.block, m.width, sum(4 * index.layer(x).params for x in m.targets))
                         for m in assignment.smoothing),
     )
@@ -315,3 +318,10 @@ def _learned_settings(learned: list) -> LearnedRounding | None:
     if not settings:
         return None
     return LearnedRounding(max(s.iters for s in settings), None, max(s.batch for s in settings))
+
+
+def _online_width(ir: RecipeIR, index: ModelIndex) -> int:
+    """The down projections' input width where the recipe's rotation turns it online (`online r4`), else 0."""
+    if ir.transform is None or OnlineRotation.R4 not in ir.transform.online:
+        return 0
+    return next((x.in_features for x in index.layers if x.name.endswith("mlp.down_proj")), 0)

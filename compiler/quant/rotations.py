@@ -13,6 +13,9 @@ from functools import cache
 
 import numpy as np
 
+# the name of R4 in a compressed-tensors folder's transform_config, as llm-compressor's SpinQuantModifier writes it
+# (and its online transform's module under each down projection: `R4_input`)
+ONLINE_DOWN = "R4"
 SLICE = 4096  # rows (or columns) the torch backend rotates at a time: what its scratch scales with (its cost.py)
 
 

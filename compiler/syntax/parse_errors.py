@@ -57,6 +57,7 @@ KEYWORD_HOME = {
     **dict.fromkeys(("at_least", "at_most"), "verify { … }"),
     **dict.fromkeys(("weights", "activations", "rounding"), "scheme NAME { … }"),
     **dict.fromkeys(("alpha", "grid", "duo_scaling", "map"), "transform awq|smoothquant { … }"),
+    "online": "transform quarot { … }",
     "format": 'emit "PATH" { … }',
 }
 _ITEM_KEYWORDS = ("model", "backend", "scheme", "quantize", "group", "calibrate", "mixed_precision",

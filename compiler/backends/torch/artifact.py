@@ -231,7 +231,47 @@ def open_artifact(staged: Path, source: TorchModel, span: Span | None) -> Artifa
     for name, sub in module.named_modules():
         if any(p is not None for p in sub._parameters.values()):  # (a Linear without bias has `bias: None`)
             artifact._meta[name] = (dict(sub._parameters), getattr(sub, "quantization_status", None))
+    _online_transforms(artifact, quantization.get("transform_config"), span)
     return artifact
+
+
+def _online_transforms(artifact: ArtifactModel, config: dict | None, span: Span | None) -> None:
+    """The folder's online input transforms (`transform_config`, torch/rotation.py's R4) as its runtime applies
+    them: compressed-tensors' own HadamardTransform of each group, with the matrix the folder stores (under the
+    first module it names; vLLM shares it across them), as a pre-hook on every module the group targets.
+    transformers' loader skips this step (rotation_check.NOT_IN_TRANSFORMERS); qrc runs it so that `verify`
+    measures the folder as vLLM computes it. An online location other than a Linear's input is Q428."""
+    if not config:
+        return
+    from compressed_tensors.transform import TransformConfig, TransformLocation
+    from compressed_tensors.transform.factory.hadamard import HadamardTransform
+    from compressed_tensors.utils import match_named_modules
+
+    from compiler.backends.torch.rotation import online_first
+
+    parsed = TransformConfig.model_validate(config)
+    for group, scheme in parsed.config_groups.items():
+        for args in scheme.apply:
+            if not args.is_online():
+                continue
+            if TransformLocation(args.location) is not TransformLocation.INPUT:
+                raise BackendError(error("Q428", f"the emitted folder's transform `{group}` is applied at "
+                                         f"`{args.location}`, which qrc does not run", span, "not verifiable",
+                                         help=_BUG))
+            targets = list(match_named_modules(artifact.module, args.targets, args.ignore))
+            stored = next((artifact.shards.read(key) for name, _ in targets
+                           if (key := f"{artifact.prefixes.get(name, name)}.{group}_input.weight") in artifact.shards),
+                          None)
+            if stored is None:
+                raise BackendError(error("Q428", f"the emitted folder has no matrix for its transform `{group}`",
+                                         span, "missing tensor", help=_BUG))
+            weight = nn.Parameter(stored.to(scheme.precision), requires_grad=False)
+            for _name, target in targets:
+                transform = HadamardTransform(weight, None, scheme, args, type(target))
+                hook = (lambda t: lambda _m, a: (t(a[0]), *a[1:]))(transform)
+                hook.qrc_online_rotation = True  # type: ignore[attr-defined]
+                target.register_forward_pre_hook(hook, prepend=True)
+                online_first(target)
 
 
 def _prefixes(keys: dict[str, str]) -> dict[str, str]:

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from compiler.backends.torch.rotation import online_first
+
 if TYPE_CHECKING:
     from compiler.backends.torch.layers import Job
 
@@ -36,6 +38,7 @@ class LayerCosts:
         quantizer, then the output."""
         for name, (module, weight) in layers.items():
             self._handles.append(module.register_forward_pre_hook(self._keep_input(name), prepend=True))
+            online_first(module)  # the raw input a down projection reads is the online-rotated one (R4)
             self._handles.append(module.register_forward_hook(self._compare(name, weight)))
 
     @contextmanager

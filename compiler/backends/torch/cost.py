@@ -164,16 +164,19 @@ def verify_tail_phase(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
 
 
 def rotation_bytes(w: Workload) -> int:
-    """`transform quarot` (rotation.py): Q's Kronecker factors and H in float32; the largest tensor it rotates read
-    whole (float32)
+    """`transform quarot` (rotation.py): Q's (and an online D's) Kronecker factors and H in float32; the largest
+    tensor it rotates read whole (float32)
     beside its rotated copy, since a rotated tensor is not copied a slice at a time; and one float32 slice of
     SLICE rows (or columns) of the hidden width, twice: the slice and its product."""
     if not w.rotated:
         return 0
     hidden, head = widths(w.index)
     largest = max((x.params for x in w.index.layers), default=0)
-    factors = sum(f * f for f in factor_orders(hidden) or ())
-    return 4 * (factors + (head or 0) ** 2) + 2 * 4 * largest + 2 * 4 * min(largest, ROTATION_SLICE * hidden)
+    factors = sum(f * f for f in factor_orders(hidden) or ()) + sum(f * f for f in factor_orders(w.online_width) or ())
+    rotated = 4 * (factors + (head or 0) ** 2) + 2 * 4 * largest + 2 * 4 * min(largest, ROTATION_SLICE * hidden)
+    # the online rotation's matrix as the folder stores it, formed once in float32 (its last Kronecker product
+    # beside the one before): 1536-wide 9 MiB, 14336-wide 784 MiB
+    return max(rotated, 2 * 4 * w.online_width ** 2)
 
 
 def untied_head_bytes(w: Workload) -> int:

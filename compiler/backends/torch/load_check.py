@@ -16,6 +16,7 @@ from pathlib import Path
 
 from compiler.backends import BackendError
 from compiler.diagnostics import Diagnostic, error, warning
+from compiler.quant.rotations import ONLINE_DOWN
 from compiler.source import Span
 
 
@@ -127,6 +128,9 @@ def _task_class(transformers, folder: Path):
 # renamed `cache`, so transformers reports a folder's KV-cache scales unexpected (vLLM reads them); they are not
 # the folder's fault
 _KV_SCALES = ("k_scale", "v_scale")
+# an online rotation's matrix (torch/rotation.py): transformers builds no module for it (vLLM and compressed-tensors'
+# apply_transform_config do), so it reports it unexpected; the runtime table says transformers does not run it
+_ONLINE_MATRIX = f".{ONLINE_DOWN}_input.weight"
 
 
 def _report(auto, folder: Path, task: bool) -> set[str]:
@@ -142,6 +146,7 @@ def _report(auto, folder: Path, task: bool) -> set[str]:
             _, info = auto.from_pretrained(str(folder), device_map="meta", output_loading_info=True, use_kernels=False)
     finally:
         quiet.setLevel(level)
-    unexpected = {k.rpartition(".")[0] for k in info["unexpected_keys"] if k.rpartition(".")[2] not in _KV_SCALES}
+    unexpected = {k.rpartition(".")[0] for k in info["unexpected_keys"]
+                  if k.rpartition(".")[2] not in _KV_SCALES and not k.endswith(_ONLINE_MATRIX)}
     return ({f"missing {k}" for k in info["missing_keys"]} | {f"mismatched {k}" for k, *_ in info["mismatched_keys"]}
             | ({f"unexpected {m}.*" for m in unexpected} if task else set()))

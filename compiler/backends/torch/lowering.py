@@ -7,8 +7,7 @@ block's outputs, streamed from the checkpoint, or file to file when nothing runs
 from __future__ import annotations
 
 from compiler.backends.torch.formats import torch_format
-from compiler.backends.torch.rotation_check import rotates
-from compiler.backends.torch.rotation_widths import widths
+from compiler.backends.torch.rotation_widths import rotation_widths
 from compiler.backends.torch.timing import learning_compiled
 from compiler.ir.types import MemoryMode
 from compiler.models.builtin import PREFIX as BUILTIN_PREFIX
@@ -61,7 +60,7 @@ def lower_load(ctx: Context) -> list[PlanOp]:
     """`load_model`: the checkpoint's files alone (nothing runs the model), the skeleton with weights read per
     block (offload, multi_gpu), or the whole model."""
     w = ctx.workload
-    rotation = widths(w.index) if rotates(ctx.ir) else None
+    rotation = rotation_widths(w.index, w.rotated, w.online_width)
     if not ctx.runs_model:
         return [load_op(ctx, ModelAccess.FILES, "its safetensors files only: no model definition is built, since "
                         "nothing runs the model (data-free rounding, nothing to verify); tensor by tensor, file to "

@@ -238,7 +238,7 @@ def parameters_on_meta():
         nn.Module.register_parameter = original
 
 
-def open_files(ref: str, rotation: tuple[int, int | None] | None = None) -> TorchModel:
+def open_files(ref: str, rotation: tuple[int, int | None, int | None] | None = None) -> TorchModel:
     """The checkpoint alone, without a model definition: for data-free rounding that never runs the model
     (file to file, tensor by tensor), so even an architecture transformers cannot build here compiles.
     Each tensor is its own parameter name; the module is an empty stand-in. `rotation`: the (hidden, head)
@@ -276,7 +276,7 @@ def _float_dtype(shards: Shards, keys: dict[str, str]) -> torch.dtype:
 
 def open_model(ref: str, blocks: tuple[str, ...], span: Span | None,
                attention: AttentionKernel = AttentionKernel.MODEL,
-               rotation: tuple[int, int | None] | None = None) -> TorchModel:
+               rotation: tuple[int, int | None, int | None] | None = None) -> TorchModel:
     """The skeleton of a built-in or an HF folder, its parameters mapped to the safetensors tensors, running
     the `attention` kernel the recipe asks for. `blocks` are the index's (checkpoint) block names; the model's
     are its module paths. `rotation`: the (hidden, head) widths of a rotation every weight is read through
@@ -294,6 +294,7 @@ def open_model(ref: str, blocks: tuple[str, ...], span: Span | None,
         renamed = checkpoint_names.module_names(module, list(checkpoint.entries),
                                                 checkpoint_names.adapt(module, ref, span))
     keys = _checkpoint_keys(module, checkpoint, renamed, ref, span)
+    _attach_online(module, checkpoint)
     module_blocks = tuple(checkpoint_names.module_block(b, keys) for b in blocks)
     container = _container(module, module_blocks, ref, span)
     dtype = _float_dtype(checkpoint, keys)
@@ -339,7 +340,7 @@ def builtin_checkpoint(ref: str) -> Path:
     return folder
 
 
-def _rotated(shards, rotation: tuple[int, int | None] | None, config: dict):
+def _rotated(shards, rotation: tuple[int, int | None, int | None] | None, config: dict):
     """The checkpoint read through the rotation (torch/rotation.py), its LM head untied in the output's config;
     as it is without one."""
     if rotation is None:
@@ -348,7 +349,17 @@ def _rotated(shards, rotation: tuple[int, int | None] | None, config: dict):
 
     if "qrc_builtin" not in config:  # a built-in's head is its own already
         config["tie_word_embeddings"] = False  # the final norm folds into the head alone
-    return RotatedShards(shards, Rotation.seeded(*rotation))
+    hidden, head, down = rotation
+    return RotatedShards(shards, Rotation.seeded(hidden, head, down=down))
+
+
+def _attach_online(module: nn.Module, checkpoint) -> None:
+    """The rotation's online part (R4) as hooks on the skeleton's down projections (torch/rotation.py)."""
+    rotation = getattr(checkpoint, "rotation", None)
+    if rotation is not None and rotation.down is not None:
+        from compiler.backends.torch.rotation import attach_online
+
+        attach_online(module, rotation.down)
 
 
 def hf_skeleton(folder: Path, span: Span | None, untied: bool = False) -> nn.Module:

@@ -79,9 +79,22 @@ def output_config(model: TorchModel, jobs: list[Job], assignment: Assignment, kv
     config["quantization_config"] = quantization_config([(j.layer, j.scheme) for j in jobs], list(names.ignore),
                                                         names.targets)
     config["quantization_config"]["kv_cache_scheme"] = kv_cache_scheme
+    online = _online_transforms(model)
+    if online is not None:
+        config["quantization_config"]["transform_config"] = online
     if any(j.tied for j in jobs):  # the head now has tensors of its own
         config = _untied(config)
     return _fp4_dtype(config, jobs)
+
+
+def _online_transforms(model: TorchModel) -> dict | None:
+    """The transform_config of a rotation with an online part (torch/rotation.py), else None."""
+    rotation = getattr(model.shards, "rotation", None)
+    if rotation is None:
+        return None
+    from compiler.backends.torch.rotation import transform_config
+
+    return transform_config(rotation)
 
 
 def _fp4_dtype(config: dict, jobs: list[Job]) -> dict:

@@ -8,6 +8,11 @@ transformers model in memory. The float model's outputs do not change; what chan
   weights fold into the head, not into the embeddings.
 - R2 rotates each attention head's values by H (a random Hadamard of the head width): v_proj's rows of a head
   take Hᵀ, o_proj's columns of each head H. Every head shares H, so grouped-query attention needs nothing more.
+- R4 (`online r4`) rotates each down projection's input by D (a random Hadamard of the intermediate width) as the
+  model runs, the SiLU product not commuting with any rotation: down_proj's weight takes W·D and a forward pre-hook
+  gives it x·D (`attach_online`). The folder stores D unnormalized (±1) once, as `….mlp.down_proj.R4_input.weight`
+  of the first layer, and names it in `quantization_config.transform_config`: the form llm-compressor's
+  SpinQuantModifier writes and vLLM applies (compressed-tensors' `random-hadamard`, divided by √n as it runs).
 
 The products are formed in float32 a slice of rows (or columns) at a time and cast back to each weight's dtype, Q
 applied as its Kronecker factors (never formed): what rotating holds beside the tensor read is the factors, H
@@ -16,15 +21,16 @@ and one slice (cost.py counts it)."""
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Container
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from compiler.backends.torch.shards import DerivedShards
-from compiler.quant.rotations import SLICE, hadamard_factors, hadamard_order, random_hadamard, random_signs
+from compiler.backends.torch.shards import DerivedShards, Entry
+from compiler.quant.rotations import ONLINE_DOWN, SLICE, hadamard_factors, hadamard_order, random_hadamard, random_signs
 
 NORMS = {"input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
          "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj")}
@@ -105,6 +111,41 @@ _VALUE_BIAS = re.compile(_LAYER + r"self_attn\.v_proj\.bias$")
 _NORMS = re.compile(r".+\.(input_layernorm|post_attention_layernorm)\.weight$|(?P<base>.+)\.norm\.weight$")
 _EMBED = re.compile(r"(?P<base>.+)\.embed_tokens\.weight$")
 HEAD = "lm_head.weight"
+ONLINE_WEIGHT = f".mlp.down_proj.{ONLINE_DOWN}_input.weight"  # R4's D, stored under the first down projection
+
+
+@dataclass(frozen=True)
+class Kronecker:
+    """A randomized Hadamard F·diag(s)/√n (F = F1 ⊗ F2 ⊗ …, float32), never formed: `right` applies its factors."""
+
+    factors: tuple[torch.Tensor, ...]
+    signs: torch.Tensor  # s/√n
+
+    @classmethod
+    def seeded(cls, n: int, seed: int) -> Kronecker:
+        """The randomized Hadamard of order n whose signs come from `seed`."""
+        return cls(tuple(torch.from_numpy(f).float() for f in hadamard_factors(n)),
+                   torch.from_numpy(random_signs(n, seed)).float() / n ** 0.5)
+
+    @property
+    def width(self) -> int:
+        """n."""
+        return self.signs.shape[0]
+
+    def right(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows · F·diag(s)/√n, float32, over the last axis (any leading shape)."""
+        lead = rows.shape[:-1]
+        y = rows.reshape(-1, *(f.shape[0] for f in self.factors))
+        for axis, factor in enumerate(self.factors, start=1):
+            y = torch.movedim(torch.movedim(y, axis, -1) @ factor.to(y.device), -1, axis)
+        return y.reshape(*lead, -1) * self.signs.to(y.device)
+
+    def stored(self) -> torch.Tensor:
+        """F·diag(s) as the folder stores it (entries ±1: compressed-tensors and vLLM divide by √n as they run)."""
+        product = torch.ones(1, 1)
+        for factor in self.factors:  # float32 all along: n² · 4 bytes, twice at the last product (cost.py)
+            product = torch.kron(product, factor)
+        return product * torch.sign(self.signs)[None, :]
 
 
 @dataclass(frozen=True)
@@ -116,22 +157,20 @@ class Rotation:
     signs: torch.Tensor
     h: torch.Tensor | None
     base: str = "model"
+    down: Kronecker | None = None  # R4's D, applied online (None: no online rotation)
 
     @classmethod
-    def seeded(cls, hidden: int, head_dim: int | None, seed: int = 0, base: str = "model") -> Rotation:
-        """Q from `seed`, H from `seed + 1` (R2 where `head_dim` is given)."""
+    def seeded(cls, hidden: int, head_dim: int | None, seed: int = 0, base: str = "model",
+               down: int | None = None) -> Rotation:
+        """Q from `seed`, H from `seed + 1` (R2 where `head_dim` is given), D from `seed + 2` (R4 where `down`, the
+        intermediate width, is given)."""
         h = torch.from_numpy(random_hadamard(head_dim, seed + 1)).float() if head_dim else None
-        factors = tuple(torch.from_numpy(f).float() for f in hadamard_factors(hidden))
-        signs = torch.from_numpy(random_signs(hidden, seed)).float() / hidden ** 0.5
-        return cls(factors, signs, h, base)
+        q = Kronecker.seeded(hidden, seed)
+        return cls(q.factors, q.signs, h, base, Kronecker.seeded(down, seed + 2) if down else None)
 
     def right(self, rows: torch.Tensor) -> torch.Tensor:
         """rows · Q, float32: each factor applied along its axis of the rows reshaped (n·Σf products a row)."""
-        count = rows.shape[0]
-        y = rows.reshape(count, *(f.shape[0] for f in self.factors))
-        for axis, factor in enumerate(self.factors, start=1):
-            y = torch.movedim(torch.movedim(y, axis, -1) @ factor, -1, axis)
-        return y.reshape(count, -1) * self.signs
+        return Kronecker(self.factors, self.signs).right(rows)
 
     def left_transposed(self, cols: torch.Tensor) -> torch.Tensor:
         """Qᵀ · cols, float32."""
@@ -140,6 +179,8 @@ class Rotation:
     def touches(self, key: str) -> bool:
         """Whether `tensor` gives a rotated form of `key` (without reading anything)."""
         if key == HEAD or any(p.match(key) for p in (_READERS, _WRITERS, _NORMS, _EMBED)):
+            return True
+        if self.down is not None and key.endswith(ONLINE_WEIGHT):
             return True
         return self.h is not None and _VALUE_BIAS.match(key) is not None
 
@@ -159,13 +200,18 @@ class Rotation:
             if m["kind"] == "bias":
                 return self.right(tensor.float()[None, :])[0].to(tensor.dtype)
             heads = self.h if m["part"] == "self_attn.o_proj" else None
-            return _stream_written(tensor, self, heads)
+            written = _stream_written(tensor, self, heads)
+            if m["part"] == "mlp.down_proj" and self.down is not None:
+                return _rows_by(written, self.down)
+            return written
         if _VALUE_BIAS.match(key) is not None:
             return self._values(read(key)) if self.h is not None else None
         if _NORMS.match(key) is not None:
             return torch.ones_like(read(key))
         if _EMBED.match(key) is not None:
             return _rows_times(read(key), None, self)
+        if self.down is not None and key.endswith(ONLINE_WEIGHT):
+            return self.down.stored()
         return None
 
     def _values(self, rotated: torch.Tensor) -> torch.Tensor:
@@ -187,6 +233,14 @@ def _rows_times(weight: torch.Tensor, gamma: torch.Tensor | None, rotation: Rota
     for first in range(0, weight.shape[0], SLICE):
         rows = weight[first:first + SLICE].float()
         out[first:first + SLICE] = rotation.right(rows * scale if scale is not None else rows).to(weight.dtype)
+    return out
+
+
+def _rows_by(weight: torch.Tensor, rotation: Kronecker) -> torch.Tensor:
+    """weight · D (R4 folded into a down projection: its input columns), a slice of rows at a time."""
+    out = torch.empty_like(weight)
+    for first in range(0, weight.shape[0], SLICE):
+        out[first:first + SLICE] = rotation.right(weight[first:first + SLICE].float()).to(weight.dtype)
     return out
 
 
@@ -215,6 +269,13 @@ class RotatedShards(DerivedShards):
         embed = f"{rotation.base}.embed_tokens.weight"
         if HEAD not in entries and embed in entries:
             entries[HEAD] = entries[embed]
+        if rotation.down is not None:  # D once, under the first down projection (llm-compressor's layout)
+            downs = [k for k in entries if _WRITERS.match(k) and k.endswith(".mlp.down_proj.weight")]
+            first = min(downs, key=lambda k: int(_WRITERS.match(k)["n"]), default=None)  # type: ignore[index]
+            if first is not None:
+                n, entry = rotation.down.width, entries[first]
+                entries[first.removesuffix(".weight") + f".{ONLINE_DOWN}_input.weight"] = Entry(
+                    entry.file, entry.dtype, (n, n), entry.start, entry.start)
         super().__init__(inner, entries, frozenset(name for name in entries if rotation.touches(name)))
 
     def derive(self, name: str) -> torch.Tensor:
@@ -222,3 +283,44 @@ class RotatedShards(DerivedShards):
         rotated = self.rotation.tensor(name, self.inner.read, self.inner.entries)
         assert rotated is not None  # `touches` says which tensors it gives
         return rotated
+
+
+# ---- R4 as the model runs -----------------------------------------------------------------------------------
+def _online_hook(rotation: Kronecker):
+    def hook(_module, args):
+        x = args[0]
+        return (rotation.right(x.float()).to(x.dtype), *args[1:])
+    hook.qrc_online_rotation = True  # type: ignore[attr-defined]  # kept first by `online_first`
+    return hook
+
+
+def attach_online(module: nn.Module, rotation: Kronecker) -> int:
+    """A forward pre-hook on every down projection of `module` giving it x·D, first among its hooks (what the
+    layer's input quantizer, GPTQ's statistics and the attribution read is the rotated input); the count."""
+    count = 0
+    for name, sub in module.named_modules():
+        if name.endswith("mlp.down_proj"):
+            sub.register_forward_pre_hook(_online_hook(rotation), prepend=True)
+            count += 1
+    return count
+
+
+def online_first(module: nn.Module) -> None:
+    """After a hook was prepended to `module`: the online rotation's hook first again (a hook reading the raw
+    input reads it rotated, as the layer's weight expects)."""
+    hooks = cast("OrderedDict[int, Any]", module._forward_pre_hooks)  # an OrderedDict in torch
+    for key in [k for k, h in hooks.items() if getattr(h, "qrc_online_rotation", False)]:
+        hooks.move_to_end(key, last=False)
+
+
+def transform_config(rotation: Rotation | None) -> dict | None:
+    """`quantization_config.transform_config` of a folder whose down projections read online-rotated inputs (None
+    without): compressed-tensors' TransformConfig with one `random-hadamard` group of the input location, as
+    llm-compressor's SpinQuantModifier names R4. Its other half (`weight_input`, inverse) is already folded into
+    the weights here and is left out: vLLM reads only the online locations, and compressed-tensors'
+    `apply_transform_config` would fold it a second time."""
+    if rotation is None or rotation.down is None:
+        return None
+    online = {"targets": ["re:.*mlp.down_proj$"], "location": "input", "inverse": False, "ignore": []}
+    return {"config_groups": {ONLINE_DOWN: {"type": "random-hadamard", "apply": [online], "randomize": False,
+                                            "requires_grad": False, "head_dim": None, "precision": "torch.float32"}}}

@@ -5,9 +5,12 @@ The widths it finds are what the plan's load op carries to the backend (torch/ro
 
 from __future__ import annotations
 
-from compiler.backends.torch.rotation_widths import widths
+from dataclasses import replace
+
+from compiler.backends.torch.rotation_widths import down_width, widths
 from compiler.diagnostics import Diagnostics
-from compiler.ir.types import RecipeIR
+from compiler.ir.runtimes import Runtime, RuntimeCell
+from compiler.ir.types import OnlineRotation, RecipeIR
 from compiler.models.index import LayerKind, ModelIndex
 from compiler.quant.rotations import hadamard_order
 from compiler.resolve.assignment import Assignment
@@ -35,7 +38,8 @@ def check_rotation(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> 
                     "Mistral, Qwen2, Qwen3, SmolLM")
         return
     hidden, head_dim = widths(assignment.model)
-    for what, width in (("hidden", hidden), ("head", head_dim)):
+    online = down_width(assignment.model) if OnlineRotation.R4 in ir.transform.online else None
+    for what, width in (("hidden", hidden), ("head", head_dim), ("down projection's input", online)):
         if width is not None and hadamard_order(width) is None:
             diags.error("Q273", f"`transform {name}`: no Hadamard matrix of order {width} (the {what} width) is "
                         "built here", span, "no Hadamard of that order",
@@ -67,3 +71,25 @@ def _model_problem(index: ModelIndex) -> str:
         if layer.block and layer.kind is LayerKind.LINEAR and not layer.name.endswith(BLOCK_LINEARS):
             return f"`{layer.name}` is no q/k/v/o or gate/up/down projection"
     return ""
+
+
+# transformers 5.25 loads a compressed-tensors folder's `quantization_config` but not its `transform_config`
+# (its CompressedTensorsHfQuantizer never calls compressed-tensors' apply_transform_config), so a folder whose
+# down projections expect rotated inputs computes wrong there; vLLM applies the online input transforms it names
+NOT_IN_TRANSFORMERS = ("transformers loads the folder without its `transform_config`: the down projections would "
+                       "read unrotated inputs (compressed-tensors' `apply_transform_config` after loading applies it)")
+
+
+def online_cells(ir: RecipeIR, cells: tuple[RuntimeCell, ...]) -> tuple[RuntimeCell, ...]:
+    """The runtime table of a folder with an online rotation: transformers does not run it, vLLM does (a dense
+    product by the folder's Hadamard before each down projection)."""
+    if not rotates(ir) or ir.transform is None or not ir.transform.online:
+        return cells
+    out = []
+    for cell in cells:
+        if cell.runtime is Runtime.TRANSFORMERS:
+            cell = replace(cell, runs=False, how=NOT_IN_TRANSFORMERS)
+        elif cell.runtime is Runtime.VLLM and cell.runs:
+            cell = replace(cell, how=f"{cell.how}; the online R4 by its dense `random-hadamard` product")
+        out.append(cell)
+    return tuple(out)

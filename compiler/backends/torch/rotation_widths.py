@@ -6,6 +6,9 @@ from __future__ import annotations
 from compiler.models import builtin
 from compiler.models.index import ModelIndex
 
+# (hidden width R1 turns, head width R2 turns or None, width R4 turns online or None)
+Widths = tuple[int, int | None, int | None]
+
 
 def widths(index: ModelIndex) -> tuple[int, int | None]:
     """The hidden width R1 rotates and the head width R2 rotates (None where the index does not say it)."""
@@ -16,3 +19,17 @@ def widths(index: ModelIndex) -> tuple[int, int | None]:
     kv_heads = index.config_value("num_key_value_heads") or index.config_value("num_attention_heads")
     value = next((x for x in index.layers if x.name.endswith("self_attn.v_proj")), None)
     return hidden, (value.out_features // int(kv_heads) if value is not None and kv_heads else None)
+
+
+def down_width(index: ModelIndex) -> int | None:
+    """The width R4 turns: the down projections' input (the MLP's intermediate width), None without one."""
+    down = next((x for x in index.layers if x.name.endswith("mlp.down_proj")), None)
+    return down.in_features if down is not None else None
+
+
+def rotation_widths(index: ModelIndex, rotated: bool, online_width: int) -> Widths | None:
+    """What the plan's load op carries for a rotation (None without one; `online_width` 0: no online part)."""
+    if not rotated:
+        return None
+    hidden, head = widths(index)
+    return hidden, head, online_width or None

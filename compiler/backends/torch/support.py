@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Protocol, cast
 
 from compiler.backends.torch.formats import DEFAULT, TORCH_FORMATS
-from compiler.backends.torch.rotation_check import check_rotation
+from compiler.backends.torch.rotation_check import check_rotation, online_cells
 from compiler.backends.torch.runtimes import folder_schemes, packs_zero_points, vllm_class
 from compiler.backends.torch.vllm_rules import VllmRejects
 from compiler.diagnostics import Diagnostics
@@ -55,7 +55,7 @@ def runtime_table(ir: RecipeIR, assignment: Assignment) -> tuple[RuntimeCell, ..
     """Where the recipe's output runs: its format's table (none for a format the backend does not write)."""
     fmt = _checks(ir.emit.format.name if ir.emit is not None else DEFAULT)
     runtimes = getattr(fmt, "runtimes", None)  # a plug-in's format may say nothing of where it runs
-    return () if runtimes is None else runtimes(assignment)
+    return () if runtimes is None else online_cells(ir, runtimes(assignment))
 
 
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
