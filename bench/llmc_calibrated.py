@@ -60,11 +60,13 @@ def recipe(method: str, alpha: float, group: int = 128):
         return GPTQModifier(config_groups=groups(name, weights, inputs), ignore=["lm_head"], dampening_frac=0.01,
                             block_size=128, **more)
 
-    if method.startswith(("spinquant:", "spinquant-r4:")):  # its R1 + R2 (random Hadamard, QuaRot's; 576 is no
-        from llmcompressor.modifiers.transform import SpinQuantModifier  # power of two) first, and R4 (online)
-
-        rotations = ["R1", "R2", "R4"] if method.startswith("spinquant-r4:") else ["R1", "R2"]
-        return [SpinQuantModifier(rotations=rotations, transform_type="random-hadamard"),
+    if method.startswith("spinquant"):  # `spinquant[-r4][-bN]:METHOD`: its R1 + R2 (random Hadamard, QuaRot's; 576 is
+        from llmcompressor.modifiers.transform import SpinQuantModifier  # no power of two) first, R4 (online) too,
+        # block-diagonal R1 and R4 of order N (its transform_block_size)
+        options = method.partition(":")[0].split("-")[1:]
+        block = next((int(o[1:]) for o in options if o.startswith("b")), None)
+        rotations = ["R1", "R2", "R4"] if "r4" in options else ["R1", "R2"]
+        return [SpinQuantModifier(rotations=rotations, transform_type="random-hadamard", transform_block_size=block),
                 *recipe(method.partition(":")[2], alpha, group)]
     w4 = int_weights(4, "group")
     static_inputs = QuantizationArgs(num_bits=8, type="int", strategy="tensor", symmetric=False, dynamic=False)

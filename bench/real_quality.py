@@ -80,7 +80,21 @@ ROWS = {
                        "spinquant-r4:w4a8"),
     "w4a8-quarot-r4-gptq": ("W8A8 { weights int4 group 64 symmetric  rounding gptq }", "transform quarot { online r4 }",
                             "spinquant-r4:gptq-w4a8"),
+    # block-diagonal R1 (and R4): one 16-wide Hadamard per NVFP4 group of 16 channels, so a rotation spreads an
+    # outlier only over the group whose scale it sets (MR-GPTQ's finding for FP4), beside transform_block_size 16
+    "nvfp4-quarot-b16": ("NVFP4", "transform quarot { block 16 }", "spinquant-b16:NVFP4"),
+    "nvfp4-quarot-r4-b16": ("NVFP4", "transform quarot { online r4  block 16 }", "spinquant-r4-b16:NVFP4"),
+    "nvfp4-quarot-r4-b16-gptq": ("NVFP4 { rounding gptq }", "transform quarot { online r4  block 16 }",
+                                 "spinquant-r4-b16:gptq-NVFP4"),
+    "w8a8-quarot": ("W8A8", "transform quarot", "spinquant:w8a8"),
+    "w8a8-quarot-r4": ("W8A8", "transform quarot { online r4 }", "spinquant-r4:w8a8"),
+    # the norms folded and each channel's sign flipped, nothing mixed (a 1-wide "rotation"): what folding alone does
+    "nvfp4-quarot-b1": ("NVFP4", "transform quarot { block 1 }", None),
     "w8a8-static-quarot": ("W8A8_STATIC", "transform quarot", "spinquant:w8a8-static"),
+    # static per-tensor inputs after R4 too: the down projections' massive activations are what a per-tensor
+    # range cannot hold (bench/README.md, W8A8)
+    "w8a8-static-quarot-r4": ("W8A8_STATIC", "transform quarot { online r4 }", "spinquant-r4:w8a8-static"),
+    "w8a8-static-quarot-r4-mse": ("W8A8_STATIC", "transform quarot { online r4 }", None, "method mse"),
     "w4-rtn-quarot": ("W4A16 { group 64 }", "transform quarot", "spinquant:rtn"),
     "w4-gptq-quarot": ("W4A16 { group 64  rounding gptq }", "transform quarot", "spinquant:gptq-actorder"),
     "w4-rtn": ("W4A16 { group 64 }", "", "rtn"),

@@ -13,9 +13,11 @@ import pytest
 from test_rotations import _model, _tied_folder
 
 
-def test_the_online_rotation_leaves_the_float_model_unchanged():
+@pytest.mark.parametrize("block", [None, 16], ids=["whole-width", "block-16"])
+def test_the_online_rotation_leaves_the_float_model_unchanged(block):
     """R1 + R2 + R4 read tensor by tensor, with the online hooks on the down projections: the same logits (1e-4);
-    without the hooks they differ, so the hook and the folded weight are each half of it."""
+    without the hooks they differ, so the hook and the folded weight are each half of it. Block-diagonal (`block
+    16`) too."""
     import copy
 
     import torch
@@ -31,7 +33,7 @@ def test_the_online_rotation_leaves_the_float_model_unchanged():
     config.tie_word_embeddings = False
     rotated = type(model)(config).eval()
     rotation = Rotation.seeded(config.hidden_size, config.hidden_size // config.num_attention_heads, seed=5,
-                               down=config.intermediate_size)
+                               down=config.intermediate_size, block=block)
     state = {}
     for key in rotated.state_dict():
         value = rotation.tensor(key, checkpoint.__getitem__, checkpoint)
@@ -45,14 +47,15 @@ def test_the_online_rotation_leaves_the_float_model_unchanged():
     assert (unhooked - before).abs().max().item() > 1e-2
     stored = rotation.down.stored()
     assert set(stored.unique().tolist()) == {-1.0, 1.0}  # ±1: the runtime divides by √n
-    n = config.intermediate_size
+    n = block or config.intermediate_size
+    assert stored.shape == (n, n)
     assert torch.allclose(stored @ stored.T, n * torch.eye(n), atol=1e-3)
 
 
 RECIPE = """recipe online {{
     model "{model}"
     backend torch
-    transform quarot {{ online {online} }}
+    transform quarot {{ online {online}{block} }}
     quantize {{ type Linear -> W8A8  "lm_head" -> none }}
     calibrate {{ data synthetic {{ samples 8  seqlen 64 }} }}
     verify {{ samples 4  metric cosine  at_least 0.999 }}
@@ -61,18 +64,20 @@ RECIPE = """recipe online {{
 """
 
 
-def _recipe(tmp_path, model, online="r4", target=""):
+def _recipe(tmp_path, model, online="r4", target="", block=""):
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(RECIPE.format(model=model, online=online, out=tmp_path / "out", target=target))
+    recipe.write_text(RECIPE.format(model=model, online=online, out=tmp_path / "out", target=target, block=block))
     return recipe
 
 
 @pytest.mark.slow
-def test_an_online_rotated_folder_computes_in_compressed_tensors_what_verify_measured(tmp_path):
+@pytest.mark.parametrize("block", ["", "  block 16"], ids=["whole-width", "block-16"])
+def test_an_online_rotated_folder_computes_in_compressed_tensors_what_verify_measured(tmp_path, block):
     """The folder: its transform_config parses as compressed-tensors' TransformConfig, one ±1 matrix under the
-    first down projection; transformers' load plus compressed-tensors' apply_transform_config with that matrix
-    computes the float model (cosine > 0.999, as verify passed at_least 0.999 on qrc's own load of it), and
-    transformers' load alone is far off."""
+    first down projection (its block's order where block-diagonal, which the config names `head_dim`);
+    transformers' load plus compressed-tensors' apply_transform_config with that matrix computes the float model
+    (cosine > 0.999, as verify passed at_least 0.999 on qrc's own load of it), and transformers' load alone is far
+    off."""
     import torch
     import transformers
     from compiling import compile_
@@ -81,16 +86,18 @@ def test_an_online_rotated_folder_computes_in_compressed_tensors_what_verify_mea
 
     folder = _tied_folder(tmp_path / "float")
     out = tmp_path / "out"
-    done = compile_(str(_recipe(tmp_path, folder)), out)
+    done = compile_(str(_recipe(tmp_path, folder, block=block)), out)
     assert done.exit_code == 0, done.output
     assert "verify" in done.output and "passed" in done.output
     config = json.loads((out / "config.json").read_text())
     transforms = TransformConfig.model_validate(config["quantization_config"]["transform_config"])
     assert list(transforms.config_groups) == ["R4"]
+    assert transforms.config_groups["R4"].head_dim == (16 if block else None)
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         matrices = [k for k in f.keys() if k.endswith("R4_input.weight")]
         assert matrices == ["model.layers.0.mlp.down_proj.R4_input.weight"]
         stored = f.get_tensor(matrices[0])
+    assert stored.shape == ((16, 16) if block else (256, 256))
     ids = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(2))
 
     def cosine(a, b):
@@ -122,3 +129,5 @@ def test_online_r4_is_refused_for_transformers_and_r3_is_said(tmp_path):
     assert done.exit_code == 2 and "transform_config" in done.output, done.output
     done = check(str(_recipe(tmp_path, folder, online="r3")))
     assert done.exit_code == 2 and "Q259" in done.output and "R3" in done.output, done.output
+    done = check(str(_recipe(tmp_path, folder, block="  block 24")))  # 24 divides neither 128 nor 256
+    assert done.exit_code == 2 and "Q273" in done.output and "does not divide" in done.output, done.output

@@ -115,7 +115,9 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "(R2) into the weights as they are read. It needs a Llama-family decoder whose norms are RMSNorms before "
              "attention and MLP (Gemma's post-norms and LayerNorm do not commute with it), widths a Hadamard matrix is "
              "built for (2^k times up to two Paley orders), the torch backend and a safetensors folder; the "
-             "mixed-precision search's cached scores are of the unrotated weights.",
+             "mixed-precision search's cached scores are of the unrotated weights. `block N` must divide every width "
+             "it turns; `online r4` needs a runtime that applies the folder's transform_config (vLLM; not "
+             "transformers' loader).",
              'backend onnx  transform quarot'),
     CodeInfo("Q274", "learned rounding the scheme, layer or backend cannot take",
              "`rounding autoround` learns each weight's rounding offset and each group's clipping by sign-SGD, one "

@@ -232,4 +232,5 @@ TransformKind.SMOOTHQUANT = TRANSFORMS.register(TransformKind(
 TransformKind.QUAROT = TRANSFORMS.register(TransformKind(
     "quarot", "the residual stream and each head's values rotated by random Hadamard matrices folded into the "
     "weights (QuaRot R1 + R2): the float model computes the same, its outliers spread before 4-bit activations; "
-    "`online r4` also rotates the down projections' inputs as the runtime runs (vLLM)", ("online",), rotates=True))
+    "`online r4` also rotates the down projections' inputs as the runtime runs (vLLM); `block N` makes them "
+    "block-diagonal", ("online", "block"), rotates=True))

@@ -36,8 +36,10 @@ def elaborate_transform(decl: ast.TransformDecl | None, diags: Diagnostics) -> T
     grid = _grid(found.get("grid"), diags)
     duo = found.get("duo_scaling")
     mappings = tuple(Mapping(_selector(m.source), tuple(_selector(t) for t in m.targets), m.span) for m in decl.maps)
+    block = found.get("block")
     return Transform(spans_of(found), kind, alpha, grid, duo is None or duo.value.value == "on", mappings, decl.span,
-                     _online(found.get("online"), diags))
+                     _online(found.get("online"), diags),
+                     _block(block, diags))
 
 
 def _selector(sel: ast.Selector) -> Selector:
@@ -60,6 +62,15 @@ def _online(setting: ast.Setting | None, diags: Diagnostics) -> tuple[OnlineRota
     diags.error("Q259", f"`online {name.value}`: {why}", name.span, "not an online rotation here",
                 help="`online r4` (the down projections' inputs, rotated as the runtime runs)")
     return ()
+
+
+def _block(setting: ast.Setting | None, diags: Diagnostics) -> int | None:
+    """`block N`: the order of a block-diagonal rotation's blocks (checked against the widths by the backend)."""
+    if setting is None:
+        return None
+    number = setting.value
+    assert isinstance(number, ast.Number)
+    return whole_number(number, "`block`", diags)
 
 
 def _alpha(setting: ast.Setting | None, diags: Diagnostics) -> float:

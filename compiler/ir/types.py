@@ -384,6 +384,7 @@ class Transform(Located):
     mappings: tuple[Mapping, ...]
     span: Span
     online: tuple[OnlineRotation, ...] = ()  # quarot: the rotations the runtime applies as it runs
+    block: int | None = None  # quarot: R1 and R4 block-diagonal, blocks of this order (None: the whole width)
 
 
 @dataclass(frozen=True, slots=True)

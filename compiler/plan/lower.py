@@ -158,10 +158,10 @@ def transform_words(w: Workload, checked: str) -> str:
 
 # ---- ops every backend makes the same way ------------------------------------------------------------
 def load_op(ctx: Context, access: ModelAccess, how: str, resident: int, inputs: tuple[Buffer, ...],
-            builtin_form: ModelFormat, rotation: tuple[int, int | None, int | None] | None = None) -> LoadModel:
+            builtin_form: ModelFormat, rotation: tuple[int, int | None, int | None, int | None] | None = None) -> LoadModel:
     """`load_model`: the model opened as `access` says (`how` in words), `resident` bytes of weights read; a
-    built-in is opened in the backend's own form (`builtin_form`); `rotation`: the (hidden, head, online down)
-    widths of a rotation folded into the weights as they are read."""
+    built-in is opened in the backend's own form (`builtin_form`); `rotation`: the (hidden, head, online down,
+    block) widths of a rotation folded into the weights as they are read."""
     w = ctx.workload
     builtin = ctx.ir.model.startswith(BUILTIN_PREFIX)
     form = f"built-in, {w.backend.value} form" if builtin else w.index.format.value
@@ -174,7 +174,9 @@ def load_op(ctx: Context, access: ModelAccess, how: str, resident: int, inputs: 
                 f"{rotation[0]}-wide random Hadamard" + (f", each head's values by a {rotation[1]}-wide one"
                                                          if rotation[1] else "")
                 + (f"; the down projections' inputs by a {rotation[2]}-wide one, online: the runtime rotates them "
-                   "as it runs" if rotation[2] else "") + ")")
+                   "as it runs" if rotation[2] else "")
+                + (f"; block-diagonal: each {rotation[3]} channels turned by one {rotation[3]}-wide Hadamard"
+                   if rotation[3] else "") + ")")
     return LoadModel(summary=f"open {ctx.ir.model} ({form}) {how}", inputs=inputs, outputs=(Buffer.MODEL,),
                      peak_bytes=ctx.costs.runtime(ctx.workload) + resident, model=ctx.ir.model,
                      format=builtin_form if builtin else w.index.format, weights=w.weights_bytes, access=access,

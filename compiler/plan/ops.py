@@ -189,9 +189,9 @@ class LoadModel(PlanOp):
     weights: int
     access: ModelAccess
     attention: AttentionKernel = carried(AttentionKernel.MODEL)  # the summary names it when the recipe does
-    # (hidden width, head width or None, online down-projection width or None) of a rotation folded into the
-    # weights as they are read (the summary says so); None: none
-    rotation: tuple[int, int | None, int | None] | None = carried(None)
+    # (hidden width, head width or None, online down-projection width or None, block or None) of a rotation
+    # folded into the weights as they are read (the summary says so); None: none
+    rotation: tuple[int, int | None, int | None, int | None] | None = carried(None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -90,6 +90,7 @@ class Workload(Observation):
     transform: Transform | None = None
     rotated: bool = False  # the weights are rotated as they are read (`transform quarot`)
     online_width: int = 0  # the width of the rotation the runtime applies as it runs (`online r4`), 0: none
+    rotation_block: int = 0  # the block of a block-diagonal rotation (`block N`), 0: each of its whole width
     smoothing: tuple[tuple[str | None, int, int], ...] = ()  # per mapping: (block, input width, float32 bytes of
     # its targets' weights), what the transform's statistics and scratch scale with
     ranks: int = 1  # torchrun processes sharing the run: the samples above are each one's share
@@ -288,6 +289,7 @@ def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Worklo
         transform=ir.transform if assignment.smoothing else None,
         rotated=ir.transform is not None and ir.transform.kind.rotates,
         online_width=_online_width(ir, index),
+        rotation_block=ir.transform.block or 0 if ir.transform is not None and ir.transform.kind.rotates else 0,
         smoothing=tuple((m.block, m.width, sum(4 * index.layer(x).params for x in m.targets))
                         for m in assignment.smoothing),
     )

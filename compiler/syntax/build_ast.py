@@ -15,6 +15,7 @@ _SETTING_KEYS = {
     "text_field_opt": "text",
     "messages_field_opt": "messages",
     "image_field_opt": "image",
+    "rotation_block_opt": "block",
 }
 _QSPEC_FIELDS = {"dtype": "dtype", "granularity": "granularity", "group_size": "group", "block_shape": "block",
                  "symmetry": "symmetry", "act_mode": "mode"}

@@ -176,7 +176,7 @@ def rotation_bytes(w: Workload) -> int:
     rotated = 4 * (factors + (head or 0) ** 2) + 2 * 4 * largest + 2 * 4 * min(largest, ROTATION_SLICE * hidden)
     # the online rotation's matrix as the folder stores it, formed once in float32 (its last Kronecker product
     # beside the one before): 1536-wide 9 MiB, 14336-wide 784 MiB
-    return max(rotated, 2 * 4 * w.online_width ** 2)
+    return max(rotated, 2 * 4 * (w.rotation_block or w.online_width) ** 2)
 
 
 def untied_head_bytes(w: Workload) -> int:

@@ -60,7 +60,7 @@ def lower_load(ctx: Context) -> list[PlanOp]:
     """`load_model`: the checkpoint's files alone (nothing runs the model), the skeleton with weights read per
     block (offload, multi_gpu), or the whole model."""
     w = ctx.workload
-    rotation = rotation_widths(w.index, w.rotated, w.online_width)
+    rotation = rotation_widths(w.index, w.rotated, w.online_width, w.rotation_block)
     if not ctx.runs_model:
         return [load_op(ctx, ModelAccess.FILES, "its safetensors files only: no model definition is built, since "
                         "nothing runs the model (data-free rounding, nothing to verify); tensor by tensor, file to "

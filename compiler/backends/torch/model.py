@@ -238,7 +238,7 @@ def parameters_on_meta():
         nn.Module.register_parameter = original
 
 
-def open_files(ref: str, rotation: tuple[int, int | None, int | None] | None = None) -> TorchModel:
+def open_files(ref: str, rotation: tuple[int, int | None, int | None, int | None] | None = None) -> TorchModel:
     """The checkpoint alone, without a model definition: for data-free rounding that never runs the model
     (file to file, tensor by tensor), so even an architecture transformers cannot build here compiles.
     Each tensor is its own parameter name; the module is an empty stand-in. `rotation`: the (hidden, head)
@@ -276,7 +276,7 @@ def _float_dtype(shards: Shards, keys: dict[str, str]) -> torch.dtype:
 
 def open_model(ref: str, blocks: tuple[str, ...], span: Span | None,
                attention: AttentionKernel = AttentionKernel.MODEL,
-               rotation: tuple[int, int | None, int | None] | None = None) -> TorchModel:
+               rotation: tuple[int, int | None, int | None, int | None] | None = None) -> TorchModel:
     """The skeleton of a built-in or an HF folder, its parameters mapped to the safetensors tensors, running
     the `attention` kernel the recipe asks for. `blocks` are the index's (checkpoint) block names; the model's
     are its module paths. `rotation`: the (hidden, head) widths of a rotation every weight is read through
@@ -340,7 +340,7 @@ def builtin_checkpoint(ref: str) -> Path:
     return folder
 
 
-def _rotated(shards, rotation: tuple[int, int | None, int | None] | None, config: dict):
+def _rotated(shards, rotation: tuple[int, int | None, int | None, int | None] | None, config: dict):
     """The checkpoint read through the rotation (torch/rotation.py), its LM head untied in the output's config;
     as it is without one."""
     if rotation is None:
@@ -349,8 +349,8 @@ def _rotated(shards, rotation: tuple[int, int | None, int | None] | None, config
 
     if "qrc_builtin" not in config:  # a built-in's head is its own already
         config["tie_word_embeddings"] = False  # the final norm folds into the head alone
-    hidden, head, down = rotation
-    return RotatedShards(shards, Rotation.seeded(hidden, head, down=down))
+    hidden, head, down, block = rotation
+    return RotatedShards(shards, Rotation.seeded(hidden, head, down=down, block=block))
 
 
 def _attach_online(module: nn.Module, checkpoint) -> None:

@@ -116,14 +116,16 @@ ONLINE_WEIGHT = f".mlp.down_proj.{ONLINE_DOWN}_input.weight"  # R4's D, stored u
 
 @dataclass(frozen=True)
 class Kronecker:
-    """A randomized Hadamard F·diag(s)/√n (F = F1 ⊗ F2 ⊗ …, float32), never formed: `right` applies its factors."""
+    """A randomized Hadamard F·diag(s)/√n (F = F1 ⊗ F2 ⊗ …, float32), never formed: `right` applies its factors.
+    Applied to rows wider than n, it turns each run of n of them alike (the block-diagonal rotation of `block`)."""
 
     factors: tuple[torch.Tensor, ...]
     signs: torch.Tensor  # s/√n
 
     @classmethod
     def seeded(cls, n: int, seed: int) -> Kronecker:
-        """The randomized Hadamard of order n whose signs come from `seed`."""
+        """The randomized Hadamard of order n (a width, or the block of a block-diagonal rotation) whose signs
+        come from `seed`."""
         return cls(tuple(torch.from_numpy(f).float() for f in hadamard_factors(n)),
                    torch.from_numpy(random_signs(n, seed)).float() / n ** 0.5)
 
@@ -133,12 +135,13 @@ class Kronecker:
         return self.signs.shape[0]
 
     def right(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows · F·diag(s)/√n, float32, over the last axis (any leading shape)."""
+        """rows · F·diag(s)/√n, float32, over the last axis (any leading shape; a multiple of n wide: each run of n
+        of it turned alike)."""
         lead = rows.shape[:-1]
         y = rows.reshape(-1, *(f.shape[0] for f in self.factors))
         for axis, factor in enumerate(self.factors, start=1):
             y = torch.movedim(torch.movedim(y, axis, -1) @ factor.to(y.device), -1, axis)
-        return y.reshape(*lead, -1) * self.signs.to(y.device)
+        return (y.reshape(-1, self.width) * self.signs.to(y.device)).reshape(*lead, -1)
 
     def stored(self) -> torch.Tensor:
         """F·diag(s) as the folder stores it (entries ±1: compressed-tensors and vLLM divide by √n as they run)."""
@@ -158,18 +161,21 @@ class Rotation:
     h: torch.Tensor | None
     base: str = "model"
     down: Kronecker | None = None  # R4's D, applied online (None: no online rotation)
+    block: int | None = None  # Q and D block-diagonal with blocks of this order (None: each the whole width)
 
     @classmethod
     def seeded(cls, hidden: int, head_dim: int | None, seed: int = 0, base: str = "model",
-               down: int | None = None) -> Rotation:
+               down: int | None = None, block: int | None = None) -> Rotation:
         """Q from `seed`, H from `seed + 1` (R2 where `head_dim` is given), D from `seed + 2` (R4 where `down`, the
-        intermediate width, is given)."""
+        intermediate width, is given); with `block`, Q and D are block-diagonal, one randomized Hadamard of that
+        order repeated along the width (R2 keeps the head width)."""
         h = torch.from_numpy(random_hadamard(head_dim, seed + 1)).float() if head_dim else None
-        q = Kronecker.seeded(hidden, seed)
-        return cls(q.factors, q.signs, h, base, Kronecker.seeded(down, seed + 2) if down else None)
+        q = Kronecker.seeded(block or hidden, seed)
+        return cls(q.factors, q.signs, h, base, Kronecker.seeded(block or down, seed + 2) if down else None, block)
 
     def right(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows · Q, float32: each factor applied along its axis of the rows reshaped (n·Σf products a row)."""
+        """rows · Q, float32: each factor applied along its axis of the rows reshaped (n·Σf products a row; a
+        block-diagonal Q turns each block of the row alike)."""
         return Kronecker(self.factors, self.signs).right(rows)
 
     def left_transposed(self, cols: torch.Tensor) -> torch.Tensor:
@@ -322,5 +328,7 @@ def transform_config(rotation: Rotation | None) -> dict | None:
     if rotation is None or rotation.down is None:
         return None
     online = {"targets": ["re:.*mlp.down_proj$"], "location": "input", "inverse": False, "ignore": []}
+    # compressed-tensors calls a block-diagonal transform's block `head_dim`
     return {"config_groups": {ONLINE_DOWN: {"type": "random-hadamard", "apply": [online], "randomize": False,
-                                            "requires_grad": False, "head_dim": None, "precision": "torch.float32"}}}
+                                            "requires_grad": False, "head_dim": rotation.block,
+                                            "precision": "torch.float32"}}}

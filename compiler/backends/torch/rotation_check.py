@@ -39,7 +39,16 @@ def check_rotation(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> 
         return
     hidden, head_dim = widths(assignment.model)
     online = down_width(assignment.model) if OnlineRotation.R4 in ir.transform.online else None
-    for what, width in (("hidden", hidden), ("head", head_dim), ("down projection's input", online)):
+    block = ir.transform.block
+    if block is not None:
+        for what, width in (("hidden", hidden), ("down projection's input", online)):
+            if width is not None and width % block:
+                diags.error("Q273", f"`block {block}` does not divide the {what} width {width}",
+                            ir.transform.span_of("block") or span, "not a divisor",
+                            help="a block that divides every rotated width: the FP4 group (16) or the int group")
+        hidden, online = block, (block if online is not None else None)
+    for what, width in (("hidden" if block is None else "block", hidden), ("head", head_dim),
+                        ("down projection's input" if block is None else "block", online)):
         if width is not None and hadamard_order(width) is None:
             diags.error("Q273", f"`transform {name}`: no Hadamard matrix of order {width} (the {what} width) is "
                         "built here", span, "no Hadamard of that order",

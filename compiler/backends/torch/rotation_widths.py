@@ -6,8 +6,9 @@ from __future__ import annotations
 from compiler.models import builtin
 from compiler.models.index import ModelIndex
 
-# (hidden width R1 turns, head width R2 turns or None, width R4 turns online or None)
-Widths = tuple[int, int | None, int | None]
+# (hidden width R1 turns, head width R2 turns or None, width R4 turns online or None, block of a block-diagonal
+# R1 and R4 or None)
+Widths = tuple[int, int | None, int | None, int | None]
 
 
 def widths(index: ModelIndex) -> tuple[int, int | None]:
@@ -27,9 +28,10 @@ def down_width(index: ModelIndex) -> int | None:
     return down.in_features if down is not None else None
 
 
-def rotation_widths(index: ModelIndex, rotated: bool, online_width: int) -> Widths | None:
-    """What the plan's load op carries for a rotation (None without one; `online_width` 0: no online part)."""
+def rotation_widths(index: ModelIndex, rotated: bool, online_width: int, block: int) -> Widths | None:
+    """What the plan's load op carries for a rotation (None without one; `online_width` 0: no online part; `block`
+    0: R1 and R4 each of its whole width)."""
     if not rotated:
         return None
     hidden, head = widths(index)
-    return hidden, head, online_width or None
+    return hidden, head, online_width or None, block or None
