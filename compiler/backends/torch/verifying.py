@@ -43,6 +43,9 @@ class Verifying(BlockWise):
                 "the emitted folder, loaded as transformers loads it (compressed-tensors)" if not emitted.unopened
                 else "the emitted folder's tensors, decoded layer by layer by compressed-tensors (Q427: transformers "
                 "itself did not open it)")
+            rotation = getattr(loaded.model.shards, "rotation", None)  # torch/rotation.py RotatedShards
+            if rotation is not None and rotation.down is not None:
+                measured_on += ", its online R4 applied by compressed-tensors from its transform_config"
         elif reference is not None:
             assert quantized is not None  # qrc's own model is verified: its quantized stream exists
             advance = self.progress("verify", len(quantized))
