@@ -240,7 +240,8 @@ def _online_transforms(artifact: ArtifactModel, config: dict | None, span: Span 
     them: compressed-tensors' own HadamardTransform of each group, with the matrix the folder stores (under the
     first module it names; vLLM shares it across them), as a pre-hook on every module the group targets.
     transformers' loader skips this step (rotation_check.NOT_IN_TRANSFORMERS); qrc runs it so that `verify`
-    measures the folder as vLLM computes it. An online location other than a Linear's input is Q428."""
+    measures the folder as a runtime that applies its transform_config computes it (vLLM on a GPU, by its rules).
+    An online location other than a Linear's input is Q428."""
     if not config:
         return
     from compressed_tensors.transform import TransformConfig, TransformLocation

