@@ -122,9 +122,10 @@ ROWS = {
 }
 # rows whose recipe is an example in recipes/ (issue 67): the bench compiles that file itself (its output path given
 # with -o), on the calibration rows it holds (recipes/data/smollm2-reference.npz, the same token ids as every row's:
-# checked), so the example reproduces the row
+# checked; a data-free example holds none), so the example reproduces the row
 EXAMPLES = {"w4-autoround-light": ROOT / "recipes" / "smollm2-autoround-w4a16.recipe",
-            "nvfp4-quarot": ROOT / "recipes" / "smollm2-rotated-nvfp4.recipe"}
+            "nvfp4-quarot": ROOT / "recipes" / "smollm2-rotated-nvfp4.recipe",
+            "w8a8-quarot-r4": ROOT / "recipes" / "smollm2-rotated-w8a8.recipe"}
 EXAMPLE_CALIBRATION = ROOT / "recipes" / "data" / "smollm2-reference.npz"
 # llm-compressor's SmoothQuant strength per method, as qrc's row has it (its W8A8 example's 0.8 with GPTQ)
 ALPHAS = {"smoothquant": 0.5, "smoothquant-static": 0.8, "smoothquant-static-gptq": 0.8}

@@ -30,8 +30,9 @@ pytestmark = pytest.mark.slow  # minutes of compiles: `pytest -m "not slow"` ski
 
 # the examples on the real SmolLM2 are bench/real_quality.py's rows, compiled and measured there (learned rounding
 # takes five minutes on two cores, too long for CI's budget); tests/test_recipes.py checks them, and
-# tests/test_learned_rounding.py and tests/test_rotations.py compile what they use on small models
-BENCH_ROWS = {"smollm2-autoround-w4a16", "smollm2-rotated-nvfp4"}
+# tests/test_learned_rounding.py, tests/test_rotations.py and tests/test_online_rotation.py compile what they use on
+# small models
+BENCH_ROWS = {"smollm2-autoround-w4a16", "smollm2-rotated-nvfp4", "smollm2-rotated-w8a8"}
 TORCH_RECIPES = [p for p in sorted((ROOT / "recipes").glob("*.recipe"))
                  if check_file(p).ir.backend.value == "torch" and available(check_file(p).ir.model)
                  and p.stem not in BENCH_ROWS]
