@@ -248,7 +248,7 @@ def _online_transforms(artifact: ArtifactModel, config: dict | None, span: Span 
     from compressed_tensors.transform.factory.hadamard import HadamardTransform
     from compressed_tensors.utils import match_named_modules
 
-    from compiler.backends.torch.rotation import online_first
+    from compiler.backends.torch.rotation import rotate_input_first
 
     parsed = TransformConfig.model_validate(config)
     for group, scheme in parsed.config_groups.items():
@@ -268,11 +268,7 @@ def _online_transforms(artifact: ArtifactModel, config: dict | None, span: Span 
                                          span, "missing tensor", help=_BUG))
             weight = nn.Parameter(stored.to(scheme.precision), requires_grad=False)
             for _name, target in targets:
-                transform = HadamardTransform(weight, None, scheme, args, type(target))
-                hook = (lambda t: lambda _m, a: (t(a[0]), *a[1:]))(transform)
-                hook.qrc_online_rotation = True  # type: ignore[attr-defined]
-                target.register_forward_pre_hook(hook, prepend=True)
-                online_first(target)
+                rotate_input_first(target, HadamardTransform(weight, None, scheme, args, type(target)))
 
 
 def _prefixes(keys: dict[str, str]) -> dict[str, str]:

@@ -156,8 +156,7 @@ class Rotation:
     """R1's Q = H·diag(s)/√n (H a Kronecker product of small Hadamard factors, float32) and R2's dense H of the
     head width (None: values not rotated), drawn from a seed; `base`: the decoder's prefix in the checkpoint."""
 
-    factors: tuple[torch.Tensor, ...]
-    signs: torch.Tensor
+    q: Kronecker
     h: torch.Tensor | None
     base: str = "model"
     down: Kronecker | None = None  # R4's D, applied online (None: no online rotation)
@@ -170,13 +169,13 @@ class Rotation:
         intermediate width, is given); with `block`, Q and D are block-diagonal, one randomized Hadamard of that
         order repeated along the width (R2 keeps the head width)."""
         h = torch.from_numpy(random_hadamard(head_dim, seed + 1)).float() if head_dim else None
-        q = Kronecker.seeded(block or hidden, seed)
-        return cls(q.factors, q.signs, h, base, Kronecker.seeded(block or down, seed + 2) if down else None, block)
+        return cls(Kronecker.seeded(block or hidden, seed), h, base,
+                   Kronecker.seeded(block or down, seed + 2) if down else None, block)
 
     def right(self, rows: torch.Tensor) -> torch.Tensor:
         """rows · Q, float32: each factor applied along its axis of the rows reshaped (n·Σf products a row; a
         block-diagonal Q turns each block of the row alike)."""
-        return Kronecker(self.factors, self.signs).right(rows)
+        return self.q.right(rows)
 
     def left_transposed(self, cols: torch.Tensor) -> torch.Tensor:
         """Qᵀ · cols, float32."""
@@ -208,7 +207,7 @@ class Rotation:
             heads = self.h if m["part"] == "self_attn.o_proj" else None
             written = _stream_written(tensor, self, heads)
             if m["part"] == "mlp.down_proj" and self.down is not None:
-                return _rows_by(written, self.down)
+                return _rows_times(written, None, self.down)
             return written
         if _VALUE_BIAS.match(key) is not None:
             return self._values(read(key)) if self.h is not None else None
@@ -231,22 +230,14 @@ class Rotation:
         return torch.einsum("ji,kjc->kic", self.h, rows).reshape(rotated.shape).to(rotated.dtype)
 
 
-def _rows_times(weight: torch.Tensor, gamma: torch.Tensor | None, rotation: Rotation) -> torch.Tensor:
+def _rows_times(weight: torch.Tensor, gamma: torch.Tensor | None, rotation: Rotation | Kronecker) -> torch.Tensor:
     """A tensor reading the stream (or the embeddings): its input columns scaled by the norm before it (folded
-    in), then · q; a slice of rows at a time, in the weight's dtype."""
+    in), then · Q (or a down projection's · D); a slice of rows at a time, in the weight's dtype."""
     out = torch.empty_like(weight)
     scale = gamma.float()[None, :] if gamma is not None else None
     for first in range(0, weight.shape[0], SLICE):
         rows = weight[first:first + SLICE].float()
         out[first:first + SLICE] = rotation.right(rows * scale if scale is not None else rows).to(weight.dtype)
-    return out
-
-
-def _rows_by(weight: torch.Tensor, rotation: Kronecker) -> torch.Tensor:
-    """weight · D (R4 folded into a down projection: its input columns), a slice of rows at a time."""
-    out = torch.empty_like(weight)
-    for first in range(0, weight.shape[0], SLICE):
-        out[first:first + SLICE] = rotation.right(weight[first:first + SLICE].float()).to(weight.dtype)
     return out
 
 
@@ -292,21 +283,22 @@ class RotatedShards(DerivedShards):
 
 
 # ---- R4 as the model runs -----------------------------------------------------------------------------------
-def _online_hook(rotation: Kronecker):
+def rotate_input_first(module: nn.Module, turn) -> None:
+    """A forward pre-hook giving `module` `turn(x)` for its input x, first among its hooks now and after any hook
+    prepended later (`online_first`): what the layer's input quantizer, GPTQ's statistics and the attribution read
+    is the rotated input."""
     def hook(_module, args):
-        x = args[0]
-        return (rotation.right(x.float()).to(x.dtype), *args[1:])
+        return (turn(args[0]), *args[1:])
     hook.qrc_online_rotation = True  # type: ignore[attr-defined]  # kept first by `online_first`
-    return hook
+    module.register_forward_pre_hook(hook, prepend=True)
 
 
 def attach_online(module: nn.Module, rotation: Kronecker) -> int:
-    """A forward pre-hook on every down projection of `module` giving it x·D, first among its hooks (what the
-    layer's input quantizer, GPTQ's statistics and the attribution read is the rotated input); the count."""
+    """x·D before every down projection of `module` (`rotate_input_first`); the count."""
     count = 0
     for name, sub in module.named_modules():
         if name.endswith("mlp.down_proj"):
-            sub.register_forward_pre_hook(_online_hook(rotation), prepend=True)
+            rotate_input_first(sub, lambda x: rotation.right(x.float()).to(x.dtype))
             count += 1
     return count
 
