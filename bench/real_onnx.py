@@ -12,6 +12,8 @@ MatMulNBits with accuracy_level 4, the builder's CPU default):
 - int4-data-free: qrc `rounding mse` (a clipping search per block) | the quantizer's HQQ (asymmetric: zero points);
 - int4-asym-rtn, int4-asym-data-free: the same with asymmetric blocks (a zero point each) on both sides, the scheme
   HQQ writes: qrc `asymmetric` rtn and `rounding mse` | the quantizer's RTN with `is_symmetric=False`, and HQQ;
+- int4-hqq: qrc `asymmetric  rounding hqq` (each block's float zero point by half-quadratic splitting) | HQQ,
+  the same algorithm on both sides;
 - int4-gptq: qrc `rounding gptq` | the quantizer's GPTQ (its bundled neural-compressor port, dampening 0.01, no
   act order: it runs the whole graph once per MatMul input per sample, so it takes `--ort-gptq-samples` of the
   calibration rows, said in the row);
@@ -38,10 +40,11 @@ from real_quality import MODEL, calibration_ids, save_float_folder, texts, windo
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 64
-ROWS = ("int4-rtn", "int4-data-free", "int4-asym-rtn", "int4-asym-data-free", "int4-gptq", "w8a8")
+ROWS = ("int4-rtn", "int4-data-free", "int4-asym-rtn", "int4-asym-data-free", "int4-hqq", "int4-gptq", "w8a8")
 QRC = {"int4-rtn": "W4A16 { group 64 }", "int4-data-free": "W4A16 { group 64  rounding mse }",
        "int4-asym-rtn": "W4A16 { group 64  asymmetric }",
        "int4-asym-data-free": "W4A16 { group 64  asymmetric  rounding mse }",
+       "int4-hqq": "W4A16 { group 64  asymmetric  rounding hqq }",
        "int4-gptq": "W4A16 { group 64  rounding gptq }", "w8a8": "W8A8"}
 
 
@@ -93,6 +96,7 @@ quantize_static({str(float_model)!r}, {str(out)!r}, Reader(), quant_format=Quant
                "int4-data-free": f"HQQWeightOnlyQuantConfig(block_size={BLOCK}, bits=4)",
                "int4-asym-rtn": f"DefaultWeightOnlyQuantConfig(block_size={BLOCK}, is_symmetric=False, accuracy_level=4)",
                "int4-asym-data-free": f"HQQWeightOnlyQuantConfig(block_size={BLOCK}, bits=4)",
+               "int4-hqq": f"HQQWeightOnlyQuantConfig(block_size={BLOCK}, bits=4)",
                "int4-gptq": "GPTQWeightOnlyQuantConfig(calibration_data_reader=Reader(), percdamp=0.01, "
                             "block_size=128, actorder=False)"}
     return child(reader + f"""

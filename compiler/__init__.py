@@ -4,6 +4,7 @@ Importing this package stays cheap: no torch, no onnxruntime (backends import th
 """
 
 import compiler.plugins
+import compiler.quant.hqq  # noqa: F401  (registers `rounding hqq`)
 import compiler.quant.methods  # noqa: F401  (registers the built-in calibration methods: compiler/plugins.py)
 from compiler.diagnostics import Diagnostic, DiagnosticError, Severity
 from compiler.frontend import CheckResult, PlanResult, check_file, check_source, load_recipe, plan_file

@@ -139,6 +139,14 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "says so at check: an error where `verify` would run the folder as that load builds it, after the work; "
              "a warning otherwise (vLLM serves the folder).",
              'model "my-llama"  scheme s = W4A16 { asymmetric }  quantize { type Linear -> s }'),
+    CodeInfo("Q277", "float zero points where the output holds integers",
+             "`rounding hqq` optimises each group's zero point by half-quadratic splitting, to a value between the "
+             "integers. onnxruntime's MatMulNBits stores zero points in the scales' float type, so the ONNX backend "
+             "writes them as found, for 4-bit integer weights in groups with `asymmetric` and no quantized "
+             "activations, on MatMul nodes with `emit { format matmul_nbits }`. compressed-tensors, DequantizeLinear "
+             "and GGUF store integer zero points: rounded, the gain is lost (on the real SmolLM2 it gave rtn's "
+             "perplexity back), so qrc refuses instead.",
+             'backend torch  scheme s = W4A16 { group 64  asymmetric  rounding hqq }'),
     CodeInfo("Q256", "a floating format with a setting it cannot take",
              "FP8, NVFP4 and MX formats are symmetric and rounded as compressed-tensors defines them (rtn). NVFP4 "
              "scales blocks of 16 and MX blocks of 32 (the format fixes the group); fp8 weights are per tensor, per "

@@ -100,12 +100,15 @@ class Rounding(RegisteredValue):
     data: RoundingData = RoundingData.NONE
     scales: Any = None  # a data-free plug-in's `(ScaleChoice) -> (scale, zero_point)` (quant/weights.py)
     settings: tuple[str, ...] = ()  # the keys of `rounding NAME { key value … }` it reads
+    # its zero points lie between the integers: only outputs that store them as floats take it (Q277)
+    float_zero_points: bool = False
 
     RTN: ClassVar[Rounding]
     MSE: ClassVar[Rounding]
     GPTQ: ClassVar[Rounding]
     IMATRIX: ClassVar[Rounding]
     AUTOROUND: ClassVar[Rounding]
+    HQQ: ClassVar[Rounding]  # registered by compiler/quant/hqq.py (its scales are numpy code)
 
 
 

@@ -106,6 +106,8 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], facts: Back
     learned = _learned(decl.rounding_options, rounding, base, diags)
     if weights is not None and rounding is Rounding.AUTOROUND:
         _check_learned(decl, weights, diags)
+    if weights is not None and rounding.float_zero_points:
+        _check_float_zero_points(decl, weights, activations, rounding, diags)
     if weights is not None:
         _check_floats(decl, weights, activations, rounding, diags)
         other_grid = (static_groups and not act_order) or not mse_scales  # act_order implies static_groups
@@ -172,6 +174,28 @@ def _check_learned(decl: ast.SchemeDecl, w: WeightQuant, diags: Diagnostics) -> 
     diags.error("Q274", f"scheme `{decl.name.value}`: `rounding autoround` learns integer rounding per group or "
                 f"channel; {problem}", decl.name.span, "cannot learn its rounding",
                 help="use integer weights in groups or per channel (e.g. `W4A16 { group 64 }`), or another rounding")
+
+
+def _check_float_zero_points(decl: ast.SchemeDecl, w: WeightQuant, a: ActivationQuant | None, rounding: Rounding,
+                             diags: Diagnostics) -> None:
+    """A rounding whose zero points are floats (`rounding hqq`) is for what MatMulNBits stores that way: 4-bit
+    integer weights in groups with a zero point each, weight-only. Elsewhere the zero point would be rounded to an
+    integer and its gain lost (the floating formats are Q256's)."""
+    if w.qtype.is_float or w.qtype.is_kquant:
+        return
+    problem = None
+    if w.qtype.bits != 4 or w.granularity is not Granularity.GROUP:
+        problem = f"{w.qtype.name} {w.granularity.value} weights"
+    elif w.symmetric:
+        problem = "symmetric weights (no zero point to optimise)"
+    elif a is not None:
+        problem = "activations quantized too (MatMulNBits is weight-only)"
+    if problem is not None:
+        diags.error("Q277", f"scheme `{decl.name.value}`: `rounding {rounding.name}` finds a float zero point for "
+                    f"each group of 4-bit weights (MatMulNBits stores it so), not {problem}", decl.name.span,
+                    "no float zero points here",
+                    help="write e.g. `W4A16 { group 64  asymmetric  rounding hqq }`, or `rounding mse` (integer "
+                    "zero points)")
 
 
 _KV_DEFAULT = ActivationQuant(QType.FP8, Granularity.PER_TENSOR, True, ActivationMode.STATIC)

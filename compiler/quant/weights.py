@@ -158,7 +158,7 @@ def quantize_weight(w: np.ndarray, spec: WeightQuant, rounding: Rounding, channe
         q = _reshaped(out, view.shape)
         q[...] = rounded
     sums = _error_sums(view, rounded, scale32, zp32) if measure else None  # `rounded` is its scratch
-    zp = zp.astype(np.int32)
+    zp = zp.astype(np.float32 if rounding.float_zero_points else np.int32)
     if signed_mlas:  # MLAS works in [0, 15]; signed is that minus 8
         q -= 8
         zp -= 8
@@ -369,6 +369,10 @@ class _Rules:
             out.reshape(-1, *weights.shape)[...] *= weights
         return out.sum(axis=1, dtype=np.float64)
 
+    def levels(self) -> tuple[int, int]:
+        """The integers `round_into` clips to: MLAS's unsigned [0, 15] for 4 bits, else the type's full range."""
+        return qparams.full_range(QType.UINT4) if self.mlas else qparams.full_range(self.spec.qtype)
+
     @property
     def mlas(self) -> bool:
         """MLAS's 4-bit blocks (ONNX MatMulNBits): unsigned [0, 15], values times the scale's inverse."""
@@ -384,13 +388,11 @@ class _Rules:
             np.multiply(rows, inverse, out=out)
             out += zp
             qparams.round_half_away(out, out=out)
-            lo, hi = qparams.full_range(QType.UINT4)
         else:  # onnxruntime and compressed-tensors: round(v / scale) half to even, plus the zero point
             np.divide(rows, scale, out=out)
             np.round(out, out=out)
             out += zp
-            lo, hi = qparams.full_range(self.spec.qtype)
-        np.clip(out, lo, hi, out=out)
+        np.clip(out, *self.levels(), out=out)
         return out
 
 

@@ -1,5 +1,6 @@
 """What the ONNX backend refuses of a layer × scheme, found by `qrc check`: GPTQ on what is not a MatMul or Gemm
-(Q226), MatMulNBits on what is not a MatMul (Q237), and QDQ weights an old opset cannot hold (Q265)."""
+(Q226), MatMulNBits on what is not a MatMul (Q237), float zero points on a weight not written as MatMulNBits
+(Q277), and QDQ weights an old opset cannot hold (Q265)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,14 @@ def check_layers(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> No
 
 
 def _misfits(ir: RecipeIR, a: LayerAssignment) -> list[str]:
-    if not rounds_float_weights(a) or a.layer.kind is LayerKind.LINEAR:
+    if not rounds_float_weights(a):
         return []  # Q249 (the shared checks) says all there is about a weight that is not float
+    nbits = ir.emit is not None and ir.emit.format is EmitFormat.MATMUL_NBITS
+    if a.scheme.rounding.float_zero_points and (not nbits or a.layer.kind is not LayerKind.LINEAR
+                                                or a.layer.op == "Gemm"):
+        return ["Q277"]  # only MatMulNBits stores a float zero point (DequantizeLinear's are integers)
+    if a.layer.kind is LayerKind.LINEAR:
+        return []
     found = []
     if a.scheme.rounding is Rounding.GPTQ:
         found.append("Q226")
@@ -35,6 +42,10 @@ def _misfits(ir: RecipeIR, a: LayerAssignment) -> list[str]:
 def _misfit_text(code: str, scheme, names: list[str], assignment: Assignment) -> tuple[str, str]:
     kinds = ", ".join(sorted({assignment.model.layer(n).kind.value for n in names}))
     listed = ", ".join(compress(names)[:4])
+    if code == "Q277":
+        return (f"`rounding {scheme.rounding.name}` finds float zero points, which only MatMulNBits stores; {listed} "
+                f"({kinds}) would be written as DequantizeLinear, whose zero points are integers",
+                "emit `format matmul_nbits` and give layers that are not MatMul a scheme with `rounding rtn` or `mse`")
     if code == "Q226":
         return (f"`rounding gptq` rounds MatMul and Gemm weights, not {listed} ({kinds})",
                 "add a rule giving these layers a scheme with `rounding rtn` or `mse` (e.g. `type Embedding -> W8A16`)")

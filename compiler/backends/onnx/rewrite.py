@@ -74,6 +74,7 @@ def dequantize_nodes(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, sca
     """Initializers and the DequantizeLinear node that replace a float weight (scales in `scale_type`, the
     weight's own float type)."""
     out = f"{weight}_dequantized"
+    assert not np.issubdtype(qw.zero_point.dtype, np.floating), "float zero points are MatMulNBits' (Q277)"
     inits = [tensor(f"{weight}_quantized", qw.q, qw.qtype), tensor(f"{weight}_scale", qw.scale.astype(scale_type)),
              tensor(f"{weight}_zero_point", qw.zero_point.astype(qparams.np_type(qw.qtype)), qw.qtype)]
     attrs: dict[str, int] = {}
@@ -100,13 +101,21 @@ def matmul_nbits(node: onnx.NodeProto, weight: str, qw: QuantizedWeight, symmetr
              numpy_helper.from_array(scales, f"{weight}_scales")]
     inputs = [node.input[0], inits[0].name, inits[1].name]
     if not symmetric:
-        zp = offset_bytes(qw.zero_point, _UNSIGNED_OFFSET.get(qw.qtype, 0)).T  # [N, k_blocks]
-        zp = pack_int4(zp) if bits == 4 else zp
-        inits.append(numpy_helper.from_array(np.ascontiguousarray(zp), f"{weight}_zero_points"))
+        inits.append(numpy_helper.from_array(_nbits_zero_points(qw, scale_type), f"{weight}_zero_points"))
         inputs.append(inits[-1].name)
     new = helper.make_node("MatMulNBits", inputs, list(node.output), name=f"{node.name}_Q{bits}", domain=MS_DOMAIN,
                            K=k, N=n, bits=bits, block_size=block, accuracy_level=accuracy_level)
     return inits, new
+
+
+def _nbits_zero_points(qw: QuantizedWeight, scale_type) -> np.ndarray:
+    """MatMulNBits' zero points [N, k_blocks] in its unsigned domain: integers packed like the weight, or float
+    ones (`rounding hqq`) in the scales' type, one per block unpacked, which the op takes as they are."""
+    offset = _UNSIGNED_OFFSET.get(qw.qtype, 0)
+    if np.issubdtype(qw.zero_point.dtype, np.floating):
+        return np.ascontiguousarray((qw.zero_point + np.float32(offset)).T.astype(scale_type))
+    zp = offset_bytes(qw.zero_point, offset).T
+    return np.ascontiguousarray(pack_int4(zp) if qw.qtype.bits == 4 else zp)
 
 
 def activation_nodes(tensor_name: str, scale: np.ndarray, zp: np.ndarray, qtype: QType,

@@ -22,9 +22,17 @@ from compiler.resolve.groups import auto_gate_up_instances, auto_qkv_instances
 
 
 def check_recipe(ir: RecipeIR, diags: Diagnostics) -> None:
-    """The torch backend's check of the recipe alone: a built-in model has its own attention (Q270)."""
+    """The torch backend's check of the recipe alone: a built-in model has its own attention (Q270); float zero
+    points, which none of its outputs stores (Q277)."""
     if ir.model.startswith("builtin:"):
         refuse_attention_kernel(ir, diags, "a built-in model")
+    for scheme in ir.used_schemes:
+        if scheme.rounding.float_zero_points:
+            diags.error("Q277", f"scheme `{scheme.name}` rounds with `{scheme.rounding.name}`, whose zero points are "
+                        "floats; the torch backend writes compressed-tensors folders and GGUF files, which hold "
+                        "integer zero points", scheme.span or ir.span, "float zero points",
+                        help="use `rounding mse` or `rounding gptq` here, or `backend onnx` with "
+                        "`emit { format matmul_nbits }` for hqq")
 
 
 class FormatChecks(Protocol):
