@@ -70,9 +70,8 @@ def test_compile_writes_hqq_as_matmul_nbits_with_float_zero_points_and_onnxrunti
     """`qrc compile` on the ONNX backend: every Linear a MatMulNBits whose zero points are floats, verified on the
     emitted model in onnxruntime, its output SQNR there at or above asymmetric rtn's."""
     import onnx
-    from onnx import TensorProto
-
     from compiling import compile_program
+    from onnx import TensorProto
 
     verified = {}
     for rounding in ("rtn", "hqq"):
