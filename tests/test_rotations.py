@@ -189,3 +189,23 @@ def test_the_real_smollm2_rotated_computes_the_same():
         after = model(ids).logits
     assert done.hidden_factors == (8, 72) and done.head_dim == 64
     assert (after - before).abs().max().item() < 2e-4
+
+
+@pytest.mark.parametrize("suffix", [".md", ".html"])
+def test_the_report_of_a_rotated_compile_says_what_it_turned(tmp_path, suffix):
+    """`--report` on a rotated compile (no mappings, unlike AWQ/SmoothQuant): the transform's section names the
+    rotations and their block; it had stopped with a template error after the output was written."""
+    from compiling import runner
+
+    from compiler.cli import app
+
+    folder = _tied_folder(tmp_path / "float")
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(RECIPE.format(model=folder, scheme="W4A16", data="", mode="auto", out=tmp_path / "out")
+                      .replace("transform quarot", "transform quarot { block 16 }"))
+    report = tmp_path / f"report{suffix}"
+    result = runner.invoke(app, ["compile", str(recipe), "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    text = report.read_text()
+    assert "Outlier transform" in text and "R1 (residual stream), R2 (each head" in text, text
+    assert "mappings" not in text.split("Outlier transform")[1].split("##")[0].split("<h2>")[0]

@@ -162,7 +162,7 @@ def _transform(t: Transform) -> list[str]:
               "online": " ".join(r.value for r in t.online), "block": str(t.block) if t.block else ""}
     settings = [f"{key} {values[key]}" for key in t.kind.settings if values[key]]
     maps = [f"map {_selector(m.source)} -> {', '.join(_selector(x) for x in m.targets)}" for m in t.mappings]
-    inferred = [] if maps else ["# mappings inferred from the model's block shape"]
+    inferred = [] if maps or t.kind.rotates else ["# mappings inferred from the model's block shape"]
     return [f"    transform {t.kind.name} {{"] + [f"        {x}" for x in settings + inferred + maps] + ["    }"]
 
 

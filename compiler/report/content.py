@@ -127,10 +127,17 @@ def _verdict(result) -> tuple[str, ...]:
 
 
 def _transform(ir, assignment: Assignment, result) -> tuple[tuple[str, str], ...]:
-    if ir.transform is None:
+    """The transform's facts: a rotation says what it turns (it has no mappings), the others how many mappings."""
+    t = ir.transform
+    if t is None:
         return ()
     done = (("result", result.transform),) if result is not None and result.transform else ()
-    return (("method", f"{ir.transform.kind.name}"), ("mappings", str(len(assignment.smoothing)))) + done
+    if t.kind.rotates:
+        online = ", ".join(r.value for r in t.online)
+        turned = (("rotations", "R1 (residual stream), R2 (each head's values)" + (f"; online: {online}" if online else "")),
+                  ("block", str(t.block) if t.block else "the whole width"))
+        return (("method", t.kind.name),) + turned + done
+    return (("method", t.kind.name), ("mappings", str(len(assignment.smoothing)))) + done
 
 
 def _mappings(assignment: Assignment) -> Table | None:
