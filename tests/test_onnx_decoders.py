@@ -266,6 +266,27 @@ def test_fp16_scales_are_fp16_and_the_graph_is_valid_onnx(folders, tmp_path):
         assert scales and {t.data_type for t in scales} == {onnx.TensorProto.FLOAT16}
 
 
+def test_hqq_zero_points_take_an_fp16_graphs_type_and_the_output_runs(folders, tmp_path):
+    """`rounding hqq` on an fp16 decoder: MatMulNBits' float zero points are float16 like its scales, the graph
+    passes onnx's full check, and verify ran it in onnxruntime (cosine against the float graph)."""
+    import onnx
+
+    from compiler.backends.onnx.export_decoder import export_decoder
+
+    src = tmp_path / "fp16"
+    src.mkdir()
+    export_decoder(folders["llama"], src / "model.onnx", dtype="float16")
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(RECIPE.format(model=src / "model.onnx", scheme="w4", fmt="matmul_nbits", out=tmp_path / "o.onnx")
+                      .replace("W4A16 { group 32 }", "W4A16 { group 32  asymmetric  rounding hqq }"))
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 0 and "onnxruntime" in result.output, result.output
+    model = onnx.load(str(tmp_path / "o.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    zero_points = [t for t in model.graph.initializer if t.name.endswith("_zero_points")]
+    assert zero_points and {t.data_type for t in zero_points} == {onnx.TensorProto.FLOAT16}
+
+
 def test_bf16_graph_quantizes_to_valid_onnx(folders, tmp_path):
     """bf16 (onnxruntime's CPU provider has few bf16 kernels, so the graph is checked, not run)."""
     import onnx
