@@ -209,3 +209,24 @@ def test_the_report_of_a_rotated_compile_says_what_it_turned(tmp_path, suffix):
     text = report.read_text()
     assert "Outlier transform" in text and "R1 (residual stream), R2 (each head" in text, text
     assert "mappings" not in text.split("Outlier transform")[1].split("##")[0].split("<h2>")[0]
+
+
+@pytest.mark.parametrize(("transform", "head"), [("transform quarot", "none"), ("", "W8A16")],
+                         ids=["rotated-head-float", "quantized-head"])
+def test_the_planned_output_size_counts_a_tied_head_written_on_its_own(tmp_path, transform, head):
+    """A tied LM head the output writes as a tensor of its own (untied by a rotation, or quantized beside the float
+    embedding it read): `qrc plan`'s output bytes are what the folder holds (within its headers and configs)."""
+    from compiling import runner
+
+    from compiler.cli import app
+    from compiler.frontend import output_bytes, plan_file
+
+    folder = _tied_folder(tmp_path / "float")
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(RECIPE.format(model=folder, scheme="W4A16", data="", mode="auto", out=tmp_path / "out")
+                      .replace("transform quarot", transform).replace('"lm_head" -> none', f'"lm_head" -> {head}'))
+    planned = output_bytes(plan_file(recipe, detected_free=8 << 30).plan)
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 0, result.output
+    written = sum(f.stat().st_size for f in (tmp_path / "out").glob("*.safetensors"))
+    assert abs(written - planned) < 0.03 * written, (planned, written)

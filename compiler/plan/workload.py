@@ -237,6 +237,34 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
 _LAST: dict[str, tuple[RecipeIR, Assignment, int | None, Workload]] = {}
 
 
+def rotates(ir: RecipeIR) -> bool:
+    """Whether the recipe's transform rotates the weights as they are read (`transform quarot`)."""
+    return ir.transform is not None and ir.transform.kind.rotates
+
+
+def untied_heads(index: ModelIndex) -> list:
+    """The LM heads that read the input embedding's tensor (tied): a rotation unties them (the final norm folds
+    into the head alone), and quantizing one leaves the embedding's float tensor to the embedding."""
+    embeddings = {x.weight for x in index.layers if x.kind is LayerKind.EMBEDDING}
+    return [x for x in index.layers if x.kind is LayerKind.LINEAR and x.weight in embeddings]
+
+
+def _emitted_bytes(index: ModelIndex, quantized: list[LayerAssignment], rotated: bool) -> int:
+    """The output's weight bytes: the checkpoint's, each quantized layer at its scheme's size. A tied head writes
+    a tensor of its own: quantized beside the float embedding it read (which stays), or, rotated, in float. The
+    real SmolLM2 (tied) had been planned 129 MiB for a W8A16 folder of 239 (its head quantized) and 165 for a
+    rotated NVFP4 one of 273 (its head float)."""
+    heads = {x.name for x in untied_heads(index)}
+    total = index.total_bytes
+    for a in quantized:
+        size = quantized_bytes(a.layer, a.scheme)
+        total += size if a.layer.name in heads else size - a.layer.bytes
+    if rotated:
+        done = {a.layer.name for a in quantized}
+        total += sum(x.bytes for x in index.layers if x.name in heads and x.name not in done)
+    return total
+
+
 def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Workload:
     index = assignment.model
     quantized = [a for a in assignment.layers if not a.scheme.is_none]
@@ -256,7 +284,7 @@ def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Worklo
     return Workload(
         every_expert=cal.experts is ExpertRouting.ALL, batchable_gptq_layers=batchable,
         backend=ir.backend, index=index, weights_bytes=index.total_bytes,
-        quantized_bytes=index.total_bytes - sum(a.layer.bytes - quantized_bytes(a.layer, a.scheme) for a in quantized),
+        quantized_bytes=_emitted_bytes(index, quantized, rotates(ir)),
         dequantized_bytes=sum(dequantized),
         dequantized_largest=max(dequantized, default=0),
         integer_kernel_bytes=_integer_kernel_bytes(quantized),
@@ -287,7 +315,7 @@ def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Worklo
         data_libraries=DATASET_LIBRARIES if cal.data.kind is DataKind.DATASET else 0,
         templated=bool(cal.data.rows and cal.data.rows.messages),
         transform=ir.transform if assignment.smoothing else None,
-        rotated=ir.transform is not None and ir.transform.kind.rotates,
+        rotated=rotates(ir),
         online_width=_online_width(ir, index),
         rotation_block=ir.transform.block or 0 if ir.transform is not None and ir.transform.kind.rotates else 0,
         smoothing=tuple((m.block, m.width, sum(4 * index.layer(x).params for x in m.targets))

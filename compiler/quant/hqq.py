@@ -63,9 +63,9 @@ def _optimised(rows: np.ndarray, rules, scale: np.ndarray, zero: np.ndarray) -> 
         error -= z
         error *= s
         np.subtract(rows, error, out=error)  # d = W − dequantized
-        mean_abs = np.abs(error).sum(axis=1, dtype=np.float64)
-        better = mean_abs < best_error
-        best_error = np.where(better, mean_abs, best_error)
+        absolute = np.abs(error).sum(axis=1, dtype=np.float64)  # the mean absolute error times the block size
+        better = absolute < best_error
+        best_error = np.where(better, absolute, best_error)
         best = np.where(better, z[:, 0], best)
         _held_back(error, beta)  # d − e
         z -= error.mean(axis=1, keepdims=True, dtype=np.float64).astype(np.float32) / s
