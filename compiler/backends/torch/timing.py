@@ -28,7 +28,6 @@ from compiler.plan.timing import (
     smooth_seconds,
 )
 from compiler.plan.workload import Workload
-from compiler.quant.rotations import factor_orders
 
 # seconds on the reference machine (plan/timing.py REFERENCE): measured from the process start to the first op
 # (2.2-2.9 s through the CLI), `load_model` (a built-in 1.0-1.4 s; an HF folder 3.4 s: transformers' config and
@@ -42,13 +41,19 @@ def start_seconds(rates: Rates) -> float:
     return rates.fixed(START)
 
 
+# A rotated tensor costs about what rounding it costs (float32 bytes at the rounding rate): `right` reshapes, copies
+# and multiplies by small Kronecker factors, passes over memory rather than FLOPs (5-8 ns an element for factors of
+# 8 to 192, alike; the norm folding and Qᵀ's transposes beside it). The real SmolLM2's 163M rotated elements took
+# 2.33 s at load beyond the unrotated compile's, 1.04 times this (2026-12-05, a 2-core AMD EPYC)
+ROTATION_ROUNDINGS = 1.0
+
+
 def rotation_seconds(w: Workload, rates: Rates) -> float:
-    """`transform quarot`: every rotated tensor times Q's Kronecker factors (2 × its elements × the factors' orders
-    FLOPs, float32), counted at load though block by block and file to file it happens as each tensor is read."""
+    """`transform quarot`: every rotated tensor at ROTATION_ROUNDINGS times its float32 rounding's time, counted at
+    load though block by block and file to file it happens as each tensor is read."""
     if not w.rotated or not w.index.norms:
         return 0.0
-    orders = sum(factor_orders(w.index.norms[0].width) or ())
-    return 2.0 * orders * sum(x.params for x in w.index.layers) / rates.flops
+    return ROTATION_ROUNDINGS * 4.0 * sum(x.params for x in w.index.layers) / rates.rounding
 
 
 def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
