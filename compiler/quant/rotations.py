@@ -1,8 +1,17 @@
 """Orthogonal rotations for outlier spreading (QuaRot's random Hadamard): a Hadamard matrix of order n, built as
 a Kronecker product of Sylvester's powers of two and Paley's constructions from primes, and its randomized,
-normalized form H·diag(s)/√n (s random signs), which is orthogonal. A rotation Q applied to a residual stream and
+normalized form diag(s)·H/√n (s random signs), which is orthogonal. A rotation Q applied to a residual stream and
 folded into the weights either side leaves the float model's outputs unchanged (W x = (W Q)(Qᵀ x)) while
 spreading an outlier channel over all of them, which is what makes 4-bit activations round well.
+
+The signs come before H: x·diag(s)·H mixes sign-flipped channels, so each seed is another rotation (QuaRot's and
+compressed-tensors' random_hadamard_matrix, the Hadamard transform of diag(s), puts them first too). After H
+(x·H·diag(s), as qrc had them until 2026-12-05) they only flip the sign of each rotated channel, which a symmetric
+format rounds alike: every seed was the same rotation, and which Hadamard construction a width took decided
+alone. On the real SmolLM2, NVFP4A16 after R1+R2 (validation text, bench/hadamard_construction.py): with the signs
+after H, KL 0.768 for 576 = 8 × 72 and 0.597 to 0.676 for the other constructions of 576, every seed alike; with
+them before (R1's and R2's), 0.654 / 0.669 / 0.674 for seeds 0-2 of 8 × 72 (with R1's alone before, 12 × 48's
+seeds spread as widely, 0.608-0.715): the construction no longer decides.
 
 numpy only, so that `qrc check` and `qrc plan` can ask `hadamard_order` whether a width can be rotated without
 importing torch (once a recipe can name a rotation: docs/torch.md, Rotations)."""
@@ -138,10 +147,10 @@ def hadamard(n: int) -> np.ndarray:
 
 
 def random_signs(n: int, seed: int = 0) -> np.ndarray:
-    """The ±1 of the randomized Hadamard H·diag(s)/√n, from `seed`."""
+    """The ±1 of the randomized Hadamard diag(s)·H/√n, from `seed`."""
     return np.random.default_rng(seed).choice(np.array([-1.0, 1.0]), size=n)
 
 
 def random_hadamard(n: int, seed: int = 0) -> np.ndarray:
-    """The orthogonal H·diag(s)/√n, s random signs from `seed` (float64)."""
-    return hadamard(n).astype(np.float64) * random_signs(n, seed)[None, :] / np.sqrt(n)
+    """The orthogonal diag(s)·H/√n, s random signs from `seed` (float64)."""
+    return random_signs(n, seed)[:, None] * hadamard(n).astype(np.float64) / np.sqrt(n)

@@ -116,7 +116,8 @@ ONLINE_WEIGHT = f".mlp.down_proj.{ONLINE_DOWN}_input.weight"  # R4's D, stored u
 
 @dataclass(frozen=True)
 class Kronecker:
-    """A randomized Hadamard F·diag(s)/√n (F = F1 ⊗ F2 ⊗ …, float32), never formed: `right` applies its factors.
+    """A randomized Hadamard diag(s)·F/√n (F = F1 ⊗ F2 ⊗ …, float32; the signs first: compiler/quant/rotations.py),
+    never formed: `right` applies its factors.
     Applied to rows wider than n, it turns each run of n of them alike (the block-diagonal rotation of `block`)."""
 
     factors: tuple[torch.Tensor, ...]
@@ -135,25 +136,25 @@ class Kronecker:
         return self.signs.shape[0]
 
     def right(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows · F·diag(s)/√n, float32, over the last axis (any leading shape; a multiple of n wide: each run of n
+        """rows · diag(s)·F/√n, float32, over the last axis (any leading shape; a multiple of n wide: each run of n
         of it turned alike)."""
         lead = rows.shape[:-1]
-        y = rows.reshape(-1, *(f.shape[0] for f in self.factors))
+        y = (rows.reshape(-1, self.width) * self.signs.to(rows.device)).reshape(-1, *(f.shape[0] for f in self.factors))
         for axis, factor in enumerate(self.factors, start=1):
             y = torch.movedim(torch.movedim(y, axis, -1) @ factor.to(y.device), -1, axis)
-        return (y.reshape(-1, self.width) * self.signs.to(y.device)).reshape(*lead, -1)
+        return y.reshape(*lead, -1)
 
     def stored(self) -> torch.Tensor:
-        """F·diag(s) as the folder stores it (entries ±1: compressed-tensors and vLLM divide by √n as they run)."""
+        """diag(s)·F as the folder stores it (entries ±1: compressed-tensors and vLLM divide by √n as they run)."""
         product = torch.ones(1, 1)
         for factor in self.factors:  # float32 all along: n² · 4 bytes, twice at the last product (cost.py)
             product = torch.kron(product, factor)
-        return product * torch.sign(self.signs)[None, :]
+        return torch.sign(self.signs)[:, None] * product
 
 
 @dataclass(frozen=True)
 class Rotation:
-    """R1's Q = H·diag(s)/√n (H a Kronecker product of small Hadamard factors, float32) and R2's dense H of the
+    """R1's Q = diag(s)·H/√n (H a Kronecker product of small Hadamard factors, float32) and R2's dense H of the
     head width (None: values not rotated), drawn from a seed; `base`: the decoder's prefix in the checkpoint."""
 
     q: Kronecker
