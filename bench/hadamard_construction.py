@@ -85,21 +85,9 @@ def main() -> None:
                         "(R2's stay before it)")
     args = parser.parse_args()
 
-    import torch
     import transformers
 
-    from compiler.models import model_dir, resolve_path
-
-    calibration_text, _, _ = real_quality.texts()
-    path = resolve_path(real_quality.MODEL)
-    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(real_quality.MODEL)))
-    rest = tokenizer(calibration_text)["input_ids"][real_validation.VALIDATION_START:]
-    windows = [torch.tensor([rest[i * 512:(i + 1) * 512]]) for i in range(min(args.windows, len(rest) // 512))]
-    reference = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                                  dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = [reference(w).logits for w in windows]
-    print(f"float: {real_quality.measure(reference, logits, windows)}", flush=True)
+    _, logits, windows = real_validation.float_on_validation(args.windows)
     work = Path(tempfile.mkdtemp(prefix="qrc-hadamard-"))
     summary = {}
     for text in args.orders:

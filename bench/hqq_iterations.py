@@ -50,22 +50,11 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    import transformers
 
     import compiler.quant.hqq as hqq
     from compiler.ir.kinds import Rounding
-    from compiler.models import model_dir, resolve_path
 
-    calibration_text, _, _ = real_quality.texts()
-    path = resolve_path(real_quality.MODEL)
-    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(real_quality.MODEL)))
-    rest = tokenizer(calibration_text)["input_ids"][real_validation.VALIDATION_START:]
-    windows = [torch.tensor([rest[i * 512:(i + 1) * 512]]) for i in range(min(args.windows, len(rest) // 512))]
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                              dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = [model(w).logits for w in windows]
-    print(f"float: {real_quality.measure(model, logits, windows)}", flush=True)
+    model, logits, windows = real_validation.float_on_validation(args.windows)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"}
     original = {n: m.weight.detach().clone() for n, m in linears.items()}
     variants = [("rtn", Rounding.RTN, None, False)]

