@@ -23,7 +23,7 @@ from compiler.ir.types import (
     SensitivityMetric,
     Transform,
 )
-from compiler.models.index import LayerKind, ModelIndex
+from compiler.models.index import Layer, LayerKind, ModelIndex
 from compiler.plan.activations import propagate
 from compiler.quant import fused_float, fused_rtn
 from compiler.resolve.assignment import Assignment, LayerAssignment
@@ -242,7 +242,7 @@ def rotates(ir: RecipeIR) -> bool:
     return ir.transform is not None and ir.transform.kind.rotates
 
 
-def untied_heads(index: ModelIndex) -> list:
+def untied_heads(index: ModelIndex) -> list[Layer]:
     """The LM heads that read the input embedding's tensor (tied): a rotation unties them (the final norm folds
     into the head alone), and quantizing one leaves the embedding's float tensor to the embedding."""
     embeddings = {x.weight for x in index.layers if x.kind is LayerKind.EMBEDDING}
@@ -317,7 +317,7 @@ def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Worklo
         transform=ir.transform if assignment.smoothing else None,
         rotated=rotates(ir),
         online_width=_online_width(ir, index),
-        rotation_block=ir.transform.block or 0 if ir.transform is not None and ir.transform.kind.rotates else 0,
+        rotation_block=(ir.transform.block or 0) if rotates(ir) and ir.transform is not None else 0,
         smoothing=tuple((m.block, m.width, sum(4 * index.layer(x).params for x in m.targets))
                         for m in assignment.smoothing),
     )

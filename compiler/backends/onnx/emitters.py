@@ -220,10 +220,9 @@ class MatMulNBitsEmitter(QdqEmitter):
         bits, blocks = spec.qtype.bits, k // spec.group
         out = [Spec(f"{weight}_Q{bits}", "uint8", (n, blocks, spec.group * bits // 8)),
                Spec(f"{weight}_scales", _scale_dtype(job), (n, blocks))]
-        if not spec.symmetric and job.scheme.rounding.float_zero_points:  # one per block, in the scales' type
-            out.append(Spec(f"{weight}_zero_points", _scale_dtype(job), (n, blocks)))
-        elif not spec.symmetric:
-            out.append(Spec(f"{weight}_zero_points", "uint8", (n, math.ceil(blocks * bits / 8))))
+        if not spec.symmetric:  # float zero points (`rounding hqq`): one per block in the scales' type, unpacked
+            out.append(Spec(f"{weight}_zero_points", _scale_dtype(job), (n, blocks)) if job.scheme.rounding.float_zero_points
+                       else Spec(f"{weight}_zero_points", "uint8", (n, math.ceil(blocks * bits / 8))))
         return out
 
 
