@@ -29,6 +29,7 @@ from compiler.backends.onnx.rewrite import (
     weight_axes,
     weight_nodes,
 )
+from compiler.backends.release import trim_heap
 from compiler.ir.types import EmitFormat, Granularity, QType
 from compiler.models.onnx_write import DataFile, commit, new_staging, stage
 from compiler.quant import qparams
@@ -158,6 +159,9 @@ class QdqEmitter(Emitter):
         # in the model now: the rounded values need not stay beside it while it is serialized, checked, verified
         self.replacements.clear()
         self.activations.clear()
+        # and their heap pages go back, before the kept float tensors load and the model is serialized beside
+        # itself: glibc kept them (the real SmolLM2's int4: 677 MiB at serialization against 613 planned)
+        trim_heap()
         if self.external:
             data = self._data()
             for tensor in model.graph.initializer:
