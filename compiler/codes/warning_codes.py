@@ -112,13 +112,15 @@ WARNINGS: tuple[CodeInfo, ...] = (
              'backend onnx  scheme s = W4A16 { group 64  rounding imatrix }'),
     CodeInfo("Q273", "a rotation the model, backend or output cannot take",
              "`transform quarot` folds random Hadamard rotations of the residual stream (R1) and of each head's values "
-             "(R2) into the weights as they are read. It needs a Llama-family decoder whose norms are RMSNorms before "
-             "attention and MLP (Gemma's post-norms and LayerNorm do not commute with it), widths a Hadamard matrix is "
-             "built for (2^k times up to two Paley orders), the torch backend and a safetensors folder; the "
-             "mixed-precision search's cached scores are of the unrotated weights. `block N` must divide every width "
-             "it turns; `online r4` needs a runtime that applies the folder's transform_config (vLLM; not "
-             "transformers' loader).",
-             'backend onnx  transform quarot'),
+             "(R2) into the weights. It needs a Llama-family decoder whose norms are RMSNorms before attention and MLP "
+             "(Gemma's post-norms and LayerNorm do not commute with it) and widths a Hadamard matrix is built for "
+             "(2^k times up to two Paley orders); the mixed-precision search's cached scores are of the unrotated "
+             "weights. The torch backend writes a safetensors folder. The ONNX backend rotates a copy of the whole "
+             "graph (not in `mode offload`, whose segments are cut from the unrotated one), whose every reader and "
+             "writer of the residual stream must be a MatMul the rotation folds, with no bias on v, o or down. "
+             "`block N` must divide every width it turns; on torch, `online r4` needs a runtime that applies the "
+             "folder's transform_config (vLLM; not transformers' loader), while an ONNX graph runs it itself.",
+             'backend onnx  transform quarot  memory { mode offload }'),
     CodeInfo("Q274", "learned rounding the scheme, layer or backend cannot take",
              "`rounding autoround` learns each weight's rounding offset and each group's clipping by sign-SGD, one "
              "decoder block at a time, against the block's float outputs on the calibration samples. It needs "

@@ -8,7 +8,7 @@ from pathlib import Path
 from compiler.models import names
 from compiler.models.axes import Axis
 from compiler.models.errors import ModelError
-from compiler.models.graph import summarize
+from compiler.models.graph import GraphSummary, summarize
 from compiler.models.index import Layer, LayerKind, ModelFormat, ModelIndex, Norm, TensorInfo, norm_module
 from compiler.safe_files import read_input, regular_input
 
@@ -38,11 +38,17 @@ def index_onnx(path: Path, ref: str, family: str = "onnx") -> ModelIndex:
     inputs = tuple(_tensor_info(v) for v in graph.input if v.name not in inits)
     outputs = tuple(_tensor_info(v) for v in graph.output)
     config = side_config(path.parent)
+    return ModelIndex(ref, ModelFormat.ONNX, family, tuple(layers), inputs, outputs, total, config,
+                      graph=graph_summary(model, config), norms=_norms(graph, inits),
+                      opset=next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None))
+
+
+def graph_summary(model, config: tuple[tuple[str, int | float | str], ...]) -> GraphSummary:
+    """The graph summary of `model` (its weights external or absent), with the axes its config fixes: what an index
+    holds, and what a backend that changed the graph (onnx/rotation.py) takes again."""
     fixed = {axis: v for axis, key in ((Axis.HEADS, "num_key_value_heads"), (Axis.HEAD_DIM, "head_dim"))
              if isinstance(v := dict(config).get(key), int)}
-    return ModelIndex(ref, ModelFormat.ONNX, family, tuple(layers), inputs, outputs, total, config,
-                      graph=summarize(_without_weights(model), set(inits), fixed), norms=_norms(graph, inits),
-                      opset=next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None))
+    return summarize(_without_weights(model), {t.name for t in model.graph.initializer}, fixed)
 
 
 # Nodes that apply a normalisation's weight (input 1 for the LayerNormalization family, either operand of Mul)

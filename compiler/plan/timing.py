@@ -368,3 +368,19 @@ def timed(lowered: tuple[ops.PlanOp, ...], w: Workload, rates: Rates, mode: Memo
     """The ops with their estimated seconds (all of an op's repeats together), by the backend's cost model's
     `seconds` (CostModel.seconds)."""
     return tuple(replace(op, seconds=max(0.0, seconds(op, w, rates, mode))) for op in lowered)
+
+
+# A rotated tensor costs about what rounding it costs (float32 bytes at the rounding rate): `right` reshapes, copies
+# and multiplies by small Kronecker factors, passes over memory rather than FLOPs (5-8 ns an element for factors of
+# 8 to 192, alike; the norm folding and Qᵀ's transposes beside it). The real SmolLM2's 163M rotated elements took
+# 2.33 s at load beyond the unrotated compile's, 1.04 times this (2026-12-05, a 2-core AMD EPYC)
+ROTATION_ROUNDINGS = 1.0
+
+
+def rotation_seconds(w: Workload, rates: Rates) -> float:
+    """`transform quarot`: every rotated tensor at ROTATION_ROUNDINGS times its float32 rounding's time, counted at
+    load (the torch backend rotates block by block and file to file as each tensor is read; the ONNX backend
+    writes a rotated copy first)."""
+    if not w.rotated or not w.index.norms:
+        return 0.0
+    return ROTATION_ROUNDINGS * 4.0 * sum(x.params for x in w.index.layers) / rates.rounding

@@ -262,7 +262,20 @@ def _emitted_bytes(index: ModelIndex, quantized: list[LayerAssignment], rotated:
     if rotated:
         done = {a.layer.name for a in quantized}
         total += sum(x.bytes for x in index.layers if x.name in heads and x.name not in done)
+        total += sum(x.bytes for x in transposed_ties(index))
     return total
+
+
+def transposed_ties(index: ModelIndex) -> list[Layer]:
+    """An ONNX graph's tied tensors: a layer whose weight another node reads through a Transpose (torch.onnx's head
+    reading the embedding's, onnxruntime-genai's embedding gathering from the head's). A rotation gives the other
+    reader a float tensor of its own (onnx/rotation.py)."""
+    if index.graph is None:
+        return []
+    by_weight = {x.weight: x for x in index.layers}
+    readers = {i for n in index.graph.nodes if n.op in ("Gather", "MatMul", "Gemm") for i in n.inputs}
+    return [by_weight[n.inputs[0]] for n in index.graph.nodes
+            if n.op == "Transpose" and n.inputs and n.inputs[0] in by_weight and set(n.outputs) & readers]
 
 
 def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Workload:

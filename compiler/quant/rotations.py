@@ -18,6 +18,7 @@ importing torch (once a recipe can name a rotation: docs/torch.md, Rotations).""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
@@ -154,3 +155,46 @@ def random_signs(n: int, seed: int = 0) -> np.ndarray:
 def random_hadamard(n: int, seed: int = 0) -> np.ndarray:
     """The orthogonal diag(s)·H/√n, s random signs from `seed` (float64)."""
     return random_signs(n, seed)[:, None] * hadamard(n).astype(np.float64) / np.sqrt(n)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """The randomized Hadamard diag(s)·(F1 ⊗ F2 ⊗ …)/√n of order n held as its factors, in float32 numpy (the ONNX
+    backend's rotations: onnx/rotation.py; the torch backend's Kronecker is the same matrix for the same seed)."""
+
+    factors: tuple[np.ndarray, ...]
+    signs: np.ndarray  # s/√n
+
+    @classmethod
+    def seeded(cls, n: int, seed: int) -> Turn:
+        """The randomized Hadamard of order n whose signs come from `seed`."""
+        return cls(tuple(f.astype(np.float32) for f in hadamard_factors(n)),
+                   (random_signs(n, seed) / np.sqrt(n)).astype(np.float32))
+
+    @property
+    def width(self) -> int:
+        """n."""
+        return self.signs.shape[0]
+
+    def right(self, rows: np.ndarray) -> np.ndarray:
+        """rows · diag(s)·F/√n in float32, over the last axis (a multiple of n wide: each run of n turned alike, the
+        block-diagonal rotation), each factor applied along its axis of the rows reshaped."""
+        lead = rows.shape[:-1]
+        y = (rows.reshape(-1, self.width).astype(np.float32) * self.signs).reshape(-1, *(f.shape[0] for f in self.factors))
+        for axis, factor in enumerate(self.factors, start=1):
+            y = np.moveaxis(np.moveaxis(y, axis, -1) @ factor, -1, axis)
+        return y.reshape(*lead, -1)
+
+    def halves(self) -> tuple[np.ndarray, np.ndarray]:
+        """F as A ⊗ C, the factors split where a + c is least: x·F for x read as a×c is Aᵀ·x·C, two small products
+        (what an online rotation runs in a graph)."""
+        best = min(range(len(self.factors) + 1), key=lambda k: _kron(self.factors[:k]).shape[0] +
+                   _kron(self.factors[k:]).shape[0])
+        return _kron(self.factors[:best]), _kron(self.factors[best:])
+
+
+def _kron(factors) -> np.ndarray:
+    product = np.ones((1, 1), dtype=np.float32)
+    for factor in factors:
+        product = np.kron(product, factor)
+    return product

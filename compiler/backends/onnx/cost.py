@@ -37,6 +37,7 @@ from compiler.plan.ops import ModeEstimate, PlanOp
 from compiler.plan.target import PhaseName
 from compiler.plan.timing import Rates
 from compiler.plan.workload import Workload
+from compiler.quant.rotations import SLICE as ROTATION_SLICE
 
 # interpreter, libraries, session set-up: the RSS of a compile entering verification, 113-115 MiB measured on
 # calibrated W8A8 compiles of the built-in Llamas and an exported decoder (82 MiB without calibration). It was 128
@@ -84,7 +85,7 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
                  (f"activations of one chunk ({chunk} samples)", act), ("observers", observer_bytes(w)))
         if w.hessian_inputs:
             parts += (("GPTQ Hessians (float64 sums), update scratch", _hessians(w, group) + _hessian_update(w, chunk)),)
-        if w.transform is not None and graph:  # the fold's check runs the whole model on one chunk first
+        if w.transform is not None and not w.rotated and graph:  # the fold's check runs the model on one chunk first
             kept = set(graph.outputs)
             check = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen, w.past).bytes
             parts += (("the transform's check: model outputs on one chunk, beyond calibration's", max(0, check - act)),
@@ -93,7 +94,7 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
                       # 311 MiB in a fresh process against 266 planned without them)
                       ("the scaled targets' weights (model and session), beside the unscaled ones",
                        2 * sum(m[2] for m in w.smoothing)))
-    if w.transform is not None:  # the transform's pass observes every mapping's input at once, before calibration
+    if w.transform is not None and not w.rotated:  # the transform's pass observes every mapping's input at once
         parts += ((f"{w.transform.kind.name} statistics (+ scratch of one mapping)", transform_bytes(w, all_blocks=True)),)
     return Phase("calibrate", sum(b for _, b in parts), parts)
 
@@ -276,6 +277,18 @@ def export_peak(w: Workload) -> int:
     return EXPORT_PARENT + EXPORT_RUNTIME + 2 * float32
 
 
+def onnx_rotation(w: Workload) -> Phase:
+    """`transform quarot` (onnx/rotation.py): the rotated copy is written one initializer at a time; what it holds
+    is the largest rotated tensor as read (onnx's external-data read holds its bytes beside the array), its float32
+    result, and one slice of SLICE rows and its product (a tied head is computed from the embedding alike). The real
+    SmolLM2's 108 MiB head: 433-435 MiB measured at load, against 346 planned with the tensor counted once as read."""
+    largest = max((x.params for x in w.index.layers), default=0)
+    scratch = 3 * 4 * largest + 2 * 4 * min(largest, ROTATION_SLICE * w.hidden)
+    return Phase("rotation", RUNTIME + scratch, (("runtime", RUNTIME),
+                                                 ("the largest tensor rotated: read, its float32 result, one slice",
+                                                  scratch)))
+
+
 def onnx_emit(w: Workload, mode: MemoryMode) -> Phase:
     """The quantized model and its serialized copy; or, when the output streams, the kept float
     initializers copied into its data file a piece at a time."""
@@ -337,6 +350,8 @@ class OnnxCosts:
         if mode is MemoryMode.MULTI_GPU:
             return ModeEstimate(mode, 0, (), feasible=False, note="the ONNX backend runs on one device")
         phases = [onnx_quantize(w, mode)]
+        if w.rotated:
+            phases.append(onnx_rotation(w))
         if w.calibrate:
             phases.append(onnx_calibration(w, mode, chunk, passes))
         if w.verify_samples:

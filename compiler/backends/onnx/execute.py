@@ -19,7 +19,7 @@ from compiler.backends.onnx.calibrate import calibrate, observe
 from compiler.backends.onnx.emitted_check import check_emitted
 from compiler.backends.onnx.emitters import activation_specs
 from compiler.backends.onnx.exported_model import refuse_other_layers, resolve_export
-from compiler.backends.onnx.files import open_model
+from compiler.backends.onnx.files import ModelFiles, open_model
 from compiler.backends.onnx.hessians import PREFIX, GptqRounder, hessian_observers, uses_gptq
 from compiler.backends.onnx.host_cpu import saturation_warning
 from compiler.backends.onnx.run_state import OnnxRunState, Progress, jobs_of, observed_for, round_weight, segments_of
@@ -37,6 +37,7 @@ from compiler.backends.values import OpValues, Values
 from compiler.diagnostics import error, warning
 from compiler.ir.types import Calibration
 from compiler.models import builtin, gguf_file, resolve_path
+from compiler.models.onnx_index import graph_summary
 from compiler.plan import ops
 from compiler.plan.ops import Buffer, Plan
 from compiler.quant.smoothing import transform_summary
@@ -102,15 +103,21 @@ class _OnnxRun(OnnxRunState):
 
     def commit(self, values: Values) -> list[Path]:
         """The staged model into place (program.py calls this once every op ran); the first rank's alone."""
-        rounded = values.held(Buffer.QPARAMS, Rounded)
+        rounded = self._rounded(values)
         if not self.ranks.first:
             return []
         assert rounded is not None and rounded.emitter is not None, "the first rank staged the model"
         return rounded.emitter.commit()
 
+    @staticmethod
+    def _rounded(values: Values) -> Rounded | None:
+        """What holds the staged model's emitter: the rounding's, or the emit's own where nothing was rounded."""
+        staged = values.held(Buffer.EMITTED_MODEL, Staged)
+        return values.held(Buffer.QPARAMS, Rounded) or (staged.unrounded if staged is not None else None)
+
     def close(self, values: Values) -> None:
         """Remove what the run staged and did not commit, and the model's scratch copy."""
-        rounded, loaded = values.held(Buffer.QPARAMS, Rounded), values.held(Buffer.MODEL, OnnxLoaded)
+        rounded, loaded = self._rounded(values), values.held(Buffer.MODEL, OnnxLoaded)
         if rounded is not None and rounded.emitter is not None:
             rounded.emitter.abort()
         if loaded is not None:
@@ -141,7 +148,34 @@ class _OnnxRun(OnnxRunState):
             source, assignment = exported.source, exported.assignment
         else:
             source, assignment = model_path(op.model), v.get(Buffer.RECIPE, Assignment)
-        v.put(Buffer.MODEL, OnnxLoaded(open_model(source), source, assignment))
+        files = open_model(source)
+        if op.rotation is not None:  # a rotated copy is compiled instead (onnx/rotation.py), its graph summarized
+            files = self._rotated(op, files, assignment)  # again (R4's nodes: calibration's sessions keep them)
+            index = assignment.model
+            assignment = dataclasses.replace(assignment, model=dataclasses.replace(
+                index, graph=graph_summary(files.light, index.config)))
+        v.put(Buffer.MODEL, OnnxLoaded(files, source, assignment))
+
+    def _rotated(self, op: ops.LoadModel, files: ModelFiles, assignment: Assignment) -> ModelFiles:
+        """The model's rotated copy (its own files closed); Q273 where the graph does not take the rotation."""
+        from compiler.backends.onnx.rotation import Rotations, rotate
+        from compiler.backends.onnx.rotation_structure import fold_of
+
+        assert op.rotation is not None
+        fold = fold_of(assignment.model)
+        if isinstance(fold, str):
+            files.close()
+            span = self.plan.spans.transform or self.plan.spans.model
+            raise BackendError(error("Q273", f"this graph cannot be rotated: {fold}", span, "no rotation here",
+                                     help="rotations fold into Llama-family decoders as exporters write them"))
+        hidden, head, down, block = op.rotation
+        advance = self.progress("rotate", 1)
+        try:
+            rotated = rotate(files, fold, Rotations.seeded(hidden, head, down, block))
+        finally:
+            files.close()
+        advance()
+        return rotated
 
     def select_mode(self, op: ops.SelectMemoryMode, v: OpValues) -> None:
         """The mode as planned; with `disk`, whose resume states this run's are (a killed run's with another
@@ -152,9 +186,9 @@ class _OnnxRun(OnnxRunState):
         from compiler.backends.onnx.resume import remove_superseded
         from compiler.backends.owners import owner
 
-        # whose resume states this run's are: its recipe and model as given (a transform's copy is made later)
-        files = v.get(Buffer.MODEL, OnnxLoaded).files
-        owned = owner(self.output, self.plan.recipe_text, str(files.path), world=self.ranks.world)
+        # whose resume states this run's are: its recipe and model as given (not a transform's copy)
+        owned = owner(self.output, self.plan.recipe_text, str(v.get(Buffer.MODEL, OnnxLoaded).source),
+                      world=self.ranks.world)
         if self.ranks.first:  # what a killed run with another recipe left here goes
             remove_superseded(op.disk, owned)
         v.put(Buffer.MEMORY_MODE, OnnxMemory(op.mode, op.disk, owned))
@@ -387,7 +421,9 @@ class _OnnxRun(OnnxRunState):
     def emit(self, op: ops.Emit, v: OpValues) -> Product:
         """Float initializers kept as they are, provenance stamped, the file written atomically (by the first
         rank: the others write nothing)."""
-        loaded, rounded = v.get(Buffer.MODEL, OnnxLoaded), v.get(Buffer.QPARAMS, Rounded)
+        loaded = v.get(Buffer.MODEL, OnnxLoaded)
+        # a recipe that quantizes no layer rounds nothing: the model is written as it is (rotated, where it asks)
+        rounded = v.get(Buffer.QPARAMS, Rounded) if v.declares(Buffer.QPARAMS) else Rounded(_final(v, loaded))
         memory = v.get(Buffer.MEMORY_MODE, OnnxMemory)
         if not self.ranks.first:
             v.put(Buffer.EMITTED_MODEL, Staged(None, rounded.assignment))
@@ -403,7 +439,8 @@ class _OnnxRun(OnnxRunState):
             lambda staged: check_emitted(staged, self.plan.spans.emit, memory.offload))
         staged = tuple(emitter.finish(check))  # beside the destination until verified
         release_memory()  # the quantized model's proto and pages go before verification
-        v.put(Buffer.EMITTED_MODEL, Staged(emitter.staged_model, rounded.assignment))
+        unrounded = None if v.declares(Buffer.QPARAMS) else rounded
+        v.put(Buffer.EMITTED_MODEL, Staged(emitter.staged_model, rounded.assignment, unrounded))
         return Product(files=staged)
 
     def _layer_errors(self, op: ops.Verify, loaded: OnnxLoaded, memory: OnnxMemory, staged: Staged) -> dict[str, float]:

@@ -4,6 +4,7 @@ ranges in their own ops; every weight is streamed from the data file through the
 
 from __future__ import annotations
 
+from compiler.backends.onnx.cost import onnx_rotation
 from compiler.backends.onnx.kernels import kernel_words
 from compiler.backends.onnx.output_streams import streams_output
 from compiler.ir.types import EmitFormat, MemoryMode
@@ -39,6 +40,7 @@ from compiler.plan.ops import (
 from compiler.plan.target import PhaseName
 from compiler.plan.workload import Search
 from compiler.resolve.pipeline import resolver
+from compiler.resolve.rotation_widths import rotation_widths
 
 CHECKED = "readers exact from the graph"  # how the transform's fold is checked
 
@@ -64,8 +66,14 @@ def lower_export(ctx: Context) -> list[PlanOp]:
 
 def lower_load(ctx: Context) -> list[PlanOp]:
     """`load_model`: the graph only."""
-    return [load_op(ctx, ModelAccess.GRAPH, "graph only: weights stay in the data file until a session or the "
-                    "quantizer reads them", 0, (Buffer.ONNX_MODEL,) if _exports(ctx) else (Buffer.RECIPE,), ModelFormat.ONNX)]
+    w = ctx.workload
+    rotation = rotation_widths(w.index, w.rotated, w.online_width, w.rotation_block)
+    how = "graph only: weights stay in the data file until a session or the quantizer reads them"
+    if rotation is not None:
+        how += "; a rotated copy of the model is written first, one tensor at a time, and compiled instead"
+    scratch = onnx_rotation(w).bytes - ctx.costs.runtime(w) if rotation is not None else 0
+    return [load_op(ctx, ModelAccess.GRAPH, how, scratch, (Buffer.ONNX_MODEL,) if _exports(ctx) else (Buffer.RECIPE,),
+                    ModelFormat.ONNX, rotation)]
 
 
 def _kld_words(search: Search, chunks: int, chunk: int) -> str:

@@ -1,7 +1,7 @@
 """What the ONNX backend refuses in a recipe alone, before any model is read: MatMulNBits block sizes (Q208),
 several devices (Q234), floating formats onnxruntime's CPU build cannot run (Q257), the importance-weighted
 search on integer weights (Q272), learned rounding (Q274), an attention kernel choice an exported graph has no use for (Q270), and a
-rotation (Q273)."""
+rotation in offload (Q273)."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ def check_recipe(ir: RecipeIR, diags: Diagnostics) -> None:
     _refuse_imatrix(ir, diags)
     _refuse_learned(ir, diags)
     refuse_attention_kernel(ir, diags, "an ONNX graph")
-    if ir.transform is not None and ir.transform.kind.rotates:
-        diags.error("Q273", f"`transform {ir.transform.kind.name}` rotates the weights as the torch backend reads "
-                    "them; the ONNX backend has no rotation yet", ir.transform.span, "no rotation on onnx",
-                    help="use `backend torch` (the folder it writes exports like any other)")
-
+    if ir.transform is not None and ir.transform.kind.rotates and ir.memory.mode is MemoryMode.OFFLOAD:
+        diags.error("Q273", f"`transform {ir.transform.kind.name}` on the ONNX backend rotates a copy of the whole "
+                    "graph before calibration; `mode offload` cuts its segments from the unrotated one",
+                    ir.memory.span_of("mode") or ir.transform.span, "not with offload",
+                    help="use `mode full` or `low_memory`, or `backend torch`, which rotates block by block")
 
 
 def _refuse_imatrix(ir: RecipeIR, diags: Diagnostics) -> None:

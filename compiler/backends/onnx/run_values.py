@@ -87,3 +87,4 @@ class Staged:
 
     model: Path | None  # None on torchrun's other ranks: the first stages the model
     assignment: Assignment
+    unrounded: Rounded | None = None  # what staged it where no op rounded a layer (every layer `-> none`)

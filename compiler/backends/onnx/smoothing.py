@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from compiler.backends.onnx.calibrate import augmented_model, session, session_from_path
 from compiler.backends.onnx.files import ModelFiles
@@ -29,6 +30,14 @@ from compiler.ir.types import MemoryMode, Rounding, Transform, TransformKind, We
 from compiler.quant.smoothing import ChannelStats, awq_scales, smoothquant_scales
 from compiler.quant.weights import Convention, quantize_weight
 from compiler.resolve.assignment import Assignment
+
+
+class Rewrite(Protocol):
+    """What the rewrite does to one initializer's values."""
+
+    def apply(self, values: np.ndarray) -> np.ndarray:
+        """The new values, in the initializer's dtype."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -145,34 +154,49 @@ def _rtn(w: np.ndarray, spec: WeightQuant) -> np.ndarray:
     return quantize_weight(w, spec, Rounding.RTN, 0, 1, Convention.ORT).dequantize()
 
 
-def rewrite_initializers(files: ModelFiles, plan: dict[str, Scaling]) -> ModelFiles:
-    """A copy of the model in a scratch folder with the planned initializers rescaled: every external tensor
-    is read, changed where planned, and appended to one new data file, one at a time."""
+def rewrite_initializers(files: ModelFiles, plan: Mapping[str, Rewrite], added: Mapping[str, Callable[[], np.ndarray]]
+                         | None = None, edit: Callable[[onnx.ModelProto], None] | None = None) -> ModelFiles:
+    """A copy of the model in a scratch folder with the planned initializers rewritten: every external tensor
+    is read, changed where planned, and appended to one new data file, one at a time; `added` tensors (computed
+    when they are written) go to the data file after them, and `edit` changes the copy's graph (onnx/rotation.py)."""
     scratch = Path(tempfile.mkdtemp(prefix="qrc-smoothed-"))
     try:
         light = onnx.ModelProto()
         light.CopyFrom(files.light)
+        if edit is not None:
+            edit(light)
         path = scratch / files.path.name
         data_name = files.path.name + ".data"
         offset = 0
         with open(scratch / data_name, "wb") as data:
+            def external(tensor: onnx.TensorProto, values: np.ndarray) -> None:
+                nonlocal offset
+                raw = np.ascontiguousarray(values)  # written from its buffer: no bytes copy beside it
+                data.write(raw.data)
+                del tensor.external_data[:]
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+                for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(raw.nbytes))):
+                    entry = tensor.external_data.add()
+                    entry.key, entry.value = key, value
+                offset += raw.nbytes
+
             for tensor in light.graph.initializer:
-                external = tensor.data_location == onnx.TensorProto.EXTERNAL
-                if not external and tensor.name not in plan:
+                stored_outside = tensor.data_location == onnx.TensorProto.EXTERNAL
+                if not stored_outside and tensor.name not in plan:
                     continue
                 values = files.array(tensor)
                 if tensor.name in plan:
                     values = plan[tensor.name].apply(values)
-                if not external:
+                if not stored_outside:
                     tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
                     continue
-                raw = np.ascontiguousarray(values).tobytes()
-                data.write(raw)
-                del tensor.external_data[:]
-                for key, value in (("location", data_name), ("offset", str(offset)), ("length", str(len(raw)))):
-                    entry = tensor.external_data.add()
-                    entry.key, entry.value = key, value
-                offset += len(raw)
+                external(tensor, values)
+            for name, compute in (added or {}).items():
+                values = compute()
+                tensor = light.graph.initializer.add()
+                tensor.name, tensor.data_type = name, helper.np_dtype_to_tensor_dtype(values.dtype)
+                tensor.dims.extend(values.shape)
+                external(tensor, values)
         path.write_bytes(light.SerializeToString())
         return ModelFiles(path, light, scratch)
     except BaseException:

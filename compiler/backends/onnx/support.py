@@ -6,6 +6,7 @@ from __future__ import annotations
 from compiler.backends.onnx.export_decoder import DECODER_FAMILIES
 from compiler.backends.onnx.kernels import layer_kernels
 from compiler.backends.onnx.layer_checks import check_layers
+from compiler.backends.onnx.rotation_check import check_rotation
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import ActivationMode, EmitFormat, Granularity, QType, RecipeIR
 from compiler.models.index import ModelFormat
@@ -19,9 +20,10 @@ EXPORTABLE_FAMILIES = ("bert", *DECODER_FAMILIES)
 
 def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
     """Q415 for an HF folder the exporter cannot export (a family it does not know, a compressed-tensors folder);
-    Q222 for image rows (a VLM's processor feeds a torch forward); Q410 for each scheme with dynamic or per-token activations (QDQ holds static per-tensor ranges);
+    Q222 for image rows (a VLM's processor feeds a torch forward); Q273 for a graph a rotation cannot take; Q410 for each scheme with dynamic or per-token activations (QDQ holds static per-tensor ranges);
     Q437 (a warning) for each scheme whose int8 activations onnxruntime's x86 kernels run slower than float."""
     check_layers(ir, assignment, diags)
+    check_rotation(ir, assignment, diags)
     index = assignment.model
     if index.format is ModelFormat.HF and index.family not in EXPORTABLE_FAMILIES:
         diags.error("Q415", f"the ONNX backend cannot export `{index.family}` folders to ONNX yet", ir.model_span,

@@ -17,6 +17,7 @@ from compiler.plan.timing import (
     hessian_seconds,
     quantize_seconds,
     reading,
+    rotation_seconds,
     rounded_bytes,
     score_seconds,
     smooth_seconds,
@@ -109,6 +110,14 @@ def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     return 2 * _session(w, rates, sessions) + reading(w, rates, False) + 2 * forward(w, rates, op.samples)
 
 
+def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    """The graph only; a rotation's copy of the model: every rotated tensor (plan/timing.py), and the weights read
+    and written once more."""
+    if op.rotation is None:
+        return 0.0
+    return rotation_seconds(w, rates) + 2 * w.weights_bytes / rates.disk
+
+
 def _quantize(op, w: Workload, rates: Rates) -> float:
     """The op's rounding, its GPTQ layers at GPTQ_COST times the torch backend's rate."""
     layers = op.layers or tuple(w.quantized_layers)
@@ -122,13 +131,13 @@ def _emit(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
 
 
 ESTIMATES: dict[ops.OpKind, Estimate] = {
-    ops.OpKind.EXPORT_ONNX: _export, ops.OpKind.CALIBRATE_CHUNK: _calibrate,
+    ops.OpKind.EXPORT_ONNX: _export, ops.OpKind.LOAD_MODEL: _load, ops.OpKind.CALIBRATE_CHUNK: _calibrate,
     ops.OpKind.CACHE_BLOCK_INPUTS: _cache_inputs, ops.OpKind.RUN_BLOCK: _run_block, ops.OpKind.VERIFY: _verify,
     ops.OpKind.SMOOTH: lambda op, w, rates, mode: _session(w, rates) + smooth_seconds(w, rates),
     ops.OpKind.QUANTIZE_WEIGHTS: lambda op, w, rates, mode: _quantize(op, w, rates),
     ops.OpKind.EMIT: lambda op, w, rates, mode: _emit(op, w, rates, mode),
     ops.OpKind.SCORE_SENSITIVITY: lambda op, w, rates, mode: score_seconds(op, w, rates, _session(w, rates)),
-}  # the others (loading the graph, mode selection, range search and propagation) take no measurable time
+}  # the others (mode selection, range search and propagation) take no measurable time
 
 
 def seconds(op: ops.PlanOp, w: Workload, rates: Rates, mode: MemoryMode) -> float:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from compiler.backends.torch import timing
 from compiler.backends.torch.formats import torch_format
 from compiler.backends.torch.gguf_source_memory import source_tensor_bytes
-from compiler.backends.torch.rotation_widths import widths
 from compiler.ir.types import Backend, EmitFormat, MemoryMode, SensitivityMetric
 from compiler.models.index import LayerKind, ModelFormat
 from compiler.plan.memory import (
@@ -32,6 +31,7 @@ from compiler.plan.timing import Rates
 from compiler.plan.workload import Workload, untied_heads
 from compiler.quant.rotations import SLICE as ROTATION_SLICE
 from compiler.quant.rotations import factor_orders
+from compiler.resolve.rotation_widths import widths
 
 # interpreter, torch, transformers and compressed-tensors (imported to check the output's config before any work);
 # measured at the first op: 423-425 MiB for built-ins, 414-442 before an HF folder's weights (2026-11-27)

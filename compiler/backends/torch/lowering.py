@@ -7,7 +7,6 @@ block's outputs, streamed from the checkpoint, or file to file when nothing runs
 from __future__ import annotations
 
 from compiler.backends.torch.formats import torch_format
-from compiler.backends.torch.rotation_widths import rotation_widths
 from compiler.backends.torch.timing import learning_compiled
 from compiler.ir.types import MemoryMode
 from compiler.models.builtin import PREFIX as BUILTIN_PREFIX
@@ -45,6 +44,7 @@ from compiler.plan.ops import (
 )
 from compiler.plan.target import PhaseName
 from compiler.plan.workload import Search
+from compiler.resolve.rotation_widths import rotation_widths
 
 CHECKED = "float output checked unchanged"  # how the transform's fold is checked
 RUNS_STREAMS = (Buffer.MODEL, Buffer.OUTPUT, Buffer.STREAMS)  # what an op over the whole model reads

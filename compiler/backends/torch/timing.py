@@ -23,6 +23,7 @@ from compiler.plan.timing import (
     learned_weights,
     quantize_seconds,
     reading,
+    rotation_seconds,
     rounded_bytes,
     score_seconds,
     smooth_seconds,
@@ -39,21 +40,6 @@ START, MODEL, HF_MODEL, FIRST_FORWARD = 2.6, 1.2, 3.2, 2.4
 def start_seconds(rates: Rates) -> float:
     """Before the first op: the interpreter, the CLI, the check and the plan, and torch's imports."""
     return rates.fixed(START)
-
-
-# A rotated tensor costs about what rounding it costs (float32 bytes at the rounding rate): `right` reshapes, copies
-# and multiplies by small Kronecker factors, passes over memory rather than FLOPs (5-8 ns an element for factors of
-# 8 to 192, alike; the norm folding and Qᵀ's transposes beside it). The real SmolLM2's 163M rotated elements took
-# 2.33 s at load beyond the unrotated compile's, 1.04 times this (2026-12-05, a 2-core AMD EPYC)
-ROTATION_ROUNDINGS = 1.0
-
-
-def rotation_seconds(w: Workload, rates: Rates) -> float:
-    """`transform quarot`: every rotated tensor at ROTATION_ROUNDINGS times its float32 rounding's time, counted at
-    load though block by block and file to file it happens as each tensor is read."""
-    if not w.rotated or not w.index.norms:
-        return 0.0
-    return ROTATION_ROUNDINGS * 4.0 * sum(x.params for x in w.index.layers) / rates.rounding
 
 
 def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:

@@ -1,4 +1,4 @@
-"""The widths a rotation turns (torch/rotation.py), from the model's index alone: what the plan's load op carries
+"""The widths a rotation turns (torch/rotation.py, onnx/rotation.py), from the model's index alone: what the plan's load op carries
 and the cost model counts (no recipe, no torch)."""
 
 from __future__ import annotations
@@ -17,9 +17,15 @@ def widths(index: ModelIndex) -> tuple[int, int | None]:
     if index.ref.startswith(builtin.PREFIX):
         spec = builtin.parse_ref(index.ref)[1]
         return hidden, getattr(spec, "head_dim", None)
-    kv_heads = index.config_value("num_key_value_heads") or index.config_value("num_attention_heads")
-    value = next((x for x in index.layers if x.name.endswith("self_attn.v_proj")), None)
-    return hidden, (value.out_features // int(kv_heads) if value is not None and kv_heads else None)
+    heads = index.config_value("num_attention_heads")
+    kv_heads = index.config_value("num_key_value_heads") or heads
+    value = next((x for x in index.layers if x.name.endswith("attn.v_proj")), None)
+    if value is not None:
+        return hidden, (value.out_features // int(kv_heads) if kv_heads else None)
+    fused = next((x for x in index.layers if x.name.endswith("attn.qkv_proj")), None)  # q, k and v in one
+    if fused is not None and heads and kv_heads:
+        return hidden, fused.out_features // (int(heads) + 2 * int(kv_heads))
+    return hidden, None
 
 
 def down_width(index: ModelIndex) -> int | None:

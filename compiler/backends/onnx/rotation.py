@@ -1,0 +1,217 @@
+"""QuaRot's rotations on the ONNX backend (docs/onnx.md, Rotations): the torch backend's R1, R2 and R4 (same seeds,
+same matrices: compiler/quant/rotations.py), on a copy of the graph made before anything is calibrated or rounded.
+
+- R1 and R2 are folded into the initializers (onnx/rotation_structure.py says which): each norm's weights go into
+  the layers reading its output, which take W·Q, the embedding E·Q, the layers writing the residual stream Qᵀ·W;
+  v_proj's columns of each head Hᵀ, o_proj's rows of each head H. The norms' weights become ones. A tied head is
+  untied: the final norm folds into a head tensor of its own (`lm_head.weight`, float), the embedding's transpose
+  it read goes.
+- R4 runs in the graph, where no rotation can be folded (the SiLU product before each down projection): the down
+  projection's input x becomes x·D before it, in standard ops (a sign Mul, then the Hadamard as two small MatMuls,
+  Aᵀ·X·C for x read as blocks of a×c with F = A ⊗ C: n·(a + c) products a token, 1536 · 200 for SmolLM2's), and the
+  down projection's weight takes W·D. Its input keeps its name, so its observers, GPTQ's Hessian and its input
+  quantizer read the rotated values.
+
+The copy is written one initializer at a time (onnx/smoothing.py's rewrite): what rotating holds is one tensor in
+float32, its rotated copy and the factors (onnx/cost.py counts it). Calibration, rounding, emission and
+verification then run on it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from compiler.backends.onnx.files import ModelFiles
+from compiler.backends.onnx.rewrite import weight_axes, weight_nodes
+from compiler.backends.onnx.rotation_structure import Fold
+from compiler.backends.onnx.smoothing import rewrite_initializers
+from compiler.quant.rotations import SLICE, Turn, random_hadamard
+
+HEAD = "lm_head.weight"  # a tied head's own tensor once untied
+EMBEDDING = "model.embed_tokens.weight"  # an embedding's own tensor, untied from the head it gathered from
+ONLINE = "qrc.online_r4"  # the prefix of the online rotation's initializers and nodes
+
+
+@dataclass(frozen=True)
+class Rotations:
+    """Q (R1), H (R2, None: values not rotated) and D (R4, None: no online rotation), from one seed: Q from it, H
+    from seed + 1, D from seed + 2, as the torch backend draws them."""
+
+    q: Turn
+    h: np.ndarray | None
+    d: Turn | None
+    down_width: int = 0  # the down projections' input width D turns (a multiple of its order: block-diagonal)
+
+    @classmethod
+    def seeded(cls, hidden: int, head: int | None, down: int | None, block: int | None, seed: int = 0) -> Rotations:
+        """The rotations of these widths (`block`: Q and D block-diagonal with blocks of that order)."""
+        h = random_hadamard(head, seed + 1).astype(np.float32) if head else None
+        return cls(Turn.seeded(block or hidden, seed), h, Turn.seeded(block or down, seed + 2) if down else None,
+                   down or 0)
+
+
+Rows = Callable[[np.ndarray, np.ndarray], None]  # (the weight as [out, in] float32 rows, where its result goes)
+
+
+@dataclass(frozen=True)
+class _Computed:
+    """A rewrite by `rows`, which reads the weight as [out, in] float32 rows and writes its result into a float32
+    buffer of the initializer's stored layout (its input axis `axis`) seen alike: no transposed copy of the result
+    is made before it is written."""
+
+    rows: Rows
+    axis: int
+
+    def apply(self, values: np.ndarray) -> np.ndarray:
+        as_rows = values.astype(np.float32, copy=False)
+        out = np.empty(values.shape, np.float32)
+        self.rows(as_rows if self.axis == 1 else as_rows.T, out if self.axis == 1 else out.T)
+        return out.astype(values.dtype, copy=False)
+
+
+@dataclass(frozen=True)
+class _Ones:
+    """A folded norm's weight."""
+
+    def apply(self, values: np.ndarray) -> np.ndarray:
+        return np.ones_like(values)
+
+
+def rotate(files: ModelFiles, fold: Fold, rotations: Rotations) -> ModelFiles:
+    """The rotated copy of the model `files` holds (onnx/rotation_structure.py's `fold` of it)."""
+    inits = {t.name: t for t in files.light.graph.initializer}
+    weights = {w for w, _ in fold.readers} | set(fold.writers) | ({fold.head} if fold.head else set())
+    axes = {name: weight_axes(node)[1] for node, name in weight_nodes(files.light, weights)}
+    gammas: dict[str, np.ndarray] = {}
+
+    def gamma(name: str) -> np.ndarray:
+        if name not in gammas:
+            gammas[name] = files.array(inits[name]).astype(np.float32)
+        return gammas[name]
+
+    q, h, d = rotations.q, rotations.h, rotations.d
+    plan: dict = {name: _Ones() for name in fold.norms}
+    values = dict(fold.values)
+    for weight, norm in fold.readers:
+        plan[weight] = _Computed(_reader(q, partial(gamma, norm), h if weight in values else None,
+                                         values.get(weight, 0)), axes[weight])
+    for weight in fold.writers:
+        plan[weight] = _Computed(_writer(q, h if weight in fold.heads_in else None,
+                                         d if weight in fold.downs else None), axes[weight])
+    added: dict[str, Callable[[], np.ndarray]] = {}
+    if fold.gather is None:
+        plan[fold.embedding] = _Computed(lambda rows, out: _sliced(rows, q.right, out), 1)
+    else:  # the embedding gathered from the head's transpose gets a tensor of its own, rotated
+        source = inits[fold.embedding]
+
+        def own_embedding() -> np.ndarray:  # [vocab, hidden], from the head's [hidden, vocab]
+            stored = files.array(source)
+            out = np.empty(stored.shape[::-1], np.float32)
+            _sliced(stored.astype(np.float32, copy=False).T, q.right, out)
+            return out.astype(stored.dtype, copy=False)
+        added[EMBEDDING] = own_embedding
+    head = _reader(q, partial(gamma, fold.final_norm), None)
+    if fold.head is not None:
+        plan[fold.head] = _Computed(head, axes[fold.head])
+    else:  # the head's own tensor, [in, out] as the MatMul reads it
+        embedding = inits[fold.embedding]
+
+        def untied() -> np.ndarray:  # [hidden, vocab], from the embedding's [vocab, hidden]
+            rows = files.array(embedding)
+            out = np.empty(rows.shape[::-1], np.float32)
+            head(rows.astype(np.float32, copy=False), out.T)
+            return out.astype(rows.dtype, copy=False)
+        added[HEAD] = untied
+    dtype = helper.tensor_dtype_to_np_dtype(inits[fold.writers[0]].data_type) if fold.writers else np.float32
+
+    def edit(model: onnx.ModelProto) -> None:
+        if fold.head is None:
+            _untie(model, fold.head_node)
+        if fold.gather is not None:
+            _untie(model, fold.gather, EMBEDDING, 0)
+        if d is not None:
+            _online(model, fold.down_inputs, d, rotations.down_width, dtype)
+
+    return rewrite_initializers(files, plan, added, edit)
+
+
+def _sliced(rows: np.ndarray, turn: Callable[[np.ndarray], np.ndarray], out: np.ndarray) -> None:
+    """out = `turn`(rows), SLICE rows at a time: the float32 scratch of one slice (`out` may be `rows`)."""
+    for first in range(0, rows.shape[0], SLICE):
+        out[first:first + SLICE] = turn(rows[first:first + SLICE])
+
+
+def _reader(q: Turn, gamma: Callable[[], np.ndarray], heads: np.ndarray | None, value_rows: int = 0) -> Rows:
+    """A layer reading a norm's output: W·diag(γ)·Q; its last `value_rows` rows (v_proj's, or the v part of a
+    fused qkv_proj) of each head then Hᵀ (R2)."""
+    def rows(w: np.ndarray, out: np.ndarray) -> None:
+        scale = gamma()[None, :]
+        _sliced(w, lambda part: q.right(part * scale), out)
+        if heads is not None:
+            size, first = heads.shape[0], out.shape[0] - value_rows
+            part = out[first:].reshape(-1, size, out.shape[1])
+            out[first:] = np.einsum("ji,kjc->kic", heads, part).reshape(value_rows, out.shape[1])
+    return rows
+
+
+def _writer(q: Turn, heads: np.ndarray | None, down: Turn | None) -> Rows:
+    """A layer writing the stream: Qᵀ·W; o_proj's columns of each head then ·H (R2); a down projection's then ·D
+    (R4)."""
+    def rows(w: np.ndarray, out: np.ndarray) -> None:
+        _sliced(w.T, q.right, out.T)
+        if heads is not None:
+            out[:] = (out.reshape(out.shape[0], -1, heads.shape[0]) @ heads).reshape(out.shape)
+        if down is not None:
+            _sliced(out, down.right, out)
+    return rows
+
+
+def _untie(model: onnx.ModelProto, reader: str, own: str = HEAD, at: int = 1) -> None:
+    """Node `reader` reads tensor `own` at input `at`; the transpose of the other tensor it read goes when nothing
+    else reads it (the head's MatMul the embedding's transpose, or the embedding's Gather the head's)."""
+    node = next(n for n in model.graph.node if n.name == reader)
+    transposed = node.input[at]
+    node.input[at] = own
+    if not any(transposed in n.input for n in model.graph.node):
+        kept = [n for n in model.graph.node if transposed not in n.output]
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+
+
+def _online(model: onnx.ModelProto, inputs: tuple[str, ...], d: Turn, width: int, dtype) -> None:
+    """x·D before each down projection (x `width` wide), x keeping its name (its producer's output renamed)."""
+    a, c = d.halves()
+    runs = width // d.width
+    constants = {f"{ONLINE}.signs": np.tile(d.signs, runs).astype(dtype), f"{ONLINE}.a_t": a.T.astype(dtype),
+                 f"{ONLINE}.c": c.astype(dtype),
+                 f"{ONLINE}.blocks": np.array([-1, runs, a.shape[0], c.shape[0]], np.int64)}
+    model.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in constants.items())
+    nodes = list(model.graph.node)
+    for x in inputs:
+        producer = next(n for n in nodes if x in n.output)
+        raw = f"{x}.unrotated"
+        producer.output[:] = [raw if o == x else o for o in producer.output]
+        for n in nodes:
+            if n is not producer and x in n.input and not _is_down(n):
+                n.input[:] = [raw if i == x else i for i in n.input]
+        stem = f"{producer.name.rsplit('/', 1)[0]}/{ONLINE}"
+        step = [
+            helper.make_node("Mul", [raw, f"{ONLINE}.signs"], [f"{x}.signed"], name=f"{stem}/Mul"),
+            helper.make_node("Shape", [raw], [f"{x}.shape"], name=f"{stem}/Shape"),
+            helper.make_node("Reshape", [f"{x}.signed", f"{ONLINE}.blocks"], [f"{x}.blocks"], name=f"{stem}/Reshape"),
+            helper.make_node("MatMul", [f"{x}.blocks", f"{ONLINE}.c"], [f"{x}.c"], name=f"{stem}/MatMul_c"),
+            helper.make_node("MatMul", [f"{ONLINE}.a_t", f"{x}.c"], [f"{x}.ac"], name=f"{stem}/MatMul_a"),
+            helper.make_node("Reshape", [f"{x}.ac", f"{x}.shape"], [x], name=f"{stem}/Reshape_back")]
+        at = nodes.index(producer) + 1
+        nodes[at:at] = step
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def _is_down(node: onnx.NodeProto) -> bool:
+    return node.op_type in ("MatMul", "Gemm", "MatMulNBits") and "down_proj" in node.name

@@ -1,0 +1,120 @@
+"""Where each tensor of an ONNX decoder sits for a rotation (onnx/rotation.py), found from the model's index and
+graph summary alone (`qrc check` asks it; no weight bytes): the layers reading each norm's output (they take the
+norm's weights and Q), the layers writing the residual stream (Qᵀ), each head's values (R2), the embedding, the LM
+head (tied: a MatMul of the embedding's transpose) and the down projections' inputs (R4, online). Any other reader
+of a rotated value, or a bias where the rotation would turn it, is a problem said in words: the rotation would
+change the model's outputs there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.models.index import LayerKind, ModelIndex
+from compiler.resolve.rotation import final_norms, role
+from compiler.resolve.rotation_widths import widths
+
+READS_ATTENTION, READS_MLP = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.qkv_proj"), ("mlp.gate_proj", "mlp.up_proj")
+WRITES = ("attn.o_proj", "mlp.down_proj")
+_LINEAR_OPS = ("MatMul", "Gemm")
+
+
+@dataclass(frozen=True)
+class Fold:
+    """The initializers a rotation changes, by role (weight names as the graph has them)."""
+
+    readers: tuple[tuple[str, str], ...]  # (a layer reading a norm's output, that norm's weight)
+    values: tuple[tuple[str, int], ...]  # (v_proj's or a fused qkv_proj's weight, its value outputs: the last
+    # ones), each head's output columns by H (R2)
+    writers: tuple[str, ...]  # o_proj and down_proj weights: Qᵀ on their outputs
+    heads_in: tuple[str, ...]  # o_proj weights: each head's input rows by H (R2)
+    downs: tuple[str, ...]  # down_proj weights: · D (R4)
+    down_inputs: tuple[str, ...]  # the values the down projections read (R4 turns them online)
+    norms: tuple[str, ...]  # every folded norm's weight (they become ones)
+    embedding: str  # the embedding's weight, [vocab, hidden] (or the head's, see `gather`)
+    head: str | None  # the LM head's weight (None: tied, it reads the embedding's transpose)
+    head_node: str  # the head's MatMul
+    final_norm: str  # the final norm's weight
+    gather: str | None = None  # an embedding Gather reading Transpose(head): `embedding` is then the head's weight
+
+
+def fold_of(index: ModelIndex) -> Fold | str:
+    """The fold of an ONNX decoder, or why it cannot be rotated."""
+    graph = index.graph
+    if graph is None:
+        return "the model has no graph"
+    norms_by_output = {n.output: n for n in index.norms}
+    produced = {o for node in graph.nodes for o in node.outputs} | set(graph.inputs)
+    consumers: dict[str, list] = {}
+    for node in graph.nodes:
+        for name in node.inputs:
+            consumers.setdefault(name, []).append(node)
+    embeddings = [x for x in index.layers if x.kind is LayerKind.EMBEDDING]
+    finals = final_norms(index)
+    if len(embeddings) > 1 or len(finals) != 1:
+        return "it has no single embedding and final norm"
+    readers, values, writers, heads_in, downs, down_inputs = [], [], [], [], [], []
+    for x in index.layers:
+        if x.kind is not LayerKind.LINEAR or not x.block:
+            continue
+        leaf = role(x.name, x.block)
+        if leaf in READS_ATTENTION + READS_MLP:
+            norm = norms_by_output.get(x.input)
+            wanted = "input_layernorm" if leaf in READS_ATTENTION else "post_attention_layernorm"
+            if norm is None or not norm.name.endswith(wanted):
+                return f"`{x.name}` does not read `{wanted}`'s output"
+            readers.append((x.weight, norm.weight))
+            if leaf == "attn.v_proj":
+                values.append((x.weight, x.out_features))
+            elif leaf == "attn.qkv_proj":  # q, k and v one after another: v is the last kv_heads · head_dim
+                kv_heads, head_width = index.config_value("num_key_value_heads"), widths(index)[1]
+                if not kv_heads or not head_width:
+                    return f"`{x.name}` fuses q, k and v, and the model's config does not give their widths"
+                values.append((x.weight, int(kv_heads) * head_width))
+        elif leaf in WRITES:
+            writers.append(x.weight)
+            if leaf == "attn.o_proj":
+                heads_in.append(x.weight)
+            else:
+                downs.append(x.weight)
+                down_inputs.append(x.input)
+        if leaf in ("attn.v_proj", "attn.qkv_proj", *WRITES) and _has_bias(x.weight, graph.nodes, consumers, produced):
+            return f"`{x.name}` adds a bias, which the ONNX backend does not rotate yet"
+    for norm in index.norms:
+        others = [n for n in consumers.get(norm.output, []) if n.op not in _LINEAR_OPS]
+        if others:
+            return f"`{norm.name}`'s output is read by a {others[0].op} node, which a rotation would change"
+    final = finals[0]
+    heads = [n for n in consumers.get(final.output, []) if n.op in _LINEAR_OPS]
+    if len(heads) != 1:
+        return "its final norm is read by no single LM head"
+    head_node, head_weight = heads[0], heads[0].inputs[1] if len(heads[0].inputs) > 1 else ""
+    head = next((x.weight for x in index.layers if x.weight == head_weight), None)
+    made = {o: n for n in graph.nodes for o in n.outputs}
+    if embeddings:
+        embedding, gather = embeddings[0].weight, None
+        if head is None:  # tied: the head reads Transpose(embedding)
+            source = made.get(head_weight)
+            if source is None or source.op != "Transpose" or source.inputs[0] != embedding:
+                return "its LM head reads neither a weight of its own nor the embedding's transpose"
+    else:  # tied the other way (onnxruntime-genai's builder): the embedding gathers from Transpose(head)
+        gathers = [n for n in graph.nodes if n.op == "Gather" and n.inputs[0] in made
+                   and made[n.inputs[0]].op == "Transpose" and made[n.inputs[0]].inputs[0] == head]
+        if head is None or len(gathers) != 1:
+            return "it has no embedding a rotation can find"
+        embedding, gather = head, gathers[0].name
+    return Fold(tuple(readers), tuple(values), tuple(writers), tuple(heads_in), tuple(downs), tuple(down_inputs),
+                tuple(n.weight for n in index.norms), embedding, head, head_node.name, final.weight, gather)
+
+
+def _has_bias(weight: str, nodes, consumers: dict, produced: set[str]) -> bool:
+    """Whether the MatMul of `weight` adds a constant (an initializer no node makes) to its output, or is a Gemm
+    with one."""
+    for node in nodes:
+        if weight not in node.inputs:
+            continue
+        if node.op == "Gemm" and len(node.inputs) > 2 and node.inputs[2]:
+            return True
+        for after in consumers.get(node.outputs[0], []):
+            if after.op == "Add" and any(i not in produced for i in after.inputs):
+                return True
+    return False

@@ -1,0 +1,99 @@
+"""QuaRot's rotations on the ONNX backend (compiler/backends/onnx/rotation.py): R1 and R2 folded into a copy of the
+graph's initializers, R4 run in the graph before each down projection. A rotated float graph computes what the
+original does (every layer `-> none`: the output is the rotated model itself); a quantized one calibrates, rounds and
+verifies on the rotated graph, whose down projections read their rotated inputs through their input quantizers;
+`qrc plan` shows the rotated copy with its memory and time. Exported decoders (onnxruntime-genai's builder with
+GroupQueryAttention, torch.onnx's with a tied head): tests/test_onnx_decoders.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from compiling import runner
+
+from compiler.cli import app
+from compiler.models import builtin
+
+ort = pytest.importorskip("onnxruntime")
+
+MODEL = "builtin:tiny-llama?layers=2&hidden=64&intermediate=128&heads=4&kv_heads=2&vocab=256"
+RECIPE = """recipe rotated {{
+    model "{model}"
+    backend onnx
+    {transform}
+    quantize {{ type Linear -> {scheme} {head} }}
+    {data}
+    emit "{out}"
+}}
+"""
+DATA = "calibrate { data synthetic { samples 8  seqlen 32 } }  verify { samples 4  metric cosine  at_least 0.95 }"
+
+
+def _compile(tmp_path, settings: str | None, scheme: str = "none", data: str = "", command: str = "compile",
+             model: str = MODEL):
+    """`qrc compile` (or `plan`) of the recipe with `transform quarot {settings}` (None: no transform)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    out = tmp_path / "out" / "model.onnx"
+    recipe = tmp_path / "r.recipe"
+    head = '"lm_head" -> none' if scheme != "none" else ""
+    transform = f"transform quarot {{ {settings} }}" if settings is not None else ""
+    recipe.write_text(RECIPE.format(model=model, transform=transform, scheme=scheme, head=head, data=data, out=out))
+    result = runner.invoke(app, [command, str(recipe)])
+    assert result.exit_code == 0, result.output
+    return out, result.output
+
+
+def _logits(path, ids: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    return session.run(None, {k: v for k, v in feed.items() if k in names})[0]
+
+
+@pytest.mark.parametrize("settings", ["", "online r4", "online r4  block 16"])
+def test_a_rotated_float_graph_computes_what_the_original_does(tmp_path, settings):
+    """R1 + R2 (+ R4 online, + block-diagonal): the written float model's logits are the original's to float32's
+    rounding, and R4 is a graph of its own before each down projection."""
+    out, _ = _compile(tmp_path, settings)
+    ids = np.random.RandomState(0).randint(0, 256, (2, 16)).astype(np.int64)
+    original, rotated = _logits(builtin.onnx_path(MODEL), ids), _logits(out, ids)
+    assert np.abs(rotated - original).max() <= 1e-4 * np.abs(original).max()
+    graph = onnx.load(str(out), load_external_data=False).graph
+    online = [n for n in graph.node if "qrc.online_r4" in n.name and n.op_type == "MatMul"]
+    assert len(online) == (2 * 2 if "r4" in settings else 0)  # two products a down projection, two blocks
+    norms = {t.name: t for t in graph.initializer if "layernorm" in t.name}
+    assert norms and all(np.all(onnx.numpy_helper.to_array(t, str(out.parent)) == 1) for t in norms.values())
+
+
+def test_w8a8_with_online_r4_calibrates_the_rotated_inputs_and_verifies(tmp_path):
+    """Static W8A8: each down projection's input quantizer reads the online rotation's output, and the emitted
+    model verifies in onnxruntime against the float one."""
+    out, output = _compile(tmp_path, "online r4", "W8A8_STATIC", DATA)
+    assert "verify" in output and "passed" in output
+    graph = onnx.load(str(out), load_external_data=False).graph
+    made = {o: n for n in graph.node for o in n.output}
+    for node in graph.node:
+        if node.op_type == "MatMul" and "down_proj" in node.name:
+            dequantized = made[node.input[0]]
+            assert dequantized.op_type == "DequantizeLinear"
+            assert "qrc.online_r4" in made[made[dequantized.input[0]].input[0]].name  # Q(x·D), then DQ
+
+
+def test_the_plan_shows_the_rotated_copy_with_its_memory_and_time(tmp_path):
+    """`qrc plan` (no weight read): the load op writes the rotated copy first, and its time and peak count it."""
+    from compiler.frontend import plan_file
+    from compiler.plan.ops import LoadModel
+
+    model = "builtin:tiny-llama?layers=8&hidden=1024&intermediate=2816&heads=8&kv_heads=4&vocab=16384"
+    loads = []
+    for name, settings in (("plain", None), ("rotated", "online r4")):
+        _compile(tmp_path / name, settings, "W8A8_STATIC", DATA, "plan", model)
+        planned = plan_file(tmp_path / name / "r.recipe", detected_free=16 << 30)
+        assert planned.ok and planned.plan is not None
+        loads.append(next(op for op in planned.plan.ops if isinstance(op, LoadModel)))
+    plain, rotated = loads
+    assert "rotated copy of the model is written first" in rotated.summary
+    assert "the down projections' inputs by a 2816-wide one, online" in rotated.summary
+    assert rotated.seconds > plain.seconds == 0.0
+    assert rotated.peak_bytes > plain.peak_bytes + 2 * 4 * 16384 * 1024  # the embedding read and rotated, float32
