@@ -18,7 +18,10 @@ MatMulNBits with accuracy_level 4, the builder's CPU default):
   act order: it runs the whole graph once per MatMul input per sample, so it takes `--ort-gptq-samples` of the
   calibration rows, said in the row);
 - w8a8: qrc's `W8A8` (on ONNX: static uint8 inputs per tensor, int8 weights per channel, QDQ) |
-  `quantize_static` (QDQ, U8S8, per-channel weights, MinMax calibration: its defaults otherwise).
+  `quantize_static` (QDQ, U8S8, per-channel weights, MinMax calibration: its defaults otherwise);
+- int4-quarot-r4, w8a8-quarot-r4: int4-rtn's and w8a8's schemes after `transform quarot { online r4 }` (R1 and R2
+  folded into the graph, R4 run in it before each down projection) | not run: onnxruntime's quantizers rotate
+  nothing.
 Calibration: real_quality.py's rows (the first half of Python's language reference, `--samples` × 512 tokens,
 the same ids for both tools). Perplexity (mean ± std over the windows), KL and top-1 against the float graph;
 seconds and peak RSS are each tool's whole process."""
@@ -40,20 +43,25 @@ from real_quality import MODEL, calibration_ids, save_float_folder, texts, windo
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 64
-ROWS = ("int4-rtn", "int4-data-free", "int4-asym-rtn", "int4-asym-data-free", "int4-hqq", "int4-gptq", "w8a8")
+ROWS = ("int4-rtn", "int4-data-free", "int4-asym-rtn", "int4-asym-data-free", "int4-hqq", "int4-gptq", "w8a8",
+        "int4-quarot-r4", "w8a8-quarot-r4")
 QRC = {"int4-rtn": "W4A16 { group 64 }", "int4-data-free": "W4A16 { group 64  rounding mse }",
        "int4-asym-rtn": "W4A16 { group 64  asymmetric }",
        "int4-asym-data-free": "W4A16 { group 64  asymmetric  rounding mse }",
        "int4-hqq": "W4A16 { group 64  asymmetric  rounding hqq }",
-       "int4-gptq": "W4A16 { group 64  rounding gptq }", "w8a8": "W8A8"}
+       "int4-gptq": "W4A16 { group 64  rounding gptq }", "w8a8": "W8A8",
+       "int4-quarot-r4": "W4A16 { group 64 }", "w8a8-quarot-r4": "W8A8"}
+ROTATED = {"int4-quarot-r4", "w8a8-quarot-r4"}  # `transform quarot { online r4 }`: onnxruntime's quantizers rotate nothing
+CALIBRATED = ("int4-gptq", "w8a8", "w8a8-quarot-r4")
 
 
 def qrc(row: str, float_model: Path, calibration: Path, samples: int, out: Path, work: Path) -> tuple:
     """qrc's ONNX backend on the exported graph, in a process of its own."""
-    fmt = "qdq" if row == "w8a8" else "matmul_nbits  accuracy_level 4"
-    data = f'  calibrate {{ data npz "{calibration}" {{ samples {samples} }}  chunk 8 }}\n' if row in ("int4-gptq", "w8a8") else ""
+    fmt = "qdq" if row.startswith("w8a8") else "matmul_nbits  accuracy_level 4"
+    data = f'  calibrate {{ data npz "{calibration}" {{ samples {samples} }}  chunk 8 }}\n' if row in CALIBRATED else ""
+    transform = "  transform quarot { online r4 }\n" if row in ROTATED else ""
     recipe = work / f"{row}.recipe"
-    recipe.write_text(f'recipe real_onnx {{\n  model "{float_model}"\n  backend onnx\n  scheme s = {QRC[row]}\n'
+    recipe.write_text(f'recipe real_onnx {{\n  model "{float_model}"\n  backend onnx\n{transform}  scheme s = {QRC[row]}\n'
                       '  quantize { type Linear -> s  "lm_head" -> none }\n'
                       f'{data}  emit "{out}" {{ format {fmt} }}\n}}\n')
     return run_qrc(recipe)
@@ -176,6 +184,9 @@ def main() -> None:
     print(lines[-1], flush=True)
     for row in args.rows:
         for tool in ("qrc", "onnxruntime"):
+            if tool == "onnxruntime" and row in ROTATED:
+                lines.append(f"| {row} | onnxruntime | not run: its quantizers have no rotation | | | | | | | |")
+                continue
             out = work / f"{row}-{tool}" / "model.onnx"
             out.parent.mkdir(parents=True)
             samples = args.ort_gptq_samples if (tool, row) == ("onnxruntime", "int4-gptq") else args.samples
@@ -183,7 +194,7 @@ def main() -> None:
                    else ort(row, float_model, calibration, samples, out))
             seconds, peak, err = ran
             (out.parent / "genai_config.json").write_text((float_model.parent / "genai_config.json").read_text())
-            name = f"{tool}" + (f" ({samples} samples)" if row in ("int4-gptq", "w8a8") else "")
+            name = f"{tool}" + (f" ({samples} samples)" if row in CALIBRATED else "")
             if err:
                 lines.append(f"| {row} | {name} | {err} | | | | | | {seconds:.1f} | {peak / 2**20:,.0f} |")
             else:
