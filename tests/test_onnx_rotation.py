@@ -93,7 +93,7 @@ def test_the_plan_shows_the_rotated_copy_with_its_memory_and_time(tmp_path):
         assert planned.ok and planned.plan is not None
         loads.append(next(op for op in planned.plan.ops if isinstance(op, LoadModel)))
     plain, rotated = loads
-    assert "rotated copy of the model is written first" in rotated.summary
+    assert "every weight rotated into a copy of the model written first" in rotated.summary
     assert "the down projections' inputs by a 2816-wide one, online" in rotated.summary
     assert rotated.seconds > plain.seconds == 0.0
     assert rotated.peak_bytes > plain.peak_bytes + 2 * 4 * 16384 * 1024  # the embedding read and rotated, float32

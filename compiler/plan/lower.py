@@ -158,9 +158,11 @@ def transform_words(w: Workload, checked: str) -> str:
 
 # ---- ops every backend makes the same way ------------------------------------------------------------
 def load_op(ctx: Context, access: ModelAccess, how: str, resident: int, inputs: tuple[Buffer, ...],
-            builtin_form: ModelFormat, rotation: tuple[int, int | None, int | None, int | None] | None = None) -> LoadModel:
+            builtin_form: ModelFormat, rotation: tuple[int, int | None, int | None, int | None] | None = None,
+            rotated_when: str = "as it is read") -> LoadModel:
     """`load_model`: the model opened as `access` says (`how` in words), `resident` bytes of weights read; a
-    built-in is opened in the backend's own form (`builtin_form`); `rotation`: the (hidden, head, online down,
+    built-in is opened in the backend's own form (`builtin_form`); `rotated_when`: when the backend rotates the
+    weights, in words; `rotation`: the (hidden, head, online down,
     block) widths of a rotation folded into the weights as they are read."""
     w = ctx.workload
     builtin = ctx.ir.model.startswith(BUILTIN_PREFIX)
@@ -170,7 +172,7 @@ def load_op(ctx: Context, access: ModelAccess, how: str, resident: int, inputs: 
         how += f", {attention.value} attention"
     if rotation is not None:
         assert ctx.ir.transform is not None  # the rotation is the recipe's transform
-        how += (f"; every weight rotated as it is read ({ctx.ir.transform.kind.name}: the residual stream by a "
+        how += (f"; every weight rotated {rotated_when} ({ctx.ir.transform.kind.name}: the residual stream by a "
                 f"{rotation[0]}-wide random Hadamard" + (f", each head's values by a {rotation[1]}-wide one"
                                                          if rotation[1] else "")
                 + (f"; the down projections' inputs by a {rotation[2]}-wide one, online: the runtime rotates them "

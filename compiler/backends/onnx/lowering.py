@@ -43,6 +43,7 @@ from compiler.resolve.pipeline import resolver
 from compiler.resolve.rotation_widths import rotation_widths
 
 CHECKED = "readers exact from the graph"  # how the transform's fold is checked
+ROTATED_WHEN = "into a copy of the model written first, one tensor at a time, and compiled instead"
 
 
 def _exports(ctx: Context) -> bool:
@@ -68,12 +69,10 @@ def lower_load(ctx: Context) -> list[PlanOp]:
     """`load_model`: the graph only."""
     w = ctx.workload
     rotation = rotation_widths(w.index, w.rotated, w.online_width, w.rotation_block)
-    how = "graph only: weights stay in the data file until a session or the quantizer reads them"
-    if rotation is not None:
-        how += "; a rotated copy of the model is written first, one tensor at a time, and compiled instead"
     scratch = onnx_rotation(w).bytes - ctx.costs.runtime(w) if rotation is not None else 0
-    return [load_op(ctx, ModelAccess.GRAPH, how, scratch, (Buffer.ONNX_MODEL,) if _exports(ctx) else (Buffer.RECIPE,),
-                    ModelFormat.ONNX, rotation)]
+    return [load_op(ctx, ModelAccess.GRAPH, "graph only: weights stay in the data file until a session or the quantizer "
+                    "reads them", scratch, (Buffer.ONNX_MODEL,) if _exports(ctx) else (Buffer.RECIPE,),
+                    ModelFormat.ONNX, rotation, rotated_when=ROTATED_WHEN)]
 
 
 def _kld_words(search: Search, chunks: int, chunk: int) -> str:
