@@ -562,3 +562,22 @@ def test_a_rotated_decoder_computes_what_the_float_folder_does(folders, exported
     assert np.abs(whole - reference).max() <= 1e-4 * np.abs(reference).max()
     assert np.abs(cached - reference[:, -4:]).max() <= 1e-4 * np.abs(reference).max()
     assert _cosine(outputs["w4"][0], reference) > 0.95
+    og = pytest.importorskip("onnxruntime_genai")  # and onnxruntime-genai decodes the rotated graph greedily as
+    import torch  # transformers decodes the float folder
+    from transformers import AutoModelForCausalLM
+
+    prompt = [5, 17, 42, 99, 3, 8]
+    folder = folders["llama-tied" if exporter == "qrc-dynamo" else "llama"]
+    with torch.no_grad():
+        expected = AutoModelForCausalLM.from_pretrained(str(folder)).generate(
+            torch.tensor([prompt]), max_length=18, do_sample=False, eos_token_id=None)[0, len(prompt):].tolist()
+    model = og.Model(str(tmp_path / "none"))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=18, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([prompt], dtype=np.int32))
+    tokens = []
+    while not generator.is_done():
+        generator.generate_next_token()
+        tokens.append(int(generator.get_next_tokens()[0]))
+    assert tokens == expected
