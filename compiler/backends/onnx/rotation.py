@@ -137,7 +137,7 @@ def rotate(files: ModelFiles, fold: Fold, rotations: Rotations) -> ModelFiles:
         if d is not None:
             _online(model, fold.down_inputs, d, rotations.down_width, dtype)
 
-    return rewrite_initializers(files, plan, added, edit)
+    return rewrite_initializers(files, plan, added, edit, "rotated")
 
 
 def _sliced(rows: np.ndarray, turn: Callable[[np.ndarray], np.ndarray], out: np.ndarray) -> None:

@@ -155,11 +155,13 @@ def _rtn(w: np.ndarray, spec: WeightQuant) -> np.ndarray:
 
 
 def rewrite_initializers(files: ModelFiles, plan: Mapping[str, Rewrite], added: Mapping[str, Callable[[], np.ndarray]]
-                         | None = None, edit: Callable[[onnx.ModelProto], None] | None = None) -> ModelFiles:
-    """A copy of the model in a scratch folder with the planned initializers rewritten: every external tensor
-    is read, changed where planned, and appended to one new data file, one at a time; `added` tensors (computed
-    when they are written) go to the data file after them, and `edit` changes the copy's graph (onnx/rotation.py)."""
-    scratch = Path(tempfile.mkdtemp(prefix="qrc-smoothed-"))
+                         | None = None, edit: Callable[[onnx.ModelProto], None] | None = None,
+                         what: str = "smoothed") -> ModelFiles:
+    """A copy of the model in a scratch folder (`qrc-{what}-…`) with the planned initializers rewritten: every
+    external tensor is read, changed where planned, and appended to one new data file, one at a time; `added`
+    tensors (computed when they are written) go to the data file after them, and `edit` changes the copy's graph
+    (onnx/rotation.py)."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"qrc-{what}-"))
     try:
         light = onnx.ModelProto()
         light.CopyFrom(files.light)
