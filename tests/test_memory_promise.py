@@ -1,5 +1,5 @@
 """The memory promise, guarded at small scale: for every memory mode of both backends, with an outlier
-transform, the floating formats, an MoE folder calibrated through all its experts and the same folder rounded
+transform, a rotated ONNX graph, the floating formats, an MoE folder calibrated through all its experts and the same folder rounded
 with no data (file to file), GGUF files (file to file and calibrated), a compile's measured peak RSS (the larger of the sampled RSS and the kernel's
 high-water mark) is within ±10% of the plan's (measured 0.94–1.06× on 2026-11-27). Each compile runs in its
 own process, so the measurement is the compile's alone, as a user runs it, and under the smallest `ram` that
@@ -32,6 +32,7 @@ RECIPE = """recipe promise {{
 """
 ROUTER = 're".*\\.mlp\\.gate" -> none'  # an MoE's router stays float, as vLLM wants it
 AWQ, SMOOTHQUANT = "transform awq { grid 20 }", "transform smoothquant { alpha 0.8 }"
+QUAROT = "transform quarot { online r4 }"
 CASES = [  # (model, backend, mode, scheme, transform)
     ("builtin", "torch", "full", "W8A8_STATIC", ""), ("builtin", "torch", "low_memory", "W8A8_STATIC", ""),
     ("builtin", "torch", "offload", "W4A16", ""), ("builtin", "torch", "low_memory", "W4A16 { rounding gptq }", ""),
@@ -39,6 +40,7 @@ CASES = [  # (model, backend, mode, scheme, transform)
     ("builtin", "onnx", "offload", "W8A8_STATIC", ""), ("builtin", "onnx", "offload", "W4A16", ""),
     ("builtin", "torch", "low_memory", "W4A16", AWQ), ("builtin", "torch", "low_memory", "W8A8_STATIC", SMOOTHQUANT),
     ("builtin", "onnx", "full", "W8A8_STATIC", SMOOTHQUANT), ("builtin", "onnx", "full", "W4A16", AWQ),
+    ("builtin", "onnx", "low_memory", "W8A8_STATIC", QUAROT),
     ("builtin", "torch", "full", "FP8_DYNAMIC", ""), ("builtin", "torch", "low_memory", "NVFP4", ""),
     ("builtin", "torch", "offload", "NVFP4A16", ""),
     ("moe", "torch", "full", "W8A8_STATIC", ""), ("moe", "torch", "low_memory", "W8A8_STATIC", ""),
