@@ -97,3 +97,23 @@ def test_the_plan_shows_the_rotated_copy_with_its_memory_and_time(tmp_path):
     assert "the down projections' inputs by a 2816-wide one, online" in rotated.summary
     assert rotated.seconds > plain.seconds == 0.0
     assert rotated.peak_bytes > plain.peak_bytes + 2 * 4 * 16384 * 1024  # the embedding read and rotated, float32
+
+
+def test_a_config_that_misstates_the_heads_stops_the_rotation_before_anything_is_written(tmp_path):
+    """R2 turns blocks of the head width the config beside the graph gives: one that says 1 key/value head of 32
+    where the graph has 2 of 16 fits every shape, and would rotate across heads. The rotated copy is run against the
+    original on a few synthetic tokens first: Q422, and no output."""
+    import json
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    onnx.save(onnx.load(str(builtin.onnx_path(MODEL))), str(folder / "model.onnx"))  # weights inside the file
+    (folder / "config.json").write_text(json.dumps({"num_attention_heads": 2, "num_key_value_heads": 1}))
+    out = tmp_path / "out" / "model.onnx"
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(RECIPE.format(model=folder / "model.onnx", transform="transform quarot", scheme="none", head="",
+                                    data="", out=out))
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 2, result.output
+    assert "Q422" in result.output and "Traceback" not in result.output
+    assert not out.parent.exists() or not any(out.parent.iterdir())

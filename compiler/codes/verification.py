@@ -22,8 +22,10 @@ VERIFICATION: tuple[CodeInfo, ...] = (
              "pip install qrc  (without [hf]), then qrc compile a torch recipe"),
     CodeInfo("Q422", "a transform changed the float model",
              "After folding, the float output on a calibration chunk is compared with the one before; a change beyond "
-             "float error means a mapping's source feeds something its targets do not cover. The compile stops "
-             "before anything is written.",
+             "float error means a mapping's source feeds something its targets do not cover. A rotated ONNX graph is "
+             "compared on a few synthetic tokens: a change means its heads are not what the config beside it says "
+             "(R2 would turn values across heads), or something reads the residual stream that the rotation does not "
+             "fold. The compile stops before anything is written.",
              'transform smoothquant { map "*.custom_norm" -> "*.q_proj" }   # on a family qrc cannot check by name'),
     CodeInfo("Q423", "the ONNX export does not match the plan",
              "An HF folder compiled on the ONNX backend is exported first, and the recipe is resolved again against "

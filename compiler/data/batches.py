@@ -134,6 +134,15 @@ def unsynthesisable(index: ModelIndex) -> list[DataProblem]:
                         "`data text` with a tokenizer", "no values to draw") for why in whys]
 
 
+def probe_feed(index: ModelIndex, seqlen: int = 8, seed: int = 0) -> dict[str, np.ndarray] | None:
+    """One synthetic sample of every input of `index` (`seqlen` tokens; a decoder's cache empty), for checking that a
+    rewritten model computes what the original does; None where synthetic data cannot fill it (`unsynthesisable`)."""
+    if unsynthesisable(index):
+        return None
+    rng = np.random.RandomState(seed)
+    return {t.name: _synthetic_input(index, t, seqlen, rng) for t in index.inputs}
+
+
 def _synthetic_chunk(index: ModelIndex, source: DataSource, first: int, count: int, offset: int) -> dict[str, np.ndarray]:
     feeds: dict[str, list[np.ndarray]] = {t.name: [] for t in index.inputs}
     for sample in range(first, first + count):

@@ -158,7 +158,7 @@ class _OnnxRun(OnnxRunState):
 
     def _rotated(self, op: ops.LoadModel, files: ModelFiles, assignment: Assignment) -> ModelFiles:
         """The model's rotated copy (its own files closed); Q273 where the graph does not take the rotation."""
-        from compiler.backends.onnx.rotation import Rotations, rotate
+        from compiler.backends.onnx.rotation import Rotations, refuse_changed, rotate
         from compiler.backends.onnx.rotation_structure import fold_of
 
         assert op.rotation is not None
@@ -172,6 +172,11 @@ class _OnnxRun(OnnxRunState):
         advance = self.progress("rotate", 1)
         try:
             rotated = rotate(files, fold, Rotations.seeded(hidden, head, down, block))
+            try:
+                refuse_changed(files.path, rotated, assignment.model, self.plan.spans.transform)
+            except BaseException:
+                rotated.close()
+                raise
         finally:
             files.close()
         advance()

@@ -21,15 +21,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from compiler.backends import BackendError
+from compiler.backends.onnx.calibrate import session_from_path
 from compiler.backends.onnx.files import ModelFiles
 from compiler.backends.onnx.rewrite import weight_axes, weight_nodes
 from compiler.backends.onnx.rotation_structure import Fold
 from compiler.backends.onnx.smoothing import rewrite_initializers
+from compiler.backends.result import FOLD_TOLERANCE
+from compiler.data.batches import probe_feed
+from compiler.diagnostics import error
+from compiler.models.index import ModelIndex
 from compiler.quant.rotations import SLICE, Turn, random_hadamard
 
 HEAD = "lm_head.weight"  # a tied head's own tensor once untied
@@ -215,3 +222,28 @@ def _online(model: onnx.ModelProto, inputs: tuple[str, ...], d: Turn, width: int
 
 def _is_down(node: onnx.NodeProto) -> bool:
     return node.op_type in ("MatMul", "Gemm", "MatMulNBits") and "down_proj" in node.name
+
+
+def refuse_changed(original: Path, rotated: ModelFiles, index: ModelIndex, span) -> None:
+    """Q422 unless the rotated copy computes what the original computes, on one synthetic sample of a few tokens
+    (one session at a time): the structure found the fold, but the head width R2 turns comes from the config beside
+    the graph, which nothing else ties to the attention. Where synthetic data cannot fill the model, verification
+    (if asked) is the check."""
+    feed = probe_feed(index)
+    if feed is None:
+        return
+    outputs = []
+    for path in (original, rotated.path):
+        session = session_from_path(path, arena=False)
+        names = {i.name for i in session.get_inputs()}
+        outputs.append(np.asarray(session.run([session.get_outputs()[0].name],
+                                              {k: v for k, v in feed.items() if k in names})[0], np.float32))
+        del session
+    before, after = outputs
+    change = float(np.linalg.norm(after - before)) / max(float(np.linalg.norm(before)), 1e-12)
+    if change > FOLD_TOLERANCE[before.dtype == np.float32 and index.layers[0].dtype == "float32"]:
+        raise BackendError(error("Q422", f"rotating the graph changed its float output by {change:.2%}: its heads "
+                                 "are not what the config beside it says, or something reads the residual stream "
+                                 "that the rotation does not fold", span, "not an equivalent rotation",
+                                 help="check the config.json (or genai_config.json) beside the model against the "
+                                 "graph, or compile without `transform quarot`"))

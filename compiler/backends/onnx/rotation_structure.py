@@ -52,6 +52,9 @@ def fold_of(index: ModelIndex) -> Fold | str:
     finals = final_norms(index)
     if len(embeddings) > 1 or len(finals) != 1:
         return "it has no single embedding and final norm"
+    problem = _heads_problem(index)
+    if problem:
+        return problem
     readers, values, writers, heads_in, downs, down_inputs = [], [], [], [], [], []
     for x in index.layers:
         if x.kind is not LayerKind.LINEAR or not x.block:
@@ -104,6 +107,23 @@ def fold_of(index: ModelIndex) -> Fold | str:
         embedding, gather = head, gathers[0].name
     return Fold(tuple(readers), tuple(values), tuple(writers), tuple(heads_in), tuple(downs), tuple(down_inputs),
                 tuple(n.weight for n in index.norms), embedding, head, head_node.name, final.weight, gather)
+
+
+def _heads_problem(index: ModelIndex) -> str:
+    """R2 turns each head's values alike, which is only the same model where its blocks are the heads: the head
+    width the config gives (or a built-in's) must tile v and o as the graph has them (a config.json left beside a
+    graph by another model would not). '' when it does, or when no head width is known (R2 is then left out)."""
+    head = widths(index)[1]
+    if not head:
+        return ""
+    kv = index.config_value("num_key_value_heads") or index.config_value("num_attention_heads")
+    for x in index.layers:
+        leaf = role(x.name, x.block)
+        if leaf == "attn.v_proj" and (x.out_features % head or (kv and x.out_features != int(kv) * head)):
+            return f"`{x.name}` writes {x.out_features} values, not heads of {head} (the config beside the graph)"
+        if leaf == "attn.o_proj" and x.in_features % head:
+            return f"`{x.name}` reads {x.in_features} values, not heads of {head} (the config beside the graph)"
+    return ""
 
 
 def _has_bias(weight: str, nodes, consumers: dict, produced: set[str]) -> bool:
