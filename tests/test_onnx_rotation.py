@@ -71,6 +71,7 @@ def test_w8a8_with_online_r4_calibrates_the_rotated_inputs_and_verifies(tmp_path
     model verifies in onnxruntime against the float one."""
     out, output = _compile(tmp_path, "online r4", "W8A8_STATIC", DATA)
     assert "verify" in output and "passed" in output
+    assert "quarot: R1 64-wide, R2 16-wide, R4 128-wide, online" in output  # the summary's transform line
     graph = onnx.load(str(out), load_external_data=False).graph
     made = {o: n for n in graph.node for o in n.output}
     for node in graph.node:

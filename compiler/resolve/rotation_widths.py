@@ -41,3 +41,12 @@ def rotation_widths(index: ModelIndex, rotated: bool, online_width: int, block: 
         return None
     hidden, head = widths(index)
     return hidden, head, online_width or None, block or None
+
+
+def rotation_words(rotation: Widths, name: str = "quarot") -> str:
+    """The closing summary's `transform` line for a rotation of these widths."""
+    hidden, head, online, block = rotation
+    parts = [f"R1 {hidden}-wide"] + ([f"R2 {head}-wide"] if head else []) + \
+        ([f"R4 {online}-wide, online"] if online else [])
+    return f"{name}: {', '.join(parts)}" + (f"; block-diagonal, blocks of {block}" if block else "") + \
+        "; the float model computes the same"

@@ -43,6 +43,7 @@ from compiler.plan.ops import Buffer, Plan
 from compiler.quant.smoothing import transform_summary
 from compiler.quant.weights import QuantizedWeight, sqnr_db
 from compiler.resolve.assignment import Assignment
+from compiler.resolve.rotation_widths import rotation_words
 
 
 def model_path(ref: str) -> Path:
@@ -141,7 +142,7 @@ class _OnnxRun(OnnxRunState):
         v.put(Buffer.ONNX_MODEL, Exported(source, resolved))
         return Product(assignment=resolved, from_cache=cached)
 
-    def load(self, op: ops.LoadModel, v: OpValues) -> None:
+    def load(self, op: ops.LoadModel, v: OpValues) -> Product | None:
         """The graph only: weights stay in the data file until a session or the quantizer reads them."""
         if v.declares(Buffer.ONNX_MODEL):  # a folder's export
             exported = v.get(Buffer.ONNX_MODEL, Exported)
@@ -155,6 +156,7 @@ class _OnnxRun(OnnxRunState):
             assignment = dataclasses.replace(assignment, model=dataclasses.replace(
                 index, graph=graph_summary(files.light, index.config)))
         v.put(Buffer.MODEL, OnnxLoaded(files, source, assignment))
+        return Product(transform=rotation_words(op.rotation)) if op.rotation is not None else None
 
     def _rotated(self, op: ops.LoadModel, files: ModelFiles, assignment: Assignment) -> ModelFiles:
         """The model's rotated copy (its own files closed); Q273 where the graph does not take the rotation."""

@@ -41,6 +41,7 @@ from compiler.ir.types import MemoryMode
 from compiler.plan import ops
 from compiler.plan.ops import Buffer, Plan
 from compiler.resolve.assignment import Assignment
+from compiler.resolve.rotation_widths import rotation_words
 
 # ops that run the model forward (file to file, nothing does): their runs fix glibc's mmap threshold (release.py)
 RUN_THE_MODEL = (ops.CalibrateChunk, ops.CacheBlockInputs, ops.CaptureReference, ops.Smooth, ops.ScoreSensitivity)
@@ -105,21 +106,23 @@ class _Run(Verifying):
         else:
             release_memory()
 
-    def load(self, op: ops.LoadModel, v: OpValues) -> None:
+    def load(self, op: ops.LoadModel, v: OpValues) -> Product | None:
         """The skeleton on the meta device (every weight read now when the mode keeps the model resident),
         or, when nothing runs the model, the checkpoint's files alone (as the op's `access` says)."""
         assignment = v.get(Buffer.RECIPE, Assignment)
+        rotated = Product(transform=rotation_words(op.rotation)) if op.rotation is not None else None
         if op.access is ops.ModelAccess.FILES:
             files, check = open_files(op.model, op.rotation), None
             if self.format.opened_by_transformers and self.ranks.first:  # the config and load check run in a
                 check = adopt(op.model, files.config)  # process of their own meanwhile
                 check.follow()
             v.put(Buffer.MODEL, Loaded(files, assignment, op.access, check))
-            return
+            return rotated
         model = open_model(op.model, assignment.model.blocks, self.plan.spans.model, op.attention, op.rotation)
         if op.access is ops.ModelAccess.RESIDENT:
             model.materialize(list(model.keys))
         v.put(Buffer.MODEL, Loaded(model, assignment, op.access))
+        return rotated
 
     def select_mode(self, op: ops.SelectMemoryMode, v: OpValues) -> Product | None:
         """multi_gpu places blocks on the GPUs present, or falls back to low_memory (warned)."""
