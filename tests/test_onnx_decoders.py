@@ -581,3 +581,30 @@ def test_a_rotated_decoder_computes_what_the_float_folder_does(folders, exported
         generator.generate_next_token()
         tokens.append(int(generator.get_next_tokens()[0]))
     assert tokens == expected
+
+
+def test_a_rotated_qwen2_turns_its_value_biases(folders, tmp_path):
+    """Qwen2's q/k/v projections add biases (torch.onnx: an Add after each MatMul): v's turns with each head's values
+    (R2). With random biases, the rotated float graph still gives transformers' logits."""
+    import torch
+    import transformers
+
+    folder = tmp_path / "qwen2-biased"
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(folders["qwen2-tied"]))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.5)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_text((folders["qwen2-tied"] / name).read_text())
+    out = tmp_path / "out" / "model.onnx"
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(ROTATED.format(model=folder, scheme="none", fmt="qdq", data="", out=out))
+    result = runner.invoke(app, ["compile", str(recipe)])
+    assert result.exit_code == 0, result.output
+    ids = np.random.RandomState(0).randint(0, 320, (1, 12)).astype(np.int64)
+    reference = _float_logits(folder, ids)
+    whole, _ = _logits_with_cache(out, ids)
+    assert np.abs(whole - reference).max() <= 1e-4 * np.abs(reference).max()

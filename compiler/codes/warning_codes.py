@@ -117,7 +117,7 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "(2^k times up to two Paley orders); the mixed-precision search's cached scores are of the unrotated "
              "weights. The torch backend writes a safetensors folder. The ONNX backend rotates a copy of the whole "
              "graph (not in `mode offload`, whose segments are cut from the unrotated one), whose every reader and "
-             "writer of the residual stream must be a MatMul the rotation folds, with no bias on v, o or down. "
+             "writer of the residual stream must be a MatMul the rotation folds (a Gemm's own bias on v, o or down is not rotated; an Add's bias is). "
              "`block N` must divide every width it turns; on torch, `online r4` needs a runtime that applies the "
              "folder's transform_config (vLLM; not transformers' loader), while an ONNX graph runs it itself.",
              'backend onnx  transform quarot  memory { mode offload }'),

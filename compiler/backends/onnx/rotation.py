@@ -82,6 +82,30 @@ class _Computed:
 
 
 @dataclass(frozen=True)
+class _Vector:
+    """A rewrite of a bias by `turn`, in float32, read back in its own dtype."""
+
+    turn: Callable[[np.ndarray], np.ndarray]
+
+    def apply(self, values: np.ndarray) -> np.ndarray:
+        return self.turn(values.astype(np.float32)).astype(values.dtype)
+
+
+def _bias_turn(q: Turn, heads: np.ndarray | None, value_rows: int) -> Callable[[np.ndarray], np.ndarray]:
+    """A writer's bias (value_rows -1) turns with the stream, b·Q; v's (the last `value_rows` of a fused qkv's) with
+    each head's values, b·H per head (R2), as their weights' rows do."""
+    def turn(bias: np.ndarray) -> np.ndarray:
+        if value_rows < 0:
+            return q.right(bias[None, :])[0]
+        if heads is None:
+            return bias
+        first = bias.shape[0] - value_rows
+        bias[first:] = (bias[first:].reshape(-1, heads.shape[0]) @ heads).reshape(-1)
+        return bias
+    return turn
+
+
+@dataclass(frozen=True)
 class _Ones:
     """A folded norm's weight."""
 
@@ -110,6 +134,8 @@ def rotate(files: ModelFiles, fold: Fold, rotations: Rotations) -> ModelFiles:
     for weight in fold.writers:
         plan[weight] = _Computed(_writer(q, h if weight in fold.heads_in else None,
                                          d if weight in fold.downs else None), axes[weight])
+    for bias, value_rows in fold.biases:
+        plan[bias] = _Vector(_bias_turn(q, h, value_rows))
     added: dict[str, Callable[[], np.ndarray]] = {}
     if fold.gather is None:
         plan[fold.embedding] = _Computed(lambda rows, out: _sliced(rows, q.right, out), 1)

@@ -35,6 +35,8 @@ class Fold:
     head_node: str  # the head's MatMul
     final_norm: str  # the final norm's weight
     gather: str | None = None  # an embedding Gather reading Transpose(head): `embedding` is then the head's weight
+    biases: tuple[tuple[str, int], ...] = ()  # (a bias added after v, qkv, o or down: its values, the last ones of
+    # which each head's turn by H (R2); -1: a writer's, turned by Q)
 
 
 def fold_of(index: ModelIndex) -> Fold | str:
@@ -56,6 +58,7 @@ def fold_of(index: ModelIndex) -> Fold | str:
     if problem:
         return problem
     readers, values, writers, heads_in, downs, down_inputs = [], [], [], [], [], []
+    biases: list[tuple[str, int]] = []
     for x in index.layers:
         if x.kind is not LayerKind.LINEAR or not x.block:
             continue
@@ -80,8 +83,12 @@ def fold_of(index: ModelIndex) -> Fold | str:
             else:
                 downs.append(x.weight)
                 down_inputs.append(x.input)
-        if leaf in ("attn.v_proj", "attn.qkv_proj", *WRITES) and _has_bias(x.weight, graph.nodes, consumers, produced):
-            return f"`{x.name}` adds a bias, which the ONNX backend does not rotate yet"
+        if leaf in ("attn.v_proj", "attn.qkv_proj", *WRITES):
+            bias = _bias(x.weight, graph.nodes, consumers, produced)
+            if bias == _GEMM_BIAS:
+                return f"`{x.name}` is a Gemm with a bias, which the ONNX backend does not rotate yet"
+            if bias is not None:  # v's (or qkv's) bias turns as its values do, a writer's as the stream
+                biases.append((bias, values[-1][1] if leaf in READS_ATTENTION else -1))
     for norm in index.norms:
         others = [n for n in consumers.get(norm.output, []) if n.op not in _LINEAR_OPS]
         if others:
@@ -106,7 +113,8 @@ def fold_of(index: ModelIndex) -> Fold | str:
             return "it has no embedding a rotation can find"
         embedding, gather = head, gathers[0].name
     return Fold(tuple(readers), tuple(values), tuple(writers), tuple(heads_in), tuple(downs), tuple(down_inputs),
-                tuple(n.weight for n in index.norms), embedding, head, head_node.name, final.weight, gather)
+                tuple(n.weight for n in index.norms), embedding, head, head_node.name, final.weight, gather,
+                tuple(biases))
 
 
 def _heads_problem(index: ModelIndex) -> str:
@@ -126,15 +134,19 @@ def _heads_problem(index: ModelIndex) -> str:
     return ""
 
 
-def _has_bias(weight: str, nodes, consumers: dict, produced: set[str]) -> bool:
-    """Whether the MatMul of `weight` adds a constant (an initializer no node makes) to its output, or is a Gemm
-    with one."""
+_GEMM_BIAS = "\0gemm"  # `_bias`'s answer for a Gemm's own bias input
+
+
+def _bias(weight: str, nodes, consumers: dict, produced: set[str]) -> str | None:
+    """The constant (an initializer no node makes) the MatMul of `weight` adds to its output, if any; _GEMM_BIAS for
+    a Gemm with a bias of its own."""
     for node in nodes:
         if weight not in node.inputs:
             continue
         if node.op == "Gemm" and len(node.inputs) > 2 and node.inputs[2]:
-            return True
+            return _GEMM_BIAS
         for after in consumers.get(node.outputs[0], []):
-            if after.op == "Add" and any(i not in produced for i in after.inputs):
-                return True
-    return False
+            constants = [i for i in after.inputs if i not in produced]
+            if after.op == "Add" and len(constants) == 1:
+                return constants[0]
+    return None
