@@ -118,3 +118,17 @@ def test_a_config_that_misstates_the_heads_stops_the_rotation_before_anything_is
     assert result.exit_code == 2, result.output
     assert "Q422" in result.output and "Traceback" not in result.output
     assert not out.parent.exists() or not any(out.parent.iterdir())
+
+
+def test_no_room_for_the_rotated_copy_is_said_at_check(tmp_path, monkeypatch):
+    """The rotated copy goes to the temporary folder before anything else: `qrc check` says when it has no room
+    for one more copy of the weights (Q417), rather than a compile failing on a full disk."""
+    import collections
+
+    import compiler.backends.onnx.rotation_check as rotation_check
+
+    _compile(tmp_path, "online r4", command="check")  # room enough here
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(rotation_check.shutil, "disk_usage", lambda _: usage(1 << 20, 1 << 20, 1024))
+    result = runner.invoke(app, ["check", str(tmp_path / "r.recipe")])
+    assert result.exit_code == 2 and "Q417" in result.output and "rotated copy" in result.output, result.output

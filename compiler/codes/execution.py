@@ -132,7 +132,8 @@ EXECUTION: tuple[CodeInfo, ...] = (
              'model "m.onnx"   emit "m.onnx"'),
     CodeInfo("Q417", "the output cannot be written",
              "The destination's folder is read-only, is not a folder, or has less free space than the plan says the "
-             "output takes; or writing failed while the compile ran (disk full). qrc checks before any work, and a "
+             "output takes; or writing failed while the compile ran (disk full). A rotation on the ONNX backend also "
+             "writes a copy of the model to the temporary folder (TMPDIR) first. qrc checks before any work, and a "
              "failed write leaves nothing at the destination.",
              'qrc compile r.recipe -o /read-only/out.onnx'),
     CodeInfo("Q440", "the output path holds files qrc did not write",

@@ -1,21 +1,35 @@
 """What `transform quarot` needs on the ONNX backend, beyond what any backend needs of the model (resolve/rotation.py):
 a graph whose every reader and writer of the residual stream is one the rotation folds (onnx/rotation_structure.py),
 checked when the graph is known (an .onnx file, or a folder's cached export; a folder exported later is checked
-when its export is opened), and no search beside it."""
+when its export is opened), no search beside it, and room for the rotated copy in the temporary folder."""
 
 from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
 
 from compiler.backends.onnx.rotation_structure import fold_of
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import RecipeIR
+from compiler.ir.values import human_bytes
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.rotation import rotation_to_check
 
 
 def check_rotation(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
-    """Q273 for each thing the rotation cannot take on this graph."""
+    """Q273 for each thing the rotation cannot take on this graph; Q417 where the temporary folder has no room for
+    the rotated copy."""
     transform = rotation_to_check(ir, assignment.model, diags)
-    if transform is None or assignment.model.graph is None:
+    if transform is None:
+        return
+    scratch = Path(tempfile.gettempdir())
+    needed, free = assignment.model.total_bytes, shutil.disk_usage(scratch).free
+    if free < needed:  # the copy is written there before anything else (onnx/rotation.py)
+        diags.error("Q417", f"the rotated copy of the model needs about {human_bytes(needed)} in `{scratch}`, which "
+                    f"has {human_bytes(free)} free", transform.span, "no room for the rotated copy",
+                    help="point TMPDIR at a folder with room for one more copy of the model's weights")
+    if assignment.model.graph is None:
         return
     fold = fold_of(assignment.model)
     if isinstance(fold, str):
