@@ -167,15 +167,21 @@ def refuse_nonfinite(span: Span | None, layer, values) -> None:
 FOLD_TOLERANCE = {True: 1e-3, False: 2e-2}  # by whether the model computes in float32
 
 
+def output_change(before, after) -> float:
+    """‖after − before‖ / ‖before‖ of a model's output, computed in float32."""
+    import numpy as np
+
+    before, after = np.asarray(before, np.float32), np.asarray(after, np.float32)
+    return float(np.linalg.norm(after - before)) / max(float(np.linalg.norm(before)), 1e-12)
+
+
 def refuse_changed_output(span: Span | None, before, after, float32: bool, sources: list[str]) -> None:
     """Q422: a transform's fold must leave the float output (`before`, `after`: one chunk's) as it was; the
     compile stops before anything is written."""
-    import numpy as np
 
     # in the outputs' own precision: a change is compared with 1e-3 at the least, far above float32's rounding,
     # and a float64 copy of a language model's logits (rows x positions x vocabulary) cost more than the forwards
-    before, after = np.asarray(before, np.float32), np.asarray(after, np.float32)
-    change = float(np.linalg.norm(after - before)) / max(float(np.linalg.norm(before)), 1e-12)
+    change = output_change(before, after)
     if change <= FOLD_TOLERANCE[float32]:
         return
     raise BackendError(error(

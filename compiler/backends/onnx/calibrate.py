@@ -37,6 +37,14 @@ def augmented_model(model: onnx.ModelProto, graph_summary, observed: tuple[str, 
     return aug
 
 
+def first_output(path: Path, feed: dict, arena: bool = True):
+    """The model's first output on `feed` (the inputs it takes of it), in a session of its own that goes after: what
+    a transform's check compares before and after (onnx/smoothing.py, onnx/rotation.py)."""
+    session = session_from_path(path, arena)
+    names = {i.name for i in session.get_inputs()}
+    return session.run([session.get_outputs()[0].name], {k: v for k, v in feed.items() if k in names})[0]
+
+
 def session_from_path(path: Path, arena: bool = True, as_served: bool = False):
     """An onnxruntime CPU session read from a file (weights from its external data, never via Python).
     Without `arena`, its activations are allocated and freed as they come instead of in onnxruntime's arena,

@@ -28,12 +28,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from compiler.backends import BackendError
-from compiler.backends.onnx.calibrate import session_from_path
+from compiler.backends.onnx.calibrate import first_output
 from compiler.backends.onnx.files import ModelFiles
 from compiler.backends.onnx.rewrite import weight_axes, weight_nodes
 from compiler.backends.onnx.rotation_structure import Fold
 from compiler.backends.onnx.smoothing import rewrite_initializers
-from compiler.backends.result import FOLD_TOLERANCE
+from compiler.backends.result import FOLD_TOLERANCE, output_change
 from compiler.data.batches import probe_feed
 from compiler.diagnostics import error
 from compiler.models.index import ModelIndex
@@ -258,16 +258,9 @@ def refuse_changed(original: Path, rotated: ModelFiles, index: ModelIndex, span)
     feed = probe_feed(index)
     if feed is None:
         return
-    outputs = []
-    for path in (original, rotated.path):
-        session = session_from_path(path, arena=False)
-        names = {i.name for i in session.get_inputs()}
-        outputs.append(np.asarray(session.run([session.get_outputs()[0].name],
-                                              {k: v for k, v in feed.items() if k in names})[0], np.float32))
-        del session
-    before, after = outputs
-    change = float(np.linalg.norm(after - before)) / max(float(np.linalg.norm(before)), 1e-12)
-    if change > FOLD_TOLERANCE[before.dtype == np.float32 and index.layers[0].dtype == "float32"]:
+    before, after = (first_output(path, feed, arena=False) for path in (original, rotated.path))
+    change = output_change(before, after)
+    if change > FOLD_TOLERANCE[np.asarray(before).dtype == np.float32]:
         raise BackendError(error("Q422", f"rotating the graph changed its float output by {change:.2%}: its heads "
                                  "are not what the config beside it says, or something reads the residual stream "
                                  "that the rotation does not fold", span, "not an equivalent rotation",

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from compiler.backends.onnx.calibrate import augmented_model, session, session_from_path
+from compiler.backends.onnx.calibrate import augmented_model, first_output, session
 from compiler.backends.onnx.files import ModelFiles
 from compiler.backends.onnx.rewrite import weight_axes, weight_nodes
 from compiler.backends.onnx.segments import run_segments
@@ -98,12 +98,7 @@ def smooth(t: Transform, assignment: Assignment, files: ModelFiles, mode: Memory
 def _check_unchanged(t: Transform, assignment: Assignment, original: Path, smoothed: ModelFiles,
                      feed: dict) -> None:
     """Q422: the smoothed copy's first output on one chunk equals the original's (one session at a time)."""
-    outputs = []
-    for path in (original, smoothed.path):
-        sess = session_from_path(path)
-        inputs = {i.name for i in sess.get_inputs()}
-        outputs.append(sess.run([sess.get_outputs()[0].name], {k: v for k, v in feed.items() if k in inputs})[0])
-        del sess
+    outputs = [first_output(path, feed) for path in (original, smoothed.path)]
     try:
         float32 = np.asarray(outputs[0]).dtype == np.float32
         refuse_changed_output(t.span, outputs[0], outputs[1], float32, [m.source for m in assignment.smoothing])
