@@ -88,6 +88,10 @@ ROWS = {
                                  "spinquant-r4-b16:gptq-NVFP4"),
     "w8a8-quarot": ("W8A8", "transform quarot", "spinquant:w8a8"),
     "w8a8-quarot-r4": ("W8A8", "transform quarot { online r4 }", "spinquant-r4:w8a8"),
+    # SpinQuant: R1 and each layer's R2 learned by Cayley SGD from QuaRot's (100 steps of one 512-token sample at
+    # 1.5, SpinQuant's step count and rate); llm-compressor's SpinQuantModifier learns nothing (random Hadamards only)
+    "nvfp4-spinquant": ("NVFP4", "transform spinquant { iters 100 }", None),
+    "w4a8-spinquant": ("W8A8 { weights int4 group 64 symmetric }", "transform spinquant { iters 100 }", None),
     # the norms folded and each channel's sign flipped, nothing mixed (a 1-wide "rotation"): what folding alone does
     "nvfp4-quarot-b1": ("NVFP4", "transform quarot { block 1 }", None),
     "w8a8-static-quarot": ("W8A8_STATIC", "transform quarot", "spinquant:w8a8-static"),

@@ -119,7 +119,9 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "graph (not in `mode offload`, whose segments are cut from the unrotated one), whose every reader and "
              "writer of the residual stream must be a MatMul the rotation folds (a Gemm's own bias on v, o or down is not rotated; an Add's bias is). "
              "`block N` must divide every width it turns; on torch, `online r4` needs a runtime that applies the "
-             "folder's transform_config (vLLM; not transformers' loader), while an ONNX graph runs it itself.",
+             "folder's transform_config (vLLM; not transformers' loader), while an ONNX graph runs it itself. "
+             "`transform spinquant` learns its rotations by training a transformers model on calibration text: not "
+             "on synthetic tokens, a built-in model or the ONNX backend.",
              'backend onnx  transform quarot  memory { mode offload }'),
     CodeInfo("Q274", "learned rounding the scheme, layer or backend cannot take",
              "`rounding autoround` learns each weight's rounding offset and each group's clipping by sign-SGD, one "

@@ -218,10 +218,13 @@ class TransformKind(RegisteredValue):
     # an orthogonal rotation folded into the weights as they are read (no mappings, no data): the residual stream
     # and each head's values (compiler/quant/rotations.py; the torch backend's torch/rotation.py)
     rotates: bool = False
+    # the rotation is learned from calibration text before it is folded (SpinQuant; torch/spinquant.py)
+    learns: bool = False
 
     AWQ: ClassVar[TransformKind]
     SMOOTHQUANT: ClassVar[TransformKind]
     QUAROT: ClassVar[TransformKind]
+    SPINQUANT: ClassVar[TransformKind]
 
 
 
@@ -237,3 +240,8 @@ TransformKind.QUAROT = TRANSFORMS.register(TransformKind(
     "weights (QuaRot R1 + R2): the float model computes the same, its outliers spread before 4-bit activations; "
     "`online r4` also rotates the down projections' inputs as the runtime runs (vLLM); `block N` makes them "
     "block-diagonal", ("online", "block"), rotates=True))
+TransformKind.SPINQUANT = TRANSFORMS.register(TransformKind(
+    "spinquant", "QuaRot's rotations learned (SpinQuant): R1 and each layer's R2 moved by Cayley SGD on the "
+    "calibration text to lower the quantized model's loss, then folded into the weights as QuaRot's are; "
+    "`iters`, `lr`, `batch` set the steps; `online r4` as QuaRot's", ("online", "iters", "lr", "batch"),
+    rotates=True, learns=True))

@@ -1,11 +1,13 @@
-"""Elaboration of `transform awq|smoothquant { … }`: settings checked against the method, maps kept as selectors
-(they are resolved against the model in compiler/resolve/smoothing.py)."""
+"""Elaboration of `transform awq|smoothquant|quarot|spinquant { … }`: settings checked against the method, maps kept as
+selectors (they are resolved against the model in compiler/resolve/smoothing.py)."""
 
 from __future__ import annotations
 
+import math
+
 from compiler.diagnostics import Diagnostics, expected_help
 from compiler.ir.blocks import settings_by_key, spans_of
-from compiler.ir.types import Mapping, OnlineRotation, Selector, SelectorKind, Transform
+from compiler.ir.types import Mapping, OnlineRotation, RotationLearning, Selector, SelectorKind, Transform
 from compiler.ir.values import whole_number
 from compiler.plugins import TRANSFORMS
 from compiler.syntax import ast
@@ -39,7 +41,7 @@ def elaborate_transform(decl: ast.TransformDecl | None, diags: Diagnostics) -> T
     block = found.get("block")
     return Transform(spans_of(found), kind, alpha, grid, duo is None or duo.value.value == "on", mappings, decl.span,
                      _online(found.get("online"), diags),
-                     _block(block, diags))
+                     _block(block, diags), _learning(found, diags) if kind.learns else None)
 
 
 def _selector(sel: ast.Selector) -> Selector:
@@ -71,6 +73,30 @@ def _block(setting: ast.Setting | None, diags: Diagnostics) -> int | None:
     number = setting.value
     assert isinstance(number, ast.Number)
     return whole_number(number, "`block`", diags)
+
+
+def _learning(found: dict[str, ast.Setting], diags: Diagnostics) -> RotationLearning:
+    """`iters N  lr X  batch B` of a learned rotation (the defaults where absent or invalid)."""
+    default = RotationLearning()
+    counts = {}
+    for key in ("iters", "batch"):
+        setting = found.get(key)
+        value = setting.value if setting is not None else None
+        if setting is not None and not isinstance(value, ast.Number):
+            diags.error("Q217", f"`{key}` must be a positive whole number", setting.span, "expected a number",
+                        help=f"write e.g. `{key} {getattr(default, key)}`")
+        elif isinstance(value, ast.Number):
+            counts[key] = whole_number(value, f"`{key}`", diags)
+    rate = default.lr
+    lr = found.get("lr")
+    if lr is not None:
+        value = lr.value
+        if not isinstance(value, ast.Number) or not math.isfinite(value.value) or value.value <= 0:
+            diags.error("Q259", "`lr` must be a positive number", lr.span, "not a learning rate",
+                        help=f"write e.g. `lr {default.lr:g}` (SpinQuant's; each step is at most 1/‖A‖ anyway)")
+        else:
+            rate = float(value.value)
+    return RotationLearning(counts.get("iters") or default.iters, rate, counts.get("batch") or default.batch)
 
 
 def _alpha(setting: ast.Setting | None, diags: Diagnostics) -> float:

@@ -179,6 +179,17 @@ class LearnedRounding:
         return self.lr if self.lr is not None else 1.0 / self.iters
 
 
+@dataclass(frozen=True, slots=True)
+class RotationLearning:
+    """`transform spinquant { iters N  lr X  batch B }`: Cayley SGD steps over the whole model, the first step's
+    learning rate (decaying linearly to 0) and the calibration samples each step runs. SpinQuant's published
+    settings are 100 steps at 1.5 (8 samples of 2048 tokens a step on a GPU); one sample a step suits a CPU."""
+
+    iters: int = 100
+    lr: float = 1.5
+    batch: int = 1
+
+
 def gptq_scales_fixed(weights: WeightQuant, act_order: bool, static_groups: bool) -> bool:
     """Whether GPTQ takes every scale of these weights before its column loop (Scheme.gptq_scales_fixed)."""
     return static_groups or act_order or weights.granularity is not Granularity.GROUP
@@ -385,6 +396,7 @@ class Transform(Located):
     span: Span
     online: tuple[OnlineRotation, ...] = ()  # quarot: the rotations the runtime applies as it runs
     block: int | None = None  # quarot: R1 and R4 block-diagonal, blocks of this order (None: the whole width)
+    learning: RotationLearning | None = None  # spinquant: how R1 and R2 are learned (None: random, QuaRot's)
 
 
 @dataclass(frozen=True, slots=True)

@@ -172,10 +172,12 @@ def load_op(ctx: Context, access: ModelAccess, how: str, resident: int, inputs: 
         how += f", {attention.value} attention"
     if rotation is not None:
         assert ctx.ir.transform is not None  # the rotation is the recipe's transform
+        what = "learned rotation" if ctx.ir.transform.kind.learns else "random Hadamard"
         how += (f"; every weight rotated {rotated_when} ({ctx.ir.transform.kind.name}: the residual stream by a "
-                f"{rotation[0]}-wide random Hadamard" + (f", each head's values by a {rotation[1]}-wide one"
-                                                         if rotation[1] else "")
-                + (f"; the down projections' inputs by a {rotation[2]}-wide one, online: the runtime rotates them "
+                f"{rotation[0]}-wide {what}" + (f", each head's values by a {rotation[1]}-wide one"
+                                                if rotation[1] else "")
+                + (f"; the down projections' inputs by a {rotation[2]}-wide "
+                   f"{'random Hadamard' if ctx.ir.transform.kind.learns else 'one'}, online: the runtime rotates them "
                    "as it runs" if rotation[2] else "")
                 + (f"; block-diagonal: each {rotation[3]} channels turned by one {rotation[3]}-wide Hadamard"
                    if rotation[3] else "") + ")")

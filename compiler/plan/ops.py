@@ -39,6 +39,7 @@ class OpKind(enum.Enum):
     """The name of each op type, as the plan listing, the JSON form and the report show it."""
 
     EXPORT_ONNX = "export_onnx"
+    LEARN_ROTATION = "learn_rotation"
     LOAD_MODEL = "load_model"
     SELECT_MEMORY_MODE = "select_memory_mode"
     SCORE_SENSITIVITY = "score_sensitivity"
@@ -66,6 +67,7 @@ class Buffer(enum.Enum):
     VERIFY_DATA = "verify_data"
     ONNX_MODEL = "onnx_model"
     MODEL = "model"
+    ROTATION = "rotation"  # a learned rotation, which the model is then read through
     MEMORY_MODE = "memory_mode"
     SENSITIVITY = "sensitivity"
     PRECISION = "precision"
@@ -178,6 +180,22 @@ class ExportOnnx(PlanOp):
     folder: str
     exporter: str
     resolve: Resolver = carried()  # the recipe resolved again against the exported graph
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LearnRotation(PlanOp):
+    """SpinQuant: the float model opened whole, its R1 and R2 learned by Cayley SGD on the calibration samples
+    (each step `batch` of them through the model as the recipe quantizes it), then dropped; the load reads the
+    checkpoint through the learned rotation."""
+
+    kind: ClassVar[OpKind] = OpKind.LEARN_ROTATION
+    model: str
+    iters: int
+    batch: int
+    lr: float
+    # (hidden width, head width or None, online down-projection width or None, block or None): QuaRot's start
+    rotation: tuple[int, int | None, int | None, int | None] = carried()
+    calibration: Calibration = carried()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

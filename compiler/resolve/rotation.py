@@ -6,7 +6,8 @@ onnx/rotation_check.py)."""
 from __future__ import annotations
 
 from compiler.diagnostics import Diagnostics
-from compiler.ir.types import OnlineRotation, RecipeIR, Transform
+from compiler.ir.types import DataKind, OnlineRotation, RecipeIR, Transform
+from compiler.models import builtin
 from compiler.models.index import LayerKind, ModelIndex
 from compiler.quant.rotations import hadamard_order
 from compiler.resolve.rotation_widths import down_width, widths
@@ -100,4 +101,23 @@ def rotation_to_check(ir: RecipeIR, index: ModelIndex, diags: Diagnostics) -> Tr
         diags.error("Q273", f"`transform {ir.transform.kind.name}` with `mixed_precision`: the search's cached "
                     "scores are of the unrotated weights", ir.transform.span, "not with a search",
                     help="remove one of the two")
+    if ir.transform.kind.learns:
+        _check_learning(ir, diags)
     return ir.transform
+
+
+def _check_learning(ir: RecipeIR, diags: Diagnostics) -> None:
+    """A learned rotation lowers the next-token loss of a transformers model on real calibration text: Q273 on
+    synthetic (random) tokens, which would teach it nothing, and on a built-in model (qrc's own module code)."""
+    assert ir.transform is not None
+    name = ir.transform.kind.name
+    if ir.calibration.data.kind is DataKind.SYNTHETIC:
+        diags.error("Q273", f"`transform {name}` learns its rotations from calibration text, and the calibration "
+                    "data is synthetic (random tokens)", ir.calibration.span_of("data") or ir.transform.span,
+                    "nothing to learn from", help='calibrate on text: `calibrate { data text "calib.txt" }` '
+                    "(or a dataset, or an npz of token ids); `transform quarot` needs no data")
+    if ir.model.startswith(builtin.PREFIX):
+        diags.error("Q273", f"`transform {name}` learns on a transformers model; `{ir.model}` runs in qrc's own "
+                    "module code", ir.model_span or ir.transform.span, "not a transformers model",
+                    help="use a model folder (config.json and safetensors) or a GGUF file; `transform quarot` "
+                    "rotates a built-in")

@@ -1,7 +1,7 @@
 """What the ONNX backend refuses in a recipe alone, before any model is read: MatMulNBits block sizes (Q208),
 several devices (Q234), floating formats onnxruntime's CPU build cannot run (Q257), the importance-weighted
-search on integer weights (Q272), learned rounding (Q274), an attention kernel choice an exported graph has no use for (Q270), and a
-rotation in offload (Q273)."""
+search on integer weights (Q272), learned rounding (Q274), an attention kernel choice an exported graph has no use for (Q270), a
+rotation in offload and a learned rotation (Q273)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,12 @@ def check_recipe(ir: RecipeIR, diags: Diagnostics) -> None:
     _refuse_imatrix(ir, diags)
     _refuse_learned(ir, diags)
     refuse_attention_kernel(ir, diags, "an ONNX graph")
-    if ir.transform is not None and ir.transform.kind.rotates and ir.memory.mode is MemoryMode.OFFLOAD:
+    if ir.transform is not None and ir.transform.kind.learns:
+        diags.error("Q273", f"`transform {ir.transform.kind.name}` learns its rotations by training the whole model "
+                    "with gradients, which the ONNX backend does not run", ir.transform.span,
+                    "learned on torch only", help="use `transform quarot` (random rotations: the ONNX backend folds "
+                    "them, R4 included), or `backend torch`")
+    elif ir.transform is not None and ir.transform.kind.rotates and ir.memory.mode is MemoryMode.OFFLOAD:
         diags.error("Q273", f"`transform {ir.transform.kind.name}` on the ONNX backend rotates a copy of the whole "
                     "graph before calibration; `mode offload` cuts its segments from the unrotated one",
                     ir.memory.span_of("mode") or ir.transform.span, "not with offload",

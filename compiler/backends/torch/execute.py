@@ -33,6 +33,7 @@ from compiler.backends.torch.prepare import open_streams, prepare_output
 from compiler.backends.torch.rounding import Rounder
 from compiler.backends.torch.run_values import Emitted, Loaded, MemoryChoice, Reference, Staging, Streams
 from compiler.backends.torch.sensitivity import TorchScorer
+from compiler.backends.torch.spinquant import Learned, learn_from_calibration
 from compiler.backends.torch.verifying import Verifying
 from compiler.backends.values import OpValues, Values
 from compiler.diagnostics import warning
@@ -44,7 +45,8 @@ from compiler.resolve.assignment import Assignment
 from compiler.resolve.rotation_widths import rotation_words
 
 # ops that run the model forward (file to file, nothing does): their runs fix glibc's mmap threshold (release.py)
-RUN_THE_MODEL = (ops.CalibrateChunk, ops.CacheBlockInputs, ops.CaptureReference, ops.Smooth, ops.ScoreSensitivity)
+RUN_THE_MODEL = (ops.CalibrateChunk, ops.CacheBlockInputs, ops.CaptureReference, ops.Smooth, ops.ScoreSensitivity,
+                 ops.LearnRotation)
 
 
 def execute(plan: Plan, assignment: Assignment, output: Path, progress) -> CompileResult:
@@ -63,7 +65,8 @@ class _Run(Verifying):
     __slots__ = ()
 
     def handlers(self) -> dict[type, Callable]:
-        return {ops.LoadModel: self.load, ops.SelectMemoryMode: self.select_mode, ops.ScoreSensitivity: self.score,
+        return {ops.LearnRotation: self.learn_rotation, ops.LoadModel: self.load,
+                ops.SelectMemoryMode: self.select_mode, ops.ScoreSensitivity: self.score,
                 ops.AssignPrecision: assign_precision, ops.PrepareRun: self.prepare,
                 ops.CaptureReference: self.capture_reference, ops.Smooth: self.smooth_whole,
                 ops.CalibrateChunk: self.calibrate_whole, ops.CacheBlockInputs: self.cache_block_inputs,
@@ -106,19 +109,32 @@ class _Run(Verifying):
         else:
             release_memory()
 
+    def learn_rotation(self, op: ops.LearnRotation, v: OpValues) -> None:
+        """SpinQuant's rotations learned on the float model (torch/spinquant.py), which is then dropped."""
+        learned = learn_from_calibration(op, v.get(Buffer.RECIPE, Assignment), self.plan.spans,
+                                         self.progress("learn rotation", op.iters))
+        v.put(Buffer.ROTATION, learned)
+        release_memory()
+
     def load(self, op: ops.LoadModel, v: OpValues) -> Product | None:
         """The skeleton on the meta device (every weight read now when the mode keeps the model resident),
-        or, when nothing runs the model, the checkpoint's files alone (as the op's `access` says)."""
+        or, when nothing runs the model, the checkpoint's files alone (as the op's `access` says); read through
+        a learned rotation where one was learned."""
         assignment = v.get(Buffer.RECIPE, Assignment)
-        rotated = Product(transform=rotation_words(op.rotation)) if op.rotation is not None else None
+        learned = v.get(Buffer.ROTATION, Learned) if v.declares(Buffer.ROTATION) else None
+        source = learned.rotation if learned is not None else op.rotation
+        rotated = None
+        if op.rotation is not None:
+            words = rotation_words(op.rotation, "spinquant" if learned is not None else "quarot")
+            rotated = Product(transform=words + (f"; {learned.words()}" if learned is not None else ""))
         if op.access is ops.ModelAccess.FILES:
-            files, check = open_files(op.model, op.rotation), None
+            files, check = open_files(op.model, source), None
             if self.format.opened_by_transformers and self.ranks.first:  # the config and load check run in a
                 check = adopt(op.model, files.config)  # process of their own meanwhile
                 check.follow()
             v.put(Buffer.MODEL, Loaded(files, assignment, op.access, check))
             return rotated
-        model = open_model(op.model, assignment.model.blocks, self.plan.spans.model, op.attention, op.rotation)
+        model = open_model(op.model, assignment.model.blocks, self.plan.spans.model, op.attention, source)
         if op.access is ops.ModelAccess.RESIDENT:
             model.materialize(list(model.keys))
         v.put(Buffer.MODEL, Loaded(model, assignment, op.access))

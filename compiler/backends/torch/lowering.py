@@ -6,9 +6,10 @@ block's outputs, streamed from the checkpoint, or file to file when nothing runs
 
 from __future__ import annotations
 
+from compiler.backends.torch.cost import learning_bytes
 from compiler.backends.torch.formats import torch_format
 from compiler.backends.torch.timing import learning_compiled
-from compiler.ir.types import MemoryMode
+from compiler.ir.types import MemoryMode, RotationLearning
 from compiler.models.builtin import PREFIX as BUILTIN_PREFIX
 from compiler.models.index import ModelFormat
 from compiler.plan.lower import (
@@ -36,6 +37,7 @@ from compiler.plan.ops import (
     CacheLocation,
     CaptureReference,
     HeldOut,
+    LearnRotation,
     ModelAccess,
     PlanOp,
     PrepareRun,
@@ -61,15 +63,34 @@ def lower_load(ctx: Context) -> list[PlanOp]:
     block (offload, multi_gpu), or the whole model."""
     w = ctx.workload
     rotation = rotation_widths(w.index, w.rotated, w.online_width, w.rotation_block)
+    learning = ctx.ir.transform.learning if ctx.ir.transform is not None else None
+    learned = [_learn_rotation(ctx, rotation, learning)] if learning is not None and rotation is not None else []
+    reads = (Buffer.RECIPE, Buffer.ROTATION) if learned else (Buffer.RECIPE,)
     if not ctx.runs_model:
-        return [load_op(ctx, ModelAccess.FILES, "its safetensors files only: no model definition is built, since "
-                        "nothing runs the model (data-free rounding, nothing to verify); tensor by tensor, file to "
-                        "file", 0, (Buffer.RECIPE,), ModelFormat.TORCH, rotation)]
+        return learned + [load_op(ctx, ModelAccess.FILES, "its safetensors files only: no model definition is built, "
+                                  "since nothing runs the model (data-free rounding, nothing to verify); tensor by "
+                                  "tensor, file to file", 0, reads, ModelFormat.TORCH, rotation)]
     if ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU):
-        return [load_op(ctx, ModelAccess.BLOCKS, "lazily, one block at a time", 0, (Buffer.RECIPE,), ModelFormat.TORCH,
-                        rotation)]
-    return [load_op(ctx, ModelAccess.RESIDENT, "whole", w.weights_bytes, (Buffer.RECIPE,), ModelFormat.TORCH,
-                    rotation)]
+        return learned + [load_op(ctx, ModelAccess.BLOCKS, "lazily, one block at a time", 0, reads, ModelFormat.TORCH,
+                                  rotation)]
+    return learned + [load_op(ctx, ModelAccess.RESIDENT, "whole", w.weights_bytes, reads, ModelFormat.TORCH,
+                              rotation)]
+
+
+def _learn_rotation(ctx: Context, rotation: tuple[int, int | None, int | None, int | None],
+                    learning: RotationLearning) -> LearnRotation:
+    """`learn_rotation` (SpinQuant, torch/spinquant.py): the float model whole, its rotations learned, dropped."""
+    w = ctx.workload
+    hidden, head = rotation[0], rotation[1]
+    turned = f"R1 ({hidden}-wide)" + (f" and each layer's R2 ({head}-wide)" if head else "")
+    return LearnRotation(
+        summary=f"open {ctx.ir.model} whole in float32 and learn {turned} from QuaRot's random Hadamards: "
+        f"{learning.iters} Cayley SGD steps of {learning.batch} calibration sample(s) through the model as the "
+        "recipe quantizes it (next-token loss); then the model is dropped",
+        inputs=(Buffer.RECIPE, Buffer.CALIBRATION_DATA), outputs=(Buffer.ROTATION,),
+        peak_bytes=ctx.costs.runtime(w) + learning_bytes(w, learning.batch), model=ctx.ir.model,
+        iters=learning.iters, batch=learning.batch, lr=learning.lr, rotation=rotation,
+        calibration=ctx.ir.calibration)
 
 
 def lower_prepare(ctx: Context) -> list[PlanOp]:

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING, Union
 
 import torch
 from torch import nn
@@ -26,6 +27,13 @@ from compiler.ir.types import AttentionKernel
 from compiler.models import block_fp8, builtin, model_dir, resolve_path
 from compiler.safe_files import own_folder
 from compiler.source import Span
+
+if TYPE_CHECKING:
+    from compiler.backends.torch.rotation import Rotation
+
+# what a model is read through: QuaRot's (hidden, head, online down, block) widths, seeded; a learned rotation as
+# it is (torch/spinquant.py); or nothing
+RotationSource = Union[tuple[int, int | None, int | None, int | None], "Rotation", None]
 
 
 @dataclass
@@ -238,7 +246,7 @@ def parameters_on_meta():
         nn.Module.register_parameter = original
 
 
-def open_files(ref: str, rotation: tuple[int, int | None, int | None, int | None] | None = None) -> TorchModel:
+def open_files(ref: str, rotation: RotationSource = None) -> TorchModel:
     """The checkpoint alone, without a model definition: for data-free rounding that never runs the model
     (file to file, tensor by tensor), so even an architecture transformers cannot build here compiles.
     Each tensor is its own parameter name; the module is an empty stand-in. `rotation`: the (hidden, head)
@@ -276,7 +284,7 @@ def _float_dtype(shards: Shards, keys: dict[str, str]) -> torch.dtype:
 
 def open_model(ref: str, blocks: tuple[str, ...], span: Span | None,
                attention: AttentionKernel = AttentionKernel.MODEL,
-               rotation: tuple[int, int | None, int | None, int | None] | None = None) -> TorchModel:
+               rotation: RotationSource = None) -> TorchModel:
     """The skeleton of a built-in or an HF folder, its parameters mapped to the safetensors tensors, running
     the `attention` kernel the recipe asks for. `blocks` are the index's (checkpoint) block names; the model's
     are its module paths. `rotation`: the (hidden, head) widths of a rotation every weight is read through
@@ -340,15 +348,17 @@ def builtin_checkpoint(ref: str) -> Path:
     return folder
 
 
-def _rotated(shards, rotation: tuple[int, int | None, int | None, int | None] | None, config: dict):
-    """The checkpoint read through the rotation (torch/rotation.py), its LM head untied in the output's config;
-    as it is without one."""
+def _rotated(shards, rotation: RotationSource, config: dict):
+    """The checkpoint read through the rotation (torch/rotation.py: QuaRot's, seeded from its widths, or a learned
+    one as it is), its LM head untied in the output's config; as it is without one."""
     if rotation is None:
         return shards
     from compiler.backends.torch.rotation import RotatedShards, Rotation
 
     if "qrc_builtin" not in config:  # a built-in's head is its own already
         config["tie_word_embeddings"] = False  # the final norm folds into the head alone
+    if not isinstance(rotation, tuple):
+        return RotatedShards(shards, rotation)
     hidden, head, down, block = rotation
     return RotatedShards(shards, Rotation.seeded(hidden, head, down=down, block=block))
 

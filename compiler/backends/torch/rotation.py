@@ -153,15 +153,35 @@ class Kronecker:
 
 
 @dataclass(frozen=True)
+class Dense:
+    """A learned orthogonal matrix (SpinQuant's R1: torch/spinquant.py), applied as one product; `right` as
+    Kronecker's."""
+
+    matrix: torch.Tensor  # float32 [n, n]
+
+    @property
+    def width(self) -> int:
+        """n."""
+        return self.matrix.shape[0]
+
+    def right(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows · Q, float32, over the last axis (any leading shape)."""
+        lead = rows.shape[:-1]
+        return (rows.reshape(-1, self.width).float() @ self.matrix.to(rows.device)).reshape(*lead, -1)
+
+
+@dataclass(frozen=True)
 class Rotation:
     """R1's Q = diag(s)·H/√n (H a Kronecker product of small Hadamard factors, float32) and R2's dense H of the
-    head width (None: values not rotated), drawn from a seed; `base`: the decoder's prefix in the checkpoint."""
+    head width (None: values not rotated), drawn from a seed; `base`: the decoder's prefix in the checkpoint. A
+    learned rotation (SpinQuant) has a dense Q and one H per layer (`layer_heads`, by layer number)."""
 
-    q: Kronecker
+    q: Kronecker | Dense
     h: torch.Tensor | None
     base: str = "model"
     down: Kronecker | None = None  # R4's D, applied online (None: no online rotation)
     block: int | None = None  # Q and D block-diagonal with blocks of this order (None: each the whole width)
+    layer_heads: tuple[torch.Tensor, ...] | None = None  # learned: layer n's values turned by layer_heads[n]
 
     @classmethod
     def seeded(cls, hidden: int, head_dim: int | None, seed: int = 0, base: str = "model",
@@ -188,7 +208,7 @@ class Rotation:
             return True
         if self.down is not None and key.endswith(ONLINE_WEIGHT):
             return True
-        return self.h is not None and _VALUE_BIAS.match(key) is not None
+        return (self.h is not None or self.layer_heads is not None) and _VALUE_BIAS.match(key) is not None
 
     def tensor(self, key: str, read, stored: Container[str]) -> torch.Tensor | None:
         """The rotated form of checkpoint tensor `key` (`read(name)` gives any checkpoint tensor; `stored`: the
@@ -200,18 +220,19 @@ class Rotation:
         if (m := _READERS.match(key)) is not None:
             norm = "input_layernorm" if m["part"].startswith("self_attn") else "post_attention_layernorm"
             rotated = _rows_times(read(key), read(f"{m['base']}.layers.{m['n']}.{norm}.weight"), self)
-            return self._values(rotated) if m["part"] == "self_attn.v_proj" else rotated
+            return self._values(rotated, self.head(int(m["n"]))) if m["part"] == "self_attn.v_proj" else rotated
         if (m := _WRITERS.match(key)) is not None:
             tensor = read(key)
             if m["kind"] == "bias":
                 return self.right(tensor.float()[None, :])[0].to(tensor.dtype)
-            heads = self.h if m["part"] == "self_attn.o_proj" else None
+            heads = self.head(int(m["n"])) if m["part"] == "self_attn.o_proj" else None
             written = _stream_written(tensor, self, heads)
             if m["part"] == "mlp.down_proj" and self.down is not None:
                 return _rows_times(written, None, self.down)
             return written
-        if _VALUE_BIAS.match(key) is not None:
-            return self._values(read(key)) if self.h is not None else None
+        if (m := _VALUE_BIAS.match(key)) is not None:
+            heads = self.head(int(m["n"]))
+            return self._values(read(key), heads) if heads is not None else None
         if _NORMS.match(key) is not None:
             return torch.ones_like(read(key))
         if _EMBED.match(key) is not None:
@@ -220,15 +241,20 @@ class Rotation:
             return self.down.stored()
         return None
 
-    def _values(self, rotated: torch.Tensor) -> torch.Tensor:
+    def head(self, layer: int) -> torch.Tensor | None:
+        """The H that turns layer `layer`'s values (R2), None where values are not rotated."""
+        return self.layer_heads[layer] if self.layer_heads is not None else self.h
+
+    @staticmethod
+    def _values(rotated: torch.Tensor, h: torch.Tensor | None) -> torch.Tensor:
         """v_proj's rows (or bias) of each head by Hᵀ (R2)."""
-        if self.h is None:
+        if h is None:
             return rotated
-        d = self.h.shape[0]
+        d = h.shape[0]
         if rotated.dim() == 1:
-            return (rotated.float().reshape(-1, d) @ self.h).reshape(-1).to(rotated.dtype)
+            return (rotated.float().reshape(-1, d) @ h).reshape(-1).to(rotated.dtype)
         rows = rotated.float().reshape(-1, d, rotated.shape[1])
-        return torch.einsum("ji,kjc->kic", self.h, rows).reshape(rotated.shape).to(rotated.dtype)
+        return torch.einsum("ji,kjc->kic", h, rows).reshape(rotated.shape).to(rotated.dtype)
 
 
 def _rows_times(weight: torch.Tensor, gamma: torch.Tensor | None, rotation: Rotation | Kronecker) -> torch.Tensor:
