@@ -44,7 +44,7 @@ def _feeds(samples: int = 8, tokens: int = 32) -> list[dict]:
             for k in range(0, samples, 4)]
 
 
-def _learned(model, scheme: str = "NVFP4", iters: int = 12, online: bool = False):
+def _learned(model, scheme: str = "NVFP4", iters: int = 12, online: bool = False, identity: bool = False):
     from compiler.backends.torch.rotation import Rotation
     from compiler.backends.torch.spinquant import learn_rotation
     from compiler.ir.schemes import PRESETS
@@ -53,22 +53,23 @@ def _learned(model, scheme: str = "NVFP4", iters: int = 12, online: bool = False
     head_dim = config.hidden_size // config.num_attention_heads
     schemes = {f"model.layers.{n}.{part}": PRESETS[scheme] for n in range(config.num_hidden_layers) for part in LINEARS}
     start = Rotation.seeded(config.hidden_size, head_dim, down=config.intermediate_size if online else None)
-    return learn_rotation(copy.deepcopy(model), start, schemes, _feeds(), iters, 1.5, 2)
+    return learn_rotation(copy.deepcopy(model), start, schemes, _feeds(), iters, 1.5, 2, identity=identity)
 
 
-@pytest.mark.parametrize(("family", "hidden", "online"), [("Llama", 64, False), ("Qwen2", 48, False),
-                                                          ("Llama", 64, True)],
-                         ids=["llama-tied", "qwen2-biases-paley", "llama-online-r4"])
-def test_the_learned_rotation_is_orthogonal_and_folds_to_the_same_float_logits(family, hidden, online):
+@pytest.mark.parametrize(("family", "hidden", "online", "identity"),
+                         [("Llama", 64, False, False), ("Qwen2", 48, False, False), ("Llama", 64, True, False),
+                          ("Llama", 64, False, True)],
+                         ids=["llama-tied", "qwen2-biases-paley", "llama-online-r4", "llama-from-identity"])
+def test_the_learned_rotation_is_orthogonal_and_folds_to_the_same_float_logits(family, hidden, online, identity):
     import torch
 
     from compiler.backends.torch.rotation import attach_online
 
     model = _model(family, hidden)
-    learned = _learned(model, online=online)
+    learned = _learned(model, online=online, identity=identity)
     rotation = learned.rotation
     q = rotation.q.matrix
-    assert not torch.allclose(q, rotation.q.matrix.new_zeros(q.shape))
+    assert not torch.allclose(q, torch.eye(q.shape[0]), atol=1e-3)  # the steps moved it
     assert (q @ q.T - torch.eye(q.shape[0])).abs().max().item() < 1e-5
     assert rotation.layer_heads is not None and len(rotation.layer_heads) == 2
     for h in rotation.layer_heads:
@@ -90,12 +91,14 @@ def test_the_learned_rotation_is_orthogonal_and_folds_to_the_same_float_logits(f
     assert (after - before).abs().max().item() < 1e-4 * max(1.0, before.abs().max().item())
 
 
-def test_learning_lowers_the_quantized_loss_it_is_trained_on():
-    """The first step runs QuaRot's rotation; the learned one gives a lower loss on the same samples, W4A4 NVFP4
+@pytest.mark.parametrize("identity", [False, True], ids=["from-hadamard", "from-identity"])
+def test_learning_lowers_the_quantized_loss_it_is_trained_on(identity):
+    """The first step runs the start's rotation; the learned one gives a lower loss on the same samples, W4A4 NVFP4
     (whose 4-bit inputs the rotation is for)."""
-    learned = _learned(_model(), iters=20)
+    learned = _learned(_model(), iters=20, identity=identity)
     assert learned.steps == 20 and learned.seconds > 0
     assert np.isfinite(learned.first_loss) and learned.kept_loss < learned.first_loss, learned
+    assert learned.started == ("no rotation" if identity else "QuaRot's rotation")
 
 
 def _folder(path: Path) -> Path:

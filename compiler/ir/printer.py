@@ -161,7 +161,8 @@ def _transform(t: Transform) -> list[str]:
     values = {"alpha": format_number(t.alpha), "grid": str(t.grid), "duo_scaling": "on" if t.duo_scaling else "off",
               "online": " ".join(r.value for r in t.online), "block": str(t.block) if t.block else ""}
     if t.learning is not None:
-        values.update(iters=str(t.learning.iters), lr=format_number(t.learning.lr), batch=str(t.learning.batch))
+        values.update(iters=str(t.learning.iters), lr=format_number(t.learning.lr), batch=str(t.learning.batch),
+                      init=t.learning.start.value)
     settings = [f"{key} {values[key]}" for key in t.kind.settings if values[key]]
     maps = [f"map {_selector(m.source)} -> {', '.join(_selector(x) for x in m.targets)}" for m in t.mappings]
     inferred = [] if maps or t.kind.rotates else ["# mappings inferred from the model's block shape"]

@@ -7,7 +7,15 @@ import math
 
 from compiler.diagnostics import Diagnostics, expected_help
 from compiler.ir.blocks import settings_by_key, spans_of
-from compiler.ir.types import Mapping, OnlineRotation, RotationLearning, Selector, SelectorKind, Transform
+from compiler.ir.types import (
+    Mapping,
+    OnlineRotation,
+    RotationLearning,
+    RotationStart,
+    Selector,
+    SelectorKind,
+    Transform,
+)
 from compiler.ir.values import whole_number
 from compiler.plugins import TRANSFORMS
 from compiler.syntax import ast
@@ -96,7 +104,21 @@ def _learning(found: dict[str, ast.Setting], diags: Diagnostics) -> RotationLear
                         help=f"write e.g. `lr {default.lr:g}` (SpinQuant's; each step is at most 1/‖A‖ anyway)")
         else:
             rate = float(value.value)
-    return RotationLearning(counts.get("iters") or default.iters, rate, counts.get("batch") or default.batch)
+    return RotationLearning(counts.get("iters") or default.iters, rate, counts.get("batch") or default.batch,
+                            _start(found.get("init"), diags))
+
+
+def _start(setting: ast.Setting | None, diags: Diagnostics) -> RotationStart:
+    """`init hadamard|identity`: where a learned rotation starts."""
+    if setting is None:
+        return RotationStart.HADAMARD
+    known = {s.value: s for s in RotationStart}
+    value = setting.value
+    if isinstance(value, ast.Name) and value.value.lower() in known:
+        return known[value.value.lower()]
+    diags.error("Q259", "`init` must be `hadamard` or `identity`", setting.span, "no such start",
+                help="`init hadamard` (QuaRot's random Hadamards, SpinQuant's start) or `init identity` (no rotation)")
+    return RotationStart.HADAMARD
 
 
 def _alpha(setting: ast.Setting | None, diags: Diagnostics) -> float:

@@ -179,15 +179,23 @@ class LearnedRounding:
         return self.lr if self.lr is not None else 1.0 / self.iters
 
 
+class RotationStart(enum.Enum):
+    """Where a learned rotation starts (`transform spinquant { init … }`)."""
+    HADAMARD = "hadamard"  # QuaRot's random Hadamards (SpinQuant's own start)
+    IDENTITY = "identity"  # no rotation: the norms folded, nothing mixed until the steps move it
+
+
 @dataclass(frozen=True, slots=True)
 class RotationLearning:
-    """`transform spinquant { iters N  lr X  batch B }`: Cayley SGD steps over the whole model, the first step's
-    learning rate (decaying linearly to 0) and the calibration samples each step runs. SpinQuant's published
-    settings are 100 steps at 1.5 (8 samples of 2048 tokens a step on a GPU); one sample a step suits a CPU."""
+    """`transform spinquant { iters N  lr X  batch B  init I }`: Cayley SGD steps over the whole model, the first
+    step's learning rate (decaying linearly to 0), the calibration samples each step runs, and where the rotation
+    starts. SpinQuant's published settings are 100 steps at 1.5 (8 samples of 2048 tokens a step on a GPU) from a
+    random Hadamard; one sample a step suits a CPU."""
 
     iters: int = 100
     lr: float = 1.5
     batch: int = 1
+    start: RotationStart = RotationStart.HADAMARD
 
 
 def gptq_scales_fixed(weights: WeightQuant, act_order: bool, static_groups: bool) -> bool:

@@ -23,6 +23,7 @@ from compiler.ir.types import (
     EmitFormat,
     KvCache,
     MemoryMode,
+    RotationStart,
     Rounding,
     Scheme,
     SensitivityMetric,
@@ -193,6 +194,7 @@ class LearnRotation(PlanOp):
     iters: int
     batch: int
     lr: float
+    start: RotationStart
     # (hidden width, head width or None, online down-projection width or None, block or None): QuaRot's start
     rotation: tuple[int, int | None, int | None, int | None] = carried()
     calibration: Calibration = carried()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from compiler.backends.torch.cost import learning_bytes
 from compiler.backends.torch.formats import torch_format
 from compiler.backends.torch.timing import learning_compiled
-from compiler.ir.types import MemoryMode, RotationLearning
+from compiler.ir.types import MemoryMode, RotationLearning, RotationStart
 from compiler.models.builtin import PREFIX as BUILTIN_PREFIX
 from compiler.models.index import ModelFormat
 from compiler.plan.lower import (
@@ -83,13 +83,14 @@ def _learn_rotation(ctx: Context, rotation: tuple[int, int | None, int | None, i
     w = ctx.workload
     hidden, head = rotation[0], rotation[1]
     turned = f"R1 ({hidden}-wide)" + (f" and each layer's R2 ({head}-wide)" if head else "")
+    start = "QuaRot's random Hadamards" if learning.start is RotationStart.HADAMARD else "the identity (no rotation)"
     return LearnRotation(
-        summary=f"open {ctx.ir.model} whole in float32 and learn {turned} from QuaRot's random Hadamards: "
+        summary=f"open {ctx.ir.model} whole in float32 and learn {turned} from {start}: "
         f"{learning.iters} Cayley SGD steps of {learning.batch} calibration sample(s) through the model as the "
         "recipe quantizes it (next-token loss); then the model is dropped",
         inputs=(Buffer.RECIPE, Buffer.CALIBRATION_DATA), outputs=(Buffer.ROTATION,),
         peak_bytes=ctx.costs.runtime(w) + learning_bytes(w, learning.batch), model=ctx.ir.model,
-        iters=learning.iters, batch=learning.batch, lr=learning.lr, rotation=rotation,
+        iters=learning.iters, batch=learning.batch, lr=learning.lr, start=learning.start, rotation=rotation,
         calibration=ctx.ir.calibration)
 
 

@@ -32,7 +32,7 @@ from compiler.backends.torch import float_formats
 from compiler.backends.torch.learned import step_precision
 from compiler.backends.torch.quant_args import input_args
 from compiler.backends.torch.rotation import Dense, Kronecker, Rotation, attach_online
-from compiler.ir.types import ActivationQuant, Granularity, QType, Rounding, Scheme
+from compiler.ir.types import ActivationQuant, Granularity, QType, RotationStart, Rounding, Scheme
 from compiler.quant import qparams
 from compiler.quant.weights import Convention, quantize_weight
 
@@ -43,19 +43,20 @@ NORM_OF = {"self_attn": "input_layernorm", "mlp": "post_attention_layernorm"}
 
 @dataclass(frozen=True)
 class Learned:
-    """What the learning found and what it cost: the rotation to fold (dense Q, one H per layer), the loss of the
-    first step (QuaRot's rotation) and of the last, the steps and their seconds."""
+    """What the learning found and what it cost: the rotation to fold (dense Q, one H per layer), the loss on the
+    first step's samples with the rotation it started from and with the learned one, the steps and their seconds."""
 
     rotation: Rotation
-    first_loss: float  # the quantized model's next-token loss on the first step's samples, QuaRot's rotation
+    first_loss: float  # the quantized model's next-token loss on the first step's samples, the start's rotation
     kept_loss: float  # the same samples, the learned rotation
     steps: int
     seconds: float
+    started: str = "QuaRot's rotation"  # the start, in words
 
     def words(self) -> str:
         """What the learning cost and bought (the summary's transform line)."""
         return (f"learned in {self.steps} Cayley SGD steps ({self.seconds:.1f} s): the quantized model's next-token "
-                f"loss on the first step's samples {self.first_loss:.4f} with QuaRot's rotation, "
+                f"loss on the first step's samples {self.first_loss:.4f} with {self.started}, "
                 f"{self.kept_loss:.4f} learned")
 
 
@@ -72,20 +73,24 @@ def learn_from_calibration(op, assignment, spans, advance: Callable[[], None]) -
     hidden, head, down, _ = op.rotation
     feeds = data.calibration_batches(op.calibration.data, assignment.model, op.calibration.chunk)
     return learn_rotation(model.module, Rotation.seeded(hidden, head, down=down), schemes, feeds, op.iters, op.lr,
-                          op.batch, advance)
+                          op.batch, advance, identity=op.start is RotationStart.IDENTITY)
 
 
 def learn_rotation(module: Any, start: Rotation, schemes: dict[str, Scheme], feeds: Iterable[dict],
-                   iters: int, rate: float, batch: int, advance: Callable[[], None] = lambda: None) -> Learned:
+                   iters: int, rate: float, batch: int, advance: Callable[[], None] = lambda: None,
+                   identity: bool = False) -> Learned:
     """R1 and the R2's of `module` (a Llama-family transformers causal LM, typed Any: reached by attribute; float,
     every weight resident; folded in place: its norms become ones, its head untied) learned from `start` (QuaRot's seeded rotation, widths and online R4
     included) over `iters` steps of `batch` calibration samples from `feeds` ({input_ids, attention_mask}
-    chunks); `schemes`: each quantized Linear's scheme by module path."""
+    chunks); `schemes`: each quantized Linear's scheme by module path. `identity`: R1 and the R2's start as the
+    identity instead (`start` still gives the widths, the online R4 and the names)."""
     samples = _samples(feeds)
     base = module.model
     folded = _fold_norms(module, start.down)
-    q = nn.Parameter(start.q.right(torch.eye(start.q.width)))
-    heads: list[torch.Tensor] = [nn.Parameter(start.h.clone()) for _ in base.layers] if start.h is not None else []
+    eye = torch.eye(start.q.width)
+    q = nn.Parameter(eye if identity else start.q.right(eye))
+    heads: list[torch.Tensor] = [nn.Parameter(torch.eye(start.h.shape[0]) if identity else start.h.clone())
+                                 for _ in base.layers] if start.h is not None else []
     if start.down is not None:
         attach_online(module, start.down)
     embed = base.embed_tokens.weight.detach()
@@ -126,7 +131,7 @@ def learn_rotation(module: Any, start: Rotation, schemes: dict[str, Scheme], fee
         kept = float(loss_of(0)) if iters else first
     rotation = Rotation(Dense(q.detach().clone()), None, start.base, start.down, None,
                         tuple(h.detach().clone() for h in heads) if heads else None)
-    return Learned(rotation, first, kept, iters, seconds)
+    return Learned(rotation, first, kept, iters, seconds, "no rotation" if identity else "QuaRot's rotation")
 
 
 def _cayley_step(r: torch.Tensor, grad: torch.Tensor, alpha: float) -> torch.Tensor:
