@@ -53,13 +53,13 @@ class Rotated:
 def rotate(model: Any, seed: int = 0, heads: bool = True) -> Rotated:
     """R1 (and R2 where `heads`) folded into `model`'s weights in place (a transformers causal LM, typed Any: its
     submodules are reached by name), each tensor as `Rotation.tensor` gives it: its float outputs are unchanged."""
-    base, head = _decoder(model), model.get_output_embeddings()
+    base, head = decoder_of(model), model.get_output_embeddings()
     hidden = base.embed_tokens.weight.shape[1]
     factors = hadamard_order(hidden)
     if factors is None:
         raise RotationRefused(f"no Hadamard matrix of order {hidden} (the hidden width) is built here")
     for layer in base.layers:
-        _refuse_other_norms(layer)
+        refuse_other_norms(layer)
     config = model.config
     head_dim = (getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads) if heads else None
     if head_dim is not None and hadamard_order(head_dim) is None:
@@ -78,7 +78,7 @@ def rotate(model: Any, seed: int = 0, heads: bool = True) -> Rotated:
     return Rotated(hidden, head_dim, factors, untied)
 
 
-def _decoder(model: Any) -> Any:
+def decoder_of(model: Any) -> Any:
     """The decoder stack: embeddings, layers, final norm (Llama-family naming)."""
     base = getattr(model, "model", None)
     if base is None or not all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm")):
@@ -86,7 +86,7 @@ def _decoder(model: Any) -> Any:
     return base
 
 
-def _refuse_other_norms(layer: Any) -> None:
+def refuse_other_norms(layer: Any) -> None:
     """A norm applied to a layer's output before the residual add (Gemma 2/3's post-norms), a LayerNorm's mean
     and bias, or a weight offset (Gemma's 1 + γ) do not commute with the rotation as folded here."""
     norms = {name for name, m in layer.named_children() if "norm" in name.lower()}

@@ -28,10 +28,20 @@ import numpy as np
 import torch
 from torch import nn
 
+from compiler.backends import BackendError
 from compiler.backends.torch import float_formats
 from compiler.backends.torch.learned import step_precision
 from compiler.backends.torch.quant_args import input_args
-from compiler.backends.torch.rotation import Dense, Kronecker, Rotation, attach_online
+from compiler.backends.torch.rotation import (
+    Dense,
+    Kronecker,
+    Rotation,
+    RotationRefused,
+    attach_online,
+    decoder_of,
+    refuse_other_norms,
+)
+from compiler.diagnostics import error
 from compiler.ir.types import ActivationQuant, Granularity, QType, RotationStart, Rounding, Scheme
 from compiler.quant import qparams
 from compiler.quant.weights import Convention, quantize_weight
@@ -68,12 +78,30 @@ def learn_from_calibration(op, assignment, spans, advance: Callable[[], None]) -
     from compiler.backends.torch.model import open_model
 
     model = open_model(op.model, assignment.model.blocks, spans.model)
+    try:
+        _refuse_other_shapes(model.module)
+    except RotationRefused as exc:  # what the index did not show (check refuses what it does: resolve/rotation.py)
+        raise BackendError(error("Q273", f"`transform spinquant` cannot learn on this model: {exc}", spans.transform,
+                                 "no learned rotation here", help="use `transform quarot`, or leave the rotation "
+                                 "out")) from None
     model.materialize(list(model.keys))
     schemes = {job.module: job.scheme for job in jobs_of(model, assignment)}
     hidden, head, down, _ = op.rotation
     feeds = data.calibration_batches(op.calibration.data, assignment.model, op.calibration.chunk)
     return learn_rotation(model.module, Rotation.seeded(hidden, head, down=down), schemes, feeds, op.iters, op.lr,
                           op.batch, advance, identity=op.start is RotationStart.IDENTITY)
+
+
+def _refuse_other_shapes(module: Any) -> None:
+    """RotationRefused unless `module` is a Llama-style decoder whose blocks have the projections and RMSNorms the
+    learning folds and rotates (rotation.py's own checks, and each of READERS and WRITERS a Linear)."""
+    base = decoder_of(module)
+    for layer in base.layers:
+        refuse_other_norms(layer)
+        for part in READERS + WRITERS:
+            found = getattr(layer.get_submodule(part.split(".")[0]), part.split(".")[1], None)
+            if not isinstance(found, nn.Linear):
+                raise RotationRefused(f"its blocks have no Linear `{part}` (fused or other projections)")
 
 
 def learn_rotation(module: Any, start: Rotation, schemes: dict[str, Scheme], feeds: Iterable[dict],
