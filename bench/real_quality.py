@@ -92,6 +92,8 @@ ROWS = {
     # 1.5, SpinQuant's step count and rate); llm-compressor's SpinQuantModifier learns nothing (random Hadamards only)
     "nvfp4-spinquant": ("NVFP4", "transform spinquant { iters 100 }", None),
     "w4a8-spinquant": ("W8A8 { weights int4 group 64 symmetric }", "transform spinquant { iters 100 }", None),
+    # GPTQ's weights after the learned rotation (learned against round to nearest), beside nvfp4-quarot-gptq
+    "nvfp4-spinquant-gptq": ("NVFP4 { rounding gptq }", "transform spinquant { iters 100 }", None),
     # the same steps from no rotation (the norms folded, nothing mixed: nvfp4-quarot-b1's start)
     "nvfp4-spinquant-identity": ("NVFP4", "transform spinquant { iters 100  init identity }", None),
     # the norms folded and each channel's sign flipped, nothing mixed (a 1-wide "rotation"): what folding alone does

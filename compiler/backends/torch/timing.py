@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from compiler.backends.cpu_flags import bfloat16_products
 from compiler.backends.torch.compiled_steps import steps_compiled
+from compiler.backends.torch.learning_schedule import HELD_OUT, VALIDATIONS
 from compiler.ir.types import MemoryMode
 from compiler.models.index import ModelFormat
 from compiler.plan import ops
@@ -55,9 +56,12 @@ def _learn_rotation(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     rounding) and 4.1 s the rest, against 1.9 + 2.9 + 3.65 planned before this fit."""
     blocks = sum(x.params for x in w.index.layers if x.block is not None)
     hidden = w.index.norms[0].width if w.index.norms else 0
-    step = (2.0 * blocks * hidden / rates.flops + LEARNING_ROUNDINGS * 4.0 * blocks / rates.rounding
-            + LEARNING_FORWARDS * forward(w, rates, op.batch))
-    return rates.fixed(HF_MODEL) + w.weights_bytes / rates.disk + (op.iters + 1) * step  # and the kept loss's
+    weights = 2.0 * blocks * hidden / rates.flops + LEARNING_ROUNDINGS * 4.0 * blocks / rates.rounding
+    step = weights + LEARNING_FORWARDS * forward(w, rates, op.batch)
+    # the held-out samples (spinquant.py HELD_OUT) run at the start and VALIDATIONS times, forward only
+    checks = min(op.iters, VALIDATIONS) + 1
+    validation = weights + LEARNING_FORWARDS / 3 * forward(w, rates, max(1, w.samples // HELD_OUT))
+    return rates.fixed(HF_MODEL) + w.weights_bytes / rates.disk + op.iters * step + checks * validation
 
 
 # fitted (_learn_rotation): a step's weight rounding against an rtn rounding of the same bytes, and its forward,
