@@ -20,7 +20,7 @@ from compiler.backends.torch.fp4_gptq import gptq_fp4
 from compiler.backends.torch.model import TorchModel
 from compiler.backends.torch.quant_args import input_args, static_input
 from compiler.diagnostics import error
-from compiler.ir.types import ActivationMode, Calibration, Granularity, QType, Rounding, Scheme
+from compiler.ir.types import ActivationMode, ActivationQuant, Calibration, Granularity, QType, Rounding, Scheme
 from compiler.models.index import Layer
 from compiler.quant import fused_rtn, qparams
 from compiler.quant.gptq import gptq, gptq_on_grid
@@ -398,14 +398,16 @@ def apply_quantized(module: nn.Linear, q: Rounded, job: Job, act: tuple[float, i
             return (y.round_().add_(zp).clamp_(lo, hi).sub_(zp).mul_(scale),) + tuple(args[1:])
         return module.register_forward_pre_hook(static)
 
-    per_token = scheme.granularity is Granularity.PER_TOKEN
+    return module.register_forward_pre_hook(lambda _, args: (dynamic_integer(args[0], scheme),) + tuple(args[1:]))
 
-    def dynamic(_, args):  # compressed-tensors' dynamic symmetric: absmax / (range / 2) per token or tensor
-        x = args[0]
-        absmax = x.abs().amax(dim=-1, keepdim=True) if per_token else x.abs().amax()
-        scale = (absmax / ((hi - lo) / 2)).clamp_min(torch.finfo(torch.float32).tiny)
-        return ((x / scale).round_().clamp_(lo, hi).mul_(scale),) + tuple(args[1:])  # in place, as `static`
-    return module.register_forward_pre_hook(dynamic)
+
+def dynamic_integer(x: torch.Tensor, act: ActivationQuant) -> torch.Tensor:
+    """Integer inputs rounded at run time as compressed-tensors' dynamic symmetric scheme does: absmax / (range / 2)
+    per token (or per tensor), round, clamp; each step in place on one copy of x, as the static hook does."""
+    lo, hi = qparams.qrange(act.qtype, False)
+    absmax = x.abs().amax(dim=-1, keepdim=True) if act.granularity is Granularity.PER_TOKEN else x.abs().amax()
+    scale = (absmax / ((hi - lo) / 2)).clamp_min(torch.finfo(torch.float32).tiny)
+    return (x / scale).round_().clamp_(lo, hi).mul_(scale)
 
 
 def _fp8_input(scheme, act: tuple[float, int] | None):

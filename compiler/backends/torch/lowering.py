@@ -67,14 +67,14 @@ def lower_load(ctx: Context) -> list[PlanOp]:
     learned = [_learn_rotation(ctx, rotation, learning)] if learning is not None and rotation is not None else []
     reads = (Buffer.RECIPE, Buffer.ROTATION) if learned else (Buffer.RECIPE,)
     if not ctx.runs_model:
-        return learned + [load_op(ctx, ModelAccess.FILES, "its safetensors files only: no model definition is built, "
-                                  "since nothing runs the model (data-free rounding, nothing to verify); tensor by "
-                                  "tensor, file to file", 0, reads, ModelFormat.TORCH, rotation)]
-    if ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU):
-        return learned + [load_op(ctx, ModelAccess.BLOCKS, "lazily, one block at a time", 0, reads, ModelFormat.TORCH,
-                                  rotation)]
-    return learned + [load_op(ctx, ModelAccess.RESIDENT, "whole", w.weights_bytes, reads, ModelFormat.TORCH,
-                              rotation)]
+        access, how, resident = ModelAccess.FILES, ("its safetensors files only: no model definition is built, since "
+                                                   "nothing runs the model (data-free rounding, nothing to verify); "
+                                                   "tensor by tensor, file to file"), 0
+    elif ctx.mode in (MemoryMode.OFFLOAD, MemoryMode.MULTI_GPU):
+        access, how, resident = ModelAccess.BLOCKS, "lazily, one block at a time", 0
+    else:
+        access, how, resident = ModelAccess.RESIDENT, "whole", w.weights_bytes
+    return learned + [load_op(ctx, access, how, resident, reads, ModelFormat.TORCH, rotation)]
 
 
 def _learn_rotation(ctx: Context, rotation: tuple[int, int | None, int | None, int | None],

@@ -33,6 +33,7 @@ from torch import nn
 
 from compiler.backends import BackendError
 from compiler.backends.torch import float_formats
+from compiler.backends.torch.layers import dynamic_integer
 from compiler.backends.torch.learned import step_precision
 from compiler.backends.torch.learning_schedule import HELD_OUT, VALIDATIONS
 from compiler.backends.torch.quant_args import input_args
@@ -46,8 +47,7 @@ from compiler.backends.torch.rotation import (
     refuse_other_norms,
 )
 from compiler.diagnostics import error
-from compiler.ir.types import ActivationQuant, Granularity, QType, RotationStart, Rounding, Scheme
-from compiler.quant import qparams
+from compiler.ir.types import ActivationQuant, QType, RotationStart, Rounding, Scheme
 from compiler.quant.weights import Convention, quantize_weight
 
 READERS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
@@ -313,14 +313,7 @@ def _input_quantizer(act: ActivationQuant) -> Callable:
         rounded = fp4
     elif act.qtype.is_float:
         rounded = lambda x: float_formats.dynamic_fp8(x, act)  # noqa: E731
-    else:
-        lo, hi = qparams.qrange(act.qtype, False)
-        per_token = act.granularity is Granularity.PER_TOKEN
-
-        def integer(x: torch.Tensor) -> torch.Tensor:
-            absmax = x.abs().amax(dim=-1, keepdim=True) if per_token else x.abs().amax()
-            scale = (absmax / ((hi - lo) / 2)).clamp_min(torch.finfo(torch.float32).tiny)
-            return (x / scale).round().clamp(lo, hi) * scale
-        rounded = integer
+    else:  # a static range per tensor from the input itself (layers.py: what a dynamic input computes)
+        rounded = lambda x: dynamic_integer(x, act)  # noqa: E731
     return lambda _, args: (_through(args[0], rounded),) + tuple(args[1:])
 
