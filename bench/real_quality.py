@@ -8,10 +8,11 @@ on the same windows, and the compile's wall time. The file's weights lie on Q4_1
 int4 rows use group 64, another grid.
 
     python bench/real_quality.py [--rows w4-rtn w4-gptq …] [--samples 32 --seqlen 512] [--windows 12]
-      [--llmcompressor VENV/bin/python] [--autoround VENV/bin/python] [--anchor-rows ROW …]
+      [--llmcompressor VENV/bin/python] [--autoround VENV/bin/python] [--anchor-rows ROW …] [--anchors-only]
       [--out bench/results/real_quality.md]
 
-A sitting that runs some rows keeps the others' lines from the results file (when its float row is the same).
+A sitting that runs some rows keeps the others' lines from the results file (when its float row is the same);
+`--anchors-only` runs the other tools alone on the rows, qrc's lines carried over.
 
 With `--llmcompressor`, llm-compressor (in its own venv: its pins clash with qrc's) quantizes the same float
 model on the same calibration token ids for each row it has (bench/llmc_calibrated.py), and its output is
@@ -295,6 +296,8 @@ def main() -> None:
     parser.add_argument("--anchor-rows", nargs="*", default=None, choices=list(ROWS), metavar="ROW",
                         help="the rows the anchors run (default: every row of --rows); its other rows are kept "
                              "from the results file")
+    parser.add_argument("--anchors-only", action="store_true",
+                        help="run only the other tools on the rows (qrc's lines carry over from the results file)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real_quality.md")
     parser.add_argument("--write-calibration", type=Path, metavar="NPZ",
                         help="write the calibration token ids (what the example recipes read) to NPZ and stop")
@@ -332,15 +335,8 @@ def main() -> None:
         logits = {k: [reference(ids).logits for ids in v] for k, v in sets.items()}
     rows = [("float", "", None, {k: measure(reference, logits[k], v) for k, v in sets.items()})]
     for name in args.rows:
-        out = work / name
-        (work / f"{name}.recipe").write_text(recipe(name, calibration, out, args.samples))
-        example = EXAMPLES.get(name)
-        command = [str(example), "-o", str(out)] if example else [str(work / f"{name}.recipe")]
-        seconds, done = timed([sys.executable, "-m", "compiler", "compile", *command], ROOT)
-        if done.returncode != 0:
-            print(f"{name}: compile failed\n{done.stderr[-2000:]}{done.stdout[-2000:]}", file=sys.stderr)
-        rows.append((name, "qrc", seconds, measured(out, logits, sets) if done.returncode == 0 else "compile failed"))
-        print(name, "qrc", f"{seconds:.1f} s", rows[-1][3], flush=True)
+        if not args.anchors_only:
+            _qrc_row(name, work, calibration, args.samples, logits, sets, rows)
         method = ROWS[name][2]
         if args.llmcompressor and method and (args.anchor_rows is None or name in args.anchor_rows):
             command = [args.llmcompressor, str(ROOT / "bench" / "llmc_calibrated.py"), str(float_folder), str(calibration),
@@ -354,6 +350,20 @@ def main() -> None:
             rows.append(_anchor_row(name, f"AutoRound ({AUTOROUND_LABELS[mode]})", command, work / f"{name}-autoround",
                                     logits, sets))
     write(args, rows, sets)
+
+
+def _qrc_row(name: str, work: Path, calibration: Path, samples: int, logits, sets, rows: list) -> None:
+    """qrc's compile of row `name` (its example recipe where it has one), timed as a whole process, its output
+    measured; appended to `rows`."""
+    out = work / name
+    (work / f"{name}.recipe").write_text(recipe(name, calibration, out, samples))
+    example = EXAMPLES.get(name)
+    command = [str(example), "-o", str(out)] if example else [str(work / f"{name}.recipe")]
+    seconds, done = timed([sys.executable, "-m", "compiler", "compile", *command], ROOT)
+    if done.returncode != 0:
+        print(f"{name}: compile failed\n{done.stderr[-2000:]}{done.stdout[-2000:]}", file=sys.stderr)
+    rows.append((name, "qrc", seconds, measured(out, logits, sets) if done.returncode == 0 else "compile failed"))
+    print(name, "qrc", f"{seconds:.1f} s", rows[-1][3], flush=True)
 
 
 def _anchor_row(name: str, tool: str, command: list[str], out: Path, logits, sets) -> tuple:

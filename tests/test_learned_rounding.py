@@ -54,13 +54,14 @@ def test_one_step_is_round_to_nearest_asymmetric(tmp_path):
         assert value.dtype == learned[key].dtype and value.equal(learned[key]), key
 
 
-def _full_range(w, group: int, bits: int):
-    """Symmetric round to nearest with each group's value of largest magnitude on -2^(b-1) (AutoRound's start)."""
+def _full_range(w, group: int, bits: int, divisor: float = 1.0):
+    """Symmetric round to nearest with each group's value of largest magnitude on -2^(b-1) (AutoRound's start),
+    that value divided by `divisor` first (the search's clipping)."""
     import torch
 
     rows = w.reshape(w.shape[0], -1, group)
     below, above = -rows.amin(-1, keepdim=True).clamp(max=0), rows.amax(-1, keepdim=True).clamp(min=0)
-    scale = torch.where(above < below, below, -above) / 2 ** (bits - 1)
+    scale = torch.where(above < below, below, -above) / 2 ** (bits - 1) / divisor
     q = torch.round(rows / scale).clamp(-2 ** (bits - 1), 2 ** (bits - 1) - 1)
     return (q * scale).reshape(w.shape)
 
@@ -68,12 +69,15 @@ def _full_range(w, group: int, bits: int):
 @pytest.mark.parametrize(("weights", "group", "bits"), [("group 32", 32, 4),
                                                         ("weights int8 per_channel symmetric", None, 8)],
                          ids=["int4-groups", "int8-channels"])
-def test_one_step_is_full_range_round_to_nearest_in_transformers(tmp_path, weights, group, bits):
-    """Symmetric weights start, as AutoRound's do, from round to nearest with each group's largest magnitude on
-    the grid's negative end (a negative scale where it is positive): one step writes exactly that, as transformers
-    loads the folder."""
+def test_one_step_is_the_searched_start_in_transformers(tmp_path, weights, group, bits):
+    """Symmetric weights start from round to nearest with each group's largest magnitude on the grid's negative
+    end (a negative scale where it is positive) divided by one of the scale search's divisors (1 to 2: AutoRound's
+    full range clipped), the one the search weighted by the inputs' mean squares chose: one step writes exactly
+    such a rounding of every group, as transformers loads the folder, and the search clipped many 4-bit groups."""
     import torch
     import transformers
+
+    from compiler.quant.weights import SIGNED_COARSE, SIGNED_FINE
 
     folder = _llama_folder(tmp_path / "float")
     out = _compile(tmp_path, "learned", f"W4A16 {{ {weights}  rounding autoround {{ iters 1 }} }}", str(folder))
@@ -82,10 +86,24 @@ def test_one_step_is_full_range_round_to_nearest_in_transformers(tmp_path, weigh
     assert len(names) == 14
     decompressed = transformers.CompressedTensorsConfig(dequantize=True)  # each weight as it computes with
     loaded = transformers.AutoModelForCausalLM.from_pretrained(out, quantization_config=decompressed).state_dict()
+    coarse = [f for f in SIGNED_COARSE if f >= 1]
+    divisors = sorted({round(min(max(c + s, 1.0), coarse[-1]), 6) for c in coarse for s in (0.0, *SIGNED_FINE)})
+    clipped = groups = 0
     for name in names:
         w = floats[name + ".weight"]
-        expected = _full_range(w, group or w.shape[1], bits)
-        assert torch.allclose(loaded[name + ".weight"].float(), expected, atol=1e-6, rtol=0), name
+        size = group or w.shape[1]
+        got = loaded[name + ".weight"].float().reshape(w.shape[0], -1, size)
+        matched = torch.zeros(got.shape[:2], dtype=torch.bool)
+        full = torch.zeros_like(matched)
+        for divisor in divisors:
+            same = (_full_range(w, size, bits, divisor).reshape(got.shape) - got).abs().amax(-1) <= 1e-6
+            matched |= same
+            full |= same if divisor == 1.0 else torch.zeros_like(same)
+        assert matched.all(), (name, int((~matched).sum()))
+        clipped += int((~full).sum())
+        groups += full.numel()
+    # 4-bit groups clip often; 8-bit channels, whose step is small beside their largest value, keep it here
+    assert clipped > groups // 4 if bits == 4 else clipped < groups // 4, (clipped, groups)
 
 
 def _llama_folder(path):
@@ -237,9 +255,9 @@ def test_compiled_steps_learn_as_eager_ones_do(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # two compiles that learn: 3.5 s
 def test_the_summary_and_the_report_say_what_the_learning_cost_and_bought(tmp_path):
-    """The compile's summary and its report say the steps run, their seconds, and how far below round to
-    nearest's each block's output error against float came (on the first step's samples): one step keeps round
-    to nearest, so it bought nothing; twenty lower the error."""
+    """The compile's summary and its report say the steps run, their seconds, and how far below the start's (round
+    to nearest) each block's output error against float came (on the first step's samples): one step keeps the
+    start, so it bought nothing; twenty lower the error."""
     import re
 
     for iters, lowered in ((1, False), (20, True)):
@@ -254,6 +272,6 @@ def test_the_summary_and_the_report_say_what_the_learning_cost_and_bought(tmp_pa
         line = next(x for x in done.output.splitlines() if "learned rounding" in x)
         blocks = re.search(r"([\d,]+) sign-SGD steps \(uncompiled\) over (\d+) blocks", line)
         assert blocks and int(blocks[1].replace(",", "")) == iters * int(blocks[2]), line
-        below = int(re.search(r"(-?\d+)% below round to nearest's on average", line)[1])
+        below = int(re.search(r"(-?\d+)% below the start's \(round to nearest\) on average", line)[1])
         assert (below >= 5) if lowered else (abs(below) <= 1), line
         assert "## Learned rounding" in report.read_text() and f"{below}% below" in report.read_text()

@@ -226,6 +226,14 @@ class Scheme:
         return self.weights is None
 
     @property
+    def learned_start_searched(self) -> bool:
+        """Learned rounding of symmetric integer groups starts from the scale search weighted by the inputs' mean
+        squares (`rounding imatrix`'s), which needs those squares gathered first (torch/learned.py)."""
+        w = self.weights
+        return self.learned is not None and w is not None and w.symmetric and not w.qtype.is_float \
+            and not w.qtype.is_kquant
+
+    @property
     def gptq_scales_fixed(self) -> bool:
         """GPTQ takes every scale before its column loop (per channel, or groups with act-order or static
         groups), so same-shape weights can round as one batch (quant/gptq_batch.py); else a group's scale is

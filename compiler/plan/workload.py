@@ -82,7 +82,8 @@ class Workload(Observation):
     histogram: bool  # the calibration method keeps a histogram per observed tensor, not only min/max
     mixed_precision: bool
     search: Search | None  # the mixed-precision search, when there are units to search
-    imatrix_layers: tuple[str, ...] = ()  # K-quants searched with their inputs' mean squares (a vector per input)
+    # searched with their inputs' mean squares (a vector per input): `rounding imatrix`, a learned rounding's start
+    imatrix_layers: tuple[str, ...] = ()
     learned_layers: tuple[str, ...] = ()  # rounded by `rounding autoround`: learned per block (sign-SGD)
     learned: LearnedRounding | None = None  # its settings (the most steps and samples a step any scheme asks)
     kv_cache: bool = False  # `kv_cache`: its ranges are observed on the calibration stream
@@ -280,7 +281,9 @@ def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Worklo
     dequantized = _dequantized(quantized)
     seen = observation(assignment, ir.calibration.passthrough)
     gptq = bool(seen.gptq_layers)
-    imatrix = tuple(a.layer.name for a in quantized if a.scheme.rounding is Rounding.IMATRIX)
+    # searched with their inputs' mean squares: `rounding imatrix`, and learned rounding's start (torch/learned.py)
+    imatrix = tuple(a.layer.name for a in quantized
+                    if a.scheme.rounding is Rounding.IMATRIX or a.scheme.learned_start_searched)
     learned = [a for a in quantized if a.scheme.learned is not None]
     mp = ir.mixed_precision
     cal = ir.calibration

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
 import torch
 
 from compiler.backends.products import Product
@@ -124,7 +125,7 @@ class BlockWise(RunState):
             assert cal is not None and staging.learning is not None  # learning is planned on calibration data only
             staging.rounder.learned.update(learn_block(model.module, block, number, cal, device, learned, targets,
                                                        staging.rounder.scale_dtype or model.dtype, settings,
-                                                       staging.learning))
+                                                       staging.learning, _importance_of(stats)))
         targets.clear()
         hooks = staging.rounder.in_place(jobs, stats)
         staging.rounder.learned.clear()  # under torchrun each rank learned the block; its owners wrote what they own
@@ -203,6 +204,14 @@ def _float_twin(samples: Streams, cal: streams.Stream) -> streams.Stream:
     for chunk in range(len(cal)):
         hidden.put(chunk, cal.hidden.get(chunk))
     return streams.Stream("calibration (float)", cal.feeds, hidden, cal.rest, cal.arity)
+
+
+def _importance_of(stats: Statistics):
+    """A job's inputs' column mean squares as the block's statistics pass gathered them, or None (none gathered
+    for it, or no calibration token reached it: an MoE expert the router never chose)."""
+    def importance(job: Job) -> np.ndarray | None:
+        return stats.importance(job) if job.importance_weighted and stats.saw(job) else None
+    return importance
 
 
 def _next(samples: Streams, block, number: int, stream: streams.Stream, device) -> streams.HiddenCache:

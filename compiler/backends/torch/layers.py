@@ -69,8 +69,10 @@ class Job:
 
     @property
     def importance_weighted(self) -> bool:
-        """Its K-quant grid is the imatrix search's: `rounding imatrix`, and GPTQ onto a K-quant grid."""
-        return self.imatrix or (self.gptq and self.scheme.quantized_weights.qtype.is_kquant)
+        """Its inputs' column mean squares are gathered: its grid is the imatrix search's (`rounding imatrix`, GPTQ
+        onto a K-quant grid), or its learned rounding starts from that search (Scheme.learned_start_searched)."""
+        return self.imatrix or (self.gptq and self.scheme.quantized_weights.qtype.is_kquant) or \
+            self.scheme.learned_start_searched
 
     @property
     def learned(self) -> bool:
@@ -80,7 +82,7 @@ class Job:
     @property
     def gathers_statistics(self) -> bool:
         """Hooks gather statistics of its inputs for it (GPTQ's Hessian, an importance matrix, a static range)."""
-        return self.gptq or self.imatrix or self.static_input
+        return self.gptq or self.importance_weighted or self.static_input
 
     @property
     def needs_data(self) -> bool:

@@ -2,11 +2,19 @@
 
 Each learned Linear's weight is rounded as `q = clamp(round(w / s + v) + z)` with `v` an offset per weight in
 [-0.5, 0.5] and the scale `s` (and zero point `z`) from its group's range scaled by two clipping factors in
-[0, 1]. Starting from round to nearest (`v = 0`, factors 1; symmetric groups on the full grid, their largest
-magnitude on the negative end), every step runs `batch` calibration samples through the block with the weights so
+[0, 1]. Starting from round to nearest (`v = 0`; symmetric groups on the full grid, their largest magnitude on
+the negative end), every step runs `batch` calibration samples through the block with the weights so
 rounded (the rounding's gradient passed straight through), takes the mean squared error against the targets, and
 moves each parameter by the sign of its gradient times a learning rate decaying linearly to 0. The parameters of
 the step with the lowest loss are kept.
+
+The clipping factors start at 1 (AutoRound's start) for asymmetric groups. Symmetric groups start from the scale
+search `rounding imatrix` makes (quant/weights.py's signed search: each group's largest magnitude divided over 8
+to 16 steps, the least squared error weighted by each input column's mean square over the calibration tokens,
+which the block's statistics pass gathers): 50 steps move a factor by at most about 0.13, so where they start
+matters. On validation text of the real SmolLM2 (bench/real_validation.py, int4 groups of 64, AutoRound's light
+preset) the searched start took KL against float from 0.0784 to 0.0721 and perplexity from +6.8% to +4.9%; the
+same search unweighted, 0.0768 (bench/README.md, choices made on validation text).
 
 Long runs compile each step's forward and backward with torch.compile (compiled_steps.py says when; the blocks share
 the compiled code), as AutoRound does: 0.117 s a step on SmolLM2-135M's blocks against 0.22 s eager.
@@ -34,9 +42,9 @@ from compiler.backends.cpu_flags import native_bfloat16
 from compiler.backends.torch import streams
 from compiler.backends.torch.layers import Job
 from compiler.diagnostics import Diagnostic, warning
-from compiler.ir.types import Granularity, LearnedRounding
+from compiler.ir.types import Granularity, LearnedRounding, QType
 from compiler.quant import qparams
-from compiler.quant.weights import QuantizedWeight
+from compiler.quant.weights import SIGNED_COARSE, SIGNED_FINE, QuantizedWeight
 from compiler.source import Span
 
 
@@ -59,16 +67,21 @@ class _Learned:
     high_factor: torch.Tensor
 
     @classmethod
-    def of(cls, job: Job, module: nn.Linear) -> _Learned:
+    def of(cls, job: Job, module: nn.Linear, importance: np.ndarray | None) -> _Learned:
+        """`job`'s parameters at their start; `importance`: its inputs' column mean squares (None: not gathered,
+        the factors start at 1)."""
         spec = job.scheme.quantized_weights
         out, columns = module.weight.shape
         group = spec.group if spec.granularity is Granularity.GROUP else columns
         weight = module.weight.detach().float().reshape(out, columns // group, group)
         low = weight.amin(dim=2, keepdim=True).clamp(max=0)
         high = weight.amax(dim=2, keepdim=True).clamp(min=0)
-        ones = torch.ones_like(low)
+        start = torch.ones_like(low)
+        if importance is not None and job.scheme.learned_start_searched:
+            columns_weight = torch.from_numpy(np.asarray(importance, np.float32)).to(weight.device)
+            start = searched_factors(weight, low, high, spec.qtype, columns_weight.view(1, columns // group, group))
         return cls(job, module, weight, low, high, torch.zeros_like(weight, requires_grad=True),
-                   ones.clone().requires_grad_(True), ones.clone().requires_grad_(True))
+                   start.clone().requires_grad_(True), start.clone().requires_grad_(True))
 
     @property
     def parameters(self) -> tuple[torch.Tensor, ...]:
@@ -129,6 +142,37 @@ class _Learned:
         if spec.granularity is Granularity.GROUP:
             return QuantizedWeight(q_np, scale_np, zero_np, spec.qtype, 1, spec.group)
         return QuantizedWeight(q_np, scale_np[:, 0], zero_np[:, 0], spec.qtype, 0, None)
+
+
+def searched_factors(weight: torch.Tensor, low: torch.Tensor, high: torch.Tensor, qtype: QType,
+                     columns: torch.Tensor) -> torch.Tensor:
+    """Each symmetric group's clipping factor (in (0, 1]) that the weighted signed search chooses: the group's
+    largest magnitude put on -2^(b-1) divided by f, f from quant/weights.py's coarse steps then fine ones around
+    each group's best, for the least Σ columns · (rounded − w)²; the factor is 1/f. The search's steps below 1
+    (the largest magnitude short of the grid's end) are left out: the factors stay within [0, 1]. The same steps
+    as quant/weights.py's numpy search, written here on the block's tensors and device because the learning needs
+    factors of its own range, not stored scales. `weight`: [out, groups, group]; `columns`: each input column's
+    weight, broadcasting over it."""
+    qmin, qmax = qparams.full_range(qtype)
+    extreme = torch.where(high > -low, high, low)
+    extreme = torch.where(extreme != 0, extreme, torch.ones_like(extreme))  # a group of zeros: any scale
+    best_error = torch.full_like(low, float("inf"))
+    best = torch.ones_like(low)
+
+    def attempt(divisor: torch.Tensor) -> None:
+        nonlocal best_error, best
+        scale = extreme / (qmin * divisor)
+        error = (((weight / scale).round().clamp(qmin, qmax) * scale - weight).square() * columns).sum(2, keepdim=True)
+        better = error < best_error
+        best_error, best = torch.where(better, error, best_error), torch.where(better, divisor, best)
+
+    coarse = [f for f in SIGNED_COARSE if f >= 1.0]
+    for divisor in coarse:
+        attempt(torch.full_like(low, divisor))
+    first = best
+    for step in SIGNED_FINE:
+        attempt((first + step).clamp(1.0, coarse[-1]))
+    return 1.0 / best
 
 
 class _Rounded:
@@ -193,7 +237,8 @@ class LearningSteps:
     span: Span | None = None  # the first learned scheme's, where Q451 points
     failure: str | None = None
     steps: int = 0  # what the blocks have done so far: their steps, the steps' seconds, and per block its output
-    seconds: float = 0.0  # error with the kept parameters over round to nearest's, on the first step's samples
+    seconds: float = 0.0  # error with the kept parameters over the start's (round to nearest), on the first step's
+    # samples
     ratios: list[float] = field(default_factory=list)
 
     def runner(self, block: nn.Module) -> Callable:
@@ -205,8 +250,9 @@ class LearningSteps:
         self.failure = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
     def record(self, steps: int, seconds: float, rtn: float, kept: float) -> None:
-        """One block learned: `steps` in `seconds`; its output error against float with round to nearest's
-        parameters (`rtn`) and with the kept ones (`kept`), on the same samples."""
+        """One block learned: `steps` in `seconds`; its output error against float with the start's parameters
+        (`rtn`: round to nearest, with the searched scales where they were searched) and with the kept ones
+        (`kept`), on the same samples."""
         self.steps += steps
         self.seconds += seconds
         self.ratios.append(kept / rtn if rtn > 0 else 1.0)
@@ -219,7 +265,7 @@ class LearningSteps:
         how = "compiled" if self.compiled and self.failure is None else "uncompiled"
         return (f"{self.steps:,} sign-SGD steps ({how}) over {len(self.ratios)} blocks in {self.seconds:.1f} s; each "
                 f"block's output error against float on the first step's samples: {100 * (1 - mean):.0f}% below "
-                f"round to nearest's on average ({100 * (1 - max(self.ratios)):.0f}% to "
+                f"the start's (round to nearest) on average ({100 * (1 - max(self.ratios)):.0f}% to "
                 f"{100 * (1 - min(self.ratios)):.0f}%)")
 
     def warning(self) -> Diagnostic | None:
@@ -235,11 +281,12 @@ class LearningSteps:
 
 def learn_block(root: nn.Module, block: nn.Module, number: int, stream: streams.Stream, device, jobs: list[Job],
                 targets: list[torch.Tensor], stored: torch.dtype, settings: LearnedRounding, steps: LearningSteps,
-                seed: int = 0) -> dict[str, QuantizedWeight]:
+                importance: Callable[[Job], np.ndarray | None], seed: int = 0) -> dict[str, QuantizedWeight]:
     """Learn the rounding of `jobs` (Linears of block `number`, modules of `root`) on the calibration `stream` as
     it enters the block, against `targets` (the float block's outputs on each of its chunks, float32); each
-    layer's rounded weight by name, its scale rounded to `stored`. `steps` says how the block runs."""
-    learned = [_Learned.of(job, _linear(root, job)) for job in jobs]
+    layer's rounded weight by name, its scale rounded to `stored`. `steps` says how the block runs; `importance`
+    gives a job's inputs' column mean squares (None where none were gathered), which its start is searched with."""
+    learned = [_Learned.of(job, _linear(root, job), importance(job)) for job in jobs]
     generator = torch.Generator().manual_seed(seed + number)
     sizes = [t.shape[0] for t in targets]
     parameters = [p for item in learned for p in item.parameters]
@@ -266,9 +313,9 @@ def learn_block(root: nn.Module, block: nn.Module, number: int, stream: streams.
                     runner = block
                     loss = _loss(runner, number, stream, device, chunk, rows, count, targets, lower_precision)
                 value = loss.item()
-                if step == 0:  # round to nearest's parameters
+                if step == 0:  # the start's parameters (round to nearest)
                     first, rtn_loss = (chunk, rows, count), value
-                if value < best_loss:  # the parameters this step ran with (the first: round to nearest), copied
+                if value < best_loss:  # the parameters this step ran with (the first: the start's), copied
                     best_loss = value  # into the same buffers each time (no fresh ones to fault in)
                     torch._foreach_copy_(best, [p.detach() for p in parameters])
                 loss.backward()

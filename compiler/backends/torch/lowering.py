@@ -170,12 +170,16 @@ def _blocks(ctx: Context) -> list[PlanOp]:
         **statistics(ctx))
     ranges = f"input ranges ({ctx.ir.calibration.method.name}), " if w.observed else ""
     ranges += "KV cache ranges, " if ctx.ir.kv_cache is not None else ""
+    ranges += "input mean squares per column, " if w.imatrix_layers else ""
     what = (transform_words(w, CHECKED) + "; " if w.transform else "") + "compute float outputs, " + ranges + \
         ("quantize the block (GPTQ with its Hessians)" if w.gptq else "quantize the block")
     compiled = learning_compiled(w)
     if w.learned is not None:
-        what += (f"; learn the rounding of {len(w.learned_layers)} layers: {w.learned.iters} sign-SGD steps of "
-                 f"{w.learned.batch} samples against the float block's outputs" + (", compiled" if compiled else ""))
+        searched = set(w.learned_layers) & set(w.imatrix_layers)
+        start = "" if not searched else " from scales searched with those squares" if len(searched) == len(
+            w.learned_layers) else f" ({len(searched)} from scales searched with those squares)"
+        what += (f"; learn the rounding of {len(w.learned_layers)} layers{start}: {w.learned.iters} sign-SGD steps "
+                 f"of {w.learned.batch} samples against the float block's outputs" + (", compiled" if compiled else ""))
     run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
                    inputs=(Buffer.MODEL, Buffer.OUTPUT, Buffer.BLOCK_INPUTS), outputs=(Buffer.BLOCK_INPUTS, Buffer.QPARAMS),
                    peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=max(1, len(w.blocks)), layers=block_layers(ctx),
