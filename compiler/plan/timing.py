@@ -235,8 +235,10 @@ def fp4_input_seconds(w: Workload, rates: Rates, samples: int) -> float:
 # products, 0.29 s in float32 (0.34 eager, the same block alone), and LEARNED_COMPILE seconds once a run for compiling
 # with torch's compile cache cold (17.4 s measured; 1.9 s once the cache holds the block's kernels, 2026-12-04).
 # Those bfloat16 figures come from a CPU with AMX tiles. One with AVX-512 BF16 dot products and no AMX (an AMD
-# EPYC, 2026-12-04) ran the example's 1,500 compiled steps in 575 s (0.38 s a step: 1.43 forwards) and its
-# streams at 0.55 of float32's; its uncompiled steps were not measured (taken as float32's).
+# EPYC) ran the example's 1,500 compiled steps in 575 s (2026-12-04: 1.43 forwards at that day's probe) and in
+# 538 s (2026-12-05: 1.34), so 1.38, the middle; its streams at 0.55-0.56 of float32's (0.51 s against 0.91 a
+# pass of 32 samples). One block's steps alone there (2026-12-05): 0.36 s compiled, 0.41 s uncompiled (1.56
+# forwards) and 0.62 s uncompiled in float32 (2.35), against 0.265 s of planned forward.
 LEARNED_STEP_FORWARDS = 2.1
 COMPILED_STEP_FORWARDS = 1.8
 LEARNED_COMPILE = 17.0
@@ -254,7 +256,7 @@ class BFloat16Products(Enum):
 # pass (the float targets and the rounded stream to the next block take the steps' precision: on AMX 0.25 s
 # against about 0.75 s a block, 32 samples)
 LEARNED_FACTORS = {BFloat16Products.CONVERTED: (LEARNED_STEP_FORWARDS, COMPILED_STEP_FORWARDS, 1.0),
-                   BFloat16Products.AVX512_BF16: (LEARNED_STEP_FORWARDS, 1.43, 0.55),
+                   BFloat16Products.AVX512_BF16: (1.56, 1.38, 0.55),
                    BFloat16Products.AMX: (1.1, 0.7, 0.35)}
 
 
