@@ -13,6 +13,13 @@ from compiler.plan.ops import OpKind
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def bytes_read() -> int:
+    """The bytes this process has read so far (/proc/self/io's rchar): what `check` and `plan` must not spend on
+    weights."""
+    with open("/proc/self/io") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("rchar:"))
+
+
 def rank_env() -> dict:
     """The environment of torchrun's ranks: this checkout first on the path (before any path the caller had, which
     may hold qrc's dependencies), one thread per process as torchrun gives each rank."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from compiling import bytes_read
 from typer.testing import CliRunner
 from zoo import add_tokenizer, build
 
@@ -74,18 +75,13 @@ def test_check_and_plan_read_no_weight_bytes_of_a_compressed_folder(llama, tmp_p
     recipe.write_text(f'recipe nv {{\n  model "{source}"\n  backend torch\n  quantize {{ type Linear -> NVFP4A16 }}\n'
                       f'  emit "{tmp_path / "nv"}"\n}}\n')
     for command in ("check", "plan"):
-        before = _bytes_read()
+        before = bytes_read()
         done = runner.invoke(app, [command, str(recipe)])
-        read = _bytes_read() - before
+        read = bytes_read() - before
         assert done.exit_code == 0 and "Q201" not in done.output, done.output
         assert read < (source / "model.safetensors").stat().st_size // 4, (command, read)
     planned = runner.invoke(app, ["plan", str(recipe)])
     assert "round 15 weights" in planned.output, planned.output  # 2 blocks of 7 Linears and the head
-
-
-def _bytes_read() -> int:
-    with open("/proc/self/io") as handle:
-        return next(int(line.split()[1]) for line in handle if line.startswith("rchar:"))
 
 
 def test_a_compressed_w4a16_folder_compiles_to_nvfp4_and_to_a_verified_w8a8(llama, tmp_path):

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from compiling import bytes_read
 from typer.testing import CliRunner
 from zoo import add_tokenizer, build
 
@@ -164,11 +165,6 @@ def test_a_file_that_is_not_gguf_is_q253(tmp_path):
 
 
 # ---- the real SmolLM2-135M-Instruct -----------------------------------------------------------------------
-def _bytes_read() -> int:
-    with open("/proc/self/io") as handle:
-        return next(int(line.split()[1]) for line in handle if line.startswith("rchar:"))
-
-
 def test_check_and_plan_read_no_weight_bytes_of_the_real_model(tmp_path):
     """The file is 98 MB; its header (vocabulary and merges included) a few: check and plan read less than
     8 MB of it (bytes counted by the kernel for this process)."""
@@ -176,9 +172,9 @@ def test_check_and_plan_read_no_weight_bytes_of_the_real_model(tmp_path):
     recipe = _recipe(tmp_path, SMOL_REF, tmp_path / "out", scheme="W4A16 { group 64 }")
     runner.invoke(app, ["check", str(recipe)])  # the side folder (config, tokenizer) is made once, from the header
     for command in ("check", "plan"):
-        before = _bytes_read()
+        before = bytes_read()
         result = runner.invoke(app, [command, str(recipe)])
-        read = _bytes_read() - before
+        read = bytes_read() - before
         assert result.exit_code == 0, result.output
         assert read < 8 << 20, (command, read, path.stat().st_size)
 

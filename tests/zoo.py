@@ -126,6 +126,38 @@ def build(family: str, folder: Path) -> Path:
     return folder
 
 
+# e2m1's sixteen codes (the sign in the top bit), as an MXFP4 byte's nibbles index them
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def gpt_oss_mxfp4(folder: Path) -> Path:
+    """The tiny gpt-oss as its releases store it: each expert projection MXFP4 (`_blocks`: uint8 [experts, out,
+    in/32, 16], the low nibble the even column; `_scales`: E8M0 exponents + 127, [experts, out, in/32]), rounded
+    from the random float weights by nearest code under a power-of-two scale per 32 inputs; the rest float, and
+    config.json's `quantization_config` saying `mxfp4`. Saved to `folder`."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    build("gpt_oss", folder)
+    codes = torch.tensor(_E2M1)
+    tensors = load_file(folder / "model.safetensors")
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        weight = tensors.pop(name).float().transpose(1, 2)  # transformers holds [experts, in, out]
+        groups = weight.reshape(*weight.shape[:2], -1, 32)
+        exponent = torch.floor(torch.log2(groups.abs().amax(-1, keepdim=True).clamp(min=2.0 ** -100))) - 2
+        index = (groups / torch.exp2(exponent)).unsqueeze(-1).sub(codes).abs().argmin(-1)
+        tensors[name + "_blocks"] = (index[..., 0::2] | (index[..., 1::2] << 4)).to(torch.uint8)
+        tensors[name + "_scales"] = (exponent.squeeze(-1) + 127).to(torch.uint8)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
 def tokenized_llama(folder: Path, layers: int) -> Path:
     """A random Llama of `layers` blocks (hidden 512, rows of 512 and 1536 weights: whole K-quant super-blocks) with
     a tokenizer of its 320 ids, as a GGUF file needs, saved to `folder`."""

@@ -60,7 +60,8 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "silently unquantized. Where transformers opens a quantized folder of the family with one Linear per "
              "expert (Llama 4), qrc reads each expert's projections as slices of the fused tensors and writes them "
              "so, quantized like any layer; a fused tensor of another shape there would not load, and `Q411` "
-             "refuses the recipe.",
+             "refuses the recipe. gpt-oss's MXFP4 experts (its releases) are decoded to the model's float dtype: "
+             "transformers loads one quantization method per folder.",
              'quantize { type Linear -> W4A16 }   # on a Gemma 4 MoE folder'),
     CodeInfo("Q267", "a scheme vLLM will not load (warning)",
              "vLLM picks a kernel scheme for each config group from its weight and input arguments; for some "
@@ -97,7 +98,9 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "A folder needs safetensors weights, or a config.json of a family qrc knows (llama, mistral, granite, "
              "qwen2, qwen3, olmo2, gemma2, gemma3_text, phi3, mixtral, qwen3_moe, deepseek_v3, bert) to be indexed "
              "from the config alone. An FP8 source checkpoint whose `weight_scale_inv` tensors do not tile their "
-             "weights by `weight_block_size` is refused too: read anyway, most blocks would take the wrong scale.",
+             "weights by `weight_block_size` is refused too: read anyway, most blocks would take the wrong scale. "
+             "So is an MXFP4 checkpoint (gpt-oss's) whose expert tensor's `_blocks` lacks its `_scales` or "
+             "disagrees with them in shape: the message names the tensor.",
              'model "checkpoints/"   # no *.safetensors, unknown model_type'),
     CodeInfo("Q271", "a GGUF file qrc cannot read as a model",
              "A .gguf source is read from its header alone and seen as the Hugging Face folder it was converted from: "

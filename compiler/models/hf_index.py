@@ -9,7 +9,7 @@ import struct
 from dataclasses import replace
 from pathlib import Path
 
-from compiler.models import block_fp8, compressed_source, expert_slices, families, names
+from compiler.models import block_fp8, compressed_source, expert_slices, families, mxfp4_source, names
 from compiler.models.errors import ModelError
 from compiler.models.index import (
     DTYPE_BYTES,
@@ -50,6 +50,9 @@ def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ..
     _check_fp8_grid(headers, config, ref)
     headers = block_fp8.as_dequantized(headers, dtype)  # an FP8 source checkpoint: its weights as qrc reads them
     headers = compressed_source.as_dequantized(headers, config, dtype)  # a compressed-tensors folder's, likewise
+    _check_mxfp4(headers, config, ref)
+    packed = tuple(sorted(mxfp4_source.packed_pairs(headers, config), key=_model_order))
+    headers = mxfp4_source.as_dequantized(headers, config, dtype)  # gpt-oss's MXFP4 experts, likewise
     # fused experts of a family transformers loads per expert: one Linear per expert, as the output holds them
     headers = expert_slices.as_per_expert(headers, (config or {}).get("model_type", ""))
     if planned and headers:
@@ -72,7 +75,7 @@ def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ..
                   if len(shape) == 3 and (name.endswith(_FUSED_EXPERTS) or shape[0] in counts))
     return ModelIndex(ref, ModelFormat.HF, family, tuple(layers), _inputs(config or {}), (), total, numbers,
                       norms=_norms(shapes), fused_experts=tuple(sorted(fused, key=_model_order)),
-                      compressed_source=compressed_source.quantization(config) is not None)
+                      compressed_source=compressed_source.quantization(config) is not None, packed_experts=packed)
 
 
 def _norms(shapes: dict[str, tuple[str, tuple[int, ...]]]) -> tuple[Norm, ...]:
@@ -84,6 +87,18 @@ def _norms(shapes: dict[str, tuple[str, tuple[int, ...]]]) -> tuple[Norm, ...]:
             bias = f"{module}.bias" if f"{module}.bias" in shapes else None
             out.append(Norm(module, tensor, bias, shape[0], names.block_of(module)))
     return tuple(sorted(out, key=lambda n: names.natural_key(n.name)))
+
+
+def _check_mxfp4(headers: dict, config: dict | None, ref: str) -> None:
+    """An MXFP4 checkpoint with a packed tensor qrc cannot decode (its scales missing, or of another shape) is
+    refused (Q252), naming the tensor: read as it is, its bytes would be copied into an output that no loader
+    reads."""
+    found = mxfp4_source.pair_problem(headers, config)
+    if found is not None:
+        name, what = found
+        raise ModelError("Q252", f"`{ref}`: the MXFP4 tensor `{name}` cannot be decoded: {what}",
+                         "an MXFP4 checkpoint (`quant_method: mxfp4`, as gpt-oss ships) stores each expert "
+                         "projection as `_blocks` and `_scales` of matching shapes; re-export the checkpoint")
 
 
 def _check_fp8_grid(headers: dict, config: dict | None, ref: str) -> None:

@@ -120,6 +120,7 @@ class ModelIndex:
     opset: int | None = None  # ONNX only: the default domain's opset (what QDQ emission may use)
     fused_experts: tuple[str, ...] = ()  # 3-D expert tensors stored fused (no layer stands for them: float)
     compressed_source: bool = False  # a compressed-tensors folder: its weights decompressed as they are read
+    packed_experts: tuple[str, ...] = ()  # an MXFP4 checkpoint's expert tensors (gpt-oss): decoded as they are read
 
     @property
     def blocks(self) -> tuple[str, ...]:

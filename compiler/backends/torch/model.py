@@ -21,6 +21,7 @@ from compiler.backends.torch import checkpoint_names
 from compiler.backends.torch.compressed_source import with_decompression
 from compiler.backends.torch.expert_shards import with_experts
 from compiler.backends.torch.gguf_shards import single_file_shards
+from compiler.backends.torch.mxfp4_source import with_packed_experts
 from compiler.backends.torch.shards import Shards
 from compiler.diagnostics import StageError, error
 from compiler.ir.types import AttentionKernel
@@ -269,9 +270,13 @@ def _folder(ref: str) -> Path:
 
 def _shards(ref: str, folder: Path, config: dict):
     """The checkpoint's tensors: a single-file source's (a GGUF file's, dequantized as they are read), else the
-    folder's safetensors (a compressed-tensors folder's decompressed as they are read); fused experts of a family transformers loads per expert read per expert."""
+    folder's safetensors (a compressed-tensors folder's decompressed as they are read, an MXFP4 checkpoint's experts
+    decoded); fused experts of a family transformers loads per expert read per expert."""
     single = single_file_shards(ref)
-    shards = single if single is not None else with_decompression(Shards(folder, block_fp8.block_size(config)), config)
+    if single is not None:
+        shards = single
+    else:
+        shards = with_packed_experts(with_decompression(Shards(folder, block_fp8.block_size(config)), config), config)
     return with_experts(shards, config.get("model_type", ""))
 
 

@@ -141,10 +141,14 @@ def _warn_fused_experts(ir: RecipeIR, assignment: Assignment, diags: Diagnostics
         return
     if fused:
         blocks = len({_moe_block(name) for name in fused})
+        # an MXFP4 source's experts (gpt-oss) are decoded, not copied: transformers loads one quantization method
+        # per folder, so they cannot stay MXFP4 beside the compressed-tensors layers
+        copied = ("the experts are decoded from the source's MXFP4 and written in the model's float dtype, as "
+                  "transformers' MXFP4 loader dequantizes them (larger on disk than the source)"
+                  if assignment.model.packed_experts else "the experts' bytes are copied as they are")
         diags.warning("Q266", f"{blocks} MoE blocks store their experts fused (`{fused[0]}`, …): qrc cannot quantize "
                       "fused expert tensors yet, so they stay float", ir.model_span or ir.span, "experts stay float",
-                      help="the rest of the model is quantized as the recipe says; the experts' bytes are copied "
-                      "as they are")
+                      help=f"the rest of the model is quantized as the recipe says; {copied}")
 
 
 def _moe_block(fused: str) -> str:

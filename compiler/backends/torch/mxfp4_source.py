@@ -1,0 +1,48 @@
+"""An MXFP4 checkpoint (gpt-oss's; models/mxfp4_source.py says which tensors pair up) read as a float one, in the
+`Shards` interface a TorchModel reads: each packed expert tensor decoded when it is read, by transformers' own
+decoder (`convert_moe_packed_tensors`, what its MXFP4 loader runs where it dequantizes), one tensor at a time."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from compiler.backends import BackendError
+from compiler.backends.torch.shards import DTYPES, DerivedShards, Entry
+from compiler.diagnostics import error
+from compiler.models.mxfp4_source import float_shape, is_mxfp4, packed_pairs
+
+
+class Mxfp4Shards(DerivedShards):
+    """`inner`'s tensors with each packed pair one float32 tensor of the shape transformers gives it."""
+
+    def __init__(self, inner, config: dict):
+        headers = {name: (e.dtype, e.shape) for name, e in inner.entries.items()}
+        self.pairs = packed_pairs(headers, config)
+        stored = {name for pair in self.pairs.values() for name in pair}
+        entries = {name: entry for name, entry in inner.entries.items() if name not in stored}
+        for name, (blocks, _) in self.pairs.items():
+            packed = inner.entries[blocks]
+            shape = float_shape(packed.shape)
+            size = math.prod(shape) * DTYPES["F32"].itemsize  # what it reads as, for the memory figures
+            entries[name] = Entry(packed.file, "F32", shape, packed.start, packed.start + size)
+        super().__init__(inner, entries, frozenset(self.pairs))
+
+    def derive(self, name: str) -> torch.Tensor:
+        """A packed tensor decoded to float32 (every MXFP4 value is exact in it)."""
+        from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+        blocks, scales = self.pairs[name]
+        try:
+            return convert_moe_packed_tensors(self.inner.read(blocks), self.inner.read(scales), dtype=torch.float32)
+        except (ValueError, RuntimeError, AssertionError, IndexError) as exc:
+            raise BackendError(error("Q404", f"transformers cannot decode the MXFP4 tensor `{blocks}` ({type(exc).__name__}: "
+                                     f"{str(exc).strip()[:160]})", None, "cannot read this tensor",
+                                     help="an MXFP4 checkpoint transformers loads decodes here too; re-export "
+                                     "this one")) from None
+
+
+def with_packed_experts(shards, config: dict):
+    """`shards` read as a float checkpoint where `config` says its experts are MXFP4; as it is otherwise."""
+    return Mxfp4Shards(shards, config) if is_mxfp4(config) else shards
