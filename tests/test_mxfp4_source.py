@@ -1,7 +1,8 @@
 """gpt-oss's MXFP4 checkpoints as source models (issue 68): each packed expert pair indexed as the float tensor
 transformers decodes from it (headers alone: `check` and `plan` read no weight bytes), decoded when read, and
 recompiled: a float folder equal to transformers' own load of the source, a calibrated W4A16, a broken pair
-refused naming the tensor."""
+refused naming the tensor, and a GGUF whose experts stay MXFP4 bit for bit, which llama.cpp runs as transformers
+runs the source (and a float gpt-oss's GGUF likewise)."""
 
 from __future__ import annotations
 
@@ -107,3 +108,64 @@ def test_a_pair_without_its_scales_is_refused_naming_the_tensor(source, tmp_path
     done = runner.invoke(app, ["check", str(recipe)])
     assert done.exit_code == 2 and "Q252" in done.output and "experts.down_proj_blocks" in done.output, done.output
     assert "Traceback" not in done.output
+
+
+def _gguf_recipe(tmp_path: Path, model: Path, out: Path) -> Path:
+    body = "  scheme q8 = W8A16 { group 32  symmetric }\n  quantize { type Linear -> q8 }"
+    recipe = tmp_path / "g.recipe"
+    recipe.write_text(f'recipe g {{\n  model "{model}"\n  backend torch\n{body}\n  emit "{out}" {{ format gguf }}\n}}\n')
+    return recipe
+
+
+@pytest.fixture(scope="module")
+def tokenized(tmp_path_factory) -> Path:
+    """The same checkpoint with a tokenizer, as a GGUF carries one."""
+    from zoo import add_tokenizer
+
+    return add_tokenizer(gpt_oss_mxfp4(tmp_path_factory.mktemp("mxfp4-gguf") / "gpt-oss"), 320)
+
+
+@pytest.mark.slow
+def test_its_gguf_keeps_the_experts_mxfp4_bit_for_bit(tokenized, tmp_path):
+    """To GGUF (attention Q8_0): llama.cpp's gpt-oss tensors, the experts MXFP4 holding exactly the floats
+    transformers decodes from the source, gate and up split from their interleaved rows, every matrix [out, in]."""
+    import gguf
+
+    out = tmp_path / "oss.gguf"
+    done = runner.invoke(app, ["compile", str(_gguf_recipe(tmp_path, tokenized, out))])
+    assert done.exit_code == 0 and "keep the source's MXFP4" in done.output, done.output
+    tensors = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    experts = _load(tokenized).model.layers[1].mlp.experts
+    gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()  # [E, in, 2·inner], [E, inner, out]
+    expected = {"ffn_gate_exps": gate_up.transpose(1, 2)[:, 0::2], "ffn_up_exps": gate_up.transpose(1, 2)[:, 1::2],
+                "ffn_down_exps": down.transpose(1, 2)}
+    for name, values in expected.items():
+        stored = tensors[f"blk.1.{name}.weight"]
+        assert stored.tensor_type == gguf.GGMLQuantizationType.MXFP4, name
+        decoded = gguf.quants.dequantize(stored.data, stored.tensor_type).reshape(values.shape)
+        assert torch.equal(torch.from_numpy(decoded), values.float()), name
+    assert tensors["blk.1.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
+    assert "blk.1.attn_sinks.weight" in tensors and "blk.1.ffn_gate_exps.bias" in tensors
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+@pytest.mark.parametrize("stored", ["mxfp4", "float"])
+def test_llama_cpp_runs_its_gguf_as_transformers_runs_the_source(stored, tokenized, tmp_path):
+    """llama.cpp's gpt-oss graph (sinks, sliding layers, YaRN, biased experts) on the file qrc wrote agrees with
+    transformers on the source, from the MXFP4 checkpoint and from a float one, over more tokens than the
+    sliding window."""
+    llama_cpp_run = pytest.importorskip("llama_cpp_run")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (llama.cpp) runs the GGUF")
+    import numpy as np
+    from zoo import add_tokenizer, build
+
+    model = tokenized if stored == "mxfp4" else add_tokenizer(build("gpt_oss", tmp_path / "float"), 320)
+    out = tmp_path / "oss.gguf"
+    done = runner.invoke(app, ["compile", str(_gguf_recipe(tmp_path, model, out))])
+    assert done.exit_code == 0, done.output
+    ids = [int(i) for i in np.random.RandomState(0).randint(2, 300, 24)]  # the window is 16
+    ran = torch.from_numpy(llama_cpp_run.logits(out, ids))
+    with torch.no_grad():
+        reference = _load(model)(torch.tensor([ids])).logits[0].float()
+    assert torch.nn.functional.cosine_similarity(ran, reference, dim=1).min() > 0.999

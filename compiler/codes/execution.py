@@ -68,10 +68,11 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "scheme w4 { weights int4 group 128 symmetric }   # with emit … { format gguf }"),
     CodeInfo("Q439", "a model the GGUF writer cannot hold",
              "qrc writes GGUF for the decoders whose llama.cpp graph it knows (Llama, Mistral, Qwen2, Qwen3, Mixtral, "
-             "Qwen3-MoE with its chosen experts' weights renormalised and no dense blocks) from a "
+             "Qwen3-MoE with its chosen experts' weights renormalised and no dense blocks, gpt-oss) from a "
              "transformers folder, and puts the folder's tokenizer in the file so that llama.cpp needs nothing else: a "
              "byte-level BPE tokenizer.json whose pre-tokenizer llama.cpp knows by name (GPT-2's, Llama 3's, Qwen2's). "
-             "Other families, built-in models, RoPE scaling and SentencePiece tokenizers are refused before any work.",
+             "Other families, built-in models, RoPE scaling (but gpt-oss's YaRN) and SentencePiece tokenizers are "
+             "refused before any work.",
              'model "builtin:tiny-llama"   # with emit "out.gguf" { format gguf }'),
     CodeInfo("Q269", "a calibration method NVFP4 inputs cannot use",
              "NVFP4 rounds each block of 16 inputs at run time under one global scale per layer, set from the inputs' "

@@ -51,6 +51,9 @@ CHECK_IMPORTED = 410 * MiB
 # a compressed-tensors source folder is decompressed by compressed-tensors, which imports transformers: 168 MiB
 # measured after torch, numpy and safetensors (2026-12-04), in a file-to-file run's own process too
 DECOMPRESSING_IMPORTS = 168 * MiB
+# an MXFP4 source's experts are decoded by transformers' MXFP4 integration, which imports transformers and its
+# kernels' hub: 86 MiB measured after torch, numpy and gguf (2026-12-05)
+MXFP4_DECODING_IMPORTS = 86 * MiB
 CACHE_COPIES = {MemoryMode.FULL: 0, MemoryMode.LOW_MEMORY: 2, MemoryMode.OFFLOAD: 2, MemoryMode.MULTI_GPU: 2}
 VRAM_SLACK = 1.2  # Olive's factor over the computed GPU footprint
 CUDA_HOST = 800 * MiB  # host memory of the CUDA context and kernel libraries (measured on an H100: +0.75 GiB RSS)
@@ -362,6 +365,7 @@ class TorchCosts:
         if not _files_only(w):
             return RUNTIME
         return (FILES_RUNTIME + (DECOMPRESSING_IMPORTS if w.index.compressed_source else 0)
+                + (MXFP4_DECODING_IMPORTS if w.index.packed_experts else 0)
                 + (CHECK_PROCESS if torch_format(w.emit_format).opened_by_transformers else 0))
 
     def observer_groups(self, w: Workload) -> int:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from compiler.backends.torch.fused_experts_check import warn_fused_experts
 from compiler.backends.torch.gguf_types import (
     ARCHITECTURES,
+    ROPE_SCALINGS,
     SUPER_BLOCK,
     TYPES_HELP,
     GgufType,
@@ -36,6 +38,8 @@ def check_gguf(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None
         diags.error("Q439", f"GGUF output: {problem}", ir.model_span or span, "no GGUF for this model",
                     help=f"GGUF is written for {', '.join(sorted(ARCHITECTURES))} decoders in an HF folder with a "
                     "BPE tokenizer.json; use `format safetensors` for the others")
+    if not problem:
+        warn_fused_experts(ir, assignment, diags)
     if ir.kv_cache is not None:
         diags.error("Q438", "GGUF output: llama.cpp sets its KV cache's type at run time (`--cache-type-k`)",
                     ir.kv_cache.span, "no KV cache in GGUF", help="remove `kv_cache`")
@@ -84,8 +88,8 @@ def _model_problem(ref: str, family: str) -> str | None:
     for key in ("rope_parameters", "rope_scaling"):  # both: transformers applies `rope_scaling` where a user added it
         rope = text.get(key) or config.get(key)
         kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-        if kind not in ("default", None):
-            return f"RoPE scaling `{kind}` in `{key}` (qrc writes plain RoPE only)"
+        if kind not in ("default", None, *ROPE_SCALINGS.get(ARCHITECTURES[family], ())):
+            return f"RoPE scaling `{kind}` in `{key}` (qrc writes plain RoPE only, and gpt-oss's YaRN)"
     return tokenizer_problem(folder)
 
 

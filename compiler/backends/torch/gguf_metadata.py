@@ -26,8 +26,9 @@ def head_dim(config: dict) -> int:
     return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
 
 
-def add_hparams(writer: gguf.GGUFWriter, config: dict, name: str, file_type: int) -> None:
-    """The numbers llama.cpp's Llama/Qwen2/Qwen3 graphs read, and its MoE graphs' expert counts."""
+def add_hparams(writer: gguf.GGUFWriter, config: dict, name: str, file_type: int, arch: str = "llama") -> None:
+    """The numbers llama.cpp's Llama/Qwen2/Qwen3 graphs read, its MoE graphs' expert counts, and what its gpt-oss
+    graph reads beside them (`arch`: llama.cpp's architecture name)."""
     c = text_config(config)
     heads = int(c["num_attention_heads"])
     rope = c.get("rope_parameters") or {}
@@ -49,10 +50,30 @@ def add_hparams(writer: gguf.GGUFWriter, config: dict, name: str, file_type: int
     if experts:  # an MoE (Mixtral, Qwen3-MoE): its experts and the routed ones per token
         writer.add_expert_count(int(experts))
         writer.add_expert_used_count(int(c["num_experts_per_tok"]))
-        if c.get("moe_intermediate_size"):
+        if arch == "gpt-oss":  # its experts as wide as `intermediate_size` (transformers reads no other key)
+            writer.add_expert_feed_forward_length(int(c["intermediate_size"]))
+        elif c.get("moe_intermediate_size"):
             writer.add_expert_feed_forward_length(int(c["moe_intermediate_size"]))
+    if arch == "gpt-oss":  # every other layer's attention sliding
+        writer.add_sliding_window(int(c["sliding_window"]))
+    add_rope_scaling(writer, rope)
     writer.add_file_type(file_type)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def add_rope_scaling(writer: gguf.GGUFWriter, rope: dict) -> None:
+    """YaRN's numbers as llama.cpp reads them, where the config scales RoPE so (gguf_check lets it through for the
+    architectures whose graph reads them: gguf_types.ROPE_SCALINGS); nothing for plain RoPE."""
+    if rope.get("rope_type", rope.get("type")) != "yarn":
+        return
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(float(rope["factor"]))
+    writer.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
+    optional = {"beta_fast": writer.add_rope_scaling_yarn_beta_fast, "beta_slow": writer.add_rope_scaling_yarn_beta_slow,
+                "attention_factor": writer.add_rope_scaling_yarn_attn_factor}
+    for key, add in optional.items():
+        if rope.get(key) is not None:
+            add(float(rope[key]))
 
 
 def add_tokenizer(writer: gguf.GGUFWriter, folder: Path, vocab_size: int) -> None:

@@ -11,7 +11,10 @@ from compiler.ir.types import Granularity, QType, Scheme
 # transformers' model_type → llama.cpp's architecture (Mistral's dense decoders and Mixtral's experts are Llama's
 # graph there)
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mixtral": "llama",
-                 "qwen3_moe": "qwen3moe"}
+                 "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
+# the RoPE scalings the writer carries into the file, per architecture (gguf_metadata.add_rope_scaling): gpt-oss's
+# YaRN, which its graph in llama.cpp reads; any other scaling is refused at check
+ROPE_SCALINGS = {"gpt-oss": ("yarn",)}
 # an MoE expert's projection (`….experts.7.gate_proj`): llama.cpp holds a block's experts of one projection as one
 # merged tensor [experts, rows, columns] (`ffn_gate_exps`), each expert's rows a slice of it
 EXPERT = re.compile(r"\.experts\.(\d+)\.")
@@ -36,6 +39,7 @@ class GgufType(enum.Enum):
     Q4_K = "Q4_K"  # the K-quants (compiler/quant/kquants.py): rows of whole super-blocks of 256 weights
     Q5_K = "Q5_K"
     Q6_K = "Q6_K"
+    MXFP4 = "MXFP4"  # e2m1 in blocks of 32 with an E8M0 scale: gpt-oss's experts, kept from an MXFP4 source
 
 
 K_QUANTS = {QType.Q4_K: GgufType.Q4_K, QType.Q5_K: GgufType.Q5_K, QType.Q6_K: GgufType.Q6_K}

@@ -21,8 +21,10 @@ import torch
 from compiler.backends.emitter import Emitter, Spec
 from compiler.backends.torch.gguf_metadata import add_hparams, add_tokenizer, text_config
 from compiler.backends.torch.gguf_types import ARCHITECTURES, GgufType, gguf_type, merged_expert
+from compiler.backends.torch.gguf_views import FilePart, file_parts
 from compiler.backends.torch.layers import Job
 from compiler.backends.torch.model import TorchModel
+from compiler.backends.torch.mxfp4_source import packed_names
 from compiler.ir.types import Rounding
 from compiler.quant.kquants import GgufBlocks, quantize_reference
 from compiler.quant.weights import QuantizedWeight
@@ -34,7 +36,8 @@ _TORCH = {GgufType.F32: torch.float32, GgufType.F16: torch.float16, GgufType.BF1
 _FILE_TYPES = {GgufType.F32: gguf.LlamaFileType.ALL_F32, GgufType.F16: gguf.LlamaFileType.MOSTLY_F16,
                GgufType.BF16: gguf.LlamaFileType.MOSTLY_BF16, GgufType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
                GgufType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0, GgufType.Q4_K: gguf.LlamaFileType.MOSTLY_Q4_K_M,
-               GgufType.Q5_K: gguf.LlamaFileType.MOSTLY_Q5_K_M, GgufType.Q6_K: gguf.LlamaFileType.MOSTLY_Q6_K}
+               GgufType.Q5_K: gguf.LlamaFileType.MOSTLY_Q5_K_M, GgufType.Q6_K: gguf.LlamaFileType.MOSTLY_Q6_K,
+               GgufType.MXFP4: gguf.LlamaFileType.MOSTLY_MXFP4_MOE}
 
 
 @dataclass(frozen=True)
@@ -72,11 +75,17 @@ class GgufLayout:
         assert model.folder is not None  # gguf_check: an HF folder
         self.config = text_config(model.config)
         self.arch = ARCHITECTURES[model.config["model_type"]]
-        self.tensors = _layout(model, jobs, self.config, self.arch)  # transformers name → its GGUF tensor
+        # transformers name → its GGUF tensor; a checkpoint tensor → the file tensors made from it (gguf_views.py)
+        self.tensors, self.parts = _layout(model, jobs, self.config, self.arch)
 
     def float_bytes(self, name: str, tensor: torch.Tensor) -> np.ndarray:
-        """A float tensor of the checkpoint (by its transformers name) in its GGUF type, as bytes."""
+        """A float tensor of the checkpoint (by its transformers name) in its GGUF type, as bytes: a float type, or
+        MXFP4 for an MXFP4 source's experts (their values exactly: each block's scale the power of two that puts
+        its largest magnitude on e2m1's [4, 6], the gguf package's encoding)."""
         t = self.tensors[name]
+        if t.type is GgufType.MXFP4:
+            encoded = gguf.quants.quantize(tensor.detach().float().cpu().contiguous().numpy(), _GGML[t.type])
+            return encoded.reshape(-1)
         assert t.type in _TORCH, f"{name}: a float tensor where the layout has {t.type.value}"
         data = tensor.detach().cpu().to(_TORCH[t.type]).contiguous()
         if t.heads:
@@ -120,7 +129,7 @@ class GgufWriter(Emitter):
         self.temp = Path(temp)
         os.chmod(self.temp, file_mode())  # under the umask, as the folder writer's files (mkstemp makes it private)
         header = gguf.GGUFWriter(self.temp, layout.arch)
-        add_hparams(header, model.config, model.folder.name, _file_type(self.tensors.values()))
+        add_hparams(header, model.config, model.folder.name, _file_type(self.tensors.values()), layout.arch)
         add_tokenizer(header, model.folder, int(layout.config["vocab_size"]))
         for key, value in provenance:
             header.add_string(key, value)
@@ -158,8 +167,10 @@ class GgufWriter(Emitter):
         return [Spec(t.name, t.type, t.shape) for t in self.merged.values()]
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
-        """A float tensor of the checkpoint (by its transformers name), in its GGUF type."""
-        self.put_encoded(name, self.layout.float_bytes(name, tensor))
+        """A float tensor of the checkpoint (by its transformers name), in its GGUF type: each file tensor made
+        from it."""
+        for part in self.layout.parts.get(name) or (FilePart(name, tuple(tensor.shape), lambda t: t),):
+            self.put_encoded(part.key, self.layout.float_bytes(part.key, part.take(tensor)))
 
     def put_float(self, name: str, tensor: torch.Tensor) -> None:
         """A float tensor of the model (a transform rewrote it), converted to its GGUF type."""
@@ -178,7 +189,8 @@ class GgufWriter(Emitter):
 
     def copy_unquantized(self, model: TorchModel, jobs: list[Job]) -> None:
         """Every checkpoint tensor no layer replaced, read and written in its GGUF type."""
-        for key in [k for k in model.shards.entries if k in self.missing]:
+        parts = self.layout.parts
+        for key in [k for k in model.shards.entries if any(p.key in self.missing for p in parts.get(k, ()))]:
             self.put(key, model.shards.read(key))
 
     def copy_raw(self, name: str, *args: object, **kwargs: object) -> None:
@@ -224,12 +236,16 @@ def _same_start(header: Path, staged: Path, length: int, size: int) -> None:
         raise ValueError("the staged GGUF file an earlier run left has another layout")
 
 
-def _layout(model: TorchModel, jobs: list[Job], config: dict, arch: str) -> dict[str, GgufTensor]:
+def _layout(model: TorchModel, jobs: list[Job], config: dict,
+            arch: str) -> tuple[dict[str, GgufTensor], dict[str, list[FilePart]]]:
     """Each output tensor by its transformers name: checkpoint tensors under llama.cpp's names, the rounded
     layers' in their GGUF type (a tied head a rule rounds gets `output.weight` of its own), an MoE block's
-    experts as slices of its merged tensors (gguf_check gave every expert of one the same type) and its router
-    in float32, as llama.cpp's converter writes it."""
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], int(config["num_hidden_layers"]))
+    experts as slices of its merged tensors (gguf_check gave every expert of one the same type), its router and
+    biases in float32, as llama.cpp's converter writes them; an MXFP4 source's experts MXFP4. Beside it, the file
+    tensors each checkpoint tensor becomes (gguf_views.py: gpt-oss's fused experts split)."""
+    by_name = {value: key for key, value in gguf.MODEL_ARCH_NAMES.items()}
+    names = gguf.get_tensor_name_map(by_name[arch], int(config["num_hidden_layers"]))
+    packed = packed_names(model.shards)
     rounded = {j.output_weight: j for j in jobs}
     heads = int(config["num_attention_heads"])
     rope_heads = {"self_attn.q_proj": heads, "self_attn.k_proj": int(config.get("num_key_value_heads") or heads)}
@@ -237,24 +253,36 @@ def _layout(model: TorchModel, jobs: list[Job], config: dict, arch: str) -> dict
     shapes = {key: entry.shape for key, entry in model.shards.entries.items()}
     shapes.update({key: tuple(j.layer.shape) for key, j in rounded.items()})
     experts = Counter(merged[0] for key in shapes if (merged := merged_expert(key)) is not None)
-    for key, shape in shapes.items():
-        merged = merged_expert(key)
-        name = names.get_name(merged[0] if merged else key, try_suffixes=(".weight", ".bias"))
-        if name is None:
-            raise ValueError(f"`{key}` has no tensor in llama.cpp's {arch} graph")
-        job = rounded.get(key)
-        kind = gguf_type(job.scheme) if job is not None else GgufType.F32 if len(shape) < 2 or \
-            name.endswith("ffn_gate_inp.weight") else _FLOATS.get(model.dtype, GgufType.F32)
-        assert isinstance(kind, GgufType), kind  # gguf_check refused the schemes that are no GGUF type
+    parts_of: dict[str, list[FilePart]] = {}
+    for key, stored in shapes.items():
+        parts_of[key] = file_parts(arch, key, tuple(stored))
         module = key.rsplit(".", 1)[0]
         reordered = next((n for suffix, n in rope_heads.items() if module.endswith(suffix)), None)
         reordered = reordered if arch == "llama" else None
-        if merged is None:
-            layout[key] = GgufTensor(name, kind, tuple(shape), reordered)
-        else:
-            parts = experts[merged[0]]
-            layout[key] = GgufTensor(name, kind, (parts, *shape), reordered, merged[1], parts)
-    return layout
+        for part in parts_of[key]:
+            layout[part.key] = _file_tensor(part, names, arch, rounded.get(key), experts, model.dtype, key in packed,
+                                            reordered)
+    return layout, parts_of
+
+
+def _file_tensor(part: FilePart, names, arch: str, job: Job | None, experts: Counter, dtype: torch.dtype,
+                 packed: bool, heads: int | None) -> GgufTensor:
+    """The file tensor of `part`: its llama.cpp name, its type (`job`'s rounding; float32 for vectors, biases and
+    an MoE router; MXFP4 where the source `packed` it so; else the model's float type), its `heads` whose rows
+    are reordered for llama.cpp's RoPE (a Llama q/k projection's), and its slice of a merged expert tensor."""
+    key, shape = part.key, part.shape
+    merged = merged_expert(key)
+    name = names.get_name(merged[0] if merged else key, try_suffixes=(".weight", ".bias"))
+    if name is None:
+        raise ValueError(f"`{key}` has no tensor in llama.cpp's {arch} graph")
+    kind = gguf_type(job.scheme) if job is not None else GgufType.F32 if len(shape) < 2 or \
+        name.endswith(("ffn_gate_inp.weight", ".bias")) else GgufType.MXFP4 if packed else \
+        _FLOATS.get(dtype, GgufType.F32)
+    assert isinstance(kind, GgufType), kind  # gguf_check refused the schemes that are no GGUF type
+    if merged is None:
+        return GgufTensor(name, kind, tuple(shape), heads)
+    count = experts[merged[0]]
+    return GgufTensor(name, kind, (count, *shape), heads, merged[1], count)
 
 
 def _file_type(tensors) -> int:

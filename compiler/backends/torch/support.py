@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Protocol, cast
 
 from compiler.backends.torch.formats import DEFAULT, TORCH_FORMATS
+from compiler.backends.torch.fused_experts_check import warn_fused_experts
 from compiler.backends.torch.rotation_check import check_rotation, online_cells
 from compiler.backends.torch.runtimes import folder_schemes, packs_zero_points, vllm_class
 from compiler.backends.torch.vllm_rules import VllmRejects
@@ -13,7 +14,6 @@ from compiler.diagnostics import Diagnostics
 from compiler.ir.checks import refuse_attention_kernel
 from compiler.ir.runtimes import RuntimeCell
 from compiler.ir.types import ActivationMode, Granularity, QType, RecipeIR
-from compiler.models import expert_slices
 from compiler.models.index import ROUTER_OP, LayerKind, ModelFormat
 from compiler.models.names import attention_modules
 from compiler.resolve.assignment import Assignment
@@ -102,7 +102,7 @@ def check_compressed_tensors(ir: RecipeIR, assignment: Assignment, diags: Diagno
     """Q411 for each layer × scheme compressed-tensors cannot store, and the warnings about what vLLM and
     transformers will make of the folder (the safetensors format's checks)."""
     _warn_routers(ir, assignment, diags)
-    _warn_fused_experts(ir, assignment, diags)
+    warn_fused_experts(ir, assignment, diags)
     _warn_vllm(assignment, diags)
     _packed_zero_points(ir, assignment, diags)
     _warn_split_siblings(ir, assignment, diags)
@@ -125,37 +125,6 @@ def check_compressed_tensors(ir: RecipeIR, assignment: Assignment, diags: Diagno
                 diags.error("Q411", f"`{a.layer.name}` with scheme `{a.scheme.name}`: {problem}",
                             a.rule.span if a.rule else a.scheme.span, "not supported on torch",
                             help="give the layer `-> none` or another scheme, or use `backend onnx`")
-
-
-def _warn_fused_experts(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
-    """Q266: the checkpoint stores MoE experts fused in 3-D tensors, which no rule can select: they stay float
-    (said, never silently skipped)."""
-    fused = assignment.model.fused_experts
-    if fused and expert_slices.loaded_per_expert(assignment.model.family):  # not the layout expert_slices splits
-        diags.error("Q411", f"`{fused[0]}`: {assignment.model.family}'s checkpoint stores its experts fused, and "
-                    "transformers opens a compressed-tensors folder of it with one Linear per expert; this tensor's "
-                    "shape is not the fused layout qrc splits into them, so the folder would not load",
-                    ir.model_span or ir.span, "experts loaded per expert",
-                    help="the fused expert tensors must be 3-D [experts, in, out] as transformers saves them; "
-                    "check the checkpoint against its config.json")
-        return
-    if fused:
-        blocks = len({_moe_block(name) for name in fused})
-        # an MXFP4 source's experts (gpt-oss) are decoded, not copied: transformers loads one quantization method
-        # per folder, so they cannot stay MXFP4 beside the compressed-tensors layers
-        copied = ("the experts are decoded from the source's MXFP4 and written in the model's float dtype, as "
-                  "transformers' MXFP4 loader dequantizes them (larger on disk than the source)"
-                  if assignment.model.packed_experts else "the experts' bytes are copied as they are")
-        diags.warning("Q266", f"{blocks} MoE blocks store their experts fused (`{fused[0]}`, …): qrc cannot quantize "
-                      "fused expert tensors yet, so they stay float", ir.model_span or ir.span, "experts stay float",
-                      help=f"the rest of the model is quantized as the recipe says; {copied}")
-
-
-def _moe_block(fused: str) -> str:
-    """The MoE block a fused expert tensor belongs to: `….mlp` of `….mlp.experts.gate_up_proj` and of GraniteMoE's
-    `….block_sparse_moe.input_linear.weight`."""
-    owner = fused.removesuffix(".weight").rpartition(".")[0]
-    return owner.removesuffix(".experts")
 
 
 def _warn_vllm(assignment: Assignment, diags: Diagnostics) -> None:
