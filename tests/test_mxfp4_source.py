@@ -169,3 +169,29 @@ def test_llama_cpp_runs_its_gguf_as_transformers_runs_the_source(stored, tokeniz
     with torch.no_grad():
         reference = _load(model)(torch.tensor([ids])).logits[0].float()
     assert torch.nn.functional.cosine_similarity(ran, reference, dim=1).min() > 0.999
+
+
+@pytest.mark.llama_cpp
+@pytest.mark.slow
+def test_an_o200k_tokenizer_goes_in_as_gpt_4o_and_llama_cpp_splits_as_it_does(tmp_path):
+    """gpt-oss's tokenizer splits text with GPT-4o's (o200k) pattern: the file names it `gpt-4o`, and llama.cpp
+    tokenizes text (case runs, contractions, digits, a slash after a newline) to the ids the tokenizer gives."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (llama.cpp) reads the GGUF's tokenizer")
+    import gguf
+    import llama_cpp
+    from tokenizers import Tokenizer
+    from zoo import add_tokenizer
+
+    model = add_tokenizer(gpt_oss_mxfp4(tmp_path / "gpt-oss"), 320, o200k=True)
+    out = tmp_path / "oss.gguf"
+    done = runner.invoke(app, ["compile", str(_gguf_recipe(tmp_path, model, out))])
+    assert done.exit_code == 0, done.output
+    field = gguf.GGUFReader(out).fields["tokenizer.ggml.pre"]
+    assert bytes(field.parts[field.data[0]]).decode() == "gpt-4o"
+    text = "The QuickBrown fox don't jump 12345 times;\n/lazy DOG's models\n\n  quantize   them."
+    expected = Tokenizer.from_file(str(model / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    llm = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    try:
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == expected
+    finally:
+        llm.close()

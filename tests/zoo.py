@@ -206,17 +206,28 @@ _TOKENIZER_TEXT = ("The quick brown fox jumps over the lazy dog. A quantized mod
                    "the mountains; people quantize models to run them on their own machines. ") * 8
 
 
-def add_tokenizer(folder: Path, vocab_size: int, eos: str = "<|endoftext|>") -> Path:
-    """A byte-level BPE tokenizer (GPT-2's pre-tokenizer) of exactly `vocab_size` ids, trained on a fixed text
-    and saved into `folder` as transformers saves one (tokenizer.json, tokenizer_config.json); the config's
-    bos/eos ids point at its one special token. No download."""
+# GPT-4o's (o200k) pre-tokenizer split, as gpt-oss's tokenizer.json has it
+O200K_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+               r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+               r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def add_tokenizer(folder: Path, vocab_size: int, eos: str = "<|endoftext|>", o200k: bool = False) -> Path:
+    """A byte-level BPE tokenizer (GPT-2's pre-tokenizer; with `o200k`, GPT-4o's split as gpt-oss has it) of
+    exactly `vocab_size` ids, trained on a fixed text and saved into `folder` as transformers saves one
+    (tokenizer.json, tokenizer_config.json); the config's bos/eos ids point at its one special token. No
+    download."""
     import json
 
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if o200k:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(O200K_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[eos],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

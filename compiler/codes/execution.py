@@ -70,7 +70,7 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "qrc writes GGUF for the decoders whose llama.cpp graph it knows (Llama, Mistral, Qwen2, Qwen3, Mixtral, "
              "Qwen3-MoE with its chosen experts' weights renormalised and no dense blocks, gpt-oss) from a "
              "transformers folder, and puts the folder's tokenizer in the file so that llama.cpp needs nothing else: a "
-             "byte-level BPE tokenizer.json whose pre-tokenizer llama.cpp knows by name (GPT-2's, Llama 3's, Qwen2's). "
+             "byte-level BPE tokenizer.json whose pre-tokenizer llama.cpp knows by name (GPT-2's, Llama 3's, Qwen2's, GPT-4o's). "
              "Other families, built-in models, RoPE scaling (but gpt-oss's YaRN) and SentencePiece tokenizers are "
              "refused before any work.",
              'model "builtin:tiny-llama"   # with emit "out.gguf" { format gguf }'),

@@ -123,5 +123,5 @@ def tokenizer_problem(folder: Path) -> str | None:
         return f"a `{model.get('type')}` tokenizer (qrc writes BPE tokenizers; SentencePiece ones are not supported yet)"
     if pre_tokenizer(tokenizer) is None:
         return ("its pre-tokenizer is none llama.cpp names (llama.cpp splits text before BPE with one of its own "
-                "known patterns: GPT-2's, Llama 3's, Qwen2's)")
+                "known patterns: GPT-2's, Llama 3's, Qwen2's, GPT-4o's)")
     return None

@@ -69,7 +69,8 @@ def gguf_type(scheme: Scheme) -> GgufType | str:
 def pre_tokenizer(tokenizer: dict) -> str | None:
     """llama.cpp's name (`tokenizer.ggml.pre`) for the way `tokenizer` splits text before BPE, or None when it is
     none of the patterns llama.cpp knows by that name. Llama 3 and Qwen2 split with one regex each (they differ
-    in digits: up to three together, or one at a time), GPT-2 with the byte-level pre-tokenizer's own."""
+    in digits: up to three together, or one at a time), GPT-2 with the byte-level pre-tokenizer's own, GPT-4o
+    (gpt-oss) with case-aware letter runs."""
     found = tokenizer.get("pre_tokenizer") or {}
     steps = found.get("pretokenizers", [found]) if found.get("type") == "Sequence" else [found]
     for step in steps:
@@ -77,6 +78,11 @@ def pre_tokenizer(tokenizer: dict) -> str | None:
             return "gpt-2"
         if step.get("type") == "Split":
             regex = (step.get("pattern") or {}).get("Regex", "")
+            # GPT-4o's (o200k: gpt-oss): case-aware letter runs, each with its contraction as a suffix; it holds
+            # Llama 3's two marks too, so it is told apart first
+            if "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]" in regex and "\\p{N}{1,3}" in regex and \
+                    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?" in regex:
+                return "gpt-4o"
             if "\\p{N}{1,3}" in regex and "(?i:'s|'t|'re|'ve|'m|'ll|'d)" in regex:
                 return "llama-bpe"
             if "|\\p{N}|" in regex and "(?i:'s|'t|'re|'ve|'m|'ll|'d)" in regex:
