@@ -94,20 +94,45 @@ def test_a_calibrated_w4a16_of_it_loads_and_verifies(source, tmp_path):
     assert torch.nn.functional.cosine_similarity(quantized.flatten(), reference.flatten(), dim=0) > 0.95
 
 
-def test_a_pair_without_its_scales_is_refused_naming_the_tensor(source, tmp_path):
-    """A `_blocks` tensor whose `_scales` is missing: Q252 at check, naming it, no traceback."""
+def _broken(source: Path, folder: Path, name: str, change) -> Path:
+    """The source with one tensor changed (`change` returns its new value, or None to leave it out)."""
     from safetensors.torch import load_file, save_file
 
-    broken = tmp_path / "broken"
-    broken.mkdir()
+    folder.mkdir()
     tensors = load_file(source / "model.safetensors")
-    del tensors["model.layers.1.mlp.experts.down_proj_scales"]
-    save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
-    (broken / "config.json").write_text((source / "config.json").read_text())
+    changed = change(tensors.pop(name))
+    if changed is not None:
+        tensors[name] = changed
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text((source / "config.json").read_text())
+    return folder
+
+
+@pytest.mark.parametrize("name", ["model.layers.1.mlp.experts.down_proj_scales",
+                                  "model.layers.1.mlp.experts.down_proj_blocks"])
+def test_a_pair_missing_a_half_is_refused_at_check_naming_the_tensor(source, tmp_path, name):
+    """A `_blocks` tensor whose `_scales` is missing (or the other way round): Q252 at check, naming the one
+    left, no traceback."""
+    broken = _broken(source, tmp_path / "broken", name, lambda tensor: None)
     recipe = _recipe(tmp_path, broken, "  quantize { type Linear -> W8A16 }", tmp_path / "out")
     done = runner.invoke(app, ["check", str(recipe)])
-    assert done.exit_code == 2 and "Q252" in done.output and "experts.down_proj_blocks" in done.output, done.output
+    left = "experts.down_proj_blocks" if name.endswith("_scales") else "experts.down_proj_scales"
+    assert done.exit_code == 2 and "Q252" in done.output and left in done.output, done.output
     assert "Traceback" not in done.output
+
+
+@pytest.mark.slow
+def test_a_nan_scale_stops_the_compile_before_anything_is_written(source, tmp_path):
+    """An E8M0 scale of 255 (NaN) would decode to infinities: Q404 names the scales, nothing is written."""
+    def nan(scales):
+        scales[0, 0, 0] = 255
+        return scales
+
+    broken = _broken(source, tmp_path / "broken", "model.layers.0.mlp.experts.gate_up_proj_scales", nan)
+    out = tmp_path / "out"
+    done = runner.invoke(app, ["compile", str(_recipe(tmp_path, broken, "  quantize { type Linear -> none }", out))])
+    assert done.exit_code == 2 and "Q404" in done.output and "gate_up_proj_scales" in done.output, done.output
+    assert "Traceback" not in done.output and not out.exists()
 
 
 def _gguf_recipe(tmp_path: Path, model: Path, out: Path) -> Path:

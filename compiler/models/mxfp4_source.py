@@ -45,6 +45,8 @@ def pair_problem(headers: Headers, config: dict | None) -> tuple[str, str] | Non
     if not is_mxfp4(config):
         return None
     for name, (dtype, shape) in headers.items():
+        if name.endswith(SCALES) and name.removesuffix(SCALES) + BLOCKS not in headers:
+            return name, f"no `{name.removesuffix(SCALES) + BLOCKS}` beside it"
         if not name.endswith(BLOCKS):
             continue
         scales = name.removesuffix(BLOCKS) + SCALES

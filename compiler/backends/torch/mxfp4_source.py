@@ -13,6 +13,8 @@ from compiler.backends.torch.shards import DTYPES, DerivedShards, Entry
 from compiler.diagnostics import error
 from compiler.models.mxfp4_source import float_shape, is_mxfp4, packed_pairs
 
+NAN_EXPONENT = 255  # E8M0's one code that is no power of two
+
 
 class Mxfp4Shards(DerivedShards):
     """`inner`'s tensors with each packed pair one float32 tensor of the shape transformers gives it."""
@@ -34,8 +36,13 @@ class Mxfp4Shards(DerivedShards):
         from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
         blocks, scales = self.pairs[name]
+        exponents = self.inner.read(scales)
+        if bool((exponents == NAN_EXPONENT).any()):  # decoded, it would write infinities into the output
+            raise BackendError(error("Q404", f"the MXFP4 scales `{scales}` hold {NAN_EXPONENT}, E8M0's NaN", None,
+                                     "cannot read this tensor", help="a scale byte of 255 marks a block with no "
+                                     "value; re-export the checkpoint"))
         try:
-            return convert_moe_packed_tensors(self.inner.read(blocks), self.inner.read(scales), dtype=torch.float32)
+            return convert_moe_packed_tensors(self.inner.read(blocks), exponents, dtype=torch.float32)
         except (ValueError, RuntimeError, AssertionError, IndexError) as exc:
             raise BackendError(error("Q404", f"transformers cannot decode the MXFP4 tensor `{blocks}` ({type(exc).__name__}: "
                                      f"{str(exc).strip()[:160]})", None, "cannot read this tensor",
