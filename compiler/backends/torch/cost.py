@@ -93,7 +93,7 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
         work = runs * block_working_set(w) + 2 * runs * positions * last * ACT_BYTES
     if work:  # a layer that quantizes its input as it runs (layers.apply_quantized) makes one copy of it
         work += runs * w.seqlen * w.quantized_input_width * ACT_BYTES
-    if _files_only(w):
+    if timing.files_only(w):
         fmt = torch_format(w.emit_format)
         weights, label = _file_to_file(w) + source_tensor_bytes(w, fmt.encodes_whole_tensors), \
             "one tensor at a time, file to file (read, the next read ahead, rounded)"
@@ -115,7 +115,7 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
     # set freed: only what it needs beyond that is added (measured: bench/gptq_memory.py --working-set). File to
     # file, the weights' term counts the rounding. An output format's own rounding (GGUF's blocks) is held beside
     # the forwards: added whole (formats.py rounding_scratch)
-    rounding = 0 if not on_cpu or _files_only(w) else \
+    rounding = 0 if not on_cpu or timing.files_only(w) else \
         max(0, gptq_scratch(w) - work) if w.gptq else torch_format(w.emit_format).rounding_scratch(w)
     parts: tuple[tuple[str, int], ...] = (("runtime" + ("" if on_cpu else " with CUDA"), runtime), (label, weights),
              (f"block caches ({copies} copies)", cache),
@@ -243,14 +243,9 @@ def _rounded_twin(w: Workload, mode: MemoryMode) -> int:
     """Where the output format's rounded blocks are what verification runs (GGUF's), block by block: each block's
     rounded copy (its float values) runs beside the float block on the held-out stream."""
     if not (torch_format(w.emit_format).rounded_copy_verified and w.verify_samples) \
-            or mode in (MemoryMode.FULL, MemoryMode.MULTI_GPU) or _files_only(w):
+            or mode in (MemoryMode.FULL, MemoryMode.MULTI_GPU) or timing.files_only(w):
         return 0
     return max((b for name, b in w.block_bytes().items() if name != "(outside blocks)"), default=0)
-
-
-def _files_only(w: Workload) -> bool:
-    """Nothing runs the model: its weights are rounded file to file."""
-    return not (w.calibrate or w.verify_samples or w.search is not None)
 
 
 def _runtime(w: Workload) -> int:
@@ -362,7 +357,7 @@ class TorchCosts:
 
     def runtime(self, w: Workload) -> int:
         """The interpreter and what the run imports: file to file less, but a folder's check process beside it."""
-        if not _files_only(w):
+        if not timing.files_only(w):
             return RUNTIME
         return (FILES_RUNTIME + (DECOMPRESSING_IMPORTS if w.index.compressed_source else 0)
                 + (MXFP4_DECODING_IMPORTS if w.index.packed_experts else 0)
@@ -388,7 +383,7 @@ class TorchCosts:
 
     def notes(self, w: Workload, mode: MemoryMode) -> tuple[str, ...]:
         """Whether a killed run resumes: block by block in offload with `disk` (torch/resume.py)."""
-        if mode is MemoryMode.OFFLOAD and w.disk and not _files_only(w):
+        if mode is MemoryMode.OFFLOAD and w.disk and not timing.files_only(w):
             return ("resumable: each finished block is recorded under `disk`, and the same compile run again "
                     "after a kill starts after the last one",)
         return ()

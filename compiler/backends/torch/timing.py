@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from compiler.backends.cpu_flags import bfloat16_products
 from compiler.backends.torch.compiled_steps import steps_compiled
+from compiler.backends.torch.formats import torch_format
 from compiler.backends.torch.learning_schedule import HELD_OUT, VALIDATIONS
-from compiler.ir.types import MemoryMode
+from compiler.ir.types import EmitFormat, MemoryMode
 from compiler.models.index import ModelFormat
 from compiler.plan import ops
 from compiler.plan.timing import (
@@ -36,6 +37,20 @@ from compiler.plan.workload import Workload
 # classes, the config check's process) and the first block's forward over the example recipes (1.7-2.1 s; on a
 # machine 1.83x the reference 1.30-1.39 s, 2026-12-03: about 2.4 here)
 START, MODEL, HF_MODEL, FIRST_FORWARD = 2.6, 1.2, 3.2, 2.4
+# A run file to file opens the checkpoint's files only (0.0-0.1 s measured) and builds no model. Where transformers
+# opens the output (a folder), its config and load check run in a child process (check_process.py) started before
+# torch is imported here: the rounding waits for the child's imports (its names need the model class's prefix) and
+# the emit for its load check. On a machine 1.12x the reference (2026-12-05): a 2-block gpt-oss waited 1.9 s in
+# `quantize_weights` (its rounding instant) and 0.4 s in `emit`; SmolLM2-135M rounded in 1.3 s, then its `emit`
+# took 1.3-1.5 s (0.2 of it writing). Seconds on the reference machine:
+FILES_OPEN, CHECK_READY, CHECK_LOAD = 0.05, 2.1, 0.45
+# GGUF's Q4_0 and Q8_0 rounded rtn take llama.cpp's own reference rounding (the gguf package's numpy port): this
+# many times qrc's rtn rounding of the same bytes (SmolLM2-135M's 210 layers file to file: Q4_0 2.9 s, Q8_0 2.5 s
+# where qrc's rtn rate planned 1.5, 2026-12-05)
+GGUF_REFERENCE_ROUNDING = 1.8
+# an MXFP4 source's decoder (transformers' MXFP4 integration) imports transformers, which a run file to file into a
+# GGUF imports for nothing else: 1.3 s of a tiny gpt-oss's `emit` on a machine 1.12x the reference
+MXFP4_DECODER_IMPORT = 1.45
 
 
 def start_seconds(rates: Rates) -> float:
@@ -43,7 +58,20 @@ def start_seconds(rates: Rates) -> float:
     return rates.fixed(START)
 
 
+def files_only(w: Workload) -> bool:
+    """Nothing runs the model: its weights are rounded file to file."""
+    return not (w.calibrate or w.verify_samples or w.search is not None)
+
+
+def _checked_beside(w: Workload) -> bool:
+    """A run file to file whose output transformers opens: its check runs in a child process meanwhile."""
+    return files_only(w) and torch_format(w.emit_format).opened_by_transformers
+
+
 def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    if op.access is ops.ModelAccess.FILES:
+        decoder = MXFP4_DECODER_IMPORT if w.index.packed_experts and not _checked_beside(w) else 0.0
+        return rates.fixed(FILES_OPEN + decoder) + rotation_seconds(w, rates)
     resident = mode in (MemoryMode.FULL, MemoryMode.LOW_MEMORY)
     opened = HF_MODEL if w.index.format is ModelFormat.HF else MODEL
     return rates.fixed(opened) + (w.weights_bytes / rates.disk if resident else 0.0) + rotation_seconds(w, rates)
@@ -115,6 +143,14 @@ def learning_compiled(w: Workload) -> bool:
     return steps_compiled(w.learned.iters, min(w.learned.batch, w.samples), w.seqlen, learned_weights(w))
 
 
+def _quantize(op, w: Workload, rates: Rates) -> float:
+    """The rounding; file to file into a folder, no sooner than the check process's imports are done."""
+    rounding = quantize_seconds(op, w, rates)
+    if w.emit_format is EmitFormat.GGUF and not w.kquant_rounded:
+        rounding *= GGUF_REFERENCE_ROUNDING
+    return max(rounding, rates.fixed(CHECK_READY)) if _checked_beside(w) else rounding
+
+
 def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     if mode is MemoryMode.FULL:
         return reading(w, rates, False) + 2 * forward(w, rates, op.samples) + fp4_input_seconds(w, rates, op.samples)
@@ -126,8 +162,9 @@ ESTIMATES: dict[ops.OpKind, Estimate] = {
     ops.OpKind.LOAD_MODEL: _load, ops.OpKind.LEARN_ROTATION: _learn_rotation, ops.OpKind.CALIBRATE_CHUNK: _calibrate, ops.OpKind.CAPTURE_REFERENCE: _capture,
     ops.OpKind.CACHE_BLOCK_INPUTS: _cache_inputs, ops.OpKind.RUN_BLOCK: _run_block, ops.OpKind.VERIFY: _verify,
     ops.OpKind.SMOOTH: lambda op, w, rates, mode: smooth_seconds(w, rates, whole=True),
-    ops.OpKind.QUANTIZE_WEIGHTS: lambda op, w, rates, mode: quantize_seconds(op, w, rates),
-    ops.OpKind.EMIT: lambda op, w, rates, mode: op.bytes / rates.disk,
+    ops.OpKind.QUANTIZE_WEIGHTS: lambda op, w, rates, mode: _quantize(op, w, rates),
+    ops.OpKind.EMIT: lambda op, w, rates, mode: op.bytes / rates.disk + (rates.fixed(CHECK_LOAD)
+                                                                        if _checked_beside(w) else 0.0),
     ops.OpKind.SCORE_SENSITIVITY: lambda op, w, rates, mode: score_seconds(op, w, rates, rates.fixed(FIRST_FORWARD)),
 }  # the others (mode selection, the precision assignment) take no measurable time
 
