@@ -47,10 +47,12 @@ def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ..
         raise ModelError("Q252", f"`{ref}` has no safetensors weights and its family `{family}` is not known",
                          f"qrc indexes from config.json alone for: {', '.join(families.DECODERS + families.ENCODERS)}")
     dtype = _config_dtype(config)
-    _check_fp8_grid(headers, config, ref)
+    _refuse_unreadable(block_fp8.grid_mismatch(headers, block_fp8.block_size(config)), ref,
+                       "the FP8 weight `{name}` does not match its block scales", _FP8_GRID_HELP)
     headers = block_fp8.as_dequantized(headers, dtype)  # an FP8 source checkpoint: its weights as qrc reads them
     headers = compressed_source.as_dequantized(headers, config, dtype)  # a compressed-tensors folder's, likewise
-    _check_mxfp4(headers, config, ref)
+    _refuse_unreadable(mxfp4_source.pair_problem(headers, config), ref, "the MXFP4 tensor `{name}` cannot be decoded",
+                       _MXFP4_HELP)
     packed = tuple(sorted(mxfp4_source.packed_pairs(headers, config), key=_model_order))
     headers = mxfp4_source.as_dequantized(headers, config, dtype)  # gpt-oss's MXFP4 experts, likewise
     # fused experts of a family transformers loads per expert: one Linear per expert, as the output holds them
@@ -89,29 +91,23 @@ def _norms(shapes: dict[str, tuple[str, tuple[int, ...]]]) -> tuple[Norm, ...]:
     return tuple(sorted(out, key=lambda n: names.natural_key(n.name)))
 
 
-def _check_mxfp4(headers: dict, config: dict | None, ref: str) -> None:
-    """An MXFP4 checkpoint with a packed tensor qrc cannot decode (its scales missing, or of another shape) is
-    refused (Q252), naming the tensor: read as it is, its bytes would be copied into an output that no loader
-    reads."""
-    found = mxfp4_source.pair_problem(headers, config)
-    if found is not None:
-        name, what = found
-        raise ModelError("Q252", f"`{ref}`: the MXFP4 tensor `{name}` cannot be decoded: {what}",
-                         "an MXFP4 checkpoint (`quant_method: mxfp4`, as gpt-oss ships) stores each expert "
-                         "projection as `_blocks` and `_scales` of matching shapes; re-export the checkpoint")
+# Source checkpoints whose stored form qrc reads through a decoding, refused (Q252) where a tensor does not fit it:
+# an FP8 source whose block scales do not tile its weights by `weight_block_size` (read anyway, most tiles would
+# take another tile's scale: 11-23% weight error, and a verification against the same misread float would pass);
+# an MXFP4 checkpoint whose packed expert tensor lacks its other half or disagrees with it (read as it is, its
+# bytes would be copied into an output no loader reads)
+_FP8_GRID_HELP = ("the checkpoint's `quantization_config.weight_block_size` must give the tile its "
+                  "`weight_scale_inv` tensors were made with; fix config.json or re-export the checkpoint")
+_MXFP4_HELP = ("an MXFP4 checkpoint (`quant_method: mxfp4`, as gpt-oss ships) stores each expert projection as "
+               "`_blocks` and `_scales` of matching shapes; re-export the checkpoint")
 
 
-def _check_fp8_grid(headers: dict, config: dict | None, ref: str) -> None:
-    """An FP8 source whose block scales do not tile its weights by `weight_block_size` is refused (Q252):
-    read anyway, most tiles would take another tile's scale (11-23% weight error, and a verification against
-    the same misread float would pass)."""
-    block = block_fp8.block_size(config)
-    found = block_fp8.grid_mismatch(headers, block)
+def _refuse_unreadable(found: tuple[str, str] | None, ref: str, subject: str, help: str) -> None:
+    """Q252 for the source tensor `found` names (with why it cannot be read as stored; None: every one can);
+    `subject` says what it is, `{name}` standing for its name."""
     if found is not None:
         name, what = found
-        raise ModelError("Q252", f"`{ref}`: the FP8 weight `{name}` does not match its block scales: {what}",
-                         "the checkpoint's `quantization_config.weight_block_size` must give the tile its "
-                         "`weight_scale_inv` tensors were made with; fix config.json or re-export the checkpoint")
+        raise ModelError("Q252", f"`{ref}`: {subject.format(name=name)}: {what}", help)
 
 
 # Module names of a VLM's vision side (checkpoint and transformers names): its layers are `named_only`.

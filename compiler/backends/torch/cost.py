@@ -361,7 +361,7 @@ class TorchCosts:
             return RUNTIME
         return (FILES_RUNTIME + (DECOMPRESSING_IMPORTS if w.index.compressed_source else 0)
                 + (MXFP4_DECODING_IMPORTS if w.index.packed_experts else 0)
-                + (CHECK_PROCESS if torch_format(w.emit_format).opened_by_transformers else 0))
+                + (CHECK_PROCESS if timing.checked_beside(w) else 0))
 
     def observer_groups(self, w: Workload) -> int:
         """Block-wise runs observe one block at a time, in one pass."""

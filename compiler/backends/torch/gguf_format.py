@@ -54,7 +54,7 @@ class GgufFile:
         from compiler.backends.torch.gguf_writer import GgufLayout, GgufWriter
         from compiler.backends.torch.writer import RankCollector
 
-        layout = GgufLayout(target.model, target.jobs)
+        layout = GgufLayout(target.model, target.jobs, target.assignment.model.packed_experts)
         writer = GgufWriter(target.output, target.model, layout, staged, resumed, target.plan.provenance) \
             if target.ranks.first else RankCollector()
         return Opened(writer, layout)

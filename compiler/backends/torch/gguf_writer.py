@@ -24,7 +24,6 @@ from compiler.backends.torch.gguf_types import ARCHITECTURES, GgufType, gguf_typ
 from compiler.backends.torch.gguf_views import FilePart, file_parts
 from compiler.backends.torch.layers import Job
 from compiler.backends.torch.model import TorchModel
-from compiler.backends.torch.mxfp4_source import packed_names
 from compiler.ir.types import Rounding
 from compiler.quant.kquants import GgufBlocks, quantize_reference
 from compiler.quant.weights import QuantizedWeight
@@ -71,12 +70,14 @@ class GgufLayout:
     the ranks but the first encode what they round and hand the bytes to the first, whose GgufWriter writes
     them where the layout puts them (the bytes of one process)."""
 
-    def __init__(self, model: TorchModel, jobs: list[Job]):
+    def __init__(self, model: TorchModel, jobs: list[Job], packed: tuple[str, ...] = ()):
+        """`packed`: the checkpoint's tensors an MXFP4 source stores packed (the index's `packed_experts`), which
+        the file keeps MXFP4."""
         assert model.folder is not None  # gguf_check: an HF folder
         self.config = text_config(model.config)
         self.arch = ARCHITECTURES[model.config["model_type"]]
         # transformers name → its GGUF tensor; a checkpoint tensor → the file tensors made from it (gguf_views.py)
-        self.tensors, self.parts = _layout(model, jobs, self.config, self.arch)
+        self.tensors, self.parts = _layout(model, jobs, self.config, self.arch, frozenset(packed))
 
     def float_bytes(self, name: str, tensor: torch.Tensor) -> np.ndarray:
         """A float tensor of the checkpoint (by its transformers name) in its GGUF type, as bytes: a float type, or
@@ -236,8 +237,8 @@ def _same_start(header: Path, staged: Path, length: int, size: int) -> None:
         raise ValueError("the staged GGUF file an earlier run left has another layout")
 
 
-def _layout(model: TorchModel, jobs: list[Job], config: dict,
-            arch: str) -> tuple[dict[str, GgufTensor], dict[str, list[FilePart]]]:
+def _layout(model: TorchModel, jobs: list[Job], config: dict, arch: str,
+            packed: frozenset[str]) -> tuple[dict[str, GgufTensor], dict[str, list[FilePart]]]:
     """Each output tensor by its transformers name: checkpoint tensors under llama.cpp's names, the rounded
     layers' in their GGUF type (a tied head a rule rounds gets `output.weight` of its own), an MoE block's
     experts as slices of its merged tensors (gguf_check gave every expert of one the same type), its router and
@@ -245,7 +246,6 @@ def _layout(model: TorchModel, jobs: list[Job], config: dict,
     tensors each checkpoint tensor becomes (gguf_views.py: gpt-oss's fused experts split)."""
     by_name = {value: key for key, value in gguf.MODEL_ARCH_NAMES.items()}
     names = gguf.get_tensor_name_map(by_name[arch], int(config["num_hidden_layers"]))
-    packed = packed_names(model.shards)
     rounded = {j.output_weight: j for j in jobs}
     heads = int(config["num_attention_heads"])
     rope_heads = {"self_attn.q_proj": heads, "self_attn.k_proj": int(config.get("num_key_value_heads") or heads)}

@@ -50,15 +50,6 @@ class Mxfp4Shards(DerivedShards):
                                      "this one")) from None
 
 
-def packed_names(shards) -> frozenset[str]:
-    """The tensors of `shards` (or of a checkpoint it reads through) decoded from MXFP4: what a GGUF keeps MXFP4."""
-    while shards is not None:
-        if isinstance(shards, Mxfp4Shards):
-            return frozenset(shards.pairs)
-        shards = getattr(shards, "inner", None)
-    return frozenset()
-
-
 def with_packed_experts(shards, config: dict):
     """`shards` read as a float checkpoint where `config` says its experts are MXFP4; as it is otherwise."""
     return Mxfp4Shards(shards, config) if is_mxfp4(config) else shards

@@ -63,14 +63,14 @@ def files_only(w: Workload) -> bool:
     return not (w.calibrate or w.verify_samples or w.search is not None)
 
 
-def _checked_beside(w: Workload) -> bool:
+def checked_beside(w: Workload) -> bool:
     """A run file to file whose output transformers opens: its check runs in a child process meanwhile."""
     return files_only(w) and torch_format(w.emit_format).opened_by_transformers
 
 
 def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     if op.access is ops.ModelAccess.FILES:
-        decoder = MXFP4_DECODER_IMPORT if w.index.packed_experts and not _checked_beside(w) else 0.0
+        decoder = MXFP4_DECODER_IMPORT if w.index.packed_experts and not checked_beside(w) else 0.0
         return rates.fixed(FILES_OPEN + decoder) + rotation_seconds(w, rates)
     resident = mode in (MemoryMode.FULL, MemoryMode.LOW_MEMORY)
     opened = HF_MODEL if w.index.format is ModelFormat.HF else MODEL
@@ -148,7 +148,7 @@ def _quantize(op, w: Workload, rates: Rates) -> float:
     rounding = quantize_seconds(op, w, rates)
     if w.emit_format is EmitFormat.GGUF and not w.kquant_rounded:
         rounding *= GGUF_REFERENCE_ROUNDING
-    return max(rounding, rates.fixed(CHECK_READY)) if _checked_beside(w) else rounding
+    return max(rounding, rates.fixed(CHECK_READY)) if checked_beside(w) else rounding
 
 
 def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
@@ -164,7 +164,7 @@ ESTIMATES: dict[ops.OpKind, Estimate] = {
     ops.OpKind.SMOOTH: lambda op, w, rates, mode: smooth_seconds(w, rates, whole=True),
     ops.OpKind.QUANTIZE_WEIGHTS: lambda op, w, rates, mode: _quantize(op, w, rates),
     ops.OpKind.EMIT: lambda op, w, rates, mode: op.bytes / rates.disk + (rates.fixed(CHECK_LOAD)
-                                                                        if _checked_beside(w) else 0.0),
+                                                                        if checked_beside(w) else 0.0),
     ops.OpKind.SCORE_SENSITIVITY: lambda op, w, rates, mode: score_seconds(op, w, rates, rates.fixed(FIRST_FORWARD)),
 }  # the others (mode selection, the precision assignment) take no measurable time
 
