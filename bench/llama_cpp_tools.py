@@ -65,6 +65,53 @@ def llama_quantize(source: Path | None = None) -> Path:
     return tool
 
 
+def ggml_rounded(float_file: Path, out: Path, kind: str) -> float:
+    """llama.cpp's own rounding of every F32 matrix of `float_file` but the token embedding to the GGUF type `kind`
+    (ggml's `ggml_quantize_chunk`, which `llama-quantize` calls for each tensor, from the library llama-cpp-python
+    ships), written to `out` with the file's other tensors and key-values as they are: for the types its
+    `llama_model_quantize` will not write (NVFP4 in llama-cpp-python 0.3.36). The seconds of the rounding."""
+    import ctypes
+    import time
+
+    import gguf
+    import llama_cpp
+    import numpy as np
+
+    lib = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    qtype = gguf.GGMLQuantizationType[kind]
+    lib.ggml_quantize_init(int(qtype))
+    reader = gguf.GGUFReader(float_file)
+    writer = gguf.GGUFWriter(out, bytes(reader.fields["general.architecture"].parts[-1]).decode())
+    for field in reader.fields.values():
+        if not field.name.startswith("GGUF.") and field.name != "general.architecture":
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=field.types[-1]
+                                 if field.types[0] == gguf.GGUFValueType.ARRAY else None)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    seconds = 0.0
+    for tensor in reader.tensors:
+        data = np.array(tensor.data)
+        if data.ndim == 2 and tensor.name != "token_embd.weight" and tensor.tensor_type == gguf.GGMLQuantizationType.F32:
+            rows, columns = data.shape
+            weights = np.ascontiguousarray(data, np.float32)
+            encoded = np.zeros((rows, columns // block * size), np.uint8)
+            start = time.perf_counter()
+            written = lib.ggml_quantize_chunk(int(qtype), weights.ctypes.data, encoded.ctypes.data, 0, rows, columns,
+                                              None)
+            seconds += time.perf_counter() - start
+            assert written == encoded.nbytes, (tensor.name, written, encoded.nbytes)
+            writer.add_tensor(tensor.name, encoded, raw_shape=encoded.shape, raw_dtype=qtype)
+        else:
+            writer.add_tensor(tensor.name, data, raw_shape=data.shape, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return seconds
+
+
 if __name__ == "__main__":
     found = llama_cpp_source()
     print(f"source: {found}\nllama-quantize: {llama_quantize(found)}")

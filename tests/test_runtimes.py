@@ -42,6 +42,8 @@ OUTPUTS = (*(Output(f"{p} folder", "torch", f"= {p}", "safetensors", p in ("W8A8
            Output("W4A16 asymmetric folder", "torch", "= W4A16 { group 64  asymmetric }", "safetensors"),
            Output("GGUF Q4_0", "torch", "{ weights int4 group 32 symmetric }", "gguf"),
            Output("GGUF Q8_0", "torch", "{ weights int8 group 32 symmetric }", "gguf"),
+           Output("GGUF NVFP4", "torch", "= NVFP4A16", "gguf"),
+           Output("GGUF MXFP4", "torch", "= MXFP4A16", "gguf"),
            Output("ONNX QDQ W8A8 (decoder)", "onnx", "= W8A8", "qdq", True),
            Output("ONNX MatMulNBits W4A16 (decoder)", "onnx", "= W4A16 { group 32 }", "matmul_nbits"))
 RECIPE = """recipe runtimes {{
@@ -245,6 +247,10 @@ def test_each_tested_cpu_claim_runs_in_its_runtime(llama, output, tmp_path):
     assert _tested_on_cpu(table), "each output runs somewhere on the CPU, by test"
     recipe, out = _recipe(tmp_path, llama, output)
     compile_program(str(recipe), out)
+    for refused in [c for c in table if c.device is Device.CPU and not c.runs and c.evidence is Evidence.TESTED]:
+        assert refused.runtime is Runtime.TRANSFORMERS, refused  # the one tested `no`: seen to stop here
+        with pytest.raises(Exception):  # noqa: B017  # whatever the loader raises, it must not load
+            _transformers(out, refused.how)
     for runtime in _tested_on_cpu(table):
         if runtime is Runtime.TRANSFORMERS:
             _transformers(out, cell(table, runtime, Device.CPU).how)

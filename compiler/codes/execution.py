@@ -60,7 +60,8 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "scheme s = W8A8 { activations int8 }   # on an .onnx model"),
     CodeInfo("Q438", "a scheme that is no GGUF type",
              "A GGUF file stores each weight in one of llama.cpp's types, and its kernels read only those blocks: "
-             "Q8_0 is int8 in groups of 32 with one float16 scale each (symmetric), Q4_0 the same in int4. A group size, "
+             "Q8_0 is int8 in groups of 32 with one float16 scale each (symmetric), Q4_0 the same in int4; the K-quants, "
+             "MXFP4 and NVFP4 (the `MXFP4A16`/`NVFP4A16` presets; NVFP4 rows in whole super-blocks of 64). A group size, "
              "an asymmetric grid, quantized inputs or a KV cache setting have no place in the file; llama.cpp quantizes "
              "its inputs itself and sets its cache's type at run time. An MoE block's experts of one projection are "
              "one merged tensor there (`ffn_gate_exps`), so they take one type, and its router stays float "

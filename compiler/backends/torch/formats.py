@@ -26,8 +26,9 @@ class BlockEncoder(Protocol):
         """The runtime's own rounding of `weight`, when the format has one (else None: qrc's rounding is kept)."""
         ...
 
-    def rounded_bytes(self, job: Any, q: Any) -> Any:
-        """The bytes the file stores for a rounded layer."""
+    def rounded_tensors(self, job: Any, q: Any) -> dict[str, Any]:
+        """The bytes the file stores for a rounded layer, by the name its writer puts them under (its blocks,
+        and any tensor that goes beside them)."""
         ...
 
 

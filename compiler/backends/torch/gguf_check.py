@@ -10,6 +10,7 @@ from pathlib import Path
 from compiler.backends.torch.fused_experts_check import warn_fused_experts
 from compiler.backends.torch.gguf_types import (
     ARCHITECTURES,
+    NVFP4_SUPER_BLOCK,
     ROPE_SCALINGS,
     SUPER_BLOCK,
     TYPES_HELP,
@@ -25,7 +26,9 @@ from compiler.models.side_files import copyable
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice
 
-K_ROWS = (GgufType.Q4_K, GgufType.Q5_K, GgufType.Q6_K)
+# the types whose rows are cut into super-blocks, and their weights
+SUPER_BLOCKS = {GgufType.Q4_K: SUPER_BLOCK, GgufType.Q5_K: SUPER_BLOCK, GgufType.Q6_K: SUPER_BLOCK,
+                GgufType.NVFP4: NVFP4_SUPER_BLOCK}
 
 
 def check_gguf(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
@@ -48,8 +51,9 @@ def check_gguf(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None
         merged: dict[str, dict[object, str]] = {}  # a merged expert tensor → each type its experts get → one expert
         for a in candidate.layers:
             found = None if a.scheme.is_none else gguf_type(a.scheme)
-            if found in K_ROWS and a.layer.in_features % SUPER_BLOCK:
-                found = f"{found.value} takes rows of whole super-blocks of {SUPER_BLOCK} weights; this layer's rows " \
+            size = SUPER_BLOCKS.get(found) if isinstance(found, GgufType) else None
+            if isinstance(found, GgufType) and size and a.layer.in_features % size:
+                found = f"{found.value} takes rows of whole super-blocks of {size} weights; this layer's rows " \
                     f"have {a.layer.in_features}"
             if found is not None and a.layer.op == ROUTER_OP:
                 found = "llama.cpp keeps an MoE router in float (`ffn_gate_inp`; llama-quantize never rounds it)"

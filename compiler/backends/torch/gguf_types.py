@@ -39,13 +39,18 @@ class GgufType(enum.Enum):
     Q4_K = "Q4_K"  # the K-quants (compiler/quant/kquants.py): rows of whole super-blocks of 256 weights
     Q5_K = "Q5_K"
     Q6_K = "Q6_K"
-    MXFP4 = "MXFP4"  # e2m1 in blocks of 32 with an E8M0 scale: gpt-oss's experts, kept from an MXFP4 source
+    MXFP4 = "MXFP4"  # e2m1 in blocks of 32 with an E8M0 scale: `MXFP4A16` weights, gpt-oss's MXFP4 experts
+    # e2m1 in blocks of 16 with an unsigned E4M3 scale each, four to a super-block of 64; beside each tensor an F32
+    # `.scale` (per expert in a merged one) that llama.cpp multiplies its product by: `NVFP4A16` weights
+    NVFP4 = "NVFP4"
 
 
 K_QUANTS = {QType.Q4_K: GgufType.Q4_K, QType.Q5_K: GgufType.Q5_K, QType.Q6_K: GgufType.Q6_K}
 SUPER_BLOCK = 256  # a K-quant row is cut into super-blocks of this many weights
+NVFP4_SUPER_BLOCK = 64  # an NVFP4 row: super-blocks of four blocks of 16
+FLOAT_FORMATS = {QType.NVFP4: GgufType.NVFP4, QType.MXFP4: GgufType.MXFP4}
 TYPES_HELP = ("GGUF's types: Q8_0 is `weights int8 group 32 symmetric`, Q4_0 `weights int4 group 32 symmetric`, "
-              "Q4_K/Q5_K/Q6_K `weights q4_k`/`q5_k`/`q6_k`")
+              "Q4_K/Q5_K/Q6_K `weights q4_k`/`q5_k`/`q6_k`, NVFP4 and MXFP4 the `NVFP4A16` and `MXFP4A16` presets")
 
 
 def gguf_type(scheme: Scheme) -> GgufType | str:
@@ -57,6 +62,8 @@ def gguf_type(scheme: Scheme) -> GgufType | str:
     spec = scheme.quantized_weights
     if spec.qtype in K_QUANTS:  # the scheme check (ir/schemes.py) fixed their sub-blocks and symmetry
         return K_QUANTS[spec.qtype]
+    if spec.qtype in FLOAT_FORMATS:  # ... and the microscaling formats' blocks
+        return FLOAT_FORMATS[spec.qtype]
     forms = {QType.INT8: GgufType.Q8_0, QType.INT4: GgufType.Q4_0}
     if spec.qtype not in forms:
         return f"`{spec.qtype.name}` weights have no GGUF type qrc writes"

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from compiler.backends.emitter import Emitter, Spec
+from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.gguf_metadata import add_hparams, add_tokenizer, text_config
 from compiler.backends.torch.gguf_types import ARCHITECTURES, GgufType, gguf_type, merged_expert
 from compiler.backends.torch.gguf_views import FilePart, file_parts
@@ -36,7 +37,10 @@ _FILE_TYPES = {GgufType.F32: gguf.LlamaFileType.ALL_F32, GgufType.F16: gguf.Llam
                GgufType.BF16: gguf.LlamaFileType.MOSTLY_BF16, GgufType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
                GgufType.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0, GgufType.Q4_K: gguf.LlamaFileType.MOSTLY_Q4_K_M,
                GgufType.Q5_K: gguf.LlamaFileType.MOSTLY_Q5_K_M, GgufType.Q6_K: gguf.LlamaFileType.MOSTLY_Q6_K,
-               GgufType.MXFP4: gguf.LlamaFileType.MOSTLY_MXFP4_MOE}
+               GgufType.MXFP4: gguf.LlamaFileType.MOSTLY_MXFP4_MOE, GgufType.NVFP4: gguf.LlamaFileType.MOSTLY_NVFP4}
+# an NVFP4 tensor's per-tensor scale (compressed-tensors' global scale, inverted: llama.cpp multiplies by it), by
+# the weight's transformers name with this suffix
+SCALE = ".scale"
 
 
 @dataclass(frozen=True)
@@ -93,13 +97,21 @@ class GgufLayout:
             data = _rope_rows(data, t.heads)
         return data.reshape(-1).view(torch.uint8).numpy()
 
-    def rounded_bytes(self, job: Job, q: QuantizedWeight | GgufBlocks) -> np.ndarray:
-        """A rounded layer's blocks (their float16 scales and integers: the values qrc's model computes with)."""
+    def rounded_tensors(self, job: Job, q: QuantizedWeight | GgufBlocks | FloatQuantized) -> dict[str, np.ndarray]:
+        """A rounded layer's file tensors as bytes, by transformers name: its blocks (the values qrc's model
+        computes with: float16 scales and integers, or e2m1 codes and their scales) and, for NVFP4, its `.scale`."""
         t = self.tensors[job.output_weight]
-        rows = q.packed if isinstance(q, GgufBlocks) else _blocks(q, t.type)
+        scale = None
+        if isinstance(q, FloatQuantized):
+            rows, scale = _float_blocks(q, t.type)
+        else:
+            rows = q.packed if isinstance(q, GgufBlocks) else _blocks(q, t.type)
         if t.heads:
             rows = _rope_rows(torch.from_numpy(rows), t.heads).numpy()
-        return rows.reshape(-1)
+        tensors = {job.output_weight: rows.reshape(-1)}
+        if scale is not None:
+            tensors[job.output_weight + SCALE] = np.array([scale], np.float32).view(np.uint8)
+        return tensors
 
     def reference_blocks(self, job: Job, weight: torch.Tensor) -> GgufBlocks | None:
         """Q4_0 and Q8_0 rounded with rtn: llama.cpp's own reference rounding of them (its Q4_0 uses all 16
@@ -262,7 +274,17 @@ def _layout(model: TorchModel, jobs: list[Job], config: dict, arch: str,
         for part in parts_of[key]:
             layout[part.key] = _file_tensor(part, names, arch, rounded.get(key), experts, model.dtype, key in packed,
                                             reordered)
+            if layout[part.key].type is GgufType.NVFP4:
+                layout[part.key + SCALE] = _scale_tensor(layout[part.key])
     return layout, parts_of
+
+
+def _scale_tensor(weight: GgufTensor) -> GgufTensor:
+    """The F32 `.scale` beside an NVFP4 tensor (as llama.cpp's converter names it): one value, or one per expert
+    of a merged tensor, this expert's its slot."""
+    name = weight.name.removesuffix(".weight") + SCALE
+    return GgufTensor(name, GgufType.F32, (weight.parts,) if weight.parts > 1 else (1,), None, weight.part,
+                      weight.parts)
 
 
 def _file_tensor(part: FilePart, names, arch: str, job: Job | None, experts: Counter, dtype: torch.dtype,
@@ -304,6 +326,28 @@ def _blocks(q: QuantizedWeight, kind: GgufType) -> np.ndarray:
         shifted = (ints.astype(np.int16) + 8).astype(np.uint8)
         packed = shifted[..., :16] | (shifted[..., 16:] << 4)
     return np.concatenate([scale, packed], axis=-1).reshape(rows, -1)
+
+
+def _float_blocks(q: FloatQuantized, kind: GgufType) -> tuple[np.ndarray, float | None]:
+    """[rows, blocks × block bytes] of a weight compressed-tensors' rounding put in NVFP4 or MXFP4 (its e2m1 codes,
+    two to a byte, the even column's in the low nibble), re-blocked as llama.cpp stores them, the same values:
+    MXFP4's blocks of 32 each its e8m0 byte, then its first 16 codes in the low nibbles; NVFP4's super-blocks of 64
+    each four scale bytes (E4M3 without its sign bit: llama.cpp's UE4M3), then per block of 16 its first 8 codes in
+    the low nibbles. With NVFP4, the tensor's scale: the inverse of compressed-tensors' global scale."""
+    packed = q.stored["weight_packed"].numpy()
+    rows = packed.shape[0]
+    codes = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(rows, -1)
+    scales = q.stored["weight_scale"].view(torch.uint8).numpy()
+    if kind is GgufType.MXFP4:
+        blocks = codes.reshape(rows, -1, 32)
+        return np.concatenate([scales.reshape(rows, -1, 1), blocks[..., :16] | (blocks[..., 16:] << 4)],
+                              axis=-1).reshape(rows, -1), None
+    assert kind is GgufType.NVFP4, kind
+    quads = codes.reshape(rows, -1, 4, 16)
+    nibbles = (quads[..., :8] | (quads[..., 8:] << 4)).reshape(rows, quads.shape[1], 32)
+    ue4m3 = (scales & 0x7F).reshape(rows, -1, 4)
+    return np.concatenate([ue4m3, nibbles], axis=-1).reshape(rows, -1), \
+        1.0 / float(q.stored["weight_global_scale"].float().reshape(-1)[0])
 
 
 def _rope_rows(rows: torch.Tensor, heads: int) -> torch.Tensor:

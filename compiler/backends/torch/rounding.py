@@ -19,7 +19,6 @@ from compiler.backends.result import refuse_nonfinite
 from compiler.backends.torch.compressed import layer_tensors
 from compiler.backends.torch.fallbacks import sibling_range
 from compiler.backends.torch.figures import input_range, weight_sqnr
-from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.formats import BlockEncoder
 from compiler.backends.torch.global_scales import SharedGlobalScales
 from compiler.backends.torch.layers import Job, Rounded, Statistics, apply_quantized, input_qparams, quantize_job
@@ -305,8 +304,8 @@ class Rounder:
     def write(self, job: Job, q: Rounded, act) -> None:
         """A rounded weight's compressed tensors (and its input scale) into the output; GGUF's blocks."""
         if self.encoder is not None:  # encoded here, on the rank that rounded it
-            assert not isinstance(q, FloatQuantized)  # the format's checks: integer schemes and its own types only
-            self.writer.put_encoded(job.output_weight, self.encoder.rounded_bytes(job, q))
+            for name, data in self.encoder.rounded_tensors(job, q).items():
+                self.writer.put_encoded(name, data)
             return
         assert not isinstance(q, GgufBlocks)  # check_supported: K-quants are written in GGUF only
         for name, tensor in layer_tensors(job.layer, job.scheme, q, act, self.model.dtype).items():

@@ -14,7 +14,7 @@ from dataclasses import replace
 from compiler.backends.torch.quant_args import DECOMPRESSED_TO_BFLOAT16, input_args, weight_args, weight_format
 from compiler.backends.torch.vllm_rules import VllmRejects, vllm_scheme
 from compiler.ir.runtimes import Device, Evidence, Runtime, RuntimeCell
-from compiler.ir.types import Granularity, Scheme
+from compiler.ir.types import Granularity, QType, Scheme
 from compiler.models.families import ENCODERS
 from compiler.models.index import ROUTER_OP
 from compiler.resolve.assignment import Assignment
@@ -75,12 +75,19 @@ def packs_zero_points(scheme: Scheme) -> bool:
 
 
 def gguf_runtimes(assignment: Assignment) -> tuple[RuntimeCell, ...]:
-    """A GGUF file: llama.cpp runs every type qrc writes (Q4_0, Q8_0, the K-quants) on CPU and on its CUDA build;
-    transformers' GGUF loader dequantizes it to float."""
-    return (RuntimeCell(Runtime.LLAMA_CPP, Device.CPU, True, "llama-cpp-python, every GGUF type qrc writes",
-                        Evidence.TESTED),
-            RuntimeCell(Runtime.LLAMA_CPP, Device.GPU, True, "its CUDA build has kernels for the same types",
-                        Evidence.RULES),
+    """A GGUF file: llama.cpp runs every type qrc writes (Q4_0, Q8_0, the K-quants, MXFP4, NVFP4) on CPU and on its
+    CUDA build; transformers' GGUF loader dequantizes it to float, except NVFP4's, whose per-tensor `.scale`
+    tensors it has no place for (transformers 5.25 stops at load)."""
+    llama_cpp = (RuntimeCell(Runtime.LLAMA_CPP, Device.CPU, True, "llama-cpp-python, every GGUF type qrc writes",
+                             Evidence.TESTED),
+                 RuntimeCell(Runtime.LLAMA_CPP, Device.GPU, True, "its CUDA build has kernels for the same types",
+                             Evidence.RULES))
+    if any(a.scheme.weights is not None and a.scheme.quantized_weights.qtype is QType.NVFP4
+           for a in assignment.layers):
+        why = "its GGUF loader has no place for NVFP4's per-tensor `.scale` tensors (it stops at load)"
+        return (*llama_cpp, RuntimeCell(Runtime.TRANSFORMERS, Device.CPU, False, why, Evidence.TESTED),
+                RuntimeCell(Runtime.TRANSFORMERS, Device.GPU, False, why, Evidence.RULES))
+    return (*llama_cpp,
             RuntimeCell(Runtime.TRANSFORMERS, Device.CPU, True, "`gguf_file=`: dequantized to float32",
                         Evidence.TESTED),
             RuntimeCell(Runtime.TRANSFORMERS, Device.GPU, True, "`gguf_file=`: dequantized to float", Evidence.RULES))
