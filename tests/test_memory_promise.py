@@ -129,6 +129,37 @@ def tokenized(tmp_path_factory):
     return tokenized_llama(tmp_path_factory.mktemp("gguf-llama"), 4)
 
 
+@pytest.fixture(scope="module")
+def wide_vocabulary(tmp_path_factory):
+    """A random Llama of 2 blocks whose embedding and head (32,000 × 512, 62.5 MiB of float32 each) are the larger
+    part of its weights: what copying them whole into a GGUF holds shows in the peak."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    from zoo import add_tokenizer
+
+    folder = tmp_path_factory.mktemp("wide-vocabulary")
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=64, tie_word_embeddings=False)).save_pretrained(folder)
+    return add_tokenizer(folder, 320)
+
+
+@pytest.mark.parametrize("weights", ["weights int4 group 32 symmetric", "= NVFP4A16"], ids=["Q4_0", "NVFP4"])
+def test_gguf_peak_with_a_large_float_embedding(wide_vocabulary, tmp_path, weights):
+    """File to file, the tensors no rule quantizes (here the embedding and the head) go into the GGUF whole, each
+    read at once: the plan counts the largest (the real SmolLM2-135M's 113 MB embedding had its GGUF at 378 MiB
+    against 294 planned); NVFP4 also holds the compiled FP4 loop's code."""
+    recipe = tmp_path / "r.recipe"
+    text = GGUF.format(model=wide_vocabulary, weights=weights, data="", mode="full", out=tmp_path / "m.gguf")
+    recipe.write_text(text.replace("scheme q { = NVFP4A16 }", "scheme q = NVFP4A16"))
+    done = _compiled_at_its_budget(recipe)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ratio = float(re.search(r"peak RSS.*?planned \(([\d.]+)×\)", done.stdout, re.S).group(1))
+    print(f"measured/planned GGUF with a large embedding, {weights}: {ratio:.2f}×")
+    assert 0.9 <= ratio <= 1.1, done.stdout
+
+
 @pytest.mark.parametrize("weights, mode, data", [
     ("weights int4 group 32 symmetric", "low_memory", ""), ("weights q4_k", "low_memory", ""),
     ("weights int4 group 32 symmetric  rounding gptq", "low_memory", GGUF_DATA),

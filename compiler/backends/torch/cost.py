@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from compiler.backends.torch import timing
 from compiler.backends.torch.formats import torch_format
-from compiler.backends.torch.gguf_source_memory import source_tensor_bytes
+from compiler.backends.torch.gguf_source_memory import source_tensor_bytes, whole_copy_bytes
 from compiler.ir.types import Backend, EmitFormat, MemoryMode, SensitivityMetric
 from compiler.models.index import LayerKind, ModelFormat
 from compiler.plan.memory import (
@@ -287,11 +287,17 @@ def _file_to_file(w: Workload) -> int:
     if own is not None:
         return own
     if w.float_rounded and w.float_kernel_rounded:
-        loop = 0 if w.kernel_rounded else ROUNDING_KERNELS
-        return 2 * largest.bytes + 2 * largest.params + COPY_SLICE + loop
+        return 2 * largest.bytes + 2 * largest.params + COPY_SLICE + float_loop(w)
     if w.float_rounded:
         return 3 * 4 * largest.params + largest.params + COPY_SLICE + FLOAT_SCRATCH
     return 2 * largest.bytes + 4 * largest.params + COPY_SLICE + (SLICE_SCRATCH if w.sliced_rounded else 0)
+
+
+def float_loop(w: Workload) -> int:
+    """The compiled FP4/FP8 loop's code (ROUNDING_KERNELS) where a run file to file loads it for its floating
+    formats and the runtime does not count it already; it stays loaded to the end of the run."""
+    return ROUNDING_KERNELS if timing.files_only(w) and w.float_rounded and w.float_kernel_rounded \
+        and not w.kernel_rounded else 0
 
 
 def _offload_weights(w: Workload, work: int) -> int:
@@ -406,8 +412,10 @@ class TorchCosts:
             return score_phase(w, min(chunk, w.searched.samples), RUNTIME + _libraries(w), True, True).bytes
         if phase is PhaseName.EXPORT:  # the torch backend reads folders as they are
             return _runtime(w)
-        if phase is PhaseName.EMIT:  # rounded tensors went out with their block; the rest is copied as bytes
-            return _runtime(w) + COPY_SLICE
+        if phase is PhaseName.EMIT:  # rounded tensors went out with their block; the rest is copied, a slice at a
+            # time, or whole into a format whose types encode whole tensors
+            whole = torch_format(w.emit_format).encodes_whole_tensors
+            return _runtime(w) + float_loop(w) + max(COPY_SLICE, whole_copy_bytes(w) if whole else 0)
         if phase in (PhaseName.VERIFY, PhaseName.QUANTIZE) and w.verify_samples and mode is not MemoryMode.FULL:
             return verify_tail_phase(w, mode, chunk).bytes  # the tail runs the held-out samples to the logits
         return torch_phase(w, mode, chunk).bytes

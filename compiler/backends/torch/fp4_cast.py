@@ -26,7 +26,9 @@ from compiler.quant.qparams import FP4_GRID, FP4_MAX
 BLOCK = 16  # NVFP4's columns per scale
 E4M3_POWERS = (-9, 8)  # the powers of two float8_e4m3fn holds exactly (2^-9 is its smallest subnormal)
 _FP4_TOP = 2  # floor(log2 6): a block's largest FP4 magnitude lies in [2^2, 2^3)
-_DOUBLED_FP4 = torch.tensor([2 * v for v in FP4_GRID])  # 2 · |FP4 values|: whole numbers
+# 2 · |FP4 value| is a whole number below 13: these are the FP4 values among them (13 stands for "beyond")
+_DOUBLED_FP4 = torch.zeros(14, dtype=torch.bool)
+_DOUBLED_FP4[[int(2 * v) for v in FP4_GRID]] = True
 ZERO_BLOCK = torch.iinfo(torch.int32).min  # the exponent block_exponents gives a block of zeros
 _ROWS = 1024  # rows checked at a time: a few float32 copies of that many rows, not of the weight
 _REACH = 100  # exponents scaled in float32 (2^±100 stays normal); a weight beyond them is not cast
@@ -110,6 +112,8 @@ def _finite(exponents: torch.Tensor) -> torch.Tensor:
 
 
 def _on_grid(values: torch.Tensor) -> bool:
-    """Whether every value is an FP4 value (±0, 0.5, 1, 1.5, 2, 3, 4, 6)."""
+    """Whether every value is an FP4 value (±0, 0.5, 1, 1.5, 2, 3, 4, 6): twice it a whole number the table
+    holds (a lookup: torch.isin took 3.3 of the 8.7 s a compressed NVFP4 SmolLM2-135M spent rounding)."""
     doubled = values.abs() * 2
-    return bool(torch.isin(doubled, _DOUBLED_FP4.to(doubled.device)).all())
+    whole = doubled.clamp(max=13).to(torch.uint8)  # a NaN or a fraction differs from its whole number
+    return bool((whole == doubled).all()) and bool(_DOUBLED_FP4.to(whole.device)[whole.long()].all())

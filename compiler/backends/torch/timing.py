@@ -51,6 +51,10 @@ GGUF_REFERENCE_ROUNDING = 1.8
 # an MXFP4 source's decoder (transformers' MXFP4 integration) imports transformers, which a run file to file into a
 # GGUF imports for nothing else: 1.3 s of a tiny gpt-oss's `emit` on a machine 1.12x the reference
 MXFP4_DECODER_IMPORT = 1.45
+# a compressed-tensors source's weights are decompressed by compressed-tensors, which imports transformers: the real
+# SmolLM2-135M's W4A16 and NVFP4 folders took 2.4-2.5 s to open file to file (into a folder or a GGUF), where a
+# float folder takes 0.0, on a machine 1.12x the reference (2026-12-05)
+DECOMPRESSOR_IMPORT = 2.7
 
 
 def start_seconds(rates: Rates) -> float:
@@ -71,7 +75,8 @@ def checked_beside(w: Workload) -> bool:
 def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     if op.access is ops.ModelAccess.FILES:
         decoder = MXFP4_DECODER_IMPORT if w.index.packed_experts and not checked_beside(w) else 0.0
-        return rates.fixed(FILES_OPEN + decoder) + rotation_seconds(w, rates)
+        decompressor = DECOMPRESSOR_IMPORT if w.index.compressed_source else 0.0
+        return rates.fixed(FILES_OPEN + decoder + decompressor) + rotation_seconds(w, rates)
     resident = mode in (MemoryMode.FULL, MemoryMode.LOW_MEMORY)
     opened = HF_MODEL if w.index.format is ModelFormat.HF else MODEL
     return rates.fixed(opened) + (w.weights_bytes / rates.disk if resident else 0.0) + rotation_seconds(w, rates)
