@@ -153,8 +153,8 @@ def _quantize(op, w: Workload, rates: Rates) -> float:
     GGUF, the layers rounded rtn to Q4_0/Q8_0 take llama.cpp's reference rounding (GGUF_REFERENCE_ROUNDING): not
     GPTQ's, nor the K-quants' or the FP4 types' (the real SmolLM2-135M's Q4_0 GPTQ planned its 210 layers at 46 s
     with the factor on GPTQ's seconds, against 18 s measured)."""
-    layers = op.layers or tuple(w.quantized_layers)
-    rtn = tuple(name for name in layers if name not in set(w.gptq_layers))
+    layers, gptq = op.layers or tuple(w.quantized_layers), set(w.gptq_layers)
+    rtn = tuple(name for name in layers if name not in gptq)
     rounding = quantize_seconds(op, w, rates)
     if w.emit_format is EmitFormat.GGUF and not w.kquant_rounded and not w.float_rounded:
         rounding += (GGUF_REFERENCE_ROUNDING - 1) * rounded_bytes(w, rtn) / rates.rounding if rtn else 0.0
