@@ -84,6 +84,28 @@ def test_check_and_plan_read_no_weight_bytes_of_a_compressed_folder(llama, tmp_p
     assert "round 15 weights" in planned.output, planned.output  # 2 blocks of 7 Linears and the head
 
 
+def test_the_plan_counts_decompressing_an_fp4_folder(llama, tmp_path):
+    """An FP4 folder's layers are listed as such from its config (MXFP4's apart: NVFP4 casts them exactly), and the
+    plan's rounding time file to file counts their decompression and the exact cast, which a W4A16 folder of the
+    same shapes does not pay."""
+    from compiler.frontend import plan_file
+    from compiler.models import index_model
+
+    seconds = {}
+    for kind in ("w4a16", "nvfp4", "mxfp4"):
+        source = _source(tmp_path, llama, kind)
+        index = index_model(str(source))
+        fp4 = 15 if kind != "w4a16" else 0  # 2 blocks of 7 Linears and the head
+        assert (len(index.fp4_compressed), len(index.mxfp4_compressed)) == (fp4, fp4 if kind == "mxfp4" else 0)
+        recipe = tmp_path / f"{kind}.recipe"
+        recipe.write_text(f'recipe r {{\n  model "{source}"\n  backend torch\n  quantize {{ type Linear -> NVFP4A16  "lm_head" -> none }}\n'
+                          f'  emit "{tmp_path / kind}.gguf"\n}}\n')  # no check process to wait for, as a folder has
+        planned = plan_file(str(recipe))
+        assert planned.ok, [d.message for d in planned.diagnostics]
+        seconds[kind] = next(op.seconds for op in planned.plan.ops if op.kind.value == "quantize_weights")
+    assert seconds["w4a16"] < seconds["nvfp4"] < seconds["mxfp4"], seconds
+
+
 def test_a_compressed_w4a16_folder_compiles_to_nvfp4_and_to_a_verified_w8a8(llama, tmp_path):
     """File to file to NVFP4A16, and calibrated (static W8A8) with `verify`: both load in transformers close to the
     source they were compiled from."""

@@ -21,6 +21,7 @@ COMPANIONS = ("weight_scale", "weight_zero_point", "weight_global_scale", "weigh
               "input_scale", "input_zero_point", "input_global_scale", "output_scale", "output_zero_point",
               "k_scale", "v_scale")
 _QUANTIZED_DTYPES = ("I8", "U8", "F8_E4M3", "F8_E5M2", "I32")
+FP4_FORMATS = ("nvfp4-pack-quantized", "mxfp4-pack-quantized")  # two e2m1 values to a byte
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +85,18 @@ def as_dequantized(headers: Headers, config: dict | None, dtype: str) -> Headers
     return out
 
 
+def fp4_weights(headers: Headers, config: dict | None, formats: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The `….weight` names of a compressed-tensors source's layers stored in an FP4 format (NVFP4, MXFP4; or in
+    `formats`), whose decompression costs more than the integer formats' (the plan's time)."""
+    return tuple(name for name, layer in compressed_layers(headers, config).items()
+                 if layer.format in (formats or FP4_FORMATS))
+
+
 def _float_shape(leaf: str, shape: tuple[int, ...], weights: dict, fmt: str) -> tuple[int, int]:
     """The [out, in] of a compressed weight from its stored shape: a packed one holds 32/bits values per int32
     (pack-quantized) or two 4-bit values per byte (the FP4 formats); any other is stored whole."""
     rows, cols = shape[0], shape[-1]
-    if leaf == "weight_packed" and fmt in ("nvfp4-pack-quantized", "mxfp4-pack-quantized"):
+    if leaf == "weight_packed" and fmt in FP4_FORMATS:
         return rows, cols * 2
     if leaf == "weight_packed":
         return rows, cols * 32 // int(weights.get("num_bits") or 4)

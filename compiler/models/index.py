@@ -121,6 +121,8 @@ class ModelIndex:
     fused_experts: tuple[str, ...] = ()  # 3-D expert tensors stored fused (no layer stands for them: float)
     compressed_source: bool = False  # a compressed-tensors folder: its weights decompressed as they are read
     packed_experts: tuple[str, ...] = ()  # an MXFP4 checkpoint's expert tensors (gpt-oss): decoded as they are read
+    fp4_compressed: tuple[str, ...] = ()  # a compressed-tensors source's weights stored NVFP4/MXFP4 (decompressed, slower)
+    mxfp4_compressed: tuple[str, ...] = ()  # of those, MXFP4's: on a power-of-two grid, which NVFP4 casts exactly
 
     @property
     def blocks(self) -> tuple[str, ...]:

@@ -106,6 +106,7 @@ class Workload(Observation):
     sliced_rounded: bool = False  # an integer weight is rounded outside it, from float32 slices (mse, float16 scales)
     emit_format: EmitFormat | None = None  # the output's format (`emit`), which the backend's cost model asks
     kquant_rounded: bool = False  # a weight goes to a K-quant (qrc's numpy search of llama.cpp's scales)
+    nvfp4_layers: tuple[str, ...] = ()  # the layers rounded to NVFP4 (an FP4 source's take the exact cast's path)
     fp4_input_elements: int = 0  # per token, the input elements the layers round to FP4 as they run (NVFP4, MXFP4)
     quantized_input_width: int = 0  # the widest input a layer copies as it runs: its activation scheme's quantized
     # copy, or its squares for imatrix (torch/layers.py Squares)
@@ -320,6 +321,7 @@ def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Worklo
                            and not a.scheme.quantized_weights.qtype.is_float for a in quantized),
         emit_format=ir.emit.format if ir.emit is not None else None,
         kquant_rounded=any(a.scheme.quantized_weights.qtype.is_kquant for a in quantized),
+        nvfp4_layers=tuple(a.layer.name for a in quantized if a.scheme.quantized_weights.qtype is QType.NVFP4),
         fp4_input_elements=sum(a.layer.in_features for a in quantized
                                if a.scheme.activations is not None and a.scheme.activations.qtype.fixed_group),
         quantized_input_width=max((a.layer.in_features for a in quantized

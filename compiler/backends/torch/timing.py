@@ -55,6 +55,13 @@ MXFP4_DECODER_IMPORT = 1.45
 # SmolLM2-135M's W4A16 and NVFP4 folders took 2.4-2.5 s to open file to file (into a folder or a GGUF), where a
 # float folder takes 0.0, on a machine 1.12x the reference (2026-12-05)
 DECOMPRESSOR_IMPORT = 2.7
+# file to file, a weight a compressed-tensors source stores in an FP4 format is decompressed by compressed-tensors
+# (its e2m1 codes unpacked, times its scales): this many bytes of rtn rounding a weight; an MXFP4 one rounded to
+# NVFP4 then takes the exact cast's path (its power-of-two grid checked, then compressed-tensors' own rounding, not
+# the compiled loop): this many more. The real SmolLM2-135M's NVFP4 and MXFP4 folders (106M such weights), on a
+# machine 1.12x the reference (2026-12-05): into Q4_0 2.6-2.7 s rounding where 1.3 were planned; the MXFP4 one into
+# NVFP4 5.2-5.3 s, the NVFP4 one 2.6-2.7 (its grid is no power of two: rounded again by the loop)
+FP4_DECOMPRESSING, FP4_CAST = 3.7, 6.9
 
 
 def start_seconds(rates: Rates) -> float:
@@ -155,10 +162,21 @@ def _quantize(op, w: Workload, rates: Rates) -> float:
     with the factor on GPTQ's seconds, against 18 s measured)."""
     layers, gptq = op.layers or tuple(w.quantized_layers), set(w.gptq_layers)
     rtn = tuple(name for name in layers if name not in gptq)
-    rounding = quantize_seconds(op, w, rates)
+    rounding = quantize_seconds(op, w, rates) + _decompressing(w, set(layers)) / rates.rounding
     if w.emit_format is EmitFormat.GGUF and not w.kquant_rounded and not w.float_rounded:
         rounding += (GGUF_REFERENCE_ROUNDING - 1) * rounded_bytes(w, rtn) / rates.rounding if rtn else 0.0
     return max(rounding, rates.fixed(CHECK_READY)) if checked_beside(w) else rounding
+
+
+def _decompressing(w: Workload, layers: set[str]) -> float:
+    """Bytes of rtn rounding that decompressing `layers` from an FP4-compressed source costs file to file, and the
+    exact cast's path of MXFP4 ones rounded to NVFP4 (a run that builds the model decompresses at its load)."""
+    if not w.index.fp4_compressed or not files_only(w):
+        return 0.0
+    fp4, mxfp4, nvfp4 = set(w.index.fp4_compressed), set(w.index.mxfp4_compressed), set(w.nvfp4_layers)
+    stored = [x for x in w.index.layers if x.name in layers and x.weight in fp4]
+    return sum(x.params * (FP4_DECOMPRESSING + (FP4_CAST if x.name in nvfp4 and x.weight in mxfp4 else 0.0))
+               for x in stored)
 
 
 def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
