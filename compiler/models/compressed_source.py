@@ -85,11 +85,10 @@ def as_dequantized(headers: Headers, config: dict | None, dtype: str) -> Headers
     return out
 
 
-def fp4_weights(headers: Headers, config: dict | None, formats: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The `….weight` names of a compressed-tensors source's layers stored in an FP4 format (NVFP4, MXFP4; or in
-    `formats`), whose decompression costs more than the integer formats' (the plan's time)."""
-    return tuple(name for name, layer in compressed_layers(headers, config).items()
-                 if layer.format in (formats or FP4_FORMATS))
+def fp4_weights(layers: dict[str, CompressedLayer], formats: tuple[str, ...] = FP4_FORMATS) -> tuple[str, ...]:
+    """The `….weight` names of the compressed layers (compressed_layers) stored in an FP4 format (NVFP4, MXFP4; or
+    in `formats`), whose decompression costs more than the integer formats' (the plan's time)."""
+    return tuple(name for name, layer in layers.items() if layer.format in formats)
 
 
 def _float_shape(leaf: str, shape: tuple[int, ...], weights: dict, fmt: str) -> tuple[int, int]:

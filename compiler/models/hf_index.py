@@ -50,8 +50,8 @@ def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ..
     _refuse_unreadable(block_fp8.grid_mismatch(headers, block_fp8.block_size(config)), ref,
                        "the FP8 weight `{name}` does not match its block scales", _FP8_GRID_HELP)
     headers = block_fp8.as_dequantized(headers, dtype)  # an FP8 source checkpoint: its weights as qrc reads them
-    fp4 = compressed_source.fp4_weights(headers, config)
-    mxfp4 = compressed_source.fp4_weights(headers, config, ("mxfp4-pack-quantized",))
+    compressed = compressed_source.compressed_layers(headers, config)
+    fp4, mxfp4 = compressed_source.fp4_weights(compressed), compressed_source.fp4_weights(compressed, ("mxfp4-pack-quantized",))
     headers = compressed_source.as_dequantized(headers, config, dtype)  # a compressed-tensors folder's, likewise
     _refuse_unreadable(mxfp4_source.pair_problem(headers, config), ref, "the MXFP4 tensor `{name}` cannot be decoded",
                        _MXFP4_HELP)
