@@ -90,3 +90,12 @@ def assert_read_what_declared(result) -> None:
     # for the file its resume states belong to)
     idle = {op.kind for op in result.plan.ops} - {op.kind for op, _ in result.reads}
     assert idle <= {OpKind.SELECT_MEMORY_MODE}, f"{idle} read none of their inputs"
+
+
+def logit_kl(reference, other) -> float:
+    """Mean KL(reference ‖ other) of two [positions, vocab] arrays of logits, in float64."""
+    import torch
+
+    p = torch.log_softmax(torch.as_tensor(reference).double(), -1)
+    q = torch.log_softmax(torch.as_tensor(other).double(), -1)
+    return float((p.exp() * (p - q)).sum(-1).mean())

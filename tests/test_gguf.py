@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from compiling import compile_program
+from compiling import compile_program, logit_kl
 from typer.testing import CliRunner
-from zoo import add_tokenizer, build
+from zoo import add_tokenizer, build, routed_moe
 
 from compiler.cli import app
 
@@ -73,12 +73,6 @@ def _recipe(tmp_path: Path, model, out: Path, group: int = 32, head: str = "q8",
     return str(path)
 
 
-def _kl(reference: np.ndarray, other: np.ndarray) -> float:
-    p = torch.log_softmax(torch.from_numpy(reference).double(), -1)
-    q = torch.log_softmax(torch.from_numpy(other).double(), -1)
-    return float((p.exp() * (p - q)).sum(-1).mean())
-
-
 def _float_and_llama_cpp(folder: Path, out: Path, llama_cpp_run) -> tuple[np.ndarray, np.ndarray]:
     """The float model's logits in transformers and llama.cpp's of the GGUF, on the same 32 held-out ids."""
     ids = [int(i) for i in np.random.default_rng(7).integers(1, 320, 32)]
@@ -115,7 +109,7 @@ def test_gguf_runs_in_llama_cpp_like_the_float_model(decoders, family, rounding,
     assert types["token_embd.weight"] == "F32" and types["output_norm.weight"] == "F32"
     assert types["output.weight"] == "Q8_0"  # the tied head too: the rule gives it a tensor of its own
     reference, ran = _float_and_llama_cpp(folder, out, llama_cpp_run)
-    kl = _kl(reference, ran)
+    kl = logit_kl(reference, ran)
     cosine = float(np.mean((ran * reference).sum(-1) / np.linalg.norm(ran, axis=-1) / np.linalg.norm(reference, axis=-1)))
     assert kl < 2e-3 and cosine > 0.98, (kl, cosine)
     assert 0.3 < kl / result.verify["kld"] < 3, (kl, result.verify)  # qrc's figure is what llama.cpp shows
@@ -141,21 +135,6 @@ MOE_RECIPE = """recipe gguf_moe {{
 """
 
 
-def _moe(family: str, folder: Path) -> Path:
-    """A Qwen3-MoE or Mixtral of 8 experts (top 2) with rows of whole groups of 32, routing weights renormalised
-    over the chosen experts as llama.cpp's graphs compute them."""
-    torch.manual_seed(0)
-    sizes = dict(vocab_size=320, hidden_size=128, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False, num_experts_per_tok=2)
-    if family == "qwen3_moe":
-        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
-            **sizes, head_dim=32, num_experts=8, moe_intermediate_size=64, norm_topk_prob=True))
-    else:
-        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**sizes, num_local_experts=8))
-    model.eval().save_pretrained(folder)
-    return add_tokenizer(folder, 320)
-
-
 @pytest.mark.slow
 @pytest.mark.llama_cpp
 @pytest.mark.parametrize("family, down, rounding", [("qwen3_moe", "down_proj", "gptq"), ("mixtral", "w2", "rtn")])
@@ -168,7 +147,7 @@ def test_moe_experts_go_into_llama_cpps_merged_tensors_and_run_there(family, dow
     0.00048)."""
     llama_cpp_run = pytest.importorskip("llama_cpp_run")
     pytest.importorskip("llama_cpp", reason="llama-cpp-python (llama.cpp) runs the GGUF")
-    folder, out = _moe(family, tmp_path / family), tmp_path / f"{family}.gguf"
+    folder, out = routed_moe(family, tmp_path / family), tmp_path / f"{family}.gguf"
     recipe = tmp_path / "moe.recipe"
     recipe.write_text(MOE_RECIPE.format(model=folder, out=out, down=down, rounding=rounding))
     result, _ = compile_program(str(recipe), out)
@@ -180,7 +159,7 @@ def test_moe_experts_go_into_llama_cpps_merged_tensors_and_run_there(family, dow
         assert merged.tensor_type.name == kind and int(merged.shape[-1]) == 8, (name, merged.shape)
     assert tensors["blk.0.ffn_gate_inp.weight"].tensor_type.name == "F32"
     assert int(reader.fields[f"{reader.fields['general.architecture'].contents()}.expert_count"].contents()) == 8
-    kl = _kl(*_float_and_llama_cpp(folder, out, llama_cpp_run))
+    kl = logit_kl(*_float_and_llama_cpp(folder, out, llama_cpp_run))
     assert kl < 5e-3, kl
     assert 0.3 < kl / result.verify["kld"] < 3, (kl, result.verify)  # qrc's figure is what llama.cpp shows
 
@@ -191,7 +170,7 @@ def test_check_refuses_an_moe_gguf_llama_cpp_would_compute_differently(case, tmp
     """Experts of one projection with two types (one merged tensor has one type), a rounded router (llama.cpp
     keeps it float), a Qwen3-MoE that does not renormalise its chosen experts' weights (llama.cpp's graph does):
     Q438, Q438 and Q439 from `qrc check`, exit 2, nothing written."""
-    folder = _moe("qwen3_moe", tmp_path / "moe")
+    folder = routed_moe("qwen3_moe", tmp_path / "moe")
     text = MOE_RECIPE.format(model=folder, out=tmp_path / "o.gguf", down="down_proj", rounding="rtn")
     if case == "mixed_experts":
         text = text.replace('"lm_head" -> q8', '"lm_head" -> q8\n        "*.experts.3.up_proj" -> q8')
@@ -250,7 +229,7 @@ def test_k_quants_run_in_llama_cpp(decoders, family, rounding, tmp_path):
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     with torch.no_grad():
         reference = model(torch.tensor([ids])).logits[0].float().numpy()
-    kl = _kl(reference, llama_cpp_run.logits(out, ids))
+    kl = logit_kl(reference, llama_cpp_run.logits(out, ids))
     assert kl < 5e-3 and 0.3 < kl / result.verify["kld"] < 3, (kl, result.verify)
 
 
@@ -322,7 +301,7 @@ def test_llama_gguf_decodes_in_transformers_as_llama_cpp_runs_it(decoders, tmp_p
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=out.name).eval()
     with torch.no_grad():
         decoded = loaded(torch.tensor([ids])).logits[0].float().numpy()
-    assert _kl(decoded, llama_cpp_run.logits(out, ids)) < 1e-4
+    assert logit_kl(decoded, llama_cpp_run.logits(out, ids)) < 1e-4
 
 
 def test_gguf_blocks_decode_to_qrc_rounding(decoders, tmp_path):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from compiling import compile_program
+from compiling import compile_program, logit_kl
 from typer.testing import CliRunner
-from zoo import add_tokenizer, build
+from zoo import add_tokenizer, build, routed_moe
 
 from compiler.cli import app
 
@@ -122,22 +122,6 @@ def test_nvfp4_rows_must_be_whole_super_blocks(tmp_path):
     assert not out.exists()
 
 
-def _moe(folder: Path) -> Path:
-    """A Qwen3-MoE of 8 experts (top 2, renormalised as llama.cpp's graph computes them), rows of 64 and 128."""
-    torch.manual_seed(0)
-    transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
-        vocab_size=320, hidden_size=128, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=128, tie_word_embeddings=False,
-        num_experts_per_tok=2, num_experts=8, moe_intermediate_size=64, norm_topk_prob=True)).eval().save_pretrained(folder)
-    return add_tokenizer(folder, 320)
-
-
-def _kl(reference: np.ndarray, other: np.ndarray) -> float:
-    p = torch.log_softmax(torch.from_numpy(reference).double(), -1)
-    q = torch.log_softmax(torch.from_numpy(other).double(), -1)
-    return float((p.exp() * (p - q)).sum(-1).mean())
-
-
 @pytest.mark.slow
 @pytest.mark.llama_cpp
 @pytest.mark.parametrize("model, preset, rounding", [("llama", "NVFP4A16", "rtn"), ("llama", "MXFP4A16", "gptq"),
@@ -149,7 +133,7 @@ def test_fp4_files_run_in_llama_cpp_at_the_error_verify_reports(llama, tmp_path,
     llama.cpp must multiply in. The MoE's merged experts carry one `.scale` per expert."""
     llama_cpp_run = pytest.importorskip("llama_cpp_run")
     pytest.importorskip("llama_cpp", reason="llama-cpp-python (llama.cpp) runs the GGUF")
-    folder = llama if model == "llama" else _moe(tmp_path / "moe")
+    folder = llama if model == "llama" else routed_moe("qwen3_moe", tmp_path / "moe")
     out = tmp_path / "m.gguf"
     result, _ = compile_program(str(_recipe(tmp_path, folder, out, preset, rounding=rounding, verify=True,
                                             moe=model != "llama")), out)
@@ -163,5 +147,5 @@ def test_fp4_files_run_in_llama_cpp_at_the_error_verify_reports(llama, tmp_path,
     reference = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     with torch.no_grad():
         logits = reference(torch.tensor([ids])).logits[0].float().numpy()
-    kl = _kl(logits, llama_cpp_run.logits(out, ids))
+    kl = logit_kl(logits, llama_cpp_run.logits(out, ids))
     assert kl < 0.02 and 0.3 < kl / result.verify["kld"] < 3, (kl, result.verify)

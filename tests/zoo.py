@@ -158,6 +158,24 @@ def gpt_oss_mxfp4(folder: Path) -> Path:
     return folder
 
 
+def routed_moe(family: str, folder: Path) -> Path:
+    """A Qwen3-MoE or Mixtral of 8 experts (top 2) with rows of whole groups of 32 and 64, routing weights
+    renormalised over the chosen experts as llama.cpp's graphs compute them, with a tokenizer of its 320 ids."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=320, hidden_size=128, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False, num_experts_per_tok=2)
+    if family == "qwen3_moe":
+        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+            **sizes, head_dim=32, num_experts=8, moe_intermediate_size=64, norm_topk_prob=True))
+    else:
+        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(**sizes, num_local_experts=8))
+    model.eval().save_pretrained(folder)
+    return add_tokenizer(folder, 320)
+
+
 def tokenized_llama(folder: Path, layers: int) -> Path:
     """A random Llama of `layers` blocks (hidden 512, rows of 512 and 1536 weights: whole K-quant super-blocks) with
     a tokenizer of its 320 ids, as a GGUF file needs, saved to `folder`."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from compiler.backends import BackendError
-from compiler.backends.torch.shards import DTYPES, DerivedShards, Entry
+from compiler.backends.torch.shards import DerivedShards, decoded_entry
 from compiler.diagnostics import error
 from compiler.models.compressed_source import COMPANIONS, CompressedLayer, compressed_layers, quantization
 
@@ -40,9 +40,8 @@ class CompressedShards(DerivedShards):
         entries = {name: entry for name, entry in inner.entries.items()  # as the index sees the folder
                    if name not in stored and name.rpartition(".")[2] not in COMPANIONS}
         for name, layer in self.layers.items():
-            packed = inner.entries.get(f"{layer.prefix}.weight_packed") or inner.entries[name]
-            size = layer.shape[0] * layer.shape[1] * DTYPES["F32"].itemsize  # what it reads as, for the memory figures
-            entries[name] = Entry(packed.file, "F32", layer.shape, packed.start, packed.start + size)
+            entries[name] = decoded_entry(inner.entries.get(f"{layer.prefix}.weight_packed") or inner.entries[name],
+                                          layer.shape)
         super().__init__(inner, entries, frozenset(self.layers))
 
     def derive(self, name: str) -> torch.Tensor:

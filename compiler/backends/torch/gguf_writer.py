@@ -182,7 +182,7 @@ class GgufWriter(Emitter):
     def put(self, name: str, tensor: torch.Tensor) -> None:
         """A float tensor of the checkpoint (by its transformers name), in its GGUF type: each file tensor made
         from it."""
-        for part in self.layout.parts.get(name) or (FilePart(name, tuple(tensor.shape), lambda t: t),):
+        for part in self.layout.parts.get(name) or file_parts(self.layout.arch, name, tuple(tensor.shape)):
             self.put_encoded(part.key, self.layout.float_bytes(part.key, part.take(tensor)))
 
     def put_float(self, name: str, tensor: torch.Tensor) -> None:

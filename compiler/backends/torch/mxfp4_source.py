@@ -4,12 +4,10 @@ decoder (`convert_moe_packed_tensors`, what its MXFP4 loader runs where it dequa
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from compiler.backends import BackendError
-from compiler.backends.torch.shards import DTYPES, DerivedShards, Entry
+from compiler.backends.torch.shards import DerivedShards, decoded_entry
 from compiler.diagnostics import error
 from compiler.models.mxfp4_source import float_shape, is_mxfp4, packed_pairs
 
@@ -25,10 +23,7 @@ class Mxfp4Shards(DerivedShards):
         stored = {name for pair in self.pairs.values() for name in pair}
         entries = {name: entry for name, entry in inner.entries.items() if name not in stored}
         for name, (blocks, _) in self.pairs.items():
-            packed = inner.entries[blocks]
-            shape = float_shape(packed.shape)
-            size = math.prod(shape) * DTYPES["F32"].itemsize  # what it reads as, for the memory figures
-            entries[name] = Entry(packed.file, "F32", shape, packed.start, packed.start + size)
+            entries[name] = decoded_entry(inner.entries[blocks], float_shape(inner.entries[blocks].shape))
         super().__init__(inner, entries, frozenset(self.pairs))
 
     def derive(self, name: str) -> torch.Tensor:

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+from compiler.backends.torch.gguf_types import GgufType, gguf_type
 from compiler.backends.torch.quant_args import DECOMPRESSED_TO_BFLOAT16, input_args, weight_args, weight_format
 from compiler.backends.torch.vllm_rules import VllmRejects, vllm_scheme
 from compiler.ir.runtimes import Device, Evidence, Runtime, RuntimeCell
-from compiler.ir.types import Granularity, QType, Scheme
+from compiler.ir.types import Granularity, Scheme
 from compiler.models.families import ENCODERS
 from compiler.models.index import ROUTER_OP
 from compiler.resolve.assignment import Assignment
@@ -82,8 +83,7 @@ def gguf_runtimes(assignment: Assignment) -> tuple[RuntimeCell, ...]:
                              Evidence.TESTED),
                  RuntimeCell(Runtime.LLAMA_CPP, Device.GPU, True, "its CUDA build has kernels for the same types",
                              Evidence.RULES))
-    if any(a.scheme.weights is not None and a.scheme.quantized_weights.qtype is QType.NVFP4
-           for a in assignment.layers):
+    if any(gguf_type(a.scheme) is GgufType.NVFP4 for a in assignment.layers):
         why = "its GGUF loader has no place for NVFP4's per-tensor `.scale` tensors (it stops at load)"
         return (*llama_cpp, RuntimeCell(Runtime.TRANSFORMERS, Device.CPU, False, why, Evidence.TESTED),
                 RuntimeCell(Runtime.TRANSFORMERS, Device.GPU, False, why, Evidence.RULES))

@@ -5,6 +5,7 @@ process's resident set)."""
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -35,6 +36,12 @@ class Entry:
     shape: tuple[int, ...]
     start: int  # absolute offset in the file
     end: int
+
+
+def decoded_entry(stored: Entry, shape: tuple[int, ...]) -> Entry:
+    """A tensor decoded to float32 from a stored one (a packed or compressed form): where the stored tensor starts,
+    with the byte range its float32 values take (what it reads as, for the memory figures)."""
+    return Entry(stored.file, "F32", shape, stored.start, stored.start + math.prod(shape) * DTYPES["F32"].itemsize)
 
 
 class Shards:
