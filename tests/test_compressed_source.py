@@ -167,6 +167,45 @@ def test_an_mxfp4_folder_casts_to_nvfp4_bit_for_bit_and_a_wide_one_rounds(llama,
     assert all(torch.equal(rounded[n], expected[n]) for n in expected if n != down)
 
 
+def _nvfp4_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every NVFP4 layer's stored tensors, as raw bytes (a negative zero's code is not a positive one's)."""
+    from safetensors.torch import load_file
+
+    return {k: v.view(torch.uint8) for k, v in load_file(folder / "model.safetensors").items()
+            if k.endswith(("weight_packed", "weight_scale", "weight_global_scale"))}
+
+
+def test_an_nvfp4_folder_recompiled_to_nvfp4_keeps_its_tensors_and_rounds_what_changed(llama, tmp_path):
+    """An NVFP4 source into NVFP4, file to file and with GPTQ: every stored tensor is the source's, byte for byte
+    (rounding the decompressed weights again under their own ranges changed them). A sibling whose global scale
+    differs from its fused siblings' (k_proj's doubled: half the values) makes the three round by their values
+    under one shared global scale, while the other layers are still kept."""
+    from safetensors.torch import load_file, save_file
+
+    source = _source(tmp_path, llama, "nvfp4")
+    expected = _nvfp4_tensors(source)
+    assert len(expected) == 45  # 15 layers, 3 tensors each
+    for name, body in (("rtn", ""), ("gptq", "  calibrate { data synthetic { samples 8  seqlen 32 }  chunk 4 }\n")):
+        done, _ = _compile(tmp_path, source, f"  scheme s = NVFP4A16 {{ rounding {name} }}\n"
+                           f"  quantize {{ type Linear -> s }}\n{body}", tmp_path / name, name)
+        assert done.exit_code == 0, done.output
+        kept = _nvfp4_tensors(tmp_path / name)
+        assert kept.keys() == expected.keys()
+        assert [k for k in expected if not torch.equal(kept[k], expected[k])] == [], name
+    stored = load_file(source / "model.safetensors")
+    k_proj = "model.layers.0.self_attn.k_proj.weight_global_scale"
+    stored[k_proj] = stored[k_proj] * 2
+    save_file(stored, source / "model.safetensors", metadata={"format": "pt"})
+    done, _ = _compile(tmp_path, source, "  quantize { type Linear -> NVFP4A16 }", tmp_path / "apart", "apart")
+    assert done.exit_code == 0, done.output
+    rounded = load_file(tmp_path / "apart" / "model.safetensors")
+    qkv = [f"model.layers.0.self_attn.{p}_proj.weight_global_scale" for p in "qkv"]
+    assert len({float(rounded[k]) for k in qkv}) == 1  # one global scale again, the values' own
+    changed = {k.rpartition(".")[0] for k, v in _nvfp4_tensors(tmp_path / "apart").items()
+               if not torch.equal(v, expected[k] if k != k_proj else stored[k].view(torch.uint8))}
+    assert changed <= {f"model.layers.0.self_attn.{p}_proj" for p in "qkv"} and changed, changed
+
+
 def test_the_onnx_backend_refuses_a_compressed_folder_at_check(llama, tmp_path):
     """The exporters trace float modules: Q415 before any work, nothing written."""
     source = _source(tmp_path, llama, "w4a16")

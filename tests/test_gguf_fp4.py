@@ -82,14 +82,17 @@ def _file_values(path: Path) -> dict[str, np.ndarray]:
     return values
 
 
-@pytest.mark.parametrize("preset, kind", [("NVFP4A16", "NVFP4"), ("MXFP4A16", "MXFP4")])
-def test_the_file_holds_the_values_of_the_folder(llama, tmp_path, preset, kind):
+@pytest.mark.parametrize("preset, kind, source", [("NVFP4A16", "NVFP4", "float"), ("MXFP4A16", "MXFP4", "float"),
+                                                   ("NVFP4A16", "NVFP4", "folder")])
+def test_the_file_holds_the_values_of_the_folder(llama, tmp_path, preset, kind, source):
     """The same recipe written as a compressed-tensors folder and as a GGUF: every quantized layer decodes (the
     gguf package's decoder, NVFP4's `.scale` applied) to the folder's values, q/k rows in llama.cpp's RoPE order;
-    NVFP4 tensors have their `.scale` (one F32), MXFP4 none."""
+    NVFP4 tensors have their `.scale` (one F32), MXFP4 none. `folder`: the GGUF compiled from that NVFP4 folder
+    rather than from the float model, its values the folder's still (not rounded again)."""
     folder, out = tmp_path / "folder", tmp_path / "m.gguf"
     for target, fmt in ((folder, "safetensors"), (out, "gguf")):
-        done = runner.invoke(app, ["compile", str(_recipe(tmp_path, llama, target, preset, fmt))])
+        model = folder if source == "folder" and fmt == "gguf" else llama
+        done = runner.invoke(app, ["compile", str(_recipe(tmp_path, model, target, preset, fmt))])
         assert done.exit_code == 0, done.output
     expected, found = _folder_values(folder), _file_values(out)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)

@@ -17,13 +17,13 @@ SERIALIZED = ("weight", "weight_packed", "weight_scale", "weight_zero_point", "w
 
 def decompressed(read, prefix: str, has, scheme, fmt: str) -> torch.Tensor:
     """compressed-tensors' decompression of one layer's stored tensors under `scheme` (its QuantizationScheme)
-    and format `fmt`, in float32: what transformers' `dequantize` conversion computes. `read(name)` reads a
+    and format `fmt`, in the dtype it decompresses to: what transformers' `dequantize` conversion computes. `read(name)` reads a
     tensor, `has(name)` says whether the folder holds it."""
     from compressed_tensors.compressors import BaseCompressor
 
     state = {leaf: read(f"{prefix}.{leaf}") for leaf in SERIALIZED if has(f"{prefix}.{leaf}")}
     compressor = BaseCompressor.get_value_from_registry(fmt)
-    return compressor.decompress(state, scheme)["weight"].float()
+    return compressor.decompress(state, scheme)["weight"]
 
 
 class CompressedShards(DerivedShards):
@@ -43,18 +43,34 @@ class CompressedShards(DerivedShards):
             entries[name] = decoded_entry(inner.entries.get(f"{layer.prefix}.weight_packed") or inner.entries[name],
                                           layer.shape)
         super().__init__(inner, entries, frozenset(self.layers))
+        self.decompressed_dtype = torch.float32  # what the decompressor gives, known once a layer was read
+
+    def nvfp4_tensors(self, name: str, leaves: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
+        """The stored tensors `leaves` of a layer stored as NVFP4 (blocks of 16, symmetric), as the folder holds
+        them; None for a layer stored otherwise (torch/nvfp4_source.py keeps them)."""
+        layer = self.layers.get(name)
+        if layer is None or layer.format != "nvfp4-pack-quantized":
+            return None
+        weights = self.groups[layer.group].weights
+        if weights is None or weights.group_size != 16 or not weights.symmetric:
+            return None
+        if not all(f"{layer.prefix}.{leaf}" in self.inner for leaf in leaves):
+            return None
+        return {leaf: self.inner.read(f"{layer.prefix}.{leaf}") for leaf in leaves}
 
     def derive(self, name: str) -> torch.Tensor:
         """A compressed layer's weight, decompressed (float32)."""
         layer = self.layers[name]
         try:
-            return decompressed(self.inner.read, layer.prefix, self.inner.__contains__, self.groups[layer.group],
-                                layer.format)
+            weight = decompressed(self.inner.read, layer.prefix, self.inner.__contains__, self.groups[layer.group],
+                                  layer.format)
         except (ValueError, KeyError, RuntimeError, NotImplementedError) as exc:
             raise BackendError(error("Q404", f"compressed-tensors cannot decompress `{layer.prefix}` ({layer.format}: "
                                      f"{type(exc).__name__}: {str(exc).strip()[:160]})", None, "cannot read this layer",
                                      help="a folder compressed-tensors wrote loads; this one's tensors and its "
                                      "quantization_config disagree")) from None
+        self.decompressed_dtype = weight.dtype
+        return weight.float()
 
 
 def with_decompression(shards, config: dict):

@@ -10,6 +10,7 @@ import torch
 from compiler import data
 from compiler.backends.agreement import Agreement
 from compiler.backends.result import held_out_batches
+from compiler.backends.torch import nvfp4_source
 from compiler.backends.torch.artifact import can_verify_artifact
 from compiler.backends.torch.attribution import LayerCosts
 from compiler.backends.torch.global_scales import SharedGlobalScales
@@ -36,8 +37,11 @@ def prepare_output(op: ops.PrepareRun, run, loaded: Loaded, memory: MemoryChoice
         refuse_non_linear(model, jobs, plan.spans.recipe, assignment)
     # each sibling's weight as its rounding sees it (AWQ and SmoothQuant fold their scales in before)
     where = {j.layer.name: (j.module, j.layer.weight) for j in jobs}
+    # an NVFP4 source's layers rounded to NVFP4 are written as it stores them, where their values are its
+    source = ((lambda name: nvfp4_source.stored_layer(model.shards, where[name][1]))
+              if loaded.index.fp4_compressed else None)
     global_scales = SharedGlobalScales({j.layer.name: j.scheme.quantized_weights.qtype for j in jobs},
-                                       lambda name: model.weight_now(*where[name]), loaded.file_to_file)
+                                       lambda name: model.weight_now(*where[name]), loaded.file_to_file, source)
     attention = attention_modules([x.name for x in loaded.index.layers]) if op.kv_cache is not None else []
     kv = KvCacheQuantizer(model.module, attention, op.kv_cache, model.dtype)
     resume = _open_resume(op, run, loaded, memory)

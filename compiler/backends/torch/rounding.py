@@ -5,6 +5,7 @@ compile summary reports about it (dampened GPTQ layers, experts no token reached
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterator
@@ -281,6 +282,9 @@ class Rounder:
         reference = self.encoder.reference_blocks(job, weight) if self.encoder is not None else None
         if reference is not None:
             return reference
+        kept = self.global_scales.kept(job.layer.name, weight)  # an NVFP4 source's own tensors (nvfp4_source.py)
+        if kept is not None:
+            return kept if measure else dataclasses.replace(kept, dequantized=weight.float())
         try:
             q = quantize_job(job, weight, stats, self.scale_dtype or self.model.dtype,
                              lambda used: self.dampened.setdefault(job.layer.name, used),
