@@ -25,7 +25,9 @@ METHOD:
   FP8_DYNAMIC: that preset;
 - w4a8: compressed-tensors' W4A8 (int4 weights in groups of GROUP, symmetric; int8 inputs per token, dynamic);
 - NVFP4, MXFP4, W4AFP8: QuantizationModifier with that compressed-tensors preset (NVFP4's global input scales
-  come from calibration).
+  come from calibration); mse-PRESET, imatrix-PRESET (NVFP4A16, MXFP4A16, NVFP4): that preset with the
+  `memoryless_mse` or `imatrix_mse` weight observer (its block scales searched over shrink factors of each
+  block's range, the error weighted by each input column's mean square for imatrix: its defaults).
 """
 
 from __future__ import annotations
@@ -83,8 +85,16 @@ def recipe(method: str, alpha: float, group: int = 128):
         return [*smooth, rounding("w8a8", int_weights(8, "channel"), static_inputs)]
     if method == "awq":
         return [AWQModifier(config_groups=groups("w4", w4), ignore=["lm_head"], n_grid=20, duo_scaling=True)]
-    if method in ("NVFP4", "MXFP4", "W4AFP8", "FP8_DYNAMIC", "NVFP4A16"):
+    if method in ("NVFP4", "MXFP4", "W4AFP8", "FP8_DYNAMIC", "NVFP4A16", "MXFP4A16"):
         return [plain(method)]
+    if method.partition("-")[0] in ("mse", "imatrix") and "FP4" in method:
+        from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
+
+        observer, _, preset = method.partition("-")
+        scheme = preset_name_to_scheme(preset, ["Linear"])
+        assert scheme.weights is not None
+        scheme.weights.observer = {"mse": "memoryless_mse", "imatrix": "imatrix_mse"}[observer]
+        return [QuantizationModifier(config_groups={"fp4": scheme}, ignore=["lm_head"])]
     if method in ("gptq-NVFP4", "gptq-NVFP4A16"):  # its NVFP4 GPTQ example: the preset, its defaults
         return [GPTQModifier(targets="Linear", scheme=method.removeprefix("gptq-"), ignore=["lm_head"])]
     if method == "smoothquant":

@@ -57,6 +57,16 @@ ROWS = {
     "nvfp4a16": ("NVFP4A16", "", "NVFP4A16"),
     "nvfp4": ("NVFP4", "", "NVFP4"),  # W4A4: inputs rounded per block of 16 at run time
     "mxfp4": ("MXFP4", "", "MXFP4"),
+    # each block's scale searched for the least squared error (data-free), beside llm-compressor's preset with its
+    # `memoryless_mse` weight observer
+    "nvfp4a16-mse": ("NVFP4A16 { rounding mse }", "", "mse-NVFP4A16"),
+    "mxfp4a16": ("MXFP4A16", "", "MXFP4A16"),
+    "mxfp4a16-mse": ("MXFP4A16 { rounding mse }", "", "mse-MXFP4A16"),
+    # the same search with each input column's error weighted by its mean square over the calibration tokens,
+    # beside llm-compressor's `imatrix_mse` weight observer
+    "nvfp4a16-imatrix": ("NVFP4A16 { rounding imatrix }", "", "imatrix-NVFP4A16"),
+    "mxfp4a16-imatrix": ("MXFP4A16 { rounding imatrix }", "", "imatrix-MXFP4A16"),
+    "nvfp4-imatrix": ("NVFP4 { rounding imatrix }", "", "imatrix-NVFP4"),
     # compressed-tensors' W4A8: int4 weight groups, int8 inputs per token at run time (576 takes no 128: group 64)
     "w4a8": ("W8A8 { weights int4 group 64 symmetric }", "", "w4a8"),
     # QuaRot's offline rotations (R1 + R2) folded into the weights before the same schemes: what 4-bit inputs need

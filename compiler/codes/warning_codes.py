@@ -155,7 +155,8 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "perplexity back), so qrc refuses instead.",
              'backend torch  scheme s = W4A16 { group 64  asymmetric  rounding hqq }'),
     CodeInfo("Q256", "a floating format with a setting it cannot take",
-             "FP8, NVFP4 and MX formats are symmetric and rounded as compressed-tensors defines them (rtn). NVFP4 "
+             "FP8, NVFP4 and MX formats are symmetric and rounded as compressed-tensors defines them (rtn; NVFP4 "
+             "and MXFP4 also with `mse` or `imatrix`, which search each block's scale, or `gptq`). NVFP4 "
              "scales blocks of 16 and MX blocks of 32 (the format fixes the group); fp8 weights are per tensor, per "
              "channel or in `block RxC` tiles; fp8 activations are symmetric, static per tensor or dynamic (per token "
              "or per group); integer and floating types do not mix within a scheme.",

@@ -449,12 +449,14 @@ def _float_problem(w: WeightQuant, a: ActivationQuant | None, rounding: Rounding
                 f"means `group {fmt.fixed_group}`")
     if fmt is QType.FP8 and w.granularity is Granularity.GROUP:
         return "fp8 weights take `per_tensor`, `per_channel` or `block RxC`", "e.g. `weights fp8 block 128x128`"
+    # FP4's block scales searched (mse; imatrix, weighted by the inputs), or GPTQ onto its grid
     fp4 = fmt.is_float and fmt.bits == 4
-    if fmt.is_float and rounding is not Rounding.RTN and not (fp4 and rounding is Rounding.GPTQ):
+    fp4_roundings = (Rounding.GPTQ, Rounding.MSE, Rounding.IMATRIX)
+    if fmt.is_float and rounding is not Rounding.RTN and not (fp4 and rounding in fp4_roundings):
         return (f"{fmt.name} weights are rounded with rtn (compressed-tensors' rounding)"
-                f"{' or gptq' if fp4 else ''}, not {rounding.name}",
-                f"write `rounding rtn`{' or `rounding gptq`' if fp4 else ''}, or use an integer type for "
-                f"`rounding {rounding.name}`")
+                f"{', mse, imatrix or gptq' if fp4 else ''}, not {rounding.name}",
+                f"write `rounding rtn`{', `mse`, `imatrix` or `gptq`' if fp4 else ''}, or use an integer "
+                f"type for `rounding {rounding.name}`")
     if a is None:
         return None
     if a.qtype.fixed_group:

@@ -209,6 +209,11 @@ def gptq_seconds(w: Workload, rates: Rates, layers: tuple[str, ...] | None = Non
 # times an rtn rounding's time: the real SmolLM2-135M's 210 layers to Q4_0/Q8_0, 405 MiB of float32, rounded in
 # 5.2 s where rtn takes 0.9 (2026-12-03)
 SEARCHED_ROUNDING = 5.5
+# An NVFP4/MXFP4 weight whose block scales `rounding mse` searches (each block rounded again under 4 or 2 other
+# scales in the compiled loop) takes this many times an rtn rounding's time: the real SmolLM2-135M's 210 layers to
+# NVFP4A16 file to file rounded in 2.0 s where rtn took 0.9-1.2 (from its float folder) and 3.1-3.7 s where rtn
+# took 2.0-2.5 (from its GGUF), against 1.8 s planned for rtn (2026-12-05)
+FP4_SEARCHED_ROUNDING = 1.6
 # Statistics gathered by hooks on a layer's inputs (imatrix's column squares, SmoothQuant's and AWQ's channel
 # maxima) cost this many bytes at the rounding rate per input element: SmolLM2-135M's imatrix hooks read 1.6G
 # elements in 6.2 s on a machine 1.74x the reference
@@ -287,12 +292,15 @@ def learned_weights(w: Workload) -> int:
 
 def rounded_bytes(w: Workload, layers: tuple[str, ...] | None = None) -> float:
     """The float bytes of the layers rounded (of `layers` when given, else every quantized one), the ones whose
-    rounding searches with their inputs' importance counted SEARCHED_ROUNDING times."""
+    rounding searches with their inputs' importance counted SEARCHED_ROUNDING times, FP4 ones whose block
+    scales `rounding mse`/`imatrix` search FP4_SEARCHED_ROUNDING times."""
     names = set(w.quantized_layers) if not layers else set(layers)
     # a learned layer's start is searched on its block's tensors (torch/learned.py: 0.04 s for a SmolLM2-135M
     # block's seven layers, 2026-12-05), its rounding learned: counted as the learning
     searched = set(w.imatrix_layers) - set(w.learned_layers)
-    return float(sum(x.bytes * (SEARCHED_ROUNDING if x.name in searched else 1.0)
+    fp4_searched = set(w.fp4_searched_layers)
+    return float(sum(x.bytes * (FP4_SEARCHED_ROUNDING if x.name in fp4_searched else
+                                SEARCHED_ROUNDING if x.name in searched else 1.0)
                      for x in w.index.layers if x.name in names))
 
 

@@ -50,10 +50,12 @@ def absmax(bits: np.ndarray) -> float:
 
 
 def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str,
-               global_scale: float | None = None) -> FloatRounded | None:
+               global_scale: float | None = None, importance: np.ndarray | None = None) -> FloatRounded | None:
     """An [out, in] weight given as its float bits (uint16: bfloat16, uint32: float32) rounded as
     compressed-tensors rounds `spec` (NVFP4 under `global_scale`, float32); None where a scale cannot be
-    rounded here (a non-finite weight, a range beneath the scale dtype's): compressed-tensors rounds it."""
+    rounded here (a non-finite weight, a range beneath the scale dtype's): compressed-tensors rounds it.
+    `importance` (NVFP4, MXFP4; float32 [in], ones for `rounding mse`): each group's scale searched for the least
+    squared error, each column's weighted by it."""
     from compiler.quant import float_kernels  # numba: only where weights are rounded (not check/plan)
 
     rows, cols = bits.shape
@@ -72,7 +74,7 @@ def round_bits(bits: np.ndarray, spec: WeightQuant, scale_dtype: str,
         nvfp4 = np.float32(global_scale if spec.qtype is QType.NVFP4 and global_scale is not None else 0.0)
 
         def rounded(part: slice) -> tuple:
-            return float_kernels.round_fp4(bits[part], group, nvfp4, codes[part], scales[part])
+            return float_kernels.round_fp4(bits[part], group, nvfp4, codes[part], scales[part], importance)
 
     step = -(-max(1, TASK_WEIGHTS // max(cols, 1)) // band) * band  # whole bands of rows
     sums = parallel_map(lambda first: rounded(slice(first, min(first + step, rows))), range(0, rows, step))

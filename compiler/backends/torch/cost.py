@@ -255,10 +255,11 @@ def _runtime(w: Workload) -> int:
 
 def _libraries(w: Workload) -> int:
     """What the run imports beyond the backend's runtime: the dataset readers, numba's compiled loops (rtn
-    rounding, the input histograms, the floating formats' loop where a run file to file rounds them with it),
+    rounding, the input histograms, the floating formats' loop where a run file to file rounds them with it or
+    an FP4 scale search runs in it: `rounding mse`/`imatrix`),
     which stay loaded to the end of the run (the real SmolLM2-135M to an NVFP4 GGUF measured 547 MiB against
     434 planned without the last)."""
-    float_loop = timing.files_only(w) and w.float_rounded and w.float_kernel_rounded
+    float_loop = (timing.files_only(w) and w.float_rounded and w.float_kernel_rounded) or bool(w.fp4_searched_layers)
     return w.data_libraries + (ROUNDING_KERNELS if w.kernel_rounded or w.histograms or float_loop else 0)
 
 

@@ -16,7 +16,7 @@ import torch
 from compiler.backends.torch import fp4_kernels
 from compiler.backends.torch.fp4_cast import exact_cast
 from compiler.backends.torch.quant_args import weight_args, weight_format
-from compiler.ir.types import ActivationQuant, Granularity, QType, Scheme, WeightQuant
+from compiler.ir.types import ActivationQuant, Granularity, QType, Rounding, Scheme, WeightQuant
 from compiler.quant import fused_float
 from compiler.quant.parallel import cores, parallel_map
 from compiler.quant.qparams import FP4_MAX, FP8_MAX
@@ -118,7 +118,7 @@ def _global_scale(w: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | Non
 
 def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str, scale_dtype: torch.dtype,
                    shared: SharedGlobal | None = None, measure: bool = False, kernel: bool = True,
-                   given: GivenScales | None = None) -> FloatQuantized:
+                   given: GivenScales | None = None, importance: np.ndarray | None = None) -> FloatQuantized:
     """Round `weight` [out, in] with the compressed-tensors weight arguments `args` and store it in format
     `fmt`; scales are kept in `scale_dtype` (the checkpoint's float dtype) where the format does not fix their
     type. NVFP4's global scale comes from `shared` where fused siblings share it (global_scales.py), else from
@@ -128,13 +128,19 @@ def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str
     the bytes of one piece. `measure`: the SQNR's sums instead of the dequantized weight, and the formats
     fused_float rounds are rounded there (the same bits; `kernel=False`: compressed-tensors' functions only,
     the reference tests/test_float_kernels.py holds the loop to). `given`: the block scales to round with
-    instead (GivenScales)."""
+    instead (GivenScales). `importance` (NVFP4, MXFP4; float32 [in]: `rounding imatrix`'s input mean squares,
+    ones for `rounding mse`): each block's scale the one of least squared error so weighted among its own and its
+    neighbours, chosen by fused_float's loop and rounded with there or, where the dequantized weight is wanted,
+    handed to compressed-tensors as given scales (the same bits)."""
     w = weight.detach().cpu()
     cast = given if given is not None else _exact(w, spec, shared)
+    shared_absmax = shared.absmax if shared is not None else None
     if measure and kernel and cast is None:  # before compressed-tensors' import: data-free rounding starts without it
-        compiled = _compiled(w, spec, scale_dtype, shared.absmax if shared is not None else None)
+        compiled = _compiled(w, spec, scale_dtype, shared_absmax, importance)
         if compiled is not None:
             return compiled
+    if importance is not None and cast is None:
+        cast = searched_scales(w, spec, shared_absmax, importance)
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
@@ -187,17 +193,42 @@ def float_bits(weight: torch.Tensor) -> np.ndarray | None:
     return weight.contiguous().view(signed).numpy().view(unsigned)
 
 
+def searched_scales(w: torch.Tensor, spec: WeightQuant, shared_absmax: float | None,
+                    importance: np.ndarray) -> GivenScales | None:
+    """The block scales `rounding mse`/`imatrix` choose for an NVFP4 or MXFP4 weight (fused_float's search, each
+    column's error weighted by `importance`), as the ranges
+    compressed-tensors turns back into them: NVFP4 the e4m3 scale · 6 over the global scale, MXFP4 4 · 2^(e − 127)
+    (its power-of-two rounding gives e back); None where the loop cannot round the weight (compressed-tensors
+    then rounds it by its ranges, and refuses a non-finite one)."""
+    bits = float_bits(w) if w.dtype in (torch.bfloat16, torch.float32) else float_bits(w.float())
+    if bits is None or not fused_float.applies(spec, "float32", tuple(w.shape)):
+        return None
+    global_scale = None
+    if spec.qtype is QType.NVFP4:
+        global_scale = nvfp4_global_scale(shared_absmax if shared_absmax is not None else fused_float.absmax(bits))
+    done = fused_float.round_bits(bits, spec, "float32", None if global_scale is None else float(global_scale),
+                                  importance)
+    if done is None:
+        return None
+    codes = torch.from_numpy(done.scales)
+    if global_scale is not None:
+        return GivenScales(global_scale, codes.view(torch.float8_e4m3fn).float() * FP4_MAX / global_scale)
+    return GivenScales(None, torch.ldexp(torch.full(codes.shape, 4.0), codes.to(torch.int32) - 127))
+
+
 def _compiled(w: torch.Tensor, spec: WeightQuant, scale_dtype: torch.dtype,
-              shared_absmax: float | None) -> FloatQuantized | None:
+              shared_absmax: float | None, importance: np.ndarray | None = None) -> FloatQuantized | None:
     """`w` rounded by fused_float's loop, its tensors as compressed-tensors' compressor stores them (the same
-    names, dtypes, shapes and order); None where the loop does not take it."""
+    names, dtypes, shapes and order); None where the loop does not take it. `importance`: the searched scales'
+    column weights (quantize_float)."""
     bits, dtype_name = float_bits(w), str(scale_dtype).removeprefix("torch.")
     if bits is None or not fused_float.applies(spec, dtype_name, tuple(w.shape)):
         return None
     global_scale = None
     if spec.qtype is QType.NVFP4:
         global_scale = nvfp4_global_scale(shared_absmax if shared_absmax is not None else fused_float.absmax(bits))
-    done = fused_float.round_bits(bits, spec, dtype_name, None if global_scale is None else float(global_scale))
+    done = fused_float.round_bits(bits, spec, dtype_name, None if global_scale is None else float(global_scale),
+                                  importance)
     if done is None:
         return None
     scales = torch.from_numpy(done.scales)
@@ -290,12 +321,20 @@ def fp8_input_scale(low: float, high: float, scale_dtype: torch.dtype) -> float:
 
 def quantize_scheme(weight: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype,
                     shared: SharedGlobal | None = None, measure: bool = False,
-                    given: GivenScales | None = None) -> FloatQuantized:
+                    given: GivenScales | None = None, importance: np.ndarray | None = None) -> FloatQuantized:
     """`weight` rounded and stored as a floating scheme's weights say (its compressed-tensors arguments and
-    format): what the rounding and the precision search both call."""
+    format): what the rounding and the precision search both call. An FP4 scheme's `rounding mse` searches its
+    block scales; `rounding imatrix` too, weighted by `importance` (each input column's mean square; None where
+    no calibration token reached the layer: unweighted, as mse)."""
     spec = scheme.quantized_weights
+    if spec.qtype in (QType.NVFP4, QType.MXFP4) and scheme.rounding in (Rounding.MSE, Rounding.IMATRIX):
+        if importance is None or scheme.rounding is Rounding.MSE:
+            importance = np.ones(weight.shape[-1], np.float32)
+        importance = np.ascontiguousarray(importance, np.float32)
+    else:
+        importance = None
     return quantize_float(weight, spec, weight_args(spec), weight_format(scheme), scale_dtype, shared, measure,
-                          given=given)
+                          given=given, importance=importance)
 
 
 def nvfp4_input_global_scale(low: float, high: float) -> float:

@@ -306,7 +306,8 @@ def quantize_job(job: Job, weight: torch.Tensor, stats: Statistics | None, scale
         assert stats is not None, "GPTQ rounds with its layer's statistics"
         return gptq_fp4(weight, job.scheme, stats.hessian(job), scale_dtype, shared, str(weight.device), dampened)
     if spec.qtype.is_float:  # rounded and stored by compressed-tensors (float_formats.py)
-        return float_formats.quantize_scheme(weight, job.scheme, scale_dtype, shared, measure)
+        importance = stats.importance(job) if job.imatrix and stats is not None and stats.saw(job) else None
+        return float_formats.quantize_scheme(weight, job.scheme, scale_dtype, shared, measure, importance=importance)
     np_dtype = str(scale_dtype).removeprefix("torch.")
     if job.imatrix and not spec.qtype.is_kquant:  # mse's search, each column's error weighted by its inputs
         importance = stats.importance(job) if stats is not None and stats.saw(job) else None
