@@ -39,8 +39,8 @@ from llama_cpp_tools import ggml_rounded  # noqa: E402
 
 # row → (llama.cpp's file type, qrc's roundings)
 ROWS = {"q8_0": ("MOSTLY_Q8_0", ("rtn",)), "q4_0": ("MOSTLY_Q4_0", ("rtn", "gptq")),
-        "q4_k_m": ("MOSTLY_Q4_K_M", ("rtn", "imatrix", "gptq")), "nvfp4": ("MOSTLY_NVFP4", ("rtn", "gptq")),
-        "mxfp4": ("MOSTLY_MXFP4_MOE", ("rtn", "gptq"))}
+        "q4_k_m": ("MOSTLY_Q4_K_M", ("rtn", "imatrix", "gptq")), "nvfp4": ("MOSTLY_NVFP4", ("rtn", "imatrix", "gptq")),
+        "mxfp4": ("MOSTLY_MXFP4_MOE", ("rtn", "imatrix", "gptq"))}
 # an FP4 row → qrc's preset for every Linear (the GGUF type it is) and the type llama.cpp's file would need
 FP4_ROWS = {"nvfp4": ("NVFP4A16", "NVFP4"), "mxfp4": ("MXFP4A16", "MXFP4")}
 # a GGUF type → qrc's weights (docs/gguf.md)

@@ -129,3 +129,33 @@ def test_recipes_with_searched_fp4_scales_compile_plan_and_load(tmp_path):
     assert seconds["mse"] > seconds["rtn"], seconds
     refused = runner.invoke(app, ["check", recipe("learned", "NVFP4A16 { rounding autoround }")])
     assert refused.exit_code == 2 and "Q256" in refused.output, refused.output
+
+
+@pytest.mark.parametrize("name", ("NVFP4A16", "MXFP4A16"))
+def test_gptq_onto_fp4_takes_the_scales_searched_with_the_hessian_diagonal(name):
+    """GPTQ onto FP4 rounds onto block scales from the float weight: by default (`mse_scales`) the ones the search
+    finds with each column weighted by the Hessian's diagonal (its inputs' mean square), with `minmax_scales` the
+    blocks' ranges (round to nearest's)."""
+    from dataclasses import replace
+
+    from compiler.backends.torch.float_formats import fp4_scales, searched_scales
+    from compiler.backends.torch.fp4_gptq import gptq_fp4
+
+    w = weights(64, 256, torch.float32, 9)[8:]
+    inputs = torch.randn(512, 256, generator=torch.Generator().manual_seed(3)) * torch.linspace(0.1, 3.0, 256)
+    hessian = (2 * inputs.T @ inputs / 512).double().numpy()
+    scheme = PRESETS[name]
+    spec = scheme.quantized_weights
+    found = {}
+    for choice in (True, False):
+        stored = gptq_fp4(w, replace(scheme, mse_scales=choice), hessian.copy(), torch.bfloat16, None, "cpu").stored
+        found[choice] = stored_bytes(stored["weight_scale"])
+    diagonal = np.ascontiguousarray(np.diagonal(hessian), np.float32)
+    searched = searched_scales(w, spec, None, diagonal)
+    assert searched is not None
+    args = (spec, weight_args(spec), weight_format(scheme), torch.bfloat16, None, False)
+    with_searched = quantize_float(w, *args, given=searched).stored["weight_scale"]
+    with_ranges = quantize_float(w, *args, given=fp4_scales(w, spec)).stored["weight_scale"]
+    assert torch.equal(found[True], stored_bytes(with_searched))
+    assert torch.equal(found[False], stored_bytes(with_ranges))
+    assert not torch.equal(found[True], found[False])

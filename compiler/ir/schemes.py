@@ -111,11 +111,14 @@ def elaborate_scheme(decl: ast.SchemeDecl, known: dict[str, Scheme], facts: Back
     if weights is not None:
         _check_floats(decl, weights, activations, rounding, diags)
         other_grid = (static_groups and not act_order) or not mse_scales  # act_order implies static_groups
-        chosen = next((k for k in decl.rounding if k.kind in ("group_scales", "scale_search")), None)
+        # FP4 blocks take their scales from the float weight before the column loop (by its ranges with
+        # `minmax_scales`, searched with the Hessian's diagonal by default): never from updated columns
+        chosen = next((k for k in decl.rounding if k.kind == "group_scales"), None)
         if weights.qtype.is_float and rounding is Rounding.GPTQ and chosen is not None:
-            diags.error("Q256", f"scheme `{decl.name.value}`: GPTQ rounds {weights.qtype.name} onto the block scales "
-                        "round to nearest takes from the float weight (compressed-tensors' ranges)", chosen.span,
-                        "no other scales", help=f"drop `{chosen.value}`")
+            diags.error("Q256", f"scheme `{decl.name.value}`: GPTQ rounds {weights.qtype.name} onto block scales "
+                        "taken from the float weight before the column loop", chosen.span,
+                        "no other scales", help=f"drop `{chosen.value}`; `minmax_scales` takes the blocks' ranges, "
+                        "`mse_scales` (the default) searches them")
         if weights.qtype.is_kquant and rounding is Rounding.GPTQ and other_grid:
             diags.error("Q256", f"scheme `{decl.name.value}`: {weights.qtype.name}'s grid is llama.cpp's imatrix "
                         "search of the float weight, before GPTQ rounds onto it", decl.name.span,

@@ -84,14 +84,19 @@ class GivenScales:
     high: torch.Tensor
 
 
-def fp4_scales(weight: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | None = None) -> GivenScales:
+def fp4_scales(weight: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | None = None,
+               importance: np.ndarray | None = None) -> GivenScales:
     """The block ranges and global scale round to nearest takes for an FP4 weight (`quantize_float`): an exact
     cast's where the weight lies on an FP4 grid, else the blocks' largest magnitudes under the global scale of
-    `shared` or of the weight's own range."""
+    `shared` or of the weight's own range; with `importance` (float32 [in]), the scales searched with each
+    column's error so weighted (searched_scales)."""
     w = weight.detach().cpu()
     cast = _exact(w, spec, shared)
     if cast is not None:
         return GivenScales(cast.global_scale, cast.high)
+    searched = None if importance is None else searched_scales(w, spec, shared.absmax if shared else None, importance)
+    if searched is not None:
+        return searched
     low, high = _ranges(w.float(), spec)
     return GivenScales(_global_scale(w, spec, shared), torch.maximum(-low, high))
 
