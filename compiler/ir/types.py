@@ -234,6 +234,16 @@ class Scheme:
             and not w.qtype.is_kquant
 
     @property
+    def searches_fp4_scales(self) -> bool:
+        """NVFP4/MXFP4 block scales chosen by the compiled loop's search (quant/float_kernels.py): `rounding mse`,
+        `rounding imatrix` (each column weighted by its inputs' mean square) and GPTQ's default `mse_scales`
+        (weighted by the Hessian's diagonal: torch/fp4_gptq.py)."""
+        w = self.weights
+        if w is None or w.qtype not in (QType.NVFP4, QType.MXFP4):
+            return False
+        return self.rounding in (Rounding.MSE, Rounding.IMATRIX) or (self.rounding is Rounding.GPTQ and self.mse_scales)
+
+    @property
     def gptq_scales_fixed(self) -> bool:
         """GPTQ takes every scale before its column loop (per channel, or groups with act-order or static
         groups), so same-shape weights can round as one batch (quant/gptq_batch.py); else a group's scale is

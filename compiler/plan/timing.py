@@ -209,8 +209,8 @@ def gptq_seconds(w: Workload, rates: Rates, layers: tuple[str, ...] | None = Non
 # times an rtn rounding's time: the real SmolLM2-135M's 210 layers to Q4_0/Q8_0, 405 MiB of float32, rounded in
 # 5.2 s where rtn takes 0.9 (2026-12-03)
 SEARCHED_ROUNDING = 5.5
-# An NVFP4/MXFP4 weight whose block scales `rounding mse` searches (each block rounded again under 4 or 2 other
-# scales in the compiled loop) takes this many times an rtn rounding's time: the real SmolLM2-135M's 210 layers to
+# An NVFP4/MXFP4 weight whose block scales are searched (`rounding mse`/`imatrix`, GPTQ's `mse_scales`: each block
+# rounded again under 4 or 2 other scales in the compiled loop) takes this many times an rtn rounding's time: the real SmolLM2-135M's 210 layers to
 # NVFP4A16 file to file rounded in 2.0 s where rtn took 0.9-1.2 (from its float folder) and 3.1-3.7 s where rtn
 # took 2.0-2.5 (from its GGUF), against 1.8 s planned for rtn (2026-12-05)
 FP4_SEARCHED_ROUNDING = 1.6

@@ -20,7 +20,6 @@ from compiler.ir.types import (
     QType,
     RecipeIR,
     Rounding,
-    Scheme,
     SensitivityMetric,
     Transform,
 )
@@ -108,7 +107,7 @@ class Workload(Observation):
     emit_format: EmitFormat | None = None  # the output's format (`emit`), which the backend's cost model asks
     kquant_rounded: bool = False  # a weight goes to a K-quant (qrc's numpy search of llama.cpp's scales)
     nvfp4_layers: tuple[str, ...] = ()  # the layers rounded to NVFP4 (an FP4 source's take the exact cast's path)
-    fp4_searched_layers: tuple[str, ...] = ()  # NVFP4/MXFP4 layers whose block scales are searched (_fp4_searched)
+    fp4_searched_layers: tuple[str, ...] = ()  # NVFP4/MXFP4 layers whose block scales are searched (Scheme.searches_fp4_scales)
     fp4_input_elements: int = 0  # per token, the input elements the layers round to FP4 as they run (NVFP4, MXFP4)
     quantized_input_width: int = 0  # the widest input a layer copies as it runs: its activation scheme's quantized
     # copy, or its squares for imatrix (torch/layers.py Squares)
@@ -324,7 +323,7 @@ def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Worklo
         emit_format=ir.emit.format if ir.emit is not None else None,
         kquant_rounded=any(a.scheme.quantized_weights.qtype.is_kquant for a in quantized),
         nvfp4_layers=tuple(a.layer.name for a in quantized if a.scheme.quantized_weights.qtype is QType.NVFP4),
-        fp4_searched_layers=tuple(a.layer.name for a in quantized if _fp4_searched(a.scheme)),
+        fp4_searched_layers=tuple(a.layer.name for a in quantized if a.scheme.searches_fp4_scales),
         fp4_input_elements=sum(a.layer.in_features for a in quantized
                                if a.scheme.activations is not None and a.scheme.activations.qtype.fixed_group),
         quantized_input_width=max((a.layer.in_features for a in quantized
@@ -344,14 +343,6 @@ def _kernel_rounded(a: LayerAssignment, scales: str | None = None) -> bool:
     """Whether the torch backend rounds this layer's weight with the compiled rtn loop, its scales stored in the
     layer's dtype or in `scales`."""
     return fused_rtn.applies(a.scheme.quantized_weights, a.scheme.rounding, scales or a.layer.dtype)
-
-
-def _fp4_searched(scheme: Scheme) -> bool:
-    """An NVFP4/MXFP4 scheme whose block scales the compiled loop searches: `rounding mse`/`imatrix`, and GPTQ's
-    default `mse_scales` (torch/fp4_gptq.py)."""
-    if scheme.quantized_weights.qtype not in (QType.NVFP4, QType.MXFP4):
-        return False
-    return scheme.rounding in (Rounding.MSE, Rounding.IMATRIX) or (scheme.rounding is Rounding.GPTQ and scheme.mse_scales)
 
 
 def _float_kernel_rounded(a: LayerAssignment) -> bool:

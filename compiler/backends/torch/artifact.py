@@ -175,7 +175,7 @@ class ArtifactModel:
             raise BackendError(error("Q428", f"`{prefix}` is stored compressed in the emitted folder but no config "
                                      "group of its quantization_config names it", None, "unnamed layer", help=_BUG))
         return decompressed(self.shards.read, prefix, self.shards.__contains__, scheme,
-                            str(scheme.format or self.config_format)).float()
+                            str(scheme.format or self.config_format))
 
     def _decompress(self, name: str, module: nn.Module, device) -> None:
         from compressed_tensors.compressors.base import decompress_module

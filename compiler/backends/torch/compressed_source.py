@@ -17,13 +17,13 @@ SERIALIZED = ("weight", "weight_packed", "weight_scale", "weight_zero_point", "w
 
 def decompressed(read, prefix: str, has, scheme, fmt: str) -> torch.Tensor:
     """compressed-tensors' decompression of one layer's stored tensors under `scheme` (its QuantizationScheme)
-    and format `fmt`, in the dtype it decompresses to: what transformers' `dequantize` conversion computes. `read(name)` reads a
+    and format `fmt`, in float32: what transformers' `dequantize` conversion computes. `read(name)` reads a
     tensor, `has(name)` says whether the folder holds it."""
     from compressed_tensors.compressors import BaseCompressor
 
     state = {leaf: read(f"{prefix}.{leaf}") for leaf in SERIALIZED if has(f"{prefix}.{leaf}")}
     compressor = BaseCompressor.get_value_from_registry(fmt)
-    return compressor.decompress(state, scheme)["weight"]
+    return compressor.decompress(state, scheme)["weight"].float()
 
 
 class CompressedShards(DerivedShards):
@@ -43,7 +43,6 @@ class CompressedShards(DerivedShards):
             entries[name] = decoded_entry(inner.entries.get(f"{layer.prefix}.weight_packed") or inner.entries[name],
                                           layer.shape)
         super().__init__(inner, entries, frozenset(self.layers))
-        self.decompressed_dtype = torch.float32  # what the decompressor gives, known once a layer was read
 
     def nvfp4_tensors(self, name: str, leaves: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
         """The stored tensors `leaves` of a layer stored as NVFP4 (blocks of 16, symmetric), as the folder holds
@@ -62,15 +61,13 @@ class CompressedShards(DerivedShards):
         """A compressed layer's weight, decompressed (float32)."""
         layer = self.layers[name]
         try:
-            weight = decompressed(self.inner.read, layer.prefix, self.inner.__contains__, self.groups[layer.group],
-                                  layer.format)
+            return decompressed(self.inner.read, layer.prefix, self.inner.__contains__, self.groups[layer.group],
+                                layer.format)
         except (ValueError, KeyError, RuntimeError, NotImplementedError) as exc:
             raise BackendError(error("Q404", f"compressed-tensors cannot decompress `{layer.prefix}` ({layer.format}: "
                                      f"{type(exc).__name__}: {str(exc).strip()[:160]})", None, "cannot read this layer",
                                      help="a folder compressed-tensors wrote loads; this one's tensors and its "
                                      "quantization_config disagree")) from None
-        self.decompressed_dtype = weight.dtype
-        return weight.float()
 
 
 def with_decompression(shards, config: dict):

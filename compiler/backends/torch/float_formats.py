@@ -205,12 +205,10 @@ def searched_scales(w: torch.Tensor, spec: WeightQuant, shared_absmax: float | N
     compressed-tensors turns back into them: NVFP4 the e4m3 scale · 6 over the global scale, MXFP4 4 · 2^(e − 127)
     (its power-of-two rounding gives e back); None where the loop cannot round the weight (compressed-tensors
     then rounds it by its ranges, and refuses a non-finite one)."""
-    bits = float_bits(w) if w.dtype in (torch.bfloat16, torch.float32) else float_bits(w.float())
+    bits = float_bits(w if w.dtype in (torch.bfloat16, torch.float32) else w.float())
     if bits is None or not fused_float.applies(spec, "float32", tuple(w.shape)):
         return None
-    global_scale = None
-    if spec.qtype is QType.NVFP4:
-        global_scale = nvfp4_global_scale(shared_absmax if shared_absmax is not None else fused_float.absmax(bits))
+    global_scale = _loop_global_scale(bits, spec, shared_absmax)
     done = fused_float.round_bits(bits, spec, "float32", None if global_scale is None else float(global_scale),
                                   importance)
     if done is None:
@@ -221,6 +219,14 @@ def searched_scales(w: torch.Tensor, spec: WeightQuant, shared_absmax: float | N
     return GivenScales(None, torch.ldexp(torch.full(codes.shape, 4.0), codes.to(torch.int32) - 127))
 
 
+def _loop_global_scale(bits: np.ndarray, spec: WeightQuant, shared_absmax: float | None) -> torch.Tensor | None:
+    """NVFP4's global scale for the compiled loop, from the fused siblings' shared range or the weight's own
+    (its bits); None for the formats without one."""
+    if spec.qtype is not QType.NVFP4:
+        return None
+    return nvfp4_global_scale(shared_absmax if shared_absmax is not None else fused_float.absmax(bits))
+
+
 def _compiled(w: torch.Tensor, spec: WeightQuant, scale_dtype: torch.dtype,
               shared_absmax: float | None, importance: np.ndarray | None = None) -> FloatQuantized | None:
     """`w` rounded by fused_float's loop, its tensors as compressed-tensors' compressor stores them (the same
@@ -229,9 +235,7 @@ def _compiled(w: torch.Tensor, spec: WeightQuant, scale_dtype: torch.dtype,
     bits, dtype_name = float_bits(w), str(scale_dtype).removeprefix("torch.")
     if bits is None or not fused_float.applies(spec, dtype_name, tuple(w.shape)):
         return None
-    global_scale = None
-    if spec.qtype is QType.NVFP4:
-        global_scale = nvfp4_global_scale(shared_absmax if shared_absmax is not None else fused_float.absmax(bits))
+    global_scale = _loop_global_scale(bits, spec, shared_absmax)
     done = fused_float.round_bits(bits, spec, dtype_name, None if global_scale is None else float(global_scale),
                                   importance)
     if done is None:
@@ -332,14 +336,13 @@ def quantize_scheme(weight: torch.Tensor, scheme: Scheme, scale_dtype: torch.dty
     block scales; `rounding imatrix` too, weighted by `importance` (each input column's mean square; None where
     no calibration token reached the layer: unweighted, as mse)."""
     spec = scheme.quantized_weights
-    if spec.qtype in (QType.NVFP4, QType.MXFP4) and scheme.rounding in (Rounding.MSE, Rounding.IMATRIX):
-        if importance is None or scheme.rounding is Rounding.MSE:
-            importance = np.ones(weight.shape[-1], np.float32)
-        importance = np.ascontiguousarray(importance, np.float32)
-    else:
-        importance = None
+    weighted = None
+    if scheme.searches_fp4_scales and given is None:  # GPTQ's searched scales come given (fp4_gptq.py)
+        weighted = importance if scheme.rounding is Rounding.IMATRIX and importance is not None else \
+            np.ones(weight.shape[-1], np.float32)
+        weighted = np.ascontiguousarray(weighted, np.float32)
     return quantize_float(weight, spec, weight_args(spec), weight_format(scheme), scale_dtype, shared, measure,
-                          given=given, importance=importance)
+                          given=given, importance=weighted)
 
 
 def nvfp4_input_global_scale(low: float, high: float) -> float:

@@ -20,10 +20,14 @@ import torch
 
 from compiler.backends.torch.compressed_source import CompressedShards
 from compiler.backends.torch.float_formats import FloatQuantized
+from compiler.backends.torch.quant_args import DECOMPRESSED_TO_BFLOAT16
+from compiler.ir.types import QType
 from compiler.quant.qparams import FP4_GRID
 
 BLOCK = 16  # NVFP4's columns per scale
 STORED = ("weight_global_scale", "weight_packed", "weight_scale")  # in the order compressed-tensors writes them
+# what compressed-tensors' NVFP4 decompressor gives, whatever the model's dtype
+DECODED = torch.bfloat16 if QType.NVFP4 in DECOMPRESSED_TO_BFLOAT16 else torch.float32
 # e2m1 codes → values (the low three bits index the magnitudes, the high one is the sign), and a packed byte →
 # its two values, the low nibble's first (one lookup a byte)
 _VALUES = torch.tensor([*FP4_GRID, *(-v for v in FP4_GRID)])
@@ -40,7 +44,6 @@ class SourceLayer:
     [out, in / 2], block scales float8_e4m3fn [out, in / 16]."""
 
     stored: dict[str, torch.Tensor]
-    decoded_dtype: torch.dtype  # what compressed-tensors' decompressor gives (its values rounded to it)
 
     @property
     def global_scale(self) -> torch.Tensor:
@@ -57,7 +60,7 @@ def stored_layer(shards, weight: str) -> SourceLayer | None:
     if shards is None:
         return None
     found = shards.nvfp4_tensors(weight, STORED)
-    return None if found is None else SourceLayer(found, shards.decompressed_dtype)
+    return None if found is None else SourceLayer(found)
 
 
 def kept(weight: torch.Tensor, layer: SourceLayer) -> FloatQuantized | None:
@@ -73,7 +76,7 @@ def kept(weight: torch.Tensor, layer: SourceLayer) -> FloatQuantized | None:
         w = weight[first:first + _ROWS].float().reshape(-1)
         values = _PAIRS[packed[first:first + _ROWS].long()].reshape(-1, columns // BLOCK, BLOCK)
         step = (scales[first:first + _ROWS].float() / layer.global_scale.float()).unsqueeze(-1)
-        decoded = (values * step).to(layer.decoded_dtype).float().reshape(-1)  # what a loader decompresses to
+        decoded = (values * step).to(DECODED).float().reshape(-1)  # what a loader decompresses to
         power += float(torch.dot(w, w))
         if torch.equal(w, decoded):  # file to file, nothing changed the weight: the values themselves
             continue
