@@ -42,6 +42,8 @@ ROWS = {
     "w8a16": ("W8A16", "", "w8a16"),
     "w8a8": ("W8A8", "", "w8a8"),
     "w8a8-smoothquant": ("W8A8", "transform smoothquant { }", "smoothquant"),
+    # each mapping's strength searched (`alpha search`): no strength chosen by hand (bench/README.md)
+    "w8a8-smoothquant-search": ("W8A8", "transform smoothquant { alpha search }", None),
     "w8a8-static": ("W8A8_STATIC", "", "w8a8-static"),
     # static inputs' ranges by the least expected squared error of the step instead of the default minmax:
     # better without SmoothQuant on validation text, worse with it at 0.8-0.9 (bench/README.md)
@@ -49,6 +51,7 @@ ROWS = {
     "w8a8-static-smoothquant": ("W8A8_STATIC", "transform smoothquant { alpha 0.8 }", "smoothquant-static"),
     # the strength bench/real_validation.py found best on validation text (0.5 to 0.95 tried; see bench/README.md)
     "w8a8-static-smoothquant-0.9": ("W8A8_STATIC", "transform smoothquant { alpha 0.9 }", None),
+    "w8a8-static-smoothquant-search": ("W8A8_STATIC", "transform smoothquant { alpha search }", None),
     # GPTQ rounds the smoothed weights (half the error left at 0.9 was the weights': bench/README.md), beside
     # llm-compressor's W8A8 recipe of SmoothQuant (its 0.8) then GPTQModifier
     "w8a8-static-smoothquant-gptq": ("W8A8_STATIC { rounding gptq }", "transform smoothquant { alpha 0.9 }",

@@ -101,7 +101,7 @@ def test_folding_keeps_the_float_model(models, kind):
     with torch.no_grad():
         before = model(ids).logits
         with SmoothingStatistics(model, list(mappings), {n: n for m in mappings for n in (m.source, *m.targets)},
-                                 checked.ir.transform.kind, checked.ir.calibration) as stats:
+                                 checked.ir.transform, checked.ir.calibration) as stats:
             model(ids)
         spec = checked.ir.scheme("s").weights
         for m in mappings:
@@ -169,6 +169,17 @@ def test_smoothquant_beats_plain_w8a8(models, tmp_path):
     smooth, _, _ = _compile(tmp_path, models["llama"], "transform smoothquant { alpha 0.8 }", scheme="W8A8_STATIC",
                             mode="low_memory", name="sq")
     assert smooth.verify["kld"] < 0.8 * plain.verify["kld"], (smooth.verify, plain.verify)
+
+
+def test_a_searched_strength_compiles_and_says_what_it_kept(models, tmp_path):
+    """`alpha search` on static W8A8: each mapping's strength is chosen, the summary says which, the folded model
+    still computes the float one, and the rounded one loses less than with no transform."""
+    plain, _, _ = _compile(tmp_path, models["llama"], "", scheme="W8A8_STATIC", mode="low_memory", name="plain")
+    searched, planned, _ = _compile(tmp_path, models["llama"], "transform smoothquant { alpha search  grid 4 }",
+                                    scheme="W8A8_STATIC", mode="low_memory", name="searched")
+    assert "alpha searched over 5 strengths" in searched.transform, searched.transform
+    assert any("mean |x| and XᵀX, search 5 strengths" in op.summary for op in planned.plan.ops), planned.plan.ops
+    assert searched.verify["kld"] < 0.8 * plain.verify["kld"], (searched.verify, plain.verify)
 
 
 def test_awq_on_moe_experts_and_gptq_after_awq(models, tmp_path):
@@ -260,7 +271,7 @@ def test_onnx_fold_keeps_the_float_model(onnx_outliers, tmp_path, kind, mode):
     assert len(checked.assignment.smoothing) == 8  # 4 blocks × (input norm → q/k/v, post-attention norm → gate/up)
     files = open_model(onnx_outliers)
     batches = data.calibration_batches(checked.ir.calibration.data, checked.assignment.model, 4)
-    smoothed, _ = smooth(checked.ir.transform, checked.assignment, files, MemoryMode(mode), batches, None,
+    smoothed, _, _ = smooth(checked.ir.transform, checked.assignment, files, MemoryMode(mode), batches, None,
                          lambda: None)
     try:
         feed = next(iter(batches))
@@ -279,6 +290,10 @@ def test_onnx_smoothquant_and_awq_beat_plain_rounding(onnx_outliers, tmp_path):
                               "sq")
     assert "folded into 8 mapping(s)" in smooth.transform
     assert smooth.verify["kld"] < 0.8 * plain.verify["kld"], (smooth.verify, plain.verify)
+    searched, _ = _onnx_compile(tmp_path, onnx_outliers, "transform smoothquant { alpha search }", "W8A8_STATIC",
+                                "low_memory", "sq-search")
+    assert "alpha searched over 11 strengths" in searched.transform, searched.transform
+    assert searched.verify["kld"] < 0.8 * plain.verify["kld"], (searched.verify, plain.verify)
     rtn, _ = _onnx_compile(tmp_path, onnx_outliers, "", "W4A16", "offload", "rtn", "matmul_nbits")
     awq, _ = _onnx_compile(tmp_path, onnx_outliers, "transform awq", "W4A16", "offload", "awq", "matmul_nbits")
     assert awq.verify["kld"] < rtn.verify["kld"], (awq.verify, rtn.verify)

@@ -172,8 +172,9 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "loads it). `group auto` gives each instance the widest member's scheme.",
              'quantize { type Linear -> W4A16  "*.v_proj" -> W8A16 }   # without `group auto`'),
     CodeInfo("Q259", "a transform setting it cannot take",
-             "`transform smoothquant` takes `alpha` in [0, 1]; `transform awq` takes `grid` (1 to 1000) and "
-             "`duo_scaling on|off`. A setting of the other method would otherwise be ignored.",
+             "`transform smoothquant` takes `alpha` in [0, 1] or `alpha search` (and, searching, `grid`); "
+             "`transform awq` takes `grid` (1 to 1000) and `duo_scaling on|off`. A setting of the other method "
+             "would otherwise be ignored.",
              "transform awq { alpha 0.5 }"),
     CodeInfo("Q260", "a transform mapping matches nothing",
              "A `map` pattern that matches no norm or layer, or a transform that infers no mapping for the model, "

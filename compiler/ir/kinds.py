@@ -233,8 +233,9 @@ TransformKind.AWQ = TRANSFORMS.register(TransformKind(
     "awq", "activation-aware scales searched per mapping for the least output error of the rounded layers",
     ("grid", "duo_scaling"), TransformData.GRAM, into_linears=True))
 TransformKind.SMOOTHQUANT = TRANSFORMS.register(TransformKind(
-    "smoothquant", "s = max|x|^alpha / max|w|^(1-alpha): the inputs' outliers moved into the weights (W8A8)",
-    ("alpha",)))
+    "smoothquant", "s = max|x|^alpha / max|w|^(1-alpha): the inputs' outliers moved into the weights (W8A8); "
+    "`alpha search` picks each mapping's strength (of `grid` + 1) for the least estimated error of its rounded "
+    "weights and inputs", ("alpha", "grid")))
 TransformKind.QUAROT = TRANSFORMS.register(TransformKind(
     "quarot", "the residual stream and each head's values rotated by random Hadamard matrices folded into the "
     "weights (QuaRot R1 + R2): the float model computes the same, its outliers spread before 4-bit activations; "

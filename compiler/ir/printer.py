@@ -22,6 +22,7 @@ from compiler.ir.types import (
     Selector,
     SelectorKind,
     Transform,
+    TransformKind,
     WeightQuant,
 )
 from compiler.ir.values import format_bytes, format_number
@@ -158,7 +159,9 @@ def _optional_blocks(ir: RecipeIR) -> list[str]:
 
 
 def _transform(t: Transform) -> list[str]:
-    values = {"alpha": format_number(t.alpha), "grid": str(t.grid), "duo_scaling": "on" if t.duo_scaling else "off",
+    fixed_alpha = t.kind is TransformKind.SMOOTHQUANT and not t.alpha_search  # its `grid` means nothing
+    values = {"alpha": "search" if t.alpha_search else format_number(t.alpha),
+              "grid": "" if fixed_alpha else str(t.grid), "duo_scaling": "on" if t.duo_scaling else "off",
               "online": " ".join(r.value for r in t.online), "block": str(t.block) if t.block else ""}
     if t.learning is not None:
         values.update(iters=str(t.learning.iters), lr=format_number(t.learning.lr), batch=str(t.learning.batch),

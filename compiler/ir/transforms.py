@@ -7,6 +7,7 @@ import math
 
 from compiler.diagnostics import Diagnostics, expected_help
 from compiler.ir.blocks import settings_by_key, spans_of
+from compiler.ir.kinds import TransformKind
 from compiler.ir.types import (
     Mapping,
     OnlineRotation,
@@ -22,6 +23,9 @@ from compiler.syntax import ast
 
 DEFAULT_ALPHA = 0.5  # SmoothQuant's published default (and llm-compressor's smoothing_strength)
 DEFAULT_GRID = 20  # AWQ's published grid (AutoAWQ, llm-compressor)
+# SmoothQuant's `alpha search`: strengths 0, 0.1, …, 1 (the fixed strengths people pick are tenths; 10 keeps the
+# search's cost at half of AWQ's)
+DEFAULT_ALPHA_GRID = 10
 MAX_GRID = 1000
 
 
@@ -42,14 +46,17 @@ def elaborate_transform(decl: ast.TransformDecl | None, diags: Diagnostics) -> T
             diags.error("Q259", f"`{key}` is a setting {whose}not of `{kind.name}`",
                         setting.key_span, "not for this transform",
                         help=f"`transform {kind.name}` takes: {', '.join(kind.settings) or 'no settings'}")
-    alpha = _alpha(found.get("alpha"), diags)
-    grid = _grid(found.get("grid"), diags)
+    alpha, searched = _alpha(found.get("alpha"), diags)
+    grid = _grid(found.get("grid"), DEFAULT_ALPHA_GRID if searched else DEFAULT_GRID, diags)
+    if kind is TransformKind.SMOOTHQUANT and "grid" in found and not searched:
+        diags.error("Q259", "`grid` counts the strengths `alpha search` tries", found["grid"].key_span,
+                    "no search here", help="write `alpha search  grid N`, or drop `grid` for a fixed `alpha`")
     duo = found.get("duo_scaling")
     mappings = tuple(Mapping(_selector(m.source), tuple(_selector(t) for t in m.targets), m.span) for m in decl.maps)
     block = found.get("block")
     return Transform(spans_of(found), kind, alpha, grid, duo is None or duo.value.value == "on", mappings, decl.span,
                      _online(found.get("online"), diags),
-                     _block(block, diags), _learning(found, diags) if kind.learns else None)
+                     _block(block, diags), _learning(found, diags) if kind.learns else None, searched)
 
 
 def _selector(sel: ast.Selector) -> Selector:
@@ -121,27 +128,35 @@ def _start(setting: ast.Setting | None, diags: Diagnostics) -> RotationStart:
     return RotationStart.HADAMARD
 
 
-def _alpha(setting: ast.Setting | None, diags: Diagnostics) -> float:
+def _alpha(setting: ast.Setting | None, diags: Diagnostics) -> tuple[float, bool]:
+    """`alpha X` (a fixed strength) or `alpha search` (searched per mapping) → (the strength, searched)."""
     if setting is None:
-        return DEFAULT_ALPHA
+        return DEFAULT_ALPHA, False
     number = setting.value
+    if isinstance(number, ast.Name):
+        if number.value.lower() == "search":
+            return DEFAULT_ALPHA, True
+        diags.error("Q259", f"`alpha {number.value}` is not a strength", number.span, "a number or `search`",
+                    help="write a strength in [0, 1] (e.g. `alpha 0.8`) or `alpha search` (each mapping's own)")
+        return DEFAULT_ALPHA, False
     assert isinstance(number, ast.Number)
     if not 0.0 <= number.value <= 1.0:
         diags.error("Q259", f"`alpha {number.text}` is outside [0, 1]", number.span, "migration strength",
                     help="0 leaves the activations alone, 1 moves all their range into the weights; 0.5 is the "
-                    "published default, 0.75-0.85 suits models with strong outliers")
-        return DEFAULT_ALPHA
-    return float(number.value)
+                    "published default, 0.75-0.85 suits models with strong outliers; `alpha search` picks "
+                    "each mapping's")
+        return DEFAULT_ALPHA, False
+    return float(number.value), False
 
 
-def _grid(setting: ast.Setting | None, diags: Diagnostics) -> int:
+def _grid(setting: ast.Setting | None, default: int, diags: Diagnostics) -> int:
     if setting is None:
-        return DEFAULT_GRID
+        return default
     number = setting.value
     assert isinstance(number, ast.Number)
     grid = whole_number(number, "`grid`", diags)
     if grid is not None and grid > MAX_GRID:
         diags.error("Q259", f"`grid {grid}` searches {grid} scale ratios per mapping", number.span, "too many",
                     help=f"at most {MAX_GRID}; AWQ's published grid is {DEFAULT_GRID}")
-        return DEFAULT_GRID
-    return grid or DEFAULT_GRID
+        return default
+    return grid or default

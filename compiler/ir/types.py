@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 
 # the kinds plug-ins add to live in kinds.py; the IR's users import them from here with the rest of the IR
-from compiler.ir.kinds import CalibrationMethod, EmitFormat, QType, Rounding, TransformKind
+from compiler.ir.kinds import CalibrationMethod, EmitFormat, QType, Rounding, TransformData, TransformKind
 from compiler.ir.runtimes import RuntimeTarget
 from compiler.source import Span
 
@@ -423,6 +423,22 @@ class Transform(Located):
     online: tuple[OnlineRotation, ...] = ()  # quarot: the rotations the runtime applies as it runs
     block: int | None = None  # quarot: R1 and R4 block-diagonal, blocks of this order (None: the whole width)
     learning: RotationLearning | None = None  # spinquant: how R1 and R2 are learned (None: random, QuaRot's)
+    alpha_search: bool = False  # smoothquant `alpha search`: each mapping's strength searched over `grid` + 1 values
+
+    @property
+    def data(self) -> TransformData:
+        """What its statistics pass gathers: a searched SmoothQuant strength scores its candidates with XᵀX too."""
+        return TransformData.GRAM if self.alpha_search else self.kind.data
+
+    @property
+    def search_points(self) -> int:
+        """Candidates each mapping's search scores (0: nothing searched): AWQ's grid ratios, the strengths of a
+        searched SmoothQuant (0, 1/grid, …, 1) and the identity."""
+        if self.alpha_search:
+            return self.grid + 2
+        if self.kind is TransformKind.SMOOTHQUANT:  # a fixed strength: its `grid` is a searching one's
+            return 0
+        return self.grid if "grid" in self.kind.settings else 0
 
 
 @dataclass(frozen=True, slots=True)

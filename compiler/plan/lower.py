@@ -150,9 +150,10 @@ def transform_words(w: Workload, checked: str) -> str:
     """The transform's pass, in words: it runs first, and its fold is checked (`checked` says how)."""
     t = w.transform
     assert t is not None
-    stats = "|x| maxima" if t.kind.data is TransformData.MAXIMA else "mean |x| and XᵀX"
-    search = f", search {t.grid} ratios" if "grid" in t.kind.settings else \
-        f", alpha {t.alpha:g}" if "alpha" in t.kind.settings else ""
+    stats = "|x| maxima" if t.data is TransformData.MAXIMA else "mean |x| and XᵀX"
+    search = f", search {t.grid + 1} strengths" if t.alpha_search else \
+        f", alpha {t.alpha:g}" if "alpha" in t.kind.settings else \
+        f", search {t.grid} ratios" if "grid" in t.kind.settings else ""
     return f"{t.kind.name} over {len(w.smoothing)} mapping(s): {stats}{search}, fold, {checked}"
 
 

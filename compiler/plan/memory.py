@@ -18,6 +18,7 @@ from compiler.models.index import LayerKind
 from compiler.plan.activations import needed_nodes, peak
 from compiler.plan.ops import ModeEstimate
 from compiler.plan.workload import Workload
+from compiler.quant.smoothing import SAMPLE_ROWS
 
 MiB = 1 << 20
 ACT_BYTES = 4  # activations are computed in float32 on CPU
@@ -157,11 +158,13 @@ def transform_bytes(w: Workload, all_blocks: bool = False, tail: bool = False) -
     search five (the weight, its scaled and rounded forms, the error, the error times XᵀX)."""
     if w.transform is None:
         return 0
-    awq = w.transform.kind.data is TransformData.GRAM
+    awq = w.transform.data is TransformData.GRAM  # AWQ, or a searched SmoothQuant strength
+    # a searched strength also keeps the signed extremes and a sample of rows (quant/smoothing.py)
+    sampled = 8 + 4 * SAMPLE_ROWS if w.transform.alpha_search else 0
     mappings = [m for m in w.smoothing if m[0] is None] if tail else list(w.smoothing)
     per_block: dict[str | None, int] = {}
     for block, width, _ in mappings:
-        per_block[block] = per_block.get(block, 0) + 12 * width + (4 * width * width if awq else 0)
+        per_block[block] = per_block.get(block, 0) + (12 + sampled) * width + (4 * width * width if awq else 0)
     state = sum(per_block.values()) if all_blocks else max(per_block.values(), default=0)
     largest = max((weights for _, _, weights in mappings), default=0)
     return state + (5 if awq else 1) * largest

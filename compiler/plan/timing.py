@@ -339,7 +339,7 @@ def smooth_seconds(w: Workload, rates: Rates, blocks_only: bool = False, whole: 
     rounding, and the fold's check runs the block on one chunk before and after it. Through the `whole` model
     (torch) the LM head runs on the last position only, as nothing reads its output."""
     t = w.transform
-    grid = t.grid if t is not None and "grid" in t.kind.settings else 0  # SmoothQuant searches nothing
+    grid = t.search_points if t is not None else 0  # a fixed SmoothQuant strength searches nothing
     searched = grid * sum(b for _, _, b in w.smoothing)
     points = rates.fixed(AWQ_POINT) * grid * len(w.smoothing)
     probes = 2 * min(w.chunk, w.samples) if blocks_only else 0

@@ -4,7 +4,10 @@ passes MatMul weights transposed); the scales multiply the input columns.
 
 AWQ's search scores each candidate by the targets' output error over every calibration token,
 Σ tr(ΔW·XᵀX·ΔWᵀ) with ΔW = W − Q(W·s)/s: exact for the targets' outputs (llm-compressor scores the parent
-module's output on cached inputs instead), and XᵀX is the same mergeable statistic GPTQ keeps."""
+module's output on cached inputs instead), and XᵀX is the same mergeable statistic GPTQ keeps. SmoothQuant's
+searched strength (`alpha search`) adds what rounding the scaled inputs x/s costs: the rounding noise of an
+integer grid is uniform, step²/12 per input, so the targets' outputs gain ‖Q(W·s)‖²·step²/12 per token, with
+the step of a static range from the per-channel extremes and a dynamic one's from a sample of the rows."""
 
 from __future__ import annotations
 
@@ -14,26 +17,38 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.ir.types import Granularity, Transform, TransformKind, WeightQuant
+from compiler.ir.types import ActivationMode, ActivationQuant, Granularity, Transform, TransformKind, WeightQuant
 
 _EPS = 1e-5  # floor of a magnitude that becomes a divisor (llm-compressor's clamp for SmoothQuant)
 Rounding = Callable[[np.ndarray, WeightQuant], np.ndarray]  # a weight [out, in] rounded and dequantized
+# A searched SmoothQuant strength estimates dynamic (per-token) input steps from every SAMPLE_STRIDE-th row of
+# the stream, at most SAMPLE_ROWS of them: K×512 float32, less than the K×K XᵀX beside it wherever K ≥ 512. A
+# prime stride: one dividing the sequence length would take every sequence's first token, often its largest.
+SAMPLE_ROWS = 512
+SAMPLE_STRIDE = 17
 
 
 @dataclass
 class ChannelStats:
-    """One mapping's input statistics: per-channel |x| maximum, and for AWQ its sum and XᵀX; the rows seen. Memory is
-    flat in the number of samples; two of them merge by adding (maxima by maximum)."""
+    """One mapping's input statistics: per-channel |x| maximum (and the signed extremes), for AWQ and a searched
+    SmoothQuant strength the |x| sum and XᵀX, for the latter a sample of rows; the rows seen. Memory is flat in
+    the number of samples; two of them merge by adding (extremes by maximum, samples up to SAMPLE_ROWS)."""
     absmax: np.ndarray
     abs_sum: np.ndarray
     gram: np.ndarray | None
     rows: int = 0
+    high: np.ndarray | None = None  # per-channel max x (a static asymmetric range's top)
+    low: np.ndarray | None = None  # per-channel min x
+    sample: np.ndarray | None = None  # [≤ SAMPLE_ROWS, channels] rows kept for per-token steps (None: not kept)
 
     @classmethod
-    def empty(cls, channels: int, with_gram: bool) -> ChannelStats:
-        """No rows yet; `with_gram` for AWQ."""
+    def empty(cls, channels: int, with_gram: bool, with_sample: bool = False) -> ChannelStats:
+        """No rows yet; `with_gram` for AWQ and a searched strength, `with_sample` for the latter."""
         gram = np.zeros((channels, channels), np.float32) if with_gram else None
-        return cls(np.zeros(channels, np.float32), np.zeros(channels, np.float64), gram)
+        sample = np.zeros((0, channels), np.float32) if with_sample else None
+        return cls(np.zeros(channels, np.float32), np.zeros(channels, np.float64), gram,
+                   high=np.full(channels, -np.inf, np.float32), low=np.full(channels, np.inf, np.float32),
+                   sample=sample)
 
     def update(self, x: np.ndarray) -> None:
         """Fold a batch of activations [..., channels] in (rows with a non-finite value are left out)."""
@@ -45,19 +60,32 @@ class ChannelStats:
         if not rows.shape[0]:
             return
         # max |x| as max(max x, -min x): the same values without an |x| copy of the chunk (SmoothQuant needs no more)
-        np.maximum(self.absmax, np.maximum(rows.max(axis=0), -rows.min(axis=0)), out=self.absmax)
+        high, low = rows.max(axis=0), rows.min(axis=0)
+        np.maximum(self.absmax, np.maximum(high, -low), out=self.absmax)
+        if self.high is not None and self.low is not None:
+            np.maximum(self.high, high, out=self.high)
+            np.minimum(self.low, low, out=self.low)
         if self.gram is not None:  # AWQ: the mean |x| (its sum) and XᵀX
             self.abs_sum += np.abs(rows).sum(axis=0, dtype=np.float64)
             self.gram += rows.T @ rows
+        if self.sample is not None and len(self.sample) < SAMPLE_ROWS:
+            first = -self.rows % SAMPLE_STRIDE  # the stream's rows 0, STRIDE, 2·STRIDE, … whatever the chunks
+            kept = rows[first::SAMPLE_STRIDE][:SAMPLE_ROWS - len(self.sample)]
+            self.sample = np.concatenate([self.sample, kept])
         self.rows += rows.shape[0]
 
     def merge(self, other: ChannelStats) -> None:
         """Add another's statistics of the same channels (torchrun's ranks: each saw its own samples); the
         maxima merge exactly, the sums in the order of the calls."""
         np.maximum(self.absmax, other.absmax, out=self.absmax)
+        if self.high is not None and other.high is not None and self.low is not None and other.low is not None:
+            np.maximum(self.high, other.high, out=self.high)
+            np.minimum(self.low, other.low, out=self.low)
         self.abs_sum += other.abs_sum
         if self.gram is not None and other.gram is not None:
             self.gram += other.gram
+        if self.sample is not None and other.sample is not None:
+            self.sample = np.concatenate([self.sample, other.sample])[:SAMPLE_ROWS]
         self.rows += other.rows
 
 
@@ -107,6 +135,71 @@ def awq_scales(stats: ChannelStats, weights: list[np.ndarray], specs: list[Weigh
     return best, gain
 
 
+def searched_smoothquant_scales(stats: ChannelStats, weights: list[np.ndarray], specs: list[WeightQuant | None],
+                                inputs: list[ActivationQuant | None], grid: int,
+                                rounding: Rounding) -> tuple[np.ndarray, float | None, float]:
+    """SmoothQuant's strength searched per mapping: α = 0, 1/grid, …, 1 (and the identity) each give
+    smoothquant_scales' s, scored by the quantized targets' output error per token: the weights' rounding
+    error Σ tr(ΔW·XᵀX·ΔWᵀ)/rows and the inputs' ‖Q(W·s)‖²·noise(x/s) (input_noise). Returns the scales, the
+    α kept (None: the identity won) and the relative error reduction against the identity."""
+    quantized = [(np.asarray(w, np.float32), spec, act) for w, spec, act in zip(weights, specs, inputs, strict=True)
+                 if spec is not None]
+    gram = stats.gram / np.float32(max(stats.rows, 1)) if stats.gram is not None else None
+
+    def loss(s: np.ndarray) -> float:
+        return estimated_error(stats, gram, quantized, s, rounding)
+
+    best, best_alpha = np.ones(stats.absmax.shape, np.float32), None
+    best_loss = baseline = loss(best)
+    for step in range(grid + 1):
+        alpha = step / grid
+        s = smoothquant_scales(stats, weights, alpha)
+        value = loss(s)
+        if value < best_loss:
+            best, best_alpha, best_loss = s, alpha, value
+    gain = 0.0 if baseline <= 0 or not math.isfinite(baseline) else 1 - best_loss / baseline
+    return best, best_alpha, gain
+
+
+def estimated_error(stats: ChannelStats, gram: np.ndarray | None,
+                    quantized: list[tuple[np.ndarray, WeightQuant, ActivationQuant | None]], s: np.ndarray,
+                    rounding: Rounding) -> float:
+    """The quantized targets' squared output error per token under scales `s` (`gram`: XᵀX per row): for each
+    target, tr(ΔW·G·ΔWᵀ) with ΔW = W − Q(W·s)/s, plus ‖Q(W·s)‖²·input_noise (the two are independent to first
+    order)."""
+    total = 0.0
+    for w, spec, act in quantized:
+        scaled = rounding(w * s, spec)
+        if gram is not None:
+            delta = w - scaled / s
+            total += float(((delta @ gram) * delta).sum())
+        total += float(np.square(scaled, dtype=np.float64).sum()) * input_noise(act, stats, s)
+    return total
+
+
+def input_noise(act: ActivationQuant | None, stats: ChannelStats, s: np.ndarray) -> float:
+    """The mean square of rounding x/s to the inputs' integer grid, step²/12 (uniform noise): a static range per
+    tensor from the per-channel extremes (max |x/s| symmetric, max − min asymmetric), a dynamic one per token
+    (or group) from the sampled rows. Unquantized inputs add nothing, nor do floating formats (their rounding
+    error is relative to each value, about the same whatever s is)."""
+    if act is None or act.qtype.is_float:
+        return 0.0
+    levels = 2 ** act.qtype.bits - 1
+    if act.mode is ActivationMode.STATIC and act.granularity is Granularity.PER_TENSOR:
+        if act.symmetric or stats.high is None or stats.low is None:
+            step = float((stats.absmax / s).max()) / (levels // 2)
+        else:
+            step = (max(float((stats.high / s).max()), 0.0) - min(float((stats.low / s).min()), 0.0)) / levels
+        return step * step / 12
+    if stats.sample is None or not len(stats.sample):
+        return 0.0
+    x = stats.sample / s
+    width = act.group if act.granularity is Granularity.GROUP else x.shape[1]
+    x = x.reshape(x.shape[0], -1, width) if x.shape[1] % width == 0 else x[:, None, :]
+    ranges = np.abs(x).max(axis=-1) / (levels // 2) if act.symmetric else (x.max(axis=-1) - x.min(axis=-1)) / levels
+    return float(np.mean(np.square(ranges, dtype=np.float64))) / 12
+
+
 def weight_magnitude(quantized: list[tuple[np.ndarray, WeightQuant]]) -> np.ndarray:
     """w̄_j: each weight normalised by the maximum of its quantization group, averaged over rows (AWQ)."""
     parts = []
@@ -118,8 +211,11 @@ def weight_magnitude(quantized: list[tuple[np.ndarray, WeightQuant]]) -> np.ndar
     return np.concatenate(parts).mean(axis=0)
 
 
-def transform_summary(t: Transform, mappings: int, gains: list[float]) -> str:
-    """One line for the compile summary: what ran and, for AWQ, the mean error its search removed."""
+def transform_summary(t: Transform, mappings: int, gains: list[float], alphas: list[float | None] | None = None) -> str:
+    """One line for the compile summary: what ran and, for AWQ and a searched SmoothQuant strength, the mean
+    error the search removed (`alphas`: the strength each mapping kept, None where the identity won)."""
+    if t.kind is TransformKind.SMOOTHQUANT and t.alpha_search:
+        return searched_summary(t, mappings, gains, alphas or [])
     if t.kind is TransformKind.SMOOTHQUANT:
         return f"smoothquant (alpha {t.alpha:g}) folded into {mappings} mapping(s)"
     if t.kind is not TransformKind.AWQ:  # a plug-in's
@@ -127,3 +223,15 @@ def transform_summary(t: Transform, mappings: int, gains: list[float]) -> str:
     mean = sum(gains) / len(gains) if gains else 0.0
     return (f"awq (grid {t.grid}, duo_scaling {'on' if t.duo_scaling else 'off'}) folded into {mappings} mapping(s); "
             f"the search cut the targets' rounding error by {100 * mean:.1f}% on average")
+
+
+def searched_summary(t: Transform, mappings: int, gains: list[float], alphas: list[float | None]) -> str:
+    """A searched SmoothQuant strength's summary line: the strengths kept and the mean error removed."""
+    kept = sorted(a for a in alphas if a is not None)
+    spread = "" if not kept else f"{kept[0]:g}" if kept[0] == kept[-1] else \
+        f"{kept[0]:g}-{kept[-1]:g}, median {kept[len(kept) // 2]:g}"
+    unscaled = len(alphas) - len(kept)
+    left = f"; {unscaled} left unscaled" if unscaled else ""
+    mean = sum(gains) / len(gains) if gains else 0.0
+    return (f"smoothquant (alpha searched over {t.grid + 1} strengths: {spread or 'none kept'}{left}) folded into "
+            f"{mappings} mapping(s); the search cut the targets' estimated error by {100 * mean:.1f}% on average")

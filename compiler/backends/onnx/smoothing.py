@@ -27,7 +27,7 @@ from compiler.backends.ranks import Ranks, merged
 from compiler.backends.result import BackendError, refuse_changed_output
 from compiler.ir.kinds import TransformData
 from compiler.ir.types import MemoryMode, Rounding, Transform, TransformKind, WeightQuant
-from compiler.quant.smoothing import ChannelStats, awq_scales, smoothquant_scales
+from compiler.quant.smoothing import ChannelStats, awq_scales, searched_smoothquant_scales, smoothquant_scales
 from compiler.quant.weights import Convention, quantize_weight
 from compiler.resolve.assignment import Assignment
 
@@ -57,20 +57,22 @@ class Scaling:
 
 
 def smooth(t: Transform, assignment: Assignment, files: ModelFiles, mode: MemoryMode, batches, disk: Path | None,
-           advance: Callable[[], None], ranks: Ranks | None = None) -> tuple[ModelFiles, list[float]]:
-    """The smoothed copy of the model by the transform `t`, and AWQ's relative error reduction per mapping.
+           advance: Callable[[], None], ranks: Ranks | None = None
+           ) -> tuple[ModelFiles, list[float], list[float | None]]:
+    """The smoothed copy of the model by the transform `t`, the searches' relative error reduction per mapping
+    (AWQ's, a searched SmoothQuant strength's) and the strengths searched (None where the identity won).
     Under torchrun `batches` are this rank's chunks: every rank's statistics are merged in rank order (the
     maxima exactly, the sums in that order), so each rank makes the same copy."""
     index = assignment.model
     norms = {n.name: n for n in index.norms}
     by_output = {norms[m.source].output: m for m in assignment.smoothing}
-    awq = t.kind.data is TransformData.GRAM
+    awq = t.data is TransformData.GRAM  # AWQ, or a searched SmoothQuant strength
     stats: dict[str, ChannelStats] = {}
 
     def on_value(name: str, value: np.ndarray) -> None:
         source = by_output[name].source
         if source not in stats:
-            stats[source] = ChannelStats.empty(value.shape[-1], awq)
+            stats[source] = ChannelStats.empty(value.shape[-1], awq, t.alpha_search)
         stats[source].update(value)
 
     if mode is MemoryMode.OFFLOAD:
@@ -87,12 +89,12 @@ def smooth(t: Transform, assignment: Assignment, files: ModelFiles, mode: Memory
             advance()
         del sess
     stats = merged(ranks or Ranks(), stats)
-    plan, gains = _scalings(t, assignment, files, stats)
+    plan, gains, alphas = _scalings(t, assignment, files, stats)
     smoothed = rewrite_initializers(files, plan)
     first = next(iter(batches), None)  # a rank given no chunk leaves the check to the others
     if mode is not MemoryMode.OFFLOAD and first is not None:  # the graph made the fold exact; one chunk through
         _check_unchanged(t, assignment, files.path, smoothed, first)  # both says it is
-    return smoothed, gains
+    return smoothed, gains, alphas
 
 
 def _check_unchanged(t: Transform, assignment: Assignment, original: Path, smoothed: ModelFiles,
@@ -108,14 +110,15 @@ def _check_unchanged(t: Transform, assignment: Assignment, original: Path, smoot
 
 
 def _scalings(t: Transform, assignment: Assignment, files: ModelFiles,
-              stats: dict[str, ChannelStats]) -> tuple[dict[str, Scaling], list[float]]:
+              stats: dict[str, ChannelStats]) -> tuple[dict[str, Scaling], list[float], list[float | None]]:
     """Per initializer, how the rewrite changes it; one mapping's weights read at a time."""
     index = assignment.model
     norms = {n.name: n for n in index.norms}
     inits = {x.name: x for x in files.light.graph.initializer}
     layers = {a.layer.name: a for a in assignment.layers}
     plan: dict[str, Scaling] = {}
-    gains = []
+    gains: list[float] = []
+    alphas: list[float | None] = []
     for m in assignment.smoothing:
         if m.source not in stats or not stats[m.source].rows:
             continue
@@ -123,7 +126,14 @@ def _scalings(t: Transform, assignment: Assignment, files: ModelFiles,
         nodes = dict((w, node) for node, w in weight_nodes(files.light, set(weights)))
         axes = {w: weight_axes(nodes[w])[1] for w in weights}
         as_rows = [_out_in(files.array(inits[w]), axes[w]) for w in weights]  # [out, in]
-        if t.kind is TransformKind.SMOOTHQUANT:
+        if t.alpha_search:
+            schemes = [layers[x].scheme for x in m.targets]
+            scales, alpha, gain = searched_smoothquant_scales(
+                stats[m.source], as_rows, [None if x.is_none else x.weights for x in schemes],
+                [x.activations for x in schemes], t.grid, _rtn)
+            gains.append(gain)
+            alphas.append(alpha)
+        elif t.kind is TransformKind.SMOOTHQUANT:
             scales = smoothquant_scales(stats[m.source], as_rows, t.alpha)
         elif t.kind.scales is not None:  # a registered plug-in's
             scales = t.kind.scales(stats[m.source], as_rows, t)
@@ -137,7 +147,7 @@ def _scalings(t: Transform, assignment: Assignment, files: ModelFiles,
             plan[name] = Scaling(scales, divide=True)
         for w in weights:
             plan[w] = Scaling(scales, divide=False, axis=axes[w])
-    return plan, gains
+    return plan, gains, alphas
 
 
 def _out_in(w: np.ndarray, input_axis: int) -> np.ndarray:

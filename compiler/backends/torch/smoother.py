@@ -17,7 +17,7 @@ from compiler.backends.torch.smoothing import SmoothingStatistics, fold, norm_of
 from compiler.backends.torch.writer import OutputWriter
 from compiler.ir.types import Calibration, Rounding, Transform, TransformKind, WeightQuant
 from compiler.models.index import ModelIndex
-from compiler.quant.smoothing import awq_scales, smoothquant_scales, transform_summary
+from compiler.quant.smoothing import awq_scales, searched_smoothquant_scales, smoothquant_scales, transform_summary
 from compiler.quant.weights import Convention, quantize_weight
 from compiler.resolve.smoothing import SmoothingMapping, SourceKind
 
@@ -38,7 +38,8 @@ class Smoother:
         # index names (checkpoint) → module names: the module computing with the tensor
         self.modules = {name: model.module_computing(weights[name]) for m in self.mappings
                         for name in (m.source, *m.targets)}
-        self.gains: list[float] = []  # AWQ: each mapping's relative error reduction
+        self.gains: list[float] = []  # AWQ, a searched SmoothQuant strength: each mapping's relative error reduction
+        self.alphas: list[float | None] = []  # a searched SmoothQuant strength: each mapping's (None: identity)
         self.folded = 0
         # module → what the fold multiplied its input columns by (targets) and divided its rows by (a Linear
         # source): as_folded() gives a checkpoint weight as the transform left it
@@ -51,7 +52,7 @@ class Smoother:
 
     def summary(self) -> str:
         """What the transform did, for the compile summary."""
-        return transform_summary(self.transform, self.folded, self.gains)
+        return transform_summary(self.transform, self.folded, self.gains, self.alphas)
 
     def run(self, mappings: list[SmoothingMapping], forward: Callable[[], object],
             probe: Callable[[], torch.Tensor]) -> None:
@@ -60,7 +61,7 @@ class Smoother:
         if not mappings:
             return
         before = probe().detach().float()
-        with SmoothingStatistics(self.model.module, mappings, self.modules, self.transform.kind,
+        with SmoothingStatistics(self.model.module, mappings, self.modules, self.transform,
                                  self.calibration) as stats:
             forward()
         found = merged(self.ranks, stats.stats)  # every rank's samples, in rank order
@@ -79,7 +80,14 @@ class Smoother:
         targets = [root.get_submodule(self.modules[x]) for x in m.targets]
         weights = [t.weight.detach().float().cpu().numpy() for t in targets if isinstance(t.weight, torch.Tensor)]
         t = self.transform
-        if t.kind is TransformKind.SMOOTHQUANT:
+        if t.alpha_search:
+            jobs = [self.jobs.get(x) for x in m.targets]
+            scales, alpha, gain = searched_smoothquant_scales(
+                stats, weights, [j.scheme.weights if j else None for j in jobs],
+                [j.scheme.activations if j else None for j in jobs], t.grid, self._rounding(m))
+            self.gains.append(gain)
+            self.alphas.append(alpha)
+        elif t.kind is TransformKind.SMOOTHQUANT:
             scales = smoothquant_scales(stats, weights, t.alpha)
         elif t.kind.scales is not None:  # a registered plug-in's
             scales = t.kind.scales(stats, weights, t)

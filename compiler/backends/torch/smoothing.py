@@ -11,7 +11,7 @@ from torch import nn
 
 from compiler.backends.torch.experts import remove_hooks, set_routing
 from compiler.ir.kinds import TransformData
-from compiler.ir.types import Calibration, TransformKind
+from compiler.ir.types import Calibration, Transform
 from compiler.quant.smoothing import ChannelStats
 from compiler.resolve.smoothing import SmoothingMapping, SourceKind
 
@@ -23,7 +23,7 @@ class SmoothingStatistics:
     root: nn.Module
     mappings: list[SmoothingMapping]
     modules: dict[str, str]  # index name (checkpoint) → module name
-    kind: TransformKind
+    transform: Transform
     calibration: Calibration
     stats: dict[str, ChannelStats] = field(default_factory=dict)
     _handles: list = field(default_factory=list)
@@ -44,7 +44,8 @@ class SmoothingStatistics:
 
     def _update(self, m: SmoothingMapping, x: torch.Tensor) -> None:
         if m.source not in self.stats:
-            self.stats[m.source] = ChannelStats.empty(x.shape[-1], self.kind.data is TransformData.GRAM)
+            self.stats[m.source] = ChannelStats.empty(x.shape[-1], self.transform.data is TransformData.GRAM,
+                                                      self.transform.alpha_search)
         self.stats[m.source].update(x.detach().float().cpu().numpy())
 
     def _output_hook(self, m: SmoothingMapping):
