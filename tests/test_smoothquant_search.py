@@ -103,3 +103,31 @@ def test_samples_and_extremes_merge_across_ranks():
     whole = _stats(x)
     assert np.array_equal(halves[0].high, whole.high) and np.array_equal(halves[0].low, whole.low)
     assert halves[0].sample is not None and 0 < len(halves[0].sample) <= 512
+
+
+def test_the_plan_counts_the_search(tmp_path):
+    """`qrc plan`: a searched strength gathers XᵀX and a sample of rows (more memory than a fixed strength's
+    maxima) and rounds each mapping's targets grid + 2 times (more time); its op says so."""
+    from compiler import plan_file
+
+    def planned(transform: str):
+        recipe = tmp_path / "r.recipe"
+        recipe.write_text(f"""recipe r {{
+    model "builtin:tiny-llama"
+    backend torch
+    {transform}
+    quantize {{ type Linear -> W8A8_STATIC  "lm_head" -> none }}
+    calibrate {{ data synthetic {{ samples 8 }} }}
+    memory {{ mode full }}
+    emit "{tmp_path / 'out'}"
+}}
+""")
+        plan = plan_file(recipe, detected_free=16 << 30).plan
+        assert plan is not None
+        return next(op for op in plan.ops if op.summary.startswith("smoothquant"))
+
+    fixed = planned("transform smoothquant { alpha 0.8 }")
+    searched = planned("transform smoothquant { alpha search }")
+    assert "|x| maxima, alpha 0.8" in fixed.summary
+    assert "mean |x| and XᵀX, search 11 strengths" in searched.summary
+    assert searched.peak_bytes > fixed.peak_bytes and searched.seconds > fixed.seconds
