@@ -110,6 +110,11 @@ ROWS = {
     "nvfp4-spinquant-gptq": ("NVFP4 { rounding gptq }", "transform spinquant { iters 100 }", None),
     # the same steps from no rotation (the norms folded, nothing mixed: nvfp4-quarot-b1's start)
     "nvfp4-spinquant-identity": ("NVFP4", "transform spinquant { iters 100  init identity }", None),
+    # the steps from nvfp4-quarot-r4-b16's start, each 16-wide block of R1 learned within itself (one rotation per
+    # NVFP4 group), R4 block-diagonal and fixed; then round to nearest or GPTQ
+    "nvfp4-spinquant-r4-b16": ("NVFP4", "transform spinquant { iters 100  online r4  block 16 }", None),
+    "nvfp4-spinquant-r4-b16-gptq": ("NVFP4 { rounding gptq }", "transform spinquant { iters 100  online r4  block 16 }",
+                                    None),
     # the norms folded and each channel's sign flipped, nothing mixed (a 1-wide "rotation"): what folding alone does
     "nvfp4-quarot-b1": ("NVFP4", "transform quarot { block 1 }", None),
     "w8a8-static-quarot": ("W8A8_STATIC", "transform quarot", "spinquant:w8a8-static"),

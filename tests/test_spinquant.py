@@ -45,7 +45,7 @@ def _feeds(samples: int = 8, tokens: int = 32) -> list[dict]:
 
 
 def _learned(model, scheme: str = "NVFP4", iters: int = 12, online: bool = False, identity: bool = False,
-             rate: float = 1.5):
+             rate: float = 1.5, block: int | None = None):
     from compiler.backends.torch.rotation import Rotation
     from compiler.backends.torch.spinquant import learn_rotation
     from compiler.ir.schemes import PRESETS
@@ -53,25 +53,34 @@ def _learned(model, scheme: str = "NVFP4", iters: int = 12, online: bool = False
     config = model.config
     head_dim = config.hidden_size // config.num_attention_heads
     schemes = {f"model.layers.{n}.{part}": PRESETS[scheme] for n in range(config.num_hidden_layers) for part in LINEARS}
-    start = Rotation.seeded(config.hidden_size, head_dim, down=config.intermediate_size if online else None)
+    start = Rotation.seeded(config.hidden_size, head_dim, down=config.intermediate_size if online else None,
+                            block=block)
     return learn_rotation(copy.deepcopy(model), start, schemes, _feeds(), iters, rate, 2, identity=identity)
 
 
-@pytest.mark.parametrize(("family", "hidden", "online", "identity"),
-                         [("Llama", 64, False, False), ("Qwen2", 48, False, False), ("Llama", 64, True, False),
-                          ("Llama", 64, False, True)],
-                         ids=["llama-tied", "qwen2-biases-paley", "llama-online-r4", "llama-from-identity"])
-def test_the_learned_rotation_is_orthogonal_and_folds_to_the_same_float_logits(family, hidden, online, identity):
+@pytest.mark.parametrize(("family", "hidden", "online", "identity", "block"),
+                         [("Llama", 64, False, False, None), ("Qwen2", 48, False, False, None),
+                          ("Llama", 64, True, False, None), ("Llama", 64, False, True, None),
+                          ("Llama", 64, True, False, 16)],
+                         ids=["llama-tied", "qwen2-biases-paley", "llama-online-r4", "llama-from-identity",
+                              "llama-blocks-of-16"])
+def test_the_learned_rotation_is_orthogonal_and_folds_to_the_same_float_logits(family, hidden, online, identity, block):
     import torch
 
-    from compiler.backends.torch.rotation import attach_online
+    from compiler.backends.torch.rotation import Rotation, attach_online
 
     model = _model(family, hidden)
-    learned = _learned(model, online=online, identity=identity)
+    learned = _learned(model, online=online, identity=identity, block=block)
     rotation = learned.rotation
     q = rotation.q.matrix
     assert not torch.allclose(q, torch.eye(q.shape[0]), atol=1e-3)  # the steps moved it
     assert (q @ q.T - torch.eye(q.shape[0])).abs().max().item() < 1e-5
+    if block:  # each block turned within itself: nothing between blocks, and each block moved from its start
+        outside = (torch.arange(hidden)[:, None] // block) != (torch.arange(hidden)[None, :] // block)
+        assert q[outside].abs().max().item() < 1e-6 and rotation.block == block
+        start = Rotation.seeded(hidden, None, block=block).q.right(torch.eye(hidden))
+        assert all(not torch.allclose(q[k:k + block, k:k + block], start[k:k + block, k:k + block], atol=1e-4)
+                   for k in range(0, hidden, block))
     assert rotation.layer_heads is not None and len(rotation.layer_heads) == 2
     for h in rotation.layer_heads:
         assert (h @ h.T - torch.eye(h.shape[0])).abs().max().item() < 1e-5

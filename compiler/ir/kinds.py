@@ -244,6 +244,7 @@ TransformKind.QUAROT = TRANSFORMS.register(TransformKind(
 TransformKind.SPINQUANT = TRANSFORMS.register(TransformKind(
     "spinquant", "QuaRot's rotations learned (SpinQuant): R1 and each layer's R2 moved by Cayley SGD on the "
     "calibration text to lower the quantized model's loss, then folded into the weights as QuaRot's are; "
-    "`iters`, `lr`, `batch` set the steps, `init hadamard|identity` where they start; `online r4` as QuaRot's",
-    ("online", "iters", "lr", "batch", "init"),
+    "`iters`, `lr`, `batch` set the steps, `init hadamard|identity` where they start; `online r4` and `block N` as "
+    "QuaRot's (a block-diagonal R1 learns each block within itself)",
+    ("online", "iters", "lr", "batch", "init", "block"),
     rotates=True, learns=True))

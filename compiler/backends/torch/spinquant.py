@@ -93,10 +93,10 @@ def learn_from_calibration(op, assignment, spans, advance: Callable[[], None]) -
                                  "out")) from None
     model.materialize(list(model.keys))
     schemes = {job.module: job.scheme for job in jobs_of(model, assignment)}
-    hidden, head, down, _ = op.rotation
+    hidden, head, down, block = op.rotation
     feeds = data.calibration_batches(op.calibration.data, assignment.model, op.calibration.chunk)
-    return learn_rotation(model.module, Rotation.seeded(hidden, head, down=down), schemes, feeds, op.iters, op.lr,
-                          op.batch, advance, identity=op.start is RotationStart.IDENTITY)
+    return learn_rotation(model.module, Rotation.seeded(hidden, head, down=down, block=block), schemes, feeds,
+                          op.iters, op.lr, op.batch, advance, identity=op.start is RotationStart.IDENTITY)
 
 
 def _refuse_other_shapes(module: Any) -> None:
@@ -118,12 +118,15 @@ def learn_rotation(module: Any, start: Rotation, schemes: dict[str, Scheme], fee
     every weight resident; folded in place: its norms become ones, its head untied) learned from `start` (QuaRot's seeded rotation, widths and online R4
     included) over `iters` steps of `batch` calibration samples from `feeds` ({input_ids, attention_mask}
     chunks); `schemes`: each quantized Linear's scheme by module path. `identity`: R1 and the R2's start as the
-    identity instead (`start` still gives the widths, the online R4 and the names)."""
+    identity instead (`start` still gives the widths, the online R4 and the names). A block-diagonal `start`
+    (`block N`) stays block-diagonal: each step turns every block of R1 within itself (its Cayley generator
+    masked to the blocks), so each block learns its own rotation."""
     samples, held = _split(_samples(feeds))
     base = module.model
     folded = _fold_norms(module, start.down)
-    eye = torch.eye(start.q.width)
+    eye = torch.eye(base.embed_tokens.weight.shape[1])
     q = nn.Parameter(eye if identity else start.q.right(eye))
+    within = _block_mask(eye.shape[0], start.block) if start.block else None
     heads: list[torch.Tensor] = [nn.Parameter(torch.eye(start.h.shape[0]) if identity else start.h.clone())
                                  for _ in base.layers] if start.h is not None else []
     if start.down is not None:
@@ -165,7 +168,7 @@ def learn_rotation(module: Any, start: Rotation, schemes: dict[str, Scheme], fee
         with torch.no_grad():
             for r in parameters:
                 if r.grad is not None:
-                    r.copy_(_cayley_step(r.detach(), r.grad, alpha))
+                    r.copy_(_cayley_step(r.detach(), r.grad, alpha, within if r is q else None))
                     r.grad = None
         if (step + 1) % every == 0 or step + 1 == iters:
             value = validation()
@@ -173,7 +176,9 @@ def learn_rotation(module: Any, start: Rotation, schemes: dict[str, Scheme], fee
                 best, best_step = value, step + 1
                 torch._foreach_copy_(kept, [p.detach() for p in parameters])
         advance()
-    rotation = Rotation(Dense(kept[0]), None, start.base, start.down, None, tuple(kept[1:]) if heads else None)
+    # `block` kept: the online R4's D is block-diagonal too (the folder's transform_config says so)
+    rotation = Rotation(Dense(kept[0]), None, start.base, start.down, start.block,
+                        tuple(kept[1:]) if heads else None)
     return Learned(rotation, first, best, iters, time.perf_counter() - began,
                    "no rotation" if identity else "QuaRot's rotation", best_step, len(held[0]))
 
@@ -190,12 +195,21 @@ def _split(samples: tuple[torch.Tensor, torch.Tensor]) -> tuple[tuple[torch.Tens
     return (ids[:-held], mask[:-held]), (ids[-held:], mask[-held:])
 
 
-def _cayley_step(r: torch.Tensor, grad: torch.Tensor, alpha: float) -> torch.Tensor:
+def _block_mask(width: int, block: int) -> torch.Tensor:
+    """1 within the diagonal blocks of order `block`, 0 between them (float64 [width, width])."""
+    index = torch.arange(width) // block
+    return (index[:, None] == index[None, :]).double()
+
+
+def _cayley_step(r: torch.Tensor, grad: torch.Tensor, alpha: float, within: torch.Tensor | None = None) -> torch.Tensor:
     """One Cayley SGD step of the orthogonal R against its gradient: (I + a/2·A)⁻¹(I − a/2·A)·R with A = G·Rᵀ − R·Gᵀ
-    and a = min(alpha, 1/‖A‖)."""
+    and a = min(alpha, 1/‖A‖). `within`: A kept inside those blocks, so a block-diagonal R stays block-diagonal
+    (the Cayley transform of a block-diagonal skew matrix is block-diagonal and orthogonal)."""
     g = grad.double()
     r64 = r.double()
     a = g @ r64.t() - r64 @ g.t()
+    if within is not None:
+        a = a * within
     norm = float(torch.linalg.matrix_norm(a))
     if norm == 0.0 or alpha <= 0.0:
         return r
