@@ -211,6 +211,10 @@ class _Run(Verifying):
                 stats.new_forward()
                 loaded.call(feed, last_logits_only=not head_observed)
                 advance()
+        # the forwards' activations were freed into the heap, which glibc keeps: returned now, so that the rounding
+        # after them starts from the model's own pages (the real SmolLM2-135M, 8 × 128 tokens, NVFP4A16 imatrix
+        # in place: 1,130 -> 963 MiB before its first rounding, 5 ms)
+        trim_heap()
         staging.write_kv_scales("")
         v.put(Buffer.STATISTICS, stats)
 
