@@ -7,13 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.ir.types import ActivationMode, ActivationQuant, Granularity, QType, Rounding, WeightQuant
+from compiler.ir.types import ActivationMode, ActivationQuant, Granularity, QType, Rounding, Scheme, WeightQuant
 from compiler.quant.smoothing import ChannelStats, estimated_error, searched_smoothquant_scales, smoothquant_scales
 from compiler.quant.weights import Convention, quantize_weight
 
 WEIGHTS = WeightQuant(QType.INT8, Granularity.PER_CHANNEL, None, True)
 STATIC = ActivationQuant(QType.INT8, Granularity.PER_TENSOR, False, ActivationMode.STATIC)
 PER_TOKEN = ActivationQuant(QType.INT8, Granularity.PER_TOKEN, True, ActivationMode.DYNAMIC)
+W8A8_STATIC = Scheme("static", WEIGHTS, STATIC, Rounding.RTN)
+W8A16 = Scheme("weights only", WEIGHTS, None, Rounding.RTN)
 
 
 def _rtn(w: np.ndarray, spec: WeightQuant) -> np.ndarray:
@@ -77,7 +79,7 @@ def test_the_search_keeps_the_strength_of_least_error():
     x = _inputs()
     w = np.random.default_rng(2).standard_normal((64, x.shape[1])).astype(np.float32)
     stats = _stats(x)
-    scales, alpha, gain = searched_smoothquant_scales(stats, [w], [WEIGHTS], [STATIC], 10, _rtn)
+    scales, alpha, gain = searched_smoothquant_scales(stats, [w], [W8A8_STATIC], 10, _rtn)
     assert alpha is not None and gain > 0.5
     errors = {a / 10: _measured(x, w, smoothquant_scales(stats, [w], a / 10), STATIC) for a in range(11)}
     errors[None] = _measured(x, w, np.ones(x.shape[1], np.float32), STATIC)
@@ -89,7 +91,7 @@ def test_weight_only_targets_search_the_weights_alone():
     inputs' range makes no smaller here, so it keeps the identity or a weak strength."""
     x = _inputs()
     w = np.random.default_rng(4).standard_normal((64, x.shape[1])).astype(np.float32)
-    _, alpha, gain = searched_smoothquant_scales(_stats(x), [w], [WEIGHTS], [None], 10, _rtn)
+    _, alpha, gain = searched_smoothquant_scales(_stats(x), [w], [W8A16], 10, _rtn)
     assert gain >= 0.0
     assert alpha is None or alpha <= 0.5
 

@@ -271,7 +271,7 @@ def test_onnx_fold_keeps_the_float_model(onnx_outliers, tmp_path, kind, mode):
     assert len(checked.assignment.smoothing) == 8  # 4 blocks × (input norm → q/k/v, post-attention norm → gate/up)
     files = open_model(onnx_outliers)
     batches = data.calibration_batches(checked.ir.calibration.data, checked.assignment.model, 4)
-    smoothed, _, _ = smooth(checked.ir.transform, checked.assignment, files, MemoryMode(mode), batches, None,
+    smoothed, _ = smooth(checked.ir.transform, checked.assignment, files, MemoryMode(mode), batches, None,
                          lambda: None)
     try:
         feed = next(iter(batches))

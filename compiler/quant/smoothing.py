@@ -17,7 +17,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.ir.types import ActivationMode, ActivationQuant, Granularity, Transform, TransformKind, WeightQuant
+from compiler.ir.types import (
+    ActivationMode,
+    ActivationQuant,
+    Granularity,
+    Scheme,
+    Transform,
+    TransformKind,
+    WeightQuant,
+)
 
 _EPS = 1e-5  # floor of a magnitude that becomes a divisor (llm-compressor's clamp for SmoothQuant)
 Rounding = Callable[[np.ndarray, WeightQuant], np.ndarray]  # a weight [out, in] rounded and dequantized
@@ -135,15 +143,15 @@ def awq_scales(stats: ChannelStats, weights: list[np.ndarray], specs: list[Weigh
     return best, gain
 
 
-def searched_smoothquant_scales(stats: ChannelStats, weights: list[np.ndarray], specs: list[WeightQuant | None],
-                                inputs: list[ActivationQuant | None], grid: int,
-                                rounding: Rounding) -> tuple[np.ndarray, float | None, float]:
+def searched_smoothquant_scales(stats: ChannelStats, weights: list[np.ndarray], schemes: list[Scheme | None],
+                                grid: int, rounding: Rounding) -> tuple[np.ndarray, float | None, float]:
     """SmoothQuant's strength searched per mapping: α = 0, 1/grid, …, 1 (and the identity) each give
     smoothquant_scales' s, scored by the quantized targets' output error per token: the weights' rounding
-    error Σ tr(ΔW·XᵀX·ΔWᵀ)/rows and the inputs' ‖Q(W·s)‖²·noise(x/s) (input_noise). Returns the scales, the
-    α kept (None: the identity won) and the relative error reduction against the identity."""
-    quantized = [(np.asarray(w, np.float32), spec, act) for w, spec, act in zip(weights, specs, inputs, strict=True)
-                 if spec is not None]
+    error Σ tr(ΔW·XᵀX·ΔWᵀ)/rows and the inputs' ‖Q(W·s)‖²·noise(x/s) (input_noise). `schemes`: each target's
+    (None or `none`: left float, not scored). Returns the scales, the α kept (None: the identity won) and the
+    relative error reduction against the identity."""
+    quantized = [(np.asarray(w, np.float32), scheme.weights, scheme.activations)
+                 for w, scheme in zip(weights, schemes, strict=True) if scheme is not None and scheme.weights]
     gram = stats.gram / np.float32(max(stats.rows, 1)) if stats.gram is not None else None
 
     def loss(s: np.ndarray) -> float:

@@ -218,11 +218,10 @@ class _OnnxRun(OnnxRunState):
         assignment = _final(v, loaded)
         batches = self._batches(op.calibration, assignment)
         advance = self.progress(t.kind.name, len(batches) * (len(segments_of(loaded.files)) if memory.offload else 1))
-        smoothed, gains, alphas = smooth(t, assignment, loaded.files, memory.mode, batches, memory.disk, advance,
-                                         self.ranks)
+        smoothed, searched = smooth(t, assignment, loaded.files, memory.mode, batches, memory.disk, advance, self.ranks)
         loaded.files.close()
         v.put(Buffer.MODEL, dataclasses.replace(loaded, files=smoothed))
-        return Product(transform=transform_summary(t, len(assignment.smoothing), gains, alphas))
+        return Product(transform=transform_summary(t, len(assignment.smoothing), *searched))
 
     def calibrate(self, op: ops.CalibrateChunk, v: OpValues) -> None:
         """Every chunk, `op.passes` times: low_memory splits the observed tensors into groups."""

@@ -58,9 +58,10 @@ class Scaling:
 
 def smooth(t: Transform, assignment: Assignment, files: ModelFiles, mode: MemoryMode, batches, disk: Path | None,
            advance: Callable[[], None], ranks: Ranks | None = None
-           ) -> tuple[ModelFiles, list[float], list[float | None]]:
-    """The smoothed copy of the model by the transform `t`, the searches' relative error reduction per mapping
-    (AWQ's, a searched SmoothQuant strength's) and the strengths searched (None where the identity won).
+           ) -> tuple[ModelFiles, tuple[list[float], list[float | None]]]:
+    """The smoothed copy of the model by the transform `t`, and what its searches found (transform_summary's
+    gains and alphas): each mapping's relative error reduction (AWQ's, a searched SmoothQuant strength's) and
+    the strengths searched (None where the identity won).
     Under torchrun `batches` are this rank's chunks: every rank's statistics are merged in rank order (the
     maxima exactly, the sums in that order), so each rank makes the same copy."""
     index = assignment.model
@@ -94,7 +95,7 @@ def smooth(t: Transform, assignment: Assignment, files: ModelFiles, mode: Memory
     first = next(iter(batches), None)  # a rank given no chunk leaves the check to the others
     if mode is not MemoryMode.OFFLOAD and first is not None:  # the graph made the fold exact; one chunk through
         _check_unchanged(t, assignment, files.path, smoothed, first)  # both says it is
-    return smoothed, gains, alphas
+    return smoothed, (gains, alphas)
 
 
 def _check_unchanged(t: Transform, assignment: Assignment, original: Path, smoothed: ModelFiles,
@@ -127,10 +128,8 @@ def _scalings(t: Transform, assignment: Assignment, files: ModelFiles,
         axes = {w: weight_axes(nodes[w])[1] for w in weights}
         as_rows = [_out_in(files.array(inits[w]), axes[w]) for w in weights]  # [out, in]
         if t.alpha_search:
-            schemes = [layers[x].scheme for x in m.targets]
-            scales, alpha, gain = searched_smoothquant_scales(
-                stats[m.source], as_rows, [None if x.is_none else x.weights for x in schemes],
-                [x.activations for x in schemes], t.grid, _rtn)
+            scales, alpha, gain = searched_smoothquant_scales(stats[m.source], as_rows,
+                                                              [layers[x].scheme for x in m.targets], t.grid, _rtn)
             gains.append(gain)
             alphas.append(alpha)
         elif t.kind is TransformKind.SMOOTHQUANT:

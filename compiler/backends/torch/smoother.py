@@ -81,10 +81,8 @@ class Smoother:
         weights = [t.weight.detach().float().cpu().numpy() for t in targets if isinstance(t.weight, torch.Tensor)]
         t = self.transform
         if t.alpha_search:
-            jobs = [self.jobs.get(x) for x in m.targets]
-            scales, alpha, gain = searched_smoothquant_scales(
-                stats, weights, [j.scheme.weights if j else None for j in jobs],
-                [j.scheme.activations if j else None for j in jobs], t.grid, self._rounding(m))
+            schemes = [self.jobs[x].scheme if x in self.jobs else None for x in m.targets]
+            scales, alpha, gain = searched_smoothquant_scales(stats, weights, schemes, t.grid, self._rounding(m))
             self.gains.append(gain)
             self.alphas.append(alpha)
         elif t.kind is TransformKind.SMOOTHQUANT:
