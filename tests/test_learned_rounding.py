@@ -160,6 +160,30 @@ def test_the_plan_shows_the_learning_and_runs_block_by_block_in_full_mode(tmp_pa
     assert next(v for k, v in parts.items() if k.startswith("learned rounding")) > 0
 
 
+def test_a_step_runs_the_samples_of_one_chunk_and_the_plan_counts_them(tmp_path):
+    """A step draws its batch from one calibration chunk (torch/learned.py): with `chunk 4` and `batch 8` the plan
+    says steps of 4 samples, plans less time and memory for them than with `chunk 8`, and `qrc plan` warns
+    (Q278); where the chunk holds every sample, nothing is said."""
+    scheme = "W4A16 { group 32  rounding autoround { iters 20  batch 8 } }"
+
+    def planned(chunk: int):
+        recipe = tmp_path / f"r{chunk}.recipe"
+        text = RECIPE.format(model="builtin:tiny-llama", mode="full", out=tmp_path / "out", scheme=scheme)
+        recipe.write_text(text.replace("chunk 8", f"chunk {chunk}"))
+        shown = runner.invoke(app, ["plan", str(recipe), "--format", "json"])
+        assert shown.exit_code == 0, shown.output
+        plan = json.loads(shown.stdout)  # the diagnostics go to stderr
+        run = next(op for op in plan["ops"] if op["op"] == "run_block")
+        parts = plan["memory"]["tried"][0]["parts"]
+        return run, next(v for k, v in parts.items() if k.startswith("learned rounding")), shown.stderr
+
+    small, small_bytes, warned = planned(4)
+    full, full_bytes, quiet = planned(8)
+    assert "steps of 4 samples" in small["summary"] and "steps of 8 samples" in full["summary"]
+    assert small["seconds"] < full["seconds"] and small_bytes < full_bytes
+    assert "Q278" in warned and "Q278" not in quiet
+
+
 @pytest.mark.slow  # 3-8 s: kept out of the quick loop's 3 minutes on a 2-core machine without AMX (2026-12-04)
 def test_full_mode_learns_the_same_as_low_memory(tmp_path):
     """The learning is the same computation whichever mode holds the weights."""

@@ -154,6 +154,12 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "and GGUF store integer zero points: rounded, the gain is lost (on the real SmolLM2 it gave rtn's "
              "perplexity back), so qrc refuses instead.",
              'backend torch  scheme s = W4A16 { group 64  asymmetric  rounding hqq }'),
+    CodeInfo("Q278", "a learned-rounding step smaller than its `batch` (warning)",
+             "Each sign-SGD step of `rounding autoround` draws its `batch` samples from one calibration chunk (the "
+             "block's inputs are kept chunk by chunk), so a chunk smaller than the batch runs steps of the chunk's "
+             "samples: fewer samples a step than asked, and less time and memory than a full batch. The plan counts "
+             "the steps as they run.",
+             'rounding autoround { batch 8 }  calibrate { data text "calib.txt"  chunk 4 }'),
     CodeInfo("Q256", "a floating format with a setting it cannot take",
              "FP8, NVFP4 and MX formats are symmetric and rounded as compressed-tensors defines them (rtn; NVFP4 "
              "and MXFP4 also with `mse` or `imatrix`, which search each block's scale, or `gptq`). NVFP4 "

@@ -89,14 +89,21 @@ def block_working_set(w: Workload, scores: bool | None = None) -> int:
 
 # Learned rounding (torch/learned.py) holds, while one block learns: the activations autograd keeps for a step's
 # backward, LEARNED_ACTIVATIONS times the forward's working set per sample of the step; per learned weight,
-# LEARNED_STATE float32 values (the weight in groups, its offsets, their gradient, the kept best offsets, the
-# rounded weight a step computes with); and the float block's outputs on every calibration sample (the targets)
+# LEARNED_STATE float32 values (its offsets, their gradient, the kept best offsets, and the weight-sized tensors
+# the rounding computes and autograd keeps for the backward: every layer of the block at once); and the float
+# block's outputs on every calibration sample (the targets). Uncompiled, each element-wise step of the rounding
+# is a tensor of its own: 8 values, fitted on eager runs of SmolLM2-135M, a StableLM of hidden 512 and a Qwen2 of
+# hidden 768 (8 samples of 256 and 512 tokens: 0.97-1.06x), held out on a Mistral of hidden 1024 (bench/
+# plan_vs_measured.py `--only learned`), 2026-12-05; with 5 the Qwen2 had measured up to 1.15x. Compiled, the
+# fused rounding keeps fewer: 5 (SmolLM2's example recipe; the Qwen2 at 512 tokens, compiled, 0.90x)
 LEARNED_ACTIVATIONS = 3.0
-LEARNED_STATE = 5
+LEARNED_STATE = 8
+LEARNED_STATE_COMPILED = 5
 
 
-def learned_bytes(w: Workload) -> int:
-    """What a block holds while its rounding is learned, beyond its weights (0 where nothing is learned)."""
+def learned_bytes(w: Workload, compiled: bool = False) -> int:
+    """What a block holds while its rounding is learned, beyond its weights (0 where nothing is learned);
+    `compiled`: the steps run through torch.compile."""
     if w.learned is None:
         return 0
     learned = set(w.learned_layers)
@@ -105,8 +112,9 @@ def learned_bytes(w: Workload) -> int:
         if x.name in learned and x.block:
             per_block[x.block] = per_block.get(x.block, 0) + x.params
     targets = w.samples * w.seqlen * w.hidden * ACT_BYTES
-    step = min(w.learned.batch, w.samples) * block_working_set(w) * LEARNED_ACTIVATIONS
-    return int(targets + step + LEARNED_STATE * ACT_BYTES * max(per_block.values(), default=0))
+    step = w.learned_step_samples * block_working_set(w) * LEARNED_ACTIVATIONS
+    state = LEARNED_STATE_COMPILED if compiled else LEARNED_STATE
+    return int(targets + step + state * ACT_BYTES * max(per_block.values(), default=0))
 
 
 def _widest_block_output(w: Workload, hidden: int) -> int:

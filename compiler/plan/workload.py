@@ -129,6 +129,14 @@ class Workload(Observation):
         return self.search
 
     @property
+    def learned_step_samples(self) -> int:
+        """The calibration samples one learned-rounding step runs: its `batch`, drawn from one calibration chunk
+        (torch/learned.py), so at most the chunk's samples (0 where nothing is learned)."""
+        if self.learned is None:
+            return 0
+        return max(1, min(self.learned.batch, self.chunk, self.samples))
+
+    @property
     def inherited(self) -> int:
         """Needed tensors whose range comes from a passthrough ancestor instead of being observed."""
         return sum(source != tensor for tensor, source in self.sources)

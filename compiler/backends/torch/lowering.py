@@ -179,7 +179,7 @@ def _blocks(ctx: Context) -> list[PlanOp]:
         start = "" if not searched else " from scales searched with those squares" if len(searched) == len(
             w.learned_layers) else f" ({len(searched)} from scales searched with those squares)"
         what += (f"; learn the rounding of {len(w.learned_layers)} layers{start}: {w.learned.iters} sign-SGD steps "
-                 f"of {w.learned.batch} samples against the float block's outputs" + (", compiled" if compiled else ""))
+                 f"of {w.learned_step_samples} samples against the float block's outputs" + (", compiled" if compiled else ""))
     run = RunBlock(summary=f"per block: load weights, {what}, outputs become the next block's inputs",
                    inputs=(Buffer.MODEL, Buffer.OUTPUT, Buffer.BLOCK_INPUTS), outputs=(Buffer.BLOCK_INPUTS, Buffer.QPARAMS),
                    peak_bytes=ctx.phase(PhaseName.CALIBRATE), repeat=max(1, len(w.blocks)), layers=block_layers(ctx),

@@ -71,6 +71,7 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
     rotation needs (Q273, rotation_check.py); learned rounding outside the blocks (Q274)."""
     check_rotation(ir, assignment, diags)
     _refuse_learned_outside_blocks(ir, assignment, diags)
+    _warn_learned_batch(ir, diags)
     fmt = _checks(ir.emit.format.name if ir.emit is not None else DEFAULT)
     if fmt is None:
         assert ir.emit is not None  # the default format is registered
@@ -96,6 +97,23 @@ def _refuse_learned_outside_blocks(ir: RecipeIR, assignment: Assignment, diags: 
                     f"{'is' if len(layers) == 1 else 'are'} outside the model's blocks",
                     scheme.span or ir.span, "no block to learn against",
                     help=f"give {layers[0]} another scheme (e.g. `\"{layers[0]}\" -> none`, or one with `rounding gptq`)")
+
+
+def _warn_learned_batch(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Q278: a learned-rounding step draws its samples from one calibration chunk (torch/learned.py), so a `batch`
+    above the chunk runs steps of the chunk's size."""
+    if ir.calibration is None:
+        return
+    chunk, samples = ir.calibration.chunk, ir.calibration.data.samples
+    for scheme in ir.used_schemes:
+        learned = scheme.learned
+        if learned is None or learned.batch <= chunk or chunk >= samples:  # fewer samples than a batch: all of them
+            continue
+        diags.warning("Q278", f"scheme `{scheme.name}` asks {learned.batch} samples a learned-rounding step, but a "
+                      f"step draws them from one calibration chunk of {chunk}", scheme.span or ir.span,
+                      f"each step runs {chunk}",
+                      help=f"raise `calibrate {{ chunk {learned.batch} }}` (the memory plan counts the larger step), "
+                      f"or write `batch {chunk}`")
 
 
 def check_compressed_tensors(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:

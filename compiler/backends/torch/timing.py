@@ -152,7 +152,7 @@ def learning_compiled(w: Workload) -> bool:
     """Whether the run's learned rounding steps compile (the run decides the same: torch/learned.py)."""
     if w.learned is None:
         return False
-    return steps_compiled(w.learned.iters, min(w.learned.batch, w.samples), w.seqlen, learned_weights(w))
+    return steps_compiled(w.learned.iters, w.learned_step_samples, w.seqlen, learned_weights(w))
 
 
 def _quantize(op, w: Workload, rates: Rates) -> float:
