@@ -100,6 +100,13 @@ ROWS = {
     "nvfp4-quarot-r4-b16": ("NVFP4", "transform quarot { online r4  block 16 }", "spinquant-r4-b16:NVFP4"),
     "nvfp4-quarot-r4-b16-gptq": ("NVFP4 { rounding gptq }", "transform quarot { online r4  block 16 }",
                                  "spinquant-r4-b16:gptq-NVFP4"),
+    # narrower blocks, chosen on validation text (bench/real_validation.py; KL 0.422 at 16, 0.387 at 8, 0.345 at 4,
+    # 0.314 at 2, 0.324 with a 1-wide "rotation" that mixes nothing): on this model the fewer channels a rotation
+    # mixes, the less its folded norms cost (bench/README.md)
+    "nvfp4-quarot-r4-b4-gptq": ("NVFP4 { rounding gptq }", "transform quarot { online r4  block 4 }",
+                                "spinquant-r4-b4:gptq-NVFP4"),
+    "nvfp4-quarot-r4-b2-gptq": ("NVFP4 { rounding gptq }", "transform quarot { online r4  block 2 }",
+                                "spinquant-r4-b2:gptq-NVFP4"),
     "w8a8-quarot": ("W8A8", "transform quarot", "spinquant:w8a8"),
     "w8a8-quarot-r4": ("W8A8", "transform quarot { online r4 }", "spinquant-r4:w8a8"),
     # SpinQuant: R1 and each layer's R2 learned by Cayley SGD from QuaRot's (100 steps of one 512-token sample at
@@ -151,7 +158,7 @@ ROWS = {
 # with -o), on the calibration rows it holds (recipes/data/smollm2-reference.npz, the same token ids as every row's:
 # checked; a data-free example holds none), so the example reproduces the row
 EXAMPLES = {"w4-autoround-light": ROOT / "recipes" / "smollm2-autoround-w4a16.recipe",
-            "nvfp4-quarot": ROOT / "recipes" / "smollm2-rotated-nvfp4.recipe",
+            "nvfp4-quarot-r4-b2-gptq": ROOT / "recipes" / "smollm2-rotated-nvfp4.recipe",
             "w8a8-quarot-r4": ROOT / "recipes" / "smollm2-rotated-w8a8.recipe"}
 EXAMPLE_CALIBRATION = ROOT / "recipes" / "data" / "smollm2-reference.npz"
 # llm-compressor's SmoothQuant strength per method, as qrc's row has it (its W8A8 example's 0.8 with GPTQ)

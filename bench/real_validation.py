@@ -93,6 +93,7 @@ def main() -> None:
             print(f"{name}: compile failed\n{done.stdout[-1500:]}", flush=True)
             continue
         model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+        real_quality.online_transforms(model, out)  # R4 (`online r4`): transformers' load skips it
         print(f"{name} ({seconds:.0f} s): {real_quality.measure(model, logits, windows)}", flush=True)
 
 
