@@ -178,6 +178,11 @@ class LearnedRounding:
         """The first step's learning rate."""
         return self.lr if self.lr is not None else 1.0 / self.iters
 
+    def step_samples(self, chunk: int, samples: int) -> int:
+        """The samples a step runs: its `batch`, drawn from one calibration chunk of `chunk` (torch/learned.py),
+        so at most the chunk's, and at most the `samples` there are."""
+        return max(1, min(self.batch, chunk, samples))
+
 
 class RotationStart(enum.Enum):
     """Where a learned rotation starts (`transform spinquant { init … }`)."""

@@ -130,8 +130,12 @@ def token_flops(w: Workload, blocks_only: bool = False, every_expert: bool = Fal
     linear = sum(x.params * shares.get(x.name, 1.0) for x in w.index.layers
                  if x.kind is LayerKind.LINEAR and (x.block is not None or not blocks_only))
     blocks = len({x.block for x in w.index.layers if x.block is not None})
-    hidden = w.index.config_value("hidden_size") or w.hidden
-    return 2.0 * linear + 4.0 * blocks * w.seqlen * hidden
+    return 2.0 * linear + 4.0 * blocks * w.seqlen * _hidden(w)
+
+
+def _hidden(w: Workload) -> int:
+    """The model's hidden width: its config's, else the one the index inferred."""
+    return w.index.config_value("hidden_size") or w.hidden
 
 
 def expert_shares(w: Workload, every_expert: bool) -> dict[str, float]:
@@ -278,8 +282,7 @@ def learned_seconds(w: Workload, rates: Rates, bfloat16: BFloat16Products, compi
         return 0.0
     blocks = len(w.blocks) or 1
     step = w.learned_step_samples * w.seqlen * token_flops(w, blocks_only=True) / blocks / rates.flops
-    hidden = w.index.config_value("hidden_size") or w.hidden
-    step *= (LEARNED_WIDTH / max(hidden, 1)) ** LEARNED_WIDTH_POWER
+    step *= (LEARNED_WIDTH / max(_hidden(w), 1)) ** LEARNED_WIDTH_POWER
     eager, fused, _ = LEARNED_FACTORS[bfloat16]
     if compiled:
         return rates.fixed(LEARNED_COMPILE) + blocks * w.learned.iters * step * fused

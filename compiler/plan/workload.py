@@ -132,9 +132,7 @@ class Workload(Observation):
     def learned_step_samples(self) -> int:
         """The calibration samples one learned-rounding step runs: its `batch`, drawn from one calibration chunk
         (torch/learned.py), so at most the chunk's samples (0 where nothing is learned)."""
-        if self.learned is None:
-            return 0
-        return max(1, min(self.learned.batch, self.chunk, self.samples))
+        return self.learned.step_samples(self.chunk, self.samples) if self.learned is not None else 0
 
     @property
     def inherited(self) -> int:

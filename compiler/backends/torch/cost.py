@@ -72,9 +72,10 @@ FLOAT_SCRATCH = 128 * MiB
 SLICE_SCRATCH = 16 * MiB
 
 
-def _whole_model_pass(w: Workload, runs: int, positions: int, last: int) -> int:
-    """A whole-model forward of `runs` samples: the block working set, the model's outputs at `positions` and a
-    copy, and the copy a layer that quantizes its input as it runs makes."""
+def _forward_working_set(w: Workload, runs: int, positions: int = 0, last: int = 0) -> int:
+    """A forward of `runs` samples: the block working set, the copy a layer that quantizes its input as it runs
+    makes (layers.apply_quantized), and, where the whole model runs, its outputs at `positions` (of width `last`)
+    and a copy."""
     return runs * (block_working_set(w) + 2 * positions * last * ACT_BYTES
                    + w.seqlen * w.quantized_input_width * ACT_BYTES)
 
@@ -91,17 +92,16 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
     cache = copies * held * cache_ps if w.calibrate else 0
     last = w.index.layers[-1].out_features if w.index.layers else w.hidden
     runs = chunk if w.calibrate else min(chunk, w.verify_samples)  # without calibration only held-out samples
-    work = runs * block_working_set(w) if w.calibrate or (w.verify_samples and mode is not MemoryMode.FULL) else 0
-    if work:  # a layer that quantizes its input as it runs (layers.apply_quantized) makes one copy of it
-        work += runs * w.seqlen * w.quantized_input_width * ACT_BYTES
+    held_runs = min(chunk, w.verify_samples)  # a held-out pass's samples
+    work = _forward_working_set(w, runs) if w.calibrate or (w.verify_samples and mode is not MemoryMode.FULL) else 0
     if mode is MemoryMode.FULL and (w.calibrate or w.verify_samples):  # the whole model runs on a chunk (of
         # calibration, or of the held-out samples before and after rounding): its outputs (logits) and a copy,
         # where a pass reads them (verification, an LM head that calibrates); else the head runs on the last
         # position only (model.forward's `last_logits_only`). The held-out passes run min(chunk, held-out
         # samples) at a time: the larger pass sets the working set (a Qwen2 with a 8,192-word head, 8 samples a
         # chunk and 4 held out: planned 1.08 GiB with 8 samples' logits, measured 0.89 GiB, 2026-12-05)
-        calibration = _whole_model_pass(w, chunk, w.seqlen if w.head_calibrates() else 1, last) if w.calibrate else 0
-        held_out = _whole_model_pass(w, min(chunk, w.verify_samples), w.seqlen, last) if w.verify_samples else 0
+        calibration = _forward_working_set(w, chunk, w.seqlen if w.head_calibrates() else 1, last) if w.calibrate else 0
+        held_out = _forward_working_set(w, held_runs, w.seqlen, last) if w.verify_samples else 0
         work = max(calibration, held_out)
     if timing.files_only(w):
         fmt = torch_format(w.emit_format)
@@ -152,7 +152,7 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
                   ("comparing one sample (beyond the working set)",
                    max(0, agreement_scratch(per_sample, w.seqlen) - work)),
                   ("each layer's error against its float weight (one layer)",
-                   attribution_bytes(w, min(chunk, w.verify_samples))))  # in a held-out pass
+                   attribution_bytes(w, held_runs)))  # in a held-out pass
     return Phase("block-wise compile", sum(b for _, b in parts), parts)
 
 

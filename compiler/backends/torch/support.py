@@ -107,7 +107,8 @@ def _warn_learned_batch(ir: RecipeIR, diags: Diagnostics) -> None:
     chunk, samples = ir.calibration.chunk, ir.calibration.data.samples
     for scheme in ir.used_schemes:
         learned = scheme.learned
-        if learned is None or learned.batch <= chunk or chunk >= samples:  # fewer samples than a batch: all of them
+        # fewer samples than a batch: every step runs all of them, as asked
+        if learned is None or learned.step_samples(chunk, samples) >= min(learned.batch, samples):
             continue
         diags.warning("Q278", f"scheme `{scheme.name}` asks {learned.batch} samples a learned-rounding step, but a "
                       f"step draws them from one calibration chunk of {chunk}", scheme.span or ir.span,
