@@ -320,3 +320,31 @@ def test_where_auto_picks_the_mode_the_plan_says_when_the_mode_changes_the_model
     assert result.ok, render_all(result.diagnostics)
     notes = [n for n in result.program.notes if n.startswith("the model written depends on the mode")]
     assert len(notes) == (says is not None) and all(says in n for n in notes), notes
+
+
+def test_an_online_rotation_is_planned_in_every_pass_that_runs_it(tmp_path):
+    """`online r4` turns each down projection's input in every forward qrc runs (calibration, the captured
+    reference), and the emitted folder's transforms are opened by the load check and verify: each op costs more
+    than under the same rotation folded only, and a whole-width rotation (two Kronecker factors) more than blocks of
+    2 (one)."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=1024, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                                      num_attention_heads=8, num_key_value_heads=4)
+    config.save_pretrained(tmp_path / "llama")
+    seconds = {}
+    for name, transform in (("folded", "quarot"), ("online", "quarot { online r4 }"),
+                            ("blocks", "quarot { online r4  block 2 }")):
+        recipe = tmp_path / f"{name}.recipe"
+        recipe.write_text(f'recipe {name} {{\n model "{tmp_path / "llama"}"\n backend torch\n transform {transform}\n'
+                          ' scheme s = NVFP4 { rounding gptq }\n quantize { type Linear -> s  "lm_head" -> none }\n'
+                          ' calibrate { data synthetic { samples 32  seqlen 512 } }\n'
+                          ' verify { samples 8  metric cosine  at_least 0.5 }\n'
+                          f' emit "{tmp_path / name}"\n}}\n')
+        result = plan_file(recipe, detected_free=FREE)
+        assert result.ok, render_all(result.diagnostics)
+        seconds[name] = {op.kind: op.seconds for op in result.plan.ops}
+    for kind in (OpKind.CALIBRATE_CHUNK, OpKind.CAPTURE_REFERENCE, OpKind.EMIT, OpKind.VERIFY):
+        assert seconds["online"][kind] > seconds["folded"][kind], kind
+    assert seconds["online"][OpKind.CALIBRATE_CHUNK] > seconds["blocks"][OpKind.CALIBRATE_CHUNK]
+    assert seconds["online"][OpKind.QUANTIZE_WEIGHTS] == pytest.approx(seconds["folded"][OpKind.QUANTIZE_WEIGHTS])

@@ -107,6 +107,7 @@ class Workload(Observation):
     emit_format: EmitFormat | None = None  # the output's format (`emit`), which the backend's cost model asks
     kquant_rounded: bool = False  # a weight goes to a K-quant (qrc's numpy search of llama.cpp's scales)
     nvfp4_layers: tuple[str, ...] = ()  # the layers rounded to NVFP4 (an FP4 source's take the exact cast's path)
+    fp4_weight_layers: tuple[str, ...] = ()  # the layers rounded to NVFP4 or MXFP4 weights
     fp4_searched_layers: tuple[str, ...] = ()  # NVFP4/MXFP4 layers whose block scales are searched (Scheme.searches_fp4_scales)
     fp4_input_elements: int = 0  # per token, the input elements the layers round to FP4 as they run (NVFP4, MXFP4)
     quantized_input_width: int = 0  # the widest input a layer copies as it runs: its activation scheme's quantized
@@ -329,6 +330,8 @@ def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Worklo
         emit_format=ir.emit.format if ir.emit is not None else None,
         kquant_rounded=any(a.scheme.quantized_weights.qtype.is_kquant for a in quantized),
         nvfp4_layers=tuple(a.layer.name for a in quantized if a.scheme.quantized_weights.qtype is QType.NVFP4),
+        fp4_weight_layers=tuple(a.layer.name for a in quantized
+                                if a.scheme.quantized_weights.qtype in (QType.NVFP4, QType.MXFP4)),
         fp4_searched_layers=tuple(a.layer.name for a in quantized if a.scheme.searches_fp4_scales),
         fp4_input_elements=sum(a.layer.in_features for a in quantized
                                if a.scheme.activations is not None and a.scheme.activations.qtype.fixed_group),

@@ -31,6 +31,7 @@ from compiler.plan.timing import (
     smooth_seconds,
 )
 from compiler.plan.workload import Workload
+from compiler.quant.rotations import factor_orders
 
 # seconds on the reference machine (plan/timing.py REFERENCE): measured from the process start to the first op
 # (2.2-2.9 s through the CLI), `load_model` (a built-in 1.0-1.4 s; an HF folder 3.4 s: transformers' config and
@@ -62,6 +63,37 @@ DECOMPRESSOR_IMPORT = 2.7
 # machine 1.12x the reference (2026-12-05): into Q4_0 2.6-2.7 s rounding where 1.3 were planned; the MXFP4 one into
 # NVFP4 5.2-5.3 s, the NVFP4 one 2.6-2.7 (its grid is no power of two: rounded again by the loop)
 FP4_DECOMPRESSING, FP4_CAST = 3.7, 6.9
+
+
+# `online r4` (rotation.py attach_online): each down projection's input turned as qrc's model runs, this many bytes at
+# the rounding rate per element and per Kronecker factor of the rotation (reshapes and copies around a small
+# product). The real SmolLM2-135M's example (blocks of 2, one factor): 120 hooks over 755M elements took 3.07 s on a
+# machine 1.16x the reference, 1.18 bytes an element; the whole width of 1536 (factors of 8 and 192) ran 2.0-2.4x a
+# block of 2 a tensor alone (2026-12-06). The emitted folder opened by transformers (verify, the load check) has
+# compressed-tensors apply its transform_config: ONLINE_FOLDER_OPEN seconds more on the reference machine per
+# opening (a Mistral of 2 blocks: emit 1.0 s against 0.1 unrotated, verify 4.9 against 3.1; SmolLM2-135M's emit 2.4-2.8
+# s against 1.1), and each rotated input a dense product by its block's matrix (compressed-tensors applies it as
+# one) beside the per-element work
+ONLINE_ROTATION_BYTES, ONLINE_FOLDER_OPEN = 1.2, 1.0
+
+
+def online_seconds(w: Workload, rates: Rates, samples: float, folder: bool = False) -> float:
+    """`samples` through the model with `online r4`: every down projection's input rotated, by qrc's hook (the
+    Kronecker factors) or, `folder`, by compressed-tensors in the emitted folder (one product by the block's
+    matrix)."""
+    if not w.online_width:
+        return 0.0
+    block = w.rotation_block or w.online_width
+    turns = 1 if folder else len(factor_orders(block) or (block,))
+    downs = sum(1 for x in w.index.layers if x.name.endswith("mlp.down_proj"))
+    elements = samples * w.seqlen * w.online_width * downs
+    dense = 2.0 * elements * block / rates.flops if folder else 0.0
+    return elements * ONLINE_ROTATION_BYTES * turns / rates.rounding + dense
+
+
+def online_folder_open(w: Workload, rates: Rates) -> float:
+    """transformers opening the emitted folder with an online rotation (compressed-tensors' transforms)."""
+    return rates.fixed(ONLINE_FOLDER_OPEN) if w.online_width else 0.0
 
 
 def start_seconds(rates: Rates) -> float:
@@ -113,11 +145,13 @@ def _calibrate(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     first = 0.0 if mode is MemoryMode.FULL and w.verify_samples else rates.fixed(FIRST_FORWARD)  # capture_reference's
     # the LM head runs on the last position only unless its inputs are read (model.forward's last_logits_only)
     passes = op.passes * forward(w, rates, w.samples, blocks_only=not w.head_calibrates(), statistics=True)
-    return first + reading(w, rates, True) + passes + hessian_seconds(w, rates) + importance_seconds(w, rates)
+    return (first + reading(w, rates, True) + passes + op.passes * online_seconds(w, rates, w.samples)
+            + hessian_seconds(w, rates) + importance_seconds(w, rates))
 
 
 def _capture(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
-    return rates.fixed(FIRST_FORWARD) + reading(w, rates, True) + forward(w, rates, op.samples)
+    return rates.fixed(FIRST_FORWARD) + reading(w, rates, True) + forward(w, rates, op.samples) + online_seconds(
+        w, rates, op.samples)
 
 
 def _cache_inputs(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
@@ -144,7 +178,7 @@ def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     return (rates.block * op.repeat + forward(w, rates, statistics, blocks_only=True, statistics=True)
             + forward(w, rates, streams, blocks_only=True) + hessian_seconds(w, rates)
             + importance_seconds(w, rates) + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding + smoothing
-            + fp4_input_seconds(w, rates, rounded_streams)
+            + fp4_input_seconds(w, rates, rounded_streams) + online_seconds(w, rates, statistics + streams)
             + learned_seconds(w, rates, bfloat16, op.compiled_steps))  # as lowering chose (learning_compiled)
 
 
@@ -179,11 +213,24 @@ def _decompressing(w: Workload, layers: set[str]) -> float:
                for x in stored)
 
 
+def _emit(op, w: Workload, rates: Rates) -> float:
+    """Writing the output, then the load check: file to file the check process's, waited for; otherwise here,
+    where an online rotation's transforms are opened too (the check process opens them while the weights round:
+    the real SmolLM2-135M's rotated W8A8 file to file waited 0.0 s at emit)."""
+    if checked_beside(w):
+        return op.bytes / rates.disk + rates.fixed(CHECK_LOAD)
+    opened = torch_format(w.emit_format).opened_by_transformers
+    return op.bytes / rates.disk + (online_folder_open(w, rates) if opened else 0.0)
+
+
 def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
+    # the emitted folder opened by transformers, its online rotation (if any) applied by compressed-tensors
+    folder = online_folder_open(w, rates) + online_seconds(w, rates, op.samples, folder=True)
     if mode is MemoryMode.FULL:
-        return reading(w, rates, False) + 2 * forward(w, rates, op.samples) + fp4_input_seconds(w, rates, op.samples)
+        return (reading(w, rates, False) + 2 * forward(w, rates, op.samples) + fp4_input_seconds(w, rates, op.samples)
+                + folder)
     # the streams came through the blocks: what is outside them runs, and the emitted folder is opened
-    return forward(w, rates, op.samples) - forward(w, rates, op.samples, blocks_only=True) + 2 * rates.block
+    return forward(w, rates, op.samples) - forward(w, rates, op.samples, blocks_only=True) + 2 * rates.block + folder
 
 
 ESTIMATES: dict[ops.OpKind, Estimate] = {
@@ -191,8 +238,7 @@ ESTIMATES: dict[ops.OpKind, Estimate] = {
     ops.OpKind.CACHE_BLOCK_INPUTS: _cache_inputs, ops.OpKind.RUN_BLOCK: _run_block, ops.OpKind.VERIFY: _verify,
     ops.OpKind.SMOOTH: lambda op, w, rates, mode: smooth_seconds(w, rates, whole=True),
     ops.OpKind.QUANTIZE_WEIGHTS: lambda op, w, rates, mode: _quantize(op, w, rates),
-    ops.OpKind.EMIT: lambda op, w, rates, mode: op.bytes / rates.disk + (rates.fixed(CHECK_LOAD)
-                                                                        if checked_beside(w) else 0.0),
+    ops.OpKind.EMIT: lambda op, w, rates, mode: _emit(op, w, rates),
     ops.OpKind.SCORE_SENSITIVITY: lambda op, w, rates, mode: score_seconds(op, w, rates, rates.fixed(FIRST_FORWARD)),
 }  # the others (mode selection, the precision assignment) take no measurable time
 
