@@ -27,7 +27,9 @@ METHOD:
 - NVFP4, MXFP4, W4AFP8: QuantizationModifier with that compressed-tensors preset (NVFP4's global input scales
   come from calibration); mse-PRESET, imatrix-PRESET (NVFP4A16, MXFP4A16, NVFP4): that preset with the
   `memoryless_mse` or `imatrix_mse` weight observer (its block scales searched over shrink factors of each
-  block's range, the error weighted by each input column's mean square for imatrix: its defaults).
+  block's range, the error weighted by each input column's mean square for imatrix: its defaults);
+- sq-r4:METHOD: METHOD (one with a SmoothQuantModifier) with SpinQuantModifier(rotations ["R4"]) after the
+  smoothing: qrc's `transform smoothquant { alpha ALPHA  online r4 }`.
 """
 
 from __future__ import annotations
@@ -70,6 +72,12 @@ def recipe(method: str, alpha: float, group: int = 128):
         rotations = ["R1", "R2", "R4"] if "r4" in options else ["R1", "R2"]
         return [SpinQuantModifier(rotations=rotations, transform_type="random-hadamard", transform_block_size=block),
                 *recipe(method.partition(":")[2], alpha, group)]
+    if method.startswith("sq-r4:"):  # `sq-r4:METHOD`: METHOD's SmoothQuantModifier, then R4 alone (SpinQuantModifier
+        from llmcompressor.modifiers.transform import SpinQuantModifier  # with rotations ["R4"]), then its rounding
+        inner = recipe(method.partition(":")[2], alpha, group)
+        turned = SpinQuantModifier(rotations=["R4"], transform_type="random-hadamard")
+        at = next(i for i, m in enumerate(inner) if isinstance(m, SmoothQuantModifier)) + 1
+        return [*inner[:at], turned, *inner[at:]]
     w4 = int_weights(4, "group")
     static_inputs = QuantizationArgs(num_bits=8, type="int", strategy="tensor", symmetric=False, dynamic=False)
     if method in ("gptq", "gptq-actorder"):

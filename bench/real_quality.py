@@ -56,6 +56,13 @@ ROWS = {
     # llm-compressor's W8A8 recipe of SmoothQuant (its 0.8) then GPTQModifier
     "w8a8-static-smoothquant-gptq": ("W8A8_STATIC { rounding gptq }", "transform smoothquant { alpha 0.9 }",
                                      "smoothquant-static-gptq"),
+    # SmoothQuant, then each down projection's input turned by R4 as the runtime runs (`online r4`): the smoothing's
+    # strength chosen on validation text (bench/README.md, "Static W8A8: SmoothQuant, then R4"); beside it
+    # llm-compressor's SmoothQuantModifier, SpinQuantModifier(R4 alone) and its static W8A8
+    "w8a8-static-smoothquant-r4": ("W8A8_STATIC", "transform smoothquant { alpha 0.7  online r4 }",
+                                   "sq-r4:smoothquant-static"),
+    "w8a8-static-smoothquant-r4-gptq": ("W8A8_STATIC { rounding gptq }",
+                                        "transform smoothquant { alpha 0.7  online r4 }", None),
     "fp8-dynamic": ("FP8_DYNAMIC", "", "FP8_DYNAMIC"),
     "nvfp4a16": ("NVFP4A16", "", "NVFP4A16"),
     "nvfp4": ("NVFP4", "", "NVFP4"),  # W4A4: inputs rounded per block of 16 at run time
@@ -162,7 +169,7 @@ EXAMPLES = {"w4-autoround-light": ROOT / "recipes" / "smollm2-autoround-w4a16.re
             "w8a8-quarot-r4": ROOT / "recipes" / "smollm2-rotated-w8a8.recipe"}
 EXAMPLE_CALIBRATION = ROOT / "recipes" / "data" / "smollm2-reference.npz"
 # llm-compressor's SmoothQuant strength per method, as qrc's row has it (its W8A8 example's 0.8 with GPTQ)
-ALPHAS = {"smoothquant": 0.5, "smoothquant-static": 0.8, "smoothquant-static-gptq": 0.8}
+ALPHAS = {"smoothquant": 0.5, "smoothquant-static": 0.8, "smoothquant-static-gptq": 0.8, "sq-r4:smoothquant-static": 0.7}
 # row → AutoRound's mode in bench/autoround_calibrated.py: its RTN mode (a scale search weighted by each input
 # column's mean square, its imatrix: qrc's `rounding imatrix`), and its sign-SGD learned rounding beside each
 # tool's own best calibrated int4 rounding (GPTQ) in its light preset (50 iterations): its default (200) did

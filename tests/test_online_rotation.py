@@ -55,7 +55,7 @@ def test_the_online_rotation_leaves_the_float_model_unchanged(block):
 RECIPE = """recipe online {{
     model "{model}"
     backend torch
-    transform quarot {{ online {online}{block} }}
+    transform {kind} {{ {settings}online {online}{block} }}
     quantize {{ type Linear -> W8A8  "lm_head" -> none }}
     {data}
     emit "{out}"{target}
@@ -67,22 +67,25 @@ DATA = ("calibrate {{ data synthetic {{ samples 8  seqlen 64 }} }}\n"
         "    verify {{ samples 4  metric cosine  at_least 0.999 }}").format()
 
 
-def _recipe(tmp_path, model, online="r4", target="", block="", data=DATA):
+def _recipe(tmp_path, model, online="r4", target="", block="", data=DATA, kind="quarot", settings=""):
     recipe = tmp_path / "r.recipe"
     recipe.write_text(RECIPE.format(model=model, online=online, out=tmp_path / "out", target=target, block=block,
-                                    data=data))
+                                    data=data, kind=kind, settings=settings))
     return recipe
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("block", "data"), [("", DATA), ("  block 16", DATA), ("", "")],
-                         ids=["whole-width", "block-16", "file-to-file"])
-def test_an_online_rotated_folder_computes_in_compressed_tensors_what_verify_measured(tmp_path, block, data):
+@pytest.mark.parametrize(("block", "data", "kind"), [("", DATA, "quarot"), ("  block 16", DATA, "quarot"),
+                                                     ("", "", "quarot"), ("", DATA, "smoothquant")],
+                         ids=["whole-width", "block-16", "file-to-file", "after-smoothquant"])
+def test_an_online_rotated_folder_computes_in_compressed_tensors_what_verify_measured(tmp_path, block, data, kind):
     """The folder: its transform_config parses as compressed-tensors' TransformConfig, one ±1 matrix under the
     first down projection (its block's order where block-diagonal, which the config names `head_dim`);
     transformers' load plus compressed-tensors' apply_transform_config with that matrix computes the float model
     (cosine > 0.999, as verify passed at_least 0.999 on qrc's own load of it), and transformers' load alone is far
-    off. Without data or verify nothing runs the model and the weights round file to file (the SmolLM2 example)."""
+    off. Without data or verify nothing runs the model and the weights round file to file (the SmolLM2 example).
+    After SmoothQuant (`transform smoothquant { alpha 0.7  online r4 }`) R4 is the only rotation: the smoothing
+    folds, then each down projection turns, and the head stays tied to the embeddings."""
     import torch
     import transformers
     from compiling import compile_
@@ -91,7 +94,8 @@ def test_an_online_rotated_folder_computes_in_compressed_tensors_what_verify_mea
 
     folder = _tied_folder(tmp_path / "float")
     out = tmp_path / "out"
-    done = compile_(str(_recipe(tmp_path, folder, block=block, data=data)), out)
+    settings = "alpha 0.7  " if kind == "smoothquant" else ""
+    done = compile_(str(_recipe(tmp_path, folder, block=block, data=data, kind=kind, settings=settings)), out)
     assert done.exit_code == 0, done.output
     said = " ".join(done.output.replace("│", " ").split())  # the summary table's cells, unwrapped
     if data:
@@ -107,6 +111,8 @@ def test_an_online_rotated_folder_computes_in_compressed_tensors_what_verify_mea
         assert matrices == ["model.layers.0.mlp.down_proj.R4_input.weight"]
         stored = f.get_tensor(matrices[0])
     assert stored.shape == ((16, 16) if block else (256, 256))
+    if kind == "smoothquant":
+        assert "turned online by a random Hadamard" in said and config.get("tie_word_embeddings", True), done.output
     ids = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(2))
 
     def cosine(a, b):

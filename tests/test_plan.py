@@ -326,7 +326,7 @@ def test_an_online_rotation_is_planned_in_every_pass_that_runs_it(tmp_path):
     """`online r4` turns each down projection's input in every forward qrc runs (calibration, the captured
     reference), and the emitted folder's transforms are opened by the load check and verify: each op costs more
     than under the same rotation folded only, and a whole-width rotation (two Kronecker factors) more than blocks of
-    2 (one)."""
+    2 (one); after SmoothQuant's fold likewise."""
     import transformers
 
     config = transformers.LlamaConfig(vocab_size=1024, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
@@ -334,7 +334,8 @@ def test_an_online_rotation_is_planned_in_every_pass_that_runs_it(tmp_path):
     config.save_pretrained(tmp_path / "llama")
     seconds = {}
     for name, transform in (("folded", "quarot"), ("online", "quarot { online r4 }"),
-                            ("blocks", "quarot { online r4  block 2 }")):
+                            ("blocks", "quarot { online r4  block 2 }"), ("smoothed", "smoothquant { alpha 0.7 }"),
+                            ("smoothed-online", "smoothquant { alpha 0.7  online r4 }")):
         recipe = tmp_path / f"{name}.recipe"
         recipe.write_text(f'recipe {name} {{\n model "{tmp_path / "llama"}"\n backend torch\n transform {transform}\n'
                           ' scheme s = NVFP4 { rounding gptq }\n quantize { type Linear -> s  "lm_head" -> none }\n'
@@ -348,3 +349,6 @@ def test_an_online_rotation_is_planned_in_every_pass_that_runs_it(tmp_path):
         assert seconds["online"][kind] > seconds["folded"][kind], kind
     assert seconds["online"][OpKind.CALIBRATE_CHUNK] > seconds["blocks"][OpKind.CALIBRATE_CHUNK]
     assert seconds["online"][OpKind.QUANTIZE_WEIGHTS] == pytest.approx(seconds["folded"][OpKind.QUANTIZE_WEIGHTS])
+    # R4 after SmoothQuant's fold turns the same inputs in the same passes
+    for kind in (OpKind.CALIBRATE_CHUNK, OpKind.EMIT, OpKind.VERIFY):
+        assert seconds["smoothed-online"][kind] > seconds["smoothed"][kind], kind

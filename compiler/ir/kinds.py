@@ -235,7 +235,8 @@ TransformKind.AWQ = TRANSFORMS.register(TransformKind(
 TransformKind.SMOOTHQUANT = TRANSFORMS.register(TransformKind(
     "smoothquant", "s = max|x|^alpha / max|w|^(1-alpha): the inputs' outliers moved into the weights (W8A8); "
     "`alpha search` picks each mapping's strength (of `grid` + 1) for the least estimated error of its rounded "
-    "weights and inputs", ("alpha", "grid")))
+    "weights and inputs; `online r4` then turns each down projection's input by a random Hadamard as the runtime "
+    "runs (the smoothed inputs' per-token outliers spread)", ("alpha", "grid", "online")))
 TransformKind.QUAROT = TRANSFORMS.register(TransformKind(
     "quarot", "the residual stream and each head's values rotated by random Hadamard matrices folded into the "
     "weights (QuaRot R1 + R2): the float model computes the same, its outliers spread before 4-bit activations; "

@@ -51,6 +51,10 @@ def elaborate_transform(decl: ast.TransformDecl | None, diags: Diagnostics) -> T
     if kind is TransformKind.SMOOTHQUANT and "grid" in found and not searched:
         diags.error("Q259", "`grid` counts the strengths `alpha search` tries", found["grid"].key_span,
                     "no search here", help="write `alpha search  grid N`, or drop `grid` for a fixed `alpha`")
+    if kind is TransformKind.SMOOTHQUANT and "online" in found and searched:
+        diags.error("Q259", "`alpha search` estimates each strength's error on unrotated inputs; `online r4` rotates "
+                    "them", found["alpha"].key_span, "not with `online r4`",
+                    help="give a fixed strength with `online r4` (e.g. `alpha 0.7`), or drop `online r4`")
     duo = found.get("duo_scaling")
     mappings = tuple(Mapping(_selector(m.source), tuple(_selector(t) for t in m.targets), m.span) for m in decl.maps)
     block = found.get("block")

@@ -171,7 +171,10 @@ def load_op(ctx: Context, access: ModelAccess, how: str, resident: int, inputs: 
     attention = ctx.ir.calibration.attention
     if attention is not AttentionKernel.MODEL:
         how += f", {attention.value} attention"
-    if rotation is not None:
+    if rotation is not None and not rotation[0]:  # R4 alone, turned after SmoothQuant's fold
+        how += (f"; each down projection's weight turned by a {rotation[2]}-wide random Hadamard once the smoothing "
+                "has folded, its input online: the runtime rotates it as it runs")
+    elif rotation is not None:
         assert ctx.ir.transform is not None  # the rotation is the recipe's transform
         what = "learned rotation" if ctx.ir.transform.kind.learns else "random Hadamard"
         how += (f"; every weight rotated {rotated_when} ({ctx.ir.transform.kind.name}: the residual stream by a "

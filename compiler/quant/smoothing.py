@@ -225,7 +225,8 @@ def transform_summary(t: Transform, mappings: int, gains: list[float], alphas: l
     if t.kind is TransformKind.SMOOTHQUANT and t.alpha_search:
         return searched_summary(t, mappings, gains, alphas or [])
     if t.kind is TransformKind.SMOOTHQUANT:
-        return f"smoothquant (alpha {t.alpha:g}) folded into {mappings} mapping(s)"
+        turned = "; then each down projection's input turned online by a random Hadamard (R4)" if t.online else ""
+        return f"smoothquant (alpha {t.alpha:g}) folded into {mappings} mapping(s){turned}"
     if t.kind is not TransformKind.AWQ:  # a plug-in's
         return f"{t.kind.name} folded into {mappings} mapping(s)"
     mean = sum(gains) / len(gains) if gains else 0.0

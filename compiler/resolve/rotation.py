@@ -26,6 +26,39 @@ def rotates(ir: RecipeIR) -> bool:
     return ir.transform is not None and ir.transform.kind.rotates
 
 
+def turns_online(ir: RecipeIR) -> bool:
+    """Whether the runtime turns the down projections' inputs as it runs (`online r4`: QuaRot's, SpinQuant's, or
+    after SmoothQuant's fold)."""
+    return ir.transform is not None and OnlineRotation.R4 in ir.transform.online
+
+
+def online_only(ir: RecipeIR) -> bool:
+    """`transform smoothquant { online r4 }`: R4 alone, applied after the smoothing folds (no R1 or R2)."""
+    return turns_online(ir) and not rotates(ir)
+
+
+def check_online_only(ir: RecipeIR, index: ModelIndex, diags: Diagnostics) -> bool:
+    """Q273 where R4 alone cannot turn this model's down projections: none found, or no Hadamard matrix of their
+    input width; whether it can."""
+    assert ir.transform is not None
+    span, name = ir.transform.span_of("online") or ir.transform.span, ir.transform.kind.name
+    width = down_width(index)
+    if width is None:
+        diags.error("Q273", f"`transform {name} {{ online r4 }}` turns each `mlp.down_proj`'s input, and this model "
+                    "has none", span, "nothing to turn", help="drop `online r4`")
+        return False
+    if hadamard_order(width) is None:
+        diags.error("Q273", f"`online r4`: no Hadamard matrix of order {width} (the down projection's input width) "
+                    "is built here", span, "no Hadamard of that order",
+                    help="orders 2^k times up to two Paley orders (12, 20, 24, 28, 44, …) are built; drop `online r4`")
+        return False
+    if ir.mixed_precision is not None:
+        diags.error("Q273", "`online r4` with `mixed_precision`: the search's cached scores are of the unrotated "
+                    "down projections", span, "not with a search", help="remove one of the two")
+        return False
+    return True
+
+
 def role(name: str, block: str | None) -> str:
     """A block's layer by its role (`attn.q_proj`, `mlp.down_proj`): its name within the block, `self_attn.` read
     as `attn.`."""

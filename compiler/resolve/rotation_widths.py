@@ -36,9 +36,9 @@ def down_width(index: ModelIndex) -> int | None:
 
 def rotation_widths(index: ModelIndex, rotated: bool, online_width: int, block: int) -> Widths | None:
     """What the plan's load op carries for a rotation (None without one; `online_width` 0: no online part; `block`
-    0: R1 and R4 each of its whole width)."""
-    if not rotated:
-        return None
+    0: R1 and R4 each of its whole width; hidden 0: R4 alone, `transform smoothquant { online r4 }`)."""
+    if not rotated:  # R4 alone (after SmoothQuant's fold): no residual or head rotation
+        return (0, None, online_width, None) if online_width else None
     hidden, head = widths(index)
     return hidden, head, online_width or None, block or None
 

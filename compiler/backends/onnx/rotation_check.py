@@ -14,12 +14,18 @@ from compiler.diagnostics import Diagnostics
 from compiler.ir.types import RecipeIR
 from compiler.ir.values import human_bytes
 from compiler.resolve.assignment import Assignment
-from compiler.resolve.rotation import rotation_to_check
+from compiler.resolve.rotation import online_only, rotation_to_check
 
 
 def check_rotation(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
     """Q273 for each thing the rotation cannot take on this graph; Q417 where the temporary folder has no room for
     the rotated copy."""
+    if online_only(ir):
+        assert ir.transform is not None
+        diags.error("Q273", f"`transform {ir.transform.kind.name} {{ online r4 }}`: the ONNX backend folds the "
+                    "smoothing but does not rotate after it", ir.transform.span_of("online") or ir.transform.span,
+                    "not on this backend", help="`backend torch` writes it (a folder vLLM runs on a GPU); or "
+                    "`transform quarot { online r4 }` on ONNX")
     transform = rotation_to_check(ir, assignment.model, diags)
     if transform is None:
         return

@@ -199,8 +199,8 @@ def rotation_bytes(w: Workload) -> int:
     tensor it rotates read whole (float32)
     beside its rotated copy, since a rotated tensor is not copied a slice at a time; and one float32 slice of
     SLICE rows (or columns) of the hidden width, twice: the slice and its product."""
-    if not w.rotated:
-        return 0
+    if not w.rotated:  # R4 alone (after SmoothQuant): the stored matrix, formed once in float32
+        return 2 * 4 * w.online_width ** 2
     hidden, head = widths(w.index)
     largest = max((x.params for x in w.index.layers), default=0)
     factors = sum(f * f for f in factor_orders(hidden) or ()) + sum(f * f for f in factor_orders(w.online_width) or ())

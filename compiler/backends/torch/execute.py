@@ -124,7 +124,7 @@ class _Run(Verifying):
         learned = v.get(Buffer.ROTATION, Learned) if v.declares(Buffer.ROTATION) else None
         source = learned.rotation if learned is not None else op.rotation
         rotated = None
-        if op.rotation is not None:
+        if op.rotation is not None and op.rotation[0]:  # R4 alone is said with SmoothQuant's summary
             words = rotation_words(op.rotation, "spinquant" if learned is not None else "quarot")
             rotated = Product(transform=words + (f"; {learned.words()}" if learned is not None else ""))
         if op.access is ops.ModelAccess.FILES:

@@ -301,7 +301,7 @@ def open_model(ref: str, blocks: tuple[str, ...], span: Span | None,
     else:
         folder = _folder(ref)
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        module = hf_skeleton(folder, span, untied=rotation is not None)
+        module = hf_skeleton(folder, span, untied=rotation is not None and not _online_only(rotation))
         set_attention(module, attention, span)
         checkpoint = _rotated(_shards(ref, folder, config), rotation, config)
         renamed = checkpoint_names.module_names(module, list(checkpoint.entries),
@@ -360,6 +360,8 @@ def _rotated(shards, rotation: RotationSource, config: dict):
         return shards
     from compiler.backends.torch.rotation import RotatedShards, Rotation
 
+    if isinstance(rotation, tuple) and not rotation[0] and rotation[2]:  # R4 alone: the weights as they are, D's
+        return RotatedShards(shards, Rotation.online_only(rotation[2]))  # entry added
     if "qrc_builtin" not in config:  # a built-in's head is its own already
         config["tie_word_embeddings"] = False  # the final norm folds into the head alone
     if not isinstance(rotation, tuple):
@@ -368,10 +370,15 @@ def _rotated(shards, rotation: RotationSource, config: dict):
     return RotatedShards(shards, Rotation.seeded(hidden, head, down=down, block=block))
 
 
+def _online_only(rotation: RotationSource) -> bool:
+    """R4 alone (`transform smoothquant { online r4 }`): the model's head stays as it is."""
+    return isinstance(rotation, tuple) and not rotation[0]
+
+
 def _attach_online(module: nn.Module, checkpoint) -> None:
     """The rotation's online part (R4) as hooks on the skeleton's down projections (torch/rotation.py)."""
     rotation = getattr(checkpoint, "rotation", None)
-    if rotation is not None and rotation.down is not None:
+    if rotation is not None and rotation.down is not None and not rotation.after_fold:
         from compiler.backends.torch.rotation import attach_online
 
         attach_online(module, rotation.down)

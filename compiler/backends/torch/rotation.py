@@ -182,6 +182,9 @@ class Rotation:
     down: Kronecker | None = None  # R4's D, applied online (None: no online rotation)
     block: int | None = None  # Q and D block-diagonal with blocks of this order (None: each the whole width)
     layer_heads: tuple[torch.Tensor, ...] | None = None  # learned: layer n's values turned by layer_heads[n]
+    # R4 alone (`transform smoothquant { online r4 }`): nothing is turned as it is read (the checkpoint gains D's
+    # entry); the smoothing folds first, then turns each down projection (torch/smoother.py `turn_down`)
+    after_fold: bool = False
 
     @classmethod
     def seeded(cls, hidden: int, head_dim: int | None, seed: int = 0, base: str = "model",
@@ -192,6 +195,11 @@ class Rotation:
         h = torch.from_numpy(random_hadamard(head_dim, seed + 1)).float() if head_dim else None
         return cls(Kronecker.seeded(block or hidden, seed), h, base,
                    Kronecker.seeded(block or down, seed + 2) if down else None, block)
+
+    @classmethod
+    def online_only(cls, down: int, seed: int = 0) -> Rotation:
+        """R4 alone, of the down projections' input width: D as `seeded` draws it (no Q or H is applied)."""
+        return cls(Kronecker.seeded(1, seed), None, down=Kronecker.seeded(down, seed + 2), after_fold=True)
 
     def right(self, rows: torch.Tensor) -> torch.Tensor:
         """rows · Q, float32: each factor applied along its axis of the rows reshaped (n·Σf products a row; a
@@ -204,6 +212,8 @@ class Rotation:
 
     def touches(self, key: str) -> bool:
         """Whether `tensor` gives a rotated form of `key` (without reading anything)."""
+        if self.after_fold:
+            return self.down is not None and key.endswith(ONLINE_WEIGHT)
         if key == HEAD or any(p.match(key) for p in (_READERS, _WRITERS, _NORMS, _EMBED)):
             return True
         if self.down is not None and key.endswith(ONLINE_WEIGHT):
@@ -214,6 +224,8 @@ class Rotation:
         """The rotated form of checkpoint tensor `key` (`read(name)` gives any checkpoint tensor; `stored`: the
         names the checkpoint has), or None where the rotation leaves it as it is. `lm_head.weight` is given
         also for a tied checkpoint, which stores none: the final norm folds into the head alone."""
+        if self.after_fold:
+            return self.down.stored() if self.down is not None and key.endswith(ONLINE_WEIGHT) else None
         if key == HEAD:
             source = read(HEAD) if HEAD in stored else read(f"{self.base}.embed_tokens.weight")
             return _rows_times(source, read(f"{self.base}.norm.weight"), self)
@@ -291,7 +303,7 @@ class RotatedShards(DerivedShards):
         self.rotation = rotation
         entries = dict(inner.entries)
         embed = f"{rotation.base}.embed_tokens.weight"
-        if HEAD not in entries and embed in entries:
+        if HEAD not in entries and embed in entries and not rotation.after_fold:
             entries[HEAD] = entries[embed]
         if rotation.down is not None:  # D once, under the first down projection (llm-compressor's layout)
             downs = [k for k in entries if _WRITERS.match(k) and k.endswith(".mlp.down_proj.weight")]

