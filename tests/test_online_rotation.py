@@ -76,8 +76,9 @@ def _recipe(tmp_path, model, online="r4", target="", block="", data=DATA, kind="
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("block", "data", "kind"), [("", DATA, "quarot"), ("  block 16", DATA, "quarot"),
-                                                     ("", "", "quarot"), ("", DATA, "smoothquant")],
-                         ids=["whole-width", "block-16", "file-to-file", "after-smoothquant"])
+                                                     ("", "", "quarot"), ("", DATA, "smoothquant"),
+                                                     ("", DATA + "\n    memory { mode offload }", "smoothquant")],
+                         ids=["whole-width", "block-16", "file-to-file", "after-smoothquant", "after-smoothquant-offload"])
 def test_an_online_rotated_folder_computes_in_compressed_tensors_what_verify_measured(tmp_path, block, data, kind):
     """The folder: its transform_config parses as compressed-tensors' TransformConfig, one ±1 matrix under the
     first down projection (its block's order where block-diagonal, which the config names `head_dim`);
@@ -85,7 +86,8 @@ def test_an_online_rotated_folder_computes_in_compressed_tensors_what_verify_mea
     (cosine > 0.999, as verify passed at_least 0.999 on qrc's own load of it), and transformers' load alone is far
     off. Without data or verify nothing runs the model and the weights round file to file (the SmolLM2 example).
     After SmoothQuant (`transform smoothquant { alpha 0.7  online r4 }`) R4 is the only rotation: the smoothing
-    folds, then each down projection turns, and the head stays tied to the embeddings."""
+    folds, then each down projection turns, and the head stays tied to the embeddings; block by block (offload)
+    each block's down projection turns once its own mappings have folded."""
     import torch
     import transformers
     from compiling import compile_
