@@ -352,3 +352,27 @@ def test_an_online_rotation_is_planned_in_every_pass_that_runs_it(tmp_path):
     # R4 after SmoothQuant's fold turns the same inputs in the same passes
     for kind in (OpKind.CALIBRATE_CHUNK, OpKind.EMIT, OpKind.VERIFY):
         assert seconds["smoothed-online"][kind] > seconds["smoothed"][kind], kind
+
+
+def test_the_fold_check_is_planned_with_its_logits(tmp_path):
+    """In `full`, a transform's fold check runs one sample through the whole model before and after the fold and
+    holds both logits and their difference (smoother.run): with a 32,000-word head at 512 tokens that is about
+    200 MB where the calibration's 8-sample working set was, which the plan of the same recipe without the
+    transform does not hold."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                                      num_attention_heads=8, num_key_value_heads=4)
+    config.save_pretrained(tmp_path / "llama")
+    peaks = {}
+    for name, transform in (("plain", ""), ("smoothed", " transform smoothquant { alpha 0.8 }\n")):
+        recipe = tmp_path / f"{name}.recipe"
+        recipe.write_text(f'recipe {name} {{\n model "{tmp_path / "llama"}"\n backend torch\n{transform}'
+                          ' quantize { type Linear -> W8A8_STATIC  "lm_head" -> none }\n'
+                          ' calibrate { data synthetic { samples 16  seqlen 512 }  chunk 8 }\n'
+                          f' memory {{ mode full }}\n emit "{tmp_path / name}"\n}}\n')
+        result = plan_file(recipe, detected_free=FREE)
+        assert result.ok, render_all(result.diagnostics)
+        peaks[name] = result.plan.peak_bytes
+    # beyond the 8-sample working set it replaces at that moment: more than one sample's logits
+    assert peaks["smoothed"] - peaks["plain"] > 512 * 32000 * 4
