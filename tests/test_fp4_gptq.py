@@ -51,6 +51,7 @@ def _tensors(folder) -> dict[str, torch.Tensor]:
     return {k: v.view(torch.uint8) if v.element_size() == 1 else v for k, v in loaded.items()}
 
 
+@pytest.mark.slow  # a compile each: kept out of the quick loop's three minutes
 @pytest.mark.parametrize("scheme", ["NVFP4A16", "MXFP4A16", "NVFP4"])
 def test_gptq_keeps_the_block_scales_moves_the_codes_and_lowers_the_error(scheme, tmp_path):
     rtn, rtn_out = _compiled(tmp_path, scheme, "rtn")

@@ -82,6 +82,7 @@ def _file_values(path: Path) -> dict[str, np.ndarray]:
     return values
 
 
+@pytest.mark.slow  # a compile each: kept out of the quick loop's three minutes
 @pytest.mark.parametrize("preset, kind, source", [("NVFP4A16", "NVFP4", "float"), ("MXFP4A16", "MXFP4", "float"),
                                                    ("NVFP4A16", "NVFP4", "folder")])
 def test_the_file_holds_the_values_of_the_folder(llama, tmp_path, preset, kind, source):

@@ -185,6 +185,7 @@ def test_the_real_smollm2_rotated_computes_the_same():
     assert (after - before).abs().max().item() < 2e-4
 
 
+@pytest.mark.slow  # a compile each: kept out of the quick loop's three minutes
 @pytest.mark.parametrize("suffix", [".md", ".html"])
 def test_the_report_of_a_rotated_compile_says_what_it_turned(tmp_path, suffix):
     """`--report` on a rotated compile (no mappings, unlike AWQ/SmoothQuant): the transform's section names the
@@ -205,6 +206,7 @@ def test_the_report_of_a_rotated_compile_says_what_it_turned(tmp_path, suffix):
     assert "mappings" not in text.split("Outlier transform")[1].split("##")[0].split("<h2>")[0]
 
 
+@pytest.mark.slow  # a compile each: kept out of the quick loop's three minutes
 @pytest.mark.parametrize(("transform", "head"), [("transform quarot", "none"), ("", "W8A16")],
                          ids=["rotated-head-float", "quantized-head"])
 def test_the_planned_output_size_counts_a_tied_head_written_on_its_own(tmp_path, transform, head):
