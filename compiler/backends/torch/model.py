@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, TypeGuard, Union
 
 import torch
 from torch import nn
@@ -360,7 +360,7 @@ def _rotated(shards, rotation: RotationSource, config: dict):
         return shards
     from compiler.backends.torch.rotation import RotatedShards, Rotation
 
-    if isinstance(rotation, tuple) and not rotation[0] and rotation[2]:  # R4 alone: the weights as they are, D's
+    if _online_only(rotation) and rotation[2]:  # R4 alone: the weights as they are, D's
         return RotatedShards(shards, Rotation.online_only(rotation[2]))  # entry added
     if "qrc_builtin" not in config:  # a built-in's head is its own already
         config["tie_word_embeddings"] = False  # the final norm folds into the head alone
@@ -370,7 +370,7 @@ def _rotated(shards, rotation: RotationSource, config: dict):
     return RotatedShards(shards, Rotation.seeded(hidden, head, down=down, block=block))
 
 
-def _online_only(rotation: RotationSource) -> bool:
+def _online_only(rotation: RotationSource) -> TypeGuard[tuple[int, int | None, int | None, int | None]]:
     """R4 alone (`transform smoothquant { online r4 }`): the model's head stays as it is."""
     return isinstance(rotation, tuple) and not rotation[0]
 

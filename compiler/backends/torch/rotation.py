@@ -183,7 +183,7 @@ class Rotation:
     block: int | None = None  # Q and D block-diagonal with blocks of this order (None: each the whole width)
     layer_heads: tuple[torch.Tensor, ...] | None = None  # learned: layer n's values turned by layer_heads[n]
     # R4 alone (`transform smoothquant { online r4 }`): nothing is turned as it is read (the checkpoint gains D's
-    # entry); the smoothing folds first, then turns each down projection (torch/smoother.py `turn_down`)
+    # entry); the smoothing folds first, then turns each down projection (torch/smoother.py `_turn_down`)
     after_fold: bool = False
 
     @classmethod
@@ -332,12 +332,17 @@ def rotate_input_first(module: nn.Module, turn) -> None:
     module.register_forward_pre_hook(hook, prepend=True)
 
 
+def turn_input(module: nn.Module, rotation: Kronecker) -> None:
+    """x·D for `module`'s input x (computed in float32, given back in x's dtype), first among its hooks."""
+    rotate_input_first(module, lambda x: rotation.right(x.float()).to(x.dtype))
+
+
 def attach_online(module: nn.Module, rotation: Kronecker) -> int:
-    """x·D before every down projection of `module` (`rotate_input_first`); the count."""
+    """x·D before every down projection of `module` (`turn_input`); the count."""
     count = 0
     for name, sub in module.named_modules():
         if name.endswith("mlp.down_proj"):
-            rotate_input_first(sub, lambda x: rotation.right(x.float()).to(x.dtype))
+            turn_input(sub, rotation)
             count += 1
     return count
 

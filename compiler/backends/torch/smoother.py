@@ -116,7 +116,7 @@ class Smoother:
         runtime turns every one's input."""
         if self.down is None:
             return
-        from compiler.backends.torch.rotation import rotate_input_first
+        from compiler.backends.torch.rotation import turn_input
 
         root, down = self.model.module, self.down
         for name in {self.modules[x] for m in mappings for x in m.targets if x.endswith("mlp.down_proj")}:
@@ -127,7 +127,7 @@ class Smoother:
             assert isinstance(weight, torch.Tensor)
             # in place, as the fold scales: the skeleton's weights share a storage a new tensor would not free
             weight.detach().copy_(down.right(weight.detach().float()))
-            rotate_input_first(module, lambda x: down.right(x.float()).to(x.dtype))
+            turn_input(module, down)
             self.turned.add(name)
 
     def as_folded(self, module: str, weight: torch.Tensor) -> torch.Tensor:
