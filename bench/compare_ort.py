@@ -25,8 +25,8 @@ BENCH_MODEL = "builtin:tiny-llama?layers=8&hidden=512&heads=8&kv_heads=2&vocab=3
 SEQLEN, CHUNK = 128, 8
 
 
-def child(code: str) -> tuple[float, int, str]:
-    """Run `code` in a fresh interpreter: (seconds, peak RSS bytes, its last stdout line)."""
+def child(code: str, python: str = sys.executable) -> tuple[float, int, str]:
+    """Run `code` in a fresh interpreter (`python`): (seconds, peak RSS bytes, its last stdout line)."""
     # atexit also runs after an uncaught exception: a crash still reports the peak it reached
     wrapped = ("import atexit, re\natexit.register(lambda: print('HWM', re.search(r'VmHWM:\\s+(\\d+)', "
                "open('/proc/self/status').read()).group(1)))\n" + code)
@@ -35,7 +35,7 @@ def child(code: str) -> tuple[float, int, str]:
     # tool's seconds would carry the last one's writes
     os.sync()
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", wrapped], cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run([python, "-c", wrapped], cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     found = re.search(r"HWM (\d+)", out.stdout)
     hwm = int(found.group(1)) * 1024 if found else 0

@@ -21,7 +21,13 @@ MatMulNBits with accuracy_level 4, the builder's CPU default):
   `quantize_static` (QDQ, U8S8, per-channel weights, MinMax calibration: its defaults otherwise);
 - int4-quarot-r4, w8a8-quarot-r4: int4-rtn's and w8a8's schemes after `transform quarot { online r4 }` (R1 and R2
   folded into the graph, R4 run in it before each down projection) | not run: onnxruntime's quantizers rotate
-  nothing.
+  nothing;
+- w8a8-smoothquant: w8a8 after `transform smoothquant { alpha 0.8 }` | `quantize_static` with its SmoothQuant
+  (`extra_options` SmoothQuant, alpha 0.8: neural-compressor 2.x's ONNX port, which 3.x dropped, so it runs in
+  `--ort-python`'s environment where that is installed);
+- w8a8-smoothquant-r4: w8a8 after `transform smoothquant { alpha 0.7  online r4 }` (the smoothing folded, then each
+  down projection's input turned by R4 in the graph) | not run: its quantizers have no rotation.
+The strengths are those the torch backend's static W8A8 chose on validation text (bench/README.md).
 Calibration: real_quality.py's rows (the first half of Python's language reference, `--samples` × 512 tokens,
 the same ids for both tools). Perplexity (mean ± std over the windows), KL and top-1 against the float graph;
 seconds and peak RSS are each tool's whole process."""
@@ -44,22 +50,26 @@ from real_quality import MODEL, calibration_ids, save_float_folder, texts, windo
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = 64
 ROWS = ("int4-rtn", "int4-data-free", "int4-asym-rtn", "int4-asym-data-free", "int4-hqq", "int4-gptq", "w8a8",
-        "int4-quarot-r4", "w8a8-quarot-r4")
+        "int4-quarot-r4", "w8a8-quarot-r4", "w8a8-smoothquant", "w8a8-smoothquant-r4")
 QRC = {"int4-rtn": "W4A16 { group 64 }", "int4-data-free": "W4A16 { group 64  rounding mse }",
        "int4-asym-rtn": "W4A16 { group 64  asymmetric }",
        "int4-asym-data-free": "W4A16 { group 64  asymmetric  rounding mse }",
        "int4-hqq": "W4A16 { group 64  asymmetric  rounding hqq }",
        "int4-gptq": "W4A16 { group 64  rounding gptq }", "w8a8": "W8A8",
-       "int4-quarot-r4": "W4A16 { group 64 }", "w8a8-quarot-r4": "W8A8"}
-ROTATED = {"int4-quarot-r4", "w8a8-quarot-r4"}  # `transform quarot { online r4 }`: onnxruntime's quantizers rotate nothing
-CALIBRATED = ("int4-gptq", "w8a8", "w8a8-quarot-r4")
+       "int4-quarot-r4": "W4A16 { group 64 }", "w8a8-quarot-r4": "W8A8", "w8a8-smoothquant": "W8A8",
+       "w8a8-smoothquant-r4": "W8A8"}
+TRANSFORMS = {"int4-quarot-r4": "transform quarot { online r4 }", "w8a8-quarot-r4": "transform quarot { online r4 }",
+              "w8a8-smoothquant": "transform smoothquant { alpha 0.8 }",
+              "w8a8-smoothquant-r4": "transform smoothquant { alpha 0.7  online r4 }"}
+ROTATED = {"int4-quarot-r4", "w8a8-quarot-r4", "w8a8-smoothquant-r4"}  # onnxruntime's quantizers rotate nothing
+CALIBRATED = ("int4-gptq", "w8a8", "w8a8-quarot-r4", "w8a8-smoothquant", "w8a8-smoothquant-r4")
 
 
 def qrc(row: str, float_model: Path, calibration: Path, samples: int, out: Path, work: Path) -> tuple:
     """qrc's ONNX backend on the exported graph, in a process of its own."""
     fmt = "qdq" if row.startswith("w8a8") else "matmul_nbits  accuracy_level 4"
     data = f'  calibrate {{ data npz "{calibration}" {{ samples {samples} }}  chunk 8 }}\n' if row in CALIBRATED else ""
-    transform = "  transform quarot { online r4 }\n" if row in ROTATED else ""
+    transform = f"  {TRANSFORMS[row]}\n" if row in TRANSFORMS else ""
     recipe = work / f"{row}.recipe"
     recipe.write_text(f'recipe real_onnx {{\n  model "{float_model}"\n  backend onnx\n{transform}  scheme s = {QRC[row]}\n'
                       '  quantize { type Linear -> s  "lm_head" -> none }\n'
@@ -67,8 +77,8 @@ def qrc(row: str, float_model: Path, calibration: Path, samples: int, out: Path,
     return run_qrc(recipe)
 
 
-def ort(row: str, float_model: Path, calibration: Path, samples: int, out: Path) -> tuple:
-    """onnxruntime's quantizer for `row`, in a process of its own."""
+def ort(row: str, float_model: Path, calibration: Path, samples: int, out: Path, python: str) -> tuple:
+    """onnxruntime's quantizer for `row`, in a process of its own (`python`'s)."""
     reader = f"""
 import json, numpy as np, onnx
 from onnxruntime.quantization import CalibrationDataReader
@@ -91,15 +101,16 @@ class Reader(CalibrationDataReader):
     def __deepcopy__(self, memo):
         return Reader()
 """
-    if row == "w8a8":
+    if row.startswith("w8a8"):
+        extra = ', extra_options={"SmoothQuant": True, "SmoothQuantAlpha": 0.8}' if row == "w8a8-smoothquant" else ""
         return child(reader + f"""
 from onnxruntime.quantization import quantize_static, QuantFormat, QuantType
 model = onnx.load({str(float_model)!r}, load_external_data=False)
 nodes = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name != "/lm_head/MatMul"]
 quantize_static({str(float_model)!r}, {str(out)!r}, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                 activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, nodes_to_quantize=nodes,
-                use_external_data_format=True)
-""")
+                use_external_data_format=True{extra})
+""", python)
     configs = {"int4-rtn": f"DefaultWeightOnlyQuantConfig(block_size={BLOCK}, is_symmetric=True, accuracy_level=4)",
                "int4-data-free": f"HQQWeightOnlyQuantConfig(block_size={BLOCK}, bits=4)",
                "int4-asym-rtn": f"DefaultWeightOnlyQuantConfig(block_size={BLOCK}, is_symmetric=False, accuracy_level=4)",
@@ -115,7 +126,7 @@ q = MatMulNBitsQuantizer(model, block_size={BLOCK}, is_symmetric={"asym" not in 
                          nodes_to_exclude=["/lm_head/MatMul"], algo_config={configs[row]})
 q.process()
 q.model.save_model_to_file({str(out)!r}, use_external_data_format=True)
-""")
+""", python)
 
 
 def logits_of(model: Path, pieces: list[np.ndarray]) -> list[np.ndarray]:
@@ -152,6 +163,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--ort-gptq-samples", type=int, default=8)
     parser.add_argument("--windows", type=int, default=12)
+    parser.add_argument("--ort-python", default=sys.executable,
+                        help="the Python whose onnxruntime quantizes (w8a8-smoothquant: one with neural-compressor 2.x)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real_quality_onnx.md")
     args = parser.parse_args()
 
@@ -191,7 +204,7 @@ def main() -> None:
             out.parent.mkdir(parents=True)
             samples = args.ort_gptq_samples if (tool, row) == ("onnxruntime", "int4-gptq") else args.samples
             ran = (qrc(row, float_model, calibration, samples, out, work) if tool == "qrc"
-                   else ort(row, float_model, calibration, samples, out))
+                   else ort(row, float_model, calibration, samples, out, args.ort_python))
             seconds, peak, err = ran
             (out.parent / "genai_config.json").write_text((float_model.parent / "genai_config.json").read_text())
             name = f"{tool}" + (f" ({samples} samples)" if row in CALIBRATED else "")

@@ -132,3 +132,65 @@ def test_no_room_for_the_rotated_copy_is_said_at_check(tmp_path, monkeypatch):
     monkeypatch.setattr(rotation_check.shutil, "disk_usage", lambda _: usage(1 << 20, 1 << 20, 1024))
     result = runner.invoke(app, ["check", str(tmp_path / "r.recipe")])
     assert result.exit_code == 2 and "Q417" in result.output and "rotated copy" in result.output, result.output
+
+
+def _smoothed(tmp_path, online: str = "online r4"):
+    """`qrc compile` of static W8A8 after `transform smoothquant { alpha 0.7  online r4 }` (or without R4); the
+    result."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(RECIPE.format(model=MODEL, transform=f"transform smoothquant {{ alpha 0.7  {online} }}",
+                                    scheme="W8A8_STATIC", head='"lm_head" -> none', data=DATA,
+                                    out=tmp_path / "out" / "model.onnx"))
+    return runner.invoke(app, ["compile", str(recipe)])
+
+
+def test_smoothquant_then_online_r4_turns_every_down_projection_and_verifies(tmp_path):
+    """R4 alone after SmoothQuant's fold: each down projection's weight W·diag(s)·D and its input turned by D in the
+    graph (QuaRot's R4 nodes), its input quantizer reading x·D; the emitted model verifies against the float one,
+    and its down weights, dequantized, are the unrotated compile's turned by D (the same smoothing: its statistics
+    are gathered before R4)."""
+    from compiler.quant.rotations import Turn
+
+    result = _smoothed(tmp_path / "r4")
+    assert result.exit_code == 0 and "passed" in result.output, result.output
+    assert "each down projection's input turned online" in result.output
+    plain = _smoothed(tmp_path / "plain", "")
+    assert plain.exit_code == 0, plain.output
+    graphs = {}
+    for name in ("r4", "plain"):
+        out = tmp_path / name / "out" / "model.onnx"
+        graphs[name] = onnx.load(str(out))
+    made = {o: n for n in graphs["r4"].graph.node for o in n.output}
+    downs = [n for n in graphs["r4"].graph.node if n.op_type == "MatMul" and "down_proj" in n.name]
+    assert len(downs) == 2
+    for node in downs:
+        dequantized = made[node.input[0]]
+        assert "qrc.online_r4" in made[made[dequantized.input[0]].input[0]].name  # DQ(Q(x·D))
+    d = Turn.seeded(128, 2)  # the torch backend's D for QuaRot's seed 0: seed + 2
+
+    def down_weights(model) -> list[np.ndarray]:
+        inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+        made_here = {o: n for n in model.graph.node for o in n.output}
+        out = []
+        for node in model.graph.node:
+            if node.op_type == "MatMul" and "down_proj" in node.name:
+                dq = made_here[node.input[1]]
+                q, scale = inits[dq.input[0]], inits[dq.input[1]]
+                out.append((q.astype(np.float32) * scale).T)  # [out, in], per output channel
+        return out
+
+    for turned, plain_w in zip(down_weights(graphs["r4"]), down_weights(graphs["plain"]), strict=True):
+        expected = d.right(plain_w)
+        assert np.abs(turned - expected).max() <= 0.02 * np.abs(expected).max()
+
+
+def test_a_broken_online_turn_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """The smoothed and turned copy is run against the original on one chunk before calibration: with the weights
+    turned but the graph not turning their inputs, Q422 and no output."""
+    from compiler.backends.onnx.rotation import OnlineDown
+
+    monkeypatch.setattr(OnlineDown, "edit", lambda self, model: None)
+    result = _smoothed(tmp_path)
+    assert result.exit_code == 2 and "Q422" in result.output and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

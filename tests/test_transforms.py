@@ -255,7 +255,9 @@ def _onnx_compile(tmp_path, model, transform: str, scheme: str, mode: str, name:
 
 @pytest.mark.parametrize(("kind", "mode"), [("awq", "full"), ("smoothquant", "offload")])
 def test_onnx_fold_keeps_the_float_model(onnx_outliers, tmp_path, kind, mode):
-    """The smoothed copy the ONNX backend compiles computes what the original does, in onnxruntime."""
+    """The smoothed copy the ONNX backend compiles computes what the original does, in onnxruntime, the up
+    projections' output channels scaled for the down projections' inputs too."""
+    import onnx
     import onnxruntime as ort
 
     from compiler import data
@@ -268,7 +270,8 @@ def test_onnx_fold_keeps_the_float_model(onnx_outliers, tmp_path, kind, mode):
     text = ONNX_RECIPE.format(model=onnx_outliers, transform=f"transform {kind}", scheme="W4A16", mode=mode,
                               out=tmp_path / "unused.onnx", format="qdq")
     checked = check_source(Source("t.recipe", text), with_model=True)
-    assert len(checked.assignment.smoothing) == 8  # 4 blocks × (input norm → q/k/v, post-attention norm → gate/up)
+    # 4 blocks × (input norm → q/k/v, post-attention norm → gate/up, and up → down through the gated product)
+    assert len(checked.assignment.smoothing) == 12
     files = open_model(onnx_outliers)
     batches = data.calibration_batches(checked.ir.calibration.data, checked.assignment.model, 4)
     smoothed, _ = smooth(checked.ir.transform, checked.assignment, files, MemoryMode(mode), batches, None,
@@ -279,6 +282,14 @@ def test_onnx_fold_keeps_the_float_model(onnx_outliers, tmp_path, kind, mode):
         after = ort.InferenceSession(str(smoothed.path)).run(["logits"], feed)[0]
         changed = [t.name for t in smoothed.light.graph.initializer if "layernorm" in t.name]
         assert changed and np.linalg.norm(after - original) / np.linalg.norm(original) < 1e-4
+        ups = [t for t in smoothed.light.graph.initializer if t.name.endswith("up_proj.weight")]
+        before = {t.name: t for t in onnx.load(str(onnx_outliers)).graph.initializer}
+        # the up projection divides its output channels by the product's scales, after its rows took the norm's
+        for t in ups:
+            new, old = (onnx.numpy_helper.to_array(x, str(p)) for x, p in ((t, smoothed.path.parent),
+                                                                          (before[t.name], onnx_outliers.parent)))
+            ratios = new / old
+            assert not np.allclose(ratios, ratios[:, :1]), t.name  # not one factor per row: the columns moved too
     finally:
         smoothed.close()
 
@@ -288,7 +299,7 @@ def test_onnx_smoothquant_and_awq_beat_plain_rounding(onnx_outliers, tmp_path):
     plain, _ = _onnx_compile(tmp_path, onnx_outliers, "", "W8A8_STATIC", "low_memory", "plain")
     smooth, _ = _onnx_compile(tmp_path, onnx_outliers, "transform smoothquant { alpha 0.8 }", "W8A8_STATIC", "low_memory",
                               "sq")
-    assert "folded into 8 mapping(s)" in smooth.transform
+    assert "folded into 12 mapping(s)" in smooth.transform
     assert smooth.verify["kld"] < 0.8 * plain.verify["kld"], (smooth.verify, plain.verify)
     searched, _ = _onnx_compile(tmp_path, onnx_outliers, "transform smoothquant { alpha search }", "W8A8_STATIC",
                                 "low_memory", "sq-search")

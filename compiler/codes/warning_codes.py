@@ -201,8 +201,10 @@ WARNINGS: tuple[CodeInfo, ...] = (
     CodeInfo("Q264", "a source the ONNX graph cannot absorb the scale into",
              "Where the model has a graph (an ONNX file, a built-in), it shows everything a norm's output feeds: one "
              "that also reaches a residual Add (a post-norm block, as in BERT) cannot take a scale without changing "
-             "the model. The ONNX backend folds scales into norm initializers only, so a MatMul source is refused "
-             "there too (use `backend torch`).",
+             "the model. The ONNX backend folds scales into norm initializers, and into a MatMul only where the graph "
+             "shows its output reaching one other MatMul through the gated product alone (an MLP's up → down: the up "
+             "projection's output channels divide, the down projection's rows multiply); any other MatMul source is "
+             "refused there (use `backend torch`).",
              'model "builtin:tiny-bert"\ntransform smoothquant { map "*.attention.output.LayerNorm" -> "*.intermediate.dense" }'),
     CodeInfo("Q265", "QDQ weights that need a newer ONNX opset than the model's",
              "DequantizeLinear takes 4-bit types and group (`block_size`) scales from opset 21 on; onnxruntime refuses "

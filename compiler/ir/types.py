@@ -91,7 +91,8 @@ class BackendFacts:
     activation_qtype: QType  # integer activations as the backend's runtime fuses them (uint8 for onnxruntime)
     static_activations_only: bool  # holds calibrated per-tensor input ranges only (QDQ): presets' W8A8 is static
     takes_model: tuple[str, ...]  # model references a recipe without `backend` runs here (prefixes or suffixes)
-    smooths_into_norms_only: bool  # SmoothQuant/AWQ scales fold into a norm only, never into a preceding layer
+    smooths_into_norms_only: bool  # SmoothQuant/AWQ scales fold into a norm, and into a preceding layer only
+    # through the gated product the graph shows (ONNX: resolve/smoothing.py gated_pair)
 
 
 class DataKind(enum.Enum):

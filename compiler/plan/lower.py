@@ -198,7 +198,10 @@ def smooth_op(ctx: Context, checked: str, inputs: tuple[Buffer, ...] | None = No
     if t is None:
         return []
     reads = inputs if inputs is not None else (Buffer.MODEL, Buffer.CALIBRATION_DATA, Buffer.MEMORY_MODE) + ctx.after_search
-    return [Smooth(summary=f"{transform_words(w, checked)}; the model is rewritten with the scales before any "
+    # R4 alone (`online r4`) turns the down projections in the same rewrite, after the fold
+    turned = f"; then each down projection turned by a {w.online_width}-wide random Hadamard, its input online" \
+        if w.online_width and not w.rotated else ""
+    return [Smooth(summary=f"{transform_words(w, checked)}{turned}; the model is rewritten with the scales before any "
                    "statistic is gathered", inputs=reads, outputs=(Buffer.MODEL,), peak_bytes=ctx.phase(PhaseName.CALIBRATE),
                    transform=t.kind, mappings=len(w.smoothing), settings=t, calibration=ctx.ir.calibration)]
 

@@ -95,6 +95,7 @@ class Workload(Observation):
     rotation_block: int = 0  # the block of a block-diagonal rotation (`block N`), 0: each of its whole width
     smoothing: tuple[tuple[str | None, int, int], ...] = ()  # per mapping: (block, input width, float32 bytes of
     # its targets' weights), what the transform's statistics and scratch scale with
+    smoothing_observed: tuple[str, ...] = ()  # the values the transform's pass observes (its targets' inputs)
     ranks: int = 1  # torchrun processes sharing the run: the samples above are each one's share
     data_libraries: int = 0  # what reading the samples imports beyond the backend's runtime (DATASET_LIBRARIES)
     templated: bool = False  # dataset rows rendered through a chat template (in a child process: data/templates.py)
@@ -345,6 +346,7 @@ def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Worklo
         rotation_block=(ir.transform.block or 0) if rotates(ir) and ir.transform is not None else 0,
         smoothing=tuple((m.block, m.width, sum(4 * index.layer(x).params for x in m.targets))
                         for m in assignment.smoothing),
+        smoothing_observed=tuple(dict.fromkeys(index.layer(m.targets[0]).input for m in assignment.smoothing)),
     )
 
 

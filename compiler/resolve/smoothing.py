@@ -57,7 +57,7 @@ def resolve_smoothing(ir: RecipeIR, index: ModelIndex, schemes: dict[str, Scheme
     t = ir.transform
     if t is None or t.kind.rotates:  # a rotation has no mappings (resolve/rotation.py checks it)
         return ()
-    norms_only = ir.backend_facts.smooths_into_norms_only  # the ONNX backend folds scales into norms only (Q264)
+    norms_only = ir.backend_facts.smooths_into_norms_only  # ONNX: into norms, and the gated pairs the graph shows
     found = _written(t, index, norms_only, diags) if t.mappings else _inferred(t, index, norms_only)
     if not found and not t.mappings:
         diags.error("Q260", f"`transform {t.kind.name}` infers no mapping for this `{index.family}` model",
@@ -117,17 +117,40 @@ def _inferred(t: Transform, index: ModelIndex, norms_only: bool) -> list[Smoothi
         if readers:
             out.append(SmoothingMapping(norm.name, SourceKind.NORM, tuple(readers), norm.width, norm.block, t.span,
                                         True))
-    if not norms_only:  # a layer-to-layer mapping needs a backend that folds into layers (Q264)
-        pairs = LINEAR_PAIRS if t.kind.into_linears else _SMOOTHQUANT_PAIRS
-        by_name = {x.name: x for x in index.layers}
-        for layer in index.layers:
-            parent, _, leaf = layer.name.rpartition(".")
-            partner = next((b for a, b in pairs if a == leaf), None)
-            reader = by_name.get(f"{parent}.{partner}") if partner else None
-            if reader is not None and reader.in_features == layer.out_features:
-                out.append(SmoothingMapping(layer.name, SourceKind.LINEAR, (reader.name,), layer.out_features,
-                                            layer.block, t.span, True))
+    # a layer-to-layer mapping needs a backend that folds into layers (Q264); on ONNX, the gated product's pair
+    # where the graph shows it (`gated_pair`)
+    pairs = LINEAR_PAIRS if t.kind.into_linears else _SMOOTHQUANT_PAIRS
+    by_name = {x.name: x for x in index.layers}
+    for layer in index.layers:
+        parent, _, leaf = layer.name.rpartition(".")
+        partner = next((b for a, b in pairs if a == leaf), None)
+        reader = by_name.get(f"{parent}.{partner}") if partner else None
+        if reader is not None and reader.in_features == layer.out_features and \
+                (not norms_only or gated_pair(index, layer, reader)):
+            out.append(SmoothingMapping(layer.name, SourceKind.LINEAR, (reader.name,), layer.out_features,
+                                        layer.block, t.span, True))
     return out
+
+
+def gated_pair(index: ModelIndex, source: Layer, reader: Layer) -> bool:
+    """ONNX: whether `reader` reads `source`'s output through the gated product alone (source's MatMul output read
+    by one Mul only, whose output only `reader` reads): dividing source's output channels by s and multiplying
+    reader's input rows by s then leaves the model's output unchanged, as an MLP's up → down does."""
+    graph = index.graph
+    if graph is None:
+        return False
+    readers: dict[str, list] = {}
+    for node in graph.nodes:
+        for name in node.inputs:
+            readers.setdefault(name, []).append(node)
+    made = next((n for n in graph.nodes if n.op == "MatMul" and n.inputs[1:2] == (source.weight,)), None)
+    if made is None or len(made.outputs) != 1:
+        return False
+    products = readers.get(made.outputs[0], [])
+    if len(products) != 1 or products[0].op != "Mul" or products[0].inputs.count(made.outputs[0]) != 1:
+        return False
+    product = products[0].outputs[0]
+    return reader.input == product and [n.op for n in readers.get(product, [])] == [reader.op]
 
 
 def norm_readers(index: ModelIndex, norm: Norm) -> list[str] | None:
@@ -220,10 +243,12 @@ def _one(m: Mapping, source: Norm | Layer, candidates: list[Layer], index: Model
         _not_feeding(m, source.name, f"it has {width} output channels, but {', '.join(compress(narrow)[:2])} "
                      f"read{'s' if len(narrow) == 1 else ''} {index.layer(narrow[0]).in_features}", diags)
         return None
-    if not is_norm and norms_only:
+    if isinstance(source, Layer) and norms_only and not (len(targets) == 1 and gated_pair(index, source, targets[0])):
         diags.error("Q264", f"`{source.name}` is a MatMul: the ONNX backend folds scales into normalisation "
-                    "weights only", m.source.span, "cannot absorb the scale here",
-                    help="map from a norm on ONNX, or compile the model with `backend torch`")
+                    "weights, and into a MatMul only where its output reaches one other MatMul through the "
+                    "gated product (an MLP's up → down)", m.source.span, "cannot absorb the scale here",
+                    help="map from a norm, or `up_proj -> down_proj`, on ONNX; or compile the model with "
+                    "`backend torch`")
         return None
     if not _feeds_all(m, source, targets, index, diags):
         return None

@@ -85,15 +85,16 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
                  (f"activations of one chunk ({chunk} samples)", act), ("observers", observer_bytes(w)))
         if w.hessian_inputs:
             parts += (("GPTQ Hessians (float64 sums), update scratch", _hessians(w, group) + _hessian_update(w, chunk)),)
-        if w.transform is not None and not w.rotated and graph:  # the fold's check runs the model on one chunk first
+        if w.transform is not None and not w.rotated and graph:
+            # the transform's pass (one session observing what it maps), its fold (one tensor at a time) and check
+            # (the model run on one sample, twice: one output held beside the other run), then calibration: one
+            # after the other, each with one session of the model (onnx/smoothing.py), so the phase holds the
+            # largest of their activations
             kept = set(graph.outputs)
-            check = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen, w.past).bytes
-            parts += (("the transform's check: model outputs on one chunk, beyond calibration's", max(0, check - act)),
-                      # the fold writes the scaled targets into a new model (one copy) and the check runs a session
-                      # of it (another), while the unscaled one is still held (measured: AWQ on a hidden-512 Llama
-                      # 311 MiB in a fresh process against 266 planned without them)
-                      ("the scaled targets' weights (model and session), beside the unscaled ones",
-                       2 * sum(m[2] for m in w.smoothing)))
+            check = 2 * peak(graph, needed_nodes(graph, kept), kept, 1, w.seqlen, w.past).bytes
+            passed = calibration_peak(graph, w.smoothing_observed, chunk, w.seqlen, w.past).bytes
+            parts += (("the transform's pass or its check, beyond calibration's activations",
+                       max(0, passed - act, check - act)),)
     if w.transform is not None and not w.rotated:  # the transform's pass observes every mapping's input at once
         parts += ((f"{w.transform.kind.name} statistics (+ scratch of one mapping)", transform_bytes(w, all_blocks=True)),)
     return Phase("calibrate", sum(b for _, b in parts), parts)

@@ -35,7 +35,7 @@ from compiler.backends.sensitivity import Scored, score_units
 from compiler.backends.shared_ops import assign_precision
 from compiler.backends.values import OpValues, Values
 from compiler.diagnostics import error, warning
-from compiler.ir.types import Calibration
+from compiler.ir.types import Calibration, OnlineRotation, Transform
 from compiler.models import builtin, gguf_file, resolve_path
 from compiler.models.onnx_index import graph_summary
 from compiler.plan import ops
@@ -43,7 +43,7 @@ from compiler.plan.ops import Buffer, Plan
 from compiler.quant.smoothing import transform_summary
 from compiler.quant.weights import QuantizedWeight, sqnr_db
 from compiler.resolve.assignment import Assignment
-from compiler.resolve.rotation_widths import rotation_words
+from compiler.resolve.rotation_widths import down_width, rotation_words
 
 
 def model_path(ref: str) -> Path:
@@ -218,10 +218,31 @@ class _OnnxRun(OnnxRunState):
         assignment = _final(v, loaded)
         batches = self._batches(op.calibration, assignment)
         advance = self.progress(t.kind.name, len(batches) * (len(segments_of(loaded.files)) if memory.offload else 1))
-        smoothed, searched = smooth(t, assignment, loaded.files, memory.mode, batches, memory.disk, advance, self.ranks)
+        turning = self._online_down(t, assignment)
+        smoothed, searched = smooth(t, assignment, loaded.files, memory.mode, batches, memory.disk, advance, self.ranks,
+                                    turning)
         loaded.files.close()
-        v.put(Buffer.MODEL, dataclasses.replace(loaded, files=smoothed))
+        loaded = dataclasses.replace(loaded, files=smoothed)
+        if turning is not None:  # its graph summarized again: calibration's sessions keep R4's nodes
+            index = loaded.assignment.model
+            loaded = dataclasses.replace(loaded, assignment=dataclasses.replace(loaded.assignment, model=dataclasses.replace(
+                index, graph=graph_summary(smoothed.light, index.config))))
+        v.put(Buffer.MODEL, loaded)
         return Product(transform=transform_summary(t, len(assignment.smoothing), *searched))
+
+    def _online_down(self, t: Transform, assignment: Assignment):
+        """`transform smoothquant { online r4 }`: R4 after the fold (onnx/rotation.py OnlineDown); None without it;
+        Q273 where the graph has no down projection to turn (check said so already where the graph was known)."""
+        if OnlineRotation.R4 not in t.online or t.kind.rotates:
+            return None
+        from compiler.backends.onnx.rotation import OnlineDown
+        from compiler.backends.onnx.rotation_structure import downs_of
+
+        downs, width = downs_of(assignment.model), down_width(assignment.model)
+        if isinstance(downs, str) or width is None:
+            raise BackendError(error("Q273", f"`online r4` cannot turn this graph: {downs}", t.span_of("online") or t.span,
+                                     "no down projection to turn", help="drop `online r4`"))
+        return OnlineDown.seeded(downs, width)
 
     def calibrate(self, op: ops.CalibrateChunk, v: OpValues) -> None:
         """Every chunk, `op.passes` times: low_memory splits the observed tensors into groups."""

@@ -68,7 +68,8 @@ def lower_export(ctx: Context) -> list[PlanOp]:
 def lower_load(ctx: Context) -> list[PlanOp]:
     """`load_model`: the graph only."""
     w = ctx.workload
-    rotation = rotation_widths(w.index, w.rotated, w.online_width, w.rotation_block)
+    # R4 alone (`transform smoothquant { online r4 }`) is written with the smoothing's copy (the `smooth` op)
+    rotation = rotation_widths(w.index, w.rotated, w.online_width, w.rotation_block) if w.rotated else None
     scratch = onnx_rotation(w).bytes - ctx.costs.runtime(w) if rotation is not None else 0
     return [load_op(ctx, ModelAccess.GRAPH, "graph only: weights stay in the data file until a session or the quantizer "
                     "reads them", scratch, (Buffer.ONNX_MODEL,) if _exports(ctx) else (Buffer.RECIPE,),

@@ -1,13 +1,13 @@
 """What the ONNX backend refuses in a recipe alone, before any model is read: MatMulNBits block sizes (Q208),
 several devices (Q234), floating formats onnxruntime's CPU build cannot run (Q257), the importance-weighted
 search on integer weights (Q272), learned rounding (Q274), an attention kernel choice an exported graph has no use for (Q270), a
-rotation in offload and a learned rotation (Q273)."""
+rotation in offload (R4 after SmoothQuant's fold too) and a learned rotation (Q273)."""
 
 from __future__ import annotations
 
 from compiler.diagnostics import Diagnostics
 from compiler.ir.checks import refuse_attention_kernel
-from compiler.ir.types import EmitFormat, MemoryMode, QType, RecipeIR, Rounding
+from compiler.ir.types import EmitFormat, MemoryMode, OnlineRotation, QType, RecipeIR, Rounding
 
 # the integer types ONNX's QuantizeLinear/DequantizeLinear and MatMulNBits hold (the float formats, the K-quants and a
 # plug-in's integer of another width are not among them)
@@ -30,8 +30,10 @@ def check_recipe(ir: RecipeIR, diags: Diagnostics) -> None:
                     "with gradients, which the ONNX backend does not run", ir.transform.span,
                     "learned on torch only", help="use `transform quarot` (random rotations: the ONNX backend folds "
                     "them, R4 included), or `backend torch`")
-    elif ir.transform is not None and ir.transform.kind.rotates and ir.memory.mode is MemoryMode.OFFLOAD:
-        diags.error("Q273", f"`transform {ir.transform.kind.name}` on the ONNX backend rotates a copy of the whole "
+    elif ir.transform is not None and (ir.transform.kind.rotates or OnlineRotation.R4 in ir.transform.online) and \
+            ir.memory.mode is MemoryMode.OFFLOAD:
+        what = f"`transform {ir.transform.kind.name}`" if ir.transform.kind.rotates else "`online r4`"
+        diags.error("Q273", f"{what} on the ONNX backend rotates a copy of the whole "
                     "graph before calibration; `mode offload` cuts its segments from the unrotated one",
                     ir.memory.span_of("mode") or ir.transform.span, "not with offload",
                     help="use `mode full` or `low_memory`, or `backend torch`, which rotates block by block")

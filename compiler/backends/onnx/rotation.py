@@ -18,8 +18,8 @@ verification then run on it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -31,8 +31,8 @@ from compiler.backends import BackendError
 from compiler.backends.onnx.calibrate import first_output
 from compiler.backends.onnx.files import ModelFiles
 from compiler.backends.onnx.rewrite import weight_axes, weight_nodes
-from compiler.backends.onnx.rotation_structure import Fold
-from compiler.backends.onnx.smoothing import rewrite_initializers
+from compiler.backends.onnx.rotation_structure import Downs, Fold
+from compiler.backends.onnx.smoothing import Rewrite, chain, rewrite_initializers
 from compiler.backends.result import FOLD_TOLERANCE, output_change
 from compiler.data.batches import probe_feed
 from compiler.diagnostics import error
@@ -171,6 +171,37 @@ def rotate(files: ModelFiles, fold: Fold, rotations: Rotations) -> ModelFiles:
             _online(model, fold.down_inputs, d, rotations.down_width, dtype)
 
     return rewrite_initializers(files, plan, added, edit, "rotated")
+
+
+@dataclass(frozen=True)
+class OnlineDown:
+    """R4 alone, after SmoothQuant's fold (`transform smoothquant { online r4 }`, docs/onnx.md): each down
+    projection's weight W·diag(s) (the smoothing's rewrite, if any) then ·D, and its input turned by D in the graph
+    as QuaRot's R4 is (`_online`). D is the torch backend's for the same seed (seed + 2), so both backends write the
+    same rotation. Given to the smoothing (onnx/smoothing.py), which writes one copy with both."""
+
+    downs: Downs
+    d: Turn
+
+    @classmethod
+    def seeded(cls, downs: Downs, width: int, seed: int = 0) -> OnlineDown:
+        """D of the down projections' input `width`."""
+        return cls(downs, Turn.seeded(width, seed + 2))
+
+    def planned(self, plan: Mapping[str, Rewrite], light: onnx.ModelProto) -> dict[str, Rewrite]:
+        """`plan` with each down projection's rewrite followed by ·D on its input axis."""
+        axes = {name: weight_axes(node)[1] for node, name in weight_nodes(light, set(self.downs.weights))}
+        turn = _Computed(lambda w, out: _sliced(w, self.d.right, out), 0)
+        out: dict[str, Rewrite] = dict(plan)
+        for weight in self.downs.weights:
+            chain(out, weight, replace(turn, axis=axes[weight]))
+        return out
+
+    def edit(self, model: onnx.ModelProto) -> None:
+        """The online turn before each down projection, in the down weights' dtype."""
+        inits = {t.name: t for t in model.graph.initializer}
+        dtype = helper.tensor_dtype_to_np_dtype(inits[self.downs.weights[0]].data_type)
+        _online(model, self.downs.inputs, self.d, self.d.width, dtype)
 
 
 def _sliced(rows: np.ndarray, turn: Callable[[np.ndarray], np.ndarray], out: np.ndarray) -> None:

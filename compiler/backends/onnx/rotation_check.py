@@ -1,5 +1,6 @@
 """What `transform quarot` needs on the ONNX backend, beyond what any backend needs of the model (resolve/rotation.py):
-a graph whose every reader and writer of the residual stream is one the rotation folds (onnx/rotation_structure.py),
+a graph whose every reader and writer of the residual stream is one the rotation folds (onnx/rotation_structure.py;
+R4 alone after SmoothQuant's fold: down projections whose inputs a node makes),
 checked when the graph is known (an .onnx file, or a folder's cached export; a folder exported later is checked
 when its export is opened), no search beside it, and room for the rotated copy in the temporary folder."""
 
@@ -9,23 +10,33 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from compiler.backends.onnx.rotation_structure import fold_of
+from compiler.backends.onnx.rotation_structure import downs_of, fold_of
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import RecipeIR
 from compiler.ir.values import human_bytes
 from compiler.resolve.assignment import Assignment
-from compiler.resolve.rotation import online_only, rotation_to_check
+from compiler.resolve.rotation import check_online_only, online_only, rotation_to_check
+
+
+def _check_downs(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q273 where R4 alone, after the smoothing's fold, cannot turn the down projections (what any backend needs:
+    resolve/rotation.py), or the graph has none to turn (the graph known: an .onnx file, or a folder's cached
+    export)."""
+    if not check_online_only(ir, assignment.model, diags):
+        return
+    downs = downs_of(assignment.model) if assignment.model.graph is not None else None
+    if isinstance(downs, str):
+        assert ir.transform is not None
+        diags.error("Q273", f"`online r4` cannot turn this graph: {downs}", ir.transform.span_of("online") or
+                    ir.transform.span, "nothing to turn", help="drop `online r4`")
 
 
 def check_rotation(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
     """Q273 for each thing the rotation cannot take on this graph; Q417 where the temporary folder has no room for
     the rotated copy."""
     if online_only(ir):
-        assert ir.transform is not None
-        diags.error("Q273", f"`transform {ir.transform.kind.name} {{ online r4 }}`: the ONNX backend folds the "
-                    "smoothing but does not rotate after it", ir.transform.span_of("online") or ir.transform.span,
-                    "not on this backend", help="`backend torch` writes it (a folder vLLM runs on a GPU); or "
-                    "`transform quarot { online r4 }` on ONNX")
+        _check_downs(ir, assignment, diags)
+        return
     transform = rotation_to_check(ir, assignment.model, diags)
     if transform is None:
         return

@@ -39,6 +39,31 @@ class Fold:
     # which each head's turn by H (R2); -1: a writer's, turned by Q)
 
 
+@dataclass(frozen=True)
+class Downs:
+    """The down projections R4 alone turns (`transform smoothquant { online r4 }`): their weights (· D) and the
+    values they read (turned online)."""
+
+    weights: tuple[str, ...]
+    inputs: tuple[str, ...]
+
+
+def downs_of(index: ModelIndex) -> Downs | str:
+    """The down projections of an ONNX decoder, each reading a value a node of the graph makes (R4 is inserted
+    after that node), or why there are none."""
+    graph = index.graph
+    if graph is None:
+        return "the model has no graph"
+    made = {o for node in graph.nodes for o in node.outputs}
+    downs = [x for x in index.layers if x.kind is LayerKind.LINEAR and x.block and role(x.name, x.block) == WRITES[1]]
+    if not downs:
+        return "it has no `mlp.down_proj`"
+    unmade = next((x for x in downs if x.input not in made), None)
+    if unmade is not None:
+        return f"`{unmade.name}` reads `{unmade.input}`, which no node of the graph makes"
+    return Downs(tuple(x.weight for x in downs), tuple(x.input for x in downs))
+
+
 def fold_of(index: ModelIndex) -> Fold | str:
     """The fold of an ONNX decoder, or why it cannot be rotated."""
     graph = index.graph

@@ -55,7 +55,8 @@ def _export_source(ref: str) -> Path | None:
 # float and 16.8 with uint8). An asymmetric uint8 grid is the int8 one shifted by 128, so the default costs
 # nothing in accuracy. On ONNX the presets and a bare `activations …` therefore mean uint8; a recipe that
 # names `int8` gets it (with Q437). QDQ holds static ranges only (onnxruntime's `quantize_static` form), so
-# `W8A8` is the static preset. Smoothing scales fold into norms only (Q264); GPTQ rounds MatMul weights only
+# `W8A8` is the static preset. Smoothing scales fold into norms, and into an MLP's up → down pair where the graph
+# shows the gated product (resolve/smoothing.py gated_pair; else Q264); GPTQ rounds MatMul weights only
 # (Q226); 4-bit and block-scaled DequantizeLinear need opset 21 (Q265).
 FACTS = BackendFacts(default_format=EmitFormat.QDQ, activation_qtype=QType.UINT8, static_activations_only=True,
                      takes_model=("builtin:", ".onnx"), smooths_into_norms_only=True)
