@@ -8,6 +8,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -44,6 +45,9 @@ from compiler.quant.smoothing import transform_summary
 from compiler.quant.weights import QuantizedWeight, sqnr_db
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.rotation_widths import down_width, rotation_words
+
+if TYPE_CHECKING:
+    from compiler.backends.onnx.rotation import OnlineDown
 
 
 def model_path(ref: str) -> Path:
@@ -230,7 +234,7 @@ class _OnnxRun(OnnxRunState):
         v.put(Buffer.MODEL, loaded)
         return Product(transform=transform_summary(t, len(assignment.smoothing), *searched))
 
-    def _online_down(self, t: Transform, assignment: Assignment):
+    def _online_down(self, t: Transform, assignment: Assignment) -> OnlineDown | None:
         """`transform smoothquant { online r4 }`: R4 after the fold (onnx/rotation.py OnlineDown); None without it;
         Q273 where the graph has no down projection to turn (check said so already where the graph was known)."""
         if OnlineRotation.R4 not in t.online or t.kind.rotates:

@@ -14,7 +14,8 @@ from compiler.resolve.rotation import final_norms, role
 from compiler.resolve.rotation_widths import widths
 
 READS_ATTENTION, READS_MLP = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.qkv_proj"), ("mlp.gate_proj", "mlp.up_proj")
-WRITES = ("attn.o_proj", "mlp.down_proj")
+DOWN = "mlp.down_proj"  # what R4 turns the input of
+WRITES = ("attn.o_proj", DOWN)
 _LINEAR_OPS = ("MatMul", "Gemm")
 
 
@@ -55,7 +56,7 @@ def downs_of(index: ModelIndex) -> Downs | str:
     if graph is None:
         return "the model has no graph"
     made = {o for node in graph.nodes for o in node.outputs}
-    downs = [x for x in index.layers if x.kind is LayerKind.LINEAR and x.block and role(x.name, x.block) == WRITES[1]]
+    downs = [x for x in index.layers if x.kind is LayerKind.LINEAR and x.block and role(x.name, x.block) == DOWN]
     if not downs:
         return "it has no `mlp.down_proj`"
     unmade = next((x for x in downs if x.input not in made), None)
