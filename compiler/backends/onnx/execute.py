@@ -8,7 +8,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,7 +35,7 @@ from compiler.backends.sensitivity import Scored, score_units
 from compiler.backends.shared_ops import assign_precision
 from compiler.backends.values import OpValues, Values
 from compiler.diagnostics import error, warning
-from compiler.ir.types import Calibration, OnlineRotation, Transform
+from compiler.ir.types import Calibration
 from compiler.models import builtin, gguf_file, resolve_path
 from compiler.models.onnx_index import graph_summary
 from compiler.plan import ops
@@ -44,10 +43,7 @@ from compiler.plan.ops import Buffer, Plan
 from compiler.quant.smoothing import transform_summary
 from compiler.quant.weights import QuantizedWeight, sqnr_db
 from compiler.resolve.assignment import Assignment
-from compiler.resolve.rotation_widths import down_width, rotation_words
-
-if TYPE_CHECKING:
-    from compiler.backends.onnx.rotation import OnlineDown
+from compiler.resolve.rotation_widths import rotation_words
 
 
 def model_path(ref: str) -> Path:
@@ -163,28 +159,12 @@ class _OnnxRun(OnnxRunState):
         return Product(transform=rotation_words(op.rotation)) if op.rotation is not None else None
 
     def _rotated(self, op: ops.LoadModel, files: ModelFiles, assignment: Assignment) -> ModelFiles:
-        """The model's rotated copy (its own files closed); Q273 where the graph does not take the rotation."""
-        from compiler.backends.onnx.rotation import Rotations, refuse_changed, rotate
-        from compiler.backends.onnx.rotation_structure import fold_of
+        """The model's rotated copy (onnx/rotation.py rotated_copy), its progress shown."""
+        from compiler.backends.onnx.rotation import rotated_copy
 
         assert op.rotation is not None
-        fold = fold_of(assignment.model)
-        if isinstance(fold, str):
-            files.close()
-            span = self.plan.spans.transform or self.plan.spans.model
-            raise BackendError(error("Q273", f"this graph cannot be rotated: {fold}", span, "no rotation here",
-                                     help="rotations fold into Llama-family decoders as exporters write them"))
-        hidden, head, down, block = op.rotation
         advance = self.progress("rotate", 1)
-        try:
-            rotated = rotate(files, fold, Rotations.seeded(hidden, head, down, block))
-            try:
-                refuse_changed(files.path, rotated, assignment.model, self.plan.spans.transform)
-            except BaseException:
-                rotated.close()
-                raise
-        finally:
-            files.close()
+        rotated = rotated_copy(files, assignment.model, op.rotation, self.plan.spans.transform or self.plan.spans.model)
         advance()
         return rotated
 
@@ -215,6 +195,7 @@ class _OnnxRun(OnnxRunState):
     # ---- calibration --------------------------------------------------------------------------------
     def smooth(self, op: ops.Smooth, v: OpValues) -> Product:
         """`transform`: before anything is observed or rounded, the model is replaced by its smoothed copy."""
+        from compiler.backends.onnx.rotation import online_down
         from compiler.backends.onnx.smoothing import smooth
 
         t = op.settings
@@ -222,7 +203,7 @@ class _OnnxRun(OnnxRunState):
         assignment = _final(v, loaded)
         batches = self._batches(op.calibration, assignment)
         advance = self.progress(t.kind.name, len(batches) * (len(segments_of(loaded.files)) if memory.offload else 1))
-        turning = self._online_down(t, assignment)
+        turning = online_down(t, assignment.model)
         smoothed, searched = smooth(t, assignment, loaded.files, memory.mode, batches, memory.disk, advance, self.ranks,
                                     turning)
         loaded.files.close()
@@ -233,20 +214,6 @@ class _OnnxRun(OnnxRunState):
                 index, graph=graph_summary(smoothed.light, index.config))))
         v.put(Buffer.MODEL, loaded)
         return Product(transform=transform_summary(t, len(assignment.smoothing), *searched))
-
-    def _online_down(self, t: Transform, assignment: Assignment) -> OnlineDown | None:
-        """`transform smoothquant { online r4 }`: R4 after the fold (onnx/rotation.py OnlineDown); None without it;
-        Q273 where the graph has no down projection to turn (check said so already where the graph was known)."""
-        if OnlineRotation.R4 not in t.online or t.kind.rotates:
-            return None
-        from compiler.backends.onnx.rotation import OnlineDown
-        from compiler.backends.onnx.rotation_structure import downs_of
-
-        downs, width = downs_of(assignment.model), down_width(assignment.model)
-        if isinstance(downs, str) or width is None:
-            raise BackendError(error("Q273", f"`online r4` cannot turn this graph: {downs}", t.span_of("online") or t.span,
-                                     "no down projection to turn", help="drop `online r4`"))
-        return OnlineDown.seeded(downs, width)
 
     def calibrate(self, op: ops.CalibrateChunk, v: OpValues) -> None:
         """Every chunk, `op.passes` times: low_memory splits the observed tensors into groups."""

@@ -31,13 +31,15 @@ from compiler.backends import BackendError
 from compiler.backends.onnx.calibrate import first_output
 from compiler.backends.onnx.files import ModelFiles
 from compiler.backends.onnx.rewrite import weight_axes, weight_nodes
-from compiler.backends.onnx.rotation_structure import Downs, Fold
+from compiler.backends.onnx.rotation_structure import Downs, Fold, downs_of, fold_of
 from compiler.backends.onnx.smoothing import Rewrite, chain, rewrite_initializers
 from compiler.backends.result import FOLD_TOLERANCE, output_change
 from compiler.data.batches import probe_feed
 from compiler.diagnostics import error
+from compiler.ir.types import OnlineRotation, Transform
 from compiler.models.index import ModelIndex
 from compiler.quant.rotations import SLICE, Turn, random_hadamard
+from compiler.resolve.rotation_widths import down_width
 
 HEAD = "lm_head.weight"  # a tied head's own tensor once untied
 EMBEDDING = "model.embed_tokens.weight"  # an embedding's own tensor, untied from the head it gathered from
@@ -202,6 +204,40 @@ class OnlineDown:
         inits = {t.name: t for t in model.graph.initializer}
         dtype = helper.tensor_dtype_to_np_dtype(inits[self.downs.weights[0]].data_type)
         _online(model, self.downs.inputs, self.d, self.d.width, dtype)
+
+
+def online_down(t: Transform, index: ModelIndex) -> OnlineDown | None:
+    """`transform smoothquant { online r4 }`: R4 after the fold (OnlineDown); None without it; Q273 where the graph
+    has no down projection to turn (check said so already where the graph was known)."""
+    if OnlineRotation.R4 not in t.online or t.kind.rotates:
+        return None
+    downs, width = downs_of(index), down_width(index)
+    if isinstance(downs, str) or width is None:
+        raise BackendError(error("Q273", f"`online r4` cannot turn this graph: {downs}", t.span_of("online") or t.span,
+                                 "no down projection to turn", help="drop `online r4`"))
+    return OnlineDown.seeded(downs, width)
+
+
+def rotated_copy(files: ModelFiles, index: ModelIndex, widths: tuple[int, int | None, int | None, int | None],
+                 span) -> ModelFiles:
+    """The model's rotated copy, checked against the original (`files` closed either way); Q273 where the graph
+    does not take the rotation."""
+    fold = fold_of(index)
+    if isinstance(fold, str):
+        files.close()
+        raise BackendError(error("Q273", f"this graph cannot be rotated: {fold}", span, "no rotation here",
+                                 help="rotations fold into Llama-family decoders as exporters write them"))
+    hidden, head, down, block = widths
+    try:
+        rotated = rotate(files, fold, Rotations.seeded(hidden, head, down, block))
+        try:
+            refuse_changed(files.path, rotated, index, span)
+        except BaseException:
+            rotated.close()
+            raise
+    finally:
+        files.close()
+    return rotated
 
 
 def _sliced(rows: np.ndarray, turn: Callable[[np.ndarray], np.ndarray], out: np.ndarray) -> None:
