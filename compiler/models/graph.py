@@ -3,7 +3,9 @@ nodes in execution order, and which values are weights, graph inputs and graph o
 
 from __future__ import annotations
 
+import ast
 import math
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -42,10 +44,44 @@ class Value:
 
 
 def _size(dim: int | str | None, sizes: Mapping[str, int]) -> int | None:
-    """A dim's size: a number, a symbol `sizes` binds, else None (unknown)."""
+    """A dim's size: a number, a symbol `sizes` binds, sums and products of those (torch.onnx names an
+    attention's key length `past_sequence_length + sequence`), else None (unknown)."""
     if isinstance(dim, int):
         return dim
-    return sizes.get(dim) if dim else None
+    if not dim:
+        return None
+    bound = sizes.get(dim)
+    return bound if bound is not None else _arithmetic(dim, sizes)
+
+
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+
+
+def _arithmetic(dim: str, sizes: Mapping[str, int]) -> int | None:
+    """A symbolic dim written as integer arithmetic (+, -, *, //) over symbols `sizes` binds, evaluated; None
+    for any other text. Read as a whole, such a dim once counted as 1, so the scores of torch.onnx's explicit
+    attention (8 × 9 × 512 × 512 floats for the real SmolLM2's calibration chunk) counted 1/512 of their bytes."""
+    try:
+        tree = ast.parse(dim, mode="eval").body
+    except SyntaxError:
+        return None
+
+    def value(node: ast.expr) -> int | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            return sizes.get(node.id)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            left, right = value(node.left), value(node.right)
+            if left is None or right is None or (isinstance(node.op, ast.FloorDiv) and right == 0):
+                return None
+            return _OPERATORS[type(node.op)](left, right)
+        return None
+
+    if isinstance(tree, ast.Name):  # a plain symbol left unbound stays unknown
+        return None
+    result = value(tree)
+    return result if result is not None and result >= 0 else None
 
 
 # Ops whose output has as many elements as their first input (reshapes, permutations, unary maps), the

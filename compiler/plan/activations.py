@@ -55,7 +55,7 @@ def peak(graph: GraphSummary, nodes: list[Node], kept: set[str], batch: int, seq
     for i, node in enumerate(nodes):
         for out in node.outputs:
             live[out] = size.get(out, 0)
-        total = sum(live.values())
+        total = sum(live.values()) + _scratch(node, size)
         if total > best.bytes:
             name = max(live, key=lambda n: live[n])
             best = ActivationPeak(total, name, live[name])
@@ -66,6 +66,20 @@ def peak(graph: GraphSummary, nodes: list[Node], kept: set[str], batch: int, seq
     # buffers: a run returning 128 MiB of outputs raised the peak by 128 MiB): they count once, live to the end.
     # Counted twice, MiniLM's calibration (W8A8 of every Linear input) planned 169 MiB for 16 samples, 60 measured
     return best
+
+
+# Ops whose onnxruntime CPU kernel allocates scratch beside its output while it runs, as multiples of the output:
+# Where selects from X and from Y into one tensor each, of the broadcast shape, before merging them into its
+# output (onnxruntime's where_op.cc). torch.onnx's explicit attention ends in a Where over the softmax's
+# [batch, heads, seq, seq]: the real SmolLM2's calibration ran 0.3 GiB past a walk without it.
+_SCRATCH_OUTPUTS = {"Where": 2}
+
+
+def _scratch(node: Node, size: dict[str, int]) -> int:
+    """Bytes `node`'s kernel holds beside its inputs and outputs while it runs (the output's shape bounds each
+    of Where's selections: they are as large where the condition is, as in attention's NaN mask)."""
+    times = _SCRATCH_OUTPUTS.get(node.op, 0)
+    return times * sum(size.get(o, 0) for o in node.outputs) if times else 0
 
 
 def calibration_peak(graph: GraphSummary, observed: tuple[str, ...], batch: int, seqlen: int, past: int = 0) -> ActivationPeak:

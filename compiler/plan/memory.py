@@ -68,11 +68,15 @@ def agreement_scratch(sample_bytes: int, positions: int) -> int:
     return AGREEMENT_ARRAYS * sample_bytes * min(positions, AGREEMENT_ROWS) // max(positions, 1)
 
 
-def block_working_set(w: Workload, scores: bool | None = None) -> int:
+EAGER_SCORES = 2.0  # eager attention holds the scores and their softmax, [heads, seq, seq] each
+
+
+def block_working_set(w: Workload, scores: bool | None = None, held_scores: float = EAGER_SCORES) -> int:
     """Per-sample float32 working set of one block's forward: the larger of its attention (with the scores
-    where they are held) and its MLP. `scores` None: as transformers runs the model, with SDPA (its default, and
-    what the torch backend runs) unless the recipe (`calibrate { attention }`) or the config asks for eager
-    attention; SDPA never holds the scores. The ONNX backend's exported graphs compute them (True)."""
+    where they are held: `held_scores` tensors of [heads, seq, seq]) and its MLP. `scores` None: as
+    transformers runs the model, with SDPA (its default, and what the torch backend runs) unless the recipe
+    (`calibrate { attention }`) or the config asks for eager attention; SDPA never holds the scores. The ONNX
+    backend's exported graphs compute them (True)."""
     cfg = w.index.config_value
     h = cfg("hidden_size") or w.hidden
     heads = cfg("num_attention_heads") or max(1, h // 64)
@@ -82,7 +86,7 @@ def block_working_set(w: Workload, scores: bool | None = None) -> int:
     if scores is None:
         asked = w.attention
         scores = asked is AttentionKernel.EAGER or (asked is AttentionKernel.MODEL and bool(cfg("eager_attention")))
-    attention = (ATTENTION_HIDDEN + ATTENTION_KV * kv_share) * s * h + (2 * heads * s * s if scores else 0)
+    attention = (ATTENTION_HIDDEN + ATTENTION_KV * kv_share) * s * h + (held_scores * heads * s * s if scores else 0)
     mlp = MLP_HIDDEN * s * h + MLP_INTER * s * inter
     return int(ACT_BYTES * max(attention, mlp))
 

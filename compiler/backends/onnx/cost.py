@@ -21,6 +21,7 @@ from compiler.plan.activations import (
 )
 from compiler.plan.memory import (
     ACT_BYTES,
+    EAGER_SCORES,
     MiB,
     Phase,
     agreement_scratch,
@@ -28,6 +29,7 @@ from compiler.plan.memory import (
     dtype_bytes,
     gptq_scratch,
     hessian_bytes,
+    input_widths,
     mode_estimate,
     observer_bytes,
     score_phase,
@@ -80,7 +82,8 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
                       ("rounding one GPTQ layer (written to the output's data file at once)", gptq_scratch(w)))
     else:
         group = _observed_group(w, passes)
-        act = calibration_peak(graph, group, chunk, w.seqlen, w.past).bytes if graph and group else _no_graph(w, chunk)
+        act = calibration_peak(graph, group, chunk, w.seqlen, w.past).bytes if graph and group else \
+            _no_graph(w, chunk, group)
         parts = (("runtime", runtime), ("session weights", SESSION_COPIES * w.weights_bytes),
                  (f"activations of one chunk ({chunk} samples)", act), ("observers", observer_bytes(w)))
         if w.hessian_inputs:
@@ -131,10 +134,26 @@ def _segment_hessians(w: Workload) -> int:
     return max((_hessians(w, produced) for produced in per_run), default=0)
 
 
-def _no_graph(w: Workload, chunk: int) -> int:
+# torch.onnx's dynamo attention (a decoder's export, export_decoder.py) at its peak, in [heads, seq, seq]
+# tensors: the softmax, its NaN mask (bool: a quarter), and the Where that zeroes the NaNs: its output and the two
+# selections onnxruntime's kernel makes first (plan/activations.py _SCRATCH_OUTPUTS). Walked on the real
+# SmolLM2's exported graph, 2026-12-06
+EXPORTED_SCORES = 4.25
+
+
+def _no_graph(w: Workload, chunk: int, observed: tuple[str, ...] = ()) -> int:
     """Without graph shapes (an HF folder before its export): one block's working set per sample, from the
-    config, as the torch backend counts it."""
-    return chunk * block_working_set(w, scores=True) if w.index.graph is None else 0
+    config, as the exported graph's attention holds it, and the `observed` tensors of the chunk, which the run
+    returns together (each layer input as wide as its layer's in_features). Without the returned tensors the
+    real SmolLM2's first W8A8 compile (8 samples of 512 tokens, 120 tensors: 1.5 GiB) measured 1.42x its plan."""
+    if w.index.graph is not None:
+        return 0
+    wanted = set(observed)
+    readers = {x.name for x in w.index.layers if x.input in wanted}
+    returned = chunk * w.seqlen * ACT_BYTES * sum(input_widths(w, readers))  # q/k/v read one tensor, gate/up one
+    # an encoder's TorchScript export holds the scores and their softmax, as eager attention does
+    held = EXPORTED_SCORES if w.index.family in DECODER_FAMILIES else EAGER_SCORES
+    return chunk * block_working_set(w, scores=True, held_scores=held) + returned
 
 
 def _first_output(w: Workload, samples: int) -> int:
@@ -177,13 +196,25 @@ def _segment_weights(w: Workload) -> int:
     return max(sizes.values())
 
 
+def _block_observed(w: Workload) -> tuple[str, ...]:
+    """The observed tensors of the block that returns the most of them (what one offload segment returns),
+    from the layers' inputs: without a graph, a segment is a block."""
+    by_block: dict[str, list] = {}
+    fetched = set(w.fetched)
+    for x in w.index.layers:
+        if x.input in fetched and x.block:
+            by_block.setdefault(x.block, []).append(x)
+    widest = max(by_block.values(), key=lambda xs: sum(input_widths(w, {x.name for x in xs})), default=[])
+    return tuple(x.input for x in widest)
+
+
 def _largest_segment(w: Workload, chunk: int, outputs: bool = False) -> tuple[int, int]:
     """(weights, activations) of the largest offload segment, cut as the backend cuts: a segment runs
     only the nodes for what later segments read, the observed tensors and, with `outputs`, the model's
     own outputs (verification)."""
     graph = w.index.graph
     if not graph:
-        return _segment_weights(w), _no_graph(w, chunk)
+        return _segment_weights(w), _no_graph(w, chunk, _block_observed(w))
     runs = segment_runs([n.name for n in graph.nodes])
     wanted = set(w.fetched) | (set(graph.outputs) if outputs else set())
     worst = 0
