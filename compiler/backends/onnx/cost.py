@@ -12,6 +12,7 @@ from compiler.backends.onnx.output_streams import streams_output
 from compiler.ir.types import Backend, EmitFormat, MemoryMode
 from compiler.models.onnx_write import COPY_PIECE
 from compiler.plan.activations import (
+    ActivationPeak,
     calibration_peak,
     folded_bytes,
     needed_nodes,
@@ -82,8 +83,9 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
                       ("rounding one GPTQ layer (written to the output's data file at once)", gptq_scratch(w)))
     else:
         group = _observed_group(w, passes)
-        act = calibration_peak(graph, group, chunk, w.seqlen, w.past).bytes if graph and group else \
-            _no_graph(w, chunk, group)
+        runs = _chunks(w.samples, chunk)
+        act = _at(calibration_peak(graph, group, chunk, w.seqlen, w.past), runs) if graph and group else \
+            _no_graph(w, chunk, group, runs)
         parts = (("runtime", runtime), ("session weights", SESSION_COPIES * w.weights_bytes),
                  (f"activations of one chunk ({chunk} samples)", act), ("observers", observer_bytes(w)))
         if w.hessian_inputs:
@@ -95,7 +97,7 @@ def onnx_calibration(w: Workload, mode: MemoryMode, chunk: int, passes: int = 1)
             # largest of their activations
             kept = set(graph.outputs)
             check = 2 * peak(graph, needed_nodes(graph, kept), kept, 1, w.seqlen, w.past).bytes
-            passed = calibration_peak(graph, w.smoothing_observed, chunk, w.seqlen, w.past).bytes
+            passed = _at(calibration_peak(graph, w.smoothing_observed, chunk, w.seqlen, w.past), runs)
             parts += (("the transform's pass or its check, beyond calibration's activations",
                        max(0, passed - act, check - act)),)
     if w.transform is not None and not w.rotated:  # the transform's pass observes every mapping's input at once
@@ -141,7 +143,17 @@ def _segment_hessians(w: Workload) -> int:
 EXPORTED_SCORES = 4.25
 
 
-def _no_graph(w: Workload, chunk: int, observed: tuple[str, ...] = ()) -> int:
+def _chunks(samples: int, chunk: int) -> int:
+    """The runs a session makes over `samples` in chunks of `chunk`."""
+    return -(-max(samples, 1) // max(chunk, 1))
+
+
+def _at(walked: ActivationPeak, runs: int) -> int:
+    """A walk's peak for a session that runs `runs` times (onnxruntime's memory pattern from the second on)."""
+    return walked.repeated if runs > 1 else walked.bytes
+
+
+def _no_graph(w: Workload, chunk: int, observed: tuple[str, ...] = (), runs: int = 1) -> int:
     """Without graph shapes (an HF folder before its export): one block's working set per sample, from the
     config, as the exported graph's attention holds it, and the `observed` tensors of the chunk, which the run
     returns together (each layer input as wide as its layer's in_features). Without the returned tensors the
@@ -153,7 +165,15 @@ def _no_graph(w: Workload, chunk: int, observed: tuple[str, ...] = ()) -> int:
     returned = chunk * w.seqlen * ACT_BYTES * sum(input_widths(w, readers))  # q/k/v read one tensor, gate/up one
     # an encoder's TorchScript export holds the scores and their softmax, as eager attention does
     held = EXPORTED_SCORES if w.index.family in DECODER_FAMILIES else EAGER_SCORES
-    return chunk * block_working_set(w, scores=True, held_scores=held) + returned
+    slack = chunk * _largest_value(w) if runs > 1 else 0  # ActivationPeak.repeated's memory pattern
+    return chunk * block_working_set(w, scores=True, held_scores=held) + returned + slack
+
+
+def _largest_value(w: Workload) -> int:
+    """A block's largest value per sample from its config: the attention's scores or the MLP's inner width."""
+    heads = w.index.config_value("num_attention_heads") or max(1, w.hidden // 64)
+    inner = w.index.config_value("intermediate_size") or 4 * w.hidden
+    return ACT_BYTES * w.seqlen * max(heads * (w.seqlen + w.past), inner)
 
 
 def _first_output(w: Workload, samples: int) -> int:
@@ -214,7 +234,7 @@ def _largest_segment(w: Workload, chunk: int, outputs: bool = False) -> tuple[in
     own outputs (verification)."""
     graph = w.index.graph
     if not graph:
-        return _segment_weights(w), _no_graph(w, chunk, _block_observed(w))
+        return _segment_weights(w), _no_graph(w, chunk, _block_observed(w), _chunks(w.samples, chunk))
     runs = segment_runs([n.name for n in graph.nodes])
     wanted = set(w.fetched) | (set(graph.outputs) if outputs else set())
     worst = 0
@@ -222,7 +242,7 @@ def _largest_segment(w: Workload, chunk: int, outputs: bool = False) -> tuple[in
         kept = set(segment_outputs(graph, runs, index, wanted))
         members = {graph.nodes[i].name for i in idx}
         needed = [n for n in needed_nodes(graph, kept) if n.name in members] if kept else []
-        worst = max(worst, peak(graph, needed, kept, chunk, w.seqlen, w.past).bytes)
+        worst = max(worst, _at(peak(graph, needed, kept, chunk, w.seqlen, w.past), _chunks(w.samples, chunk)))
     return _segment_weights(w), worst
 
 
@@ -274,7 +294,8 @@ def onnx_verify(w: Workload, mode: MemoryMode, chunk: int) -> Phase:
         act = _no_graph(w, chunk) + _first_output(w, chunk)
         if graph:
             kept = set(graph.outputs)
-            act = peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen, w.past).bytes
+            act = _at(peak(graph, needed_nodes(graph, kept), kept, chunk, w.seqlen, w.past),
+                      _chunks(w.verify_samples, chunk))
         # the whole model's session is fully optimized: uint8-input layers run as integer kernels
         # the two models run one after the other (verification.py): the float one's first output waits
         # without onnxruntime's arena a run's activations are freed when it returns, before the comparison

@@ -42,10 +42,12 @@ def _session(w: Workload, rates: Rates, sessions: int = 1) -> float:
     return sessions * rates.fixed(SESSION) + w.weights_bytes / (SESSION_RATE * rates.speed)
 
 
-# a decoder's export (torch.onnx's dynamo exporter and onnxscript's passes) is mostly fixed: on a machine 1.86x the
-# reference, random Llamas of 2 blocks (150 MB) and 6 blocks (35 MB) took 11.5 and 12.9 s (2026-12-03): about
-# 8.7 s, 0.64 s a block and 100 MB/s there
-DYNAMO_EXPORT_START, DYNAMO_EXPORT_BLOCK, DYNAMO_EXPORT_RATE = 16.2, 1.2, 54e6
+# a decoder's export (torch.onnx's dynamo exporter and onnxscript's passes) grows faster than its blocks: on a
+# machine 1.14x the reference (2026-12-06) random Llamas of hidden 64 and 2, 12 and 30 blocks took 10.8, 28.7 and
+# 78.2 s, and the real SmolLM2-135M (30 blocks, 540 MB of float32) 100.4 s: a start, a cost per block and per pair
+# of blocks, and the weights at about 21 MB/s. The 2- and 6-block fit before (a 1.86x machine, 2026-12-03: 11.5
+# and 12.9 s for 150 and 35 MB) had planned SmolLM2's export at 55 s; these constants give those two 0.88-0.91x
+DYNAMO_EXPORT_START, DYNAMO_EXPORT_BLOCK, DYNAMO_EXPORT_BLOCK_PAIR, DYNAMO_EXPORT_RATE = 9.2, 1.49, 0.039, 21e6
 
 
 def _export(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
@@ -53,7 +55,8 @@ def _export(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     if w.index.graph is not None:
         return 0.0
     if w.index.family in DECODER_FAMILIES:
-        return (rates.fixed(DYNAMO_EXPORT_START + DYNAMO_EXPORT_BLOCK * len(w.blocks))
+        blocks = len(w.blocks)
+        return (rates.fixed(DYNAMO_EXPORT_START + DYNAMO_EXPORT_BLOCK * blocks + DYNAMO_EXPORT_BLOCK_PAIR * blocks ** 2)
                 + w.weights_bytes / (DYNAMO_EXPORT_RATE * rates.speed))
     return rates.fixed(EXPORT_START) + w.weights_bytes / (EXPORT_RATE * rates.speed)
 
@@ -77,9 +80,43 @@ ROUNDING_COST = 0.42
 HISTOGRAM_BYTES = 3.5
 
 
+# onnxruntime's CPU Where selects from each branch, then merges (where_op.cc), in a loop of per-element broadcast
+# calls: torch.onnx's attention ends in one over its [heads, seq, total] scores (zeroing the NaNs of fully masked
+# rows). On the real SmolLM2's export it took 3.13 s of a chunk's 11.0 (8 samples of 512 tokens, 566M elements:
+# onnxruntime's profiler, 2026-12-06, a machine 1.14x the reference), which the products' rate never counted
+WHERE_ELEMENT = 6.3e-9  # seconds per element on the reference machine
+
+
+def _forward(w: Workload, rates: Rates, samples: float, blocks_only: bool = False) -> float:
+    """`samples` through the graph: its products (plan/timing.py) and its Where nodes' elements."""
+    return forward(w, rates, samples, blocks_only) + samples * _where_elements(w) * rates.fixed(WHERE_ELEMENT)
+
+
+def _where_elements(w: Workload) -> int:
+    """The elements the graph's Where nodes write for one sample: from the graph, or, before a decoder's export,
+    one [heads, seq, seq] per block (the attention torch.onnx writes)."""
+    graph = w.index.graph
+    if graph is not None:
+        wheres = [o for n in graph.nodes if n.op == "Where" for o in n.outputs]
+        if not wheres:
+            return 0
+        sizes = graph.value_bytes(graph.sizes(1, w.seqlen, w.past), w.seqlen)
+        values = {v.name: v.elem_bytes for v in graph.values}
+        return sum(sizes.get(o, 0) // max(values.get(o, 4), 1) for o in wheres)
+    if w.index.family not in DECODER_FAMILIES:
+        return 0
+    heads = w.index.config_value("num_attention_heads") or 0
+    return len(w.blocks) * heads * w.seqlen * (w.seqlen + w.past)
+
+
 def _calibrate(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
-    # GPTQ's Hessians are summed chunk by chunk from the inputs the session returns
-    return (op.passes * _session(w, rates) + reading(w, rates, True) + op.passes * forward(w, rates, w.samples)
+    # GPTQ's Hessians are summed chunk by chunk from the inputs the session returns; the calibration graph runs
+    # what the observed tensors need, so the LM head only where its own input is observed (before an export the
+    # index counts a tied head the exported graph's calibration never runs: 53 s planned where 45 were measured)
+    fetched = set(w.fetched)
+    head = any(x.block is None and x.input in fetched for x in w.index.layers)
+    return (op.passes * _session(w, rates) + reading(w, rates, True)
+            + op.passes * _forward(w, rates, w.samples, blocks_only=not head)
             + HESSIAN_COST * hessian_seconds(w, rates) + _histograms(w, rates))
 
 
@@ -102,7 +139,7 @@ def _cache_inputs(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
 def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     """Every segment (the op's repeats): a session each, the calibration stream, GPTQ (a segment's layers are
     rounded once it has seen every chunk), the rounding."""
-    return (_session(w, rates, op.repeat) + forward(w, rates, w.samples, blocks_only=True)
+    return (_session(w, rates, op.repeat) + _forward(w, rates, w.samples, blocks_only=True)
             + HESSIAN_COST * hessian_seconds(w, rates) + GPTQ_COST * gptq_seconds(w, rates)
             + rounded_bytes(w) / rates.rounding
             + _histograms(w, rates))
@@ -111,7 +148,7 @@ def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
 def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     # offload: a session per segment (a block each, and what is outside them) for each of the two models
     sessions = len(w.blocks) + 1 if mode is MemoryMode.OFFLOAD else 1
-    return 2 * _session(w, rates, sessions) + reading(w, rates, False) + 2 * forward(w, rates, op.samples)
+    return 2 * _session(w, rates, sessions) + reading(w, rates, False) + 2 * _forward(w, rates, op.samples)
 
 
 def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
