@@ -8,7 +8,7 @@ import math
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from types import SimpleNamespace
 
 from compiler.models.axes import Axis, axes_of
@@ -57,13 +57,23 @@ def _size(dim: int | str | None, sizes: Mapping[str, int]) -> int | None:
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
 
 
+@lru_cache(maxsize=1024)
+def _parsed(dim: str) -> ast.expr | None:
+    """A dim's text parsed as a Python expression (the walks ask for the same few thousand dims many times)."""
+    try:
+        return ast.parse(dim, mode="eval").body
+    except SyntaxError:
+        return None
+
+
 def _arithmetic(dim: str, sizes: Mapping[str, int]) -> int | None:
     """A symbolic dim written as integer arithmetic (+, -, *, //) over symbols `sizes` binds, evaluated; None
     for any other text. Read as a whole, such a dim once counted as 1, so the scores of torch.onnx's explicit
     attention (8 × 9 × 512 × 512 floats for the real SmolLM2's calibration chunk) counted 1/512 of their bytes."""
-    try:
-        tree = ast.parse(dim, mode="eval").body
-    except SyntaxError:
+    if not any(sign in dim for sign in "+-*/"):  # a plain name (`unk__20`): nothing to evaluate, nothing parsed
+        return None
+    tree = _parsed(dim)
+    if tree is None:
         return None
 
     def value(node: ast.expr) -> int | None:
@@ -78,8 +88,6 @@ def _arithmetic(dim: str, sizes: Mapping[str, int]) -> int | None:
             return _OPERATORS[type(node.op)](left, right)
         return None
 
-    if isinstance(tree, ast.Name):  # a plain symbol left unbound stays unknown
-        return None
     result = value(tree)
     return result if result is not None and result >= 0 else None
 

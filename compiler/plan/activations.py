@@ -19,7 +19,7 @@ class ActivationPeak:
     largest: str  # the largest value resident at the peak
     largest_bytes: int
     # the largest value the nodes make and free (not kept): what onnxruntime's memory pattern adds from a session's
-    # second run on (pattern_slack)
+    # second run on (`repeated`)
     largest_intermediate: int = 0
 
     @property

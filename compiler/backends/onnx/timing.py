@@ -101,12 +101,16 @@ def _where_elements(w: Workload) -> int:
         if not wheres:
             return 0
         sizes = graph.value_bytes(graph.sizes(1, w.seqlen, w.past), w.seqlen)
-        values = {v.name: v.elem_bytes for v in graph.values}
-        return sum(sizes.get(o, 0) // max(values.get(o, 4), 1) for o in wheres)
+        return sum(sizes.get(o, 0) // _element_bytes(graph.value(o)) for o in wheres)
     if w.index.family not in DECODER_FAMILIES:
         return 0
     heads = w.index.config_value("num_attention_heads") or 0
     return len(w.blocks) * heads * w.seqlen * (w.seqlen + w.past)
+
+
+def _element_bytes(value) -> int:
+    """A graph value's bytes per element (float32's where the graph does not say)."""
+    return max(value.elem_bytes, 1) if value is not None else 4
 
 
 def _calibrate(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
