@@ -86,13 +86,13 @@ def peak(graph: GraphSummary, nodes: list[Node], kept: set[str], batch: int, seq
 # Where selects from X and from Y into one tensor each, of the broadcast shape, before merging them into its
 # output (onnxruntime's where_op.cc). torch.onnx's explicit attention ends in a Where over the softmax's
 # [batch, heads, seq, seq]: the real SmolLM2's calibration ran 0.3 GiB past a walk without it.
-_SCRATCH_OUTPUTS = {"Where": 2}
+SCRATCH_OUTPUTS = {"Where": 2}
 
 
 def _scratch(node: Node, size: dict[str, int]) -> int:
     """Bytes `node`'s kernel holds beside its inputs and outputs while it runs (the output's shape bounds each
     of Where's selections: they are as large where the condition is, as in attention's NaN mask)."""
-    times = _SCRATCH_OUTPUTS.get(node.op, 0)
+    times = SCRATCH_OUTPUTS.get(node.op, 0)
     return times * sum(size.get(o, 0) for o in node.outputs) if times else 0
 
 
