@@ -25,6 +25,7 @@ from compiler.inspect_table import totals
 from compiler.ir.checks import unshared_error
 from compiler.ir.printer import recipe_hash
 from compiler.ir.values import human_bytes
+from compiler.models.cache_entries import release_held
 from compiler.models.names import compress
 from compiler.outputs import destination_lock
 from compiler.plan.render import human_seconds
@@ -81,6 +82,15 @@ def compile_recipe(recipe: Path, overrides: tuple[str, ...], output: Path | None
     except StageError as exc:  # RANK / WORLD_SIZE that name no rank
         raise CompileFailed((exc.diagnostic,)) from None
     quiet_third_party_bars()
+    try:
+        return _compiled(recipe, overrides, output, console, report, overwrite, started, ranks)
+    finally:
+        release_held()  # the cache entries it used may be pruned by later runs (models/cache_entries.py)
+
+
+def _compiled(recipe: Path, overrides: tuple[str, ...], output: Path | None, console: Console, report: Path | None,
+              overwrite: bool, started: float, ranks: Ranks):
+    """compile_recipe's body, once the ranks are known."""
     planned = _planned_for(recipe, overrides, ranks.world)
     if not planned.ok:
         raise CompileFailed(planned.diagnostics)

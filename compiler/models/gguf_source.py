@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from compiler.models import cache_entries
 from compiler.models.errors import ModelError
 
 MAGIC = b"GGUF"
@@ -240,8 +241,8 @@ def side_folder(path: Path, ref: str) -> Path:
     stat = path.stat()
     key = hashlib.sha256(f"{FORMAT}|{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:20]
     folder = cache_dir() / "gguf" / f"{path.stem[:60]}-{key}"
-    if (folder / "config.json").is_file() and not folder.is_symlink():
-        return folder
+    if (folder / "config.json").is_file() and not folder.is_symlink() and cache_entries.use(folder):
+        return folder  # held until the compile ends: no other run's pruning removes it
     header = read_header(path, ref)
     files = {"config.json": json.dumps(hf_config(header, ref), indent=2, sort_keys=True) + "\n"}
     files.update(_tokenizer_files(header, ref))
@@ -257,6 +258,13 @@ def side_folder(path: Path, ref: str) -> Path:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return _made(folder)
+
+
+def _made(folder: Path) -> Path:
+    """A cache entry just made, held for this compile; the least recently used others pruned past the limit."""
+    cache_entries.use(folder)
+    cache_entries.prune(folder)
     return folder
 
 
@@ -382,8 +390,8 @@ def float_folder(path: Path, ref: str, create: bool = True) -> Path | None:
     dict at once); None when it is not there and `create` is False (planning reads no weights)."""
     side = side_folder(path, ref)
     folder = side.with_name(side.name + "-float32")
-    if (folder / "model.safetensors").is_file() and not folder.is_symlink():
-        return folder
+    if (folder / "model.safetensors").is_file() and not folder.is_symlink() and (not create or cache_entries.use(folder)):
+        return folder  # planning only looks; a compile holds it until it ends
     if not create:
         return None
     header = read_header(path, ref)
@@ -400,7 +408,7 @@ def float_folder(path: Path, ref: str, create: bool = True) -> Path | None:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return folder
+    return _made(folder)
 
 
 def _write_safetensors(target: Path, header: GgufHeader, tensors: list[tuple[str, GgufTensor]]) -> None:

