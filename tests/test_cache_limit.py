@@ -5,8 +5,11 @@ folder qrc did not make; a limit that is no size is Q250 before any work (compil
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -111,23 +114,65 @@ def test_a_limit_that_is_no_size_is_q250_at_check(tmp_path, monkeypatch):
     assert runner.invoke(app, ["check", str(_recipe(tmp_path, _wheel_gguf()))]).exit_code == 0
 
 
+def test_what_a_killed_run_left_is_removed_a_day_later(tmp_path, monkeypatch):
+    """Staging folders of exports and side folders, and entries half removed, by runs killed before they could
+    clean up: gone once a day old, when a run next makes an entry; younger ones (a run still writing) stay."""
+    from compiler.models import cache_entries
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("QRC_CACHE", str(cache))
+    names = {"exported": (".qrc-export-k1ll3d", ".0123456789abcdef.qrc-pruned-77-1"),
+             "gguf": (".m-0123.qrc-x1y2", ".m-0123-float32.qrc-z9")}
+    stale = time.time() - 2 * 24 * 3600
+    for kind, pair in names.items():
+        for n, name in enumerate(pair):
+            folder = cache / kind / name
+            folder.mkdir(parents=True)
+            (folder / "model.onnx.data").write_bytes(b"\0" * 4096)
+            if n == 0:
+                os.utime(folder, (stale, stale))
+    (cache / "gguf" / ".mine").mkdir()  # hidden, but no name qrc gives: not qrc's
+    os.utime(cache / "gguf" / ".mine", (stale, stale))
+    made = side_folder(_gguf_copy(tmp_path / "m.gguf"), "m.gguf")
+    try:
+        assert sorted(p.name for p in (cache / "exported").iterdir()) == [names["exported"][1]]
+        assert sorted(p.name for p in (cache / "gguf").iterdir()) == sorted([".mine", names["gguf"][1], made.name])
+    finally:
+        cache_entries.release_held()
+
+
+def _other_file_system(tmp_path: Path) -> Path:
+    """A folder on another file system than the temp folder where there is one (/dev/shm), else under tmp_path."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and shm.stat().st_dev != tmp_path.stat().st_dev:
+        return Path(tempfile.mkdtemp(dir=shm, prefix="qrc-test-cache-"))
+    return tmp_path / "cache"
+
+
 @pytest.mark.slow
 def test_an_hf_folders_export_past_the_limit_is_removed_and_made_again_when_needed(tmp_path, monkeypatch):
     """Two decoder folders on ONNX under a 1 KiB limit: the second compile's export removes the first's; the
-    first compiles again, exporting anew, and its output runs as before."""
+    first compiles again, exporting anew, and its output runs as before. The cache lies on another file system than
+    the temp folder where the machine has one (a tmpfs /tmp, a cache on a scratch disk): exports are staged beside
+    the entries, so their moves into place are renames (they failed across file systems, Q417)."""
     from zoo import build
 
-    monkeypatch.setenv("QRC_CACHE", str(tmp_path / "cache"))
+    cache = _other_file_system(tmp_path)
+    monkeypatch.setenv("QRC_CACHE", str(cache))
     monkeypatch.setenv("QRC_CACHE_LIMIT", "1KiB")
     folders = [build("llama", tmp_path / "a"), build("qwen2", tmp_path / "b")]
     outputs = []
-    for n, folder in enumerate([*folders, folders[0]]):
-        out = tmp_path / f"o{n % 2}.onnx"  # the third the first's recipe again: its output the same bytes
-        recipe = tmp_path / f"r{n}.recipe"
-        recipe.write_text(f'recipe r {{\n  model "{folder}"\n  backend onnx\n  quantize {{ type Linear -> W8A16 }}\n'
-                          f'  emit "{out}"\n}}\n')
-        done = runner.invoke(app, ["compile", str(recipe)], env={"COLUMNS": "300"})
-        assert done.exit_code == 0 and "export from the cache" not in done.output, done.output
-        assert len(list((tmp_path / "cache" / "exported").iterdir())) == 1  # the one this compile made
-        outputs.append(out.read_bytes())
+    try:
+        for n, folder in enumerate([*folders, folders[0]]):
+            out = tmp_path / f"o{n % 2}.onnx"  # the third the first's recipe again: its output the same bytes
+            recipe = tmp_path / f"r{n}.recipe"
+            recipe.write_text(f'recipe r {{\n  model "{folder}"\n  backend onnx\n'
+                              f'  quantize {{ type Linear -> W8A16 }}\n  emit "{out}"\n}}\n')
+            done = runner.invoke(app, ["compile", str(recipe)], env={"COLUMNS": "300"})
+            assert done.exit_code == 0 and "export from the cache" not in done.output, done.output
+            assert len(list((cache / "exported").iterdir())) == 1  # the one this compile made
+            outputs.append(out.read_bytes())
+    finally:
+        if not cache.is_relative_to(tmp_path):
+            shutil.rmtree(cache)
     assert outputs[2] == outputs[0]

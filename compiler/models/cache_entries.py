@@ -6,7 +6,8 @@ bound each re-saved model would leave its old float32 export behind for good (a 
   (`release_held`), and marks it used (the folder's mtime is its last use);
 - after a new entry is made, the least recently used entries are removed until these caches hold at most
   `$QRC_CACHE_LIMIT` (default 20 GiB): never the new one, never one another run holds, never a folder qrc did not
-  make (an entry carries its maker's file: the export stamp, a side folder's config.json).
+  make (an entry carries its maker's file: the export stamp, a side folder's config.json); and what a killed run
+  left there (its staging, a day old).
 
 Where the platform has no `flock` nothing is locked and nothing is removed. Nothing here imports torch or onnx."""
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 from compiler.models.errors import ModelError
@@ -27,6 +29,11 @@ MARKERS = {"exported": "qrc-export.json", "gguf": "config.json"}
 _UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
           "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _HELD: dict[Path, int] = {}  # entry → the descriptor whose shared lock this process holds
+STAGING_PREFIX = ".qrc-export-"  # where an export is written before it becomes an entry
+# what a run leaves beside the entries while it works: `.qrc-export-…`, `.NAME.qrc-…` (a side folder being
+# written, an entry being removed); one a day old is a killed run's (SIGKILL, the OOM killer) and is removed
+_LEFTOVER = re.compile(r"\.(?:.+\.)?qrc-.+")
+STALE_SECONDS = 24 * 3600
 
 
 def cache_limit() -> int:
@@ -82,9 +89,9 @@ def prune(made: Path) -> list[Path]:
     except ImportError:
         return []
     root, limit = made.parent.parent, cache_limit()
+    removed = _remove_leftovers(root)
     entries = sorted(_entries(root), key=lambda item: item[1])  # least recently used first
     total = sum(size for _, _, size in entries)
-    removed = []
     for entry, _, size in entries:
         if total <= limit:
             break
@@ -113,6 +120,24 @@ def _entries(root: Path) -> list[tuple[Path, float, int]]:
     return out
 
 
+def _remove_leftovers(root: Path) -> list[Path]:
+    """Remove what killed runs left in the pruned caches (staging and half-removed entries a day old)."""
+    removed = []
+    now = time.time()
+    for kind in MARKERS:
+        try:
+            children = list(os.scandir(root / kind))
+        except OSError:
+            continue
+        for child in children:
+            if not _LEFTOVER.fullmatch(child.name) or not child.is_dir(follow_symlinks=False):
+                continue
+            if now - child.stat(follow_symlinks=False).st_mtime > STALE_SECONDS:
+                shutil.rmtree(child.path, ignore_errors=True)
+                removed.append(Path(child.path))
+    return removed
+
+
 def _bytes(folder: Path) -> int:
     """The bytes of the regular files in `folder` and below (links not followed)."""
     total = 0
@@ -139,7 +164,7 @@ def _remove_unheld(entry: Path, fcntl) -> bool:
             return False
         if os.fstat(fd).st_ino != os.lstat(entry).st_ino:
             return False
-        doomed = entry.with_name(f".{entry.name}.qrc-pruned-{os.getpid()}")
+        doomed = entry.with_name(f".{entry.name}.qrc-pruned-{os.getpid()}-{time.monotonic_ns()}")
         os.replace(entry, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
         return True

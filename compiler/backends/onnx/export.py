@@ -41,7 +41,9 @@ def export_folder(folder: Path, span=None) -> Path:
         elif cache_entries.use(found.parent):  # held until the compile ends: no other run's pruning removes it
             return found
     target = export_path(folder)
-    staging = Path(tempfile.mkdtemp(prefix="qrc-export-"))
+    # staged beside the entries, not in the system's temp folder: the moves below are renames, which fail across
+    # file systems (a tmpfs /tmp, a cache on a scratch disk); a killed export's staging is pruned (cache_entries.py)
+    staging = Path(tempfile.mkdtemp(dir=own_folder(target.parent.parent), prefix=cache_entries.STAGING_PREFIX))
     try:
         export_in_child(folder, staging / "model.onnx", span)
         own_folder(target.parent)
