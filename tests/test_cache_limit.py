@@ -60,12 +60,13 @@ def test_a_run_that_makes_an_entry_prunes_the_least_recently_used_ones_it_may(tm
     first, second, third = (_gguf_copy(tmp_path / f"{name}.gguf") for name in ("first", "second", "third"))
     _check(_recipe(tmp_path, first), env)
     (held,) = _entries(cache)
-    mine = cache / "gguf" / "mine"  # a folder of the user's in the cache (no config.json: not qrc's entry)
+    mine = cache / "gguf" / "mine"  # a model folder of the user's in the cache: not qrc's entry
     mine.mkdir()
+    (mine / "config.json").write_text("{}")
     (mine / "notes.txt").write_text("keep me" * 1000)
     elsewhere = tmp_path / "elsewhere"  # and a link to a folder that looks like an entry
     elsewhere.mkdir()
-    (elsewhere / "config.json").write_text("{}" + " " * 5000)
+    (elsewhere / "qrc-cache-entry").write_text("" + " " * 5000)
     (cache / "gguf" / "linked").symlink_to(elsewhere)
     # another run holds the first entry: a second run's pruning leaves it
     holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom pathlib import Path\n"
@@ -81,7 +82,7 @@ def test_a_run_that_makes_an_entry_prunes_the_least_recently_used_ones_it_may(tm
     _check(_recipe(tmp_path, third), env)
     left = _entries(cache)
     assert held not in left and len(left) == 3 and {"mine", "linked"} <= left, left
-    assert (mine / "notes.txt").read_text() == "keep me" * 1000 and (elsewhere / "config.json").is_file()
+    assert (mine / "notes.txt").read_text() == "keep me" * 1000 and (elsewhere / "qrc-cache-entry").is_file()
 
 
 def test_an_entry_in_use_is_found_again_and_a_pruned_one_made_again(tmp_path, monkeypatch):

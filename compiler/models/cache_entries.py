@@ -6,7 +6,7 @@ bound each re-saved model would leave its old float32 export behind for good (a 
   (`release_held`), and marks it used (the folder's mtime is its last use);
 - after a new entry is made, the least recently used entries are removed until these caches hold at most
   `$QRC_CACHE_LIMIT` (default 20 GiB): never the new one, never one another run holds, never a folder qrc did not
-  make (an entry carries its maker's file: the export stamp, a side folder's config.json); and what a killed run
+  make (an entry carries qrc's file: the export stamp, `qrc-cache-entry`); and what a killed run
   left there (its staging, a day old).
 
 Where the platform has no `flock` nothing is locked and nothing is removed. Nothing here imports torch or onnx."""
@@ -23,9 +23,10 @@ from compiler.models.errors import ModelError
 
 LIMIT_VARIABLE = "QRC_CACHE_LIMIT"
 DEFAULT_LIMIT = 20 << 30
-# each pruned cache's folder name → the file every entry qrc makes there holds (what tells its entries from
-# anything else put in the folder)
-MARKERS = {"exported": "qrc-export.json", "gguf": "config.json"}
+# each pruned cache's folder name → the file every entry qrc makes there holds: what tells its entries from anything
+# else in the folder (a QRC_CACHE pointed at a folder of models may hold `gguf/NAME/config.json` of the user's own)
+ENTRY_FILE = "qrc-cache-entry"
+MARKERS = {"exported": "qrc-export.json", "gguf": ENTRY_FILE}
 _UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
           "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _HELD: dict[Path, int] = {}  # entry → the descriptor whose shared lock this process holds

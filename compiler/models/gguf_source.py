@@ -246,6 +246,7 @@ def side_folder(path: Path, ref: str) -> Path:
     header = read_header(path, ref)
     files = {"config.json": json.dumps(hf_config(header, ref), indent=2, sort_keys=True) + "\n"}
     files.update(_tokenizer_files(header, ref))
+    files[cache_entries.ENTRY_FILE] = "a GGUF file's side folder, made by qrc: removed past $QRC_CACHE_LIMIT\n"
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.qrc-"))
     try:
