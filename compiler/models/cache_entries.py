@@ -13,6 +13,7 @@ Where the platform has no `flock` nothing is locked and nothing is removed. Noth
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -64,14 +65,19 @@ def use(entry: Path) -> bool:
         fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:  # missing, or a link put in its place
         return False
-    fcntl.flock(fd, fcntl.LOCK_SH)  # waits while another run removes it
     try:
-        if os.fstat(fd).st_ino != os.lstat(entry).st_ino:  # removed (and maybe made again) before the lock
-            raise FileNotFoundError(entry)
-        os.utime(fd)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits while another run removes it
+    except OSError:  # a file system without locks (some NFS): nothing there is removed either (prune's lock fails)
+        pass
+    try:
+        same = os.fstat(fd).st_ino == os.lstat(entry).st_ino  # else removed (and maybe made again) before the lock
     except OSError:
+        same = False
+    if not same:
         os.close(fd)
         return False
+    with contextlib.suppress(OSError):  # a cache shared read-only is read as it is
+        os.utime(fd)
     _HELD[entry] = fd
     return True
 
