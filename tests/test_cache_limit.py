@@ -54,6 +54,7 @@ def _entries(cache: Path) -> set[str]:
     return {p.name for p in (cache / "gguf").iterdir()}
 
 
+@pytest.mark.slow  # three runs and a holder, each a process of its own: 5 s
 def test_a_run_that_makes_an_entry_prunes_the_least_recently_used_ones_it_may(tmp_path):
     cache = tmp_path / "cache"
     env = {**os.environ, "QRC_CACHE": str(cache), "QRC_CACHE_LIMIT": "1KiB"}

@@ -292,6 +292,7 @@ def test_onnx_fold_keeps_the_float_model(onnx_outliers, tmp_path, kind, mode):
             assert not np.allclose(ratios, ratios[:, :1]), t.name  # not one factor per row: the columns moved too
     finally:
         smoothed.close()
+        files.close()  # the inline-weight model's split copy in the temp folder goes too
 
 
 def test_onnx_smoothquant_and_awq_beat_plain_rounding(onnx_outliers, tmp_path):
