@@ -13,7 +13,7 @@ from pathlib import Path
 
 from compiler.ir.values import human_bytes
 from compiler.models import local_path
-from compiler.safe_files import UnsafePath, open_regular
+from compiler.safe_files import UnsafePath, nearest_existing, open_regular
 
 
 def _model_paths(ref: str) -> list[Path]:
@@ -29,9 +29,7 @@ def _model_paths(ref: str) -> list[Path]:
 def unwritable(destination: Path, needed: int = 0) -> str | None:
     """Why `destination`'s folder (or the nearest ancestor that exists: the rest is created) cannot take a
     file of `needed` bytes: not a folder, not writable, or too little free space. None when it can."""
-    folder = destination.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
+    folder = nearest_existing(destination.parent)
     if not folder.is_dir():
         return f"`{folder}` is not a folder"
     if not os.access(folder, os.W_OK | os.X_OK):

@@ -104,6 +104,14 @@ def replace_file(path: Path | str, data: bytes | str, mode: int | None = None) -
         raise
 
 
+def nearest_existing(folder: Path) -> Path:
+    """`folder`, or the nearest folder above it that exists (what a run would make below it): where its free space
+    and permissions are."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
 def own_folder(path: Path | str, within: Path | str | None = None) -> Path:
     """Make the folder `path` (and its missing parents) where none is; UnsafePath when `path` is a link or not a
     folder, or, with `within`, when any folder between `within` and `path` is (a cache's `checkpoints` folder

@@ -7,6 +7,8 @@ GroupQueryAttention, torch.onnx's with a tied head): tests/test_onnx_decoders.py
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -132,6 +134,16 @@ def test_no_room_for_the_rotated_copy_is_said_at_check(tmp_path, monkeypatch):
     monkeypatch.setattr(rotation_check.shutil, "disk_usage", lambda _: usage(1 << 20, 1 << 20, 1024))
     result = runner.invoke(app, ["check", str(tmp_path / "r.recipe")])
     assert result.exit_code == 2 and "Q417" in result.output and "rotated copy" in result.output, result.output
+    # with `memory { disk }` the copy goes there (a folder the run makes: its nearest existing parent is measured)
+    disk = tmp_path / "scratch" / "qrc"
+    (tmp_path / "scratch").mkdir()
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(recipe.read_text().replace("    emit ", f'    memory {{ disk "{disk}" }}\n    emit ', 1))
+    roomy = usage(1 << 40, 0, 1 << 40)
+    monkeypatch.setattr(rotation_check.shutil, "disk_usage",
+                        lambda folder: usage(1 << 20, 1 << 20, 1024) if Path(folder) == disk.parent else roomy)
+    result = runner.invoke(app, ["check", str(recipe)], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and f"in `{disk.parent}`" in result.output, result.output
 
 
 def _smoothed(tmp_path, online: str = "online r4"):

@@ -5,6 +5,7 @@ measured in transformers, MoE experts and GPTQ after AWQ compile, and a wrong ma
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -309,3 +310,28 @@ def test_onnx_smoothquant_and_awq_beat_plain_rounding(onnx_outliers, tmp_path):
     rtn, _ = _onnx_compile(tmp_path, onnx_outliers, "", "W4A16", "offload", "rtn", "matmul_nbits")
     awq, _ = _onnx_compile(tmp_path, onnx_outliers, "transform awq", "W4A16", "offload", "awq", "matmul_nbits")
     assert awq.verify["kld"] < rtn.verify["kld"], (awq.verify, rtn.verify)
+
+
+def test_onnx_copies_of_the_model_go_to_the_recipes_disk(onnx_outliers, tmp_path, monkeypatch):
+    """The split of an inline-weight model and its smoothed copy are written under `memory { disk }`, not the
+    temporary folder (TMPDIR, perhaps memory), and removed after."""
+    import tempfile
+
+    made = []
+    real = tempfile.mkdtemp
+
+    def spy(*args, **kwargs):
+        folder = real(*args, **kwargs)
+        made.append(Path(folder))
+        return folder
+
+    monkeypatch.setattr(tempfile, "mkdtemp", spy)
+    disk = tmp_path / "disk"
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(ONNX_RECIPE.format(model=onnx_outliers, transform="transform smoothquant { alpha 0.8 }",
+                                         scheme="W8A8_STATIC", mode=f'full  disk "{disk}"', out=tmp_path / "o.onnx",
+                                         format="qdq"))
+    compile_program(str(recipe), tmp_path / "o.onnx")
+    copies = [p for p in made if p.name.startswith(("qrc-model-", "qrc-smoothed-"))]
+    assert {p.name.split("-")[1] for p in copies} == {"model", "smoothed"}, made
+    assert all(p.parent == disk and not p.exists() for p in copies), copies

@@ -134,9 +134,10 @@ EXECUTION: tuple[CodeInfo, ...] = (
              'model "m.onnx"   emit "m.onnx"'),
     CodeInfo("Q417", "the output cannot be written",
              "The destination's folder is read-only, is not a folder, or has less free space than the plan says the "
-             "output takes; or writing failed while the compile ran (disk full). A rotation on the ONNX backend also "
-             "writes a copy of the model to the temporary folder (TMPDIR) first. qrc checks before any work, and a "
-             "failed write leaves nothing at the destination.",
+             "output takes; or writing failed while the compile ran (disk full). A rotation or smoothing on the ONNX "
+             "backend also writes a copy of the model first, to `memory { disk }` where the recipe gives one, else to "
+             "the temporary folder (TMPDIR). qrc checks before any work, and a failed write leaves nothing at the "
+             "destination.",
              'qrc compile r.recipe -o /read-only/out.onnx'),
     CodeInfo("Q440", "the output path holds files qrc did not write",
              "A compile replaces its destination whole, so it replaces only what an earlier qrc compile wrote: a "

@@ -149,7 +149,7 @@ class _OnnxRun(OnnxRunState):
             source, assignment = exported.source, exported.assignment
         else:
             source, assignment = model_path(op.model), v.get(Buffer.RECIPE, Assignment)
-        files = open_model(source)
+        files = open_model(source, self._scratch())
         if op.rotation is not None:  # a rotated copy is compiled instead (onnx/rotation.py), its graph summarized
             files = self._rotated(op, files, assignment)  # again (R4's nodes: calibration's sessions keep them)
             index = assignment.model
@@ -164,9 +164,16 @@ class _OnnxRun(OnnxRunState):
 
         assert op.rotation is not None
         advance = self.progress("rotate", 1)
-        rotated = rotated_copy(files, assignment.model, op.rotation, self.plan.spans.transform or self.plan.spans.model)
+        rotated = rotated_copy(files, assignment.model, op.rotation, self.plan.spans.transform or self.plan.spans.model,
+                               self._scratch())
         advance()
         return rotated
+
+    def _scratch(self) -> Path | None:
+        """Where copies of the model are written before the memory mode is selected: the recipe's `memory { disk }`
+        (the folder it gives for what the run writes on the side), else None (the temporary folder)."""
+        select = self.plan.first(ops.SelectMemoryMode)
+        return select.disk if isinstance(select, ops.SelectMemoryMode) else None
 
     def select_mode(self, op: ops.SelectMemoryMode, v: OpValues) -> None:
         """The mode as planned; with `disk`, whose resume states this run's are (a killed run's with another

@@ -14,6 +14,7 @@ import onnx
 from onnx import numpy_helper
 
 from compiler.models.onnx_write import INLINE_LIMIT
+from compiler.safe_files import own_folder
 
 
 @dataclass
@@ -38,12 +39,13 @@ class ModelFiles:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
 
-def open_model(source: Path) -> ModelFiles:
-    """Open `source` graph-only; a model with inline weights is first split into model + data in a scratch folder."""
+def open_model(source: Path, where: Path | None = None) -> ModelFiles:
+    """Open `source` graph-only; a model with inline weights is first split into model + data in a scratch folder
+    (under `where`: the recipe's `memory { disk }`; else the temporary folder)."""
     light = onnx.load(str(source), load_external_data=False)
     if not any(_inline_size(t) > INLINE_LIMIT for t in light.graph.initializer):
         return ModelFiles(source, light)
-    scratch = Path(tempfile.mkdtemp(prefix="qrc-model-"))
+    scratch = Path(tempfile.mkdtemp(prefix="qrc-model-", dir=own_folder(where) if where is not None else None))
     split = scratch / source.name
     onnx.save(light, split, save_as_external_data=True, all_tensors_to_one_file=True,
               location=source.name + ".data", size_threshold=INLINE_LIMIT)

@@ -115,8 +115,9 @@ class _Ones:
         return np.ones_like(values)
 
 
-def rotate(files: ModelFiles, fold: Fold, rotations: Rotations) -> ModelFiles:
-    """The rotated copy of the model `files` holds (onnx/rotation_structure.py's `fold` of it)."""
+def rotate(files: ModelFiles, fold: Fold, rotations: Rotations, where: Path | None = None) -> ModelFiles:
+    """The rotated copy of the model `files` holds (onnx/rotation_structure.py's `fold` of it), written under
+    `where` (the recipe's `memory { disk }`; else the temporary folder)."""
     inits = {t.name: t for t in files.light.graph.initializer}
     weights = {w for w, _ in fold.readers} | set(fold.writers) | ({fold.head} if fold.head else set())
     axes = {name: weight_axes(node)[1] for node, name in weight_nodes(files.light, weights)}
@@ -172,7 +173,7 @@ def rotate(files: ModelFiles, fold: Fold, rotations: Rotations) -> ModelFiles:
         if d is not None:
             _online(model, fold.down_inputs, d, rotations.down_width, dtype)
 
-    return rewrite_initializers(files, plan, added, edit, "rotated")
+    return rewrite_initializers(files, plan, added, edit, "rotated", where)
 
 
 @dataclass(frozen=True)
@@ -219,9 +220,9 @@ def online_down(t: Transform, index: ModelIndex) -> OnlineDown | None:
 
 
 def rotated_copy(files: ModelFiles, index: ModelIndex, widths: tuple[int, int | None, int | None, int | None],
-                 span) -> ModelFiles:
-    """The model's rotated copy, checked against the original (`files` closed either way); Q273 where the graph
-    does not take the rotation."""
+                 span, where: Path | None = None) -> ModelFiles:
+    """The model's rotated copy (under `where`, else the temporary folder), checked against the original (`files`
+    closed either way); Q273 where the graph does not take the rotation."""
     fold = fold_of(index)
     if isinstance(fold, str):
         files.close()
@@ -229,7 +230,7 @@ def rotated_copy(files: ModelFiles, index: ModelIndex, widths: tuple[int, int | 
                                  help="rotations fold into Llama-family decoders as exporters write them"))
     hidden, head, down, block = widths
     try:
-        rotated = rotate(files, fold, Rotations.seeded(hidden, head, down, block))
+        rotated = rotate(files, fold, Rotations.seeded(hidden, head, down, block), where)
         try:
             refuse_changed(files.path, rotated, index, span)
         except BaseException:

@@ -16,6 +16,7 @@ from compiler.ir.types import RecipeIR
 from compiler.ir.values import human_bytes
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.rotation import check_online_only, online_only, rotation_to_check
+from compiler.safe_files import nearest_existing
 
 
 def _check_downs(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
@@ -40,12 +41,13 @@ def check_rotation(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> 
     transform = rotation_to_check(ir, assignment.model, diags)
     if transform is None:
         return
-    scratch = Path(tempfile.gettempdir())
+    scratch = nearest_existing(Path(ir.memory.disk) if ir.memory.disk else Path(tempfile.gettempdir()))
     needed, free = assignment.model.total_bytes, shutil.disk_usage(scratch).free
     if free < needed:  # the copy is written there before anything else (onnx/rotation.py)
         diags.error("Q417", f"the rotated copy of the model needs about {human_bytes(needed)} in `{scratch}`, which "
                     f"has {human_bytes(free)} free", transform.span, "no room for the rotated copy",
-                    help="point TMPDIR at a folder with room for one more copy of the model's weights")
+                    help="give `memory { disk \"…\" }` a folder with room for one more copy of the model's weights "
+                    "(without it, the copy goes to the temporary folder: TMPDIR)")
     if assignment.model.graph is None:
         return
     fold = fold_of(assignment.model)

@@ -33,6 +33,7 @@ from compiler.quant.smoothing import ChannelStats, awq_scales, searched_smoothqu
 from compiler.quant.weights import Convention, quantize_weight
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.smoothing import SmoothingMapping, SourceKind
+from compiler.safe_files import own_folder
 
 
 class Turning(Protocol):
@@ -121,7 +122,7 @@ def smooth(t: Transform, assignment: Assignment, files: ModelFiles, mode: Memory
     plan, gains, alphas = _scalings(t, assignment, files, stats)
     if turning is not None:
         plan = turning.planned(plan, files.light)
-    smoothed = rewrite_initializers(files, plan, edit=turning.edit if turning is not None else None)
+    smoothed = rewrite_initializers(files, plan, edit=turning.edit if turning is not None else None, where=disk)
     first = next(iter(batches), None)  # a rank given no chunk leaves the check to the others
     if mode is not MemoryMode.OFFLOAD and first is not None:  # the graph made the fold exact; one chunk through
         _check_unchanged(t, assignment, files.path, smoothed, first)  # both says it is
@@ -231,12 +232,12 @@ def _rtn(w: np.ndarray, spec: WeightQuant) -> np.ndarray:
 
 def rewrite_initializers(files: ModelFiles, plan: Mapping[str, Rewrite], added: Mapping[str, Callable[[], np.ndarray]]
                          | None = None, edit: Callable[[onnx.ModelProto], None] | None = None,
-                         what: str = "smoothed") -> ModelFiles:
-    """A copy of the model in a scratch folder (`qrc-{what}-…`) with the planned initializers rewritten: every
-    external tensor is read, changed where planned, and appended to one new data file, one at a time; `added`
-    tensors (computed when they are written) go to the data file after them, and `edit` changes the copy's graph
-    (onnx/rotation.py)."""
-    scratch = Path(tempfile.mkdtemp(prefix=f"qrc-{what}-"))
+                         what: str = "smoothed", where: Path | None = None) -> ModelFiles:
+    """A copy of the model in a scratch folder (`qrc-{what}-…`, under `where`: the recipe's `memory { disk }`,
+    else the temporary folder) with the planned initializers rewritten: every external tensor is read, changed
+    where planned, and appended to one new data file, one at a time; `added` tensors (computed when they are
+    written) go to the data file after them, and `edit` changes the copy's graph (onnx/rotation.py)."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"qrc-{what}-", dir=own_folder(where) if where is not None else None))
     try:
         light = onnx.ModelProto()
         light.CopyFrom(files.light)
