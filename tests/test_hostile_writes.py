@@ -152,6 +152,7 @@ def test_a_file_at_the_locks_name_that_is_not_a_lock_is_q441_and_kept(tmp_path):
     assert lock.read_text() == "someone's file\n" and not out.exists()
 
 
+@pytest.mark.slow  # a compile and its verification: 3 s of the quick loop
 def test_a_verify_report_qrc_did_not_write_is_neither_replaced_nor_removed(tmp_path):
     """`<output>.verify.json` is written when verification fails and removed when a later compile passes, only
     where it is qrc's: another program's file there stays, and the figures are in the summary."""

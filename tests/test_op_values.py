@@ -55,7 +55,8 @@ def test_a_run_state_keeps_services_only(recipe):
 
 @pytest.mark.parametrize(("recipe", "verified"), [
     ("recipes/tiny-llama-torch-smoothquant.recipe", True),  # full: smooth, capture, calibrate, in place, verify
-    ("recipes/tiny-llama-torch-w4a16.recipe", False),  # nothing runs the model: file to file, no stream
+    pytest.param("recipes/tiny-llama-torch-w4a16.recipe", False,  # nothing runs the model: file to file, no stream
+                 marks=pytest.mark.slow),  # 4 s of the quick loop
     ("recipes/tiny-bert-lwp.recipe", True),  # ONNX: histograms, the range search and propagation
 ], ids=["torch-full-smoothquant", "torch-file-to-file", "onnx-ranges"])
 def test_each_handler_reads_only_its_declared_inputs(recipe, verified, tmp_path, monkeypatch):

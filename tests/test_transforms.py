@@ -312,6 +312,7 @@ def test_onnx_smoothquant_and_awq_beat_plain_rounding(onnx_outliers, tmp_path):
     assert awq.verify["kld"] < rtn.verify["kld"], (awq.verify, rtn.verify)
 
 
+@pytest.mark.slow  # a SmoothQuant compile: 4 s
 def test_onnx_copies_of_the_model_go_to_the_recipes_disk(onnx_outliers, tmp_path, monkeypatch):
     """The split of an inline-weight model and its smoothed copy are written under `memory { disk }`, not the
     temporary folder (TMPDIR, perhaps memory), and removed after."""

@@ -93,6 +93,7 @@ def test_image_rows_are_checked_before_any_work(llava):
         assert result.exit_code == 2 and f"error[{code}]" in result.output, result.output
 
 
+@pytest.mark.slow  # two image pipelines through the processor: 2.4 s of the quick loop
 def test_a_folder_of_images_gives_the_same_samples(llava):
     """A folder of images with a metadata.jsonl of prompts (what `datasets` reads as an imagefolder, the image
     decoded into its Image column) gives the pixel values and tokens of the JSONL that names the same files."""
