@@ -82,6 +82,13 @@ def use(entry: Path) -> bool:
     return True
 
 
+def made(entry: Path) -> Path:
+    """An entry just made: held for this compile, and the least recently used others pruned past the limit."""
+    use(entry)
+    prune(entry)
+    return entry
+
+
 def release_held() -> None:
     """Let go of every entry this process holds (the end of a compile)."""
     while _HELD:
@@ -112,36 +119,29 @@ def prune(made: Path) -> list[Path]:
 
 def _entries(root: Path) -> list[tuple[Path, float, int]]:
     """Each entry of the pruned caches under `root`: (folder, last use, bytes)."""
-    out = []
-    for kind, marker in MARKERS.items():
+    return [(Path(child.path), child.stat(follow_symlinks=False).st_mtime, _bytes(Path(child.path)))
+            for kind, child in _folders(root)
+            if not child.name.startswith(".") and os.path.isfile(os.path.join(child.path, MARKERS[kind]))]
+
+
+def _folders(root: Path):
+    """(cache name, folder) for each folder (not a link) directly in the pruned caches under `root`."""
+    for kind in MARKERS:
         try:
             children = list(os.scandir(root / kind))
         except OSError:
             continue
-        for child in children:
-            if child.name.startswith(".") or not child.is_dir(follow_symlinks=False):
-                continue
-            if not os.path.isfile(os.path.join(child.path, marker)):
-                continue
-            out.append((Path(child.path), child.stat(follow_symlinks=False).st_mtime, _bytes(Path(child.path))))
-    return out
+        yield from ((kind, child) for child in children if child.is_dir(follow_symlinks=False))
 
 
 def _remove_leftovers(root: Path) -> list[Path]:
     """Remove what killed runs left in the pruned caches (staging and half-removed entries a day old)."""
     removed = []
     now = time.time()
-    for kind in MARKERS:
-        try:
-            children = list(os.scandir(root / kind))
-        except OSError:
-            continue
-        for child in children:
-            if not _LEFTOVER.fullmatch(child.name) or not child.is_dir(follow_symlinks=False):
-                continue
-            if now - child.stat(follow_symlinks=False).st_mtime > STALE_SECONDS:
-                shutil.rmtree(child.path, ignore_errors=True)
-                removed.append(Path(child.path))
+    for _, child in _folders(root):
+        if _LEFTOVER.fullmatch(child.name) and now - child.stat(follow_symlinks=False).st_mtime > STALE_SECONDS:
+            shutil.rmtree(child.path, ignore_errors=True)
+            removed.append(Path(child.path))
     return removed
 
 

@@ -259,14 +259,7 @@ def side_folder(path: Path, ref: str) -> Path:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return _made(folder)
-
-
-def _made(folder: Path) -> Path:
-    """A cache entry just made, held for this compile; the least recently used others pruned past the limit."""
-    cache_entries.use(folder)
-    cache_entries.prune(folder)
-    return folder
+    return cache_entries.made(folder)
 
 
 def _tokenizer_files(header: GgufHeader, ref: str) -> dict[str, str]:
@@ -409,7 +402,7 @@ def float_folder(path: Path, ref: str, create: bool = True) -> Path | None:
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return _made(folder)
+    return cache_entries.made(folder)
 
 
 def _write_safetensors(target: Path, header: GgufHeader, tensors: list[tuple[str, GgufTensor]]) -> None:

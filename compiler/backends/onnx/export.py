@@ -57,8 +57,7 @@ def export_folder(folder: Path, span=None) -> Path:
         replace_file(target.parent / STAMP, json.dumps(_stamp(folder, target)))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    cache_entries.use(target.parent)
-    cache_entries.prune(target.parent)
+    cache_entries.made(target.parent)
     return target
 
 

@@ -39,13 +39,19 @@ class ModelFiles:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
 
+def new_scratch(prefix: str, where: Path | None) -> Path:
+    """A new folder for a copy of the model: under `where` (the recipe's `memory { disk }`, made if missing), else
+    in the temporary folder."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=own_folder(where) if where is not None else None))
+
+
 def open_model(source: Path, where: Path | None = None) -> ModelFiles:
     """Open `source` graph-only; a model with inline weights is first split into model + data in a scratch folder
     (under `where`: the recipe's `memory { disk }`; else the temporary folder)."""
     light = onnx.load(str(source), load_external_data=False)
     if not any(_inline_size(t) > INLINE_LIMIT for t in light.graph.initializer):
         return ModelFiles(source, light)
-    scratch = Path(tempfile.mkdtemp(prefix="qrc-model-", dir=own_folder(where) if where is not None else None))
+    scratch = new_scratch("qrc-model-", where)
     split = scratch / source.name
     onnx.save(light, split, save_as_external_data=True, all_tensors_to_one_file=True,
               location=source.name + ".data", size_threshold=INLINE_LIMIT)

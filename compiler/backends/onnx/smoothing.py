@@ -9,7 +9,6 @@ emission then run on that copy; verification compares with the original float mo
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from compiler.backends.onnx.calibrate import augmented_model, first_output, session
-from compiler.backends.onnx.files import ModelFiles
+from compiler.backends.onnx.files import ModelFiles, new_scratch
 from compiler.backends.onnx.rewrite import weight_axes, weight_nodes
 from compiler.backends.onnx.segments import run_segments
 from compiler.backends.ranks import Ranks, merged
@@ -33,7 +32,6 @@ from compiler.quant.smoothing import ChannelStats, awq_scales, searched_smoothqu
 from compiler.quant.weights import Convention, quantize_weight
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.smoothing import SmoothingMapping, SourceKind
-from compiler.safe_files import own_folder
 
 
 class Turning(Protocol):
@@ -237,7 +235,7 @@ def rewrite_initializers(files: ModelFiles, plan: Mapping[str, Rewrite], added: 
     else the temporary folder) with the planned initializers rewritten: every external tensor is read, changed
     where planned, and appended to one new data file, one at a time; `added` tensors (computed when they are
     written) go to the data file after them, and `edit` changes the copy's graph (onnx/rotation.py)."""
-    scratch = Path(tempfile.mkdtemp(prefix=f"qrc-{what}-", dir=own_folder(where) if where is not None else None))
+    scratch = new_scratch(f"qrc-{what}-", where)
     try:
         light = onnx.ModelProto()
         light.CopyFrom(files.light)
