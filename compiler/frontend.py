@@ -12,7 +12,7 @@ from compiler.diagnostics import Diagnostic, DiagnosticError, Diagnostics, error
 from compiler.ir.checks import run_checks
 from compiler.ir.elaborate import elaborate
 from compiler.ir.runtimes import RuntimeCell, check_target
-from compiler.ir.types import NONE, DataKind, RecipeIR
+from compiler.ir.types import NONE, DataKind, EmitFormat, RecipeIR
 from compiler.models import ModelError, index_model
 from compiler.outputs import output_conflict, read_paths
 from compiler.overrides import apply_overrides
@@ -187,7 +187,7 @@ def resolve_model(ir: RecipeIR, diags: Diagnostics, data_checked: bool = True) -
     ask the recipe's backend what it cannot compile; a model that cannot be read is a diagnostic.
     `data_checked`: also check the calibration data (False when the recipe's `calibrate` is in error)."""
     try:
-        index = index_model(ir.model)
+        index = index_model(ir.model, ir.emit is not None and ir.emit.format is EmitFormat.GGUF)
     except ModelError as exc:
         diags.error(exc.code, exc.message, ir.model_span, "model", help=exc.help)
         return None

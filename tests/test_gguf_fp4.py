@@ -129,24 +129,30 @@ def test_nvfp4_rows_must_be_whole_super_blocks(tmp_path):
 @pytest.mark.slow
 @pytest.mark.llama_cpp
 @pytest.mark.parametrize("model, preset, rounding", [("llama", "NVFP4A16", "rtn"), ("llama", "MXFP4A16", "gptq"),
-                                                     ("qwen3_moe", "NVFP4A16", "gptq")])
+                                                     ("qwen3_moe", "NVFP4A16", "gptq"), ("gpt_oss_64", "NVFP4A16", "gptq")])
 def test_fp4_files_run_in_llama_cpp_at_the_error_verify_reports(llama, tmp_path, model, preset, rounding):
     """llama.cpp loads the file alone; on held-out ids its KL to the float model in transformers is of the size
     qrc's verify reported for the file's values (llama.cpp also rounds the inputs of each product to Q8_0). With
     NVFP4 the `.scale` tensors are what make it so: each is a global scale's inverse (about 1e-4 here), which
-    llama.cpp must multiply in. The MoE's merged experts carry one `.scale` per expert."""
+    llama.cpp must multiply in. The MoE's merged experts carry one `.scale` per expert; gpt-oss's none (its graph
+    reads none for its experts), whose experts are rounded, calibrated per expert, with a global scale of 1."""
     llama_cpp_run = pytest.importorskip("llama_cpp_run")
     pytest.importorskip("llama_cpp", reason="llama-cpp-python (llama.cpp) runs the GGUF")
-    folder = llama if model == "llama" else routed_moe("qwen3_moe", tmp_path / "moe")
+    folder = {"llama": llama, "qwen3_moe": routed_moe("qwen3_moe", tmp_path / "moe")}.get(model) or \
+        add_tokenizer(build(model, tmp_path / "oss"), 320)
     out = tmp_path / "m.gguf"
     result, _ = compile_program(str(_recipe(tmp_path, folder, out, preset, rounding=rounding, verify=True,
-                                            moe=model != "llama")), out)
+                                            moe=model == "qwen3_moe")), out)
     assert result.verify_passed, result.verify
     tensors = {t.name: t for t in gguf.GGUFReader(out).tensors}
-    if model != "llama":
+    if model == "qwen3_moe":
         merged, scale = tensors["blk.1.ffn_up_exps.weight"], tensors["blk.1.ffn_up_exps.scale"]
         assert merged.tensor_type.name == "NVFP4" and int(merged.shape[-1]) == 8 and int(scale.n_elements) == 8
         assert len(set(np.asarray(scale.data).tolist())) == 8  # each expert its own global scale
+    if model.startswith("gpt_oss"):
+        merged = tensors["blk.1.ffn_up_exps.weight"]
+        assert merged.tensor_type.name == "NVFP4" and int(merged.shape[-1]) == 4
+        assert "blk.1.ffn_up_exps.scale" not in tensors and "blk.1.attn_q.scale" in tensors
     ids = [int(i) for i in np.random.default_rng(7).integers(1, 320, 32)]
     reference = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     with torch.no_grad():

@@ -1,8 +1,9 @@
 """gpt-oss's MXFP4 checkpoints as source models (issue 68): each packed expert pair indexed as the float tensor
 transformers decodes from it (headers alone: `check` and `plan` read no weight bytes), decoded when read, and
 recompiled: a float folder equal to transformers' own load of the source, a calibrated W4A16, a broken pair
-refused naming the tensor, and a GGUF whose experts stay MXFP4 bit for bit, which llama.cpp runs as transformers
-runs the source (and a float gpt-oss's GGUF likewise)."""
+refused naming the tensor, and a GGUF whose experts, split per expert and merged again, stay MXFP4 or become NVFP4
+bit for bit, which llama.cpp runs as transformers runs the source (and a float gpt-oss's GGUF, its experts Q8_0,
+likewise)."""
 
 from __future__ import annotations
 
@@ -135,11 +136,16 @@ def test_a_nan_scale_stops_the_compile_before_anything_is_written(source, tmp_pa
     assert "Traceback" not in done.output and not out.exists()
 
 
-def _gguf_recipe(tmp_path: Path, model: Path, out: Path) -> Path:
-    body = "  scheme q8 = W8A16 { group 32  symmetric }\n  quantize { type Linear -> q8 }"
+def _gguf_recipe(tmp_path: Path, model: Path, out: Path, experts: str = "") -> Path:
+    """Every Linear Q8_0; `experts`, a rule of the experts' own after it."""
+    body = f"  scheme q8 = W8A16 {{ group 32  symmetric }}\n  quantize {{ type Linear -> q8  {experts} }}"
     recipe = tmp_path / "g.recipe"
     recipe.write_text(f'recipe g {{\n  model "{model}"\n  backend torch\n{body}\n  emit "{out}" {{ format gguf }}\n}}\n')
     return recipe
+
+
+# the experts' rule, and the GGUF type their tensors then have: left as the source stores them, or NVFP4
+EXPERTS = {"MXFP4": '"*.experts.*" -> none', "NVFP4": '"*.experts.*" -> NVFP4A16'}
 
 
 @pytest.fixture(scope="module")
@@ -150,44 +156,56 @@ def tokenized(tmp_path_factory) -> Path:
     return add_tokenizer(gpt_oss_mxfp4(tmp_path_factory.mktemp("mxfp4-gguf") / "gpt-oss"), 320)
 
 
+@pytest.fixture(scope="module")
+def tokenized_64(tmp_path_factory) -> Path:
+    """The same with experts 64 wide: every expert row whole NVFP4 super-blocks of GGUF."""
+    from zoo import add_tokenizer
+
+    return add_tokenizer(gpt_oss_mxfp4(tmp_path_factory.mktemp("mxfp4-gguf-64") / "gpt-oss", "gpt_oss_64"), 320)
+
+
 @pytest.mark.slow
-def test_its_gguf_keeps_the_experts_mxfp4_bit_for_bit(tokenized, tmp_path):
-    """To GGUF (attention Q8_0): llama.cpp's gpt-oss tensors, the experts MXFP4 holding exactly the floats
-    transformers decodes from the source, gate and up split from their interleaved rows, every matrix [out, in]."""
+@pytest.mark.parametrize("kind", list(EXPERTS))
+def test_its_gguf_experts_hold_the_source_floats_exactly(tokenized, tokenized_64, tmp_path, kind):
+    """To GGUF (attention Q8_0): llama.cpp's gpt-oss tensors, the experts split per expert (gate and up from their
+    interleaved columns, every matrix [out, in]) and merged again, holding exactly the floats transformers
+    decodes from the source: left MXFP4 as the source stores them, or cast to NVFP4 (each MXFP4 block's power of
+    two an e4m3 block scale, the global scale 1: llama.cpp's gpt-oss graph reads no `.scale` for its experts)."""
     import gguf
 
-    out = tmp_path / "oss.gguf"
-    done = runner.invoke(app, ["compile", str(_gguf_recipe(tmp_path, tokenized, out))])
-    assert done.exit_code == 0 and "keep the source's MXFP4" in done.output, done.output
+    source, out = (tokenized if kind == "MXFP4" else tokenized_64), tmp_path / "oss.gguf"
+    done = runner.invoke(app, ["compile", str(_gguf_recipe(tmp_path, source, out, EXPERTS[kind]))])
+    assert done.exit_code == 0 and "Q266" not in done.output, done.output
     tensors = {t.name: t for t in gguf.GGUFReader(out).tensors}
-    experts = _load(tokenized).model.layers[1].mlp.experts
+    experts = _load(source).model.layers[1].mlp.experts
     gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()  # [E, in, 2·inner], [E, inner, out]
     expected = {"ffn_gate_exps": gate_up.transpose(1, 2)[:, 0::2], "ffn_up_exps": gate_up.transpose(1, 2)[:, 1::2],
                 "ffn_down_exps": down.transpose(1, 2)}
     for name, values in expected.items():
         stored = tensors[f"blk.1.{name}.weight"]
-        assert stored.tensor_type == gguf.GGMLQuantizationType.MXFP4, name
+        assert stored.tensor_type == getattr(gguf.GGMLQuantizationType, kind), name
         decoded = gguf.quants.dequantize(stored.data, stored.tensor_type).reshape(values.shape)
         assert torch.equal(torch.from_numpy(decoded), values.float()), name
+        assert f"blk.1.{name}.scale" not in tensors
     assert tensors["blk.1.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
     assert "blk.1.attn_sinks.weight" in tensors and "blk.1.ffn_gate_exps.bias" in tensors
 
 
 @pytest.mark.llama_cpp
 @pytest.mark.slow
-@pytest.mark.parametrize("stored", ["mxfp4", "float"])
-def test_llama_cpp_runs_its_gguf_as_transformers_runs_the_source(stored, tokenized, tmp_path):
+@pytest.mark.parametrize("stored, experts", [("mxfp4", "MXFP4"), ("mxfp4", "NVFP4"), ("float", "")])
+def test_llama_cpp_runs_its_gguf_as_transformers_runs_the_source(stored, experts, tokenized, tokenized_64, tmp_path):
     """llama.cpp's gpt-oss graph (sinks, sliding layers, YaRN, biased experts) on the file qrc wrote agrees with
-    transformers on the source, from the MXFP4 checkpoint and from a float one, over more tokens than the
-    sliding window."""
+    transformers on the source, over more tokens than the sliding window: from the MXFP4 checkpoint, its experts
+    kept MXFP4 or cast to NVFP4 (both exact), and from a float one, its experts Q8_0 like every other Linear."""
     llama_cpp_run = pytest.importorskip("llama_cpp_run")
     pytest.importorskip("llama_cpp", reason="llama-cpp-python (llama.cpp) runs the GGUF")
     import numpy as np
     from zoo import add_tokenizer, build
 
-    model = tokenized if stored == "mxfp4" else add_tokenizer(build("gpt_oss", tmp_path / "float"), 320)
+    model = {"MXFP4": tokenized, "NVFP4": tokenized_64}.get(experts) or add_tokenizer(build("gpt_oss", tmp_path / "f"), 320)
     out = tmp_path / "oss.gguf"
-    done = runner.invoke(app, ["compile", str(_gguf_recipe(tmp_path, model, out))])
+    done = runner.invoke(app, ["compile", str(_gguf_recipe(tmp_path, model, out, EXPERTS.get(experts, "")))])
     assert done.exit_code == 0, done.output
     ids = [int(i) for i in np.random.RandomState(0).randint(2, 300, 24)]  # the window is 16
     ran = torch.from_numpy(llama_cpp_run.logits(out, ids))

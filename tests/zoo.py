@@ -70,6 +70,10 @@ def configs(t) -> dict:
             ("granitemoe", t.GraniteMoeConfig, t.GraniteMoeForCausalLM, dict(num_local_experts=4)),
             ("gpt_oss", t.GptOssConfig, t.GptOssForCausalLM,
              dict(num_local_experts=4, head_dim=16, layer_types=["sliding_attention", "full_attention"], sliding_window=16)),
+            # experts of 64: whole NVFP4 super-blocks of GGUF (rows of 64) in every expert projection
+            ("gpt_oss_64", t.GptOssConfig, t.GptOssForCausalLM,
+             dict(num_local_experts=4, head_dim=16, layer_types=["sliding_attention", "full_attention"], sliding_window=16,
+                  intermediate_size=64)),
             ("llama4_text", t.Llama4TextConfig, t.Llama4ForCausalLM,
              dict(intermediate_size_mlp=128, num_local_experts=4, num_experts_per_tok=1, head_dim=16,
                   interleave_moe_layer_step=1)))},
@@ -130,7 +134,7 @@ def build(family: str, folder: Path) -> Path:
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
-def gpt_oss_mxfp4(folder: Path) -> Path:
+def gpt_oss_mxfp4(folder: Path, family: str = "gpt_oss") -> Path:
     """The tiny gpt-oss as its releases store it: each expert projection MXFP4 (`_blocks`: uint8 [experts, out,
     in/32, 16], the low nibble the even column; `_scales`: E8M0 exponents + 127, [experts, out, in/32]), rounded
     from the random float weights by nearest code under a power-of-two scale per 32 inputs; the rest float, and
@@ -140,7 +144,7 @@ def gpt_oss_mxfp4(folder: Path) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    build("gpt_oss", folder)
+    build(family, folder)
     codes = torch.tensor(_E2M1)
     tensors = load_file(folder / "model.safetensors")
     for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:

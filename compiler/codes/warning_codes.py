@@ -61,7 +61,8 @@ WARNINGS: tuple[CodeInfo, ...] = (
              "expert (Llama 4), qrc reads each expert's projections as slices of the fused tensors and writes them "
              "so, quantized like any layer; a fused tensor of another shape there would not load, and `Q411` "
              "refuses the recipe. gpt-oss's MXFP4 experts (its releases) are decoded to the model's float dtype: "
-             "transformers loads one quantization method per folder.",
+             "transformers loads one quantization method per folder. To GGUF, gpt-oss's experts are no warning: "
+             "they are indexed per expert there (llama.cpp merges them), and rules round them.",
              'quantize { type Linear -> W4A16 }   # on a Gemma 4 MoE folder'),
     CodeInfo("Q267", "a scheme vLLM will not load (warning)",
              "vLLM picks a kernel scheme for each config group from its weight and input arguments; for some "

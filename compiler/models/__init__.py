@@ -66,8 +66,10 @@ def model_dir(ref: str) -> Path | None:
     return path if path is not None and path.is_dir() else None
 
 
-def index_model(ref: str) -> ModelIndex:
+def index_model(ref: str, gguf_output: bool = False) -> ModelIndex:
     """Index a model reference: `builtin:NAME[?k=v…]`, a path to an .onnx file, or an HF-style folder.
+    `gguf_output`: as a GGUF output is written from it (a family llama.cpp runs with merged experts that the
+    checkpoint stores fused differently has them per expert: models/expert_slices.py).
 
     Raises:
         ModelError: the model cannot be found or read (the error carries a diagnostic code).
@@ -84,9 +86,9 @@ def index_model(ref: str) -> ModelIndex:
         from compiler.models import gguf_source
 
         header = gguf_source.read_header(gguf, ref)
-        return index_hf(gguf_source.side_folder(gguf, ref), ref, gguf_source.hf_headers(header, ref))
+        return index_hf(gguf_source.side_folder(gguf, ref), ref, gguf_source.hf_headers(header, ref), gguf_output)
     if path.is_dir():
-        return index_hf(path, ref)
+        return index_hf(path, ref, gguf_output=gguf_output)
     if path.is_file():
         if path.suffix.lower() != ".onnx":
             raise ModelError("Q250", f"`{ref}` is neither an .onnx file, a .gguf file nor a model folder",

@@ -1,4 +1,5 @@
-"""Fused-on-disk MoE experts seen as one Linear per expert, for the families transformers loads that way.
+"""Fused-on-disk MoE experts seen as one Linear per expert, for the families transformers loads that way, and
+for those whose GGUF qrc writes from per-expert layers.
 
 Llama 4 stores a block's experts fused (`feed_forward.experts.gate_up_proj` [E, H, 2I], `down_proj` [E, I, H], the
 input dimension first), and transformers opens a compressed-tensors folder of it with one `Llama4TextMLP` per
@@ -6,7 +7,13 @@ expert (`SequentialLlama4TextExperts`, transformers/quantizers/base.py `MODULES_
 folder must hold `experts.{e}.gate_proj`, `up_proj` and `down_proj` weights, as nn.Linear stores them ([out, in]).
 So qrc indexes those per-expert tensors in place of the fused ones: recipes select them, the plan counts them and
 the writers write them; the torch backend reads each as its slice of the fused tensor (torch/expert_shards.py).
-Only this module knows the layout; nothing here reads a weight byte."""
+
+gpt-oss stores its experts fused too (`mlp.experts.gate_up_proj` [E, H, 2I] with gate and up interleaved: the gate
+the even columns, `GptOssExperts._apply_gate`; `down_proj` [E, I, H]), and transformers opens a quantized folder of
+it fused, so a folder keeps them so. llama.cpp's gpt-oss graph reads them as one tensor per projection holding
+every expert (`ffn_gate_exps`, …), which the GGUF writer merges from per-expert layers as it does Mixtral's: for a
+GGUF output, then, they are indexed per expert as well, and rules round them like any Linear.
+Only this module knows the layouts; nothing here reads a weight byte."""
 
 from __future__ import annotations
 
@@ -15,19 +22,18 @@ from dataclasses import dataclass
 
 from compiler.models.index import Headers
 
-# model_type → the fused tensors' leaf names under `….experts.` and the per-expert projections each holds, in
-# order along its last axis, which they split evenly: (fused leaf, (projection, …)). gate_up holds the gate's
-# half first (`gate_up.chunk(2, dim=-1)` in Llama4TextExperts.forward).
-_LAYOUTS = {
-    "llama4": (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))),
-    "llama4_text": (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))),
-}
-
+# model_type → the fused tensors' leaf names under `….experts.` and the per-expert projections each holds along
+# its last axis, which they split evenly: (fused leaf, (projection, …), interleaved). Not interleaved: each
+# projection's columns in one run, in order (Llama 4's gate_up holds the gate's half first: `gate_up.chunk(2,
+# dim=-1)` in Llama4TextExperts.forward); interleaved: column c belongs to projection c mod n (gpt-oss).
+_HALVES = (("gate_up_proj", ("gate_proj", "up_proj"), False), ("down_proj", ("down_proj",), False))
+_LAYOUTS = {"llama4": _HALVES, "llama4_text": _HALVES}  # transformers loads a quantized folder per expert
+_GGUF_LAYOUTS = {"gpt_oss": (("gate_up_proj", ("gate_proj", "up_proj"), True), ("down_proj", ("down_proj",), False))}
 
 
 @dataclass(frozen=True, slots=True)
 class ExpertSlice:
-    """One expert's projection inside a fused tensor: `source`[expert, :, first:last], transposed to the
+    """One expert's projection inside a fused tensor: `source`[expert, :, first:last:step], transposed to the
     [out, in] of an nn.Linear weight (`shape`)."""
 
     source: str  # the fused tensor's name in the checkpoint
@@ -35,6 +41,7 @@ class ExpertSlice:
     first: int  # columns of the fused tensor's last axis
     last: int
     shape: tuple[int, int]  # [out, in], as the per-expert Linear stores it
+    step: int = 1  # every step-th column from `first` (2: gpt-oss's interleaved gate and up)
 
 
 def loaded_per_expert(family: str) -> bool:
@@ -42,29 +49,39 @@ def loaded_per_expert(family: str) -> bool:
     return family in _LAYOUTS
 
 
-def per_expert(headers: Headers, family: str) -> dict[str, ExpertSlice]:
+def split_for_gguf(family: str) -> bool:
+    """Whether this family's fused experts are split per expert only where the output is a GGUF (gpt-oss)."""
+    return family in _GGUF_LAYOUTS
+
+
+def per_expert(headers: Headers, family: str, gguf: bool = False) -> dict[str, ExpertSlice]:
     """Each per-expert weight name (`….experts.3.gate_proj.weight`) → where it lies in a fused tensor, for a
-    family transformers loads per expert; {} for any other family. A fused tensor whose shape is not the
-    layout's (3-D, its last axis split evenly) is left out: it stays fused and is refused at check."""
-    layout = dict(_LAYOUTS.get(family, ()))
+    family transformers loads per expert, or (`gguf`: the output is a GGUF) whose GGUF qrc merges from
+    per-expert layers; {} for any other family. A fused tensor whose shape is not the layout's (3-D, its last
+    axis split evenly) is left out: it stays fused and is refused at check (Q411), or stays float (Q266)."""
+    layout = {leaf: (projections, interleaved) for leaf, projections, interleaved in
+              _LAYOUTS.get(family, ()) or (_GGUF_LAYOUTS.get(family, ()) if gguf else ())}
     out: dict[str, ExpertSlice] = {}
     for name, (_, shape) in headers.items():
         owner, _, leaf = name.rpartition(".")
-        projections = layout.get(leaf)
-        if projections is None or not owner.endswith(".experts") or len(shape) != 3 or shape[2] % len(projections):
+        projections, interleaved = layout.get(leaf, ((), False))
+        if not projections or not owner.endswith(".experts") or len(shape) != 3 or shape[2] % len(projections):
             continue
         experts, inner, width = shape
-        step = width // len(projections)
+        count, part = len(projections), width // len(projections)
         for e in range(experts):
             for i, projection in enumerate(projections):
-                out[f"{owner}.{e}.{projection}.weight"] = ExpertSlice(name, e, i * step, (i + 1) * step, (step, inner))
+                out[f"{owner}.{e}.{projection}.weight"] = (
+                    ExpertSlice(name, e, i, width, (part, inner), count) if interleaved
+                    else ExpertSlice(name, e, i * part, (i + 1) * part, (part, inner)))
     return out
 
 
-def as_per_expert(headers: Headers, family: str) -> Headers:
+def as_per_expert(headers: Headers, family: str, gguf: bool = False) -> Headers:
     """The header facts with each fused expert tensor replaced by its per-expert weights (same dtype), in
-    expert order where the fused tensor was: what the index and the output see of such a checkpoint."""
-    slices = per_expert(headers, family)
+    expert order where the fused tensor was: what the index and the output see of such a checkpoint (`gguf`:
+    per_expert's)."""
+    slices = per_expert(headers, family, gguf)
     if not slices:
         return headers
     by_source: dict[str, list[str]] = {}

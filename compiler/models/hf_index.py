@@ -31,9 +31,12 @@ _CONFIG_NUMBERS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "n
                    "num_experts_per_tok")  # the experts an MoE token is routed to (the plan's time counts them)
 
 
-def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ...]]] | None = None) -> ModelIndex:
+def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ...]]] | None = None,
+             gguf_output: bool = False) -> ModelIndex:
     """Index an HF-style folder from config.json and the safetensors headers (no weights read). `headers`: the
-    tensors as another source gives them (a GGUF file's, models/gguf_source.py), in place of the folder's."""
+    tensors as another source gives them (a GGUF file's, models/gguf_source.py), in place of the folder's.
+    `gguf_output`: the index a GGUF output is written from (models/expert_slices.py: gpt-oss's fused experts
+    per expert)."""
     config = _config(folder, ref)
     headers = _headers(folder, ref) if headers is None else headers
     pickled = sorted(p.name for pattern in ("*.bin", "*.pt", "*.pth") for p in folder.glob(pattern))
@@ -57,8 +60,12 @@ def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ..
                        _MXFP4_HELP)
     packed = tuple(sorted(mxfp4_source.packed_pairs(headers, config), key=_model_order))
     headers = mxfp4_source.as_dequantized(headers, config, dtype)  # gpt-oss's MXFP4 experts, likewise
-    # fused experts of a family transformers loads per expert: one Linear per expert, as the output holds them
-    headers = expert_slices.as_per_expert(headers, (config or {}).get("model_type", ""))
+    # fused experts of a family transformers loads per expert (or, for a GGUF, llama.cpp merges from per-expert
+    # tensors): one Linear per expert, as the output holds them; an MXFP4 source's then packed per expert
+    slices = expert_slices.per_expert(headers, (config or {}).get("model_type", ""), gguf_output)
+    split = {piece.source for piece in slices.values()}
+    packed = tuple(n for n in packed if n not in split) + tuple(n for n, p in slices.items() if p.source in packed)
+    headers = expert_slices.as_per_expert(headers, (config or {}).get("model_type", ""), gguf_output)
     if planned and headers:
         _check_experts(planned, headers, ref)
     layers = _from_layout(planned, headers, dtype) if planned else []
@@ -80,7 +87,8 @@ def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ..
     return ModelIndex(ref, ModelFormat.HF, family, tuple(layers), _inputs(config or {}), (), total, numbers,
                       norms=_norms(shapes), fused_experts=tuple(sorted(fused, key=_model_order)),
                       compressed_source=compressed_source.quantization(config) is not None, packed_experts=packed,
-                      fp4_compressed=fp4, mxfp4_compressed=mxfp4)
+                      fp4_compressed=fp4, mxfp4_compressed=mxfp4,
+                      experts_split=gguf_output and expert_slices.split_for_gguf(family) and bool(slices))
 
 
 def _norms(shapes: dict[str, tuple[str, tuple[int, ...]]]) -> tuple[Norm, ...]:

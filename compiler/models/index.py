@@ -123,6 +123,7 @@ class ModelIndex:
     packed_experts: tuple[str, ...] = ()  # an MXFP4 checkpoint's expert tensors (gpt-oss): decoded as they are read
     fp4_compressed: tuple[str, ...] = ()  # a compressed-tensors source's weights stored NVFP4/MXFP4 (decompressed, slower)
     mxfp4_compressed: tuple[str, ...] = ()  # of those, MXFP4's: on a power-of-two grid, which NVFP4 casts exactly
+    experts_split: bool = False  # fused experts indexed per expert for a GGUF output (models/expert_slices.py)
 
     @property
     def blocks(self) -> tuple[str, ...]:

@@ -14,23 +14,26 @@ import torch
 from torch import nn
 
 from compiler.backends import BackendError
-from compiler.backends.torch.experts import expert_names, fused_experts, split_experts, unsupported
+from compiler.backends.torch.experts import expert_names, fused_experts, gguf_expert_names, split_experts, unsupported
 from compiler.diagnostics import error
 from compiler.source import Span
 
 
-def adapt(module: nn.Module, ref: str, span: Span | None) -> list:
+def adapt(module: nn.Module, ref: str, span: Span | None, experts_split: bool = False) -> list:
     """transformers' renamings for this model; its fused MoE experts split into per-expert Linears first
-    (the layouts transformers' converters describe, from a per-expert checkpoint), kept fused where the
-    checkpoint stores them fused too, anything else refused with Q411."""
+    (the layouts transformers' converters describe, from a per-expert checkpoint; `experts_split`: gpt-oss's,
+    which the index splits for a GGUF output), kept fused where the checkpoint stores them fused too, anything
+    else refused with Q411."""
     renamings, converters = _conversions(module)
     _as_loaded_quantized(module)
     fused = fused_experts(module)
     names = expert_names(converters) if fused else None
+    if fused and names is None and experts_split:
+        names = gguf_expert_names(fused[0][1])
     if fused and names is None:  # the checkpoint stores them fused as well (Gemma 4): they run as they are,
         return renamings  # in float (Q266 at check); a checkpoint without those tensors is Q404 when read
     if fused:
-        problem = unsupported(fused[0][1])
+        problem = unsupported(fused[0][1], names)
         if problem:
             raise BackendError(error("Q411", f"`{ref}`: the MoE experts `{fused[0][0]}` ({type(fused[0][1]).__name__}) "
                                      f"cannot be split into per-expert layers: {problem}", span, "MoE layout not supported",

@@ -128,13 +128,14 @@ class _Run(Verifying):
             words = rotation_words(op.rotation, "spinquant" if learned is not None else "quarot")
             rotated = Product(transform=words + (f"; {learned.words()}" if learned is not None else ""))
         if op.access is ops.ModelAccess.FILES:
-            files, check = open_files(op.model, source), None
+            files, check = open_files(op.model, source, assignment.model.experts_split), None
             if self.format.opened_by_transformers and self.ranks.first:  # the config and load check run in a
                 check = adopt(op.model, files.config)  # process of their own meanwhile
                 check.follow()
             v.put(Buffer.MODEL, Loaded(files, assignment, op.access, check))
             return rotated
-        model = open_model(op.model, assignment.model.blocks, self.plan.spans.model, op.attention, source)
+        model = open_model(op.model, assignment.model.blocks, self.plan.spans.model, op.attention, source,
+                           assignment.model.experts_split)
         if op.access is ops.ModelAccess.RESIDENT:
             model.materialize(list(model.keys))
         v.put(Buffer.MODEL, Loaded(model, assignment, op.access))

@@ -8,11 +8,10 @@ rounded and released one at a time like any other layer's weights, never the who
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 
-from compiler.backends.torch.shards import DTYPES, DerivedShards, Entry, Shards, read_entry
+from compiler.backends.torch.shards import DTYPES, DerivedShards, Entry, Shards, expert_range, read_entry
 from compiler.models.expert_slices import ExpertSlice, per_expert
 
 
@@ -27,7 +26,7 @@ class ExpertShards(DerivedShards):
         entries: dict[str, Entry] = {k: v for k, v in inner.entries.items() if k not in sources}
         for name, piece in slices.items():
             fused = inner.entries[piece.source]
-            whole = _expert_range(fused, piece.expert)
+            whole = expert_range(fused, piece.expert)
             size = math.prod(piece.shape) * DTYPES[fused.dtype].itemsize
             entries[name] = Entry(fused.file, fused.dtype, piece.shape, whole.start, whole.start + size)
         super().__init__(inner, entries, frozenset(slices))
@@ -37,21 +36,16 @@ class ExpertShards(DerivedShards):
         piece = self.pieces[name]
         fused = self.inner.entries[piece.source]
         if isinstance(self.inner, Shards) and self.inner.stored_as_is(piece.source):
-            rows = read_entry(_expert_range(fused, piece.expert), piece.source)
+            rows = read_entry(expert_range(fused, piece.expert), piece.source)
+        elif hasattr(self.inner, "read_expert"):  # decoded one expert at a time (an MXFP4 source: mxfp4_source.py)
+            rows = self.inner.read_expert(piece.source, piece.expert)
         else:  # stored some other way (block-scaled FP8): decoded whole, then sliced
             rows = self.inner.read(piece.source)[piece.expert]
-        return rows[:, piece.first:piece.last].t().contiguous()
+        return rows[:, piece.first:piece.last:piece.step].t().contiguous()
 
 
-def _expert_range(fused: Entry, expert: int) -> Entry:
-    """The part of a fused [E, …] tensor's bytes that holds expert `expert`, as an entry of shape […]."""
-    per = (fused.end - fused.start) // fused.shape[0]
-    start = fused.start + expert * per
-    return replace(fused, shape=tuple(fused.shape[1:]), start=start, end=start + per)
-
-
-def with_experts(shards, family: str):
-    """`shards` with its fused experts per expert where transformers loads the family that way; as it is
-    otherwise."""
-    slices = per_expert({name: (e.dtype, e.shape) for name, e in shards.entries.items()}, family)
+def with_experts(shards, family: str, gguf: bool = False):
+    """`shards` with its fused experts per expert where transformers loads the family that way (or, `gguf`,
+    where a GGUF output is written from per-expert layers: models/expert_slices.py); as it is otherwise."""
+    slices = per_expert({name: (e.dtype, e.shape) for name, e in shards.entries.items()}, family, gguf)
     return ExpertShards(shards, slices) if slices else shards

@@ -8,6 +8,8 @@ names (what vLLM and compressed-tensors read), so the fused module is replaced b
 as those conversions' sources. The replacement computes what the fused module computes and applies the
 gate with transformers' own `_apply_gate`; only the layouts that conversion describes exactly (stacked,
 concatenated gate/up, no bias, not transposed) are replaced — anything else is refused, never guessed.
+gpt-oss's experts (`GptOssExperts`: [in, out] matrices, gate and up interleaved, a bias each) are replaced too
+where the output is a GGUF, whose merged expert tensors qrc writes from per-expert layers (models/expert_slices.py).
 
 Why not keep the fused parameter and slice it: per-expert input hooks (Hessians, observers), per-expert
 rounding, reading one expert's tensors from the files and releasing them all need a module per expert."""
@@ -29,10 +31,25 @@ _FLAGS = {"has_bias": False, "is_transposed": False, "is_concatenated": True, "h
 @dataclass(frozen=True)
 class ExpertNames:
     """The checkpoint's leaf names of one expert's projections (`gate_proj`/`up_proj`/`down_proj`, or
-    Mixtral's `w1`/`w3`/`w2`), read from transformers' conversion of the family."""
+    Mixtral's `w1`/`w3`/`w2`), read from transformers' conversion of the family, and how the fused module lays
+    them out."""
     gate: str
     up: str
     down: str
+    transposed: bool = False  # the fused matrices are [E, in, out] (gpt-oss), not [E, out, in]
+    interleaved: bool = False  # gate and up alternate along gate_up's output (gpt-oss), rather than halves
+    biased: bool = False  # `gate_up_proj_bias` [E, 2I] and `down_proj_bias` [E, H] are added (gpt-oss)
+
+
+# gpt-oss's experts as the GGUF writer's per-expert layers (models/expert_slices.py names them so)
+GPT_OSS = ExpertNames("gate_proj", "up_proj", "down_proj", transposed=True, interleaved=True, biased=True)
+_BIASES = ("gate_up_proj_bias", "down_proj_bias")
+
+
+def gguf_expert_names(fused: nn.Module) -> ExpertNames | None:
+    """The per-expert layers of a fused experts module that the checkpoint stores fused, where a GGUF output is
+    written from them (gpt-oss's); None for any other module."""
+    return GPT_OSS if type(fused).__name__ == "GptOssExperts" else None
 
 
 def expert_names(converters) -> ExpertNames | None:
@@ -75,9 +92,14 @@ def fused_experts(module: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def unsupported(fused: nn.Module) -> str | None:
-    """Why this fused module's layout is not the stacked, concatenated one qrc splits (None when it is)."""
+def unsupported(fused: nn.Module, names: ExpertNames | None = None) -> str | None:
+    """Why this fused module's layout is not the stacked, concatenated one qrc splits, or the one `names` says
+    (None when it is)."""
     params = {n for n, _ in fused.named_parameters(recurse=False)}
+    if names is not None and names.biased:
+        if params != {"gate_up_proj", "down_proj", *_BIASES}:
+            return f"its parameters are {', '.join(sorted(params))}"
+        return None if callable(getattr(fused, "_apply_gate", None)) else "it has no `_apply_gate`"
     if params != {"gate_up_proj", "down_proj"}:
         return f"its parameters are {', '.join(sorted(params))}"
     for flag, wanted in _FLAGS.items():
@@ -101,13 +123,17 @@ class Experts(nn.Module):
 
     def __init__(self, fused: nn.Module, names: ExpertNames):
         super().__init__()
-        experts, two_i, hidden = tuple(fused.get_parameter("gate_up_proj").shape)
+        shape = tuple(fused.get_parameter("gate_up_proj").shape)
+        experts, hidden, two_i = shape if names.transposed else (shape[0], shape[2], shape[1])
         inner = two_i // 2
         self.names = names
         # transformers' gate (activation of the gate half times the up half), kept without the fused
         # module's 3-D parameters being registered here
         self.__dict__["apply_gate"] = fused._apply_gate
         self.routing = ExpertRouting.ROUTED
+        for bias in _BIASES if names.biased else ():  # stored fused, read as they are (the checkpoint's names)
+            self.register_parameter(bias, nn.Parameter(torch.empty_like(fused.get_parameter(bias), device="meta"),
+                                                       requires_grad=False))
         for e in range(experts):
             expert = nn.Module()
             for leaf, (i, o) in ((names.gate, (hidden, inner)), (names.up, (hidden, inner)),
@@ -124,11 +150,25 @@ class Experts(nn.Module):
             if token.numel() == 0 and not every:
                 continue
             x = hidden_states if every else hidden_states[token]
-            gate_up = torch.cat([getattr(expert, self.names.gate)(x), getattr(expert, self.names.up)(x)], dim=-1)
+            gate_up = self._gate_up(e, getattr(expert, self.names.gate)(x), getattr(expert, self.names.up)(x))
             down = getattr(expert, self.names.down)
             y = _routed_rows(down, self.apply_gate(gate_up), token) if every else down(self.apply_gate(gate_up))
+            if self.names.biased:
+                y = y + self.get_parameter("down_proj_bias")[e]
             out.index_add_(0, token, (y * top_k_weights[token, slot, None]).to(out.dtype))
         return out
+
+    def _gate_up(self, e: int, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """The gate and up outputs as the fused module's gate_up, which `apply_gate` splits: halves, or
+        interleaved; with the fused bias's part added where the module has one."""
+        if self.names.biased:
+            bias = self.get_parameter("gate_up_proj_bias")[e]
+            half = bias.shape[0] // 2
+            gate = gate + (bias[0::2] if self.names.interleaved else bias[:half])
+            up = up + (bias[1::2] if self.names.interleaved else bias[half:])
+        if self.names.interleaved:
+            return torch.stack([gate, up], dim=-1).flatten(-2)
+        return torch.cat([gate, up], dim=-1)
 
 
 def _routed_rows(down: nn.Module, inner: torch.Tensor, token: torch.Tensor) -> torch.Tensor:

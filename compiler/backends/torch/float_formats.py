@@ -27,10 +27,15 @@ from compiler.quant.weights import error_sums
 class SharedGlobal:
     """What NVFP4 siblings (q/k/v, gate/up: global_scales.py) share so that they get one global scale: their
     largest |w|, and whether each of them lies on an FP4 grid it keeps exactly (fp4_cast.py: then the global
-    scale is the cast's power of two for all of them, else the one from `absmax` for all of them)."""
+    scale is the cast's power of two for all of them, else the one from `absmax` for all of them). `unit`: the
+    global scale is 1 whatever the weights (a runtime that reads none: global_scales.py), `absmax` UNIT_RANGE."""
 
     absmax: float
     exact: bool
+    unit: bool = False
+
+
+UNIT_RANGE = 448.0 * 6.0  # the largest |w| whose NVFP4 global scale is 1 (448 · 6 / |w|, generate_gparam's)
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ def fp4_scales(weight: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | N
 def _exact(w: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | None):
     """The exact NVFP4 cast of `w` (fp4_cast.py) where it applies (alone, or with every fused sibling), else None."""
     if spec.qtype is QType.NVFP4 and (shared is None or shared.exact):
-        return exact_cast(w, shared.absmax if shared is not None else None)
+        return exact_cast(w, shared.absmax if shared is not None else None, unit=shared is not None and shared.unit)
     return None
 
 

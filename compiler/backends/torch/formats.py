@@ -41,6 +41,7 @@ class Opened:
     config: dict | None = None  # the folder's config.json, checked before any work
     warning: Diagnostic | None = None  # a check that could not run (Q421)
     early: Any = None  # file to file: the final config and the load check, on a thread (early_check.py)
+    unit_global: frozenset[str] = frozenset()  # NVFP4 layers whose global scale the runtime reads not: 1 for them
 
 
 class TorchFormat(Protocol):

@@ -44,15 +44,18 @@ class ExactCast:
     high: torch.Tensor
 
 
-def exact_cast(w: torch.Tensor, absmax: float | None = None) -> ExactCast | None:
+def exact_cast(w: torch.Tensor, absmax: float | None = None, unit: bool = False) -> ExactCast | None:
     """The exact NVFP4 form of `w` [out, in] (any float dtype), or None where it has none. `absmax`: the largest |w|
-    over the fused siblings that share the global scale (global_scales.py); None: the weight's own."""
+    over the fused siblings that share the global scale (global_scales.py); None: the weight's own. `unit`: the
+    global scale is 1 (2^0), so each block's own power of two must be one e4m3 holds."""
     exponents = block_exponents(w)
     if exponents is None:
         return None
     nonzero = exponents[exponents != ZERO_BLOCK]
     top = int(nonzero.max()) if absmax is None and nonzero.numel() else None
-    shift = global_shift(absmax if absmax is not None else math.ldexp(1.0, (top or 0) + _FP4_TOP))
+    shift = 0 if unit else global_shift(absmax if absmax is not None else math.ldexp(1.0, (top or 0) + _FP4_TOP))
+    if unit and nonzero.numel() and int(nonzero.max()) > E4M3_POWERS[1]:
+        return None
     if shift is None or (nonzero.numel() and not fits(int(nonzero.min()), shift)):
         return None
     largest = torch.tensor(float(FP4_MAX), device=exponents.device)

@@ -32,7 +32,8 @@ def warn_fused_experts(ir: RecipeIR, assignment: Assignment, diags: Diagnostics)
     elif packed:  # transformers loads one quantization method per folder: MXFP4 cannot stay beside these layers
         kept, how = "stay float", ("the experts are decoded from the source's MXFP4 and written in the model's float "
                                    "dtype, as transformers' MXFP4 loader dequantizes them (larger on disk than the "
-                                   "source); `emit … { format gguf }` keeps them MXFP4, for llama.cpp")
+                                   "source); in a GGUF (`emit … { format gguf }`) they are layers of their own, which "
+                                   "rules round (NVFP4 bit for bit) or leave MXFP4, for llama.cpp")
     else:
         kept, how = "stay float", ("the experts are written in the model's float type" if gguf
                                    else "the experts' bytes are copied as they are")

@@ -56,7 +56,7 @@ class GgufFile:
         layout = GgufLayout(target.model, target.jobs, target.assignment.model.packed_experts)
         writer = GgufWriter(target.output, target.model, layout, staged, resumed, target.plan.provenance) \
             if target.ranks.first else RankCollector()
-        return Opened(writer, layout)
+        return Opened(writer, layout, unit_global=layout.unit_global)
 
     @staticmethod
     def copies_beside_rounding(staging):

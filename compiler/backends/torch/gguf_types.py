@@ -15,6 +15,10 @@ ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3"
 # the RoPE scalings the writer carries into the file, per architecture (gguf_metadata.add_rope_scaling): gpt-oss's
 # YaRN, which its graph in llama.cpp reads; any other scaling is refused at check
 ROPE_SCALINGS = {"gpt-oss": ("yarn",)}
+# the architectures whose llama.cpp graph multiplies merged experts by no `.scale` (gpt-oss's passes none to its MoE
+# FFN; measured: a file whose expert scales were tripled ran the same logits), so NVFP4 experts there carry their
+# whole range in their block scales: their global scale is 1 and no `.scale` is written beside them
+UNSCALED_EXPERTS = frozenset({"gpt-oss"})
 # an MoE expert's projection (`….experts.7.gate_proj`): llama.cpp holds a block's experts of one projection as one
 # merged tensor [experts, rows, columns] (`ffn_gate_exps`), each expert's rows a slice of it
 EXPERT = re.compile(r"\.experts\.(\d+)\.")

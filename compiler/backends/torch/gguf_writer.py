@@ -21,7 +21,7 @@ import torch
 from compiler.backends.emitter import Emitter, Spec
 from compiler.backends.torch.float_formats import FloatQuantized
 from compiler.backends.torch.gguf_metadata import add_hparams, add_tokenizer, text_config
-from compiler.backends.torch.gguf_types import ARCHITECTURES, GgufType, gguf_type, merged_expert
+from compiler.backends.torch.gguf_types import ARCHITECTURES, UNSCALED_EXPERTS, GgufType, gguf_type, merged_expert
 from compiler.backends.torch.gguf_views import FilePart, file_parts
 from compiler.backends.torch.layers import Job
 from compiler.backends.torch.model import TorchModel
@@ -82,6 +82,9 @@ class GgufLayout:
         self.arch = ARCHITECTURES[model.config["model_type"]]
         # transformers name → its GGUF tensor; a checkpoint tensor → the file tensors made from it (gguf_views.py)
         self.tensors, self.parts = _layout(model, jobs, self.config, self.arch, frozenset(packed))
+        # NVFP4 layers without a `.scale` in the file (gguf_types.UNSCALED_EXPERTS): rounded with a global scale of 1
+        self.unit_global = frozenset(j.layer.name for j in jobs if self.tensors[j.output_weight].type is GgufType.NVFP4
+                                     and j.output_weight + SCALE not in self.tensors)
 
     def float_bytes(self, name: str, tensor: torch.Tensor) -> np.ndarray:
         """A float tensor of the checkpoint (by its transformers name) in its GGUF type, as bytes: a float type, or
@@ -109,8 +112,10 @@ class GgufLayout:
         if t.heads:
             rows = _rope_rows(torch.from_numpy(rows), t.heads).numpy()
         tensors = {job.output_weight: rows.reshape(-1)}
-        if scale is not None:
+        if scale is not None and job.output_weight + SCALE in self.tensors:
             tensors[job.output_weight + SCALE] = np.array([scale], np.float32).view(np.uint8)
+        elif scale is not None:  # a runtime that reads no scale: the rounding took the global scale 1
+            assert scale == 1.0, f"{job.layer.name}: NVFP4 global scale {scale} where the file holds none"
         return tensors
 
     def reference_blocks(self, job: Job, weight: torch.Tensor) -> GgufBlocks | None:
@@ -274,7 +279,8 @@ def _layout(model: TorchModel, jobs: list[Job], config: dict, arch: str,
         for part in parts_of[key]:
             layout[part.key] = _file_tensor(part, names, arch, rounded.get(key), experts, model.dtype, key in packed,
                                             reordered)
-            if layout[part.key].type is GgufType.NVFP4:
+            unscaled = arch in UNSCALED_EXPERTS and merged_expert(part.key) is not None
+            if layout[part.key].type is GgufType.NVFP4 and not unscaled:
                 layout[part.key + SCALE] = _scale_tensor(layout[part.key])
     return layout, parts_of
 

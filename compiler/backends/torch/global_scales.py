@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from compiler.backends.torch import fp4_cast, nvfp4_source
-from compiler.backends.torch.float_formats import FloatQuantized, SharedGlobal, absmax
+from compiler.backends.torch.float_formats import UNIT_RANGE, FloatQuantized, SharedGlobal, absmax
 from compiler.backends.torch.nvfp4_source import SourceLayer
 from compiler.ir.types import QType
 from compiler.resolve.groups import auto_gate_up_instances, auto_qkv_instances
@@ -24,9 +24,12 @@ class SharedGlobalScales:
     scales in made NVFP4 behind AWQ 3.7× worse in KL than without AWQ, tests/test_transforms.py)."""
 
     def __init__(self, layers: dict[str, QType], read: Callable[[str], torch.Tensor], compiled: bool = False,
-                 source: Callable[[str], SourceLayer | None] | None = None):
+                 source: Callable[[str], SourceLayer | None] | None = None, unit: frozenset[str] = frozenset()):
+        """`unit`: the layers whose global scale the output's runtime does not read (llama.cpp's gpt-oss experts:
+        gguf_types.UNSCALED_EXPERTS), so it is 1 for them: their block scales carry the whole range."""
         names = [name for name, qtype in layers.items() if qtype is QType.NVFP4]
         self.nvfp4 = frozenset(names)
+        self.unit = unit
         self.siblings: dict[str, tuple[str, ...]] = {}
         for instance in auto_qkv_instances(names) + auto_gate_up_instances(names):
             if len(instance.members) > 1:
@@ -41,6 +44,9 @@ class SharedGlobalScales:
         """The largest |w| over `layer` and its fused siblings, and whether every one of them casts exactly
         under the global scale it sets (all siblings cast, or none: one global scale); None for a layer
         without siblings."""
+        if layer in self.unit:  # one global scale for all of them, 1, whatever their ranges
+            own = fp4_cast.lowest_exponent(self.read(layer).detach())
+            return SharedGlobal(UNIT_RANGE, own is not None and fp4_cast.fits(own, 0), unit=True)
         members = self.siblings.get(layer)
         if members is None:
             return None

@@ -247,17 +247,18 @@ def parameters_on_meta():
         nn.Module.register_parameter = original
 
 
-def open_files(ref: str, rotation: RotationSource = None) -> TorchModel:
+def open_files(ref: str, rotation: RotationSource = None, split_experts: bool = False) -> TorchModel:
     """The checkpoint alone, without a model definition: for data-free rounding that never runs the model
     (file to file, tensor by tensor), so even an architecture transformers cannot build here compiles.
     Each tensor is its own parameter name; the module is an empty stand-in. `rotation`: the (hidden, head)
-    widths of a rotation every tensor is read through (torch/rotation.py)."""
+    widths of a rotation every tensor is read through (torch/rotation.py). `split_experts`: the index's
+    (ModelIndex.experts_split: fused experts per expert for a GGUF output)."""
     if ref.startswith(builtin.PREFIX):
         folder_ckpt, config, folder = builtin_checkpoint(ref), {"qrc_builtin": ref}, None
     else:
         folder = _folder(ref)
         folder_ckpt, config = folder, json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    shards = _rotated(_shards(ref, folder_ckpt, config), rotation, config)
+    shards = _rotated(_shards(ref, folder_ckpt, config, split_experts), rotation, config)
     keys = {name: name for name in shards.entries if name not in shards.scales}
     return TorchModel(nn.Module(), shards, keys, "", (), _float_dtype(shards, keys), False, config, folder)
 
@@ -268,16 +269,17 @@ def _folder(ref: str) -> Path:
     return folder if folder is not None else resolve_path(ref)
 
 
-def _shards(ref: str, folder: Path, config: dict):
+def _shards(ref: str, folder: Path, config: dict, split_experts: bool = False):
     """The checkpoint's tensors: a single-file source's (a GGUF file's, dequantized as they are read), else the
     folder's safetensors (a compressed-tensors folder's decompressed as they are read, an MXFP4 checkpoint's experts
-    decoded); fused experts of a family transformers loads per expert read per expert."""
+    decoded); fused experts of a family transformers loads per expert (or, `split_experts`, whose GGUF is written
+    from per-expert layers) read per expert."""
     single = single_file_shards(ref)
     if single is not None:
         shards = single
     else:
         shards = with_packed_experts(with_decompression(Shards(folder, block_fp8.block_size(config)), config), config)
-    return with_experts(shards, config.get("model_type", ""))
+    return with_experts(shards, config.get("model_type", ""), split_experts)
 
 
 def _float_dtype(shards: Shards, keys: dict[str, str]) -> torch.dtype:
@@ -289,11 +291,12 @@ def _float_dtype(shards: Shards, keys: dict[str, str]) -> torch.dtype:
 
 def open_model(ref: str, blocks: tuple[str, ...], span: Span | None,
                attention: AttentionKernel = AttentionKernel.MODEL,
-               rotation: RotationSource = None) -> TorchModel:
+               rotation: RotationSource = None, split_experts: bool = False) -> TorchModel:
     """The skeleton of a built-in or an HF folder, its parameters mapped to the safetensors tensors, running
     the `attention` kernel the recipe asks for. `blocks` are the index's (checkpoint) block names; the model's
     are its module paths. `rotation`: the (hidden, head) widths of a rotation every weight is read through
-    (torch/rotation.py): the skeleton's LM head is then untied from the embeddings."""
+    (torch/rotation.py): the skeleton's LM head is then untied from the embeddings. `split_experts`: as
+    open_files'."""
     renamed: dict[str, str] = {}
     if ref.startswith(builtin.PREFIX):
         module, folder_ckpt, config, folder = _builtin(ref), builtin_checkpoint(ref), {"qrc_builtin": ref}, None
@@ -303,9 +306,9 @@ def open_model(ref: str, blocks: tuple[str, ...], span: Span | None,
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         module = hf_skeleton(folder, span, untied=rotation is not None and not _online_only(rotation))
         set_attention(module, attention, span)
-        checkpoint = _rotated(_shards(ref, folder, config), rotation, config)
+        checkpoint = _rotated(_shards(ref, folder, config, split_experts), rotation, config)
         renamed = checkpoint_names.module_names(module, list(checkpoint.entries),
-                                                checkpoint_names.adapt(module, ref, span))
+                                                checkpoint_names.adapt(module, ref, span, split_experts))
     keys = _checkpoint_keys(module, checkpoint, renamed, ref, span)
     _attach_online(module, checkpoint)
     module_blocks = tuple(checkpoint_names.module_block(b, keys) for b in blocks)

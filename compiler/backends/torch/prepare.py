@@ -40,14 +40,15 @@ def prepare_output(op: ops.PrepareRun, run, loaded: Loaded, memory: MemoryChoice
     # an NVFP4 source's layers rounded to NVFP4 are written as it stores them, where their values are its
     source = ((lambda name: nvfp4_source.stored_layer(model.shards, where[name][1]))
               if loaded.index.fp4_compressed else None)
-    global_scales = SharedGlobalScales({j.layer.name: j.scheme.quantized_weights.qtype for j in jobs},
-                                       lambda name: model.weight_now(*where[name]), loaded.file_to_file, source)
     attention = attention_modules([x.name for x in loaded.index.layers]) if op.kv_cache is not None else []
     kv = KvCacheQuantizer(model.module, attention, op.kv_cache, model.dtype)
     resume = _open_resume(op, run, loaded, memory)
     staged = resume.staged if resume is not None else None
     resumed = resume is not None and resume.start > 0
     opened = run.format.open(target, staged, resumed, attention)  # every tensor's place, before any work
+    global_scales = SharedGlobalScales({j.layer.name: j.scheme.quantized_weights.qtype for j in jobs},
+                                       lambda name: model.weight_now(*where[name]), loaded.file_to_file, source,
+                                       opened.unit_global)
     if resumed and (out := output_writer(opened.writer)) is not None:
         out.keep = True
     # a format that stores its scales in a dtype of its own (GGUF's float16) is rounded with them: qrc's model

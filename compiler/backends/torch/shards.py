@@ -10,7 +10,7 @@ import mmap
 import os
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -136,6 +136,13 @@ class DerivedShards:
     def mapped(self, name: str) -> torch.Tensor:
         """As `read` for a derived tensor, else the inner checkpoint's mapped pages."""
         return self.derive(name) if name in self.derived else self.inner.mapped(name)
+
+
+def expert_range(fused: Entry, expert: int) -> Entry:
+    """The part of a fused [E, …] tensor's bytes that holds expert `expert`, as an entry of shape […]."""
+    per = (fused.end - fused.start) // fused.shape[0]
+    start = fused.start + expert * per
+    return replace(fused, shape=tuple(fused.shape[1:]), start=start, end=start + per)
 
 
 def read_entry(entry: Entry, name: str) -> torch.Tensor:
