@@ -64,3 +64,18 @@ def test_block_scales_beyond_e4m3s_reach_are_not_cast():
     narrow = _mxfp4_like(low=-8, high=2)
     assert exact_cast(narrow) is not None
     assert exact_cast(narrow, absmax=float(narrow.abs().max()) * 2.0**12) is None
+
+
+def test_with_a_unit_global_scale_each_block_keeps_its_power_of_two_where_e4m3_holds_it():
+    """A runtime that reads no global scale (llama.cpp's gpt-oss experts): the global scale is 1, every block whose
+    power of two is 2^-9 or more keeps its floats exactly, and a block below takes 2^-9, its values rounded to it
+    (not flushed to zero, as the block's own range would round them)."""
+    weight = _mxfp4_like(low=-12, high=2)
+    got = _nvfp4(weight, SharedGlobal(448.0 * 6.0, True, unit=True))
+    assert float(got.stored["weight_global_scale"]) == 1.0
+    exponents = torch.floor(torch.log2(weight.abs().reshape(48, -1, 32).amax(-1).clamp(min=2.0 ** -100))) - 2
+    inside = (exponents >= -9).repeat_interleave(32, dim=1)
+    assert torch.equal(got.dequantized[inside], weight[inside])
+    below = ~inside & (weight != 0)
+    assert below.any() and bool((got.dequantized[below] != 0).any())
+    assert float((got.dequantized[below] - weight[below]).abs().max()) <= 2.0 ** -10 + 1e-12

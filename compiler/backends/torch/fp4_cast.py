@@ -47,20 +47,29 @@ class ExactCast:
 def exact_cast(w: torch.Tensor, absmax: float | None = None, unit: bool = False) -> ExactCast | None:
     """The exact NVFP4 form of `w` [out, in] (any float dtype), or None where it has none. `absmax`: the largest |w|
     over the fused siblings that share the global scale (global_scales.py); None: the weight's own. `unit`: the
-    global scale is 1 (2^0), so each block's own power of two must be one e4m3 holds."""
+    global scale is 1 (2^0, a runtime that reads none): each block keeps its own power of two where e4m3 holds it,
+    and a block whose power of two is below e4m3's smallest takes that one (2^-9: its values then round to it, the
+    nearest NVFP4 has to them with this global scale), so the cast is exact where the grids allow."""
     exponents = block_exponents(w)
     if exponents is None:
         return None
     nonzero = exponents[exponents != ZERO_BLOCK]
+    if unit:
+        if nonzero.numel() and int(nonzero.max()) > E4M3_POWERS[1]:
+            return None
+        exponents = torch.where(exponents != ZERO_BLOCK, exponents.clamp(min=E4M3_POWERS[0]), exponents)
+        return ExactCast(torch.tensor([1.0], dtype=torch.float32), _ranges(exponents))
     top = int(nonzero.max()) if absmax is None and nonzero.numel() else None
-    shift = 0 if unit else global_shift(absmax if absmax is not None else math.ldexp(1.0, (top or 0) + _FP4_TOP))
-    if unit and nonzero.numel() and int(nonzero.max()) > E4M3_POWERS[1]:
-        return None
+    shift = global_shift(absmax if absmax is not None else math.ldexp(1.0, (top or 0) + _FP4_TOP))
     if shift is None or (nonzero.numel() and not fits(int(nonzero.min()), shift)):
         return None
+    return ExactCast(torch.tensor([2.0 ** shift], dtype=torch.float32), _ranges(exponents))
+
+
+def _ranges(exponents: torch.Tensor) -> torch.Tensor:
+    """Each block's range as calculate_qparams takes it: 6 · 2^e (0 for a block of zeros)."""
     largest = torch.tensor(float(FP4_MAX), device=exponents.device)
-    high = torch.where(exponents != ZERO_BLOCK, torch.ldexp(largest, _finite(exponents)), largest.new_zeros(()))
-    return ExactCast(torch.tensor([2.0 ** shift], dtype=torch.float32), high)
+    return torch.where(exponents != ZERO_BLOCK, torch.ldexp(largest, _finite(exponents)), largest.new_zeros(()))
 
 
 def lowest_exponent(w: torch.Tensor) -> int | None:

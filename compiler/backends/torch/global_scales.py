@@ -44,9 +44,8 @@ class SharedGlobalScales:
         """The largest |w| over `layer` and its fused siblings, and whether every one of them casts exactly
         under the global scale it sets (all siblings cast, or none: one global scale); None for a layer
         without siblings."""
-        if layer in self.unit:  # one global scale for all of them, 1, whatever their ranges
-            own = fp4_cast.lowest_exponent(self.read(layer).detach())
-            return SharedGlobal(UNIT_RANGE, own is not None and fp4_cast.fits(own, 0), unit=True)
+        if layer in self.unit:  # one global scale for all of them, 1, whatever their ranges; cast where on a grid
+            return SharedGlobal(UNIT_RANGE, fp4_cast.lowest_exponent(self.read(layer).detach()) is not None, unit=True)
         members = self.siblings.get(layer)
         if members is None:
             return None
