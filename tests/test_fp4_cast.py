@@ -79,3 +79,13 @@ def test_with_a_unit_global_scale_each_block_keeps_its_power_of_two_where_e4m3_h
     below = ~inside & (weight != 0)
     assert below.any() and bool((got.dequantized[below] != 0).any())
     assert float((got.dequantized[below] - weight[below]).abs().max()) <= 2.0 ** -10 + 1e-12
+
+
+def test_with_a_unit_global_scale_small_blocks_round_under_e4m3s_smallest_scale_not_to_zero():
+    """Off any grid, a unit global scale leaves each block's range to its e4m3 scale: a block whose range over 6 is
+    below e4m3's smallest (2^-9) rounds under 2^-9 instead of being zeroed (weights of std 0.001 all became 0)."""
+    weight = torch.randn(32, 128, generator=torch.Generator().manual_seed(1)) * 0.001
+    got = _nvfp4(weight, SharedGlobal(448.0 * 6.0, False, unit=True))
+    assert float(got.stored["weight_global_scale"]) == 1.0
+    error = float((got.dequantized - weight).norm() / weight.norm())
+    assert error < 0.35 and bool((got.dequantized != 0).any()), error

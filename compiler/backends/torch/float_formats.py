@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from compiler.backends.torch import fp4_kernels
-from compiler.backends.torch.fp4_cast import exact_cast
+from compiler.backends.torch.fp4_cast import E4M3_POWERS, exact_cast
 from compiler.backends.torch.quant_args import weight_args, weight_format
 from compiler.ir.types import ActivationQuant, Granularity, QType, Rounding, Scheme, WeightQuant
 from compiler.quant import fused_float
@@ -96,7 +96,7 @@ def fp4_scales(weight: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | N
     `shared` or of the weight's own range; with `importance` (float32 [in]), the scales searched with each
     column's error so weighted (searched_scales)."""
     w = weight.detach().cpu()
-    cast = _exact(w, spec, shared)
+    cast = _exact(w, spec, shared) or _unit_ranges(w, spec, shared)
     if cast is not None:
         return GivenScales(cast.global_scale, cast.high)
     searched = None if importance is None else searched_scales(w, spec, shared.absmax if shared else None, importance)
@@ -111,6 +111,18 @@ def _exact(w: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | None):
     if spec.qtype is QType.NVFP4 and (shared is None or shared.exact):
         return exact_cast(w, shared.absmax if shared is not None else None, unit=shared is not None and shared.unit)
     return None
+
+
+def _unit_ranges(w: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | None) -> GivenScales | None:
+    """With a global scale of 1 (`shared.unit`) and a weight on no FP4 grid: the blocks' ranges, none below e4m3's
+    smallest scale times 6 (6 · 2^-9), so that a block of values under 0.012 rounds with the scale 2^-9 rather than
+    with one e4m3 flushes to zero, which would zero the block (random weights of std 0.001 all became 0). None
+    otherwise."""
+    if spec.qtype is not QType.NVFP4 or shared is None or not shared.unit:
+        return None
+    low, high = _ranges(w.float(), spec)
+    floor = torch.tensor(FP4_MAX * 2.0 ** E4M3_POWERS[0])
+    return GivenScales(torch.ones(1, dtype=torch.float32), torch.maximum(torch.maximum(-low, high), floor))
 
 
 def _global_scale(w: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | None) -> torch.Tensor | None:
@@ -143,7 +155,7 @@ def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str
     neighbours, chosen by fused_float's loop and rounded with there or, where the dequantized weight is wanted,
     handed to compressed-tensors as given scales (the same bits)."""
     w = weight.detach().cpu()
-    cast = given if given is not None else _exact(w, spec, shared)
+    cast = given if given is not None else _exact(w, spec, shared) or _unit_ranges(w, spec, shared)
     shared_absmax = shared.absmax if shared is not None else None
     if measure and kernel and cast is None:  # before compressed-tensors' import: data-free rounding starts without it
         compiled = _compiled(w, spec, scale_dtype, shared_absmax, importance)
