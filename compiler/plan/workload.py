@@ -4,6 +4,7 @@ resolved model, before any weight is read."""
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -128,6 +129,9 @@ class Workload(Observation):
     emit_format: EmitFormat | None = None  # the output's format (`emit`), which the backend's cost model asks
     kquant_rounded: bool = False  # a weight goes to a K-quant (qrc's numpy search of llama.cpp's scales)
     nvfp4_layers: tuple[str, ...] = ()  # the layers rounded to NVFP4 (an FP4 source's take the exact cast's path)
+    # NVFP4 layers that compressed-tensors' functions round, not the compiled loop: an MXFP4 source's experts (on
+    # its grid: the exact cast) and experts split for a GGUF (a global scale of 1): torch/float_formats.py
+    cast_nvfp4_layers: tuple[str, ...] = ()
     fp4_weight_layers: tuple[str, ...] = ()  # the layers rounded to NVFP4 or MXFP4 weights
     fp4_searched_layers: tuple[str, ...] = ()  # NVFP4/MXFP4 layers whose block scales are searched (Scheme.searches_fp4_scales)
     fp4_input_elements: int = 0  # per token, the input elements the layers round to FP4 as they run (NVFP4, MXFP4)
@@ -351,6 +355,7 @@ def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Worklo
         emit_format=ir.emit.format if ir.emit is not None else None,
         kquant_rounded=any(a.scheme.quantized_weights.qtype.is_kquant for a in quantized),
         nvfp4_layers=tuple(a.layer.name for a in quantized if a.scheme.quantized_weights.qtype is QType.NVFP4),
+        cast_nvfp4_layers=_cast_nvfp4(index, quantized),
         fp4_weight_layers=tuple(a.layer.name for a in quantized
                                 if a.scheme.quantized_weights.qtype in (QType.NVFP4, QType.MXFP4)),
         fp4_searched_layers=tuple(a.layer.name for a in quantized if a.scheme.searches_fp4_scales),
@@ -376,6 +381,16 @@ def _kernel_rounded(a: LayerAssignment, scales: str | None = None) -> bool:
     """Whether the torch backend rounds this layer's weight with the compiled rtn loop, its scales stored in the
     layer's dtype or in `scales`."""
     return fused_rtn.applies(a.scheme.quantized_weights, a.scheme.rounding, scales or a.layer.dtype)
+
+
+def _cast_nvfp4(index: ModelIndex, quantized: list[LayerAssignment]) -> tuple[str, ...]:
+    """The NVFP4 layers rounded with given block scales (Workload.cast_nvfp4_layers)."""
+    packed = set(index.packed_experts)
+    return tuple(a.layer.name for a in quantized if a.scheme.quantized_weights.qtype is QType.NVFP4
+                 and (a.layer.weight in packed or index.experts_split and _SPLIT_EXPERT.search(a.layer.name)))
+
+
+_SPLIT_EXPERT = re.compile(r"\.experts\.\d+\.")  # a per-expert layer (models/expert_slices.py names them so)
 
 
 def _float_kernel_rounded(a: LayerAssignment) -> bool:
