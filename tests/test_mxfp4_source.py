@@ -164,6 +164,31 @@ def tokenized_64(tmp_path_factory) -> Path:
     return add_tokenizer(gpt_oss_mxfp4(tmp_path_factory.mktemp("mxfp4-gguf-64") / "gpt-oss", "gpt_oss_64"), 320)
 
 
+def test_for_a_gguf_check_and_plan_index_each_expert_reading_no_weight_bytes(tokenized_64, tmp_path):
+    """For a GGUF output the experts are indexed per expert (2 blocks of 4 experts, 3 projections each: 24 layers,
+    none of them fused), from the headers: check and plan read no weight bytes. Cast to NVFP4, the plan counts
+    compressed-tensors' imports (it rounds them with given scales) beside the MXFP4 decoder's."""
+    from compiler.frontend import plan_file
+    from compiler.models import index_model
+
+    index = index_model(str(tokenized_64), gguf_output=True)
+    assert sum(".experts." in x.name for x in index.layers) == 24 and not index.fused_experts
+    assert len(index.packed_experts) == 24 and index.experts_split
+    assert not index_model(str(tokenized_64)).experts_split  # a folder keeps them fused (transformers loads so)
+    peaks = {}
+    for kind, rule in EXPERTS.items():
+        recipe = _gguf_recipe(tmp_path, tokenized_64, tmp_path / f"{kind}.gguf", rule)
+        for command in ("check", "plan"):
+            runner.invoke(app, [command, str(recipe)])  # the modules it imports read once, before the count
+            before = bytes_read()
+            done = runner.invoke(app, [command, str(recipe)])
+            read = bytes_read() - before
+            assert done.exit_code == 0 and "Q266" not in done.output, done.output
+            assert read < (tokenized_64 / "model.safetensors").stat().st_size // 4, (command, read)
+        peaks[kind] = plan_file(str(recipe)).plan.peak_bytes
+    assert peaks["NVFP4"] - peaks["MXFP4"] >= 80 << 20, peaks
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", list(EXPERTS))
 def test_its_gguf_experts_hold_the_source_floats_exactly(tokenized, tokenized_64, tmp_path, kind):
