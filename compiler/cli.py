@@ -213,6 +213,7 @@ def inspect(
 ) -> None:
     """List a model's layers (no weights are read); with --recipe, the scheme and rule of each."""
     from compiler import inspect_table
+    from compiler.ir.types import EmitFormat
     from compiler.models import ModelError, index_model
     from compiler.resolve import resolve
 
@@ -225,8 +226,9 @@ def inspect(
                                           help="qrc inspect MODEL, or qrc inspect --recipe RECIPE (its model)"),))
         raise typer.Exit(2)
     ref = model if model is not None else checked.recipe.model if checked is not None else ""  # checked: exited above
-    try:
-        index = index_model(ref)
+    emit = checked.ir.emit if checked is not None and checked.ir is not None else None
+    try:  # as the recipe's output sees the model (a GGUF's experts per expert: models/expert_slices.py)
+        index = index_model(ref, emit is not None and emit.format is EmitFormat.GGUF)
     except ModelError as exc:
         print_diagnostics((Diagnostic(exc.code, Severity.ERROR, exc.message, None, help=exc.help),))
         raise typer.Exit(2) from None

@@ -166,7 +166,8 @@ def tokenized_64(tmp_path_factory) -> Path:
 
 def test_for_a_gguf_check_and_plan_index_each_expert_reading_no_weight_bytes(tokenized_64, tmp_path):
     """For a GGUF output the experts are indexed per expert (2 blocks of 4 experts, 3 projections each: 24 layers,
-    none of them fused), from the headers: check and plan read no weight bytes. Cast to NVFP4, the plan counts
+    none of them fused), from the headers: check and plan read no weight bytes, and `inspect --recipe` lists them
+    as the recipe's rules see them. Cast to NVFP4, the plan counts
     compressed-tensors' imports (it rounds them with given scales) beside the MXFP4 decoder's."""
     from compiler.frontend import plan_file
     from compiler.models import index_model
@@ -186,6 +187,8 @@ def test_for_a_gguf_check_and_plan_index_each_expert_reading_no_weight_bytes(tok
             assert done.exit_code == 0 and "Q266" not in done.output, done.output
             assert read < (tokenized_64 / "model.safetensors").stat().st_size // 4, (command, read)
         peaks[kind] = plan_file(str(recipe)).plan.peak_bytes
+        listed = runner.invoke(app, ["inspect", "--recipe", str(recipe), "--format", "text"])  # as the GGUF sees it
+        assert listed.exit_code == 0 and "model.layers.1.mlp.experts.3.down_proj " in listed.output, listed.output
     assert peaks["NVFP4"] - peaks["MXFP4"] >= 80 << 20, peaks
 
 
