@@ -192,6 +192,28 @@ def test_for_a_gguf_check_and_plan_index_each_expert_reading_no_weight_bytes(tok
     assert peaks["NVFP4"] - peaks["MXFP4"] >= 80 << 20, peaks
 
 
+def test_qrc_runs_the_split_experts_as_transformers_runs_the_fused_ones(tokenized_64):
+    """The per-expert layers qrc rounds for a GGUF (gpt-oss's biased, interleaved experts split:
+    torch/experts.py) compute what transformers' fused module computes, routed as the model routes and with every
+    token through every expert (calibration's `experts all`, which adds only the routed tokens' outputs)."""
+    from compiler.backends.torch.experts import set_routing
+    from compiler.backends.torch.model import open_model
+    from compiler.ir.types import ExpertRouting
+    from compiler.models import index_model
+
+    index = index_model(str(tokenized_64), gguf_output=True)
+    model = open_model(str(tokenized_64), index.blocks, None, split_experts=True)
+    model.materialize(list(model.keys))
+    assert "model.layers.1.mlp.experts.3.gate_proj.weight" in dict(model.module.named_parameters())
+    ids = torch.randint(2, 300, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = _load(tokenized_64)(ids).logits.float()
+        for routing in (ExpertRouting.ROUTED, ExpertRouting.ALL):
+            set_routing(model.module, routing)
+            ours = model.forward({"input_ids": ids}).float()
+            assert float((ours - reference).abs().max()) < 1e-4, routing
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", list(EXPERTS))
 def test_its_gguf_experts_hold_the_source_floats_exactly(tokenized, tokenized_64, tmp_path, kind):
