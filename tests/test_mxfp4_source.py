@@ -192,6 +192,7 @@ def test_for_a_gguf_check_and_plan_index_each_expert_reading_no_weight_bytes(tok
     assert peaks["NVFP4"] - peaks["MXFP4"] >= 80 << 20, peaks
 
 
+@pytest.mark.slow  # builds qrc's model and transformers' (10 s); the quick loop is near its limit
 def test_qrc_runs_the_split_experts_as_transformers_runs_the_fused_ones(tokenized_64):
     """The per-expert layers qrc rounds for a GGUF (gpt-oss's biased, interleaved experts split:
     torch/experts.py) compute what transformers' fused module computes, routed as the model routes and with every
