@@ -242,6 +242,24 @@ def test_its_gguf_experts_hold_the_source_floats_exactly(tokenized, tokenized_64
     assert "blk.1.attn_sinks.weight" in tensors and "blk.1.ffn_gate_exps.bias" in tensors
 
 
+@pytest.mark.slow
+def test_where_its_gguf_runs_is_what_the_runtimes_do(tokenized, tmp_path):
+    """qrc's table says transformers does not run a gpt-oss GGUF (its GGUF loader fails on the YaRN keys), and
+    transformers' load of the file fails: a release that reads them fails this test, and the table is updated."""
+    import transformers
+
+    from compiler import plan_file
+    from compiler.ir.runtimes import Device, Runtime, cell
+
+    out = tmp_path / "oss.gguf"
+    recipe = _gguf_recipe(tmp_path, tokenized, out)
+    said = cell(plan_file(str(recipe)).program.runtimes, Runtime.TRANSFORMERS, Device.CPU)
+    assert not said.runs and "YaRN" in said.how, said
+    assert runner.invoke(app, ["compile", str(recipe)]).exit_code == 0
+    with pytest.raises(Exception):  # noqa: B017  # whatever the loader raises, it must not load
+        transformers.AutoModelForCausalLM.from_pretrained(out.parent, gguf_file=out.name)
+
+
 @pytest.mark.llama_cpp
 @pytest.mark.slow
 @pytest.mark.parametrize("stored, experts", [("mxfp4", "MXFP4"), ("mxfp4", "NVFP4"), ("float", "")])

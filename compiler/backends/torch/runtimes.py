@@ -78,13 +78,18 @@ def packs_zero_points(scheme: Scheme) -> bool:
 def gguf_runtimes(assignment: Assignment) -> tuple[RuntimeCell, ...]:
     """A GGUF file: llama.cpp runs every type qrc writes (Q4_0, Q8_0, the K-quants, MXFP4, NVFP4) on CPU and on its
     CUDA build; transformers' GGUF loader dequantizes it to float, except NVFP4's, whose per-tensor `.scale`
-    tensors it has no place for (transformers 5.25 stops at load)."""
+    tensors it has no place for (transformers 5.25 stops at load), and gpt-oss's, whose YaRN keys it cannot read."""
     llama_cpp = (RuntimeCell(Runtime.LLAMA_CPP, Device.CPU, True, "llama-cpp-python, every GGUF type qrc writes",
                              Evidence.TESTED),
                  RuntimeCell(Runtime.LLAMA_CPP, Device.GPU, True, "its CUDA build has kernels for the same types",
                              Evidence.RULES))
-    if any(gguf_type(a.scheme) is GgufType.NVFP4 for a in assignment.layers):
+    if assignment.model.family == "gpt_oss":  # the RoPE scaling keys its converter and qrc write (gguf_metadata.py)
+        why = "its GGUF loader fails reading gpt-oss's YaRN keys (5.25: a TypeError at `rope.scaling.factor`)"
+    elif any(gguf_type(a.scheme) is GgufType.NVFP4 for a in assignment.layers):
         why = "its GGUF loader has no place for NVFP4's per-tensor `.scale` tensors (it stops at load)"
+    else:
+        why = ""
+    if why:
         return (*llama_cpp, RuntimeCell(Runtime.TRANSFORMERS, Device.CPU, False, why, Evidence.TESTED),
                 RuntimeCell(Runtime.TRANSFORMERS, Device.GPU, False, why, Evidence.RULES))
     return (*llama_cpp,
