@@ -112,17 +112,20 @@ def test_the_file_holds_the_values_of_the_folder(llama, tmp_path, preset, kind, 
 
 
 def test_nvfp4_rows_must_be_whole_super_blocks(tmp_path):
-    """NVFP4 rows of 160 weights (ten blocks of 16, not whole super-blocks of 64): Q438 at check, nothing written."""
+    """NVFP4 rows of 160 weights (ten blocks of 16, not whole super-blocks of 64): Q438 at check, nothing written;
+    one error for the layers refused alike (each block's down projection), not one a layer (a gpt-oss-120b to
+    Q4_K had 13,932)."""
     torch.manual_seed(0)
     folder = tmp_path / "narrow"
     transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=1, num_attention_heads=4,
+        vocab_size=320, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=128)).save_pretrained(folder)
     add_tokenizer(folder, 320)
     out = tmp_path / "o.gguf"
     result = runner.invoke(app, ["check", str(_recipe(tmp_path, folder, out, "NVFP4A16"))])
     assert result.exit_code == 2 and "error[Q438]" in result.output, result.output
     assert "super-blocks of 64" in result.output.replace("\n", " ") and "down_proj" in result.output
+    assert result.output.count("error[Q438]") == 1 and "(and 1 more layer like it)" in result.output, result.output
     assert not out.exists()
 
 

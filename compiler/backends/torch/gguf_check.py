@@ -49,6 +49,7 @@ def check_gguf(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None
     seen: set[tuple[str, str]] = set()
     for candidate in each_choice(ir, assignment):
         merged: dict[str, dict[object, str]] = {}  # a merged expert tensor → each type its experts get → one expert
+        refused: dict[tuple[str, str], list] = {}  # (scheme, why) → its layers: one error each, not one a layer
         for a in candidate.layers:
             found = None if a.scheme.is_none else gguf_type(a.scheme)
             size = SUPER_BLOCKS.get(found) if isinstance(found, GgufType) else None
@@ -59,11 +60,15 @@ def check_gguf(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None
                 found = "llama.cpp keeps an MoE router in float (`ffn_gate_inp`; llama-quantize never rounds it)"
             if isinstance(found, str) and (a.layer.name, a.scheme.name) not in seen:
                 seen.add((a.layer.name, a.scheme.name))
-                diags.error("Q438", f"`{a.layer.name}` with scheme `{a.scheme.name}`: {found}",
-                            a.rule.span if a.rule else a.scheme.span, "no GGUF type", help=TYPES_HELP)
+                refused.setdefault((a.scheme.name, found), []).append(a)
             expert = merged_expert(a.layer.name)
             if expert is not None and not isinstance(found, str):
                 merged.setdefault(expert[0], {}).setdefault(found, a.layer.name)
+        for (scheme, why), layers in refused.items():
+            first = layers[0]
+            more = f" (and {len(layers) - 1:,} more layer{'s' if len(layers) > 2 else ''} like it)" if len(layers) > 1 else ""
+            diags.error("Q438", f"`{first.layer.name}`{more} with scheme `{scheme}`: {why}",
+                        first.rule.span if first.rule else first.scheme.span, "no GGUF type", help=TYPES_HELP)
         for name, kinds in merged.items():
             if len(kinds) > 1 and name not in {n for n, _ in seen}:
                 seen.add((name, ""))
