@@ -31,6 +31,11 @@ SUPER_BLOCKS = {GgufType.Q4_K: SUPER_BLOCK, GgufType.Q5_K: SUPER_BLOCK, GgufType
                 GgufType.NVFP4: NVFP4_SUPER_BLOCK}
 
 
+# where the refused layers include MoE experts: the rule that gives them a type of their own
+EXPERTS_HELP = ("; a rule after it gives the experts their own, e.g. `\"*.experts.*\" -> MXFP4A16`, or `-> none`, which "
+                "keeps an MXFP4 source's experts MXFP4 as llama-quantize leaves them")
+
+
 def check_gguf(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
     """Q439 for a model the GGUF writer cannot hold, Q438 for each layer × scheme that is no GGUF type."""
     assert ir.emit is not None  # the format is the emit's
@@ -67,8 +72,10 @@ def check_gguf(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None
         for (scheme, why), layers in refused.items():
             first = layers[0]
             more = f" (and {len(layers) - 1:,} more layer{'s' if len(layers) > 2 else ''} like it)" if len(layers) > 1 else ""
+            experts = any(merged_expert(a.layer.name) for a in layers)
             diags.error("Q438", f"`{first.layer.name}`{more} with scheme `{scheme}`: {why}",
-                        first.rule.span if first.rule else first.scheme.span, "no GGUF type", help=TYPES_HELP)
+                        first.rule.span if first.rule else first.scheme.span, "no GGUF type",
+                        help=TYPES_HELP + (EXPERTS_HELP if experts else ""))
         for name, kinds in merged.items():
             if len(kinds) > 1 and name not in {n for n, _ in seen}:
                 seen.add((name, ""))
