@@ -333,8 +333,9 @@ def summary(result, planned: PlanResult) -> Table:
     planned_peak = result.planned_peak
     ratio = result.peak_rss / planned_peak if planned_peak else 0
     cached = "; export from the cache" if "export_onnx" in result.skipped else ""
+    together = "; with its child processes" if result.peak_with_children else ""  # as the plan counts them
     table.add_row("peak RSS", f"{human_bytes(result.peak_rss)} measured vs {human_bytes(planned_peak)} planned "
-                  f"({ratio:.2f}×), mode {planned.program.mode.value}{cached}")
+                  f"({ratio:.2f}×), mode {planned.program.mode.value}{cached}{together}")
     if result.rank_peaks:  # each rank's, against the same per-rank plan
         table.add_row("per rank", ", ".join(f"rank {r} {human_bytes(b)} ({b / planned_peak if planned_peak else 0:.2f}×)"
                                            for r, b in enumerate(result.rank_peaks)))

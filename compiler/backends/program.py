@@ -68,6 +68,7 @@ def execute_plan(plan: Plan, assignment: Assignment, output: Path, progress,
                 run.close(values)
     finally:  # also when verification fails: the report shows what was measured
         result.peak_rss, result.rss_samples = rss.peak, rss.samples
+        result.peak_with_children = rss.with_children
         result.total_seconds = time.perf_counter() - start
     if result.verify_failure is not None:
         from compiler.backends import BackendError

@@ -27,6 +27,7 @@ class CompileResult:
     files: list[Path]
     plan: Plan
     peak_rss: int = 0
+    peak_with_children: bool = False  # peak_rss adds the child processes the compile ran (an export, a load check)
     rank_peaks: tuple[int, ...] = ()  # under torchrun: each rank's measured peak, in rank order
     calibration_seconds: float = 0.0
     total_seconds: float = 0.0  # from the first op to the last

@@ -28,6 +28,7 @@ class RssSampler:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _children: list = field(default_factory=list)  # processes the compile started (an export): their memory counts
+    with_children: bool = False  # a child's memory was counted (the peak is then of qrc's processes together)
     _start: float = 0.0
 
     def __enter__(self) -> RssSampler:
@@ -123,6 +124,7 @@ def following(pid: int) -> Iterator[None]:
         return
     for sampler in _ACTIVE:
         sampler._children.append(child)
+        sampler.with_children = True
     try:
         yield
     finally:
@@ -136,6 +138,7 @@ def record_child_peak(child_high_water: int, parent_rss: int) -> None:
     have missed between two samples."""
     for sampler in _ACTIVE:
         sampler.add(child_high_water + parent_rss)
+        sampler.with_children = True
 
 
 def own_rss() -> int:

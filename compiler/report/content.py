@@ -230,7 +230,8 @@ def _memory(plan: Plan, result) -> tuple[tuple[str, str], ...]:
         planned = result.planned_peak
         ratio = result.peak_rss / planned if planned else 0
         basis = "" if planned == plan.peak_bytes else f" of {human_bytes(planned)}, the ops that did their work"
-        out += [("measured peak RSS", f"{human_bytes(result.peak_rss)} ({ratio:.2f}× planned{basis})"),
+        together = ", with its child processes" if getattr(result, "peak_with_children", False) else ""
+        out += [("measured peak RSS", f"{human_bytes(result.peak_rss)} ({ratio:.2f}× planned{basis}{together})"),
                 *((f"rank {r} peak RSS", f"{human_bytes(b)} ({b / planned if planned else 0:.2f}× planned)")
                   for r, b in enumerate(result.rank_peaks)),
                 ("RSS samples", f"{len(result.rss_samples)}, one every 20 ms (the peak also reads the kernel's "
