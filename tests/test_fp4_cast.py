@@ -89,3 +89,19 @@ def test_with_a_unit_global_scale_small_blocks_round_under_e4m3s_smallest_scale_
     assert float(got.stored["weight_global_scale"]) == 1.0
     error = float((got.dequantized - weight).norm() / weight.norm())
     assert error < 0.35 and bool((got.dequantized != 0).any()), error
+
+
+def test_with_a_unit_global_scale_rounding_mse_still_searches_the_block_scales():
+    """`rounding mse` under a unit global scale searches each block's scale as under any other (the floor kept),
+    and ends with less squared error than round to nearest."""
+    import numpy as np
+
+    weight = torch.randn(32, 128, generator=torch.Generator().manual_seed(2)) * 0.02
+    shared = SharedGlobal(448.0 * 6.0, False, unit=True)
+    scheme = PRESETS["NVFP4A16"]
+    spec = scheme.quantized_weights
+    searched = quantize_float(weight, spec, weight_args(spec), weight_format(scheme), torch.bfloat16, shared,
+                              importance=np.ones(128, np.float32))
+    plain = _nvfp4(weight, shared)
+    assert float(searched.stored["weight_global_scale"]) == 1.0
+    assert float((searched.dequantized - weight).pow(2).sum()) < float((plain.dequantized - weight).pow(2).sum())

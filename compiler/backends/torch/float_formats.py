@@ -96,12 +96,15 @@ def fp4_scales(weight: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | N
     `shared` or of the weight's own range; with `importance` (float32 [in]), the scales searched with each
     column's error so weighted (searched_scales)."""
     w = weight.detach().cpu()
-    cast = _exact(w, spec, shared) or _unit_ranges(w, spec, shared)
+    cast = _exact(w, spec, shared)
     if cast is not None:
         return GivenScales(cast.global_scale, cast.high)
     searched = None if importance is None else searched_scales(w, spec, shared.absmax if shared else None, importance)
     if searched is not None:
-        return searched
+        return _floored(searched, shared)
+    unit = _unit_ranges(w, spec, shared)
+    if unit is not None:
+        return unit
     low, high = _ranges(w.float(), spec)
     return GivenScales(_global_scale(w, spec, shared), torch.maximum(-low, high))
 
@@ -114,15 +117,22 @@ def _exact(w: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | None):
 
 
 def _unit_ranges(w: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | None) -> GivenScales | None:
-    """With a global scale of 1 (`shared.unit`) and a weight on no FP4 grid: the blocks' ranges, none below e4m3's
-    smallest scale times 6 (6 · 2^-9), so that a block of values under 0.012 rounds with the scale 2^-9 rather than
-    with one e4m3 flushes to zero, which would zero the block (random weights of std 0.001 all became 0). None
-    otherwise."""
+    """With a global scale of 1 (`shared.unit`) and a weight on no FP4 grid: the blocks' ranges, floored
+    (_floored); None otherwise."""
     if spec.qtype is not QType.NVFP4 or shared is None or not shared.unit:
         return None
     low, high = _ranges(w.float(), spec)
+    return _floored(GivenScales(torch.ones(1, dtype=torch.float32), torch.maximum(-low, high)), shared)
+
+
+def _floored(scales: GivenScales, shared: SharedGlobal | None) -> GivenScales:
+    """Under a global scale of 1 (`shared.unit`), block ranges no smaller than e4m3's smallest scale times 6
+    (6 · 2^-9): a block of values under 0.012 then rounds with the scale 2^-9 rather than with one e4m3 flushes to
+    zero, which would zero the block (random weights of std 0.001 all became 0). As they are otherwise."""
+    if shared is None or not shared.unit:
+        return scales
     floor = torch.tensor(FP4_MAX * 2.0 ** E4M3_POWERS[0])
-    return GivenScales(torch.ones(1, dtype=torch.float32), torch.maximum(torch.maximum(-low, high), floor))
+    return GivenScales(scales.global_scale, torch.maximum(scales.high, floor))
 
 
 def _global_scale(w: torch.Tensor, spec: WeightQuant, shared: SharedGlobal | None) -> torch.Tensor | None:
@@ -155,14 +165,18 @@ def quantize_float(weight: torch.Tensor, spec: WeightQuant, args: dict, fmt: str
     neighbours, chosen by fused_float's loop and rounded with there or, where the dequantized weight is wanted,
     handed to compressed-tensors as given scales (the same bits)."""
     w = weight.detach().cpu()
-    cast = given if given is not None else _exact(w, spec, shared) or _unit_ranges(w, spec, shared)
+    cast = given if given is not None else _exact(w, spec, shared)
     shared_absmax = shared.absmax if shared is not None else None
-    if measure and kernel and cast is None:  # before compressed-tensors' import: data-free rounding starts without it
-        compiled = _compiled(w, spec, scale_dtype, shared_absmax, importance)
+    floored = shared is not None and shared.unit  # the compiled loop flushes small blocks under it: _floored
+    if measure and kernel and cast is None and not floored:  # before compressed-tensors' import: data-free rounding
+        compiled = _compiled(w, spec, scale_dtype, shared_absmax, importance)  # starts without it
         if compiled is not None:
             return compiled
     if importance is not None and cast is None:
-        cast = searched_scales(w, spec, shared_absmax, importance)
+        searched = searched_scales(w, spec, shared_absmax, importance)
+        cast = _floored(searched, shared) if searched is not None else None
+    if cast is None:
+        cast = _unit_ranges(w, spec, shared)
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
