@@ -25,6 +25,13 @@ BENCH_MODEL = "builtin:tiny-llama?layers=8&hidden=512&heads=8&kv_heads=2&vocab=3
 SEQLEN, CHUNK = 128, 8
 
 
+def compile_bytecode() -> None:
+    """qrc's modules compiled to bytecode before any tool is timed. An installed qrc has its bytecode compiled
+    (pip compiles at install; the anchors' packages are), and PYTHONDONTWRITEBYTECODE would otherwise make every
+    child compile qrc's modules again (0.1-0.2 s a process on the 2-core machine)."""
+    compileall.compile_dir(str(ROOT / "compiler"), quiet=1)
+
+
 def child(code: str, python: str = sys.executable) -> tuple[float, int, str]:
     """Run `code` in a fresh interpreter (`python`): (seconds, peak RSS bytes, its last stdout line)."""
     # atexit also runs after an uncaught exception: a crash still reports the peak it reached
@@ -209,9 +216,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="int4: runs of each tool, alternating; the best is reported")
     parser.add_argument("--parts", nargs="+", default=["w8a8", "int4"], choices=["w8a8", "int4", "methods", "modes", "scale"])
     args = parser.parse_args()
-    # an installed qrc has its bytecode compiled (pip compiles at install; onnxruntime's is): so does this one,
-    # where PYTHONDONTWRITEBYTECODE would otherwise make every child compile qrc's modules again
-    compileall.compile_dir(str(ROOT / "compiler"), quiet=1)
+    compile_bytecode()
     model_path, nodes = linear_matmuls(args.model)
     rows = []
     with tempfile.TemporaryDirectory() as tmp_dir:

@@ -131,6 +131,9 @@ def main() -> None:
     real_quality.window_options(parser, list(ROWS))
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real_quality_gguf.md")
     args = parser.parse_args()
+    from compare_ort import compile_bytecode
+
+    compile_bytecode()
 
     import llama_cpp
     import numpy as np

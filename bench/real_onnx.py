@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_ort import child, run_qrc  # noqa: E402
+from compare_ort import child, compile_bytecode, run_qrc  # noqa: E402
 from onnx_decoder import _feed, _log_softmax, builder  # noqa: E402
 from real_quality import MODEL, calibration_ids, save_float_folder, texts, windows  # noqa: E402
 
@@ -167,6 +167,7 @@ def main() -> None:
                         help="the Python whose onnxruntime quantizes (w8a8-smoothquant: one with neural-compressor 2.x)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real_quality_onnx.md")
     args = parser.parse_args()
+    compile_bytecode()
 
     import onnxruntime
     import torch

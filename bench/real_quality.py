@@ -334,6 +334,9 @@ def main() -> None:
     parser.add_argument("--write-calibration", type=Path, metavar="NPZ",
                         help="write the calibration token ids (what the example recipes read) to NPZ and stop")
     args = parser.parse_args()
+    from compare_ort import compile_bytecode
+
+    compile_bytecode()
 
     import numpy as np
     import torch
