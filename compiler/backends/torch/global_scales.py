@@ -64,7 +64,7 @@ class SharedGlobalScales:
         """`layer`'s NVFP4 source tensors as its rounding (nvfp4_source.py; `weight` as it is about to be
         rounded): where it and each fused sibling are stored as NVFP4 under one global scale and still hold the
         source's values; None otherwise, and for a layer not rounded to NVFP4."""
-        if self.source is None or layer not in self.nvfp4:
+        if self.source is None or layer not in self.nvfp4 or layer in self.unit:  # a source's own global scale
             return None
         if layer not in self._kept:
             members = self.siblings.get(layer, (layer,))
