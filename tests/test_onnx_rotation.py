@@ -146,6 +146,26 @@ def test_no_room_for_the_rotated_copy_is_said_at_check(tmp_path, monkeypatch):
     assert result.exit_code == 2 and f"in `{disk.parent}`" in result.output, result.output
 
 
+def test_no_room_for_the_smoothed_copy_is_said_at_check(tmp_path, monkeypatch):
+    """SmoothQuant on the ONNX backend writes a smoothed copy of the model first, as a rotation does: `qrc check`
+    says when its folder has no room for it (Q417), with R4 after it or without."""
+    import collections
+
+    import compiler.backends.onnx.rotation_check as rotation_check
+
+    usage = collections.namedtuple("usage", "total used free")
+    for online in ("online r4", ""):
+        recipe = tmp_path / "r.recipe"
+        recipe.write_text(RECIPE.format(model=MODEL, transform=f"transform smoothquant {{ alpha 0.7  {online} }}",
+                                        scheme="W8A8_STATIC", head='"lm_head" -> none', data=DATA,
+                                        out=tmp_path / "out" / "model.onnx"))
+        monkeypatch.setattr(rotation_check.shutil, "disk_usage", lambda _: usage(1 << 40, 0, 1 << 40))
+        assert runner.invoke(app, ["check", str(recipe)]).exit_code == 0  # room enough
+        monkeypatch.setattr(rotation_check.shutil, "disk_usage", lambda _: usage(1 << 20, 1 << 20, 1024))
+        result = runner.invoke(app, ["check", str(recipe)])
+        assert result.exit_code == 2 and "Q417" in result.output and "smoothed copy" in result.output, result.output
+
+
 def _smoothed(tmp_path, online: str = "online r4"):
     """`qrc compile` of static W8A8 after `transform smoothquant { alpha 0.7  online r4 }` (or without R4); the
     result."""

@@ -2,7 +2,8 @@
 a graph whose every reader and writer of the residual stream is one the rotation folds (onnx/rotation_structure.py;
 R4 alone after SmoothQuant's fold: down projections whose inputs a node makes),
 checked when the graph is known (an .onnx file, or a folder's cached export; a folder exported later is checked
-when its export is opened), no search beside it, and room for the rotated copy in the temporary folder."""
+when its export is opened), no search beside it, and room for the rotated copy in its scratch folder; and room for
+SmoothQuant's or AWQ's smoothed copy likewise (onnx/smoothing.py writes it before anything else too)."""
 
 from __future__ import annotations
 
@@ -32,22 +33,31 @@ def _check_downs(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> No
                     ir.transform.span, "nothing to turn", help="drop `online r4`")
 
 
+def _check_room(ir: RecipeIR, assignment: Assignment, diags: Diagnostics, what: str) -> None:
+    """Q417 where the folder the `what` copy of the model goes to (`memory { disk }`, else TMPDIR: onnx/files.py
+    new_scratch) has no room for one more copy of its weights; it is written before anything else."""
+    assert ir.transform is not None
+    scratch = nearest_existing(Path(ir.memory.disk) if ir.memory.disk else Path(tempfile.gettempdir()))
+    needed, free = assignment.model.total_bytes, shutil.disk_usage(scratch).free
+    if free < needed:
+        diags.error("Q417", f"the {what} copy of the model needs about {human_bytes(needed)} in `{scratch}`, which "
+                    f"has {human_bytes(free)} free", ir.transform.span, f"no room for the {what} copy",
+                    help="give `memory { disk \"…\" }` a folder with room for one more copy of the model's weights "
+                    "(without it, the copy goes to the temporary folder: TMPDIR)")
+
+
 def check_rotation(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
-    """Q273 for each thing the rotation cannot take on this graph; Q417 where the temporary folder has no room for
-    the rotated copy."""
+    """Q273 for each thing the rotation cannot take on this graph; Q417 where the scratch folder has no room for
+    the rotated or the smoothed copy."""
+    if ir.transform is not None and assignment.smoothing:  # the smoothed copy (onnx/smoothing.py), R4 or not
+        _check_room(ir, assignment, diags, "smoothed")
     if online_only(ir):
         _check_downs(ir, assignment, diags)
         return
     transform = rotation_to_check(ir, assignment.model, diags)
     if transform is None:
         return
-    scratch = nearest_existing(Path(ir.memory.disk) if ir.memory.disk else Path(tempfile.gettempdir()))
-    needed, free = assignment.model.total_bytes, shutil.disk_usage(scratch).free
-    if free < needed:  # the copy is written there before anything else (onnx/rotation.py)
-        diags.error("Q417", f"the rotated copy of the model needs about {human_bytes(needed)} in `{scratch}`, which "
-                    f"has {human_bytes(free)} free", transform.span, "no room for the rotated copy",
-                    help="give `memory { disk \"…\" }` a folder with room for one more copy of the model's weights "
-                    "(without it, the copy goes to the temporary folder: TMPDIR)")
+    _check_room(ir, assignment, diags, "rotated")
     if assignment.model.graph is None:
         return
     fold = fold_of(assignment.model)
