@@ -77,11 +77,10 @@ def per_expert(headers: Headers, family: str, gguf: bool = False) -> dict[str, E
     return out
 
 
-def as_per_expert(headers: Headers, family: str, gguf: bool = False) -> Headers:
-    """The header facts with each fused expert tensor replaced by its per-expert weights (same dtype), in
-    expert order where the fused tensor was: what the index and the output see of such a checkpoint (`gguf`:
-    per_expert's)."""
-    slices = per_expert(headers, family, gguf)
+def as_per_expert(headers: Headers, slices: dict[str, ExpertSlice]) -> Headers:
+    """The header facts with each fused expert tensor replaced by its per-expert weights (`slices`, per_expert's;
+    same dtype), in expert order where the fused tensor was: what the index and the output see of such a
+    checkpoint."""
     if not slices:
         return headers
     by_source: dict[str, list[str]] = {}

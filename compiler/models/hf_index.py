@@ -65,7 +65,7 @@ def index_hf(folder: Path, ref: str, headers: dict[str, tuple[str, tuple[int, ..
     slices = expert_slices.per_expert(headers, (config or {}).get("model_type", ""), gguf_output)
     split = {piece.source for piece in slices.values()}
     packed = tuple(n for n in packed if n not in split) + tuple(n for n, p in slices.items() if p.source in packed)
-    headers = expert_slices.as_per_expert(headers, (config or {}).get("model_type", ""), gguf_output)
+    headers = expert_slices.as_per_expert(headers, slices)
     if planned and headers:
         _check_experts(planned, headers, ref)
     layers = _from_layout(planned, headers, dtype) if planned else []

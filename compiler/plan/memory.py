@@ -9,7 +9,6 @@ against measured peaks (the compile summary shows both).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from compiler.ir.kinds import TransformData
@@ -17,7 +16,7 @@ from compiler.ir.types import AttentionKernel, MemoryMode, SensitivityMetric
 from compiler.models.index import LayerKind
 from compiler.plan.activations import needed_nodes, peak
 from compiler.plan.ops import ModeEstimate
-from compiler.plan.workload import Workload
+from compiler.plan.workload import EXPERT_PROJECTION, Workload
 from compiler.quant.smoothing import SAMPLE_ROWS
 
 MiB = 1 << 20
@@ -208,7 +207,6 @@ def gptq_scratch(w: Workload) -> int:
 # expert's loop over its columns is a few small tensor operations per column, which cost more to dispatch than to
 # compute; a batch pays that once. A batch's scratch is bounded by this (more experts than fit: several batches)
 EXPERT_BATCH_BYTES = 48 * MiB
-EXPERT_PROJECTION = re.compile(r"\.experts\.\d+\.")  # one expert's projection: `….experts.7.gate_proj`, Mixtral's `….experts.7.w1`
 
 
 def batch_scratch_bytes(layers: list) -> int:

@@ -383,14 +383,14 @@ def _kernel_rounded(a: LayerAssignment, scales: str | None = None) -> bool:
     return fused_rtn.applies(a.scheme.quantized_weights, a.scheme.rounding, scales or a.layer.dtype)
 
 
+EXPERT_PROJECTION = re.compile(r"\.experts\.\d+\.")  # one expert's projection: `….experts.7.gate_proj`, Mixtral's `….experts.7.w1`
+
+
 def _cast_nvfp4(index: ModelIndex, quantized: list[LayerAssignment]) -> tuple[str, ...]:
     """The NVFP4 layers rounded with given block scales (Workload.cast_nvfp4_layers)."""
     packed = set(index.packed_experts)
     return tuple(a.layer.name for a in quantized if a.scheme.quantized_weights.qtype is QType.NVFP4
-                 and (a.layer.weight in packed or index.experts_split and _SPLIT_EXPERT.search(a.layer.name)))
-
-
-_SPLIT_EXPERT = re.compile(r"\.experts\.\d+\.")  # a per-expert layer (models/expert_slices.py names them so)
+                 and (a.layer.weight in packed or index.experts_split and EXPERT_PROJECTION.search(a.layer.name + ".")))
 
 
 def _float_kernel_rounded(a: LayerAssignment) -> bool:
