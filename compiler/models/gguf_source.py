@@ -23,7 +23,7 @@ import os
 import shutil
 import struct
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from compiler.models import cache_entries
@@ -119,6 +119,10 @@ class _Reader:
         return [self.value(inner, keep_strings) for _ in range(count)]
 
 
+# the last file's header, parsed once a process: check, plan and the compile's reads each ask for it
+_parsed: dict[tuple, GgufHeader] = {}
+
+
 def read_header(path: Path, ref: str) -> GgufHeader:
     """The key-values and tensor infos of the GGUF file at `path` (Q271 for a file that is not one)."""
     from compiler.safe_files import regular_input
@@ -127,7 +131,10 @@ def read_header(path: Path, ref: str) -> GgufHeader:
         raise ModelError("Q271", f"`{ref}` is not a regular file", "give the path of a .gguf file")
     try:
         with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
+            stat = os.fstat(handle.fileno())
+            size, version_key = stat.st_size, (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            if (parsed := _parsed.get(version_key)) is not None:
+                return parsed if parsed.path == path else replace(parsed, path=path)
             reader = _Reader(handle)
             if handle.read(4) != MAGIC:
                 raise ValueError("it does not begin with GGUF's magic bytes")
@@ -151,7 +158,10 @@ def read_header(path: Path, ref: str) -> GgufHeader:
         raise ModelError("Q271", f"`{ref}` is not a readable GGUF file ({exc})", "give a .gguf file llama.cpp "
                          "wrote (GGUF version 2 or 3)") from None
     tensors = tuple(_tensor(name, shape, kind, data_start + offset, ref, size) for name, shape, kind, offset in infos)
-    return GgufHeader(path, values, tensors)
+    header = GgufHeader(path, values, tensors)
+    _parsed.clear()  # one file's at a time: a header holds its whole vocabulary
+    _parsed[version_key] = header
+    return header
 
 
 def _tensor(name: str, dims: tuple[int, ...], kind: int, start: int, ref: str, size: int) -> GgufTensor:
