@@ -12,7 +12,7 @@ grimp = pytest.importorskip("grimp")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("compiler.source", "compiler.safe_files"),
     ("compiler.diagnostics", "compiler.codes", "compiler.exhaustive", "compiler.canonical", "compiler.plugins"),
-    ("compiler.env_numbers",),
+    ("compiler.env_numbers", "compiler.ram_folders"),  # facts of the machine qrc runs on
     ("compiler.syntax",),
     ("compiler.ir",),
     ("compiler.models", "compiler.quant"),

@@ -226,6 +226,13 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "The warning names the failure; `TORCHDYNAMO_DISABLE=1` makes the plan count uncompiled steps "
              "from the start.",
              "CXX=/broken/g++ qrc compile recipes/smollm2-autoround-w4a16.recipe"),
+    CodeInfo("Q453", "a folder the plan counts as disk is held in memory (warning)",
+             "The plan counts what a run writes to `memory { disk }` (block caches, resume states, the ONNX "
+             "backend's copies of the model) and to the temporary folder (TMPDIR: those copies without `disk`) as "
+             "disk. Where that folder lies on a tmpfs or ramfs (a `/tmp` that is one, `/dev/shm`), its files are "
+             "pages of RAM beside the planned peak, and an `offload` that writes there saves no memory. `qrc "
+             "check` says so, with the bytes it knows of; the plan's figures stay those of a disk.",
+             'memory { mode offload  disk "/dev/shm/qrc" }'),
     CodeInfo("Q452", "transformers cannot run the model",
              "Calibration, statistics and verification run the model as transformers builds it from config.json. "
              "Where the model class itself fails on the data (transformers 5.24's Llama4ForConditionalGeneration "

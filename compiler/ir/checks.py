@@ -184,10 +184,24 @@ def check_paths(ir: RecipeIR, diags: Diagnostics) -> None:
                         help="give the path of a file or folder that exists (or, for an output, one that can)")
 
 
+def check_disk_in_memory(ir: RecipeIR, diags: Diagnostics) -> None:
+    """Q453 (a warning) where `memory { disk }` lies on a file system held in memory: what the plan puts there as
+    disk takes RAM (ram_folders.py)."""
+    from compiler.ram_folders import memory_filesystem
+
+    disk = ir.memory.disk
+    kind = memory_filesystem(disk) if disk and not unnameable(disk) else None
+    if kind is not None:
+        diags.warning("Q453", f"`memory {{ disk }}` (`{disk}`) is on a {kind}: what the run writes there (block "
+                      "caches, resume states, copies of the model) is held in RAM, beside the planned peak",
+                      ir.memory.span_of("disk") or ir.span, f"a {kind} is memory",
+                      help="give `disk` a folder on a disk; the plan counts what goes there as disk")
+
+
 # Run in this order after elaboration.
 # the backend's own checks of the recipe (the emit format, what it refuses) run after these: BackendSpec.check_text
 CHECKS = (check_paths, check_selectors, check_groups, check_scheme_use, check_mixed_precision, check_ranks,
-          check_fp4_input_method)
+          check_fp4_input_method, check_disk_in_memory)
 
 
 def run_checks(ir: RecipeIR, diags: Diagnostics) -> None:

@@ -15,6 +15,7 @@ from compiler.backends.onnx.rotation_structure import downs_of, fold_of
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import RecipeIR
 from compiler.ir.values import human_bytes
+from compiler.ram_folders import memory_filesystem
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.rotation import check_online_only, online_only, rotation_to_check
 from compiler.safe_files import nearest_existing
@@ -39,6 +40,12 @@ def _check_room(ir: RecipeIR, assignment: Assignment, diags: Diagnostics, what: 
     assert ir.transform is not None
     scratch = nearest_existing(Path(ir.memory.disk) if ir.memory.disk else Path(tempfile.gettempdir()))
     needed, free = assignment.model.total_bytes, shutil.disk_usage(scratch).free
+    kind = memory_filesystem(scratch) if not ir.memory.disk else None  # a `disk` there: ir/checks.py says so
+    if kind is not None:
+        diags.warning("Q453", f"the {what} copy of the model (about {human_bytes(needed)}) goes to the temporary "
+                      f"folder `{scratch}`, a {kind}: it is held in RAM, beside the planned peak", ir.transform.span,
+                      f"a {kind} is memory", help="give `memory { disk \"…\" }` a folder on a disk (or set TMPDIR to "
+                      "one): the copy is written there instead")
     if free < needed:
         diags.error("Q417", f"the {what} copy of the model needs about {human_bytes(needed)} in `{scratch}`, which "
                     f"has {human_bytes(free)} free", ir.transform.span, f"no room for the {what} copy",
