@@ -78,3 +78,32 @@ def test_the_onnx_copy_in_a_tmpfs_temporary_folder_is_q453(ram, smoothed_recipe,
     assert "held in RAM" in result.output and "set TMPDIR" in result.output
     elsewhere = _check(f'memory.disk="{ram / "disk" / "copies"}"', recipe=smoothed_recipe)  # the copy goes there
     assert elsewhere.exit_code == 0 and "Q453" not in elsewhere.output, elsewhere.output
+
+
+def _inline_model(folder: Path) -> Path:
+    """A one-MatMul model whose 16 KiB weight is inside the .onnx file."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.RandomState(0).standard_normal((64, 64)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "fc1.weight"], ["y"], name="/fc1/MatMul")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])],
+                              [numpy_helper.from_array(w, "fc1.weight")])
+    path = folder / "inline.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(path))
+    return path
+
+
+def test_the_split_of_inline_weights_in_a_tmpfs_temporary_folder_is_q453(ram, tmp_path, monkeypatch):
+    recipe = tmp_path / "inline.recipe"
+    recipe.write_text(f'recipe inline {{\n    model "{_inline_model(tmp_path)}"\n'
+                      f'    quantize {{ type Linear -> W8A16 }}\n    emit "{tmp_path / "out.onnx"}"\n}}\n')
+    monkeypatch.setattr(tempfile, "tempdir", str(ram))
+    result = _check(recipe=recipe)
+    assert result.exit_code == 0, result.output
+    assert "warning[Q453]" in result.output and "the split of the model's weights" in result.output, result.output
+    assert "16.0" in result.output  # its 16 KiB (64 x 64 float32) and a few bytes of header
+    monkeypatch.setattr(tempfile, "tempdir", str(ram / "disk"))
+    assert "Q453" not in _check(recipe=recipe).output

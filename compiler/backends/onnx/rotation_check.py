@@ -19,6 +19,7 @@ from compiler.ram_folders import memory_filesystem
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.rotation import check_online_only, online_only, rotation_to_check
 from compiler.safe_files import nearest_existing
+from compiler.source import Span
 
 
 def _check_downs(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
@@ -40,17 +41,34 @@ def _check_room(ir: RecipeIR, assignment: Assignment, diags: Diagnostics, what: 
     assert ir.transform is not None
     scratch = nearest_existing(Path(ir.memory.disk) if ir.memory.disk else Path(tempfile.gettempdir()))
     needed, free = assignment.model.total_bytes, shutil.disk_usage(scratch).free
-    kind = memory_filesystem(scratch) if not ir.memory.disk else None  # a `disk` there: ir/checks.py says so
-    if kind is not None:
-        diags.warning("Q453", f"the {what} copy of the model (about {human_bytes(needed)}) goes to the temporary "
-                      f"folder `{scratch}`, a {kind}: it is held in RAM, beside the planned peak", ir.transform.span,
-                      f"a {kind} is memory", help="give `memory { disk \"…\" }` a folder on a disk (or set TMPDIR to "
-                      "one): the copy is written there instead")
+    held_in_memory(ir, diags, f"the {what} copy of the model", needed, ir.transform.span)
     if free < needed:
         diags.error("Q417", f"the {what} copy of the model needs about {human_bytes(needed)} in `{scratch}`, which "
                     f"has {human_bytes(free)} free", ir.transform.span, f"no room for the {what} copy",
                     help="give `memory { disk \"…\" }` a folder with room for one more copy of the model's weights "
                     "(without it, the copy goes to the temporary folder: TMPDIR)")
+
+
+def held_in_memory(ir: RecipeIR, diags: Diagnostics, what: str, size: int, span: Span | None) -> None:
+    """Q453 (a warning) where `what` (a copy of `size` bytes) goes to the temporary folder and that is a tmpfs:
+    memory beside the plan's peak. A `memory { disk }` copy goes there instead; ir/checks.py says when that is one."""
+    if ir.memory.disk:
+        return
+    scratch = nearest_existing(Path(tempfile.gettempdir()))
+    kind = memory_filesystem(scratch)
+    if kind is not None:
+        diags.warning("Q453", f"{what} (about {human_bytes(size)}) goes to the temporary folder `{scratch}`, a "
+                      f"{kind}: it is held in RAM, beside the planned peak", span or ir.span, f"a {kind} is memory",
+                      help="give `memory { disk \"…\" }` a folder on a disk (or set TMPDIR to one): the copy is "
+                      "written there instead")
+
+
+def check_inline_split(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
+    """Q453 where the model's weights are inside its .onnx file, which the run first splits into a data file in the
+    temporary folder (onnx/files.py open_model), and that folder is a tmpfs."""
+    if assignment.model.inline_bytes:
+        held_in_memory(ir, diags, "the split of the model's weights out of its .onnx file",
+                       assignment.model.inline_bytes, ir.model_span)
 
 
 def check_rotation(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:

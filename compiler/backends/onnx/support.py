@@ -6,7 +6,7 @@ from __future__ import annotations
 from compiler.backends.onnx.export_decoder import DECODER_FAMILIES
 from compiler.backends.onnx.kernels import layer_kernels
 from compiler.backends.onnx.layer_checks import check_layers
-from compiler.backends.onnx.rotation_check import check_rotation
+from compiler.backends.onnx.rotation_check import check_inline_split, check_rotation
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import ActivationMode, EmitFormat, Granularity, QType, RecipeIR
 from compiler.models.index import ModelFormat
@@ -24,6 +24,7 @@ def check_supported(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) ->
     Q437 (a warning) for each scheme whose int8 activations onnxruntime's x86 kernels run slower than float."""
     check_layers(ir, assignment, diags)
     check_rotation(ir, assignment, diags)
+    check_inline_split(ir, assignment, diags)
     index = assignment.model
     if index.format is ModelFormat.HF and index.family not in EXPORTABLE_FAMILIES:
         diags.error("Q415", f"the ONNX backend cannot export `{index.family}` folders to ONNX yet", ir.model_span,
