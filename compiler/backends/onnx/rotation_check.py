@@ -37,7 +37,8 @@ def _check_downs(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> No
 
 def _check_room(ir: RecipeIR, assignment: Assignment, diags: Diagnostics, what: str) -> None:
     """Q417 where the folder the `what` copy of the model goes to (`memory { disk }`, else TMPDIR: onnx/files.py
-    new_scratch) has no room for one more copy of its weights; it is written before anything else."""
+    new_scratch) has no room for one more copy of its weights; it is written before anything else. Q453 where that
+    folder is a tmpfs TMPDIR (held_in_memory)."""
     assert ir.transform is not None
     scratch = nearest_existing(Path(ir.memory.disk) if ir.memory.disk else Path(tempfile.gettempdir()))
     needed, free = assignment.model.total_bytes, shutil.disk_usage(scratch).free
@@ -73,7 +74,7 @@ def check_inline_split(ir: RecipeIR, assignment: Assignment, diags: Diagnostics)
 
 def check_rotation(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> None:
     """Q273 for each thing the rotation cannot take on this graph; Q417 where the scratch folder has no room for
-    the rotated or the smoothed copy."""
+    the rotated or the smoothed copy, Q453 where it is memory."""
     if ir.transform is not None and assignment.smoothing:  # the smoothed copy (onnx/smoothing.py), R4 or not
         _check_room(ir, assignment, diags, "smoothed")
     if online_only(ir):
