@@ -333,7 +333,8 @@ def test_gguf_blocks_decode_to_qrc_rounding(decoders, tmp_path):
 
 @pytest.mark.parametrize("case, code", [
     ("group", "Q438"), ("activations", "Q438"), ("builtin", "Q439"), ("no_tokenizer", "Q439"), ("family", "Q439"),
-    ("onnx", "Q220"), ("kv_cache", "Q438"), ("k_rows", "Q438"), ("yarn_added", "Q439")])
+    ("onnx", "Q220"), ("kv_cache", "Q438"), ("k_rows", "Q438"), ("yarn_added", "Q439"),
+    ("tokenizer_wider", "Q439")])
 def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
     """Each refusal comes from `qrc check`, with its code and exit 2, before any weight is read."""
     folder = decoders("llama")
@@ -367,6 +368,15 @@ def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
         (edited / "config.json").unlink()
         (edited / "config.json").write_text(json.dumps(config))
         model = str(edited)
+    elif case == "tokenizer_wider":  # ids past the embedding's 320 rows: the writer had raised a traceback at compile
+        edited = tmp_path / "wider"
+        edited.mkdir()
+        for path in folder.iterdir():
+            if path.suffix == ".json":  # copies, which add_tokenizer rewrites
+                (edited / path.name).write_bytes(path.read_bytes())
+            else:
+                (edited / path.name).symlink_to(path)
+        model = str(add_tokenizer(edited, 384))
     elif case == "k_rows":  # the zoo model's rows of 64 and 128 weights are no whole super-block of 256
         model_recipe = _recipe(tmp_path, model, tmp_path / "o.gguf", head="k", extra="scheme k { weights q4_k }")
     if case not in ("activations", "k_rows"):
@@ -374,6 +384,7 @@ def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
     result = runner.invoke(app, ["check", model_recipe])
     assert result.exit_code == 2, result.output
     assert code in result.output, result.output
+    assert case != "tokenizer_wider" or "token ids up to 383, beyond the embedding's 320 rows" in result.output
     assert not (tmp_path / "o.gguf").exists()
 
 

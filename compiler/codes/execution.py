@@ -72,8 +72,9 @@ EXECUTION: tuple[CodeInfo, ...] = (
              "Qwen3-MoE with its chosen experts' weights renormalised and no dense blocks, gpt-oss) from a "
              "transformers folder, and puts the folder's tokenizer in the file so that llama.cpp needs nothing else: a "
              "byte-level BPE tokenizer.json whose pre-tokenizer llama.cpp knows by name (GPT-2's, Llama 3's, Qwen2's, GPT-4o's). "
-             "Other families, built-in models, RoPE scaling (but gpt-oss's YaRN) and SentencePiece tokenizers are "
-             "refused before any work.",
+             "Other families, built-in models, RoPE scaling (but gpt-oss's YaRN), SentencePiece tokenizers and a "
+             "tokenizer with ids past the embedding's rows (llama.cpp's token table is those rows) are refused "
+             "before any work.",
              'model "builtin:tiny-llama"   # with emit "out.gguf" { format gguf }'),
     CodeInfo("Q269", "a calibration method NVFP4 inputs cannot use",
              "NVFP4 rounds each block of 16 inputs at run time under one global scale per layer, set from the inputs' "

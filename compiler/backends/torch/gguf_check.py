@@ -18,6 +18,7 @@ from compiler.backends.torch.gguf_types import (
     gguf_type,
     merged_expert,
     pre_tokenizer,
+    token_ids,
 )
 from compiler.diagnostics import Diagnostics
 from compiler.ir.types import RecipeIR
@@ -106,7 +107,8 @@ def _model_problem(ref: str, family: str) -> str | None:
         kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
         if kind not in ("default", None, *ROPE_SCALINGS.get(ARCHITECTURES[family], ())):
             return f"RoPE scaling `{kind}` in `{key}` (qrc writes plain RoPE only, and gpt-oss's YaRN)"
-    return tokenizer_problem(folder)
+    rows = text.get("vocab_size")
+    return tokenizer_problem(folder, rows if isinstance(rows, int) else None)
 
 
 def _routing_problem(family: str, config: dict) -> str | None:
@@ -123,8 +125,9 @@ def _routing_problem(family: str, config: dict) -> str | None:
     return None
 
 
-def tokenizer_problem(folder: Path) -> str | None:
-    """Why `folder`'s tokenizer cannot go into a GGUF, or None (a byte-level BPE tokenizer.json)."""
+def tokenizer_problem(folder: Path, vocab_size: int | None = None) -> str | None:
+    """Why `folder`'s tokenizer cannot go into a GGUF, or None (a byte-level BPE tokenizer.json whose ids are rows
+    of the embedding: llama.cpp's token table has `vocab_size` entries, the embedding's rows)."""
     path = folder / "tokenizer.json"
     if not path.exists():
         return f"`{folder}` has no tokenizer.json (llama.cpp reads the tokenizer from the GGUF file)"
@@ -140,4 +143,8 @@ def tokenizer_problem(folder: Path) -> str | None:
     if pre_tokenizer(tokenizer) is None:
         return ("its pre-tokenizer is none llama.cpp names (llama.cpp splits text before BPE with one of its own "
                 "known patterns: GPT-2's, Llama 3's, Qwen2's, GPT-4o's)")
+    ids = token_ids(tokenizer)
+    if vocab_size is not None and ids and max(ids) >= vocab_size:
+        return (f"tokenizer.json has token ids up to {max(ids)}, beyond the embedding's {vocab_size} rows "
+                "(llama.cpp's token table is the embedding's rows: is this the tokenizer the model was trained with?)")
     return None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import gguf
 
-from compiler.backends.torch.gguf_types import pre_tokenizer
+from compiler.backends.torch.gguf_types import pre_tokenizer, token_ids
 
 _NORMAL, _CONTROL, _USER_DEFINED, _UNUSED = (gguf.TokenType.NORMAL, gguf.TokenType.CONTROL,
                                              gguf.TokenType.USER_DEFINED, gguf.TokenType.UNUSED)
@@ -82,11 +82,8 @@ def add_tokenizer(writer: gguf.GGUFWriter, folder: Path, vocab_size: int) -> Non
     them), its merges, its pre-tokenizer's name, then the special tokens."""
     tokenizer = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
     model = tokenizer["model"]
-    by_id = {int(i): t for t, i in model["vocab"].items()}
+    by_id = token_ids(tokenizer)  # its largest below vocab_size: tokenizer_problem refused the rest at check
     added = {int(t["id"]): t for t in tokenizer.get("added_tokens", [])}
-    by_id.update({i: t["content"] for i, t in added.items()})
-    if by_id and max(by_id) >= vocab_size:
-        raise ValueError(f"tokenizer.json has token id {max(by_id)}, beyond the embedding's {vocab_size} rows")
     tokens, types = [], []
     for i in range(vocab_size):
         if i not in by_id:

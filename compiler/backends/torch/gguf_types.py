@@ -77,6 +77,13 @@ def gguf_type(scheme: Scheme) -> GgufType | str:
     return forms[spec.qtype]
 
 
+def token_ids(tokenizer: dict) -> dict[int, str]:
+    """tokenizer.json's tokens by id: its model's vocabulary, then its added tokens (an added token takes its id)."""
+    by_id = {int(i): t for t, i in (tokenizer.get("model") or {}).get("vocab", {}).items()}
+    by_id.update({int(t["id"]): t["content"] for t in tokenizer.get("added_tokens", [])})
+    return by_id
+
+
 def pre_tokenizer(tokenizer: dict) -> str | None:
     """llama.cpp's name (`tokenizer.ggml.pre`) for the way `tokenizer` splits text before BPE, or None when it is
     none of the patterns llama.cpp knows by that name. Llama 3 and Qwen2 split with one regex each (they differ
