@@ -137,13 +137,17 @@ def tokenizer_problem(folder: Path, vocab_size: int | None = None) -> str | None
         tokenizer = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         return f"tokenizer.json cannot be read ({exc})"
-    model = tokenizer.get("model") or {}
-    if model.get("type") != "BPE":
-        return f"a `{model.get('type')}` tokenizer (qrc writes BPE tokenizers; SentencePiece ones are not supported yet)"
-    if pre_tokenizer(tokenizer) is None:
-        return ("its pre-tokenizer is none llama.cpp names (llama.cpp splits text before BPE with one of its own "
-                "known patterns: GPT-2's, Llama 3's, Qwen2's, GPT-4o's)")
-    ids = token_ids(tokenizer)
+    try:  # a file of another shape (a list, ids that are no integers, entries lacking one) is a problem, not a crash
+        model = tokenizer.get("model") or {}
+        if model.get("type") != "BPE":
+            return (f"a `{model.get('type')}` tokenizer (qrc writes BPE tokenizers; SentencePiece ones are not "
+                    "supported yet)")
+        if pre_tokenizer(tokenizer) is None:
+            return ("its pre-tokenizer is none llama.cpp names (llama.cpp splits text before BPE with one of its own "
+                    "known patterns: GPT-2's, Llama 3's, Qwen2's, GPT-4o's)")
+        ids = token_ids(tokenizer)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        return f"tokenizer.json is not a tokenizer qrc can read ({type(exc).__name__}: {exc})"
     if vocab_size is not None and ids and max(ids) >= vocab_size:
         return (f"tokenizer.json has token ids up to {max(ids)}, beyond the embedding's {vocab_size} rows "
                 "(llama.cpp's token table is the embedding's rows: is this the tokenizer the model was trained with?)")
