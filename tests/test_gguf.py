@@ -334,7 +334,8 @@ def test_gguf_blocks_decode_to_qrc_rounding(decoders, tmp_path):
 @pytest.mark.parametrize("case, code", [
     ("group", "Q438"), ("activations", "Q438"), ("builtin", "Q439"), ("no_tokenizer", "Q439"), ("family", "Q439"),
     ("onnx", "Q220"), ("kv_cache", "Q438"), ("k_rows", "Q438"), ("yarn_added", "Q439"),
-    ("tokenizer_wider", "Q439"), ("tokenizer_a_list", "Q439"), ("tokenizer_ids_not_integers", "Q439")])
+    ("tokenizer_wider", "Q439"), ("tokenizer_a_list", "Q439"), ("tokenizer_ids_not_integers", "Q439"),
+    ("tokenizer_config_a_list", "Q439")])
 def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
     """Each refusal comes from `qrc check`, with its code and exit 2, before any weight is read."""
     folder = decoders("llama")
@@ -384,8 +385,11 @@ def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
             (edited / path.name).symlink_to(path)
         tokenizer = json.loads((folder / "tokenizer.json").read_text())
         tokenizer["added_tokens"].append({"content": "<odd>", "id": "not a number"})
-        (edited / "tokenizer.json").unlink()
-        (edited / "tokenizer.json").write_text("[1, 2]" if case == "tokenizer_a_list" else json.dumps(tokenizer))
+        odd = {"tokenizer_a_list": ("tokenizer.json", "[1, 2]"), "tokenizer_config_a_list": ("tokenizer_config.json", "[1]"),
+               "tokenizer_ids_not_integers": ("tokenizer.json", json.dumps(tokenizer))}
+        name, text = odd[case]
+        (edited / name).unlink()
+        (edited / name).write_text(text)
         model = str(edited)
     elif case == "k_rows":  # the zoo model's rows of 64 and 128 weights are no whole super-block of 256
         model_recipe = _recipe(tmp_path, model, tmp_path / "o.gguf", head="k", extra="scheme k { weights q4_k }")

@@ -148,7 +148,21 @@ def tokenizer_problem(folder: Path, vocab_size: int | None = None) -> str | None
         ids = token_ids(tokenizer)
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         return f"tokenizer.json is not a tokenizer qrc can read ({type(exc).__name__}: {exc})"
+    problem = _object_problem(folder / "tokenizer_config.json")  # the gguf package's SpecialVocab reads it
+    if problem:  # (and tokenizer.json, and config.json, which the index read) as it writes the special tokens
+        return problem
     if vocab_size is not None and ids and max(ids) >= vocab_size:
         return (f"tokenizer.json has token ids up to {max(ids)}, beyond the embedding's {vocab_size} rows "
                 "(llama.cpp's token table is the embedding's rows: is this the tokenizer the model was trained with?)")
     return None
+
+
+def _object_problem(path: Path) -> str | None:
+    """Why the JSON file at `path` (where there is one) is not a JSON object, or None."""
+    if not path.exists():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"{path.name} cannot be read ({exc})"
+    return None if isinstance(value, dict) else f"{path.name} is not a JSON object"
