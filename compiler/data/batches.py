@@ -285,7 +285,7 @@ def load_text(source: DataSource, index: ModelIndex, needed: int | None = None) 
         raise StageError(error("Q401", "`data text` needs the tokenizers package", span, "missing package",
                                  help="pip install -e '.[hf]'")) from None
     except Exception as exc:  # tokenizers raises its own exception type for unreadable files
-        raise StageError(error("Q401", f"cannot load tokenizer `{source.tokenizer}` ({type(exc).__name__}: "
+        raise StageError(error("Q401", f"cannot load tokenizer `{source.tokenizer or tok_path}` ({type(exc).__name__}: "
                                  f"{str(exc)[:80]})", span, "unreadable",
                                  help="a tokenizers JSON file (tokenizer.json), as `tokenizers.Tokenizer.from_file` reads")) from None
     tokenizer.enable_truncation(source.seqlen)
