@@ -171,6 +171,21 @@ def test_empty_files_and_hub_names_are_refused_at_check(tmp_path):
     assert "huggingface-cli download" in result.output  # the hub name: how to get a local copy
 
 
+def test_a_text_file_named_as_json_is_refused_at_check(tmp_path):
+    """A .jsonl that is plain text (a text file given as a dataset) is Q401 at `qrc check`, from its first
+    character; before, check said ok and the compile stopped after loading the model. A JSON document that opens
+    with `[` on a line of its own still checks, as do leading blank lines."""
+    text = tmp_path / "notes.jsonl"
+    text.write_text("\n  some plain text, one sample a line\nanother line\n")
+    result = runner.invoke(app, ["check", str(recipe(tmp_path, str(text), f'tokenizer "{TOKENIZER}"'))])
+    assert result.exit_code == 2 and "error[Q401]" in result.output, result.output
+    assert "is not JSON (it begins with `s`" in result.output and "`data text`" in result.output, result.output
+    document = tmp_path / "rows.json"
+    document.write_text("\n[\n  {\"text\": \"a row of text\"}\n]\n")
+    result = runner.invoke(app, ["check", str(recipe(tmp_path, str(document), f'tokenizer "{TOKENIZER}"'))])
+    assert result.exit_code == 0, result.output
+
+
 def test_bad_rows_stop_the_compile_with_a_code_and_nothing_written(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": "not a list"}) + "\n")

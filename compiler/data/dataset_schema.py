@@ -153,6 +153,24 @@ def _saved_folder(path: Path, split: str) -> tuple[list[str] | None, bool | None
     return (list(features) if isinstance(features, dict) else None), None
 
 
+def json_problem(path: Path) -> str | None:
+    """Why a .json/.jsonl file is no JSON the dataset reader takes, where its first character past blanks (and a
+    byte order mark) says so at once, as for a text file given as a dataset: JSON Lines' rows and a JSON document
+    begin with `{` or `[`. None otherwise (what else is wrong the compile reports with the reader's own message).
+    Reads a chunk at a time until that character, never a whole line (a JSON document may be one line of GBs)."""
+    if path.suffix.lower() not in (".jsonl", ".json") or not path.is_file():
+        return None
+    try:
+        with path.open(encoding="utf-8") as handle:
+            while chunk := handle.read(1 << 16):
+                text = chunk.lstrip().lstrip("\ufeff").lstrip()
+                if text:
+                    return None if text[0] in "{[" else f"it begins with `{text[0]}`, not `{{` or `[`"
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def dataset_problems(source: DataSource, model_ref: str) -> list[DataProblem]:
     """What keeps a `data dataset` from giving samples, told from the file's metadata or first row: not there,
     no such column, an empty split, no tokenizer, or chat rows with a tokenizer that has no chat template."""
@@ -166,6 +184,10 @@ def dataset_problems(source: DataSource, model_ref: str) -> list[DataProblem]:
     elif not path.is_dir() and not regular_input(path):  # a FIFO or a device would block the reader forever
         problems.append(DataProblem("Q401", f"dataset `{source.path}` is not a regular file (a FIFO, a socket or a "
                                     "device)", "give a dataset file or a save_to_disk folder", "not found"))
+    elif (not_json := json_problem(path)) is not None:
+        problems.append(DataProblem("Q401", f"dataset `{source.path}` is not JSON ({not_json})", "a JSON Lines file "
+                                    "has one JSON object a line; a text file is read with `data text`",
+                                    "unreadable"))
     else:
         columns, has_rows = columns_and_rows(path, rows.split)
         field_key = "messages" if rows.messages else "text"
