@@ -10,7 +10,7 @@ from compiler.models.axes import Axis
 from compiler.models.errors import ModelError
 from compiler.models.graph import GraphSummary, summarize
 from compiler.models.index import Layer, LayerKind, ModelFormat, ModelIndex, Norm, TensorInfo, norm_module
-from compiler.models.onnx_write import INLINE_LIMIT
+from compiler.models.onnx_write import INLINE_LIMIT, inline_size
 from compiler.safe_files import read_input, regular_input
 
 _DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64",
@@ -36,7 +36,7 @@ def index_onnx(path: Path, ref: str, family: str = "onnx") -> ModelIndex:
     inits = {t.name: t for t in graph.initializer}
     layers = _unique(_layers(graph, inits))
     total = sum(math.prod(t.dims) * _BITS.get(_dtype(t.data_type), 32) // 8 for t in inits.values())
-    inline = sum(size for t in inits.values() if (size := _inline_size(t)) > INLINE_LIMIT)  # what open_model splits
+    inline = sum(size for t in inits.values() if (size := inline_size(t)) > INLINE_LIMIT)  # what open_model splits
     inputs = tuple(_tensor_info(v) for v in graph.input if v.name not in inits)
     outputs = tuple(_tensor_info(v) for v in graph.output)
     config = side_config(path.parent)
@@ -44,13 +44,6 @@ def index_onnx(path: Path, ref: str, family: str = "onnx") -> ModelIndex:
                       graph=graph_summary(model, config), norms=_norms(graph, inits),
                       opset=next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
                       inline_bytes=inline)
-
-
-def _inline_size(tensor) -> int:
-    """A tensor's bytes inside the .onnx file (0 for one in its data file): backends/onnx/files.py's rule."""
-    import onnx  # imported by index_onnx already
-
-    return 0 if tensor.data_location == onnx.TensorProto.EXTERNAL else tensor.ByteSize()
 
 
 def graph_summary(model, config: tuple[tuple[str, int | float | str], ...]) -> GraphSummary:

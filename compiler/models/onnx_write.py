@@ -16,6 +16,15 @@ INLINE_LIMIT = 1024  # bytes: tensors larger than this live in the data file
 COPY_PIECE = 16 << 20  # bytes of a tensor copied file to file at a time
 
 
+def inline_size(tensor) -> int:
+    """A tensor's bytes inside the .onnx file (0 for one in its data file). A model holding a tensor of more than
+    INLINE_LIMIT this way is split into model + data before a run (backends/onnx/files.py open_model), which the
+    index counts (onnx_index.py)."""
+    import onnx  # imported already by every caller (they hold the model's protobuf)
+
+    return 0 if tensor.data_location == onnx.TensorProto.EXTERNAL else tensor.ByteSize()
+
+
 
 
 def write_atomically(model, destination: Path, external: bool) -> list[Path]:

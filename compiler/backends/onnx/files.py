@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from compiler.models.onnx_write import INLINE_LIMIT
+from compiler.models.onnx_write import INLINE_LIMIT, inline_size
 from compiler.safe_files import own_folder
 
 
@@ -49,7 +49,7 @@ def open_model(source: Path, where: Path | None = None) -> ModelFiles:
     """Open `source` graph-only; a model with inline weights is first split into model + data in a scratch folder
     (under `where`: the recipe's `memory { disk }`; else the temporary folder)."""
     light = onnx.load(str(source), load_external_data=False)
-    if not any(_inline_size(t) > INLINE_LIMIT for t in light.graph.initializer):
+    if not any(inline_size(t) > INLINE_LIMIT for t in light.graph.initializer):
         return ModelFiles(source, light)
     scratch = new_scratch("qrc-model-", where)
     split = scratch / source.name
@@ -57,10 +57,6 @@ def open_model(source: Path, where: Path | None = None) -> ModelFiles:
               location=source.name + ".data", size_threshold=INLINE_LIMIT)
     del light
     return ModelFiles(split, onnx.load(str(split), load_external_data=False), scratch)
-
-
-def _inline_size(tensor: onnx.TensorProto) -> int:
-    return 0 if tensor.data_location == onnx.TensorProto.EXTERNAL else tensor.ByteSize()
 
 
 def load_remaining(model: onnx.ModelProto, base_dir: Path) -> None:

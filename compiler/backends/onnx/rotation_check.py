@@ -35,12 +35,18 @@ def _check_downs(ir: RecipeIR, assignment: Assignment, diags: Diagnostics) -> No
                     ir.transform.span, "nothing to turn", help="drop `online r4`")
 
 
+def _scratch_folder(ir: RecipeIR) -> Path:
+    """Where the run's copies of the model go (onnx/files.py new_scratch): `memory { disk }`, else TMPDIR; the
+    nearest folder of it that exists, where its room and file system are."""
+    return nearest_existing(Path(ir.memory.disk) if ir.memory.disk else Path(tempfile.gettempdir()))
+
+
 def _check_room(ir: RecipeIR, assignment: Assignment, diags: Diagnostics, what: str) -> None:
     """Q417 where the folder the `what` copy of the model goes to (`memory { disk }`, else TMPDIR: onnx/files.py
     new_scratch) has no room for one more copy of its weights; it is written before anything else. Q453 where that
     folder is a tmpfs TMPDIR (held_in_memory)."""
     assert ir.transform is not None
-    scratch = nearest_existing(Path(ir.memory.disk) if ir.memory.disk else Path(tempfile.gettempdir()))
+    scratch = _scratch_folder(ir)
     needed, free = assignment.model.total_bytes, shutil.disk_usage(scratch).free
     held_in_memory(ir, diags, f"the {what} copy of the model", needed, ir.transform.span)
     if free < needed:
@@ -55,7 +61,7 @@ def held_in_memory(ir: RecipeIR, diags: Diagnostics, what: str, size: int, span:
     memory beside the plan's peak. A `memory { disk }` copy goes there instead; ir/checks.py says when that is one."""
     if ir.memory.disk:
         return
-    scratch = nearest_existing(Path(tempfile.gettempdir()))
+    scratch = _scratch_folder(ir)
     kind = memory_filesystem(scratch)
     if kind is not None:
         diags.warning("Q453", f"{what} (about {human_bytes(size)}) goes to the temporary folder `{scratch}`, a "
