@@ -26,6 +26,7 @@ from compiler.models.index import ROUTER_OP
 from compiler.models.side_files import copyable
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice
+from compiler.safe_files import read_input
 
 # the types whose rows are cut into super-blocks, and their weights
 SUPER_BLOCKS = {GgufType.Q4_K: SUPER_BLOCK, GgufType.Q5_K: SUPER_BLOCK, GgufType.Q6_K: SUPER_BLOCK,
@@ -157,12 +158,16 @@ def tokenizer_problem(folder: Path, vocab_size: int | None = None) -> str | None
     return None
 
 
+SIDE_FILE_LIMIT = 64 << 20  # bytes of a tokenizer_config.json read at check (a chat template is a few KB)
+
+
 def _object_problem(path: Path) -> str | None:
-    """Why the JSON file at `path` (where there is one) is not a JSON object, or None."""
-    if not path.exists():
+    """Why the JSON file at `path` (where there is one) is not a JSON object, or None. Read through read_input: a
+    FIFO there is refused, not waited on forever."""
+    if not (path.exists() or path.is_symlink()):
         return None
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        value = json.loads(read_input(path, SIDE_FILE_LIMIT))
+    except (OSError, ValueError, RecursionError) as exc:  # UnsafePath is an OSError; RecursionError: deep nesting
         return f"{path.name} cannot be read ({exc})"
     return None if isinstance(value, dict) else f"{path.name} is not a JSON object"
