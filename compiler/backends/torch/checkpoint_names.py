@@ -77,7 +77,7 @@ def _conversions(module: nn.Module) -> tuple[list, list]:
     except ImportError:  # transformers before 5 renames through `_checkpoint_conversion_mapping` only
         mapping = getattr(module, "_checkpoint_conversion_mapping", None) or {}
         return [_Legacy(k, v) for k, v in mapping.items()], []
-    transforms = get_model_conversion_mapping(module)  # type: ignore[arg-type]  # a PreTrainedModel
+    transforms = get_model_conversion_mapping(module)
     return ([t for t in transforms if isinstance(t, WeightRenaming)],
             [t for t in transforms if isinstance(t, WeightConverter)])
 
