@@ -6,7 +6,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -119,11 +119,7 @@ def _locked(execute, ir, planned: PlanResult, destination: Path, console: Consol
 
 
 def _joined(execute, ir, planned: PlanResult, destination: Path, console: Console, needed: int, ranks: Ranks):
-    with _held(destination, ir, needed) if ranks.first else nullcontext(None) as held, joined(ranks) as peers:
-        if held is not None:
-            raise CompileFailed((error("Q429", f"another qrc compile is writing `{destination}` ({held})", ir.span,
-                                       "destination busy", help="wait for it to finish, or write to another path "
-                                       "(`-o PATH`); this run wrote nothing"),))
+    with joined(ranks) as peers, _held_by_first(ranks, destination, ir, needed):
         _same_run_on_every_rank(ranks, planned, destination)
         before = _identity(destination)
         try:
@@ -136,6 +132,31 @@ def _joined(execute, ir, planned: PlanResult, destination: Path, console: Consol
             if ranks.world > 1 and _distributed(exc):
                 raise _rank_lost(ranks, peers, planned, exc) from None
             raise
+
+
+@contextmanager
+def _held_by_first(ranks: Ranks, destination: Path, ir, needed: int) -> Iterator[None]:
+    """The first rank holds the destination for the run (the others write nothing). Taken once the ranks have
+    joined, and its refusal (a link planted where the lock goes, another compile writing there) is every rank's:
+    taken before, a refused first rank left the others waiting in the process group's rendezvous, where torchrun's
+    SIGTERM cannot reach Python, until its SIGKILL 30 s later."""
+    with ExitStack() as stack:
+        refused: tuple[Diagnostic, ...] | None = None
+        if ranks.first:
+            try:
+                held = stack.enter_context(_held(destination, ir, needed))
+            except CompileFailed as exc:
+                refused = exc.diagnostics
+            else:
+                if held is not None:
+                    refused = (error("Q429", f"another qrc compile is writing `{destination}` ({held})", ir.span,
+                                     "destination busy", help="wait for it to finish, or write to another path "
+                                     "(`-o PATH`); this run wrote nothing"),)
+        if ranks.world > 1:
+            refused = all_gathered(ranks, refused)[0]
+        if refused is not None:
+            raise CompileFailed(refused)
+        yield
 
 
 @contextmanager
