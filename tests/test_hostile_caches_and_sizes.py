@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -74,7 +75,7 @@ def test_fp8_block_sizes_and_scale_shapes_that_do_not_tile_are_q252(fp8_source, 
 
 
 # ---- hostile configs -----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # the export fixture below is session-wide, and depends on it
 def zoo_folders(tmp_path_factory):
     from zoo import build
 
@@ -117,69 +118,71 @@ def test_a_config_nested_100000_deep_is_q250(zoo_folders, tmp_path):
 
 
 # ---- the export cache ------------------------------------------------------------------------------------
-def _compile_in_child(recipe: Path, cache: Path) -> subprocess.CompletedProcess:
+def _compile_in_child(recipe: Path, cache: Path, out: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, QRC_CACHE=str(cache), COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "compiler", "compile", str(recipe)], cwd=ROOT, env=env,
+    elsewhere = ["-o", str(out)] if out is not None else []  # the recipe unchanged: its digest is in the model
+    return subprocess.run([sys.executable, "-m", "compiler", "compile", str(recipe), *elsewhere], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
+def _written(onnx_file: Path) -> bytes:
+    """The weights an ONNX compile wrote: the external data file, or the model file where there is none."""
+    data = onnx_file.with_name(onnx_file.name + ".data")
+    return (data if data.exists() else onnx_file).read_bytes()
+
+
+@pytest.fixture(scope="session")
+def llama_on_onnx(zoo_folders, tmp_path_factory) -> SimpleNamespace:
+    """The zoo's tiny Llama compiled W8A16 on ONNX in a child with a cache of its own: the recipe, its output,
+    the cache (holding the export) and the weights written. Session-wide, so each xdist worker exports once: as a
+    module fixture it was made again each time a worker was handed this module's tests anew (three exports in one
+    run, 47 s)."""
+    root = tmp_path_factory.mktemp("decoder")
+    recipe, out = root / "r.recipe", root / "out.onnx"
+    recipe.write_text(f'recipe r {{\n model "{zoo_folders["llama"]}"\n backend onnx\n quantize {{ type Linear -> W8A16 }}\n'
+                      f' emit "{out}"\n}}\n')
+    done = _compile_in_child(recipe, root / "cache")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return SimpleNamespace(recipe=recipe, out=out, cache=root / "cache", written=_written(out))
+
+
 @pytest.mark.slow
-def test_a_tampered_or_swapped_export_cache_entry_is_made_again(zoo_folders, tmp_path):
-    """The cached export of an HF folder is reused only when it is intact and the folder's own: an empty or
-    truncated graph, truncated data, data linked elsewhere, or the entry of another model (same layer names,
-    other weights) is removed and exported again; the compile succeeds and writes the same model as with a
-    fresh export."""
+@pytest.mark.parametrize("case", ["empty graph", "truncated data", "data linked elsewhere", "swapped"])
+def test_a_tampered_or_swapped_export_cache_entry_is_made_again(llama_on_onnx, zoo_folders, case, tmp_path):
+    """The cached export of an HF folder is reused only when it is intact and the folder's own: an empty graph,
+    truncated data, data linked elsewhere, or the entry of another model (same layer names, other weights) is
+    removed and exported again; the compile succeeds and writes the same model as with a fresh export. (A graph
+    cut short fails the same digest as an empty one.)"""
     import torch
     import transformers
     from zoo import configs
 
-    cache, folder = tmp_path / "cache", zoo_folders["llama"]
-    recipe = tmp_path / "r.recipe"
-    recipe.write_text(f'recipe r {{\n model "{folder}"\n backend onnx\n quantize {{ type Linear -> W8A16 }}\n'
-                      f' emit "{tmp_path / "out.onnx"}"\n}}\n')
-    first = _compile_in_child(recipe, cache)
-    assert first.returncode == 0, first.stdout + first.stderr
-    reference = (tmp_path / "out.onnx.data").read_bytes() if (tmp_path / "out.onnx.data").exists() else \
-        (tmp_path / "out.onnx").read_bytes()
+    cache = tmp_path / "cache"
+    shutil.copytree(llama_on_onnx.cache, cache, symlinks=True)
     entry = next((cache / "exported").iterdir())
     graph, data = entry / "model.onnx", entry / "model.onnx.data"
-    good = {p.name: p.read_bytes() for p in entry.iterdir()}
-    config, cls = configs(transformers)["llama"]
-    torch.manual_seed(1)
-    other = tmp_path / "other"
-    cls(config).eval().save_pretrained(other)
-    other_recipe = tmp_path / "other.recipe"
-    other_recipe.write_text(recipe.read_text().replace(str(folder), str(other)).replace("out.onnx", "other.onnx"))
-    assert _compile_in_child(other_recipe, cache).returncode == 0
-    theirs = next(e for e in (cache / "exported").iterdir() if e != entry)
-
-    def tamper(case: str) -> None:
-        shutil.rmtree(entry, ignore_errors=True)
-        entry.mkdir()
-        for name, raw in good.items():
-            (entry / name).write_bytes(raw)
-        if case == "empty graph":
-            graph.write_bytes(b"")
-        elif case == "truncated graph":
-            graph.write_bytes(good["model.onnx"][:100])
-        elif case == "truncated data":
-            data.write_bytes(good["model.onnx.data"][: len(good["model.onnx.data"]) // 2])
-        elif case == "data linked elsewhere":
-            (tmp_path / "elsewhere").write_bytes(good["model.onnx.data"])
-            data.unlink()
-            data.symlink_to(tmp_path / "elsewhere")
-        else:  # another model's entry under this folder's key
-            for path in theirs.iterdir():
-                shutil.copyfile(path, entry / path.name)
-
-    for case in ("empty graph", "truncated graph", "truncated data", "data linked elsewhere", "swapped"):
-        tamper(case)
-        done = _compile_in_child(recipe, cache)
-        assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, (case, done.stdout, done.stderr)
-        again = (tmp_path / "out.onnx.data").read_bytes() if (tmp_path / "out.onnx.data").exists() else \
-            (tmp_path / "out.onnx").read_bytes()
-        assert again == reference, case
-        assert not data.is_symlink()
+    if case == "empty graph":
+        graph.write_bytes(b"")
+    elif case == "truncated data":
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    elif case == "data linked elsewhere":
+        shutil.move(data, tmp_path / "elsewhere")
+        data.symlink_to(tmp_path / "elsewhere")
+    else:  # another model's entry under this folder's key
+        config, cls = configs(transformers)["llama"]
+        torch.manual_seed(1)
+        other = tmp_path / "other"
+        cls(config).eval().save_pretrained(other)
+        other_recipe = tmp_path / "other.recipe"
+        other_recipe.write_text(llama_on_onnx.recipe.read_text().replace(str(zoo_folders["llama"]), str(other)))
+        assert _compile_in_child(other_recipe, cache, tmp_path / "other.onnx").returncode == 0
+        theirs = next(e for e in (cache / "exported").iterdir() if e != entry)
+        for path in theirs.iterdir():
+            shutil.copyfile(path, entry / path.name)
+    done = _compile_in_child(llama_on_onnx.recipe, cache, tmp_path / "out.onnx")
+    assert done.returncode == 0 and "Traceback" not in done.stdout + done.stderr, (done.stdout, done.stderr)
+    assert _written(tmp_path / "out.onnx") == llama_on_onnx.written
+    assert not data.is_symlink()
 
 
 # ---- resume state ----------------------------------------------------------------------------------------
@@ -269,15 +272,10 @@ def test_syntax_and_number_errors_have_a_help_line(body, code, tmp_path):
 
 
 # ---- hostile JSON beside an ONNX decoder -------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def decoder(zoo_folders, tmp_path_factory):
-    """The tiny Llama exported to ONNX by qrc (a decoder with a cache), as a model file of its own."""
-    root = tmp_path_factory.mktemp("decoder")
-    recipe = root / "r.recipe"
-    recipe.write_text(f'recipe r {{\n model "{zoo_folders["llama"]}"\n backend onnx\n quantize {{ type Linear -> W8A16 }}\n'
-                      f' emit "{root / "o.onnx"}"\n}}\n')
-    assert _compile_in_child(recipe, root / "cache").returncode == 0
-    return next((root / "cache" / "exported").iterdir())
+@pytest.fixture(scope="session")
+def decoder(llama_on_onnx) -> Path:
+    """The tiny Llama exported to ONNX by qrc (a decoder with a cache): its cache entry's folder."""
+    return next((llama_on_onnx.cache / "exported").iterdir())
 
 
 SIDE_JSON = {"genai_config.json": ('{"model": [1, 2]}', '{"model": {"decoder": 3}}'),
