@@ -89,7 +89,8 @@ WARNINGS: tuple[CodeInfo, ...] = (
              'quantize { type Linear -> W8A16 }   # on a model whose MatMul weights are int8 already'),
     CodeInfo("Q250", "model cannot be found or read",
              "The recipe's model is not a readable .onnx file, HF-style folder or built-in. Relative paths are "
-             "relative to the current folder. Also qrc's cache folder (`$QRC_CACHE`) that is no folder it can "
+             "relative to the current folder. A folder's model.safetensors.index.json must map tensor names to "
+             "shard files in the folder that are there. Also qrc's cache folder (`$QRC_CACHE`) that is no folder it can "
              "write, and a `$QRC_CACHE_LIMIT` that is no size (such as `20GiB`).",
              'model "models/missing.onnx"'),
     CodeInfo("Q251", "unknown built-in model or parameter",

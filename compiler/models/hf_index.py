@@ -23,6 +23,7 @@ from compiler.models.index import (
     norm_module,
 )
 from compiler.models.safetensors_dtypes import SAFETENSORS_DTYPES
+from compiler.models.weight_files import weight_files
 from compiler.safe_files import read_input
 
 _MAX_HEADER = 100 << 20
@@ -287,10 +288,11 @@ def tensor_shapes(folder: Path, ref: str) -> dict[str, tuple[int, ...]]:
 
 
 def _headers(folder: Path, ref: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """name → (dtype, shape) from every *.safetensors header in the folder, each checked against its file:
-    known dtypes, byte ranges that match the shape, lie inside the file and do not overlap."""
+    """name → (dtype, shape) from the header of each file the folder's weights are in (models/weight_files.py),
+    each checked against its file: known dtypes, byte ranges that match the shape, lie inside the file and do not
+    overlap."""
     found: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for path in sorted(folder.glob("*.safetensors")):
+    for path in weight_files(folder, ref):
         if not path.is_file():
             raise ModelError("Q250", f"`{path.name}` in `{ref}` is not a file", "a .safetensors path must be a file")
         with path.open("rb") as handle:

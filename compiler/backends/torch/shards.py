@@ -19,6 +19,7 @@ from compiler.backends import BackendError
 from compiler.diagnostics import error
 from compiler.models import block_fp8
 from compiler.models.safetensors_dtypes import SAFETENSORS_DTYPES
+from compiler.models.weight_files import weight_files
 
 # safetensors codes → torch dtypes, for every code of the shared table that this torch has
 DTYPES = {code: getattr(torch, d.torch_name) for code, d in SAFETENSORS_DTYPES.items()
@@ -45,12 +46,13 @@ def decoded_entry(stored: Entry, shape: tuple[int, ...]) -> Entry:
 
 
 class Shards:
-    """Every tensor of the *.safetensors files of a folder, by name. Block-scaled FP8 weights (an FP8 source
-    checkpoint, models/block_fp8.py) read as float32 `weight · scale_inv`, blocks of `block`."""
+    """Every tensor of the files a folder's weights are in (models/weight_files.py: those transformers loads), by
+    name. Block-scaled FP8 weights (an FP8 source checkpoint, models/block_fp8.py) read as float32
+    `weight · scale_inv`, blocks of `block`."""
 
     def __init__(self, folder: Path, block: tuple[int, int] = (128, 128)):
         self.entries: dict[str, Entry] = {}
-        for path in sorted(Path(folder).glob("*.safetensors")):
+        for path in weight_files(Path(folder), str(folder)):
             self.entries.update(_read_header(path))
         self.block = block
         self.scaled = block_fp8.scaled_weights({name: entry.dtype for name, entry in self.entries.items()})
