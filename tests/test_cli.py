@@ -234,6 +234,15 @@ def test_data_paths_are_checked_at_check_and_the_tokenizer_found_in_the_model_fo
     for data, tokenizer in (("recipes/data/minilm-calibration.txt", "nope.json"), ("no/such.txt", "tokenizer.json")):
         result = check(data, tokenizer)
         assert result.exit_code == 2 and "Q401" in result.output and "not found" in result.output, result.output
+    # a tokenizer file tokenizers cannot load (cut short, or JSON of something else) is said by check too, not by
+    # the compile once the model has loaded
+    for name, text in (("cut.json", '{"version": "1.0", "model": {"type": "WordPiece", "vocab": {"a": 0'),
+                       ("other.json", '{"messages": []}')):
+        (tmp_path / name).write_text(text)
+        result = check("recipes/data/minilm-calibration.txt", str(tmp_path / name))
+        assert result.exit_code == 2 and "Q401" in result.output and "cannot load tokenizer" in result.output, \
+            result.output
+        assert "Traceback" not in result.output, result.output
 
 
 @pytest.mark.slow

@@ -198,6 +198,22 @@ def resolve_tokenizer(source: DataSource, model_ref: str) -> Path | None:
     return None
 
 
+def tokenizer_from_file(path: Path, named: str | None):
+    """(tokenizers' Tokenizer of a tokenizers JSON file, None), or (None, the Q401 problem) where it cannot be
+    loaded: `qrc check` and the compile load it alike."""
+    try:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path)), None
+    except ImportError:
+        return None, DataProblem("Q401", "`data text` needs the tokenizers package", "pip install -e '.[hf]'",
+                                 "missing package")
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises its own exception type for unreadable files
+        return None, DataProblem("Q401", f"cannot load tokenizer `{named or path}` ({type(exc).__name__}: "
+                                 f"{str(exc)[:80]})", "a tokenizers JSON file (tokenizer.json), as "
+                                 "`tokenizers.Tokenizer.from_file` reads", "unreadable")
+
+
 def path_problems(source: DataSource, model_ref: str) -> list[DataProblem]:
     """Each file the data source needs that is not there (checked by `qrc check`)."""
     from compiler.models import ModelError, resolve_path
@@ -220,7 +236,10 @@ def path_problems(source: DataSource, model_ref: str) -> list[DataProblem]:
     elif source.kind is DataKind.TEXT and not _has_text(data):
         problems.append(DataProblem("Q401", f"calibration data `{source.path}` has no text (empty, or blank lines "
                                     "only)", "one sample per non-empty line", "not found"))
-    if source.kind is DataKind.TEXT and resolve_tokenizer(source, model_ref) is None:
+    tokenizer = resolve_tokenizer(source, model_ref) if source.kind is DataKind.TEXT else None
+    if tokenizer is not None:  # loaded as the compile loads it: a broken one is said now, not after the model loads
+        problems += [problem for problem in (tokenizer_from_file(tokenizer, source.tokenizer)[1],) if problem]
+    elif source.kind is DataKind.TEXT:
         if source.tokenizer is None:
             problems.append(DataProblem("Q216", "`data text` needs a `tokenizer`: the model has no folder with a "
                                         "tokenizer.json", 'add `{ tokenizer "tokenizer.json" }` (a tokenizers JSON '
@@ -277,17 +296,9 @@ def load_text(source: DataSource, index: ModelIndex, needed: int | None = None) 
     except (OSError, UnicodeDecodeError) as exc:
         raise StageError(error("Q401", f"cannot read text `{source.path}` ({type(exc).__name__})", span, "unreadable",
                                  help="a UTF-8 text file, one sample per line")) from None
-    try:
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_file(str(tok_path))
-    except ImportError:
-        raise StageError(error("Q401", "`data text` needs the tokenizers package", span, "missing package",
-                                 help="pip install -e '.[hf]'")) from None
-    except Exception as exc:  # tokenizers raises its own exception type for unreadable files
-        raise StageError(error("Q401", f"cannot load tokenizer `{source.tokenizer or tok_path}` ({type(exc).__name__}: "
-                                 f"{str(exc)[:80]})", span, "unreadable",
-                                 help="a tokenizers JSON file (tokenizer.json), as `tokenizers.Tokenizer.from_file` reads")) from None
+    tokenizer, problem = tokenizer_from_file(tok_path, source.tokenizer)
+    if problem is not None:
+        raise StageError(problem.at(source, span)) from None
     tokenizer.enable_truncation(source.seqlen)
     tokenizer.enable_padding(length=source.seqlen)
     encoded = tokenizer.encode_batch(lines)
