@@ -119,6 +119,29 @@ def test_a_fifo_as_config_json_is_refused_not_waited_on(llama, tmp_path, command
     assert result.exit_code == 2 and "Q250" in result.output and "Traceback" not in result.output, result.output
 
 
+@pytest.mark.parametrize("command", ["inspect", "check"])
+@pytest.mark.parametrize("kind", ["device", "fifo", "link_to_fifo"])
+def test_a_model_path_that_is_no_file_or_folder_says_what_it_is(kind, command, tmp_path):
+    """/dev/null, a FIFO (or a link to one) as the model: Q250 saying what is there (it said "not found"), and a
+    FIFO is never opened (a watchdog writes to it, so a regression fails instead of hanging the suite)."""
+    fifo = tmp_path / "m.onnx"
+    os.mkfifo(fifo)
+    model = {"device": Path("/dev/null"), "fifo": fifo, "link_to_fifo": tmp_path / "link.onnx"}[kind]
+    if kind == "link_to_fifo":
+        model.symlink_to(fifo)
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n    model "{model}"\n    quantize {{ type Linear -> W8A16 }}\n}}\n')
+    release = threading.Timer(60, lambda: open(fifo, "w").close())  # noqa: SIM115
+    release.start()
+    try:
+        result = runner.invoke(app, [command, str(model if command == "inspect" else recipe)])
+    finally:
+        release.cancel()
+    said = "a device or socket" if kind == "device" else "a FIFO"
+    assert result.exit_code == 2 and "Q250" in result.output and f"is {said}, not a model" in result.output, \
+        result.output
+
+
 def test_a_fifo_as_a_dataset_is_refused_at_check(tmp_path):
     fifo = tmp_path / "rows.jsonl"
     os.mkfifo(fifo)

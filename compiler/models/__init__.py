@@ -95,6 +95,12 @@ def index_model(ref: str, gguf_output: bool = False) -> ModelIndex:
                              "give an .onnx or .gguf file, an HF-style folder (config.json, *.safetensors) or "
                              "builtin:NAME")
         return index_onnx(path, ref)
+    if path.exists():  # a FIFO, a device, a socket: never opened (a FIFO would wait for a writer)
+        from compiler.safe_files import what_is
+
+        found = what_is(path.resolve()) or "not a regular file"
+        raise ModelError("Q250", f"model `{ref}` is {found}, not a model file or folder",
+                         "give an .onnx or .gguf file, an HF-style folder (config.json, *.safetensors) or builtin:NAME")
     raise ModelError("Q250", f"model `{ref}` not found",
                      "paths are relative to the current folder; built-ins: "
                      + ", ".join(f"builtin:{n}" for n in builtin.NAMES))
