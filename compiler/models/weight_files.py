@@ -15,7 +15,7 @@ from compiler.safe_files import UnsafePath, read_input
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
-_MAX_INDEX_BYTES = 64 << 20  # DeepSeek-V3's index (91,000 tensors) is 9 MB
+_MAX_INDEX_BYTES = 64 << 20  # an index names each tensor once: a few MB for the largest models
 _INDEX_HELP = (f"fix or remove {INDEX}: transformers reads its `weight_map` (tensor name → shard file of this folder) "
                "to find the shards")
 
