@@ -64,8 +64,12 @@ def _recipe(tmp_path: Path, tokenizer: Path, rows: list) -> Path:
 ROWS = [[{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi"}]] * 40
 
 
-# the endless loop runs out the whole deadline: slow, so the quick loop keeps its margin
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "endless_loop" else n
+# each case starts the sandbox's child (about 1.5 s): two stay in the quick loop, the rest are slow, so the quick
+# loop keeps its margin on CI's machine (the endless loop runs out the whole deadline)
+QUICK_TEMPLATES = ("class_escape", "syntax_error")
+
+
+@pytest.mark.parametrize("name", [n if n in QUICK_TEMPLATES else pytest.param(n, marks=pytest.mark.slow)
                                   for n in sorted(TEMPLATES)])
 def test_a_hostile_template_is_q442_within_the_deadline(name, tmp_path, monkeypatch):
     monkeypatch.setenv("QRC_TEMPLATE_SECONDS", "3")
