@@ -238,7 +238,9 @@ def path_problems(source: DataSource, model_ref: str) -> list[DataProblem]:
                                     "only)", "one sample per non-empty line", "not found"))
     tokenizer = resolve_tokenizer(source, model_ref) if source.kind is DataKind.TEXT else None
     if tokenizer is not None:  # loaded as the compile loads it: a broken one is said now, not after the model loads
-        problems += [problem for problem in (tokenizer_from_file(tokenizer, source.tokenizer)[1],) if problem]
+        _, problem = tokenizer_from_file(tokenizer, source.tokenizer)
+        if problem is not None:
+            problems.append(problem)
     elif source.kind is DataKind.TEXT:
         if source.tokenizer is None:
             problems.append(DataProblem("Q216", "`data text` needs a `tokenizer`: the model has no folder with a "
