@@ -180,16 +180,17 @@ def routed_moe(family: str, folder: Path) -> Path:
     return add_tokenizer(folder, 320)
 
 
-def tokenized_llama(folder: Path, layers: int) -> Path:
-    """A random Llama of `layers` blocks (hidden 512, rows of 512 and 1536 weights: whole K-quant super-blocks) with
-    a tokenizer of its 320 ids, as a GGUF file needs, saved to `folder`."""
+def tokenized_llama(folder: Path, layers: int, hidden: int = 512) -> Path:
+    """A random Llama of `layers` blocks (hidden 512, rows of 512 and 1536 weights: whole K-quant super-blocks;
+    `hidden` another multiple of 256, the intermediate size 3 times it) with a tokenizer of its 320 ids, as a GGUF
+    file needs, saved to `folder`."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=320, hidden_size=512, intermediate_size=1536, num_hidden_layers=layers,
-                                      num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-                                      tie_word_embeddings=False)
+    config = transformers.LlamaConfig(vocab_size=320, hidden_size=hidden, intermediate_size=3 * hidden,
+                                      num_hidden_layers=layers, num_attention_heads=hidden // 64,
+                                      num_key_value_heads=hidden // 128, head_dim=64, tie_word_embeddings=False)
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     return add_tokenizer(folder, 320)
 
