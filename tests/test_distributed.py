@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -690,3 +691,36 @@ def test_under_torchrun_a_link_or_fifo_where_qrc_writes_is_refused_and_its_targe
     # was taken before the ranks joined, and rank 1 waited in the rendezvous for the refused rank 0)
     assert "forcefully exiting via 9" not in said, said[-3000:]
     assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.slow  # a process with torch: about 4 s
+def test_a_rank_waiting_for_the_others_to_join_ends_at_once_on_sigterm(tmp_path):
+    """A rank whose peers never join (one died first: out of memory, killed, its node without the model) waits in
+    torch's rendezvous, C++ where a Python handler only runs once it returns. torchrun stops it with SIGTERM and
+    sent SIGKILL 30 s later; the rank now ends on the SIGTERM itself, having written nothing (the destination's
+    lock is taken after the ranks join). Run as torchrun starts rank 0 of 2, with no rank 1."""
+    out = tmp_path / "out"
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(f'recipe r {{\n    model "builtin:tiny-llama"\n    backend torch\n'
+                      f'    quantize {{ type Linear -> W8A16 }}\n    emit "{out}"\n}}\n')
+    port = _free_port()
+    env = {**_env(), "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    rank = subprocess.Popen([sys.executable, "-m", "compiler", "compile", str(recipe)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and rank.poll() is None:  # rank 0 hosts the rendezvous' store: it is joining
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    time.sleep(1.0)
+    assert rank.poll() is None, rank.communicate()[1][-2000:]
+    rank.send_signal(signal.SIGTERM)
+    stopped = time.monotonic()
+    try:
+        rank.communicate(timeout=10)
+    finally:
+        rank.kill()
+    assert rank.returncode != 0 and time.monotonic() - stopped < 10
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["r.recipe"]

@@ -120,7 +120,8 @@ def joined(ranks: Ranks) -> Iterator[list[Peer]]:
     if backend == "nccl":  # each rank moves its collectives through its own GPU (nccl refuses two ranks on one)
         torch.cuda.set_device(local_rank)
     try:
-        dist.init_process_group(backend, timeout=timeout)
+        with _killed_by_sigterm():
+            dist.init_process_group(backend, timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - a peer that never came, no MASTER_ADDR, a refused port: torch's many types
         said = (str(exc).strip().splitlines() or [""])[0][:200]
         raise StageError(error("Q444", f"rank {ranks.rank} of {ranks.world} could not join the others "
@@ -132,6 +133,25 @@ def joined(ranks: Ranks) -> Iterator[list[Peer]]:
         yield all_gathered(ranks, Peer(ranks.rank, socket.gethostname(), os.getpid()))
     finally:
         dist.destroy_process_group()
+
+
+@contextmanager
+def _killed_by_sigterm() -> Iterator[None]:
+    """SIGTERM ends the process at once (its default action) while the ranks join. The join waits in torch's C++
+    rendezvous, where qrc's handler (SIGTERM unwinds as Ctrl-C) would run only once it returned: a rank whose
+    peer had died before joining sat there until torchrun's SIGKILL, 30 s after its SIGTERM. Nothing is written
+    before the ranks join (the destination's lock is taken after), so there is nothing to clean up."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread sets handlers
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def group_backend(gpus: int, local_world: int) -> str:
