@@ -31,3 +31,5 @@ def _reference_machine_speed(monkeypatch):
     monkeypatch.setattr("compiler.backends.torch.timing.bfloat16_products", lambda: BFloat16Products.CONVERTED)
     # and a C++ compiler for torch.compile is found (long learned rounding compiles its steps: compiled_steps.py)
     monkeypatch.setattr("compiler.backends.torch.compiled_steps.compiler_found", lambda: True)
+    # and numba's compiled loops are cached (a first run's note, quant/loop_cache.py, would depend on the machine)
+    monkeypatch.setattr("compiler.backends.torch.cost.uncached", lambda modules: [])

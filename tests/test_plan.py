@@ -376,3 +376,26 @@ def test_the_fold_check_is_planned_with_its_logits(tmp_path):
         peaks[name] = result.plan.peak_bytes
     # beyond the 8-sample working set it replaces at that moment: more than one sample's logits
     assert peaks["smoothed"] - peaks["plain"] > 512 * 32000 * 4
+
+
+@pytest.mark.slow  # two plans and a compile, each a process of its own: about 12 s
+def test_the_first_run_to_call_a_compiled_loop_is_said_and_the_next_is_not(tmp_path):
+    """numba compiles qrc's loops at their first call on a machine and caches them (1-6 s a loop, uncounted in the
+    plan's time): `qrc plan` says so for the loops the run calls while numba's cache has none of them, and no
+    more once a compile has cached them. A numba cache of the test's own (`NUMBA_CACHE_DIR`), empty at first."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text('recipe r {\n    model "builtin:tiny-llama"\n    backend torch\n'
+                      f'    quantize {{ type Linear -> W8A16 }}\n    emit "{tmp_path / "out"}"\n}}\n')
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "COLUMNS": "250"}
+
+    def qrc(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "compiler", *args, str(recipe)], capture_output=True, text=True,
+                              cwd=ROOT, env=env, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    first = qrc("plan")
+    assert "note     first run here: numba compiles the loops of quant/round_kernels.py" in first, first
+    assert "mse_kernel" not in first and "histogram_kernel" not in first  # loops this run does not call
+    qrc("compile")
+    assert "first run here" not in qrc("plan")

@@ -123,6 +123,7 @@ class Workload(Observation):
     attention: AttentionKernel = AttentionKernel.MODEL  # `calibrate { attention }`: eager holds the scores
     float_rounded: bool = False  # a weight goes to a floating format (compressed-tensors' torch functions round it)
     kernel_rounded: bool = False  # a weight is rounded by the compiled rtn loop (torch backend: quant/fused_rtn.py)
+    kernel_searched: bool = False  # of those, one's scale is searched first by the compiled mse loop (`rounding mse`)
     float_kernel_rounded: bool = False  # every floating-format weight fits the compiled loop (quant/fused_float.py),
     # which rounds them when nothing runs the model (file to file)
     sliced_rounded: bool = False  # an integer weight is rounded outside it, from float32 slices (mse, float16 scales)
@@ -349,6 +350,7 @@ def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Worklo
         disk=ir.memory.disk is not None, ranks=ranks, attention=cal.attention,
         float_rounded=any(a.scheme.quantized_weights.qtype.is_float for a in quantized),
         kernel_rounded=any(_kernel_rounded(a, scales) for a in quantized),
+        kernel_searched=any(a.scheme.rounding is Rounding.MSE and _kernel_rounded(a, scales) for a in quantized),
         float_kernel_rounded=all(_float_kernel_rounded(a) for a in quantized if a.scheme.quantized_weights.qtype.is_float),
         sliced_rounded=any(a.scheme.rounding.data is RoundingData.NONE and not _kernel_rounded(a, scales)
                            and not a.scheme.quantized_weights.qtype.is_float for a in quantized),

@@ -29,6 +29,7 @@ from compiler.plan.ops import ModeEstimate, PlanOp
 from compiler.plan.target import PhaseName
 from compiler.plan.timing import Rates
 from compiler.plan.workload import Workload, untied_heads
+from compiler.quant.loop_cache import LoopModule, uncached
 from compiler.quant.rotations import SLICE as ROTATION_SLICE
 from compiler.quant.rotations import factor_orders
 from compiler.resolve.rotation_widths import widths
@@ -283,13 +284,23 @@ def _runtime(w: Workload) -> int:
 
 
 def _libraries(w: Workload) -> int:
-    """What the run imports beyond the backend's runtime: the dataset readers, numba's compiled loops (rtn
-    rounding, the input histograms, the floating formats' loop where a run file to file rounds them with it or
-    an FP4 scale search runs in it: `rounding mse`/`imatrix`),
-    which stay loaded to the end of the run (the real SmolLM2-135M to an NVFP4 GGUF measured 547 MiB against
-    434 planned without the last)."""
+    """What the run imports beyond the backend's runtime: the dataset readers, numba's compiled loops where the
+    run calls any (`compiled_loops`), which stay loaded to the end of the run (the real SmolLM2-135M to an NVFP4
+    GGUF measured 547 MiB against 434 planned without the floating formats' loop)."""
+    return w.data_libraries + (ROUNDING_KERNELS if compiled_loops(w) else 0)
+
+
+def compiled_loops(w: Workload) -> set[LoopModule]:
+    """The modules of numba's compiled loops the run calls: rtn rounding, the input histograms, the floating
+    formats' loop where a run file to file rounds them with it or an FP4 scale search runs in it (`rounding
+    mse`/`imatrix`). Each of the others calls the rounding module's helpers."""
     float_loop = (timing.files_only(w) and w.float_rounded and w.float_kernel_rounded) or bool(w.fp4_searched_layers)
-    return w.data_libraries + (ROUNDING_KERNELS if w.kernel_rounded or w.histograms or float_loop else 0)
+    called = {LoopModule.SEARCH} if w.kernel_searched else set()
+    called |= {LoopModule.HISTOGRAM} if w.histograms else set()
+    called |= {LoopModule.FLOAT} if float_loop else set()
+    if called or w.kernel_rounded:
+        called.add(LoopModule.ROUNDING)
+    return called
 
 
 def _merging(w: Workload, all_blocks: bool) -> int:
@@ -412,11 +423,17 @@ class TorchCosts:
                 "`mode` in `memory` to pin it)")
 
     def notes(self, w: Workload, mode: MemoryMode) -> tuple[str, ...]:
-        """Whether a killed run resumes: block by block in offload with `disk` (torch/resume.py)."""
+        """Whether a killed run resumes: block by block in offload with `disk` (torch/resume.py); whether this run
+        is the first on this machine to call some of numba's compiled loops, which the time does not count."""
+        notes = []
         if mode is MemoryMode.OFFLOAD and w.disk and not timing.files_only(w):
-            return ("resumable: each finished block is recorded under `disk`, and the same compile run again "
-                    "after a kill starts after the last one",)
-        return ()
+            notes.append("resumable: each finished block is recorded under `disk`, and the same compile run again "
+                         "after a kill starts after the last one")
+        first = uncached(compiled_loops(w))
+        if first:
+            notes.append(f"first run here: numba compiles the loops of {', '.join(f'quant/{m.value}.py' for m in first)}"
+                         " at their first call and caches them (1-6 s a loop), which the time above does not count")
+        return tuple(notes)
 
     def estimate(self, w: Workload, mode: MemoryMode, chunk: int, passes: int = 1,
                  gpus: tuple[int, ...] = ()) -> ModeEstimate:
