@@ -378,7 +378,7 @@ def test_the_fold_check_is_planned_with_its_logits(tmp_path):
     assert peaks["smoothed"] - peaks["plain"] > 512 * 32000 * 4
 
 
-@pytest.mark.slow  # two plans and a compile, each a process of its own: about 12 s
+@pytest.mark.slow  # two plans and a compile, each a process of its own: 15-25 s
 def test_the_first_run_to_call_a_compiled_loop_is_said_and_the_next_is_not(tmp_path):
     """numba compiles qrc's loops at their first call on a machine and caches them (1-6 s a loop, uncounted in the
     plan's time): `qrc plan` says so for the loops the run calls while numba's cache has none of them, and no
