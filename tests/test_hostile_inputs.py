@@ -18,6 +18,7 @@ from zoo import build
 
 from compiler.backends.torch.compiled_steps import compiler_found as REAL_COMPILER_FOUND
 from compiler.cli import app
+from compiler.quant.loop_cache import uncached as REAL_UNCACHED
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,7 +187,9 @@ JUNK_TESTED = {
     "QRC_TEMPLATE_MEMORY": "test_junk_template_limits_are_q443", "GROUP_RANK": None,
     "CXX": "test_junk_compiler_variables_only_decide_whether_steps_compile",
     "TORCHDYNAMO_DISABLE": "test_junk_compiler_variables_only_decide_whether_steps_compile",
-    "CUDA_VISIBLE_DEVICES": "test_junk_cuda_visible_devices_only_decides_the_default_runtime_device"}
+    "CUDA_VISIBLE_DEVICES": "test_junk_cuda_visible_devices_only_decides_the_default_runtime_device",
+    "NUMBA_CACHE_DIR": "test_junk_cache_folders_only_decide_the_first_run_note",
+    "XDG_CACHE_HOME": "test_junk_cache_folders_only_decide_the_first_run_note"}
 READS = re.compile(r'(?:environ\.get|getenv|env_number|env_index|_index_and_count)\(\s*"([A-Z_]+)"(?:,\s*"([A-Z_]+)")?')
 
 
@@ -230,6 +233,24 @@ def test_junk_compiler_variables_only_decide_whether_steps_compile(variable, jun
     run = next(op for op in json.loads(result.output)["ops"] if op["op"] == "run_block")
     if junk in ("1", "", "no-such-compiler --x; rm -rf ~"):
         assert "compiled" not in run["summary"], run["summary"]
+
+
+@pytest.mark.parametrize("junk", ["/dev/null", "relative/../x", "x" * 5000, "FILE", "~nobody/../../", " "])
+@pytest.mark.parametrize("variable", ["NUMBA_CACHE_DIR", "XDG_CACHE_HOME"])
+def test_junk_cache_folders_only_decide_the_first_run_note(variable, junk, tmp_path, monkeypatch):
+    """NUMBA_CACHE_DIR and XDG_CACHE_HOME (where numba caches its compiled loops when qrc's own folder is read-only)
+    only decide whether the plan says a first run compiles them (quant/loop_cache.py): a device, a file, a name
+    too long for the file system or a relative path never stops the plan."""
+    monkeypatch.setattr("compiler.backends.torch.cost.uncached", REAL_UNCACHED)
+    if variable == "XDG_CACHE_HOME":  # read only where the package's folder is read-only
+        monkeypatch.setattr("compiler.quant.loop_cache._in_tree_writable", lambda: False)
+    if junk == "FILE":
+        junk = str(tmp_path / "a-file")
+        Path(junk).write_text("not a folder")
+    monkeypatch.setenv(variable, junk)
+    result = runner.invoke(app, ["plan", str(ROOT / "recipes/tiny-llama-torch-w4a16.recipe")])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    assert "first run here: numba compiles the loops of quant/round_kernels.py" in " ".join(result.output.split())
 
 
 def test_a_rank_whose_peers_never_come_is_q444(tmp_path, monkeypatch):

@@ -51,14 +51,19 @@ def _cache_folder() -> Path | None:
     configured = os.environ.get("NUMBA_CACHE_DIR", "")
     if configured:
         return Path(configured) / _subpath()
-    in_tree = _HERE / "__pycache__"
-    if os.access(in_tree if in_tree.exists() else _HERE, os.W_OK):
-        return in_tree
+    if _in_tree_writable():
+        return _HERE / "__pycache__"
     if sys.platform.startswith("linux"):
         return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "numba" / _subpath()
     if sys.platform == "darwin":
         return Path.home() / "Library" / "Caches" / "numba" / _subpath()
     return None
+
+
+def _in_tree_writable() -> bool:
+    """Whether numba can write its cache in this package's own `__pycache__` (made where missing)."""
+    in_tree = _HERE / "__pycache__"
+    return os.access(in_tree if in_tree.exists() else _HERE, os.W_OK)
 
 
 def _subpath() -> str:
