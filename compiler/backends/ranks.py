@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -141,9 +143,6 @@ def _killed_by_sigterm() -> Iterator[None]:
     rendezvous, where qrc's handler (SIGTERM unwinds as Ctrl-C) would run only once it returned: a rank whose
     peer had died before joining sat there until torchrun's SIGKILL, 30 s after its SIGTERM. Nothing is written
     before the ranks join (the destination's lock is taken after), so there is nothing to clean up."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():  # only the main thread sets handlers
         yield
         return

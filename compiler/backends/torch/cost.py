@@ -293,12 +293,12 @@ def _libraries(w: Workload) -> int:
 def compiled_loops(w: Workload) -> set[LoopModule]:
     """The modules of numba's compiled loops the run calls: rtn rounding, the input histograms, the floating
     formats' loop where a run file to file rounds them with it or an FP4 scale search runs in it (`rounding
-    mse`/`imatrix`). Each of the others calls the rounding module's helpers."""
+    mse`/`imatrix`)."""
     float_loop = (timing.files_only(w) and w.float_rounded and w.float_kernel_rounded) or bool(w.fp4_searched_layers)
-    called = {LoopModule.SEARCH} if w.kernel_searched else set()
-    called |= {LoopModule.HISTOGRAM} if w.histograms else set()
-    called |= {LoopModule.FLOAT} if float_loop else set()
-    if called or w.kernel_rounded:
+    uses = {LoopModule.ROUNDING: w.kernel_rounded, LoopModule.SEARCH: w.kernel_searched,
+            LoopModule.HISTOGRAM: w.histograms, LoopModule.FLOAT: float_loop}
+    called = {module for module, used in uses.items() if used}
+    if called:  # each of the others calls the rounding module's helpers
         called.add(LoopModule.ROUNDING)
     return called
 
