@@ -98,15 +98,24 @@ def block_working_set(w: Workload, scores: bool | None = None, held_scores: floa
 # is a tensor of its own: 8 values, fitted on eager runs of SmolLM2-135M, a StableLM of hidden 512 and a Qwen2 of
 # hidden 768 (8 samples of 256 and 512 tokens: 0.97-1.06x), held out on a Mistral of hidden 1024 (bench/
 # plan_vs_measured.py `--only learned`), 2026-12-05; with 5 the Qwen2 had measured up to 1.15x. Compiled, the
-# fused rounding keeps fewer: 5 (SmolLM2's example recipe; the Qwen2 at 512 tokens, compiled, 0.90x)
+# fused rounding keeps fewer: 5 (SmolLM2's example recipe; the Qwen2 at 512 tokens, compiled, 0.90x). Those runs
+# multiplied in bfloat16 (a CPU with AVX-512 BF16: torch/learned.py step_precision). Where the steps stay float32
+# (a CPU without bfloat16 products) the products autograd keeps are twice as wide: uncompiled, 4.7 working sets a
+# sample, fitted on SmolLM2's example recipe at 4 steps on a 2-core AVX2 EPYC (1.00x; 1.10x with 3.0), held out on
+# bench/plan_vs_measured.py's Mistral of hidden 1024 (0.97-1.02x in three runs; 1.11-1.17x with 3.0), 2026-12-07.
+# Compiled, inductor chooses what a step keeps, and the two shapes disagreed: SmolLM2's example at 10 steps 1.11x
+# with 3.0, the Mistral at 40 steps 0.94-0.98x with 3.0; 3.6 is between them (1.07x, 0.89-0.92x), not held out
 LEARNED_ACTIVATIONS = 3.0
+LEARNED_ACTIVATIONS_FLOAT32 = 4.7
+LEARNED_ACTIVATIONS_FLOAT32_COMPILED = 3.6
 LEARNED_STATE = 8
 LEARNED_STATE_COMPILED = 5
 
 
-def learned_bytes(w: Workload, compiled: bool = False) -> int:
+def learned_bytes(w: Workload, compiled: bool = False, float32_steps: bool = False) -> int:
     """What a block holds while its rounding is learned, beyond its weights (0 where nothing is learned);
-    `compiled`: the steps run through torch.compile."""
+    `compiled`: the steps run through torch.compile; `float32_steps`: their products stay float32 (no bfloat16
+    in hardware), so the activations a step keeps for its backward are float32."""
     if w.learned is None:
         return 0
     learned = set(w.learned_layers)
@@ -115,7 +124,9 @@ def learned_bytes(w: Workload, compiled: bool = False) -> int:
         if x.name in learned and x.block:
             per_block[x.block] = per_block.get(x.block, 0) + x.params
     targets = w.samples * w.seqlen * w.hidden * ACT_BYTES
-    step = w.learned_step_samples * block_working_set(w) * LEARNED_ACTIVATIONS
+    kept = LEARNED_ACTIVATIONS if not float32_steps else \
+        LEARNED_ACTIVATIONS_FLOAT32_COMPILED if compiled else LEARNED_ACTIVATIONS_FLOAT32
+    step = w.learned_step_samples * block_working_set(w) * kept
     state = LEARNED_STATE_COMPILED if compiled else LEARNED_STATE
     return int(targets + step + state * ACT_BYTES * max(per_block.values(), default=0))
 

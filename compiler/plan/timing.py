@@ -258,8 +258,14 @@ def fp4_input_seconds(w: Workload, rates: Rates, samples: int) -> float:
 # 538 s (2026-12-05: 1.34), so 1.38, the middle; its streams at 0.55-0.56 of float32's (0.51 s against 0.91 a
 # pass of 32 samples). One block's steps alone there (2026-12-05): 0.36 s compiled, 0.41 s uncompiled (1.56
 # forwards) and 0.62 s uncompiled in float32 (2.35), against 0.265 s of planned forward.
-LEARNED_STEP_FORWARDS = 2.1
-COMPILED_STEP_FORWARDS = 1.8
+# Those float32 figures were a CPU with AMX running float32; a CPU without bfloat16 products runs float32 steps
+# always (BFloat16Products.CONVERTED), and a 2-core AVX2 EPYC (2026-12-07) ran SmolLM2's example recipe's steps
+# slower per planned FLOP: uncompiled 120 steps in 98.4 s (2.7 forwards), compiled 300 in 214 s with a warm compile
+# cache (2.1 with the planned compile); held out, the Mistral of hidden 1024 (bench/plan_vs_measured.py) uncompiled
+# 1.00-1.07x its plan with 2.7. Compiled, that Mistral's steps there ran slower than uncompiled (1.95 s a step
+# against 1.65-1.77): 1.33x its plan, which no constant fitted on SmolLM2 carries
+LEARNED_STEP_FORWARDS = 2.7
+COMPILED_STEP_FORWARDS = 2.1
 LEARNED_COMPILE = 17.0
 # The steps' bfloat16 products run faster per FLOP on wider matrices: uncompiled 8-sample steps measured 0.99x
 # their plan on SmolLM2-135M (hidden 576) and 0.91x on a Qwen2 of hidden 768 (256 and 512 tokens), fitted as the
