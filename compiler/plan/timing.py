@@ -262,8 +262,9 @@ def fp4_input_seconds(w: Workload, rates: Rates, samples: int) -> float:
 # always (BFloat16Products.CONVERTED), and a 2-core AVX2 EPYC (2026-12-07) ran SmolLM2's example recipe's steps
 # slower per planned FLOP: uncompiled 120 steps in 98.4 s (2.7 forwards), compiled 300 in 214 s with a warm compile
 # cache (2.1 with the planned compile); held out, the Mistral of hidden 1024 (bench/plan_vs_measured.py) uncompiled
-# 1.00-1.07x its plan with 2.7. Compiled, that Mistral's steps there ran slower than uncompiled (1.95 s a step
-# against 1.65-1.77): 1.33x its plan, which no constant fitted on SmolLM2 carries
+# 1.00-1.07x its plan with 2.7. Compiled, that Mistral's steps there ran about as fast as uncompiled (1.59-1.95 s a
+# step against 1.65-1.77), where SmolLM2's gained 13%: up to 1.30x its plan, which no constant fitted on SmolLM2
+# carries (bench/results/plan_vs_measured.md)
 LEARNED_STEP_FORWARDS = 2.7
 COMPILED_STEP_FORWARDS = 2.1
 LEARNED_COMPILE = 17.0
