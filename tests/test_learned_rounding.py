@@ -268,6 +268,25 @@ def test_the_plan_counts_compiled_steps_only_where_the_work_pays(tmp_path, monke
     assert "compiled" not in off["summary"] and off["seconds"] == small["seconds"]
 
 
+def test_the_plan_holds_more_for_float32_steps_than_for_bfloat16_ones(tmp_path, monkeypatch):
+    """Where the CPU multiplies no bfloat16 in hardware the steps stay float32 and keep products twice as wide for
+    their backward: `qrc plan` plans more memory for the same recipe than on a CPU that does (plan/memory.py
+    LEARNED_ACTIVATIONS_FLOAT32; a 2-core AVX2 EPYC went 11% past the bfloat16 figure)."""
+    recipe = tmp_path / "r.recipe"
+    recipe.write_text(RECIPE.format(model="builtin:tiny-llama", mode="auto", out=tmp_path / "out",
+                                    scheme="W4A16 { group 32  rounding autoround { iters 20  batch 8 } }"))
+
+    def learned_part(native: bool) -> int:
+        monkeypatch.setattr("compiler.backends.torch.cost.native_bfloat16", lambda: native)
+        shown = runner.invoke(app, ["plan", str(recipe), "--format", "json"])
+        assert shown.exit_code == 0, shown.output
+        parts = json.loads(shown.output)["memory"]["tried"][0]["parts"]
+        return next(v for k, v in parts.items() if k.startswith("learned rounding"))
+
+    bfloat16, float32 = learned_part(True), learned_part(False)
+    assert float32 > 1.2 * bfloat16 > 0, (float32, bfloat16)
+
+
 @pytest.mark.slow
 def test_compiled_steps_learn_as_eager_ones_do(tmp_path, monkeypatch):
     """Compiled by torch's inductor, the steps still learn: the folder transformers loads is closer to the float
