@@ -27,9 +27,8 @@ def _reference_machine_speed(monkeypatch):
     """Plans made in the tests' own process estimate time at the reference machine's rates (plan/timing.py),
     so the plan goldens do not change with the machine that runs them."""
     monkeypatch.setattr("compiler.frontend.machine_speed", lambda cache: 1.0)
-    # and its CPU multiplies no bfloat16 in hardware (learned rounding's steps in float32: plan/timing.py)
+    # and its CPU multiplies no bfloat16 in hardware (learned rounding's steps in float32, their time and memory: plan/timing.py, plan/memory.py)
     monkeypatch.setattr("compiler.backends.torch.timing.bfloat16_products", lambda: BFloat16Products.CONVERTED)
-    monkeypatch.setattr("compiler.backends.torch.cost.native_bfloat16", lambda: False)  # (and their memory)
     # and a C++ compiler for torch.compile is found (long learned rounding compiles its steps: compiled_steps.py)
     monkeypatch.setattr("compiler.backends.torch.compiled_steps.compiler_found", lambda: True)
     # and numba's compiled loops are cached (a first run's note, quant/loop_cache.py, would depend on the machine)

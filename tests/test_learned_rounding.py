@@ -277,7 +277,8 @@ def test_the_plan_holds_more_for_float32_steps_than_for_bfloat16_ones(tmp_path, 
                                     scheme="W4A16 { group 32  rounding autoround { iters 20  batch 8 } }"))
 
     def learned_part(native: bool) -> int:
-        monkeypatch.setattr("compiler.backends.torch.cost.native_bfloat16", lambda: native)
+        kind = BFloat16Products.AVX512_BF16 if native else BFloat16Products.CONVERTED
+        monkeypatch.setattr("compiler.backends.torch.timing.bfloat16_products", lambda: kind)
         shown = runner.invoke(app, ["plan", str(recipe), "--format", "json"])
         assert shown.exit_code == 0, shown.output
         parts = json.loads(shown.output)["memory"]["tried"][0]["parts"]

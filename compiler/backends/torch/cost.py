@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.backends.cpu_flags import native_bfloat16
 from compiler.backends.torch import timing
 from compiler.backends.torch.formats import torch_format
 from compiler.backends.torch.gguf_source_memory import source_tensor_bytes, whole_copy_bytes
@@ -158,7 +157,7 @@ def torch_phase(w: Workload, mode: MemoryMode, chunk: int, tail: bool = False) -
              ("rotation (Q, H, a tensor rotated as it is read)", rotation_bytes(w)),
              # learned after the block's statistics pass, in the memory its forward freed
              ("learned rounding beyond the working set (a step's backward, offsets, float targets)",
-              max(0, learned_bytes(w, timing.learning_compiled(w), float32_steps=not native_bfloat16()) - work)
+              max(0, learned_bytes(w, timing.learning_compiled(w), float32_steps=timing.float32_steps()) - work)
               if on_cpu else 0))
     if w.ranks > 1 and w.gptq and mode is not MemoryMode.MULTI_GPU:
         parts += ((f"the {w.ranks} ranks' Hessians while they merge", _merging(w, mode is MemoryMode.FULL)),)

@@ -12,6 +12,7 @@ from compiler.ir.types import EmitFormat, MemoryMode
 from compiler.models.index import ModelFormat
 from compiler.plan import ops
 from compiler.plan.timing import (
+    BFloat16Products,
     Estimate,
     Rates,
     by_kind,
@@ -187,6 +188,12 @@ def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
             + importance_seconds(w, rates) + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding + smoothing
             + fp4_input_seconds(w, rates, rounded_streams) + online_seconds(w, rates, statistics + streams)
             + learned_seconds(w, rates, bfloat16, op.compiled_steps))  # as lowering chose (learning_compiled)
+
+
+def float32_steps() -> bool:
+    """Whether learned rounding's steps stay float32 here (no bfloat16 products in hardware): the one reading of
+    the CPU that the plan's time and memory of the steps both take."""
+    return bfloat16_products() is BFloat16Products.CONVERTED
 
 
 def learning_compiled(w: Workload) -> bool:
