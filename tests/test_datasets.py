@@ -254,3 +254,24 @@ def test_corrupt_files_are_a_coded_error_with_nothing_written(tmp_path, name, co
     result = runner.invoke(app, ["compile", str(path)])
     assert result.exit_code == 2 and "error[Q401]" in result.output and "Traceback" not in result.output, result.output
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_check_reads_a_saved_folders_metadata_only_to_a_bound(tmp_path):
+    """A save_to_disk folder whose dataset_info.json is 3 GiB (sparse here; planted or corrupt elsewhere): `qrc
+    check` reads at most its bound of it (16 MiB) and still answers, where it once read the whole file into memory
+    to find the features."""
+    import tracemalloc
+
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a b c"]})}).save_to_disk(str(saved))
+    with (saved / "train" / "dataset_info.json").open("r+b") as handle:
+        handle.truncate(3 << 30)
+    path = recipe(tmp_path, str(saved), f'tokenizer "{TOKENIZER}"')
+    tracemalloc.start()
+    try:
+        result = runner.invoke(app, ["check", str(path)])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    assert peak < 64 << 20, peak

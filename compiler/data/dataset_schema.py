@@ -14,6 +14,9 @@ from compiler.ir.types import DataSource
 from compiler.safe_files import read_input, regular_input
 
 TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+# A save_to_disk folder's dataset_dict.json and dataset_info.json hold split names and features (kilobytes);
+# bounded, so that a check never reads a planted multi-GB file whole
+SAVED_METADATA_LIMIT = 16 << 20
 MISSING_HELP = ("give a local file or folder (paths are relative to the folder qrc runs in); qrc reads no network: "
                 "for a Hub dataset, `huggingface-cli download --repo-type dataset NAME --local-dir DIR` and give DIR")
 
@@ -142,14 +145,14 @@ def _saved_folder(path: Path, split: str) -> tuple[list[str] | None, bool | None
     """A `save_to_disk` folder: its dataset_info.json features (a DatasetDict's split folder first)."""
     splits = path / "dataset_dict.json"
     if splits.is_file():
-        names = json.loads(splits.read_text(encoding="utf-8")).get("splits", [])
+        names = json.loads(read_input(splits, SAVED_METADATA_LIMIT)).get("splits", [])
         if split not in names:
             return None, False
         path = path / split
     info = path / "dataset_info.json"
     if not info.is_file():
         return None, None
-    features = json.loads(info.read_text(encoding="utf-8")).get("features")
+    features = json.loads(read_input(info, SAVED_METADATA_LIMIT)).get("features")
     return (list(features) if isinstance(features, dict) else None), None
 
 
