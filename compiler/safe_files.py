@@ -199,6 +199,20 @@ def read_input(path: Path | str, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def read_json(path: Path | str, limit: int, *, own: bool = False):
+    """The JSON value in the file at `path`, read as `read_input` reads an input (or, `own`, as `read_own` reads a
+    file qrc wrote for itself). Every way the bytes can fail to be JSON is a ValueError: over `limit`, not UTF-8,
+    not JSON, or nested deeper than Python's parser recurses (a file of `[[[[…` raises RecursionError there,
+    which callers that catch ValueError never expected). UnsafePath (an OSError) where the file is refused."""
+    import json
+
+    data = read_own(path, limit) if own else read_input(path, limit)
+    try:
+        return json.loads(data.decode("utf-8"))  # as transformers reads its JSON files: UTF-8 only
+    except RecursionError:
+        raise ValueError(f"`{path}` nests deeper than any JSON file qrc reads") from None
+
+
 NAME_MAX, PATH_MAX = 255, 4096  # bytes: Linux's limits for one name and a whole path
 
 

@@ -275,3 +275,18 @@ def test_check_reads_a_saved_folders_metadata_only_to_a_bound(tmp_path):
         tracemalloc.stop()
     assert result.exit_code == 0 and "Traceback" not in result.output, result.output
     assert peak < 64 << 20, peak
+
+
+def test_a_tokenizer_config_nested_past_the_parser_is_no_template_not_a_traceback(tmp_path):
+    """Chat rows with a tokenizer folder whose tokenizer_config.json is `[[[[…` 100,000 deep and no template file:
+    `qrc check` says the tokenizer has no chat template (Q436); the parser's RecursionError had escaped as a
+    traceback."""
+    import shutil
+
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    shutil.copy(TOKENIZER / "tokenizer.json", folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    path = recipe(tmp_path, str(DATA / "chat.jsonl"), f'messages "messages"  tokenizer "{folder}"')
+    result = runner.invoke(app, ["check", str(path)])
+    assert result.exit_code == 2 and "error[Q436]" in result.output, result.output

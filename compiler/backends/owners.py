@@ -10,7 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
-from compiler.safe_files import read_own, replace_file, what_is
+from compiler.safe_files import read_json, replace_file, what_is
 
 
 def owner(destination: Path, *run: str, world: int) -> dict:
@@ -33,7 +33,7 @@ def superseded(path: Path, mine: dict) -> bool:
     """Whether the owner file at `path` names this run's destination but another run or rank count. A file that
     is not an owner record (another version's, damaged) is left alone."""
     try:
-        theirs = json.loads(read_own(path, 1 << 20))  # never through a link, never blocked on a FIFO
+        theirs = read_json(path, 1 << 20, own=True)  # never through a link, never blocked on a FIFO
     except (OSError, ValueError):
         return False
     return isinstance(theirs, dict) and theirs.get("destination") == mine["destination"] and theirs != mine

@@ -15,7 +15,7 @@ from compiler.diagnostics import Diagnostic, error, warning
 from compiler.ir.types import VerifyMetric
 from compiler.plan.ops import Buffer, CaptureReference, HeldOut, Plan, PlanOp, Verify
 from compiler.resolve.assignment import Assignment
-from compiler.safe_files import read_own, replace_file
+from compiler.safe_files import read_json, replace_file
 from compiler.source import Span
 
 
@@ -133,7 +133,7 @@ def _own_report(report: Path) -> bool:
     if not report.is_file() or report.is_symlink():
         return False
     try:
-        found = json.loads(read_own(report, limit=1 << 20))
+        found = read_json(report, 1 << 20, own=True)
     except (OSError, ValueError):
         return False
     return isinstance(found, dict) and {"metric", "bound", "threshold", "value", "figures"} <= found.keys()

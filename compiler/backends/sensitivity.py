@@ -34,7 +34,7 @@ from compiler.plan.ops import AssignPrecision, ScoreSensitivity
 from compiler.quant.weights import Convention, quantize_weight
 from compiler.resolve import mixed
 from compiler.resolve.assignment import Assignment
-from compiler.safe_files import read_own, replace_file
+from compiler.safe_files import read_json, replace_file
 
 CACHE_VERSION = "qrc-sensitivity-v1"
 
@@ -182,7 +182,7 @@ def cache_root(disk: Path | None) -> Path:
 def _load(path: Path, units: Sequence[mixed.Unit], count: int) -> dict[str, list[float]] | None:
     """The cached scores, or None when missing or not what this search needs (then it scores again)."""
     try:
-        found = json.loads(read_own(path))
+        found = read_json(path, 64 << 20, own=True)
         losses = {u.name: [float(x) for x in found[u.name]] for u in units}
     except (OSError, ValueError, TypeError, KeyError):
         return None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from compiler.data.problems import DataProblem
 from compiler.ir.types import DataSource
-from compiler.safe_files import read_input, regular_input
+from compiler.safe_files import read_json, regular_input
 
 TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 # A save_to_disk folder's dataset_dict.json and dataset_info.json hold split names and features (kilobytes);
@@ -82,7 +82,7 @@ def has_chat_template(location: Path) -> bool:
     if any((location / name).is_file() for name in TEMPLATE_FILES):
         return True
     try:
-        config = json.loads(read_input(location / "tokenizer_config.json", 64 << 20))
+        config = read_json(location / "tokenizer_config.json", 64 << 20)
     except (OSError, ValueError):
         return False
     return bool(isinstance(config, dict) and config.get("chat_template"))
@@ -145,14 +145,14 @@ def _saved_folder(path: Path, split: str) -> tuple[list[str] | None, bool | None
     """A `save_to_disk` folder: its dataset_info.json features (a DatasetDict's split folder first)."""
     splits = path / "dataset_dict.json"
     if splits.is_file():
-        names = json.loads(read_input(splits, SAVED_METADATA_LIMIT)).get("splits", [])
+        names = read_json(splits, SAVED_METADATA_LIMIT).get("splits", [])
         if split not in names:
             return None, False
         path = path / split
     info = path / "dataset_info.json"
     if not info.is_file():
         return None, None
-    features = json.loads(read_input(info, SAVED_METADATA_LIMIT)).get("features")
+    features = read_json(info, SAVED_METADATA_LIMIT).get("features")
     return (list(features) if isinstance(features, dict) else None), None
 
 

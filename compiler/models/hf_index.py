@@ -24,7 +24,7 @@ from compiler.models.index import (
 )
 from compiler.models.safetensors_dtypes import SAFETENSORS_DTYPES
 from compiler.models.weight_files import weight_files
-from compiler.safe_files import read_input
+from compiler.safe_files import read_json
 
 _MAX_HEADER = 100 << 20
 _CONFIG_NUMBERS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -265,11 +265,8 @@ def _config(folder: Path, ref: str) -> dict | None:
     if not path.exists():
         return None
     try:  # a FIFO or a device as config.json is refused, never waited on; a config is never 64 MiB
-        config = json.loads(read_input(path, MAX_CONFIG_BYTES).decode("utf-8"))
-    except RecursionError:
-        raise ModelError("Q250", f"`{ref}/config.json` nests deeper than any config", "fix or replace config.json") \
-            from None
-    except (OSError, ValueError) as exc:  # UnsafePath, too large, not UTF-8, not JSON
+        config = read_json(path, MAX_CONFIG_BYTES)
+    except (OSError, ValueError) as exc:  # UnsafePath, too large, not UTF-8, not JSON, nested too deep
         raise ModelError("Q250", f"`{ref}/config.json` is not valid JSON ({exc})", "fix or replace config.json") from None
     if not isinstance(config, dict):
         raise ModelError("Q250", f"`{ref}/config.json` is not a JSON object", "fix or replace config.json")

@@ -11,7 +11,7 @@ from compiler.models.errors import ModelError
 from compiler.models.graph import GraphSummary, summarize
 from compiler.models.index import Layer, LayerKind, ModelFormat, ModelIndex, Norm, TensorInfo, norm_module
 from compiler.models.onnx_write import INLINE_LIMIT, inline_size
-from compiler.safe_files import read_input, regular_input
+from compiler.safe_files import read_json, regular_input
 
 _DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16", 11: "float64",
            16: "bfloat16", 17: "float8_e4m3fn", 19: "float8_e5m2", 21: "uint4", 22: "int4"}
@@ -114,11 +114,10 @@ def side_config(folder: Path) -> tuple[tuple[str, int], ...]:
 
 def json_object(path: Path) -> dict:
     """A JSON object file, or {} when it is absent or not an object (the side file is optional)."""
-    import json
 
     try:
-        data = json.loads(read_input(path, 64 << 20))
-    except (OSError, ValueError, RecursionError):  # RecursionError: nesting deeper than Python's stack
+        data = read_json(path, 64 << 20)
+    except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 

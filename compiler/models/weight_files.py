@@ -7,11 +7,10 @@ names, one file's values silently replaced the other's."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from compiler.models.errors import ModelError
-from compiler.safe_files import UnsafePath, read_input
+from compiler.safe_files import UnsafePath, read_json
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -38,9 +37,7 @@ def weight_files(folder: Path, ref: str) -> list[Path]:
 def _shard_names(index: Path, ref: str) -> list[str]:
     """The shard file names the index's weight_map names, each a file of the index's folder."""
     try:  # a FIFO or a device by the index's name is refused, never waited on
-        parsed = json.loads(read_input(index, _MAX_INDEX_BYTES).decode("utf-8"))
-    except RecursionError:
-        raise ModelError("Q250", f"`{ref}/{INDEX}` nests deeper than any index", _INDEX_HELP) from None
+        parsed = read_json(index, _MAX_INDEX_BYTES)
     except UnsafePath as exc:
         raise ModelError("Q250", exc.reason, _INDEX_HELP) from None
     except (OSError, ValueError) as exc:  # too large, not UTF-8, not JSON

@@ -23,7 +23,7 @@ from compiler.diagnostics import error
 from compiler.models import cache_entries
 from compiler.models.exports import cached_export, export_path, metadata_key
 from compiler.models.side_files import copyable
-from compiler.safe_files import copy_regular, own_folder, read_own, replace_file
+from compiler.safe_files import copy_regular, own_folder, read_json, replace_file
 
 _OUTPUTS = {"bert": ["last_hidden_state", "pooler_output"]}
 
@@ -86,7 +86,7 @@ def _reusable(found: Path, folder: Path) -> bool:
     if found.is_symlink() or data.is_symlink() or not data.is_file():
         return False
     try:
-        if json.loads(read_own(found.parent / STAMP)) != _stamp(folder, found):
+        if read_json(found.parent / STAMP, 64 << 20, own=True) != _stamp(folder, found):
             return False
         index_onnx(found, str(folder))
         shapes = tensor_shapes(folder, str(folder))

@@ -26,7 +26,7 @@ from compiler.models.index import ROUTER_OP
 from compiler.models.side_files import copyable
 from compiler.resolve.assignment import Assignment
 from compiler.resolve.choices import each_choice
-from compiler.safe_files import read_input
+from compiler.safe_files import read_json
 
 # the types whose rows are cut into super-blocks, and their weights
 SUPER_BLOCKS = {GgufType.Q4_K: SUPER_BLOCK, GgufType.Q5_K: SUPER_BLOCK, GgufType.Q6_K: SUPER_BLOCK,
@@ -167,7 +167,7 @@ def _object_problem(path: Path) -> str | None:
     if not (path.exists() or path.is_symlink()):
         return None
     try:
-        value = json.loads(read_input(path, SIDE_FILE_LIMIT))
-    except (OSError, ValueError, RecursionError) as exc:  # UnsafePath is an OSError; RecursionError: deep nesting
+        value = read_json(path, SIDE_FILE_LIMIT)
+    except (OSError, ValueError) as exc:  # UnsafePath is an OSError
         return f"{path.name} cannot be read ({exc})"
     return None if isinstance(value, dict) else f"{path.name} is not a JSON object"

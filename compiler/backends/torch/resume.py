@@ -27,7 +27,7 @@ from compiler.backends.torch.smoother import Smoother
 from compiler.backends.torch.streams import HiddenCache, Stream
 from compiler.backends.torch.writer import output_writer
 from compiler.diagnostics import Diagnostic, warning
-from compiler.safe_files import own_folder, read_own
+from compiler.safe_files import own_folder, read_json
 from compiler.source import Span
 
 FORMAT = "qrc-torch-blocks-v1"
@@ -174,7 +174,7 @@ def _load(folder: Path, blocks: int | None = None) -> tuple[Saved | None, str]:
     if not path.exists():
         return None, ""
     try:
-        found = json.loads(read_own(path, 16 << 20))  # a link or a FIFO there is not a state
+        found = read_json(path, 16 << 20, own=True)  # a link or a FIFO there is not a state
         if found.get("format") != FORMAT:
             return None, "it is not a state of this version"
         done, caches = found["done"], found["caches"]
