@@ -336,7 +336,7 @@ def test_gguf_blocks_decode_to_qrc_rounding(decoders, tmp_path):
     ("group", "Q438"), ("activations", "Q438"), ("builtin", "Q439"), ("no_tokenizer", "Q439"), ("family", "Q439"),
     ("onnx", "Q220"), ("kv_cache", "Q438"), ("k_rows", "Q438"), ("yarn_added", "Q439"),
     ("tokenizer_wider", "Q439"), ("tokenizer_a_list", "Q439"), ("tokenizer_ids_not_integers", "Q439"),
-    ("tokenizer_config_a_list", "Q439"), ("tokenizer_config_a_fifo", "Q439")])
+    ("tokenizer_config_a_list", "Q439"), ("tokenizer_config_a_fifo", "Q439"), ("tokenizer_nested_deep", "Q439")])
 def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
     """Each refusal comes from `qrc check`, with its code and exit 2, before any weight is read."""
     folder = decoders("llama")
@@ -387,7 +387,8 @@ def test_check_refuses_what_gguf_cannot_hold(decoders, tmp_path, case, code):
         tokenizer = json.loads((folder / "tokenizer.json").read_text())
         tokenizer["added_tokens"].append({"content": "<odd>", "id": "not a number"})
         odd = {"tokenizer_a_list": ("tokenizer.json", "[1, 2]"), "tokenizer_config_a_list": ("tokenizer_config.json", "[1]"),
-               "tokenizer_ids_not_integers": ("tokenizer.json", json.dumps(tokenizer))}
+               "tokenizer_ids_not_integers": ("tokenizer.json", json.dumps(tokenizer)),
+               "tokenizer_nested_deep": ("tokenizer.json", "[" * 100_000 + "]" * 100_000)}  # RecursionError once
         if case == "tokenizer_config_a_fifo":  # refused, not read: reading one would wait forever
             (edited / "tokenizer_config.json").unlink()
             os.mkfifo(edited / "tokenizer_config.json")

@@ -135,8 +135,8 @@ def tokenizer_problem(folder: Path, vocab_size: int | None = None) -> str | None
     if not copyable(folder, path):
         return "tokenizer.json links outside the model folder"
     try:
-        tokenizer = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        tokenizer = read_json(path, TOKENIZER_LIMIT)
+    except (OSError, ValueError) as exc:  # too large, not JSON, nested past the parser
         return f"tokenizer.json cannot be read ({exc})"
     try:  # a file of another shape (a list, ids that are no integers, entries lacking one) is a problem, not a crash
         model = tokenizer.get("model") or {}
@@ -159,6 +159,7 @@ def tokenizer_problem(folder: Path, vocab_size: int | None = None) -> str | None
 
 
 SIDE_FILE_LIMIT = 64 << 20  # bytes of a tokenizer_config.json read at check (a chat template is a few KB)
+TOKENIZER_LIMIT = 256 << 20  # bytes of a tokenizer.json read at check (a 256k-token vocabulary's is 33 MB)
 
 
 def _object_problem(path: Path) -> str | None:
