@@ -286,6 +286,31 @@ def test_plan_shows_each_ops_time_and_the_total():
     assert calibrate > 4 * {p.kind: p.seconds for p in base.ops}[OpKind.CALIBRATE_CHUNK]
 
 
+@pytest.mark.parametrize("planted", ["nested", "link", "list"])
+def test_a_planted_machine_speed_file_is_measured_again_and_replaced(tmp_path, monkeypatch, planted):
+    """machine-speed.json in the cache folder (a shared ~/.cache may hold anything): nested 100,000 deep (the
+    parser's RecursionError had escaped `qrc plan` as a traceback), a link to another file (never read or written
+    through) or a JSON list: this machine is measured again, and the file replaced where it is not a link."""
+    import json
+
+    from compiler.plan import timing
+
+    monkeypatch.setattr(timing, "_probe", lambda runs=timing._PROBE_RUNS: 1.5)
+    target = tmp_path / "theirs.json"
+    target.write_text('{"v2:elsewhere:64": 9.0}')
+    path = tmp_path / "machine-speed.json"
+    if planted == "link":
+        path.symlink_to(target)
+    else:
+        path.write_text("[" * 100_000 + "]" * 100_000 if planted == "nested" else "[1, 2]")
+    assert timing.machine_speed(tmp_path) == 1.5
+    if planted == "link":  # left as it is (replace_file refuses to rename over a link), its target untouched
+        assert path.is_symlink()
+    else:
+        assert list(json.loads(path.read_text()).values()) == [1.5]
+    assert target.read_text() == '{"v2:elsewhere:64": 9.0}'
+
+
 def test_the_time_scales_with_this_machines_speed(tmp_path, monkeypatch):
     """A machine twice as fast plans half the compute and half the fixed costs; its speed is measured and the
     fastest figure kept in qrc's cache folder, per host: a probe slowed by a busy moment neither lowers the kept

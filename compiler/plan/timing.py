@@ -24,6 +24,7 @@ from compiler.models.index import LayerKind
 from compiler.plan import ops
 from compiler.plan.memory import EXPERT_PROJECTION, expert_batches, input_key, input_widths
 from compiler.plan.workload import Workload
+from compiler.safe_files import read_json
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,8 @@ def machine_speed(cache: Path | None) -> float:
     the probe measures 1.04-1.10 when the cores are free)."""
     key = f"v2:{platform.node()}:{os.cpu_count()}"  # v2: the steadier probe (a v1 figure is measured again)
     path = cache / "machine-speed.json" if cache is not None else None
-    try:
-        known = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    try:  # qrc's own file: never read through a link, whole or nested past the parser (a planted one is remade)
+        known = read_json(path, 1 << 20, own=True) if path is not None and path.is_file() else {}
     except (OSError, ValueError):
         known = {}
     cached = known.get(key) if isinstance(known, dict) else None
