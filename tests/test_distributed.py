@@ -305,9 +305,11 @@ ONNX = """recipe onnx_shared {{
 
 
 @pytest.mark.slow
+# the calibration methods are plug-ins both backends share (quant/methods), merged over the ranks as their
+# observers say (min/max or a histogram): here each observer kind and each memory mode on ONNX's calibration loop;
+# the mse and layerwise_percentile methods' merges over ranks are test_every_observer_method_writes_one_process_bytes's
 @pytest.mark.parametrize("method, mode, base, rounding", [
     ("minmax", "full", "W8A8_STATIC", "rtn"), ("percentile 99.9", "low_memory", "W8A8_STATIC", "mse"),
-    ("mse", "full", "W8A8_STATIC", "rtn"), ("layerwise_percentile", "low_memory", "W8A8_STATIC", "rtn"),
     ("minmax", "full", "W4A16", "gptq"), ("entropy", "offload", "W8A8_STATIC", "rtn"), ("minmax", "offload", "W4A16", "gptq")])
 def test_onnx_ranks_merge_observers_and_round_weights_n_at_a_time(tmp_path, method, mode, base, rounding):
     """ONNX: the calibration chunks split over the ranks and the observers merged exactly give one process's
