@@ -17,6 +17,7 @@ place. No module here imports anything of qrc's: it is the lowest layer."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import tempfile
@@ -204,8 +205,6 @@ def read_json(path: Path | str, limit: int, *, own: bool = False):
     file qrc wrote for itself). Every way the bytes can fail to be JSON is a ValueError: over `limit`, not UTF-8,
     not JSON, or nested deeper than Python's parser recurses (a file of `[[[[…` raises RecursionError there,
     which callers that catch ValueError never expected). UnsafePath (an OSError) where the file is refused."""
-    import json
-
     data = read_own(path, limit) if own else read_input(path, limit)
     try:
         return json.loads(data.decode("utf-8"))  # as transformers reads its JSON files: UTF-8 only
