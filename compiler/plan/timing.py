@@ -66,7 +66,7 @@ def machine_speed(cache: Path | None) -> float:
     key = f"v2:{platform.node()}:{os.cpu_count()}"  # v2: the steadier probe (a v1 figure is measured again)
     path = cache / "machine-speed.json" if cache is not None else None
     try:  # qrc's own file: never read through a link, whole or nested past the parser (a planted one is remade)
-        known = read_json(path, 1 << 20, own=True) if path is not None and path.is_file() else {}
+        known = read_json(path, 1 << 20, own=True) if path is not None else {}  # none yet: an OSError
     except (OSError, ValueError):
         known = {}
     cached = known.get(key) if isinstance(known, dict) else None
