@@ -17,6 +17,7 @@ import torch
 from compiling import ROOT, assert_ran_the_plan, available, compile_, compile_program, runner
 
 from compiler import check_file
+from compiler.backends import BackendError
 from compiler.backends.torch.dump import dump
 from compiler.backends.torch.shards import Shards
 from compiler.backends.torch.vllm_rules import vllm_scheme
@@ -444,6 +445,17 @@ def test_a_mapped_tensor_is_the_read_one_and_private(tmp_path):
         assert mapped.dtype == tensor.dtype and torch.equal(mapped, shards.read(name)) and torch.equal(mapped, tensor)
         mapped.zero_()  # a private page: the file does not change
     assert (tmp_path / "model.safetensors").read_bytes() == before
+
+
+@pytest.mark.parametrize("header", [b"[" * 100_000 + b"]" * 100_000, b"not json", b'{"w": {"dtype": "F32"}}',
+                                    b'["a list"]', b'{"w": 3}'], ids=["nested", "text", "no_offsets", "list", "number"])
+def test_a_safetensors_header_replaced_after_check_is_a_coded_error(header, tmp_path):
+    """A weight file swapped after `qrc check` read its header (the check refuses these) is Q404 where the run
+    reads it, not a traceback: nested past the parser, not JSON, entries of the wrong shape."""
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    with pytest.raises(BackendError) as raised:
+        Shards(tmp_path)
+    assert raised.value.diagnostic.code == "Q404", raised.value.diagnostic
 
 
 @pytest.mark.parametrize("scheme", ["W4A16", "NVFP4A16"])

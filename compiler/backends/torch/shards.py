@@ -182,9 +182,19 @@ def _read_header(path: Path) -> dict[str, Entry]:
         if not 0 < size <= _MAX_HEADER:
             raise BackendError(error("Q404", f"`{path.name}` is not a safetensors file", None, "bad header",
                                      help="the 8-byte header length is missing or implausible"))
-        header = json.loads(handle.read(size))
-    base = 8 + size
-    file_size = os.path.getsize(path)
+        raw = handle.read(size)
+    # `qrc check` validated this header (models/hf_index.py); a file replaced since then still gets a coded error,
+    # whatever is wrong with it (not JSON, nested past the parser, entries without offsets), not a traceback
+    try:
+        return _entries(path, json.loads(raw), 8 + size, os.path.getsize(path))
+    except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as exc:
+        raise BackendError(error("Q404", f"`{path.name}` has a safetensors header qrc cannot read "
+                                 f"({type(exc).__name__})", None, "unreadable header",
+                                 help="the file changed after `qrc check` read it; re-save the checkpoint")) from exc
+
+
+def _entries(path: Path, header: dict, base: int, file_size: int) -> dict[str, Entry]:
+    """The tensors a parsed header lists, each checked against the file's size and the dtypes qrc reads."""
     entries = {}
     for name, info in header.items():
         if name == "__metadata__":
