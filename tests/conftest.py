@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,18 @@ def pytest_configure(config):
     golden.enable_update(config.getoption("--update-golden"))
 
 
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torchrun_logs_in_the_tests_temp(tmp_path_factory):
+    """torchrun's log folder (`--log-dir`, read from PET_LOG_DIR) under pytest's temporary folders, which pytest
+    prunes, instead of a new /tmp/torchelastic_* folder each launch that nothing removes."""
+    if "PET_LOG_DIR" in os.environ:
+        yield
+        return
+    os.environ["PET_LOG_DIR"] = str(tmp_path_factory.mktemp("torchelastic"))
+    yield
+    os.environ.pop("PET_LOG_DIR", None)
 
 
 @pytest.fixture(autouse=True)
