@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import onnxruntime as ort
 from rich.console import Console
+from work_folder import work_folder
 
 from compiler.compile_run import compile_recipe
 from compiler.data import verify_batches
@@ -50,7 +50,7 @@ def torch_gptq() -> None:
     from float_formats import model_folder
 
     folder = model_folder(512, 2)
-    tmp = Path(tempfile.mkdtemp(prefix="qrc-check-"))
+    tmp = work_folder("qrc-check-")
     ids = np.random.default_rng(3).integers(0, 8192, (40, 128), dtype=np.int64)  # 32 calibration + 8 held out
     np.savez(tmp / "data.npz", input_ids=ids, attention_mask=np.ones_like(ids))
     recipe = tmp / "check.recipe"
@@ -78,7 +78,7 @@ def main() -> None:
     if "--torch-gptq" in sys.argv[1:]:
         torch_gptq()
         return
-    out = Path(tempfile.mkdtemp(prefix="qrc-check-")) / "m.onnx"
+    out = work_folder("qrc-check-") / "m.onnx"
     result, planned = compile_recipe(Path("recipes/tiny-llama-w8a8.recipe"), (), out, Console(quiet=True))
     ir = planned.check.ir
     batches, _ = verify_batches(ir.calibration.data, planned.check.assignment.model, ir.verify.samples, 1)

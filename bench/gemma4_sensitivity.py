@@ -11,8 +11,9 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from work_folder import work_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -51,7 +52,7 @@ def main() -> None:
     import transformers
     import zoo
 
-    work = Path(tempfile.mkdtemp(prefix="qrc-gemma4-"))
+    work = work_folder("qrc-gemma4-")
     ids = torch.randint(0, 300, (4, 32), generator=torch.Generator().manual_seed(0))
     auto = transformers.AutoModelForCausalLM
 

@@ -38,9 +38,10 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from work_folder import work_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -244,7 +245,7 @@ def main() -> None:
     import torch
     import transformers
 
-    work = Path(tempfile.mkdtemp(prefix="qrc-gguf-bench-"))
+    work = work_folder("qrc-gguf-bench-")
     folder = build(work / "model", args.hidden, args.layers)
     windows = text_windows(64, 1000)
     calibration, held_out = windows[:64], windows[-32:]
@@ -292,7 +293,6 @@ def main() -> None:
         kl, ppl = quality(path, held_out, reference)
         print(f"| {name} | {kl:.5f} | {ppl:.2f} ({100 * (ppl / float_ppl - 1):+.2f}%) | {path.stat().st_size:,} | "
               f"{max(speeds[name]):.0f} | {seconds[name]:.1f} |")
-    print(json.dumps({"work": str(work)}))
 
 
 if __name__ == "__main__":

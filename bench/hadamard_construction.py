@@ -21,8 +21,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
+
+from work_folder import work_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -88,7 +89,7 @@ def main() -> None:
     import transformers
 
     _, logits, windows = real_validation.float_on_validation(args.windows)
-    work = Path(tempfile.mkdtemp(prefix="qrc-hadamard-"))
+    work = work_folder("qrc-hadamard-")
     summary = {}
     for text in args.orders:
         orders = tuple(int(x) for x in text.split("x"))

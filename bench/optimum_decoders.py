@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from work_folder import work_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -30,7 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--optimum-cli", required=True)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="qrc-optimum-"))
+    tmp = work_folder("qrc-optimum-")
     ids = np.random.RandomState(0).randint(0, 320, (1, 12)).astype(np.int64)
     print("| export | scheme | qrc compile | cosine, empty cache | cosine, filled cache |")
     print("|---|---|---|---:|---:|")

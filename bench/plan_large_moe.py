@@ -11,9 +11,10 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from work_folder import work_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -26,7 +27,7 @@ def main() -> None:
     import transformers
     from test_plan import LARGE_MOE, _large_moe_configs
 
-    work = Path(tempfile.mkdtemp(prefix="qrc-large-moe-"))
+    work = work_folder("qrc-large-moe-")
     print("| config | quantized layers | budget | fits | seconds (each run) |\n|---|---:|---:|---|---|")
     for name, (config, _, ram) in _large_moe_configs(transformers).items():
         config.save_pretrained(work / name)

@@ -28,9 +28,10 @@ import argparse
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from work_folder import work_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -143,7 +144,7 @@ def main() -> None:
     from compiler.models import model_dir, resolve_path
 
     calibration_text, held_out, other = real_quality.texts()
-    work = Path(tempfile.mkdtemp(prefix="qrc-real-gguf-"))
+    work = work_folder("qrc-real-gguf-")
     source = resolve_path(real_quality.MODEL)
     tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(real_quality.MODEL)))
     data = work / "calibration.npz"

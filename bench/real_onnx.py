@@ -37,10 +37,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+from work_folder import work_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_ort import child, compile_bytecode, run_qrc  # noqa: E402
@@ -175,7 +175,7 @@ def main() -> None:
 
     from compiler.models import model_dir, resolve_path
 
-    work = Path(tempfile.mkdtemp(prefix="qrc-real-onnx-"))
+    work = work_folder("qrc-real-onnx-")
     calibration_text, held_out, other = texts()
     tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(MODEL)))
     calibration = work / "calibration.npz"

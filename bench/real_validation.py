@@ -19,9 +19,10 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from work_folder import work_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -71,7 +72,7 @@ def main() -> None:
     from compiler.models import model_dir
 
     calibration_text, _, _ = real_quality.texts()
-    work = Path(tempfile.mkdtemp(prefix="qrc-validation-"))
+    work = work_folder("qrc-validation-")
     tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(real_quality.MODEL)))
     ids = tokenizer(calibration_text)["input_ids"]
     calibration = work / "calibration.npz"

@@ -19,10 +19,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import real_quality as rq
+from work_folder import work_folder
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results" / "vllm_rotated.md"
@@ -88,7 +88,7 @@ def main() -> None:
     from compiler.models import model_dir, resolve_path
 
     calibration_text, held_out, other = rq.texts()
-    work = Path(tempfile.mkdtemp(prefix="qrc-vllm-rotated-"))
+    work = work_folder("qrc-vllm-rotated-")
     tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(rq.MODEL)))
     ids = rq.calibration_ids(tokenizer, calibration_text, 32, 512)
     np.savez(work / "calibration.npz", input_ids=ids, attention_mask=np.ones_like(ids))

@@ -10,8 +10,9 @@ and the keys transformers reports missing or unexpected when it loads the folder
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
+
+from work_folder import work_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -49,7 +50,7 @@ def main() -> None:
 
 
 def _row(family: str, mode: str, scheme: str) -> str:
-    root = Path(tempfile.mkdtemp())
+    root = work_folder("qrc-bench-")
     folder = build(family, root / family)
     (root / "r.recipe").write_text(RECIPE.format(model=folder, out=root / "out", mode=mode, scheme=scheme))
     result, planned = compile_program(str(root / "r.recipe"), root / "out")
