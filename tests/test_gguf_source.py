@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from compiling import bytes_read
+from compiling import bytes_read, smollm2_float
 from typer.testing import CliRunner
 from zoo import add_tokenizer, build
 
@@ -38,13 +38,6 @@ def _smol() -> Path:
 def _perplexity(model, ids) -> float:
     with torch.no_grad():
         return math.exp(model(ids, labels=ids).loss.item())
-
-
-def _float_model():
-    """SmolLM2 as transformers' own GGUF load gives it, in float32."""
-    path = _smol()
-    return transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                             dtype=torch.float32).eval()
 
 
 def _held_out_ids(tokenizer, count: int = 256) -> torch.Tensor:
@@ -180,14 +173,14 @@ def test_check_and_plan_read_no_weight_bytes_of_the_real_model(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def smol():
+def smol(tmp_path_factory):
     """The float SmolLM2 as transformers' own GGUF load gives it, the tokenizer qrc rebuilt from the file's
-    header, 1024 held-out tokens and the float model's perplexity on them (loaded once: a GGUF load
-    dequantizes every tensor)."""
+    header, 1024 held-out tokens and the float model's perplexity on them (the GGUF loaded once a test session:
+    compiling.smollm2_float)."""
     from compiler.models import model_dir
 
     _smol()
-    model = _float_model()
+    model = smollm2_float(tmp_path_factory)
     tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(str(model_dir(SMOL_REF)))
     ids = _held_out_ids(tokenizer, 1024)
     return SimpleNamespace(model=model, tokenizer=tokenizer, ids=ids, perplexity=_perplexity(model, ids))

