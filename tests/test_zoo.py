@@ -533,15 +533,18 @@ def test_a_folder_transformers_would_open_with_missing_weights_is_q426_and_nothi
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("check_process", ["started", "unstartable", "died", "hung"])
+@pytest.mark.parametrize("check_process", ["started", "unstartable", "died", "hung", "imported here"])
 def test_a_data_free_folder_with_missing_weights_is_q426_from_the_check_beside_the_rounding(tmp_path, monkeypatch,
                                                                                               check_process):
     """File to file, the load check runs in a process of its own while the weights round (torch/early_check.py,
-    check_process.py), or, where that process cannot start, dies or gives no answer in time, in the compile's: what
-    it finds is raised where the compile would have raised it, and nothing is written."""
+    check_process.py), or, where that process cannot start, dies or gives no answer in time, or where this process
+    has imported transformers and compressed-tensors already (as the tests have), in the compile's: what it finds
+    is raised where the compile would have raised it, and nothing is written."""
     from compiler.backends.torch import check_process as process
     from compiler.backends.torch import early_check, loader_names, output_layout
 
+    if check_process != "imported here":  # a `qrc` process, which has imported neither when it starts the child
+        monkeypatch.setattr(process, "imported_here", lambda: False)
     if check_process == "unstartable":
         monkeypatch.setattr(process, "WORKER", (str(tmp_path / "no-such-python"),))
     elif check_process == "died":
@@ -565,6 +568,8 @@ def test_a_data_free_folder_with_missing_weights_is_q426_from_the_check_beside_t
     assert started, result.output
     assert result.exit_code == 2 and "Q426" in result.output and "missing" in result.output, result.output
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+    child = started[0][-1]._child  # EarlyCheck's process: a child was started, or (imported here) none
+    assert (child is None) == (check_process in ("imported here", "unstartable")), child
     if check_process == "hung":
         rescue.cancel()
         assert not rescue.killed, "the run waited on a check process that never answered"

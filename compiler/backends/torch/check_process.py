@@ -10,7 +10,8 @@ measured peak includes: rss.following), and it is started once the plan is known
 here (`prepared`, which `qrc compile` enters), or else when the run opens the model (`adopt`).
 
 Every failure of the child (it could not start, it died, it answered nonsense or not in time) makes `prefix`
-or `check` return None, and the run checks in its own process instead: the same checks, only slower."""
+or `check` return None, and the run checks in its own process instead: the same checks, only slower. So does a
+run in a process that has imported both packages already (`imported_here`), which starts no child."""
 
 from __future__ import annotations
 
@@ -43,10 +44,13 @@ class CheckProcess:
         self._read_prefix = False
         self._followed = contextlib.ExitStack()
         self._stopping = threading.Lock()  # the run's thread and the main thread may both stop it
+        self._child: subprocess.Popen | None = None
+        if imported_here():  # no child: the run checks in its own process (prefix() is None)
+            return
         # one OpenMP thread: the child loads on the meta device, so a team's idle workers would only spin on the
         # cores the rounding uses
         try:
-            self._child: subprocess.Popen | None = subprocess.Popen(
+            self._child = subprocess.Popen(
                 [*WORKER, architecture], env={**os.environ, "OMP_NUM_THREADS": "1"},
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         except OSError:  # no process could be started: the run checks in its own
@@ -107,6 +111,15 @@ class CheckProcess:
         return answer if isinstance(answer, dict) else None
 
 
+def imported_here() -> bool:
+    """compressed-tensors and transformers are imported in this process already (a compile through the API in a
+    Python session that uses them: a notebook, a script that loaded a model, the tests). A child would import them
+    again (about 6 s of CPU and 440 MiB) to save this process only the meta-device load of the staged folder, so
+    the run checks here, on its check thread (early_check.py), as where no child could start. The plan still counts
+    the child: such a run peaks below it."""
+    return "compressed_tensors" in sys.modules and "transformers" in sys.modules
+
+
 def architecture_of(config: dict) -> str:
     """The class config.json names ('' for none)."""
     names = config.get("architectures") or []
@@ -142,7 +155,7 @@ def prepared(plan: ops.Plan, writes: bool) -> Iterator[None]:
     """Around a compile: a plan that rounds a folder file to file and writes it (the first rank) gets its
     check process now, before the backend imports torch, so that the child's imports overlap this one's.
     Whatever the run did not adopt and stop is stopped when the compile ends."""
-    model = _checked_model(plan) if writes else None
+    model = _checked_model(plan) if writes and not imported_here() else None
     if model is not None and model not in _STARTED:
         _STARTED[model] = CheckProcess(architecture_of(_config(model)))
     try:
