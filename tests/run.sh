@@ -9,9 +9,10 @@ QUICK_LIMIT_S=180  # the quick loop (`pytest -m "not slow"`) is the edit-test lo
 if ! { command -v chromium && command -v g++; } >/dev/null; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium g++
 fi
-# llama.cpp (llama-cpp-python) builds from source into a wheel, niced, from here on: while pip downloads the rest
-# (which leaves the cores idle) and the tests run. Its 5 minutes of CPU (2 cores, 2026-12-07) lengthened the slow
-# tests by about 100 s where it started beside them; beside the quick loop it takes the share of a niced process.
+# llama.cpp (llama-cpp-python) builds from source into a wheel from here on, at the lowest priority (nice 19): in the
+# time pip's downloads and the tests leave the cores idle, and at full speed once the slow tests are done. Its 5
+# minutes of CPU (2 cores, 2026-12-07) lengthened the slow tests by about 100 s where it started beside them at
+# nice 10, and started here at nice 10 it took the quick loop from 115-135 s to 177 s.
 # For the instruction sets this CPU has, named one by one, not for the building machine as a whole
 # (GGML_NATIVE=OFF): built native on a CPU with AMX, 0.3.36 crashed (SIGSEGV) evaluating any model, the wheel's own
 # SmolLM2 included (2026-12-03; built for AVX-512 and VNNI, its 18 tests passed there); built for AVX-512 on a CPU
@@ -30,7 +31,7 @@ CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_TESTS=OFF -D
 -DGGML_NATIVE=OFF $(ggml AVX avx) $(ggml AVX2 avx2) $(ggml FMA fma) $(ggml F16C f16c) \
 $(ggml AVX512 avx512f avx512cd avx512vl avx512dq avx512bw) $(ggml AVX512_VNNI avx512f avx512_vnni) \
 -DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/tests/llama_cpp_without_common.cmake" \
-    nice pip wheel -q --no-deps --no-cache-dir -w "$wheels" "llama-cpp-python>=0.3.36" >/tmp/qrc-llama-cpp-build.log 2>&1 &
+    nice -n 19 pip wheel -q --no-deps --no-cache-dir -w "$wheels" "llama-cpp-python>=0.3.36" >/tmp/qrc-llama-cpp-build.log 2>&1 &
 build=$!
 pip install torch==2.13.0  # first, so that pip keeps the CPU build
 pip install -e ".[dev,models]"
