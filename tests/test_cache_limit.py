@@ -13,14 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from compiling import SMOLLM2
+from compiling import SMOLLM2 as SMOL
 from typer.testing import CliRunner
 
 from compiler.cli import app
 from compiler.models.gguf_source import side_folder
 
 runner = CliRunner()
-SMOL = SMOLLM2
 
 
 def _wheel_gguf() -> Path:

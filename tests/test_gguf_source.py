@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from compiling import SMOLLM2, bytes_read, smollm2_float
+from compiling import SMOLLM2 as SMOL_REF
+from compiling import bytes_read, smollm2_float
 from typer.testing import CliRunner
 from zoo import add_tokenizer, build
 
@@ -25,7 +26,6 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 runner = CliRunner()
-SMOL_REF = SMOLLM2
 
 
 def _smol() -> Path:

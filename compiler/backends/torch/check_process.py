@@ -155,7 +155,7 @@ def prepared(plan: ops.Plan, writes: bool) -> Iterator[None]:
     """Around a compile: a plan that rounds a folder file to file and writes it (the first rank) gets its
     check process now, before the backend imports torch, so that the child's imports overlap this one's.
     Whatever the run did not adopt and stop is stopped when the compile ends."""
-    model = _checked_model(plan) if writes and not imported_here() else None
+    model = _checked_model(plan) if writes else None
     if model is not None and model not in _STARTED:
         _STARTED[model] = CheckProcess(architecture_of(_config(model)))
     try:
