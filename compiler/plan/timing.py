@@ -274,6 +274,10 @@ LEARNED_COMPILE = 17.0
 # hidden width's power -0.29 from SmolLM2's (2026-12-05); held out, a StableLM of hidden 512 measured 1.03x and a
 # Mistral of hidden 1024 0.86x the plan without it, 1.03x and 0.84x predicted
 LEARNED_WIDTH, LEARNED_WIDTH_POWER = 576, 0.29
+# A block's last step runs its forward only (torch/learned.py: its move would give parameters no step measures): the
+# backward is about two thirds of a step (one of SmolLM2-135M's blocks, float32, 8 samples of 512 tokens: 0.29 s
+# forward against 0.83-0.94 s a step, 2026-12-07)
+LAST_STEP_SKIPPED = 2.0 / 3.0
 
 
 class BFloat16Products(Enum):
@@ -293,8 +297,8 @@ LEARNED_FACTORS = {BFloat16Products.CONVERTED: (LEARNED_STEP_FORWARDS, COMPILED_
 
 
 def learned_seconds(w: Workload, rates: Rates, bfloat16: BFloat16Products, compiled: bool = False) -> float:
-    """Learned rounding's steps in every block: `iters` steps of `batch` samples forward and backward (the float
-    stream they learn against is counted with the block's other streams); `bfloat16`: how the CPU multiplies the
+    """Learned rounding's steps in every block: `iters` steps of `batch` samples forward and backward, the last
+    forward only (LAST_STEP_SKIPPED; the float stream they learn against is counted with the block's other streams); `bfloat16`: how the CPU multiplies the
     steps' products; `compiled`: the steps run through torch.compile."""
     if w.learned is None:
         return 0.0
@@ -302,9 +306,10 @@ def learned_seconds(w: Workload, rates: Rates, bfloat16: BFloat16Products, compi
     step = w.learned_step_samples * w.seqlen * token_flops(w, blocks_only=True) / blocks / rates.flops
     step *= (LEARNED_WIDTH / max(_hidden(w), 1)) ** LEARNED_WIDTH_POWER
     eager, fused, _ = LEARNED_FACTORS[bfloat16]
+    steps = blocks * (w.learned.iters - LAST_STEP_SKIPPED)
     if compiled:
-        return rates.fixed(LEARNED_COMPILE) + blocks * w.learned.iters * step * fused
-    return blocks * w.learned.iters * step * eager
+        return rates.fixed(LEARNED_COMPILE) + steps * step * fused
+    return steps * step * eager
 
 
 def learned_stream_fraction(bfloat16: BFloat16Products) -> float:

@@ -318,6 +318,8 @@ def learn_block(root: nn.Module, block: nn.Module, number: int, stream: streams.
                 if value < best_loss:  # the parameters this step ran with (the first: the start's), copied
                     best_loss = value  # into the same buffers each time (no fresh ones to fault in)
                     torch._foreach_copy_(best, [p.detach() for p in parameters])
+                if step == settings.iters - 1:  # the last step's move would give parameters no step measures,
+                    break  # and only measured ones are kept: its backward (two thirds of a step) is skipped
                 loss.backward()
                 rate = settings.rate * (1.0 - step / settings.iters)
                 with torch.no_grad():
