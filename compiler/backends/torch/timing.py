@@ -131,22 +131,36 @@ def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
 
 def _learn_rotation(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     """The model opened whole, then each step: every block Linear rotated (W·Q or Qᵀ·W, and the product's gradient
-    for Q), rounded (to float32 and back), and `batch` samples forward and backward with the input quantizers. Fitted
-    on the real SmolLM2-135M, NVFP4, one 512-token sample a step: 2.75 s forming and rounding the weights (1.85 of it
-    rounding) and 4.1 s the rest, against 1.9 + 2.9 + 3.65 planned before this fit."""
+    for Q), rounded (to float32 and back), and `batch` samples forward and backward with their inputs rounded as the
+    scheme rounds them; the held-out samples (spinquant.py HELD_OUT) run at the start and VALIDATIONS times, forward
+    only, one at a time. The steps' products run in bfloat16 where the CPU multiplies it (learned.step_precision):
+    LEARNING_STEPS by kind."""
     blocks = sum(x.params for x in w.index.layers if x.block is not None)
     hidden = w.index.norms[0].width if w.index.norms else 0
     weights = 2.0 * blocks * hidden / rates.flops + LEARNING_ROUNDINGS * 4.0 * blocks / rates.rounding
-    step = weights + LEARNING_FORWARDS * forward(w, rates, op.batch)
-    # the held-out samples (spinquant.py HELD_OUT) run at the start and VALIDATIONS times, forward only
+    forwards, inputs_apart = LEARNING_STEPS[bfloat16_products()]
+
+    def run(samples: float, passes: float) -> float:
+        return passes * forward(w, rates, samples) + inputs_apart * fp4_input_seconds(w, rates, samples)
+
     checks = min(op.iters, VALIDATIONS) + 1
-    validation = weights + LEARNING_FORWARDS / 3 * forward(w, rates, max(1, w.samples // HELD_OUT))
-    return rates.fixed(HF_MODEL) + w.weights_bytes / rates.disk + op.iters * step + checks * validation
+    validation = weights + run(max(1, w.samples // HELD_OUT), forwards / 3)
+    return (rates.fixed(HF_MODEL) + w.weights_bytes / rates.disk + op.iters * (weights + run(op.batch, forwards))
+            + checks * validation)
 
 
-# fitted (_learn_rotation): a step's weight rounding against an rtn rounding of the same bytes, and its forward,
-# backward and input rounding in forwards
-LEARNING_ROUNDINGS, LEARNING_FORWARDS = 1.3, 3.6
+# fitted (_learn_rotation): a step's weight rounding against an rtn rounding of the same bytes
+LEARNING_ROUNDINGS = 1.3
+# per kind of bfloat16 products: (a step's forward, backward and input rounding in forwards; whether the FP4 input
+# rounding is counted apart, per element as calibration's: fp4_input_seconds). Where the steps multiply bfloat16
+# (fitted on the real SmolLM2-135M, NVFP4, one 512-token sample a step, AVX-512 BF16: 2.75 s forming and rounding
+# the weights, 4.1 s the rest) the forwards took the input rounding in. Where they stay float32 that carried to
+# neither shape: on a 2-core AVX2 EPYC the same SmolLM2 recipe (10 steps) measured 259 s against 145 planned
+# (1.79x; 1.9 s of FP4 input rounding a sample, about what calibration's constant plans, against 1.5 s of forward)
+# while the Mistral of hidden 1024 (bench/plan_vs_measured.py) measured 1.05x: SmolLM2's narrow layers round twice
+# the input elements per FLOP. Counted apart, the forwards fitted on SmolLM2 there: 4.7 (2026-12-07)
+LEARNING_STEPS = {BFloat16Products.CONVERTED: (4.7, 1.0), BFloat16Products.AVX512_BF16: (3.6, 0.0),
+                  BFloat16Products.AMX: (3.6, 0.0)}
 
 
 def _calibrate(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
