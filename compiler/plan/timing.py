@@ -298,8 +298,9 @@ LEARNED_FACTORS = {BFloat16Products.CONVERTED: (LEARNED_STEP_FORWARDS, COMPILED_
 
 def learned_seconds(w: Workload, rates: Rates, bfloat16: BFloat16Products, compiled: bool = False) -> float:
     """Learned rounding's steps in every block: `iters` steps of `batch` samples forward and backward, the last
-    forward only (LAST_STEP_SKIPPED; the float stream they learn against is counted with the block's other streams); `bfloat16`: how the CPU multiplies the
-    steps' products; `compiled`: the steps run through torch.compile."""
+    forward only (LAST_STEP_SKIPPED; the float stream they learn against is counted with the block's other
+    streams); `bfloat16`: how the CPU multiplies the steps' products; `compiled`: the steps run through
+    torch.compile."""
     if w.learned is None:
         return 0.0
     blocks = len(w.blocks) or 1

@@ -151,14 +151,15 @@ def _learn_rotation(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
 
 # fitted (_learn_rotation): a step's weight rounding against an rtn rounding of the same bytes
 LEARNING_ROUNDINGS = 1.3
-# per kind of bfloat16 products: (a step's forward, backward and input rounding in forwards; whether the FP4 input
-# rounding is counted apart, per element as calibration's: fp4_input_seconds). Where the steps multiply bfloat16
-# (fitted on the real SmolLM2-135M, NVFP4, one 512-token sample a step, AVX-512 BF16: 2.75 s forming and rounding
-# the weights, 4.1 s the rest) the forwards took the input rounding in. Where they stay float32 that carried to
-# neither shape: on a 2-core AVX2 EPYC the same SmolLM2 recipe (10 steps) measured 259 s against 145 planned
-# (1.79x; 1.9 s of FP4 input rounding a sample, about what calibration's constant plans, against 1.5 s of forward)
-# while the Mistral of hidden 1024 (bench/plan_vs_measured.py) measured 1.05x: SmolLM2's narrow layers round twice
-# the input elements per FLOP. Counted apart, the forwards fitted on SmolLM2 there: 4.7 (2026-12-07)
+# per kind of bfloat16 products: (a step's forward and backward in forwards, its FP4 input rounding included where
+# that is not counted apart; 1.0 where it is, per element as calibration's: fp4_input_seconds). Where the steps
+# multiply bfloat16 (fitted on the real SmolLM2-135M, NVFP4, one 512-token sample a step, AVX-512 BF16: 2.75 s
+# forming and rounding the weights, 4.1 s the rest) the forwards took the input rounding in. Where they stay float32
+# that carried to neither shape: on a 2-core AVX2 EPYC the same SmolLM2 recipe (10 steps) learned in 259 s against
+# 145 planned (1.79x; 1.9 s of FP4 input rounding a sample, against 1.5 s of forward) and the Mistral of hidden 1024
+# (bench/plan_vs_measured.py's spinquant row) compiled in 1.30x its plan: SmolLM2's narrow layers round about twice
+# the input elements per FLOP. Counted apart, the forwards fitted on SmolLM2 there: 4.7; held out, the Mistral
+# 1.09-1.11x (2026-12-07)
 LEARNING_STEPS = {BFloat16Products.CONVERTED: (4.7, 1.0), BFloat16Products.AVX512_BF16: (3.6, 0.0),
                   BFloat16Products.AMX: (3.6, 0.0)}
 
