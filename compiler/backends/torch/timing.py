@@ -140,7 +140,7 @@ def _learn_rotation(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     weights = 2.0 * blocks * hidden / rates.flops + LEARNING_ROUNDINGS * 4.0 * blocks / rates.rounding
     forwards, inputs_apart = LEARNING_STEPS[bfloat16_products()]
 
-    def run(samples: float, passes: float) -> float:
+    def run(samples: int, passes: float) -> float:
         return passes * forward(w, rates, samples) + inputs_apart * fp4_input_seconds(w, rates, samples)
 
     checks = min(op.iters, VALIDATIONS) + 1
