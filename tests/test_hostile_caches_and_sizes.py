@@ -133,29 +133,39 @@ def _written(onnx_file: Path) -> bytes:
 
 @pytest.fixture(scope="session")
 def llama_on_onnx(zoo_folders, tmp_path_factory) -> SimpleNamespace:
-    """The zoo's tiny Llama compiled W8A16 on ONNX in a child with a cache of its own: the recipe, its output,
-    the cache (holding the export) and the weights written. Session-wide, so each xdist worker exports once: as a
-    module fixture it was made again each time a worker was handed this module's tests anew (three exports in one
-    run, 47 s)."""
+    """The zoo's tiny Llama, with a tokenizer, compiled W8A16 on ONNX in a child with a cache of its own: the
+    folder, the recipe, its output, the cache (holding the export) and the weights written. Session-wide, so each
+    xdist worker exports once: as a module fixture it was made again each time a worker was handed this module's
+    tests anew (three exports in one run, 47 s). The tokenizer makes the export onnxruntime-genai's builder's
+    (export_builder.py), 8 s here where torch.onnx's dynamo exporter takes 20 s: the cache's checks are the same
+    for either exporter's entry, and the dynamo export has tests of its own (test_onnx_decoders.py)."""
+    from zoo import add_tokenizer
+
     root = tmp_path_factory.mktemp("decoder")
+    folder = add_tokenizer(_copy(zoo_folders["llama"], root / "llama"), 320)
     recipe, out = root / "r.recipe", root / "out.onnx"
-    recipe.write_text(f'recipe r {{\n model "{zoo_folders["llama"]}"\n backend onnx\n quantize {{ type Linear -> W8A16 }}\n'
+    recipe.write_text(f'recipe r {{\n model "{folder}"\n backend onnx\n quantize {{ type Linear -> W8A16 }}\n'
                       f' emit "{out}"\n}}\n')
     done = _compile_in_child(recipe, root / "cache")
     assert done.returncode == 0, done.stdout + done.stderr
-    return SimpleNamespace(recipe=recipe, out=out, cache=root / "cache", written=_written(out))
+    return SimpleNamespace(folder=folder, recipe=recipe, out=out, cache=root / "cache", written=_written(out))
+
+
+def _copy(folder: Path, to: Path) -> Path:
+    shutil.copytree(folder, to)
+    return to
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["empty graph", "truncated data", "data linked elsewhere", "swapped"])
-def test_a_tampered_or_swapped_export_cache_entry_is_made_again(llama_on_onnx, zoo_folders, case, tmp_path):
+def test_a_tampered_or_swapped_export_cache_entry_is_made_again(llama_on_onnx, case, tmp_path):
     """The cached export of an HF folder is reused only when it is intact and the folder's own: an empty graph,
     truncated data, data linked elsewhere, or the entry of another model (same layer names, other weights) is
     removed and exported again; the compile succeeds and writes the same model as with a fresh export. (A graph
     cut short fails the same digest as an empty one.)"""
     import torch
     import transformers
-    from zoo import configs
+    from zoo import add_tokenizer, configs
 
     cache = tmp_path / "cache"
     shutil.copytree(llama_on_onnx.cache, cache, symlinks=True)
@@ -173,8 +183,9 @@ def test_a_tampered_or_swapped_export_cache_entry_is_made_again(llama_on_onnx, z
         torch.manual_seed(1)
         other = tmp_path / "other"
         cls(config).eval().save_pretrained(other)
+        add_tokenizer(other, 320)  # exported as this folder's entry was (by the builder)
         other_recipe = tmp_path / "other.recipe"
-        other_recipe.write_text(llama_on_onnx.recipe.read_text().replace(str(zoo_folders["llama"]), str(other)))
+        other_recipe.write_text(llama_on_onnx.recipe.read_text().replace(str(llama_on_onnx.folder), str(other)))
         assert _compile_in_child(other_recipe, cache, tmp_path / "other.onnx").returncode == 0
         theirs = next(e for e in (cache / "exported").iterdir() if e != entry)
         for path in theirs.iterdir():

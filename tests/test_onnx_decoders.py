@@ -221,18 +221,19 @@ def test_offload_writes_the_same_model_with_external_data(exported, scheme, tmp_
     assert _cosine(cached, whole[:, -4:]) > 0.99
 
 
-def test_offload_runs_qrcs_own_export_block_by_block(folders, tmp_path, monkeypatch):
+def test_offload_runs_qrcs_own_export_block_by_block(folders, tmp_path):
     """qrc's export of an HF decoder names each node after its module, so offload cuts it into one segment per
     block (the dynamo exporter's own names say no block: the whole graph ran as one segment, every weight in
     one session); its W8A8 values equal a full-mode compile's."""
     import onnx
     from onnx import numpy_helper
 
+    from compiler.backends.onnx.export import export_folder
     from compiler.plan.activations import segment_runs
 
-    monkeypatch.setenv("QRC_CACHE", str(tmp_path / "cache"))
+    # the export cache's entry, which test_exported_decoder_compiles_and_runs_with_a_cache may have made already
     full = _compile(tmp_path / "full", folders["qwen2-tied"], "w8a8")
-    export = next((tmp_path / "cache" / "exported").iterdir()) / "model.onnx"
+    export = export_folder(folders["qwen2-tied"])
     runs = segment_runs([n.name for n in onnx.load(str(export), load_external_data=False).graph.node])
     layers = json.loads((folders["qwen2-tied"] / "config.json").read_text())["num_hidden_layers"]
     assert [block for block, _ in runs] == [f"model.layers.{i}" for i in range(layers)]
