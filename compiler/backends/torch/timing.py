@@ -4,6 +4,8 @@ forward (kernels and the compiled loops loaded), verification's streams carried 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from compiler.backends.cpu_flags import bfloat16_products
 from compiler.backends.torch.compiled_steps import steps_compiled
 from compiler.backends.torch.formats import torch_format
@@ -138,21 +140,22 @@ def _learn_rotation(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     blocks = sum(x.params for x in w.index.layers if x.block is not None)
     hidden = w.index.norms[0].width if w.index.norms else 0
     weights = 2.0 * blocks * hidden / rates.flops + LEARNING_ROUNDINGS * 4.0 * blocks / rates.rounding
-    forwards, inputs_apart = LEARNING_STEPS[bfloat16_products()]
+    steps = LEARNING_STEPS[bfloat16_products()]
 
     def run(samples: int, passes: float) -> float:
-        return passes * forward(w, rates, samples) + inputs_apart * fp4_input_seconds(w, rates, samples)
+        apart = fp4_input_seconds(w, rates, samples) if steps.inputs_apart else 0.0
+        return passes * forward(w, rates, samples) + apart
 
     checks = min(op.iters, VALIDATIONS) + 1
-    validation = weights + run(max(1, w.samples // HELD_OUT), forwards / 3)
-    return (rates.fixed(HF_MODEL) + w.weights_bytes / rates.disk + op.iters * (weights + run(op.batch, forwards))
+    validation = weights + run(max(1, w.samples // HELD_OUT), steps.forwards / 3)
+    return (rates.fixed(HF_MODEL) + w.weights_bytes / rates.disk + op.iters * (weights + run(op.batch, steps.forwards))
             + checks * validation)
 
 
 # fitted (_learn_rotation): a step's weight rounding against an rtn rounding of the same bytes
 LEARNING_ROUNDINGS = 1.3
-# per kind of bfloat16 products: (a step's forward and backward in forwards, its FP4 input rounding included where
-# that is not counted apart; 1.0 where it is, per element as calibration's: fp4_input_seconds). Where the steps
+# Per kind of bfloat16 products (LearningStep): a step's forward and backward in forwards, its FP4 input rounding
+# included in them or counted apart, per element as calibration's (fp4_input_seconds). Where the steps
 # multiply bfloat16 (fitted on the real SmolLM2-135M, NVFP4, one 512-token sample a step, AVX-512 BF16: 2.75 s
 # forming and rounding the weights, 4.1 s the rest) the forwards took the input rounding in. Where they stay float32
 # that carried to neither shape: on a 2-core AVX2 EPYC the same SmolLM2 recipe (10 steps) learned in 259 s against
@@ -160,8 +163,18 @@ LEARNING_ROUNDINGS = 1.3
 # (bench/plan_vs_measured.py's spinquant row) compiled in 1.30x its plan: SmolLM2's narrow layers round about twice
 # the input elements per FLOP. Counted apart, the forwards fitted on SmolLM2 there: 4.7; held out, the Mistral
 # 1.09-1.11x (2026-12-07)
-LEARNING_STEPS = {BFloat16Products.CONVERTED: (4.7, 1.0), BFloat16Products.AVX512_BF16: (3.6, 0.0),
-                  BFloat16Products.AMX: (3.6, 0.0)}
+@dataclass(frozen=True)
+class LearningStep:
+    """A learned rotation's step on one kind of CPU: its forward and backward in forwards, and whether its FP4 input
+    rounding is counted apart from them."""
+
+    forwards: float
+    inputs_apart: bool
+
+
+LEARNING_STEPS = {BFloat16Products.CONVERTED: LearningStep(4.7, inputs_apart=True),
+                  BFloat16Products.AVX512_BF16: LearningStep(3.6, inputs_apart=False),
+                  BFloat16Products.AMX: LearningStep(3.6, inputs_apart=False)}
 
 
 def _calibrate(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
