@@ -264,11 +264,16 @@ def fp4_input_seconds(w: Workload, rates: Rates, samples: int) -> float:
 # slower per planned FLOP: uncompiled 120 steps in 98.4 s (2.7 forwards), compiled 300 in 214 s with a warm compile
 # cache (2.1 with the planned compile); held out, the Mistral of hidden 1024 (bench/plan_vs_measured.py) uncompiled
 # 1.00-1.07x its plan with 2.7. Compiled, that Mistral's steps there ran about as fast as uncompiled (1.59-1.95 s a
-# step against 1.65-1.77), where SmolLM2's gained 13%: up to 1.30x its plan, which no constant fitted on SmolLM2
-# carries (bench/results/plan_vs_measured.md)
+# step against 1.65-1.77), where SmolLM2's gained 13% (0.71 s against 0.82): up to 1.30x its plan, which no constant
+# fitted on SmolLM2 carried (bench/results/plan_vs_measured.md). What compiling buys there is the element-wise work
+# it fuses, a smaller part of a wider block's step: measured again (2026-12-07, random Llamas of 2 blocks, 8 samples
+# of 512 tokens a step, the compile cache warm), hidden 1024 0.966x the uncompiled step, fitted with SmolLM2's
+# 0.866x as that ratio times (hidden / 576) ** 0.19, never above 1; held out, hidden 768 measured 0.91x (0.915x
+# predicted). Compiling with the cache cold took 21-33 s more than with it warm (3 s), where the CPUs with bfloat16
+# products took 17 s
 LEARNED_STEP_FORWARDS = 2.7
-COMPILED_STEP_FORWARDS = 2.1
-LEARNED_COMPILE = 17.0
+COMPILED_STEP_RATIO, COMPILED_WIDTH_POWER = 0.866, 0.19
+LEARNED_COMPILE, LEARNED_COMPILE_FLOAT32 = 17.0, 29.0
 # The steps' bfloat16 products run faster per FLOP on wider matrices: uncompiled 8-sample steps measured 0.99x
 # their plan on SmolLM2-135M (hidden 576) and 0.91x on a Qwen2 of hidden 768 (256 and 512 tokens), fitted as the
 # hidden width's power -0.29 from SmolLM2's (2026-12-05); held out, a StableLM of hidden 512 measured 1.03x and a
@@ -288,12 +293,30 @@ class BFloat16Products(Enum):
     AMX = "amx_bf16"  # AMX's tiles
 
 
-# per kind: (an uncompiled step, a compiled step) in forwards, and the learning streams' fraction of float32's
-# pass (the float targets and the rounded stream to the next block take the steps' precision: on AMX 0.25 s
-# against about 0.75 s a block, 32 samples)
-LEARNED_FACTORS = {BFloat16Products.CONVERTED: (LEARNED_STEP_FORWARDS, COMPILED_STEP_FORWARDS, 1.0),
-                   BFloat16Products.AVX512_BF16: (1.56, 1.38, 0.55),
-                   BFloat16Products.AMX: (1.1, 0.7, 0.35)}
+@dataclass(frozen=True)
+class LearnedSteps:
+    """Learned rounding's steps on one kind of CPU: an uncompiled step and a compiled one in forwards (the compiled
+    one at LEARNED_WIDTH, its ratio to the uncompiled one growing with the width as `compiled_width_power` says,
+    never past 1), the learning streams' fraction of float32's pass (the float targets and the rounded stream to the
+    next block take the steps' precision: on AMX 0.25 s against about 0.75 s a block, 32 samples), and the seconds
+    compiling takes with torch's compile cache cold."""
+
+    eager: float
+    compiled: float
+    streams: float
+    compiled_width_power: float = 0.0
+    compile_seconds: float = LEARNED_COMPILE
+
+    def compiled_at(self, hidden: int) -> float:
+        """A compiled step in forwards, for blocks of this hidden width."""
+        return min(self.eager, self.compiled * (max(hidden, 1) / LEARNED_WIDTH) ** self.compiled_width_power)
+
+
+LEARNED_FACTORS = {
+    BFloat16Products.CONVERTED: LearnedSteps(LEARNED_STEP_FORWARDS, LEARNED_STEP_FORWARDS * COMPILED_STEP_RATIO, 1.0,
+                                             COMPILED_WIDTH_POWER, LEARNED_COMPILE_FLOAT32),
+    BFloat16Products.AVX512_BF16: LearnedSteps(1.56, 1.38, 0.55),
+    BFloat16Products.AMX: LearnedSteps(1.1, 0.7, 0.35)}
 
 
 def learned_seconds(w: Workload, rates: Rates, bfloat16: BFloat16Products, compiled: bool = False) -> float:
@@ -306,16 +329,16 @@ def learned_seconds(w: Workload, rates: Rates, bfloat16: BFloat16Products, compi
     blocks = len(w.blocks) or 1
     step = w.learned_step_samples * w.seqlen * token_flops(w, blocks_only=True) / blocks / rates.flops
     step *= (LEARNED_WIDTH / max(_hidden(w), 1)) ** LEARNED_WIDTH_POWER
-    eager, fused, _ = LEARNED_FACTORS[bfloat16]
+    kind = LEARNED_FACTORS[bfloat16]
     steps = blocks * (w.learned.iters - LAST_STEP_SKIPPED)
     if compiled:
-        return rates.fixed(LEARNED_COMPILE) + steps * step * fused
-    return steps * step * eager
+        return rates.fixed(kind.compile_seconds) + steps * step * kind.compiled_at(_hidden(w))
+    return steps * step * kind.eager
 
 
 def learned_stream_fraction(bfloat16: BFloat16Products) -> float:
     """What a learning block's stream pass costs against float32's, its products multiplied as `bfloat16` says."""
-    return LEARNED_FACTORS[bfloat16][2]
+    return LEARNED_FACTORS[bfloat16].streams
 
 
 def learned_weights(w: Workload) -> int:
