@@ -154,7 +154,7 @@ def _learn_rotation(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
 
 # fitted (_learn_rotation): a step's weight rounding against an rtn rounding of the same bytes
 LEARNING_ROUNDINGS = 1.3
-# Per kind of bfloat16 products (LearningStep): a step's forward and backward in forwards, its FP4 input rounding
+# Per kind of bfloat16 products (RotationStep): a step's forward and backward in forwards, its FP4 input rounding
 # included in them or counted apart, per element as calibration's (fp4_input_seconds). Where the steps
 # multiply bfloat16 (fitted on the real SmolLM2-135M, NVFP4, one 512-token sample a step, AVX-512 BF16: 2.75 s
 # forming and rounding the weights, 4.1 s the rest) the forwards took the input rounding in. Where they stay float32
@@ -164,7 +164,7 @@ LEARNING_ROUNDINGS = 1.3
 # the input elements per FLOP. Counted apart, the forwards fitted on SmolLM2 there: 4.7; held out, the Mistral
 # 1.09-1.11x (2026-12-07)
 @dataclass(frozen=True)
-class LearningStep:
+class RotationStep:
     """A learned rotation's step on one kind of CPU: its forward and backward in forwards, and whether its FP4 input
     rounding is counted apart from them."""
 
@@ -172,9 +172,9 @@ class LearningStep:
     inputs_apart: bool
 
 
-LEARNING_STEPS = {BFloat16Products.CONVERTED: LearningStep(4.7, inputs_apart=True),
-                  BFloat16Products.AVX512_BF16: LearningStep(3.6, inputs_apart=False),
-                  BFloat16Products.AMX: LearningStep(3.6, inputs_apart=False)}
+LEARNING_STEPS = {BFloat16Products.CONVERTED: RotationStep(4.7, inputs_apart=True),
+                  BFloat16Products.AVX512_BF16: RotationStep(3.6, inputs_apart=False),
+                  BFloat16Products.AMX: RotationStep(3.6, inputs_apart=False)}
 
 
 def _calibrate(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
