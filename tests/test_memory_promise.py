@@ -33,8 +33,8 @@ RECIPE = """recipe promise {{
 ROUTER = 're".*\\.mlp\\.gate" -> none'  # an MoE's router stays float, as vLLM wants it
 AWQ, SMOOTHQUANT = "transform awq { grid 20 }", "transform smoothquant { alpha 0.8 }"
 QUAROT = "transform quarot { online r4 }"
-# (model, backend, mode, scheme, transform). Plain W8A8_STATIC in torch's low_memory and ONNX's full mode is not a
-# case of its own: the MoE folder's (torch) and SmoothQuant's (both) cases run those modes' calibration with it
+# Plain W8A8_STATIC in torch's low_memory and ONNX's full mode is not a case of its own: the MoE folder's (torch)
+# and SmoothQuant's (both) cases run those modes' calibration with it
 CASES = [  # (model, backend, mode, scheme, transform)
     ("builtin", "torch", "full", "W8A8_STATIC", ""),
     ("builtin", "torch", "offload", "W4A16", ""), ("builtin", "torch", "low_memory", "W4A16 { rounding gptq }", ""),
