@@ -101,7 +101,7 @@ def _one_and_two(recipe: Path, where: Path, file: str = "") -> subprocess.Comple
     return run
 
 
-def _deterministic_and_within_a_percent(recipe: Path, where: Path, file: str, what: str, twice: bool = True) -> None:
+def _two_ranks_within_a_percent(recipe: Path, where: Path, file: str, what: str, twice: bool = True) -> None:
     """`recipe` compiled alone (where/one/`file`) and on two ranks (where/two; with `twice`, again into
     where/again, and the two ranks' runs write the same bytes): the KL against float they verify is one process's
     within 1%."""
@@ -245,7 +245,7 @@ def test_gguf_over_ranks(tmp_path, tokenized_llama, rounding, data):
     if rounding == "rtn":
         _one_and_two(recipe, tmp_path, "m.gguf")
         return
-    _deterministic_and_within_a_percent(recipe, tmp_path, "m.gguf", "GGUF GPTQ KL against float", twice=False)
+    _two_ranks_within_a_percent(recipe, tmp_path, "m.gguf", "GGUF GPTQ KL against float", twice=False)
 
 
 @pytest.mark.slow
@@ -374,7 +374,7 @@ def test_onnx_awq_over_ranks_is_deterministic_and_as_good_as_one_process(tmp_pat
     recipe = tmp_path / "r.recipe"
     recipe.write_text(_transformed("builtin:tiny-llama", "awq { grid 20  duo_scaling }", "W4A16 { group 32 }", "full",
                                    tmp_path / "x.onnx", backend="onnx"))
-    _deterministic_and_within_a_percent(recipe, tmp_path, "m.onnx", "ONNX AWQ KL against float in onnxruntime")
+    _two_ranks_within_a_percent(recipe, tmp_path, "m.onnx", "ONNX AWQ KL against float in onnxruntime")
 
 
 @pytest.mark.slow

@@ -142,18 +142,13 @@ def llama_on_onnx(zoo_folders, tmp_path_factory) -> SimpleNamespace:
     from zoo import add_tokenizer
 
     root = tmp_path_factory.mktemp("decoder")
-    folder = add_tokenizer(_copy(zoo_folders["llama"], root / "llama"), 320)
+    folder = add_tokenizer(Path(shutil.copytree(zoo_folders["llama"], root / "llama")), 320)
     recipe, out = root / "r.recipe", root / "out.onnx"
     recipe.write_text(f'recipe r {{\n model "{folder}"\n backend onnx\n quantize {{ type Linear -> W8A16 }}\n'
                       f' emit "{out}"\n}}\n')
     done = _compile_in_child(recipe, root / "cache")
     assert done.returncode == 0, done.stdout + done.stderr
     return SimpleNamespace(folder=folder, recipe=recipe, out=out, cache=root / "cache", written=_written(out))
-
-
-def _copy(folder: Path, to: Path) -> Path:
-    shutil.copytree(folder, to)
-    return to
 
 
 @pytest.mark.slow

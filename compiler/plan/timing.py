@@ -327,12 +327,13 @@ def learned_seconds(w: Workload, rates: Rates, bfloat16: BFloat16Products, compi
     if w.learned is None:
         return 0.0
     blocks = len(w.blocks) or 1
+    hidden = _hidden(w)
     step = w.learned_step_samples * w.seqlen * token_flops(w, blocks_only=True) / blocks / rates.flops
-    step *= (LEARNED_WIDTH / max(_hidden(w), 1)) ** LEARNED_WIDTH_POWER
+    step *= (LEARNED_WIDTH / max(hidden, 1)) ** LEARNED_WIDTH_POWER
     kind = LEARNED_FACTORS[bfloat16]
     steps = blocks * (w.learned.iters - LAST_STEP_SKIPPED)
     if compiled:
-        return rates.fixed(kind.compile_seconds) + steps * step * kind.compiled_at(_hidden(w))
+        return rates.fixed(kind.compile_seconds) + steps * step * kind.compiled_at(hidden)
     return steps * step * kind.eager
 
 
