@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -17,7 +18,7 @@ from compiler.cli import app
 from compiler.diagnostics import render_all
 from compiler.ir.types import MemoryMode
 from compiler.plan.modes import needed_ram, select_mode
-from compiler.plan.ops import ModeEstimate, OpKind
+from compiler.plan.ops import Exporter, ModeEstimate, OpKind
 from compiler.plan.render import to_json, to_text
 from compiler.plan.verify import verify_plan
 from golden import assert_golden
@@ -424,3 +425,39 @@ def test_the_first_run_to_call_a_compiled_loop_is_said_and_the_next_is_not(tmp_p
     assert "mse_kernel" not in first and "histogram_kernel" not in first  # loops this run does not call
     qrc("compile")
     assert "first run here" not in qrc("plan")
+
+
+ONNX_FOLDER = """recipe exported {{
+    model "{model}"
+    backend onnx
+    quantize {{ type Linear -> W8A16  "lm_head" -> none }}
+    emit "{out}" {{ format qdq }}
+}}
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is None, reason="onnxruntime-genai not installed")
+def test_an_hf_folder_on_onnx_plans_the_exporter_that_will_take_it(tmp_path):
+    """An untied float32 Llama folder with a fast tokenizer is exported by onnxruntime-genai's builder, many
+    times faster than torch.onnx's dynamo exporter (bench/results/plan_vs_measured.md); a tied head or a folder
+    without tokenizer.json is exported by torch.onnx. The plan names the exporter and plans its time and memory
+    (the folders hold config.json alone: the plan reads no weights)."""
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 32000, "hidden_size": 1024,
+              "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 16,
+              "num_key_value_heads": 4, "head_dim": 64, "torch_dtype": "float32"}
+    plans = {}
+    for name, tied, tokenizer in (("builder", False, True), ("tied", True, True), ("untokenized", False, False)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": tied}))
+        if tokenizer:
+            (folder / "tokenizer.json").write_text("{}")  # only its presence decides
+        recipe = tmp_path / f"{name}.recipe"
+        recipe.write_text(ONNX_FOLDER.format(model=folder, out=tmp_path / f"{name}.onnx"))
+        result = plan_file(recipe, detected_free=FREE)
+        assert result.ok, render_all(result.diagnostics)
+        plans[name] = next(op for op in result.plan.ops if op.kind is OpKind.EXPORT_ONNX)
+    assert plans["builder"].exporter is Exporter.GENAI_BUILDER and "builder" in plans["builder"].summary
+    assert plans["tied"].exporter is plans["untokenized"].exporter is Exporter.TORCH_ONNX
+    assert plans["builder"].seconds < 0.5 * plans["untokenized"].seconds
+    assert plans["builder"].peak_bytes < plans["untokenized"].peak_bytes

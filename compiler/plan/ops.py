@@ -173,13 +173,22 @@ class PlanOp:
                      for f in fields(self) if f.name not in common and not f.metadata.get("hidden"))
 
 
+class Exporter(enum.Enum):
+    """Which maintained exporter turns an HF folder into the graph the ONNX backend compiles: torch.onnx (its
+    dynamo exporter for decoders, TorchScript for encoders), or onnxruntime-genai's model builder where it takes
+    the folder (backends/onnx/export_builder.py)."""
+
+    TORCH_ONNX = "torch.onnx"
+    GENAI_BUILDER = "onnxruntime-genai's builder"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExportOnnx(PlanOp):
     """An HF-style folder compiled on ONNX is exported first (cached by the folder's file metadata)."""
 
     kind: ClassVar[OpKind] = OpKind.EXPORT_ONNX
     folder: str
-    exporter: str
+    exporter: Exporter
     resolve: Resolver = carried()  # the recipe resolved again against the exported graph
 
 

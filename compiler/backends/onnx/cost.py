@@ -7,9 +7,11 @@ import math
 from dataclasses import dataclass
 
 from compiler.backends.onnx import timing
+from compiler.backends.onnx.export_builder import planned_exporter
 from compiler.backends.onnx.export_decoder import DECODER_FAMILIES
 from compiler.backends.onnx.output_streams import streams_output
 from compiler.ir.types import Backend, EmitFormat, MemoryMode
+from compiler.models import model_dir
 from compiler.models.onnx_write import COPY_PIECE
 from compiler.plan.activations import (
     SCRATCH_OUTPUTS,
@@ -37,7 +39,7 @@ from compiler.plan.memory import (
     score_phase,
     transform_bytes,
 )
-from compiler.plan.ops import ModeEstimate, PlanOp
+from compiler.plan.ops import Exporter, ModeEstimate, PlanOp
 from compiler.plan.target import PhaseName
 from compiler.plan.timing import Rates
 from compiler.plan.workload import Workload
@@ -56,6 +58,12 @@ EXPORT_RUNTIME = 900 * MiB
 # float32 weights, whose exports peaked (VmHWM) at 694, 701, 924 and 2,091 MiB (0.98-1.03x of this)
 DYNAMO_EXPORT_RUNTIME = 520 * MiB
 DYNAMO_EXPORT_WEIGHT_COPIES = 2.5
+# onnxruntime-genai's builder (export_builder.py): its libraries, then about 1.2 copies of the float32 weights
+# (transformers' model; the builder writes each tensor as it goes). Untied random Llamas of 26, 146 and 279 MB
+# peaked at 578, 700 and 852 MiB with the compile beside them (574, 718 and 878 planned); held out, a SmolLM2-135M
+# shape untied (623 MB) at 1,311 MiB, planned 1,289 (measured 1.02x; 2026-12-07)
+BUILDER_EXPORT_RUNTIME = 480 * MiB
+BUILDER_EXPORT_WEIGHT_COPIES = 1.2
 # the export runs in a child process (export_process.py); the compile waits beside it holding the
 # interpreter, qrc and onnx: 65-67 MiB measured (the compile's peak minus the child's VmHWM)
 EXPORT_PARENT = 64 * MiB
@@ -323,11 +331,13 @@ def _dequantized_live(w: Workload) -> int:
     return min(w.dequantized_bytes - w.integer_kernel_bytes, DEQUANTIZED_TOGETHER * w.dequantized_largest)
 
 
-def export_peak(w: Workload) -> int:
-    """torch.onnx exporting an HF folder in a child process: torch and transformers, the model in float32,
-    the exported proto (a decoder with the dynamo exporter, an encoder with the TorchScript one), and the
-    compile waiting beside it."""
+def export_peak(w: Workload, exporter: Exporter) -> int:
+    """Exporting an HF folder in a child process: the exporter's libraries, the model in float32, the exported
+    proto (onnxruntime-genai's builder; else torch.onnx, a decoder with the dynamo exporter, an encoder with the
+    TorchScript one), and the compile waiting beside it."""
     float32 = w.weights_bytes * 4 // dtype_bytes(w)
+    if exporter is Exporter.GENAI_BUILDER:
+        return EXPORT_PARENT + BUILDER_EXPORT_RUNTIME + int(BUILDER_EXPORT_WEIGHT_COPIES * float32)
     if w.index.family in DECODER_FAMILIES:
         return EXPORT_PARENT + DYNAMO_EXPORT_RUNTIME + int(DYNAMO_EXPORT_WEIGHT_COPIES * float32)
     return EXPORT_PARENT + EXPORT_RUNTIME + 2 * float32
@@ -421,7 +431,7 @@ class OnnxCosts:
         """One phase's peak."""
         match phase:
             case PhaseName.EXPORT:
-                return export_peak(w)
+                return export_peak(w, planned_exporter(model_dir(w.index.ref)))
             case PhaseName.SCORE:
                 return score_phase(w, min(chunk, w.searched.samples), RUNTIME + w.data_libraries, False, False).bytes
             case PhaseName.CALIBRATE:

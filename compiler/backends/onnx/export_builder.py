@@ -12,6 +12,7 @@ child process (export_process.py), whose memory the compile measures."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -20,27 +21,50 @@ import shutil
 import sys
 from pathlib import Path
 
+from compiler.models.hf_index import MAX_CONFIG_BYTES
+from compiler.plan.ops import Exporter
+from compiler.safe_files import read_json
+
 # transformers model types whose float32, untied folders the builder exports here (its CausalLM classes with
 # `self_attn` modules); a tied head it writes as a MatMul of its own, which the folder's plan leaves to the
 # embedding, so tied folders keep the dynamo export
 BUILDER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-def builder_exports(folder: Path, config: dict) -> bool:
-    """Whether this folder's export is the builder's: onnxruntime-genai importable, a family above, float32
-    weights, an untied head, and a fast tokenizer (`tokenizer.json`: the builder converts the folder's
-    tokenizer for genai, and fails without one)."""
+def builder_takes(folder: Path, config: dict) -> bool:
+    """Whether this folder's export is the builder's, asked without importing it (the plan asks, and plans read
+    no libraries): a family above, an untied head (all four classes default to untied in transformers 5, so a
+    config.json without the key is untied), float32 weights, a fast tokenizer (`tokenizer.json`: the builder
+    converts the folder's tokenizer for genai, and fails without one) and onnxruntime-genai installed."""
     if config.get("model_type") not in BUILDER_FAMILIES or config.get("tie_word_embeddings"):
         return False
     if not (folder / "tokenizer.json").is_file():
         return False
     if str(config.get("torch_dtype") or config.get("dtype") or "float32").removeprefix("torch.") != "float32":
         return False
+    return importlib.util.find_spec("onnxruntime_genai") is not None
+
+
+def builder_exports(folder: Path, config: dict) -> bool:
+    """`builder_takes`, and the builder imports (the export's child process asks, before it runs it)."""
+    if not builder_takes(folder, config):
+        return False
     try:
         import onnxruntime_genai.models.builder  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+def planned_exporter(folder: Path | None) -> Exporter:
+    """The exporter an export of `folder` will run, from its config.json as written (no library imported)."""
+    if folder is None:
+        return Exporter.TORCH_ONNX
+    try:
+        config = read_json(folder / "config.json", MAX_CONFIG_BYTES)
+    except (OSError, ValueError):
+        return Exporter.TORCH_ONNX
+    return Exporter.GENAI_BUILDER if isinstance(config, dict) and builder_takes(folder, config) else Exporter.TORCH_ONNX
 
 
 def export_with_builder(folder: Path, out: Path) -> None:

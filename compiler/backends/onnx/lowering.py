@@ -5,9 +5,11 @@ ranges in their own ops; every weight is streamed from the data file through the
 from __future__ import annotations
 
 from compiler.backends.onnx.cost import onnx_rotation
+from compiler.backends.onnx.export_builder import planned_exporter
 from compiler.backends.onnx.kernels import kernel_words
 from compiler.backends.onnx.output_streams import streams_output
 from compiler.ir.types import EmitFormat, MemoryMode
+from compiler.models import model_dir
 from compiler.models.index import ModelFormat
 from compiler.plan import memory
 from compiler.plan.lower import (
@@ -51,18 +53,20 @@ def _exports(ctx: Context) -> bool:
 
 
 def lower_export(ctx: Context) -> list[PlanOp]:
-    """`export_onnx`: an HF folder is compiled through its ONNX export."""
+    """`export_onnx`: an HF folder is compiled through its ONNX export, by the exporter that will take it."""
     if not _exports(ctx):
         return []
+    exporter = planned_exporter(model_dir(ctx.ir.model))
     if ctx.workload.index.graph is not None:  # planned against the cached export (the spec's `planned`)
         return [ExportOnnx(summary=f"the export of {ctx.ir.model} is in the cache (made by an earlier compile, "
                            "keyed by the folder's file names, sizes and mtimes): nothing to export; later ops read "
                            "its graph, layer names unchanged", inputs=(Buffer.RECIPE,), outputs=(Buffer.ONNX_MODEL,),
-                           peak_bytes=ctx.costs.runtime(ctx.workload), folder=ctx.ir.model, exporter="torch.onnx", resolve=resolver(ctx.ir))]
-    return [ExportOnnx(summary=f"export the folder {ctx.ir.model} to ONNX with torch.onnx (once: cached by the "
+                           peak_bytes=ctx.costs.runtime(ctx.workload), folder=ctx.ir.model, exporter=exporter,
+                           resolve=resolver(ctx.ir))]
+    return [ExportOnnx(summary=f"export the folder {ctx.ir.model} to ONNX with {exporter.value} (once: cached by the "
                        "folder's file names, sizes and mtimes); later ops read the exported graph, layer names unchanged",
                        inputs=(Buffer.RECIPE,), outputs=(Buffer.ONNX_MODEL,), peak_bytes=ctx.phase(PhaseName.EXPORT),
-                       folder=ctx.ir.model, exporter="torch.onnx", resolve=resolver(ctx.ir))]
+                       folder=ctx.ir.model, exporter=exporter, resolve=resolver(ctx.ir))]
 
 
 def lower_load(ctx: Context) -> list[PlanOp]:

@@ -48,12 +48,20 @@ def _session(w: Workload, rates: Rates, sessions: int = 1) -> float:
 # of blocks, and the weights at about 21 MB/s. The 2- and 6-block fit before (a 1.86x machine, 2026-12-03: 11.5
 # and 12.9 s for 150 and 35 MB) had planned SmolLM2's export at 55 s; these constants give those two 0.88-0.91x
 DYNAMO_EXPORT_START, DYNAMO_EXPORT_BLOCK, DYNAMO_EXPORT_BLOCK_PAIR, DYNAMO_EXPORT_RATE = 9.2, 1.49, 0.039, 21e6
+# onnxruntime-genai's builder (export_builder.py) takes an untied float32 folder with a fast tokenizer in a fraction of
+# that: its child process starting torch and transformers, then about 120 MB/s of float32 weights read and written.
+# On a machine 1.03x the reference (2026-12-07), untied random Llamas of 2 blocks (26 MB), 12 blocks of hidden 512 (146
+# MB) and 6 of hidden 1024 (279 MB) exported in 7.4-10.2, 9.3 and 10.9 s (a compile exporting less the same compile
+# from the cache); held out, a SmolLM2-135M shape untied (30 blocks, 623 MB) in 13.5 s, planned 14.0
+BUILDER_EXPORT_START, BUILDER_EXPORT_RATE = 8.8, 117e6
 
 
 def _export(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     # nothing when the plan was made against the cached export (its graph is the index's)
     if w.index.graph is not None:
         return 0.0
+    if op.exporter is ops.Exporter.GENAI_BUILDER:
+        return rates.fixed(BUILDER_EXPORT_START) + w.weights_bytes / (BUILDER_EXPORT_RATE * rates.speed)
     if w.index.family in DECODER_FAMILIES:
         blocks = len(w.blocks)
         return (rates.fixed(DYNAMO_EXPORT_START + DYNAMO_EXPORT_BLOCK * blocks + DYNAMO_EXPORT_BLOCK_PAIR * blocks ** 2)
