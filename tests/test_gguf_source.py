@@ -99,6 +99,29 @@ def test_check_and_plan_index_a_gguf_from_its_header(zoo_gguf, tmp_path):
     assert result.exit_code == 0 and "model.layers.1.self_attn.q_proj" in result.output, result.output
 
 
+def test_the_plan_counts_decoding_a_gguf_s_blocks(zoo_gguf, tmp_path):
+    """Every read of a GGUF tensor stored in blocks decodes it (docs/models.md): against the float folder the file
+    was written from, the same recipe plans a longer rounding file to file and a longer load of the model that
+    calibration builds, and its output's copy of a tensor no rule rounds costs more than copying bytes."""
+    from compiler import plan_file
+    from compiler.plan.ops import OpKind
+
+    folder, path = zoo_gguf
+    calibrated = "    calibrate { data synthetic { samples 4  seqlen 16 } }\n"
+    seconds = {}
+    for source, model in (("folder", folder), ("gguf", path)):
+        for kind, extra, out, rounding in (("files", "", tmp_path / f"{source}.gguf", "rtn"),
+                                           ("built", calibrated, tmp_path / source, "gptq")):
+            recipe = _recipe(tmp_path, str(model), out, extra=extra, rules='"*.self_attn.*" -> w',
+                             scheme=f"W4A16 {{ group 32  rounding {rounding} }}")
+            result = plan_file(recipe, detected_free=16 << 30)
+            assert result.ok, result.diagnostics
+            seconds[source, kind] = {op.kind: op.seconds for op in result.plan.ops}
+    assert seconds["gguf", "files"][OpKind.QUANTIZE_WEIGHTS] > seconds["folder", "files"][OpKind.QUANTIZE_WEIGHTS]
+    assert seconds["gguf", "built"][OpKind.LOAD_MODEL] > seconds["folder", "built"][OpKind.LOAD_MODEL]
+    assert seconds["gguf", "built"][OpKind.EMIT] > seconds["folder", "built"][OpKind.EMIT]  # the MLPs copied
+
+
 @pytest.mark.slow  # 3-8 s: kept out of the quick loop's 3 minutes on a 2-core machine without AMX (2026-12-04)
 def test_a_tensor_only_copied_from_a_gguf_is_written_a_slice_at_a_time(zoo_gguf, tmp_path, monkeypatch):
     """File to file into a folder, a tensor the recipe leaves in float (the embedding, the LM head) is dequantized

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from compiler.models import builtin
@@ -86,7 +87,8 @@ def index_model(ref: str, gguf_output: bool = False) -> ModelIndex:
         from compiler.models import gguf_source
 
         header = gguf_source.read_header(gguf, ref)
-        return index_hf(gguf_source.side_folder(gguf, ref), ref, gguf_source.hf_headers(header, ref), gguf_output)
+        index = index_hf(gguf_source.side_folder(gguf, ref), ref, gguf_source.hf_headers(header, ref), gguf_output)
+        return replace(index, gguf_decoded=gguf_source.block_stored(header))
     if path.is_dir():
         return index_hf(path, ref, gguf_output=gguf_output)
     if path.is_file():

@@ -327,6 +327,17 @@ def hf_headers(header: GgufHeader, ref: str) -> dict[str, tuple[str, tuple[int, 
     return found
 
 
+# GGML types whose values are stored as they are read (F32, F16, BF16); every other type is blocks to decode
+UNBLOCKED_TYPES = frozenset({0, 1, 30})
+
+
+def block_stored(header: GgufHeader) -> tuple[str, ...]:
+    """The tensors (as the side folder's model names them) stored in GGML blocks, which every read decodes (the
+    plan's time counts them)."""
+    return tuple(name for tensor in header.tensors if tensor.ggml_type not in UNBLOCKED_TYPES
+                 and (name := hf_name(header, tensor)) is not None)
+
+
 def read_tensor(header: GgufHeader, tensor: GgufTensor, name: str):
     """One tensor's values as transformers has them: its GGML blocks dequantized to float32 by the gguf package
     (every type it knows; NotImplementedError for one it cannot), Q/K rows put back in transformers' order.

@@ -124,6 +124,7 @@ class ModelIndex:
     fp4_compressed: tuple[str, ...] = ()  # a compressed-tensors source's weights stored NVFP4/MXFP4 (decompressed, slower)
     mxfp4_compressed: tuple[str, ...] = ()  # of those, MXFP4's: on a power-of-two grid, which NVFP4 casts exactly
     experts_split: bool = False  # fused experts indexed per expert for a GGUF output (models/expert_slices.py)
+    gguf_decoded: tuple[str, ...] = ()  # a GGUF source's tensors stored in GGML blocks: decoded each time they are read
     inline_bytes: int = 0  # ONNX only: weights stored inside the .onnx file (split into a data file before a run)
 
     @property

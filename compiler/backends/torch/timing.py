@@ -66,6 +66,16 @@ DECOMPRESSOR_IMPORT = 2.7
 # machine 1.12x the reference (2026-12-05): into Q4_0 2.6-2.7 s rounding where 1.3 were planned; the MXFP4 one into
 # NVFP4 5.2-5.3 s, the NVFP4 one 2.6-2.7 (its grid is no power of two: rounded again by the loop)
 FP4_DECOMPRESSING, FP4_CAST = 3.7, 6.9
+# A GGUF source's tensors stored in GGML blocks are decoded each time they are read (the gguf package's numpy
+# dequantizers, a slice of rows at a time: models/gguf_source.py): this many bytes of rtn rounding an element, at the
+# model's load (or each block's, in offload) and for a layer rounded file to file; a tensor the output copies (not
+# rounded) is decoded again and written as float rows rather than copied as bytes: GGUF_DECODED_COPY. Fitted on the
+# real SmolLM2-135M (Q4_1 and Q8_0) against its float32 folder, the same recipes, on a machine 1.03x the reference
+# (2026-12-07): attention GPTQ loaded in 5.4 s against 3.8 (134.5M elements decoded) and emitted in 3.1 s against
+# 0.9 (107.9M copied); file to file its W4A16 rounded in 2.3-2.4 s against 1.0-1.1 (106.2M). Held out, a random
+# Llama's Q4_K/Q6_K file decoded about 1.5x slower an element (its W4A16 file to file 1.31x the plan, was 1.51x;
+# offload GPTQ 1.04x, was 1.12x), and SmolLM2's rotated W8A8 example ran 1.07x and 0.91x (was 1.27x and 1.09x)
+GGUF_DECODE, GGUF_DECODED_COPY = 3.0, 5.0
 
 
 # `online r4` (rotation.py attach_online): each down projection's input turned as qrc's model runs, this many bytes at
@@ -128,7 +138,19 @@ def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
         return rates.fixed(FILES_OPEN + _imports(w)) + rotation_seconds(w, rates)
     resident = mode in (MemoryMode.FULL, MemoryMode.LOW_MEMORY)
     opened = HF_MODEL if w.index.format is ModelFormat.HF else MODEL
-    return rates.fixed(opened) + (w.weights_bytes / rates.disk if resident else 0.0) + rotation_seconds(w, rates)
+    # a resident model's GGUF blocks are all decoded here; in offload each block's are, as it runs
+    decoded = _decoded(w, lambda x: resident or x.block is None) * GGUF_DECODE / rates.rounding
+    return (rates.fixed(opened) + (w.weights_bytes / rates.disk if resident else 0.0) + decoded
+            + rotation_seconds(w, rates))
+
+
+def _decoded(w: Workload, counted) -> int:
+    """Elements of the GGUF source's block-stored weights among the layers `counted` takes, each weight once (a
+    tied head reads the embedding's)."""
+    if not w.index.gguf_decoded:
+        return 0
+    stored = set(w.index.gguf_decoded)
+    return sum({x.weight: x.params for x in w.index.layers if x.weight in stored and counted(x)}.values())
 
 
 def _learn_rotation(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
@@ -211,7 +233,8 @@ def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     streams = onward + 2 * w.verify_samples
     rounded_streams = (w.samples if w.calibrate else 0) + w.verify_samples  # through the rounded blocks
     smoothing = smooth_seconds(w, rates, blocks_only=True) if w.transform is not None and w.calibrate else 0.0
-    return (rates.block * op.repeat + forward(w, rates, statistics, blocks_only=True, statistics=True)
+    decoded = _decoded(w, lambda x: x.block is not None) if mode is MemoryMode.OFFLOAD else 0  # else at the load
+    return (rates.block * op.repeat + decoded * GGUF_DECODE / rates.rounding + forward(w, rates, statistics, blocks_only=True, statistics=True)
             + forward(w, rates, streams, blocks_only=True) + hessian_seconds(w, rates)
             + importance_seconds(w, rates) + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding + smoothing
             + fp4_input_seconds(w, rates, rounded_streams) + online_seconds(w, rates, statistics + streams)
@@ -239,6 +262,8 @@ def _quantize(op, w: Workload, rates: Rates) -> float:
     layers, gptq = op.layers or tuple(w.quantized_layers), set(w.gptq_layers)
     rtn = tuple(name for name in layers if name not in gptq)
     rounding = quantize_seconds(op, w, rates) + _decompressing(w, set(layers)) / rates.rounding
+    if files_only(w):  # a model that was built decoded its GGUF blocks at its load
+        rounding += _decoded(w, lambda x: x.name in layers) * GGUF_DECODE / rates.rounding
     if w.emit_format is EmitFormat.GGUF and not w.kquant_rounded and not w.float_rounded:
         rounding += (GGUF_REFERENCE_ROUNDING - 1) * rounded_bytes(w, rtn) / rates.rounding if rtn else 0.0
     return max(rounding, rates.fixed(CHECK_READY)) if checked_beside(w) else rounding
@@ -259,10 +284,12 @@ def _emit(op, w: Workload, rates: Rates) -> float:
     """Writing the output, then the load check: file to file the check process's, waited for; otherwise here,
     where an online rotation's transforms are opened too (the check process opens them while the weights round:
     the real SmolLM2-135M's rotated W8A8 file to file waited 0.0 s at emit)."""
-    if checked_beside(w):
-        return op.bytes / rates.disk + rates.fixed(CHECK_LOAD)
     opened = torch_format(w.emit_format).opened_by_transformers
-    return op.bytes / rates.disk + (online_folder_open(w, rates) if opened else 0.0)
+    rounded = set(w.quantized_layers)
+    copied = _decoded(w, lambda x: x.name not in rounded) * GGUF_DECODED_COPY / rates.rounding if opened else 0.0
+    if checked_beside(w):
+        return op.bytes / rates.disk + copied + rates.fixed(CHECK_LOAD)
+    return op.bytes / rates.disk + copied + (online_folder_open(w, rates) if opened else 0.0)
 
 
 def _verify(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
