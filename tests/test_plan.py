@@ -461,3 +461,26 @@ def test_an_hf_folder_on_onnx_plans_the_exporter_that_will_take_it(tmp_path):
     assert plans["tied"].exporter is plans["untokenized"].exporter is Exporter.TORCH_ONNX
     assert plans["builder"].seconds < 0.5 * plans["untokenized"].seconds
     assert plans["builder"].peak_bytes < plans["untokenized"].peak_bytes
+
+
+
+def test_a_k_quant_plans_its_scale_search(tmp_path):
+    """A K-quant searches its sub-blocks' scales over candidates as llama.cpp does (quant/kquants.py): file to file
+    into GGUF it rounds many times slower than Q4_0's reference rounding, and its plan says so (a K-quant file of a
+    random Llama took 14 s where the plan had 3.2 s: plan/timing.py KQUANT_SEARCH). A config-only 7B folder."""
+    folder = tmp_path / "llama-7b"
+    folder.mkdir()
+    (folder / "config.json").write_text((ROOT / "tests/data/llama-7b-config/config.json").read_text())
+    # a GGUF output carries the tokenizer: a byte-level BPE one (Q439 where there is none or another kind)
+    (folder / "tokenizer.json").write_text(json.dumps({"model": {"type": "BPE", "vocab": {}, "merges": []},
+                                                        "pre_tokenizer": {"type": "ByteLevel", "use_regex": True}}))
+    seconds = {}
+    for name, scheme in (("q4_0", "weights int4 group 32 symmetric"), ("q4_k", "weights q4_k")):
+        recipe = tmp_path / f"{name}.recipe"
+        recipe.write_text(f'recipe {name} {{\n model "{folder}"\n backend torch\n'
+                          f' scheme s {{ {scheme} }}\n quantize {{ type Linear -> s  "lm_head" -> none }}\n'
+                          f' emit "{tmp_path / name}.gguf" {{ format gguf }}\n}}\n')
+        result = plan_file(recipe, detected_free=FREE)
+        assert result.ok, render_all(result.diagnostics)
+        seconds[name] = next(op.seconds for op in result.plan.ops if op.kind is OpKind.QUANTIZE_WEIGHTS)
+    assert seconds["q4_k"] > 5 * seconds["q4_0"]

@@ -229,6 +229,15 @@ SEARCHED_ROUNDING = 5.5
 # NVFP4A16 file to file rounded in 2.0 s where rtn took 0.9-1.2 (from its float folder) and 3.1-3.7 s where rtn
 # took 2.0-2.5 (from its GGUF), against 1.8 s planned for rtn (2026-12-05)
 FP4_SEARCHED_ROUNDING = 1.6
+# A weight rounded to a K-quant searches its sub-blocks' scales (and Q4_K/Q5_K's mins) over candidates as llama.cpp's
+# quantizer does (quant/kquants.py: numpy, every candidate over the whole tensor), with or without an importance
+# matrix, before GPTQ where it rounds: this many times an rtn rounding's time, by type. Fitted on a random Llama of
+# 8 blocks, hidden 1024 (403 MB of float32 weights), file to file into GGUF, on a machine 1.03x the reference
+# (2026-12-07): Q4_K 33 s, Q5_K 23 s, Q6_K 21 s, where rtn's rate planned 1.6 s. Held out, a Llama of 12 blocks,
+# hidden 512, as llama.cpp's Q4_K_M assigns types: 14 s against 13 planned (3.2 before), and with `rounding imatrix`
+# on 16 calibration samples 22 s against 23 (16 before)
+KQUANT_SEARCH = {"q4_k": 20.6, "q5_k": 14.4, "q6_k": 13.1}
+KQUANT_SEARCH_OTHER = max(KQUANT_SEARCH.values())  # a K-quant a plug-in registers: the costliest known
 # Statistics gathered by hooks on a layer's inputs (imatrix's column squares, SmoothQuant's and AWQ's channel
 # maxima) cost this many bytes at the rounding rate per input element: SmolLM2-135M's imatrix hooks read 1.6G
 # elements in 6.2 s on a machine 1.74x the reference
@@ -357,8 +366,9 @@ def rounded_bytes(w: Workload, layers: tuple[str, ...] | None = None) -> float:
     # block's seven layers, 2026-12-05), its rounding learned: counted as the learning
     searched = set(w.imatrix_layers) - set(w.learned_layers)
     fp4_searched = set(w.fp4_searched_layers)
-    return float(sum(x.bytes * (FP4_SEARCHED_ROUNDING if x.name in fp4_searched else
-                                SEARCHED_ROUNDING if x.name in searched else 1.0)
+    kquants = {name: KQUANT_SEARCH.get(qtype, KQUANT_SEARCH_OTHER) for name, qtype in w.kquant_layers}
+    return float(sum(x.bytes * (kquants[x.name] if x.name in kquants else FP4_SEARCHED_ROUNDING if x.name in fp4_searched
+                                else SEARCHED_ROUNDING if x.name in searched else 1.0)
                      for x in w.index.layers if x.name in names))
 
 

@@ -128,7 +128,7 @@ class Workload(Observation):
     # which rounds them when nothing runs the model (file to file)
     sliced_rounded: bool = False  # an integer weight is rounded outside it, from float32 slices (mse, float16 scales)
     emit_format: EmitFormat | None = None  # the output's format (`emit`), which the backend's cost model asks
-    kquant_rounded: bool = False  # a weight goes to a K-quant (qrc's numpy search of llama.cpp's scales)
+    kquant_layers: tuple[tuple[str, str], ...] = ()  # (layer, K-quant type) of the weights that go to a K-quant
     nvfp4_layers: tuple[str, ...] = ()  # the layers rounded to NVFP4 (an FP4 source's take the exact cast's path)
     # NVFP4 layers that compressed-tensors' functions round, not the compiled loop: an MXFP4 source's experts (on
     # its grid: the exact cast) and experts split for a GGUF (a global scale of 1): torch/float_formats.py
@@ -147,6 +147,11 @@ class Workload(Observation):
         """Whether static inputs are observed by histograms (every calibration method that keeps one), which the
         torch backend bins with a compiled loop (quant/histogram_kernel.py)."""
         return bool(self.observed) and self.histogram
+
+    @property
+    def kquant_rounded(self) -> bool:
+        """A weight goes to a K-quant (qrc's numpy search of llama.cpp's scales)."""
+        return bool(self.kquant_layers)
 
     @property
     def searched(self) -> Search:
@@ -355,7 +360,8 @@ def _workload(ir: RecipeIR, assignment: Assignment, chunk: int | None) -> Worklo
         sliced_rounded=any(a.scheme.rounding.data is RoundingData.NONE and not _kernel_rounded(a, scales)
                            and not a.scheme.quantized_weights.qtype.is_float for a in quantized),
         emit_format=ir.emit.format if ir.emit is not None else None,
-        kquant_rounded=any(a.scheme.quantized_weights.qtype.is_kquant for a in quantized),
+        kquant_layers=tuple((a.layer.name, a.scheme.quantized_weights.qtype.name) for a in quantized
+                            if a.scheme.quantized_weights.qtype.is_kquant),
         nvfp4_layers=tuple(a.layer.name for a in quantized if a.scheme.quantized_weights.qtype is QType.NVFP4),
         cast_nvfp4_layers=_cast_nvfp4(index, quantized),
         fp4_weight_layers=tuple(a.layer.name for a in quantized
