@@ -5,7 +5,7 @@ calibrated), a StableLM folder (a family the tests never build) in every memory 
 shape no test builds (hidden 768, 12 heads over 2 KV heads, tied embeddings) on ONNX (which does not export
 StableLM: Q415), and issue 67's learned rounding and rotations on a Mistral of another unseen shape on torch,
 calibrated on real text (`--only learned`), and the real SmolLM2 on ONNX through qrc's own export
-(`--only smollm2-onnx`). The
+(`--only smollm2-onnx`), and the sources and outputs of `--only sources` (sources_rows). The
 decoder is transformers' seeded random Llama of 2 blocks, hidden 512, vocabulary 32000 (150 MB of float32),
 built once under $QRC_CACHE/bench/, unless `--decoder` names another folder.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -217,6 +218,63 @@ def onnx_rows(only: list[str], tmp: Path, base: dict):
         yield f"SmolLM2-135M (real) W8A8 on ONNX, qrc's export{what}", path, cache
 
 
+# Sources and outputs the plan once missed by 1.5-4x (fitted 2026-12-07: onnx/timing.py BUILDER_EXPORT_*,
+# torch/timing.py GGUF_DECODE, plan/timing.py KQUANT_SEARCH), each on a shape those constants were not fitted on: a
+# SmolLM2-shaped Llama with an untied head and SmolLM2's tokenizer (onnxruntime-genai's builder exports it), a
+# hidden-512 Llama as llama.cpp's Q4_K_M types it (K-quants, data-free and with the imatrix), and that GGUF as a
+# source (file to file and in offload GPTQ). The repo's 512-token BPE tokenizer makes the GGUF outputs.
+Q4_K_M = """scheme q4k {{ weights q4_k{rounding} }}
+    scheme q6k {{ weights q6_k{rounding} }}
+    quantize {{ type Linear -> q4k   "*.self_attn.v_proj", "*.mlp.down_proj", "lm_head" -> q6k }}"""
+SOURCES_RECIPE = """recipe sources {{
+    model "{model}"
+    backend {backend}
+    {body}
+    {calibrate}
+    memory {{ mode {mode} }}
+    emit "{out}"{emit}
+}}
+"""
+
+
+def sources_rows(only: list[str], tmp: Path, base: dict):
+    """The builder's export (first compile, then from the cache), K-quant GGUF outputs, a K-quant GGUF as a source."""
+    if only and "sources" not in only:
+        return
+    cache = {**base, "QRC_CACHE": str(tmp / "sources-cache")}
+    untied = unseen_folder(tmp, "smollm2-untied", tokenizer=_side_folder() / "tokenizer.json")
+    path = tmp / "builder.recipe"
+    path.write_text(SOURCES_RECIPE.format(model=untied, backend="onnx", mode="full", calibrate="", emit=" { format qdq }",
+                                          body='quantize { type Linear -> W8A16  "lm_head" -> none }', out=tmp / "b.onnx"))
+    yield "SmolLM2 shape, untied (unseen) W8A16 on ONNX (the builder's export runs)", path, cache
+    yield "SmolLM2 shape, untied (unseen) W8A16 on ONNX", path, cache
+    llama = unseen_folder(tmp, "llama-h512", tokenizer=ROOT / "recipes/data/tokenizer/tokenizer.json")
+    gguf = tmp / "q4_k_m.gguf"
+    for what, rounding, calibrate in (("", "", ""), (" imatrix", "  rounding imatrix",
+                                                     "calibrate { data synthetic { samples 16  seqlen 256 }  chunk 8 }")):
+        path = tmp / f"q4_k_m{len(what)}.recipe"
+        out = gguf if not what else tmp / "q4_k_m-imatrix.gguf"
+        path.write_text(SOURCES_RECIPE.format(model=llama, backend="torch", mode="full", calibrate=calibrate,
+                                              emit=" { format gguf }", body=Q4_K_M.format(rounding=rounding), out=out))
+        yield f"Llama h512 (unseen shape) GGUF Q4_K_M-typed{what}", path, base, out  # the rows below read `gguf`
+    for mode, scheme, calibrate in (("full", '= W4A16 { group 64 }', ""),
+                                    ("offload", '= W4A16 { group 64  rounding gptq }',
+                                     "calibrate { data synthetic { samples 16  seqlen 256 }  chunk 8 }")):
+        path = tmp / f"from-gguf-{mode}.recipe"
+        rules = '"model.layers.*.self_attn.*" -> s' if calibrate else 'type Linear -> s  "lm_head" -> none'
+        path.write_text(SOURCES_RECIPE.format(model=gguf, backend="torch", mode=mode, calibrate=calibrate, emit="",
+                                              body=f"scheme s {scheme}\n    quantize {{ {rules} }}",
+                                              out=tmp / f"from-gguf-{mode}"))
+        yield f"that Q4_K_M GGUF as a source, W4A16{' GPTQ' if calibrate else ''}", path, base
+
+
+def _side_folder() -> Path:
+    """The real SmolLM2's side folder (its config and tokenizer), made by a child process."""
+    code = f"from compiler.models import model_dir; print(model_dir({SMOLLM2!r}))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
 def calibration_text(tmp: Path) -> Path:
     """The first half of Python's language reference, one topic a line (bench/real_quality.py's calibration)."""
     import pydoc_data.topics as topics
@@ -268,11 +326,19 @@ UNSEEN = {  # (config class, model class, its numbers): none of them is a shape 
     # issue 67's rows (learned_rows): a shape none of the learned rounding's or rotations' constants was fitted on
     "mistral": ("MistralConfig", "MistralForCausalLM", "vocab_size=8192, hidden_size=1024, intermediate_size=3072, "
                 "num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=512"),
+    # sources_rows: SmolLM2-135M's numbers with a head of its own; a Llama the K-quants' constants never saw
+    "smollm2-untied": ("LlamaConfig", "LlamaForCausalLM", "vocab_size=49152, hidden_size=576, intermediate_size=1536, "
+                       "num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, "
+                       "tie_word_embeddings=False"),
+    "llama-h512": ("LlamaConfig", "LlamaForCausalLM", "vocab_size=512, hidden_size=512, intermediate_size=1536, "
+                   "num_hidden_layers=12, num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048, "
+                   "tie_word_embeddings=False"),
 }
 
 
-def unseen_folder(tmp: Path, name: str) -> Path:
-    """A seeded random model of UNSEEN's `name`, made by a child process (the bench never imports torch)."""
+def unseen_folder(tmp: Path, name: str, tokenizer: Path | None = None) -> Path:
+    """A seeded random model of UNSEEN's `name`, made by a child process (the bench never imports torch), with a
+    copy of `tokenizer` (a tokenizer.json) where given."""
     folder = tmp / name
     if (folder / "config.json").exists():
         return folder
@@ -281,6 +347,8 @@ def unseen_folder(tmp: Path, name: str) -> Path:
             f"c = transformers.{config}({numbers})\n"
             f"transformers.{model}(c).save_pretrained({str(folder)!r})\n")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd=ROOT)
+    if tokenizer is not None:
+        shutil.copyfile(tokenizer, folder / "tokenizer.json")
     return folder
 
 
@@ -321,7 +389,7 @@ def default_decoder() -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=[],
-                        help="recipe stems (and `decoder`, `unseen`, `learned`, `smollm2-onnx`) to run")
+                        help="recipe stems (and `decoder`, `unseen`, `learned`, `smollm2-onnx`, `sources`) to run")
     parser.add_argument("--decoder", type=Path, help="an HF decoder folder (default: the random Llama above)")
     parser.add_argument("--no-decoder", action="store_true", help="leave the decoder rows out")
     parser.add_argument("--no-unseen", action="store_true", help="leave the SmolLM2 and StableLM rows out")
@@ -338,9 +406,11 @@ def main() -> None:
             found += list(readme_rows(args.only, Path(tmp), dict(os.environ)))
             found += list(learned_rows(args.only, Path(tmp), dict(os.environ)))
             found += list(onnx_rows(args.only, Path(tmp), dict(os.environ)))
-        for i, (name, recipe, env) in enumerate(found):
-            out = Path(tmp) / "out" / str(i) / (recipe.stem + (".onnx" if "backend onnx" in recipe.read_text() else ""))
-            out.parent.mkdir(parents=True)
+            found += list(sources_rows(args.only, Path(tmp), dict(os.environ)))
+        for i, (name, recipe, env, *written) in enumerate(found):  # a row whose output a later row reads names it
+            out = written[0] if written else \
+                Path(tmp) / "out" / str(i) / (recipe.stem + (".onnx" if "backend onnx" in recipe.read_text() else ""))
+            out.parent.mkdir(parents=True, exist_ok=True)
             r = compile_once(recipe, out, env)
             if "error" in r:
                 print(f"| {name} | | | failed: {r['error']} | | | | | |", flush=True)

@@ -233,10 +233,11 @@ FP4_SEARCHED_ROUNDING = 1.6
 # quantizer does (quant/kquants.py: numpy, every candidate over the whole tensor), with or without an importance
 # matrix, before GPTQ where it rounds: this many times an rtn rounding's time, by type. Fitted on a random Llama of
 # 8 blocks, hidden 1024 (403 MB of float32 weights), file to file into GGUF, on a machine 1.03x the reference
-# (2026-12-07): Q4_K 33 s, Q5_K 23 s, Q6_K 21 s, where rtn's rate planned 1.6 s. Held out, a Llama of 12 blocks,
-# hidden 512, as llama.cpp's Q4_K_M assigns types: 14 s against 13 planned (3.2 before), and with `rounding imatrix`
-# on 16 calibration samples 22 s against 23 (16 before)
-KQUANT_SEARCH = {"q4_k": 20.6, "q5_k": 14.4, "q6_k": 13.1}
+# (2026-12-07), the rounding op in two sittings: Q4_K 33 and 28 s, Q5_K 23 s, Q6_K 21 and 19 s, where rtn's rate
+# planned 1.6 s. Held out, a Llama of 12 blocks, hidden 512, as llama.cpp's Q4_K_M assigns types: 9.1-14 s over six
+# runs against 12.7 planned (3.2 before), and with `rounding imatrix` on 16 calibration samples 22 s against 22.4 (16
+# before): bench/plan_vs_measured.py --only sources
+KQUANT_SEARCH = {"q4_k": 19.1, "q5_k": 14.4, "q6_k": 12.5}
 KQUANT_SEARCH_OTHER = max(KQUANT_SEARCH.values())  # a K-quant a plug-in registers: the costliest known
 # Statistics gathered by hooks on a layer's inputs (imatrix's column squares, SmoothQuant's and AWQ's channel
 # maxima) cost this many bytes at the rounding rate per input element: SmolLM2-135M's imatrix hooks read 1.6G
