@@ -234,7 +234,8 @@ def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     rounded_streams = (w.samples if w.calibrate else 0) + w.verify_samples  # through the rounded blocks
     smoothing = smooth_seconds(w, rates, blocks_only=True) if w.transform is not None and w.calibrate else 0.0
     decoded = _decoded(w, lambda x: x.block is not None) if mode is MemoryMode.OFFLOAD else 0  # else at the load
-    return (rates.block * op.repeat + decoded * GGUF_DECODE / rates.rounding + forward(w, rates, statistics, blocks_only=True, statistics=True)
+    return (rates.block * op.repeat + decoded * GGUF_DECODE / rates.rounding
+            + forward(w, rates, statistics, blocks_only=True, statistics=True)
             + forward(w, rates, streams, blocks_only=True) + hessian_seconds(w, rates)
             + importance_seconds(w, rates) + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding + smoothing
             + fp4_input_seconds(w, rates, rounded_streams) + online_seconds(w, rates, statistics + streams)
