@@ -286,8 +286,8 @@ def _emit(op, w: Workload, rates: Rates) -> float:
     where an online rotation's transforms are opened too (the check process opens them while the weights round:
     the real SmolLM2-135M's rotated W8A8 file to file waited 0.0 s at emit)."""
     opened = torch_format(w.emit_format).opened_by_transformers
-    rounded = set(w.quantized_layers)
-    copied = _decoded(w, lambda x: x.name not in rounded) * GGUF_DECODED_COPY / rates.rounding if opened else 0.0
+    rounded = set(w.quantized_layers)  # every writer reads the others through the source (a GGUF's decoded)
+    copied = _decoded(w, lambda x: x.name not in rounded) * GGUF_DECODED_COPY / rates.rounding
     if checked_beside(w):
         return op.bytes / rates.disk + copied + rates.fixed(CHECK_LOAD)
     return op.bytes / rates.disk + copied + (online_folder_open(w, rates) if opened else 0.0)
