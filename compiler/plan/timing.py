@@ -233,8 +233,9 @@ FP4_SEARCHED_ROUNDING = 1.6
 # quantizer does (quant/kquants.py: numpy, every candidate over the whole tensor), with or without an importance
 # matrix, before GPTQ where it rounds: this many times an rtn rounding's time, by type. Fitted on a random Llama of
 # 8 blocks, hidden 1024 (403 MB of float32 weights), file to file into GGUF, on a machine 1.03x the reference
-# (2026-12-07), the rounding op in two sittings: Q4_K 33 and 28 s, Q5_K 23 s, Q6_K 21 and 19 s, where rtn's rate
-# planned 1.6 s. Held out, a Llama of 12 blocks, hidden 512, as llama.cpp's Q4_K_M assigns types: 9.1-14 s over six
+# (2026-12-07): the rounding op took Q4_K 33 s, Q5_K 23 s, Q6_K 21 s, where rtn's rate planned 1.6 s; a second
+# sitting's whole compiles took Q4_K 30 s and Q6_K 21 s against the first's 35 and 23 (the constants lie between
+# the two). Held out, a Llama of 12 blocks, hidden 512, as llama.cpp's Q4_K_M assigns types: 9.1-14 s over six
 # runs against 12.7 planned (3.2 before), and with `rounding imatrix` on 16 calibration samples 22 s against 22.4 (16
 # before): bench/plan_vs_measured.py --only sources
 KQUANT_SEARCH = {"q4_k": 19.1, "q5_k": 14.4, "q6_k": 12.5}

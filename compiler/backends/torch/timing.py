@@ -4,6 +4,7 @@ forward (kernels and the compiled loops loaded), verification's streams carried 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from compiler.backends.cpu_flags import bfloat16_products
@@ -11,7 +12,7 @@ from compiler.backends.torch.compiled_steps import steps_compiled
 from compiler.backends.torch.formats import torch_format
 from compiler.backends.torch.learning_schedule import HELD_OUT, VALIDATIONS
 from compiler.ir.types import EmitFormat, MemoryMode
-from compiler.models.index import ModelFormat
+from compiler.models.index import Layer, ModelFormat
 from compiler.plan import ops
 from compiler.plan.timing import (
     BFloat16Products,
@@ -144,7 +145,7 @@ def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
             + rotation_seconds(w, rates))
 
 
-def _decoded(w: Workload, counted) -> int:
+def _decoded(w: Workload, counted: Callable[[Layer], bool]) -> int:
     """Elements of the GGUF source's block-stored weights among the layers `counted` takes, each weight once (a
     tied head reads the embedding's)."""
     if not w.index.gguf_decoded:
@@ -282,9 +283,10 @@ def _decompressing(w: Workload, layers: set[str]) -> float:
 
 
 def _emit(op, w: Workload, rates: Rates) -> float:
-    """Writing the output, then the load check: file to file the check process's, waited for; otherwise here,
-    where an online rotation's transforms are opened too (the check process opens them while the weights round:
-    the real SmolLM2-135M's rotated W8A8 file to file waited 0.0 s at emit)."""
+    """Writing the output (a GGUF source's unrounded tensors decoded as they are copied), then the load check: file
+    to file the check process's, waited for; otherwise here, where an online rotation's transforms are opened too
+    (the check process opens them while the weights round: the real SmolLM2-135M's rotated W8A8 file to file
+    waited 0.0 s at emit)."""
     opened = torch_format(w.emit_format).opened_by_transformers
     rounded = set(w.quantized_layers)  # every writer reads the others through the source (a GGUF's decoded)
     copied = _decoded(w, lambda x: x.name not in rounded) * GGUF_DECODED_COPY / rates.rounding
