@@ -218,7 +218,7 @@ def onnx_rows(only: list[str], tmp: Path, base: dict):
         yield f"SmolLM2-135M (real) W8A8 on ONNX, qrc's export{what}", path, cache
 
 
-# Sources and outputs the plan once missed by 1.5-4x (fitted 2026-12-07: onnx/timing.py BUILDER_EXPORT_*,
+# Sources and outputs the plan once missed by 1.5-8x (fitted 2026-12-07: onnx/timing.py BUILDER_EXPORT_*,
 # torch/timing.py GGUF_DECODE, plan/timing.py KQUANT_SEARCH), each on a shape those constants were not fitted on: a
 # SmolLM2-shaped Llama with an untied head and SmolLM2's tokenizer (onnxruntime-genai's builder exports it), a
 # hidden-512 Llama as llama.cpp's Q4_K_M types it (K-quants, data-free and with the imatrix), and that GGUF as a
