@@ -369,9 +369,15 @@ def rounded_bytes(w: Workload, layers: tuple[str, ...] | None = None) -> float:
     searched = set(w.imatrix_layers) - set(w.learned_layers)
     fp4_searched = set(w.fp4_searched_layers)
     kquants = {name: KQUANT_SEARCH.get(qtype, KQUANT_SEARCH_OTHER) for name, qtype in w.kquant_layers}
-    return float(sum(x.bytes * (kquants[x.name] if x.name in kquants else FP4_SEARCHED_ROUNDING if x.name in fp4_searched
-                                else SEARCHED_ROUNDING if x.name in searched else 1.0)
-                     for x in w.index.layers if x.name in names))
+
+    def times_rtn(name: str) -> float:
+        if name in kquants:  # the K-quant's own search, whatever its rounding
+            return kquants[name]
+        if name in fp4_searched:
+            return FP4_SEARCHED_ROUNDING
+        return SEARCHED_ROUNDING if name in searched else 1.0
+
+    return float(sum(x.bytes * times_rtn(x.name) for x in w.index.layers if x.name in names))
 
 
 def statistics_seconds(w: Workload, rates: Rates, widths: list[int], samples: int) -> float:

@@ -140,18 +140,19 @@ def _load(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     resident = mode in (MemoryMode.FULL, MemoryMode.LOW_MEMORY)
     opened = HF_MODEL if w.index.format is ModelFormat.HF else MODEL
     # a resident model's GGUF blocks are all decoded here; in offload each block's are, as it runs
-    decoded = _decoded(w, lambda x: resident or x.block is None) * GGUF_DECODE / rates.rounding
+    decoded = _decoding(w, rates, lambda x: resident or x.block is None)
     return (rates.fixed(opened) + (w.weights_bytes / rates.disk if resident else 0.0) + decoded
             + rotation_seconds(w, rates))
 
 
-def _decoded(w: Workload, counted: Callable[[Layer], bool]) -> int:
-    """Elements of the GGUF source's block-stored weights among the layers `counted` takes, each weight once (a
-    tied head reads the embedding's)."""
+def _decoding(w: Workload, rates: Rates, counted: Callable[[Layer], bool], cost: float = GGUF_DECODE) -> float:
+    """Seconds decoding the GGUF source's block-stored weights among the layers `counted` takes, each weight once
+    (a tied head reads the embedding's), `cost` bytes of rtn rounding an element."""
     if not w.index.gguf_decoded:
-        return 0
+        return 0.0
     stored = set(w.index.gguf_decoded)
-    return sum({x.weight: x.params for x in w.index.layers if x.weight in stored and counted(x)}.values())
+    elements = sum({x.weight: x.params for x in w.index.layers if x.weight in stored and counted(x)}.values())
+    return elements * cost / rates.rounding
 
 
 def _learn_rotation(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
@@ -234,8 +235,9 @@ def _run_block(op, w: Workload, rates: Rates, mode: MemoryMode) -> float:
     streams = onward + 2 * w.verify_samples
     rounded_streams = (w.samples if w.calibrate else 0) + w.verify_samples  # through the rounded blocks
     smoothing = smooth_seconds(w, rates, blocks_only=True) if w.transform is not None and w.calibrate else 0.0
-    decoded = _decoded(w, lambda x: x.block is not None) if mode is MemoryMode.OFFLOAD else 0  # else at the load
-    return (rates.block * op.repeat + decoded * GGUF_DECODE / rates.rounding
+    # in offload each block's GGUF weights are decoded as it runs (otherwise at the load)
+    decoded = _decoding(w, rates, lambda x: x.block is not None) if mode is MemoryMode.OFFLOAD else 0.0
+    return (rates.block * op.repeat + decoded
             + forward(w, rates, statistics, blocks_only=True, statistics=True)
             + forward(w, rates, streams, blocks_only=True) + hessian_seconds(w, rates)
             + importance_seconds(w, rates) + gptq_seconds(w, rates) + rounded_bytes(w) / rates.rounding + smoothing
@@ -265,7 +267,7 @@ def _quantize(op, w: Workload, rates: Rates) -> float:
     rtn = tuple(name for name in layers if name not in gptq)
     rounding = quantize_seconds(op, w, rates) + _decompressing(w, set(layers)) / rates.rounding
     if files_only(w):  # a model that was built decoded its GGUF blocks at its load
-        rounding += _decoded(w, lambda x: x.name in layers) * GGUF_DECODE / rates.rounding
+        rounding += _decoding(w, rates, lambda x: x.name in layers)
     if w.emit_format is EmitFormat.GGUF and not w.kquant_rounded and not w.float_rounded:
         rounding += (GGUF_REFERENCE_ROUNDING - 1) * rounded_bytes(w, rtn) / rates.rounding if rtn else 0.0
     return max(rounding, rates.fixed(CHECK_READY)) if checked_beside(w) else rounding
@@ -289,7 +291,7 @@ def _emit(op, w: Workload, rates: Rates) -> float:
     waited 0.0 s at emit)."""
     opened = torch_format(w.emit_format).opened_by_transformers
     rounded = set(w.quantized_layers)  # every writer reads the others through the source (a GGUF's decoded)
-    copied = _decoded(w, lambda x: x.name not in rounded) * GGUF_DECODED_COPY / rates.rounding
+    copied = _decoding(w, rates, lambda x: x.name not in rounded, GGUF_DECODED_COPY)
     if checked_beside(w):
         return op.bytes / rates.disk + copied + rates.fixed(CHECK_LOAD)
     return op.bytes / rates.disk + copied + (online_folder_open(w, rates) if opened else 0.0)
