@@ -17,8 +17,9 @@ from compiler import plan_file
 from compiler.cli import app
 from compiler.diagnostics import render_all
 from compiler.ir.types import MemoryMode
+from compiler.plan.decision import ModeEstimate
 from compiler.plan.modes import needed_ram, select_mode
-from compiler.plan.ops import Exporter, ModeEstimate, OpKind
+from compiler.plan.ops import Exporter, OpKind
 from compiler.plan.render import to_json, to_text
 from compiler.plan.verify import verify_plan
 from golden import assert_golden

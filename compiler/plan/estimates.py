@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from compiler.ir.types import MemoryMode
+from compiler.plan.decision import ModeEstimate
 from compiler.plan.modes import AUTO_ORDER, within
-from compiler.plan.ops import ModeEstimate
 from compiler.plan.target import CostModel
 from compiler.plan.workload import Workload
 

@@ -8,9 +8,9 @@ from compiler.diagnostics import Diagnostics
 from compiler.ir.types import MemoryMode, RecipeIR
 from compiler.ir.values import human_bytes
 from compiler.plan.activations import calibration_peak
+from compiler.plan.decision import ModeDecision
 from compiler.plan.estimates import all_estimates
 from compiler.plan.modes import PLAN_MARGIN, needed_ram, select_mode, within
-from compiler.plan.ops import ModeDecision
 from compiler.plan.target import CostModel
 from compiler.plan.workload import Workload
 

@@ -26,14 +26,13 @@ from compiler.ir.types import (
 from compiler.ir.values import human_bytes
 from compiler.models.builtin import PREFIX as BUILTIN_PREFIX
 from compiler.models.index import ModelFormat
+from compiler.plan.decision import ModeDecision, ModeEstimate
 from compiler.plan.ops import (
     AssignPrecision,
     Buffer,
     CalibrateChunk,
     Emit,
     LoadModel,
-    ModeDecision,
-    ModeEstimate,
     ModelAccess,
     PlanOp,
     QuantizeStrategy,

@@ -15,7 +15,7 @@ from compiler.ir.kinds import TransformData
 from compiler.ir.types import AttentionKernel, MemoryMode, SensitivityMetric
 from compiler.models.index import LayerKind
 from compiler.plan.activations import needed_nodes, peak
-from compiler.plan.ops import ModeEstimate
+from compiler.plan.decision import ModeEstimate
 from compiler.plan.workload import EXPERT_PROJECTION, Workload
 from compiler.quant.smoothing import SAMPLE_ROWS
 

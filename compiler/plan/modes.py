@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from compiler.ir.types import Memory, MemoryMode
 from compiler.ir.values import human_bytes
-from compiler.plan.ops import ModeDecision, ModeEstimate, RamSource
+from compiler.plan.decision import ModeDecision, ModeEstimate, RamSource
 
 AUTO_ORDER = (MemoryMode.FULL, MemoryMode.MULTI_GPU, MemoryMode.LOW_MEMORY, MemoryMode.OFFLOAD)
 DETECTED_FRACTION = 0.85  # of free memory, when the recipe gives no `ram`

@@ -8,7 +8,8 @@ import enum
 from typing import Protocol
 
 from compiler.ir.types import Backend, EmitFormat, MemoryMode
-from compiler.plan.ops import ModeEstimate, PlanOp
+from compiler.plan.decision import ModeEstimate
+from compiler.plan.ops import PlanOp
 from compiler.plan.timing import Rates
 from compiler.plan.workload import Workload
 

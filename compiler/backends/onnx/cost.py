@@ -23,6 +23,7 @@ from compiler.plan.activations import (
     segment_outputs,
     segment_runs,
 )
+from compiler.plan.decision import ModeEstimate
 from compiler.plan.memory import (
     ACT_BYTES,
     EAGER_SCORES,
@@ -39,7 +40,7 @@ from compiler.plan.memory import (
     score_phase,
     transform_bytes,
 )
-from compiler.plan.ops import Exporter, ModeEstimate, PlanOp
+from compiler.plan.ops import Exporter, PlanOp
 from compiler.plan.target import PhaseName
 from compiler.plan.timing import Rates
 from compiler.plan.workload import Workload

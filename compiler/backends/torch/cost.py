@@ -10,6 +10,7 @@ from compiler.backends.torch.formats import torch_format
 from compiler.backends.torch.gguf_source_memory import source_tensor_bytes, whole_copy_bytes
 from compiler.ir.types import Backend, EmitFormat, MemoryMode, SensitivityMetric
 from compiler.models.index import LayerKind, ModelFormat
+from compiler.plan.decision import ModeEstimate
 from compiler.plan.memory import (
     ACT_BYTES,
     MiB,
@@ -25,7 +26,7 @@ from compiler.plan.memory import (
     score_phase,
     transform_bytes,
 )
-from compiler.plan.ops import ModeEstimate, PlanOp
+from compiler.plan.ops import PlanOp
 from compiler.plan.target import PhaseName
 from compiler.plan.timing import Rates
 from compiler.plan.workload import Workload, untied_heads
