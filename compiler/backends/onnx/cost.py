@@ -431,7 +431,7 @@ class OnnxCosts:
     def phase(self, w: Workload, mode: MemoryMode, chunk: int, passes: int, phase: PhaseName) -> int:
         """One phase's peak."""
         match phase:
-            case PhaseName.EXPORT:
+            case PhaseName.EXPORT:  # the lowering asks export_peak itself, with the exporter its op names
                 return export_peak(w, planned_exporter(model_dir(w.index.ref)))
             case PhaseName.SCORE:
                 return score_phase(w, min(chunk, w.searched.samples), RUNTIME + w.data_libraries, False, False).bytes

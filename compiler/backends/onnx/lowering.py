@@ -4,7 +4,7 @@ ranges in their own ops; every weight is streamed from the data file through the
 
 from __future__ import annotations
 
-from compiler.backends.onnx.cost import onnx_rotation
+from compiler.backends.onnx.cost import export_peak, onnx_rotation
 from compiler.backends.onnx.export_builder import planned_exporter
 from compiler.backends.onnx.kernels import kernel_words
 from compiler.backends.onnx.output_streams import streams_output
@@ -65,7 +65,7 @@ def lower_export(ctx: Context) -> list[PlanOp]:
                            resolve=resolver(ctx.ir))]
     return [ExportOnnx(summary=f"export the folder {ctx.ir.model} to ONNX with {exporter.value} (once: cached by the "
                        "folder's file names, sizes and mtimes); later ops read the exported graph, layer names unchanged",
-                       inputs=(Buffer.RECIPE,), outputs=(Buffer.ONNX_MODEL,), peak_bytes=ctx.phase(PhaseName.EXPORT),
+                       inputs=(Buffer.RECIPE,), outputs=(Buffer.ONNX_MODEL,), peak_bytes=export_peak(ctx.workload, exporter),
                        folder=ctx.ir.model, exporter=exporter, resolve=resolver(ctx.ir))]
 
 
