@@ -252,8 +252,8 @@ def sources_rows(only: list[str], tmp: Path, base: dict):
     gguf = tmp / "q4_k_m.gguf"
     for what, rounding, calibrate in (("", "", ""), (" imatrix", "  rounding imatrix",
                                                      "calibrate { data synthetic { samples 16  seqlen 256 }  chunk 8 }")):
-        path = tmp / f"q4_k_m{len(what)}.recipe"
-        out = gguf if not what else tmp / "q4_k_m-imatrix.gguf"
+        stem = "q4_k_m-imatrix" if rounding else "q4_k_m"
+        path, out = tmp / f"{stem}.recipe", tmp / f"{stem}.gguf"  # the data-free one is `gguf`
         path.write_text(SOURCES_RECIPE.format(model=llama, backend="torch", mode="full", calibrate=calibrate,
                                               emit=" { format gguf }", body=Q4_K_M.format(rounding=rounding), out=out))
         yield f"Llama h512 (unseen shape) GGUF Q4_K_M-typed{what}", path, base, out  # the rows below read `gguf`
